@@ -1,0 +1,135 @@
+"""The in-toto Statement v1 that a plan's signature carries.
+
+The subject binds the signature to one file: the plan's name and the sha256 of its exact
+bytes. The predicate says which fingerprint it is for, when it was signed and until when it
+holds, plus provenance: facts about the profiling boot. Some of those facts are *conditions*
+(see :data:`CONDITION_KEYS`): vLLM's fingerprint does not cover them, yet the plan's numbers
+depend on them, so the gate compares them with the booting worker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from . import strictjson
+from .errors import PlanCacheError, Reason
+from .plan import is_fingerprint
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://plancache.dev/startup-plan/v1"
+
+PROVENANCE_KEYS: dict[str, tuple[type, ...]] = {
+    "model": (str,),
+    "vllm_version": (str,),
+    "torch_version": (str,),
+    "device_name": (str,),
+    "device_total_memory": (int,),
+    "rank": (int,),
+    "world_size": (int,),
+    "gpu_memory_utilization": (float, int),
+}
+"""Known provenance facts and their JSON types; unknown keys are rejected at signing time."""
+
+CONDITION_KEYS = ("gpu_memory_utilization", "device_name", "device_total_memory")
+"""Provenance facts the gate enforces: the plan only holds when the booting worker matches."""
+
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 UTC with second precision: the only time format statements carry."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: object, what: str) -> datetime:
+    if not isinstance(value, str) or not _TIME.fullmatch(value):
+        raise PlanCacheError(Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z")
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise PlanCacheError(Reason.MALFORMED, f"statement: {what} is not a valid date") from None
+
+
+@dataclass(frozen=True)
+class Statement:
+    subject_name: str
+    subject_sha256: str
+    fingerprint: str
+    signed_at: datetime
+    expires_at: datetime | None = None
+    comment: str = ""
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json_bytes(self) -> bytes:
+        predicate: dict[str, Any] = {
+            "fingerprint": self.fingerprint,
+            "signed_at": format_time(self.signed_at),
+            "expires_at": format_time(self.expires_at) if self.expires_at else None,
+            "comment": self.comment,
+            "provenance": dict(self.provenance),
+        }
+        obj = {
+            "_type": STATEMENT_TYPE,
+            "subject": [{"name": self.subject_name, "digest": {"sha256": self.subject_sha256}}],
+            "predicateType": PREDICATE_TYPE,
+            "predicate": predicate,
+        }
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate provenance facts against :data:`PROVENANCE_KEYS` (bools are not numbers)."""
+    out: dict[str, Any] = {}
+    for key, value in provenance.items():
+        types = PROVENANCE_KEYS.get(key)
+        if types is None:
+            raise PlanCacheError(Reason.MALFORMED, f"statement: unknown provenance fact {key!r}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise PlanCacheError(Reason.MALFORMED, f"statement: provenance {key!r} has the wrong type")
+        out[key] = value
+    return out
+
+
+def parse_statement(payload: bytes) -> Statement:
+    """Parse a (signature-verified) payload; raises ``PlanCacheError(MALFORMED)`` on any deviation."""
+    obj = strictjson.loads(payload, "statement")
+    if not isinstance(obj, dict) or obj.get("_type") != STATEMENT_TYPE:
+        raise PlanCacheError(Reason.MALFORMED, "payload is not an in-toto Statement v1")
+    if obj.get("predicateType") != PREDICATE_TYPE:
+        raise PlanCacheError(Reason.MALFORMED, f"statement predicateType is not {PREDICATE_TYPE}")
+    subjects = obj.get("subject")
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        raise PlanCacheError(Reason.MALFORMED, "statement must have exactly one subject")
+    subject = subjects[0]
+    digest = subject.get("digest")
+    name = subject.get("name")
+    sha256 = digest.get("sha256") if isinstance(digest, dict) else None
+    if not isinstance(name, str) or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        raise PlanCacheError(Reason.MALFORMED, "statement subject needs a name and a sha256 digest")
+    predicate = obj.get("predicate")
+    if not isinstance(predicate, dict):
+        raise PlanCacheError(Reason.MALFORMED, "statement has no predicate object")
+    fingerprint = predicate.get("fingerprint")
+    if not is_fingerprint(fingerprint):
+        raise PlanCacheError(Reason.MALFORMED, "statement fingerprint is not 16 lowercase hex digits")
+    expires = predicate.get("expires_at")
+    comment = predicate.get("comment", "")
+    provenance = predicate.get("provenance", {})
+    if not isinstance(comment, str) or not isinstance(provenance, dict):
+        raise PlanCacheError(Reason.MALFORMED, "statement comment or provenance has the wrong type")
+    return Statement(
+        subject_name=name,
+        subject_sha256=sha256,
+        fingerprint=fingerprint,
+        signed_at=parse_time(predicate.get("signed_at"), "signed_at"),
+        expires_at=None if expires is None else parse_time(expires, "expires_at"),
+        comment=comment,
+        provenance=check_provenance(provenance),
+    )

@@ -1,0 +1,41 @@
+"""A JSON reader that refuses what Python's ``json`` quietly accepts.
+
+``json.loads`` keeps the last of duplicate keys, accepts ``NaN``/``Infinity`` and raises a
+zoo of exception types on hostile input (``ValueError``, ``RecursionError``, ...). Two
+parsers disagreeing about duplicate keys is a classic signature-bypass, so everything the
+trust core reads goes through :func:`loads`, which raises only ``PlanCacheError(MALFORMED)``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import PlanCacheError, Reason
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(data: bytes, what: str) -> Any:
+    """Parse UTF-8 JSON strictly; ``what`` names the document in the error."""
+    try:
+        text = data.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise PlanCacheError(Reason.MALFORMED, f"{what} is not valid JSON ({_short(exc)})") from None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:120]

@@ -1,0 +1,142 @@
+"""Bytes in, :class:`VerifiedPlan` out: the one place where a plan becomes trusted.
+
+Modelled on python-tuf's ``TrustedMetadataSet``: unverified bytes enter here, are checked in
+a fixed order, and only then parsed; everything that goes wrong leaves as a
+``PlanCacheError`` with a reason. The order (cheapest, least-parsing checks first):
+
+1. size caps on plan and sidecar;
+2. the DSSE envelope (canonical form) and its payloadType;
+3. signatures over the PAE by distinct trusted keys: a signature counts for key K only if
+   its keyid names K *and* it verifies with K (the keyid alone grants nothing);
+4. the statement (parsed only now that its bytes are known to be signed);
+5. subject name and sha256 equal the plan file's name and exact bytes;
+6. the statement's fingerprint equals the one in the file name;
+7. each signing key's validity window covers ``signed_at``; the threshold counts keys;
+8. the statement's own window (``signed_at`` not in the future, ``expires_at`` not past),
+   with a clock-skew tolerance;
+9. only then the plan bytes are parsed, strictly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import envelope as dsse
+from .errors import PlanCacheError, Reason
+from .keys import Keyring, TrustedKey
+from .plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
+from .statement import Statement, parse_statement
+
+DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
+
+_SEAL = object()
+
+
+@dataclass(frozen=True)
+class VerifiedPlan:
+    """A plan whose bytes passed every check. Only :func:`verify_plan` makes these.
+
+    ``signers`` names the trusted keys that signed; it is empty only for a plan admitted by
+    :func:`admit_unsigned`, the explicit no-keys-configured policy.
+    """
+
+    name: str
+    plan: Plan
+    plan_bytes: bytes
+    sig_bytes: bytes | None
+    statement: Statement | None
+    signers: tuple[str, ...]
+    _seal: Any = None
+
+    def __post_init__(self) -> None:
+        if self._seal is not _SEAL:
+            raise TypeError("VerifiedPlan is created by plancache.trust.verify only")
+
+    @property
+    def fingerprint(self) -> str:
+        return self.plan.fingerprint
+
+
+def _signing_keys(env: dsse.Envelope, keyring: Keyring) -> tuple[list[TrustedKey], Reason]:
+    """The distinct trusted keys with a valid signature, and why the others did not count."""
+    data = dsse.pae(env.payload_type, env.payload)
+    good: dict[str, TrustedKey] = {}
+    failure = Reason.UNTRUSTED_KEY
+    for signature in env.signatures:
+        if signature.keyid in keyring.revoked:
+            failure = Reason.REVOKED
+            continue
+        key = keyring.keys.get(signature.keyid)
+        if key is None:
+            continue
+        if key.verifies(signature.sig, data):
+            good[key.keyid] = key
+        elif failure is Reason.UNTRUSTED_KEY:
+            failure = Reason.BAD_SIGNATURE
+    return list(good.values()), failure
+
+
+def verify_plan(
+    name: str,
+    plan_bytes: bytes,
+    sig_bytes: bytes | None,
+    keyring: Keyring,
+    now: datetime,
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+) -> VerifiedPlan:
+    """Verify a plan file and its sidecar; return the trusted plan or raise ``PlanCacheError``."""
+    if len(plan_bytes) > MAX_PLAN_BYTES:
+        raise PlanCacheError(Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}")
+    if sig_bytes is None:
+        raise PlanCacheError(Reason.UNSIGNED, f"{name} has no signature ({name}.sig)")
+    env = dsse.decode(sig_bytes)
+    if env.payload_type != dsse.PAYLOAD_TYPE:
+        raise PlanCacheError(Reason.MALFORMED, f"payloadType is {env.payload_type!r}, expected {dsse.PAYLOAD_TYPE}")
+    keys, failure = _signing_keys(env, keyring)
+    if not keys:
+        raise PlanCacheError(failure, _no_key_detail(failure, env))
+    statement = parse_statement(env.payload)
+    if statement.subject_name != name:
+        raise PlanCacheError(
+            Reason.NAME_MISMATCH, f"signature is for {statement.subject_name!r}, not for {name!r}"
+        )
+    if statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
+        raise PlanCacheError(Reason.DIGEST_MISMATCH, "plan bytes do not match the signed sha256 (altered plan?)")
+    name_fp = fingerprint_of_plan_name(name)
+    if statement.fingerprint != name_fp:
+        raise PlanCacheError(
+            Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
+        )
+    current = [k for k in keys if k.window_covers(statement.signed_at)]
+    if not current:
+        raise PlanCacheError(Reason.EXPIRED, "signed outside the signing key's validity window")
+    if len(current) < keyring.threshold:
+        raise PlanCacheError(
+            Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required"
+        )
+    if statement.signed_at > now + clock_skew:
+        raise PlanCacheError(Reason.NOT_YET_VALID, f"signed_at {statement.signed_at:%Y-%m-%dT%H:%M:%SZ} is in the future")
+    if statement.expires_at is not None and statement.expires_at + clock_skew <= now:
+        raise PlanCacheError(Reason.EXPIRED, f"signature expired at {statement.expires_at:%Y-%m-%dT%H:%M:%SZ}")
+    plan = parse_plan(plan_bytes, name)
+    return VerifiedPlan(name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL)
+
+
+def _no_key_detail(failure: Reason, env: dsse.Envelope) -> str:
+    ids = ", ".join(s.keyid or "<none>" for s in env.signatures)
+    if failure is Reason.REVOKED:
+        return f"signed by a revoked key ({ids})"
+    if failure is Reason.BAD_SIGNATURE:
+        return "signature does not verify with the trusted key (altered signature?)"
+    return f"no trusted key signed it (signed by {ids})"
+
+
+def admit_unsigned(name: str, plan_bytes: bytes) -> VerifiedPlan:
+    """Admit a local plan with no signature checks: the explicit policy for deployments that
+    configured no trusted keys, where plancache must behave like vLLM (which trusts its own
+    cache directory) but still parses strictly. Never used for bytes from a store."""
+    plan = parse_plan(plan_bytes, name)
+    return VerifiedPlan(name, plan, plan_bytes, None, None, (), _SEAL)
