@@ -47,3 +47,6 @@ class PlanCacheError(Exception):
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
+
+    def __reduce__(self) -> tuple[object, ...]:  # picklable, for process pools
+        return (PlanCacheError, (self.reason, self.detail))

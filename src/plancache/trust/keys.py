@@ -147,10 +147,25 @@ class TrustedKey:
         except InvalidSignature:
             return False
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # cryptography's key objects do not pickle; a process pool verifying in parallel needs
+        # to ship the keyring to its workers, so travel as raw public bytes.
+        raw = self.public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return (_trusted_key_from_raw, (self.keyid, self.name, raw, self.valid_after, self.valid_before))
+
     def window_covers(self, moment: datetime) -> bool:
         return (self.valid_after is None or moment >= self.valid_after) and (
             self.valid_before is None or moment < self.valid_before
         )
+
+
+def _trusted_key_from_raw(
+    keyid: str, name: str, raw: bytes, after: datetime | None, before: datetime | None
+) -> TrustedKey:
+    public = Ed25519PublicKey.from_public_bytes(raw)
+    if key_id(public) != keyid:
+        raise ValueError("key id does not match the key")
+    return TrustedKey(keyid, name, public, after, before)
 
 
 @dataclass(frozen=True)

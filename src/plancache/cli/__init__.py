@@ -1,0 +1,1 @@
+"""The ``plancache`` command: the three user journeys (CI bake, spot boot, offline audit)."""

@@ -1,0 +1,57 @@
+"""Where plans are: a local directory (vLLM's plan directory by default) or a store URL.
+
+Both kinds answer the same two questions -- which fingerprints are there, and what are the
+bytes of each plan and sidecar -- so ``verify``, ``ls`` and ``prune`` do not care which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from ..storage.localdir import LocalPlanDir, default_plan_dir
+from ..trust.errors import PlanCacheError, Reason
+from .report import Item
+
+
+class PlanSource(Protocol):
+    def fingerprints(self) -> list[str]: ...
+
+    def fetch_items(self, fingerprints: Sequence[str]) -> list[Item]: ...
+
+
+class DirSource:
+    def __init__(self, directory: LocalPlanDir) -> None:
+        self.dir = directory
+
+    def __str__(self) -> str:
+        return str(self.dir)
+
+    def fingerprints(self) -> list[str]:
+        return self.dir.fingerprints()
+
+    def fetch_items(self, fingerprints: Sequence[str]) -> list[Item]:
+        items: list[Item] = []
+        for fp in fingerprints:
+            try:
+                items.append((fp, *self.dir.read(fp)))
+            except PlanCacheError as exc:
+                items.append((fp, exc, None))
+        return items
+
+
+def is_url(location: str | None) -> bool:
+    return bool(location) and "://" in str(location)
+
+
+def local_dir(location: str | None, must_exist: bool = True) -> LocalPlanDir:
+    path = Path(location).expanduser() if location else default_plan_dir()
+    if must_exist and not path.is_dir():
+        raise PlanCacheError(Reason.CONFIG, f"plan directory {path} does not exist")
+    return LocalPlanDir(path)
+
+
+def open_source(location: str | None) -> PlanSource:
+    if is_url(location):
+        raise PlanCacheError(Reason.CONFIG, f"store URLs are not supported yet: {location}")
+    return DirSource(local_dir(location))

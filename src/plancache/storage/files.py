@@ -1,0 +1,90 @@
+"""Capped reads and atomic writes of small files: the two primitives every local writer uses.
+
+Every file plancache reads may be hostile (a cache directory, an image layer, a key someone
+handed over), so reads never follow a symlink at the final component, never block on a FIFO
+or device, and stop at a cap instead of reading "the whole file". Writes go to a temp file in
+the same directory, are fsynced, then renamed over the final name and the directory fsynced:
+a reader sees the old file or the new one, never a mix, and a crash leaves no partial file
+under a final name. ``os.replace`` replaces a symlink rather than writing through it, so a
+planted link cannot redirect a write outside the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from ..trust.errors import PlanCacheError, Reason
+
+
+def read_capped(path: Path, cap: int) -> bytes | None:
+    """The file's bytes, None if it does not exist; ``TOO_LARGE`` beyond ``cap`` bytes."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PlanCacheError(Reason.STORE_ERROR, f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanCacheError(Reason.MALFORMED, f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        remaining = cap + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise PlanCacheError(Reason.STORE_ERROR, f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise PlanCacheError(Reason.TOO_LARGE, f"{path} is larger than {cap} bytes")
+    return data
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some filesystems do not allow opening directories; the rename still happened
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` atomically; on failure nothing is left under any final name."""
+    directory = path.parent
+    tmp_name: str | None = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp_name, path)
+        tmp_name = None
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise PlanCacheError(Reason.STORE_ERROR, f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass

@@ -1,0 +1,103 @@
+"""Key material on disk: trusted-keys files or directories, private keys, keygen output.
+
+Private keys are refused when group or others can read them, as ssh refuses them: a key that
+others could copy no longer proves who signed. Every read is capped.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ..trust.errors import PlanCacheError, Reason
+from ..trust.keys import Ed25519Signer, Keyring, Signer, openssh_line, parse_private_key, parse_trusted_keys, private_key_pem
+from .files import read_capped, write_atomic
+
+MAX_KEY_FILE_BYTES = 1 << 20
+PASSPHRASE_ENV = "PLANCACHE_KEY_PASSPHRASE"
+TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = read_capped(path, MAX_KEY_FILE_BYTES)
+    except PlanCacheError as exc:
+        raise PlanCacheError(Reason.CONFIG, f"{what} {path}: {exc.detail}") from None
+    if data is None:
+        raise PlanCacheError(Reason.CONFIG, f"{what} {path} does not exist")
+    return data
+
+
+def _text(data: bytes, path: Path) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlanCacheError(Reason.CONFIG, f"{path} is not a text file") from None
+
+
+def load_keyring(path: Path) -> Keyring:
+    """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted."""
+    path = Path(path)
+    if path.is_dir():
+        keyring = Keyring()
+        files = sorted(p for p in path.iterdir() if p.name.endswith(".pub"))
+        if not files:
+            raise PlanCacheError(Reason.CONFIG, f"trusted-keys directory {path} holds no .pub files")
+        for file in files:
+            keyring = keyring.merged(parse_trusted_keys(_text(_read(file, "trusted key"), file), str(file)))
+        return keyring
+    keyring = parse_trusted_keys(_text(_read(path, "trusted-keys file"), path), str(path))
+    if not keyring.keys:
+        raise PlanCacheError(Reason.CONFIG, f"trusted-keys file {path} lists no usable key")
+    return keyring
+
+
+def keyring_from(option: str | None, env: Mapping[str, str] = os.environ) -> Keyring | None:
+    """The keyring named by ``--trusted-keys`` or else ``PLANCACHE_TRUSTED_KEYS``; None if neither."""
+    source = option or env.get(TRUSTED_KEYS_ENV)
+    return load_keyring(Path(source).expanduser()) if source else None
+
+
+def load_signer(ref: str, env: Mapping[str, str] = os.environ) -> Signer:
+    """Resolve a key reference to a signer. Today a reference is a private key file path;
+    a ``scheme://`` reference (a cloud KMS) would be dispatched here without format changes."""
+    if "://" in ref:
+        raise PlanCacheError(Reason.CONFIG, f"unsupported key reference {ref!r} (give a private key file)")
+    path = Path(ref).expanduser()
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise PlanCacheError(Reason.CONFIG, f"private key {path} does not exist") from None
+    except OSError as exc:
+        raise PlanCacheError(Reason.CONFIG, f"cannot read private key {path}: {exc.strerror}") from None
+    if stat.S_IMODE(mode) & 0o077:
+        raise PlanCacheError(
+            Reason.CONFIG,
+            f"private key {path} is readable by others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}",
+        )
+    passphrase = env.get(PASSPHRASE_ENV)
+    data = _read(path, "private key")
+    try:
+        private = parse_private_key(data, passphrase.encode() if passphrase else None)
+    except PlanCacheError as exc:
+        raise PlanCacheError(Reason.CONFIG, f"{path}: {exc.detail}") from None
+    return Ed25519Signer(private)
+
+
+def generate_keypair(path: Path, force: bool, comment: str, env: Mapping[str, str] = os.environ) -> Ed25519Signer:
+    """Write a new private key (PEM PKCS#8, mode 0600) to ``path`` and its public line to ``path.pub``."""
+    path = Path(path).expanduser()
+    pub = path.with_name(path.name + ".pub")
+    if not force:
+        for existing in (path, pub):
+            if os.path.lexists(existing):
+                raise PlanCacheError(Reason.CONFIG, f"{existing} exists; use --force to overwrite")
+    passphrase = env.get(PASSPHRASE_ENV)
+    private = Ed25519PrivateKey.generate()
+    write_atomic(path, private_key_pem(private, passphrase.encode() if passphrase else None), mode=0o600)
+    write_atomic(pub, (openssh_line(private.public_key(), comment) + "\n").encode("ascii"), mode=0o644)
+    return Ed25519Signer(private)
