@@ -1,0 +1,258 @@
+"""Verification: every way a plan and its signature can be wrong ends in its documented reason."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
+from plancache.trust import envelope as dsse
+from plancache.trust.errors import PlanCacheError, Reason
+from plancache.trust.keys import Ed25519Signer, Keyring
+from plancache.trust.plan import parse_plan, plan_name
+from plancache.trust.signing import add_signature, sign_plan
+from plancache.trust.statement import Statement, parse_statement
+from plancache.trust.verify import VerifiedPlan, admit_unsigned, verify_plan
+
+NAME = plan_name(FP)
+
+
+def rejected(reason: Reason, *args: object, **kwargs: object) -> PlanCacheError:
+    with pytest.raises(PlanCacheError) as info:
+        verify_plan(*args, **kwargs)  # type: ignore[arg-type]
+    assert info.value.reason is reason, info.value
+    return info.value
+
+
+def test_valid_plan_verifies(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    vp = verify_plan(name, data, sig, keyring_of(signer), NOW)
+    assert vp.plan == parse_plan(data, name)
+    assert vp.signers == ("key0",)
+    assert vp.statement is not None and vp.statement.signed_at == NOW
+
+
+def test_every_single_byte_change_of_the_plan_is_rejected(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
+    name, data, sig = signed
+    keyring = keyring_of(signer)
+    for position in range(len(data)):
+        for value in range(256):
+            if value == data[position]:
+                continue
+            altered = data[:position] + bytes([value]) + data[position + 1 :]
+            with pytest.raises(PlanCacheError) as info:
+                verify_plan(name, altered, sig, keyring, NOW)
+            assert info.value.reason is Reason.DIGEST_MISMATCH
+
+
+def test_every_single_byte_change_of_the_sidecar_is_rejected(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
+    name, data, sig = signed
+    keyring = keyring_of(signer)
+    reasons = set()
+    for position in range(len(sig)):
+        for value in range(256):
+            if value == sig[position]:
+                continue
+            altered = sig[:position] + bytes([value]) + sig[position + 1 :]
+            with pytest.raises(PlanCacheError) as info:
+                verify_plan(name, data, altered, keyring, NOW)
+            reasons.add(info.value.reason)
+    assert reasons <= {Reason.MALFORMED, Reason.BAD_SIGNATURE, Reason.UNTRUSTED_KEY}
+    assert Reason.BAD_SIGNATURE in reasons  # payload or sig bits flipped, still well-formed
+
+
+def test_truncated_or_extended_sidecar_is_rejected(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    for altered in (sig[:-1], sig + b"\n", b" " + sig, sig.replace(b",", b", ", 1)):
+        rejected(Reason.MALFORMED, name, data, altered, keyring_of(signer), NOW)
+
+
+def test_plan_renamed_to_another_fingerprint_is_rejected(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    _, data, sig = signed
+    rejected(Reason.NAME_MISMATCH, plan_name("fedcba9876543210"), data, sig, keyring_of(signer), NOW)
+
+
+def test_statement_for_other_fingerprint_is_rejected(signer: Ed25519Signer) -> None:
+    """A signer's statement naming file A but fingerprint B (a buggy or hostile signer tool)."""
+    data = plan_bytes()
+    import hashlib
+
+    statement = Statement(NAME, hashlib.sha256(data).hexdigest(), "fedcba9876543210", NOW)
+    payload = statement.to_json_bytes()
+    env = dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload))),))
+    rejected(Reason.FINGERPRINT_MISMATCH, NAME, data, dsse.encode(env), keyring_of(signer), NOW)
+
+
+def test_wrong_key_is_untrusted(signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    rejected(Reason.UNTRUSTED_KEY, name, data, sig, keyring_of(make_signer()), NOW)
+
+
+def test_keyid_alone_grants_nothing(signer: Ed25519Signer) -> None:
+    """A signature by an untrusted key that claims a trusted key's id is a bad signature."""
+    data = plan_bytes()
+    impostor = make_signer()
+    sig = sign_plan(NAME, data, impostor, NOW)
+    env = dsse.decode(sig)
+    forged = dsse.Envelope(env.payload_type, env.payload, (dsse.Signature(signer.keyid, env.signatures[0].sig),))
+    rejected(Reason.BAD_SIGNATURE, NAME, data, dsse.encode(forged), keyring_of(signer), NOW)
+
+
+def test_revoked_key(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    keyring = keyring_of(signer).merged(Keyring(revoked=frozenset({signer.keyid})))
+    assert signer.keyid not in keyring.keys
+    rejected(Reason.REVOKED, name, data, sig, keyring, NOW)
+
+
+def test_expired_and_clock_skew(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    keyring = keyring_of(signer)
+    expiry = NOW + timedelta(days=30)
+    verify_plan(name, data, sig, keyring, expiry + timedelta(minutes=4))  # within the default 5 min skew
+    err = rejected(Reason.EXPIRED, name, data, sig, keyring, expiry + timedelta(minutes=6))
+    assert "expired" in err.detail
+    rejected(Reason.EXPIRED, name, data, sig, keyring, expiry, clock_skew=timedelta(0))
+
+
+def test_not_yet_valid(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    rejected(Reason.NOT_YET_VALID, name, data, sig, keyring_of(signer), NOW - timedelta(hours=1))
+    verify_plan(name, data, sig, keyring_of(signer), NOW - timedelta(minutes=4))
+
+
+def test_key_validity_window_applies_to_signed_at(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    retired = keyring_of(signer, valid_before=NOW)
+    rejected(Reason.EXPIRED, name, data, sig, retired, NOW + timedelta(days=1))
+    rotated_out_later = keyring_of(signer, valid_before=NOW + timedelta(seconds=1))
+    verify_plan(name, data, sig, rotated_out_later, NOW + timedelta(days=1))
+    rejected(Reason.EXPIRED, name, data, sig, keyring_of(signer, valid_after=NOW + timedelta(days=1)), NOW)
+
+
+def test_unsigned(signer: Ed25519Signer) -> None:
+    rejected(Reason.UNSIGNED, NAME, plan_bytes(), None, keyring_of(signer), NOW)
+
+
+def test_one_key_signing_twice_does_not_meet_threshold_two(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    env = dsse.decode(sig)
+    twice = dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures * 2))
+    keyring = keyring_of(signer, make_signer(), threshold=2)
+    rejected(Reason.THRESHOLD, name, data, twice, keyring, NOW)
+    second = make_signer()
+    cosigned = add_signature(name, data, sig, second)
+    assert add_signature(name, data, cosigned, second) == cosigned  # idempotent
+    vp = verify_plan(name, data, cosigned, keyring_of(signer, second, threshold=2), NOW)
+    assert len(vp.signers) == 2
+
+
+def test_co_signing_refuses_a_sidecar_for_other_bytes(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, _, sig = signed
+    with pytest.raises(PlanCacheError) as info:
+        add_signature(name, plan_bytes(kv=1), sig, make_signer())
+    assert info.value.reason is Reason.DIGEST_MISMATCH
+
+
+def test_wrong_payload_type(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    env = dsse.decode(sig)
+    other = "application/json"
+    resigned = dsse.Envelope(other, env.payload, (dsse.Signature(signer.keyid, signer.sign(dsse.pae(other, env.payload))),))
+    rejected(Reason.MALFORMED, name, data, dsse.encode(resigned), keyring_of(signer), NOW)
+
+
+def test_oversized_inputs_are_refused_before_parsing(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    rejected(Reason.TOO_LARGE, name, data + b" " * 70_000, sig, keyring_of(signer), NOW)
+    rejected(Reason.TOO_LARGE, name, data, sig + b" " * 70_000, keyring_of(signer), NOW)
+
+
+def test_signing_refuses_malformed_plans(signer: Ed25519Signer) -> None:
+    with pytest.raises(PlanCacheError) as info:
+        sign_plan(NAME, plan_bytes(kv=100, baseline=10), signer, NOW)
+    assert info.value.reason is Reason.MALFORMED
+    with pytest.raises(PlanCacheError):
+        sign_plan(NAME, plan_bytes(), signer, NOW, provenance={"gpu_memory_utilization": True})
+    with pytest.raises(PlanCacheError):
+        sign_plan(NAME, plan_bytes(), signer, NOW, provenance={"unknown": 1})
+
+
+def test_verified_plan_cannot_be_forged_by_callers() -> None:
+    with pytest.raises(TypeError):
+        VerifiedPlan(NAME, parse_plan(plan_bytes(), NAME), plan_bytes(), None, None, ())  # type: ignore[call-arg]
+    assert admit_unsigned(NAME, plan_bytes()).signers == ()
+
+
+def test_keyring_and_errors_pickle_for_process_pools(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    name, data, sig = signed
+    keyring = pickle.loads(pickle.dumps(keyring_of(signer)))
+    assert verify_plan(name, data, sig, keyring, NOW).signers == ("key0",)
+    err = pickle.loads(pickle.dumps(PlanCacheError(Reason.REVOKED, "x")))
+    assert (err.reason, err.detail) == (Reason.REVOKED, "x")
+
+
+def test_statement_round_trip(signed: tuple[str, bytes, bytes]) -> None:
+    st_ = parse_statement(dsse.decode(signed[2]).payload)
+    assert st_.subject_name == NAME and st_.fingerprint == FP and st_.expires_at == NOW + timedelta(days=30)
+
+
+# Fuzzing: hostile bytes only ever produce PlanCacheError with a documented reason.
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=20,
+)
+_KNOWN = set(Reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400) | _json_values.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_plan_parser(data: bytes) -> None:
+    try:
+        parse_plan(data, NAME)
+    except PlanCacheError as exc:
+        assert exc.reason in _KNOWN
+
+
+_envelopes = st.fixed_dictionaries(
+    {
+        "payload": st.one_of(st.text(max_size=40), st.binary(max_size=60).map(lambda b: base64.b64encode(b).decode()), _json_values),
+        "payloadType": st.one_of(st.just(dsse.PAYLOAD_TYPE), st.text(max_size=10), _json_values),
+        "signatures": st.one_of(
+            _json_values,
+            st.lists(st.fixed_dictionaries({"keyid": st.text(max_size=10), "sig": st.binary(max_size=70).map(lambda b: base64.b64encode(b).decode())}), max_size=3),
+        ),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400) | _envelopes.map(lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")).encode() + b"\n"))
+def test_fuzz_envelope_and_verifier(sig: bytes) -> None:
+    keyring = keyring_of(make_signer())
+    try:
+        verify_plan(NAME, plan_bytes(), sig, keyring, NOW)
+    except PlanCacheError as exc:
+        assert exc.reason in _KNOWN
+    else:
+        pytest.fail("a random envelope verified")
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=300))
+def test_fuzz_statement_parser(payload: bytes) -> None:
+    try:
+        parse_statement(payload)
+    except PlanCacheError as exc:
+        assert exc.reason in _KNOWN
