@@ -126,7 +126,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"location": str(source), "plans": [r.to_json() for r in reports], "ok": exit_code(reports) == 0})
     else:
-        rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.status != "valid" else "", r.detail)
+        rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "", r.detail)
                 for r in reports]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
         bad = sum(r.status != "valid" for r in reports)

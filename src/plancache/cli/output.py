@@ -12,12 +12,14 @@ def gib(value: int | None) -> str:
     return "" if value is None else f"{value / 2**30:.2f}"
 
 
-def print_json(obj: Any, out: TextIO = sys.stdout) -> None:
+def print_json(obj: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     json.dump(obj, out, indent=2, sort_keys=True, default=str)
     out.write("\n")
 
 
-def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO = sys.stdout) -> None:
+def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     cells = [list(headers)] + [["" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
@@ -27,12 +29,12 @@ def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: Text
 class Progress:
     """A one-line progress bar on stderr, shown only on a terminal and only for long work."""
 
-    def __init__(self, total: int, label: str, stream: TextIO = sys.stderr, min_total: int = 50) -> None:
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, min_total: int = 50) -> None:
         self.total = total
         self.label = label
-        self.stream = stream
+        self.stream = stream or sys.stderr
         self.done = 0
-        self.enabled = total >= min_total and stream.isatty()
+        self.enabled = total >= min_total and self.stream.isatty()
         self._last = 0.0
 
     def advance(self, count: int = 1) -> None:

@@ -91,7 +91,7 @@ def verify_plan(
     if len(plan_bytes) > MAX_PLAN_BYTES:
         raise PlanCacheError(Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}")
     if sig_bytes is None:
-        raise PlanCacheError(Reason.UNSIGNED, f"{name} has no signature ({name}.sig)")
+        raise PlanCacheError(Reason.UNSIGNED, "no signature sidecar (.sig) beside the plan")
     env = dsse.decode(sig_bytes)
     if env.payload_type != dsse.PAYLOAD_TYPE:
         raise PlanCacheError(Reason.MALFORMED, f"payloadType is {env.payload_type!r}, expected {dsse.PAYLOAD_TYPE}")

@@ -1,0 +1,159 @@
+"""The offline CLI: keygen, sign, verify, ls, inspect, demo -- exit codes, tables, JSON, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FP, GIB, plan_bytes
+from plancache.cli.main import main
+from plancache.storage.localdir import LocalPlanDir
+from plancache.trust.plan import plan_name, sig_name
+
+FP2 = "fedcba9876543210"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    code, out, _ = run(capsys, "keygen", str(tmp_path / "ci"))
+    assert code == 0 and "key id SHA256:" in out
+    return tmp_path / "ci"
+
+
+@pytest.fixture
+def plans(plan_dir: Path) -> Path:
+    local = LocalPlanDir(plan_dir)
+    local.write(FP, plan_bytes(), None)
+    local.write(FP2, plan_bytes(fp=FP2, kv=GIB, baseline=2 * GIB), None)
+    return plan_dir
+
+
+def test_sign_then_verify_then_ls(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) -> None:
+    trusted = f"--trusted-keys={keys}.pub"
+    code, out, err = run(capsys, "verify", trusted, str(plans))
+    assert code == 1 and [line.split()[1] for line in out.splitlines()[1:]] == ["unsigned", "unsigned"]
+    code, out, err = run(capsys, "sign", "--key", str(keys), "--expires-in", "30d", "--comment", "ci run 7",
+                         "--fact", "gpu_memory_utilization=0.9", str(plans))
+    assert code == 0 and "2 signed" in err
+    code, out, err = run(capsys, "sign", "--key", str(keys), str(plans))
+    assert code == 0 and "2 already signed" in err
+    code, out, err = run(capsys, "verify", trusted, "--json", str(plans))
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and {p["status"] for p in report["plans"]} == {"valid"}
+    assert report["plans"][0]["comment"] == "ci run 7" and report["plans"][0]["expires_at"]
+    code, out, err = run(capsys, "ls", trusted, str(plans))
+    assert code == 0 and "20.00" in out and "70.00" in out and out.count("valid") == 2
+    code, out, err = run(capsys, "ls", str(plans))
+    assert code == 0 and "unverified" in out and "unverified" in err
+
+
+def test_verify_reports_each_bad_plan(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) -> None:
+    run(capsys, "sign", "--key", str(keys), str(plans))
+    (plans / plan_name(FP)).write_bytes(plan_bytes(kv=30 * GIB))
+    code, out, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", str(plans))
+    by_fp = {p["fingerprint"]: p for p in json.loads(out)["plans"]}
+    assert code == 1
+    assert by_fp[FP]["reason"] == "digest-mismatch" and by_fp[FP2]["status"] == "valid"
+
+
+def test_co_signing_for_a_threshold(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path) -> None:
+    run(capsys, "keygen", str(tmp_path / "second"))
+    both = tmp_path / "trusted"
+    both.write_text((tmp_path / "ci.pub").read_text() + (tmp_path / "second.pub").read_text())
+    run(capsys, "sign", "--key", str(keys), str(plans))
+    assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 1
+    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "second"), str(plans))
+    assert code == 0 and "2 co-signed" in err
+    assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 0
+
+
+def test_sign_refuses_malformed_plans(capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path) -> None:
+    (plan_dir / plan_name(FP)).write_text('{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": true, "free_memory_baseline": 2}' % FP)
+    code, out, _ = run(capsys, "sign", "--key", str(keys), "--json", str(plan_dir))
+    assert code == 1 and json.loads(out)["plans"][0]["action"] == "refused (malformed)"
+    assert not (plan_dir / sig_name(FP)).exists()
+
+
+def test_inspect(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) -> None:
+    run(capsys, "sign", "--key", str(keys), str(plans))
+    code, out, _ = run(capsys, "inspect", "--json", f"--trusted-keys={keys}.pub", str(plans / sig_name(FP)))
+    info = json.loads(out)
+    assert code == 0 and info["status"] == "valid" and info["statement"]["fingerprint"] == FP
+    code, out, _ = run(capsys, "inspect", str(plans / plan_name(FP)))
+    assert code == 0 and "unverified" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["verify", "/nonexistent/dir"], "no trusted keys"),
+        (["verify", "--trusted-keys=/nonexistent/keys", "."], "does not exist"),
+        (["sign", "/tmp"], "no signing key"),
+        (["sign", "--key", "/nonexistent/key", "/tmp"], "does not exist"),
+        (["inspect", "/tmp/not-a-plan.json"], "is not named"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                        argv: list[str], message: str) -> None:
+    monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
+    monkeypatch.delenv("PLANCACHE_SIGNING_KEY", raising=False)
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["sign", "--expires-in", "soon"])
+    assert info.value.code == 2 and "not a duration" in capsys.readouterr().err
+
+
+def test_environment_supplies_keys(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, keys: Path, plans: Path) -> None:
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys))
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", f"{keys}.pub")
+    assert run(capsys, "sign", str(plans))[0] == 0
+    assert run(capsys, "verify", str(plans))[0] == 0
+
+
+def test_defaults_to_vllm_plan_directory(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                         tmp_path: Path, keys: Path) -> None:
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    LocalPlanDir(tmp_path / "cache" / "startup_plan").write(FP, plan_bytes(), None)
+    assert run(capsys, "sign", "--key", str(keys))[0] == 0
+    code, out, _ = run(capsys, "verify", f"--trusted-keys={keys}.pub")
+    assert code == 0 and FP in out
+
+
+def test_parallel_verify_matches_serial(capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path) -> None:
+    local = LocalPlanDir(plan_dir)
+    fps = [f"{i:016x}" for i in range(300)]
+    for fp in fps:
+        local.write(fp, plan_bytes(fp=fp), None)
+    run(capsys, "sign", "--key", str(keys), str(plan_dir))
+    (plan_dir / plan_name(fps[7])).write_bytes(plan_bytes(fp=fps[7], kv=3))
+    serial = json.loads(run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", "--jobs", "1", str(plan_dir))[1])
+    code, out, _ = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", "--jobs", "2", str(plan_dir))
+    assert code == 1 and json.loads(out) == serial
+    assert [p["fingerprint"] for p in serial["plans"] if p["status"] != "valid"] == [fps[7]]
+
+
+def test_console_script_demo_and_help() -> None:
+    exe = shutil.which("plancache", path=os.path.dirname(sys.executable)) or shutil.which("plancache")
+    cmd = [exe] if exe else [sys.executable, "-m", "plancache.cli.main"]
+    demo = subprocess.run([*cmd, "demo"], capture_output=True, text=True, timeout=120)
+    assert demo.returncode == 0, demo.stderr
+    assert "applied" in demo.stdout and "below-baseline" in demo.stdout
+    for sub in ("keygen", "sign", "verify", "ls", "inspect", "demo"):
+        helped = subprocess.run([*cmd, sub, "--help"], capture_output=True, text=True, timeout=60)
+        assert helped.returncode == 0 and "usage: plancache" in helped.stdout
