@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Iterable, Sequence
 
+from ..storage.items import Item
 from ..trust import envelope as dsse
 from ..trust.errors import PlanCacheError, Reason
 from ..trust.keys import Keyring
@@ -45,10 +46,6 @@ class PlanReport:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
-
-
-Item = tuple[str, "bytes | PlanCacheError | None", "bytes | None"]
-"""(fingerprint, plan bytes, sidecar bytes); a plan that could not be read carries its error."""
 
 
 def report_verified(vp: VerifiedPlan) -> PlanReport:
