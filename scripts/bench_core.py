@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Benchmarks for the trust core and offline verify (issue "Signed plan core").
+
+Prints ratios measured side by side in one run, so a noisy shared machine moves both sides:
+  1. verifying one signed plan  /  (one bare Ed25519 verify + parsing the plan)   target <= 1.5
+  2. verify of N plans on all cores  /  (cores x single-core rate)                 target >= 0.8
+  3. which heavy modules ``import plancache`` (and the CLI/trust modules) pull in   target: none
+
+Usage: python scripts/bench_core.py [--plans 10000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+
+from plancache.cli.report import check_many  # noqa: E402
+from plancache.storage.localdir import LocalPlanDir  # noqa: E402
+from plancache.trust import envelope as dsse  # noqa: E402
+from plancache.trust.keys import Ed25519Signer, Keyring, TrustedKey  # noqa: E402
+from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan  # noqa: E402
+from plancache.trust.signing import sign_plan  # noqa: E402
+from plancache.trust.verify import verify_plan  # noqa: E402
+
+NOW = datetime.now(timezone.utc)
+HEAVY = ("fsspec", "s3fs", "gcsfs", "aiobotocore", "botocore", "torch", "vllm")
+
+
+def best_of(func, rounds: int, number: int) -> float:  # type: ignore[no-untyped-def]
+    """Best per-call seconds over ``rounds`` rounds of ``number`` calls (least disturbed run)."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(number):
+            func()
+        best = min(best, (time.perf_counter() - start) / number)
+    return best
+
+
+def bench_single(rounds: int) -> None:
+    signer = Ed25519Signer(Ed25519PrivateKey.generate())
+    keyring = Keyring({signer.keyid: TrustedKey(signer.keyid, "ci", signer.public)})
+    fp = "0123456789abcdef"
+    name = plan_name(fp)
+    data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
+    sig = sign_plan(name, data, signer, NOW, NOW + timedelta(days=1))
+    env = dsse.decode(sig)
+    pae = dsse.pae(env.payload_type, env.payload)
+    raw_sig = env.signatures[0].sig
+
+    def baseline() -> None:
+        signer.public.verify(raw_sig, pae)
+        parse_plan(data, name)
+
+    def full() -> None:
+        verify_plan(name, data, sig, keyring, NOW)
+
+    number = 2000
+    # interleave the two sides so drift affects both
+    base_t = full_t = float("inf")
+    for _ in range(rounds):
+        base_t = min(base_t, best_of(baseline, 1, number))
+        full_t = min(full_t, best_of(full, 1, number))
+    print(f"1. verify one plan: {full_t * 1e6:.1f} us; bare Ed25519 verify + parse: {base_t * 1e6:.1f} us; "
+          f"ratio {full_t / base_t:.2f} (target <= 1.5)")
+
+
+def bench_many(plans: int, rounds: int) -> None:
+    cores = os.cpu_count() or 1
+    signer = Ed25519Signer(Ed25519PrivateKey.generate())
+    keyring = Keyring({signer.keyid: TrustedKey(signer.keyid, "ci", signer.public)})
+    items = []
+    for i in range(plans):
+        fp = f"{i:016x}"
+        data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
+        items.append((fp, data, sign_plan(plan_name(fp), data, signer, NOW)))
+    one = many = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        check_many(items, keyring, NOW, jobs=1)
+        one = min(one, time.perf_counter() - start)
+        start = time.perf_counter()
+        reports = check_many(items, keyring, NOW, jobs=cores)
+        many = min(many, time.perf_counter() - start)
+    assert all(r.status == "valid" for r in reports)
+    single_rate, multi_rate = plans / one, plans / many
+    print(f"2a. check {plans} plans in memory: 1 core {single_rate:,.0f}/s, {cores} cores {multi_rate:,.0f}/s; "
+          f"efficiency {multi_rate / (cores * single_rate):.2f} (target >= 0.8)")
+
+    if os.environ.get("BENCH_SKIP_CLI"):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        local = LocalPlanDir(Path(tmp))
+        for fp, data, sig in items:
+            local.write(fp, data, sig)
+        keyfile = Path(tmp) / "trusted"
+        from plancache.trust.keys import openssh_line
+
+        keyfile.write_text(openssh_line(signer.public, "ci") + "\n")
+        cmd = [sys.executable, "-m", "plancache.cli.main", "verify", f"--trusted-keys={keyfile}", "--json", tmp]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+        one = many = float("inf")
+        for _ in range(max(1, rounds // 2)):
+            start = time.perf_counter()
+            subprocess.run([*cmd, "--jobs", "1"], check=True, capture_output=True, env=env)
+            one = min(one, time.perf_counter() - start)
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True, env=env)
+            many = min(many, time.perf_counter() - start)
+        print(f"2b. `plancache verify DIR` over {plans} plans (whole command: start-up, reads, JSON): "
+              f"--jobs 1 {one:.2f} s, all {cores} cores {many:.2f} s; efficiency {one / (cores * many):.2f}")
+
+
+def bench_imports() -> None:
+    code = (
+        "import sys, plancache, plancache.trust.verify, plancache.trust.gate, plancache.cli.main;"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    print(f"3. heavy modules imported by plancache, its trust core and CLI: {out.stdout.strip()} (target: none)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plans", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    bench_single(args.rounds)
+    bench_many(args.plans, args.rounds)
+    bench_imports()
+
+
+if __name__ == "__main__":
+    main()
