@@ -109,3 +109,15 @@ def test_names() -> None:
 def test_plan_bytes_helper_is_vllm_shaped() -> None:
     plan = parse_plan(plan_bytes(kv=3 * GIB, baseline=4 * GIB), NAME)
     assert plan == Plan(FP, 3 * GIB, 4 * GIB)
+
+
+def test_render_matches_vllm_033_save_byte_for_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """vLLM 0.33's maybe_save_startup_plan does ``json.dump(payload, f)`` with this key order."""
+    payload = {"schema": 1, "fingerprint": FP, "kv_cache_memory_bytes": int(5 * GIB), "free_memory_baseline": int(9 * GIB)}
+    path = tmp_path / NAME
+    with open(path, "w") as f:
+        json.dump(payload, f)
+    written = path.read_bytes()
+    plan = parse_plan(written, NAME)
+    assert render_plan(plan) == written
+    assert plan == Plan(FP, 5 * GIB, 9 * GIB)
