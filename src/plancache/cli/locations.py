@@ -7,11 +7,14 @@ bytes of each plan and sidecar -- so ``verify``, ``ls`` and ``prune`` do not car
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
+from ..storage.items import Item
 from ..storage.localdir import LocalPlanDir, default_plan_dir
 from ..trust.errors import PlanCacheError, Reason
-from .report import Item
+
+BULK_TIMEOUT = 120.0
+"""Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
 
 
 class PlanSource(Protocol):
@@ -51,7 +54,13 @@ def local_dir(location: str | None, must_exist: bool = True) -> LocalPlanDir:
     return LocalPlanDir(path)
 
 
-def open_source(location: str | None) -> PlanSource:
+def open_source(
+    location: str | None, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None
+) -> PlanSource:
+    """A directory, or for a URL the store itself (a :class:`~plancache.storage.store.Store`
+    answers the same two questions; fsspec is imported only on this path)."""
     if is_url(location):
-        raise PlanCacheError(Reason.CONFIG, f"store URLs are not supported yet: {location}")
+        from ..storage.store import open_store
+
+        return open_store(str(location), storage_options, BULK_TIMEOUT if timeout is None else timeout)
     return DirSource(local_dir(location))

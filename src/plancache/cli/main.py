@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from .. import __version__
 from ..trust.errors import PlanCacheError
-from . import demo, offline
+from . import demo, offline, remote
 from .args import duration, key_value, positive_int
 
 EXIT_CONFIG = 2
@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _trust_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-    _location(p, "plan directory")
+    remote.store_options(p)
+    _location(p, "plan directory or store URL")
     p.set_defaults(func=offline.cmd_verify)
 
     p = sub.add_parser("ls", help="list plans with their sizes, signers and status",
@@ -88,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     _trust_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-    _location(p, "plan directory")
+    remote.store_options(p)
+    _location(p, "plan directory or store URL")
     p.set_defaults(func=offline.cmd_ls)
 
     p = sub.add_parser("inspect", help="show one plan file and its signature in detail",
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=offline.cmd_inspect)
 
+    remote.add_parsers(sub, _trust_options)
     demo.add_parser(sub)
     return parser
 

@@ -115,7 +115,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _reports(args: argparse.Namespace, keyring: Keyring | None) -> tuple[object, list[PlanReport]]:
-    source = open_source(args.location)
+    source = open_source(args.location, dict(getattr(args, "storage_option", None) or []), getattr(args, "timeout", None))
     items = source.fetch_items(source.fingerprints())
     return source, check_many(items, keyring, utcnow(), jobs=args.jobs)
 
