@@ -1,0 +1,51 @@
+"""plancache's vLLM plugin: signed startup plans verified inside the worker, no vLLM changes.
+
+Installed as the ``vllm.general_plugins`` entry point ``plancache``, so vLLM calls
+:func:`register` in every process it starts (possibly several times). With
+``VLLM_ENABLE_STARTUP_PLAN`` off, :func:`register` returns without importing anything and
+vLLM runs exactly as without the plugin. With it on, it replaces vLLM 0.33's
+``maybe_apply_startup_plan`` / ``maybe_save_startup_plan`` (in
+``vllm.v1.worker.startup_plan``, and in ``vllm.v1.worker.gpu_worker`` when that is already
+imported) and wraps ``Worker.load_model`` to prefetch the plan from the store while the
+weights load. See :mod:`plancache.vllm_plugin.config` for the environment variables.
+
+This module is imported in every vLLM process: it imports nothing but ``os`` at module level.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["register", "unregister"]
+
+
+def _enabled() -> bool:
+    # vLLM reads the switch as bool(int(value)); an unparsable value makes vLLM itself fail
+    # loudly, and the plugin stays out of the way.
+    try:
+        return bool(int(os.environ.get("VLLM_ENABLE_STARTUP_PLAN", "0")))
+    except ValueError:
+        return False
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Idempotent; never raises."""
+    if not _enabled():
+        return
+    try:
+        from . import hooks
+
+        hooks.install()
+    except Exception:  # noqa: BLE001 - a plugin must never break vLLM's start
+        import logging
+
+        logging.getLogger("vllm.plancache").exception("plancache: plugin not installed; vLLM runs unchanged")
+
+
+def unregister() -> None:
+    """Put vLLM's original functions back (tests, or a process that wants plancache out)."""
+    import sys
+
+    hooks = sys.modules.get(__name__ + ".hooks")
+    if hooks is not None:
+        hooks.uninstall()

@@ -1,0 +1,123 @@
+"""The plugin's knobs, read from the environment once per worker boot.
+
+=============================  ==================================================================
+``VLLM_ENABLE_STARTUP_PLAN``   vLLM's own switch, parsed as vLLM parses it (an integer, non-zero
+                               = on). Off: the plugin patches nothing and vLLM is untouched.
+``PLANCACHE_TRUSTED_KEYS``     trusted-keys file or directory of ``.pub`` files. Set: every plan,
+                               local or remote, must verify. Unset: local plans are admitted
+                               unsigned (strict parse + gate) and the store is never read.
+``PLANCACHE_THRESHOLD``        distinct trusted keys that must sign (default 1).
+``PLANCACHE_URL``              store URL (``s3://bucket/prefix``, ``gs://…``, ``file://…``, any
+                               fsspec URL). Read only with trusted keys; written only with a
+                               signing key.
+``PLANCACHE_STORAGE_OPTIONS``  JSON object of fsspec storage options, like the CLI's repeated
+                               ``--storage-option KEY=VALUE`` (explicit options win over
+                               plancache's defaults).
+``PLANCACHE_SIGNING_KEY``      private key reference (a file path): freshly profiled plans are
+                               signed, and pushed when ``PLANCACHE_URL`` is set.
+``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted signing key.
+``PLANCACHE_TIMEOUT``          total remote budget per boot in seconds (default 3).
+=============================  ==================================================================
+
+Parsing here is pure (a mapping in, a :class:`PluginConfig` out); loading the key files it
+names happens in :mod:`plancache.vllm_plugin.boot`, where a failure becomes one ERROR line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ENABLE_ENV = "VLLM_ENABLE_STARTUP_PLAN"
+URL_ENV = "PLANCACHE_URL"
+TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
+THRESHOLD_ENV = "PLANCACHE_THRESHOLD"
+SIGNING_KEY_ENV = "PLANCACHE_SIGNING_KEY"
+TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
+STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
+
+DEFAULT_TIMEOUT = 3.0
+"""Seconds; the same default end-to-end budget as a single-fingerprint ``plancache pull``."""
+
+
+def startup_plan_enabled(env: Mapping[str, str] = os.environ) -> bool:
+    """``VLLM_ENABLE_STARTUP_PLAN`` as vLLM reads it (``bool(int(value))``), but never raising."""
+    try:
+        return bool(int(env.get(ENABLE_ENV, "0")))
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    url: str | None = None
+    trusted_keys: str | None = None
+    threshold: int = 1
+    signing_key: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+    """Configuration problems found while parsing; each becomes one ERROR line."""
+
+
+def _nonempty(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
+    """Read the ``PLANCACHE_*`` variables. Never raises: bad values are collected in ``errors``
+    and the knob falls back to its safe setting (no store, default budget)."""
+    errors: list[str] = []
+    url = _nonempty(env, URL_ENV)
+    if url is not None and "://" not in url:
+        errors.append(f"{URL_ENV}={url!r} is not a store URL (expected s3://bucket/prefix, gs://…, file://…); store disabled")
+        url = None
+
+    timeout = DEFAULT_TIMEOUT
+    raw_timeout = _nonempty(env, TIMEOUT_ENV)
+    if raw_timeout is not None:
+        try:
+            timeout = float(raw_timeout)
+            if not math.isfinite(timeout) or timeout <= 0:
+                raise ValueError
+        except ValueError:
+            errors.append(f"{TIMEOUT_ENV}={raw_timeout!r} is not a positive number of seconds; using {DEFAULT_TIMEOUT}")
+            timeout = DEFAULT_TIMEOUT
+
+    threshold = 1
+    raw_threshold = _nonempty(env, THRESHOLD_ENV)
+    if raw_threshold is not None:
+        try:
+            threshold = int(raw_threshold)
+            if threshold < 1:
+                raise ValueError
+        except ValueError:
+            # Falling back to 1 would weaken a policy someone asked for: refuse plans instead.
+            errors.append(f"{THRESHOLD_ENV}={raw_threshold!r} is not a positive integer; no plan will be trusted")
+            threshold = 0
+
+    options: dict[str, Any] = {}
+    raw_options = _nonempty(env, STORAGE_OPTIONS_ENV)
+    if raw_options is not None:
+        try:
+            parsed = json.loads(raw_options)
+            if not isinstance(parsed, dict):
+                raise ValueError("not a JSON object")
+            options = parsed
+        except ValueError as exc:
+            errors.append(f"{STORAGE_OPTIONS_ENV} is not a JSON object ({exc}); store disabled")
+            url = None
+
+    return PluginConfig(
+        url=url,
+        trusted_keys=_nonempty(env, TRUSTED_KEYS_ENV),
+        threshold=threshold,
+        signing_key=_nonempty(env, SIGNING_KEY_ENV),
+        timeout=timeout,
+        storage_options=options,
+        errors=tuple(errors),
+    )

@@ -1,0 +1,621 @@
+"""The vLLM plugin against the real vLLM 0.33 modules, on CPU.
+
+Everything that imports vLLM lives in this one module (the import costs ~10 s here): module
+fixtures import vLLM once, build one real ``VllmConfig`` for a tiny model directory written
+by the test, and register the plugin through its installed entry point the way
+``vllm.plugins.load_general_plugins()`` does. Each test then boots a ``Worker`` stand-in
+(``object.__new__(Worker)``, as in ../shared/notes/vllm-on-cpu.md) and calls the real
+``Worker.determine_available_memory()``; only the GPU bits are faked: the device name and
+total memory that vLLM's fingerprint asks for, the free memory snapshot, the model runner's
+``profile_run``, and ``memory_profiling`` (which needs an accelerator).
+
+Every test that registers the plugin unregisters it on teardown and checks that vLLM's
+original functions are back, so no case sees another's patches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+
+from plancache.storage.keyfiles import generate_keypair
+from plancache.trust.keys import Ed25519Signer
+from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan, sig_name
+from plancache.trust.signing import sign_plan
+from plancache.trust.verify import verify_plan
+from plancache.storage.keyfiles import load_keyring
+
+GIB = 2**30
+DEVICE_NAME = "NVIDIA H100 80GB HBM3"
+DEVICE_TOTAL = 80 * GIB
+FREE = 70 * GIB
+UTIL = 0.9
+PLANNED_KV = 50 * GIB
+PROFILED_NON_KV = 3 * GIB
+"""The fake profiler's non-KV memory: a profiled boot returns ``requested - this``."""
+
+PLUGIN_LOGGER = "vllm.plancache"
+
+
+# --------------------------------------------------------------------------- module fixtures
+
+
+def _write_tiny_model(directory: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "float16",
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    vocab = {"[UNK]": 0, **{f"t{i}": i for i in range(1, 128)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (directory / "generation_config.json").write_text("{}")
+
+
+def _load_plugins_like_vllm() -> None:
+    """What a vLLM worker does on start: ``vllm.plugins.load_general_plugins()``."""
+    import vllm.plugins
+
+    vllm.plugins.plugins_loaded = False
+    vllm.plugins.load_general_plugins()
+
+
+@pytest.fixture(scope="module")
+def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """Import vLLM once, in the order a worker does, and build a real VllmConfig."""
+    root = tmp_path_factory.mktemp("vllm")
+    saved = {k: os.environ.get(k) for k in ("VLLM_TARGET_DEVICE", "HF_HUB_OFFLINE", "VLLM_CACHE_ROOT", "VLLM_ENABLE_STARTUP_PLAN")}
+    os.environ.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(root / "cache"))
+    os.environ.pop("VLLM_ENABLE_STARTUP_PLAN", None)
+    model = root / "tiny-llama"
+    _write_tiny_model(model)
+
+    assert "vllm.v1.worker.gpu_worker" not in sys.modules, "another test module imported vLLM's worker first"
+    from vllm.v1.worker import startup_plan
+
+    originals = {
+        "apply": startup_plan.maybe_apply_startup_plan,
+        "save": startup_plan.maybe_save_startup_plan,
+    }
+    # The production order: a worker loads the general plugins, then imports its worker class.
+    os.environ["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+    _load_plugins_like_vllm()
+    from plancache.vllm_plugin import hooks
+
+    patched_before_import = startup_plan.maybe_apply_startup_plan is hooks.apply_hook
+    from vllm.v1.worker import gpu_worker
+
+    import_order = SimpleNamespace(
+        startup_plan_patched=patched_before_import,
+        gpu_worker_apply=gpu_worker.maybe_apply_startup_plan,
+        gpu_worker_save=gpu_worker.maybe_save_startup_plan,
+        load_model_wrapped=getattr(gpu_worker.Worker.__dict__["load_model"], "__plancache__", False),
+    )
+    import plancache.vllm_plugin as plugin
+
+    plugin.unregister()
+    os.environ.pop("VLLM_ENABLE_STARTUP_PLAN", None)
+    originals["load_model"] = gpu_worker.Worker.__dict__["load_model"]
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(model), max_model_len=128, enforce_eager=True, load_format="dummy").create_engine_config()
+    yield SimpleNamespace(
+        startup_plan=startup_plan,
+        gpu_worker=gpu_worker,
+        Worker=gpu_worker.Worker,
+        originals=originals,
+        import_order=import_order,
+        config=config,
+        model=model,
+        hooks=hooks,
+    )
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+class FakeRunner:
+    """The model runner's GPU work: counts profile runs, loads no weights."""
+
+    model_memory_usage = 1 * GIB
+
+    def __init__(self, load_seconds: float = 0.0) -> None:
+        self.profile_runs = 0
+        self.load_seconds = load_seconds
+
+    def profile_run(self, randomize_inputs: bool = False) -> None:
+        self.profile_runs += 1
+
+    def load_model(self, load_dummy_weights: bool = False) -> None:
+        time.sleep(self.load_seconds)
+
+
+@contextlib.contextmanager
+def _fake_memory_profiling(snapshot: Any, weights_memory: int = 0) -> Iterator[SimpleNamespace]:
+    yield SimpleNamespace(
+        total_consumed=2 * GIB,
+        transient_peak_headroom=1 * GIB,
+        non_kv_cache_memory=PROFILED_NON_KV,
+        after_profile=SimpleNamespace(free_memory=snapshot.free_memory - PROFILED_NON_KV),
+        before_create=snapshot,
+    )
+
+
+@pytest.fixture
+def env(vllm_env: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A fresh cache root and plancache environment per test, plus the GPU pins."""
+    from vllm.platforms import current_platform
+
+    for name in list(os.environ):
+        if name.startswith("PLANCACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setattr(current_platform, "get_device_name", lambda device_id=0: DEVICE_NAME, raising=False)
+    monkeypatch.setattr(current_platform, "get_device_total_memory", lambda device_id=0: DEVICE_TOTAL, raising=False)
+    monkeypatch.setattr(vllm_env.gpu_worker, "memory_profiling", _fake_memory_profiling)
+    vllm_env.plan_dir = tmp_path / "cache" / "startup_plan"
+    vllm_env.tmp = tmp_path
+    return vllm_env
+
+
+@pytest.fixture
+def lines() -> Iterator[list[logging.LogRecord]]:
+    """Records of the plugin's logger (vLLM's own 'vllm' logger does not propagate to root)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.DEBUG)
+    logger = logging.getLogger(PLUGIN_LOGGER)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def infos(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if r.levelno == logging.INFO and "decision=" in r.getMessage()]
+
+
+def errors(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+
+
+def _assert_originals(env: SimpleNamespace) -> None:
+    sp, gw = env.startup_plan, env.gpu_worker
+    assert sp.maybe_apply_startup_plan is env.originals["apply"]
+    assert sp.maybe_save_startup_plan is env.originals["save"]
+    assert gw.maybe_apply_startup_plan is env.originals["apply"]
+    assert gw.maybe_save_startup_plan is env.originals["save"]
+    assert env.Worker.__dict__["load_model"] is env.originals["load_model"]
+
+
+@pytest.fixture
+def plugin(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """The plugin registered through its entry point with the feature on; removed afterwards."""
+    import plancache.vllm_plugin as plugin_module
+
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
+    _load_plugins_like_vllm()
+    assert env.startup_plan.maybe_apply_startup_plan is env.hooks.apply_hook
+    yield env
+    plugin_module.unregister()
+    _assert_originals(env)
+
+
+def make_worker(env: SimpleNamespace, free: int = FREE, util: float = UTIL, kv: int | None = None, load_seconds: float = 0.0) -> Any:
+    config = copy.deepcopy(env.config)
+    config.cache_config.gpu_memory_utilization = util
+    config.cache_config.kv_cache_memory_bytes = kv
+    worker = object.__new__(env.Worker)
+    worker.vllm_config = config
+    worker.cache_config = config.cache_config
+    worker.parallel_config = config.parallel_config
+    worker.model_config = config.model_config
+    worker.rank = 0
+    worker.local_rank = 0
+    worker.init_snapshot = SimpleNamespace(free_memory=free, total_memory=DEVICE_TOTAL)
+    worker.requested_memory = int(DEVICE_TOTAL * util)
+    worker.model_runner = FakeRunner(load_seconds)
+    return worker
+
+
+def profiled_bytes(util: float = UTIL) -> int:
+    return int(DEVICE_TOTAL * util) - PROFILED_NON_KV
+
+
+def fingerprint(env: SimpleNamespace, worker: Any) -> str:
+    return env.startup_plan.compute_plan_fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
+
+
+# --------------------------------------------------------------------------- keys and plans
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> SimpleNamespace:
+    """A signing key pair on disk (keygen's format) and a second, untrusted one."""
+    key_dir = tmp_path / "keys"
+    key_dir.mkdir()
+    ci = generate_keypair(key_dir / "ci", force=False, comment="ci", env={})
+    other = generate_keypair(key_dir / "other", force=False, comment="other", env={})
+    return SimpleNamespace(
+        signer=ci,
+        private=key_dir / "ci",
+        trusted=key_dir / "ci.pub",
+        other=other,
+    )
+
+
+def conditions(util: float = UTIL) -> dict[str, Any]:
+    return {"gpu_memory_utilization": util, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
+
+
+def write_plan(
+    directory: Path,
+    fp: str,
+    signer: Ed25519Signer | None = None,
+    kv: int = PLANNED_KV,
+    baseline: int = 60 * GIB,
+    signed_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> tuple[bytes, bytes | None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = render_plan(Plan(fp, kv, baseline))
+    (directory / plan_name(fp)).write_bytes(data)
+    sig = None
+    if signer is not None:
+        now = signed_at or datetime.now(timezone.utc)
+        sig = sign_plan(plan_name(fp), data, signer, now, expires_at, provenance=conditions() if provenance is None else provenance)
+        (directory / sig_name(fp)).write_bytes(sig)
+    return data, sig
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def test_registered_before_gpu_worker_import_patches_what_the_worker_calls(vllm_env: SimpleNamespace) -> None:
+    """The worker's order: plugins load, then gpu_worker is imported and binds the patched names."""
+    order = vllm_env.import_order
+    assert order.startup_plan_patched
+    assert order.gpu_worker_apply is vllm_env.hooks.apply_hook
+    assert order.gpu_worker_save is vllm_env.hooks.save_hook
+    assert order.load_model_wrapped
+    # ... and after unregister() everything is vLLM's again.
+    _assert_originals(vllm_env)
+
+
+def test_entry_point_is_installed_and_registering_twice_is_idempotent(plugin: SimpleNamespace) -> None:
+    (entry,) = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == "plancache"]
+    assert entry.value == "plancache.vllm_plugin:register"
+    before = (plugin.gpu_worker.maybe_apply_startup_plan, plugin.Worker.__dict__["load_model"])
+    entry.load()()
+    _load_plugins_like_vllm()
+    after = (plugin.gpu_worker.maybe_apply_startup_plan, plugin.Worker.__dict__["load_model"])
+    assert before == after
+    assert plugin.gpu_worker.maybe_apply_startup_plan is plugin.hooks.apply_hook
+    wrapped = plugin.Worker.__dict__["load_model"]
+    assert wrapped.__wrapped__ is plugin.originals["load_model"]  # wrapped once, not twice
+
+
+def test_feature_off_leaves_vllm_byte_for_byte_unchanged(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    """Plugin installed, VLLM_ENABLE_STARTUP_PLAN unset: vLLM's own functions, the same results, the same files."""
+    monkeypatch.delenv("VLLM_ENABLE_STARTUP_PLAN", raising=False)
+
+    def boot(cache: Path) -> tuple[int, int, list[str]]:
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache))
+        worker = make_worker(env)
+        result = worker.determine_available_memory()
+        env.gpu_worker.maybe_save_startup_plan(worker, result)
+        files = sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) if cache.exists() else []
+        return result, worker.model_runner.profile_runs, files
+
+    without = boot(env.tmp / "without")
+    _load_plugins_like_vllm()
+    _assert_originals(env)
+    assert "plancache.vllm_plugin.hooks" not in sys.modules or not env.hooks.installed()
+    with_plugin = boot(env.tmp / "with")
+    assert with_plugin == without == (profiled_bytes(), 1, [])
+    assert lines == []
+
+
+def test_vllm_internals_missing_one_warning_and_untouched(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
+    monkeypatch.delattr(env.startup_plan, "compute_plan_fingerprint")
+    monkeypatch.setattr(env.hooks, "_warned", False)
+    _load_plugins_like_vllm()
+    _load_plugins_like_vllm()
+    warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "compute_plan_fingerprint not found" in warnings[0]
+    monkeypatch.undo()
+    _assert_originals(env)
+
+
+# --------------------------------------------------------------------------- apply: local
+
+
+def test_signed_local_hit_is_applied_with_one_info_line(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    write_plan(plugin.plan_dir, fp, keys.signer)
+    assert worker.determine_available_memory() == PLANNED_KV
+    assert worker.cache_config.kv_cache_memory_bytes == PLANNED_KV
+    assert worker.model_runner.profile_runs == 1  # vLLM's compile-only profile run, no measurement
+    (line,) = infos(lines)
+    assert f"decision=apply reason=applied source=local fingerprint={fp}" in line
+    assert "elapsed_ms=" in line and f"kv_cache_memory_bytes={PLANNED_KV}" in line
+    assert errors(lines) == []
+
+
+def _profiled(worker: Any, lines: list, reason: str, source: str = "local") -> str:
+    assert worker.determine_available_memory() == profiled_bytes(worker.cache_config.gpu_memory_utilization)
+    assert worker.cache_config.kv_cache_memory_bytes is None
+    (line,) = infos(lines)
+    assert f"decision=profile reason={reason} source={source}" in line, line
+    return line
+
+
+def test_tampered_local_plan_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data, _ = write_plan(plugin.plan_dir, fp, keys.signer)
+    (plugin.plan_dir / plan_name(fp)).write_bytes(data.replace(b"53687091200", b"63687091200"))
+    _profiled(worker, lines, "digest-mismatch")
+
+
+def test_untrusted_signer_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.other)
+    _profiled(worker, lines, "untrusted-key")
+
+
+def test_expired_signature_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    long_ago = datetime.now(timezone.utc) - timedelta(days=40)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer, signed_at=long_ago, expires_at=long_ago + timedelta(days=30))
+    _profiled(worker, lines, "expired")
+
+
+def test_below_baseline_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin, free=55 * GIB)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer, baseline=60 * GIB)
+    _profiled(worker, lines, "below-baseline")
+
+
+def test_changed_gpu_memory_utilization_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    """gpu_memory_utilization is not in vLLM's config hash: same fingerprint, other budget."""
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin, util=0.5)
+    fp = fingerprint(plugin, worker)
+    assert fp == fingerprint(plugin, make_worker(plugin, util=UTIL))  # vLLM's key does not see it
+    write_plan(plugin.plan_dir, fp, keys.signer, provenance=conditions(UTIL))
+    line = _profiled(worker, lines, "condition-mismatch")
+    assert "gpu_memory_utilization" in line
+
+
+def test_other_device_model_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer, provenance={**conditions(), "device_name": "NVIDIA A100-SXM4-80GB"})
+    assert "device_name" in _profiled(worker, lines, "condition-mismatch")
+
+
+def test_unsigned_local_plan_with_trusted_keys_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker))
+    _profiled(worker, lines, "unsigned")
+
+
+def test_no_trusted_keys_admits_local_plans_unsigned_but_strictly(plugin: SimpleNamespace, lines: list) -> None:
+    """The no-keys policy: vLLM's behaviour (trust the cache dir), with plancache's strict parser."""
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    write_plan(plugin.plan_dir, fp)
+    assert worker.determine_available_memory() == PLANNED_KV
+    assert "decision=apply reason=applied source=local" in infos(lines)[0]
+
+    # vLLM's own gate takes `true` as an int; plancache's parser does not.
+    lines.clear()
+    worker = make_worker(plugin)
+    (plugin.plan_dir / plan_name(fp)).write_text(
+        json.dumps({"schema": 1, "fingerprint": fp, "kv_cache_memory_bytes": True, "free_memory_baseline": 60 * GIB})
+    )
+    assert plugin.startup_plan._applicable_kv_cache_memory_bytes(plugin.startup_plan._load_plan(fp), FREE) is True
+    _profiled(worker, lines, "malformed")
+
+
+def test_no_plan_is_profiled(plugin: SimpleNamespace, lines: list) -> None:
+    _profiled(make_worker(plugin), lines, "no-plan", source="none")
+
+
+def test_kv_cache_memory_bytes_already_set_is_left_alone(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin, kv=7 * GIB)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
+    assert worker.determine_available_memory() == 7 * GIB
+    (line,) = infos(lines)
+    assert "decision=skip reason=already-set" in line
+
+
+def test_unreadable_trusted_keys_is_one_error_line_and_profiles(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    """A configured but unusable keyring never downgrades to the unsigned policy."""
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(plugin.tmp / "missing.pub"))
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
+    _profiled(worker, lines, "config-error")
+    (error,) = errors(lines)
+    assert "PLANCACHE_TRUSTED_KEYS" in error and "missing.pub" in error and "\n" not in error
+
+
+def test_url_without_trusted_keys_is_one_error_line_and_store_ignored(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_URL", "s3://bucket/never-contacted")
+    worker = make_worker(plugin)
+    _profiled(worker, lines, "no-plan", source="none")
+    (error,) = errors(lines)
+    assert "PLANCACHE_URL" in error and "PLANCACHE_TRUSTED_KEYS" in error
+
+
+def test_bad_url_is_one_error_line_and_profiles(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    monkeypatch.setenv("PLANCACHE_URL", "nosuchprotocol://bucket/plans")
+    worker = make_worker(plugin)
+    _profiled(worker, lines, "config-error", source="store")
+    (error,) = errors(lines)
+    assert "nosuchprotocol" in error
+
+
+def test_an_exception_inside_plancache_is_logged_and_vllm_profiles(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    from plancache.vllm_plugin import boot
+
+    def explode(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(boot, "decide_plan", explode)
+    line = _profiled(make_worker(plugin), lines, "internal-error", source="none")
+    assert "boom" in line
+
+
+# --------------------------------------------------------------------------- save
+
+
+def test_plan_bytes_are_exactly_what_vllm_writes(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trust.plan.render_plan against vLLM's real maybe_save_startup_plan."""
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
+    worker = make_worker(env)
+    fp = fingerprint(env, worker)
+    env.originals["save"](worker, 12345 * GIB // 1000)
+    written = (env.plan_dir / plan_name(fp)).read_bytes()
+    assert written == render_plan(Plan(fp, 12345 * GIB // 1000, FREE))
+
+
+def test_vllm_saved_plan_is_picked_up_signed_and_written_where_the_next_boot_looks(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    profiled = worker.determine_available_memory()  # miss: profiled
+    fp = fingerprint(plugin, worker)
+    kv = profiled - GIB
+    plugin.gpu_worker.maybe_save_startup_plan(worker, kv)  # the name compile_or_warm_up_model calls
+    data = (plugin.plan_dir / plan_name(fp)).read_bytes()
+    assert data == render_plan(Plan(fp, kv, FREE))  # vLLM's bytes, unchanged
+    verified = verify_plan(plan_name(fp), data, (plugin.plan_dir / sig_name(fp)).read_bytes(), load_keyring(keys.trusted), datetime.now(timezone.utc))
+    assert verified.statement is not None
+    facts = dict(verified.statement.provenance)
+    assert facts == {
+        **conditions(),
+        "model": str(plugin.model),
+        "vllm_version": "0.33.0",
+        "torch_version": facts["torch_version"],
+        "rank": 0,
+        "world_size": 1,
+    }
+    assert facts["torch_version"].startswith("2.13")
+    # vLLM's own loader accepts it, and the next boot applies it.
+    assert plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == kv
+    lines.clear()
+    nxt = make_worker(plugin)
+    assert nxt.determine_available_memory() == kv
+    assert "decision=apply reason=applied source=local" in infos(lines)[0]
+
+
+def test_save_time_fingerprint_can_differ_and_plancache_saves_under_the_apply_time_one(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """FINDING (vLLM 0.33, real VllmConfig): the fingerprint hashes the compilation config,
+    and ``resolve_cudagraph_mode_and_sizes`` (run by the model runner when the KV cache is
+    initialised, i.e. after ``determine_available_memory`` and before
+    ``compile_or_warm_up_model`` saves) rewrites ``cudagraph_mode`` and the capture sizes.
+    With cudagraphs (FULL decode graphs + spec decode, or an attention backend that cannot do
+    FULL graphs) the save-time fingerprint differs from the apply-time one, so vLLM saves a
+    plan that no later boot looks up. With ``enforce_eager`` (cudagraph_mode NONE, our CPU
+    config) the two are equal. plancache saves under the apply-time fingerprint of this boot.
+    """
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    # Eager (as built): resolving changes nothing, the fingerprints agree.
+    eager = make_worker(plugin)
+    before = fingerprint(plugin, eager)
+    eager.vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(AttentionCGSupport.ALWAYS, "X")
+    assert fingerprint(plugin, eager) == before
+
+    # With graphs, as on a GPU: vLLM's own resolution step changes the fingerprint.
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    worker = make_worker(plugin)
+    cc = worker.vllm_config.compilation_config
+    cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    cc.cudagraph_capture_sizes = [1, 2, 4, 8]
+    cc.max_cudagraph_capture_size = 8
+    profiled = worker.determine_available_memory()  # apply: miss, profile; remembers its fingerprint
+    apply_fp = fingerprint(plugin, worker)
+    assert f"fingerprint={apply_fp}" in infos(lines)[0]
+    cc.resolve_cudagraph_mode_and_sizes(AttentionCGSupport.UNIFORM_BATCH, "SomeBackend", uniform_decode_query_len=2)
+    save_fp = fingerprint(plugin, worker)
+    assert save_fp != apply_fp
+    plugin.gpu_worker.maybe_save_startup_plan(worker, profiled)
+
+    assert (plugin.plan_dir / plan_name(save_fp)).exists()  # what vLLM alone would leave
+    assert (plugin.plan_dir / plan_name(apply_fp)).exists() and (plugin.plan_dir / sig_name(apply_fp)).exists()
+    assert parse_plan((plugin.plan_dir / plan_name(apply_fp)).read_bytes(), plan_name(apply_fp)).kv_cache_memory_bytes == profiled
+    assert plugin.startup_plan._load_plan(apply_fp)["kv_cache_memory_bytes"] == profiled  # vLLM's loader takes it
+    # A fresh boot of the same config computes the apply-time fingerprint again.
+    fresh = make_worker(plugin)
+    fresh.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    fresh.vllm_config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8]
+    fresh.vllm_config.compilation_config.max_cudagraph_capture_size = 8
+    assert fingerprint(plugin, fresh) == apply_fp
+    lines.clear()
+    assert fresh.determine_available_memory() == profiled
+    assert "decision=apply" in infos(lines)[0]
+
+
+def test_save_with_unusable_signing_key_writes_vllms_plan_unsigned(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(plugin.tmp / "nokey"))
+    worker = make_worker(plugin)
+    kv = worker.determine_available_memory()
+    plugin.gpu_worker.maybe_save_startup_plan(worker, kv)
+    fp = fingerprint(plugin, worker)
+    assert (plugin.plan_dir / plan_name(fp)).exists() and not (plugin.plan_dir / sig_name(fp)).exists()
+    (error,) = errors(lines)
+    assert "PLANCACHE_SIGNING_KEY" in error
