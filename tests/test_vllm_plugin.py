@@ -619,3 +619,87 @@ def test_save_with_unusable_signing_key_writes_vllms_plan_unsigned(plugin: Simpl
     assert (plugin.plan_dir / plan_name(fp)).exists() and not (plugin.plan_dir / sig_name(fp)).exists()
     (error,) = errors(lines)
     assert "PLANCACHE_SIGNING_KEY" in error
+
+
+# --------------------------------------------------------------------------- store (file://) and prefetch
+
+
+def _store_env(monkeypatch: pytest.MonkeyPatch, keys: SimpleNamespace, url: str, timeout: float = 3.0) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    monkeypatch.setenv("PLANCACHE_URL", url)
+    monkeypatch.setenv("PLANCACHE_TIMEOUT", str(timeout))
+
+
+def test_prefetch_starts_with_load_model_and_apply_uses_it(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    bucket = plugin.tmp / "bucket"
+    _store_env(monkeypatch, keys, bucket.as_uri())
+    worker = make_worker(plugin, load_seconds=0.3)
+    fp = fingerprint(plugin, worker)
+    data, sig = write_plan(bucket, fp, keys.signer)
+    worker.load_model()  # the real, wrapped Worker.load_model: starts the prefetch, then loads
+    boot = worker._plancache_boot
+    assert boot.prefetch is not None and boot.prefetch.key == fp
+    assert boot.prefetch.started < boot.prefetch.finished  # type: ignore[operator]
+    assert worker.determine_available_memory() == PLANNED_KV
+    (line,) = infos(lines)
+    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line and "prefetched" in line
+    # written locally, atomically, with its sidecar; vLLM's own loader accepts the file
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
+    assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
+    assert plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == PLANNED_KV
+    assert not [p for p in plugin.plan_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_prefetch_is_skipped_when_the_plan_is_local(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    _store_env(monkeypatch, keys, "s3://never-contacted/plans")
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
+    worker.load_model()
+    assert worker._plancache_boot.prefetch is None
+    assert worker.determine_available_memory() == PLANNED_KV
+    assert "source=local" in infos(lines)[0]
+
+
+def test_bad_local_plan_falls_back_to_a_good_store_plan(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    bucket = plugin.tmp / "bucket"
+    _store_env(monkeypatch, keys, bucket.as_uri())
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    write_plan(plugin.plan_dir, fp, keys.other)  # stale, signed by a key nobody trusts
+    data, _ = write_plan(bucket, fp, keys.signer)
+    assert worker.determine_available_memory() == PLANNED_KV
+    (line,) = infos(lines)
+    assert "decision=apply reason=applied source=store" in line and "untrusted-key" in line
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data  # the cache healed
+
+
+def test_tampered_store_plan_is_profiled_and_nothing_is_written(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    bucket = plugin.tmp / "bucket"
+    _store_env(monkeypatch, keys, bucket.as_uri())
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data, _ = write_plan(bucket, fp, keys.signer)
+    (bucket / plan_name(fp)).write_bytes(data.replace(b"53687091200", b"73687091200"))
+    _profiled(worker, lines, "digest-mismatch", source="store")
+    assert not plugin.plan_dir.exists() or not list(plugin.plan_dir.iterdir())
+
+
+def test_save_signs_and_pushes_in_the_background(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    bucket = plugin.tmp / "bucket"
+    bucket.mkdir()
+    _store_env(monkeypatch, keys, bucket.as_uri())
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    worker = make_worker(plugin)
+    kv = worker.determine_available_memory()
+    plugin.gpu_worker.maybe_save_startup_plan(worker, kv)
+    fp = fingerprint(plugin, worker)
+    worker._plancache_boot.push_thread.join(5)
+    assert worker._plancache_boot.push_result == "pushed"
+    assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
+    assert (bucket / sig_name(fp)).read_bytes() == (plugin.plan_dir / sig_name(fp)).read_bytes()
+    # A spot machine with an empty cache now boots from the store.
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(plugin.tmp / "spot-cache"))
+    lines.clear()
+    spot = make_worker(plugin)
+    assert spot.determine_available_memory() == kv
+    assert "decision=apply reason=applied source=store" in infos(lines)[0]

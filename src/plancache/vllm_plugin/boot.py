@@ -300,15 +300,27 @@ def _with_detail(decision: Decision, prefix: str) -> Decision:
     return Decision(decision.applied, decision.reason, detail, decision.kv_cache_memory_bytes, decision.fingerprint)
 
 
+class _UseStore(Exception):
+    pass
+
+
 def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
     """The decision for this worker and fingerprint, and where the plan came from."""
     directory = plan_dir()
     name = plan_name(fp)
     local_problem = ""
+    prefetched = boot.prefetch is not None and boot.prefetch.key == fp
     try:
+        if prefetched:
+            # There was no local plan when the prefetch started: the store's answer is the one
+            # (it is written locally by the prefetch itself once verified).
+            raise _UseStore
+
         plan_bytes, sig_bytes = directory.read(fp)
         if plan_bytes is not None:
             return _gate(worker, _verify_local(boot, name, plan_bytes, sig_bytes)), "local"
+    except _UseStore:
+        pass
     except PlanCacheError as exc:
         if not boot.store_reads:
             return Decision.rejected(exc, fp), "local"
@@ -330,6 +342,9 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
 
 def log_decision(decision: Decision, source: str, fp: str | None, started: float) -> None:
     elapsed = (time.monotonic() - started) * 1000
+    detail = decision.detail
+    if decision.applied:  # the gate's "kv_cache_memory_bytes=N" is already in the line
+        detail = "; ".join(p for p in detail.split("; ") if not p.startswith("kv_cache_memory_bytes="))
     verdict = "apply" if decision.applied else ("skip" if decision.reason is Reason.ALREADY_SET else "profile")
     LOG.info(
         "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s",
@@ -339,7 +354,7 @@ def log_decision(decision: Decision, source: str, fp: str | None, started: float
         fp or "-",
         elapsed,
         f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
-        f' detail="{decision.detail}"' if decision.detail else "",
+        f' detail="{detail}"' if detail else "",
     )
 
 
