@@ -91,7 +91,7 @@ def _store_error(what: str, exc: BaseException) -> PlanCacheError:
     return PlanCacheError(Reason.STORE_ERROR, f"{what}: {one_line(exc)}")
 
 
-def _filesystem(protocol: str, url: str, options: dict[str, Any]) -> Any:
+def _filesystem(protocol: str, url: str, defaults: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
     """Instantiate the fsspec filesystem, mapping every setup failure to one CONFIG line."""
     import fsspec  # lazy: see the module docstring
     from fsspec.config import conf
@@ -114,7 +114,7 @@ def _filesystem(protocol: str, url: str, options: dict[str, Any]) -> Any:
     configured: dict[str, Any] = {}
     for proto in protos:
         configured = merge_options(configured, conf.get(proto))
-    merged = merge_options(configured, options)
+    merged = merge_options(defaults, configured, options)
     retries = merged.pop("retries", None) if protocol in ("s3", "s3a") else None
     if protocol in ("gs", "gcs"):
         merged["requests_timeout"] = _aiohttp_timeout(merged.get("requests_timeout"))
@@ -163,8 +163,7 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
         from_url = cls._get_kwargs_from_urls(url) if cls is not None else {}
     except (ImportError, ValueError):
         from_url = {}
-    options = merge_options(backend_defaults(protocol, budget), from_url, storage_options)
-    fs = _filesystem(protocol, url, options)
+    fs = _filesystem(protocol, url, backend_defaults(protocol, budget), merge_options(from_url, storage_options))
     root = fs._strip_protocol(url)
     root = root.rstrip("/") if root not in ("/", "") else root
     return Store(fs, url.rstrip("/"), root, budget)

@@ -1,0 +1,372 @@
+"""Real servers on 127.0.0.1 for the store tests, started and stopped by the tests themselves.
+
+* ``MotoServer``: moto's S3 server mode in a subprocess (s3fs talks to it over real HTTP);
+* ``GcsEmulator``: ``gcp-storage-emulator`` in a subprocess (gcsfs talks to it over HTTP);
+* ``FaultServer``: a small threaded S3-shaped HTTP server whose objects misbehave on demand
+  (500s, truncated or trickling bodies, a 1 GiB body that ignores the Range header, a
+  hostile listing) and that records every request it gets;
+* ``BlackHole``: a listener that accepts connections and never answers;
+* ``closed_port()``: a port nobody listens on (connection refused).
+
+Nothing here sends a byte anywhere but loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+from urllib.parse import parse_qs, unquote, urlparse
+from xml.sax.saxutils import escape
+
+import pytest
+
+LOOPBACK = "127.0.0.1"
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "plancache-test",
+    "AWS_SECRET_ACCESS_KEY": "plancache-test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def closed_port() -> int:
+    """A port that was free a moment ago: connecting to it is refused."""
+    return free_port()
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection((LOOPBACK, port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {LOOPBACK}:{port} after {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+class MotoServer:
+    """moto's S3 server (``python -m moto.server``) on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://{LOOPBACK}:{self.port}"
+        env = {**os.environ, **AWS_ENV}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )
+        wait_for_port(self.port, self.proc)
+        self._buckets = 0
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name="us-east-1",
+            aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def new_bucket(self) -> str:
+        self._buckets += 1
+        name = f"plancache-test-{self._buckets}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    @property
+    def options(self) -> dict[str, object]:
+        return {"endpoint_url": self.endpoint, "key": AWS_ENV["AWS_ACCESS_KEY_ID"],
+                "secret": AWS_ENV["AWS_SECRET_ACCESS_KEY"], "client_kwargs": {"region_name": "us-east-1"}}
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+class GcsEmulator:
+    """``gcp-storage-emulator`` (in memory) on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://{LOOPBACK}:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", LOOPBACK, "--port", str(self.port),
+             "--in-memory"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, self.proc)
+        self._buckets = 0
+
+    def new_bucket(self) -> str:
+        import json
+        import urllib.request
+
+        self._buckets += 1
+        name = f"plancache-test-{self._buckets}"
+        request = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"}, method="POST",
+        )
+        urllib.request.urlopen(request, timeout=10).read()
+        return name
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+# -- misbehaving servers -----------------------------------------------------------------------
+
+
+@dataclass
+class FaultObject:
+    body: bytes = b""
+    mode: str = "ok"
+    """ok | error500 | error500-once | truncate | trickle | huge"""
+    served: int = 0
+
+
+@dataclass
+class FaultState:
+    objects: dict[str, FaultObject] = field(default_factory=dict)
+    """key (without the bucket) -> behaviour"""
+    listing: list[str] | None = None
+    """keys to list instead of ``objects`` (to send hostile names)"""
+    requests: list[tuple[str, str, str]] = field(default_factory=list)
+    """(method, path, Range header) of every request"""
+    bytes_sent: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+HUGE = 1 << 30
+TRICKLE_PAUSE = 0.2
+
+
+class _FaultHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_FaultHTTPServer"
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Date", formatdate(usegmt=True))
+        self.end_headers()
+        self._write(body)
+
+    def _write(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+        with self.server.state.lock:
+            self.server.state.bytes_sent += len(data)
+
+    def do_HEAD(self) -> None:
+        state = self.server.state
+        with state.lock:
+            state.requests.append(("HEAD", self.path, self.headers.get("Range", "")))
+        self._send(405, b"")
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        with state.lock:
+            state.requests.append(("GET", self.path, self.headers.get("Range", "")))
+        url = urlparse(self.path)
+        parts = unquote(url.path).lstrip("/").split("/", 1)
+        query = parse_qs(url.query)
+        if len(parts) == 1 or parts[1] == "":
+            return self._list(query)
+        obj = state.objects.get(parts[1])
+        if obj is None:
+            body = b"<?xml version='1.0'?><Error><Code>NoSuchKey</Code><Message>no</Message></Error>"
+            return self._send(404, body, {"Content-Type": "application/xml"})
+        obj.served += 1
+        xml = {"Content-Type": "application/xml"}
+        error = b"<?xml version='1.0'?><Error><Code>InternalError</Code><Message>boom</Message></Error>"
+        if obj.mode == "error500" or (obj.mode == "error500-once" and obj.served == 1):
+            return self._send(500, error, xml)
+        if obj.mode == "huge":  # ignores Range, declares and streams 1 GiB
+            self.send_response(200)
+            self.send_header("Content-Length", str(HUGE))
+            self.end_headers()
+            chunk = b"\0" * 65536
+            try:
+                for _ in range(HUGE // len(chunk)):
+                    self._write(chunk)
+            except OSError:
+                pass
+            return None
+        body = obj.body
+        rng = self.headers.get("Range", "")
+        status = 200
+        headers = {"Content-Type": "application/octet-stream", "ETag": '"0"'}
+        if rng.startswith("bytes="):
+            start_s, _, end_s = rng[6:].partition("-")
+            start, end = int(start_s), min(int(end_s), len(body) - 1)
+            body = body[start : end + 1]
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(obj.body)}"
+        if obj.mode == "truncate":
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self._write(body[: len(body) // 2])
+            self.close_connection = True
+            return None
+        if obj.mode == "trickle":
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                for i in range(len(body)):
+                    self._write(body[i : i + 1])
+                    time.sleep(TRICKLE_PAUSE)
+            except OSError:
+                pass
+            return None
+        return self._send(status, body, headers)
+
+    def _list(self, query: dict[str, list[str]]) -> None:
+        state = self.server.state
+        bucket = unquote(urlparse(self.path).path).strip("/")
+        prefix = query.get("prefix", [""])[0]
+        keys = state.listing if state.listing is not None else sorted(state.objects)
+        contents = "".join(
+            f"<Contents><Key>{escape(k)}</Key><LastModified>2026-11-29T12:00:00.000Z</LastModified>"
+            f"<ETag>&quot;00000000000000000000000000000000&quot;</ETag><Size>{len(state.objects.get(k, FaultObject()).body)}</Size>"
+            f"<StorageClass>STANDARD</StorageClass></Contents>"
+            for k in keys
+        )
+        body = (
+            "<?xml version='1.0' encoding='UTF-8'?>"
+            "<ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
+            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(keys)}</KeyCount>"
+            f"<MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
+        ).encode()
+        self._send(200, body, {"Content-Type": "application/xml"})
+
+
+class _FaultHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    state: FaultState
+
+
+class FaultServer:
+    """An S3-shaped HTTP server on loopback whose objects misbehave as configured."""
+
+    def __init__(self) -> None:
+        self.httpd = _FaultHTTPServer((LOOPBACK, 0), _FaultHandler)
+        self.httpd.state = FaultState()
+        self.port = int(self.httpd.server_address[1])
+        self.endpoint = f"http://{LOOPBACK}:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def state(self) -> FaultState:
+        return self.httpd.state
+
+    def reset(self) -> None:
+        self.httpd.state = FaultState()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class BlackHole:
+    """Accepts TCP connections and never sends a byte."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind((LOOPBACK, 0))
+        self.sock.listen(128)
+        self.port = int(self.sock.getsockname()[1])
+        self.endpoint = f"http://{LOOPBACK}:{self.port}"
+        self.held: list[socket.socket] = []
+        self._stop = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+                self.held.append(conn)
+            except OSError:
+                continue
+
+    def stop(self) -> None:
+        self._stop = True
+        self.thread.join(2)
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+# -- pytest fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[GcsEmulator]:
+    server = GcsEmulator()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def fault_server_session() -> Iterator[FaultServer]:
+    server = FaultServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fault_server(fault_server_session: FaultServer) -> FaultServer:
+    fault_server_session.reset()
+    return fault_server_session
+
+
+@pytest.fixture(scope="session")
+def black_hole() -> Iterator[BlackHole]:
+    hole = BlackHole()
+    yield hole
+    hole.stop()

@@ -1,0 +1,194 @@
+"""The store on every backend: file://, memory://, S3 (moto server over HTTP), GCS (emulator).
+
+The same behaviour is asked of each: round trips, one fetch for plan and sidecar, capped
+reads, hostile names ignored, deletes, and the whole CLI journey (push, pull, verify, ls,
+prune) with tampering in the store rejected and nothing unverified written locally.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from conftest import FP, GIB, plan_bytes
+from plancache.cli.main import main
+from plancache.cli.offline import utcnow
+from plancache.storage.keyfiles import load_signer
+from plancache.trust.signing import sign_plan
+from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.store import Store, open_store
+from plancache.trust.errors import PlanCacheError, Reason
+from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
+from store_servers import AWS_ENV, GcsEmulator, MotoServer, black_hole, fault_server, fault_server_session, gcs_emulator, moto_server  # noqa: F401
+
+FP2 = "fedcba9876543210"
+FP3 = "00000000deadbeef"
+
+
+@dataclass
+class Backend:
+    name: str
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def store(self, timeout: float = 30.0) -> Store:
+        return open_store(self.url, self.options, timeout)
+
+    def cli_options(self) -> list[str]:
+        return [x for k, v in self.options.items() for x in ("--storage-option", f"{k}={json.dumps(v)}")]
+
+    def plant(self, name: str, data: bytes) -> None:
+        """Write an object behind the store's back (a hostile or careless bucket writer)."""
+        store = self.store()
+        store.fs.pipe_file(store.path(name), data)
+
+
+@pytest.fixture(params=["file", "memory", "s3", "gcs"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    kind = request.param
+    if kind == "file":
+        yield Backend(kind, (tmp_path / "bucket" / "plans").as_uri())
+    elif kind == "memory":
+        yield Backend(kind, f"memory://plancache-{uuid.uuid4().hex}/plans")
+    elif kind == "s3":
+        moto: MotoServer = request.getfixturevalue("moto_server")
+        yield Backend(kind, f"s3://{moto.new_bucket()}/team/plans", moto.options)
+    else:
+        gcs: GcsEmulator = request.getfixturevalue("gcs_emulator")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        yield Backend(kind, f"gs://{gcs.new_bucket()}/plans", {"token": "anon"})
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_round_trip_fetch_list_delete(backend: Backend) -> None:
+    store = backend.store()
+    assert store.fingerprints() == []
+    assert store.fetch(FP) == (None, None)
+    store.put(FP, b"plan-bytes", b"sig-bytes")
+    store.put(FP2, b"unsigned-plan", None)
+    assert store.fingerprints() == [FP, FP2]
+    assert store.fetch(FP) == (b"plan-bytes", b"sig-bytes")
+    assert store.fetch(FP2) == (b"unsigned-plan", None)
+    items = store.fetch_items([FP2, FP3, FP])
+    assert items == [(FP2, b"unsigned-plan", None), (FP3, None, None), (FP, b"plan-bytes", b"sig-bytes")]
+    listing = store.list_objects()
+    assert set(listing) == {plan_name(FP), sig_name(FP), plan_name(FP2)}
+    assert listing[plan_name(FP)].size == len(b"plan-bytes")
+    store.delete([FP, FP3])
+    assert store.fingerprints() == [FP2]
+
+
+def test_oversized_objects_are_refused_not_downloaded(backend: Backend) -> None:
+    backend.plant(plan_name(FP), b"{" + b" " * (MAX_PLAN_BYTES + 1000) + b"}")
+    with pytest.raises(PlanCacheError) as err:
+        backend.store().fetch(FP)
+    assert err.value.reason is Reason.TOO_LARGE
+    items = backend.store().fetch_items([FP])
+    assert isinstance(items[0][1], PlanCacheError) and items[0][1].reason is Reason.TOO_LARGE
+
+
+def test_hostile_names_in_a_listing_are_ignored(backend: Backend) -> None:
+    for name in (
+        "startup_plan_0123456789ABCDEF.json",      # upper case
+        "startup_plan_0123456789abcde.json",       # 15 hex
+        "startup_plan_0123456789abcdef.json.tmp",
+        "startup_plan_0123456789abcdef.jsonx",
+        "sub/startup_plan_fedcba9876543210.json",  # one level down
+        "..startup_plan_fedcba9876543210.json",
+    ):
+        backend.plant(name, b"x")
+    backend.plant(plan_name(FP3), b"ok")
+    assert backend.store().fingerprints() == [FP3]
+
+
+def test_invalid_fingerprints_never_reach_the_store(backend: Backend) -> None:
+    store = backend.store()
+    for bad in ("../../etc/passwd", "0123456789ABCDEF", "0123"):
+        with pytest.raises(PlanCacheError) as err:
+            store.fetch(bad)
+        assert err.value.reason is Reason.MALFORMED
+
+
+def test_cli_journey(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = backend.cli_options()
+    assert run(capsys, "keygen", str(tmp_path / "ci"))[0] == 0
+    ci = LocalPlanDir(tmp_path / "ci-plans")
+    ci.write(FP, plan_bytes(), None)
+    ci.write(FP2, plan_bytes(fp=FP2, kv=GIB, baseline=2 * GIB), None)
+    keys = str(tmp_path / "ci.pub")
+
+    code, out, err = run(capsys, "push", *opts, str(ci.path), backend.url)
+    assert code == 1 and "0 uploaded" in out and "unsigned" in err  # refused without a key
+
+    code, out, _ = run(capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url)
+    report = json.loads(out)
+    assert code == 0 and report["uploaded"] == 2 and report["objects_uploaded"] == 4
+    code, out, _ = run(capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url)
+    assert code == 0 and json.loads(out)["unchanged"] == 2 and json.loads(out)["objects_uploaded"] == 0
+
+    code, out, _ = run(capsys, "verify", "--trusted-keys", keys, *opts, backend.url)
+    assert code == 0 and out.count("valid") == 2
+    code, out, _ = run(capsys, "ls", "--json", *opts, backend.url)
+    assert code == 0 and {p["kv_cache_memory_bytes"] for p in json.loads(out)["plans"]} == {20 * GIB, GIB}
+
+    spot = tmp_path / "spot"
+    code, out, _ = run(capsys, "pull", "--trusted-keys", keys, "--fingerprint", FP, *opts, backend.url, str(spot))
+    assert code == 0 and (spot / plan_name(FP)).read_bytes() == plan_bytes()
+    assert sorted(p.name for p in spot.iterdir()) == [plan_name(FP), sig_name(FP)]
+
+    # The bucket is writable by someone hostile: a bigger kv value for FP2, FP's sidecar swapped.
+    backend.plant(plan_name(FP2), plan_bytes(fp=FP2, kv=2 * GIB - 1, baseline=2 * GIB))
+    backend.plant(sig_name(FP), b"{}")
+    backend.plant(plan_name(FP3), plan_bytes(fp=FP3))
+    fresh = tmp_path / "fresh"
+    code, out, _ = run(capsys, "pull", "--json", "--trusted-keys", keys, *opts, backend.url, str(fresh))
+    plans = {p["fingerprint"]: p for p in json.loads(out)["plans"]}
+    assert code == 1
+    assert plans[FP]["reason"] == "malformed" and plans[FP2]["reason"] == "digest-mismatch"
+    assert plans[FP3]["reason"] == "unsigned"
+    assert not fresh.exists() or list(fresh.iterdir()) == []  # nothing unverified under any name
+    code, out, _ = run(capsys, "verify", "--trusted-keys", keys, *opts, backend.url)
+    assert code == 1
+
+
+def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = backend.cli_options()
+    for name in ("old", "new"):
+        run(capsys, "keygen", str(tmp_path / name))
+    ci = LocalPlanDir(tmp_path / "ci")
+    ci.write(FP, plan_bytes(), None)
+    run(capsys, "push", "--key", str(tmp_path / "old"), *opts, str(ci.path), backend.url)
+    ci2 = LocalPlanDir(tmp_path / "ci2")
+    ci2.write(FP2, plan_bytes(fp=FP2), None)
+    assert run(capsys, "push", "--key", str(tmp_path / "new"), *opts, str(ci2.path), backend.url)[0] == 0
+
+    old_pub = (tmp_path / "old.pub").read_text()
+    trusted = tmp_path / "trusted"
+    trusted.write_text((tmp_path / "new.pub").read_text() + "@revoked " + old_pub)
+    code, out, _ = run(capsys, "prune", "--revoked", "--dry-run", "--trusted-keys", str(trusted), *opts, backend.url)
+    assert code == 0 and FP in out and FP2 not in out
+    assert backend.store().fingerprints() == [FP, FP2]
+    code, out, _ = run(capsys, "prune", "--revoked", "--json", "--trusted-keys", str(trusted), *opts, backend.url)
+    assert code == 0 and [d["fingerprint"] for d in json.loads(out)["deleted"]] == [FP]
+    assert backend.store().fingerprints() == [FP2]
+    assert sig_name(FP) not in backend.store().list_objects()
+
+    code, out, _ = run(capsys, "prune", "--older-than", "1d", *opts, backend.url)
+    assert code == 0 and backend.store().fingerprints() == [FP2]  # signed just now: kept
+    signer = load_signer(str(tmp_path / "new"))
+    old = plan_bytes(fp=FP3)
+    backend.store().put(FP3, old, sign_plan(plan_name(FP3), old, signer, utcnow() - timedelta(days=45)))
+    code, out, _ = run(capsys, "prune", "--older-than", "30d", *opts, backend.url)
+    assert code == 0 and FP3 in out and backend.store().fingerprints() == [FP2]
+    assert run(capsys, "prune", "--revoked", *opts, backend.url)[0] == 2  # needs trusted keys

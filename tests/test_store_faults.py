@@ -1,0 +1,263 @@
+"""Stores that fail or attack, over real sockets on 127.0.0.1.
+
+Each case ends within its budget (asserted with a generous upper bound, never a tight
+timing) with its documented error, and nothing unverified is written locally.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FP, plan_bytes
+from plancache.cli.main import main
+from plancache.storage.store import open_store
+from plancache.trust.errors import PlanCacheError, Reason
+from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
+from plancache.trust.signing import sign_plan
+from plancache.cli.offline import utcnow
+from plancache.storage.keyfiles import generate_keypair
+from store_servers import (  # noqa: F401
+    AWS_ENV, HUGE, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server,
+    fault_server_session, gcs_emulator,
+)
+
+SLACK = 2.0
+"""Generous allowance over a budget: the machines are noisy, the bound is what matters."""
+
+BUCKET = "faulty"
+PREFIX = "plans"
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+def s3_store(endpoint: str, timeout: float = 2.0):  # type: ignore[no-untyped-def]
+    return open_store(f"s3://{BUCKET}/{PREFIX}", {"endpoint_url": endpoint}, timeout)
+
+
+def key(name: str) -> str:
+    return f"{PREFIX}/{name}"
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    return tmp_path / "ci"
+
+
+def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: str = "ok") -> None:
+    from plancache.storage.keyfiles import load_signer
+
+    data = plan_bytes()
+    sig = sign_plan(plan_name(FP), data, load_signer(str(keys)), utcnow())
+    server.state.objects[key(plan_name(FP))] = FaultObject(data, mode)
+    server.state.objects[key(sig_name(FP))] = FaultObject(sig, sig_mode)
+
+
+def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--fingerprint", FP, "--storage-option",
+                 f"endpoint_url={endpoint}", *extra, f"s3://{BUCKET}/{PREFIX}", str(dest)])
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    return code, out, err, elapsed
+
+
+def nothing_written(dest: Path) -> bool:
+    return not dest.exists() or list(dest.iterdir()) == []
+
+
+def test_one_fetch_is_two_ranged_gets_no_head(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys)
+    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    assert code == 0, err
+    methods = [(m, r) for m, _, r in fault_server.state.requests]
+    assert len(methods) == 2 and all(m == "GET" and r.startswith("bytes=0-") for m, r in methods)
+    assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
+
+
+def test_connection_refused_fails_fast(keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(PlanCacheError) as err:
+        s3_store(endpoint, timeout=3.0).fetch(FP)
+    assert time.monotonic() - started < 1.0  # no retries, no backoff: nobody is listening
+    assert err.value.reason is Reason.STORE_ERROR and "connection refused" in err.value.detail
+    code, out, err_text, _ = pull(capsys, endpoint, keys, tmp_path / "d")
+    assert code == 2 and err_text.count("\n") == 1 and "Traceback" not in err_text
+    assert nothing_written(tmp_path / "d")
+
+
+def test_black_hole_ends_at_the_budget(black_hole: BlackHole, keys: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    with pytest.raises(PlanCacheError) as err:
+        s3_store(black_hole.endpoint, timeout=1.0).fetch(FP)
+    assert time.monotonic() - started < 1.0 + SLACK
+    assert err.value.reason in (Reason.TIMEOUT, Reason.STORE_ERROR)
+    # the CLI's default single-fingerprint budget is 3 s end to end
+    code, out, err_text, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
+    assert code == 2 and elapsed < 3.0 + SLACK and "timeout" in out
+    assert nothing_written(tmp_path / "d")
+
+
+def test_black_hole_listing_and_push_end_at_the_budget(black_hole: BlackHole, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    with pytest.raises(PlanCacheError) as err:
+        s3_store(black_hole.endpoint, timeout=1.0).fingerprints()
+    assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK
+    started = time.monotonic()
+    with pytest.raises(PlanCacheError) as err:
+        s3_store(black_hole.endpoint, timeout=1.0).put(FP, plan_bytes(), None)
+    assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK
+
+
+def test_http_500_forever_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys, mode="error500")
+    code, out, err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    assert code == 2 and elapsed < 3.0 + SLACK
+    assert "store-error" in out and nothing_written(tmp_path / "d")
+    plan_gets = [p for m, p, _ in fault_server.state.requests if p.endswith(".json")]
+    assert 1 < len(plan_gets) <= 3  # plancache's retries, and only those (no SDK layers)
+
+
+def test_one_http_500_is_retried(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys, mode="error500-once")
+    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    assert code == 0, err
+    assert (tmp_path / "d" / plan_name(FP)).exists()
+
+
+def test_truncated_body_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys, sig_mode="truncate")
+    code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    assert code == 2 and elapsed < 3.0 + SLACK and "store-error" in out
+    assert nothing_written(tmp_path / "d")
+
+
+def test_trickling_body_hits_the_deadline(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys, mode="trickle")  # ~100 bytes at 5 bytes/s: 20 s if waited for
+    code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", "--timeout", "1.5")
+    assert code == 2 and elapsed < 1.5 + SLACK and "timeout" in out
+    assert nothing_written(tmp_path / "d")
+
+
+def test_huge_body_that_ignores_range_is_not_downloaded(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys, mode="huge")
+    code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    assert code == 1 and "too-large" in out and elapsed < 3.0 + SLACK
+    time.sleep(0.2)
+    assert fault_server.state.bytes_sent < 64 * 2**20  # a socket buffer's worth, never the 1 GiB
+    assert nothing_written(tmp_path / "d")
+
+
+def test_oversized_honest_range_is_capped(fault_server: FaultServer) -> None:
+    fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES * 4))
+    with pytest.raises(PlanCacheError) as err:
+        s3_store(fault_server.endpoint).fetch(FP)
+    assert err.value.reason is Reason.TOO_LARGE
+    plan_requests = [(m, r) for m, p, r in fault_server.state.requests if p.endswith(".json")]
+    assert plan_requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")]
+
+
+def test_missing_sidecar_is_unsigned(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys)
+    del fault_server.state.objects[key(sig_name(FP))]
+    code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    assert code == 1 and "unsigned" in out and nothing_written(tmp_path / "d")
+
+
+def test_hostile_listing_cannot_write_outside_dir(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys)
+    good = [key(plan_name(FP)), key(sig_name(FP))]
+    fault_server.state.listing = good + [
+        f"{PREFIX}/../../evil/{plan_name('fedcba9876543210')}",
+        f"{PREFIX}/{plan_name(FP)}/../../../x/{plan_name('1111111111111111')}",
+        f"{PREFIX}/sub/{plan_name('2222222222222222')}",
+        f"/etc/{plan_name('3333333333333333')}",
+        f"{PREFIX}/startup_plan_0123456789ABCDEF.json",
+        f"{PREFIX}/startup_plan_{'4' * 16}.json\n",
+        f"other/{plan_name('5555555555555555')}",
+    ]
+    store = s3_store(fault_server.endpoint)
+    assert store.fingerprints() == [FP]
+    dest = tmp_path / "deep" / "d"
+    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--storage-option", f"endpoint_url={fault_server.endpoint}",
+                 f"s3://{BUCKET}/{PREFIX}", str(dest)])
+    capsys.readouterr()
+    assert code == 0
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(["ci", "ci.pub", f"deep/d/{plan_name(FP)}", f"deep/d/{sig_name(FP)}"])
+
+
+def test_gcs_black_hole_and_refused_end_within_budget(black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch) -> None:
+    # gcsfs alone has no request timeout and retries six times with backoff.
+    for endpoint, budget in ((black_hole.endpoint, 1.0), (f"http://127.0.0.1:{closed_port()}", 1.0)):
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+        started = time.monotonic()
+        with pytest.raises(PlanCacheError) as err:
+            open_store("gs://bucket/plans", {"token": "anon"}, budget).fetch(FP)
+        assert err.value.reason in (Reason.TIMEOUT, Reason.STORE_ERROR)
+        assert time.monotonic() - started < budget + SLACK
+
+
+def test_plancache_defaults_and_their_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsspec.config import conf
+
+    store = open_store("s3://bucket/p", {"endpoint_url": "http://127.0.0.1:1"}, 3.0)
+    assert store.fs.retries == 1 and store.fs.max_concurrency == 1
+    assert store.fs.config_kwargs["retries"] == {"total_max_attempts": 1, "mode": "standard"}
+    assert store.fs.config_kwargs["connect_timeout"] == 1.0
+    # explicit options win key by key; fsspec's own configuration (FSSPEC_S3_*) sits in between
+    monkeypatch.setitem(conf, "s3", {"config_kwargs": {"read_timeout": 9}, "max_concurrency": 4})
+    store = open_store("s3://bucket/p", {"endpoint_url": "http://127.0.0.1:1", "retries": 3,
+                                         "config_kwargs": {"connect_timeout": 7}}, 3.0)
+    assert store.fs.retries == 3 and store.fs.max_concurrency == 4
+    assert store.fs.config_kwargs["connect_timeout"] == 7 and store.fs.config_kwargs["read_timeout"] == 9
+    assert store.fs.config_kwargs["retries"]["total_max_attempts"] == 1
+    gcs = open_store("gs://bucket/p", {"token": "anon"}, 3.0)
+    assert type(gcs.fs).__name__ == "GCSFileSystem" and type(gcs.fs).__module__ == "gcsfs.core"
+    assert gcs.fs.requests_timeout.sock_connect == 1.0
+
+
+def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pub = tmp_path / "k.pub"
+    generate_keypair(tmp_path / "k", force=False, comment="k")
+    for argv in (
+        ["pull", "--trusted-keys", str(pub), "nope://x", str(tmp_path / "d")],
+        ["pull", "--trusted-keys", str(pub), "--fingerprint", "../../x", "memory://x", str(tmp_path / "d")],
+        ["pull", "memory://x", str(tmp_path / "d")],
+        ["pull", "--trusted-keys", str(pub), "memory://x", str(tmp_path / "d"), "--timeout", "-1"],
+        ["push", str(tmp_path), "not-a-url"],
+    ):
+        code = main(argv)
+        _, err = capsys.readouterr()
+        assert code == 2 and err.startswith("plancache: error:") and err.count("\n") == 1, (argv, err)
+
+
+def test_import_plancache_stays_light() -> None:
+    code = (
+        "import sys, plancache, plancache.trust.verify, plancache.trust.gate, plancache.cli.main, "
+        "plancache.storage.store\n"
+        "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"})
