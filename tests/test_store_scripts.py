@@ -1,0 +1,89 @@
+"""The three journey scripts in scripts/, run as a user runs them, against file:// and S3.
+
+The S3 runs reach moto's server through ``AWS_ENDPOINT_URL`` alone, which botocore honours:
+plancache passes the environment through rather than inventing its own variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FP, GIB, plan_bytes
+from plancache.storage.keyfiles import generate_keypair
+from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.store import open_store
+from plancache.trust.plan import plan_name, sig_name
+from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+FP2 = "fedcba9876543210"
+
+
+def script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PLANCACHE": f"{sys.executable} -m plancache.cli.main", **env}
+    return subprocess.run(["bash", str(SCRIPTS / name), *args], env=full, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(params=["file", "s3"])
+def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str], dict[str, object]]:
+    """(store URL, environment for the scripts, storage options for test-side access)."""
+    if request.param == "file":
+        return (tmp_path / "bucket").as_uri(), {}, {}
+    moto: MotoServer = request.getfixturevalue("moto_server")
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": moto.endpoint}
+    return f"s3://{moto.new_bucket()}/plans", env, moto.options
+
+
+def test_three_journeys(store_env: tuple[str, dict[str, str], dict[str, object]], tmp_path: Path) -> None:
+    url, env, options = store_env
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    profiled = LocalPlanDir(tmp_path / "profiling" / "startup_plan")
+    profiled.write(FP, plan_bytes(), None)
+    profiled.write(FP2, plan_bytes(fp=FP2, kv=GIB, baseline=2 * GIB), None)
+    image = tmp_path / "image" / "startup_plan"
+
+    bake = script("ci-bake.sh", {**env, "PLANCACHE_STORE": url, "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
+                                 "IMAGE_PLAN_DIR": str(image), "PLAN_DIR": str(profiled.path),
+                                 "PLANCACHE_EXPIRES_IN": "30d"})
+    assert bake.returncode == 0, bake.stderr
+    assert sorted(p.name for p in image.iterdir()) == sorted(
+        [plan_name(FP), sig_name(FP), plan_name(FP2), sig_name(FP2)])
+
+    trusted = {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub")}
+    node = tmp_path / "node" / "vllm"
+    boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_STORE": url, "VLLM_CACHE_ROOT": str(node),
+                                   "PLANCACHE_STRICT": "1"}, FP)
+    assert boot.returncode == 0, boot.stderr
+    assert sorted(p.name for p in (node / "startup_plan").iterdir()) == [plan_name(FP), sig_name(FP)]
+
+    audit_json = tmp_path / "audit.json"
+    audit = script("offline-audit.sh", {**env, **trusted, "AUDIT_JSON": str(audit_json)}, url)
+    assert audit.returncode == 0, audit.stderr
+    assert FP in audit.stdout and json.loads(audit_json.read_text())["ok"] is True
+
+    # someone rewrites a plan in the bucket: the audit fails, a spot boot keeps going without it
+    store = open_store(url, options, 30)
+    store.fs.pipe_file(store.path(plan_name(FP2)), plan_bytes(fp=FP2, kv=2 * GIB - 1, baseline=2 * GIB))
+    audit = script("offline-audit.sh", {**env, **trusted, "PLANCACHE_STORE": url})
+    assert audit.returncode == 1 and "digest-mismatch" in audit.stdout
+    other = tmp_path / "other-node"
+    boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_STORE": url, "PLAN_DIR": str(other),
+                                   "PLANCACHE_FINGERPRINTS": FP2})
+    assert boot.returncode == 0 and "exited 1" in boot.stderr
+    assert not other.exists() or list(other.iterdir()) == []
+    strict = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_STORE": url, "PLAN_DIR": str(other),
+                                     "PLANCACHE_STRICT": "1"}, FP2)
+    assert strict.returncode == 1
+
+
+def test_scripts_explain_missing_settings(tmp_path: Path) -> None:
+    for name in ("ci-bake.sh", "spot-boot.sh", "offline-audit.sh"):
+        env = {k: "" for k in ("PLANCACHE_STORE", "PLANCACHE_TRUSTED_KEYS", "PLANCACHE_SIGNING_KEY")}
+        result = script(name, env)
+        assert result.returncode != 0 and "PLANCACHE_" in result.stderr, (name, result.stderr)
