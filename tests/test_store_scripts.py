@@ -87,3 +87,19 @@ def test_scripts_explain_missing_settings(tmp_path: Path) -> None:
         env = {k: "" for k in ("PLANCACHE_STORE", "PLANCACHE_TRUSTED_KEYS", "PLANCACHE_SIGNING_KEY")}
         result = script(name, env)
         assert result.returncode != 0 and "PLANCACHE_" in result.stderr, (name, result.stderr)
+
+
+def test_demo_embedded_and_on_a_real_store(moto_server: MotoServer) -> None:  # noqa: F811
+    cmd = [sys.executable, "-m", "plancache.cli.main", "demo"]
+    embedded = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert embedded.returncode == 0, embedded.stderr
+    for text in ("push", "pull", "digest-mismatch", "applied", "below-baseline"):
+        assert text in embedded.stdout, text
+    bucket = moto_server.new_bucket()
+    remote = subprocess.run(
+        [*cmd, "--store", f"s3://{bucket}/demo", "--storage-option", f"endpoint_url={moto_server.endpoint}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **AWS_ENV},
+    )
+    assert remote.returncode == 0, remote.stderr
+    assert "applied" in remote.stdout and "cleaned" in remote.stdout
+    assert moto_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
