@@ -36,6 +36,7 @@ from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan, sig_n
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from plancache.storage.keyfiles import load_keyring
+from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
 
 GIB = 2**30
 DEVICE_NAME = "NVIDIA H100 80GB HBM3"
@@ -96,7 +97,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     model = root / "tiny-llama"
     _write_tiny_model(model)
 
-    assert "vllm.v1.worker.gpu_worker" not in sys.modules, "another test module imported vLLM's worker first"
+    worker_imported_first = "vllm.v1.worker.gpu_worker" in sys.modules  # by another module: see the test
     from vllm.v1.worker import startup_plan
 
     originals = {
@@ -112,6 +113,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     from vllm.v1.worker import gpu_worker
 
     import_order = SimpleNamespace(
+        worker_imported_first=worker_imported_first,
         startup_plan_patched=patched_before_import,
         gpu_worker_apply=gpu_worker.maybe_apply_startup_plan,
         gpu_worker_save=gpu_worker.maybe_save_startup_plan,
@@ -310,6 +312,7 @@ def write_plan(
 def test_registered_before_gpu_worker_import_patches_what_the_worker_calls(vllm_env: SimpleNamespace) -> None:
     """The worker's order: plugins load, then gpu_worker is imported and binds the patched names."""
     order = vllm_env.import_order
+    assert not order.worker_imported_first, "another test module imported vLLM's gpu_worker before this one"
     assert order.startup_plan_patched
     assert order.gpu_worker_apply is vllm_env.hooks.apply_hook
     assert order.gpu_worker_save is vllm_env.hooks.save_hook
@@ -642,7 +645,7 @@ def test_prefetch_starts_with_load_model_and_apply_uses_it(plugin: SimpleNamespa
     assert boot.prefetch.started < boot.prefetch.finished  # type: ignore[operator]
     assert worker.determine_available_memory() == PLANNED_KV
     (line,) = infos(lines)
-    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line and "prefetched" in line
+    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line and "prefetch " in line
     # written locally, atomically, with its sidecar; vLLM's own loader accepts the file
     assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
     assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
@@ -703,3 +706,118 @@ def test_save_signs_and_pushes_in_the_background(plugin: SimpleNamespace, keys: 
     spot = make_worker(plugin)
     assert spot.determine_available_memory() == kv
     assert "decision=apply reason=applied source=store" in infos(lines)[0]
+
+
+# --------------------------------------------------------------------------- store (loopback S3)
+
+
+def _s3_env(monkeypatch: pytest.MonkeyPatch, keys: SimpleNamespace, endpoint_options: dict[str, Any], url: str, timeout: float) -> None:
+    for name, value in AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    _store_env(monkeypatch, keys, url, timeout)
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", json.dumps(endpoint_options))
+
+
+def test_store_hit_on_loopback_s3_is_applied_and_written_locally(
+    plugin: SimpleNamespace, keys: SimpleNamespace, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    bucket = moto_server.new_bucket()
+    _s3_env(monkeypatch, keys, moto_server.options, f"s3://{bucket}/plans", 3.0)
+    worker = make_worker(plugin, load_seconds=0.5)
+    fp = fingerprint(plugin, worker)
+    staging = plugin.tmp / "staging"
+    data, sig = write_plan(staging, fp, keys.signer)
+    client = moto_server.client()
+    client.put_object(Bucket=bucket, Key=f"plans/{plan_name(fp)}", Body=data)
+    client.put_object(Bucket=bucket, Key=f"plans/{sig_name(fp)}", Body=sig)
+
+    worker.load_model()  # prefetch overlaps the (simulated) weight load
+    started = time.monotonic()
+    assert worker.determine_available_memory() == PLANNED_KV
+    waited = time.monotonic() - started
+    (line,) = infos(lines)
+    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line and "prefetch " in line
+    assert waited < 0.5, f"apply waited {waited:.3f} s although the prefetch had 0.5 s of weight loading"
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
+    assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
+    assert plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == PLANNED_KV  # vLLM's loader accepts it
+
+
+def test_store_hit_without_prefetch_fetches_within_the_budget(
+    plugin: SimpleNamespace, keys: SimpleNamespace, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    bucket = moto_server.new_bucket()
+    _s3_env(monkeypatch, keys, moto_server.options, f"s3://{bucket}", 3.0)
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data, sig = write_plan(plugin.tmp / "staging", fp, keys.signer)
+    moto_server.client().put_object(Bucket=bucket, Key=plan_name(fp), Body=data)
+    moto_server.client().put_object(Bucket=bucket, Key=sig_name(fp), Body=sig)
+    assert worker.determine_available_memory() == PLANNED_KV
+    assert "source=store" in infos(lines)[0] and "fetch " in infos(lines)[0]
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["inline", "prefetch"])
+def test_black_holed_store_is_profiled_within_the_budget(
+    plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch, lines: list, prefetch: bool
+) -> None:
+    budget = 1.0
+    _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", budget)
+    worker = make_worker(plugin, load_seconds=0.3)
+    started = time.monotonic()
+    if prefetch:
+        worker.load_model()
+    result = worker.determine_available_memory()
+    elapsed = time.monotonic() - started
+    assert result == profiled_bytes()
+    (line,) = infos(lines)
+    assert "decision=profile" in line and "source=store" in line
+    assert "reason=timeout" in line or "reason=store-error" in line
+    assert elapsed <= budget * 1.1 + 0.3, f"boot took {elapsed:.2f} s against a {budget} s budget"
+
+
+def test_save_pushes_to_loopback_s3_and_a_spot_boot_applies_it(
+    plugin: SimpleNamespace, keys: SimpleNamespace, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """CI bake then spot boot, through the plugin alone: vLLM's saved plan, signed, pushed, pulled, applied."""
+    bucket = moto_server.new_bucket()
+    _s3_env(monkeypatch, keys, moto_server.options, f"s3://{bucket}/plans", 3.0)
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    worker = make_worker(plugin)
+    kv = worker.determine_available_memory()
+    started = time.monotonic()
+    plugin.gpu_worker.maybe_save_startup_plan(worker, kv)
+    assert time.monotonic() - started < 0.5  # the push runs in the background
+    worker._plancache_boot.push_thread.join(5)
+    assert worker._plancache_boot.push_result == "pushed"
+    fp = fingerprint(plugin, worker)
+    body = moto_server.client().get_object(Bucket=bucket, Key=f"plans/{plan_name(fp)}")["Body"].read()
+    assert body == (plugin.plan_dir / plan_name(fp)).read_bytes()
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(plugin.tmp / "spot"))
+    monkeypatch.delenv("PLANCACHE_SIGNING_KEY")
+    lines.clear()
+    spot = make_worker(plugin, load_seconds=0.2)
+    spot.load_model()
+    assert spot.determine_available_memory() == kv
+    assert "decision=apply reason=applied source=store" in infos(lines)[0]
+
+
+def test_black_holed_store_never_delays_save(
+    plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", 1.0)
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    worker = make_worker(plugin)
+    from plancache.vllm_plugin import boot
+
+    worker._plancache_boot = boot._load_boot()
+    worker._plancache_boot.store_reads = False  # only the push meets the black hole
+    kv = worker.determine_available_memory()
+    started = time.monotonic()
+    plugin.gpu_worker.maybe_save_startup_plan(worker, kv)
+    assert time.monotonic() - started < 0.5
+    worker._plancache_boot.push_thread.join(3)
+    assert not worker._plancache_boot.push_thread.is_alive()
+    assert worker._plancache_boot.push_result.startswith("failed")
+    assert (plugin.plan_dir / sig_name(fingerprint(plugin, worker))).exists()  # signed locally all the same

@@ -269,7 +269,9 @@ def _store_outcome(boot: Boot, directory: LocalPlanDir, fp: str) -> tuple[FetchO
         finished, outcome = pending.result()
         if not finished or outcome is None:
             budget = boot.config.timeout
-            return FetchOutcome(error=PlanCacheError(Reason.TIMEOUT, f"store gave no answer within {budget:g} s")), True
+            waited = (time.monotonic() - pending.started) * 1000
+            error = PlanCacheError(Reason.TIMEOUT, f"store gave no answer within the {budget:g} s budget")
+            return FetchOutcome(error=error, elapsed_ms=waited), True
         return outcome, True
     return fetch_verified(boot, directory, fp, time.monotonic() + boot.config.timeout), False
 
@@ -329,8 +331,8 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
         why = "no plan in the local directory" + ("" if boot.config.url is None else " (store not read)")
         return Decision(False, Reason.NO_PLAN, why, None, fp), "none"
     outcome, prefetched = _store_outcome(boot, directory, fp)
-    how = "prefetched" if prefetched else "fetched"
-    note = f"{how} in {outcome.elapsed_ms:.0f} ms" + (f", {outcome.note}" if outcome.note else "")
+    how = "prefetch" if prefetched else "fetch"
+    note = f"{how} {outcome.elapsed_ms:.0f} ms" + (f", {outcome.note}" if outcome.note else "")
     if outcome.error is not None:
         if outcome.error.reason is Reason.CONFIG:
             LOG.error("plancache: store %s: %s; vLLM profiles as usual", boot.config.url, outcome.error.detail)
