@@ -4,16 +4,20 @@
 #   PLANCACHE_VENV   venv location (default: <repo>/.venv)
 #   PYTHON           interpreter used to create the venv (default: python3)
 #
-# Install order (see requirements/*.txt for the why):
-#   1. torch==2.13.0           -- the CPU build; on this kind of machine pip takes it from
-#                                 /opt/wheels (find-links + /etc/xdg/pip constraint), no download.
-#   2. vllm==0.33.0 --no-deps  -- plus the pinned deps its worker imports actually need.
-#                                 --no-deps keeps pip from pulling the CUDA torch / triton stack.
-#   3. -e '.[test,s3,gcs]'     -- the project and its test extras, constrained so that nothing
-#                                 installed in step 2 is up- or downgraded.
+# Install order:
+#   1. torch==2.13.0          the CPU build. On this kind of machine pip takes it from
+#                             /opt/wheels (find-links + the /etc/xdg/pip constraint); no download.
+#                             A plain `torch` would pull a multi-GB CUDA build instead.
+#   2. vllm==0.33.0 --no-deps + requirements/vllm-cpu-import-deps.txt (the deps vLLM's worker
+#                             imports really need). --no-deps keeps pip from pulling the CUDA
+#                             torch 2.14 / triton / nvidia stack. First run downloads ~336 MB.
+#   3. -e '.[test,s3,gcs]'    the project and its test extras, with the vLLM pins, torch/vllm
+#                             and requirements/test-pins.txt as constraints, so nothing step 2
+#                             installed can be moved.
 #
-# Idempotent: a stamp file in the venv holds a hash of pyproject.toml, requirements/*.txt
-# and this script; when it matches, nothing is installed.
+# Idempotent: a stamp in the venv holds a sha256 of pyproject.toml, requirements/*.txt and
+# this script; when it matches, nothing is installed. pip's output goes to
+# $VENV/bootstrap-pip.log (shown on failure).
 set -euo pipefail
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
@@ -24,6 +28,7 @@ cd "$REPO_ROOT"
 VENV="${PLANCACHE_VENV:-$REPO_ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.plancache-bootstrap.stamp"
+PIPLOG="$VENV/bootstrap-pip.log"
 
 TORCH_SPEC="torch==2.13.0"
 VLLM_SPEC="vllm==0.33.0"
@@ -31,12 +36,11 @@ VLLM_DEPS="requirements/vllm-cpu-import-deps.txt"
 TEST_PINS="requirements/test-pins.txt"
 
 hash_inputs() {
-    # Sorted, fixed list of files; a missing file hashes as its name only.
     local f
     {
         for f in pyproject.toml $(ls requirements/*.txt 2>/dev/null | LC_ALL=C sort) scripts/bootstrap-test-env.sh; do
             printf '== %s\n' "$f"
-            [ -f "$f" ] && cat "$f"
+            if [ -f "$f" ]; then cat "$f"; fi
         done
     } | sha256sum | cut -d' ' -f1
 }
@@ -44,7 +48,7 @@ hash_inputs() {
 WANT="$(hash_inputs)"
 
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-    log "venv $VENV is up to date (stamp ${WANT:0:12})"
+    log "venv $VENV up to date (stamp ${WANT:0:12}), skipping installs"
     exit 0
 fi
 
@@ -53,36 +57,48 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 rm -f "$STAMP"
+: > "$PIPLOG"
 
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-# The CPU torch wheel lies in /opt/wheels on this kind of machine; pip's own config
-# normally points there already, saying it again is harmless.
+# The CPU torch wheel lies in /opt/wheels on this kind of machine; pip's config usually
+# points there already, saying it again is harmless.
 FIND_LINKS=()
-if [ -d /opt/wheels ]; then
-    FIND_LINKS=(--find-links /opt/wheels)
-fi
+if [ -d /opt/wheels ]; then FIND_LINKS=(--find-links /opt/wheels); fi
+
+# Constraints for every step: torch/vllm themselves, vLLM's import pins, the test pins.
+CORE_PINS="$VENV/.plancache-core-pins.txt"
+printf '%s\n%s\n' "$TORCH_SPEC" "$VLLM_SPEC" > "$CORE_PINS"
+CONSTRAINTS=(-c "$CORE_PINS" -c "$VLLM_DEPS")
+if [ -f "$TEST_PINS" ]; then CONSTRAINTS+=(-c "$TEST_PINS"); fi
+
+pip_install() {
+    if ! "$VENV/bin/python" -m pip --disable-pip-version-check install \
+            "${FIND_LINKS[@]}" "${CONSTRAINTS[@]}" "$@" >>"$PIPLOG" 2>&1; then
+        log "ERROR: pip install $* failed; last lines of $PIPLOG:"
+        grep -v "is ignored: it is neither a file nor a directory" "$PIPLOG" | tail -n 40 >&2
+        exit 1
+    fi
+}
 
 t0=$SECONDS
-log "1/3 installing $TORCH_SPEC (CPU build)"
-"${PIP[@]}" install -q "${FIND_LINKS[@]}" "$TORCH_SPEC"
-if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ or not torch.version.cuda else 1)'; then
-    log "WARNING: installed torch is not a CPU build: $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+log "1/3 pip install $TORCH_SPEC (CPU build)"
+pip_install "$TORCH_SPEC"
+if ! "$VENV/bin/python" -c 'import sys, torch; sys.exit(0 if torch.version.cuda is None else 1)' 2>/dev/null; then
+    log "WARNING: torch in the venv is not a CPU build"
 fi
 
-log "2/3 installing $VLLM_SPEC --no-deps + $VLLM_DEPS (first run downloads a ~336 MB wheel)"
-"${PIP[@]}" install -q --no-deps "$VLLM_SPEC" -r "$VLLM_DEPS"
+log "2/3 pip install --no-deps $VLLM_SPEC -r $VLLM_DEPS (first run downloads ~336 MB)"
+pip_install --no-deps "$VLLM_SPEC" -r "$VLLM_DEPS"
 
-log "3/3 installing the project with extras [test,s3,gcs]"
-CONSTRAINTS=(-c "$VLLM_DEPS")
-[ -f "$TEST_PINS" ] && CONSTRAINTS+=(-c "$TEST_PINS")
-# torch and vllm are passed as constraints too so that no extra can move them.
-printf '%s\n%s\n' "$TORCH_SPEC" "$VLLM_SPEC" > "$VENV/.plancache-core-pins.txt"
-CONSTRAINTS+=(-c "$VENV/.plancache-core-pins.txt")
-"${PIP[@]}" install -q "${FIND_LINKS[@]}" "${CONSTRAINTS[@]}" -e '.[test,s3,gcs]'
+log "3/3 pip install -e '.[test,s3,gcs]'"
+# pip then reports "vllm 0.33.0 requires X, which is not installed": expected with --no-deps.
+pip_install -e '.[test,s3,gcs]'
 
 log "checking imports"
-VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, moto, fsspec, hypothesis, pytest' 2>/dev/null \
-    || { log "ERROR: import check failed"; VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, moto, fsspec, hypothesis, pytest'; exit 1; }
+if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, moto, fsspec, hypothesis, pytest' >>"$PIPLOG" 2>&1; then
+    log "ERROR: import check failed; last lines of $PIPLOG:"
+    tail -n 20 "$PIPLOG" >&2
+    exit 1
+fi
 
 printf '%s\n' "$WANT" > "$STAMP"
 log "done in $((SECONDS - t0)) s (stamp ${WANT:0:12})"
