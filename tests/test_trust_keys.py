@@ -143,3 +143,16 @@ def test_empty_trusted_keys_file_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "empty").write_text("# nothing\n")
     assert "no usable key" in config_error(load_keyring, tmp_path / "empty")
     assert "does not exist" in config_error(load_keyring, tmp_path / "missing")
+
+
+def test_key_files_mounted_as_symlinks_load(tmp_path: Path) -> None:
+    """Kubernetes mounts ConfigMaps and Secrets as symlinks into ``..data/``."""
+    data = tmp_path / "..data"
+    data.mkdir()
+    signer = generate_keypair(data / "ci", force=False, comment="ci", env={})
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    (mount / "ci.pub").symlink_to(data / "ci.pub")
+    (mount / "ci").symlink_to(data / "ci")
+    assert list(load_keyring(mount).keys) == [signer.keyid]
+    assert load_signer(str(mount / "ci"), env={}).keyid == signer.keyid

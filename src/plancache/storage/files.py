@@ -19,9 +19,15 @@ from pathlib import Path
 from ..trust.errors import PlanCacheError, Reason
 
 
-def read_capped(path: Path, cap: int) -> bytes | None:
-    """The file's bytes, None if it does not exist; ``TOO_LARGE`` beyond ``cap`` bytes."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | None:
+    """The file's bytes, None if it does not exist; ``TOO_LARGE`` beyond ``cap`` bytes.
+
+    ``follow_symlinks`` is for operator-supplied configuration such as key files, which
+    Kubernetes mounts as symlinks; data directories are read without following links.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:

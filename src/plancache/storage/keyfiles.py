@@ -24,7 +24,7 @@ TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
 
 def _read(path: Path, what: str) -> bytes:
     try:
-        data = read_capped(path, MAX_KEY_FILE_BYTES)
+        data = read_capped(path, MAX_KEY_FILE_BYTES, follow_symlinks=True)
     except PlanCacheError as exc:
         raise PlanCacheError(Reason.CONFIG, f"{what} {path}: {exc.detail}") from None
     if data is None:
