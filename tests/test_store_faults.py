@@ -261,3 +261,11 @@ def test_import_plancache_stays_light() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"})
+
+
+def test_unwritable_destination_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    serve_signed(fault_server, keys)
+    (tmp_path / "file").write_text("not a directory")
+    code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "file" / "d")
+    assert code == 2 and "store-error" in out
