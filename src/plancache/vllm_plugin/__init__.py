@@ -12,7 +12,6 @@ weights load. See :mod:`plancache.vllm_plugin.config` for the environment variab
 This module is imported in every vLLM process: it imports nothing but ``os`` at module level.
 """
 
-from __future__ import annotations
 
 import os
 

@@ -1,0 +1,394 @@
+#!/usr/bin/env python3
+"""vLLM plugin benchmarks: ratios measured side by side in one run, on the real vLLM 0.33 code.
+
+    .venv/bin/python scripts/bench_plugin.py [--reps 300] [--load-seconds 2] [--boots 5] [--rtt-ms 20]
+
+Needs the test venv (scripts/bootstrap-test-env.sh: torch CPU + vllm 0.33 + moto[server] + s3fs).
+Runs vLLM's worker code on CPU as the tests do (a real ``VllmConfig`` for a tiny generated model,
+``object.__new__(Worker)``, the device name / total memory pinned) and starts, on 127.0.0.1
+only, moto's S3 server and, for ``--rtt-ms`` > 0, the delaying TCP proxy of
+scripts/bench_store.py (real buckets are not on loopback). The store figures are printed
+through the proxy and bare.
+
+Targets (issue "vLLM worker plugin", Performance):
+  1. local signed hit inside the plugin      <= 1.5 x (one Ed25519 verify + vLLM's own unsigned load and gate)
+  2. store hit with prefetch, 2 s weights    adds <= 5 ms to the critical path
+  3. importing the plugin with the feature off  <= 5 ms
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+GIB = 2**30
+DEVICE_NAME = "NVIDIA H100 80GB HBM3"
+DEVICE_TOTAL = 80 * GIB
+FREE = 70 * GIB
+UTIL = 0.9
+KV = 50 * GIB
+HEAVY = ("fsspec", "s3fs", "gcsfs", "aiobotocore", "botocore", "cryptography", "torch", "vllm", "logging")
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+# -- 3. import cost, feature off (fresh interpreters) ---------------------------------------------
+
+IMPORT_PROBE = r"""
+import sys, time
+before = set(sys.modules)
+t0 = time.perf_counter()
+import plancache.vllm_plugin as plugin
+plugin.register()
+dt = time.perf_counter() - t0
+heavy = [m for m in %r if m in set(sys.modules) - before]
+print(dt, ",".join(heavy) or "none")
+"""
+
+
+def bench_import(runs: int) -> tuple[float, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_STARTUP_PLAN"}
+    times, heavy = [], "none"
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE % (HEAVY,)], env=env, capture_output=True, text=True, check=True)
+        seconds, heavy = out.stdout.split()
+        times.append(float(seconds))
+    return median_ms(times), heavy
+
+
+# -- vLLM on CPU: a tiny model, a real config, a Worker stand-in ----------------------------------
+
+
+def write_tiny_model(directory: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 128,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+    }))
+    vocab = {"[UNK]": 0, **{f"t{i}": i for i in range(1, 128)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (directory / "generation_config.json").write_text("{}")
+
+
+class FakeRunner:
+    model_memory_usage = GIB
+
+    def __init__(self, load_seconds: float) -> None:
+        self.load_seconds = load_seconds
+
+    def profile_run(self, randomize_inputs: bool = False) -> None:
+        pass
+
+    def load_model(self, load_dummy_weights: bool = False) -> None:
+        time.sleep(self.load_seconds)  # the simulated weight load
+
+
+class Vllm:
+    def __init__(self, work: Path) -> None:
+        os.environ.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "cache"))
+        os.environ["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        write_tiny_model(work / "model")
+        from vllm.v1.worker import startup_plan
+
+        self.startup_plan = startup_plan
+        self.original_apply = startup_plan.maybe_apply_startup_plan
+        import vllm.plugins
+
+        vllm.plugins.plugins_loaded = False
+        vllm.plugins.load_general_plugins()  # registers plancache through its entry point
+        from vllm.v1.worker import gpu_worker
+
+        assert gpu_worker.maybe_apply_startup_plan is not self.original_apply, "plancache did not register"
+        self.gpu_worker = gpu_worker
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.platforms import current_platform
+
+        current_platform.get_device_name = lambda device_id=0: DEVICE_NAME  # type: ignore[method-assign]
+        current_platform.get_device_total_memory = lambda device_id=0: DEVICE_TOTAL  # type: ignore[method-assign]
+        self.config = EngineArgs(
+            model=str(work / "model"), max_model_len=128, enforce_eager=True, load_format="dummy"
+        ).create_engine_config()
+        self.config.cache_config.gpu_memory_utilization = UTIL
+        logging.getLogger("vllm").setLevel(logging.WARNING)  # same for both sides: no INFO lines printed
+
+    def worker(self, load_seconds: float = 0.0) -> Any:
+        config = copy.deepcopy(self.config)
+        worker = object.__new__(self.gpu_worker.Worker)
+        worker.vllm_config = config
+        worker.cache_config = config.cache_config
+        worker.parallel_config = config.parallel_config
+        worker.model_config = config.model_config
+        worker.rank = 0
+        worker.local_rank = 0
+        worker.init_snapshot = SimpleNamespace(free_memory=FREE, total_memory=DEVICE_TOTAL)
+        worker.model_runner = FakeRunner(load_seconds)
+        return worker
+
+    def fingerprint(self, worker: Any) -> str:
+        return self.startup_plan.compute_plan_fingerprint(worker.vllm_config, 0, 1)
+
+
+@contextlib.contextmanager
+def cache_root(path: Path) -> Iterator[Path]:
+    old = os.environ.get("VLLM_CACHE_ROOT")
+    os.environ["VLLM_CACHE_ROOT"] = str(path)
+    try:
+        yield path / "startup_plan"
+    finally:
+        if old is not None:
+            os.environ["VLLM_CACHE_ROOT"] = old
+
+
+# -- 1. local signed hit --------------------------------------------------------------------------
+
+
+def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> dict[str, float]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from plancache.trust import envelope as dsse
+    from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+    from plancache.trust.signing import sign_plan
+    from datetime import datetime, timezone
+
+    os.environ["PLANCACHE_TRUSTED_KEYS"] = str(keys.trusted)
+    probe = v.worker()
+    fp = v.fingerprint(probe)
+    with cache_root(work / "local-hit") as plan_dir:
+        plan_dir.mkdir(parents=True)
+        data = render_plan(Plan(fp, KV, 60 * GIB))
+        provenance = {"gpu_memory_utilization": UTIL, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
+        sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=provenance)
+        (plan_dir / plan_name(fp)).write_bytes(data)
+        (plan_dir / sig_name(fp)).write_bytes(sig)
+        # the bare Ed25519 verify: same key type, same message (the PAE of this sidecar)
+        env = dsse.decode(sig)
+        message = dsse.pae(env.payload_type, env.payload)
+        private = Ed25519PrivateKey.generate()
+        signature, public = private.sign(message), private.public_key()
+
+        plugin_t, vllm_t, fp_t = [], [], []
+        for i in range(reps):
+            for side in ((0, 1) if i % 2 else (1, 0)):  # interleaved, alternating order
+                worker = v.worker()
+                if side == 0:
+                    t0 = time.perf_counter()
+                    v.gpu_worker.maybe_apply_startup_plan(worker)  # the plugin, as vLLM calls it
+                    plugin_t.append(time.perf_counter() - t0)
+                    assert worker.cache_config.kv_cache_memory_bytes == KV
+                else:
+                    t0 = time.perf_counter()
+                    public.verify(signature, message)
+                    v.original_apply(worker)  # vLLM's own: fingerprint, unsigned load, gate
+                    vllm_t.append(time.perf_counter() - t0)
+                    assert worker.cache_config.kv_cache_memory_bytes == KV
+            worker = v.worker()
+            t0 = time.perf_counter()
+            v.fingerprint(worker)
+            fp_t.append(time.perf_counter() - t0)
+    del os.environ["PLANCACHE_TRUSTED_KEYS"]
+    return {"plugin": median_ms(plugin_t), "baseline": median_ms(vllm_t), "fingerprint": median_ms(fp_t)}
+
+
+# -- 2. store hit with prefetch -------------------------------------------------------------------
+
+
+def s3_put(endpoint: str, path: str, body: bytes = b"") -> None:
+    """Plain HTTP PUTs to moto (keeps boto/s3fs out of this process until the plugin needs them)."""
+    urllib.request.urlopen(urllib.request.Request(
+        f"{endpoint}/{path}", data=body, method="PUT", headers={"Content-Type": "application/octet-stream"}
+    ), timeout=10).read()
+
+
+def start_proxy(upstream: int, rtt_ms: float) -> tuple[subprocess.Popen[bytes], int]:
+    from store_servers import free_port, wait_for_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "bench_store.py"), "--proxy", str(port), str(upstream), str(rtt_ms / 1000)],
+    )
+    wait_for_port(port, proc)
+    return proc, port
+
+
+def boot_once(v: Vllm, root: Path, load_seconds: float, prefetch: bool = True) -> tuple[float, float, str]:
+    """(critical path s, apply s, decision line) of one worker boot: load_model, then apply."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "decision=" in record.getMessage():
+                lines.append(record.getMessage())
+
+    logger = logging.getLogger("vllm.plancache")
+    handler = Keep()
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with cache_root(root):
+            worker = v.worker(load_seconds)
+            t0 = time.perf_counter()
+            if prefetch:
+                worker.load_model()  # the wrapped Worker.load_model: starts the prefetch
+            else:
+                type(worker).load_model.__wrapped__(worker)
+            t1 = time.perf_counter()
+            v.gpu_worker.maybe_apply_startup_plan(worker)
+            t2 = time.perf_counter()
+            assert worker.cache_config.kv_cache_memory_bytes == KV, lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    return t2 - t0, t2 - t1, lines[0] if lines else ""
+
+
+def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, label: str, boots: int, load_seconds: float) -> dict[str, Any]:
+    from datetime import datetime, timezone
+
+    from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+    from plancache.trust.signing import sign_plan
+
+    from store_servers import AWS_ENV
+
+    bucket = f"bench-{label}"
+    s3_put(endpoint, bucket)
+    fp = v.fingerprint(v.worker())
+    data = render_plan(Plan(fp, KV, 60 * GIB))
+    provenance = {"gpu_memory_utilization": UTIL, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
+    sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=provenance)
+    s3_put(endpoint, f"{bucket}/plans/{plan_name(fp)}", data)
+    s3_put(endpoint, f"{bucket}/plans/{sig_name(fp)}", sig)
+    local = work / f"local-{label}" / "startup_plan"
+    local.mkdir(parents=True)
+    (local / plan_name(fp)).write_bytes(data)
+    (local / sig_name(fp)).write_bytes(sig)
+
+    os.environ.update(AWS_ENV)
+    os.environ.update(
+        PLANCACHE_TRUSTED_KEYS=str(keys.trusted),
+        PLANCACHE_URL=f"s3://{bucket}/plans",
+        PLANCACHE_STORAGE_OPTIONS=json.dumps({"endpoint_url": endpoint}),
+        PLANCACHE_TIMEOUT="3",
+    )
+    counter = iter(range(10**6))
+
+    def empty() -> Path:
+        return work / f"empty-{label}-{next(counter)}"
+
+    result: dict[str, Any] = {"cold_s3fs": "s3fs" not in sys.modules}
+    cold_store, _, cold_line = boot_once(v, empty(), load_seconds)
+    cold_local, _, _ = boot_once(v, local.parent, load_seconds)
+    result["cold_added_ms"] = (cold_store - cold_local) * 1000
+    result["cold_line"] = cold_line
+    store_cp, local_cp, store_apply, local_apply, inline_apply = [], [], [], [], []
+    for i in range(boots):
+        for side in ((0, 1) if i % 2 else (1, 0)):
+            if side == 0:
+                cp, ap, _ = boot_once(v, empty(), load_seconds)
+                store_cp.append(cp)
+                store_apply.append(ap)
+            else:
+                cp, ap, _ = boot_once(v, local.parent, load_seconds)
+                local_cp.append(cp)
+                local_apply.append(ap)
+        inline_apply.append(boot_once(v, empty(), 0.0, prefetch=False)[1])
+    result.update(
+        added_ms=median_ms(store_cp) - median_ms(local_cp),
+        store_cp_ms=median_ms(store_cp),
+        local_cp_ms=median_ms(local_cp),
+        store_apply_ms=median_ms(store_apply),
+        local_apply_ms=median_ms(local_apply),
+        inline_apply_ms=median_ms(inline_apply),
+    )
+    for name in ("PLANCACHE_TRUSTED_KEYS", "PLANCACHE_URL", "PLANCACHE_STORAGE_OPTIONS", "PLANCACHE_TIMEOUT"):
+        del os.environ[name]
+    return result
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=300, help="local-hit repetitions per side")
+    parser.add_argument("--import-runs", type=int, default=20)
+    parser.add_argument("--boots", type=int, default=5, help="store-hit boots per side (each waits --load-seconds)")
+    parser.add_argument("--load-seconds", type=float, default=2.0)
+    parser.add_argument("--rtt-ms", type=float, default=20.0)
+    args = parser.parse_args()
+
+    import_ms, heavy = bench_import(args.import_runs)
+    print(f"3. import plancache.vllm_plugin + register(), feature off: {import_ms:.2f} ms "
+          f"(median of {args.import_runs} fresh interpreters); heavy modules: {heavy}   target <= 5 ms", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
+        work = Path(tmp)
+        from plancache.storage.keyfiles import generate_keypair
+
+        (work / "keys").mkdir()
+        signer = generate_keypair(work / "keys" / "ci", force=False, comment="bench", env={})
+        keys = SimpleNamespace(signer=signer, trusted=work / "keys" / "ci.pub")
+        t0 = time.perf_counter()
+        v = Vllm(work)
+        print(f"   (vLLM imported and VllmConfig built in {time.perf_counter() - t0:.1f} s)", flush=True)
+
+        local = bench_local_hit(v, work, keys, args.reps)
+        ratio = local["plugin"] / local["baseline"]
+        print(f"1. local signed hit in the plugin: {local['plugin'] * 1000:.0f} us; Ed25519 verify + vLLM's own "
+              f"unsigned load and gate: {local['baseline'] * 1000:.0f} us; ratio {ratio:.2f}   target <= 1.5 "
+              f"(both include vLLM's fingerprint, {local['fingerprint'] * 1000:.0f} us)", flush=True)
+
+        from store_servers import MotoServer
+
+        moto = MotoServer()
+        proxy = None
+        try:
+            targets = [("bare", moto.endpoint)]
+            if args.rtt_ms > 0:
+                proxy, port = start_proxy(moto.port, args.rtt_ms)
+                targets.insert(0, (f"rtt{args.rtt_ms:g}ms", f"http://127.0.0.1:{port}"))
+            for label, endpoint in targets:
+                r = bench_store_hit(v, work, keys, endpoint, label, args.boots, args.load_seconds)
+                print(f"2. [{label}] store hit with prefetch, {args.load_seconds:g} s weight load: adds "
+                      f"{r['added_ms']:+.1f} ms to the critical path (median {r['store_cp_ms']:.1f} vs local hit "
+                      f"{r['local_cp_ms']:.1f} ms; apply {r['store_apply_ms']:.2f} vs {r['local_apply_ms']:.2f} ms)   "
+                      f"target <= 5 ms", flush=True)
+                print(f"   [{label}] first boot (s3fs {'not yet imported' if r['cold_s3fs'] else 'already imported'}): "
+                      f"adds {r['cold_added_ms']:+.1f} ms; without prefetch the apply itself takes "
+                      f"{r['inline_apply_ms']:.1f} ms", flush=True)
+                print(f"   [{label}] {r['cold_line']}", flush=True)
+        finally:
+            if proxy is not None:
+                proxy.terminate()
+                proxy.wait(10)
+            moto.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
