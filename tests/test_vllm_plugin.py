@@ -821,3 +821,44 @@ def test_black_holed_store_never_delays_save(
     assert not worker._plancache_boot.push_thread.is_alive()
     assert worker._plancache_boot.push_result.startswith("failed")
     assert (plugin.plan_dir / sig_name(fingerprint(plugin, worker))).exists()  # signed locally all the same
+
+
+# --------------------------------------------------------------------------- configuration (no vLLM needed)
+
+
+def test_config_parsing_never_raises_and_names_each_problem() -> None:
+    from plancache.vllm_plugin.config import DEFAULT_TIMEOUT, parse_config
+
+    good = parse_config({
+        "PLANCACHE_URL": "s3://bucket/plans",
+        "PLANCACHE_TIMEOUT": "1.5",
+        "PLANCACHE_STORAGE_OPTIONS": '{"endpoint_url": "http://127.0.0.1:9000", "client_kwargs": {"region_name": "x"}}',
+        "PLANCACHE_THRESHOLD": "2",
+    })
+    assert (good.url, good.timeout, good.threshold, good.errors) == ("s3://bucket/plans", 1.5, 2, ())
+    assert good.storage_options["client_kwargs"] == {"region_name": "x"}
+    # the scripts' form: space-separated KEY=VALUE, values parsed as JSON where they parse
+    pairs = parse_config({"PLANCACHE_URL": "s3://b", "PLANCACHE_STORAGE_OPTIONS": "endpoint_url=http://minio:9000 anon=true"})
+    assert pairs.storage_options == {"endpoint_url": "http://minio:9000", "anon": True} and pairs.errors == ()
+    bad = parse_config({
+        "PLANCACHE_URL": "bucket/plans",
+        "PLANCACHE_TIMEOUT": "nan",
+        "PLANCACHE_STORAGE_OPTIONS": "[1, 2]",
+        "PLANCACHE_THRESHOLD": "zero",
+    })
+    assert bad.url is None and bad.timeout == DEFAULT_TIMEOUT and bad.threshold == 0
+    assert [e.split("=")[0].split(":")[0] for e in bad.errors] == [
+        "PLANCACHE_URL", "PLANCACHE_TIMEOUT", "PLANCACHE_THRESHOLD", "PLANCACHE_STORAGE_OPTIONS"
+    ]
+
+
+def test_plugin_module_import_with_feature_off_imports_nothing_heavy(tmp_path: Path) -> None:
+    import subprocess
+
+    probe = (
+        "import sys, os; os.environ.pop('VLLM_ENABLE_STARTUP_PLAN', None); before = set(sys.modules)\n"
+        "import plancache.vllm_plugin as p; p.register()\n"
+        "print(sorted(set(sys.modules) - before))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.strip() in ("['__future__', 'plancache', 'plancache.vllm_plugin']", "['plancache', 'plancache.vllm_plugin']")

@@ -422,7 +422,9 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
         LOG.warning("plancache: plan for %s not signed or shared: %s: %s", fp, exc.reason.value, exc.detail)
         return
     moved = "" if fp == save_fp else f" (vLLM's save-time fingerprint was {save_fp})"
-    LOG.info(
+    # Nothing beyond vLLM's own save (already logged by vLLM): keep the boot's INFO lines to the decision.
+    LOG.log(
+        logging.INFO if sig_bytes or moved else logging.DEBUG,
         "plancache: saved plan fingerprint=%s signed=%s%s%s",
         fp,
         "yes" if sig_bytes else "no",

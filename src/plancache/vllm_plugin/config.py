@@ -10,9 +10,11 @@
 ``PLANCACHE_URL``              store URL (``s3://bucket/prefix``, ``gs://…``, ``file://…``, any
                                fsspec URL). Read only with trusted keys; written only with a
                                signing key.
-``PLANCACHE_STORAGE_OPTIONS``  JSON object of fsspec storage options, like the CLI's repeated
-                               ``--storage-option KEY=VALUE`` (explicit options win over
-                               plancache's defaults).
+``PLANCACHE_STORAGE_OPTIONS``  fsspec storage options: a JSON object, or space-separated
+                               ``KEY=VALUE`` pairs (VALUE parsed as JSON where it parses) as the
+                               CLI's ``--storage-option`` and scripts/*.sh take them. Explicit
+                               options win over plancache's defaults; fsspec's own configuration
+                               (``FSSPEC_S3_*``, ``AWS_ENDPOINT_URL``, credential chains) applies.
 ``PLANCACHE_SIGNING_KEY``      private key reference (a file path): freshly profiled plans are
                                signed, and pushed when ``PLANCACHE_URL`` is set.
 ``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted signing key.
@@ -68,6 +70,31 @@ def _nonempty(env: Mapping[str, str], name: str) -> str | None:
     return value or None
 
 
+def parse_storage_options(text: str) -> dict[str, Any]:
+    """``PLANCACHE_STORAGE_OPTIONS``: a JSON object (``{"endpoint_url": "http://…", "anon": true}``)
+    or, as the journey scripts take it, space-separated ``KEY=VALUE`` pairs whose values are
+    parsed as JSON where they parse, exactly like the CLI's repeated ``--storage-option``."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON object ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("not a JSON object")
+        return parsed
+    options: dict[str, Any] = {}
+    for item in text.split():
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE (or give a JSON object)")
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
+
+
 def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
     """Read the ``PLANCACHE_*`` variables. Never raises: bad values are collected in ``errors``
     and the knob falls back to its safe setting (no store, default budget)."""
@@ -104,12 +131,9 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
     raw_options = _nonempty(env, STORAGE_OPTIONS_ENV)
     if raw_options is not None:
         try:
-            parsed = json.loads(raw_options)
-            if not isinstance(parsed, dict):
-                raise ValueError("not a JSON object")
-            options = parsed
+            options = parse_storage_options(raw_options)
         except ValueError as exc:
-            errors.append(f"{STORAGE_OPTIONS_ENV} is not a JSON object ({exc}); store disabled")
+            errors.append(f"{STORAGE_OPTIONS_ENV}: {exc}; store disabled")
             url = None
 
     return PluginConfig(
