@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import json
 import logging
 import os
@@ -195,6 +196,8 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
         signature, public = private.sign(message), private.public_key()
 
         plugin_t, vllm_t, fp_t = [], [], []
+        gc.collect()
+        gc.disable()  # as timeit does: the deepcopied configs' garbage would land on either side at random
         for i in range(reps):
             for side in ((0, 1) if i % 2 else (1, 0)):  # interleaved, alternating order
                 worker = v.worker()
@@ -213,6 +216,11 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
             t0 = time.perf_counter()
             v.fingerprint(worker)
             fp_t.append(time.perf_counter() - t0)
+            if i % 50 == 49:
+                gc.enable()
+                gc.collect()
+                gc.disable()
+        gc.enable()
     del os.environ["PLANCACHE_TRUSTED_KEYS"]
     return {"plugin": median_ms(plugin_t), "baseline": median_ms(vllm_t), "fingerprint": median_ms(fp_t)}
 
@@ -344,7 +352,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=300, help="local-hit repetitions per side")
     parser.add_argument("--import-runs", type=int, default=20)
-    parser.add_argument("--boots", type=int, default=5, help="store-hit boots per side (each waits --load-seconds)")
+    parser.add_argument("--boots", type=int, default=8, help="store-hit boots per side (each waits --load-seconds)")
     parser.add_argument("--load-seconds", type=float, default=2.0)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     args = parser.parse_args()
