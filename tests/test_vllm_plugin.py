@@ -381,7 +381,7 @@ def test_signed_local_hit_is_applied_with_one_info_line(plugin: SimpleNamespace,
     (line,) = infos(lines)
     assert f"decision=apply reason=applied source=local fingerprint={fp}" in line
     assert "elapsed_ms=" in line and f"kv_cache_memory_bytes={PLANNED_KV}" in line
-    assert errors(lines) == []
+    assert [r.getMessage() for r in lines if r.levelno >= logging.INFO] == [line]  # exactly one line
 
 
 def _profiled(worker: Any, lines: list, reason: str, source: str = "local") -> str:
@@ -862,3 +862,22 @@ def test_plugin_module_import_with_feature_off_imports_nothing_heavy(tmp_path: P
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.strip() in ("['__future__', 'plancache', 'plancache.vllm_plugin']", "['plancache', 'plancache.vllm_plugin']")
+
+
+def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Signing key + URL, no trusted keys (a CI profiling runner): push only, no ERROR line."""
+    bucket = plugin.tmp / "bucket"
+    bucket.mkdir()
+    monkeypatch.setenv("PLANCACHE_URL", bucket.as_uri())
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    write_plan(bucket, fp, keys.signer)  # present in the store, but never read without trusted keys
+    _profiled(worker, lines, "no-plan", source="none")
+    plugin.gpu_worker.maybe_save_startup_plan(worker, profiled_bytes())
+    worker._plancache_boot.push_thread.join(5)
+    assert worker._plancache_boot.push_result == "pushed"
+    assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
+    assert errors(lines) == []
