@@ -352,6 +352,21 @@ def test_feature_off_leaves_vllm_byte_for_byte_unchanged(env: SimpleNamespace, m
     assert "plancache.vllm_plugin.hooks" not in sys.modules or not env.hooks.installed()
     with_plugin = boot(env.tmp / "with")
     assert with_plugin == without == (profiled_bytes(), 1, [])
+
+    # vLLM reads its switch at call time: turned on after the plugin declined to register, it is
+    # vLLM's own code that saves and applies, writing the same bytes as with no plugin at all.
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
+
+    def two_boots(cache: Path) -> tuple[int, int, dict[str, bytes]]:
+        first = boot(cache)
+        second = make_worker(env)
+        return first[0], second.determine_available_memory(), {
+            str(p.relative_to(cache)): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()
+        }
+
+    assert two_boots(env.tmp / "with-on") == two_boots(env.tmp / "without-on")
+    kv, applied, files = two_boots(env.tmp / "again")
+    assert applied == kv and list(files) == [f"startup_plan/{plan_name(fingerprint(env, make_worker(env)))}"]
     assert lines == []
 
 

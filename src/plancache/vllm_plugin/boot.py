@@ -302,31 +302,22 @@ def _with_detail(decision: Decision, prefix: str) -> Decision:
     return Decision(decision.applied, decision.reason, detail, decision.kv_cache_memory_bytes, decision.fingerprint)
 
 
-class _UseStore(Exception):
-    pass
-
-
 def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
     """The decision for this worker and fingerprint, and where the plan came from."""
     directory = plan_dir()
     name = plan_name(fp)
     local_problem = ""
-    prefetched = boot.prefetch is not None and boot.prefetch.key == fp
-    try:
-        if prefetched:
-            # There was no local plan when the prefetch started: the store's answer is the one
-            # (it is written locally by the prefetch itself once verified).
-            raise _UseStore
-
-        plan_bytes, sig_bytes = directory.read(fp)
-        if plan_bytes is not None:
-            return _gate(worker, _verify_local(boot, name, plan_bytes, sig_bytes)), "local"
-    except _UseStore:
-        pass
-    except PlanCacheError as exc:
-        if not boot.store_reads:
-            return Decision.rejected(exc, fp), "local"
-        local_problem = f"local plan rejected ({exc.reason}: {exc.detail})"
+    # A prefetch only starts when there was no local plan: then the store's answer is the one
+    # (the prefetch writes it locally itself once verified).
+    if not (boot.prefetch is not None and boot.prefetch.key == fp):
+        try:
+            plan_bytes, sig_bytes = directory.read(fp)
+            if plan_bytes is not None:
+                return _gate(worker, _verify_local(boot, name, plan_bytes, sig_bytes)), "local"
+        except PlanCacheError as exc:
+            if not boot.store_reads:
+                return Decision.rejected(exc, fp), "local"
+            local_problem = f"local plan rejected ({exc.reason}: {exc.detail})"
     if not boot.store_reads:
         why = "no plan in the local directory" + ("" if boot.config.url is None else " (store not read)")
         return Decision(False, Reason.NO_PLAN, why, None, fp), "none"
