@@ -110,11 +110,23 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     from plancache.vllm_plugin import hooks
 
     patched_before_import = startup_plan.maybe_apply_startup_plan is hooks.apply_hook
-    from vllm.v1.worker import gpu_worker
+    seen_by_hook: dict[str, Any] = {}
+    patch_gpu_worker = hooks._patch_gpu_worker
+
+    def spy(module: Any) -> None:  # what gpu_worker bound by itself, before the hook touches it
+        seen_by_hook.update(apply=module.maybe_apply_startup_plan, save=module.maybe_save_startup_plan)
+        patch_gpu_worker(module)
+
+    hooks._patch_gpu_worker = spy
+    try:
+        from vllm.v1.worker import gpu_worker
+    finally:
+        hooks._patch_gpu_worker = patch_gpu_worker
 
     import_order = SimpleNamespace(
         worker_imported_first=worker_imported_first,
         startup_plan_patched=patched_before_import,
+        bound_by_from_import=seen_by_hook,
         gpu_worker_apply=gpu_worker.maybe_apply_startup_plan,
         gpu_worker_save=gpu_worker.maybe_save_startup_plan,
         load_model_wrapped=getattr(gpu_worker.Worker.__dict__["load_model"], "__plancache__", False),
@@ -314,6 +326,9 @@ def test_registered_before_gpu_worker_import_patches_what_the_worker_calls(vllm_
     order = vllm_env.import_order
     assert not order.worker_imported_first, "another test module imported vLLM's gpu_worker before this one"
     assert order.startup_plan_patched
+    # gpu_worker's own `from startup_plan import ...` already bound the hooks: patching the
+    # startup_plan module before gpu_worker is imported suffices for apply and save.
+    assert order.bound_by_from_import == {"apply": vllm_env.hooks.apply_hook, "save": vllm_env.hooks.save_hook}
     assert order.gpu_worker_apply is vllm_env.hooks.apply_hook
     assert order.gpu_worker_save is vllm_env.hooks.save_hook
     assert order.load_model_wrapped

@@ -159,18 +159,25 @@ class _PatchingLoader(importlib.abc.Loader):
 class _GpuWorkerFinder(importlib.abc.MetaPathFinder):
     """Finds nothing itself: asks the other finders for ``gpu_worker`` and wraps its loader."""
 
+    def __init__(self) -> None:
+        self._busy = threading.local()
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != GPU_WORKER:
+        if fullname != GPU_WORKER or getattr(self._busy, "on", False):
+            return None  # not ours, or re-entered by another finder that also asks around
+        self._busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _PatchingLoader(spec.loader)
+                    return spec
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+        finally:
+            self._busy.on = False
 
 
 def install() -> bool:
