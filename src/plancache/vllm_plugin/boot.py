@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -82,7 +82,6 @@ class Boot:
     prefetch: Prefetch[FetchOutcome] | None = None
     push_thread: threading.Thread | None = None
     push_result: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _load_boot(env: Any = os.environ) -> Boot:
