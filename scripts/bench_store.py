@@ -162,9 +162,9 @@ def main() -> int:
                                        str(args.rtt_ms / 1000)]))
         wait_port(moto_port)
         wait_port(proxy_port)
-        endpoints = {"bare loopback": f"http://127.0.0.1:{moto_port}",
-                     f"+{args.rtt_ms:g} ms RTT proxy": f"http://127.0.0.1:{proxy_port}"}
-        direct = endpoints["bare loopback"]
+        endpoints = {"bare loopback": (f"http://127.0.0.1:{moto_port}", "bare"),
+                     f"+{args.rtt_ms:g} ms RTT proxy": (f"http://127.0.0.1:{proxy_port}", "rtt")}
+        direct = endpoints["bare loopback"][0]
         s3 = boto3.client("s3", endpoint_url=direct)
         s3.create_bucket(Bucket="bench")
 
@@ -182,10 +182,10 @@ def main() -> int:
               f"({args.reps} reps single, {args.bulk_reps} reps bulk), python {sys.version.split()[0]}, "
               f"{os.cpu_count()} cpus")
         cli = [sys.executable, "-m", "plancache.cli.main"]
-        for label, endpoint in endpoints.items():
+        for label, (endpoint, slug) in endpoints.items():
             print(f"\n== {label} ({endpoint})")
             opts = {"endpoint_url": endpoint}
-            prefix = f"single-{label[:4].strip()}"
+            prefix = f"single-{slug}"
             store = open_store(f"s3://bench/{prefix}", opts, 30)
             store.put(one, *local.read(one))  # type: ignore[arg-type]
             client = boto3.client("s3", endpoint_url=endpoint)
@@ -215,7 +215,7 @@ def main() -> int:
             state: dict[str, str] = {}
 
             def fresh_prefix() -> None:
-                state["prefix"] = f"bulk-{label[:4].strip()}-{next(counter)}"
+                state["prefix"] = f"bulk-{slug}-{next(counter)}"
 
             def push_cli() -> None:
                 subprocess.run([*cli, "push", "--storage-option", f"endpoint_url={endpoint}", str(local.path),
@@ -235,7 +235,7 @@ def main() -> int:
                 print(f"  ratio push / aws s3 sync = {t_push / t_aws_push:.2f}   (target <= 0.5)")
 
             def fresh_dir() -> None:
-                state["dir"] = str(tmp / f"pulled-{next(counter)}")
+                state["dir"] = str(tmp / f"pulled-{slug}-{next(counter)}")
 
             def pull_cli() -> None:
                 subprocess.run([*cli, "pull", "--trusted-keys", str(tmp / "key.pub"), "--storage-option",

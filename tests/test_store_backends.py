@@ -192,3 +192,9 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out, _ = run(capsys, "prune", "--older-than", "30d", *opts, backend.url)
     assert code == 0 and FP3 in out and backend.store().fingerprints() == [FP2]
     assert run(capsys, "prune", "--revoked", *opts, backend.url)[0] == 2  # needs trusted keys
+
+
+def test_empty_object_reads_as_empty(backend: Backend) -> None:
+    # S3 answers a byte range over an empty object with 416; it is still just empty
+    backend.plant(plan_name(FP), b"")
+    assert backend.store().fetch(FP) == (b"", None)
