@@ -25,7 +25,7 @@ from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from store_servers import AWS_ENV, GcsEmulator, MotoServer, black_hole, fault_server, fault_server_session, gcs_emulator, moto_server  # noqa: F401
+from store_servers import GcsEmulator, MotoServer, gcs_emulator, moto_server  # noqa: F401 (fixtures)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"

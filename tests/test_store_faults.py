@@ -22,9 +22,8 @@ from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.cli.offline import utcnow
 from plancache.storage.keyfiles import generate_keypair
-from store_servers import (  # noqa: F401
-    AWS_ENV, HUGE, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server,
-    fault_server_session, gcs_emulator,
+from store_servers import (  # noqa: F401 (fixtures)
+    AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
 )
 
 SLACK = 2.0
