@@ -103,3 +103,15 @@ def test_demo_embedded_and_on_a_real_store(moto_server: MotoServer) -> None:  # 
     assert remote.returncode == 0, remote.stderr
     assert "applied" in remote.stdout and "cleaned" in remote.stdout
     assert moto_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_fsspec_environment_configuration_is_honoured(moto_server: MotoServer) -> None:  # noqa: F811
+    bucket = moto_server.new_bucket()
+    store = open_store(f"s3://{bucket}/p", moto_server.options, 30)
+    store.put(FP, plan_bytes(), None)
+    env = {**os.environ, **AWS_ENV, "FSSPEC_S3_ENDPOINT_URL": moto_server.endpoint}
+    env.pop("AWS_ENDPOINT_URL", None)
+    listed = subprocess.run([sys.executable, "-m", "plancache.cli.main", "ls", "--json", f"s3://{bucket}/p"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [p["fingerprint"] for p in json.loads(listed.stdout)["plans"]] == [FP]
