@@ -157,3 +157,20 @@ def test_console_script_demo_and_help() -> None:
     for sub in ("keygen", "sign", "verify", "ls", "inspect", "demo"):
         helped = subprocess.run([*cmd, sub, "--help"], capture_output=True, text=True, timeout=60)
         assert helped.returncode == 0 and "usage: plancache" in helped.stdout
+
+
+def test_storage_options_come_from_the_environment_and_flags_win(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, keys: Path
+) -> None:
+    import argparse
+
+    from plancache.cli.locations import storage_options
+
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", '{"anon": false, "config_kwargs": {"read_timeout": 2}}')
+    args = argparse.Namespace(storage_option=[("anon", True)])
+    assert storage_options(args) == {"anon": True, "config_kwargs": {"read_timeout": 2}}
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "endpoint_url=http://127.0.0.1:9 anon=true")
+    assert storage_options(argparse.Namespace(storage_option=None)) == {"endpoint_url": "http://127.0.0.1:9", "anon": True}
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "[1, 2]")
+    code, _, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "memory://plans")
+    assert code == 2 and "PLANCACHE_STORAGE_OPTIONS" in err and len(err.strip().splitlines()) == 1

@@ -48,7 +48,7 @@ def test_three_journeys(store_env: tuple[str, dict[str, str], dict[str, object]]
     profiled.write(FP2, plan_bytes(fp=FP2, kv=GIB, baseline=2 * GIB), None)
     image = tmp_path / "image" / "startup_plan"
 
-    bake = script("ci-bake.sh", {**env, "PLANCACHE_STORE": url, "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
+    bake = script("ci-bake.sh", {**env, "PLANCACHE_URL": url, "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
                                  "IMAGE_PLAN_DIR": str(image), "PLAN_DIR": str(profiled.path),
                                  "PLANCACHE_EXPIRES_IN": "30d"})
     assert bake.returncode == 0, bake.stderr
@@ -57,7 +57,7 @@ def test_three_journeys(store_env: tuple[str, dict[str, str], dict[str, object]]
 
     trusted = {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub")}
     node = tmp_path / "node" / "vllm"
-    boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_STORE": url, "VLLM_CACHE_ROOT": str(node),
+    boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_URL": url, "VLLM_CACHE_ROOT": str(node),
                                    "PLANCACHE_STRICT": "1"}, FP)
     assert boot.returncode == 0, boot.stderr
     assert sorted(p.name for p in (node / "startup_plan").iterdir()) == [plan_name(FP), sig_name(FP)]
@@ -70,21 +70,21 @@ def test_three_journeys(store_env: tuple[str, dict[str, str], dict[str, object]]
     # someone rewrites a plan in the bucket: the audit fails, a spot boot keeps going without it
     store = open_store(url, options, 30)
     store.fs.pipe_file(store.path(plan_name(FP2)), plan_bytes(fp=FP2, kv=2 * GIB - 1, baseline=2 * GIB))
-    audit = script("offline-audit.sh", {**env, **trusted, "PLANCACHE_STORE": url})
+    audit = script("offline-audit.sh", {**env, **trusted, "PLANCACHE_URL": url})
     assert audit.returncode == 1 and "digest-mismatch" in audit.stdout
     other = tmp_path / "other-node"
-    boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_STORE": url, "PLAN_DIR": str(other),
+    boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_URL": url, "PLAN_DIR": str(other),
                                    "PLANCACHE_FINGERPRINTS": FP2})
     assert boot.returncode == 0 and "exited 1" in boot.stderr
     assert not other.exists() or list(other.iterdir()) == []
-    strict = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_STORE": url, "PLAN_DIR": str(other),
+    strict = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_URL": url, "PLAN_DIR": str(other),
                                      "PLANCACHE_STRICT": "1"}, FP2)
     assert strict.returncode == 1
 
 
 def test_scripts_explain_missing_settings(tmp_path: Path) -> None:
     for name in ("ci-bake.sh", "spot-boot.sh", "offline-audit.sh"):
-        env = {k: "" for k in ("PLANCACHE_STORE", "PLANCACHE_TRUSTED_KEYS", "PLANCACHE_SIGNING_KEY")}
+        env = {k: "" for k in ("PLANCACHE_URL", "PLANCACHE_TRUSTED_KEYS", "PLANCACHE_SIGNING_KEY")}
         result = script(name, env)
         assert result.returncode != 0 and "PLANCACHE_" in result.stderr, (name, result.stderr)
 

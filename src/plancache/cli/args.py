@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from datetime import timedelta
 from typing import Any
+
+from ..settings import parse_key_value
 
 _DURATION = re.compile(r"(\d+)([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -21,15 +22,11 @@ def duration(text: str) -> timedelta:
 
 
 def key_value(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    """``KEY=VALUE`` with VALUE parsed as JSON where it parses (argparse type)."""
     try:
-        value: Any = json.loads(raw)
-    except ValueError:
-        value = raw
-    return key, value
+        return parse_key_value(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:

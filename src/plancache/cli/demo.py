@@ -19,6 +19,7 @@ from ..storage.localdir import LocalPlanDir
 from ..trust.gate import decide
 from ..trust.plan import Plan, plan_name, render_plan
 from ..trust.verify import verify_plan
+from .args import key_value
 from .offline import utcnow
 
 GIB = 2**30
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
         from ..storage.store import open_store
 
-        store = open_store(store_url, dict(_kv(o) for o in args.storage_option), timeout=30)
+        store = open_store(store_url, dict(key_value(o) for o in args.storage_option), timeout=30)
         hostile = Plan(TAMPERED_FINGERPRINT, kv_cache_memory_bytes=69 * GIB, free_memory_baseline=70 * GIB)
         store.put_many({plan_name(TAMPERED_FINGERPRINT): render_plan(hostile)})
         step(f"attacker: rewrote {plan_name(TAMPERED_FINGERPRINT)} in the store with kv_cache_memory_bytes=69 GiB")
@@ -103,9 +104,3 @@ def run(args: argparse.Namespace) -> int:
             store.delete([DEMO_FINGERPRINT, TAMPERED_FINGERPRINT])
             step(f"cleaned the demo's two plans out of {store_url}")
     return 0
-
-
-def _kv(text: str) -> tuple[str, object]:
-    from .args import key_value
-
-    return key_value(text)

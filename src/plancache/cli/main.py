@@ -16,6 +16,7 @@ from .. import __version__
 from ..trust.errors import PlanCacheError
 from . import demo, offline, remote
 from .args import duration, key_value, positive_int
+from .locations import add_store_options
 
 EXIT_CONFIG = 2
 
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _trust_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-    remote.store_options(p)
+    add_store_options(p)
     _location(p, "plan directory or store URL")
     p.set_defaults(func=offline.cmd_verify)
 
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _trust_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-    remote.store_options(p)
+    add_store_options(p)
     _location(p, "plan directory or store URL")
     p.set_defaults(func=offline.cmd_ls)
 

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..settings import SIGNING_KEY_ENV
 from ..storage.files import read_capped
 from ..storage.keyfiles import generate_keypair, keyring_from, load_signer
 from ..storage.localdir import LocalPlanDir
@@ -19,11 +20,10 @@ from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_o
 from ..trust.signing import add_signature, sign_plan
 from ..trust.statement import parse_statement
 from ..trust.verify import verify_plan
-from .locations import local_dir, open_source
+from .locations import local_dir, open_source, storage_options
 from .output import gib, print_json, print_table
 from .report import PlanReport, check_many, check_one, exit_code
 
-SIGNING_KEY_ENV = "PLANCACHE_SIGNING_KEY"
 
 
 def utcnow() -> datetime:
@@ -115,7 +115,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _reports(args: argparse.Namespace, keyring: Keyring | None) -> tuple[object, list[PlanReport]]:
-    source = open_source(args.location, dict(getattr(args, "storage_option", None) or []), getattr(args, "timeout", None))
+    source = open_source(args.location, storage_options(args), args.timeout)
     items = source.fetch_items(source.fingerprints())
     return source, check_many(items, keyring, utcnow(), jobs=args.jobs)
 

@@ -29,8 +29,9 @@ from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, is_f
 from ..trust.statement import parse_time
 from ..trust.verify import VerifiedPlan, verify_plan
 from .args import duration, key_value
-from .locations import BULK_TIMEOUT, is_url, local_dir
-from .offline import SIGNING_KEY_ENV, require_keyring, sign_one, utcnow
+from .locations import BULK_TIMEOUT, add_store_options, is_url, local_dir, storage_options
+from ..settings import SIGNING_KEY_ENV
+from .offline import require_keyring, sign_one, utcnow
 from .output import Progress, print_json, print_table
 from .report import PlanReport, check_many, exit_code, report_error, report_verified
 
@@ -42,23 +43,6 @@ WRITE_THREADS = 8
 _STORE_REASONS = (Reason.STORE_ERROR.value, Reason.TIMEOUT.value)
 
 TrustOptions = Callable[[argparse.ArgumentParser], None]
-
-
-def store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:
-    """``--storage-option`` and ``--timeout``: shared by every command that takes a URL."""
-    parser.add_argument(
-        "--storage-option", type=key_value, action="append", metavar="KEY=VALUE",
-        help="fsspec storage option, VALUE parsed as JSON where it parses, e.g. "
-        "endpoint_url=http://127.0.0.1:9000 or anon=true (repeatable; wins over plancache's defaults)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, metavar="SECONDS",
-        help=timeout_help or f"overall budget of each store operation (default {BULK_TIMEOUT:g} s)",
-    )
-
-
-def _opts(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(args.storage_option or [])
 
 
 def _require_url(url: str) -> str:
@@ -80,7 +64,7 @@ def add_parsers(sub: argparse._SubParsersAction, trust_options: TrustOptions) ->
     p.add_argument("--comment", default="", help="free text recorded in new signatures")
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
                    help="provenance fact recorded in new signatures (repeatable)")
-    store_options(p)
+    add_store_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
     p.add_argument("url", metavar="URL", help="store URL, e.g. s3://bucket/prefix, gs://bucket/prefix, file:///path")
@@ -94,7 +78,7 @@ def add_parsers(sub: argparse._SubParsersAction, trust_options: TrustOptions) ->
     )
     trust_options(p)
     p.add_argument("--fingerprint", action="append", metavar="FP", help="pull only this plan (repeatable)")
-    store_options(p, f"end-to-end budget (default {PULL_ONE_TIMEOUT:g} s with --fingerprint, else {BULK_TIMEOUT:g} s)")
+    add_store_options(p, f"end-to-end budget (default {PULL_ONE_TIMEOUT:g} s with --fingerprint, else {BULK_TIMEOUT:g} s)")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("url", metavar="URL", help="store URL")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
@@ -110,7 +94,7 @@ def add_parsers(sub: argparse._SubParsersAction, trust_options: TrustOptions) ->
     what.add_argument("--revoked", action="store_true", help="signed only by keys the trusted-keys file revokes")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     trust_options(p)
-    store_options(p)
+    add_store_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("url", metavar="URL", help="store URL")
     p.set_defaults(func=cmd_prune)
@@ -151,7 +135,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     url = _require_url(args.url)
     directory = local_dir(args.dir)
     signer = _push_signer(args)
-    store = open_store(url, _opts(args), args.timeout or BULK_TIMEOUT)
+    store = open_store(url, storage_options(args), args.timeout or BULK_TIMEOUT)
     deadline = time.monotonic() + store.timeout
     now = utcnow()
     results: list[dict[str, Any]] = []
@@ -241,7 +225,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise PlanCacheError(Reason.CONFIG, f"not a plan fingerprint (16 lowercase hex): {bad[0]!r}")
     budget = args.timeout or (PULL_ONE_TIMEOUT if wanted else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
-    store = open_store(url, _opts(args), budget)
+    store = open_store(url, storage_options(args), budget)
     deadline = started + budget
     fps = wanted or store.fingerprints(deadline)
     progress = Progress(len(fps), "pull")
@@ -300,7 +284,7 @@ def _prune_reason(report: PlanReport, args: argparse.Namespace, now: datetime) -
 def cmd_prune(args: argparse.Namespace) -> int:
     url = _require_url(args.url)
     keyring: Keyring | None = require_keyring(args) if args.revoked else None
-    store = open_store(url, _opts(args), args.timeout or BULK_TIMEOUT)
+    store = open_store(url, storage_options(args), args.timeout or BULK_TIMEOUT)
     deadline = time.monotonic() + store.timeout
     items = store.fetch_items(store.fingerprints(deadline), deadline)
     now = utcnow()

@@ -13,13 +13,12 @@ from typing import Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ..settings import PASSPHRASE_ENV, TRUSTED_KEYS_ENV
 from ..trust.errors import PlanCacheError, Reason
 from ..trust.keys import Ed25519Signer, Keyring, Signer, openssh_line, parse_private_key, parse_trusted_keys, private_key_pem
 from .files import read_capped, write_atomic
 
 MAX_KEY_FILE_BYTES = 1 << 20
-PASSPHRASE_ENV = "PLANCACHE_KEY_PASSPHRASE"
-TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
 
 
 def _read(path: Path, what: str) -> bytes:

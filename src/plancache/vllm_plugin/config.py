@@ -27,19 +27,22 @@ names happens in :mod:`plancache.vllm_plugin.boot`, where a failure becomes one 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..settings import (
+    SIGNING_KEY_ENV,
+    STORAGE_OPTIONS_ENV,
+    THRESHOLD_ENV,
+    TIMEOUT_ENV,
+    TRUSTED_KEYS_ENV,
+    URL_ENV,
+    parse_storage_options,
+)
+
 ENABLE_ENV = "VLLM_ENABLE_STARTUP_PLAN"
-URL_ENV = "PLANCACHE_URL"
-TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
-THRESHOLD_ENV = "PLANCACHE_THRESHOLD"
-SIGNING_KEY_ENV = "PLANCACHE_SIGNING_KEY"
-TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
-STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
 
 DEFAULT_TIMEOUT = 3.0
 """Seconds; the same default end-to-end budget as a single-fingerprint ``plancache pull``."""
@@ -68,31 +71,6 @@ class PluginConfig:
 def _nonempty(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()
     return value or None
-
-
-def parse_storage_options(text: str) -> dict[str, Any]:
-    """``PLANCACHE_STORAGE_OPTIONS``: a JSON object (``{"endpoint_url": "http://…", "anon": true}``)
-    or, as the journey scripts take it, space-separated ``KEY=VALUE`` pairs whose values are
-    parsed as JSON where they parse, exactly like the CLI's repeated ``--storage-option``."""
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            parsed = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"not a JSON object ({exc})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError("not a JSON object")
-        return parsed
-    options: dict[str, Any] = {}
-    for item in text.split():
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{item!r} is not KEY=VALUE (or give a JSON object)")
-        try:
-            options[key] = json.loads(raw)
-        except ValueError:
-            options[key] = raw
-    return options
 
 
 def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:

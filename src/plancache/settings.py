@@ -1,0 +1,57 @@
+"""The environment variables users set, in one place for the CLI and the vLLM plugin.
+
+The same deployment usually runs both (a boot script calls ``plancache pull``, the worker
+runs the plugin), so a variable means the same thing wherever it is read:
+
+=============================  ==================================================================
+``PLANCACHE_URL``              store URL (``s3://bucket/prefix``, ``gs://…``, ``file://…``, any
+                               fsspec URL): the plugin's store; the journey scripts' store.
+``PLANCACHE_TRUSTED_KEYS``     trusted-keys file or directory of ``.pub`` files.
+``PLANCACHE_THRESHOLD``        distinct trusted keys that must sign (plugin; CLI: ``--threshold``).
+``PLANCACHE_SIGNING_KEY``      private key reference (a file path) used to sign.
+``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted private key.
+``PLANCACHE_TIMEOUT``          total remote budget in seconds (plugin; CLI: ``--timeout``).
+``PLANCACHE_STORAGE_OPTIONS``  fsspec storage options: a JSON object, or space-separated
+                               ``KEY=VALUE`` pairs (VALUE parsed as JSON where it parses), the
+                               same as repeated ``--storage-option``, which win over it.
+=============================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+URL_ENV = "PLANCACHE_URL"
+TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
+THRESHOLD_ENV = "PLANCACHE_THRESHOLD"
+SIGNING_KEY_ENV = "PLANCACHE_SIGNING_KEY"
+PASSPHRASE_ENV = "PLANCACHE_KEY_PASSPHRASE"
+TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
+STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
+
+
+def parse_key_value(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{item!r} is not KEY=VALUE")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
+def parse_storage_options(text: str) -> dict[str, Any]:
+    """``PLANCACHE_STORAGE_OPTIONS``: a JSON object (needed for nested options such as
+    ``config_kwargs``) or space-separated ``KEY=VALUE`` pairs. Raises ValueError."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON object ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("not a JSON object")
+        return parsed
+    return dict(parse_key_value(item) for item in text.split())
