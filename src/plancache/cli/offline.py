@@ -20,7 +20,7 @@ from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_o
 from ..trust.signing import add_signature, sign_plan
 from ..trust.statement import parse_statement
 from ..trust.verify import verify_plan
-from .locations import local_dir, open_source, storage_options
+from .locations import DirSource, local_dir, open_source, storage_options
 from .output import gib, print_json, print_table
 from .report import PlanReport, check_many, check_one, exit_code
 
@@ -116,8 +116,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def _reports(args: argparse.Namespace, keyring: Keyring | None) -> tuple[object, list[PlanReport]]:
     source = open_source(args.location, storage_options(args), args.timeout)
-    items = source.fetch_items(source.fingerprints())
-    return source, check_many(items, keyring, utcnow(), jobs=args.jobs)
+    fingerprints = source.fingerprints()
+    if isinstance(source, DirSource):  # local files: the pool's workers read their own share
+        return source, check_many(fingerprints, keyring, utcnow(), jobs=args.jobs, load=source.fetch_items)
+    return source, check_many(source.fetch_items(fingerprints), keyring, utcnow(), jobs=args.jobs)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..storage.items import Item
 from ..trust import envelope as dsse
@@ -113,28 +113,40 @@ def check_one(item: Item, keyring: Keyring | None, now: datetime) -> PlanReport:
         return report_error(fingerprint, exc)
 
 
-def _check_chunk(args: tuple[Sequence[Item], Keyring | None, datetime]) -> list[PlanReport]:
-    items, keyring, now = args
+Loader = Callable[[Sequence[str]], list[Item]]
+"""Reads the items of some fingerprints; a picklable one lets the pool's workers read too."""
+
+
+def _check_chunk(args: tuple[Sequence[Any], Loader | None, Keyring | None, datetime]) -> list[PlanReport]:
+    work, load, keyring, now = args
+    items: Sequence[Item] = load(work) if load is not None else work
     return [check_one(item, keyring, now) for item in items]
 
 
 def check_many(
-    items: Sequence[Item], keyring: Keyring | None, now: datetime, jobs: int | None = None, label: str = "verify"
+    work: Sequence[Item] | Sequence[str],
+    keyring: Keyring | None,
+    now: datetime,
+    jobs: int | None = None,
+    label: str = "verify",
+    load: Loader | None = None,
 ) -> list[PlanReport]:
-    """Reports in input order; uses every core (or ``jobs``) when there are many plans."""
+    """Reports in input order; uses every core (or ``jobs``) when there are many plans.
+
+    ``work`` is a list of items, or of fingerprints when ``load`` reads them: then each worker
+    reads its own share (local files), so reading is parallel as well as verifying.
+    """
     jobs = jobs or os.cpu_count() or 1
-    progress = Progress(len(items), label)
-    if jobs == 1 or len(items) < POOL_MIN_PLANS:
-        reports = []
-        for item in progress.track(items):
-            reports.append(check_one(item, keyring, now))
-        return reports
-    size = max(32, min(1000, len(items) // (jobs * 8) or 1))
-    chunks = [items[i : i + size] for i in range(0, len(items), size)]
+    progress = Progress(len(work), label)
+    if jobs == 1 or len(work) < POOL_MIN_PLANS:
+        items: Sequence[Item] = load(work) if load is not None else work  # type: ignore[arg-type]
+        return [check_one(item, keyring, now) for item in progress.track(items)]
+    size = max(32, min(1000, len(work) // (jobs * 8) or 1))
+    chunks = [work[i : i + size] for i in range(0, len(work), size)]
     reports = []
     context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        for chunk_reports in pool.map(_check_chunk, [(c, keyring, now) for c in chunks]):
+        for chunk_reports in pool.map(_check_chunk, [(c, load, keyring, now) for c in chunks]):
             reports.extend(chunk_reports)
             progress.advance(len(chunk_reports))
     progress.close()
