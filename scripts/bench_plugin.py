@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import gc
 import json
 import logging
@@ -39,12 +38,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-GIB = 2**30
-DEVICE_NAME = "NVIDIA H100 80GB HBM3"
-DEVICE_TOTAL = 80 * GIB
-FREE = 70 * GIB
-UTIL = 0.9
-KV = 50 * GIB
+from vllm_cpu import (  # noqa: E402  (tests/ is on sys.path from here on; imports no vLLM)
+    GIB,
+    PLANNED_KV,
+    conditions,
+    cpu_environ,
+    engine_config,
+    load_plugins_like_vllm,
+    make_worker,
+    pin_device,
+    write_tiny_model,
+)
+
 HEAVY = ("fsspec", "s3fs", "gcsfs", "aiobotocore", "botocore", "cryptography", "torch", "vllm", "logging")
 
 
@@ -76,82 +81,29 @@ def bench_import(runs: int) -> tuple[float, str]:
     return median_ms(times), heavy
 
 
-# -- vLLM on CPU: a tiny model, a real config, a Worker stand-in ----------------------------------
-
-
-def write_tiny_model(directory: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 128,
-        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
-    }))
-    vocab = {"[UNK]": 0, **{f"t{i}": i for i in range(1, 128)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
-    (directory / "generation_config.json").write_text("{}")
-
-
-class FakeRunner:
-    model_memory_usage = GIB
-
-    def __init__(self, load_seconds: float) -> None:
-        self.load_seconds = load_seconds
-        self.slept = 0.0
-
-    def profile_run(self, randomize_inputs: bool = False) -> None:
-        pass
-
-    def load_model(self, load_dummy_weights: bool = False) -> None:
-        t0 = time.perf_counter()
-        time.sleep(self.load_seconds)  # the simulated weight load
-        self.slept = time.perf_counter() - t0
+# -- vLLM on CPU: a tiny model, a real config, a Worker stand-in (tests/vllm_cpu.py) ----------------
 
 
 class Vllm:
     def __init__(self, work: Path) -> None:
-        os.environ.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "cache"))
+        os.environ.update(cpu_environ(work / "cache"))
         os.environ["VLLM_ENABLE_STARTUP_PLAN"] = "1"
         write_tiny_model(work / "model")
         from vllm.v1.worker import startup_plan
 
         self.startup_plan = startup_plan
         self.original_apply = startup_plan.maybe_apply_startup_plan
-        import vllm.plugins
-
-        vllm.plugins.plugins_loaded = False
-        vllm.plugins.load_general_plugins()  # registers plancache through its entry point
+        load_plugins_like_vllm()  # registers plancache through its entry point
         from vllm.v1.worker import gpu_worker
 
         assert gpu_worker.maybe_apply_startup_plan is not self.original_apply, "plancache did not register"
         self.gpu_worker = gpu_worker
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.platforms import current_platform
-
-        current_platform.get_device_name = lambda device_id=0: DEVICE_NAME  # type: ignore[method-assign]
-        current_platform.get_device_total_memory = lambda device_id=0: DEVICE_TOTAL  # type: ignore[method-assign]
-        self.config = EngineArgs(
-            model=str(work / "model"), max_model_len=128, enforce_eager=True, load_format="dummy"
-        ).create_engine_config()
-        self.config.cache_config.gpu_memory_utilization = UTIL
+        pin_device()
+        self.config = engine_config(work / "model")  # gpu_memory_utilization: make_worker sets UTIL
         logging.getLogger("vllm").setLevel(logging.WARNING)  # same for both sides: no INFO lines printed
 
     def worker(self, load_seconds: float = 0.0) -> Any:
-        config = copy.deepcopy(self.config)
-        worker = object.__new__(self.gpu_worker.Worker)
-        worker.vllm_config = config
-        worker.cache_config = config.cache_config
-        worker.parallel_config = config.parallel_config
-        worker.model_config = config.model_config
-        worker.rank = 0
-        worker.local_rank = 0
-        worker.init_snapshot = SimpleNamespace(free_memory=FREE, total_memory=DEVICE_TOTAL)
-        worker.model_runner = FakeRunner(load_seconds)
-        return worker
+        return make_worker(self.gpu_worker.Worker, self.config, load_seconds=load_seconds)
 
     def fingerprint(self, worker: Any) -> str:
         return self.startup_plan.compute_plan_fingerprint(worker.vllm_config, 0, 1)
@@ -184,9 +136,8 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
     fp = v.fingerprint(probe)
     with cache_root(work / "local-hit") as plan_dir:
         plan_dir.mkdir(parents=True)
-        data = render_plan(Plan(fp, KV, 60 * GIB))
-        provenance = {"gpu_memory_utilization": UTIL, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
-        sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=provenance)
+        data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
+        sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions())
         (plan_dir / plan_name(fp)).write_bytes(data)
         (plan_dir / sig_name(fp)).write_bytes(sig)
         # the bare Ed25519 verify: same key type, same message (the PAE of this sidecar)
@@ -205,13 +156,13 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
                     t0 = time.perf_counter()
                     v.gpu_worker.maybe_apply_startup_plan(worker)  # the plugin, as vLLM calls it
                     plugin_t.append(time.perf_counter() - t0)
-                    assert worker.cache_config.kv_cache_memory_bytes == KV
+                    assert worker.cache_config.kv_cache_memory_bytes == PLANNED_KV
                 else:
                     t0 = time.perf_counter()
                     public.verify(signature, message)
                     v.original_apply(worker)  # vLLM's own: fingerprint, unsigned load, gate
                     vllm_t.append(time.perf_counter() - t0)
-                    assert worker.cache_config.kv_cache_memory_bytes == KV
+                    assert worker.cache_config.kv_cache_memory_bytes == PLANNED_KV
             worker = v.worker()
             t0 = time.perf_counter()
             v.fingerprint(worker)
@@ -274,7 +225,7 @@ def boot_once(v: Vllm, root: Path, load_seconds: float, prefetch: bool = True) -
             t1 = time.perf_counter()
             v.gpu_worker.maybe_apply_startup_plan(worker)
             t2 = time.perf_counter()
-            assert worker.cache_config.kv_cache_memory_bytes == KV, lines
+            assert worker.cache_config.kv_cache_memory_bytes == PLANNED_KV, lines
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
@@ -292,9 +243,8 @@ def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, l
     bucket = f"bench-{label}"
     s3_put(endpoint, bucket)
     fp = v.fingerprint(v.worker())
-    data = render_plan(Plan(fp, KV, 60 * GIB))
-    provenance = {"gpu_memory_utilization": UTIL, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
-    sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=provenance)
+    data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
+    sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions())
     s3_put(endpoint, f"{bucket}/plans/{plan_name(fp)}", data)
     s3_put(endpoint, f"{bucket}/plans/{sig_name(fp)}", sig)
     local = work / f"local-{label}" / "startup_plan"

@@ -1,13 +1,15 @@
 """The vLLM plugin against the real vLLM 0.33 modules, on CPU.
 
-Everything that imports vLLM lives in this one module (the import costs ~10 s here): module
+Everything that imports vLLM lives in this one module and in tests/vllm_cpu.py, the CPU
+stand-ins it shares with scripts/bench_plugin.py (the import costs ~10 s here): module
 fixtures import vLLM once, build one real ``VllmConfig`` for a tiny model directory written
 by the test, and register the plugin through its installed entry point the way
 ``vllm.plugins.load_general_plugins()`` does. Each test then boots a ``Worker`` stand-in
 (``object.__new__(Worker)``, as in ../shared/notes/vllm-on-cpu.md) and calls the real
 ``Worker.determine_available_memory()``; only the GPU bits are faked: the device name and
 total memory that vLLM's fingerprint asks for, the free memory snapshot, the model runner's
-``profile_run``, and ``memory_profiling`` (which needs an accelerator).
+``profile_run`` (all from tests/vllm_cpu.py), and ``memory_profiling`` (which needs an
+accelerator; faked here, as only these tests profile).
 
 Every test that registers the plugin unregisters it on teardown and checks that vLLM's
 original functions are back, so no case sees another's patches.
@@ -16,7 +18,7 @@ original functions are back, so no case sees another's patches.
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import importlib.metadata
 import json
 import logging
@@ -37,13 +39,21 @@ from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from plancache.storage.keyfiles import load_keyring
 from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
+import vllm_cpu
+from vllm_cpu import (
+    DEVICE_TOTAL,
+    FREE,
+    GIB,
+    PLANNED_KV,
+    UTIL,
+    conditions,
+    cpu_environ,
+    engine_config,
+    load_plugins_like_vllm,
+    pin_device,
+    write_tiny_model,
+)
 
-GIB = 2**30
-DEVICE_NAME = "NVIDIA H100 80GB HBM3"
-DEVICE_TOTAL = 80 * GIB
-FREE = 70 * GIB
-UTIL = 0.9
-PLANNED_KV = 50 * GIB
 PROFILED_NON_KV = 3 * GIB
 """The fake profiler's non-KV memory: a profiled boot returns ``requested - this``."""
 
@@ -53,49 +63,16 @@ PLUGIN_LOGGER = "vllm.plancache"
 # --------------------------------------------------------------------------- module fixtures
 
 
-def _write_tiny_model(directory: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 2,
-        "vocab_size": 128,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-5,
-        "torch_dtype": "float16",
-    }
-    (directory / "config.json").write_text(json.dumps(config))
-    vocab = {"[UNK]": 0, **{f"t{i}": i for i in range(1, 128)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
-    (directory / "generation_config.json").write_text("{}")
-
-
-def _load_plugins_like_vllm() -> None:
-    """What a vLLM worker does on start: ``vllm.plugins.load_general_plugins()``."""
-    import vllm.plugins
-
-    vllm.plugins.plugins_loaded = False
-    vllm.plugins.load_general_plugins()
-
-
 @pytest.fixture(scope="module")
 def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """Import vLLM once, in the order a worker does, and build a real VllmConfig."""
     root = tmp_path_factory.mktemp("vllm")
-    saved = {k: os.environ.get(k) for k in ("VLLM_TARGET_DEVICE", "HF_HUB_OFFLINE", "VLLM_CACHE_ROOT", "VLLM_ENABLE_STARTUP_PLAN")}
-    os.environ.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(root / "cache"))
+    cpu = cpu_environ(root / "cache")
+    saved = {k: os.environ.get(k) for k in (*cpu, "VLLM_ENABLE_STARTUP_PLAN")}
+    os.environ.update(cpu)
     os.environ.pop("VLLM_ENABLE_STARTUP_PLAN", None)
     model = root / "tiny-llama"
-    _write_tiny_model(model)
+    write_tiny_model(model)
 
     worker_imported_first = "vllm.v1.worker.gpu_worker" in sys.modules  # by another module: see the test
     from vllm.v1.worker import startup_plan
@@ -106,7 +83,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     }
     # The production order: a worker loads the general plugins, then imports its worker class.
     os.environ["VLLM_ENABLE_STARTUP_PLAN"] = "1"
-    _load_plugins_like_vllm()
+    load_plugins_like_vllm()
     from plancache.vllm_plugin import hooks
 
     patched_before_import = startup_plan.maybe_apply_startup_plan is hooks.apply_hook
@@ -137,9 +114,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     os.environ.pop("VLLM_ENABLE_STARTUP_PLAN", None)
     originals["load_model"] = gpu_worker.Worker.__dict__["load_model"]
 
-    from vllm.engine.arg_utils import EngineArgs
-
-    config = EngineArgs(model=str(model), max_model_len=128, enforce_eager=True, load_format="dummy").create_engine_config()
+    config = engine_config(model)
     yield SimpleNamespace(
         startup_plan=startup_plan,
         gpu_worker=gpu_worker,
@@ -157,22 +132,6 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
             os.environ[key] = value
 
 
-class FakeRunner:
-    """The model runner's GPU work: counts profile runs, loads no weights."""
-
-    model_memory_usage = 1 * GIB
-
-    def __init__(self, load_seconds: float = 0.0) -> None:
-        self.profile_runs = 0
-        self.load_seconds = load_seconds
-
-    def profile_run(self, randomize_inputs: bool = False) -> None:
-        self.profile_runs += 1
-
-    def load_model(self, load_dummy_weights: bool = False) -> None:
-        time.sleep(self.load_seconds)
-
-
 @contextlib.contextmanager
 def _fake_memory_profiling(snapshot: Any, weights_memory: int = 0) -> Iterator[SimpleNamespace]:
     yield SimpleNamespace(
@@ -187,14 +146,11 @@ def _fake_memory_profiling(snapshot: Any, weights_memory: int = 0) -> Iterator[S
 @pytest.fixture
 def env(vllm_env: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """A fresh cache root and plancache environment per test, plus the GPU pins."""
-    from vllm.platforms import current_platform
-
     for name in list(os.environ):
         if name.startswith("PLANCACHE_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
-    monkeypatch.setattr(current_platform, "get_device_name", lambda device_id=0: DEVICE_NAME, raising=False)
-    monkeypatch.setattr(current_platform, "get_device_total_memory", lambda device_id=0: DEVICE_TOTAL, raising=False)
+    pin_device(functools.partial(monkeypatch.setattr, raising=False))
     monkeypatch.setattr(vllm_env.gpu_worker, "memory_profiling", _fake_memory_profiling)
     vllm_env.plan_dir = tmp_path / "cache" / "startup_plan"
     vllm_env.tmp = tmp_path
@@ -243,7 +199,7 @@ def plugin(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[Si
     import plancache.vllm_plugin as plugin_module
 
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
-    _load_plugins_like_vllm()
+    load_plugins_like_vllm()
     assert env.startup_plan.maybe_apply_startup_plan is env.hooks.apply_hook
     yield env
     plugin_module.unregister()
@@ -251,20 +207,7 @@ def plugin(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[Si
 
 
 def make_worker(env: SimpleNamespace, free: int = FREE, util: float = UTIL, kv: int | None = None, load_seconds: float = 0.0) -> Any:
-    config = copy.deepcopy(env.config)
-    config.cache_config.gpu_memory_utilization = util
-    config.cache_config.kv_cache_memory_bytes = kv
-    worker = object.__new__(env.Worker)
-    worker.vllm_config = config
-    worker.cache_config = config.cache_config
-    worker.parallel_config = config.parallel_config
-    worker.model_config = config.model_config
-    worker.rank = 0
-    worker.local_rank = 0
-    worker.init_snapshot = SimpleNamespace(free_memory=free, total_memory=DEVICE_TOTAL)
-    worker.requested_memory = int(DEVICE_TOTAL * util)
-    worker.model_runner = FakeRunner(load_seconds)
-    return worker
+    return vllm_cpu.make_worker(env.Worker, env.config, free=free, util=util, kv=kv, load_seconds=load_seconds)
 
 
 def profiled_bytes(util: float = UTIL) -> int:
@@ -291,10 +234,6 @@ def keys(tmp_path: Path) -> SimpleNamespace:
         trusted=key_dir / "ci.pub",
         other=other,
     )
-
-
-def conditions(util: float = UTIL) -> dict[str, Any]:
-    return {"gpu_memory_utilization": util, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
 
 
 def write_plan(
@@ -341,7 +280,7 @@ def test_entry_point_is_installed_and_registering_twice_is_idempotent(plugin: Si
     assert entry.value == "plancache.vllm_plugin:register"
     before = (plugin.gpu_worker.maybe_apply_startup_plan, plugin.Worker.__dict__["load_model"])
     entry.load()()
-    _load_plugins_like_vllm()
+    load_plugins_like_vllm()
     after = (plugin.gpu_worker.maybe_apply_startup_plan, plugin.Worker.__dict__["load_model"])
     assert before == after
     assert plugin.gpu_worker.maybe_apply_startup_plan is plugin.hooks.apply_hook
@@ -362,7 +301,7 @@ def test_feature_off_leaves_vllm_byte_for_byte_unchanged(env: SimpleNamespace, m
         return result, worker.model_runner.profile_runs, files
 
     without = boot(env.tmp / "without")
-    _load_plugins_like_vllm()
+    load_plugins_like_vllm()
     _assert_originals(env)
     assert "plancache.vllm_plugin.hooks" not in sys.modules or not env.hooks.installed()
     with_plugin = boot(env.tmp / "with")
@@ -389,8 +328,8 @@ def test_vllm_internals_missing_one_warning_and_untouched(env: SimpleNamespace, 
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
     monkeypatch.delattr(env.startup_plan, "compute_plan_fingerprint")
     monkeypatch.setattr(env.hooks, "_warned", False)
-    _load_plugins_like_vllm()
-    _load_plugins_like_vllm()
+    load_plugins_like_vllm()
+    load_plugins_like_vllm()
     warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "compute_plan_fingerprint not found" in warnings[0]
     monkeypatch.undo()
