@@ -74,25 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
     p.set_defaults(func=offline.cmd_sign)
 
-    p = sub.add_parser("verify", help="verify every plan and signature (exit 1 if any is bad)",
-                       description="Verify each plan against the trusted keys and print a table "
-                       "(or --json). Exit 0 if all are valid, 1 if any is invalid or unsigned, 2 on errors.")
-    _trust_options(p)
-    p.add_argument("--json", action="store_true", help="print a JSON report")
-    p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-    add_store_options(p)
-    _location(p, "plan directory or store URL")
-    p.set_defaults(func=offline.cmd_verify)
-
-    p = sub.add_parser("ls", help="list plans with their sizes, signers and status",
-                       description="List plans: fingerprint, KV cache GiB, baseline GiB, signer, signed at, "
-                       "expiry, status. Without trusted keys, values are shown unverified.")
-    _trust_options(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-    add_store_options(p)
-    _location(p, "plan directory or store URL")
-    p.set_defaults(func=offline.cmd_ls)
+    for name, func, summary, description in (
+        ("verify", offline.cmd_verify, "verify every plan and signature (exit 1 if any is bad)",
+         "Verify each plan against the trusted keys and print a table (or --json). "
+         "Exit 0 if all are valid, 1 if any is invalid or unsigned, 2 on errors."),
+        ("ls", offline.cmd_ls, "list plans with their sizes, signers and status",
+         "List plans: fingerprint, KV cache GiB, baseline GiB, signer, signed at, expiry, status. "
+         "Without trusted keys, values are shown unverified."),
+    ):
+        p = sub.add_parser(name, help=summary, description=description)
+        _trust_options(p)
+        p.add_argument("--json", action="store_true", help="print a JSON report")
+        p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
+        add_store_options(p)
+        _location(p, "plan directory or store URL")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("inspect", help="show one plan file and its signature in detail",
                        description="Show a plan (or its .sig) in detail: fields, envelope, statement, and, "
