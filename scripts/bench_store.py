@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
 """Store benchmarks: ratios measured side by side in one run, on loopback servers.
 
-    python scripts/bench_store.py [--plans 1000] [--reps 5] [--rtt-ms 20]
+    python scripts/bench_store.py [--plans 1000] [--reps 5] [--rtt-ms 20] [--server moto|s3rver]
 
 Needs the test extras (moto[server], boto3, s3fs) and awscli for the ``aws s3 sync``
 comparison (``pip install awscli`` if ``aws`` is not on PATH). Starts, on 127.0.0.1 only:
-moto's S3 server in a subprocess, and a delaying TCP proxy (another subprocess) that adds
+an S3-protocol server in a subprocess, and a delaying TCP proxy (another subprocess) that adds
 ``--rtt-ms`` of round trip -- half each way, and one round trip for connection setup -- since
 real buckets are not on loopback. Every figure is printed through the proxy and bare.
+
+Servers (``--server``): ``moto`` (default; moto's server mode, one Python process, about
+250-300 requests/s on 2 CPUs, so it bounds the bulk figures of both tools), or ``s3rver``
+(Node.js, several times faster; objects kept in a temporary directory). The script installs
+nothing; s3rver, with node >= 16 and npm, from the repository root:
+
+    npm install --prefix .bench-tools --no-audit --no-fund s3rver@3.7.1
+
+It is looked up as ``$S3RVER``, then ``.bench-tools/node_modules/.bin/s3rver``, then on PATH.
 
 Targets (issue "object-store mirror", Performance):
   pull of one fingerprint (plan + sidecar, verified, written)   <= 1.3 x one boto3 get_object
@@ -36,8 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+AWS_ENV = {  # s3rver knows only this key pair; moto accepts any
+    "AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 
@@ -127,12 +136,35 @@ def aws_cmd() -> list[str] | None:
         return None
 
 
+def start_server(kind: str, port: int, data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the S3-protocol server on 127.0.0.1:``port``; returns the process and a label."""
+    if kind == "moto":
+        import moto
+
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        label = f"moto {moto.__version__} server"
+        env = None
+    else:
+        exe = os.environ.get("S3RVER") or shutil.which("s3rver", path=str(ROOT / ".bench-tools/node_modules/.bin")) \
+            or shutil.which("s3rver")
+        if not exe:
+            raise SystemExit("s3rver not found: npm install --prefix .bench-tools --no-audit --no-fund s3rver@3.7.1")
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+        data.mkdir()
+        cmd = [exe, "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "-s", "--allow-mismatched-signatures"]
+        label = f"s3rver {version} (node)"
+        # s3rver's ListObjectsV2 continuation tokens use DES, which node 17+ only offers with this
+        env = {**os.environ, "NODE_OPTIONS": "--openssl-legacy-provider"}
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env), label
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plans", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--bulk-reps", type=int, default=3)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
+    parser.add_argument("--server", choices=("moto", "s3rver"), default="moto")
     parser.add_argument("--proxy", nargs=3, type=float, metavar=("LISTEN", "UPSTREAM", "RTT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.proxy:
@@ -154,15 +186,15 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
     try:
-        moto_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        server_port = free_port()
+        server, server_label = start_server(args.server, server_port, tmp / "s3rver-data")
+        procs.append(server)
         proxy_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, __file__, "--proxy", str(proxy_port), str(moto_port),
+        procs.append(subprocess.Popen([sys.executable, __file__, "--proxy", str(proxy_port), str(server_port),
                                        str(args.rtt_ms / 1000)]))
-        wait_port(moto_port)
+        wait_port(server_port)
         wait_port(proxy_port)
-        endpoints = {"bare loopback": (f"http://127.0.0.1:{moto_port}", "bare"),
+        endpoints = {"bare loopback": (f"http://127.0.0.1:{server_port}", "bare"),
                      f"+{args.rtt_ms:g} ms RTT proxy": (f"http://127.0.0.1:{proxy_port}", "rtt")}
         direct = endpoints["bare loopback"][0]
         s3 = boto3.client("s3", endpoint_url=direct)
@@ -178,7 +210,7 @@ def main() -> int:
             local.write(fp, data, sign_plan(plan_name(fp), data, signer, now))
         one = fps[0]
 
-        print(f"plancache store benchmark: {args.plans} plans, moto S3 server, medians "
+        print(f"plancache store benchmark: {args.plans} plans, {server_label}, medians "
               f"({args.reps} reps single, {args.bulk_reps} reps bulk), python {sys.version.split()[0]}, "
               f"{os.cpu_count()} cpus")
         cli = [sys.executable, "-m", "plancache.cli.main"]
