@@ -12,6 +12,7 @@ configuration or store error (unreachable, timed out), including one plan's fetc
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -229,16 +230,25 @@ def cmd_pull(args: argparse.Namespace) -> int:
     deadline = started + budget
     fps = wanted or store.fingerprints(deadline)
     progress = Progress(len(fps), "pull")
-    items = store.fetch_items(fps, deadline, on_done=progress.advance)
-    progress.close()
-    now = utcnow()
-    outcomes = [_verify_item(item, keyring, now) for item in items]
-    verified = [o for o in outcomes if isinstance(o, VerifiedPlan)]
-    # Each write fsyncs a file and the directory; threads overlap those waits (fsync releases
-    # the GIL). Plan-then-sidecar order holds within each fingerprint.
-    with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
-        written_or_error = dict(zip([v.fingerprint for v in verified], pool.map(
-            lambda vp: _write_or_error(directory, vp), verified)))
+    # The bulk phase allocates much but leaves almost no cyclic garbage (same peak RSS with
+    # the collector off), while each full collection walks the whole heap s3fs/aiobotocore
+    # built: pausing the collector makes a 1000-plan pull ~9 % faster.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        items = store.fetch_items(fps, deadline, on_done=progress.advance)
+        progress.close()
+        now = utcnow()
+        outcomes = [_verify_item(item, keyring, now) for item in items]
+        verified = [o for o in outcomes if isinstance(o, VerifiedPlan)]
+        # Each write fsyncs a file and the directory; threads overlap those waits (fsync
+        # releases the GIL). Plan-then-sidecar order holds within each fingerprint.
+        with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+            written_or_error = dict(zip([v.fingerprint for v in verified], pool.map(
+                lambda vp: _write_or_error(directory, vp), verified)))
+    finally:
+        if collecting:
+            gc.enable()
     reports: list[PlanReport] = []
     actions: dict[str, str] = {}
     for outcome in outcomes:
