@@ -205,7 +205,7 @@ def _write_verified(directory: LocalPlanDir, vp: VerifiedPlan) -> str:
             return "unchanged"
     except PlanCacheError:
         pass  # an unreadable local copy is simply replaced
-    directory.write(vp.fingerprint, vp.plan_bytes, vp.sig_bytes)
+    directory.write(vp.fingerprint, vp.plan_bytes, vp.sig_bytes, sync=False)  # synced once by the caller
     return "written"
 
 
@@ -241,11 +241,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
         now = utcnow()
         outcomes = [_verify_item(item, keyring, now) for item in items]
         verified = [o for o in outcomes if isinstance(o, VerifiedPlan)]
-        # Each write fsyncs a file and the directory; threads overlap those waits (fsync
-        # releases the GIL). Plan-then-sidecar order holds within each fingerprint.
+        # Each write fsyncs its file; threads overlap those waits (fsync releases the GIL).
+        # Plan-then-sidecar order holds within each fingerprint; the directory is fsynced once.
         with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
             written_or_error = dict(zip([v.fingerprint for v in verified], pool.map(
                 lambda vp: _write_or_error(directory, vp), verified)))
+        if "written" in written_or_error.values():
+            directory.sync()
     finally:
         if collecting:
             gc.enable()

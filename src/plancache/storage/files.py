@@ -55,7 +55,8 @@ def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | 
     return data
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make the renames in ``directory`` durable (a no-op where directories cannot be opened)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -68,8 +69,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` atomically; on failure nothing is left under any final name."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically; on failure nothing is left under any final name.
+
+    ``sync_dir=False`` leaves the directory fsync to the caller, who writes many files and
+    then calls :func:`fsync_dir` once: each file is still complete before its rename.
+    """
     directory = path.parent
     tmp_name: str | None = None
     try:
@@ -85,7 +90,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             os.close(fd)
         os.replace(tmp_name, path)
         tmp_name = None
-        _fsync_dir(directory)
+        if sync_dir:
+            fsync_dir(directory)
     except OSError as exc:
         raise PlanCacheError(Reason.STORE_ERROR, f"cannot write {path}: {exc.strerror or exc}") from None
     finally:

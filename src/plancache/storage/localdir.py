@@ -14,7 +14,7 @@ from typing import Iterator, Mapping
 
 from ..trust.envelope import MAX_SIG_BYTES
 from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, plan_name, sig_name
-from .files import read_capped, write_atomic
+from .files import fsync_dir, read_capped, write_atomic
 
 PLAN_SUBDIR = "startup_plan"
 
@@ -56,11 +56,20 @@ class LocalPlanDir:
             return None, None
         return plan, read_capped(self.path / sig_name(fingerprint), MAX_SIG_BYTES)
 
-    def write(self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None) -> None:
-        """Write the plan, then its sidecar, each atomically."""
-        write_atomic(self.path / plan_name(fingerprint), plan_bytes)
+    def write(self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True) -> None:
+        """Write the plan, then its sidecar, each atomically.
+
+        ``sync=False`` is for batches (a bulk pull): the caller calls :meth:`sync` once after
+        all writes instead of one directory fsync per file. A crash before that can lose some
+        renames, never a file's content: a plan whose sidecar did not survive fails
+        verification and costs a profiling run.
+        """
+        write_atomic(self.path / plan_name(fingerprint), plan_bytes, sync_dir=sync)
         if sig_bytes is not None:
-            write_atomic(self.path / sig_name(fingerprint), sig_bytes)
+            write_atomic(self.path / sig_name(fingerprint), sig_bytes, sync_dir=sync)
+
+    def sync(self) -> None:
+        fsync_dir(self.path)
 
     def write_sig(self, fingerprint: str, sig_bytes: bytes) -> None:
         write_atomic(self.path / sig_name(fingerprint), sig_bytes)
