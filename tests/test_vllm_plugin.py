@@ -667,6 +667,8 @@ def test_save_signs_and_pushes_in_the_background(plugin: SimpleNamespace, keys: 
     fp = fingerprint(plugin, worker)
     worker._plancache_boot.push_thread.join(5)
     assert worker._plancache_boot.push_result == "pushed"
+    # A profiling boot that signs and pushes still says one INFO line: its decision.
+    assert len([r for r in lines if r.levelno == logging.INFO]) == 1 and "decision=profile" in infos(lines)[0]
     assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
     assert (bucket / sig_name(fp)).read_bytes() == (plugin.plan_dir / sig_name(fp)).read_bytes()
     # A spot machine with an empty cache now boots from the store.
@@ -848,5 +850,7 @@ def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
     plugin.gpu_worker.maybe_save_startup_plan(worker, profiled_bytes())
     worker._plancache_boot.push_thread.join(5)
     assert worker._plancache_boot.push_result == "pushed"
+    # A profiling boot that signs and pushes still says one INFO line: its decision.
+    assert len([r for r in lines if r.levelno == logging.INFO]) == 1 and "decision=profile" in infos(lines)[0]
     assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
     assert errors(lines) == []

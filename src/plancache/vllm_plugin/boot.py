@@ -412,9 +412,9 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
         LOG.warning("plancache: plan for %s not signed or shared: %s: %s", fp, exc.reason.value, exc.detail)
         return
     moved = "" if fp == save_fp else f" (vLLM's save-time fingerprint was {save_fp})"
-    # Nothing beyond vLLM's own save (already logged by vLLM): keep the boot's INFO lines to the decision.
-    LOG.log(
-        logging.INFO if sig_bytes or moved else logging.DEBUG,
+    # The boot's one INFO line is the decision; what save and push did is DEBUG, their
+    # failures WARNING (vLLM itself logs its own save at INFO).
+    LOG.debug(
         "plancache: saved plan fingerprint=%s signed=%s%s%s",
         fp,
         "yes" if sig_bytes else "no",
@@ -437,7 +437,7 @@ def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:
         store = open_store(boot.config.url or "", boot.config.storage_options, timeout=boot.config.timeout)
         store.put(fp, plan_bytes, sig_bytes, deadline=deadline)
         boot.push_result = "pushed"
-        LOG.info("plancache: pushed plan fingerprint=%s to %s in %.0f ms", fp, boot.config.url, (time.monotonic() - started) * 1000)
+        LOG.debug("plancache: pushed plan fingerprint=%s to %s in %.0f ms", fp, boot.config.url, (time.monotonic() - started) * 1000)
     except Exception as exc:  # noqa: BLE001 - a failed push costs the next machine a profile, nothing more
         detail = exc.detail if isinstance(exc, PlanCacheError) else f"{type(exc).__name__}: {exc}"
         boot.push_result = f"failed: {detail}"
