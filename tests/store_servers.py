@@ -172,13 +172,17 @@ class _FaultHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # quiet
         pass
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def _send_head(self, status: int, length: int, headers: dict[str, str] | None = None) -> None:
+        """Status line and headers, declaring ``length`` bytes (a fault may then send fewer)."""
         self.send_response(status)
         for key, value in (headers or {}).items():
             self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(length))
         self.send_header("Date", formatdate(usegmt=True))
         self.end_headers()
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self._send_head(status, len(body), headers)
         self._write(body)
 
     def _write(self, data: bytes) -> None:
@@ -233,20 +237,12 @@ class _FaultHandler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{len(obj.body)}"
         if obj.mode == "truncate":
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._send_head(status, len(body), headers)
             self._write(body[: len(body) // 2])
             self.close_connection = True
             return None
         if obj.mode == "trickle":
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._send_head(status, len(body), headers)
             try:
                 for i in range(len(body)):
                     self._write(body[i : i + 1])

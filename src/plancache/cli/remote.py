@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Callable
 
-from ..storage.items import Item
 from ..storage.keyfiles import load_signer
 from ..storage.localdir import LocalPlanDir
 from ..storage.store import Store, md5_hex, open_store
@@ -28,13 +27,13 @@ from ..trust.errors import PlanCacheError, Reason
 from ..trust.keys import Keyring, Signer
 from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, is_fingerprint, plan_name, sig_name
 from ..trust.statement import parse_time
-from ..trust.verify import VerifiedPlan, verify_plan
+from ..trust.verify import VerifiedPlan
+from ..settings import SIGNING_KEY_ENV
 from .args import duration, key_value
 from .locations import BULK_TIMEOUT, add_store_options, is_url, local_dir, storage_options
-from ..settings import SIGNING_KEY_ENV
 from .offline import require_keyring, sign_one, utcnow
 from .output import Progress, print_json, print_table
-from .report import PlanReport, check_many, exit_code, report_error, report_verified
+from .report import PlanReport, check_many, exit_code, report_error, report_verified, verify_item
 
 PULL_ONE_TIMEOUT = 3.0
 """Default end-to-end budget of ``pull --fingerprint`` (a spot boot waits on it)."""
@@ -186,34 +185,18 @@ def cmd_push(args: argparse.Namespace) -> int:
 # -- pull ---------------------------------------------------------------------------------------
 
 
-def _verify_item(item: Item, keyring: Keyring, now: datetime) -> VerifiedPlan | PlanReport:
-    fp, plan, sig = item
-    if isinstance(plan, PlanCacheError):
-        return report_error(fp, plan)
-    if plan is None:
-        return report_error(fp, PlanCacheError(Reason.NO_PLAN, "not in the store"))
-    try:
-        return verify_plan(plan_name(fp), plan, sig, keyring, now)
-    except PlanCacheError as exc:
-        return report_error(fp, exc)
-
-
-def _write_verified(directory: LocalPlanDir, vp: VerifiedPlan) -> str:
+def _write_verified(directory: LocalPlanDir, vp: VerifiedPlan) -> str | PlanCacheError:
     """Write a verified plan and sidecar unless DIR already holds exactly these bytes."""
     try:
         if directory.read(vp.fingerprint) == (vp.plan_bytes, vp.sig_bytes):
             return "unchanged"
     except PlanCacheError:
         pass  # an unreadable local copy is simply replaced
-    directory.write(vp.fingerprint, vp.plan_bytes, vp.sig_bytes, sync=False)  # synced once by the caller
-    return "written"
-
-
-def _write_or_error(directory: LocalPlanDir, vp: VerifiedPlan) -> str | PlanCacheError:
     try:
-        return _write_verified(directory, vp)
+        directory.write(vp.fingerprint, vp.plan_bytes, vp.sig_bytes, sync=False)  # synced once by the caller
     except PlanCacheError as exc:
         return exc
+    return "written"
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -239,13 +222,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
         items = store.fetch_items(fps, deadline, on_done=progress.advance)
         progress.close()
         now = utcnow()
-        outcomes = [_verify_item(item, keyring, now) for item in items]
+        outcomes = [verify_item(item, keyring, now) for item in items]
         verified = [o for o in outcomes if isinstance(o, VerifiedPlan)]
         # Each write fsyncs its file; threads overlap those waits (fsync releases the GIL).
         # Plan-then-sidecar order holds within each fingerprint; the directory is fsynced once.
         with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
             written_or_error = dict(zip([v.fingerprint for v in verified], pool.map(
-                lambda vp: _write_or_error(directory, vp), verified)))
+                lambda vp: _write_verified(directory, vp), verified)))
         if "written" in written_or_error.values():
             directory.sync()
     finally:
@@ -253,9 +236,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
             gc.enable()
     reports: list[PlanReport] = []
     actions: dict[str, str] = {}
-    for outcome in outcomes:
-        if isinstance(outcome, PlanReport):
-            reports.append(outcome)
+    for (fp, _, _), outcome in zip(items, outcomes):
+        if isinstance(outcome, PlanCacheError):
+            reports.append(report_error(fp, outcome))
             continue
         result = written_or_error[outcome.fingerprint]
         if isinstance(result, PlanCacheError):

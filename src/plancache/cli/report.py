@@ -99,18 +99,24 @@ def describe_unverified(
     return report
 
 
-def check_one(item: Item, keyring: Keyring | None, now: datetime) -> PlanReport:
+def verify_item(item: Item, keyring: Keyring, now: datetime) -> VerifiedPlan | PlanCacheError:
+    """One fetched or read item through the trust core: the verified plan, or why not."""
     fingerprint, plan_bytes, sig_bytes = item
-    if keyring is None:
-        return describe_unverified(fingerprint, plan_bytes, sig_bytes)
     if isinstance(plan_bytes, PlanCacheError):
-        return report_error(fingerprint, plan_bytes)
+        return plan_bytes
     if plan_bytes is None:
-        return report_error(fingerprint, PlanCacheError(Reason.NO_PLAN, "plan file is missing"))
+        return PlanCacheError(Reason.NO_PLAN, "plan file is missing")
     try:
-        return report_verified(verify_plan(plan_name(fingerprint), plan_bytes, sig_bytes, keyring, now))
+        return verify_plan(plan_name(fingerprint), plan_bytes, sig_bytes, keyring, now)
     except PlanCacheError as exc:
-        return report_error(fingerprint, exc)
+        return exc
+
+
+def check_one(item: Item, keyring: Keyring | None, now: datetime) -> PlanReport:
+    if keyring is None:
+        return describe_unverified(*item)
+    result = verify_item(item, keyring, now)
+    return report_error(item[0], result) if isinstance(result, PlanCacheError) else report_verified(result)
 
 
 Loader = Callable[[Sequence[str]], list[Item]]

@@ -29,6 +29,7 @@ configuration is read from the environment at the first hook of a boot (``load_m
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import threading
 import time
@@ -158,16 +159,8 @@ def _device_index(worker: Any) -> int:
 
 
 def _byte_count(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        import numbers
-
-        if isinstance(value, numbers.Integral):
-            return int(value)
-    except Exception:  # noqa: BLE001
-        pass
-    return None
+    """An integral byte count (int, numpy or torch integer), never a bool."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
 
 
 def worker_conditions(worker: Any) -> dict[str, Any]:

@@ -42,17 +42,10 @@ class Prefetch(Generic[T]):
             self.finished = time.monotonic()
             self._done.set()
 
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def result(self, deadline: float | None = None) -> tuple[bool, T | None]:
-        """(finished?, value). Waits at most until ``deadline`` (default: the task's own)."""
-        limit = self.deadline if deadline is None else deadline
-        if not self._done.wait(max(0.0, limit - time.monotonic())):
+    def result(self) -> tuple[bool, T | None]:
+        """(finished?, value), waiting at most until the task's deadline."""
+        if not self._done.wait(max(0.0, self.deadline - time.monotonic())):
             return False, None
         if self._error is not None:
             raise self._error
         return True, self._value
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
