@@ -387,25 +387,10 @@ class Store:
             cap = cap_for(name)
             if len(objects[name]) > cap:
                 raise PlanCacheError(Reason.TOO_LARGE, f"{name} is larger than {cap} bytes")
-        deadline = self._deadline(deadline)
-
-        async def one(name: str, data: bytes, gate: asyncio.Semaphore) -> None:
-            async with gate:
-                try:
-                    await with_retries(lambda: self._call("pipe_file", self.path(name), data), deadline)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    raise _store_error(f"cannot upload {name} to {self.url}", exc) from None
-            if on_done:
-                on_done(1)
-
-        async def everything() -> None:
-            gate = asyncio.Semaphore(CONCURRENCY if self._async else 8)
-            await asyncio.gather(*(one(n, d, gate) for n, d in objects.items()))
-
-        if objects:
-            self._run(everything, deadline, "cannot upload to")
+        self._each(
+            list(objects), lambda name: self._call("pipe_file", self.path(name), objects[name]),
+            "upload to", self._deadline(deadline), on_done,
+        )
 
     def put(self, fp: str, plan_bytes: bytes, sig_bytes: bytes | None, deadline: float | None = None) -> None:
         """Upload one plan and, when given, its sidecar (concurrently)."""
@@ -417,25 +402,40 @@ class Store:
     def delete(self, fingerprints: Iterable[str], deadline: float | None = None) -> None:
         """Delete plans and their sidecars; objects already gone are not an error."""
         names = [n for fp in fingerprints for n in (plan_name(fp), sig_name(fp))]
-        deadline = self._deadline(deadline)
+        self._each(names, lambda name: self._call("rm_file", self.path(name)), "delete from", self._deadline(deadline),
+                   missing_ok=True)
+
+    def _each(
+        self,
+        names: Sequence[str],
+        action: Callable[[str], Awaitable[Any]],
+        what: str,
+        deadline: float,
+        on_done: Callable[[int], None] | None = None,
+        missing_ok: bool = False,
+    ) -> None:
+        """Run ``action`` on every object name concurrently, each retried within the deadline."""
 
         async def one(name: str, gate: asyncio.Semaphore) -> None:
             async with gate:
                 try:
-                    await with_retries(lambda: self._call("rm_file", self.path(name)), deadline)
-                except FileNotFoundError:
-                    pass
+                    await with_retries(lambda: action(name), deadline)
+                except FileNotFoundError as exc:
+                    if not missing_ok:
+                        raise _store_error(f"cannot {what} {self.url} ({name})", exc) from None
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    raise _store_error(f"cannot delete {name} from {self.url}", exc) from None
+                    raise _store_error(f"cannot {what} {self.url} ({name})", exc) from None
+            if on_done:
+                on_done(1)
 
         async def everything() -> None:
             gate = asyncio.Semaphore(CONCURRENCY if self._async else 8)
             await asyncio.gather(*(one(n, gate) for n in names))
 
         if names:
-            self._run(everything, deadline, "cannot delete from")
+            self._run(everything, deadline, f"cannot {what}")
 
 
 def md5_hex(data: bytes) -> str:
