@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 
 from . import strictjson
-from .errors import PlanCacheError, Reason
+from .errors import Reason, Rejected
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 MAX_SIG_BYTES = 64 * 1024
@@ -57,33 +57,33 @@ def encode(envelope: Envelope) -> bytes:
 
 def _unb64(value: object, what: str) -> bytes:
     if not isinstance(value, str):
-        raise PlanCacheError(Reason.MALFORMED, f"signature envelope: {what} is not a string")
+        raise Rejected(Reason.MALFORMED, f"signature envelope: {what} is not a string")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise PlanCacheError(Reason.MALFORMED, f"signature envelope: {what} is not base64") from None
+        raise Rejected(Reason.MALFORMED, f"signature envelope: {what} is not base64") from None
 
 
 def decode(data: bytes) -> Envelope:
     """Parse a sidecar; raises ``PlanCacheError`` unless it is a canonical DSSE envelope."""
     if len(data) > MAX_SIG_BYTES:
-        raise PlanCacheError(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {MAX_SIG_BYTES}")
+        raise Rejected(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {MAX_SIG_BYTES}")
     obj = strictjson.loads(data, "signature envelope")
     if not isinstance(obj, dict) or set(obj) != {"payload", "payloadType", "signatures"}:
-        raise PlanCacheError(Reason.MALFORMED, "signature envelope must have exactly payload, payloadType, signatures")
+        raise Rejected(Reason.MALFORMED, "signature envelope must have exactly payload, payloadType, signatures")
     payload_type = obj["payloadType"]
     if not isinstance(payload_type, str):
-        raise PlanCacheError(Reason.MALFORMED, "signature envelope: payloadType is not a string")
+        raise Rejected(Reason.MALFORMED, "signature envelope: payloadType is not a string")
     payload = _unb64(obj["payload"], "payload")
     raw_sigs = obj["signatures"]
     if not isinstance(raw_sigs, list) or not 1 <= len(raw_sigs) <= MAX_SIGNATURES:
-        raise PlanCacheError(Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures")
+        raise Rejected(Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures")
     signatures = []
     for raw in raw_sigs:
         if not isinstance(raw, dict) or set(raw) != {"keyid", "sig"} or not isinstance(raw["keyid"], str):
-            raise PlanCacheError(Reason.MALFORMED, "signature envelope: each signature needs exactly keyid and sig")
+            raise Rejected(Reason.MALFORMED, "signature envelope: each signature needs exactly keyid and sig")
         signatures.append(Signature(raw["keyid"], _unb64(raw["sig"], "sig")))
     envelope = Envelope(payload_type, payload, tuple(signatures))
     if encode(envelope) != data:
-        raise PlanCacheError(Reason.MALFORMED, "signature envelope is not in canonical form (altered?)")
+        raise Rejected(Reason.MALFORMED, "signature envelope is not in canonical form (altered?)")
     return envelope

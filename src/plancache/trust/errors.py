@@ -1,9 +1,18 @@
-"""One error family for everything plancache rejects.
+"""Errors in kinds, as python-tuf splits bad data from failed downloads.
 
-Every rejection carries a short, stable ``reason`` code (used in logs, ``--json`` output and
-gate decisions) and a one-line human ``detail``. Callers never need to catch anything else
-from the trust core, which is what lets the vLLM plugin promise that a bad plan can only ever
-turn into "profile as usual".
+Every error carries a short, stable ``reason`` code (logs, ``--json`` output, the plugin's
+decision line) and a one-line human ``detail``. The *kind* says what went wrong, so callers
+decide by type, never by reading text:
+
+- :class:`Rejected`: bytes that failed a check (plan, sidecar, statement, a signer's key).
+  Another source may hold good bytes; these must never be used.
+- :class:`StoreError`: the bytes could not be moved (a store or a disk failed). Its
+  ``transient`` flag says whether another try inside the deadline may succeed;
+  :class:`StoreTimeout` is the deadline itself running out.
+- :class:`ConfigError`: the operator's settings are wrong (a missing key file, a bad URL).
+
+Gate outcomes (applied, below the baseline, ...) are not errors: they are
+:class:`plancache.trust.gate.Verdict` values.
 """
 
 from __future__ import annotations
@@ -14,8 +23,6 @@ from enum import Enum
 class Reason(str, Enum):
     """Stable reason codes. The string values are a contract: scripts grep for them."""
 
-    APPLIED = "applied"
-    NO_PLAN = "no-plan"
     UNSIGNED = "unsigned"
     TOO_LARGE = "too-large"
     MALFORMED = "malformed"
@@ -28,9 +35,6 @@ class Reason(str, Enum):
     FINGERPRINT_MISMATCH = "fingerprint-mismatch"
     EXPIRED = "expired"
     NOT_YET_VALID = "not-yet-valid"
-    CONDITION_MISMATCH = "condition-mismatch"
-    BELOW_BASELINE = "below-baseline"
-    ALREADY_SET = "already-set"
     STORE_ERROR = "store-error"
     TIMEOUT = "timeout"
     CONFIG = "config-error"
@@ -41,7 +45,7 @@ class Reason(str, Enum):
 
 
 class PlanCacheError(Exception):
-    """A rejection with a reason code and a one-line explanation."""
+    """Base of every plancache error: a reason code and a one-line explanation."""
 
     def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(f"{reason.value}: {detail}")
@@ -49,4 +53,38 @@ class PlanCacheError(Exception):
         self.detail = detail
 
     def __reduce__(self) -> tuple[object, ...]:  # picklable, for process pools
-        return (PlanCacheError, (self.reason, self.detail))
+        return (_rebuild, (type(self), self.reason, self.detail, getattr(self, "transient", False)))
+
+
+class Rejected(PlanCacheError):
+    """Bytes that failed a check: never used, whatever else is true of them."""
+
+
+class StoreError(PlanCacheError):
+    """Bytes could not be read or written. ``transient``: worth another try in the deadline."""
+
+    def __init__(self, detail: str, transient: bool = False, reason: Reason = Reason.STORE_ERROR) -> None:
+        super().__init__(reason, detail)
+        self.transient = transient
+
+
+class StoreTimeout(StoreError):
+    """The operation's deadline ran out before the store answered."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, transient=False, reason=Reason.TIMEOUT)
+
+
+class ConfigError(PlanCacheError):
+    """The operator's configuration is wrong: a one-line message and exit 2, never a traceback."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(Reason.CONFIG, detail)
+
+
+def _rebuild(kind: type, reason: Reason, detail: str, transient: bool) -> PlanCacheError:
+    if kind is StoreTimeout or kind is ConfigError:
+        return kind(detail)  # type: ignore[no-any-return]
+    if issubclass(kind, StoreError):
+        return kind(detail, transient, reason)  # type: ignore[no-any-return]
+    return kind(reason, detail)  # type: ignore[no-any-return]

@@ -13,7 +13,8 @@ The gate also checks the *conditions* the fingerprint misses (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Mapping
 
 from .errors import PlanCacheError, Reason
@@ -21,12 +22,29 @@ from .statement import CONDITION_KEYS
 from .verify import VerifiedPlan
 
 
+class Verdict(str, Enum):
+    """Outcomes of a lookup that are decisions, not errors. The values are a contract."""
+
+    APPLIED = "applied"
+    NO_PLAN = "no-plan"
+    BELOW_BASELINE = "below-baseline"
+    CONDITION_MISMATCH = "condition-mismatch"
+    ALREADY_SET = "already-set"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What happened to one plan lookup: applied or not, the KV bytes, and why."""
+    """What happened to one plan lookup: applied or not, the KV bytes, and why.
+
+    ``reason`` is a :class:`Verdict` when the gate (or the lookup) decided, a
+    :class:`~plancache.trust.errors.Reason` when an error decided for it.
+    """
 
     applied: bool
-    reason: Reason
+    reason: Verdict | Reason
     detail: str = ""
     kv_cache_memory_bytes: int | None = None
     fingerprint: str | None = None
@@ -34,6 +52,12 @@ class Decision:
     @classmethod
     def rejected(cls, error: PlanCacheError, fingerprint: str | None = None) -> "Decision":
         return cls(False, error.reason, error.detail, None, fingerprint)
+
+    def noted(self, note: str) -> "Decision":
+        """The same decision with ``note`` (where the plan came from, how long it took) first."""
+        if not note:
+            return self
+        return replace(self, detail=f"{note}; {self.detail}" if self.detail else note)
 
 
 def _same(expected: Any, actual: Any) -> bool:
@@ -57,16 +81,16 @@ def decide(plan: VerifiedPlan, free_memory: int, conditions: Mapping[str, Any] |
         theirs = recorded.get(key)
         if mine is not None and theirs is not None and not _same(theirs, mine):
             return Decision(
-                False, Reason.CONDITION_MISMATCH, f"{key} is {mine!r} here, the plan was made at {theirs!r}", None, fp
+                False, Verdict.CONDITION_MISMATCH, f"{key} is {mine!r} here, the plan was made at {theirs!r}", None, fp
             )
     baseline = plan.plan.free_memory_baseline
     if free_memory < baseline:
         return Decision(
             False,
-            Reason.BELOW_BASELINE,
+            Verdict.BELOW_BASELINE,
             f"free memory {free_memory} B is below the plan's baseline {baseline} B",
             None,
             fp,
         )
     kv = plan.plan.kv_cache_memory_bytes
-    return Decision(True, Reason.APPLIED, f"kv_cache_memory_bytes={kv}", kv, fp)
+    return Decision(True, Verdict.APPLIED, "", kv, fp)

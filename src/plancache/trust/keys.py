@@ -30,7 +30,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import PlanCacheError, Reason
+from .errors import ConfigError, PlanCacheError
 from .statement import parse_time
 
 SSH_KEY_TYPE = "ssh-ed25519"
@@ -55,8 +55,8 @@ def openssh_line(public: Ed25519PublicKey, comment: str = "") -> str:
     return f"{line} {comment}".rstrip()
 
 
-def _bad_key(detail: str) -> PlanCacheError:
-    return PlanCacheError(Reason.CONFIG, detail)
+def _bad_key(detail: str) -> ConfigError:
+    return ConfigError(detail)
 
 
 def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import strictjson
-from .errors import PlanCacheError, Reason
+from .errors import Reason, Rejected
 
 SCHEMA = 1
 MAX_PLAN_BYTES = 64 * 1024
@@ -39,7 +39,7 @@ def is_fingerprint(value: object) -> bool:
 def plan_name(fingerprint: str) -> str:
     """The file name vLLM uses for a plan (and plancache for its store objects)."""
     if not is_fingerprint(fingerprint):
-        raise PlanCacheError(Reason.MALFORMED, f"not a plan fingerprint: {fingerprint!r}")
+        raise Rejected(Reason.MALFORMED, f"not a plan fingerprint: {fingerprint!r}")
     return f"{PLAN_PREFIX}{fingerprint}{PLAN_SUFFIX}"
 
 
@@ -75,41 +75,39 @@ class Plan:
 
 def _positive_int(obj: Mapping[str, Any], key: str) -> int:
     if key not in obj:
-        raise PlanCacheError(Reason.MALFORMED, f"plan lacks {key!r}")
+        raise Rejected(Reason.MALFORMED, f"plan lacks {key!r}")
     value = obj[key]
     # bool is a subclass of int: vLLM would take `true` as 1 byte. We do not.
     if type(value) is not int:
-        raise PlanCacheError(Reason.MALFORMED, f"plan field {key!r} must be an integer, got {type(value).__name__}")
+        raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be an integer, got {type(value).__name__}")
     if not 0 < value <= MAX_INT:
-        raise PlanCacheError(Reason.MALFORMED, f"plan field {key!r} must be between 1 and 2**63-1, got {value}")
+        raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be between 1 and 2**63-1, got {value}")
     return value
 
 
 def parse_plan(data: bytes, name: str) -> Plan:
     """Parse plan bytes found under file name ``name``; raise ``PlanCacheError`` on anything off."""
     if len(data) > MAX_PLAN_BYTES:
-        raise PlanCacheError(Reason.TOO_LARGE, f"plan is {len(data)} bytes, the cap is {MAX_PLAN_BYTES}")
+        raise Rejected(Reason.TOO_LARGE, f"plan is {len(data)} bytes, the cap is {MAX_PLAN_BYTES}")
     name_fp = fingerprint_of_plan_name(name)
     if name_fp is None:
-        raise PlanCacheError(Reason.MALFORMED, f"{name!r} is not a plan file name (startup_plan_<16 hex>.json)")
+        raise Rejected(Reason.MALFORMED, f"{name!r} is not a plan file name (startup_plan_<16 hex>.json)")
     obj = strictjson.loads(data, "plan")
     if not isinstance(obj, dict):
-        raise PlanCacheError(Reason.MALFORMED, "plan is not a JSON object")
+        raise Rejected(Reason.MALFORMED, "plan is not a JSON object")
     schema = obj.get("schema")
     if type(schema) is not int or schema != SCHEMA:
-        raise PlanCacheError(Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {schema!r}")
+        raise Rejected(Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {schema!r}")
     fingerprint = obj.get("fingerprint")
     if not is_fingerprint(fingerprint):
-        raise PlanCacheError(Reason.MALFORMED, "plan fingerprint is not 16 lowercase hex digits")
+        raise Rejected(Reason.MALFORMED, "plan fingerprint is not 16 lowercase hex digits")
     if fingerprint != name_fp:
-        raise PlanCacheError(
-            Reason.FINGERPRINT_MISMATCH, f"plan says fingerprint {fingerprint} but is named for {name_fp}"
+        raise Rejected(Reason.FINGERPRINT_MISMATCH, f"plan says fingerprint {fingerprint} but is named for {name_fp}"
         )
     kv = _positive_int(obj, "kv_cache_memory_bytes")
     baseline = _positive_int(obj, "free_memory_baseline")
     if kv > baseline:
-        raise PlanCacheError(
-            Reason.MALFORMED, f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
+        raise Rejected(Reason.MALFORMED, f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
         )
     known = {"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"}
     extra = {k: v for k, v in obj.items() if k not in known}

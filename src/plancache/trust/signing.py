@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from . import envelope as dsse
-from .errors import PlanCacheError, Reason
+from .errors import ConfigError, Reason, Rejected
 from .keys import Signer
 from .plan import parse_plan
 from .statement import Statement, check_provenance, parse_statement
@@ -29,7 +29,7 @@ def sign_plan(
     """Return the sidecar bytes: a DSSE envelope over a fresh statement for this exact plan."""
     plan = parse_plan(plan_bytes, name)
     if expires_at is not None and expires_at <= now:
-        raise PlanCacheError(Reason.CONFIG, "the expiry must lie in the future")
+        raise ConfigError("the expiry must lie in the future")
     statement = Statement(
         subject_name=name,
         subject_sha256=hashlib.sha256(plan_bytes).hexdigest(),
@@ -53,11 +53,11 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     env = dsse.decode(sig_bytes)
     statement = parse_statement(env.payload)
     if statement.subject_name != name or statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
-        raise PlanCacheError(Reason.DIGEST_MISMATCH, "the existing signature is not for these plan bytes")
+        raise Rejected(Reason.DIGEST_MISMATCH, "the existing signature is not for these plan bytes")
     parse_plan(plan_bytes, name)
     if any(s.keyid == signer.keyid for s in env.signatures):
         return sig_bytes
     if len(env.signatures) >= dsse.MAX_SIGNATURES:
-        raise PlanCacheError(Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures")
+        raise Rejected(Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures")
     signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(env.payload_type, env.payload)))
     return dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures + (signature,)))

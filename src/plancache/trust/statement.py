@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from . import strictjson
-from .errors import PlanCacheError, Reason
+from .errors import Reason, Rejected
 from .plan import is_fingerprint
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -48,11 +48,11 @@ def format_time(moment: datetime) -> str:
 
 def parse_time(value: object, what: str) -> datetime:
     if not isinstance(value, str) or not _TIME.fullmatch(value):
-        raise PlanCacheError(Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z")
+        raise Rejected(Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z")
     try:
         return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     except ValueError:
-        raise PlanCacheError(Reason.MALFORMED, f"statement: {what} is not a valid date") from None
+        raise Rejected(Reason.MALFORMED, f"statement: {what} is not a valid date") from None
 
 
 @dataclass(frozen=True)
@@ -88,42 +88,42 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in provenance.items():
         types = PROVENANCE_KEYS.get(key)
         if types is None:
-            raise PlanCacheError(Reason.MALFORMED, f"statement: unknown provenance fact {key!r}")
+            raise Rejected(Reason.MALFORMED, f"statement: unknown provenance fact {key!r}")
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
-            raise PlanCacheError(Reason.MALFORMED, f"statement: provenance {key!r} has the wrong type")
+            raise Rejected(Reason.MALFORMED, f"statement: provenance {key!r} has the wrong type")
         out[key] = value
     return out
 
 
 def parse_statement(payload: bytes) -> Statement:
-    """Parse a (signature-verified) payload; raises ``PlanCacheError(MALFORMED)`` on any deviation."""
+    """Parse a (signature-verified) payload; raises ``Rejected(MALFORMED)`` on any deviation."""
     obj = strictjson.loads(payload, "statement")
     if not isinstance(obj, dict) or obj.get("_type") != STATEMENT_TYPE:
-        raise PlanCacheError(Reason.MALFORMED, "payload is not an in-toto Statement v1")
+        raise Rejected(Reason.MALFORMED, "payload is not an in-toto Statement v1")
     if obj.get("predicateType") != PREDICATE_TYPE:
-        raise PlanCacheError(Reason.MALFORMED, f"statement predicateType is not {PREDICATE_TYPE}")
+        raise Rejected(Reason.MALFORMED, f"statement predicateType is not {PREDICATE_TYPE}")
     subjects = obj.get("subject")
     if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
-        raise PlanCacheError(Reason.MALFORMED, "statement must have exactly one subject")
+        raise Rejected(Reason.MALFORMED, "statement must have exactly one subject")
     subject = subjects[0]
     digest = subject.get("digest")
     name = subject.get("name")
     sha256 = digest.get("sha256") if isinstance(digest, dict) else None
     if not isinstance(name, str) or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
-        raise PlanCacheError(Reason.MALFORMED, "statement subject needs a name and a sha256 digest")
+        raise Rejected(Reason.MALFORMED, "statement subject needs a name and a sha256 digest")
     predicate = obj.get("predicate")
     if not isinstance(predicate, dict):
-        raise PlanCacheError(Reason.MALFORMED, "statement has no predicate object")
+        raise Rejected(Reason.MALFORMED, "statement has no predicate object")
     fingerprint = predicate.get("fingerprint")
     if not is_fingerprint(fingerprint):
-        raise PlanCacheError(Reason.MALFORMED, "statement fingerprint is not 16 lowercase hex digits")
+        raise Rejected(Reason.MALFORMED, "statement fingerprint is not 16 lowercase hex digits")
     expires = predicate.get("expires_at")
     comment = predicate.get("comment", "")
     provenance = predicate.get("provenance", {})
     if not isinstance(comment, str) or not isinstance(provenance, dict):
-        raise PlanCacheError(Reason.MALFORMED, "statement comment or provenance has the wrong type")
+        raise Rejected(Reason.MALFORMED, "statement comment or provenance has the wrong type")
     return Statement(
         subject_name=name,
         subject_sha256=sha256,

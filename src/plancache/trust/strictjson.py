@@ -3,7 +3,7 @@
 ``json.loads`` keeps the last of duplicate keys, accepts ``NaN``/``Infinity`` and raises a
 zoo of exception types on hostile input (``ValueError``, ``RecursionError``, ...). Two
 parsers disagreeing about duplicate keys is a classic signature-bypass, so everything the
-trust core reads goes through :func:`loads`, which raises only ``PlanCacheError(MALFORMED)``.
+trust core reads goes through :func:`loads`, which raises only ``Rejected(MALFORMED)``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import PlanCacheError, Reason
+from .errors import Reason, Rejected
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def loads(data: bytes, what: str) -> Any:
         text = data.decode("utf-8")
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise PlanCacheError(Reason.MALFORMED, f"{what} is not valid JSON ({_short(exc)})") from None
+        raise Rejected(Reason.MALFORMED, f"{what} is not valid JSON ({_short(exc)})") from None
 
 
 def _short(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import envelope as dsse
-from .errors import PlanCacheError, Reason
+from .errors import Reason, Rejected
 from .keys import Keyring, TrustedKey
 from .plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
 from .statement import Statement, parse_statement
@@ -89,38 +89,35 @@ def verify_plan(
 ) -> VerifiedPlan:
     """Verify a plan file and its sidecar; return the trusted plan or raise ``PlanCacheError``."""
     if len(plan_bytes) > MAX_PLAN_BYTES:
-        raise PlanCacheError(Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}")
+        raise Rejected(Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}")
     if sig_bytes is None:
-        raise PlanCacheError(Reason.UNSIGNED, "no signature sidecar (.sig) beside the plan")
+        raise Rejected(Reason.UNSIGNED, "no signature sidecar (.sig) beside the plan")
     env = dsse.decode(sig_bytes)
     if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise PlanCacheError(Reason.MALFORMED, f"payloadType is {env.payload_type!r}, expected {dsse.PAYLOAD_TYPE}")
+        raise Rejected(Reason.MALFORMED, f"payloadType is {env.payload_type!r}, expected {dsse.PAYLOAD_TYPE}")
     keys, failure = _signing_keys(env, keyring)
     if not keys:
-        raise PlanCacheError(failure, _no_key_detail(failure, env))
+        raise Rejected(failure, _no_key_detail(failure, env))
     statement = parse_statement(env.payload)
     if statement.subject_name != name:
-        raise PlanCacheError(
-            Reason.NAME_MISMATCH, f"signature is for {statement.subject_name!r}, not for {name!r}"
+        raise Rejected(Reason.NAME_MISMATCH, f"signature is for {statement.subject_name!r}, not for {name!r}"
         )
     if statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
-        raise PlanCacheError(Reason.DIGEST_MISMATCH, "plan bytes do not match the signed sha256 (altered plan?)")
+        raise Rejected(Reason.DIGEST_MISMATCH, "plan bytes do not match the signed sha256 (altered plan?)")
     name_fp = fingerprint_of_plan_name(name)
     if statement.fingerprint != name_fp:
-        raise PlanCacheError(
-            Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
+        raise Rejected(Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
         )
     current = [k for k in keys if k.window_covers(statement.signed_at)]
     if not current:
-        raise PlanCacheError(Reason.EXPIRED, "signed outside the signing key's validity window")
+        raise Rejected(Reason.EXPIRED, "signed outside the signing key's validity window")
     if len(current) < keyring.threshold:
-        raise PlanCacheError(
-            Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required"
+        raise Rejected(Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required"
         )
     if statement.signed_at > now + clock_skew:
-        raise PlanCacheError(Reason.NOT_YET_VALID, f"signed_at {statement.signed_at:%Y-%m-%dT%H:%M:%SZ} is in the future")
+        raise Rejected(Reason.NOT_YET_VALID, f"signed_at {statement.signed_at:%Y-%m-%dT%H:%M:%SZ} is in the future")
     if statement.expires_at is not None and statement.expires_at + clock_skew <= now:
-        raise PlanCacheError(Reason.EXPIRED, f"signature expired at {statement.expires_at:%Y-%m-%dT%H:%M:%SZ}")
+        raise Rejected(Reason.EXPIRED, f"signature expired at {statement.expires_at:%Y-%m-%dT%H:%M:%SZ}")
     plan = parse_plan(plan_bytes, name)
     return VerifiedPlan(name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL)
 
