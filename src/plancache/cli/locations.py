@@ -55,7 +55,7 @@ def is_url(location: str | None) -> bool:
 def local_dir(location: str | None, must_exist: bool = True) -> LocalPlanDir:
     path = Path(location).expanduser() if location else default_plan_dir()
     if must_exist and not path.is_dir():
-        raise PlanCacheError(Reason.CONFIG, f"plan directory {path} does not exist")
+        raise ConfigError(f"plan directory {path} does not exist")
     return LocalPlanDir(path)
 
 
@@ -81,7 +81,7 @@ def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.enviro
         try:
             options = parse_storage_options(raw)
         except ValueError as exc:
-            raise PlanCacheError(Reason.CONFIG, f"{STORAGE_OPTIONS_ENV}: {exc}") from None
+            raise ConfigError(f"{STORAGE_OPTIONS_ENV}: {exc}") from None
     options.update(getattr(args, "storage_option", None) or [])
     return options
 

@@ -33,14 +33,14 @@ def utcnow() -> datetime:
 def require_keyring(args: argparse.Namespace) -> Keyring:
     keyring = keyring_from(args.trusted_keys)
     if keyring is None:
-        raise PlanCacheError(Reason.CONFIG, "no trusted keys: pass --trusted-keys FILE or set PLANCACHE_TRUSTED_KEYS")
+        raise ConfigError("no trusted keys: pass --trusted-keys FILE or set PLANCACHE_TRUSTED_KEYS")
     return keyring.with_threshold(args.threshold)
 
 
 def signer_from(args: argparse.Namespace) -> Signer:
     ref = args.key or os.environ.get(SIGNING_KEY_ENV)
     if not ref:
-        raise PlanCacheError(Reason.CONFIG, f"no signing key: pass --key FILE or set {SIGNING_KEY_ENV}")
+        raise ConfigError(f"no signing key: pass --key FILE or set {SIGNING_KEY_ENV}")
     return load_signer(ref)
 
 
@@ -157,11 +157,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.file)
     fp = fingerprint_of_plan_name(path.name) or fingerprint_of_sig_name(path.name)
     if fp is None:
-        raise PlanCacheError(Reason.CONFIG, f"{path.name} is not named startup_plan_<16 hex>.json or .json.sig")
+        raise ConfigError(f"{path.name} is not named startup_plan_<16 hex>.json or .json.sig")
     directory = LocalPlanDir(path.parent)
     plan_bytes, sig_bytes = directory.read(fp)
     if plan_bytes is None and read_capped(path, MAX_PLAN_BYTES) is None:
-        raise PlanCacheError(Reason.CONFIG, f"{path} does not exist")
+        raise ConfigError(f"{path} does not exist")
     keyring = keyring_from(args.trusted_keys)
     report = check_one((fp, plan_bytes, sig_bytes), keyring, utcnow())
     info: dict[str, Any] = {"file": str(directory.path / plan_name(fp)), **report.to_json()}

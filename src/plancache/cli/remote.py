@@ -47,7 +47,7 @@ TrustOptions = Callable[[argparse.ArgumentParser], None]
 
 def _require_url(url: str) -> str:
     if not is_url(url):
-        raise PlanCacheError(Reason.CONFIG, f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
+        raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
     return url
 
 
@@ -206,7 +206,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     wanted = list(dict.fromkeys(args.fingerprint or []))
     bad = [fp for fp in wanted if not is_fingerprint(fp)]
     if bad:
-        raise PlanCacheError(Reason.CONFIG, f"not a plan fingerprint (16 lowercase hex): {bad[0]!r}")
+        raise ConfigError(f"not a plan fingerprint (16 lowercase hex): {bad[0]!r}")
     budget = args.timeout or (PULL_ONE_TIMEOUT if wanted else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
     store = open_store(url, storage_options(args), budget)

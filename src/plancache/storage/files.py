@@ -16,7 +16,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from ..trust.errors import PlanCacheError, Reason
+from ..trust.errors import Reason, Rejected, StoreError
 
 
 def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | None:
@@ -33,10 +33,10 @@ def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | 
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise PlanCacheError(Reason.STORE_ERROR, f"cannot read {path}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PlanCacheError(Reason.MALFORMED, f"{path} is not a regular file")
+            raise Rejected(Reason.MALFORMED, f"{path} is not a regular file")
         chunks: list[bytes] = []
         remaining = cap + 1
         while remaining > 0:
@@ -47,11 +47,11 @@ def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | 
             remaining -= len(chunk)
         data = b"".join(chunks)
     except OSError as exc:
-        raise PlanCacheError(Reason.STORE_ERROR, f"cannot read {path}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     if len(data) > cap:
-        raise PlanCacheError(Reason.TOO_LARGE, f"{path} is larger than {cap} bytes")
+        raise Rejected(Reason.TOO_LARGE, f"{path} is larger than {cap} bytes")
     return data
 
 
@@ -93,7 +93,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync_dir: bool = Tr
         if sync_dir:
             fsync_dir(directory)
     except OSError as exc:
-        raise PlanCacheError(Reason.STORE_ERROR, f"cannot write {path}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         if tmp_name is not None:
             try:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Mapping, Sequence
 
 from ..trust.envelope import MAX_SIG_BYTES
+from ..trust.errors import PlanCacheError
 from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, plan_name, sig_name
+from ..trust.result import PlanResult
 from .files import fsync_dir, read_capped, write_atomic
 
 PLAN_SUBDIR = "startup_plan"
@@ -74,6 +76,17 @@ class LocalPlanDir:
     def write_sig(self, fingerprint: str, sig_bytes: bytes) -> None:
         write_atomic(self.path / sig_name(fingerprint), sig_bytes)
 
-    def items(self) -> Iterator[tuple[str, bytes | None, bytes | None]]:
-        for fp in self.fingerprints():
-            yield (fp, *self.read(fp))
+    def fetch_many(
+        self, fingerprints: Sequence[str], on_done: Callable[[int], None] | None = None
+    ) -> list[PlanResult]:
+        """The same shape a store returns: raw bytes per fingerprint, or the error reading them."""
+        results = []
+        for fp in fingerprints:
+            try:
+                plan, sig = self.read(fp)
+                results.append(PlanResult(fp, "local", plan_bytes=plan, sig_bytes=sig))
+            except PlanCacheError as exc:
+                results.append(PlanResult(fp, "local", error=exc))
+            if on_done:
+                on_done(1)
+        return results

@@ -93,7 +93,7 @@ def _load_boot(env: Any = os.environ) -> Boot:
         try:
             keyring = load_keyring(Path(config.trusted_keys).expanduser())
             if config.threshold < 1:
-                raise PlanCacheError(Reason.CONFIG, "invalid signature threshold")
+                raise ConfigError("invalid signature threshold")
             boot.keyring = keyring.with_threshold(config.threshold)
         except PlanCacheError as exc:
             boot.trust_error = exc.detail
@@ -216,7 +216,7 @@ def fetch_verified(boot: Boot, directory: LocalPlanDir, fp: str, deadline: float
     outcome = FetchOutcome()
     try:
         if boot.keyring is None:  # guarded by the callers; a second lock on the same door
-            raise PlanCacheError(Reason.CONFIG, "no trusted keys: the store is not read")
+            raise ConfigError("no trusted keys: the store is not read")
         from ..storage.store import open_store
 
         store = open_store(boot.config.url or "", boot.config.storage_options, timeout=boot.config.timeout)
@@ -232,7 +232,7 @@ def fetch_verified(boot: Boot, directory: LocalPlanDir, fp: str, deadline: float
     except PlanCacheError as exc:
         outcome.error = exc
     except Exception as exc:  # noqa: BLE001 - s3fs/botocore/gcsfs raise anything
-        outcome.error = PlanCacheError(Reason.STORE_ERROR, f"{type(exc).__name__}: {exc}")
+        outcome.error = StoreError(f"{type(exc).__name__}: {exc}")
     outcome.elapsed_ms = (time.monotonic() - started) * 1000
     return outcome
 
@@ -262,7 +262,7 @@ def _store_outcome(boot: Boot, directory: LocalPlanDir, fp: str) -> tuple[FetchO
         if not finished or outcome is None:
             budget = boot.config.timeout
             waited = (time.monotonic() - pending.started) * 1000
-            error = PlanCacheError(Reason.TIMEOUT, f"store gave no answer within the {budget:g} s budget")
+            error = StoreTimeout(f"store gave no answer within the {budget:g} s budget")
             return FetchOutcome(error=error, elapsed_ms=waited), True
         return outcome, True
     return fetch_verified(boot, directory, fp, time.monotonic() + boot.config.timeout), False
@@ -273,7 +273,7 @@ def _store_outcome(boot: Boot, directory: LocalPlanDir, fp: str) -> tuple[FetchO
 
 def _verify_local(boot: Boot, name: str, plan_bytes: bytes, sig_bytes: bytes | None) -> VerifiedPlan:
     if boot.trust_error is not None:
-        raise PlanCacheError(Reason.CONFIG, f"trusted keys unusable ({boot.trust_error})")
+        raise ConfigError(f"trusted keys unusable ({boot.trust_error})")
     if boot.keyring is not None:
         return verify_plan(name, plan_bytes, sig_bytes, boot.keyring, _now())
     # No trusted keys configured: vLLM's own policy (trust the cache directory), parsed strictly.
@@ -392,7 +392,7 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
         plan = parse_plan(written, plan_name(save_fp))
         baseline = _byte_count(worker.init_snapshot.free_memory)
         if plan.kv_cache_memory_bytes != int(kv_cache_memory_bytes) or plan.free_memory_baseline != baseline:
-            raise PlanCacheError(Reason.DIGEST_MISMATCH, "the plan file does not hold this boot's numbers")
+            raise Rejected(Reason.DIGEST_MISMATCH, "the plan file does not hold this boot's numbers")
         plan_bytes = written
         if fp != save_fp:
             plan_bytes = render_plan(Plan(fp, plan.kv_cache_memory_bytes, plan.free_memory_baseline, plan.extra))

@@ -1,0 +1,150 @@
+"""Opening fsspec filesystems, with plancache's defaults for each SDK.
+
+The SDKs' defaults would make a booting worker wait for minutes: s3fs retries at two layers
+of its own on top of botocore's retries (a black-holed endpoint took 423 s), gcsfs sets no
+request timeout at all and retries six times with exponential backoff. So plancache
+
+* switches the SDK retry layers off (botocore ``total_max_attempts=1``, s3fs ``retries=1``)
+  and retries transient failures itself inside the deadline (:mod:`.deadline`);
+* gives every request connect and read timeouts derived from the budget;
+* keeps s3fs off its HEAD-before-GET path (``max_concurrency=1``; plancache also always reads
+  with a byte range, which s3fs serves with one ranged GET);
+* uses gcsfs's plain ``GCSFileSystem`` unless ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` is set
+  to true explicitly, so no bucket-type probe goes through gRPC (55 s per call against an
+  emulator).
+
+Every default yields to fsspec's own configuration (``FSSPEC_S3_*`` variables, fsspec config
+files), then to options in the URL, then to explicit storage options; what the SDKs read
+from the environment (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``, credential chains) is
+left to them. fsspec and the SDKs are imported here lazily, on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from ..trust.errors import ConfigError, PlanCacheError
+from .deadline import one_line
+
+CONCURRENCY = 64
+"""Requests in flight per operation; also the connection pool size plancache asks for."""
+
+GCS_HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
+
+
+def request_timeouts(budget: float) -> tuple[float, float]:
+    """(connect, read) timeouts for one request: a fraction of the budget, within sane bounds.
+
+    A read timeout below the budget lets a silent connection be dropped and retried while
+    time remains; the overall deadline still bounds a body that trickles in forever.
+    """
+    connect = min(max(budget / 3, 0.2), 3.0)
+    read = min(max(budget / 2, 0.5), 15.0)
+    return connect, read
+
+
+def backend_defaults(protocol: str, budget: float) -> dict[str, Any]:
+    """plancache's storage options for one protocol (explicit options override them)."""
+    connect, read = request_timeouts(budget)
+    if protocol in ("s3", "s3a"):
+        return {
+            "max_concurrency": 1,
+            "use_listings_cache": False,
+            "retries": 1,  # not an s3fs constructor argument: applied to the instance
+            "config_kwargs": {
+                "connect_timeout": connect,
+                "read_timeout": read,
+                "retries": {"total_max_attempts": 1, "mode": "standard"},
+                "max_pool_connections": CONCURRENCY,
+            },
+        }
+    if protocol in ("gs", "gcs"):
+        return {
+            "requests_timeout": {"total": None, "sock_connect": connect, "sock_read": read},
+        }
+    if protocol == "file":
+        return {"auto_mkdir": True}
+    return {}
+
+
+def merge_options(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Later layers win; nested dicts (``config_kwargs``, ``client_kwargs``) merge key by key."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = merge_options(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+def _filesystem(protocol: str, url: str, defaults: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+    """Instantiate the fsspec filesystem, mapping every setup failure to one CONFIG line."""
+    import fsspec  # lazy: see the module docstring
+    from fsspec.config import conf
+
+    if protocol in ("gs", "gcs") and os.environ.get(GCS_HNS_ENV, "").lower() not in ("true", "1"):
+        try:
+            from gcsfs.core import GCSFileSystem as cls  # the plain class: no gRPC bucket probe
+        except ImportError:
+            raise ConfigError(f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')") from None
+    else:
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except ImportError as exc:
+            hint = {"s3": "s3", "s3a": "s3"}.get(protocol)
+            extra = f" (pip install 'plancache[{hint}]')" if hint else ""
+            raise ConfigError(f"{url}: {one_line(exc)}{extra}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{url}: {one_line(exc)}") from None
+    protos = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
+    configured: dict[str, Any] = {}
+    for proto in protos:
+        configured = merge_options(configured, conf.get(proto))
+    merged = merge_options(defaults, configured, options)
+    retries = merged.pop("retries", None) if protocol in ("s3", "s3a") else None
+    if protocol in ("gs", "gcs"):
+        merged["requests_timeout"] = _aiohttp_timeout(merged.get("requests_timeout"))
+    try:
+        fs = cls(**merged)
+    except PlanCacheError:
+        raise
+    except Exception as exc:  # bad option names or values, missing credentials files, ...
+        raise ConfigError(f"cannot open {url}: {one_line(exc)}") from None
+    if retries is not None:
+        fs.retries = int(retries)
+    return fs
+
+
+def _aiohttp_timeout(value: Any) -> Any:
+    """gcsfs passes ``requests_timeout`` to aiohttp: accept seconds or a dict of its fields."""
+    if value is None:
+        return None
+    import aiohttp
+
+    if isinstance(value, (int, float)):
+        return aiohttp.ClientTimeout(total=float(value))
+    if isinstance(value, Mapping):
+        return aiohttp.ClientTimeout(**value)
+    return value
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup failure."""
+    if "://" not in url:
+        raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
+    if "::" in url:
+        raise ConfigError(f"chained URLs are not supported: {url}")
+    protocol = url.split("://", 1)[0].lower()
+    import fsspec
+
+    try:
+        cls = fsspec.get_filesystem_class(protocol) if protocol not in ("gs", "gcs") else None
+        from_url = cls._get_kwargs_from_urls(url) if cls is not None else {}
+    except (ImportError, ValueError):
+        from_url = {}
+    fs = _filesystem(protocol, url, backend_defaults(protocol, budget), merge_options(from_url, storage_options))
+    root = fs._strip_protocol(url)
+    root = root.rstrip("/") if root not in ("/", "") else root
+    return fs, root

@@ -1,0 +1,163 @@
+"""Deadlines: running a store's coroutines from synchronous callers, bounded in time.
+
+A store can be slow, down or hostile, and a booting vLLM worker must not wait on it for
+minutes. Every remote operation therefore gets one overall deadline (a ``time.monotonic()``
+value) and runs as a coroutine on fsspec's event loop, wrapped in ``asyncio.wait_for``; the
+calling thread waits on the future for the remaining time plus :data:`JOIN_GRACE`, so even a
+stalled loop cannot hold it. (``fsspec.asyn.sync`` does the same with a one-second polling
+step, too coarse for a 3 s budget.)
+
+Inside the deadline, :func:`with_retries` retries transient failures with short backoff,
+never a refused connection (nobody is listening: failing in milliseconds is the point) and
+never a mistake that would fail the same way again. Failures are classified by type
+(exception classes, ``errno``, SDK status codes), never by reading their text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import random
+import time
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+from ..trust.errors import PlanCacheError, StoreError, StoreTimeout
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 3.0
+"""Overall budget in seconds of a remote operation when the caller names none: a boot-time
+lookup (the plugin's ``PLANCACHE_TIMEOUT`` and ``plancache pull --fingerprint``)."""
+
+JOIN_GRACE = 0.5
+"""Extra wait on the calling thread beyond the deadline, should the event loop be stalled."""
+
+MAX_ATTEMPTS = 3
+"""Tries of one object read or write, all inside the operation's deadline."""
+
+BACKOFF_BASE = 0.05
+
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
+"""Distinct classes on Python 3.10, one class from 3.11: catch all three."""
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or during, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def is_refused(exc: BaseException) -> bool:
+    """A refused connection anywhere in the chain (aiohttp keeps the OS error in ``os_error``)."""
+    for current in causes(exc):
+        for candidate in (current, getattr(current, "os_error", None)):
+            if isinstance(candidate, ConnectionRefusedError):
+                return True
+            if isinstance(candidate, OSError) and candidate.errno == errno.ECONNREFUSED:
+                return True
+    return False
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an SDK error carries (botocore ``ClientError``, aiohttp, gcsfs), if any."""
+    for current in causes(exc):
+        response = getattr(current, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        for attr in ("status", "code"):
+            value = getattr(current, attr, None)
+            if isinstance(value, int) and 100 <= value <= 599:
+                return value
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try within the deadline: server errors, dropped or silent connections."""
+    if isinstance(exc, StoreError):
+        return exc.transient
+    if isinstance(exc, PlanCacheError):
+        return False
+    if isinstance(exc, (FileNotFoundError, PermissionError, FileExistsError, NotImplementedError)):
+        return False
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        return False  # bad arguments or options: another try would fail the same way
+    status = http_status(exc)
+    if status is not None and 400 <= status < 500 and status not in (408, 429):
+        return False  # the request itself is refused: access denied, no such bucket, ...
+    return not is_refused(exc)
+
+
+async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> T:
+    """Run ``attempt`` up to MAX_ATTEMPTS times while transient failures leave time to retry."""
+    for number in range(MAX_ATTEMPTS):
+        try:
+            return await attempt()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            pause = BACKOFF_BASE * (2**number) * (0.5 + random.random())
+            if number == MAX_ATTEMPTS - 1 or not is_transient(exc) or time.monotonic() + pause >= deadline:
+                raise
+            await asyncio.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: SDK errors can carry multi-line XML or JSON bodies."""
+    if isinstance(exc, PlanCacheError):
+        return exc.detail
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if is_refused(exc):
+        text = f"connection refused ({text})"
+    return text[:300]
+
+
+def store_error(what: str, exc: BaseException) -> PlanCacheError:
+    """Any failure of a store call as a typed error (plancache's own errors pass through)."""
+    if isinstance(exc, PlanCacheError):
+        return exc
+    if isinstance(exc, _TIMEOUTS):
+        return StoreTimeout(f"{what}: {one_line(exc)}")
+    return StoreError(f"{what}: {one_line(exc)}")
+
+
+def run_by(
+    loop: asyncio.AbstractEventLoop, make: Callable[[], Awaitable[T]], deadline: float, what: str, budget: float
+) -> T:
+    """Run ``make()`` on ``loop`` from this thread; cancel it and raise StoreTimeout at the deadline."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise StoreTimeout(f"{what}: no time left in the budget")
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(make(), remaining)
+
+    future = asyncio.run_coroutine_threadsafe(bounded(), loop)
+    try:
+        return future.result(remaining + JOIN_GRACE)
+    except _TIMEOUTS:
+        future.cancel()
+        raise StoreTimeout(f"{what}: no answer within the {budget:g} s budget") from None
+    except Exception as exc:
+        raise store_error(what, exc) from None
+
+
+def checked_budget(value: Any, default: float = DEFAULT_TIMEOUT) -> float:
+    """A budget in seconds: positive and finite, else a ConfigError (``inf`` would never end)."""
+    from ..trust.errors import ConfigError
+
+    budget = default if value is None else value
+    try:
+        budget = float(budget)
+    except (TypeError, ValueError):
+        raise ConfigError(f"the timeout must be a number of seconds, got {value!r}") from None
+    if not (0 < budget < 1e6):
+        raise ConfigError(f"the timeout must be a positive number of seconds below 1e6, got {value}")
+    return budget
