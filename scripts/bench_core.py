@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
-from plancache.cli.locations import DirSource  # noqa: E402
-from plancache.cli.report import check_many  # noqa: E402
+from plancache.pipeline.audit import check_many  # noqa: E402
 from plancache.storage.localdir import LocalPlanDir  # noqa: E402
 from plancache.trust import envelope as dsse  # noqa: E402
 from plancache.trust.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line  # noqa: E402
 from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan  # noqa: E402
+from plancache.trust.policy import TrustPolicy  # noqa: E402
 from plancache.trust.signing import sign_plan  # noqa: E402
 from plancache.trust.verify import verify_plan  # noqa: E402
 
@@ -87,15 +87,15 @@ def bench_many(plans: int, rounds: int) -> None:
             fp = f"{i:016x}"
             data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
             local.write(fp, data, sign_plan(plan_name(fp), data, signer, NOW))
-        source = DirSource(local)
-        fps = source.fingerprints()
+        policy = TrustPolicy.signed(keyring)
+        fps = local.fingerprints()
         one = many = float("inf")
         for _ in range(rounds):
             start = time.perf_counter()
-            check_many(fps, keyring, NOW, jobs=1, load=source.fetch_items)
+            check_many(fps, policy, NOW, jobs=1, directory=local)
             one = min(one, time.perf_counter() - start)
             start = time.perf_counter()
-            reports = check_many(fps, keyring, NOW, jobs=cores, load=source.fetch_items)
+            reports = check_many(fps, policy, NOW, jobs=cores, directory=local)
             many = min(many, time.perf_counter() - start)
         assert all(r.status == "valid" for r in reports)
         single_rate, multi_rate = plans / one, plans / many
