@@ -36,7 +36,9 @@ def test_below_baseline_profiles() -> None:
 def test_free_memory_must_be_a_byte_count() -> None:
     vp = verified()
     for bogus in (True, 80.0 * GIB, -1, None):
-        assert decide(vp, bogus).applied is False  # type: ignore[arg-type]
+        d = decide(vp, bogus)  # type: ignore[arg-type]
+        assert (d.applied, d.reason, d.kv_cache_memory_bytes) == (False, Reason.INTERNAL, None)
+        assert "free memory is not a byte count" in d.detail
 
 
 def test_conditions_must_match_when_both_sides_know_them() -> None:
@@ -52,7 +54,8 @@ def test_conditions_must_match_when_both_sides_know_them() -> None:
 
 def test_unsigned_admission_is_gated_too() -> None:
     vp = admit_unsigned(NAME, plan_bytes(kv=20 * GIB, baseline=70 * GIB))
-    assert decide(vp, 70 * GIB).applied and not decide(vp, GIB).applied
+    assert decide(vp, 70 * GIB).kv_cache_memory_bytes == 20 * GIB
+    assert decide(vp, GIB).reason is Verdict.BELOW_BASELINE
 
 
 def test_rejections_become_decisions() -> None:
