@@ -14,7 +14,7 @@ from typing import Mapping
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..settings import PASSPHRASE_ENV, TRUSTED_KEYS_ENV
-from ..trust.errors import PlanCacheError, Reason
+from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keys import Ed25519Signer, Keyring, Signer, openssh_line, parse_private_key, parse_trusted_keys, private_key_pem
 from .files import read_capped, write_atomic
 
@@ -25,9 +25,9 @@ def _read(path: Path, what: str) -> bytes:
     try:
         data = read_capped(path, MAX_KEY_FILE_BYTES, follow_symlinks=True)
     except PlanCacheError as exc:
-        raise PlanCacheError(Reason.CONFIG, f"{what} {path}: {exc.detail}") from None
+        raise ConfigError(f"{what} {path}: {exc.detail}") from None
     if data is None:
-        raise PlanCacheError(Reason.CONFIG, f"{what} {path} does not exist")
+        raise ConfigError(f"{what} {path} does not exist")
     return data
 
 
@@ -35,7 +35,7 @@ def _text(data: bytes, path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise PlanCacheError(Reason.CONFIG, f"{path} is not a text file") from None
+        raise ConfigError(f"{path} is not a text file") from None
 
 
 def load_keyring(path: Path) -> Keyring:
@@ -45,13 +45,13 @@ def load_keyring(path: Path) -> Keyring:
         keyring = Keyring()
         files = sorted(p for p in path.iterdir() if p.name.endswith(".pub"))
         if not files:
-            raise PlanCacheError(Reason.CONFIG, f"trusted-keys directory {path} holds no .pub files")
+            raise ConfigError(f"trusted-keys directory {path} holds no .pub files")
         for file in files:
             keyring = keyring.merged(parse_trusted_keys(_text(_read(file, "trusted key"), file), str(file)))
         return keyring
     keyring = parse_trusted_keys(_text(_read(path, "trusted-keys file"), path), str(path))
     if not keyring.keys:
-        raise PlanCacheError(Reason.CONFIG, f"trusted-keys file {path} lists no usable key")
+        raise ConfigError(f"trusted-keys file {path} lists no usable key")
     return keyring
 
 
@@ -65,17 +65,16 @@ def load_signer(ref: str, env: Mapping[str, str] = os.environ) -> Signer:
     """Resolve a key reference to a signer. Today a reference is a private key file path;
     a ``scheme://`` reference (a cloud KMS) would be dispatched here without format changes."""
     if "://" in ref:
-        raise PlanCacheError(Reason.CONFIG, f"unsupported key reference {ref!r} (give a private key file)")
+        raise ConfigError(f"unsupported key reference {ref!r} (give a private key file)")
     path = Path(ref).expanduser()
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise PlanCacheError(Reason.CONFIG, f"private key {path} does not exist") from None
+        raise ConfigError(f"private key {path} does not exist") from None
     except OSError as exc:
-        raise PlanCacheError(Reason.CONFIG, f"cannot read private key {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read private key {path}: {exc.strerror}") from None
     if stat.S_IMODE(mode) & 0o077:
-        raise PlanCacheError(
-            Reason.CONFIG,
+        raise ConfigError(
             f"private key {path} is readable by others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}",
         )
     passphrase = env.get(PASSPHRASE_ENV)
@@ -83,7 +82,7 @@ def load_signer(ref: str, env: Mapping[str, str] = os.environ) -> Signer:
     try:
         private = parse_private_key(data, passphrase.encode() if passphrase else None)
     except PlanCacheError as exc:
-        raise PlanCacheError(Reason.CONFIG, f"{path}: {exc.detail}") from None
+        raise ConfigError(f"{path}: {exc.detail}") from None
     return Ed25519Signer(private)
 
 
@@ -94,7 +93,7 @@ def generate_keypair(path: Path, force: bool, comment: str, env: Mapping[str, st
     if not force:
         for existing in (path, pub):
             if os.path.lexists(existing):
-                raise PlanCacheError(Reason.CONFIG, f"{existing} exists; use --force to overwrite")
+                raise ConfigError(f"{existing} exists; use --force to overwrite")
     passphrase = env.get(PASSPHRASE_ENV)
     private = Ed25519PrivateKey.generate()
     write_atomic(path, private_key_pem(private, passphrase.encode() if passphrase else None), mode=0o600)
