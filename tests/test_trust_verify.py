@@ -196,6 +196,17 @@ def test_co_signing_refuses_a_sidecar_for_other_bytes(signer: Ed25519Signer, sig
     assert info.value.reason is Reason.DIGEST_MISMATCH
 
 
+def test_co_signing_replaces_an_own_entry_that_does_not_verify(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+    """A sidecar already naming the co-signer's key id beside garbage bytes is not 'done'."""
+    name, data, sig = signed
+    second = make_signer()
+    env = dsse.decode(sig)
+    planted = dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures + (dsse.Signature(second.keyid, b"\0" * 64),)))
+    cosigned = add_signature(name, data, planted, second)
+    assert cosigned != planted and len(dsse.decode(cosigned).signatures) == 2
+    assert len(verify_plan(name, data, cosigned, keyring_of(signer, second, threshold=2), NOW).signers) == 2
+
+
 def test_wrong_payload_type(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
     name, data, sig = signed
     env = dsse.decode(sig)
