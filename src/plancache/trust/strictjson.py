@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .display import safe_text
 from .errors import Reason, Rejected
 
 
@@ -37,5 +38,4 @@ def loads(data: bytes, what: str) -> Any:
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:120]
+    return safe_text(str(exc) or type(exc).__name__, 120)
