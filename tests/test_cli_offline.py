@@ -74,9 +74,29 @@ def test_co_signing_for_a_threshold(capsys: pytest.CaptureFixture[str], tmp_path
     both.write_text((tmp_path / "ci.pub").read_text() + (tmp_path / "second.pub").read_text())
     run(capsys, "sign", "--key", str(keys), str(plans))
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 1
-    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "second"), str(plans))
+    # without trusted keys the second signer cannot check what it would adopt: refused, nothing written
+    before = {p.name: p.read_bytes() for p in plans.iterdir()}
+    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), "--json", str(plans))
+    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {"refused (untrusted-key)"}
+    assert {p.name: p.read_bytes() for p in plans.iterdir()} == before
+    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub", str(plans))
     assert code == 0 and "2 co-signed" in err
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 0
+
+
+def test_sign_adopts_nothing_it_was_not_asked_to_sign(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path
+) -> None:
+    run(capsys, "keygen", str(tmp_path / "second"))
+    run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", str(plans))  # no expiry
+    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub",
+                       "--expires-in", "30d", "--json", str(plans))
+    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {"refused (statement-mismatch)"}
+    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub",
+                       "--expires-in", "30d", "--replace", "--json", str(plans))
+    assert code == 0 and {p["action"] for p in json.loads(out)["plans"]} == {"replaced"}
+    assert run(capsys, "verify", f"--trusted-keys={keys}.pub", str(plans))[0] == 1  # the first key's signature is gone
+    assert run(capsys, "verify", f"--trusted-keys={tmp_path / 'second'}.pub", str(plans))[0] == 0
 
 
 def test_sign_refuses_malformed_plans(capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path) -> None:

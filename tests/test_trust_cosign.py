@@ -109,9 +109,9 @@ def test_a_vouched_statement_is_co_signed_towards_a_threshold() -> None:
 def test_a_statement_that_says_something_else_is_not_adopted(request_: dict[str, object], why: str) -> None:
     first, second = make_signer(), make_signer()
     sig = sign_plan(NAME, DATA, first, NOW, LATER, "nightly", FACTS)
-    err = refused(Reason.MALFORMED, NAME, DATA, sig, second, NOW, keyring=keyring_of(first), **request_)
+    err = refused(Reason.STATEMENT_MISMATCH, NAME, DATA, sig, second, NOW, keyring=keyring_of(first), **request_)
     assert why in err.detail
-    refused(Reason.MALFORMED, NAME, DATA, sig, first, NOW, keyring=None, **request_)  # nor kept
+    refused(Reason.STATEMENT_MISMATCH, NAME, DATA, sig, first, NOW, keyring=None, **request_)  # nor kept
     action, replaced = sign_or_cosign(NAME, DATA, sig, second, NOW, keyring=keyring_of(first), replace=True, **request_)  # type: ignore[arg-type]
     assert action == "replaced" and [s.keyid for s in dsse.decode(replaced).signatures] == [second.keyid]
 
@@ -119,7 +119,7 @@ def test_a_statement_that_says_something_else_is_not_adopted(request_: dict[str,
 def test_no_expiry_is_later_than_any_requested_expiry() -> None:
     first, second = make_signer(), make_signer()
     sig = sign_plan(NAME, DATA, first, NOW)
-    refused(Reason.MALFORMED, NAME, DATA, sig, second, NOW, keyring=keyring_of(first), expires_at=LATER)
+    refused(Reason.STATEMENT_MISMATCH, NAME, DATA, sig, second, NOW, keyring=keyring_of(first), expires_at=LATER)
     assert sign_or_cosign(NAME, DATA, sig, second, NOW, keyring=keyring_of(first))[0] == "co-signed"
 
 

@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import make_signer
-from plancache.storage.keyfiles import generate_keypair, keyring_from, load_keyring, load_signer
+from plancache.pipeline.trust_config import keys_source, load_trusted_keys
+from plancache.storage.keyfiles import generate_keypair, load_keyring, load_signer
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
 from plancache.trust.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
 
@@ -96,9 +97,9 @@ def test_public_keys_from_pem_openssh_and_directory(tmp_path: Path) -> None:
     keyring = load_keyring(tmp_path / "keys")
     assert set(keyring.keys) == {a.keyid, b.keyid}
     assert keyring.keys[b.keyid].name == "bee"
-    env_ring = keyring_from(None, {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "keys")})
-    assert env_ring is not None and set(env_ring.keys) == {a.keyid, b.keyid}
-    assert keyring_from(None, {}) is None
+    source = keys_source(None, {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "keys")})
+    assert source is not None and set(load_trusted_keys(source).keys) == {a.keyid, b.keyid}
+    assert keys_source(None, {}) is None
     assert c.keyid not in keyring.keys
 
 
@@ -199,8 +200,8 @@ def test_a_keyring_of_revocations_only_is_valid_only_where_asked_for(tmp_path: P
     assert "no usable key" in config_error(load_keyring, tmp_path / "revoked")
     keyring = load_keyring(tmp_path / "revoked", allow_revocations_only=True)
     assert keyring.keys == {} and keyring.revoked == {a.keyid}
-    ring = keyring_from(str(tmp_path / "revoked"), {}, allow_revocations_only=True)
-    assert ring is not None and ring.revoked == {a.keyid}
+    ring = load_trusted_keys(str(tmp_path / "revoked"), revocations_only=True)
+    assert ring.revoked == {a.keyid}
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "old.pub").write_text(f"{openssh_line(a.public)}\n@revoked {a.keyid}\n")
     assert "no usable key" in config_error(load_keyring, tmp_path / "dir")  # a directory too

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..settings import PASSPHRASE_ENV, TRUSTED_KEYS_ENV
+from ..settings import PASSPHRASE_ENV
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keys import Ed25519Signer, Keyring, Signer, openssh_line, parse_private_key, parse_trusted_keys, private_key_pem
@@ -70,14 +70,6 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
         raise ConfigError(f"{what} lists {wanted}")
     return keyring
-
-
-def keyring_from(
-    option: str | None, env: Mapping[str, str] = os.environ, allow_revocations_only: bool = False
-) -> Keyring | None:
-    """The keyring named by ``--trusted-keys`` or else ``PLANCACHE_TRUSTED_KEYS``; None if neither."""
-    source = option or env.get(TRUSTED_KEYS_ENV)
-    return load_keyring(Path(source).expanduser(), allow_revocations_only) if source else None
 
 
 def load_signer(ref: str, env: Mapping[str, str] = os.environ) -> Signer:

@@ -177,7 +177,7 @@ def _adopt(
     if mine is not None:
         difference = _differences(mine.statement, expires_at, comment, provenance)
         if difference:
-            raise Rejected(Reason.MALFORMED, f"cannot keep the existing signature: {difference} (--replace signs anew)")
+            raise Rejected(Reason.STATEMENT_MISMATCH, f"cannot keep the existing signature: {difference} (--replace signs anew)")
         return "kept", sig_bytes
     if keyring is None:
         raise Rejected(
@@ -189,5 +189,5 @@ def _adopt(
         raise Rejected(exc.reason, f"cannot co-sign: {exc.detail} (--replace signs anew)") from None
     difference = _differences(vouched.statement, expires_at, comment, provenance)
     if difference:
-        raise Rejected(Reason.MALFORMED, f"cannot co-sign: {difference} (--replace signs anew)")
+        raise Rejected(Reason.STATEMENT_MISMATCH, f"cannot co-sign: {difference} (--replace signs anew)")
     return "co-signed", add_signature(name, plan_bytes, sig_bytes, signer)

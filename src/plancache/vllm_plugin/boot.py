@@ -36,6 +36,7 @@ from typing import Any
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
 from ..storage.store import Store, open_store
+from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Reason, StoreTimeout
 from ..trust.gate import Decision, Verdict, decide
 from ..trust.keys import Signer
@@ -172,9 +173,10 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
     return Decision(False, Verdict.NO_PLAN, f"no plan {where}{unread}", None, fp).noted(result.note), "none"
 
 
-def _safe(text: str) -> str:
-    """One line, no quotes to break out of ``detail="…"``: log lines cannot be forged."""
-    return text.replace("\\", "\\\\").replace('"', '\\"').encode("unicode_escape", "backslashreplace").decode("ascii")[:500]
+def _quoted(text: str) -> str:
+    """One line, bounded, no quote to break out of ``detail="…"`` and no ``=`` to fake a field
+    inside it: neither a log parser nor ``grep decision=apply`` can be fooled by a detail."""
+    return safe_text(text, 500).replace('"', "\\x22").replace("=", "\\x3d")
 
 
 def log_decision(decision: Decision, source: str, fp: str | None, started: float) -> None:
@@ -188,7 +190,7 @@ def log_decision(decision: Decision, source: str, fp: str | None, started: float
         fp or "-",
         elapsed,
         f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
-        f' detail="{_safe(decision.detail)}"' if decision.detail else "",
+        f' detail="{_quoted(decision.detail)}"' if decision.detail else "",
     )
 
 
