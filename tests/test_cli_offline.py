@@ -194,3 +194,27 @@ def test_storage_options_come_from_the_environment_and_flags_win(
     monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "[1, 2]")
     code, _, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "memory://plans")
     assert code == 2 and "PLANCACHE_STORAGE_OPTIONS" in err and len(err.strip().splitlines()) == 1
+
+
+def test_rotating_a_stores_plans_to_a_new_key(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path,
+                                              plans: Path) -> None:
+    """Co-sign with the new key, push, then retire the old one: at every step every plan in the
+    store verifies under the trusted keys a node has, so no boot has to profile."""
+    store = (tmp_path / "bucket").as_uri()
+    run(capsys, "keygen", str(tmp_path / "new"))
+    old_line = (tmp_path / "ci.pub").read_text().strip()
+    new_line = (tmp_path / "new.pub").read_text().strip()
+    trusted = tmp_path / "trusted"
+    assert run(capsys, "push", "--key", str(keys), str(plans), store)[0] == 0
+    trusted.write_text(f"{old_line}\n{new_line}\n")  # 1. both keys trusted
+    assert run(capsys, "verify", f"--trusted-keys={trusted}", store)[0] == 0
+    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "new"), f"--trusted-keys={trusted}", str(plans))
+    assert code == 0 and "2 co-signed" in err  # 2. co-sign and push
+    assert run(capsys, "push", str(plans), store)[0] == 0
+    trusted.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n{new_line}\n")  # 3. retire the old key
+    code, out, _ = run(capsys, "verify", f"--trusted-keys={trusted}", "--json", store)
+    assert code == 0 and {tuple(p["signers"]) for p in json.loads(out)["plans"]} == {("new",)}
+    only_old = tmp_path / "only-old"
+    only_old.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n")  # the old key alone vouches for nothing
+    code, out, _ = run(capsys, "verify", f"--trusted-keys={only_old}", "--json", store)
+    assert code == 1 and {p["reason"] for p in json.loads(out)["plans"]} == {"expired"}
