@@ -38,7 +38,7 @@ PROVENANCE_KEYS: dict[str, tuple[type, ...]] = {
 CONDITION_KEYS = ("gpu_memory_utilization", "device_name", "device_total_memory")
 """Provenance facts the gate enforces: the plan only holds when the booting worker matches."""
 
-_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -59,8 +59,11 @@ def format_time(moment: datetime) -> str:
 def parse_time(value: object, what: str) -> datetime:
     if not isinstance(value, str) or not _TIME.fullmatch(value):
         raise Rejected(Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z")
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    try:  # the pattern fixed every position; int() slices are ~10x cheaper than strptime
+        return datetime(
+            int(value[0:4]), int(value[5:7]), int(value[8:10]),
+            int(value[11:13]), int(value[14:16]), int(value[17:19]), tzinfo=timezone.utc,
+        )
     except ValueError:
         raise Rejected(Reason.MALFORMED, f"statement: {what} is not a valid date") from None
 
