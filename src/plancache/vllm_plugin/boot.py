@@ -42,7 +42,7 @@ from ..storage.files import read_capped, write_atomic
 from ..storage.keyfiles import load_keyring, load_signer
 from ..storage.localdir import LocalPlanDir
 from ..trust.errors import PlanCacheError, Reason
-from ..trust.gate import Decision, decide
+from ..trust.gate import Decision, Verdict, decide
 from ..trust.keys import Keyring, Signer
 from ..trust.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
@@ -65,6 +65,8 @@ class FetchOutcome:
 
     verified: VerifiedPlan | None = None
     error: PlanCacheError | None = None
+    missing: bool = False
+    """The store answered: no plan under this fingerprint (a decision, not an error)."""
     note: str = ""
     elapsed_ms: float = 0.0
 
@@ -222,7 +224,9 @@ def fetch_verified(boot: Boot, directory: LocalPlanDir, fp: str, deadline: float
         store = open_store(boot.config.url or "", boot.config.storage_options, timeout=boot.config.timeout)
         plan_bytes, sig_bytes = store.fetch(fp, deadline=deadline)
         if plan_bytes is None:
-            raise PlanCacheError(Reason.NO_PLAN, "no plan for this fingerprint in the store")
+            outcome.missing = True
+            outcome.elapsed_ms = (time.monotonic() - started) * 1000
+            return outcome
         verified = verify_plan(plan_name(fp), plan_bytes, sig_bytes, boot.keyring, _now())
         outcome.verified = verified
         try:
@@ -312,7 +316,7 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
             local_problem = f"local plan rejected ({exc.reason}: {exc.detail})"
     if not boot.store_reads:
         why = "no plan in the local directory" + ("" if boot.config.url is None else " (store not read)")
-        return Decision(False, Reason.NO_PLAN, why, None, fp), "none"
+        return Decision(False, Verdict.NO_PLAN, why, None, fp), "none"
     outcome, prefetched = _store_outcome(boot, directory, fp)
     how = "prefetch" if prefetched else "fetch"
     note = f"{how} {outcome.elapsed_ms:.0f} ms" + (f", {outcome.note}" if outcome.note else "")
@@ -321,6 +325,9 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
             LOG.error("plancache: store %s: %s; vLLM profiles as usual", boot.config.url, outcome.error.detail)
         decision = Decision.rejected(outcome.error, fp)
         return _with_detail(decision, "; ".join(p for p in (local_problem, note) if p)), "store"
+    if outcome.missing:
+        decision = Decision(False, Verdict.NO_PLAN, "no plan for this fingerprint in the store", None, fp)
+        return _with_detail(decision, "; ".join(p for p in (local_problem, note) if p)), "store"
     assert outcome.verified is not None
     return _with_detail(_gate(worker, outcome.verified), "; ".join(p for p in (local_problem, note) if p)), "store"
 
@@ -328,9 +335,7 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
 def log_decision(decision: Decision, source: str, fp: str | None, started: float) -> None:
     elapsed = (time.monotonic() - started) * 1000
     detail = decision.detail
-    if decision.applied:  # the gate's "kv_cache_memory_bytes=N" is already in the line
-        detail = "; ".join(p for p in detail.split("; ") if not p.startswith("kv_cache_memory_bytes="))
-    verdict = "apply" if decision.applied else ("skip" if decision.reason is Reason.ALREADY_SET else "profile")
+    verdict = "apply" if decision.applied else ("skip" if decision.reason is Verdict.ALREADY_SET else "profile")
     LOG.info(
         "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s",
         verdict,
@@ -349,7 +354,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
     if not _enabled():
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
-        decision = Decision(False, Reason.ALREADY_SET, "kv_cache_memory_bytes was set explicitly; plan not consulted")
+        decision = Decision(False, Verdict.ALREADY_SET, "kv_cache_memory_bytes was set explicitly; plan not consulted")
         log_decision(decision, "none", None, started)
         return decision
     fp: str | None = None
@@ -388,7 +393,8 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
     try:
         written = read_capped(directory.path / plan_name(save_fp), MAX_PLAN_BYTES)
         if written is None:
-            raise PlanCacheError(Reason.NO_PLAN, "vLLM wrote no plan (see its warning)")
+            LOG.warning("plancache: plan for %s not signed or shared: %s: vLLM wrote no plan (see its warning)", fp, Verdict.NO_PLAN)
+            return
         plan = parse_plan(written, plan_name(save_fp))
         baseline = _byte_count(worker.init_snapshot.free_memory)
         if plan.kv_cache_memory_bytes != int(kv_cache_memory_bytes) or plan.free_memory_baseline != baseline:
