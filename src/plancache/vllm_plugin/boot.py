@@ -47,7 +47,8 @@ from ..trust.keys import Keyring, Signer
 from ..trust.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
 from ..trust.verify import VerifiedPlan, admit_unsigned, verify_plan
-from .config import PluginConfig, parse_config
+from . import hooks, vote
+from .config import DEFAULT_TIMEOUT, PluginConfig, parse_config
 from .prefetch import Prefetch
 
 LOG = logging.getLogger("vllm.plancache")
@@ -135,16 +136,12 @@ def boot_for(worker: Any) -> Boot:
 
 
 def _enabled() -> bool:
-    import vllm.envs as envs
-
-    return bool(envs.VLLM_ENABLE_STARTUP_PLAN)
+    return bool(hooks.vllm_envs().VLLM_ENABLE_STARTUP_PLAN)  # the envs vLLM's startup_plan reads
 
 
 def plan_dir() -> LocalPlanDir:
     """vLLM's plan directory, asked from vLLM itself (so both always agree)."""
-    from vllm.v1.worker import startup_plan
-
-    return LocalPlanDir(Path(startup_plan._plan_path("0" * 16)).parent)
+    return LocalPlanDir(Path(hooks.startup_plan_module()._plan_path("0" * 16)).parent)
 
 
 def fingerprint_of(worker: Any, fingerprint: Fingerprint) -> str:
@@ -167,8 +164,7 @@ def _byte_count(value: Any) -> int | None:
 
 def worker_conditions(worker: Any) -> dict[str, Any]:
     """The facts vLLM's fingerprint misses, for *this* worker's device (vLLM asks device 0)."""
-    from vllm.platforms import current_platform
-
+    current_platform = hooks.platform()  # the platform vLLM's startup_plan asks
     facts: dict[str, Any] = {}
     util = getattr(worker.cache_config, "gpu_memory_utilization", None)
     if isinstance(util, (int, float)) and not isinstance(util, bool):
@@ -359,16 +355,20 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         return decision
     fp: str | None = None
     source = "none"
+    budget = DEFAULT_TIMEOUT
     try:
         boot = boot_for(worker)
+        budget = boot.config.timeout
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
         decision, source = decide_plan(worker, boot, fp)
-        if decision.applied and decision.kv_cache_memory_bytes is not None:
-            worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     except Exception as exc:  # noqa: BLE001 - whatever it was, vLLM profiles
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
+    # fleet: every rank votes (once, whatever it decided); a plan applies on all ranks or none
+    decision = vote.settle(decision, budget + vote.MARGIN_S - (time.monotonic() - started))
+    if decision.applied and decision.kv_cache_memory_bytes is not None:
+        worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     log_decision(decision, source, fp, started)
     return decision
 
