@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from .. import __version__
 from ..trust.errors import PlanCacheError
-from . import demo, offline, remote
+from . import demo, fingerprint, offline, remote
 from .args import duration, key_value, positive_int
 from .locations import add_store_options
 
@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     remote.add_parsers(sub, _trust_options)
     demo.add_parser(sub)
+    fingerprint.add_parser(sub)
     return parser
 
 
