@@ -31,6 +31,7 @@ class Verdict(str, Enum):
     BELOW_BASELINE = "below-baseline"
     CONDITION_MISMATCH = "condition-mismatch"
     ALREADY_SET = "already-set"
+    RANK_DISAGREEMENT = "rank-disagreement"
 
     def __str__(self) -> str:
         return self.value
