@@ -62,9 +62,19 @@ def _call(source: str, what: str, call: Any) -> Any:
     except (api.DeadlineExceeded, requests.Timeout) as exc:
         raise StoreTimeout(f"{source}: Cloud KMS {what}: {one_line(exc)}") from None
     except api.GoogleAPICallError as exc:
-        raise ConfigError(f"{source}: Cloud KMS refused {what}: {type(exc).__name__}: {safe_text(exc.message, 160)}") from None
+        raise ConfigError(f"{source}: Cloud KMS refused {what}: {_status(exc)}") from None
     except (GoogleAuthError, requests.RequestException, api.GoogleAPIError) as exc:
         raise ConfigError(f"{source}: Cloud KMS {what} failed: {one_line(exc)}") from None
+
+
+def _status(exc: Any) -> str:
+    """``403 PERMISSION_DENIED: message`` from the REST error body (the exception's own text
+    repeats the whole request URL)."""
+    try:
+        error = exc.response.json()["error"]
+        return safe_text(f"{error['code']} {error['status']}: {error['message']}", 200)
+    except Exception:  # noqa: BLE001 - not a JSON error body: the exception's class is what is known
+        return safe_text(f"{type(exc).__name__}: {exc.message}", 200)
 
 
 def gcpkms_signer(ref: str, env: Mapping[str, str], budget: float) -> RemoteSigner:
