@@ -122,8 +122,12 @@ def _library(module: str) -> Any:
 def _slot(lib: Any, ref: Pkcs11Ref) -> Any:
     fields = {"token": "label", "serial": "serialNumber", "manufacturer": "manufacturerID", "model": "model"}
     matches, labels = [], []
+    import PyKCS11
+
     for slot in lib.getSlotList(tokenPresent=True):
         info = lib.getTokenInfo(slot)
+        if not info.flags & PyKCS11.CKF_TOKEN_INITIALIZED:
+            continue  # an empty slot (SoftHSM always offers one) holds no key
         labels.append(info.label.strip())
         wanted = {attr: ref.path[attr].decode("utf-8", "replace") for attr in fields if attr in ref.path}
         if all(getattr(info, fields[attr]).strip() == value for attr, value in wanted.items()) and (
