@@ -151,11 +151,11 @@ def test_a_remote_signer_is_bounded_and_checked() -> None:
 
 def test_the_plugin_boots_with_an_unreachable_key_unsigned_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     from plancache.vllm_plugin.boot import _load_boot
-    from store_servers import BlackHole
+    from store_servers import AWS_ENV, BlackHole
 
     hole = BlackHole()
     env = {"PLANCACHE_SIGNING_KEY": "awskms:///alias/ci", "AWS_ENDPOINT_URL_KMS": hole.endpoint,
-           "PLANCACHE_TIMEOUT": "0.5", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
+           "PLANCACHE_TIMEOUT": "0.5", **AWS_ENV}
     old = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # boto3 reads its settings from the process environment
     try:
