@@ -11,9 +11,15 @@
 #   2. vllm==0.33.0 --no-deps + requirements/vllm-cpu-import-deps.txt (the deps vLLM's worker
 #                             imports really need). --no-deps keeps pip from pulling the CUDA
 #                             torch 2.14 / triton / nvidia stack. First run downloads ~336 MB.
-#   3. -e '.[test,s3,gcs]'    the project and its test extras, with the vLLM pins, torch/vllm
+#   3. -e '.[test,s3,gcs,pkcs11,awskms,gcpkms]'
+#                             the project and its test extras, with the vLLM pins, torch/vllm
 #                             and requirements/test-pins.txt as constraints, so nothing step 2
 #                             installed can be moved.
+#
+# Before the venv: Debian's softhsm2 and opensc (SoftHSM2 and pkcs11-tool, the real PKCS#11
+# token the key-custody tests sign with), installed with apt-get when missing. Checked on
+# every run (cheap when present), since a machine can be new while a venv is kept; when the
+# install is impossible (not root, no sudo, no apt) it says so and the PKCS#11 tests skip.
 #
 # Idempotent: a stamp in the venv holds a sha256 of pyproject.toml, requirements/*.txt and
 # this script; when it matches, nothing is installed. pip's output goes to
@@ -44,6 +50,27 @@ hash_inputs() {
         done
     } | sha256sum | cut -d' ' -f1
 }
+
+install_softhsm() {
+    if command -v softhsm2-util >/dev/null 2>&1 && command -v pkcs11-tool >/dev/null 2>&1; then
+        return 0
+    fi
+    local sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else
+            log "WARNING: softhsm2/opensc missing and not root: PKCS#11 tests will skip"; return 0
+        fi
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "WARNING: softhsm2/opensc missing and no apt-get: PKCS#11 tests will skip"; return 0
+    fi
+    log "apt-get install softhsm2 opensc (PKCS#11 test token)"
+    if ! { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq softhsm2 opensc; } \
+            >/tmp/plancache-apt.log 2>&1; then
+        log "WARNING: apt-get install softhsm2 opensc failed (see /tmp/plancache-apt.log): PKCS#11 tests will skip"
+    fi
+}
+install_softhsm
 
 WANT="$(hash_inputs)"
 
@@ -89,12 +116,12 @@ fi
 log "2/3 pip install --no-deps $VLLM_SPEC -r $VLLM_DEPS (first run downloads ~336 MB)"
 pip_install --no-deps "$VLLM_SPEC" -r "$VLLM_DEPS"
 
-log "3/3 pip install -e '.[test,s3,gcs]'"
+log "3/3 pip install -e '.[test,s3,gcs,pkcs11,awskms,gcpkms]'"
 # pip then reports "vllm 0.33.0 requires X, which is not installed": expected with --no-deps.
-pip_install -e '.[test,s3,gcs]'
+pip_install -e '.[test,s3,gcs,pkcs11,awskms,gcpkms]'
 
 log "checking imports"
-if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, moto, fsspec, hypothesis, pytest' >>"$PIPLOG" 2>&1; then
+if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, moto, fsspec, hypothesis, pytest, bcrypt, PyKCS11, google.cloud.kms_v1' >>"$PIPLOG" 2>&1; then
     log "ERROR: import check failed; last lines of $PIPLOG:"
     tail -n 20 "$PIPLOG" >&2
     exit 1

@@ -8,9 +8,11 @@ runs the plugin), so a variable means the same thing wherever it is read:
                                fsspec URL): the plugin's store; the journey scripts' store.
 ``PLANCACHE_TRUSTED_KEYS``     trusted-keys file or directory of ``.pub`` files.
 ``PLANCACHE_THRESHOLD``        distinct trusted keys that must sign (plugin; CLI: ``--threshold``).
-``PLANCACHE_SIGNING_KEY``      private key reference (a file path) used to sign.
+``PLANCACHE_SIGNING_KEY``      key reference used to sign: a private key file, ``env://VAR``,
+                               ``pkcs11:…``, ``awskms://…``, ``gcpkms://…`` (storage/keyfiles.py).
 ``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted private key.
-``PLANCACHE_TIMEOUT``          total remote budget in seconds (plugin; CLI: ``--timeout``).
+``PLANCACHE_TIMEOUT``          total remote budget in seconds (plugin; CLI: ``--timeout``); also
+                               the budget of each HSM/KMS call, in the CLI and the plugin.
 ``PLANCACHE_STORAGE_OPTIONS``  fsspec storage options: a JSON object, or space-separated
                                ``KEY=VALUE`` pairs (VALUE parsed as JSON where it parses), the
                                same as repeated ``--storage-option``, which win over it.

@@ -18,6 +18,7 @@ from ..trust.errors import ConfigError
 from ..trust.keys import Signer
 from ..trust.policy import TrustPolicy
 from .args import key_value, positive_int
+from .keys_cmd import terminal_prompt
 
 
 def add_trust_options(parser: argparse.ArgumentParser) -> None:
@@ -72,9 +73,9 @@ def optional_policy(args: argparse.Namespace) -> TrustPolicy | None:
 
 
 def required_signer(args: argparse.Namespace) -> Signer:
-    signer = signer_for(args.key)
+    signer = signer_for(args.key, prompt=terminal_prompt())
     if signer is None:
-        raise ConfigError(f"no signing key: pass --key FILE or set {SIGNING_KEY_ENV}")
+        raise ConfigError(f"no signing key: pass --key KEYREF or set {SIGNING_KEY_ENV}")
     return signer
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import demo, fingerprint, offline, remote
+from . import demo, fingerprint, keys_cmd, offline, remote
 from .args import duration, key_value, positive_int
 from .inputs import add_cosign_options, add_store_options, add_trust_options
 
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--comment", help="name recorded in PATH.pub (default: the file name)")
+    p.add_argument("--format", choices=("pem", "openssh"), default="pem",
+                   help="private key format: PEM PKCS#8 (default) or OpenSSH's, which ssh-keygen reads")
     p.set_defaults(func=offline.cmd_keygen)
 
     p = sub.add_parser("sign", help="sign every plan in DIR that lacks a valid signature by the key",
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "signed by other keys is co-signed (same statement, one more signature) only if that statement verifies "
                        "under --trusted-keys and says what this command would sign; otherwise it is refused (exit 1) "
                        "unless --replace.")
-    p.add_argument("--key", metavar="KEY", help="private key file (default: $PLANCACHE_SIGNING_KEY)")
+    p.add_argument("--key", metavar="KEY", help=f"{keys_cmd.KEYREF_HELP} (default: $PLANCACHE_SIGNING_KEY)")
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d, 12h")
     p.add_argument("--comment", help="free text recorded in the signed statement")
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_parsers(sub)
     demo.add_parser(sub)
     fingerprint.add_parser(sub)
+    keys_cmd.add_parser(sub)
     return parser
 
 

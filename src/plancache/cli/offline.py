@@ -34,7 +34,7 @@ def signing_request(args: argparse.Namespace) -> SigningRequest:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name)
+    signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name, openssh=args.format == "openssh")
     print(f"wrote {args.path} (private, mode 0600) and {args.path}.pub")
     print(f"key id {signer.keyid}")
     return 0

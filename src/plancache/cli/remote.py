@@ -25,6 +25,7 @@ from ..trust.plan import is_fingerprint
 from ..trust.policy import TrustPolicy
 from .args import duration, key_value
 from .inputs import add_cosign_options, add_store_options, add_trust_options, required_policy, storage_options
+from .keys_cmd import terminal_prompt
 from .offline import signing_request
 from .output import Progress, print_json, print_table
 
@@ -38,7 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "signature by that key are signed first. Unsigned plans are refused unless --allow-unsigned. Objects the "
         "store already holds byte-identical are skipped.",
     )
-    p.add_argument("--key", metavar="KEY", help=f"sign with this private key first (default: ${SIGNING_KEY_ENV})")
+    p.add_argument("--key", metavar="KEY", help=f"sign with this key reference first (default: ${SIGNING_KEY_ENV})")
     p.add_argument("--allow-unsigned", action="store_true", help="push plans without a signature too")
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="lifetime of new signatures, e.g. 30d")
     p.add_argument("--comment", help="free text recorded in new signatures")
@@ -87,7 +88,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def cmd_push(args: argparse.Namespace) -> int:
     url = require_url(args.url)
     directory = local_dir(args.dir)
-    signer = signer_for(args.key)
+    signer = signer_for(args.key, prompt=terminal_prompt())
     store = open_store(url, storage_options(args), args.timeout or BULK_TIMEOUT)
     progress = Progress("push")
     entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), signer,

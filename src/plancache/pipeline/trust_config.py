@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..settings import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
-from ..storage.keyfiles import load_keyring, load_signer
+from ..storage.keyfiles import Prompt, load_keyring, load_signer
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keys import Keyring, Signer
 from ..trust.policy import TrustPolicy
@@ -54,7 +54,11 @@ def keys_source(option: str | None, env: Mapping[str, str] = os.environ) -> str 
     return option or env.get(TRUSTED_KEYS_ENV) or None
 
 
-def signer_for(option: str | None, env: Mapping[str, str] = os.environ) -> Signer | None:
-    """The signer named by ``--key``, else ``PLANCACHE_SIGNING_KEY``; None if neither."""
+def signer_for(option: str | None, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None) -> Signer | None:
+    """The signer named by ``--key``, else ``PLANCACHE_SIGNING_KEY``; None if neither.
+
+    ``prompt`` asks for an encrypted key's passphrase: the CLI passes one on a terminal, the
+    plugin never does (a worker must not wait on a person).
+    """
     ref = option or env.get(SIGNING_KEY_ENV)
-    return load_signer(ref, env) if ref else None
+    return load_signer(ref, env, prompt) if ref else None

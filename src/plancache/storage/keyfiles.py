@@ -1,25 +1,56 @@
-"""Key material on disk: trusted-keys files or directories, private keys, keygen output.
+"""Key material: trusted-keys files or directories, key references, keygen output.
 
-Private keys are refused when group or others can read them, as ssh refuses them: a key that
-others could copy no longer proves who signed. Every read is capped.
+A key reference names where a signing key lives, in cosign's forms (``--key``,
+``PLANCACHE_SIGNING_KEY``):
+
+================================  ===========================================================
+``PATH``                          PEM PKCS#8 or OpenSSH private key file (ssh-keygen's too,
+                                  encrypted or not), mode 0600
+``env://VAR``                     the same key text in an environment variable: never on disk
+``pkcs11:token=…;object=…?…``     a key inside an HSM or token (RFC 7512), extra ``[pkcs11]``
+``awskms:///KEY`` (``//HOST/…``)  an AWS KMS ``ECC_NIST_EDWARDS25519`` key, extra ``[awskms]``
+``gcpkms://projects/…/V``         a Cloud KMS ``EC_SIGN_ED25519`` key version, extra ``[gcpkms]``
+================================  ===========================================================
+
+Private key files are refused when group or others can read them, as ssh refuses them: a
+key that others could copy no longer proves who signed. A passphrase comes from
+``PLANCACHE_KEY_PASSPHRASE``, else from the caller's ``prompt`` (the CLI on a terminal), and
+is asked only for an encrypted key. Every read is capped; errors name the file and say what
+it holds (a public key where a private one belongs, a private key among trusted keys).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..settings import PASSPHRASE_ENV
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
-from ..trust.keys import Ed25519Signer, Keyring, Signer, openssh_line, parse_private_key, parse_trusted_keys, private_key_pem
+from ..trust.keyformat import (
+    Passphrase,
+    describe_key_material,
+    is_private_material,
+    is_public_material,
+    openssh_line,
+    parse_private_key,
+    private_key_bytes,
+)
+from ..trust.keys import Ed25519Signer, Keyring, Signer, parse_trusted_keys
 from .files import read_capped, write_atomic
 
 MAX_KEY_FILE_BYTES = 1 << 20
+KEY_REF_FORMS = "a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"
+ENV_SCHEME = "env://"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Prompt = Callable[[str], str]
+"""Asks a person for a passphrase (``getpass.getpass``); None where nobody can answer."""
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -39,6 +70,18 @@ def _text(data: bytes, path: Path) -> str:
         raise ConfigError(f"{path} is not a text file") from None
 
 
+def _public_text(data: bytes, path: Path) -> str:
+    """A trusted-keys file's text, refused whole when it holds a private key or no text."""
+    if is_private_material(data):
+        raise ConfigError(
+            f"trusted-keys file {safe_text(path)} holds {describe_key_material(data)}: trusted keys are public keys "
+            f"(plancache pubkey {safe_text(path)} prints its public line; treat the private key as exposed)"
+        )
+    if describe_key_material(data) == "binary data, not key text":
+        raise ConfigError(f"trusted-keys file {safe_text(path)} holds binary data, not key text")
+    return _text(data, path)
+
+
 def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
     """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted.
 
@@ -56,7 +99,7 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
         keyring = Keyring()
         listed_in: dict[str, Path] = {}
         for file in files:
-            part = parse_trusted_keys(_text(_read(file, "trusted key"), file), str(file))
+            part = parse_trusted_keys(_public_text(_read(file, "trusted key"), file), str(file))
             for kid in part.keys:
                 if kid in listed_in:
                     raise ConfigError(f"{safe_text(file)}: key {kid} is already listed in {safe_text(listed_in[kid])}")
@@ -64,7 +107,7 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
             keyring = keyring.merged(part)
         what = f"trusted-keys directory {safe_text(path)}"
     else:
-        keyring = parse_trusted_keys(_text(_read(path, "trusted-keys file"), path), str(path))
+        keyring = parse_trusted_keys(_public_text(_read(path, "trusted-keys file"), path), str(path))
         what = f"trusted-keys file {safe_text(path)}"
     if not keyring.keys and not (allow_revocations_only and keyring.revoked):
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
@@ -72,33 +115,92 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
     return keyring
 
 
-def load_signer(ref: str, env: Mapping[str, str] = os.environ) -> Signer:
-    """Resolve a key reference to a signer. Today a reference is a private key file path;
-    a ``scheme://`` reference (a cloud KMS) would be dispatched here without format changes."""
-    if "://" in ref:
-        raise ConfigError(f"unsupported key reference {ref!r} (give a private key file)")
-    path = Path(ref).expanduser()
+def _passphrase(env: Mapping[str, str], prompt: Prompt | None, what: str) -> Passphrase:
+    def ask() -> bytes | None:
+        value = env.get(PASSPHRASE_ENV)
+        if value:
+            return value.encode()
+        if prompt is None:
+            return None
+        return prompt(f"passphrase for {what}: ").encode() or None
+
+    return ask
+
+
+def _private_key(data: bytes, what: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+    if is_public_material(data):
+        raise ConfigError(
+            f"{what} holds {describe_key_material(data)}, not a private key: a signing key reference names the "
+            "private key (keygen's PATH, not PATH.pub)"
+        )
+    try:
+        return Ed25519Signer(parse_private_key(data, _passphrase(env, prompt, what)))
+    except PlanCacheError as exc:
+        raise ConfigError(f"{what}: {exc.detail}") from None
+
+
+def _file_signer(path: Path, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise ConfigError(f"private key {path} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"cannot read private key {path}: {exc.strerror}") from None
-    if stat.S_IMODE(mode) & 0o077:
+    data = _read(path, "private key")
+    if not is_public_material(data) and stat.S_IMODE(mode) & 0o077:
         raise ConfigError(
             f"private key {path} is readable by others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}",
         )
-    passphrase = env.get(PASSPHRASE_ENV)
-    data = _read(path, "private key")
-    try:
-        private = parse_private_key(data, passphrase.encode() if passphrase else None)
-    except PlanCacheError as exc:
-        raise ConfigError(f"{path}: {exc.detail}") from None
-    return Ed25519Signer(private)
+    return _private_key(data, str(path), env, prompt)
 
 
-def generate_keypair(path: Path, force: bool, comment: str, env: Mapping[str, str] = os.environ) -> Ed25519Signer:
-    """Write a new private key (PEM PKCS#8, mode 0600) to ``path`` and its public line to ``path.pub``."""
+def _env_signer(name: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+    """``env://VAR``: the key text never touches the disk (CI secrets arrive this way)."""
+    if not _ENV_NAME.fullmatch(name):
+        raise ConfigError(f"'{ENV_SCHEME}{safe_text(name, 60)}' does not name an environment variable")
+    text = env.get(name)
+    if not text:
+        raise ConfigError(f"{ENV_SCHEME}{name}: the environment variable {name} is not set")
+    return _private_key(text.encode("utf-8", "replace"), f"environment variable {name}", env, prompt)
+
+
+def load_signer(ref: str, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None) -> Signer:
+    """Resolve a key reference (table in the module docstring) to a signer.
+
+    HSM and KMS references load their backend only when named, and reach it within the
+    ``PLANCACHE_TIMEOUT`` budget (:mod:`plancache.storage.signers.refs`).
+    """
+    if ref.startswith(ENV_SCHEME):
+        return _env_signer(ref[len(ENV_SCHEME) :], env, prompt)
+    if ref.startswith("pkcs11:"):
+        from .signers.pkcs11 import pkcs11_signer
+        from .signers.refs import budget_from
+
+        return pkcs11_signer(ref, budget_from(env))
+    if ref.startswith("awskms://"):
+        from .signers.awskms import awskms_signer
+        from .signers.refs import budget_from
+
+        return awskms_signer(ref, budget_from(env))
+    if ref.startswith("gcpkms://"):
+        from .signers.gcpkms import gcpkms_signer
+        from .signers.refs import budget_from
+
+        return gcpkms_signer(ref, env, budget_from(env))
+    if "://" in ref or ref == "-":
+        raise ConfigError(f"unsupported key reference {safe_text(ref, 80)!r}: use {KEY_REF_FORMS}")
+    return _file_signer(Path(ref).expanduser(), env, prompt)
+
+
+def generate_keypair(
+    path: Path, force: bool, comment: str, env: Mapping[str, str] = os.environ, openssh: bool = False
+) -> Ed25519Signer:
+    """Write a new private key (mode 0600) to ``path`` and its public line to ``path.pub``.
+
+    PEM PKCS#8 by default; ``openssh`` writes OpenSSH's format instead, for teams whose
+    tooling (``ssh-keygen -y``, ``ssh-keygen -Y sign``) expects it. Either is encrypted when
+    ``PLANCACHE_KEY_PASSPHRASE`` is set.
+    """
     path = Path(path).expanduser()
     pub = path.with_name(path.name + ".pub")
     if not force:
@@ -107,6 +209,6 @@ def generate_keypair(path: Path, force: bool, comment: str, env: Mapping[str, st
                 raise ConfigError(f"{existing} exists; use --force to overwrite")
     passphrase = env.get(PASSPHRASE_ENV)
     private = Ed25519PrivateKey.generate()
-    write_atomic(path, private_key_pem(private, passphrase.encode() if passphrase else None), mode=0o600)
+    write_atomic(path, private_key_bytes(private, passphrase.encode() if passphrase else None, openssh), mode=0o600)
     write_atomic(pub, (openssh_line(private.public_key(), comment) + "\n").encode("ascii"), mode=0o644)
     return Ed25519Signer(private)

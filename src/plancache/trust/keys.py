@@ -1,7 +1,5 @@
-"""Ed25519 keys: parsing, key ids, the trusted keyring, and the signer interface.
-
-Key ids are OpenSSH's ``SHA256:…`` fingerprints, so ``ssh-keygen -lf key.pub`` prints the
-same id that ``plancache verify`` shows: operators can check a key with a tool they trust.
+"""The trusted keyring, its file format, and the signer interface (key encodings and ids:
+:mod:`plancache.trust.keyformat`).
 
 Trusted-keys files are ``authorized_keys``-shaped, one key per line::
 
@@ -13,6 +11,8 @@ Trusted-keys files are ``authorized_keys``-shaped, one key per line::
     -----BEGIN PUBLIC KEY-----                               (PEM public keys, anywhere)
     …
     -----END PUBLIC KEY-----
+    ci@acme namespaces="plancache" ssh-ed25519 AAAA…        (OpenSSH allowed_signers lines,
+                                                             see :mod:`.allowed_signers`)
 
 A key's validity window works as in OpenSSH's ``allowed_signers``: a signature counts only
 while the *verifier's* clock is inside the window, and only if the statement's ``signed_at``
@@ -28,122 +28,42 @@ files lives in :mod:`plancache.storage.keyfiles`.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import struct
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Mapping, Protocol
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .allowed_signers import parse_allowed_signer
 from .display import safe_text
 from .errors import ConfigError, PlanCacheError
+from .keyformat import (  # noqa: F401 - re-exported: callers name these from here
+    KEYID_PREFIX,
+    PEM_PUBLIC_BEGIN,
+    PEM_PUBLIC_END,
+    SSH_KEY_TYPE,
+    SSH_KEY_TYPES,
+    canonical_keyid,
+    key_id,
+    openssh_line,
+    parse_openssh_public,
+    parse_pem_public,
+    parse_private_key,
+)
 from .statement import parse_time
 
-SSH_KEY_TYPE = "ssh-ed25519"
 MAX_KEYS = 1024
-KEYID_PREFIX = "SHA256:"
-_PEM_BEGIN = "-----BEGIN PUBLIC KEY-----"
-_PEM_END = "-----END PUBLIC KEY-----"
-
-
-def _ssh_blob(public: Ed25519PublicKey) -> bytes:
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    kind = SSH_KEY_TYPE.encode()
-    return struct.pack(">I", len(kind)) + kind + struct.pack(">I", len(raw)) + raw
-
-
-def key_id(public: Ed25519PublicKey) -> str:
-    """OpenSSH's fingerprint of the key: ``SHA256:`` + unpadded base64 of sha256(wire blob)."""
-    digest = hashlib.sha256(_ssh_blob(public)).digest()
-    return KEYID_PREFIX + base64.b64encode(digest).decode("ascii").rstrip("=")
-
-
-def canonical_keyid(value: object) -> str | None:
-    """The normal form of a key id (what :func:`key_id` returns), or None if it is not one.
-
-    Tools print SHA256 fingerprints with or without base64's ``=`` padding; both name the
-    same key and must compare equal, or a padded ``@revoked`` line revokes nothing. Only the
-    canonical 43-character encoding is accepted, so no two spellings that differ in more than
-    the padding name one key (a flipped unused bit is not an alias).
-    """
-    if not isinstance(value, str) or not value.startswith(KEYID_PREFIX):
-        return None
-    body = value[len(KEYID_PREFIX) :]
-    body = body[:-1] if body.endswith("=") else body
-    if len(body) != 43:
-        return None
-    try:
-        digest = base64.b64decode(body + "=", validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    normal = KEYID_PREFIX + base64.b64encode(digest).decode("ascii").rstrip("=")
-    return normal if normal == KEYID_PREFIX + body else None
-
-
-def openssh_line(public: Ed25519PublicKey, comment: str = "") -> str:
-    """``ssh-ed25519 AAAA… comment``: the ``.pub`` format keygen writes."""
-    line = f"{SSH_KEY_TYPE} {base64.b64encode(_ssh_blob(public)).decode('ascii')}"
-    return f"{line} {comment}".rstrip()
-
-
-def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:
-    if kind != SSH_KEY_TYPE:
-        raise ConfigError(f"only ssh-ed25519 keys are supported, got '{safe_text(kind, 40)}'")
-    try:
-        blob = base64.b64decode(blob_b64, validate=True)
-        key = serialization.load_ssh_public_key(f"{kind} {blob_b64}".encode("ascii"))
-    except (binascii.Error, ValueError, UnsupportedAlgorithm):
-        raise ConfigError("not a valid ssh-ed25519 public key") from None
-    if not isinstance(key, Ed25519PublicKey) or _ssh_blob(key) != blob:
-        raise ConfigError("not a valid ssh-ed25519 public key")
-    return key
-
-
-def parse_pem_public(data: bytes) -> Ed25519PublicKey:
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, UnsupportedAlgorithm):
-        raise ConfigError("not a PEM public key") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise ConfigError("the PEM public key is not Ed25519")
-    return key
-
-
-def parse_private_key(data: bytes, passphrase: bytes | None) -> Ed25519PrivateKey:
-    """Load a PEM PKCS#8 or OpenSSH Ed25519 private key (encrypted ones need ``passphrase``)."""
-    try:
-        if b"-----BEGIN OPENSSH PRIVATE KEY-----" in data:
-            key = serialization.load_ssh_private_key(data, passphrase)
-        else:
-            key = serialization.load_pem_private_key(data, passphrase)
-    except TypeError:
-        if passphrase is None:
-            raise ConfigError("the private key is encrypted: set PLANCACHE_KEY_PASSPHRASE") from None
-        raise ConfigError("the private key is not encrypted, but a passphrase was given") from None
-    except (ValueError, UnsupportedAlgorithm):
-        raise ConfigError("cannot load the private key (wrong passphrase, or not PEM PKCS#8 / OpenSSH)") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ConfigError("the private key is not Ed25519")
-    return key
-
-
-def private_key_pem(key: Ed25519PrivateKey, passphrase: bytes | None) -> bytes:
-    encryption: serialization.KeySerializationEncryption = (
-        serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
-    )
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
 
 
 class Signer(Protocol):
     """What signing needs: a key id, the public key, and a way to sign bytes.
 
     The public key is needed because signing checks its own result: a sidecar is only
-    written after it verifies. A KMS signer fits the same shape.
+    written after it verifies. Key files, environment variables, HSMs (PKCS#11) and cloud
+    KMS keys all fit this shape (:mod:`plancache.storage.signers`); ``sign`` may raise
+    :class:`ConfigError` or ``StoreTimeout`` when a remote key cannot be reached.
     """
 
     @property
@@ -289,27 +209,41 @@ def _key_line(fields: list[str]) -> TrustedKey:
 def _pem_key(lines: list[str], start: int) -> tuple[TrustedKey, int]:
     """The PEM block opening at ``lines[start]``; returns the key and the index of its END line."""
     for end in range(start + 1, len(lines)):
-        if lines[end].strip() == _PEM_END:
+        if lines[end].strip() == PEM_PUBLIC_END:
             block = "\n".join(line.strip() for line in lines[start : end + 1]) + "\n"
             public = parse_pem_public(block.encode("ascii", "replace"))
             kid = key_id(public)
             return TrustedKey(kid, kid[:15], public), end
-    raise ConfigError(f"{_PEM_BEGIN} without {_PEM_END}")
+    raise ConfigError(f"{PEM_PUBLIC_BEGIN} without {PEM_PUBLIC_END}")
+
+
+def _allowed_signer(line: str) -> TrustedKey | None:
+    entry = parse_allowed_signer(line)
+    if entry is None:
+        return None
+    kid = key_id(entry.public)
+    return TrustedKey(kid, entry.principals, entry.public, entry.valid_after, entry.valid_before)
 
 
 def _entry(lines: list[str], index: int) -> tuple[TrustedKey | str | None, int]:
-    """The entry at ``lines[index]``: a key, a revoked id, or None; and the last line it used."""
+    """The entry at ``lines[index]``: a key, a revoked id, or None; and the last line it used.
+
+    A line is plancache's own syntax when it starts with a key type, ``@revoked`` or an
+    option list (``name=…``); any other first field is an allowed_signers principal.
+    """
     line = lines[index].strip()
     if not line or line.startswith("#"):
         return None, index
-    if line == _PEM_BEGIN:
+    if line == PEM_PUBLIC_BEGIN:
         return _pem_key(lines, index)
     if line.startswith("-----BEGIN "):
         raise ConfigError(f"'{safe_text(line, 60)}' is not a public key (a private key does not belong here)")
     fields = line.split()
     if fields[0] == "@revoked":
         return _revoked_id(fields), index
-    return _key_line(fields), index
+    if fields[0] in SSH_KEY_TYPES or "=" in fields[0]:
+        return _key_line(fields), index
+    return _allowed_signer(line), index
 
 
 def parse_trusted_keys(text: str, source: str) -> Keyring:

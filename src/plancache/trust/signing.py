@@ -25,6 +25,17 @@ from .verify import VerifiedPlan, verify_plan
 
 Action = Literal["signed", "co-signed", "kept", "replaced"]
 
+MAX_SIGNED_BYTES = 4096
+"""Cap on the signed message (the DSSE PAE over the statement). AWS KMS signs Ed25519 only over
+a raw message of at most 4096 bytes, and a statement that one key backend cannot sign could
+never be co-signed or rotated onto such a key later: so every statement fits, whatever the key."""
+
+
+def _signable(payload_type: str, payload: bytes) -> bytes | None:
+    """The PAE to sign, or None when it is over :data:`MAX_SIGNED_BYTES`."""
+    data = dsse.pae(payload_type, payload)
+    return data if len(data) <= MAX_SIGNED_BYTES else None
+
 
 def sign_plan(
     name: str,
@@ -49,7 +60,13 @@ def sign_plan(
         provenance=check_provenance(provenance or {}),
     )
     payload = statement.to_json_bytes()
-    signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
+    data = _signable(dsse.PAYLOAD_TYPE, payload)
+    if data is None:
+        raise ConfigError(
+            f"the statement to sign is {len(payload)} bytes; signed messages are capped at {MAX_SIGNED_BYTES} "
+            "bytes (what a KMS signs): shorten the comment or the provenance facts"
+        )
+    signature = dsse.Signature(signer.keyid, signer.sign(data))
     return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
 
 
@@ -66,7 +83,9 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     if statement.subject_name != name or statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
         raise Rejected(Reason.DIGEST_MISMATCH, "the existing signature is not for these plan bytes")
     parse_plan(plan_bytes, name)
-    data = dsse.pae(env.payload_type, env.payload)
+    data = _signable(env.payload_type, env.payload)
+    if data is None:
+        raise Rejected(Reason.TOO_LARGE, f"the existing statement is over the {MAX_SIGNED_BYTES}-byte signing cap (--replace signs anew)")
     mine = [s for s in env.signatures if canonical_keyid(s.keyid) == signer.keyid]
     if any(_verifies(signer, s.sig, data) for s in mine):
         return sig_bytes

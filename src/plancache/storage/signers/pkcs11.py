@@ -1,0 +1,234 @@
+"""``pkcs11:`` key references (RFC 7512): an Ed25519 key inside an HSM or a token, signing with
+``CKM_EDDSA`` through PyKCS11 (extra ``[pkcs11]``).
+
+    pkcs11:token=ci;object=signer?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-value=1234
+    pkcs11:token=ci;id=%01?module-path=…&pin-source=file:/run/secrets/hsm-pin
+
+Path attributes select the token (``token``, ``serial``, ``manufacturer``, ``model``,
+``slot-id``) and the key (``object`` = CKA_LABEL, ``id`` = CKA_ID, ``type=private``); query
+attributes name the module and the PIN. An attribute plancache does not know is refused: a
+selector ignored could pick another key. Exactly one token and one private key must match.
+
+The private key never leaves the token: plancache reads the public key object beside it
+(same CKA_ID, else same label) to compute the key id and check each signature, and asks the
+token for ``C_Sign``. PyKCS11 was chosen over python-pkcs11: no Python dependencies of its
+own, and maintained for two decades by the PC/SC-lite maintainer.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import unquote_to_bytes
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ...trust.display import safe_text
+from ...trust.errors import ConfigError
+from .refs import RemoteSigner, missing_extra, one_line, within
+
+SCHEME = "pkcs11:"
+_PATH_ATTRS = ("token", "object", "id", "serial", "manufacturer", "model", "slot-id", "type")
+_QUERY_ATTRS = ("module-path", "pin-value", "pin-source")
+_ED25519_PARAMS = (b"\x06\x03\x2b\x65\x70", b"\x13\x0cedwards25519")
+"""CKA_EC_PARAMS of Ed25519: the OID 1.3.101.112, or the printable string SoftHSM writes."""
+MAX_PIN_FILE_BYTES = 4096
+
+_libs: dict[str, Any] = {}
+_lock = threading.Lock()
+"""One loaded library per module path (C_Initialize once per process), and one caller at a
+time: PKCS#11 login state is per application and token, not per session."""
+
+
+@dataclass(frozen=True)
+class Pkcs11Ref:
+    path: dict[str, bytes]
+    module: str
+    pin: str | None
+
+    @property
+    def source(self) -> str:
+        """The reference without its query: never show a PIN."""
+        shown = ";".join(f"{k}={safe_text(v.decode('utf-8', 'replace'), 40)}" for k, v in self.path.items() if k != "id")
+        if "id" in self.path:
+            shown += (";" if shown else "") + "id=" + "".join(f"%{b:02x}" for b in self.path["id"])
+        return f"pkcs11:{shown}"
+
+
+def _attributes(text: str, sep: str, allowed: tuple[str, ...], where: str) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for part in filter(None, text.split(sep)):
+        name, eq, value = part.partition("=")
+        if not eq or name not in allowed or name in found:
+            raise ConfigError(f"pkcs11 URI: unknown or repeated {where} attribute '{safe_text(name, 30)}' (use {', '.join(allowed)})")
+        found[name] = unquote_to_bytes(value)
+    return found
+
+
+def _read_pin(source: str) -> str:
+    """``pin-source=file:/path`` (or a bare path): the PIN file, refused if others can read it."""
+    path = Path(source.removeprefix("file://").removeprefix("file:")).expanduser()
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_IMODE(mode) & 0o077:
+            raise ConfigError(f"PIN file {path} is readable by others; run: chmod 600 {path}")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PIN_FILE_BYTES)
+    except OSError as exc:
+        raise ConfigError(f"cannot read PIN file {path}: {exc.strerror}") from None
+    return data.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def parse_pkcs11_uri(ref: str) -> Pkcs11Ref:
+    if not ref.startswith(SCHEME):
+        raise ConfigError("not a pkcs11: URI")
+    path_text, _, query_text = ref[len(SCHEME) :].partition("?")
+    path = _attributes(path_text, ";", _PATH_ATTRS, "path")
+    query = {k: v.decode("utf-8", "replace") for k, v in _attributes(query_text, "&", _QUERY_ATTRS, "query").items()}
+    if path.get("type", b"private") != b"private":
+        raise ConfigError("pkcs11 URI: type must be 'private' (the signing key)")
+    path.pop("type", None)
+    if "module-path" not in query:
+        raise ConfigError("pkcs11 URI: add ?module-path=/path/to/the/pkcs11-module.so")
+    if "pin-value" in query and "pin-source" in query:
+        raise ConfigError("pkcs11 URI: give pin-value or pin-source, not both")
+    pin = query.get("pin-value")
+    if "pin-source" in query:
+        pin = _read_pin(query["pin-source"])
+    return Pkcs11Ref(path, query["module-path"], pin)
+
+
+def _library(module: str) -> Any:
+    try:
+        import PyKCS11
+    except ImportError:
+        raise missing_extra("pkcs11:", "PyKCS11", "pkcs11") from None
+    lib = _libs.get(module)
+    if lib is None:
+        lib = PyKCS11.PyKCS11Lib()
+        try:
+            lib.load(module)
+        except PyKCS11.PyKCS11Error as exc:
+            raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}") from None
+        _libs[module] = lib
+    return lib
+
+
+def _slot(lib: Any, ref: Pkcs11Ref) -> Any:
+    fields = {"token": "label", "serial": "serialNumber", "manufacturer": "manufacturerID", "model": "model"}
+    matches, labels = [], []
+    import PyKCS11
+
+    for slot in lib.getSlotList(tokenPresent=True):
+        info = lib.getTokenInfo(slot)
+        if not info.flags & PyKCS11.CKF_TOKEN_INITIALIZED:
+            continue  # an empty slot (SoftHSM always offers one) holds no key
+        labels.append(info.label.strip())
+        wanted = {attr: ref.path[attr].decode("utf-8", "replace") for attr in fields if attr in ref.path}
+        if all(getattr(info, fields[attr]).strip() == value for attr, value in wanted.items()) and (
+            "slot-id" not in ref.path or ref.path["slot-id"] == str(slot).encode()
+        ):
+            matches.append(slot)
+    if len(matches) != 1:
+        present = ", ".join(repr(safe_text(label, 32)) for label in labels) or "none"
+        count = "no token matches" if not matches else f"{len(matches)} tokens match (add serial=)"
+        raise ConfigError(f"{ref.source}: {count}; tokens present: {present}")
+    return matches[0]
+
+
+@contextmanager
+def _session(lib: Any, slot: Any, ref: Pkcs11Ref) -> Iterator[Any]:
+    import PyKCS11
+
+    session = lib.openSession(slot, PyKCS11.CKF_SERIAL_SESSION)
+    try:
+        if ref.pin is not None:
+            try:
+                session.login(ref.pin)
+            except PyKCS11.PyKCS11Error as exc:
+                if exc.value != PyKCS11.CKR_USER_ALREADY_LOGGED_IN:
+                    raise
+        yield session
+    finally:
+        session.closeSession()
+
+
+def _template(ref: Pkcs11Ref, cls: int) -> list[tuple[int, Any]]:
+    import PyKCS11
+
+    template: list[tuple[int, Any]] = [(PyKCS11.CKA_CLASS, cls)]
+    if "object" in ref.path:
+        template.append((PyKCS11.CKA_LABEL, ref.path["object"].decode("utf-8", "replace")))
+    if "id" in ref.path:
+        template.append((PyKCS11.CKA_ID, tuple(ref.path["id"])))
+    return template
+
+
+def _one(session: Any, ref: Pkcs11Ref, cls: int, what: str) -> Any:
+    found = session.findObjects(_template(ref, cls))
+    if len(found) != 1:
+        hint = "log in: add pin-value= or pin-source=" if ref.pin is None and what == "private key" else "name it with object= or id="
+        raise ConfigError(f"{ref.source}: {len(found)} {what} objects match ({hint})")
+    return found[0]
+
+
+def _public_key(session: Any, ref: Pkcs11Ref) -> Ed25519PublicKey:
+    """The public key object beside the private key: Ed25519 params and a 32-byte point
+    (bare, or DER-wrapped as OCTET STRING, which SoftHSM writes)."""
+    import PyKCS11
+
+    private = _one(session, ref, PyKCS11.CKO_PRIVATE_KEY, "private key")
+    (key_type,) = session.getAttributeValue(private, [PyKCS11.CKA_KEY_TYPE])
+    if key_type != PyKCS11.CKK_EC_EDWARDS:
+        raise ConfigError(f"{ref.source}: the key is not an Ed25519 (CKK_EC_EDWARDS) key")
+    public = _one(session, ref, PyKCS11.CKO_PUBLIC_KEY, "public key")
+    point, params = (bytes(v) for v in session.getAttributeValue(public, [PyKCS11.CKA_EC_POINT, PyKCS11.CKA_EC_PARAMS]))
+    if params not in _ED25519_PARAMS:
+        raise ConfigError(f"{ref.source}: the key's curve is not edwards25519")
+    if len(point) == 34 and point[:2] == b"\x04\x20":
+        point = point[2:]
+    if len(point) != 32:
+        raise ConfigError(f"{ref.source}: the public key object holds no 32-byte Ed25519 point")
+    return Ed25519PublicKey.from_public_bytes(point)
+
+
+def _sign(lib: Any, slot: Any, ref: Pkcs11Ref, data: bytes) -> bytes:
+    import PyKCS11
+
+    with _lock, _session(lib, slot, ref) as session:
+        private = _one(session, ref, PyKCS11.CKO_PRIVATE_KEY, "private key")
+        return bytes(session.sign(private, data, PyKCS11.Mechanism(PyKCS11.CKM_EDDSA, None)))
+
+
+def pkcs11_signer(ref_text: str, budget: float) -> RemoteSigner:
+    """Load the module, find the token and the key, read the public key: all within ``budget``."""
+    ref = parse_pkcs11_uri(ref_text)
+
+    def load() -> tuple[Any, Any, Ed25519PublicKey]:
+        import PyKCS11
+
+        with _lock:
+            lib = _library(ref.module)
+            try:
+                slot = _slot(lib, ref)
+                with _session(lib, slot, ref) as session:
+                    return lib, slot, _public_key(session, ref)
+            except PyKCS11.PyKCS11Error as exc:
+                raise ConfigError(f"{ref.source}: {one_line(exc)}") from None
+
+    lib, slot, public = within(budget, f"opening {ref.source}", load)
+
+    def raw_sign(data: bytes) -> bytes:
+        import PyKCS11
+
+        try:
+            return _sign(lib, slot, ref, data)
+        except PyKCS11.PyKCS11Error as exc:
+            raise ConfigError(f"{ref.source}: signing failed: {one_line(exc)}") from None
+
+    return RemoteSigner(ref.source, public, raw_sign, budget)
