@@ -58,6 +58,18 @@ def _own_keyring(signer: Signer) -> Keyring:
     return Keyring({signer.keyid: TrustedKey(signer.keyid, "self", public)})
 
 
+def is_signed_by(directory: LocalPlanDir, fp: str, signer: Signer, now: datetime) -> bool:
+    """Whether the plan already carries a valid signature by ``signer`` (what sign would keep)."""
+    plan_bytes, sig_bytes = directory.read(fp)
+    if plan_bytes is None:
+        return False
+    try:
+        verify_plan(plan_name(fp), plan_bytes, sig_bytes, _own_keyring(signer), now)
+    except PlanCacheError:
+        return False
+    return True
+
+
 def sign_one(directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest) -> SignOutcome:
     """Sign one plan in place. Existing valid co-signatures are kept."""
     name = plan_name(fp)
