@@ -168,7 +168,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report(args, ok, **info)
     else:
         for key, value in _flatten("", info):
-            print(f"{key:32} {value}")
+            print(f"{key:44} {value}".rstrip())
     return 0 if ok else 1
 
 
@@ -180,7 +180,7 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
     elif isinstance(value, list):
         if value and all(isinstance(v, dict) for v in value):
             for i, inner in enumerate(value):
-                yield from _flatten(f"{prefix}[{i}]", inner)
+                yield from _flatten(f"{prefix}.{i + 1}", inner)
         else:
             yield prefix, ", ".join(str(v) for v in value)
     else:
