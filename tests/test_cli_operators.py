@@ -203,3 +203,49 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+
+def test_doctor_explains_a_worker(s3: MotoServer, keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("VLLM_PLUGINS", "PLANCACHE_URL", "PLANCACHE_SIGNING_KEY", "PLANCACHE_STORAGE_OPTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    signed_dir(tmp_path / "vllm" / "startup_plan", keys, FP)  # baseline 70 GiB
+    capsys.readouterr()
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", f"{keys}.pub")
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
+
+    def checks(*argv: str) -> tuple[int, dict[str, dict[str, object]]]:
+        code, out, _ = run(capsys, "doctor", "--json", *argv)
+        return code, {c["name"]: c for c in json.loads(out)["checks"]}
+
+    code, found = checks("--free-memory", "80GiB")
+    assert code == 0 and found["trusted-keys"]["data"]["names"] == ["ci"]
+    assert found["local-plans"]["data"]["plans"][0]["decision"] == "apply"
+    code, found = checks("--free-memory", "60GiB")
+    assert code == 1 and found["local-plans"]["data"]["plans"][0]["reason"] == "below-baseline"
+    monkeypatch.setenv("PLANCACHE_URL", "s3://no-such-bucket/plans")
+    code, found = checks("--free-memory", "60GiB")
+    assert code == 1 and found["store"]["status"] == "fail" and "does not exist" in found["store"]["detail"]
+    monkeypatch.setenv("PLANCACHE_URL", f"s3://{s3.new_bucket()}/plans")
+    code, found = checks("--free-memory", "60GiB")
+    assert code == 0 and found["store"]["status"] == "warn" and found["local-plans"]["status"] == "warn"
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "0")
+    code, out, err = run(capsys, "doctor")
+    assert code == 1 and "vllm-plugins" in out and "FAIL" in out and "will not apply" in err
+    with pytest.raises(SystemExit) as usage:
+        main(["doctor", "--free-memory", "lots"])
+    assert usage.value.code == 2 and "not a byte count" in capsys.readouterr().err
+
+
+def test_doctor_does_not_import_vllm(tmp_path: Path) -> None:
+    code = ("import sys; from plancache.cli.main import main; rc = main(['doctor', '--json']); "
+            "print(rc, [m for m in ('vllm', 'torch') if m in sys.modules], file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "VLLM_CACHE_ROOT": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stderr.strip().splitlines()[-1].endswith(" []"), done.stderr
+    assert json.loads(done.stdout)["command"] == "doctor"

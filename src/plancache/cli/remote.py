@@ -54,7 +54,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), signer,
                                        request, args.allow_unsigned, bar, wanted or None, args.dry_run)
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
-    signs = signer is not None and any(e.action == "uploaded" and e.detail != "unsigned" for e in entries)
+    signs = any(e.detail in ("signed", "signed first") for e in entries)
     missing = unrecorded_conditions(dict(request.facts)) if signs else []
     warnings = [conditions_warning(missing)] if missing else []
     for warning in warnings:

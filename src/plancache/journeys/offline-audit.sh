@@ -37,7 +37,7 @@ if [ -n "$tmp" ]; then
     if [ ! -s "$tmp" ]; then  # plancache could not even start: still never leave a stale report
         printf '{"command": "verify", "error": {"detail": "plancache exited %s before writing a report", "reason": "internal-error"}, "location": "%s", "ok": false, "plans": [], "schema": "plancache.report/v1"}\n' \
             "$status" "$(printf '%s' "$target" | sed 's/["\\]/\\&/g')" > "$tmp"
-        [ "$status" -eq 0 ] && status=2
+        [ "$status" -lt 2 ] && status=2  # no report: the audit did not run
     fi
     mv -f "$tmp" "$AUDIT_JSON"
 fi

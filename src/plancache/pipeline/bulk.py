@@ -32,6 +32,7 @@ class PushEntry:
     action: str = ""
     """``uploaded``, ``unchanged`` or ``refused`` (in a dry run: what would happen)."""
     detail: str = ""
+    """Why refused; or ``signed`` (a new signature was made), ``signed first`` (dry run: would be), ``unsigned``."""
 
 
 def _fp_of(name: str) -> str:
@@ -94,6 +95,7 @@ def push_plans(
     objects: dict[str, bytes] = {}
     names: dict[str, list[str]] = {}
     would_sign: set[str] = set()
+    signed: set[str] = set()
     present = set(directory.fingerprints())
     for fp in present if fingerprints is None else list(dict.fromkeys(fingerprints)):
         entry = PushEntry(fp)
@@ -110,6 +112,8 @@ def push_plans(
                 if outcome.refused:
                     entry.action, entry.detail = "refused", f"{outcome.reason}: {outcome.detail}"
                     continue
+                if outcome.action == "signed":
+                    signed.add(fp)
             plan, sig = directory.read(fp)
         except PlanCacheError as exc:
             entry.action, entry.detail = "refused", f"{exc.reason.value}: {exc.detail}"
@@ -138,6 +142,7 @@ def push_plans(
             mine = names[entry.fingerprint]
             entry.action = "uploaded" if any(n in upload_names for n in mine) else "unchanged"
             entry.detail = ("signed first" if entry.fingerprint in would_sign
+                            else "signed" if entry.fingerprint in signed
                             else "unsigned" if len(mine) == 1 else "")
     return entries, len(upload_names)
 
