@@ -19,7 +19,6 @@ They decide nothing about trust and read only names, existence, and bytes to com
 from __future__ import annotations
 
 import asyncio
-import difflib
 import inspect
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
@@ -92,6 +91,8 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
     for key in options:
         if key in accepted:
             continue
+        import difflib
+
         guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)
         hint = f"; did you mean {guess[0]!r}?" if guess else ""
         raise ConfigError(
