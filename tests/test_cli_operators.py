@@ -161,9 +161,10 @@ def test_sign_warns_without_the_gate_conditions(keys: Path, tmp_path: Path, caps
     local.write(FP, plan_bytes(), None)
     code, _, err = run(capsys, "sign", "--key", str(keys), str(local.path))
     assert code == 0 and "warning: signed without gpu_memory_utilization, device_name, device_total_memory" in err
-    local.write(FP2, plan_bytes(fp=FP2), None)
+    other = LocalPlanDir(tmp_path / "other")
+    other.write(FP2, plan_bytes(fp=FP2), None)
     code, _, err = run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", "--fact",
-                       "device_name=H100", "--fact", "device_total_memory=1", str(local.path))
+                       "device_name=H100", "--fact", "device_total_memory=1", str(other.path))
     assert code == 0 and "warning" not in err
 
 

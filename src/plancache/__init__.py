@@ -16,11 +16,6 @@ loaded lazily: the vLLM plugin imports this package in every vLLM process, so ``
 plancache`` pulls in none of fsspec, s3fs, gcsfs, aiobotocore, torch or vLLM.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -51,27 +46,14 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+"""(Their types are in ``__init__.pyi``: a stub costs the many processes that import this
+package nothing.)"""
 
-if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on first use
-    from .api import pull, verify_location
-    from .pipeline.audit import PlanReport
-    from .pipeline.resolver import Resolver
-    from .pipeline.trust_config import load_trusted_keys, trust_policy
-    from .storage.localdir import LocalPlanDir, default_plan_dir
-    from .storage.store import Store, open_store
-    from .trust.errors import ConfigError, PlanCacheError, Reason, Rejected, StoreError, StoreTimeout
-    from .trust.gate import Decision, Verdict, decide
-    from .trust.keys import Keyring
-    from .trust.policy import TrustPolicy
-    from .trust.result import PlanResult
-    from .trust.verify import VerifiedPlan, verify_plan
-
-
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'plancache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(__import__(module, fromlist=[name]), name)
     globals()[name] = value
     return value
 

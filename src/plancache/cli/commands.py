@@ -13,7 +13,7 @@ import argparse
 from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from ..storage.deadline import DEFAULT_TIMEOUT
 from .args import byte_count, duration, key_value, positive_int
-from .inputs import add_store_options, add_trust_options
+from .inputs import add_cosign_options, add_store_options, add_trust_options
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 
@@ -29,7 +29,7 @@ def _quiet(p: argparse.ArgumentParser) -> None:
 
 def _signing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="lifetime of new signatures, e.g. 30d, 12h")
-    p.add_argument("--comment", default="", help="free text recorded in new signatures")
+    p.add_argument("--comment", help="free text recorded in new signatures")
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
                    help="provenance fact recorded in new signatures, e.g. gpu_memory_utilization=0.9 (repeatable); "
                    "gpu_memory_utilization, device_name and device_total_memory are the gate's conditions")
@@ -52,11 +52,13 @@ def add_parsers(sub: Sub) -> None:
 
     p = _add(sub, "sign", "offline:cmd_sign", "sign every plan in DIR that lacks a valid signature by the key",
              "Sign each plan in DIR that lacks a valid signature by KEY. A plan already signed by other keys is "
-             "co-signed (same statement, one more signature). Warns when the gate's conditions "
+             "co-signed (same statement, one more signature) only if that statement verifies under --trusted-keys and "
+             "says what this command would sign; otherwise it is refused (exit 1) unless --replace. Warns when the gate's conditions "
              "(gpu_memory_utilization, device_name, device_total_memory) are not recorded: without them a plan "
              "made at one setting is applied at another.")
     p.add_argument("--key", metavar="KEY", help=f"private key file (default: ${SIGNING_KEY_ENV})")
     _signing(p)
+    add_cosign_options(p)
     _json(p)
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
 
@@ -99,6 +101,7 @@ def add_parsers(sub: Sub) -> None:
     p.add_argument("--fingerprint", action="append", metavar="FP", help="push only this plan (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="show what would be signed and uploaded; change nothing")
     _signing(p)
+    add_cosign_options(p)
     add_store_options(p)
     _json(p)
     _quiet(p)

@@ -39,6 +39,19 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cosign_options(parser: argparse.ArgumentParser) -> None:
+    """What signing needs to co-sign safely: shared by ``sign`` and ``push --key``."""
+    parser.add_argument(
+        "--trusted-keys", metavar="PATH",
+        help="an existing signature is co-signed only if it verifies under these keys and says what this "
+        f"command would sign (default: ${TRUSTED_KEYS_ENV})",
+    )
+    parser.add_argument(
+        "--replace", action="store_true",
+        help="sign anew with this key alone where an existing signature cannot be adopted",
+    )
+
+
 def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:
     """``--storage-option`` and ``--timeout``: shared by every command that takes a URL."""
     parser.add_argument(
@@ -81,10 +94,14 @@ def required_signer(args: argparse.Namespace) -> "Signer":
 
 
 def signing_request(args: argparse.Namespace) -> "SigningRequest":
-    """``--expires-in``, ``--comment``, ``--fact``: what new statements record."""
+    """What ``sign``/``push --key`` would sign; absent flags are "not asked" (None)."""
     from ..pipeline.signing import SigningRequest
+    from ..pipeline.trust_config import keys_source, load_trusted_keys
 
-    return SigningRequest(args.expires_in, args.comment, dict(args.fact or []))
+    source = keys_source(args.trusted_keys)
+    keyring = load_trusted_keys(source) if source else None
+    facts = dict(args.fact) if args.fact else None
+    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
 
 
 def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from .. import __version__
+from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import commands
+from . import commands, fingerprint
 
 EXIT_CONFIG = 2
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parsers(sub)
+    fingerprint.add_parser(sub)
     return parser
 
 
@@ -99,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _handler(args)(args)
     except PlanCacheError as exc:
-        fail(exc.reason.value, exc.detail)
+        fail(exc.reason.value, safe_text(exc.detail, 500))
         return EXIT_CONFIG
     except KeyboardInterrupt:
         fail("interrupted", "interrupted", "interrupted")
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        fail("internal-error", f"{type(exc).__name__}: {exc} (PLANCACHE_DEBUG=1 shows more)", "internal error")
+        fail("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)", "internal error")
         return EXIT_CONFIG
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from ..pipeline.audit import PlanReport, all_valid, audit_plans, check, list_plans
 from ..pipeline.locations import Location, local_dir, no_plans_message, open_location
@@ -18,6 +18,7 @@ from ..pipeline.resolver import utcnow
 from ..storage.localdir import LocalPlanDir
 from ..pipeline.signing import sign_directory
 from ..trust import envelope as dsse
+from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ..trust.result import PlanResult
@@ -40,7 +41,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def unrecorded_conditions(facts: dict[str, Any]) -> list[str]:
+def unrecorded_conditions(facts: Mapping[str, Any]) -> list[str]:
     """The gate's conditions a new signature would not record (so the gate cannot compare them)."""
     return [key for key in CONDITION_KEYS if key not in facts]
 
@@ -56,7 +57,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
     request = signing_request(args)
     outcomes = sign_directory(directory, signer, utcnow(), request)
     refused = sum(o.refused for o in outcomes)
-    missing = unrecorded_conditions(dict(request.facts)) if any(o.action == "signed" for o in outcomes) else []
+    fresh = any(o.action in ("signed", "replaced") for o in outcomes)
+    missing = unrecorded_conditions(dict(request.facts or {})) if fresh else []
     warnings = [conditions_warning(missing)] if missing else []
     for warning in warnings:
         print(f"plancache: warning: {warning}", file=sys.stderr)
@@ -168,7 +170,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report(args, ok, **info)
     else:
         for key, value in _flatten("", info):
-            print(f"{key:44} {value}".rstrip())
+            print(f"{key:44} {safe_text(value, 2000)}".rstrip())
     return 0 if ok else 1
 
 

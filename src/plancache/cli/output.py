@@ -13,8 +13,13 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Sequence, TextIO
 
+from ..trust.display import safe_text
+
 SCHEMA = "plancache.report/v1"
 """The report's versioned name; ``report.schema.json`` beside this module describes it."""
+
+CELL_LIMIT = 300
+"""Characters per table cell: a detail is one line; a hostile value cannot flood a terminal."""
 
 
 def gib(value: int | None) -> str:
@@ -50,7 +55,7 @@ def report(args: argparse.Namespace, ok: bool, error: tuple[str, str] | None = N
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    cells = [list(headers)] + [["" if c is None else str(c) for c in row] for row in rows]
+    cells = [list(headers)] + [["" if c is None else safe_text(c, CELL_LIMIT) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")

@@ -55,7 +55,7 @@ def cmd_push(args: argparse.Namespace) -> int:
                                        request, args.allow_unsigned, bar, wanted or None, args.dry_run)
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
-    missing = unrecorded_conditions(dict(request.facts)) if signs else []
+    missing = unrecorded_conditions(dict(request.facts or {})) if signs else []
     warnings = [conditions_warning(missing)] if missing else []
     for warning in warnings:
         print(f"plancache: warning: {warning}", file=sys.stderr)

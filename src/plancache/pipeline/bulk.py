@@ -21,7 +21,7 @@ from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan
 from ..trust.policy import TrustPolicy
 from ..trust.statement import parse_time
 from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
-from .signing import SigningRequest, is_signed_by, sign_one
+from .signing import SigningRequest, sign_one
 
 __all__ = ["STORE_REASONS", "PushEntry", "PruneOutcome", "push_plans", "prune_plans"]
 
@@ -104,16 +104,15 @@ def push_plans(
             entry.action, entry.detail = "refused", f"{Verdict.NO_PLAN}: no plan file {plan_name(fp)} in {directory}"
             continue
         try:
-            if signer is not None and dry_run:
-                if not is_signed_by(directory, fp, signer, now):
-                    would_sign.add(fp)
-            elif signer is not None:
-                outcome = sign_one(directory, fp, signer, now, request)
+            if signer is not None:
+                outcome = sign_one(directory, fp, signer, now, request, write=not dry_run)
                 if outcome.refused:
                     entry.action, entry.detail = "refused", f"{outcome.reason}: {outcome.detail}"
                     continue
-                if outcome.action == "signed":
-                    signed.add(fp)
+                if outcome.action in ("signed", "replaced"):
+                    signed.add(fp)  # a fresh statement: it records this request's facts
+                if dry_run and outcome.action != "kept":
+                    would_sign.add(fp)
             plan, sig = directory.read(fp)
         except PlanCacheError as exc:
             entry.action, entry.detail = "refused", f"{exc.reason.value}: {exc.detail}"

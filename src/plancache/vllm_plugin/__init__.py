@@ -21,7 +21,8 @@ __all__ = ["register", "unregister", "startup_plan_enabled"]
 def startup_plan_enabled() -> bool:
     """vLLM's switch ``VLLM_ENABLE_STARTUP_PLAN``, read as ``vllm.envs`` reads it
     (``bool(int(value))``, at call time). An unparsable value makes vLLM itself fail loudly;
-    the plugin then stays out of the way. The one place the plugin reads the switch."""
+    the plugin then stays out of the way. Read here at registration without importing vLLM;
+    at call time the plugin asks vLLM's own ``envs`` (:func:`.adapter.enabled`)."""
     try:
         return bool(int(os.environ.get("VLLM_ENABLE_STARTUP_PLAN", "0")))
     except ValueError:
