@@ -143,6 +143,6 @@ def test_a_kms_that_stops_answering_mid_run_times_out_the_signature(kms: AwsKms,
         started = time.monotonic()
         with pytest.raises(StoreTimeout):
             signer.sign(b"x")
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 0.5 + 2.0  # the budget, plus slack for a loaded machine
     finally:
         kms.hang = False

@@ -198,3 +198,24 @@ def test_empty_object_reads_as_empty(backend: Backend) -> None:
     # S3 answers a byte range over an empty object with 416; it is still just empty
     backend.plant(plan_name(FP), b"")
     assert raw(backend.store().fetch(FP)) == (b"", None)
+
+
+def test_missing_locations_fail_and_empty_ones_say_so(backend: Backend, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in the bucket (or directory) is exit 2 on every backend; an empty prefix fails verify."""
+    opts = backend.cli_options()
+    run(capsys, "keygen", str(tmp_path / "k"))
+    keys = ["--trusted-keys", str(tmp_path / "k.pub")]
+    scheme, rest = backend.url.split("://", 1)
+    missing = f"{scheme}://{'/' if scheme == 'file' else ''}no-such-{uuid.uuid4().hex[:8]}/plans"
+    code, out, err = run(capsys, "verify", *keys, *opts, missing)
+    assert code == 2 and "does not exist" in err and out == ""
+    backend.plant(plan_name(FP), plan_bytes())  # makes the bucket's prefix exist
+    empty = backend.url.rsplit("/", 1)[0] + "/empty"
+    if backend.name in ("file", "memory"):  # no buckets: the directory itself must exist
+        store = open_store(empty, backend.options, 30)
+        assert run(capsys, "verify", *keys, *opts, empty)[0] == 2
+        store.fs.makedirs(store.root, exist_ok=True)
+    code, _, err = run(capsys, "verify", *keys, *opts, empty)
+    assert code == 1 and f"no plans in {empty}" in err
+    assert run(capsys, "verify", "--allow-empty", *keys, *opts, empty)[0] == 0

@@ -26,6 +26,7 @@ FP2 = "fedcba9876543210"
 
 
 def script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """scripts/NAME (a thin caller of the packaged journey), with this interpreter's plancache."""
     full = {**os.environ, "PLANCACHE": f"{sys.executable} -m plancache.cli.main", **env}
     return subprocess.run(["bash", str(SCRIPTS / name), *args], env=full, capture_output=True, text=True, timeout=120)
 
@@ -50,10 +51,17 @@ def test_three_journeys(store_env: tuple[str, dict[str, str], dict[str, object]]
 
     bake = script("ci-bake.sh", {**env, "PLANCACHE_URL": url, "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
                                  "IMAGE_PLAN_DIR": str(image), "PLAN_DIR": str(profiled.path),
-                                 "PLANCACHE_EXPIRES_IN": "30d"})
+                                 "PLANCACHE_EXPIRES_IN": "30d",
+                                 "PLANCACHE_FACTS": 'gpu_memory_utilization=0.9 "device_name=NVIDIA H100 80GB HBM3"'},
+                  "--fact", "device_total_memory=85899345920")
     assert bake.returncode == 0, bake.stderr
+    assert "warning" not in bake.stderr  # every gate condition recorded
     assert sorted(p.name for p in image.iterdir()) == sorted(
         [plan_name(FP), sig_name(FP), plan_name(FP2), sig_name(FP2)])
+    shown = subprocess.run([sys.executable, "-m", "plancache.cli.main", "inspect", "--json", str(image / sig_name(FP))],
+                           capture_output=True, text=True, timeout=60)
+    assert json.loads(shown.stdout)["statement"]["provenance"] == {
+        "gpu_memory_utilization": 0.9, "device_name": "NVIDIA H100 80GB HBM3", "device_total_memory": 85899345920}
 
     trusted = {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub")}
     node = tmp_path / "node" / "vllm"
@@ -70,16 +78,83 @@ def test_three_journeys(store_env: tuple[str, dict[str, str], dict[str, object]]
     # someone rewrites a plan in the bucket: the audit fails, a spot boot keeps going without it
     store = open_store(url, options, 30)
     store.fs.pipe_file(store.path(plan_name(FP2)), plan_bytes(fp=FP2, kv=2 * GIB - 1, baseline=2 * GIB))
-    audit = script("offline-audit.sh", {**env, **trusted, "PLANCACHE_URL": url})
+    audit = script("offline-audit.sh", {**env, **trusted, "PLANCACHE_URL": url, "AUDIT_JSON": str(audit_json)})
     assert audit.returncode == 1 and "digest-mismatch" in audit.stdout
+    failed = json.loads(audit_json.read_text())
+    assert failed["ok"] is False and {p["reason"] for p in failed["plans"]} == {"ok", "digest-mismatch"}
     other = tmp_path / "other-node"
     boot = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_URL": url, "PLAN_DIR": str(other),
                                    "PLANCACHE_FINGERPRINTS": FP2})
-    assert boot.returncode == 0 and "exited 1" in boot.stderr
+    assert boot.returncode == 0 and "exited 1" in boot.stderr, boot.stdout + boot.stderr
     assert not other.exists() or list(other.iterdir()) == []
     strict = script("spot-boot.sh", {**env, **trusted, "PLANCACHE_URL": url, "PLAN_DIR": str(other),
                                      "PLANCACHE_STRICT": "1"}, FP2)
     assert strict.returncode == 1
+
+
+def test_offline_audit_never_leaves_a_stale_success(moto_server: MotoServer, tmp_path: Path) -> None:  # noqa: F811
+    """A mistyped bucket: exit 2, and the old green report is replaced by a failure report."""
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    report = tmp_path / "audit.json"
+    report.write_text('{"ok": true, "plans": []}')
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint, "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"),
+           "AUDIT_JSON": str(report)}
+    audit = script("offline-audit.sh", env, "s3://no-such-bucket/plans")
+    assert audit.returncode == 2 and "does not exist" in audit.stderr and "ERROR" in audit.stderr
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and doc["error"]["reason"] == "config-error" and doc["schema"] == "plancache.report/v1"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    empty = script("offline-audit.sh", env, str(tmp_path))  # a directory without plans
+    assert empty.returncode == 1 and json.loads(report.read_text())["error"]["reason"] == "no-plans"
+    report.write_text("stale")
+    unusable = script("offline-audit.sh", {**env, "PLANCACHE": "false"}, "s3://b/p")  # plancache cannot even run
+    assert unusable.returncode == 2 and json.loads(report.read_text())["ok"] is False
+
+
+def test_spot_boot_tells_a_configuration_error_from_a_miss(moto_server: MotoServer, tmp_path: Path) -> None:  # noqa: F811
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint, "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"),
+           "PLAN_DIR": str(tmp_path / "plans")}
+    typo = script("spot-boot.sh", {**env, "PLANCACHE_URL": "s3://no-such-bucket/plans"}, FP)
+    assert typo.returncode == 0 and "configuration error" in typo.stderr and "does not exist" in typo.stderr
+    strict = script("spot-boot.sh", {**env, "PLANCACHE_URL": "s3://no-such-bucket/plans", "PLANCACHE_STRICT": "1"}, FP)
+    assert strict.returncode == 2
+    miss = script("spot-boot.sh", {**env, "PLANCACHE_URL": f"s3://{moto_server.new_bucket()}/plans"}, FP)
+    assert miss.returncode == 0 and "missing or was rejected" in miss.stderr and "configuration" not in miss.stderr
+
+
+def test_journeys_ship_in_the_wheel_and_run_from_a_plain_install(tmp_path: Path) -> None:
+    """Build the wheel, install it (no deps) into a fresh venv that sees this one's packages,
+    and run each journey from the venv's bin/ with a PATH that holds no plancache at all."""
+    root = SCRIPTS.parent
+    wheel_dir = tmp_path / "wheel"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(wheel_dir), str(root)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    [wheel] = wheel_dir.glob("plancache-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    for packaged in ("plancache/journeys/ci-bake.sh", "plancache/journeys/spot-boot.sh",
+                     "plancache/journeys/offline-audit.sh", "plancache/cli/report.schema.json"):
+        assert packaged in names, packaged
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                                "--no-deps", "--ignore-installed", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+    if installed.returncode != 0 and "no such option: --python" in installed.stderr:
+        pytest.skip("pip too old for --python")
+    assert installed.returncode == 0, installed.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PLANCACHE")}
+    env["PATH"] = "/usr/bin:/bin"
+    for name in ("ci-bake", "spot-boot", "offline-audit"):
+        helped = subprocess.run([str(venv / "bin" / f"plancache-{name}"), "--help"], capture_output=True, text=True,
+                                env=env, timeout=60)
+        assert helped.returncode == 0 and f"plancache-{name}" in helped.stdout and "PLANCACHE_" in helped.stdout
+    audit = subprocess.run([str(venv / "bin" / "plancache-offline-audit"), str(tmp_path / "nowhere")],
+                           capture_output=True, text=True, env={**env, "PLANCACHE_TRUSTED_KEYS": "/nonexistent"},
+                           timeout=60)
+    assert audit.returncode == 2 and "plancache: error:" in audit.stderr  # ran the installed plancache
 
 
 def test_scripts_explain_missing_settings(tmp_path: Path) -> None:

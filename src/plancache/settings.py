@@ -32,6 +32,9 @@ PASSPHRASE_ENV = "PLANCACHE_KEY_PASSPHRASE"
 TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
 STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
 
+BULK_TIMEOUT = 120.0
+"""Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
+
 
 def parse_key_value(item: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""

@@ -37,3 +37,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return value
+
+
+_SIZE = re.compile(r"(\d+)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 2**10, "kib": 2**10, "m": 1000**2, "mb": 1000**2,
+               "mi": 2**20, "mib": 2**20, "g": 1000**3, "gb": 1000**3, "gi": 2**30, "gib": 2**30,
+               "t": 1000**4, "tb": 1000**4, "ti": 2**40, "tib": 2**40}
+
+
+def byte_count(text: str) -> int:
+    """``85899345920`` or ``80GiB`` / ``80G`` (whole numbers; GiB = 2**30, GB = 10**9) -> bytes (argparse type)."""
+    match = _SIZE.fullmatch(text.strip())
+    unit = (match.group(2) or "").lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count like 85899345920 or 80GiB")
+    return int(match.group(1)) * _SIZE_UNITS[unit]

@@ -27,18 +27,6 @@ DEMO_FINGERPRINT = "3f9a1c2be47d5a60"
 TAMPERED_FINGERPRINT = "a7c0de5e11f00d42"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("demo", help="run the whole story in temporary directories",
-                       description="CI bake (plans written as vLLM writes them, signed, pushed) -> a tampered "
-                       "plan in the store -> spot boot pull (verified) -> the gate's decision at two free-memory "
-                       "values. Touches nothing outside a temp dir, except the store given with --store.")
-    p.add_argument("--store", metavar="URL", help="use this store instead of an embedded file:// one "
-                   "(the demo writes and then deletes two plans under it)")
-    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
-                   help="storage option for --store (repeatable)")
-    p.set_defaults(func=run)
-
-
 def step(text: str) -> None:
     print(f"==> {text}", flush=True)
 
@@ -72,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         step(f"CI bake: sign with the CI key and push to {store_url}")
         code = _plancache("push", "--key", str(root / "ci-key"), "--fact", "gpu_memory_utilization=0.9",
+                          "--fact", "device_name=NVIDIA H100 80GB HBM3", "--fact", f"device_total_memory={80 * GIB}",
                           *options, str(ci_plans.path), store_url)
         if code != 0:
             return code

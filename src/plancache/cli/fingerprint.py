@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from typing import Any, Iterator
 
+from ..trust.errors import ConfigError
 from .args import positive_int
 
 EXIT_CONFIG = 2
@@ -130,32 +130,30 @@ def run(args: argparse.Namespace) -> int:
     if serve[:1] == ["--"]:
         serve = serve[1:]
     if not serve:
-        print("plancache: fingerprint: give the vllm serve arguments after --, e.g. -- MODEL "
-              "--tensor-parallel-size 2", file=sys.stderr)
-        return EXIT_CONFIG
+        raise ConfigError("fingerprint: give the vllm serve arguments after --, e.g. -- MODEL "
+                          "--tensor-parallel-size 2")
     # vLLM logs to stdout by default; the fingerprints are this command's stdout (--json).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm  # noqa: F401 - only to tell a missing extra from a failing configuration
     except ImportError as exc:
-        print(f"{NEEDS_VLLM}: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise ConfigError(f"{NEEDS_VLLM.removeprefix('plancache: ')}: {exc}") from None
     try:
         result = fingerprints(serve, args.device_name, args.device_total_memory)
     except (NotImplementedError, RuntimeError) as exc:
         hint = "" if args.device_name and args.device_total_memory else (
             "; without a local GPU give --device-name and --device-total-memory")
-        print(f"plancache: fingerprint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{hint}",
-              file=sys.stderr)
-        return EXIT_CONFIG
+        raise ConfigError(
+            f"fingerprint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{hint}") from None
     except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
-        print(f"plancache: fingerprint: invalid vllm serve arguments: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise ConfigError(f"fingerprint: invalid vllm serve arguments: {exc}") from None
     if result["ignored_arguments"]:
         print("plancache: fingerprint: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
               file=sys.stderr)
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        from .output import report  # the shared top level (schema, command, ok) beside the result
+
+        report(args, True, **result)
         return 0
     for entry in result["ranks"]:
         print(f"rank {entry['rank']}/{result['world_size']}  {entry['fingerprint']}  startup_plan_{entry['fingerprint']}.json")

@@ -3,22 +3,30 @@
 Trust options (``--trusted-keys``, ``--threshold``) become a
 :class:`~plancache.trust.policy.TrustPolicy`; ``--key`` a signer; ``--storage-option``
 merged over ``$PLANCACHE_STORAGE_OPTIONS`` the store's options. Nothing here decides trust.
+The parser helpers are imported by :mod:`plancache.cli.commands` for every command, so the
+library itself is imported inside the functions that build its objects.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from ..pipeline.locations import BULK_TIMEOUT
-from ..pipeline.trust_config import keys_source, signer_for, trust_policy
-from ..settings import SIGNING_KEY_ENV, STORAGE_OPTIONS_ENV, TRUSTED_KEYS_ENV, parse_storage_options
+from ..settings import (
+    BULK_TIMEOUT,
+    SIGNING_KEY_ENV,
+    STORAGE_OPTIONS_ENV,
+    TRUSTED_KEYS_ENV,
+    parse_storage_options,
+)
 from ..trust.errors import ConfigError
-from ..trust.keys import Signer
-from ..trust.policy import TrustPolicy
 from .args import key_value, positive_int
-from .keys_cmd import terminal_prompt
+
+if TYPE_CHECKING:
+    from ..pipeline.signing import SigningRequest
+    from ..trust.keys import Signer
+    from ..trust.policy import TrustPolicy
 
 
 def add_trust_options(parser: argparse.ArgumentParser) -> None:
@@ -58,25 +66,44 @@ def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -
     )
 
 
-def required_policy(args: argparse.Namespace) -> TrustPolicy:
+def required_policy(args: argparse.Namespace) -> "TrustPolicy":
     """The signed policy the command needs; one line when no trusted keys are named."""
+    from ..pipeline.trust_config import keys_source, trust_policy
+
     source = keys_source(args.trusted_keys)
     if not source:
         raise ConfigError(f"no trusted keys: pass --trusted-keys FILE or set {TRUSTED_KEYS_ENV}")
     return trust_policy(source, args.threshold)
 
 
-def optional_policy(args: argparse.Namespace) -> TrustPolicy | None:
+def optional_policy(args: argparse.Namespace) -> "TrustPolicy | None":
     """The signed policy when trusted keys are named, else None (values shown unverified)."""
+    from ..pipeline.trust_config import keys_source, trust_policy
+
     source = keys_source(args.trusted_keys)
     return trust_policy(source, getattr(args, "threshold", 1)) if source else None
 
 
-def required_signer(args: argparse.Namespace) -> Signer:
+def required_signer(args: argparse.Namespace) -> "Signer":
+    from ..pipeline.trust_config import signer_for
+
+    from .keys_cmd import terminal_prompt
+
     signer = signer_for(args.key, prompt=terminal_prompt())
     if signer is None:
         raise ConfigError(f"no signing key: pass --key KEYREF or set {SIGNING_KEY_ENV}")
     return signer
+
+
+def signing_request(args: argparse.Namespace) -> "SigningRequest":
+    """What ``sign``/``push --key`` would sign; absent flags are "not asked" (None)."""
+    from ..pipeline.signing import SigningRequest
+    from ..pipeline.trust_config import keys_source, load_trusted_keys
+
+    source = keys_source(args.trusted_keys)
+    keyring = load_trusted_keys(source) if source else None
+    facts = dict(args.fact) if args.fact else None
+    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
 
 
 def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:

@@ -1,53 +1,71 @@
-"""The local subcommands: keygen, sign, verify, ls, inspect (verify and ls also take a URL)."""
+"""The local subcommands: keygen, sign, verify, ls, inspect (verify and ls also take a URL).
+
+An audit must not pass by accident: a location that does not exist is exit 2 (raised by the
+library), and ``verify`` over a location with no plans exits 1 ("no plans", naming deeper
+prefixes that hold some) unless ``--allow-empty``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
-from ..pipeline.audit import PlanReport, all_valid, audit_location, check
-from ..pipeline.locations import local_dir
+from ..pipeline.audit import PlanReport, all_valid, audit_plans, check, list_plans
+from ..pipeline.locations import Location, local_dir, no_plans_message, open_location
 from ..pipeline.resolver import utcnow
-from ..pipeline.signing import SigningRequest, sign_directory
-from ..pipeline.trust_config import keys_source, load_trusted_keys
-from ..storage.files import read_capped
-from ..storage.keyfiles import generate_keypair
 from ..storage.localdir import LocalPlanDir
+from ..pipeline.signing import sign_directory
 from ..trust import envelope as dsse
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
-from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
+from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ..trust.result import PlanResult
-from ..trust.statement import format_time, parse_statement
-from .inputs import optional_policy, required_policy, required_signer, storage_options
-from .output import Progress, gib, print_json, print_table
+from ..trust.statement import CONDITION_KEYS, format_time, parse_statement
+from .inputs import optional_policy, required_policy, required_signer, signing_request, storage_options
+from .output import Progress, document, gib, print_json, print_table, report, status_text
 
-
-def signing_request(args: argparse.Namespace) -> SigningRequest:
-    """What ``sign``/``push --key`` would sign; absent flags are "not asked" (None)."""
-    source = keys_source(args.trusted_keys)
-    keyring = load_trusted_keys(source) if source else None
-    facts = dict(args.fact) if args.fact else None
-    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
+NO_PLANS = "no-plans"
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name, openssh=args.format == "openssh")
-    print(f"wrote {args.path} (private, mode 0600) and {args.path}.pub")
-    print(f"key id {signer.keyid}")
+    from ..storage.keyfiles import generate_keypair
+
+    signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name,
+                              openssh=args.format == "openssh")
+    if args.json:
+        report(args, True, private_key=str(args.path), public_key=f"{args.path}.pub", keyid=signer.keyid)
+    else:
+        print(f"wrote {args.path} (private, mode 0600) and {args.path}.pub")
+        print(f"key id {signer.keyid}")
     return 0
+
+
+def unrecorded_conditions(facts: Mapping[str, Any]) -> list[str]:
+    """The gate's conditions a new signature would not record (so the gate cannot compare them)."""
+    return [key for key in CONDITION_KEYS if key not in facts]
+
+
+def conditions_warning(missing: list[str]) -> str:
+    return (f"signed without {', '.join(missing)}: the gate cannot compare them, so these plans apply on "
+            f"workers at any setting (record them: --fact gpu_memory_utilization=0.9 --fact device_name=...)")
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
     signer = required_signer(args)
     directory = local_dir(args.dir)
-    outcomes = sign_directory(directory, signer, utcnow(), signing_request(args))
+    request = signing_request(args)
+    outcomes = sign_directory(directory, signer, utcnow(), request)
     refused = sum(o.refused for o in outcomes)
+    fresh = any(o.action in ("signed", "replaced") for o in outcomes)
+    missing = unrecorded_conditions(dict(request.facts or {})) if fresh else []
+    warnings = [conditions_warning(missing)] if missing else []
+    for warning in warnings:
+        print(f"plancache: warning: {warning}", file=sys.stderr)
     if args.json:
-        print_json({"key": signer.keyid, "plans": [
-            {"fingerprint": o.fingerprint, "action": o.label, "detail": o.detail} for o in outcomes]})
+        report(args, not refused, key=signer.keyid, warnings=warnings, plans=[
+            {"fingerprint": o.fingerprint, "action": o.label, "detail": o.detail} for o in outcomes])
     else:
         print_table([(o.fingerprint, o.label, o.detail) for o in outcomes], ["PLAN", "ACTION", "DETAIL"])
         counts = {a: sum(o.action == a for o in outcomes) for a in ("signed", "co-signed", "kept")}
@@ -59,21 +77,46 @@ def cmd_sign(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
-def _audit(args: argparse.Namespace, policy: Any) -> tuple[object, list[PlanReport]]:
-    progress = Progress("verify")
-    try:
-        return audit_location(args.location, policy, utcnow(), storage_options(args), args.timeout, args.jobs,
-                              progress.advance)
-    finally:
-        progress.close()
+def _audit(args: argparse.Namespace, policy: Any) -> tuple[Location, list[PlanReport]]:
+    source = open_location(args.location, storage_options(args), args.timeout)
+    fingerprints = list_plans(source)
+    with Progress("verify" if isinstance(source, LocalPlanDir) else "fetch", args.quiet) as bar:
+        return source, audit_plans(source, fingerprints, policy, utcnow(), args.jobs, bar)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        return _verify(args)
+    except PlanCacheError as exc:
+        if args.report:  # the audit could not run: the report says so, never a stale success
+            _write_report(args.report, document("verify", False, {"location": args.location or ""},
+                                                (exc.reason.value, exc.detail)))
+        raise
+
+
+def _write_report(path: str, doc: dict[str, Any]) -> None:
+    import json
+
+    from ..storage.files import write_atomic
+
+    write_atomic(Path(path), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _verify(args: argparse.Namespace) -> int:
     source, reports = _audit(args, required_policy(args))
     ok = all_valid(reports)
+    error = None
+    if not reports:
+        message = no_plans_message(source)
+        ok = args.allow_empty
+        error = None if ok else (NO_PLANS, message)
+        print(f"plancache: {message}" + (" (--allow-empty: not a failure)" if ok else ""), file=sys.stderr)
+    doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports]}, error)
+    if args.report:
+        _write_report(args.report, doc)
     if args.json:
-        print_json({"location": str(source), "plans": [r.to_json() for r in reports], "ok": ok})
-    else:
+        print_json(doc)
+    elif reports:
         rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "",
                  r.detail) for r in reports]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
@@ -85,12 +128,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     policy = optional_policy(args)
     source, reports = _audit(args, policy)
+    if not reports:
+        print(f"plancache: {no_plans_message(source)}", file=sys.stderr)
     if args.json:
-        print_json({"location": str(source), "plans": [r.to_json() for r in reports]})
+        report(args, True, location=str(source), plans=[r.to_json() for r in reports])
         return 0
     rows = [
         (r.fingerprint, gib(r.kv_cache_memory_bytes), gib(r.free_memory_baseline), ", ".join(r.signers),
-         r.signed_at, r.expires_at, r.status if r.status in ("valid", "unverified") else f"{r.status} ({r.reason})")
+         r.signed_at, r.expires_at, status_text(r.status, r.reason))
         for r in reports
     ]
     print_table(rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"])
@@ -100,6 +145,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..storage.files import read_capped
+    from ..trust.plan import MAX_PLAN_BYTES
+
     path = Path(args.file)
     fp = fingerprint_of_plan_name(path.name) or fingerprint_of_sig_name(path.name)
     if fp is None:
@@ -109,8 +157,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if plan_bytes is None and read_capped(path, MAX_PLAN_BYTES) is None:
         raise ConfigError(f"{path} does not exist")
     policy = optional_policy(args)
-    report = check(PlanResult(fp, "local", plan_bytes, sig_bytes), policy, utcnow())
-    info: dict[str, Any] = {"file": str(directory.path / plan_name(fp)), **report.to_json()}
+    result = check(PlanResult(fp, "local", plan_bytes, sig_bytes), policy, utcnow())
+    info: dict[str, Any] = {"file": str(directory.path / plan_name(fp)), **result.to_json()}
     if sig_bytes is not None:
         try:
             env = dsse.decode(sig_bytes)
@@ -118,12 +166,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             info["statement"] = _statement_json(env.payload)
         except PlanCacheError as exc:
             info["envelope"] = {"error": f"{exc.reason.value}: {exc.detail}"}
+    ok = result.status in ("valid", "unverified")
     if args.json:
-        print_json(info)
+        report(args, ok, **info)
     else:
-        for key, value in info.items():
-            print(f"{key:24} {safe_text(value, 2000)}")
-    return 0 if report.status in ("valid", "unverified") else 1
+        for key, value in _flatten("", info):
+            print(f"{key:44} {safe_text(value, 2000)}".rstrip())
+    return 0 if ok else 1
+
+
+def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
+    """Nested JSON as ``a.b  value`` lines: no Python reprs in human output."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+    elif isinstance(value, list):
+        if value and all(isinstance(v, dict) for v in value):
+            for i, inner in enumerate(value):
+                yield from _flatten(f"{prefix}.{i + 1}", inner)
+        else:
+            yield prefix, ", ".join(str(v) for v in value)
+    else:
+        yield prefix, "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _statement_json(payload: bytes) -> Any:

@@ -1,14 +1,22 @@
-"""Terminal output: tables, JSON, a progress bar on TTYs, and one-line errors."""
+"""Terminal output: the one JSON report, tables, and progress on terminals.
+
+Every ``--json`` run prints exactly one document on stdout, success or failure, with the
+shared top level of ``report.schema.json``: ``schema``, ``command``, ``ok`` and, when the
+command failed as a whole, ``error: {reason, detail}``. Times are RFC 3339 UTC with ``Z``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-import time
+from datetime import datetime, timezone
 from typing import Any, Sequence, TextIO
 
 from ..trust.display import safe_text
 
+SCHEMA = "plancache.report/v1"
+"""The report's versioned name; ``report.schema.json`` beside this module describes it."""
 
 CELL_LIMIT = 300
 """Characters per table cell: a detail is one line; a hostile value cannot flood a terminal."""
@@ -18,10 +26,31 @@ def gib(value: int | None) -> str:
     return "" if value is None else f"{value / 2**30:.2f}"
 
 
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
+
+
 def print_json(obj: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    json.dump(obj, out, indent=2, sort_keys=True, default=str)
+    json.dump(obj, out, indent=2, sort_keys=True, default=_json_default)
     out.write("\n")
+    out.flush()
+
+
+def document(command: str | None, ok: bool, body: dict[str, Any] | None = None,
+             error: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The report: shared top level first, the command's own keys beside it."""
+    doc: dict[str, Any] = {"schema": SCHEMA, "command": command or "", "ok": ok, **(body or {})}
+    if error is not None:
+        doc["error"] = {"reason": error[0], "detail": error[1]}
+    return doc
+
+
+def report(args: argparse.Namespace, ok: bool, error: tuple[str, str] | None = None, **body: Any) -> None:
+    """Print the command's report (``args.command`` names the command)."""
+    print_json(document(getattr(args, "command", None), ok, body, error))
 
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None) -> None:
@@ -32,39 +61,47 @@ def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: Text
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
 
 
-class Progress:
-    """A one-line progress counter on stderr, shown only on a terminal and only for long work.
+def status_text(status: str, reason: str) -> str:
+    """``invalid (digest-mismatch)``, but ``unsigned``, not ``unsigned (unsigned)``."""
+    return status if reason in ("ok", "", status, "no-trusted-keys") else f"{status} ({reason})"
 
-    ``total`` may be unknown (0) when the work is counted while it is listed.
+
+class Progress:
+    """Progress of long work on stderr, counted in plans, with rate and ETA (tqdm).
+
+    Shown only on a terminal, unless ``quiet``; tqdm is imported only then. Implements the
+    library's ``Tally`` (``start(total)``, ``advance(count)``).
     """
 
-    def __init__(self, label: str, total: int = 0, stream: TextIO | None = None, min_shown: int = 50) -> None:
-        self.total = total
+    def __init__(self, label: str, quiet: bool = False, stream: TextIO | None = None) -> None:
         self.label = label
         self.stream = stream or sys.stderr
-        self.done = 0
-        self.min_shown = min_shown
-        self.tty = self.stream.isatty()
-        self.shown = False
-        self._last = 0.0
+        self.enabled = not quiet and self.stream.isatty()
+        self._bar: Any = None
 
-    def advance(self, count: int = 1) -> None:
-        self.done += count
-        now = time.monotonic()
-        if not self.tty or self.done < self.min_shown or now - self._last < 0.1:
+    def start(self, total: int) -> None:
+        if not self.enabled or self._bar is not None:
             return
-        self._last = now
-        self.shown = True
-        if self.total:
-            width = 30
-            filled = int(width * min(self.done, self.total) / self.total)
-            text = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-        else:
-            text = f"{self.done}"
-        self.stream.write(f"\r{self.label} {text}")
-        self.stream.flush()
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total or None, desc=self.label, unit="plan", file=self.stream, leave=False,
+                         mininterval=0.2, delay=0.5, dynamic_ncols=True,
+                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} plans "
+                         "[{elapsed}<{remaining}, {rate_fmt}]")
+
+    def advance(self, count: float = 1) -> None:
+        if self._bar is None:
+            self.start(0)
+        if self._bar is not None:
+            self._bar.update(count)
 
     def close(self) -> None:
-        if self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -8,15 +8,12 @@ reading is parallel too. Every plan goes through the same :func:`verify_result` 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from ..storage.localdir import LocalPlanDir
-from ..storage.store import Store
 from ..trust import envelope as dsse
 from ..trust.errors import PlanCacheError, Reason
 from ..trust.gate import Verdict
@@ -24,7 +21,7 @@ from ..trust.plan import parse_plan, plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from ..trust.statement import format_time, parse_statement
-from .locations import Location, open_location
+from .locations import Location, open_location, require_existing
 from .resolver import verify_result
 
 POOL_MIN_PLANS = 200
@@ -34,7 +31,19 @@ INVALID = "invalid"
 UNSIGNED = "unsigned"
 UNVERIFIED = "unverified"
 
-Progress = Callable[[int], None]
+
+
+class Tally(Protocol):
+    """Progress of long work, counted in plans: ``start`` once the total is known, then
+    ``advance`` as plans (or fractions of one: a plan is two objects) are done."""
+
+    def start(self, total: int) -> None: ...
+
+    def advance(self, count: float = 1) -> None: ...
+
+
+STORE_REASONS = (Reason.STORE_ERROR.value, Reason.TIMEOUT.value)
+"""Reasons that say the bytes could not be moved, not that they are bad."""
 
 
 @dataclass
@@ -59,7 +68,8 @@ class PlanReport:
         return self.status == VALID
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        """The report as JSON: every field, plus ``signed_by`` pairing each signer's name with its key id."""
+        return {**asdict(self), "signed_by": [{"name": n, "keyid": k} for n, k in zip(self.signers, self.signer_ids)]}
 
 
 def report_of(result: PlanResult) -> PlanReport:
@@ -137,7 +147,7 @@ def check_many(
     now: datetime,
     jobs: int | None = None,
     directory: LocalPlanDir | None = None,
-    progress: Progress | None = None,
+    progress: Tally | None = None,
 ) -> list[PlanReport]:
     """Reports in input order; uses every core (or ``jobs``) when there are many plans.
 
@@ -148,8 +158,11 @@ def check_many(
     if jobs == 1 or len(work) < POOL_MIN_PLANS:
         reports = _check_chunk((work, directory, policy, now))
         if progress:
-            progress(len(reports))
+            progress.advance(len(reports))
         return reports
+    import multiprocessing  # only for many plans: a boot-time pull never pays for it
+    from concurrent.futures import ProcessPoolExecutor
+
     size = max(32, min(1000, len(work) // (jobs * 8) or 1))
     chunks = [work[i : i + size] for i in range(0, len(work), size)]
     reports = []
@@ -158,7 +171,7 @@ def check_many(
         for chunk_reports in pool.map(_check_chunk, [(c, directory, policy, now) for c in chunks]):
             reports.extend(chunk_reports)
             if progress:
-                progress(len(chunk_reports))
+                progress.advance(len(chunk_reports))
     return reports
 
 
@@ -173,12 +186,39 @@ def audit_location(
     storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     jobs: int | None = None,
-    progress: Progress | None = None,
+    progress: Tally | None = None,
 ) -> tuple[Location, list[PlanReport]]:
     """Every plan in a directory or store URL, verified under ``policy`` (or described
-    unverified without one): what ``plancache verify`` and ``ls`` print."""
-    source = location if isinstance(location, (LocalPlanDir, Store)) else open_location(location, storage_options, timeout)
+    unverified without one): what ``plancache verify`` and ``ls`` print.
+
+    A location that lists no plans is checked for existence: a missing bucket or directory
+    raises ConfigError rather than passing as an empty audit.
+    """
+    opened = location is None or isinstance(location, (str, os.PathLike))
+    source = open_location(location, storage_options, timeout) if opened else location
+    return source, audit_plans(source, list_plans(source), policy, now, jobs, progress)
+
+
+def list_plans(source: Location) -> list[str]:
+    """The location's fingerprints; ConfigError when there are none because it does not exist."""
     fingerprints = source.fingerprints()
+    if not fingerprints:
+        require_existing(source)
+    return fingerprints
+
+
+def audit_plans(
+    source: Location,
+    fingerprints: Sequence[str],
+    policy: TrustPolicy | None,
+    now: datetime,
+    jobs: int | None = None,
+    progress: Tally | None = None,
+) -> list[PlanReport]:
+    """Reports for these plans of ``source``. ``progress`` counts plans: as they are read and
+    verified from a directory, as they are fetched from a store (the slow part there)."""
+    if progress:
+        progress.start(len(fingerprints))
     if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
-        return source, check_many(fingerprints, policy, now, jobs, directory=source, progress=progress)
-    return source, check_many(source.fetch_many(fingerprints), policy, now, jobs, progress=progress)
+        return check_many(fingerprints, policy, now, jobs, directory=source, progress=progress)
+    return check_many(source.fetch_many(fingerprints, on_done=progress.advance if progress else None), policy, now, jobs)

@@ -1,37 +1,42 @@
 """Whole-store work beside the resolver: push a directory's plans, prune a store's plans.
 
 Both move bytes only; what may be uploaded (signed, or explicitly allowed unsigned) and
-what may be deleted (old by its statement's date, or revoked by the trusted keys' verdict)
-is decided here from the trust core's answers, and the commands only render the outcome.
+what may be deleted (old by its statement's date, unsigned, or failing verification under
+the trusted keys) is decided here from the trust core's answers, and the commands only
+render the outcome. Both can be dry runs that change nothing, local or remote.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..storage.localdir import LocalPlanDir
 from ..storage.store import Store, md5_hex
-from ..trust.errors import PlanCacheError, Reason
+from ..trust.errors import ConfigError, PlanCacheError, Reason
 from ..trust.gate import Verdict
 from ..trust.keys import Signer
 from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name, sig_name
 from ..trust.policy import TrustPolicy
 from ..trust.statement import parse_time
-from .audit import PlanReport, check_many
+from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
 from .signing import SigningRequest, sign_one
 
-Progress = Callable[[int], None]
-STORE_REASONS = (Reason.STORE_ERROR.value, Reason.TIMEOUT.value)
+__all__ = ["STORE_REASONS", "PushEntry", "PruneOutcome", "push_plans", "prune_plans"]
 
 
 @dataclass
 class PushEntry:
     fingerprint: str
     action: str = ""
-    """``uploaded``, ``unchanged`` or ``refused``."""
+    """``uploaded``, ``unchanged`` or ``refused`` (in a dry run: what would happen)."""
     detail: str = ""
+    """Why refused; or ``signed`` (a new signature was made), ``signed first`` (dry run: would be), ``unsigned``."""
+
+
+def _fp_of(name: str) -> str:
+    return fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name) or name
 
 
 def _unchanged(store: Store, objects: dict[str, bytes], deadline: float) -> set[str]:
@@ -49,12 +54,22 @@ def _unchanged(store: Store, objects: dict[str, bytes], deadline: float) -> set[
                 same.add(name)
         else:
             to_compare.add(name)
-    fps = sorted({fp for n in to_compare if (fp := fingerprint_of_plan_name(n) or fingerprint_of_sig_name(n))})
+    fps = sorted({_fp_of(n) for n in to_compare})
     for remote in store.fetch_many(fps, deadline):
         for name, data in ((plan_name(remote.fingerprint), remote.plan_bytes), (sig_name(remote.fingerprint), remote.sig_bytes)):
             if name in to_compare and data is not None and data == objects[name]:
                 same.add(name)
     return same
+
+
+def _plan_share(objects: dict[str, bytes], progress: Tally | None) -> Callable[[int], None] | None:
+    """Progress per uploaded object, counted in plans (a plan is its plan and sidecar objects)."""
+    if progress is None or not objects:
+        return None
+    plans = len({_fp_of(n) for n in objects})
+    progress.start(plans)
+    share = plans / len(objects)
+    return lambda count: progress.advance(count * share)
 
 
 def push_plans(
@@ -65,24 +80,39 @@ def push_plans(
     signer: Signer | None = None,
     request: SigningRequest = SigningRequest(),
     allow_unsigned: bool = False,
-    progress: Progress | None = None,
+    progress: Tally | None = None,
+    fingerprints: Sequence[str] | None = None,
+    dry_run: bool = False,
 ) -> tuple[list[PushEntry], int]:
     """Sign (with a signer) and upload every plan and sidecar the store lacks byte for byte.
 
-    Returns one entry per plan and the number of objects uploaded.
+    ``fingerprints`` limits the push to those plans (a missing one is refused). ``dry_run``
+    signs nothing and uploads nothing: entries say what would happen (a plan that would be
+    signed first counts as one to upload). Returns one entry per plan and the number of
+    objects uploaded (or that would be).
     """
     entries: list[PushEntry] = []
     objects: dict[str, bytes] = {}
     names: dict[str, list[str]] = {}
-    for fp in directory.fingerprints():
+    would_sign: set[str] = set()
+    signed: set[str] = set()
+    present = set(directory.fingerprints())
+    for fp in present if fingerprints is None else list(dict.fromkeys(fingerprints)):
         entry = PushEntry(fp)
         entries.append(entry)
+        if fp not in present:
+            entry.action, entry.detail = "refused", f"{Verdict.NO_PLAN}: no plan file {plan_name(fp)} in {directory}"
+            continue
         try:
             if signer is not None:
-                outcome = sign_one(directory, fp, signer, now, request)
+                outcome = sign_one(directory, fp, signer, now, request, write=not dry_run)
                 if outcome.refused:
                     entry.action, entry.detail = "refused", f"{outcome.reason}: {outcome.detail}"
                     continue
+                if outcome.action in ("signed", "replaced"):
+                    signed.add(fp)  # a fresh statement: it records this request's facts
+                if dry_run and outcome.action != "kept":
+                    would_sign.add(fp)
             plan, sig = directory.read(fp)
         except PlanCacheError as exc:
             entry.action, entry.detail = "refused", f"{exc.reason.value}: {exc.detail}"
@@ -90,6 +120,10 @@ def push_plans(
         if plan is None:
             entry.action, entry.detail = "refused", f"{Verdict.NO_PLAN}: plan file vanished"
             continue
+        if fp in would_sign:
+            names[fp] = [plan_name(fp), sig_name(fp)]
+            objects[plan_name(fp)] = plan
+            continue  # its sidecar does not exist yet: it is certainly uploaded
         if sig is None and not allow_unsigned:
             entry.action, entry.detail = "refused", "unsigned (sign it: --key KEY, or --allow-unsigned)"
             continue
@@ -99,18 +133,46 @@ def push_plans(
             objects[sig_name(fp)] = sig
     same = _unchanged(store, objects, deadline) if objects else set()
     upload = {n: d for n, d in objects.items() if n not in same}
-    store.put_many(upload, deadline, on_done=progress)
+    upload_names = set(upload) | {sig_name(fp) for fp in would_sign}
+    if not dry_run:
+        store.put_many(upload, deadline, on_done=_plan_share(upload, progress))
     for entry in entries:
         if entry.fingerprint in names:
             mine = names[entry.fingerprint]
-            entry.action = "uploaded" if any(n in upload for n in mine) else "unchanged"
-            entry.detail = "unsigned" if len(mine) == 1 else ""
-    return entries, len(upload)
+            entry.action = "uploaded" if any(n in upload_names for n in mine) else "unchanged"
+            entry.detail = ("signed first" if entry.fingerprint in would_sign
+                            else "signed" if entry.fingerprint in signed
+                            else "unsigned" if len(mine) == 1 else "")
+    return entries, len(upload_names)
 
 
-def _prune_reason(report: PlanReport, now: datetime, older_than: timedelta | None, revoked: bool) -> str | None:
-    if revoked:
+# -- prune ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class PruneOutcome:
+    doomed: list[tuple[PlanReport, str]] = field(default_factory=list)
+    """Plans deleted (or, in a dry run, that would be), with why."""
+    failed: list[PlanReport] = field(default_factory=list)
+    """Plans that could not be read: kept, and the command fails."""
+    changed: list[str] = field(default_factory=list)
+    """Judged for deletion but changed in the store before the delete: kept."""
+    seen: int = 0
+
+    @property
+    def deleted(self) -> list[tuple[PlanReport, str]]:
+        return [(r, why) for r, why in self.doomed if r.fingerprint not in self.changed]
+
+
+def _prune_reason(report: PlanReport, now: datetime, older_than: timedelta | None, criterion: str) -> str | None:
+    if report.reason in STORE_REASONS or report.reason == Verdict.NO_PLAN.value:
+        return None  # unreadable or gone: nothing was judged
+    if criterion == "revoked":
         return "revoked" if report.reason == Reason.REVOKED.value else None
+    if criterion == "unsigned":
+        return "unsigned" if report.status == UNSIGNED else None
+    if criterion == "invalid":
+        return report.reason if report.status in (INVALID, UNSIGNED) else None
     if report.signed_at is None or older_than is None:
         return None  # no readable signature date: nothing says it is old
     signed = parse_time(report.signed_at, "signed_at")
@@ -123,19 +185,48 @@ def prune_plans(
     now: datetime,
     policy: TrustPolicy | None,
     older_than: timedelta | None = None,
-    revoked: bool = False,
+    criterion: str = "older-than",
     dry_run: bool = False,
-) -> tuple[list[tuple[PlanReport, str]], list[PlanReport], int]:
-    """Delete plans signed before ``now - older_than``, or (``revoked``) whose every trusted
-    signature is by a revoked key. Returns (deleted with why, unreadable, plans seen).
+    progress: Tally | None = None,
+) -> PruneOutcome:
+    """Delete the plans that meet ``criterion``: ``older-than`` (signed before ``now -
+    older_than``; dates as written, deleting needs no trust), ``unsigned`` (no sidecar),
+    ``revoked`` (every trusted signature by a revoked key) or ``invalid`` (fails
+    verification for any reason but a store error). The last two need ``policy``.
 
-    Dates come from the statement as written (unverified is fine: deleting needs no trust);
-    revocation needs the policy's verdict.
+    Each plan is deleted only if the store still holds the bytes that were judged (re-read
+    and compared right before the delete). ``invalid`` refuses to delete anything when no
+    plan verifies and some are signed by keys the policy does not know: the trusted keys are
+    more likely wrong than the whole store.
     """
-    results = store.fetch_many(store.fingerprints(deadline), deadline)
-    reports = check_many(results, policy if revoked else None, now)
-    failed = [r for r in reports if r.reason in STORE_REASONS]
-    doomed = [(r, why) for r in reports if r not in failed and (why := _prune_reason(r, now, older_than, revoked))]
-    if doomed and not dry_run:
-        store.delete([r.fingerprint for r, _ in doomed], deadline)
-    return doomed, failed, len(reports)
+    needs_policy = criterion in ("revoked", "invalid")
+    if needs_policy and policy is None:
+        raise ConfigError(f"prune --{criterion} needs trusted keys")
+    fingerprints = store.fingerprints(deadline)
+    if not fingerprints:
+        from .locations import require_existing
+
+        require_existing(store, deadline)
+    if progress:
+        progress.start(len(fingerprints))
+    results = store.fetch_many(fingerprints, deadline, on_done=progress.advance if progress else None)
+    reports = check_many(results, policy if needs_policy else None, now)
+    outcome = PruneOutcome(seen=len(reports), failed=[r for r in reports if r.reason in STORE_REASONS])
+    judged = {}
+    for result, report in zip(results, reports):
+        why = _prune_reason(report, now, older_than, criterion)
+        if why:
+            outcome.doomed.append((report, why))
+            judged[report.fingerprint] = (result.plan_bytes, result.sig_bytes)
+    if criterion == "invalid" and reports and not any(r.ok for r in reports) and any(
+        r.reason == Reason.UNTRUSTED_KEY.value for r in reports
+    ):
+        raise ConfigError(
+            f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys not in the "
+            "trusted keys: check --trusted-keys; nothing deleted"
+        )
+    if judged and not dry_run:
+        from ..storage.checks import delete_if_unchanged
+
+        _, outcome.changed = delete_if_unchanged(store, judged, deadline)
+    return outcome

@@ -1,38 +1,70 @@
 """Where plans are: a local directory (vLLM's plan directory by default) or a store URL.
 
 Both answer the same two questions -- which fingerprints are there, and what are the raw
-bytes of each plan and sidecar (``fetch_many``, as :class:`~plancache.trust.result.PlanResult`)
+bytes of each plan and sidecar (``fetch_many``, as :class:`~plancache.trust.result.PlanResult)
 -- so auditing, listing and pruning do not care which. fsspec is imported only for a URL.
+
+A location that lists no plans is asked why (:func:`require_existing`, :func:`deeper`): a
+bucket or directory that does not exist is a ConfigError (exit 2), never an empty, passing
+audit; one that exists but is empty is named with the prefixes below it that hold plans.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
+from ..settings import BULK_TIMEOUT
 from ..storage.localdir import LocalPlanDir, default_plan_dir
-from ..storage.store import Store, open_store
 from ..trust.errors import ConfigError
+from ..trust.plan import fingerprint_of_plan_name
 
-BULK_TIMEOUT = 120.0
-"""Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
+if TYPE_CHECKING:
+    from ..storage.store import Store
 
-Location = Union[LocalPlanDir, Store]
+
+DEEPER_SHOWN = 5
+"""Prefixes holding plans named when the given one holds none."""
+
+Location = Union[LocalPlanDir, "Store"]
+
+__all__ = ["BULK_TIMEOUT", "Location", "deeper", "is_url", "local_dir", "no_plans_message", "normalise_url",
+           "open_location", "open_url", "require_existing", "require_url"]
 
 
 def is_url(location: str | None) -> bool:
     return bool(location) and "://" in str(location)
 
 
+def normalise_url(url: str) -> str:
+    """The URL with its scheme in lower case (``S3://b`` is ``s3://b``; bucket names keep theirs)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}{sep}{rest}" if sep else url
+
+
 def require_url(url: str) -> str:
     if not is_url(url):
         raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
-    return url
+    return normalise_url(url)
+
+
+def open_url(url: str, storage_options: Mapping[str, Any] | None, timeout: float) -> "Store":
+    """The store at ``url``, after checking that its backend takes every storage option given."""
+    from ..storage.checks import check_options
+    from ..storage.store import open_store
+
+    url = require_url(url)
+    check_options(url, storage_options or {})
+    return open_store(url, storage_options, timeout)
 
 
 def local_dir(location: str | Path | None, must_exist: bool = True) -> LocalPlanDir:
     """A plan directory (default: vLLM's, resolved as vLLM resolves it)."""
     path = Path(location).expanduser() if location else default_plan_dir()
+    if path.is_file():
+        raise ConfigError(f"{path} is a file, not a plan directory (plancache inspect {path} shows one plan)")
     if must_exist and not path.is_dir():
         raise ConfigError(f"plan directory {path} does not exist")
     return LocalPlanDir(path)
@@ -43,5 +75,56 @@ def open_location(
 ) -> Location:
     """A directory, or for a URL the store itself (the same ``fingerprints``/``fetch_many``)."""
     if is_url(str(location) if location else None):
-        return open_store(str(location), storage_options, BULK_TIMEOUT if timeout is None else timeout)
+        return open_url(str(location), storage_options, BULK_TIMEOUT if timeout is None else timeout)
     return local_dir(location)
+
+
+def require_existing(source: Location, deadline: float | None = None) -> None:
+    """ConfigError when the location itself (bucket, directory) does not exist.
+
+    Called after a listing came back empty: fsspec lists a missing bucket as empty, and a
+    mistyped bucket must not pass an audit.
+    """
+    if isinstance(source, LocalPlanDir):
+        if not source.path.is_dir():
+            raise ConfigError(f"plan directory {source.path} does not exist")
+        return
+    from ..storage.checks import BUCKETED, location_exists, protocol_of
+
+    if location_exists(source, deadline) is False:
+        if protocol_of(source) in BUCKETED:
+            bucket = source.root.split("/", 1)[0]
+            raise ConfigError(f"{source.url}: bucket {bucket!r} does not exist")
+        raise ConfigError(f"{source.url} does not exist")
+
+
+def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
+    """Up to ``limit`` directories or prefixes below ``source`` that hold plans (best effort)."""
+    if isinstance(source, LocalPlanDir):
+        return _deeper_dirs(source.path, limit)
+    from ..storage.checks import deeper_prefixes
+
+    return deeper_prefixes(source, time.monotonic() + min(source.timeout, 10.0), limit)
+
+
+def no_plans_message(source: Location) -> str:
+    """"no plans in X", naming the prefixes below X that hold some."""
+    below = deeper(source)
+    where = f"; plans found below it in: {', '.join(below)}" if below else ""
+    return f"no plans in {source}{where}"
+
+
+def _deeper_dirs(root: Path, limit: int, max_depth: int = 3, max_dirs: int = 500) -> list[str]:
+    found: list[str] = []
+    visited = 0
+    for current, dirs, files in os.walk(root):
+        visited += 1
+        depth = len(Path(current).relative_to(root).parts)
+        if depth >= max_depth:
+            dirs[:] = []
+        dirs.sort()
+        if depth and any(fingerprint_of_plan_name(f) for f in files):
+            found.append(current)
+        if len(found) >= limit or visited >= max_dirs:
+            break
+    return found

@@ -55,8 +55,12 @@ class SignOutcome:
         return f"refused ({self.reason})" if self.refused else self.action
 
 
-def sign_one(directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest) -> SignOutcome:
-    """Sign one plan in place (see the module docstring); raises a typed error when refused."""
+def sign_one(
+    directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest, write: bool = True
+) -> SignOutcome:
+    """Sign one plan in place (see the module docstring); raises a typed error when refused.
+
+    ``write=False`` decides without writing (``push --dry-run``: what would be signed)."""
     plan_bytes, sig_bytes = directory.read(fp)
     if plan_bytes is None:
         return SignOutcome(fp, "refused", "plan file vanished", Verdict.NO_PLAN.value)
@@ -67,7 +71,8 @@ def sign_one(directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, re
     )
     if action == "kept":
         return SignOutcome(fp, action, "already signed by this key")
-    directory.write_sig(fp, new_sig)
+    if write:
+        directory.write_sig(fp, new_sig)
     return SignOutcome(fp, action)
 
 

@@ -1,0 +1,168 @@
+"""Every built-in subcommand's flags and help, and where its code lives.
+
+Declarations only: a command's module is imported when that command runs (``handler`` is
+``"module:function"`` under :mod:`plancache.cli`), so ``plancache pull`` does not import what
+``verify``, ``push`` or ``demo`` need (process pools, signing, temp dirs). Keep this module's
+imports to argparse and the light argument types.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
+from ..storage.deadline import DEFAULT_TIMEOUT
+from .args import byte_count, duration, key_value, positive_int
+from .inputs import add_cosign_options, add_store_options, add_trust_options
+
+Sub = argparse._SubParsersAction  # type: ignore[type-arg]
+
+KEYREF_HELP = "key reference: a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON report on stdout (schema plancache.report/v1), errors included")
+
+
+def _quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _signing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expires-in", type=duration, metavar="DURATION", help="lifetime of new signatures, e.g. 30d, 12h")
+    p.add_argument("--comment", help="free text recorded in new signatures")
+    p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
+                   help="provenance fact recorded in new signatures, e.g. gpu_memory_utilization=0.9 (repeatable); "
+                   "gpu_memory_utilization, device_name and device_total_memory are the gate's conditions")
+
+
+def _add(sub: Sub, name: str, handler: str, summary: str, description: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=summary, description=description)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def add_parsers(sub: Sub) -> None:
+    p = _add(sub, "keygen", "offline:cmd_keygen", "create an Ed25519 signing key (PATH) and its public key (PATH.pub)",
+             "Write a new Ed25519 private key to PATH (PEM PKCS#8, mode 0600; encrypted when PLANCACHE_KEY_PASSPHRASE "
+             "is set) and its OpenSSH public line to PATH.pub, which is itself a valid trusted-keys file.")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--comment", help="name recorded in PATH.pub (default: the file name)")
+    p.add_argument("--format", choices=("pem", "openssh"), default="pem",
+                   help="private key format: PEM PKCS#8 (default) or OpenSSH's, which ssh-keygen reads")
+    _json(p)
+
+    p = _add(sub, "pubkey", "keys_cmd:cmd_pubkey", "print the OpenSSH public key line of a key reference",
+             "Print the ssh-ed25519 line of KEYREF's public key, ready for a trusted-keys file (or an allowed_signers "
+             f"file after a principal). KEYREF is any --key form ({KEYREF_HELP}). The key id goes to stderr.")
+    p.add_argument("keyref", metavar="KEYREF", nargs="?", help=f"{KEYREF_HELP} (default: ${SIGNING_KEY_ENV})")
+    p.add_argument("--name", help="name written after the key (the key's name in verify reports)")
+    _json(p)
+
+    p = _add(sub, "sign", "offline:cmd_sign", "sign every plan in DIR that lacks a valid signature by the key",
+             "Sign each plan in DIR that lacks a valid signature by KEY. A plan already signed by other keys is "
+             "co-signed (same statement, one more signature) only if that statement verifies under --trusted-keys and "
+             "says what this command would sign; otherwise it is refused (exit 1) unless --replace. Warns when the gate's conditions "
+             "(gpu_memory_utilization, device_name, device_total_memory) are not recorded: without them a plan "
+             "made at one setting is applied at another.")
+    p.add_argument("--key", metavar="KEYREF", help=f"{KEYREF_HELP} (default: ${SIGNING_KEY_ENV})")
+    _signing(p)
+    add_cosign_options(p)
+    _json(p)
+    p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
+
+    for name, summary, description in (
+        ("verify", "verify every plan and signature (exit 1 if any is bad, or if there are none)",
+         "Verify each plan against the trusted keys and print a table (or --json). Exit 0 if all are valid; 1 if "
+         "any is invalid or unsigned, or if the location holds no plans (unless --allow-empty); 2 on errors, "
+         "including a bucket or directory that does not exist."),
+        ("ls", "list plans with their sizes, signers and status",
+         "List plans: fingerprint, KV cache GiB, baseline GiB, signer, signed at, expiry, status. Without trusted "
+         "keys, values are shown unverified. Exit 2 if the bucket or directory does not exist."),
+    ):
+        p = _add(sub, name, f"offline:cmd_{name}", summary, description)
+        add_trust_options(p)
+        _json(p)
+        p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
+        add_store_options(p)
+        _quiet(p)
+        if name == "verify":
+            p.add_argument("--allow-empty", action="store_true", help="a location without plans is not a failure")
+            p.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE, atomically "
+                           "(a failure report when the audit cannot run)")
+        p.add_argument("location", nargs="?", metavar="DIR|URL",
+                       help="plan directory or store URL (default: vLLM's plan directory, $VLLM_CACHE_ROOT/startup_plan)")
+
+    p = _add(sub, "inspect", "offline:cmd_inspect", "show one plan file and its signature in detail",
+             "Show a plan (or its .sig) in detail: fields, envelope, statement, and, with trusted keys, the "
+             "verification result.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--trusted-keys", metavar="PATH", help=f"verify as well (default: ${TRUSTED_KEYS_ENV})")
+    _json(p)
+
+    p = _add(sub, "push", "remote:cmd_push", "sign (with --key) and upload plans to a store",
+             "Upload the plans in DIR (or the --fingerprint ones) and their signatures to URL. With --key, plans "
+             "lacking a valid signature by that key are signed first. Unsigned plans are refused unless "
+             "--allow-unsigned. Objects the store already holds byte-identical are skipped. --dry-run signs and "
+             "uploads nothing and says what would be.")
+    p.add_argument("--key", metavar="KEYREF", help=f"sign first with this {KEYREF_HELP} (default: ${SIGNING_KEY_ENV})")
+    p.add_argument("--allow-unsigned", action="store_true", help="push plans without a signature too")
+    p.add_argument("--fingerprint", action="append", metavar="FP", help="push only this plan (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="show what would be signed and uploaded; change nothing")
+    _signing(p)
+    add_cosign_options(p)
+    add_store_options(p)
+    _json(p)
+    _quiet(p)
+    p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
+    p.add_argument("url", metavar="URL", help="store URL, e.g. s3://bucket/prefix, gs://bucket/prefix, file:///path")
+
+    p = _add(sub, "pull", "remote:cmd_pull", "fetch plans from a store, verify them, write the valid ones into DIR",
+             "Fetch each plan (or the --fingerprint ones) and its signature, verify them against the trusted keys, "
+             "and write only verified plans into DIR, atomically. Exit 0 all verified, 1 any rejected or missing, "
+             "2 usage, configuration or store error (including a bucket that does not exist).")
+    add_trust_options(p)
+    p.add_argument("--fingerprint", action="append", metavar="FP", help="pull only this plan (repeatable)")
+    add_store_options(p, f"end-to-end budget (default {DEFAULT_TIMEOUT:g} s with --fingerprint, else {BULK_TIMEOUT:g} s)")
+    _json(p)
+    _quiet(p)
+    p.add_argument("url", metavar="URL", help="store URL")
+    p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
+
+    p = _add(sub, "prune", "remote:cmd_prune", "delete old, unsigned, invalid or revoked plans from a store",
+             "Delete plans (and their signatures) from URL: signed longer ago than --older-than; without a "
+             "signature (--unsigned); that no longer verify because their signing key is revoked (--revoked); or "
+             "that fail verification for any reason but a store error (--invalid). A plan is deleted only if the "
+             "store still holds the bytes that were judged (re-read and compared right before the delete).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--older-than", type=duration, metavar="DURATION", help="signed longer ago than this, e.g. 30d")
+    what.add_argument("--revoked", action="store_true", help="signed only by keys the trusted-keys file revokes")
+    what.add_argument("--unsigned", action="store_true", help="plans without a signature sidecar")
+    what.add_argument("--invalid", action="store_true",
+                      help="plans that fail verification under the trusted keys (unsigned, tampered, expired, ...)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    add_trust_options(p)
+    add_store_options(p)
+    _json(p)
+    _quiet(p)
+    p.add_argument("url", metavar="URL", help="store URL")
+
+    p = _add(sub, "doctor", "doctor:cmd_doctor", "would a vLLM worker here apply a plan, and if not why",
+             "Check this machine's set-up as a vLLM worker sees it: the plugin's entry point and VLLM_PLUGINS, "
+             "VLLM_ENABLE_STARTUP_PLAN, vLLM's plan directory, trusted keys, signing key, the store (one listing "
+             "within PLANCACHE_TIMEOUT), and what a worker would do with each local plan. Exit 0 when a worker "
+             "here has all it needs, 1 otherwise, 2 on usage errors.")
+    p.add_argument("--free-memory", type=byte_count, metavar="BYTES",
+                   help="free GPU memory to judge local plans against (default: only say each plan's baseline)")
+    _json(p)
+
+    p = _add(sub, "demo", "demo:run", "run the whole story in temporary directories",
+             "CI bake (plans written as vLLM writes them, signed, pushed) -> a tampered plan in the store -> spot "
+             "boot pull (verified) -> the gate's decision at two free-memory values. Touches nothing outside a temp "
+             "dir, except the store given with --store.")
+    p.add_argument("--store", metavar="URL", help="use this store instead of an embedded file:// one "
+                   "(the demo writes and then deletes two plans under it)")
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
+                   help="storage option for --store (repeatable)")

@@ -1,0 +1,215 @@
+"""Questions asked of a store location around the work, never on a boot's hot path.
+
+* :func:`check_options`: are the storage options ones the backend takes? s3fs hands unknown
+  keys to ``AioSession`` at the first request, which then fails with ``AioSession.__init__()
+  got an unexpected keyword argument``; naming the option and the backend up front is the
+  message an operator can act on. Only backends whose constructors are known are checked
+  (s3, gs, file, memory): for any other protocol a key is passed through unjudged.
+* :func:`location_exists`: does the bucket (or, for file:// and memory://, the directory)
+  exist? Asked only after a listing came back empty, so a healthy store pays nothing; a
+  missing bucket lists as empty through fsspec, which is how a typo could pass an audit.
+* :func:`deeper_prefixes`: when a prefix holds no plans, which prefixes below it do (a
+  bounded breadth-first walk, best effort), to name them in the error.
+* :func:`delete_if_unchanged`: delete an object only if it still holds the bytes that were
+  judged (re-read and compare right before each delete).
+
+They decide nothing about trust and read only names, existence, and bytes to compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
+
+from ..trust.errors import ConfigError, PlanCacheError
+from ..trust.plan import fingerprint_of_plan_name
+from .deadline import run_by
+
+if TYPE_CHECKING:
+    from .store import Store
+
+T = TypeVar("T")
+
+BUCKETED = ("s3", "s3a", "gs", "gcs")
+"""Protocols whose first path component is a bucket that must exist on its own."""
+
+_CHECKED = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "file": "file", "local": "file", "memory": "memory"}
+_FSSPEC_COMMON = {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache",
+                  "asynchronous", "loop", "batch_size"}
+_PLANCACHE_OWN = {"s3": {"retries"}}
+"""Options plancache itself consumes before the SDK sees them (see storage.backends)."""
+
+MAX_LISTINGS = 25
+"""Directory listings a deeper-prefix walk may make, at most."""
+MAX_DEPTH = 3
+
+
+def _named_parameters(cls: type) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names.update(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
+    return names
+
+
+def _accepted(kind: str, cls: type) -> set[str]:
+    names = _named_parameters(cls) | _FSSPEC_COMMON | _PLANCACHE_OWN.get(kind, set())
+    if kind == "s3":  # s3fs passes its remaining keyword arguments to aiobotocore's AioSession
+        try:
+            from aiobotocore.session import AioSession
+
+            names |= _named_parameters(AioSession)
+        except ImportError:
+            pass
+    return names
+
+
+def check_options(url: str, options: Mapping[str, Any]) -> None:
+    """ConfigError naming the first option the backend of ``url`` does not take (with a guess)."""
+    protocol = url.split("://", 1)[0].lower()
+    kind = _CHECKED.get(protocol)
+    if kind is None or not options:
+        return
+    import fsspec
+
+    try:
+        if kind == "gcs":
+            from gcsfs.core import GCSFileSystem as cls
+        else:
+            cls = fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        return  # the open itself explains the missing extra
+    accepted = _accepted(kind, cls)
+    for key in options:
+        if key in accepted:
+            continue
+        import difflib
+
+        guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)
+        hint = f"; did you mean {guess[0]!r}?" if guess else ""
+        raise ConfigError(
+            f"unknown storage option {key!r} for {protocol}:// ({cls.__module__}.{cls.__name__}){hint}"
+        )
+
+
+# -- existence and deeper prefixes ------------------------------------------------------------
+
+
+def _loop(store: "Store") -> asyncio.AbstractEventLoop:
+    if getattr(store.fs, "async_impl", False):
+        return store.fs.loop  # type: ignore[no-any-return]
+    from fsspec.asyn import get_loop
+
+    return get_loop()
+
+
+async def _call(store: "Store", name: str, *args: Any, **kwargs: Any) -> Any:
+    if getattr(store.fs, "async_impl", False):
+        return await getattr(store.fs, f"_{name}")(*args, **kwargs)
+    return await asyncio.to_thread(getattr(store.fs, name), *args, **kwargs)
+
+
+def _run(store: "Store", make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
+    return run_by(_loop(store), make, deadline, f"{what} {store.url}", store.timeout)
+
+
+def protocol_of(store: "Store") -> str:
+    return store.url.split("://", 1)[0].lower()
+
+
+def location_exists(store: "Store", deadline: float | None = None) -> bool | None:
+    """True or False; None when the store will not say (access to the bucket itself denied).
+
+    For bucketed protocols the bucket is asked about, since a prefix "exists" only while an
+    object is under it; elsewhere the directory itself. A file where the directory should be
+    is a ConfigError that says so.
+    """
+    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    protocol = protocol_of(store)
+    target = store.root.split("/", 1)[0] if protocol in BUCKETED else store.root
+
+    async def info() -> Any:
+        try:
+            return await _call(store, "info", target)
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            return PermissionError
+
+    found = _run(store, info, deadline, "cannot look up")
+    if found is PermissionError:
+        return None
+    if found is None:
+        return False
+    if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") == "file":
+        raise ConfigError(f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)")
+    return True
+
+
+def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 5) -> list[str]:
+    """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
+
+    Breadth first, at most MAX_DEPTH levels and MAX_LISTINGS listings, inside the deadline;
+    any failure ends the walk with what was found so far.
+    """
+    deadline = time.monotonic() + min(store.timeout, 10.0) if deadline is None else deadline
+    base = store.url.rstrip("/")
+    found: list[str] = []
+
+    async def walk() -> None:
+        queue = [(store.root, 0)]
+        listings = 0
+        while queue and len(found) < limit and listings < MAX_LISTINGS:
+            path, depth = queue.pop(0)
+            listings += 1
+            try:
+                entries = await _call(store, "ls", path, detail=True)
+            except (OSError, ValueError):
+                continue
+            names = []
+            for entry in entries if isinstance(entries, list) else []:
+                if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+                    continue
+                full = store.fs._strip_protocol(entry["name"]).rstrip("/")
+                leaf = full.rsplit("/", 1)[-1]
+                if entry.get("type") == "directory" and depth < MAX_DEPTH and full != path.rstrip("/"):
+                    queue.append((full, depth + 1))
+                names.append(leaf)
+            if depth > 0 and any(fingerprint_of_plan_name(n) for n in names):
+                found.append(base + path[len(store.root.rstrip("/")):])
+
+    try:
+        _run(store, walk, deadline, "cannot walk")
+    except PlanCacheError:
+        pass
+    return found[:limit]
+
+
+def delete_if_unchanged(
+    store: "Store", judged: Mapping[str, tuple[bytes | None, bytes | None]], deadline: float | None = None
+) -> tuple[list[str], list[str]]:
+    """Delete each fingerprint's plan and sidecar only if both still hold the judged bytes.
+
+    Re-reads right before deleting and compares: a plan re-pushed after it was judged is
+    kept. (No SDK precondition is used: fsspec exposes none for deletes; the window left is
+    the time between this re-read and the delete.) Returns (deleted, changed) fingerprints.
+    """
+    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    fps = list(judged)
+    current = store.fetch_many(fps, deadline)
+    same = [r.fingerprint for r in current if r.error is None and (r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]]
+    for r in current:
+        if r.error is not None:
+            raise r.error
+    if same:
+        store.delete(same, deadline)
+    return same, [fp for fp in fps if fp not in same]
+
