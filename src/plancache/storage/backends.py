@@ -4,7 +4,8 @@ The SDKs' defaults would make a booting worker wait for minutes: s3fs retries at
 of its own on top of botocore's retries (a black-holed endpoint took 423 s), gcsfs sets no
 request timeout at all and retries six times with exponential backoff. So plancache
 
-* switches the SDK retry layers off (botocore ``total_max_attempts=1``, s3fs ``retries=1``)
+* switches the SDK retry layers off (botocore ``total_max_attempts=1``, s3fs ``retries=1``,
+  gcsfs's retry decorator)
   and retries transient failures itself inside the deadline (:mod:`.deadline`);
 * gives every request connect and read timeouts derived from the budget;
 * keeps s3fs off its HEAD-before-GET path (``max_concurrency=1``; plancache also always reads
@@ -22,6 +23,7 @@ left to them. fsspec and the SDKs are imported here lazily, on first use.
 from __future__ import annotations
 
 import os
+import types
 from typing import Any, Callable, Mapping
 
 from ..trust.errors import ConfigError, PlanCacheError
@@ -127,9 +129,21 @@ def _opener(cls: type, protocol: str, url: str, defaults: Mapping[str, Any],
             raise ConfigError(f"cannot open {url}: {one_line(exc)}") from None
         if retries is not None:
             fs.retries = int(retries)
+        if protocol in ("gs", "gcs"):
+            _without_gcsfs_retries(fs)
         return fs
 
     return instantiate
+
+
+def _without_gcsfs_retries(fs: Any) -> None:
+    """Call gcsfs's request function without its retry decorator (six tries, sleeping 1, 2,
+    4, ... s between them, a refused connection included): plancache retries inside the
+    deadline itself. The decorator keeps the undecorated function as ``__wrapped__``."""
+    request = getattr(type(fs), "_request", None)
+    undecorated = getattr(request, "__wrapped__", None)
+    if undecorated is not None:
+        fs._request = types.MethodType(undecorated, fs)
 
 
 def _hardening(protocol: str) -> dict[str, Any]:
