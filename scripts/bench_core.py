@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
-from plancache.cli.locations import DirSource  # noqa: E402
-from plancache.cli.report import check_many  # noqa: E402
+from plancache.pipeline.audit import check_many  # noqa: E402
 from plancache.storage.localdir import LocalPlanDir  # noqa: E402
 from plancache.trust import envelope as dsse  # noqa: E402
 from plancache.trust.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line  # noqa: E402
 from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan  # noqa: E402
+from plancache.trust.policy import TrustPolicy  # noqa: E402
 from plancache.trust.signing import sign_plan  # noqa: E402
 from plancache.trust.verify import verify_plan  # noqa: E402
 
@@ -87,15 +87,15 @@ def bench_many(plans: int, rounds: int) -> None:
             fp = f"{i:016x}"
             data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
             local.write(fp, data, sign_plan(plan_name(fp), data, signer, NOW))
-        source = DirSource(local)
-        fps = source.fingerprints()
+        policy = TrustPolicy.signed(keyring)
+        fps = local.fingerprints()
         one = many = float("inf")
         for _ in range(rounds):
             start = time.perf_counter()
-            check_many(fps, keyring, NOW, jobs=1, load=source.fetch_items)
+            check_many(fps, policy, NOW, jobs=1, directory=local)
             one = min(one, time.perf_counter() - start)
             start = time.perf_counter()
-            reports = check_many(fps, keyring, NOW, jobs=cores, load=source.fetch_items)
+            reports = check_many(fps, policy, NOW, jobs=cores, directory=local)
             many = min(many, time.perf_counter() - start)
         assert all(r.status == "valid" for r in reports)
         single_rate, multi_rate = plans / one, plans / many
@@ -120,6 +120,70 @@ def bench_many(plans: int, rounds: int) -> None:
               f"speed-up {one / many:.2f}x")
 
 
+FLOOR = r"""
+import base64, hashlib, json, os, sys
+from concurrent.futures import ProcessPoolExecutor
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+DIR, KEY = sys.argv[1], Ed25519PublicKey.from_public_bytes(bytes.fromhex(sys.argv[2]))
+
+def check(names):
+    ok = 0
+    for name in names:
+        with open(os.path.join(DIR, name), "rb") as f:
+            plan = f.read()
+        with open(os.path.join(DIR, name + ".sig"), "rb") as f:
+            env = json.loads(f.read())
+        payload = base64.b64decode(env["payload"])
+        kind = env["payloadType"].encode()
+        pae = b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+        KEY.verify(base64.b64decode(env["signatures"][0]["sig"]), pae)
+        statement = json.loads(payload)
+        assert statement["subject"][0]["digest"]["sha256"] == hashlib.sha256(plan).hexdigest()
+        ok += json.loads(plan)["kv_cache_memory_bytes"] > 0
+    return ok
+
+if __name__ == "__main__":
+    names = sorted(n for n in os.listdir(DIR) if n.endswith(".json"))
+    jobs = os.cpu_count() or 1
+    size = max(1, len(names) // (jobs * 8))
+    with ProcessPoolExecutor(jobs) as pool:
+        assert sum(pool.map(check, [names[i:i + size] for i in range(0, len(names), size)])) == len(names)
+"""
+
+
+def bench_floor(plans: int, rounds: int) -> None:
+    """Whole ``plancache verify DIR`` against the least a verifier must do, both as whole
+    processes (interpreter start included) on every core, measured interleaved."""
+    signer = Ed25519Signer(Ed25519PrivateKey.generate())
+    with tempfile.TemporaryDirectory() as tmp:
+        local = LocalPlanDir(Path(tmp))
+        for i in range(plans):
+            fp = f"{i:016x}"
+            data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
+            local.write(fp, data, sign_plan(plan_name(fp), data, signer, NOW), sync=False)
+        keyfile = Path(tmp).parent / f"bench-trusted-{os.getpid()}"
+        keyfile.write_text(openssh_line(signer.public, "ci") + "\n")
+        raw = signer.public.public_bytes_raw().hex()
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+        command = [sys.executable, "-m", "plancache.cli.main", "verify", f"--trusted-keys={keyfile}", tmp]
+        floor_cmd = [sys.executable, "-c", FLOOR, tmp, raw]
+        cmd_t = floor_t = float("inf")
+        try:
+            for _ in range(rounds):
+                start = time.perf_counter()
+                subprocess.run(floor_cmd, check=True, capture_output=True, env=env)
+                floor_t = min(floor_t, time.perf_counter() - start)
+                start = time.perf_counter()
+                subprocess.run(command, check=True, capture_output=True, env=env)
+                cmd_t = min(cmd_t, time.perf_counter() - start)
+        finally:
+            keyfile.unlink()
+        print(f"2c. whole `plancache verify DIR` over {plans} plans {cmd_t:.2f} s; all-cores floor (bare read + "
+              f"Ed25519 over the PAE + digest + plan parse, process pool) {floor_t:.2f} s; "
+              f"ratio {cmd_t / floor_t:.2f} (target <= 1.25)")
+
+
 def bench_imports() -> None:
     code = (
         "import sys, plancache, plancache.trust.verify, plancache.trust.gate, plancache.cli.main;"
@@ -134,9 +198,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plans", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=("floor",), help="run only this part (e.g. against another checkout)")
     args = parser.parse_args()
+    if args.only == "floor":
+        bench_floor(args.plans, args.rounds)
+        return
     bench_single(args.rounds)
     bench_many(args.plans, args.rounds)
+    bench_floor(args.plans, args.rounds)
     bench_imports()
 
 

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from plancache.trust.keys import Ed25519Signer, Keyring, TrustedKey
 from plancache.trust.plan import Plan, plan_name, render_plan
+from plancache.trust.result import PlanResult
 from plancache.trust.signing import sign_plan
 
 FP = "0123456789abcdef"
@@ -28,6 +29,13 @@ def keyring_of(*signers: Ed25519Signer, threshold: int = 1, **windows: datetime)
         for i, s in enumerate(signers)
     }
     return Keyring(keys, frozenset(), threshold)
+
+
+def raw(result: "PlanResult") -> tuple[bytes | None, bytes | None]:
+    """A store's result as (plan bytes, sidecar bytes); its error raised, as a caller would see it."""
+    if result.error is not None:
+        raise result.error
+    return result.plan_bytes, result.sig_bytes
 
 
 def plan_bytes(fp: str = FP, kv: int = 20 * GIB, baseline: int = 70 * GIB) -> bytes:

@@ -16,9 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import FP, GIB, plan_bytes
+from conftest import FP, GIB, plan_bytes, raw
 from plancache.cli.main import main
-from plancache.cli.offline import utcnow
+from plancache.pipeline.resolver import utcnow
 from plancache.storage.keyfiles import load_signer
 from plancache.trust.signing import sign_plan
 from plancache.storage.localdir import LocalPlanDir
@@ -74,14 +74,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_round_trip_fetch_list_delete(backend: Backend) -> None:
     store = backend.store()
     assert store.fingerprints() == []
-    assert store.fetch(FP) == (None, None)
+    assert raw(store.fetch(FP)) == (None, None)
     store.put(FP, b"plan-bytes", b"sig-bytes")
     store.put(FP2, b"unsigned-plan", None)
     assert store.fingerprints() == [FP, FP2]
-    assert store.fetch(FP) == (b"plan-bytes", b"sig-bytes")
-    assert store.fetch(FP2) == (b"unsigned-plan", None)
-    items = store.fetch_items([FP2, FP3, FP])
-    assert items == [(FP2, b"unsigned-plan", None), (FP3, None, None), (FP, b"plan-bytes", b"sig-bytes")]
+    assert raw(store.fetch(FP)) == (b"plan-bytes", b"sig-bytes")
+    assert raw(store.fetch(FP2)) == (b"unsigned-plan", None)
+    items = [(r.fingerprint, r.plan_bytes, r.sig_bytes, r.error) for r in store.fetch_many([FP2, FP3, FP])]
+    assert items == [(FP2, b"unsigned-plan", None, None), (FP3, None, None, None), (FP, b"plan-bytes", b"sig-bytes", None)]
     listing = store.list_objects()
     assert set(listing) == {plan_name(FP), sig_name(FP), plan_name(FP2)}
     assert listing[plan_name(FP)].size == len(b"plan-bytes")
@@ -92,10 +92,10 @@ def test_round_trip_fetch_list_delete(backend: Backend) -> None:
 def test_oversized_objects_are_refused_not_downloaded(backend: Backend) -> None:
     backend.plant(plan_name(FP), b"{" + b" " * (MAX_PLAN_BYTES + 1000) + b"}")
     with pytest.raises(PlanCacheError) as err:
-        backend.store().fetch(FP)
+        raw(backend.store().fetch(FP))
     assert err.value.reason is Reason.TOO_LARGE
-    items = backend.store().fetch_items([FP])
-    assert isinstance(items[0][1], PlanCacheError) and items[0][1].reason is Reason.TOO_LARGE
+    [result] = backend.store().fetch_many([FP])
+    assert result.error is not None and result.error.reason is Reason.TOO_LARGE
 
 
 def test_hostile_names_in_a_listing_are_ignored(backend: Backend) -> None:
@@ -116,7 +116,7 @@ def test_invalid_fingerprints_never_reach_the_store(backend: Backend) -> None:
     store = backend.store()
     for bad in ("../../etc/passwd", "0123456789ABCDEF", "0123"):
         with pytest.raises(PlanCacheError) as err:
-            store.fetch(bad)
+            raw(store.fetch(bad))
         assert err.value.reason is Reason.MALFORMED
 
 
@@ -197,4 +197,4 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_empty_object_reads_as_empty(backend: Backend) -> None:
     # S3 answers a byte range over an empty object with 416; it is still just empty
     backend.plant(plan_name(FP), b"")
-    assert backend.store().fetch(FP) == (b"", None)
+    assert raw(backend.store().fetch(FP)) == (b"", None)

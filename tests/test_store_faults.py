@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FP, plan_bytes
+from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
 from plancache.trust.signing import sign_plan
-from plancache.cli.offline import utcnow
+from plancache.pipeline.resolver import utcnow
 from plancache.storage.keyfiles import generate_keypair
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
@@ -89,7 +89,7 @@ def test_connection_refused_fails_fast(keys: Path, tmp_path: Path, capsys: pytes
     endpoint = f"http://127.0.0.1:{closed_port()}"
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
-        s3_store(endpoint, timeout=3.0).fetch(FP)
+        raw(s3_store(endpoint, timeout=3.0).fetch(FP))
     assert time.monotonic() - started < 1.0  # no retries, no backoff: nobody is listening
     assert err.value.reason is Reason.STORE_ERROR and "connection refused" in err.value.detail
     code, out, err_text, _ = pull(capsys, endpoint, keys, tmp_path / "d")
@@ -101,7 +101,7 @@ def test_black_hole_ends_at_the_budget(black_hole: BlackHole, keys: Path, tmp_pa
                                        capsys: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
-        s3_store(black_hole.endpoint, timeout=1.0).fetch(FP)
+        raw(s3_store(black_hole.endpoint, timeout=1.0).fetch(FP))
     assert time.monotonic() - started < 1.0 + SLACK
     assert err.value.reason in (Reason.TIMEOUT, Reason.STORE_ERROR)
     # the CLI's default single-fingerprint budget is 3 s end to end
@@ -169,7 +169,7 @@ def test_huge_body_that_ignores_range_is_not_downloaded(fault_server: FaultServe
 def test_oversized_honest_range_is_capped(fault_server: FaultServer) -> None:
     fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES * 4))
     with pytest.raises(PlanCacheError) as err:
-        s3_store(fault_server.endpoint).fetch(FP)
+        raw(s3_store(fault_server.endpoint).fetch(FP))
     assert err.value.reason is Reason.TOO_LARGE
     plan_requests = [(m, r) for m, p, r in fault_server.state.requests if p.endswith(".json")]
     assert plan_requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")]
@@ -213,7 +213,7 @@ def test_gcs_black_hole_and_refused_end_within_budget(black_hole: BlackHole, mon
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:
-            open_store("gs://bucket/plans", {"token": "anon"}, budget).fetch(FP)
+            raw(open_store("gs://bucket/plans", {"token": "anon"}, budget).fetch(FP))
         assert err.value.reason in (Reason.TIMEOUT, Reason.STORE_ERROR)
         assert time.monotonic() - started < budget + SLACK
 

@@ -779,11 +779,8 @@ def test_black_holed_store_never_delays_save(
 ) -> None:
     _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", 1.0)
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
-    worker = make_worker(plugin)
-    from plancache.vllm_plugin import boot
-
-    worker._plancache_boot = boot._load_boot()
-    worker._plancache_boot.store_reads = False  # only the push meets the black hole
+    monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS")  # no trusted keys: the store is never read,
+    worker = make_worker(plugin)                   # only the push meets the black hole
     kv = worker.determine_available_memory()
     started = time.monotonic()
     plugin.gpu_worker.maybe_save_startup_plan(worker, kv)

@@ -1,16 +1,80 @@
 """plancache: signed, shareable vLLM startup plans.
 
-The package is laid out in three rings, and the folder listing says which is which:
+The package is laid out in rings, and the folder listing says which is which:
 
-- ``plancache.trust``   -- the trust core. Bytes in, verified values out, one error family.
-  It does no IO: no files, no network, no clock of its own (callers pass ``now``).
-- ``plancache.storage`` -- moves bytes (vLLM's local plan directory, fsspec stores, key files).
-  It never decides whether something is trusted.
-- ``plancache.cli`` and ``plancache.vllm_plugin`` -- integrations that wire the two together
-  and own the policy knobs (flags, environment variables) and the logging.
+- ``plancache.trust``    the trust core. Bytes in, verified values out, errors in kinds, the
+  policy and the gate. It does no IO: no files, no network, no clock of its own.
+- ``plancache.storage``  moves bytes (vLLM's plan directory, fsspec stores, key files) within
+  caps and deadlines. It never decides whether something is trusted.
+- ``plancache.pipeline`` the flows every caller shares: the resolver (local -> verify -> else
+  store -> verify -> persist), audits of a directory or URL, signing, push and prune.
+- ``plancache.cli`` and ``plancache.vllm_plugin`` integrations: they read flags or the
+  environment, build one policy, call the pipeline and render or log the outcome.
 
-Importing ``plancache`` stays cheap on purpose: the vLLM plugin module is imported in every
-vLLM process, so nothing here pulls in fsspec, s3fs, torch or vLLM.
+The names below form the public Python API for scripts (see README, "Python API"). They are
+loaded lazily: the vLLM plugin imports this package in every vLLM process, so ``import
+plancache`` pulls in none of fsspec, s3fs, gcsfs, aiobotocore, torch or vLLM.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "verify_location": "plancache.api",
+    "pull": "plancache.api",
+    "load_trusted_keys": "plancache.pipeline.trust_config",
+    "trust_policy": "plancache.pipeline.trust_config",
+    "open_store": "plancache.storage.store",
+    "Store": "plancache.storage.store",
+    "LocalPlanDir": "plancache.storage.localdir",
+    "default_plan_dir": "plancache.storage.localdir",
+    "Resolver": "plancache.pipeline.resolver",
+    "PlanReport": "plancache.pipeline.audit",
+    "verify_plan": "plancache.trust.verify",
+    "VerifiedPlan": "plancache.trust.verify",
+    "Keyring": "plancache.trust.keys",
+    "TrustPolicy": "plancache.trust.policy",
+    "PlanResult": "plancache.trust.result",
+    "Decision": "plancache.trust.gate",
+    "Verdict": "plancache.trust.gate",
+    "decide": "plancache.trust.gate",
+    "Reason": "plancache.trust.errors",
+    "PlanCacheError": "plancache.trust.errors",
+    "Rejected": "plancache.trust.errors",
+    "StoreError": "plancache.trust.errors",
+    "StoreTimeout": "plancache.trust.errors",
+    "ConfigError": "plancache.trust.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on first use
+    from .api import pull, verify_location
+    from .pipeline.audit import PlanReport
+    from .pipeline.resolver import Resolver
+    from .pipeline.trust_config import load_trusted_keys, trust_policy
+    from .storage.localdir import LocalPlanDir, default_plan_dir
+    from .storage.store import Store, open_store
+    from .trust.errors import ConfigError, PlanCacheError, Reason, Rejected, StoreError, StoreTimeout
+    from .trust.gate import Decision, Verdict, decide
+    from .trust.keys import Keyring
+    from .trust.policy import TrustPolicy
+    from .trust.result import PlanResult
+    from .trust.verify import VerifiedPlan, verify_plan
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plancache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -14,13 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..storage.keyfiles import generate_keypair, load_keyring
+from ..pipeline.resolver import Resolver
+from ..pipeline.trust_config import trust_policy
+from ..storage.keyfiles import generate_keypair
 from ..storage.localdir import LocalPlanDir
 from ..trust.gate import decide
 from ..trust.plan import Plan, plan_name, render_plan
-from ..trust.verify import verify_plan
 from .args import key_value
-from .offline import utcnow
 
 GIB = 2**30
 DEMO_FINGERPRINT = "3f9a1c2be47d5a60"
@@ -90,16 +90,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"    exit code {code} (1: a plan was rejected); spot directory holds: "
               f"{', '.join(sorted(p.name for p in spot.path.iterdir()))}")
 
-        keyring = load_keyring(root / "ci-key.pub")
-        read_plan, read_sig = spot.read(DEMO_FINGERPRINT)
-        assert read_plan is not None
-        verified = verify_plan(good.name, read_plan, read_sig, keyring, utcnow())
+        found = Resolver(spot, trust_policy(str(root / "ci-key.pub"))).local(DEMO_FINGERPRINT)
+        verified = found.verified
+        if verified is None:
+            print(f"    the pulled plan does not verify: {found.error}")
+            return 1
         step(f"vLLM worker boot: the local plan verifies, signed by {', '.join(verified.signers)}")
         for free in (80 * GIB, 60 * GIB):
             d = decide(verified, free_memory=free, conditions={"gpu_memory_utilization": 0.9})
             verdict = f"apply kv_cache_memory_bytes={d.kv_cache_memory_bytes}" if d.applied else "profile as usual"
             step(f"gate at {free // GIB} GiB free: {d.reason} -> {verdict}")
-            print(f"    {d.detail}")
+            if d.detail:
+                print(f"    {d.detail}")
         if args.store:
             store.delete([DEMO_FINGERPRINT, TAMPERED_FINGERPRINT])
             step(f"cleaned the demo's two plans out of {store_url}")

@@ -16,22 +16,11 @@ from .. import __version__
 from ..trust.errors import PlanCacheError
 from . import demo, offline, remote
 from .args import duration, key_value, positive_int
-from .locations import add_store_options
+from .inputs import add_store_options, add_trust_options
 
 EXIT_CONFIG = 2
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def _trust_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--trusted-keys",
-        metavar="PATH",
-        help="trusted-keys file or directory of .pub files (default: $PLANCACHE_TRUSTED_KEYS)",
-    )
-    parser.add_argument(
-        "--threshold", type=positive_int, default=1, help="distinct trusted keys that must sign (default 1)"
-    )
 
 
 def _location(parser: argparse.ArgumentParser, what: str) -> None:
@@ -83,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
          "Without trusted keys, values are shown unverified."),
     ):
         p = sub.add_parser(name, help=summary, description=description)
-        _trust_options(p)
+        add_trust_options(p)
         p.add_argument("--json", action="store_true", help="print a JSON report")
         p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
         add_store_options(p)
@@ -98,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=offline.cmd_inspect)
 
-    remote.add_parsers(sub, _trust_options)
+    remote.add_parsers(sub)
     demo.add_parser(sub)
     return parser
 

@@ -1,85 +1,30 @@
-"""The offline subcommands: keygen, sign, verify, ls, inspect."""
+"""The local subcommands: keygen, sign, verify, ls, inspect (verify and ls also take a URL)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..settings import SIGNING_KEY_ENV
+from ..pipeline.audit import PlanReport, all_valid, audit_location, check
+from ..pipeline.locations import local_dir
+from ..pipeline.resolver import utcnow
+from ..pipeline.signing import SigningRequest, sign_directory
 from ..storage.files import read_capped
-from ..storage.keyfiles import generate_keypair, keyring_from, load_signer
+from ..storage.keyfiles import generate_keypair
 from ..storage.localdir import LocalPlanDir
 from ..trust import envelope as dsse
-from ..trust.errors import PlanCacheError, Reason
-from ..trust.keys import Keyring, Signer, TrustedKey
+from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
-from ..trust.signing import add_signature, sign_plan
-from ..trust.statement import parse_statement
-from ..trust.verify import verify_plan
-from .locations import DirSource, local_dir, open_source, storage_options
-from .output import gib, print_json, print_table
-from .report import PlanReport, check_many, check_one, exit_code
+from ..trust.result import PlanResult
+from ..trust.statement import format_time, parse_statement
+from .inputs import optional_policy, required_policy, required_signer, storage_options
+from .output import Progress, gib, print_json, print_table
 
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def require_keyring(args: argparse.Namespace) -> Keyring:
-    keyring = keyring_from(args.trusted_keys)
-    if keyring is None:
-        raise ConfigError("no trusted keys: pass --trusted-keys FILE or set PLANCACHE_TRUSTED_KEYS")
-    return keyring.with_threshold(args.threshold)
-
-
-def signer_from(args: argparse.Namespace) -> Signer:
-    ref = args.key or os.environ.get(SIGNING_KEY_ENV)
-    if not ref:
-        raise ConfigError(f"no signing key: pass --key FILE or set {SIGNING_KEY_ENV}")
-    return load_signer(ref)
-
-
-def own_keyring(signer: Signer) -> Keyring:
-    """A keyring that trusts only this signer: "is it already validly signed by me?"."""
-    public = getattr(signer, "public", None)
-    if public is None:
-        return Keyring()
-    return Keyring({signer.keyid: TrustedKey(signer.keyid, "self", public)})
-
-
-def sign_one(
-    directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, args: argparse.Namespace
-) -> tuple[str, str]:
-    """Sign one plan in place; returns (action, detail). Existing valid co-signatures are kept."""
-    name = plan_name(fp)
-    plan_bytes, sig_bytes = directory.read(fp)
-    if plan_bytes is None:
-        raise PlanCacheError(Reason.NO_PLAN, "plan file vanished")
-    try:
-        verify_plan(name, plan_bytes, sig_bytes, own_keyring(signer), now)
-        return "kept", "already signed by this key"
-    except PlanCacheError:
-        pass
-    new_sig: bytes | None = None
-    action = "signed"
-    if sig_bytes is not None:
-        try:
-            statement = parse_statement(dsse.decode(sig_bytes).payload)
-            if statement.expires_at is None or statement.expires_at > now:
-                new_sig = add_signature(name, plan_bytes, sig_bytes, signer)
-                action = "co-signed"
-        except PlanCacheError:
-            new_sig = None  # an unusable old sidecar is replaced by a fresh signature
-    if new_sig is None:
-        expires = now + args.expires_in if args.expires_in else None
-        new_sig = sign_plan(name, plan_bytes, signer, now, expires, args.comment, dict(args.fact or []))
-    directory.write_sig(fp, new_sig)
-    return action, ""
+def signing_request(args: argparse.Namespace) -> SigningRequest:
+    return SigningRequest(args.expires_in, args.comment, dict(args.fact or []))
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -90,55 +35,50 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    signer = signer_from(args)
+    signer = required_signer(args)
     directory = local_dir(args.dir)
-    now = utcnow()
-    results: list[dict[str, Any]] = []
-    for fp in directory.fingerprints():
-        try:
-            action, detail = sign_one(directory, fp, signer, now, args)
-        except PlanCacheError as exc:
-            action, detail = f"refused ({exc.reason.value})", exc.detail
-        results.append({"fingerprint": fp, "action": action, "detail": detail})
-    failed = sum(r["action"].startswith("refused") for r in results)
+    outcomes = sign_directory(directory, signer, utcnow(), signing_request(args))
+    refused = sum(o.refused for o in outcomes)
     if args.json:
-        print_json({"key": signer.keyid, "plans": results})
+        print_json({"key": signer.keyid, "plans": [
+            {"fingerprint": o.fingerprint, "action": o.label, "detail": o.detail} for o in outcomes]})
     else:
-        print_table([(r["fingerprint"], r["action"], r["detail"]) for r in results], ["PLAN", "ACTION", "DETAIL"])
-        counts = {a: sum(r["action"] == a for r in results) for a in ("signed", "co-signed", "kept")}
+        print_table([(o.fingerprint, o.label, o.detail) for o in outcomes], ["PLAN", "ACTION", "DETAIL"])
+        counts = {a: sum(o.action == a for o in outcomes) for a in ("signed", "co-signed", "kept")}
         print(
-            f"{len(results)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} co-signed, "
-            f"{counts['kept']} already signed, {failed} refused (key {signer.keyid})",
+            f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} co-signed, "
+            f"{counts['kept']} already signed, {refused} refused (key {signer.keyid})",
             file=sys.stderr,
         )
-    return 1 if failed else 0
+    return 1 if refused else 0
 
 
-def _reports(args: argparse.Namespace, keyring: Keyring | None) -> tuple[object, list[PlanReport]]:
-    source = open_source(args.location, storage_options(args), args.timeout)
-    fingerprints = source.fingerprints()
-    if isinstance(source, DirSource):  # local files: the pool's workers read their own share
-        return source, check_many(fingerprints, keyring, utcnow(), jobs=args.jobs, load=source.fetch_items)
-    return source, check_many(source.fetch_items(fingerprints), keyring, utcnow(), jobs=args.jobs)
+def _audit(args: argparse.Namespace, policy: Any) -> tuple[object, list[PlanReport]]:
+    progress = Progress("verify")
+    try:
+        return audit_location(args.location, policy, utcnow(), storage_options(args), args.timeout, args.jobs,
+                              progress.advance)
+    finally:
+        progress.close()
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    keyring = require_keyring(args)
-    source, reports = _reports(args, keyring)
+    source, reports = _audit(args, required_policy(args))
+    ok = all_valid(reports)
     if args.json:
-        print_json({"location": str(source), "plans": [r.to_json() for r in reports], "ok": exit_code(reports) == 0})
+        print_json({"location": str(source), "plans": [r.to_json() for r in reports], "ok": ok})
     else:
-        rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "", r.detail)
-                for r in reports]
+        rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "",
+                 r.detail) for r in reports]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
-        bad = sum(r.status != "valid" for r in reports)
+        bad = sum(not r.ok for r in reports)
         print(f"{len(reports)} plan(s) in {source}: {len(reports) - bad} valid, {bad} not", file=sys.stderr)
-    return exit_code(reports)
+    return 0 if ok else 1
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    keyring = keyring_from(args.trusted_keys)
-    source, reports = _reports(args, keyring.with_threshold(args.threshold) if keyring else None)
+    policy = optional_policy(args)
+    source, reports = _audit(args, policy)
     if args.json:
         print_json({"location": str(source), "plans": [r.to_json() for r in reports]})
         return 0
@@ -148,7 +88,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for r in reports
     ]
     print_table(rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"])
-    if keyring is None:
+    if policy is None:
         print("no trusted keys given: values are shown unverified (--trusted-keys to verify)", file=sys.stderr)
     return 0
 
@@ -162,8 +102,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     plan_bytes, sig_bytes = directory.read(fp)
     if plan_bytes is None and read_capped(path, MAX_PLAN_BYTES) is None:
         raise ConfigError(f"{path} does not exist")
-    keyring = keyring_from(args.trusted_keys)
-    report = check_one((fp, plan_bytes, sig_bytes), keyring, utcnow())
+    policy = optional_policy(args)
+    report = check(PlanResult(fp, "local", plan_bytes, sig_bytes), policy, utcnow())
     info: dict[str, Any] = {"file": str(directory.path / plan_name(fp)), **report.to_json()}
     if sig_bytes is not None:
         try:
@@ -189,8 +129,8 @@ def _statement_json(payload: bytes) -> Any:
         "subject": st.subject_name,
         "sha256": st.subject_sha256,
         "fingerprint": st.fingerprint,
-        "signed_at": st.signed_at.isoformat(),
-        "expires_at": st.expires_at.isoformat() if st.expires_at else None,
+        "signed_at": format_time(st.signed_at),
+        "expires_at": format_time(st.expires_at) if st.expires_at else None,
         "comment": st.comment,
         "provenance": dict(st.provenance),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 
 def gib(value: int | None) -> str:
@@ -27,33 +27,38 @@ def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: Text
 
 
 class Progress:
-    """A one-line progress bar on stderr, shown only on a terminal and only for long work."""
+    """A one-line progress counter on stderr, shown only on a terminal and only for long work.
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, min_total: int = 50) -> None:
+    ``total`` may be unknown (0) when the work is counted while it is listed.
+    """
+
+    def __init__(self, label: str, total: int = 0, stream: TextIO | None = None, min_shown: int = 50) -> None:
         self.total = total
         self.label = label
         self.stream = stream or sys.stderr
         self.done = 0
-        self.enabled = total >= min_total and self.stream.isatty()
+        self.min_shown = min_shown
+        self.tty = self.stream.isatty()
+        self.shown = False
         self._last = 0.0
 
     def advance(self, count: int = 1) -> None:
         self.done += count
         now = time.monotonic()
-        if self.enabled and (now - self._last > 0.1 or self.done >= self.total):
-            self._last = now
+        if not self.tty or self.done < self.min_shown or now - self._last < 0.1:
+            return
+        self._last = now
+        self.shown = True
+        if self.total:
             width = 30
-            filled = int(width * self.done / max(self.total, 1))
-            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}")
-            self.stream.flush()
+            filled = int(width * min(self.done, self.total) / self.total)
+            text = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+        else:
+            text = f"{self.done}"
+        self.stream.write(f"\r{self.label} {text}")
+        self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.shown:
             self.stream.write("\n")
             self.stream.flush()
-
-    def track(self, items: Iterable[Any]) -> Iterable[Any]:
-        for item in items:
-            yield item
-            self.advance()
-        self.close()

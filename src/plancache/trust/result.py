@@ -27,6 +27,8 @@ class PlanResult:
     error: PlanCacheError | None = None
     written: bool | None = None
     """Local copy after a store hit: True written, False already byte-identical, None not tried."""
+    write_error: PlanCacheError | None = None
+    """The local write of a verified store hit failed (the plan itself is still verified)."""
     note: str = ""
     """What else happened on the way (a rejected local copy, a failed local write, timings)."""
 

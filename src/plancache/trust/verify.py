@@ -50,6 +50,8 @@ class VerifiedPlan:
     statement: Statement | None
     signers: tuple[str, ...]
     _seal: Any = None
+    key_ids: tuple[str, ...] = ()
+    """Key ids (``SHA256:…``) of the signing keys, in the order of ``signers``."""
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
@@ -119,7 +121,9 @@ def verify_plan(
     if statement.expires_at is not None and statement.expires_at + clock_skew <= now:
         raise Rejected(Reason.EXPIRED, f"signature expired at {statement.expires_at:%Y-%m-%dT%H:%M:%SZ}")
     plan = parse_plan(plan_bytes, name)
-    return VerifiedPlan(name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL)
+    return VerifiedPlan(
+        name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL, tuple(k.keyid for k in current)
+    )
 
 
 def _no_key_detail(failure: Reason, env: dsse.Envelope) -> str:

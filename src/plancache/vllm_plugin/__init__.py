@@ -15,12 +15,13 @@ This module is imported in every vLLM process: it imports nothing but ``os`` at 
 
 import os
 
-__all__ = ["register", "unregister"]
+__all__ = ["register", "unregister", "startup_plan_enabled"]
 
 
-def _enabled() -> bool:
-    # vLLM reads the switch as bool(int(value)); an unparsable value makes vLLM itself fail
-    # loudly, and the plugin stays out of the way.
+def startup_plan_enabled() -> bool:
+    """vLLM's switch ``VLLM_ENABLE_STARTUP_PLAN``, read as ``vllm.envs`` reads it
+    (``bool(int(value))``, at call time). An unparsable value makes vLLM itself fail loudly;
+    the plugin then stays out of the way. The one place the plugin reads the switch."""
     try:
         return bool(int(os.environ.get("VLLM_ENABLE_STARTUP_PLAN", "0")))
     except ValueError:
@@ -29,7 +30,7 @@ def _enabled() -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; never raises."""
-    if not _enabled():
+    if not startup_plan_enabled():
         return
     try:
         from . import hooks

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..storage.deadline import DEFAULT_TIMEOUT
 from ..settings import (
     SIGNING_KEY_ENV,
     STORAGE_OPTIONS_ENV,
@@ -41,19 +42,6 @@ from ..settings import (
     URL_ENV,
     parse_storage_options,
 )
-
-ENABLE_ENV = "VLLM_ENABLE_STARTUP_PLAN"
-
-DEFAULT_TIMEOUT = 3.0
-"""Seconds; the same default end-to-end budget as a single-fingerprint ``plancache pull``."""
-
-
-def startup_plan_enabled(env: Mapping[str, str] = os.environ) -> bool:
-    """``VLLM_ENABLE_STARTUP_PLAN`` as vLLM reads it (``bool(int(value))``), but never raising."""
-    try:
-        return bool(int(env.get(ENABLE_ENV, "0")))
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

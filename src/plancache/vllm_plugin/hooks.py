@@ -85,9 +85,9 @@ def apply_hook(worker: Any) -> None:
 def save_hook(worker: Any, kv_cache_memory_bytes: int) -> None:
     """Replaces vLLM's ``maybe_save_startup_plan``."""
     try:
-        from . import boot
+        from . import save
 
-        boot.save(worker, kv_cache_memory_bytes, _originals["fingerprint"], _originals["save"])
+        save.save(worker, kv_cache_memory_bytes, _originals["fingerprint"], _originals["save"])
     except Exception:  # noqa: BLE001
         LOG.exception("plancache: unexpected error while saving a plan")
 

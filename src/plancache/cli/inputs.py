@@ -1,0 +1,78 @@
+"""Flags and environment -> library objects, shared by every subcommand.
+
+Trust options (``--trusted-keys``, ``--threshold``) become a
+:class:`~plancache.trust.policy.TrustPolicy`; ``--key`` a signer; ``--storage-option``
+merged over ``$PLANCACHE_STORAGE_OPTIONS`` the store's options. Nothing here decides trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Mapping
+
+from ..pipeline.locations import BULK_TIMEOUT
+from ..pipeline.trust_config import keys_source, signer_for, trust_policy
+from ..settings import SIGNING_KEY_ENV, STORAGE_OPTIONS_ENV, TRUSTED_KEYS_ENV, parse_storage_options
+from ..trust.errors import ConfigError
+from ..trust.keys import Signer
+from ..trust.policy import TrustPolicy
+from .args import key_value, positive_int
+
+
+def add_trust_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trusted-keys", metavar="PATH",
+        help=f"trusted-keys file or directory of .pub files (default: ${TRUSTED_KEYS_ENV})",
+    )
+    parser.add_argument(
+        "--threshold", type=positive_int, default=1, help="distinct trusted keys that must sign (default 1)"
+    )
+
+
+def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:
+    """``--storage-option`` and ``--timeout``: shared by every command that takes a URL."""
+    parser.add_argument(
+        "--storage-option", type=key_value, action="append", metavar="KEY=VALUE",
+        help="fsspec storage option, VALUE parsed as JSON where it parses, e.g. "
+        f"endpoint_url=http://127.0.0.1:9000 or anon=true (repeatable; wins over ${STORAGE_OPTIONS_ENV} "
+        "and plancache's defaults)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, metavar="SECONDS",
+        help=timeout_help or f"overall budget of each store operation (default {BULK_TIMEOUT:g} s)",
+    )
+
+
+def required_policy(args: argparse.Namespace) -> TrustPolicy:
+    """The signed policy the command needs; one line when no trusted keys are named."""
+    source = keys_source(args.trusted_keys)
+    if not source:
+        raise ConfigError(f"no trusted keys: pass --trusted-keys FILE or set {TRUSTED_KEYS_ENV}")
+    return trust_policy(source, args.threshold)
+
+
+def optional_policy(args: argparse.Namespace) -> TrustPolicy | None:
+    """The signed policy when trusted keys are named, else None (values shown unverified)."""
+    source = keys_source(args.trusted_keys)
+    return trust_policy(source, getattr(args, "threshold", 1)) if source else None
+
+
+def required_signer(args: argparse.Namespace) -> Signer:
+    signer = signer_for(args.key)
+    if signer is None:
+        raise ConfigError(f"no signing key: pass --key FILE or set {SIGNING_KEY_ENV}")
+    return signer
+
+
+def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags."""
+    options: dict[str, Any] = {}
+    raw = env.get(STORAGE_OPTIONS_ENV, "").strip()
+    if raw:
+        try:
+            options = parse_storage_options(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{STORAGE_OPTIONS_ENV}: {exc}") from None
+    options.update(getattr(args, "storage_option", None) or [])
+    return options

@@ -1,0 +1,184 @@
+"""One report per plan, for ``verify``, ``ls``, ``prune`` and offline scripts.
+
+Verification is CPU-bound (Ed25519 plus hashing), so thousands of plans are checked in a
+process pool with one worker per core; a handful are checked inline, where a pool's start-up
+would cost more than it saves. For a local directory each worker reads its own share, so
+reading is parallel too. Every plan goes through the same :func:`verify_result` as a pull.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..storage.localdir import LocalPlanDir
+from ..storage.store import Store
+from ..trust import envelope as dsse
+from ..trust.errors import PlanCacheError, Reason
+from ..trust.gate import Verdict
+from ..trust.plan import parse_plan, plan_name
+from ..trust.policy import TrustPolicy
+from ..trust.result import PlanResult
+from ..trust.statement import format_time, parse_statement
+from .locations import Location, open_location
+from .resolver import verify_result
+
+POOL_MIN_PLANS = 200
+
+VALID = "valid"
+INVALID = "invalid"
+UNSIGNED = "unsigned"
+UNVERIFIED = "unverified"
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class PlanReport:
+    """What a person or a script needs of one plan: status, reason, signers, numbers."""
+
+    fingerprint: str
+    status: str
+    reason: str
+    detail: str = ""
+    signers: list[str] = field(default_factory=list)
+    signed_at: str | None = None
+    expires_at: str | None = None
+    comment: str = ""
+    kv_cache_memory_bytes: int | None = None
+    free_memory_baseline: int | None = None
+    signer_ids: list[str] = field(default_factory=list)
+    """Key ids (``SHA256:…``) of the signers, in the order of ``signers``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == VALID
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def report_of(result: PlanResult) -> PlanReport:
+    """A verified result's report, or the report of why it is not verified."""
+    fp = result.fingerprint
+    failure = result.error or result.write_error
+    if failure is not None:
+        status = UNSIGNED if failure.reason is Reason.UNSIGNED else INVALID
+        return PlanReport(fp, status, failure.reason.value, failure.detail)
+    vp = result.verified
+    if vp is None:
+        return PlanReport(fp, INVALID, Verdict.NO_PLAN.value, "plan file is missing")
+    st = vp.statement
+    return PlanReport(
+        fingerprint=fp,
+        status=VALID,
+        reason="ok",
+        signers=list(vp.signers),
+        signer_ids=list(vp.key_ids),
+        signed_at=format_time(st.signed_at) if st else None,
+        expires_at=format_time(st.expires_at) if st and st.expires_at else None,
+        comment=st.comment if st else "",
+        kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
+        free_memory_baseline=vp.plan.free_memory_baseline,
+    )
+
+
+def describe_unverified(result: PlanResult) -> PlanReport:
+    """What a plan and sidecar *claim*, for display when no trusted keys are configured.
+
+    Nothing here is trusted: the values are shown so a person can look, with status
+    ``unverified``, and both parsers are the same strict, capped ones verification uses.
+    """
+    fp = result.fingerprint
+    report = PlanReport(fp, UNVERIFIED, "no-trusted-keys")
+    try:
+        if result.error is not None:
+            raise result.error
+        if result.plan_bytes is None:
+            return PlanReport(fp, INVALID, Verdict.NO_PLAN.value, "plan file is missing")
+        plan = parse_plan(result.plan_bytes, plan_name(fp))
+        report.kv_cache_memory_bytes = plan.kv_cache_memory_bytes
+        report.free_memory_baseline = plan.free_memory_baseline
+        if result.sig_bytes is None:
+            report.status, report.reason = UNSIGNED, Reason.UNSIGNED.value
+            return report
+        env = dsse.decode(result.sig_bytes)
+        report.signer_ids = [s.keyid for s in env.signatures]
+        report.signers = list(report.signer_ids)
+        st = parse_statement(env.payload)
+        report.signed_at = format_time(st.signed_at)
+        report.expires_at = format_time(st.expires_at) if st.expires_at else None
+        report.comment = st.comment
+    except PlanCacheError as exc:
+        report.status, report.reason, report.detail = INVALID, exc.reason.value, exc.detail
+    return report
+
+
+def check(result: PlanResult, policy: TrustPolicy | None, now: datetime) -> PlanReport:
+    """One result's report: verified under ``policy``, or described unverified without one."""
+    if policy is None:
+        return describe_unverified(result)
+    return report_of(verify_result(result, policy, now))
+
+
+def _check_chunk(args: tuple[Sequence[Any], LocalPlanDir | None, TrustPolicy | None, datetime]) -> list[PlanReport]:
+    work, directory, policy, now = args
+    results: Sequence[PlanResult] = directory.fetch_many(work) if directory is not None else work
+    return [check(result, policy, now) for result in results]
+
+
+def check_many(
+    work: Sequence[PlanResult] | Sequence[str],
+    policy: TrustPolicy | None,
+    now: datetime,
+    jobs: int | None = None,
+    directory: LocalPlanDir | None = None,
+    progress: Progress | None = None,
+) -> list[PlanReport]:
+    """Reports in input order; uses every core (or ``jobs``) when there are many plans.
+
+    ``work`` is a list of results, or of fingerprints when ``directory`` is given: then each
+    worker reads its own share of the directory.
+    """
+    jobs = jobs or os.cpu_count() or 1
+    if jobs == 1 or len(work) < POOL_MIN_PLANS:
+        reports = _check_chunk((work, directory, policy, now))
+        if progress:
+            progress(len(reports))
+        return reports
+    size = max(32, min(1000, len(work) // (jobs * 8) or 1))
+    chunks = [work[i : i + size] for i in range(0, len(work), size)]
+    reports = []
+    context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        for chunk_reports in pool.map(_check_chunk, [(c, directory, policy, now) for c in chunks]):
+            reports.extend(chunk_reports)
+            if progress:
+                progress(len(chunk_reports))
+    return reports
+
+
+def all_valid(reports: Iterable[PlanReport]) -> bool:
+    return all(r.ok for r in reports)
+
+
+def audit_location(
+    location: str | Location | None,
+    policy: TrustPolicy | None,
+    now: datetime,
+    storage_options: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+) -> tuple[Location, list[PlanReport]]:
+    """Every plan in a directory or store URL, verified under ``policy`` (or described
+    unverified without one): what ``plancache verify`` and ``ls`` print."""
+    source = location if isinstance(location, (LocalPlanDir, Store)) else open_location(location, storage_options, timeout)
+    fingerprints = source.fingerprints()
+    if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
+        return source, check_many(fingerprints, policy, now, jobs, directory=source, progress=progress)
+    return source, check_many(source.fetch_many(fingerprints), policy, now, jobs, progress=progress)

@@ -1,0 +1,160 @@
+"""The one pipeline every caller shares: local -> verify -> else store -> verify -> persist.
+
+Modelled on python-tuf's ``Updater``: for each fingerprint, the local copy (vLLM's plan
+directory, the primary cache) is read and verified; on a miss or a rejection, and only when
+the policy allows reading a store, plan and sidecar are fetched within the deadline,
+verified, and only then written locally (plan, then sidecar, each atomically). The caller
+gets a :class:`~plancache.trust.result.PlanResult`: the verified plan and where it came
+from, or why there is none. ``plancache pull``, the vLLM plugin's apply and prefetch, and
+users' scripts all go through :class:`Resolver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from ..storage.localdir import LocalPlanDir
+from ..trust.errors import ConfigError, PlanCacheError
+from ..trust.plan import plan_name
+from ..trust.policy import TrustPolicy
+from ..trust.result import PlanResult
+
+if TYPE_CHECKING:
+    from ..storage.store import Store
+
+WRITE_THREADS = 8
+"""Local writes in flight for a bulk pull: each fsync releases the GIL, threads overlap them."""
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    """The verifier's clock: an aware UTC datetime (the trust core takes ``now`` as an argument)."""
+    return datetime.now(timezone.utc)
+
+
+def verify_result(result: PlanResult, policy: TrustPolicy, now: datetime) -> PlanResult:
+    """Raw bytes in a result -> the same result with its VerifiedPlan, or the typed rejection."""
+    if result.error is not None or result.plan_bytes is None or result.verified is not None:
+        return result
+    source = "store" if result.source == "store" else "local"
+    try:
+        verified = policy.verify(plan_name(result.fingerprint), result.plan_bytes, result.sig_bytes, source, now)
+    except PlanCacheError as exc:
+        return replace(result, error=exc)
+    return replace(result, verified=verified)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """A bulk pull allocates much but leaves almost no cyclic garbage, while each full
+    collection walks the whole heap the SDKs built: pausing the collector makes a
+    1000-plan pull ~9 % faster at the same peak RSS."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+class Resolver:
+    """Verified plans for fingerprints, from vLLM's plan directory first, then from a store.
+
+    ``store`` may be a zero-argument function that opens it: the store is then opened only
+    on a local miss (in a worker, importing s3fs alone costs about half a second).
+    """
+
+    def __init__(
+        self,
+        directory: LocalPlanDir,
+        policy: TrustPolicy,
+        store: "Store | Callable[[], Store] | None" = None,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.directory = directory
+        self.policy = policy
+        self.clock = clock
+        self._store = store
+
+    @property
+    def reads_store(self) -> bool:
+        return self._store is not None and self.policy.reads_store
+
+    @property
+    def store(self) -> "Store":
+        """The store, opened now if it was given as an opener; ConfigError without one."""
+        if self._store is None or not self.policy.reads_store:
+            raise ConfigError("no trusted keys: plans from a store are never used unverified")
+        if callable(self._store):
+            self._store = self._store()
+        return self._store  # type: ignore[return-value]
+
+    def local(self, fp: str) -> PlanResult:
+        """The local plan, verified under the policy; no plan file is a miss, not an error."""
+        return verify_result(self.directory.fetch_many([fp])[0], self.policy, self.clock())
+
+    def resolve(self, fp: str, deadline: float | None = None) -> PlanResult:
+        """Local first; on a miss or a rejection, the store (if the policy reads one)."""
+        local = self.local(fp)
+        if local.verified is not None or not self.reads_store:
+            return local
+        try:
+            remote = self.fetch([fp], deadline)[0]
+        except PlanCacheError as exc:  # the store cannot even be opened (a bad URL, no SDK)
+            remote = PlanResult(fp, "store", error=exc)
+        if local.error is not None:
+            return remote.with_note(f"local plan rejected ({local.error.reason}: {local.error.detail})")
+        return remote
+
+    def fetch(
+        self, fps: Sequence[str], deadline: float | None = None, on_done: Callable[[int], None] | None = None
+    ) -> list[PlanResult]:
+        """Store -> verify -> persist for each fingerprint; the store is authoritative here.
+
+        Only verified bytes are written, and only where the directory does not already hold
+        them byte for byte. A failed local write leaves the plan verified (a caller may still
+        use it) with ``write_error`` set.
+        """
+        store = self.store
+        with _collector_paused() if len(fps) > 1 else contextlib.nullcontext():
+            fetched = store.fetch_many(fps, deadline, on_done)
+            now = self.clock()
+            return self._persist([verify_result(r, self.policy, now) for r in fetched])
+
+    def pull(
+        self, fps: Sequence[str] | None, deadline: float | None = None, on_done: Callable[[int], None] | None = None
+    ) -> list[PlanResult]:
+        """:meth:`fetch` for the given fingerprints, or for every plan the store lists."""
+        return self.fetch(self.store.fingerprints(deadline) if fps is None else fps, deadline, on_done)
+
+    def _persist(self, results: list[PlanResult]) -> list[PlanResult]:
+        todo = [r for r in results if r.verified is not None]
+        if len(todo) <= 1:
+            return [self._write(r, sync=True) if r.verified is not None else r for r in results]
+        with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+            written = dict(zip((id(r) for r in todo), pool.map(lambda r: self._write(r, sync=False), todo)))
+        if any(w.written for w in written.values()):
+            self.directory.sync()  # one directory fsync for the batch; each file was fsynced
+        return [written.get(id(r), r) for r in results]
+
+    def _write(self, result: PlanResult, sync: bool) -> PlanResult:
+        vp = result.verified
+        if vp is None:
+            return result
+        try:
+            if self.directory.read(vp.fingerprint) == (vp.plan_bytes, vp.sig_bytes):
+                return replace(result, written=False)
+        except PlanCacheError:
+            pass  # an unreadable local copy is simply replaced
+        try:
+            self.directory.write(vp.fingerprint, vp.plan_bytes, vp.sig_bytes, sync=sync)
+        except PlanCacheError as exc:
+            return replace(result, write_error=exc).with_note(f"not cached locally: {exc.detail}")
+        return replace(result, written=True)

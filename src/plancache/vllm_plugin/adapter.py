@@ -1,0 +1,89 @@
+"""What the plugin asks of vLLM: the fingerprint, device facts, free memory, the plan directory.
+
+Everything here reads vLLM's own objects the way vLLM 0.33 reads them, so the plugin and
+vLLM always agree on the key (vLLM's ``compute_plan_fingerprint``), on the directory
+(vLLM's ``_plan_path``) and on the free-memory snapshot its own gate compares. vLLM is
+imported inside the functions: they run only in a worker that already imported it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+from typing import Any, Callable
+
+from ..storage.localdir import LocalPlanDir
+
+Fingerprint = Callable[[Any, int, int], str]
+"""vLLM's ``compute_plan_fingerprint(vllm_config, rank, world_size)``, as the hooks found it."""
+
+
+def plan_dir() -> LocalPlanDir:
+    """vLLM's plan directory, asked from vLLM itself (so both always agree)."""
+    from vllm.v1.worker import startup_plan
+
+    return LocalPlanDir(Path(startup_plan._plan_path("0" * 16)).parent)
+
+
+def fingerprint_of(worker: Any, fingerprint: Fingerprint) -> str:
+    return fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
+
+
+def byte_count(value: Any) -> int | None:
+    """An integral byte count (int, numpy or torch integer), never a bool."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+
+
+def free_memory(worker: Any) -> int | None:
+    """The free-memory snapshot vLLM took at start (what its own gate compares), if readable."""
+    snapshot = getattr(worker, "init_snapshot", None)
+    return byte_count(getattr(snapshot, "free_memory", None))
+
+
+def _device_index(worker: Any) -> int:
+    device = getattr(worker, "device", None)
+    index = getattr(device, "index", None)
+    if isinstance(index, int):
+        return index
+    local_rank = getattr(worker, "local_rank", 0)
+    return local_rank if isinstance(local_rank, int) else 0
+
+
+def worker_conditions(worker: Any) -> dict[str, Any]:
+    """The facts vLLM's fingerprint misses, for *this* worker's device (vLLM asks device 0)."""
+    from vllm.platforms import current_platform
+
+    facts: dict[str, Any] = {}
+    util = getattr(worker.cache_config, "gpu_memory_utilization", None)
+    if isinstance(util, (int, float)) and not isinstance(util, bool):
+        facts["gpu_memory_utilization"] = float(util)
+    index = _device_index(worker)
+    try:
+        name = current_platform.get_device_name(index)
+        if isinstance(name, str) and name:
+            facts["device_name"] = name
+    except Exception:  # noqa: BLE001 - a platform that cannot tell: not compared
+        pass
+    try:
+        total = byte_count(current_platform.get_device_total_memory(index))
+        if total:
+            facts["device_total_memory"] = total
+    except Exception:  # noqa: BLE001
+        pass
+    return facts
+
+
+def provenance(worker: Any) -> dict[str, Any]:
+    """Facts recorded (signed) with a freshly profiled plan."""
+    import torch
+    import vllm
+
+    facts = worker_conditions(worker)
+    facts.update(
+        model=str(worker.model_config.model),
+        vllm_version=str(vllm.__version__),
+        torch_version=str(torch.__version__),
+        rank=int(worker.rank),
+        world_size=int(worker.parallel_config.world_size),
+    )
+    return facts
