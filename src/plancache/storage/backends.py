@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import types
+import warnings
 from typing import Any, Callable, Mapping
 
 from ..trust.errors import ConfigError, PlanCacheError
@@ -88,7 +89,9 @@ def _filesystem_class(protocol: str, url: str) -> type:
 
     if protocol in ("gs", "gcs") and os.environ.get(GCS_HNS_ENV, "").lower() not in ("true", "1"):
         try:
-            from gcsfs.core import GCSFileSystem  # the plain class: no gRPC bucket probe
+            with warnings.catch_warnings():  # google-api-core warns on stderr under Python 3.10
+                warnings.simplefilter("ignore", FutureWarning)
+                from gcsfs.core import GCSFileSystem  # the plain class: no gRPC bucket probe
         except ImportError:
             raise ConfigError(f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')") from None
         return GCSFileSystem  # type: ignore[no-any-return]

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name
+from ..trust.envelope import MAX_SIG_BYTES
+from ..trust.errors import Reason, Rejected
+from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name
 
 PAGE_SIZE = 1000
 """Keys asked for per listing request (S3's and GCS's maximum)."""
@@ -47,6 +50,19 @@ class Page:
     entries: list[ObjectInfo]
     token: str | None
     """Where the next page starts; None on the last page."""
+
+
+def cap_for(name: str) -> int:
+    """The read cap of a store object by its name: the trust core's own size limits."""
+    if fingerprint_of_sig_name(name):
+        return MAX_SIG_BYTES
+    if fingerprint_of_plan_name(name):
+        return MAX_PLAN_BYTES
+    raise Rejected(Reason.MALFORMED, f"not a plan or signature name: {name!r}")
+
+
+def md5_hex(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def md5_of(info: Mapping[str, Any]) -> str | None:

@@ -18,36 +18,25 @@ What it does guarantee is bounded cost, whatever the store does:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from ..trust.envelope import MAX_SIG_BYTES
 from ..trust.errors import PlanCacheError, Reason, Rejected
-from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name, sig_name
+from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
 from .backends import CONCURRENCY, filesystem_opener
 from .batches import each
 from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
 from .files import read_capped, write_atomic
-from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, list_page
+from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, list_page, md5_hex  # noqa: F401 (re-exported)
 from .threads import Pending, in_thread, use_daemon_executor
 
 T = TypeVar("T")
 
 SYNC_CONCURRENCY = 8  # threads in flight for filesystems without an async implementation
-
-
-def cap_for(name: str) -> int:
-    """The read cap of a store object by its name: the trust core's own size limits."""
-    if fingerprint_of_sig_name(name):
-        return MAX_SIG_BYTES
-    if fingerprint_of_plan_name(name):
-        return MAX_PLAN_BYTES
-    raise Rejected(Reason.MALFORMED, f"not a plan or signature name: {name!r}")
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None) -> "Store":
@@ -273,10 +262,16 @@ class Store:
         deadline = self._deadline(deadline)
 
         async def pair(fp: str) -> tuple[bytes | None, bytes | None]:
+            # both outcomes are collected: a failure of one read must not leave the other's
+            # exception unretrieved (asyncio would print its traceback at exit)
             plan, sig = await asyncio.gather(
-                self._read_capped(plan_name(fp), deadline), self._read_capped(sig_name(fp), deadline)
+                self._read_capped(plan_name(fp), deadline), self._read_capped(sig_name(fp), deadline),
+                return_exceptions=True,
             )
-            return (None, None) if plan is None else (plan, sig)
+            for outcome in (plan, sig):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return (None, None) if plan is None else (plan, sig)  # type: ignore[return-value]
 
         got = self._each_by(list(dict.fromkeys(fingerprints)), pair, "fetch", deadline, on_done)
         results = []
@@ -343,7 +338,3 @@ def _raise_first(results: Mapping[str, object]) -> None:
     for outcome in results.values():
         if isinstance(outcome, PlanCacheError):
             raise outcome
-
-
-def md5_hex(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
