@@ -74,9 +74,29 @@ def test_co_signing_for_a_threshold(capsys: pytest.CaptureFixture[str], tmp_path
     both.write_text((tmp_path / "ci.pub").read_text() + (tmp_path / "second.pub").read_text())
     run(capsys, "sign", "--key", str(keys), str(plans))
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 1
-    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "second"), str(plans))
+    # without trusted keys the second signer cannot check what it would adopt: refused, nothing written
+    before = {p.name: p.read_bytes() for p in plans.iterdir()}
+    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), "--json", str(plans))
+    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {"refused (untrusted-key)"}
+    assert {p.name: p.read_bytes() for p in plans.iterdir()} == before
+    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub", str(plans))
     assert code == 0 and "2 co-signed" in err
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 0
+
+
+def test_sign_adopts_nothing_it_was_not_asked_to_sign(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path
+) -> None:
+    run(capsys, "keygen", str(tmp_path / "second"))
+    run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", str(plans))  # no expiry
+    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub",
+                       "--expires-in", "30d", "--json", str(plans))
+    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {"refused (statement-mismatch)"}
+    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub",
+                       "--expires-in", "30d", "--replace", "--json", str(plans))
+    assert code == 0 and {p["action"] for p in json.loads(out)["plans"]} == {"replaced"}
+    assert run(capsys, "verify", f"--trusted-keys={keys}.pub", str(plans))[0] == 1  # the first key's signature is gone
+    assert run(capsys, "verify", f"--trusted-keys={tmp_path / 'second'}.pub", str(plans))[0] == 0
 
 
 def test_sign_refuses_malformed_plans(capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path) -> None:
@@ -174,3 +194,27 @@ def test_storage_options_come_from_the_environment_and_flags_win(
     monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "[1, 2]")
     code, _, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "memory://plans")
     assert code == 2 and "PLANCACHE_STORAGE_OPTIONS" in err and len(err.strip().splitlines()) == 1
+
+
+def test_rotating_a_stores_plans_to_a_new_key(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path,
+                                              plans: Path) -> None:
+    """Co-sign with the new key, push, then retire the old one: at every step every plan in the
+    store verifies under the trusted keys a node has, so no boot has to profile."""
+    store = (tmp_path / "bucket").as_uri()
+    run(capsys, "keygen", str(tmp_path / "new"))
+    old_line = (tmp_path / "ci.pub").read_text().strip()
+    new_line = (tmp_path / "new.pub").read_text().strip()
+    trusted = tmp_path / "trusted"
+    assert run(capsys, "push", "--key", str(keys), str(plans), store)[0] == 0
+    trusted.write_text(f"{old_line}\n{new_line}\n")  # 1. both keys trusted
+    assert run(capsys, "verify", f"--trusted-keys={trusted}", store)[0] == 0
+    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "new"), f"--trusted-keys={trusted}", str(plans))
+    assert code == 0 and "2 co-signed" in err  # 2. co-sign and push
+    assert run(capsys, "push", str(plans), store)[0] == 0
+    trusted.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n{new_line}\n")  # 3. retire the old key
+    code, out, _ = run(capsys, "verify", f"--trusted-keys={trusted}", "--json", store)
+    assert code == 0 and {tuple(p["signers"]) for p in json.loads(out)["plans"]} == {("new",)}
+    only_old = tmp_path / "only-old"
+    only_old.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n")  # the old key alone vouches for nothing
+    code, out, _ = run(capsys, "verify", f"--trusted-keys={only_old}", "--json", store)
+    assert code == 1 and {p["reason"] for p in json.loads(out)["plans"]} == {"expired"}

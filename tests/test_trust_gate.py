@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from conftest import FP, GIB, NOW, keyring_of, make_signer, plan_bytes
-from plancache.trust.errors import PlanCacheError, Reason
+from plancache.trust.errors import Reason, Rejected
 from plancache.trust.gate import Decision, Verdict, decide
 from plancache.trust.plan import plan_name
 from plancache.trust.signing import sign_plan
@@ -59,6 +59,6 @@ def test_unsigned_admission_is_gated_too() -> None:
 
 
 def test_rejections_become_decisions() -> None:
-    d = Decision.rejected(PlanCacheError(Reason.EXPIRED, "old"), FP)
+    d = Decision.rejected(Rejected(Reason.EXPIRED, "old"), FP)
     assert (d.applied, d.reason, d.detail, d.fingerprint) == (False, Reason.EXPIRED, "old", FP)
     assert str(Reason.EXPIRED) == "expired"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,9 +13,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import make_signer
-from plancache.storage.keyfiles import generate_keypair, keyring_from, load_keyring, load_signer
-from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.keys import key_id, openssh_line, parse_trusted_keys
+from plancache.pipeline.trust_config import keys_source, load_trusted_keys
+from plancache.storage.keyfiles import generate_keypair, load_keyring, load_signer
+from plancache.trust.errors import ConfigError, PlanCacheError, Reason
+from plancache.trust.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
 
 
 def config_error(func, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
@@ -95,9 +97,9 @@ def test_public_keys_from_pem_openssh_and_directory(tmp_path: Path) -> None:
     keyring = load_keyring(tmp_path / "keys")
     assert set(keyring.keys) == {a.keyid, b.keyid}
     assert keyring.keys[b.keyid].name == "bee"
-    env_ring = keyring_from(None, {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "keys")})
-    assert env_ring is not None and set(env_ring.keys) == {a.keyid, b.keyid}
-    assert keyring_from(None, {}) is None
+    source = keys_source(None, {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "keys")})
+    assert source is not None and set(load_trusted_keys(source).keys) == {a.keyid, b.keyid}
+    assert keys_source(None, {}) is None
     assert c.keyid not in keyring.keys
 
 
@@ -123,6 +125,12 @@ def test_trusted_keys_file_options_and_revocation() -> None:
     assert keyring.keys[b.keyid].name == "laptop of bob"
 
 
+_KEY = make_signer()
+_UNUSED_BIT = _KEY.keyid[:-1] + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".index(_KEY.keyid[-1]) ^ 1
+]
+
+
 @pytest.mark.parametrize(
     "line",
     [
@@ -132,11 +140,74 @@ def test_trusted_keys_file_options_and_revocation() -> None:
         "colour=blue ssh-ed25519 AAAA",
         "@revoked",
         "@revoked bogus",
+        "@revoked SHA256:tooshort",
+        "@revoked SHA256:" + "!" * 43,
+        f"@revoked {_KEY.keyid}==",
+        f"@revoked {_UNUSED_BIT}",
+        "@revoked ssh-ed25519 not-base64!",
+        f"valid-after=2026-13-01T00:00:00Z {openssh_line(_KEY.public)}",
+        f"valid-after=2027-01-01T00:00:00Z,valid-before=2026-01-01T00:00:00Z {openssh_line(_KEY.public)}",
+        "-----BEGIN PUBLIC KEY-----",
+        "-----BEGIN PRIVATE KEY-----",
     ],
+    ids=lambda line: re.sub(r"AAAAC3\S+|SHA256:\S{40,}", "<key>", line),  # stable across runs
 )
-def test_bad_trusted_key_lines_name_the_line(line: str) -> None:
+def test_bad_trusted_key_lines_are_config_errors_naming_the_line(line: str) -> None:
+    """Every entry must parse: an ignored line is a key not revoked or a key not trusted."""
     detail = config_error(parse_trusted_keys, f"# header\n{line}\n", "keys.txt")
-    assert "keys.txt:2" in detail or "ssh-ed25519" in detail
+    assert detail.startswith("keys.txt:2: ") and "\n" not in detail, detail
+
+
+def test_canonical_key_ids() -> None:
+    kid = _KEY.keyid
+    assert canonical_keyid(kid) == kid and canonical_keyid(kid + "=") == kid
+    for bogus in (kid + "==", kid[:-1], _UNUSED_BIT, "sha256:" + kid[7:], "MD5:" + kid[7:], kid + "\n", None, 7):
+        assert canonical_keyid(bogus) is None, bogus
+    with pytest.raises(ConfigError):
+        Keyring(revoked=frozenset({kid + "="}))
+
+
+def test_revoked_ids_with_padding_or_a_comment_revoke() -> None:
+    a, b = make_signer(), make_signer()
+    text = f"{openssh_line(a.public)}\n{openssh_line(b.public)}\n@revoked {a.keyid}=\n@revoked {b.keyid} lost laptop\n"
+    keyring = parse_trusted_keys(text, "k")
+    assert keyring.keys == {} and keyring.revoked == {a.keyid, b.keyid}
+
+
+def test_a_file_that_starts_with_a_pem_key_parses_the_rest() -> None:
+    a, b, c = make_signer(), make_signer(), make_signer()
+    pem = a.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    keyring = parse_trusted_keys(f"{pem}{openssh_line(b.public, 'bee')}\n@revoked {c.keyid}\n", "k")
+    assert set(keyring.keys) == {a.keyid, b.keyid} and keyring.revoked == {c.keyid}
+    detail = config_error(parse_trusted_keys, f"{pem}not a key line\n", "k")
+    assert detail.startswith("k:4: ")
+    assert config_error(parse_trusted_keys, f"{pem}{pem}", "k").startswith("k:4: ")  # listed twice
+
+
+def test_a_key_listed_twice_is_a_config_error(tmp_path: Path) -> None:
+    a = make_signer()
+    text = f"name=first {openssh_line(a.public)}\n# later\nvalid-before=2027-01-01T00:00:00Z {openssh_line(a.public)}\n"
+    assert config_error(parse_trusted_keys, text, "k") == f"k:3: key {a.keyid} is already listed at line 1"
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "a.pub").write_text(openssh_line(a.public) + "\n")
+    (tmp_path / "keys" / "b.pub").write_text(openssh_line(a.public, "again") + "\n")
+    assert "already listed" in config_error(load_keyring, tmp_path / "keys")
+
+
+def test_a_keyring_of_revocations_only_is_valid_only_where_asked_for(tmp_path: Path) -> None:
+    a = make_signer()
+    (tmp_path / "revoked").write_text(f"@revoked {a.keyid}\n")
+    assert "no usable key" in config_error(load_keyring, tmp_path / "revoked")
+    keyring = load_keyring(tmp_path / "revoked", allow_revocations_only=True)
+    assert keyring.keys == {} and keyring.revoked == {a.keyid}
+    ring = load_trusted_keys(str(tmp_path / "revoked"), revocations_only=True)
+    assert ring.revoked == {a.keyid}
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "old.pub").write_text(f"{openssh_line(a.public)}\n@revoked {a.keyid}\n")
+    assert "no usable key" in config_error(load_keyring, tmp_path / "dir")  # a directory too
+    assert load_keyring(tmp_path / "dir", allow_revocations_only=True).revoked == {a.keyid}
+    (tmp_path / "empty").write_text("# nothing\n")
+    config_error(load_keyring, tmp_path / "empty", allow_revocations_only=True)
 
 
 def test_empty_trusted_keys_file_is_a_config_error(tmp_path: Path) -> None:

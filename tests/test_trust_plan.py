@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FP, GIB, plan_bytes
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import (
+    MAX_INT,
     MAX_PLAN_BYTES,
     Plan,
     fingerprint_of_plan_name,
@@ -111,13 +114,24 @@ def test_plan_bytes_helper_is_vllm_shaped() -> None:
     assert plan == Plan(FP, 3 * GIB, 4 * GIB)
 
 
-def test_render_matches_vllm_033_save_byte_for_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """vLLM 0.33's maybe_save_startup_plan does ``json.dump(payload, f)`` with this key order."""
-    payload = {"schema": 1, "fingerprint": FP, "kv_cache_memory_bytes": int(5 * GIB), "free_memory_baseline": int(9 * GIB)}
-    path = tmp_path / NAME
-    with open(path, "w") as f:
-        json.dump(payload, f)
-    written = path.read_bytes()
-    plan = parse_plan(written, NAME)
-    assert render_plan(plan) == written
-    assert plan == Plan(FP, 5 * GIB, 9 * GIB)
+_extras = st.dictionaries(
+    st.text(max_size=12).filter(lambda k: k not in {"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"}),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+        max_leaves=10,
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, MAX_INT), st.integers(1, MAX_INT), _extras)
+def test_every_valid_plan_survives_render_and_parse(a: int, b: int, extra: dict[str, object]) -> None:
+    """What plancache writes (the demo, tests, the plugin's re-render) the strict parser takes
+    back unchanged. Byte equality with vLLM's own writer is checked against the real vLLM in
+    tests/test_vllm_plugin.py::test_plan_bytes_are_exactly_what_vllm_writes."""
+    plan = Plan(FP, min(a, b), max(a, b), extra)
+    data = render_plan(plan)
+    assert parse_plan(data, NAME) == plan
+    assert render_plan(parse_plan(data, NAME)) == data

@@ -88,17 +88,17 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
 
     patched_before_import = startup_plan.maybe_apply_startup_plan is hooks.apply_hook
     seen_by_hook: dict[str, Any] = {}
-    patch_gpu_worker = hooks._patch_gpu_worker
+    patch_gpu_worker = hooks._patch_worker_module
 
     def spy(module: Any) -> None:  # what gpu_worker bound by itself, before the hook touches it
         seen_by_hook.update(apply=module.maybe_apply_startup_plan, save=module.maybe_save_startup_plan)
         patch_gpu_worker(module)
 
-    hooks._patch_gpu_worker = spy
+    hooks._patch_worker_module = spy
     try:
         from vllm.v1.worker import gpu_worker
     finally:
-        hooks._patch_gpu_worker = patch_gpu_worker
+        hooks._patch_worker_module = patch_gpu_worker
 
     import_order = SimpleNamespace(
         worker_imported_first=worker_imported_first,

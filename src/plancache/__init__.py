@@ -18,9 +18,6 @@ plancache`` pulls in none of fsspec, s3fs, gcsfs, aiobotocore, torch or vLLM.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -52,6 +49,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+TYPE_CHECKING = False  # not typing's: importing typing here would cost every vLLM process
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on first use
     from .api import pull, verify_location
     from .pipeline.audit import PlanReport
@@ -67,11 +65,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on f
     from .trust.verify import VerifiedPlan, verify_plan
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'plancache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(__import__(module, fromlist=[name]), name)
     globals()[name] = value
     return value
 

@@ -30,6 +30,19 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cosign_options(parser: argparse.ArgumentParser) -> None:
+    """What signing needs to co-sign safely: shared by ``sign`` and ``push --key``."""
+    parser.add_argument(
+        "--trusted-keys", metavar="PATH",
+        help="an existing signature is co-signed only if it verifies under these keys and says what this "
+        f"command would sign (default: ${TRUSTED_KEYS_ENV})",
+    )
+    parser.add_argument(
+        "--replace", action="store_true",
+        help="sign anew with this key alone where an existing signature cannot be adopted",
+    )
+
+
 def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:
     """``--storage-option`` and ``--timeout``: shared by every command that takes a URL."""
     parser.add_argument(

@@ -13,10 +13,11 @@ import traceback
 from typing import Callable, Sequence
 
 from .. import __version__
+from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import demo, offline, remote
+from . import demo, fingerprint, offline, remote
 from .args import duration, key_value, positive_int
-from .inputs import add_store_options, add_trust_options
+from .inputs import add_cosign_options, add_store_options, add_trust_options
 
 EXIT_CONFIG = 2
 
@@ -53,12 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sign", help="sign every plan in DIR that lacks a valid signature by the key",
                        description="Sign each plan in DIR that lacks a valid signature by KEY. A plan already "
-                       "signed by other keys is co-signed (same statement, one more signature).")
+                       "signed by other keys is co-signed (same statement, one more signature) only if that statement verifies "
+                       "under --trusted-keys and says what this command would sign; otherwise it is refused (exit 1) "
+                       "unless --replace.")
     p.add_argument("--key", metavar="KEY", help="private key file (default: $PLANCACHE_SIGNING_KEY)")
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d, 12h")
-    p.add_argument("--comment", default="", help="free text recorded in the signed statement")
+    p.add_argument("--comment", help="free text recorded in the signed statement")
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
                    help="provenance fact to sign, e.g. gpu_memory_utilization=0.9 (repeatable)")
+    add_cosign_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
     p.set_defaults(func=offline.cmd_sign)
@@ -89,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     remote.add_parsers(sub)
     demo.add_parser(sub)
+    fingerprint.add_parser(sub)
     return parser
 
 
@@ -99,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except PlanCacheError as exc:
-        print(f"plancache: error: {exc.detail}", file=sys.stderr)
+        print(f"plancache: error: {safe_text(exc.detail, 500)}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         print("plancache: interrupted", file=sys.stderr)
@@ -109,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
         if os.environ.get("PLANCACHE_DEBUG"):
             traceback.print_exc()
-        print(f"plancache: internal error: {type(exc).__name__}: {exc} (PLANCACHE_DEBUG=1 shows more)", file=sys.stderr)
+        print(f"plancache: internal error: {type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)",
+              file=sys.stderr)
         return EXIT_CONFIG
 
 

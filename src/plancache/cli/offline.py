@@ -11,10 +11,12 @@ from ..pipeline.audit import PlanReport, all_valid, audit_location, check
 from ..pipeline.locations import local_dir
 from ..pipeline.resolver import utcnow
 from ..pipeline.signing import SigningRequest, sign_directory
+from ..pipeline.trust_config import keys_source, load_trusted_keys
 from ..storage.files import read_capped
 from ..storage.keyfiles import generate_keypair
 from ..storage.localdir import LocalPlanDir
 from ..trust import envelope as dsse
+from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ..trust.result import PlanResult
@@ -24,7 +26,11 @@ from .output import Progress, gib, print_json, print_table
 
 
 def signing_request(args: argparse.Namespace) -> SigningRequest:
-    return SigningRequest(args.expires_in, args.comment, dict(args.fact or []))
+    """What ``sign``/``push --key`` would sign; absent flags are "not asked" (None)."""
+    source = keys_source(args.trusted_keys)
+    keyring = load_trusted_keys(source) if source else None
+    facts = dict(args.fact) if args.fact else None
+    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -116,7 +122,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print_json(info)
     else:
         for key, value in info.items():
-            print(f"{key:24} {value}")
+            print(f"{key:24} {safe_text(value, 2000)}")
     return 0 if report.status in ("valid", "unverified") else 1
 
 

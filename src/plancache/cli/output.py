@@ -7,6 +7,12 @@ import sys
 import time
 from typing import Any, Sequence, TextIO
 
+from ..trust.display import safe_text
+
+
+CELL_LIMIT = 300
+"""Characters per table cell: a detail is one line; a hostile value cannot flood a terminal."""
+
 
 def gib(value: int | None) -> str:
     return "" if value is None else f"{value / 2**30:.2f}"
@@ -20,7 +26,7 @@ def print_json(obj: Any, out: TextIO | None = None) -> None:
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    cells = [list(headers)] + [["" if c is None else str(c) for c in row] for row in rows]
+    cells = [list(headers)] + [["" if c is None else safe_text(c, CELL_LIMIT) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")

@@ -24,7 +24,7 @@ from ..trust.errors import ConfigError
 from ..trust.plan import is_fingerprint
 from ..trust.policy import TrustPolicy
 from .args import duration, key_value
-from .inputs import add_store_options, add_trust_options, required_policy, storage_options
+from .inputs import add_cosign_options, add_store_options, add_trust_options, required_policy, storage_options
 from .offline import signing_request
 from .output import Progress, print_json, print_table
 
@@ -41,9 +41,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--key", metavar="KEY", help=f"sign with this private key first (default: ${SIGNING_KEY_ENV})")
     p.add_argument("--allow-unsigned", action="store_true", help="push plans without a signature too")
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="lifetime of new signatures, e.g. 30d")
-    p.add_argument("--comment", default="", help="free text recorded in new signatures")
+    p.add_argument("--comment", help="free text recorded in new signatures")
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
                    help="provenance fact recorded in new signatures (repeatable)")
+    add_cosign_options(p)
     add_store_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")

@@ -1,41 +1,46 @@
 """Signing a directory's plans in place: what ``plancache sign`` and ``push --key`` do.
 
-A plan already validly signed by this key is kept as it is; one signed by other keys is
-co-signed (same statement, one more signature); anything else gets a fresh statement. The
-sidecar is written atomically beside the plan, so a reader sees the old or the new one.
+The decision what to write is the trust core's (:func:`~plancache.trust.signing.sign_or_cosign`):
+a plan already validly signed by this key, saying what was asked, is kept; one signed by
+other keys is co-signed only if its statement verifies under the trusted keys given and says
+what this command would write; anything else is refused unless ``replace`` (a fresh statement
+by this key alone). The sidecar is written atomically beside the plan, so a reader sees the
+old or the new one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from ..storage.localdir import LocalPlanDir
-from ..trust import envelope as dsse
 from ..trust.errors import PlanCacheError
 from ..trust.gate import Verdict
-from ..trust.keys import Keyring, Signer, TrustedKey
+from ..trust.keys import Keyring, Signer
 from ..trust.plan import plan_name
-from ..trust.signing import add_signature, sign_plan
-from ..trust.statement import parse_statement
-from ..trust.verify import verify_plan
+from ..trust.signing import sign_or_cosign
 
 
 @dataclass(frozen=True)
 class SigningRequest:
-    """What a new statement records: lifetime, free-text comment, provenance facts."""
+    """What this command would sign. ``None`` means "not asked": an adopted statement's value
+    stands, and a fresh statement records nothing (no expiry, no comment, no facts)."""
 
     expires_in: timedelta | None = None
-    comment: str = ""
-    facts: Mapping[str, Any] = field(default_factory=dict)
+    comment: str | None = None
+    facts: Mapping[str, Any] | None = None
+    keyring: Keyring | None = None
+    """Trusted keys an existing statement must verify under before it is co-signed."""
+    replace: bool = False
+    """Sign anew (this key alone) instead of refusing a sidecar that cannot be adopted."""
 
 
 @dataclass(frozen=True)
 class SignOutcome:
     fingerprint: str
     action: str
-    """``signed``, ``co-signed``, ``kept`` or ``refused``."""
+    """``signed``, ``co-signed``, ``kept``, ``replaced`` or ``refused``."""
     detail: str = ""
     reason: str = ""
     """Why it was refused (a reason code)."""
@@ -50,38 +55,18 @@ class SignOutcome:
         return f"refused ({self.reason})" if self.refused else self.action
 
 
-def _own_keyring(signer: Signer) -> Keyring:
-    """A keyring that trusts only this signer: "is it already validly signed by me?"."""
-    public = getattr(signer, "public", None)
-    if public is None:
-        return Keyring()
-    return Keyring({signer.keyid: TrustedKey(signer.keyid, "self", public)})
-
-
 def sign_one(directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest) -> SignOutcome:
-    """Sign one plan in place. Existing valid co-signatures are kept."""
-    name = plan_name(fp)
+    """Sign one plan in place (see the module docstring); raises a typed error when refused."""
     plan_bytes, sig_bytes = directory.read(fp)
     if plan_bytes is None:
         return SignOutcome(fp, "refused", "plan file vanished", Verdict.NO_PLAN.value)
-    try:
-        verify_plan(name, plan_bytes, sig_bytes, _own_keyring(signer), now)
-        return SignOutcome(fp, "kept", "already signed by this key")
-    except PlanCacheError:
-        pass
-    new_sig: bytes | None = None
-    action = "signed"
-    if sig_bytes is not None:
-        try:
-            statement = parse_statement(dsse.decode(sig_bytes).payload)
-            if statement.expires_at is None or statement.expires_at > now:
-                new_sig = add_signature(name, plan_bytes, sig_bytes, signer)
-                action = "co-signed"
-        except PlanCacheError:
-            new_sig = None  # an unusable old sidecar is replaced by a fresh signature
-    if new_sig is None:
-        expires = now + request.expires_in if request.expires_in else None
-        new_sig = sign_plan(name, plan_bytes, signer, now, expires, request.comment, dict(request.facts))
+    expires_at = now + request.expires_in if request.expires_in else None
+    action, new_sig = sign_or_cosign(
+        plan_name(fp), plan_bytes, sig_bytes, signer, now, keyring=request.keyring, expires_at=expires_at,
+        comment=request.comment, provenance=request.facts, replace=request.replace,
+    )
+    if action == "kept":
+        return SignOutcome(fp, action, "already signed by this key")
     directory.write_sig(fp, new_sig)
     return SignOutcome(fp, action)
 

@@ -18,14 +18,18 @@ from ..trust.keys import Keyring, Signer
 from ..trust.policy import TrustPolicy
 
 
-def load_trusted_keys(path: str | Path, threshold: int = 1) -> Keyring:
-    """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted."""
+def load_trusted_keys(path: str | Path, threshold: int = 1, revocations_only: bool = False) -> Keyring:
+    """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted.
+
+    ``revocations_only`` accepts a file that lists only ``@revoked`` entries, for callers
+    that only ask "is this revoked?" (``prune --revoked``).
+    """
     if threshold < 1:
         raise ConfigError(f"the signature threshold must be a whole number of at least 1, got {threshold}")
-    return load_keyring(Path(path).expanduser()).with_threshold(threshold)
+    return load_keyring(Path(path).expanduser(), revocations_only).with_threshold(threshold)
 
 
-def trust_policy(source: str | None, threshold: int = 1) -> TrustPolicy:
+def trust_policy(source: str | None, threshold: int = 1, revocations_only: bool = False) -> TrustPolicy:
     """``signed`` with the keys at ``source``; ``unsigned-local`` when no keys are named.
 
     Keys that are named but unusable raise ConfigError: the CLI prints one line; the plugin
@@ -33,7 +37,7 @@ def trust_policy(source: str | None, threshold: int = 1) -> TrustPolicy:
     """
     if not source:
         return TrustPolicy.unsigned_local()
-    return TrustPolicy.signed(load_trusted_keys(source, threshold))
+    return TrustPolicy.signed(load_trusted_keys(source, threshold, revocations_only))
 
 
 def worker_policy(source: str | None, threshold: int) -> TrustPolicy:

@@ -13,7 +13,8 @@ from typing import Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..settings import PASSPHRASE_ENV, TRUSTED_KEYS_ENV
+from ..settings import PASSPHRASE_ENV
+from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keys import Ed25519Signer, Keyring, Signer, openssh_line, parse_private_key, parse_trusted_keys, private_key_pem
 from .files import read_capped, write_atomic
@@ -38,27 +39,37 @@ def _text(data: bytes, path: Path) -> str:
         raise ConfigError(f"{path} is not a text file") from None
 
 
-def load_keyring(path: Path) -> Keyring:
-    """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted."""
+def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
+    """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted.
+
+    A keyring must trust at least one key, since verifying needs one: otherwise every plan
+    would be rejected for a typo. ``allow_revocations_only`` is for callers that only ask
+    "is this key revoked?" (``prune --revoked``), where a list of revocations is enough. A
+    key listed in two files of a directory is a ``ConfigError``, as within one file: which
+    window would hold is anyone's guess.
+    """
     path = Path(path)
     if path.is_dir():
-        keyring = Keyring()
         files = sorted(p for p in path.iterdir() if p.name.endswith(".pub"))
         if not files:
-            raise ConfigError(f"trusted-keys directory {path} holds no .pub files")
+            raise ConfigError(f"trusted-keys directory {safe_text(path)} holds no .pub files")
+        keyring = Keyring()
+        listed_in: dict[str, Path] = {}
         for file in files:
-            keyring = keyring.merged(parse_trusted_keys(_text(_read(file, "trusted key"), file), str(file)))
-        return keyring
-    keyring = parse_trusted_keys(_text(_read(path, "trusted-keys file"), path), str(path))
-    if not keyring.keys:
-        raise ConfigError(f"trusted-keys file {path} lists no usable key")
+            part = parse_trusted_keys(_text(_read(file, "trusted key"), file), str(file))
+            for kid in part.keys:
+                if kid in listed_in:
+                    raise ConfigError(f"{safe_text(file)}: key {kid} is already listed in {safe_text(listed_in[kid])}")
+                listed_in[kid] = file
+            keyring = keyring.merged(part)
+        what = f"trusted-keys directory {safe_text(path)}"
+    else:
+        keyring = parse_trusted_keys(_text(_read(path, "trusted-keys file"), path), str(path))
+        what = f"trusted-keys file {safe_text(path)}"
+    if not keyring.keys and not (allow_revocations_only and keyring.revoked):
+        wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
+        raise ConfigError(f"{what} lists {wanted}")
     return keyring
-
-
-def keyring_from(option: str | None, env: Mapping[str, str] = os.environ) -> Keyring | None:
-    """The keyring named by ``--trusted-keys`` or else ``PLANCACHE_TRUSTED_KEYS``; None if neither."""
-    source = option or env.get(TRUSTED_KEYS_ENV)
-    return load_keyring(Path(source).expanduser()) if source else None
 
 
 def load_signer(ref: str, env: Mapping[str, str] = os.environ) -> Signer:

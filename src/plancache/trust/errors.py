@@ -35,6 +35,8 @@ class Reason(str, Enum):
     FINGERPRINT_MISMATCH = "fingerprint-mismatch"
     EXPIRED = "expired"
     NOT_YET_VALID = "not-yet-valid"
+    STATEMENT_MISMATCH = "statement-mismatch"
+    """``sign`` refuses to adopt a sidecar whose statement says something else than asked."""
     STORE_ERROR = "store-error"
     TIMEOUT = "timeout"
     CONFIG = "config-error"

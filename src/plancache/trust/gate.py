@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Mapping
 
+from .display import safe_text
 from .errors import PlanCacheError, Reason
 from .statement import CONDITION_KEYS
 from .verify import VerifiedPlan
@@ -30,6 +31,7 @@ class Verdict(str, Enum):
     BELOW_BASELINE = "below-baseline"
     CONDITION_MISMATCH = "condition-mismatch"
     ALREADY_SET = "already-set"
+    RANK_DISAGREEMENT = "rank-disagreement"
 
     def __str__(self) -> str:
         return self.value
@@ -81,7 +83,7 @@ def decide(plan: VerifiedPlan, free_memory: int, conditions: Mapping[str, Any] |
         theirs = recorded.get(key)
         if mine is not None and theirs is not None and not _same(theirs, mine):
             return Decision(
-                False, Verdict.CONDITION_MISMATCH, f"{key} is {mine!r} here, the plan was made at {theirs!r}", None, fp
+                False, Verdict.CONDITION_MISMATCH, f"{key} is {safe_text(repr(mine))} here, the plan was made at {safe_text(repr(theirs))}", None, fp
             )
     baseline = plan.plan.free_memory_baseline
     if free_memory < baseline:

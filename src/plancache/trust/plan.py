@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import strictjson
+from .display import safe_text
 from .errors import Reason, Rejected
 
 SCHEMA = 1
@@ -39,7 +40,7 @@ def is_fingerprint(value: object) -> bool:
 def plan_name(fingerprint: str) -> str:
     """The file name vLLM uses for a plan (and plancache for its store objects)."""
     if not is_fingerprint(fingerprint):
-        raise Rejected(Reason.MALFORMED, f"not a plan fingerprint: {fingerprint!r}")
+        raise Rejected(Reason.MALFORMED, f"not a plan fingerprint: '{safe_text(fingerprint, 40)}'")
     return f"{PLAN_PREFIX}{fingerprint}{PLAN_SUFFIX}"
 
 
@@ -81,7 +82,7 @@ def _positive_int(obj: Mapping[str, Any], key: str) -> int:
     if type(value) is not int:
         raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be an integer, got {type(value).__name__}")
     if not 0 < value <= MAX_INT:
-        raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be between 1 and 2**63-1, got {value}")
+        raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be between 1 and 2**63-1, got {safe_text(value, 40)}")
     return value
 
 
@@ -91,13 +92,13 @@ def parse_plan(data: bytes, name: str) -> Plan:
         raise Rejected(Reason.TOO_LARGE, f"plan is {len(data)} bytes, the cap is {MAX_PLAN_BYTES}")
     name_fp = fingerprint_of_plan_name(name)
     if name_fp is None:
-        raise Rejected(Reason.MALFORMED, f"{name!r} is not a plan file name (startup_plan_<16 hex>.json)")
+        raise Rejected(Reason.MALFORMED, f"'{safe_text(name, 80)}' is not a plan file name (startup_plan_<16 hex>.json)")
     obj = strictjson.loads(data, "plan")
     if not isinstance(obj, dict):
         raise Rejected(Reason.MALFORMED, "plan is not a JSON object")
     schema = obj.get("schema")
     if type(schema) is not int or schema != SCHEMA:
-        raise Rejected(Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {schema!r}")
+        raise Rejected(Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {safe_text(schema, 40)}")
     fingerprint = obj.get("fingerprint")
     if not is_fingerprint(fingerprint):
         raise Rejected(Reason.MALFORMED, "plan fingerprint is not 16 lowercase hex digits")

@@ -2,19 +2,28 @@
 
 Signing refuses a plan that would not pass the strict parser: a signature is a promise that
 the numbers are sane, so it is never put on bytes the verifier would reject anyway.
+
+Co-signing is the dangerous direction. A sidecar comes from a directory or a store, so its
+statement is attacker-chosen until shown otherwise: co-signing it blindly would give a planted
+statement (no expiry, a backdated ``signed_at``, chosen conditions) the signer's name. So
+:func:`sign_or_cosign` adopts a statement only if trusted keys already vouch for it and it
+says what a fresh signature would say; and nothing leaves it that does not verify.
 """
 
 from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from . import envelope as dsse
 from .errors import ConfigError, Reason, Rejected
-from .keys import Signer
+from .keys import Keyring, Signer, canonical_keyid, signer_keyring
 from .plan import parse_plan
-from .statement import Statement, check_provenance, parse_statement
+from .statement import Statement, check_provenance, format_time, parse_statement
+from .verify import VerifiedPlan, verify_plan
+
+Action = Literal["signed", "co-signed", "kept", "replaced"]
 
 
 def sign_plan(
@@ -45,19 +54,140 @@ def sign_plan(
 
 
 def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer) -> bytes:
-    """Co-sign an existing sidecar (for thresholds above 1): same statement, one more signature.
+    """Add ``signer``'s signature to an existing sidecar: same statement, one more signature.
 
-    The co-signer checks for itself that the statement describes these exact plan bytes;
-    it does not need to trust the first signer to endorse the same facts.
+    The low-level step, which judges only the bytes: the statement must describe these exact
+    plan bytes, and an entry already under the signer's key id is kept only if it verifies
+    (otherwise it is replaced, never reported as done). Whether the statement deserves the
+    signature is :func:`sign_or_cosign`'s question.
     """
     env = dsse.decode(sig_bytes)
     statement = parse_statement(env.payload)
     if statement.subject_name != name or statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
         raise Rejected(Reason.DIGEST_MISMATCH, "the existing signature is not for these plan bytes")
     parse_plan(plan_bytes, name)
-    if any(s.keyid == signer.keyid for s in env.signatures):
+    data = dsse.pae(env.payload_type, env.payload)
+    mine = [s for s in env.signatures if canonical_keyid(s.keyid) == signer.keyid]
+    if any(_verifies(signer, s.sig, data) for s in mine):
         return sig_bytes
-    if len(env.signatures) >= dsse.MAX_SIGNATURES:
+    others = tuple(s for s in env.signatures if s not in mine)
+    if len(others) >= dsse.MAX_SIGNATURES:
         raise Rejected(Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures")
-    signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(env.payload_type, env.payload)))
-    return dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures + (signature,)))
+    signature = dsse.Signature(signer.keyid, signer.sign(data))
+    return dsse.encode(dsse.Envelope(env.payload_type, env.payload, others + (signature,)))
+
+
+def _verifies(signer: Signer, signature: bytes, data: bytes) -> bool:
+    return signer_keyring(signer).keys[signer.keyid].verifies(signature, data)
+
+
+def _differences(
+    statement: Statement | None, expires_at: datetime | None, comment: str | None, provenance: Mapping[str, Any] | None
+) -> str:
+    """How ``statement`` differs from what this command would sign; "" if it does not."""
+    if statement is None:  # only unsigned admission makes these, never verify_plan
+        return "it carries no statement"
+    if expires_at is not None and (statement.expires_at is None or statement.expires_at > expires_at):
+        held = "no expiry" if statement.expires_at is None else f"expiry {format_time(statement.expires_at)}"
+        return f"it has {held}, later than the requested {format_time(expires_at)}"
+    if comment is not None and statement.comment != comment:
+        return "its comment differs from the requested one"
+    if provenance is not None and dict(statement.provenance) != check_provenance(provenance):
+        return "its provenance facts differ from the requested ones"
+    return ""
+
+
+def sign_or_cosign(
+    name: str,
+    plan_bytes: bytes,
+    sig_bytes: bytes | None,
+    signer: Signer,
+    now: datetime,
+    *,
+    keyring: Keyring | None,
+    expires_at: datetime | None = None,
+    comment: str | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    replace: bool = False,
+) -> tuple[Action, bytes]:
+    """What ``plancache sign`` does to one plan: returns (action, the sidecar bytes to write).
+
+    - no sidecar: ``signed``, a fresh statement;
+    - this signer's signature in the sidecar verifies and the statement says what this
+      command would sign: ``kept`` (the bytes are returned unchanged);
+    - the statement verifies under ``keyring`` (one trusted key suffices: co-signing is how a
+      higher threshold is reached) and says what this command would sign: ``co-signed``;
+    - otherwise ``Rejected`` (one line, the sidecar is left alone), or with ``replace`` a
+      fresh statement signed by this key alone: ``replaced``.
+
+    "What this command would sign": expiry no later than ``expires_at`` (when given), and
+    the same ``comment`` and ``provenance`` (each when given; None means this command names
+    none, so the trusted statement's are kept, as a key rotation needs). A fresh statement
+    uses "" and no facts for None. The result is verified with the signer's public key
+    before it is returned. A past ``expires_at``, unknown or mistyped ``provenance`` facts or
+    a revoked signing key are ``ConfigError``; a plan the strict parser refuses is ``Rejected``.
+    """
+    own = signer_keyring(signer)  # a signer whose key id is not its key's is a ConfigError
+    if expires_at is not None and expires_at <= now:
+        raise ConfigError("the expiry must lie in the future")
+    try:
+        check_provenance(provenance or {})
+    except Rejected as exc:  # the operator's flags, not a file's bytes
+        raise ConfigError(exc.detail) from None
+    if keyring is not None and signer.keyid in keyring.revoked:
+        raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
+
+    def fresh() -> bytes:
+        return sign_plan(name, plan_bytes, signer, now, expires_at, comment or "", provenance)
+
+    action: Action
+    if sig_bytes is None:
+        action, result = "signed", fresh()
+    else:
+        try:
+            action, result = _adopt(name, plan_bytes, sig_bytes, signer, own, now, keyring, expires_at, comment, provenance)
+        except Rejected:
+            if not replace:
+                raise
+            action, result = "replaced", fresh()
+    try:
+        verify_plan(name, plan_bytes, result, own, now)
+    except Rejected as exc:
+        raise Rejected(exc.reason, f"the new signature does not verify with the signer's own key: {exc.detail}") from None
+    return action, result
+
+
+def _adopt(
+    name: str,
+    plan_bytes: bytes,
+    sig_bytes: bytes,
+    signer: Signer,
+    own: Keyring,
+    now: datetime,
+    keyring: Keyring | None,
+    expires_at: datetime | None,
+    comment: str | None,
+    provenance: Mapping[str, Any] | None,
+) -> tuple[Action, bytes]:
+    """Keep or co-sign the existing sidecar, or raise ``Rejected`` saying why not."""
+    try:
+        mine: VerifiedPlan | None = verify_plan(name, plan_bytes, sig_bytes, own, now)
+    except Rejected:
+        mine = None
+    if mine is not None:
+        difference = _differences(mine.statement, expires_at, comment, provenance)
+        if difference:
+            raise Rejected(Reason.STATEMENT_MISMATCH, f"cannot keep the existing signature: {difference} (--replace signs anew)")
+        return "kept", sig_bytes
+    if keyring is None:
+        raise Rejected(
+            Reason.UNTRUSTED_KEY, "no valid signature by this key: give the trusted keys to co-sign the sidecar, or --replace"
+        )
+    try:
+        vouched = verify_plan(name, plan_bytes, sig_bytes, keyring.with_threshold(1), now)
+    except Rejected as exc:
+        raise Rejected(exc.reason, f"cannot co-sign: {exc.detail} (--replace signs anew)") from None
+    difference = _differences(vouched.statement, expires_at, comment, provenance)
+    if difference:
+        raise Rejected(Reason.STATEMENT_MISMATCH, f"cannot co-sign: {difference} (--replace signs anew)")
+    return "co-signed", add_signature(name, plan_bytes, sig_bytes, signer)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from . import strictjson
-from .errors import Reason, Rejected
+from .display import safe_text
+from .errors import ConfigError, Reason, Rejected
 from .plan import is_fingerprint
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -37,20 +38,32 @@ PROVENANCE_KEYS: dict[str, tuple[type, ...]] = {
 CONDITION_KEYS = ("gpu_memory_utilization", "device_name", "device_total_memory")
 """Provenance facts the gate enforces: the plan only holds when the booting worker matches."""
 
-_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def format_time(moment: datetime) -> str:
-    """RFC 3339 UTC with second precision: the only time format statements carry."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 UTC with second precision: the only time format statements carry.
+
+    Written by hand, not with ``strftime``: glibc prints year 1 as ``1``, not ``0001``, and a
+    statement must always parse back. Converting a time near year 1 or 9999 from another
+    zone can leave the calendar: that is the caller's bad input, a ``ConfigError``.
+    """
+    try:
+        utc = moment if moment.utcoffset() == timedelta(0) else moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise ConfigError(f"time {safe_text(moment, 40)} is outside the years 1 to 9999 in UTC") from None
+    return f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z"
 
 
 def parse_time(value: object, what: str) -> datetime:
     if not isinstance(value, str) or not _TIME.fullmatch(value):
         raise Rejected(Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z")
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    try:  # the pattern fixed every position; int() slices are ~10x cheaper than strptime
+        return datetime(
+            int(value[0:4]), int(value[5:7]), int(value[8:10]),
+            int(value[11:13]), int(value[14:16]), int(value[17:19]), tzinfo=timezone.utc,
+        )
     except ValueError:
         raise Rejected(Reason.MALFORMED, f"statement: {what} is not a valid date") from None
 
@@ -88,11 +101,11 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in provenance.items():
         types = PROVENANCE_KEYS.get(key)
         if types is None:
-            raise Rejected(Reason.MALFORMED, f"statement: unknown provenance fact {key!r}")
+            raise Rejected(Reason.MALFORMED, f"statement: unknown provenance fact '{safe_text(key, 40)}'")
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
-            raise Rejected(Reason.MALFORMED, f"statement: provenance {key!r} has the wrong type")
+            raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' has the wrong type")
         out[key] = value
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .display import safe_text
 from .errors import Reason, Rejected
 
 
@@ -27,15 +28,17 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+"""One decoder for every document: ``json.loads`` with hooks would build a new one per call."""
+
+
 def loads(data: bytes, what: str) -> Any:
     """Parse UTF-8 JSON strictly; ``what`` names the document in the error."""
     try:
-        text = data.decode("utf-8")
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        return _DECODER.decode(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise Rejected(Reason.MALFORMED, f"{what} is not valid JSON ({_short(exc)})") from None
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:120]
+    return safe_text(str(exc) or type(exc).__name__, 120)

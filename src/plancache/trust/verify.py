@@ -7,14 +7,22 @@ a fixed order, and only then parsed; everything that goes wrong leaves as a
 1. size caps on plan and sidecar;
 2. the DSSE envelope (canonical form) and its payloadType;
 3. signatures over the PAE by distinct trusted keys: a signature counts for key K only if
-   its keyid names K *and* it verifies with K (the keyid alone grants nothing);
+   its keyid names K (compared in normal form, see ``keys.canonical_keyid``) *and* it
+   verifies with K (the keyid alone grants nothing);
 4. the statement (parsed only now that its bytes are known to be signed);
 5. subject name and sha256 equal the plan file's name and exact bytes;
 6. the statement's fingerprint equals the one in the file name;
-7. each signing key's validity window covers ``signed_at``; the threshold counts keys;
+7. each signing key's validity window covers both ``now`` (the verifier's clock: after
+   ``valid-before`` a key vouches for nothing, so a retired key cannot backdate a new plan)
+   and ``signed_at`` (it signed while current); the threshold counts such keys;
 8. the statement's own window (``signed_at`` not in the future, ``expires_at`` not past),
    with a clock-skew tolerance;
 9. only then the plan bytes are parsed, strictly.
+
+Times are compared through differences (a ``timedelta`` never overflows), never by adding
+the skew to a date: a statement dated 9999-12-31 is a rejection or a pass, never an
+``OverflowError`` that aborts a batch. Untrusted strings in error details pass through
+:func:`~plancache.trust.display.safe_text`.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import envelope as dsse
+from .display import safe_text
 from .errors import Reason, Rejected
-from .keys import Keyring, TrustedKey
+from .keys import Keyring, TrustedKey, canonical_keyid
 from .plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
-from .statement import Statement, parse_statement
+from .statement import Statement, format_time, parse_statement
 
 DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
 
@@ -68,10 +77,13 @@ def _signing_keys(env: dsse.Envelope, keyring: Keyring) -> tuple[list[TrustedKey
     good: dict[str, TrustedKey] = {}
     failure = Reason.UNTRUSTED_KEY
     for signature in env.signatures:
-        if signature.keyid in keyring.revoked:
+        kid = canonical_keyid(signature.keyid)
+        if kid is None:
+            continue
+        if kid in keyring.revoked:
             failure = Reason.REVOKED
             continue
-        key = keyring.keys.get(signature.keyid)
+        key = keyring.keys.get(kid)
         if key is None:
             continue
         if key.verifies(signature.sig, data):
@@ -96,13 +108,14 @@ def verify_plan(
         raise Rejected(Reason.UNSIGNED, "no signature sidecar (.sig) beside the plan")
     env = dsse.decode(sig_bytes)
     if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise Rejected(Reason.MALFORMED, f"payloadType is {env.payload_type!r}, expected {dsse.PAYLOAD_TYPE}")
+        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
     keys, failure = _signing_keys(env, keyring)
     if not keys:
         raise Rejected(failure, _no_key_detail(failure, env))
     statement = parse_statement(env.payload)
     if statement.subject_name != name:
-        raise Rejected(Reason.NAME_MISMATCH, f"signature is for {statement.subject_name!r}, not for {name!r}"
+        raise Rejected(
+            Reason.NAME_MISMATCH, f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'"
         )
     if statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
         raise Rejected(Reason.DIGEST_MISMATCH, "plan bytes do not match the signed sha256 (altered plan?)")
@@ -110,24 +123,31 @@ def verify_plan(
     if statement.fingerprint != name_fp:
         raise Rejected(Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
         )
-    current = [k for k in keys if k.window_covers(statement.signed_at)]
+    current = [k for k in keys if k.window_covers(now) and k.window_covers(statement.signed_at)]
     if not current:
-        raise Rejected(Reason.EXPIRED, "signed outside the signing key's validity window")
+        raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
     if len(current) < keyring.threshold:
         raise Rejected(Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required"
         )
-    if statement.signed_at > now + clock_skew:
-        raise Rejected(Reason.NOT_YET_VALID, f"signed_at {statement.signed_at:%Y-%m-%dT%H:%M:%SZ} is in the future")
-    if statement.expires_at is not None and statement.expires_at + clock_skew <= now:
-        raise Rejected(Reason.EXPIRED, f"signature expired at {statement.expires_at:%Y-%m-%dT%H:%M:%SZ}")
+    if statement.signed_at - now > clock_skew:
+        raise Rejected(Reason.NOT_YET_VALID, f"signed_at {format_time(statement.signed_at)} is in the future")
+    if statement.expires_at is not None and now - statement.expires_at >= clock_skew:
+        raise Rejected(Reason.EXPIRED, f"signature expired at {format_time(statement.expires_at)}")
     plan = parse_plan(plan_bytes, name)
     return VerifiedPlan(
         name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL, tuple(k.keyid for k in current)
     )
 
 
+def _window_detail(keys: list[TrustedKey], now: datetime) -> str:
+    names = ", ".join(safe_text(k.name, 40) for k in keys)
+    if not any(k.window_covers(now) for k in keys):
+        return f"the signing key's validity window does not cover now ({names}): it vouches for nothing today"
+    return f"signed outside the signing key's validity window ({names})"
+
+
 def _no_key_detail(failure: Reason, env: dsse.Envelope) -> str:
-    ids = ", ".join(s.keyid or "<none>" for s in env.signatures)
+    ids = ", ".join(safe_text(s.keyid, 60) or "<none>" for s in env.signatures)
     if failure is Reason.REVOKED:
         return f"signed by a revoked key ({ids})"
     if failure is Reason.BAD_SIGNATURE:

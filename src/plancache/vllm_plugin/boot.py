@@ -8,7 +8,8 @@
                                  result   = Resolver.resolve(fp)  (prefetched if possible:
                                             local -> verify, else store -> verify -> persist)
                                  decision = gate.decide(plan, free memory, this worker's conditions)
-                                 cache_config.kv_cache_memory_bytes = kv   if applied
+                                 agreed   = vote.settle(decision)  (world size > 1: all ranks or none)
+                                 cache_config.kv_cache_memory_bytes = kv   if agreed
                                  one INFO line: decision, reason, source, fingerprint, elapsed ms
     Worker.compile_or_warm_up_model
       save(worker, kv)           see :mod:`plancache.vllm_plugin.save`
@@ -35,15 +36,17 @@ from typing import Any
 
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
+from ..storage.deadline import DEFAULT_TIMEOUT
 from ..storage.store import Store, open_store
+from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Reason, StoreTimeout
 from ..trust.gate import Decision, Verdict, decide
 from ..trust.keys import Signer
 from ..trust.plan import plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
-from . import startup_plan_enabled
-from .adapter import Fingerprint, fingerprint_of, free_memory, plan_dir, worker_conditions
+from . import vote
+from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, worker_conditions
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
 
@@ -124,7 +127,7 @@ def _resolve(boot: Boot, fp: str, deadline: float) -> PlanResult:
 
 def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
     """Start resolving this worker's plan in the background (called as load_model starts)."""
-    if not startup_plan_enabled() or worker.cache_config.kv_cache_memory_bytes is not None:
+    if not enabled() or worker.cache_config.kv_cache_memory_bytes is not None:
         return
     boot = boot_for(worker)
     if not boot.store_reads or boot.prefetch is not None:
@@ -172,9 +175,10 @@ def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
     return Decision(False, Verdict.NO_PLAN, f"no plan {where}{unread}", None, fp).noted(result.note), "none"
 
 
-def _safe(text: str) -> str:
-    """One line, no quotes to break out of ``detail="…"``: log lines cannot be forged."""
-    return text.replace("\\", "\\\\").replace('"', '\\"').encode("unicode_escape", "backslashreplace").decode("ascii")[:500]
+def _quoted(text: str) -> str:
+    """One line, bounded, no quote to break out of ``detail="…"`` and no ``=`` to fake a field
+    inside it: neither a log parser nor ``grep decision=apply`` can be fooled by a detail."""
+    return safe_text(text, 500).replace('"', "\\x22").replace("=", "\\x3d")
 
 
 def log_decision(decision: Decision, source: str, fp: str | None, started: float) -> None:
@@ -188,14 +192,14 @@ def log_decision(decision: Decision, source: str, fp: str | None, started: float
         fp or "-",
         elapsed,
         f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
-        f' detail="{_safe(decision.detail)}"' if decision.detail else "",
+        f' detail="{_quoted(decision.detail)}"' if decision.detail else "",
     )
 
 
 def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
     """Replaces vLLM's ``maybe_apply_startup_plan``: decide, maybe set the KV bytes, log one line."""
     started = time.monotonic()
-    if not startup_plan_enabled():
+    if not enabled():
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
         decision = Decision(False, Verdict.ALREADY_SET, "kv_cache_memory_bytes was set explicitly; plan not consulted")
@@ -203,15 +207,20 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         return decision
     fp: str | None = None
     source = "none"
+    budget = DEFAULT_TIMEOUT
     try:
         boot = boot_for(worker)
+        budget = boot.config.timeout
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
         decision, source = decide_plan(worker, boot, fp)
-        if decision.applied and decision.kv_cache_memory_bytes is not None:
-            worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     except Exception as exc:  # noqa: BLE001 - whatever it was, vLLM profiles
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
+    # Every rank votes once, whatever it decided (gloo pairs collectives by order, so a rank
+    # that errored must vote too): a plan applies on all ranks or on none.
+    decision = vote.settle(decision, budget + vote.MARGIN_S - (time.monotonic() - started))
+    if decision.applied and decision.kv_cache_memory_bytes is not None:
+        worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     log_decision(decision, source, fp, started)
     return decision

@@ -1,18 +1,26 @@
-"""Where the plugin touches vLLM: three names, replaced only if they look like vLLM 0.33's.
+"""Where the plugin touches vLLM: two functions, and the worker modules that import them by name.
 
-- ``vllm.v1.worker.startup_plan.maybe_apply_startup_plan`` and ``maybe_save_startup_plan``
-  are replaced by :func:`apply_hook` / :func:`save_hook`. ``gpu_worker`` imports both names
-  with ``from … import …`` at module level, so patching ``startup_plan`` *before* ``gpu_worker``
-  is imported is enough (this is the order in a worker: plugins load in
-  ``WorkerWrapperBase.init_worker``, then the worker class is imported). If ``gpu_worker``
-  is already imported, its two names are replaced too.
-- ``Worker.load_model`` is wrapped to start the store prefetch while the weights load. The
-  class lives in ``gpu_worker``, which the plugin does not import (it is heavy, and not every
-  process that loads plugins runs a worker): a meta-path hook patches it right after vLLM
-  imports the module.
+- ``maybe_apply_startup_plan`` / ``maybe_save_startup_plan`` in vLLM's ``startup_plan`` module
+  are replaced by :func:`apply_hook` / :func:`save_hook` on the module *object* the import
+  system returns for :data:`STARTUP_PLAN` (under a ``sys.modules`` alias that is the object
+  behind every name, so the patch lands wherever it is looked up).
+- Worker modules bind both names with ``from … import …`` at module level; they are listed in
+  one place, :data:`WORKER_MODULES` (vLLM's ``gpu_worker``, vllm-ascend's ``NPUWorker``
+  module). Patching ``startup_plan`` *before* such a module is imported is enough (the order
+  in a worker: plugins load in ``WorkerWrapperBase.init_worker``, then the worker class is
+  imported); a module already imported gets its two names replaced at install, and only
+  names that still hold vLLM's originals are touched.
+- The worker class's ``load_model`` is wrapped to start the store prefetch while the weights
+  load. The plugin imports no worker module itself (they are heavy, and not every process that
+  loads plugins runs a worker): a meta-path hook patches each right after it is imported.
 
-If vLLM's internals are not where 0.33 has them, one WARNING is logged and nothing is patched.
-:func:`uninstall` restores every original (tests rely on it).
+What vLLM itself reads in ``startup_plan`` (its ``envs`` and ``current_platform`` globals) the
+plugin reads through that module too (:func:`vllm_envs`, :func:`platform`), so a vLLM that
+moves those behind compatibility shims (lazy ``__getattr__`` delegates, ``sys.modules``
+aliases) still gives the plugin the same switch, cache root and device facts as vLLM's own code.
+
+If vLLM's internals are not shaped like 0.33's, one WARNING is logged and nothing is patched.
+:func:`uninstall` restores every original, exactly where it was replaced (tests rely on it).
 """
 
 from __future__ import annotations
@@ -31,12 +39,21 @@ from typing import Any, Callable
 LOG = logging.getLogger("vllm.plancache")
 
 STARTUP_PLAN = "vllm.v1.worker.startup_plan"
+WORKER_MODULES: dict[str, str] = {
+    "vllm.v1.worker.gpu_worker": "Worker",
+    "vllm_ascend.worker.worker": "NPUWorker",
+}
+"""Modules that import the startup-plan functions by name -> their worker class."""
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
 
 _lock = threading.RLock()
 _originals: dict[str, Callable[..., Any]] = {}
-"""vLLM's functions that the hooks replaced: 'apply', 'save', 'fingerprint', 'load_model'."""
-_finder: "_GpuWorkerFinder | None" = None
+"""vLLM's functions that the hooks replaced: 'apply', 'save', 'fingerprint'."""
+_startup_plan: ModuleType | None = None
+"""The startup_plan module object the originals were found in."""
+_patched: list[tuple[Any, str, Any]] = []
+"""(object, attribute, original) for every replacement made, in order: what uninstall undoes."""
+_finder: "_WorkerFinder | None" = None
 _warned = False
 
 
@@ -45,6 +62,21 @@ def _warn_once(message: str, *args: object) -> None:
     if not _warned:
         _warned = True
         LOG.warning("plancache: " + message + "; plugin inactive, vLLM runs unchanged", *args)
+
+
+def startup_plan_module() -> ModuleType:
+    """vLLM's startup_plan module, as found at install (imported now if the plugin is not installed)."""
+    return _startup_plan if _startup_plan is not None else importlib.import_module(STARTUP_PLAN)
+
+
+def vllm_envs() -> Any:
+    """The ``envs`` vLLM's startup_plan reads its switch and cache root from."""
+    return startup_plan_module().envs
+
+
+def platform() -> Any:
+    """The ``current_platform`` vLLM's startup_plan asks for device facts."""
+    return startup_plan_module().current_platform
 
 
 def _params(func: Callable[..., Any]) -> list[str]:
@@ -56,6 +88,10 @@ def _check_startup_plan(module: ModuleType) -> str | None:
     for name in ("compute_plan_fingerprint", "maybe_apply_startup_plan", "maybe_save_startup_plan", "_plan_path"):
         if not callable(getattr(module, name, None)):
             return f"{STARTUP_PLAN}.{name} not found"
+    if not hasattr(getattr(module, "envs", None), "VLLM_ENABLE_STARTUP_PLAN"):
+        return f"{STARTUP_PLAN}.envs (vLLM's envs as that module imports them) not found"
+    if not callable(getattr(getattr(module, "current_platform", None), "get_device_name", None)):
+        return f"{STARTUP_PLAN}.current_platform (vLLM's platform as that module imports it) not found"
     if getattr(module, "PLAN_SCHEMA_VERSION", None) != 1:
         return f"{STARTUP_PLAN}.PLAN_SCHEMA_VERSION is {getattr(module, 'PLAN_SCHEMA_VERSION', None)!r}, not 1"
     expected = {
@@ -115,8 +151,13 @@ def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
     return load_model
 
 
-def _patch_gpu_worker(module: ModuleType) -> None:
-    """Replace the two names ``gpu_worker`` imported and wrap ``Worker.load_model``."""
+def _replace(target: Any, name: str, new: Any) -> None:
+    _patched.append((target, name, getattr(target, name)))
+    setattr(target, name, new)
+
+
+def _patch_worker_module(module: ModuleType) -> None:
+    """Replace the two names a worker module imported, and wrap its worker's ``load_model``."""
     with _lock:
         if not _originals:
             return
@@ -126,14 +167,16 @@ def _patch_gpu_worker(module: ModuleType) -> None:
         ):
             current = getattr(module, name, None)
             if current is _originals[key]:
-                setattr(module, name, hook)
-            elif current is not hook:
-                LOG.warning("plancache: %s.%s is not vLLM's (another plugin?); left as it is", GPU_WORKER, name)
-        worker_cls = getattr(module, "Worker", None)
+                _replace(module, name, hook)
+            elif current is hook:  # bound by its own `from startup_plan import`: ours to undo too
+                if not any(t is module and n == name for t, n, _ in _patched):
+                    _patched.append((module, name, _originals[key]))
+            else:
+                LOG.warning("plancache: %s.%s is not vLLM's (another plugin?); left as it is", module.__name__, name)
+        worker_cls = getattr(module, WORKER_MODULES.get(module.__name__, "Worker"), None)
         load_model = getattr(worker_cls, "load_model", None) if worker_cls is not None else None
         if callable(load_model) and not getattr(load_model, "__plancache__", False):
-            _originals["load_model"] = load_model
-            worker_cls.load_model = _wrap_load_model(load_model)  # type: ignore[union-attr]
+            _replace(worker_cls, "load_model", _wrap_load_model(load_model))
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -148,22 +191,22 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
         try:
-            _patch_gpu_worker(module)
+            _patch_worker_module(module)
         except Exception:  # noqa: BLE001
-            LOG.warning("plancache: could not hook %s; no prefetch", GPU_WORKER, exc_info=True)
+            LOG.warning("plancache: could not hook %s; no prefetch", module.__name__, exc_info=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
-class _GpuWorkerFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: asks the other finders for ``gpu_worker`` and wraps its loader."""
+class _WorkerFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: asks the other finders for a worker module and wraps its loader."""
 
     def __init__(self) -> None:
         self._busy = threading.local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != GPU_WORKER or getattr(self._busy, "on", False):
+        if fullname not in WORKER_MODULES or getattr(self._busy, "on", False):
             return None  # not ours, or re-entered by another finder that also asks around
         self._busy.on = True
         try:
@@ -180,14 +223,19 @@ class _GpuWorkerFinder(importlib.abc.MetaPathFinder):
             self._busy.on = False
 
 
+def _patch_imported_workers() -> None:
+    for name in WORKER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            _patch_worker_module(module)
+
+
 def install() -> bool:
     """Patch vLLM (idempotent). False, after one WARNING, if vLLM is not shaped like 0.33."""
-    global _finder
+    global _finder, _startup_plan
     with _lock:
         if _originals:
-            gpu_worker = sys.modules.get(GPU_WORKER)
-            if gpu_worker is not None:
-                _patch_gpu_worker(gpu_worker)
+            _patch_imported_workers()
             return True
         try:
             module = importlib.import_module(STARTUP_PLAN)
@@ -200,25 +248,24 @@ def install() -> bool:
             return False
         if getattr(module.maybe_apply_startup_plan, "__plancache__", False):
             return True  # patched by another copy of this module; leave it
+        _startup_plan = module
         _originals.update(
             apply=module.maybe_apply_startup_plan,
             save=module.maybe_save_startup_plan,
             fingerprint=module.compute_plan_fingerprint,
         )
-        module.maybe_apply_startup_plan = apply_hook
-        module.maybe_save_startup_plan = save_hook
-        gpu_worker = sys.modules.get(GPU_WORKER)
-        if gpu_worker is not None:
-            _patch_gpu_worker(gpu_worker)
-        elif _finder is None:
-            _finder = _GpuWorkerFinder()
+        _replace(module, "maybe_apply_startup_plan", apply_hook)
+        _replace(module, "maybe_save_startup_plan", save_hook)
+        _patch_imported_workers()
+        if _finder is None:  # for the worker modules not imported yet
+            _finder = _WorkerFinder()
             sys.meta_path.insert(0, _finder)
         return True
 
 
 def uninstall() -> None:
-    """Restore vLLM's originals everywhere the hooks put themselves."""
-    global _finder
+    """Restore vLLM's originals on exactly the objects the hooks replaced them on."""
+    global _finder, _startup_plan
     with _lock:
         if _finder is not None:
             try:
@@ -226,22 +273,13 @@ def uninstall() -> None:
             except ValueError:
                 pass
             _finder = None
-        if not _originals:
-            return
-        module = sys.modules.get(STARTUP_PLAN)
-        gpu_worker = sys.modules.get(GPU_WORKER)
-        for target in (module, gpu_worker):
-            if target is None:
-                continue
-            if getattr(target, "maybe_apply_startup_plan", None) is apply_hook:
-                target.maybe_apply_startup_plan = _originals["apply"]
-            if getattr(target, "maybe_save_startup_plan", None) is save_hook:
-                target.maybe_save_startup_plan = _originals["save"]
-        worker_cls = getattr(gpu_worker, "Worker", None) if gpu_worker is not None else None
-        if worker_cls is not None and "load_model" in _originals:
-            if getattr(worker_cls.__dict__.get("load_model"), "__plancache__", False):
-                worker_cls.load_model = _originals["load_model"]
+        while _patched:
+            target, name, original = _patched.pop()
+            current = target.__dict__.get(name) if isinstance(target, type) else getattr(target, name, None)
+            if getattr(current, "__plancache__", False):  # still ours (a later plugin's patch stays)
+                setattr(target, name, original)
         _originals.clear()
+        _startup_plan = None
 
 
 def installed() -> bool:

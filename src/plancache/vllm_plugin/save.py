@@ -19,8 +19,7 @@ from ..storage.files import read_capped, write_atomic
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
-from . import startup_plan_enabled
-from .adapter import Fingerprint, fingerprint_of, free_memory, plan_dir, provenance
+from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, provenance
 from .boot import Boot, boot_for
 
 LOG = logging.getLogger("vllm.plancache")
@@ -29,7 +28,7 @@ LOG = logging.getLogger("vllm.plancache")
 def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm_save: Callable[[Any, int], None]) -> None:
     """Replaces vLLM's ``maybe_save_startup_plan``."""
     vllm_save(worker, kv_cache_memory_bytes)
-    if not startup_plan_enabled():
+    if not enabled():
         return
     boot = boot_for(worker)
     save_fp = fingerprint_of(worker, fingerprint)

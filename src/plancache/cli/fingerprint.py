@@ -1,0 +1,166 @@
+"""``plancache fingerprint``: vLLM's own startup-plan fingerprint for every rank of a serve command.
+
+Why: a plan is found only under the fingerprint a worker computes at boot, and that key hashes
+things an operator cannot see from outside (vLLM's config hash, the device, the torch/CUDA
+build, the rank). This command builds the configuration exactly as ``vllm serve`` does
+(``AsyncEngineArgs`` parsing, ``create_engine_config(UsageContext.OPENAI_API_SERVER)``) and calls
+vLLM's ``startup_plan.compute_plan_fingerprint(cfg, rank, world_size)`` for every rank
+(world size = tensor x pipeline parallel), so CI can bake, and operators can check, the
+fingerprints a fleet will look up. ``--explain`` shows the factors vLLM hashes.
+
+Device facts come from the local accelerator unless ``--device-name`` / ``--device-total-memory``
+pin them (they are set on the ``current_platform`` that vLLM's startup_plan itself asks). The
+torch and CUDA versions are always this machine's: run the command where the serving stack is
+installed. vLLM is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from typing import Any, Iterator
+
+from .args import positive_int
+
+EXIT_CONFIG = 2
+NEEDS_VLLM = "plancache: fingerprint needs the [vllm] extra (pip install 'plancache[vllm]')"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "fingerprint",
+        help="print vLLM's plan fingerprint for every rank of a vllm serve configuration",
+        description="Print vLLM's own startup-plan fingerprint (compute_plan_fingerprint) for every rank of "
+        "the configuration given by the vllm serve arguments after --. Needs the [vllm] extra. Device facts "
+        "come from the local GPU unless given; torch/CUDA are this machine's.",
+        epilog="example: plancache fingerprint --device-name 'NVIDIA H100 80GB HBM3' "
+        "--device-total-memory 85520809984 -- meta-llama/Llama-3.1-8B --tensor-parallel-size 2",
+    )
+    p.add_argument("--explain", action="store_true", help="print the factors vLLM hashes, per rank")
+    p.add_argument("--json", action="store_true", help="print JSON (fingerprints and factors)")
+    p.add_argument("--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU")
+    p.add_argument("--device-total-memory", type=positive_int, metavar="BYTES",
+                   help="device total memory to hash instead of asking the local GPU")
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
+    p.set_defaults(func=run)
+
+
+@contextlib.contextmanager
+def _pinned(platform: Any, name: str | None, total: int | None) -> Iterator[None]:
+    """Pin the device facts on the very platform object vLLM's fingerprint asks, then restore."""
+    saved = {k: platform.__dict__[k] for k in ("get_device_name", "get_device_total_memory") if k in platform.__dict__}
+    try:
+        if name is not None:
+            platform.get_device_name = lambda device_id=0: name
+        if total is not None:
+            platform.get_device_total_memory = lambda device_id=0: total
+        yield
+    finally:
+        for key in ("get_device_name", "get_device_total_memory"):
+            if key in saved:
+                setattr(platform, key, saved[key])
+            elif key in platform.__dict__:
+                delattr(platform, key)
+
+
+def _engine_config(serve_args: list[str]) -> tuple[Any, list[str]]:
+    """The VllmConfig ``vllm serve`` would build from these arguments, and the ones not used."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm serve")
+    parser.add_argument("model_tag", nargs="?", help="the model, as vllm serve takes it")
+    parser = AsyncEngineArgs.add_cli_args(parser)
+    ns, unused = parser.parse_known_args(serve_args)
+    if ns.model_tag is not None:
+        ns.model = ns.model_tag  # what vllm serve does with its positional argument
+    engine_args = AsyncEngineArgs.from_cli_args(ns)
+    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER), unused
+
+
+def _factors(startup_plan: Any, cfg: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """The inputs of vLLM 0.33's compute_plan_fingerprint, read the way it reads them."""
+    import torch
+    from vllm import __version__
+
+    platform = startup_plan.current_platform
+    capability = platform.get_device_capability()
+    return {
+        "schema": startup_plan.PLAN_SCHEMA_VERSION,
+        "vllm": __version__,
+        "vllm_config": cfg.compute_hash(),
+        "device_name": platform.get_device_name(),
+        "device_total_memory": platform.get_device_total_memory(),
+        "device_capability": str(capability) if capability else "",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
+        "rank": rank,
+        "world_size": world_size,
+    }
+
+
+def fingerprints(serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None) -> dict[str, Any]:
+    """Fingerprint and factors for every rank; raises ImportError without vLLM."""
+    from vllm.v1.worker import startup_plan
+
+    cfg, unused = _engine_config(serve_args)
+    world_size = int(cfg.parallel_config.world_size)
+    ranks = []
+    with _pinned(startup_plan.current_platform, device_name, device_total_memory):
+        for rank in range(world_size):
+            factors = _factors(startup_plan, cfg, rank, world_size)
+            fp = startup_plan.compute_plan_fingerprint(cfg, rank, world_size)
+            ranks.append({"rank": rank, "fingerprint": fp, "factors": factors})
+    return {
+        "model": str(cfg.model_config.model),
+        "tensor_parallel_size": int(cfg.parallel_config.tensor_parallel_size),
+        "pipeline_parallel_size": int(cfg.parallel_config.pipeline_parallel_size),
+        "world_size": world_size,
+        "ranks": ranks,
+        "ignored_arguments": unused,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    serve = list(args.serve_args)
+    if serve[:1] == ["--"]:
+        serve = serve[1:]
+    if not serve:
+        print("plancache: fingerprint: give the vllm serve arguments after --, e.g. -- MODEL "
+              "--tensor-parallel-size 2", file=sys.stderr)
+        return EXIT_CONFIG
+    # vLLM logs to stdout by default; the fingerprints are this command's stdout (--json).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    try:
+        import vllm  # noqa: F401 - only to tell a missing extra from a failing configuration
+    except ImportError as exc:
+        print(f"{NEEDS_VLLM}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        result = fingerprints(serve, args.device_name, args.device_total_memory)
+    except (NotImplementedError, RuntimeError) as exc:
+        hint = "" if args.device_name and args.device_total_memory else (
+            "; without a local GPU give --device-name and --device-total-memory")
+        print(f"plancache: fingerprint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{hint}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
+        print(f"plancache: fingerprint: invalid vllm serve arguments: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if result["ignored_arguments"]:
+        print("plancache: fingerprint: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+    for entry in result["ranks"]:
+        print(f"rank {entry['rank']}/{result['world_size']}  {entry['fingerprint']}  startup_plan_{entry['fingerprint']}.json")
+        if args.explain:
+            for key, value in entry["factors"].items():
+                print(f"    {key:<20} {value}")
+            print(f"    {'model (as hashed)':<20} {result['model']}")
+    return 0

@@ -1,0 +1,123 @@
+"""Time at the edges of the calendar: a documented rejection or a pass, never an exception.
+
+Dates in a statement are untrusted (and signed_at is the signer's clock); a statement that
+expires on 9999-12-31 must not raise ``OverflowError`` in the verifier and abort a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
+from plancache.trust import envelope as dsse
+from plancache.trust.errors import ConfigError, PlanCacheError, Reason
+from plancache.trust.keys import Ed25519Signer, openssh_line, parse_trusted_keys
+from plancache.trust.plan import plan_name
+from plancache.trust.signing import sign_plan
+from plancache.trust.statement import Statement, format_time
+from plancache.trust.verify import verify_plan
+
+NAME = plan_name(FP)
+FIRST = "0001-01-01T00:00:00Z"
+LAST = "9999-12-31T23:59:59Z"
+UTC = timezone.utc
+FIRST_DT = datetime(1, 1, 1, tzinfo=UTC)
+LAST_DT = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+def sidecar(signer: Ed25519Signer, signed_at: str, expires_at: str | None) -> bytes:
+    """A statement carrying these exact time strings, signed by ``signer``."""
+    data = plan_bytes()
+    obj = json.loads(Statement(NAME, hashlib.sha256(data).hexdigest(), FP, NOW).to_json_bytes())
+    obj["predicate"].update(signed_at=signed_at, expires_at=expires_at)
+    payload = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
+    return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
+
+
+def outcome(signed_at: str, expires_at: str | None, now: datetime = NOW, **kwargs: object) -> Reason | None:
+    signer = make_signer()
+    try:
+        verify_plan(NAME, plan_bytes(), sidecar(signer, signed_at, expires_at), keyring_of(signer), now, **kwargs)  # type: ignore[arg-type]
+    except PlanCacheError as exc:
+        return exc.reason
+    return None
+
+
+def test_statement_dates_at_the_ends_of_the_calendar() -> None:
+    assert outcome(format_time(NOW), LAST) is None
+    assert outcome(FIRST, LAST) is None
+    assert outcome(FIRST, None) is None
+    assert outcome(LAST, None) is Reason.NOT_YET_VALID
+    assert outcome(LAST, LAST) is Reason.NOT_YET_VALID
+    assert outcome(format_time(NOW), FIRST) is Reason.EXPIRED
+    assert outcome(FIRST, FIRST) is Reason.EXPIRED
+
+
+def test_the_verifiers_clock_at_the_ends_of_the_calendar() -> None:
+    assert outcome(FIRST, LAST, now=datetime(9999, 12, 31, 23, 58, tzinfo=UTC)) is None
+    assert outcome(FIRST, None, now=LAST_DT) is None
+    assert outcome(LAST, None, now=LAST_DT) is None
+    assert outcome(FIRST, FIRST, now=LAST_DT) is Reason.EXPIRED
+    assert outcome(format_time(NOW), None, now=FIRST_DT) is Reason.NOT_YET_VALID
+    assert outcome(FIRST, None, now=FIRST_DT) is None
+
+
+def test_clock_skew_as_large_as_timedelta_goes() -> None:
+    assert outcome(LAST, FIRST, now=NOW, clock_skew=timedelta.max) is None
+    assert outcome(LAST, FIRST, now=NOW, clock_skew=timedelta(0)) is Reason.NOT_YET_VALID
+
+
+def test_key_windows_at_the_ends_of_the_calendar() -> None:
+    signer = make_signer()
+    sig = sidecar(signer, format_time(NOW), None)
+    wide = parse_trusted_keys(f"valid-after={FIRST},valid-before={LAST} {openssh_line(signer.public)}\n", "k")
+    verify_plan(NAME, plan_bytes(), sig, wide, NOW)
+    ended = parse_trusted_keys(f"valid-after={FIRST},valid-before=0001-01-01T00:00:01Z {openssh_line(signer.public)}\n", "k")
+    with pytest.raises(PlanCacheError) as info:
+        verify_plan(NAME, plan_bytes(), sig, ended, NOW)
+    assert info.value.reason is Reason.EXPIRED
+    verify_plan(NAME, plan_bytes(), sig, keyring_of(signer, valid_after=FIRST_DT, valid_before=LAST_DT), LAST_DT - timedelta(seconds=1))
+
+
+def test_signing_at_the_ends_of_the_calendar_round_trips() -> None:
+    """glibc's strftime writes year 1 as "1": such a statement would never verify again."""
+    signer = make_signer()
+    sig = sign_plan(NAME, plan_bytes(), signer, FIRST_DT, LAST_DT)
+    vp = verify_plan(NAME, plan_bytes(), sig, keyring_of(signer), FIRST_DT)
+    assert vp.statement is not None and (vp.statement.signed_at, vp.statement.expires_at) == (FIRST_DT, LAST_DT)
+    assert format_time(FIRST_DT) == FIRST and format_time(LAST_DT) == LAST
+
+
+def test_a_time_that_leaves_the_calendar_in_utc_is_a_config_error() -> None:
+    west = timezone(timedelta(hours=-5))
+    with pytest.raises(ConfigError):
+        sign_plan(NAME, plan_bytes(), make_signer(), NOW, datetime(9999, 12, 31, 23, 0, tzinfo=west))
+    assert format_time(datetime(2026, 1, 1, 0, 0, tzinfo=west)) == "2026-01-01T05:00:00Z"
+
+
+_moments = st.datetimes(min_value=datetime.min, max_value=datetime.max, timezones=st.just(UTC)).map(
+    lambda d: d.replace(microsecond=0)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_moments, st.none() | _moments, _moments, st.none() | _moments, st.none() | _moments)
+def test_fuzz_dates_never_escape_as_anything_but_a_reason(
+    signed_at: datetime, expires_at: datetime | None, now: datetime, after: datetime | None, before: datetime | None
+) -> None:
+    signer = make_signer()
+    sig = sidecar(signer, format_time(signed_at), None if expires_at is None else format_time(expires_at))
+    keyring = keyring_of(signer, **{k: v for k, v in (("valid_after", after), ("valid_before", before)) if v is not None})
+    try:
+        vp = verify_plan(NAME, plan_bytes(), sig, keyring, now)
+    except PlanCacheError as exc:
+        assert exc.reason in {Reason.EXPIRED, Reason.NOT_YET_VALID}
+    else:
+        assert vp.statement is not None and vp.statement.signed_at == signed_at

@@ -1,0 +1,315 @@
+"""Rank-consistent admission with real processes: gloo worlds through vLLM's own distributed init.
+
+Two worlds are started once for the module, in parallel (importing vLLM is most of the ~1 min):
+2 ranks (TP=2) and 4 ranks (TP=2 x PP=2). Each rank is a process running tests/vllm_rank.py:
+vLLM's ``init_distributed_environment`` + ``ensure_model_parallel_initialized`` inside
+``set_current_vllm_config``, the plugin loaded as a worker loads it, and per boot the real
+``Worker.determine_available_memory`` on a Worker stand-in with that rank. The profiling path
+runs a real world-group collective (as ``profile_cudagraph_memory`` does on a GPU), so a world
+whose ranks disagreed would show it: the profiling ranks' collective would time out.
+
+This parent process never imports vLLM: it writes plans for the fingerprints the ranks report.
+The tests that kill a rank come last: a world is not usable after that.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+
+from plancache.storage.keyfiles import generate_keypair
+from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+from plancache.trust.signing import sign_plan
+from plancache.vllm_plugin.vote import MARGIN_S
+from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, free_port, moto_server  # noqa: F401
+from vllm_cpu import DEVICE_TOTAL, GIB, PLANNED_KV, UTIL, conditions, cpu_environ, write_tiny_model
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+WORLDS = {"tp2": (2, 1), "tp2xpp2": (2, 2)}
+SLACK_S = 1.0
+"""Generous room beyond budget + margin for six processes sharing two cores."""
+PROFILED = int(DEVICE_TOTAL * UTIL) - 3 * GIB
+"""What a profiled boot returns with the rank driver's fake profiler."""
+
+
+class World:
+    """The processes of one world, and a connection to each rank."""
+
+    def __init__(self, name: str, tp: int, pp: int, model: Path, logs: Path, env: dict[str, str]) -> None:
+        self.name, self.size = name, tp * pp
+        authkey = secrets.token_bytes(16)
+        self.listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        port = free_port()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        for rank in range(self.size):
+            log = open(logs / f"{name}-rank{rank}.log", "wb")
+            args = [sys.executable, str(HERE / "vllm_rank.py"), f"{self.listener.address[0]}:{self.listener.address[1]}",
+                    authkey.hex(), str(rank), str(tp), str(pp), str(port), str(model)]
+            self.procs[rank] = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.conns: dict[int, Connection] = {}
+        self.info: dict[int, dict[str, Any]] = {}
+
+    def accept(self, timeout: float = 300.0) -> None:
+        pending = [self.listener.accept() for _ in range(self.size)]  # ranks connect before importing vLLM
+        end = time.monotonic() + timeout
+        for conn in pending:
+            if not conn.poll(max(0.0, end - time.monotonic())):
+                raise RuntimeError(f"{self.name}: a rank did not come up in {timeout} s")
+            hello = conn.recv()
+            assert "error" not in hello, hello["error"]
+            self.conns[hello["rank"]] = conn
+            self.info[hello["rank"]] = hello
+
+    def fingerprint(self, rank: int) -> str:
+        return str(self.info[rank]["fingerprint"])
+
+    def boot(self, cmds: dict[int, dict[str, Any]], timeout: float = 60.0) -> dict[int, dict[str, Any]]:
+        """Send every rank its boot at once; the outcomes by rank."""
+        for rank, cmd in cmds.items():
+            self.conns[rank].send({"op": "boot", **cmd})
+        out = {}
+        for rank in cmds:
+            assert self.conns[rank].poll(timeout), f"{self.name} rank {rank} gave no answer in {timeout} s"
+            out[rank] = self.conns[rank].recv()
+            assert "error" not in out[rank], out[rank]["error"]
+        print(f" [{self.name}: plugin held " + " ".join(f"{held(o):.2f}" for o in out.values()) + " s]", end="")
+        return out
+
+    def close(self) -> None:
+        for rank, conn in self.conns.items():
+            try:
+                conn.send({"op": "exit"})
+            except OSError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        self.listener.close()
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, World]]:
+    root = tmp_path_factory.mktemp("ranks")
+    model = root / "tiny-llama"
+    write_tiny_model(model)
+    env = {**os.environ, **cpu_environ(root / "cache"), **AWS_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE)])
+    env.pop("VLLM_ENABLE_STARTUP_PLAN", None)
+    started = time.monotonic()
+    made = {name: World(name, tp, pp, model, root, env) for name, (tp, pp) in WORLDS.items()}
+    try:
+        for world in made.values():
+            world.accept()
+        print(f"\nworlds up in {time.monotonic() - started:.1f} s (logs in {root})")
+        yield made
+    finally:
+        for world in made.values():
+            world.close()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    key_dir = tmp_path_factory.mktemp("keys")
+    signer = generate_keypair(key_dir / "ci", force=False, comment="ci", env={})
+    return SimpleNamespace(signer=signer, private=key_dir / "ci", trusted=key_dir / "ci.pub")
+
+
+def write_plan(directory: Path, fp: str, keys: SimpleNamespace, kv: int = PLANNED_KV, baseline: int = 60 * GIB) -> tuple[bytes, bytes]:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = render_plan(Plan(fp, kv, baseline))
+    sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions())
+    (directory / plan_name(fp)).write_bytes(data)
+    (directory / sig_name(fp)).write_bytes(sig)
+    return data, sig
+
+
+def decision_line(outcome: dict[str, Any]) -> str:
+    (line,) = [ln for ln in outcome["lines"] if ln.startswith("INFO") and "decision=" in ln]
+    return line
+
+
+def held(outcome: dict[str, Any]) -> float:
+    """Seconds the plugin held this rank (lookup + vote): the decision line's elapsed_ms."""
+    match = re.search(r"elapsed_ms=([0-9.]+)", decision_line(outcome))
+    assert match is not None
+    return float(match.group(1)) / 1000
+
+
+def _local_boot(world: World, keys: SimpleNamespace, tmp: Path, odd: str | None, timeout: float = 3.0) -> dict[int, dict[str, Any]]:
+    """Every rank has a signed local plan, except that the last rank is ``odd``."""
+    last = world.size - 1
+    cmds = {}
+    for rank in range(world.size):
+        cache = tmp / f"rank{rank}"
+        env = {"VLLM_CACHE_ROOT": str(cache), "PLANCACHE_TRUSTED_KEYS": str(keys.trusted), "PLANCACHE_TIMEOUT": str(timeout)}
+        cmd: dict[str, Any] = {"env": env}
+        kind = odd if rank == last else None
+        if kind != "missing" and kind != "black-holed":
+            data, _ = write_plan(cache / "startup_plan", world.fingerprint(rank), keys)
+            if kind == "altered":
+                (cache / "startup_plan" / plan_name(world.fingerprint(rank))).write_bytes(data.replace(b"53687091200", b"53687091201"))
+        if kind == "below-baseline":
+            cmd["free"] = 55 * GIB
+        if kind == "late":
+            cmd["delay"] = timeout + MARGIN_S + 1.0
+        cmds[rank] = cmd
+    return world.boot(cmds)
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_ranks_are_hooked_and_have_their_own_fingerprints(worlds: dict[str, World], name: str) -> None:
+    world = worlds[name]
+    assert all(world.info[r]["hooked"] for r in range(world.size))
+    assert len({world.fingerprint(r) for r in range(world.size)}) == world.size
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_all_valid_all_apply_the_same(worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str) -> None:
+    world = worlds[name]
+    out = _local_boot(world, keys, tmp_path, None)
+    for rank, o in out.items():
+        assert (o["applied"], o["kv"], o["collective"]) == (True, PLANNED_KV, None), o
+        line = decision_line(o)
+        assert f"decision=apply reason=applied source=local fingerprint={world.fingerprint(rank)}" in line
+        assert held(o) < 3.0 + MARGIN_S + SLACK_S
+
+
+@pytest.mark.parametrize("odd, own_reason", [
+    ("altered", "digest-mismatch"),
+    ("below-baseline", "below-baseline"),
+    ("missing", "no-plan"),
+])
+@pytest.mark.parametrize("name", WORLDS)
+def test_one_rank_says_no_and_every_rank_profiles(
+    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str, odd: str, own_reason: str
+) -> None:
+    world = worlds[name]
+    last = world.size - 1
+    out = _local_boot(world, keys, tmp_path, odd)
+    for rank, o in out.items():
+        assert (o["applied"], o["kv"]) == (False, PROFILED), o
+        assert o["collective"] == "ok", o  # every rank profiled together: no hang
+        line = decision_line(o)
+        assert "decision=profile reason=rank-disagreement" in line and f"ranks that said no: {last}" in line, line
+        assert ("this rank: " + (own_reason if rank == last else "applied")) in line, line
+        assert held(o) < 3.0 + MARGIN_S + SLACK_S
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
+    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, black_hole: BlackHole, name: str
+) -> None:
+    world = worlds[name]
+    budget = 1.0
+    last = world.size - 1
+    cmds = {}
+    for rank in range(world.size):
+        cache = tmp_path / f"rank{rank}"
+        if rank != last:
+            write_plan(cache / "startup_plan", world.fingerprint(rank), keys)
+        cmds[rank] = {"env": {
+            "VLLM_CACHE_ROOT": str(cache), "PLANCACHE_TRUSTED_KEYS": str(keys.trusted), "PLANCACHE_TIMEOUT": str(budget),
+            "PLANCACHE_URL": "s3://bucket/plans", "PLANCACHE_STORAGE_OPTIONS": f'{{"endpoint_url": "{black_hole.endpoint}"}}',
+        }}
+    out = world.boot(cmds)
+    for rank, o in out.items():
+        assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
+        line = decision_line(o)
+        assert "reason=rank-disagreement" in line and f"ranks that said no: {last}" in line, line
+        assert held(o) < budget + MARGIN_S + SLACK_S, f"rank {rank} held {held(o):.2f} s"
+    assert "this rank: timeout" in decision_line(out[last]) or "this rank: store-error" in decision_line(out[last])
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_a_rank_that_votes_after_the_others_gave_up_profiles_too(
+    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str
+) -> None:
+    """The timed-out all_gather stays posted: the late rank completes it at once and must not apply."""
+    world = worlds[name]
+    budget = 0.5
+    out = _local_boot(world, keys, tmp_path, "late", timeout=budget)
+    for rank, o in out.items():
+        assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
+        line = decision_line(o)
+        assert "reason=rank-disagreement" in line and "vote failed" in line, line
+        assert held(o) < budget + MARGIN_S + SLACK_S  # the profiling collective then waits for the late rank
+    assert "after the earliest rank's deadline" in decision_line(out[world.size - 1])
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
+    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, moto_server: MotoServer, name: str
+) -> None:
+    import json
+
+    world = worlds[name]
+    last = world.size - 1
+    bucket = moto_server.new_bucket()
+    client = moto_server.client()
+    for rank in range(world.size - 1):  # the last rank's push had failed: its plan is not in the store
+        data, sig = write_plan(tmp_path / "staging", world.fingerprint(rank), keys)
+        client.put_object(Bucket=bucket, Key=f"plans/{plan_name(world.fingerprint(rank))}", Body=data)
+        client.put_object(Bucket=bucket, Key=f"plans/{sig_name(world.fingerprint(rank))}", Body=sig)
+
+    def env(boot: str, rank: int) -> dict[str, str]:
+        return {
+            "VLLM_CACHE_ROOT": str(tmp_path / boot / f"rank{rank}"),  # fresh machines each boot
+            "PLANCACHE_TRUSTED_KEYS": str(keys.trusted), "PLANCACHE_SIGNING_KEY": str(keys.private),
+            "PLANCACHE_URL": f"s3://{bucket}/plans", "PLANCACHE_STORAGE_OPTIONS": json.dumps(moto_server.options),
+            "PLANCACHE_TIMEOUT": "3",
+        }
+
+    first = world.boot({r: {"env": env("first", r), "save": True, "prefetch": True} for r in range(world.size)})
+    for rank, o in first.items():
+        assert (o["applied"], o["kv"], o["collective"], o["push"]) == (False, PROFILED, "ok", "pushed"), o
+        assert "reason=rank-disagreement" in decision_line(o) and f"ranks that said no: {last}" in decision_line(o)
+    assert "this rank: no-plan" in decision_line(first[last])
+    keys_in_store = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert f"plans/{plan_name(world.fingerprint(last))}" in keys_in_store
+
+    second = world.boot({r: {"env": env("second", r), "prefetch": True} for r in range(world.size)})
+    for rank, o in second.items():
+        assert (o["applied"], o["kv"], o["collective"]) == (True, PROFILED, None), o
+        assert f"decision=apply reason=applied source=store fingerprint={world.fingerprint(rank)}" in decision_line(o)
+
+
+# --------------------------------------------------------------------------- last: worlds end here
+
+
+@pytest.mark.parametrize("name", WORLDS)
+def test_a_rank_killed_before_the_vote_the_others_profile_within_budget_and_margin(
+    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str
+) -> None:
+    world = worlds[name]
+    budget = 1.0
+    victim = world.size - 1
+    world.conns[victim].send({"op": "die"})
+    world.procs[victim].wait(30)
+    del world.conns[victim]
+    cmds = {}
+    for rank in range(world.size - 1):
+        cache = tmp_path / f"rank{rank}"
+        write_plan(cache / "startup_plan", world.fingerprint(rank), keys)
+        cmds[rank] = {"env": {"VLLM_CACHE_ROOT": str(cache), "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
+                              "PLANCACHE_TIMEOUT": str(budget)}, "collective_s": 1.0}
+    out = world.boot(cmds)
+    for rank, o in out.items():
+        assert (o["applied"], o["kv"]) == (False, PROFILED), o
+        line = decision_line(o)
+        assert "decision=profile reason=rank-disagreement" in line and "vote failed" in line, line
+        assert held(o) < budget + MARGIN_S + SLACK_S
