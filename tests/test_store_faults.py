@@ -210,7 +210,7 @@ def test_hostile_listing_cannot_write_outside_dir(fault_server: FaultServer, key
 def test_gcs_black_hole_and_refused_end_within_budget(black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch) -> None:
     # gcsfs alone has no request timeout and retries six times with backoff, a refused connection too.
     for endpoint, budget, reason in ((black_hole.endpoint, 1.0, Reason.TIMEOUT),
-                                     (f"http://127.0.0.1:{closed_port()}", 1.0, Reason.STORE_ERROR)):
+                                     (f"http://127.0.0.1:{closed_port()}", 3.0, Reason.STORE_ERROR)):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:

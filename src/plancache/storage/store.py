@@ -48,13 +48,18 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
     """
     budget = checked_budget(timeout)
     cls, make, root = filesystem_opener(url, storage_options, budget)
-    module = cls.__module__
-    if module.startswith("gcsfs"):
+    if _kind_of(cls) == "gcs":
         return Store(None, url.rstrip("/"), root, budget, opener=make, kind="gcs")
-    fs = make()
-    kind = ("s3" if module.startswith("s3fs") else "local" if module.startswith("fsspec.implementations.local")
-            else "async" if getattr(fs, "async_impl", False) else "sync")
-    return Store(fs, url.rstrip("/"), root, budget, kind=kind)
+    return Store(make(), url.rstrip("/"), root, budget)
+
+
+def _kind_of(cls: type) -> str:
+    """Which read and listing path a filesystem class gets (see :class:`Store`)."""
+    module = cls.__module__
+    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("fsspec.implementations.local", "local")):
+        if module.startswith(prefix):
+            return kind
+    return "async" if getattr(cls, "async_impl", False) else "sync"
 
 
 class Store:
@@ -73,7 +78,7 @@ class Store:
         self.url = url
         self.root = root
         self.timeout = timeout
-        self.kind = kind or ("async" if getattr(fs, "async_impl", False) else "sync")
+        self.kind = kind or _kind_of(type(fs))
         self._async = self.kind in ("s3", "gcs", "async")
 
     def __str__(self) -> str:
