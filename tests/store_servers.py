@@ -145,7 +145,8 @@ class GcsEmulator:
 class FaultObject:
     body: bytes = b""
     mode: str = "ok"
-    """ok | error500 | error500-once | truncate | trickle | huge"""
+    """ok | error500 | error500-once | error500-huge (500 streaming ERROR_HUGE bytes) | redirect
+    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge"""
     served: int = 0
 
 
@@ -159,10 +160,24 @@ class FaultState:
     """(method, path, Range header) of every request"""
     bytes_sent: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    listing_mode: str = "ok"
+    """ok | error500-huge (500 streaming ERROR_HUGE bytes) | huge-page (a 200 page of 64 MiB)
+    | truncated-forever (every page says there is another)"""
+    synthetic: int = 0
+    """list ``synthetic`` generated plans (and sidecars) under ``synthetic_prefix``, each
+    served with ``synthetic_body``, without holding any of them"""
+    synthetic_prefix: str = ""
+    synthetic_body: bytes = b""
+    redirect_to: str = ""
 
 
 HUGE = 1 << 30
+ERROR_HUGE = 200 << 20
 TRICKLE_PAUSE = 0.2
+
+
+def synthetic_fp(i: int) -> str:
+    return f"{i:016x}"
 
 
 class _FaultHandler(BaseHTTPRequestHandler):
@@ -191,6 +206,17 @@ class _FaultHandler(BaseHTTPRequestHandler):
         with self.server.state.lock:
             self.server.state.bytes_sent += len(data)
 
+    def _stream(self, status: int, total: int, headers: dict[str, str] | None = None) -> None:
+        """Declare and send ``total`` zero bytes from one 64 KiB chunk, never holding more."""
+        self._send_head(status, total, headers)
+        chunk = b"\0" * 65536
+        try:
+            for offset in range(0, total, len(chunk)):
+                self._write(chunk[: total - offset])
+        except OSError:
+            pass
+        self.close_connection = True
+
     def do_HEAD(self) -> None:
         state = self.server.state
         with state.lock:
@@ -204,9 +230,14 @@ class _FaultHandler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         parts = unquote(url.path).lstrip("/").split("/", 1)
         query = parse_qs(url.query)
+        if state.redirect_to:
+            self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
+            return None
         if len(parts) == 1 or parts[1] == "":
             return self._list(query)
         obj = state.objects.get(parts[1])
+        if obj is None and state.synthetic and parts[1].startswith(state.synthetic_prefix):
+            obj = FaultObject(state.synthetic_body)
         if obj is None:
             body = b"<?xml version='1.0'?><Error><Code>NoSuchKey</Code><Message>no</Message></Error>"
             return self._send(404, body, {"Content-Type": "application/xml"})
@@ -215,6 +246,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
         error = b"<?xml version='1.0'?><Error><Code>InternalError</Code><Message>boom</Message></Error>"
         if obj.mode == "error500" or (obj.mode == "error500-once" and obj.served == 1):
             return self._send(500, error, xml)
+        if obj.mode == "error500-huge":
+            return self._stream(500, ERROR_HUGE, xml)
         if obj.mode == "huge":  # ignores Range, declares and streams 1 GiB
             self.send_response(200)
             self.send_header("Content-Length", str(HUGE))
@@ -253,21 +286,36 @@ class _FaultHandler(BaseHTTPRequestHandler):
         return self._send(status, body, headers)
 
     def _list(self, query: dict[str, list[str]]) -> None:
+        """ListObjectsV2 with pages (``max-keys``, ``continuation-token``: an index) and faults."""
         state = self.server.state
         bucket = unquote(urlparse(self.path).path).strip("/")
         prefix = query.get("prefix", [""])[0]
-        keys = state.listing if state.listing is not None else sorted(state.objects)
+        if state.listing_mode == "error500-huge":
+            return self._stream(500, ERROR_HUGE, {"Content-Type": "application/xml"})
+        if state.listing_mode == "huge-page":
+            return self._stream(200, 64 << 20, {"Content-Type": "application/xml"})
+        if state.synthetic:
+            keys: list[str] = [f"{state.synthetic_prefix}startup_plan_{synthetic_fp(i)}.json{suffix}"
+                               for i in range(state.synthetic) for suffix in ("", ".sig")]
+        else:
+            keys = state.listing if state.listing is not None else sorted(state.objects)
+        start = int(query.get("continuation-token", ["0"])[0])
+        size = int(query.get("max-keys", ["1000"])[0])
+        page = keys[start : start + size]
+        more = start + size < len(keys) or state.listing_mode == "truncated-forever"
+        following = f"<NextContinuationToken>{start + size}</NextContinuationToken>" if more else ""
         contents = "".join(
             f"<Contents><Key>{escape(k)}</Key><LastModified>2026-11-29T12:00:00.000Z</LastModified>"
             f"<ETag>&quot;00000000000000000000000000000000&quot;</ETag><Size>{len(state.objects.get(k, FaultObject()).body)}</Size>"
             f"<StorageClass>STANDARD</StorageClass></Contents>"
-            for k in keys
+            for k in page
         )
         body = (
             "<?xml version='1.0' encoding='UTF-8'?>"
             "<ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
-            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(keys)}</KeyCount>"
-            f"<MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
+            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>"
+            f"<MaxKeys>{size}</MaxKeys><IsTruncated>{'true' if more else 'false'}</IsTruncated>{following}"
+            f"{contents}</ListBucketResult>"
         ).encode()
         self._send(200, body, {"Content-Type": "application/xml"})
 

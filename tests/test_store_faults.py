@@ -103,7 +103,7 @@ def test_black_hole_ends_at_the_budget(black_hole: BlackHole, keys: Path, tmp_pa
     with pytest.raises(PlanCacheError) as err:
         raw(s3_store(black_hole.endpoint, timeout=1.0).fetch(FP))
     assert time.monotonic() - started < 1.0 + SLACK
-    assert err.value.reason in (Reason.TIMEOUT, Reason.STORE_ERROR)
+    assert err.value.reason is Reason.TIMEOUT  # a silent store is a timeout, on every Python
     # the CLI's default single-fingerprint budget is 3 s end to end
     code, out, err_text, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK and "timeout" in out
@@ -208,13 +208,14 @@ def test_hostile_listing_cannot_write_outside_dir(fault_server: FaultServer, key
 
 
 def test_gcs_black_hole_and_refused_end_within_budget(black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch) -> None:
-    # gcsfs alone has no request timeout and retries six times with backoff.
-    for endpoint, budget in ((black_hole.endpoint, 1.0), (f"http://127.0.0.1:{closed_port()}", 1.0)):
+    # gcsfs alone has no request timeout and retries six times with backoff, a refused connection too.
+    for endpoint, budget, reason in ((black_hole.endpoint, 1.0, Reason.TIMEOUT),
+                                     (f"http://127.0.0.1:{closed_port()}", 3.0, Reason.STORE_ERROR)):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:
             raw(open_store("gs://bucket/plans", {"token": "anon"}, budget).fetch(FP))
-        assert err.value.reason in (Reason.TIMEOUT, Reason.STORE_ERROR)
+        assert err.value.reason is reason, err.value
         assert time.monotonic() - started < budget + SLACK
 
 

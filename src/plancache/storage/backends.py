@@ -4,7 +4,8 @@ The SDKs' defaults would make a booting worker wait for minutes: s3fs retries at
 of its own on top of botocore's retries (a black-holed endpoint took 423 s), gcsfs sets no
 request timeout at all and retries six times with exponential backoff. So plancache
 
-* switches the SDK retry layers off (botocore ``total_max_attempts=1``, s3fs ``retries=1``)
+* switches the SDK retry layers off (botocore ``total_max_attempts=1``, s3fs ``retries=1``,
+  gcsfs's retry decorator)
   and retries transient failures itself inside the deadline (:mod:`.deadline`);
 * gives every request connect and read timeouts derived from the budget;
 * keeps s3fs off its HEAD-before-GET path (``max_concurrency=1``; plancache also always reads
@@ -22,7 +23,9 @@ left to them. fsspec and the SDKs are imported here lazily, on first use.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+import types
+import warnings
+from typing import Any, Callable, Mapping
 
 from ..trust.errors import ConfigError, PlanCacheError
 from .deadline import one_line
@@ -80,42 +83,86 @@ def merge_options(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def _filesystem(protocol: str, url: str, defaults: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
-    """Instantiate the fsspec filesystem, mapping every setup failure to one CONFIG line."""
+def _filesystem_class(protocol: str, url: str) -> type:
+    """The fsspec filesystem class for ``protocol``; ConfigError if it cannot be had."""
     import fsspec  # lazy: see the module docstring
-    from fsspec.config import conf
 
     if protocol in ("gs", "gcs") and os.environ.get(GCS_HNS_ENV, "").lower() not in ("true", "1"):
         try:
-            from gcsfs.core import GCSFileSystem as cls  # the plain class: no gRPC bucket probe
+            with warnings.catch_warnings():  # google-api-core warns on stderr under Python 3.10
+                warnings.simplefilter("ignore", FutureWarning)
+                from gcsfs.core import GCSFileSystem  # the plain class: no gRPC bucket probe
         except ImportError:
             raise ConfigError(f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')") from None
-    else:
-        try:
-            cls = fsspec.get_filesystem_class(protocol)
-        except ImportError as exc:
-            hint = {"s3": "s3", "s3a": "s3"}.get(protocol)
-            extra = f" (pip install 'plancache[{hint}]')" if hint else ""
-            raise ConfigError(f"{url}: {one_line(exc)}{extra}") from None
-        except ValueError as exc:
-            raise ConfigError(f"{url}: {one_line(exc)}") from None
+        return GCSFileSystem  # type: ignore[no-any-return]
+    try:
+        return fsspec.get_filesystem_class(protocol)  # type: ignore[no-any-return]
+    except ImportError as exc:
+        hint = {"s3": "s3", "s3a": "s3"}.get(protocol)
+        extra = f" (pip install 'plancache[{hint}]')" if hint else ""
+        raise ConfigError(f"{url}: {one_line(exc)}{extra}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{url}: {one_line(exc)}") from None
+
+
+def _opener(cls: type, protocol: str, url: str, defaults: Mapping[str, Any],
+            options: Mapping[str, Any]) -> Callable[[], Any]:
+    """A function instantiating the filesystem, mapping every setup failure to one CONFIG line.
+
+    The options are merged now (bad ones fail at open); the instance is made by the caller,
+    who may have to do it under a deadline (GCS discovers credentials in its constructor).
+    """
+    from fsspec.config import conf
+
     protos = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
     configured: dict[str, Any] = {}
     for proto in protos:
         configured = merge_options(configured, conf.get(proto))
-    merged = merge_options(defaults, configured, options)
+    merged = merge_options(defaults, configured, options, _hardening(protocol))
     retries = merged.pop("retries", None) if protocol in ("s3", "s3a") else None
     if protocol in ("gs", "gcs"):
         merged["requests_timeout"] = _aiohttp_timeout(merged.get("requests_timeout"))
-    try:
-        fs = cls(**merged)
-    except PlanCacheError:
-        raise
-    except Exception as exc:  # bad option names or values, missing credentials files, ...
-        raise ConfigError(f"cannot open {url}: {one_line(exc)}") from None
-    if retries is not None:
-        fs.retries = int(retries)
-    return fs
+
+    def instantiate() -> Any:
+        try:
+            fs = cls(**merged)
+        except PlanCacheError:
+            raise
+        except Exception as exc:  # bad option names or values, missing credentials files, ...
+            raise ConfigError(f"cannot open {url}: {one_line(exc)}") from None
+        if retries is not None:
+            fs.retries = int(retries)
+        if protocol in ("gs", "gcs"):
+            _without_gcsfs_retries(fs)
+        return fs
+
+    return instantiate
+
+
+def _without_gcsfs_retries(fs: Any) -> None:
+    """Call gcsfs's request function without its retry decorator (six tries, sleeping 1, 2,
+    4, ... s between them, a refused connection included): plancache retries inside the
+    deadline itself. The decorator keeps the undecorated function as ``__wrapped__``."""
+    request = getattr(type(fs), "_request", None)
+    undecorated = getattr(request, "__wrapped__", None)
+    if undecorated is not None:
+        fs._request = types.MethodType(undecorated, fs)
+
+
+def _hardening(protocol: str) -> dict[str, Any]:
+    """Options applied over every other layer: body caps and no redirects (:mod:`.http_caps`).
+
+    Not defaults an option may switch off: they are what keeps a hostile endpoint bounded.
+    """
+    if protocol in ("s3", "s3a"):
+        from .http_caps import capped_aiobotocore_session
+
+        return {"config_kwargs": {"http_session_cls": capped_aiobotocore_session()}}
+    if protocol in ("gs", "gcs"):
+        from .http_caps import session_kwargs
+
+        return {"session_kwargs": session_kwargs()}
+    return {}
 
 
 def _aiohttp_timeout(value: Any) -> Any:
@@ -130,21 +177,30 @@ def _aiohttp_timeout(value: Any) -> Any:
         return aiohttp.ClientTimeout(**value)
     return value
 
-def open_filesystem(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> tuple[Any, str]:
-    """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup failure."""
+
+def filesystem_opener(url: str, storage_options: Mapping[str, Any] | None,
+                      budget: float) -> tuple[type, Callable[[], Any], str]:
+    """(filesystem class, a function making the instance, root path); ConfigError on bad setup.
+
+    Everything that can be checked without a network call is checked here.
+    """
     if "://" not in url:
         raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
     if "::" in url:
         raise ConfigError(f"chained URLs are not supported: {url}")
     protocol = url.split("://", 1)[0].lower()
-    import fsspec
-
+    cls = _filesystem_class(protocol, url)
     try:
-        cls = fsspec.get_filesystem_class(protocol) if protocol not in ("gs", "gcs") else None
-        from_url = cls._get_kwargs_from_urls(url) if cls is not None else {}
+        from_url = cls._get_kwargs_from_urls(url)
     except (ImportError, ValueError):
         from_url = {}
-    fs = _filesystem(protocol, url, backend_defaults(protocol, budget), merge_options(from_url, storage_options))
-    root = fs._strip_protocol(url)
+    make = _opener(cls, protocol, url, backend_defaults(protocol, budget), merge_options(from_url, storage_options))
+    root = cls._strip_protocol(url)
     root = root.rstrip("/") if root not in ("/", "") else root
-    return fs, root
+    return cls, make, root
+
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup failure."""
+    _, make, root = filesystem_opener(url, storage_options, budget)
+    return make(), root

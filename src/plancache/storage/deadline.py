@@ -78,12 +78,25 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
+def own_error(exc: BaseException) -> PlanCacheError | None:
+    """plancache's own typed error in the chain: the SDKs wrap what a capped response raised."""
+    for current in causes(exc):
+        if isinstance(current, PlanCacheError):
+            return current
+    return None
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """A timeout anywhere in the chain, whatever its class on this Python (botocore's
+    ``ReadTimeoutError`` and ``ConnectTimeoutError`` wrap aiohttp's asyncio timeouts)."""
+    return any(isinstance(current, _TIMEOUTS) for current in causes(exc))
+
+
 def is_transient(exc: BaseException) -> bool:
     """Worth another try within the deadline: server errors, dropped or silent connections."""
-    if isinstance(exc, StoreError):
-        return exc.transient
-    if isinstance(exc, PlanCacheError):
-        return False
+    own = own_error(exc)
+    if own is not None:
+        return isinstance(own, StoreError) and own.transient
     if isinstance(exc, (FileNotFoundError, PermissionError, FileExistsError, NotImplementedError)):
         return False
     if isinstance(exc, (ValueError, TypeError, KeyError)):
@@ -120,10 +133,16 @@ def one_line(exc: BaseException) -> str:
 
 
 def store_error(what: str, exc: BaseException) -> PlanCacheError:
-    """Any failure of a store call as a typed error (plancache's own errors pass through)."""
-    if isinstance(exc, PlanCacheError):
-        return exc
-    if isinstance(exc, _TIMEOUTS):
+    """Any failure of a store call as a typed error (plancache's own errors pass through).
+
+    A timeout is TIMEOUT whatever raised it: the per-request timeouts of the SDKs and the
+    deadline are the same fact, the store did not answer in time (on Python 3.10 the asyncio
+    and concurrent.futures timeout classes are not the built-in ``TimeoutError``).
+    """
+    own = own_error(exc)
+    if own is not None:
+        return own
+    if is_timeout(exc):
         return StoreTimeout(f"{what}: {one_line(exc)}")
     return StoreError(f"{what}: {one_line(exc)}")
 

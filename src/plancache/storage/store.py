@@ -7,94 +7,79 @@ The remote layout mirrors vLLM's directory: ``<prefix>/startup_plan_<fp>.json`` 
 
 What it does guarantee is bounded cost, whatever the store does:
 
-* every read is capped: one ranged read of ``cap + 1`` bytes (on S3 the declared length is
-  checked before the body is read), so an oversized object costs at most ``cap + 1`` bytes;
-* listings yield fingerprints, never paths: a name that is not exactly
-  ``startup_plan_<16 hex>.json`` directly under the prefix is ignored, and local names are
-  rebuilt from the fingerprint, so a hostile listing cannot steer a write;
-* every operation runs under one deadline (see :mod:`plancache.storage.deadline`).
+* every read is capped at ``cap + 1`` bytes, SDK-read bodies too (:mod:`.http_caps`); on
+  ``file://`` a name that is not a regular file is rejected without a blocking open;
+* listings come page by page and yield fingerprints, never paths (:mod:`.listing`); whole-store
+  work streams (:meth:`Store.iter_fingerprints`, :meth:`Store.fetch_stream`);
+* every operation runs under one deadline (:mod:`.deadline`), opening a GCS filesystem
+  (credential discovery) included; blocking calls run in daemon threads (:mod:`.threads`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
+import itertools
+import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from ..trust.envelope import MAX_SIG_BYTES
-from ..trust.errors import PlanCacheError, Reason, Rejected, StoreError
-from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name, sig_name
+from ..trust.errors import PlanCacheError, Reason, Rejected
+from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
-from .backends import CONCURRENCY, open_filesystem
-from .deadline import DEFAULT_TIMEOUT, checked_budget, http_status, run_by, store_error, with_retries
+from .backends import CONCURRENCY, filesystem_opener
+from .batches import each
+from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
+from .files import read_capped, write_atomic
+from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, list_page, md5_hex  # noqa: F401 (re-exported)
+from .threads import Pending, in_thread, use_daemon_executor
 
 T = TypeVar("T")
 
-SYNC_CONCURRENCY = 8
-"""Threads in flight for filesystems without an async implementation (file://, memory://)."""
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What a listing says about one plan or sidecar object (nothing here is trusted)."""
-
-    name: str
-    size: int | None
-    md5: str | None
-    """Hex MD5 of the content when the listing states it for free (S3 single-part ETag,
-    GCS ``md5Hash``); push uses it to skip identical objects without downloading them."""
-
-
-def cap_for(name: str) -> int:
-    """The read cap of a store object by its name: the trust core's own size limits."""
-    if fingerprint_of_sig_name(name):
-        return MAX_SIG_BYTES
-    if fingerprint_of_plan_name(name):
-        return MAX_PLAN_BYTES
-    raise Rejected(Reason.MALFORMED, f"not a plan or signature name: {name!r}")
-
-
-def _md5_of(info: Mapping[str, Any]) -> str | None:
-    etag = info.get("ETag") or info.get("etag")
-    if isinstance(etag, str):
-        etag = etag.strip('"')
-        if len(etag) == 32 and "-" not in etag:
-            return etag.lower()  # S3: a single-part upload's ETag is the MD5 of its bytes
-    md5 = info.get("md5Hash")
-    if isinstance(md5, str):
-        try:
-            raw = base64.b64decode(md5, validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        return raw.hex() if len(raw) == 16 else None
-    return None
+SYNC_CONCURRENCY = 8  # threads in flight for filesystems without an async implementation
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None) -> "Store":
     """Open the store at ``url``; ``timeout`` is the overall budget of each remote operation.
 
     Options: plancache's defaults for the protocol, overridden by fsspec's configuration for
-    it, overridden by options in the URL, overridden by ``storage_options``.
+    it, overridden by options in the URL, overridden by ``storage_options``. Bad options
+    fail here; a GCS filesystem is made by the first operation, under its deadline.
     """
     budget = checked_budget(timeout)
-    fs, root = open_filesystem(url, storage_options, budget)
-    return Store(fs, url.rstrip("/"), root, budget)
+    cls, make, root = filesystem_opener(url, storage_options, budget)
+    if _kind_of(cls) == "gcs":
+        return Store(None, url.rstrip("/"), root, budget, opener=make, kind="gcs")
+    return Store(make(), url.rstrip("/"), root, budget)
+
+
+def _kind_of(cls: type) -> str:
+    """Which read and listing path a filesystem class gets (see :class:`Store`)."""
+    module = cls.__module__
+    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("fsspec.implementations.local", "local")):
+        if module.startswith(prefix):
+            return kind
+    return "async" if getattr(cls, "async_impl", False) else "sync"
 
 
 class Store:
-    """Plans and sidecars under one prefix of an fsspec filesystem, with bounded operations."""
+    """Plans and sidecars under one prefix of an fsspec filesystem, with bounded operations.
 
-    def __init__(self, fs: Any, url: str, root: str, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.fs = fs
+    ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``local`` (``file://``, read
+    without fsspec), ``async`` or ``sync`` (other fsspec filesystems; sync in daemon threads).
+    """
+
+    def __init__(self, fs: Any, url: str, root: str, timeout: float = DEFAULT_TIMEOUT, *,
+                 opener: Callable[[], Any] | None = None, kind: str | None = None) -> None:
+        self._fs = fs
+        self._opener = opener
+        self._opening: Pending | None = None
+        self._lock = threading.Lock()
         self.url = url
         self.root = root
         self.timeout = timeout
-        self._async = bool(getattr(fs, "async_impl", False))
-        self._s3 = type(fs).__module__.startswith("s3fs")
+        self.kind = kind or _kind_of(type(fs))
+        self._async = self.kind in ("s3", "gcs", "async")
 
     def __str__(self) -> str:
         return self.url
@@ -103,38 +88,69 @@ class Store:
         return f"Store({self.url!r}, timeout={self.timeout})"
 
     # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def fs(self) -> Any:  # made now, within one budget, if not made yet
+        return self._filesystem(time.monotonic() + self.timeout)
+
+    def _filesystem(self, deadline: float) -> Any:
+        """The filesystem, made at most once, in a daemon thread, waited for until ``deadline``."""
+        if self._fs is None:
+            with self._lock:
+                if self._opening is None:
+                    self._opening = Pending(self._open, f"plancache-open-{self.kind}")
+            self._fs = self._opening.result(deadline, f"cannot open {self.url}", self.timeout)
+        return self._fs
+
+    def _open(self) -> Any:
+        assert self._opener is not None
+        fs = self._opener()
+        credentials = getattr(fs, "credentials", None)
+        if hasattr(credentials, "maybe_refresh"):
+            try:  # gcsfs would otherwise fetch the first token synchronously on the event loop
+                credentials.maybe_refresh()
+            except Exception as exc:
+                raise store_error(f"cannot get credentials for {self.url}", exc) from None
+        return fs
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}" if self.root not in ("", "/") else f"{self.root.rstrip('/')}/{name}"
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        if self._async:
-            return self.fs.loop  # type: ignore[no-any-return]
-        from fsspec.asyn import get_loop
-
-        return get_loop()
 
     def _deadline(self, deadline: float | None) -> float:
         return time.monotonic() + self.timeout if deadline is None else deadline
 
     def _run(self, make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
-        return run_by(self._loop(), make, deadline, f"{what} {self.url}", self.timeout)
+        fs = self._filesystem(deadline)
+        if self._async:
+            loop = fs.loop
+        else:
+            from fsspec.asyn import get_loop
+
+            loop = get_loop()
+        use_daemon_executor(loop)
+        return run_by(loop, make, deadline, f"{what} {self.url}", self.timeout)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """``fs._name(...)`` on async filesystems, ``fs.name(...)`` in a thread otherwise."""
+        """``fs._name(...)`` on async filesystems, ``fs.name(...)`` in a daemon thread otherwise."""
         if self._async:
-            return await getattr(self.fs, f"_{name}")(*args, **kwargs)
-        return await asyncio.to_thread(getattr(self.fs, name), *args, **kwargs)
+            return await getattr(self._fs, f"_{name}")(*args, **kwargs)
+        return await in_thread(getattr(self._fs, name), *args, **kwargs)
 
     async def _read_capped(self, name: str, deadline: float) -> bytes | None:
         """One object's bytes (None if absent), at most its cap; TOO_LARGE beyond it."""
         cap = cap_for(name)
         path = self.path(name)
 
-        async def attempt() -> bytes:
-            if self._s3:
-                return await self._s3_read(path, cap)
-            return bytes(await self._call("cat_file", path, start=0, end=cap + 1))
+        async def attempt() -> bytes | None:
+            if self.kind == "s3":
+                from .s3_reads import s3_read
+
+                return await s3_read(self._fs, path, cap)
+            if self.kind == "local":  # O_NONBLOCK|O_NOFOLLOW, fstat: a FIFO never blocks the open
+                return await in_thread(read_capped, Path(path), cap)
+            from .http_caps import body_cap
+
+            with body_cap(cap + 1):
+                return bytes(await self._call("cat_file", path, start=0, end=cap + 1))
 
         try:
             data = await with_retries(attempt, deadline)
@@ -144,68 +160,9 @@ class Store:
             raise
         except Exception as exc:
             raise store_error(f"cannot read {name}", exc) from None
-        if len(data) > cap:
+        if data is not None and len(data) > cap:
             raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
         return data
-
-    async def _s3_read(self, path: str, cap: int) -> bytes:
-        """A ranged GET whose declared length is checked before a byte of the body is read,
-        and whose body is read at most to ``cap + 1`` even if the server ignores the range."""
-        bucket, key, _ = self.fs.split_path(path)
-        try:
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{cap}")
-        except OSError as exc:
-            if http_status(exc) == 416:
-                return b""  # S3 answers a range over an empty object with 416: it is empty
-            raise
-        body = resp["Body"]
-        try:
-            length = resp.get("ContentLength")
-            if isinstance(length, int) and length > cap:
-                name = key.rsplit("/", 1)[-1]
-                raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {length} bytes, the cap is {cap}")
-            chunks: list[bytes] = []
-            got = 0
-            while got <= cap:
-                chunk = await body.read(min(1 << 16, cap + 1 - got))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                got += len(chunk)
-            if isinstance(length, int) and got < length:
-                raise StoreError(f"truncated body: {got} of {length} bytes", transient=True)
-            return b"".join(chunks)
-        finally:
-            body.close()
-
-    async def _each(
-        self,
-        keys: Sequence[str],
-        action: Callable[[str], Awaitable[T]],
-        what: str,
-        on_done: Callable[[int], None] | None,
-    ) -> dict[str, T | PlanCacheError]:
-        """``action`` on every key, at most CONCURRENCY at once; each key's result or typed error.
-
-        The one concurrency helper behind fetch, upload and delete. Actions retry on their own
-        (:func:`~plancache.storage.deadline.with_retries`); a key's failure never stops the others.
-        """
-        results: dict[str, T | PlanCacheError] = {}
-        gate = asyncio.Semaphore(CONCURRENCY if self._async else SYNC_CONCURRENCY)
-
-        async def one(key: str) -> None:
-            async with gate:
-                try:
-                    results[key] = await action(key)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    results[key] = store_error(f"cannot {what} {key}", exc)
-            if on_done:
-                on_done(1)
-
-        await asyncio.gather(*(one(k) for k in keys))
-        return results
 
     def _each_by(
         self,
@@ -215,13 +172,15 @@ class Store:
         deadline: float,
         on_done: Callable[[int], None] | None = None,
     ) -> dict[str, T | PlanCacheError]:
-        """:meth:`_each` from a synchronous caller; keys not done at the deadline get its StoreTimeout."""
+        """:func:`.batches.each` from a synchronous caller; keys not done at the deadline get its StoreTimeout."""
         if not keys:
             return {}
         done: dict[str, T | PlanCacheError] = {}
 
+        limit = CONCURRENCY if self._async else SYNC_CONCURRENCY
+
         async def everything() -> None:
-            done.update(await self._each(keys, action, what, on_done))
+            await each(keys, action, what, limit, on_done, done)
 
         try:
             self._run(everything, deadline, f"cannot {what}")
@@ -231,39 +190,65 @@ class Store:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def list_objects(self, deadline: float | None = None) -> dict[str, ObjectInfo]:
-        """Plan and sidecar objects directly under the prefix; every other name is ignored."""
+    def iter_objects(self, deadline: float | None = None) -> Iterator[ObjectInfo]:
+        """Plan and sidecar objects directly under the prefix, one page requested at a time.
+
+        Every other name is dropped. TOO_LARGE past MAX_NAMES names or MAX_PAGES pages; the
+        deadline bounds the whole listing (it starts now, not at the first item).
+        """
         deadline = self._deadline(deadline)
 
-        async def listing() -> list[Any]:
-            try:
-                if self._async:
-                    return await with_retries(lambda: self.fs._ls(self.root, detail=True, refresh=True), deadline)
-                return await asyncio.to_thread(self.fs.ls, self.root, detail=True)
-            except FileNotFoundError:
-                return []
+        def pages() -> Iterator[ObjectInfo]:
+            token: str | None = None
+            names = 0
+            for _ in range(MAX_PAGES):
+                page = self._run(lambda: with_retries(lambda: list_page(self, token), deadline), deadline, "cannot list")
+                for info in page.entries:
+                    names += 1
+                    if names > MAX_NAMES:
+                        raise Rejected(Reason.TOO_LARGE, f"{self.url} lists more than {MAX_NAMES} plan objects")
+                    yield info
+                if page.token is None:
+                    return
+                token = page.token
+            raise Rejected(Reason.TOO_LARGE, f"the listing of {self.url} runs past {MAX_PAGES} pages")
 
-        entries = self._run(listing, deadline, "cannot list")
-        found: dict[str, ObjectInfo] = {}
-        prefix = self.path("")
-        for entry in entries:
-            if not isinstance(entry, Mapping):
-                continue
-            full = entry.get("name")
-            if not isinstance(full, str) or entry.get("type", "file") != "file":
-                continue
-            full = self.fs._strip_protocol(full)
-            name = full[len(prefix):] if full.startswith(prefix) else None
-            if name is None or not (fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name)):
-                continue  # hostile or foreign: never a path we act on
-            size = entry.get("size")
-            found[name] = ObjectInfo(name, size if type(size) is int else None, _md5_of(entry))
-        return found
+        return pages()
+
+    def list_objects(self, deadline: float | None = None) -> dict[str, ObjectInfo]:
+        """Plan and sidecar objects directly under the prefix (at most MAX_NAMES of them)."""
+        return {info.name: info for info in self.iter_objects(deadline)}
+
+    def iter_fingerprints(self, deadline: float | None = None) -> Iterator[str]:
+        """Fingerprints of the plans under the prefix as listed, page by page (not sorted)."""
+        objects = self.iter_objects(deadline)
+        return (fp for fp in (fingerprint_of_plan_name(info.name) for info in objects) if fp is not None)
 
     def fingerprints(self, deadline: float | None = None) -> list[str]:
         """Fingerprints of the plans under the prefix, sorted; hostile names are ignored."""
-        names = self.list_objects(deadline)
-        return sorted({fp for fp in map(fingerprint_of_plan_name, names) if fp is not None})
+        return sorted(set(self.iter_fingerprints(deadline)))
+
+    def fetch_stream(
+        self,
+        fingerprints: Iterable[str],
+        deadline: float | None = None,
+        on_done: Callable[[int], None] | None = None,
+    ) -> Iterator[PlanResult]:
+        """:meth:`fetch_many` in batches of the store's concurrency, yielded as each batch ends.
+
+        For whole-store work: ``fingerprints`` may be :meth:`iter_fingerprints`, read one
+        batch ahead, so memory holds one batch of results however large the store. One
+        deadline for everything (it starts now); results past it carry StoreTimeout.
+        """
+        deadline = self._deadline(deadline)
+        size = CONCURRENCY if self._async else SYNC_CONCURRENCY
+        source = iter(fingerprints)
+
+        def batches() -> Iterator[PlanResult]:
+            while batch := list(itertools.islice(source, size)):
+                yield from self.fetch_many(batch, deadline, on_done)
+
+        return batches()
 
     def fetch_many(
         self,
@@ -282,10 +267,16 @@ class Store:
         deadline = self._deadline(deadline)
 
         async def pair(fp: str) -> tuple[bytes | None, bytes | None]:
+            # both outcomes are collected: a failure of one read must not leave the other's
+            # exception unretrieved (asyncio would print its traceback at exit)
             plan, sig = await asyncio.gather(
-                self._read_capped(plan_name(fp), deadline), self._read_capped(sig_name(fp), deadline)
+                self._read_capped(plan_name(fp), deadline), self._read_capped(sig_name(fp), deadline),
+                return_exceptions=True,
             )
-            return (None, None) if plan is None else (plan, sig)
+            for outcome in (plan, sig):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return (None, None) if plan is None else (plan, sig)  # type: ignore[return-value]
 
         got = self._each_by(list(dict.fromkeys(fingerprints)), pair, "fetch", deadline, on_done)
         results = []
@@ -321,6 +312,8 @@ class Store:
         deadline = self._deadline(deadline)
 
         async def upload(name: str) -> None:
+            if self.kind == "local":  # temp file and rename: a FIFO planted at the name is replaced, never opened
+                return await in_thread(write_atomic, Path(self.path(name)), objects[name])
             await with_retries(lambda: self._call("pipe_file", self.path(name), objects[name]), deadline)
 
         _raise_first(self._each_by(list(objects), upload, f"upload to {self.url}", deadline, on_done))
@@ -350,7 +343,3 @@ def _raise_first(results: Mapping[str, object]) -> None:
     for outcome in results.values():
         if isinstance(outcome, PlanCacheError):
             raise outcome
-
-
-def md5_hex(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()

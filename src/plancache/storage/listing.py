@@ -1,0 +1,167 @@
+"""Listing a store page by page, so whole-store commands hold one page, never the whole store.
+
+A listing is hostile input like any object: it names what plancache then reads or deletes,
+and its size is the store's choice. So a listing
+
+* is read one page (:data:`PAGE_SIZE` keys, one capped response) at a time, and keeps only
+  the names of plans and sidecars directly under the prefix; a name that is not exactly
+  ``startup_plan_<16 hex>.json[.sig]`` is dropped here, before anyone sees it;
+* ends with ``TOO_LARGE`` beyond :data:`MAX_NAMES` such names or :data:`MAX_PAGES` pages
+  (a server that says "truncated" forever), and at the operation's deadline in any case.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..trust.envelope import MAX_SIG_BYTES
+from ..trust.errors import Reason, Rejected
+from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name
+
+PAGE_SIZE = 1000
+"""Keys asked for per listing request (S3's and GCS's maximum)."""
+
+MAX_NAMES = 100_000
+"""Plan and sidecar names one listing may yield (50k plans with sidecars)."""
+
+MAX_PAGES = 1_000
+"""Listing requests one listing may make, whatever else shares the prefix."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a listing says about one plan or sidecar object (nothing here is trusted)."""
+
+    name: str
+    size: int | None
+    md5: str | None
+    """Hex MD5 of the content when the listing states it for free (S3 single-part ETag,
+    GCS ``md5Hash``); push uses it to skip identical objects without downloading them."""
+
+
+@dataclass(frozen=True)
+class Page:
+    entries: list[ObjectInfo]
+    token: str | None
+    """Where the next page starts; None on the last page."""
+
+
+def cap_for(name: str) -> int:
+    """The read cap of a store object by its name: the trust core's own size limits."""
+    if fingerprint_of_sig_name(name):
+        return MAX_SIG_BYTES
+    if fingerprint_of_plan_name(name):
+        return MAX_PLAN_BYTES
+    raise Rejected(Reason.MALFORMED, f"not a plan or signature name: {name!r}")
+
+
+def md5_hex(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def md5_of(info: Mapping[str, Any]) -> str | None:
+    etag = info.get("ETag") or info.get("etag")
+    if isinstance(etag, str):
+        etag = etag.strip('"')
+        if len(etag) == 32 and "-" not in etag:
+            return etag.lower()  # S3: a single-part upload's ETag is the MD5 of its bytes
+    md5 = info.get("md5Hash")
+    if isinstance(md5, str):
+        try:
+            raw = base64.b64decode(md5, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        return raw.hex() if len(raw) == 16 else None
+    return None
+
+
+def entry_info(name: str, size: Any, info: Mapping[str, Any]) -> ObjectInfo | None:
+    """An ObjectInfo for ``name`` (relative to the prefix) if it is a plan or sidecar name."""
+    if not (fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name)):
+        return None  # hostile or foreign: never a path we act on
+    if isinstance(size, str) and size.isdigit():
+        size = int(size)  # GCS states sizes as strings
+    return ObjectInfo(name, size if type(size) is int else None, md5_of(info))
+
+
+async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
+    """One page of GCS's object listing directly under ``root`` (``delimiter='/'``)."""
+    bucket, key, _ = fs.split_path(root)
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    resp = await fs._call(
+        "GET", "b/{}/o", bucket, json_out=True, prefix=prefix or None, delimiter="/",
+        maxResults=PAGE_SIZE, pageToken=token,
+    )
+    items = resp.get("items") if isinstance(resp, dict) else None
+    entries = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"].startswith(prefix):
+            info = entry_info(item["name"][len(prefix):], item.get("size"), item)
+            if info is not None:
+                entries.append(info)
+    following = resp.get("nextPageToken") if isinstance(resp, dict) else None
+    return Page(entries, following if isinstance(following, str) and following != token else None)
+
+
+def local_entries(directory: str, limit: int) -> list[ObjectInfo]:
+    """Regular files named like plans or sidecars in ``directory`` (links, FIFOs, devices
+    skipped), at most ``limit`` of them; scanned without holding the rest of the directory."""
+    found: list[ObjectInfo] = []
+    try:
+        with os.scandir(directory) as scan:
+            for entry in scan:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                info = entry_info(entry.name, st.st_size, {}) if stat.S_ISREG(st.st_mode) else None
+                if info is not None:
+                    found.append(info)
+                    if len(found) >= limit:
+                        break
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return found
+
+
+def fsspec_entries(fs: Any, prefix: str, listed: list[Any], limit: int) -> list[ObjectInfo]:
+    """ObjectInfos from an fsspec ``ls(detail=True)`` result (memory:// and other backends)."""
+    found: list[ObjectInfo] = []
+    for entry in listed:
+        if not isinstance(entry, Mapping) or entry.get("type", "file") != "file":
+            continue
+        full = entry.get("name")
+        if not isinstance(full, str):
+            continue
+        full = fs._strip_protocol(full)
+        info = entry_info(full[len(prefix):], entry.get("size"), entry) if full.startswith(prefix) else None
+        if info is not None:
+            found.append(info)
+            if len(found) >= limit:
+                break
+    return found
+
+
+async def list_page(store: Any, token: str | None) -> Page:
+    """One listing page under ``store``'s prefix, by the store's kind; an absent prefix lists nothing."""
+    from .threads import in_thread
+
+    fs = store._fs
+    try:
+        if store.kind == "s3":
+            from .s3_reads import s3_page
+
+            return await s3_page(fs, store.root, token)
+        if store.kind == "gcs":
+            return await gcs_page(fs, store.root, token)
+        if store.kind == "local":
+            return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
+        listed = await store._call("ls", store.root, detail=True)
+        return Page(fsspec_entries(fs, store.path(""), listed, MAX_NAMES + 1), None)
+    except FileNotFoundError:
+        return Page([], None)

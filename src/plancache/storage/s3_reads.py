@@ -1,0 +1,66 @@
+"""The S3 read path, through s3fs's botocore client: one capped ranged GET, one listing page.
+
+s3fs's own ``_cat_file`` and ``_ls`` are bypassed: the first reads a body whole when the
+server ignores the Range header, the second walks every page of a listing into one list
+before returning. Bodies botocore reads itself (error documents, listing pages) are capped
+by :mod:`.http_caps`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..trust.errors import Reason, Rejected, StoreError
+from .deadline import http_status
+from .listing import PAGE_SIZE, Page, entry_info
+
+
+async def s3_read(fs: Any, path: str, cap: int) -> bytes:
+    """A ranged GET whose declared length is checked before a byte of the body is read,
+    and whose body is read at most to ``cap + 1`` even if the server ignores the range."""
+    bucket, key, _ = fs.split_path(path)
+    try:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{cap}")
+    except OSError as exc:
+        if http_status(exc) == 416:
+            return b""  # S3 answers a range over an empty object with 416: it is empty
+        raise
+    body = resp["Body"]
+    try:
+        length = resp.get("ContentLength")
+        if isinstance(length, int) and length > cap:
+            name = key.rsplit("/", 1)[-1]
+            raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {length} bytes, the cap is {cap}")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= cap:
+            chunk = await body.read(min(1 << 16, cap + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if isinstance(length, int) and got < length:
+            raise StoreError(f"truncated body: {got} of {length} bytes", transient=True)
+        return b"".join(chunks)
+    finally:
+        body.close()
+
+
+async def s3_page(fs: Any, root: str, token: str | None) -> Page:
+    """One ``ListObjectsV2`` page of the objects directly under ``root`` (``Delimiter='/'``)."""
+    bucket, key, _ = fs.split_path(root)
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE_SIZE}
+    if token:
+        kwargs["ContinuationToken"] = token
+    resp = await fs._call_s3("list_objects_v2", **kwargs)
+    contents = resp.get("Contents")
+    entries = []
+    for item in contents if isinstance(contents, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("Key"), str) and item["Key"].startswith(prefix):
+            info = entry_info(item["Key"][len(prefix):], item.get("Size"), item)
+            if info is not None:
+                entries.append(info)
+    following = resp.get("NextContinuationToken")
+    more = resp.get("IsTruncated") is True and isinstance(following, str) and following != token
+    return Page(entries, following if more else None)

@@ -1,0 +1,233 @@
+"""Every store operation is bounded: in time, in memory, in threads, whatever the store does.
+
+Real servers and files only: the fault server over HTTP, moto, real FIFOs, a black hole as
+GCE metadata server. Cases that measure a process (its exit, its peak RSS) run it through
+``store_probe.py`` in a subprocess, which reports its own peak RSS (``VmHWM``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import FP, plan_bytes
+from plancache.storage import store as store_module
+from plancache.storage.backends import CONCURRENCY
+from plancache.storage.store import Store, open_store
+from plancache.trust.errors import Reason
+from plancache.trust.plan import plan_name, sig_name
+from store_servers import (  # noqa: F401 (fixtures)
+    AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
+    synthetic_fp,
+)
+
+FP2 = "fedcba9876543210"
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PROBE = str(Path(__file__).with_name("store_probe.py"))
+MIB = 1 << 20
+RSS_LIMIT = 256 * MIB
+GRACE = 0.5
+"""What the promise allows past the budget (deadline.JOIN_GRACE)."""
+NOISE = 0.5
+"""Scheduling noise on a 2-core box running other suites at once; kept apart from GRACE."""
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+def probe(url: str, timeout: float, options: dict[str, Any] | None = None, fp: str = FP,
+          env: dict[str, str] | None = None, limit: float = 30.0) -> dict[str, Any]:
+    """Run one fetch in a child process: its report, stderr, wall time and peak RSS."""
+    argv = [sys.executable, PROBE, url, fp, str(timeout)] + ([json.dumps(options)] if options is not None else [])
+    child_env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC, **(env or {})}
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the process did not exit within {limit} s") from None
+    exited = time.monotonic()
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    return {**report, "wall": exited - started, "exit_lag": exited - report["done_at"], "stderr": err.decode(),
+            "code": proc.returncode}
+
+
+def s3(server: FaultServer, timeout: float = 2.0) -> Store:
+    return open_store("s3://faulty/plans", {"endpoint_url": server.endpoint}, timeout)
+
+
+def serve(server: FaultServer, mode: str = "ok", fp: str = FP) -> None:
+    server.state.objects[f"plans/{plan_name(fp)}"] = FaultObject(plan_bytes(fp), mode)
+    server.state.objects[f"plans/{sig_name(fp)}"] = FaultObject(b"{}", mode)
+
+
+# -- file:// stores: nothing blocks, nothing holds exit -----------------------------------------
+
+
+def test_fifo_named_like_a_plan_is_rejected_without_blocking(tmp_path: Path) -> None:
+    store_dir = tmp_path / "plans"
+    store_dir.mkdir()
+    os.mkfifo(store_dir / plan_name(FP))
+    os.mkfifo(store_dir / sig_name(FP2))
+    (store_dir / plan_name(FP2)).write_bytes(plan_bytes(FP2))
+    report = probe(store_dir.as_uri(), 1.0)
+    assert report["reason"] == "malformed" and report["elapsed"] < 0.5
+    assert report["stderr"].count("\n") == 1 and "not a regular file" in report["stderr"]
+    store = open_store(store_dir.as_uri(), None, 1.0)
+    assert store.fetch(FP2).error.reason is Reason.MALFORMED  # a FIFO sidecar too
+    assert store.fingerprints() == [FP2]  # a FIFO is not listed as a plan
+    store.put(FP, plan_bytes(), b"{}")  # a write replaces a planted FIFO, never opens it
+    assert (store_dir / plan_name(FP)).read_bytes() == plan_bytes()
+
+
+def test_a_thread_blocked_on_a_fifo_does_not_hold_exit(tmp_path: Path) -> None:
+    """A sync fsspec filesystem (fsspec's own cat_file on a FIFO blocks in open): the fetch ends
+    at the deadline and the process exits, the blocked thread abandoned."""
+    os.mkfifo(tmp_path / plan_name(FP))
+    code = (
+        "import sys, time\n"
+        "from fsspec.implementations.local import LocalFileSystem\n"
+        "from plancache.storage.store import Store\n"
+        f"s = Store(LocalFileSystem(), 'file://{tmp_path}', '{tmp_path}', 1.0, kind='sync')\n"
+        "t = time.monotonic(); r = s.fetch(sys.argv[1])\n"
+        "print(r.error.reason.value, time.monotonic() - t, time.monotonic(), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, FP], env={**os.environ, "PYTHONPATH": SRC},
+                          capture_output=True, text=True, timeout=20)
+    exited = time.monotonic()
+    reason, elapsed, done_at = done.stdout.split()
+    assert reason == "timeout" and float(elapsed) < 1.0 + GRACE + NOISE
+    assert exited - float(done_at) < 1.0  # exit is not held by the thread still blocked in open()
+
+
+# -- S3: bodies the SDK reads are capped; no redirects ------------------------------------------
+
+
+def test_s3_error_body_of_200_mib_is_capped(fault_server: FaultServer) -> None:
+    serve(fault_server, "error500-huge")
+    report = probe("s3://faulty/plans", 3.0, {"endpoint_url": fault_server.endpoint})
+    assert report["reason"] == "store-error" and report["elapsed"] < 3.0 + GRACE + NOISE
+    assert report["peak"] < RSS_LIMIT, report["peak"] / MIB
+    assert report["stderr"].count("\n") == 1
+    gets = [p for m, p, _ in fault_server.state.requests if p.endswith(".json")]
+    assert 1 < len(gets) <= 3  # a 500 is still retried: the capped body keeps its status
+
+
+def test_s3_listing_with_a_huge_error_body_or_page_is_bounded(fault_server: FaultServer) -> None:
+    fault_server.state.listing_mode = "error500-huge"
+    started = time.monotonic()
+    with pytest.raises(Exception) as err:
+        s3(fault_server, 3.0).fingerprints()
+    assert getattr(err.value, "reason", None) is Reason.STORE_ERROR and time.monotonic() - started < 3.0 + GRACE + NOISE
+    fault_server.reset()
+    fault_server.state.listing_mode = "huge-page"
+    with pytest.raises(Exception) as err:
+        s3(fault_server, 3.0).fingerprints()
+    assert getattr(err.value, "reason", None) is Reason.TOO_LARGE
+    assert fault_server.state.bytes_sent < 48 * MIB  # the 64 MiB page was cut off, never parsed
+
+
+def test_s3_listing_that_never_ends_stops_at_the_page_cap(fault_server: FaultServer,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "MAX_PAGES", 20)
+    fault_server.state.listing_mode = "truncated-forever"
+    with pytest.raises(Exception) as err:
+        s3(fault_server, 10.0).fingerprints()
+    assert getattr(err.value, "reason", None) is Reason.TOO_LARGE
+    assert len(fault_server.state.requests) == 20
+
+
+def test_whole_store_work_streams_in_pages_and_batches(fault_server: FaultServer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from plancache.storage import s3_reads
+
+    monkeypatch.setattr(s3_reads, "PAGE_SIZE", 200)
+    count = 600
+    state = fault_server.state
+    state.synthetic, state.synthetic_prefix, state.synthetic_body = count, "plans/", b"x"
+    store = s3(fault_server, 60.0)
+    finished = 0
+    most_pending = 0
+
+    def on_done(n: int) -> None:
+        nonlocal finished
+        finished += n
+
+    seen = []
+    for result in store.fetch_stream(store.iter_fingerprints(), on_done=on_done):
+        most_pending = max(most_pending, finished - len(seen))
+        seen.append(result.fingerprint)
+        assert result.plan_bytes == b"x" and result.error is None
+    assert seen == [synthetic_fp(i) for i in range(count)]
+    assert most_pending <= CONCURRENCY  # one batch of results in memory, never the store
+    listings = [p for m, p, _ in state.requests if "list-type=2" in p]
+    assert len(listings) == 6  # 1200 keys, 200 per page, each page asked for when needed
+
+
+def test_redirect_to_another_host_is_not_followed(fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = FaultServer()
+    try:
+        serve(other)
+        fault_server.state.redirect_to = other.endpoint
+        result = s3(fault_server).fetch(FP)
+        assert result.error is not None and result.error.reason is Reason.STORE_ERROR
+        assert "not followed" in result.error.detail
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", fault_server.endpoint)
+        result = open_store("gs://faulty/plans", {"token": "anon"}, 2.0).fetch(FP)
+        assert result.error is not None and "not followed" in result.error.detail
+        assert other.state.requests == []
+    finally:
+        other.stop()
+
+
+# -- deadlines: SDK calls and credential discovery inside; one right reason -------------------
+
+
+def test_gcs_credential_discovery_runs_inside_the_deadline(black_hole: BlackHole, tmp_path: Path) -> None:
+    """No token option: google-auth looks for the GCE metadata server, here a black hole."""
+    host = f"127.0.0.1:{black_hole.port}"
+    env = {"GCE_METADATA_HOST": host, "GCE_METADATA_IP": host, "HOME": str(tmp_path),
+           "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "GOOGLE_APPLICATION_CREDENTIALS": "",
+           "STORAGE_EMULATOR_HOST": ""}
+    report = probe("gs://bucket/plans", 1.0, {"endpoint_url": f"http://127.0.0.1:{closed_port()}"}, env=env)
+    assert report["reason"] == "timeout" and report["elapsed"] < 1.0 + GRACE + NOISE
+    assert report["exit_lag"] < 1.0  # the discovery thread, still waiting on the black hole, does not hold exit
+    assert report["stderr"].count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_black_hole_is_a_timeout_and_refused_a_store_error(kind: str, black_hole: BlackHole,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One right reason each. The refused case gets a roomy budget so that a slow first client
+    setup on a loaded machine cannot turn it into a timeout: it must fail fast anyway."""
+    for endpoint, budget, expected in ((black_hole.endpoint, 1.0, Reason.TIMEOUT),
+                                       (f"http://127.0.0.1:{closed_port()}", 5.0, Reason.STORE_ERROR)):
+        if kind == "s3":
+            store = open_store("s3://b/plans", {"endpoint_url": endpoint}, budget)
+        else:
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+            store = open_store("gs://b/plans", {"token": "anon"}, budget)
+        started = time.monotonic()
+        result = store.fetch(FP)
+        assert result.error is not None and result.error.reason is expected, result.error
+        assert time.monotonic() - started < (1.0 + GRACE + NOISE if expected is Reason.TIMEOUT else 2.0)
+
+
+def test_deadline_keeps_what_was_fetched(fault_server: FaultServer) -> None:
+    serve(fault_server)
+    serve(fault_server, "trickle", FP2)
+    fast, slow = s3(fault_server, 1.5).fetch_many([FP, FP2])
+    assert fast.error is None and fast.plan_bytes == plan_bytes(FP)
+    assert slow.error is not None and slow.error.reason is Reason.TIMEOUT
