@@ -12,7 +12,9 @@ request timeout at all and retries six times with exponential backoff. So planca
   with a byte range, which s3fs serves with one ranged GET);
 * uses gcsfs's plain ``GCSFileSystem`` unless ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` is set
   to true explicitly, so no bucket-type probe goes through gRPC (55 s per call against an
-  emulator).
+  emulator);
+* opens Azure Blob (``az://``, ``abfs://``, ``abfss://``) with :mod:`.azure`'s subclass of
+  adlfs's filesystem, whose client has no SDK retries and plancache's capped transport.
 
 Every default yields to fsspec's own configuration (``FSSPEC_S3_*`` variables, fsspec config
 files), then to options in the URL, then to explicit storage options; what the SDKs read
@@ -34,6 +36,8 @@ CONCURRENCY = 64
 """Requests in flight per operation; also the connection pool size plancache asks for."""
 
 GCS_HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
+
+AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 
 
 def request_timeouts(budget: float) -> tuple[float, float]:
@@ -66,6 +70,8 @@ def backend_defaults(protocol: str, budget: float) -> dict[str, Any]:
         return {
             "requests_timeout": {"total": None, "sock_connect": connect, "sock_read": read},
         }
+    if protocol in AZURE_PROTOCOLS:
+        return {"connection_timeout": connect, "read_timeout": read}
     if protocol == "file":
         return {"auto_mkdir": True}
     return {}
@@ -95,6 +101,12 @@ def _filesystem_class(protocol: str, url: str) -> type:
         except ImportError:
             raise ConfigError(f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')") from None
         return GCSFileSystem  # type: ignore[no-any-return]
+    if protocol in AZURE_PROTOCOLS:
+        try:
+            from .azure import BoundedAzureBlobFileSystem
+        except ImportError:
+            raise ConfigError(f"{url}: adlfs is not installed (pip install 'plancache[azure]')") from None
+        return BoundedAzureBlobFileSystem
     try:
         return fsspec.get_filesystem_class(protocol)  # type: ignore[no-any-return]
     except ImportError as exc:

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-BUCKETED = ("s3", "s3a", "gs", "gcs")
-"""Protocols whose first path component is a bucket that must exist on its own."""
+BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
+"""Protocols whose first path component is a bucket (an Azure container) that must exist on its own."""
 
 _CHECKED = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "file": "file", "local": "file", "memory": "memory"}
 _FSSPEC_COMMON = {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache",

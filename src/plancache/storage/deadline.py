@@ -64,14 +64,14 @@ def is_refused(exc: BaseException) -> bool:
 
 
 def http_status(exc: BaseException) -> int | None:
-    """The HTTP status an SDK error carries (botocore ``ClientError``, aiohttp, gcsfs), if any."""
+    """The HTTP status an SDK error carries (botocore ``ClientError``, aiohttp, gcsfs, azure-core), if any."""
     for current in causes(exc):
         response = getattr(current, "response", None)
         if isinstance(response, dict):
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if isinstance(status, int):
                 return status
-        for attr in ("status", "code"):
+        for attr in ("status", "code", "status_code"):
             value = getattr(current, attr, None)
             if isinstance(value, int) and 100 <= value <= 599:
                 return value

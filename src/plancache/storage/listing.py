@@ -159,6 +159,10 @@ async def list_page(store: Any, token: str | None) -> Page:
             return await s3_page(fs, store.root, token)
         if store.kind == "gcs":
             return await gcs_page(fs, store.root, token)
+        if store.kind == "azure":
+            from .azure import azure_page
+
+            return await azure_page(fs, store.root, token)
         if store.kind == "local":
             return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
         listed = await store._call("ls", store.root, detail=True)

@@ -56,7 +56,8 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
 def _kind_of(cls: type) -> str:
     """Which read and listing path a filesystem class gets (see :class:`Store`)."""
     module = cls.__module__
-    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("fsspec.implementations.local", "local")):
+    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("adlfs", "azure"), ("plancache.storage.azure", "azure"),
+                         ("fsspec.implementations.local", "local")):
         if module.startswith(prefix):
             return kind
     return "async" if getattr(cls, "async_impl", False) else "sync"
@@ -65,7 +66,7 @@ def _kind_of(cls: type) -> str:
 class Store:
     """Plans and sidecars under one prefix of an fsspec filesystem, with bounded operations.
 
-    ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``local`` (``file://``, read
+    ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``azure``, ``local`` (``file://``, read
     without fsspec), ``async`` or ``sync`` (other fsspec filesystems; sync in daemon threads).
     """
 
@@ -79,7 +80,7 @@ class Store:
         self.root = root
         self.timeout = timeout
         self.kind = kind or _kind_of(type(fs))
-        self._async = self.kind in ("s3", "gcs", "async")
+        self._async = self.kind in ("s3", "gcs", "azure", "async")
 
     def __str__(self) -> str:
         return self.url
@@ -145,6 +146,10 @@ class Store:
                 from .s3_reads import s3_read
 
                 return await s3_read(self._fs, path, cap)
+            if self.kind == "azure":
+                from .azure import azure_read
+
+                return await azure_read(self._fs, path, cap)
             if self.kind == "local":  # O_NONBLOCK|O_NOFOLLOW, fstat: a FIFO never blocks the open
                 return await in_thread(read_capped, Path(path), cap)
             from .http_caps import body_cap
