@@ -2,9 +2,12 @@
 
 * ``MotoServer``: moto's S3 server mode in a subprocess (s3fs talks to it over real HTTP);
 * ``GcsEmulator``: ``gcp-storage-emulator`` in a subprocess (gcsfs talks to it over HTTP);
+* ``Azurite``: Microsoft's Azure Storage emulator (npm ``azurite``, installed into
+  ``.test-tools/`` by scripts/bootstrap-test-env.sh), blob service only, in memory, telemetry off;
 * ``FaultServer``: a small threaded S3-shaped HTTP server whose objects misbehave on demand
   (500s, truncated or trickling bodies, a 1 GiB body that ignores the Range header, a
-  hostile listing) and that records every request it gets;
+  hostile listing) and that records every request it gets; it answers Azure-shaped object
+  reads too (``/<account>/<container>/<key>``, the range in ``x-ms-range``);
 * ``BlackHole``: a listener that accepts connections and never answers;
 * ``closed_port()``: a port nobody listens on (connection refused).
 
@@ -22,11 +25,14 @@ import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import parse_qs, unquote, urlparse
 from xml.sax.saxutils import escape
 
 import pytest
+
+if TYPE_CHECKING:
+    from azurite_server import Azurite
 
 LOOPBACK = "127.0.0.1"
 AWS_ENV = {
@@ -217,6 +223,9 @@ class _FaultHandler(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
+    def _range(self) -> str:
+        return self.headers.get("Range") or self.headers.get("x-ms-range", "")
+
     def do_HEAD(self) -> None:
         state = self.server.state
         with state.lock:
@@ -226,7 +235,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         state = self.server.state
         with state.lock:
-            state.requests.append(("GET", self.path, self.headers.get("Range", "")))
+            state.requests.append(("GET", self.path, self._range()))
         url = urlparse(self.path)
         parts = unquote(url.path).lstrip("/").split("/", 1)
         query = parse_qs(url.query)
@@ -260,7 +269,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
                 pass
             return None
         body = obj.body
-        rng = self.headers.get("Range", "")
+        rng = self._range()
         status = 200
         headers = {"Content-Type": "application/octet-stream", "ETag": '"0"'}
         if rng.startswith("bytes="):
@@ -392,6 +401,18 @@ def moto_server() -> Iterator[MotoServer]:
 @pytest.fixture(scope="session")
 def gcs_emulator() -> Iterator[GcsEmulator]:
     server = GcsEmulator()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator["Azurite"]:
+    from azurite_server import Azurite, azurite_binary
+
+    binary = azurite_binary()
+    if binary is None:
+        pytest.skip("Azurite not installed: scripts/bootstrap-test-env.sh installs it into .test-tools/ with npm")
+    server = Azurite(binary)
     yield server
     server.stop()
 

@@ -1,4 +1,5 @@
-"""The store on every backend: file://, memory://, S3 (moto server over HTTP), GCS (emulator).
+"""The store on every backend: file://, memory://, S3 (moto server over HTTP), GCS (emulator),
+Azure Blob (Azurite over HTTP).
 
 The same behaviour is asked of each: round trips, one fetch for plan and sidecar, capped
 reads, hostile names ignored, deletes, and the whole CLI journey (push, pull, verify, ls,
@@ -25,7 +26,7 @@ from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from store_servers import GcsEmulator, MotoServer, gcs_emulator, moto_server  # noqa: F401 (fixtures)
+from store_servers import GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"
@@ -49,7 +50,7 @@ class Backend:
         store.fs.pipe_file(store.path(name), data)
 
 
-@pytest.fixture(params=["file", "memory", "s3", "gcs"])
+@pytest.fixture(params=["file", "memory", "s3", "gcs", "azure"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     kind = request.param
     if kind == "file":
@@ -59,6 +60,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
     elif kind == "s3":
         moto: MotoServer = request.getfixturevalue("moto_server")
         yield Backend(kind, f"s3://{moto.new_bucket()}/team/plans", moto.options)
+    elif kind == "azure":
+        server = request.getfixturevalue("azurite")
+        yield Backend(kind, f"az://{server.new_container()}/team/plans", server.options)
     else:
         gcs: GcsEmulator = request.getfixturevalue("gcs_emulator")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
