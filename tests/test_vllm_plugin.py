@@ -38,7 +38,7 @@ from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan, sig_n
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from plancache.storage.keyfiles import load_keyring
-from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
+from store_servers import AWS_ENV, BlackHole, MotoServer, azurite, black_hole, moto_server  # noqa: F401
 import vllm_cpu
 from vllm_cpu import (
     DEVICE_TOTAL,
@@ -851,3 +851,25 @@ def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
     assert len([r for r in lines if r.levelno == logging.INFO]) == 1 and "decision=profile" in infos(lines)[0]
     assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
     assert errors(lines) == []
+
+
+def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
+    plugin: SimpleNamespace, keys: SimpleNamespace, azurite: Any, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """The plugin reads az:// through the same Store: a hit within the budget, credentials from the env."""
+    from azure.storage.blob import BlobServiceClient
+
+    container = azurite.new_container()
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    _store_env(monkeypatch, keys, f"az://{container}/plans", 3.0)
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data, sig = write_plan(plugin.tmp / "staging", fp, keys.signer)
+    client = BlobServiceClient.from_connection_string(azurite.connection_string).get_container_client(container)
+    client.upload_blob(f"plans/{plan_name(fp)}", data)
+    client.upload_blob(f"plans/{sig_name(fp)}", sig)
+    assert worker.determine_available_memory() == PLANNED_KV
+    (line,) = infos(lines)
+    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
+    assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
