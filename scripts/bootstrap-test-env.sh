@@ -11,7 +11,7 @@
 #   2. vllm==0.33.0 --no-deps + requirements/vllm-cpu-import-deps.txt (the deps vLLM's worker
 #                             imports really need). --no-deps keeps pip from pulling the CUDA
 #                             torch 2.14 / triton / nvidia stack. First run downloads ~336 MB.
-#   3. -e '.[test,s3,gcs,pkcs11,awskms,gcpkms]'
+#   3. -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'
 #                             the project and its test extras, with the vLLM pins, torch/vllm
 #                             and requirements/test-pins.txt as constraints, so nothing step 2
 #                             installed can be moved.
@@ -20,6 +20,11 @@
 # token the key-custody tests sign with), installed with apt-get when missing. Checked on
 # every run (cheap when present), since a machine can be new while a venv is kept; when the
 # install is impossible (not root, no sudo, no apt) it says so and the PKCS#11 tests skip.
+#
+# Also before the venv: Azurite (npm `azurite`, Microsoft's Azure Storage emulator the Azure
+# store tests start) into .test-tools/ (git-ignored) when .test-tools/node_modules/.bin/azurite-blob
+# is missing; checked on every run like softhsm2, since a kept venv says nothing about a new
+# machine. Without npm it says so and the Azure tests skip.
 #
 # Idempotent: a stamp in the venv holds a sha256 of pyproject.toml, requirements/*.txt and
 # this script; when it matches, nothing is installed. pip's output goes to
@@ -72,6 +77,22 @@ install_softhsm() {
 }
 install_softhsm
 
+AZURITE_SPEC="azurite@3.37.0"
+install_azurite() {
+    if [ -x "$REPO_ROOT/.test-tools/node_modules/.bin/azurite-blob" ]; then
+        return 0
+    fi
+    if ! command -v npm >/dev/null 2>&1; then
+        log "WARNING: npm missing: Azurite not installed, the Azure store tests will skip"; return 0
+    fi
+    log "npm install $AZURITE_SPEC into .test-tools/ (Azure Blob emulator)"
+    if ! npm install --prefix "$REPO_ROOT/.test-tools" --no-audit --no-fund --loglevel=error "$AZURITE_SPEC" \
+            >/tmp/plancache-npm.log 2>&1; then
+        log "WARNING: npm install $AZURITE_SPEC failed (see /tmp/plancache-npm.log): the Azure store tests will skip"
+    fi
+}
+install_azurite
+
 WANT="$(hash_inputs)"
 
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
@@ -116,12 +137,12 @@ fi
 log "2/3 pip install --no-deps $VLLM_SPEC -r $VLLM_DEPS (first run downloads ~336 MB)"
 pip_install --no-deps "$VLLM_SPEC" -r "$VLLM_DEPS"
 
-log "3/3 pip install -e '.[test,s3,gcs,pkcs11,awskms,gcpkms]'"
+log "3/3 pip install -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'"
 # pip then reports "vllm 0.33.0 requires X, which is not installed": expected with --no-deps.
-pip_install -e '.[test,s3,gcs,pkcs11,awskms,gcpkms]'
+pip_install -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'
 
 log "checking imports"
-if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, moto, fsspec, hypothesis, pytest, bcrypt, PyKCS11, google.cloud.kms_v1' >>"$PIPLOG" 2>&1; then
+if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, adlfs, azure.identity.aio, moto, fsspec, hypothesis, pytest, bcrypt, PyKCS11, google.cloud.kms_v1' >>"$PIPLOG" 2>&1; then
     log "ERROR: import check failed; last lines of $PIPLOG:"
     tail -n 20 "$PIPLOG" >&2
     exit 1
