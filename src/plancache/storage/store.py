@@ -146,9 +146,8 @@ class Store:
                 from .s3_reads import s3_read
 
                 return await s3_read(self._fs, path, cap)
-            if self.kind == "azure":
+            if self.kind == "azure":  # adlfs's cat_file would join the whole body
                 from .azure import azure_read
-
                 return await azure_read(self._fs, path, cap)
             if self.kind == "local":  # O_NONBLOCK|O_NOFOLLOW, fstat: a FIFO never blocks the open
                 return await in_thread(read_capped, Path(path), cap)
