@@ -137,6 +137,21 @@ def verify_cache(root: CacheRoot, subject: str, keyring: Keyring, now: datetime)
         return CacheOutcome(subject, "rejected", exc.reason.value, exc.detail)
 
 
+def describe_cache(root: CacheRoot, subject: str) -> CacheOutcome:
+    """What lies in a cache directory, unverified (``ls`` without trusted keys): counts only."""
+    directory = root.directory(subject)
+    listing = cachedir.walk(directory)
+    files = [size for size in listing.values() if size is not None]
+    action = "unverified" if cachedir.sidecar_path(directory).exists() else "unsigned"
+    return CacheOutcome(subject, action, "", "no trusted keys given", len(files), sum(files))
+
+
+def has_cache(root: CacheRoot, subject: str) -> bool:
+    """Whether there is anything to verify: a file, a sidecar, a link or FIFO (empty directories
+    alone, as vLLM creates them before it looks, hold nothing torch could read)."""
+    return _has_files(root.directory(subject))
+
+
 def _has_files(directory: Path) -> bool:
     if directory.is_symlink() or cachedir.sidecar_path(directory).exists():
         return True
