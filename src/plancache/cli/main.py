@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import demo, fingerprint, offline, remote
+from . import compile_cache, demo, fingerprint, offline, remote
 from .args import duration, key_value, positive_int
 from .inputs import add_cosign_options, add_store_options, add_trust_options
 
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_parsers(sub)
     demo.add_parser(sub)
     fingerprint.add_parser(sub)
+    compile_cache.add_parser(sub)
     return parser
 
 
