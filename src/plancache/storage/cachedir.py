@@ -25,6 +25,7 @@ import shutil
 import stat
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -106,9 +107,16 @@ def sha256_file(path: Path, size: int) -> str:
         os.close(fd)
 
 
+HASH_THREADS = 4
+"""hashlib releases the GIL on large updates: hashing files in threads uses every core."""
+
+
 def digests(root: Path, listing: Listing) -> dict[str, str]:
     """sha256 of every regular file of a walk."""
-    return {path: sha256_file(root / path, size) for path, size in sorted(listing.items()) if size is not None}
+    files = sorted((path, size) for path, size in listing.items() if size is not None)
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        sums = pool.map(lambda item: sha256_file(root / item[0], item[1]), files)
+        return dict(zip((path for path, _ in files), sums))
 
 
 def _info(name: str, size: int | None) -> tarfile.TarInfo:
