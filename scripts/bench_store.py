@@ -234,7 +234,7 @@ def main() -> int:
                 dest.path.mkdir(parents=True, exist_ok=True)
                 for name in os.listdir(dest.path):  # each rep writes afresh, as a first pull does
                     os.unlink(dest.path / name)
-                [result] = resolver.fetch([one])
+                [result] = resolver.pull([one])
                 assert result.written, result
 
             for _ in range(3):  # warm connection pools on both sides

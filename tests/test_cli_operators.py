@@ -16,7 +16,7 @@ import pytest
 from conftest import FP, GIB, plan_bytes
 from plancache.cli.main import main
 from plancache.cli.output import Progress
-from plancache.storage.checks import delete_if_unchanged
+from plancache.storage.checks import content_digest, delete_if_unchanged
 from plancache.storage.keyfiles import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store
@@ -150,9 +150,9 @@ def test_prune_unsigned_invalid_and_only_what_it_judged(
     # judged, then re-pushed before the delete: kept
     judged = store.fetch(FP)
     store.fs.pipe_file(store.path(plan_name(FP)), plan_bytes(kv=3 * GIB))
-    deleted, changed = delete_if_unchanged(store, {FP: (judged.plan_bytes, judged.sig_bytes)})
+    deleted, changed = delete_if_unchanged(store, {FP: content_digest(judged.plan_bytes, judged.sig_bytes)})
     assert deleted == [] and changed == [FP] and store.fingerprints() == [FP]
-    deleted, _ = delete_if_unchanged(store, {FP: (plan_bytes(kv=3 * GIB), judged.sig_bytes)})
+    deleted, _ = delete_if_unchanged(store, {FP: content_digest(plan_bytes(kv=3 * GIB), judged.sig_bytes)})
     assert deleted == [FP] and store.fingerprints() == []
 
 

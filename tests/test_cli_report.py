@@ -118,3 +118,12 @@ def test_pubkey_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
     assert doc["public_key_line"] == (tmp_path / "k.pub").read_text().strip().rsplit(" ", 1)[0] + " ci"
+
+
+def test_compile_cache_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "vllm-cache"
+    (root / "torch_compile_cache" / "torch_aot_compile").mkdir(parents=True)
+    assert main(["compile-cache", "ls", "--json", str(root)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, SCHEMA)
+    assert (doc["command"], doc["ok"], doc["caches"]) == ("compile-cache", True, [])

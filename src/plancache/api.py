@@ -58,4 +58,4 @@ def pull(
     ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints."""
     budget = timeout if timeout is not None else BULK_TIMEOUT
     resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), open_store(url, storage_options, budget))
-    return resolver.pull(fingerprints, time.monotonic() + budget)
+    return list(resolver.pull(fingerprints, time.monotonic() + budget))

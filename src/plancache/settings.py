@@ -16,6 +16,8 @@ runs the plugin), so a variable means the same thing wherever it is read:
 ``PLANCACHE_STORAGE_OPTIONS``  fsspec storage options: a JSON object, or space-separated
                                ``KEY=VALUE`` pairs (VALUE parsed as JSON where it parses), the
                                same as repeated ``--storage-option``, which win over it.
+``PLANCACHE_COMPILE_CACHE``    ``1``: the plugin verifies vLLM's torch.compile cache before torch
+                               reads it, and signs (and pushes) caches vLLM saves.
 =============================  ==================================================================
 """
 
@@ -31,6 +33,7 @@ SIGNING_KEY_ENV = "PLANCACHE_SIGNING_KEY"
 PASSPHRASE_ENV = "PLANCACHE_KEY_PASSPHRASE"
 TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
 STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
+COMPILE_CACHE_ENV = "PLANCACHE_COMPILE_CACHE"
 
 BULK_TIMEOUT = 120.0
 """Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""

@@ -19,7 +19,7 @@ from typing import Callable, NoReturn, Sequence
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import commands, fingerprint
+from . import commands, compile_cache, fingerprint
 
 EXIT_CONFIG = 2
 
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parsers(sub)
     fingerprint.add_parser(sub)
+    compile_cache.add_parser(sub)
     return parser
 
 

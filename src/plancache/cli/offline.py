@@ -111,12 +111,13 @@ def _verify(args: argparse.Namespace) -> int:
         ok = args.allow_empty
         error = None if ok else (NO_PLANS, message)
         print(f"plancache: {message}" + (" (--allow-empty: not a failure)" if ok else ""), file=sys.stderr)
-    doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports]}, error)
-    if args.report:
-        _write_report(args.report, doc)
-    if args.json:
-        print_json(doc)
-    elif reports:
+    if args.report or args.json:
+        doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports]}, error)
+        if args.report:
+            _write_report(args.report, doc)
+        if args.json:
+            print_json(doc)
+    if not args.json and reports:
         rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "",
                  r.detail) for r in reports]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])

@@ -89,16 +89,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
     store = open_url(args.url, storage_options(args), budget)
     deadline = started + budget
     resolver = Resolver(directory, policy, store)
-    fps = wanted or store.fingerprints(deadline)
-    if not fps:
-        require_existing(store)  # a missing bucket is a configuration error, not an empty pull
-    with Progress("pull", args.quiet or len(fps) < 2) as bar:
-        bar.start(len(fps))
-        results = resolver.fetch(fps, deadline, bar.advance)
-    if results and all(r.plan_bytes is None and r.error is None for r in results):
-        require_existing(store)  # nothing found: say so if the bucket itself is missing
     actions = {True: "written", False: "unchanged", None: "rejected"}
-    reports = [(report_of(result), actions[result.written]) for result in results]
+    with Progress("pull", args.quiet or len(wanted) == 1) as bar:
+        bar.start(len(wanted))  # 0: the store's size is not known before it is listed
+        # Streamed: one report row per plan is kept, never the plans' bytes.
+        reports = [(report_of(result), actions[result.written])
+                   for result in resolver.pull(wanted or None, deadline, bar.advance)]
+    if all(r.reason == Verdict.NO_PLAN.value for r, _ in reports):
+        require_existing(store)  # nothing found: a missing bucket is a configuration error, not a miss
     store_failed = any(r.reason in STORE_REASONS for r, _ in reports)
     written = sum(a == "written" for _, a in reports)
     rejected = sum(not r.ok for r, _ in reports)

@@ -8,10 +8,11 @@ reading is parallel too. Every plan goes through the same :func:`verify_result` 
 
 from __future__ import annotations
 
+import itertools
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from ..storage.localdir import LocalPlanDir
 from ..trust import envelope as dsse
@@ -24,7 +25,12 @@ from ..trust.statement import format_time, parse_statement
 from .locations import Location, open_location, require_existing
 from .resolver import verify_result
 
+if TYPE_CHECKING:
+    from ..storage.store import Store
+
 POOL_MIN_PLANS = 200
+STREAM_CHUNK = 2000
+"""Plans from a store held at once while they are checked (a few MiB at the plans' size caps)."""
 
 VALID = "valid"
 INVALID = "invalid"
@@ -69,7 +75,8 @@ class PlanReport:
 
     def to_json(self) -> dict[str, object]:
         """The report as JSON: every field, plus ``signed_by`` pairing each signer's name with its key id."""
-        return {**asdict(self), "signed_by": [{"name": n, "keyid": k} for n, k in zip(self.signers, self.signer_ids)]}
+        pairs = [{"name": n, "keyid": k} for n, k in zip(self.signers, self.signer_ids)]
+        return {**vars(self), "signed_by": pairs}  # flat fields: no deep copy (asdict costs 90 us a plan)
 
 
 def report_of(result: PlanResult) -> PlanReport:
@@ -196,7 +203,12 @@ def audit_location(
     """
     opened = location is None or isinstance(location, (str, os.PathLike))
     source = open_location(location, storage_options, timeout) if opened else location
-    return source, audit_plans(source, list_plans(source), policy, now, jobs, progress)
+    if isinstance(source, LocalPlanDir):
+        return source, audit_plans(source, list_plans(source), policy, now, jobs, progress)
+    reports = audit_store(source, None, policy, now, jobs, progress)
+    if not reports:
+        require_existing(source)
+    return source, reports
 
 
 def list_plans(source: Location) -> list[str]:
@@ -221,4 +233,23 @@ def audit_plans(
         progress.start(len(fingerprints))
     if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
         return check_many(fingerprints, policy, now, jobs, directory=source, progress=progress)
-    return check_many(source.fetch_many(fingerprints, on_done=progress.advance if progress else None), policy, now, jobs)
+    return audit_store(source, fingerprints, policy, now, jobs, progress)
+
+
+def audit_store(
+    store: Store,
+    fingerprints: Iterable[str] | None,
+    policy: TrustPolicy | None,
+    now: datetime,
+    jobs: int | None = None,
+    progress: Tally | None = None,
+) -> list[PlanReport]:
+    """Reports for a store's plans (all it lists when ``fingerprints`` is None), streamed: plans
+    are fetched and checked :data:`STREAM_CHUNK` at a time and only the reports are kept, so
+    memory does not grow with the store's size."""
+    names = store.iter_fingerprints() if fingerprints is None else fingerprints
+    stream = store.fetch_stream(names, on_done=progress.advance if progress else None)
+    reports: list[PlanReport] = []
+    while chunk := list(itertools.islice(stream, STREAM_CHUNK)):
+        reports.extend(check_many(chunk, policy, now, jobs))
+    return reports

@@ -8,6 +8,8 @@ render the outcome. Both can be dry runs that change nothing, local or remote.
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, Sequence
@@ -202,22 +204,30 @@ def prune_plans(
     needs_policy = criterion in ("revoked", "invalid")
     if needs_policy and policy is None:
         raise ConfigError(f"prune --{criterion} needs trusted keys")
-    fingerprints = store.fingerprints(deadline)
-    if not fingerprints:
+    from ..storage.checks import content_digest
+    from .audit import STREAM_CHUNK
+
+    if progress:
+        progress.start(0)  # the store's size is not known before it is listed
+    stream = store.fetch_stream(store.iter_fingerprints(deadline), deadline,
+                                on_done=progress.advance if progress else None)
+    reports: list[PlanReport] = []
+    outcome = PruneOutcome()
+    judged: dict[str, str] = {}
+    while chunk := list(itertools.islice(stream, STREAM_CHUNK)):  # streamed: digests kept, not bytes
+        chunk_reports = check_many(chunk, policy if needs_policy else None, now)
+        for result, report in zip(chunk, chunk_reports):
+            why = _prune_reason(report, now, older_than, criterion)
+            if why:
+                outcome.doomed.append((report, why))
+                judged[report.fingerprint] = content_digest(result.plan_bytes, result.sig_bytes)
+        reports.extend(chunk_reports)
+    if not reports:
         from .locations import require_existing
 
         require_existing(store, deadline)
-    if progress:
-        progress.start(len(fingerprints))
-    results = store.fetch_many(fingerprints, deadline, on_done=progress.advance if progress else None)
-    reports = check_many(results, policy if needs_policy else None, now)
-    outcome = PruneOutcome(seen=len(reports), failed=[r for r in reports if r.reason in STORE_REASONS])
-    judged = {}
-    for result, report in zip(results, reports):
-        why = _prune_reason(report, now, older_than, criterion)
-        if why:
-            outcome.doomed.append((report, why))
-            judged[report.fingerprint] = (result.plan_bytes, result.sig_bytes)
+    outcome.seen = len(reports)
+    outcome.failed = [r for r in reports if r.reason in STORE_REASONS]
     if criterion == "invalid" and reports and not any(r.ok for r in reports) and any(
         r.reason == Reason.UNTRUSTED_KEY.value for r in reports
     ):

@@ -16,7 +16,7 @@ import gc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from ..storage.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError
@@ -26,6 +26,9 @@ from ..trust.result import PlanResult
 
 if TYPE_CHECKING:
     from ..storage.store import Store
+
+PERSIST_BATCH = 64
+"""Verified plans written (and the directory fsynced) together: one batch of the store's concurrency."""
 
 WRITE_THREADS = 8
 """Local writes in flight for a bulk pull: each fsync releases the GIL, threads overlap them."""
@@ -106,35 +109,42 @@ class Resolver:
         if local.verified is not None or not self.reads_store:
             return local
         try:
-            remote = self.fetch([fp], deadline)[0]
+            [remote] = self.pull([fp], deadline)
         except PlanCacheError as exc:  # the store cannot even be opened (a bad URL, no SDK)
             remote = PlanResult(fp, "store", error=exc)
         if local.error is not None:
             return remote.with_note(f"local plan rejected ({local.error.reason}: {local.error.detail})")
         return remote
 
-    def fetch(
-        self, fps: Sequence[str], deadline: float | None = None, on_done: Callable[[int], None] | None = None
-    ) -> list[PlanResult]:
-        """Store -> verify -> persist for each fingerprint; the store is authoritative here.
+    def pull(
+        self, fps: Iterable[str] | None, deadline: float | None = None, on_done: Callable[[int], None] | None = None
+    ) -> Iterator[PlanResult]:
+        """Store -> verify -> persist for each fingerprint (every plan the store lists when
+        ``fps`` is None); the store is authoritative here.
 
-        Only verified bytes are written, and only where the directory does not already hold
-        them byte for byte. A failed local write leaves the plan verified (a caller may still
-        use it) with ``write_error`` set.
+        Streamed one batch of the store's concurrency at a time, so memory holds one batch
+        however large the store. Only verified bytes are written, and only where the
+        directory does not already hold them byte for byte. A failed local write leaves the
+        plan verified (a caller may still use it) with ``write_error`` set.
         """
         store = self.store
-        with _collector_paused() if len(fps) > 1 else contextlib.nullcontext():
-            fetched = store.fetch_many(fps, deadline, on_done)
-            now = self.clock()
-            return self._persist([verify_result(r, self.policy, now) for r in fetched])
+        names = store.iter_fingerprints(deadline) if fps is None else fps
+        with _collector_paused():
+            batch: list[PlanResult] = []
+            for fetched in store.fetch_stream(names, deadline, on_done):
+                batch.append(fetched)
+                if len(batch) == PERSIST_BATCH:
+                    yield from self._verify_and_persist(batch)
+                    batch = []
+            yield from self._verify_and_persist(batch)
 
-    def pull(
-        self, fps: Sequence[str] | None, deadline: float | None = None, on_done: Callable[[int], None] | None = None
-    ) -> list[PlanResult]:
-        """:meth:`fetch` for the given fingerprints, or for every plan the store lists."""
-        return self.fetch(self.store.fingerprints(deadline) if fps is None else fps, deadline, on_done)
+    def _verify_and_persist(self, batch: list[PlanResult]) -> list[PlanResult]:
+        now = self.clock()
+        return self._persist([verify_result(r, self.policy, now) for r in batch])
 
     def _persist(self, results: list[PlanResult]) -> list[PlanResult]:
+        if not results:
+            return results
         todo = [r for r in results if r.verified is not None]
         if len(todo) <= 1:
             return [self._write(r, sync=True) if r.verified is not None else r for r in results]

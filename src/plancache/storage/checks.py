@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import hashlib
+import itertools
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
@@ -193,23 +195,35 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
     return found[:limit]
 
 
-def delete_if_unchanged(
-    store: "Store", judged: Mapping[str, tuple[bytes | None, bytes | None]], deadline: float | None = None
-) -> tuple[list[str], list[str]]:
-    """Delete each fingerprint's plan and sidecar only if both still hold the judged bytes.
+def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
+    """What a plan and its sidecar held, as one sha256 (an absent sidecar differs from an empty one)."""
+    digest = hashlib.sha256()
+    for part in (plan_bytes, sig_bytes):
+        digest.update(b"-" if part is None else b"%d:" % len(part) + part)
+    return digest.hexdigest()
 
-    Re-reads right before deleting and compares: a plan re-pushed after it was judged is
-    kept. (No SDK precondition is used: fsspec exposes none for deletes; the window left is
-    the time between this re-read and the delete.) Returns (deleted, changed) fingerprints.
+
+def delete_if_unchanged(
+    store: "Store", judged: Mapping[str, str], deadline: float | None = None
+) -> tuple[list[str], list[str]]:
+    """Delete each fingerprint's plan and sidecar only if both still hold what was judged
+    (``judged`` maps a fingerprint to its :func:`content_digest`).
+
+    Re-reads right before deleting, one batch at a time, and compares: a plan re-pushed after
+    it was judged is kept. (No SDK precondition is used: fsspec exposes none for deletes; the
+    window left is the time between this re-read and the delete.) Returns (deleted, changed).
     """
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
-    fps = list(judged)
-    current = store.fetch_many(fps, deadline)
-    same = [r.fingerprint for r in current if r.error is None and (r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]]
-    for r in current:
-        if r.error is not None:
-            raise r.error
-    if same:
-        store.delete(same, deadline)
-    return same, [fp for fp in fps if fp not in same]
-
+    deleted: list[str] = []
+    changed: list[str] = []
+    stream = store.fetch_stream(list(judged), deadline)
+    while batch := list(itertools.islice(stream, 64)):
+        for r in batch:
+            if r.error is not None:
+                raise r.error
+        same = [r.fingerprint for r in batch if content_digest(r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]]
+        if same:
+            store.delete(same, deadline)
+        deleted += same
+        changed += [r.fingerprint for r in batch if r.fingerprint not in same]
+    return deleted, changed

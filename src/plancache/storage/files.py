@@ -40,11 +40,12 @@ def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | 
         chunks: list[bytes] = []
         remaining = cap + 1
         while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 16))
-            if not chunk:
-                break
+            asked = min(remaining, 1 << 16)
+            chunk = os.read(fd, asked)
             chunks.append(chunk)
             remaining -= len(chunk)
+            if len(chunk) < asked:
+                break  # a regular file reads short only at its end: no second read to see EOF
         data = b"".join(chunks)
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -50,6 +50,8 @@ def safe_text(value: object, limit: int = 200) -> str:
             text = str(value)
         except Exception:  # a hostile __str__, or an int too long to print
             text = f"<unprintable {type(value).__name__}>"
+    if len(text) <= limit and text.isascii() and text.isprintable() and "\\" not in text:
+        return text  # the common case, decided in C: nothing to escape, nothing to cut
     pieces: list[str] = []
     length = 0
     for char in text:

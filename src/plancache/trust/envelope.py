@@ -64,10 +64,10 @@ def _unb64(value: object, what: str) -> bytes:
         raise Rejected(Reason.MALFORMED, f"signature envelope: {what} is not base64") from None
 
 
-def decode(data: bytes) -> Envelope:
+def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
     """Parse a sidecar; raises ``PlanCacheError`` unless it is a canonical DSSE envelope."""
-    if len(data) > MAX_SIG_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {MAX_SIG_BYTES}")
+    if len(data) > cap:
+        raise Rejected(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {cap}")
     obj = strictjson.loads(data, "signature envelope")
     if not isinstance(obj, dict) or set(obj) != {"payload", "payloadType", "signatures"}:
         raise Rejected(Reason.MALFORMED, "signature envelope must have exactly payload, payloadType, signatures")

@@ -31,6 +31,10 @@ def startup_plan_enabled() -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; never raises."""
+    if os.environ.get("PLANCACHE_COMPILE_CACHE", "").strip() == "1":  # settings.COMPILE_CACHE_ENV
+        from .compile_guard import install  # the compile-cache guard; never raises
+
+        install()
     if not startup_plan_enabled():
         return
     try:

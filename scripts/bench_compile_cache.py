@@ -1,0 +1,134 @@
+"""Compile-cache verification cost, measured side by side (see BENCHMARKS.md).
+
+1. verify a signed 30 MiB synthetic cache (300 files of 100 KiB, the shape of an inductor cache):
+   signature + closed world + every sha256, best of N; target <= 50 ms.
+2. a warm vLLM load of a real signed cache (the recipe's toy module, tests/compile_toy.py), with
+   and without the guard, boots interleaved, each in its own process; the guard's own time is
+   the decision line's elapsed_ms; target: guard time <= 10 % of the warm load.
+3. pull of one cache: object reads counted on the store's filesystem; target: 2 (signature, archive).
+
+    PYTHONPATH=src .venv/bin/python scripts/bench_compile_cache.py [--rounds 3] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from plancache.pipeline import compile_cache as cc
+from plancache.storage.store import open_store
+from plancache.trust.keys import Ed25519Signer, signer_keyring
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "tests" / "compile_toy.py"
+SUBJECT = "torch_aot_compile/" + "5a" * 32
+
+
+def synthetic(root: cc.CacheRoot, mib: int = 30, files: int = 300) -> None:
+    directory = root.directory(SUBJECT)
+    for i in range(files):
+        sub = directory / "inductor_cache" / f"{i % 32:02x}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"c{i:05d}.so").write_bytes(os.urandom(mib * 2**20 // files))
+
+
+def bench_verify(work: Path, rounds: int) -> float:
+    root = cc.CacheRoot(work / "synthetic")
+    synthetic(root)
+    signer = Ed25519Signer(Ed25519PrivateKey.generate())
+    now = datetime.now(timezone.utc)
+    cc.sign_cache(root, SUBJECT, signer, now)
+    keyring = signer_keyring(signer)
+    times = []
+    for _ in range(rounds * 5):
+        started = time.perf_counter()
+        assert cc.verify_cache(root, SUBJECT, keyring, now).action == "verified"
+        times.append(time.perf_counter() - started)
+    best = min(times) * 1000
+    print(f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {statistics.median(times) * 1000:.1f} ms "
+          f"(target <= 50 ms)")
+    bare = []
+    for _ in range(rounds * 5):
+        started = time.perf_counter()
+        for path in root.directory(SUBJECT).rglob("*.so"):
+            hashlib.sha256(path.read_bytes()).hexdigest()
+        bare.append(time.perf_counter() - started)
+    print(f"   bare sequential sha256 of the same files: best {min(bare) * 1000:.1f} ms; "
+          f"ratio verify / bare {best / (min(bare) * 1000):.2f}")
+    store = open_store(f"file://{work}/store")
+    cc.push_cache(store, root, SUBJECT, keyring, now)
+    reads: list[str] = []
+    original = store.fs.cat_file
+
+    def counted(path: str, *args: object, **kwargs: object) -> bytes:
+        reads.append(path)
+        return original(path, *args, **kwargs)  # type: ignore[no-any-return]
+
+    store.fs.cat_file = counted
+    assert cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action == "pulled"
+    print(f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)")
+    return best
+
+
+def boot(env: dict[str, str]) -> tuple[float, float | None, str]:
+    out = subprocess.run([sys.executable, str(TOY)], env=env, capture_output=True, text=True, timeout=900)
+    first = float(re.search(r'"first_forward_s": ([0-9.]+)', out.stdout).group(1))  # type: ignore[union-attr]
+    guard = re.search(r"compile-cache decision=(\S+) .*?elapsed_ms=([0-9]+)", out.stderr)
+    loaded = re.search(r'"num_aot_artifacts_loaded": (\d)', out.stdout)
+    return first, float(guard.group(2)) if guard else None, (guard.group(1) if guard else "-") + f"/loaded={loaded.group(1) if loaded else '?'}"
+
+
+def bench_warm(work: Path, rounds: int) -> None:
+    keys = work / "keys"
+    if not (keys / "key").exists():
+        keys.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "plancache.cli.main", "keygen", str(keys / "key")], check=True,
+                       capture_output=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "TORCHINDUCTOR_", "TRITON_"))}
+    base.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "vllm"),
+                PYTHONPATH=str(REPO / "src"), TMPDIR=str(work / "tmp"))
+    (work / "tmp").mkdir(exist_ok=True)
+    guarded = dict(base, PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=str(keys / "key.pub"))
+    if not (work / "vllm" / "torch_compile_cache").exists():
+        print("   (cold compile and sign once)", flush=True)
+        boot(dict(guarded, PLANCACHE_SIGNING_KEY=str(keys / "key")))
+    plain_times, guarded_times, guard_ms = [], [], []
+    for _ in range(rounds):
+        plain_times.append(boot(base)[0])
+        first, elapsed, decision = boot(guarded)
+        assert decision.startswith("load/loaded=1"), decision
+        guarded_times.append(first)
+        guard_ms.append(elapsed or 0.0)
+    plain, guarded_first, guard = statistics.median(plain_times), statistics.median(guarded_times), statistics.median(guard_ms)
+    size = sum(p.stat().st_size for p in (work / "vllm" / "torch_compile_cache" / "torch_aot_compile").rglob("*") if p.is_file())
+    print(f"2. warm load of a real signed cache ({size / 2**20:.0f} MiB incl. precompiled header), medians of {rounds}: "
+          f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; the guard's own time "
+          f"{guard:.0f} ms = {guard / 1000 / plain * 100:.1f} % of the warm load (target <= 10 %)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, help="keep the built cache here between runs")
+    parser.add_argument("--skip-vllm", action="store_true", help="only the synthetic measurements")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-compile-cache-"))
+    work.mkdir(parents=True, exist_ok=True)
+    bench_verify(work, args.rounds)
+    if not args.skip_vllm:
+        bench_warm(work, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""A vLLM compile-cache directory on disk: walked, hashed, archived, extracted, moved aside.
+
+Moves bytes and decides nothing (the manifest decides, :mod:`plancache.trust.manifest`). The
+directory may be hostile, so the walk never follows a link, never opens a FIFO or device
+(anything but a regular file or a directory is an error, named), and stops at the caps
+before hashing a byte. Files are hashed through a descriptor opened with ``O_NOFOLLOW |
+O_NONBLOCK`` and checked to be the regular file of the size the walk saw.
+
+Archives are plain tar (ustar, PAX headers only where a name needs them) written in one
+deterministic form (sorted entries, mode 0755/0644, owner 0, mtime 0), so the signer can sign
+the archive's sha256 and ``push`` rebuild the identical bytes. Extraction never calls
+``extractall``: each member must be a directory or regular file named exactly as the
+verified manifest lists it, in order, at its signed size; it is written with ``O_EXCL``
+under a fresh temporary directory, and nothing else of the member (mode, owner, links) is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Iterator
+
+from ..trust.errors import Reason, Rejected, StoreError
+from ..trust.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
+from .files import fsync_dir
+
+CHUNK = 1 << 20
+COMPILE_SUBDIR = "torch_compile_cache"
+QUARANTINE_SUBDIR = "plancache-quarantine"
+SIDECAR_SUFFIX = ".plancache.sig"
+"""The manifest sidecar sits beside the directory (``<hash>.plancache.sig``), not inside it, so
+the directory holds exactly vLLM's files and the archive exactly the directory."""
+
+
+def sidecar_path(directory: Path) -> Path:
+    return directory.with_name(directory.name + SIDECAR_SUFFIX)
+
+
+def walk(root: Path) -> dict[str, int | None]:
+    """Every entry under ``root``: relative path -> size (regular file) or None (directory).
+
+    Raises ``Rejected`` for a link, FIFO, socket or device (without opening it), for more
+    than the manifest caps allow, and ``StoreError`` if ``root`` cannot be read.
+    """
+    found: dict[str, int | None] = {}
+    total = 0
+    files = 0
+    stack: list[tuple[str, int]] = [("", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        try:
+            with os.scandir(root / rel if rel else root) as entries:
+                items = list(entries)
+        except OSError as exc:
+            raise StoreError(f"cannot read {root / rel}: {exc.strerror or exc}") from None
+        for item in items:
+            path = f"{rel}/{item.name}" if rel else item.name
+            st = item.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 >= MAX_DEPTH or len(found) - files >= MAX_DIRS:
+                    raise Rejected(Reason.TOO_LARGE, f"'{path}': the cache nests too deep or holds too many directories")
+                found[path] = None
+                stack.append((path, depth + 1))
+            elif stat.S_ISREG(st.st_mode):
+                files += 1
+                total += st.st_size
+                if files > MAX_FILES or st.st_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
+                    raise Rejected(Reason.TOO_LARGE, f"'{path}': the cache exceeds the caps ({MAX_FILES} files, "
+                                   f"{MAX_FILE_BYTES} bytes a file, {MAX_TOTAL_BYTES} in all)")
+                found[path] = st.st_size
+            else:
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file or directory"
+                raise Rejected(Reason.MALFORMED, f"'{path}' is {kind}")
+    return found
+
+
+def sha256_file(path: Path, size: int) -> str:
+    """sha256 of the regular file at ``path``, which must still be ``size`` bytes long."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise Rejected(Reason.MALFORMED, f"cannot open '{path}' as a plain file ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            raise Rejected(Reason.DIGEST_MISMATCH, f"'{path}' changed while it was verified")
+        digest = hashlib.sha256()
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
+                size -= len(chunk)
+                if size < 0:
+                    break
+        if size != 0:
+            raise Rejected(Reason.DIGEST_MISMATCH, f"'{path}' changed while it was verified")
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+HASH_THREADS = 4
+"""hashlib releases the GIL on large updates: hashing files in threads uses every core."""
+
+
+def digests(root: Path, listing: Listing) -> dict[str, str]:
+    """sha256 of every regular file of a walk."""
+    files = sorted((path, size) for path, size in listing.items() if size is not None)
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        sums = pool.map(lambda item: sha256_file(root / item[0], item[1]), files)
+        return dict(zip((path for path, _ in files), sums))
+
+
+def _info(name: str, size: int | None) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    if size is None:
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+    else:
+        info.type, info.mode, info.size = tarfile.REGTYPE, 0o644, size
+    return info
+
+
+def write_archive(root: Path, files: tuple[FileEntry, ...], dirs: tuple[str, ...], out: IO[bytes]) -> None:
+    """The deterministic tar of ``root``'s listed entries (directories first, then files, each sorted)."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
+        for d in dirs:
+            tar.addfile(_info(d, None))
+        for entry in files:
+            fd = os.open(root / entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise Rejected(Reason.MALFORMED, f"'{entry.path}' is not a regular file")
+                tar.addfile(_info(entry.path, entry.size), _Exact(f, entry.size, entry.path))
+
+
+class _Exact(io.RawIOBase):
+    """A file read as exactly ``size`` bytes: a file that grew or shrank fails the archive."""
+
+    def __init__(self, f: IO[bytes], size: int, name: str) -> None:
+        self._f, self._left, self._name = f, size, name
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(self._left if n < 0 else min(n, self._left))
+        self._left -= len(data)
+        if n and not data and self._left > 0:
+            raise Rejected(Reason.DIGEST_MISMATCH, f"'{self._name}' changed while it was archived")
+        return data
+
+
+def archive_bytes(root: Path, manifest_files: tuple[FileEntry, ...], dirs: tuple[str, ...]) -> bytes:
+    buffer = io.BytesIO()
+    write_archive(root, manifest_files, dirs, buffer)
+    return buffer.getvalue()
+
+
+def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
+    """Extract an archive whose sha256 the caller checked against ``manifest`` into ``dest``,
+    a directory this creates: exactly the manifest's entries, in its order, nothing else."""
+    expected: list[tuple[str, int | None]] = [(d, None) for d in manifest.dirs]
+    expected += [(f.path, f.size) for f in manifest.files]
+    dest.mkdir(mode=0o755)
+    position = 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|", encoding="utf-8") as tar:
+        for member in tar:
+            if position >= len(expected):
+                raise Rejected(Reason.MALFORMED, "the archive holds more entries than the manifest lists")
+            name, size = expected[position]
+            position += 1
+            if member.name != name:
+                raise Rejected(Reason.MALFORMED, f"archive entry '{member.name[:120]}' is not the signed '{name}'")
+            target = dest / name
+            if size is None:
+                if not member.isdir():
+                    raise Rejected(Reason.MALFORMED, f"archive entry '{name}' is not a directory")
+                target.mkdir(mode=0o755)
+                continue
+            if not member.isreg() or member.size != size:
+                raise Rejected(Reason.MALFORMED, f"archive entry '{name}' is not a regular file of {size} bytes")
+            source = tar.extractfile(member)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(source, out, CHUNK)  # type: ignore[misc]
+    if position != len(expected):
+        raise Rejected(Reason.MALFORMED, f"the archive holds {position} of the {len(expected)} signed entries")
+
+
+def install(staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path) -> None:
+    """Rename a verified staging directory into place; an existing directory is moved aside first."""
+    if directory.exists() or directory.is_symlink():
+        quarantine(directory, quarantine_root, "replaced-by-pull")
+    try:
+        os.rename(staged, directory)
+        tmp = sidecar_path(directory).with_name(f".{directory.name}.sig.{os.getpid()}.tmp")
+        tmp.write_bytes(sig_bytes)
+        os.replace(tmp, sidecar_path(directory))
+        fsync_dir(directory.parent)
+    except OSError as exc:
+        raise StoreError(f"cannot install {directory}: {exc.strerror or exc}") from None
+
+
+def quarantine(directory: Path, quarantine_root: Path, reason: str) -> Path:
+    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = quarantine_root / f"{stamp}-{os.getpid()}-{directory.name}-{reason}"
+    try:
+        quarantine_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        suffix = 0
+        while target.exists():
+            suffix += 1
+            target = target.with_name(f"{target.name.rsplit('~', 1)[0]}~{suffix}")
+        os.rename(directory, target)
+        sidecar = sidecar_path(directory)
+        if sidecar.exists() or sidecar.is_symlink():
+            os.rename(sidecar, target.with_name(target.name + SIDECAR_SUFFIX))
+        fsync_dir(directory.parent)
+    except OSError as exc:
+        raise StoreError(f"cannot move {directory} aside into {quarantine_root}: {exc.strerror or exc}") from None
+    return target
+
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock for one cache directory, shared by every rank on the node: one of them
+    verifies, quarantines or installs while the others wait (``<hash>.plancache.lock`` beside it)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
