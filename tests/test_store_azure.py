@@ -225,7 +225,8 @@ def test_cli_round_trip_with_the_connection_string_from_the_environment(
     LocalPlanDir(tmp_path / "ci-plans").write(FP, plan_bytes(), None)
     assert main(["push", "--key", str(tmp_path / "ci"), str(tmp_path / "ci-plans"), url]) == 0
     assert main(["verify", "--trusted-keys", str(tmp_path / "ci.pub"), url]) == 0
-    assert main(["pull", "--trusted-keys", str(tmp_path / "ci.pub"), "--fingerprint", FP, url, str(tmp_path / "spot")]) == 0
+    code = main(["pull", "--trusted-keys", str(tmp_path / "ci.pub"), "--fingerprint", FP, url, str(tmp_path / "spot")])
+    assert code == 0, capsys.readouterr()
     capsys.readouterr()
     assert (tmp_path / "spot" / plan_name(FP)).read_bytes() == plan_bytes()
 

@@ -269,3 +269,16 @@ def test_unwritable_destination_is_a_store_error(fault_server: FaultServer, keys
     (tmp_path / "file").write_text("not a directory")
     code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "file" / "d")
     assert code == 2 and "store-error" in out
+
+
+def test_each_store_has_its_own_filesystem(fault_server: FaultServer, keys: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsspec caches filesystem instances by their options; an endpoint or credentials taken
+    from the environment are not among them, so a cached instance would keep talking to the
+    old endpoint. plancache opens its own per store."""
+    serve_signed(fault_server, keys)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", fault_server.endpoint)
+    assert raw(open_store("s3://bucket/plans", timeout=2.0).fetch(FP))[0] is not None
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
+    second = open_store("s3://bucket/plans", timeout=2.0).fetch(FP)
+    assert second.error is not None and second.error.reason is Reason.STORE_ERROR

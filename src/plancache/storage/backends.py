@@ -162,19 +162,24 @@ def _without_gcsfs_retries(fs: Any) -> None:
 
 
 def _hardening(protocol: str) -> dict[str, Any]:
-    """Options applied over every other layer: body caps and no redirects (:mod:`.http_caps`).
+    """Options applied over every other layer: body caps and no redirects (:mod:`.http_caps`),
+    and a filesystem of our own per store.
 
     Not defaults an option may switch off: they are what keeps a hostile endpoint bounded.
+    fsspec otherwise hands back a cached instance for the same options, whose credentials and
+    endpoint may come from an environment that has changed since (``AWS_ENDPOINT_URL``,
+    ``AZURE_STORAGE_CONNECTION_STRING``), and whose attributes plancache sets per budget.
     """
+    own = {"skip_instance_cache": True}
     if protocol in ("s3", "s3a"):
         from .http_caps import capped_aiobotocore_session
 
-        return {"config_kwargs": {"http_session_cls": capped_aiobotocore_session()}}
+        return {**own, "config_kwargs": {"http_session_cls": capped_aiobotocore_session()}}
     if protocol in ("gs", "gcs"):
         from .http_caps import session_kwargs
 
-        return {"session_kwargs": session_kwargs()}
-    return {}
+        return {**own, "session_kwargs": session_kwargs()}
+    return own
 
 
 def _aiohttp_timeout(value: Any) -> Any:
