@@ -181,6 +181,20 @@ def test_push_pull_round_trip_and_a_tampered_archive(signed: cc.CacheRoot, tmp_p
     assert info.value.reason is Reason.UNTRUSTED_KEY
 
 
+def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(signed: cc.CacheRoot, tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
+    empty, stray = cc.CacheRoot(tmp_path / "empty"), cc.CacheRoot(tmp_path / "stray")
+    (empty.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)  # what vLLM creates before its first read
+    (stray.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)
+    (stray.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
+    for root in (empty, stray):
+        assert cc.pull_cache(store, root, SUBJECT, KEYRING, NOW).action == "pulled"
+        assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+    assert not empty.quarantine_root.exists()
+    assert [p.name.endswith("-replaced-by-pull") for p in stray.quarantine_root.iterdir()] == [True]
+
+
 def test_cli_sign_verify_ls_json_and_exit_codes(root: cc.CacheRoot, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["keygen", str(tmp_path / "k")]) == 0
     capsys.readouterr()

@@ -197,8 +197,10 @@ def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
 
 
 def install(staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path) -> None:
-    """Rename a verified staging directory into place; an existing directory is moved aside first."""
-    if directory.exists() or directory.is_symlink():
+    """Rename a verified staging directory into place. An existing directory is moved aside
+    first, unless it is only the empty directories vLLM creates before it looks (then removed:
+    no evidence to keep, and a quarantine entry on every node that pulls would be noise)."""
+    if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
         quarantine(directory, quarantine_root, "replaced-by-pull")
     try:
         os.rename(staged, directory)
@@ -208,6 +210,20 @@ def install(staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Pa
         fsync_dir(directory.parent)
     except OSError as exc:
         raise StoreError(f"cannot install {directory}: {exc.strerror or exc}") from None
+
+
+def _remove_empty_tree(directory: Path) -> bool:
+    """Remove ``directory`` if it holds nothing but directories; False (left as is) otherwise."""
+    try:
+        listing = walk(directory)
+        if any(size is not None for size in listing.values()):
+            return False
+        for path in sorted(listing, key=lambda p: p.count("/"), reverse=True):
+            os.rmdir(directory / path)
+        os.rmdir(directory)
+    except (Rejected, StoreError, OSError):  # a link, a FIFO, a file that just appeared
+        return False
+    return True
 
 
 def quarantine(directory: Path, quarantine_root: Path, reason: str) -> Path:

@@ -8,9 +8,11 @@ reads its compile cache in two places, both wrapped here, and the guard runs rig
   ``__call__`` looks up; ``path`` is ``…/torch_aot_compile/<hash>/rank_<r>_<dp>/model`` and
   ``TORCHINDUCTOR_CACHE_DIR`` already points at ``<hash>/inductor_cache``. Nothing is read
   during ``load_model``.
-- ``VLLM_USE_AOT_COMPILE=0``: ``CompilerManager.initialize_cache(cache_dir, …)`` with
+- the ``<10 hex>`` layout: ``CompilerManager.initialize_cache(cache_dir, …)`` with
   ``cache_dir`` = ``…/torch_compile_cache/<10 hex>/rank_<r>_<dp>/<prefix>``; it reads
-  ``vllm_compile_cache.py`` and points inductor at ``rank_<r>_<dp>/inductor_cache``.
+  ``vllm_compile_cache.py`` and later loads the ``artifact_*`` files it names. vLLM reads it under
+  ``VLLM_USE_AOT_COMPILE=0`` and on any recompile in the AOT layout (see
+  :func:`_guarded_initialize_cache`); its inductor cache would stay in ``$TMPDIR``.
 
 Before either, :func:`plancache.pipeline.compile_cache.guard` verifies the whole cache directory
 (signature, closed world, every sha256) under a per-directory lock shared by the node's ranks,
@@ -20,16 +22,19 @@ directory that cannot be moved aside stops the worker: loading it is never the f
 With a store and trusted keys, a missing cache is first pulled (verified before extraction).
 
 It also pins what torch would otherwise read from outside the verified directory: inductor's
-precompiled headers (``$TMPDIR/torchinductor_<user>/precompiled_headers``, chosen when torch is
-imported) and ``TRITON_CACHE_DIR`` (unless the operator set it) go inside ``inductor_cache/``.
+cache in the ``<10 hex>`` layout (``TORCHINDUCTOR_CACHE_DIR``), its precompiled headers
+(``$TMPDIR/torchinductor_<user>/precompiled_headers``, chosen when torch is imported) and
+``TRITON_CACHE_DIR`` (unless the operator set it) go inside the ``inductor_cache/`` in use.
 
 With ``PLANCACHE_SIGNING_KEY``, a cache vLLM has just saved is signed (and pushed in the
-background when ``PLANCACHE_URL`` is set). One INFO line per decision:
+background when ``PLANCACHE_URL`` is set; the interpreter waits for the push at exit). One INFO
+line per decision:
 ``plancache: compile-cache decision=load|compile|quarantined reason=… cache=… elapsed_ms=…``.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -48,6 +53,7 @@ BACKENDS = "vllm.compilation.backends"
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any]] = []
 _pinned_triton: str | None = None
+_pushes: list[threading.Thread] = []
 
 
 @dataclass(frozen=True)
@@ -181,15 +187,35 @@ def sign_saved(directory: Path) -> None:
         return
 
     def push() -> None:
+        from ..settings import BULK_TIMEOUT
         from ..storage.store import open_store
 
-        try:
-            store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
+        started = time.monotonic()
+        try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
+            store = open_store(config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT))
             push_cache(store, root, subject, signer_keyring(config.signer), utcnow())
+            LOG.debug("plancache: pushed compile cache %s to %s in %.0f ms", subject, safe_text(config.url, 200),
+                     (time.monotonic() - started) * 1000)
         except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
             LOG.warning("plancache: push of compile cache %s failed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
 
-    threading.Thread(target=push, name="plancache-compile-push", daemon=True).start()
+    thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
+    with _lock:
+        if not _pushes:
+            # threading's exit hooks run in reverse order of registration, before the executors
+            # the store's IO runs on refuse new work ("cannot schedule new futures after
+            # shutdown"); a plain atexit hook would run too late.
+            getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
+        _pushes.append(thread)
+    thread.start()
+
+
+def _finish_pushes() -> None:
+    """At interpreter exit, let started pushes finish (each is bounded by its store deadline).
+    A daemon thread alone would die with a short-lived process, and a one-shot warm-up boot,
+    whose whole point is to fill the store, would push nothing."""
+    for thread in list(_pushes):
+        thread.join()
 
 
 def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -214,30 +240,55 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``CompilerManager.initialize_cache`` reads ``<10 hex>/rank_<r>_<dp>/<prefix>/
+    vllm_compile_cache.py`` and then loads the artifacts it names whenever the manager's
+    ``use_aot_compile`` is set, which is the *decorator's* flag (true for every
+    ``@support_torch_compile`` model), not ``VLLM_USE_AOT_COMPILE``: so this layout is read
+    under ``VLLM_USE_AOT_COMPILE=0`` and on any recompile in the AOT layout. Guard it always."""
+
     @functools.wraps(original)
     def initialize_cache(self: Any, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
-        if not self.use_aot_compile and not disable_cache:
+        if not disable_cache:
             local = Path(cache_dir)
             rank_dir = local.parent if prefix else local
             enforce(rank_dir.parent)
             local.mkdir(parents=True, exist_ok=True)
-            _pin(rank_dir / "inductor_cache")
+            _pin_inductor(rank_dir)
         return original(self, cache_dir, disable_cache, prefix)
 
     initialize_cache.__plancache__ = True  # type: ignore[attr-defined]
     return initialize_cache
 
 
-def _signing_save_to_file(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def save_to_file(self: Any) -> None:
-        original(self)
-        if not self.use_aot_compile and not getattr(self, "disable_cache", True):
-            local = Path(self.cache_dir)
-            sign_saved((local.parent if self.prefix else local).parent)
+def _pin_inductor(rank_dir: Path) -> None:
+    """Inductor's own cache must lie inside a guarded directory. The AOT path already points
+    ``TORCHINDUCTOR_CACHE_DIR`` at ``torch_aot_compile/<hash>/inductor_cache`` (kept); otherwise
+    vLLM 0.33's standalone adaptor leaves it at torch's default ``$TMPDIR/torchinductor_<user>``,
+    which nothing verifies, so it goes to ``<10 hex>/rank_<r>_<dp>/inductor_cache`` (where vLLM's
+    own ``initialize_inductor_cache`` would put it), overriding a value as vLLM's AOT path does."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    compile_root = os.path.abspath(rank_dir.parent.parent)
+    if current is None or not os.path.abspath(current).startswith(compile_root + os.sep):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = current = str(rank_dir / "inductor_cache")
+    _pin(Path(current))
 
-    save_to_file.__plancache__ = True  # type: ignore[attr-defined]
-    return save_to_file
+
+def _signing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Sign ``<10 hex>`` once ``VllmBackend.__call__`` returns, not at ``save_to_file``: vLLM
+    writes ``computation_graph.py`` after saving, and an unsigned file there fails the next boot."""
+
+    @functools.wraps(original)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        manager = getattr(self, "compiler_manager", None)
+        path = getattr(manager, "cache_file_path", None)
+        if (manager is not None and not getattr(manager, "disable_cache", True) and manager.is_cache_updated
+                and path and os.path.exists(path) and self.compilation_config.cache_dir):
+            sign_saved(Path(self.compilation_config.cache_dir))
+        return result
+
+    call.__plancache__ = True  # type: ignore[attr-defined]
+    return call
 
 
 def install() -> bool:
@@ -249,10 +300,10 @@ def install() -> bool:
             return True
         try:
             decorators = importlib.import_module(DECORATORS)
-            manager = importlib.import_module(BACKENDS).CompilerManager
+            backends = importlib.import_module(BACKENDS)
             targets = ((decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
-                       (manager, "initialize_cache", _guarded_initialize_cache),
-                       (manager, "save_to_file", _signing_save_to_file))
+                       (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
+                       (backends.VllmBackend, "__call__", _signing_backend_call))
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
                     raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.33)")
