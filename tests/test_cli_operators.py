@@ -250,3 +250,26 @@ def test_doctor_does_not_import_vllm(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert done.stderr.strip().splitlines()[-1].endswith(" []"), done.stderr
     assert json.loads(done.stdout)["command"] == "doctor"
+
+
+@pytest.mark.parametrize("argv", [
+    ["sign", "--expires-in", "99999999999d"],
+    ["prune", "--older-than", "999999999999w", "file:///nowhere"],
+    ["pull", "--trusted-keys", "k.pub", "--timeout", "0", "file:///nowhere"],
+    ["pull", "--trusted-keys", "k.pub", "--timeout", "inf", "file:///nowhere"],
+    ["verify", "--timeout", "nan", "file:///nowhere"],
+])
+def test_out_of_range_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("plancache ")
+
+
+def test_absurd_jobs_still_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    generate_keypair(tmp_path / "k", force=False, comment="k")
+    local = LocalPlanDir(tmp_path / "plans")
+    for i in range(250):  # enough for the process pool
+        local.write(f"{i:016x}", plan_bytes(f"{i:016x}"), None, sync=False)
+    assert main(["sign", "--key", str(tmp_path / "k"), str(local.path)]) == 0
+    assert main(["verify", "--jobs", "99999999999", "--trusted-keys", f"{tmp_path / 'k'}.pub", str(local.path)]) == 0

@@ -13,12 +13,34 @@ _DURATION = re.compile(r"(\d+)([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
+MAX_DURATION = timedelta(days=100 * 366)
+"""Longer than any signature lifetime or age that means something; beyond it dates overflow."""
+
+
 def duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta (argparse type)."""
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta, up to 100 years (argparse type)."""
     match = _DURATION.fullmatch(text.strip())
     if not match or int(match.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 90m, 2w")
-    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    try:
+        value = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    except OverflowError:
+        value = MAX_DURATION + MAX_DURATION
+    if value > MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than 100 years")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A budget in seconds: a positive, finite number below 1e6 (argparse type). ``inf`` would
+    never end and 0 is no budget at all; both are usage errors, not defaults."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and below 1e6")
+    return value
 
 
 def key_value(text: str) -> tuple[str, Any]:

@@ -36,7 +36,10 @@ class Parser(argparse.ArgumentParser):
             from .output import document, print_json
 
             command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
-            print_json(document(command, False, error=("usage-error", f"{message} (see {self.prog} --help)")))
+            try:
+                print_json(document(command, False, error=("usage-error", f"{message} (see {self.prog} --help)")))
+            except BrokenPipeError:
+                pass  # the reader went away (``| head``): nothing to tell it
         super().error(message)
 
 

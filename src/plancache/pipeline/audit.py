@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from ..storage.store import Store
 
 POOL_MIN_PLANS = 200
+MAX_JOBS = 64
+"""Worker processes at most, whatever ``--jobs`` asks: more only costs memory and start-up."""
 STREAM_CHUNK = 2000
 """Plans from a store held at once while they are checked (a few MiB at the plans' size caps)."""
 
@@ -161,7 +163,7 @@ def check_many(
     ``work`` is a list of results, or of fingerprints when ``directory`` is given: then each
     worker reads its own share of the directory.
     """
-    jobs = jobs or os.cpu_count() or 1
+    jobs = min(jobs or os.cpu_count() or 1, MAX_JOBS)
     if jobs == 1 or len(work) < POOL_MIN_PLANS:
         reports = _check_chunk((work, directory, policy, now))
         if progress:
