@@ -190,3 +190,12 @@ def test_bad_requests_are_config_errors() -> None:
     with pytest.raises(Rejected) as info:
         sign_or_cosign(NAME, plan_bytes(kv=100, baseline=10), None, ci, NOW, keyring=None)
     assert info.value.reason is Reason.MALFORMED
+
+
+@pytest.mark.parametrize("facts", [
+    {"gpu_memory_utilization": float("nan")}, {"gpu_memory_utilization": float("inf")},
+    {"gpu_memory_utilization": 1.5}, {"gpu_memory_utilization": 0}, {"device_total_memory": -1},
+])
+def test_nonsense_conditions_are_never_signed(facts: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        sign_or_cosign(NAME, DATA, None, make_signer(), NOW, keyring=None, provenance=facts)

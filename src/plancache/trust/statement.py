@@ -10,6 +10,7 @@ depend on them, so the gate compares them with the booting worker.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -106,6 +107,10 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' has the wrong type")
+        if isinstance(value, (int, float)) and not 0 <= value < math.inf:
+            raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' is not a finite, non-negative number")
+        if key == "gpu_memory_utilization" and not 0 < value <= 1:
+            raise Rejected(Reason.MALFORMED, "statement: provenance 'gpu_memory_utilization' is not in (0, 1]")
         out[key] = value
     return out
 
