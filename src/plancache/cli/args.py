@@ -31,18 +31,6 @@ def duration(text: str) -> timedelta:
     return value
 
 
-def seconds(text: str) -> float:
-    """A budget in seconds: a positive, finite number below 1e6 (argparse type). ``inf`` would
-    never end and 0 is no budget at all; both are usage errors, not defaults."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and below 1e6")
-    return value
-
-
 def key_value(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as JSON where it parses (argparse type)."""
     try:

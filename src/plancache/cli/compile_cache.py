@@ -88,7 +88,7 @@ def _store(args: argparse.Namespace) -> Store:
     url = args.url or os.environ.get(URL_ENV)
     if not url or "://" not in url:
         raise ConfigError(f"no store URL: pass --url s3://bucket/prefix or set {URL_ENV}")
-    return open_store(url, storage_options(args), timeout=args.timeout or BULK_TIMEOUT)
+    return open_store(url, storage_options(args), timeout=BULK_TIMEOUT if args.timeout is None else args.timeout)
 
 
 def _each(subjects: list[str], flow: Callable[[str], flows.CacheOutcome]) -> list[flows.CacheOutcome]:

@@ -21,7 +21,7 @@ from ..settings import (
     parse_storage_options,
 )
 from ..trust.errors import ConfigError
-from .args import key_value, positive_int, seconds
+from .args import key_value, positive_int
 
 if TYPE_CHECKING:
     from ..pipeline.signing import SigningRequest
@@ -61,7 +61,7 @@ def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -
         "and plancache's defaults)",
     )
     parser.add_argument(
-        "--timeout", type=seconds, metavar="SECONDS",
+        "--timeout", type=float, metavar="SECONDS",
         help=timeout_help or f"overall budget of each store operation (default {BULK_TIMEOUT:g} s)",
     )
 

@@ -40,7 +40,8 @@ class Parser(argparse.ArgumentParser):
                 print_json(document(command, False, error=("usage-error", f"{message} (see {self.prog} --help)")))
             except BrokenPipeError:
                 pass  # the reader went away (``| head``): nothing to tell it
-        super().error(message)
+        # One line, like every other error (argparse would print the whole usage first).
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

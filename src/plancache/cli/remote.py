@@ -18,7 +18,7 @@ import time
 from ..pipeline.audit import STORE_REASONS, all_valid, report_of
 from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing
 from ..pipeline.resolver import Resolver, utcnow
-from ..storage.deadline import DEFAULT_TIMEOUT
+from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ..trust.errors import ConfigError
 from ..trust.gate import Verdict
 from ..trust.plan import is_fingerprint
@@ -50,7 +50,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
-    store = open_url(args.url, storage_options(args), args.timeout or BULK_TIMEOUT)
+    store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     with Progress("push", args.quiet) as bar:
         entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), signer,
                                        request, args.allow_unsigned, bar, wanted or None, args.dry_run)
@@ -84,7 +84,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     started = time.monotonic()
     policy = required_policy(args)
     wanted = _fingerprints(args)
-    budget = args.timeout or (DEFAULT_TIMEOUT if wanted else BULK_TIMEOUT)
+    budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
     store = open_url(args.url, storage_options(args), budget)
     deadline = started + budget
@@ -126,7 +126,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     criterion = next(c for c in ("revoked", "unsigned", "invalid") if getattr(args, c)) if args.older_than is None \
         else "older-than"
     policy = required_policy(args) if criterion in ("revoked", "invalid") else None
-    store = open_url(args.url, storage_options(args), args.timeout or BULK_TIMEOUT)
+    store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     with Progress("prune", args.quiet) as bar:
         outcome = prune_plans(store, time.monotonic() + store.timeout, utcnow(), policy, args.older_than, criterion,
                               args.dry_run, bar)

@@ -35,8 +35,8 @@ from azure.core.pipeline.transport import AioHttpTransport
 from azure.storage.blob import BlobProperties
 from azure.storage.blob.aio import BlobServiceClient
 
-from ..trust.errors import Reason, Rejected, StoreError
-from .http_caps import session_kwargs
+from ..trust.errors import StoreError
+from .http_caps import read_declared, session_kwargs
 from .listing import PAGE_SIZE, Page, entry_info
 
 
@@ -133,21 +133,7 @@ async def azure_read(fs: Any, path: str, cap: int) -> bytes:
             raise
         raw = response.internal_response
         try:
-            length = raw.content_length
-            if isinstance(length, int) and length > cap:
-                name = blob.rsplit("/", 1)[-1]
-                raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {length} bytes, the cap is {cap}")
-            chunks: list[bytes] = []
-            got = 0
-            while got <= cap:
-                chunk = await raw.content.read(min(1 << 16, cap + 1 - got))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                got += len(chunk)
-            if isinstance(length, int) and got < length:
-                raise StoreError(f"truncated body: {got} of {length} bytes", transient=True)
-            return b"".join(chunks)
+            return await read_declared(raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length)
         finally:
             raw.close()
 

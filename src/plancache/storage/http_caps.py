@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import aiohttp
 
@@ -139,3 +139,25 @@ def capped_aiobotocore_session() -> type:
             return session
 
     return CappedAIOHTTPSession
+
+
+async def read_declared(read: Callable[[int], Awaitable[bytes]], name: str, cap: int, declared: Any) -> bytes:
+    """A ranged read's body: its declared length checked against ``cap`` before a byte is read,
+    then at most ``cap + 1`` bytes however much the server sends (it may ignore the range).
+
+    A body shorter than declared is a dropped connection: a transient StoreError, retried.
+    Shared by the S3 and Azure read paths, whose SDKs hand back a stream of the same shape.
+    """
+    if isinstance(declared, int) and declared > cap:
+        raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}")
+    chunks: list[bytes] = []
+    got = 0
+    while got <= cap:
+        chunk = await read(min(1 << 16, cap + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if isinstance(declared, int) and got < declared:
+        raise StoreError(f"truncated body: {got} of {declared} bytes", transient=True)
+    return b"".join(chunks)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trust.errors import Reason, Rejected, StoreError
 from .deadline import http_status
+from .http_caps import read_declared
 from .listing import PAGE_SIZE, Page, entry_info
 
 
@@ -27,21 +27,7 @@ async def s3_read(fs: Any, path: str, cap: int) -> bytes:
         raise
     body = resp["Body"]
     try:
-        length = resp.get("ContentLength")
-        if isinstance(length, int) and length > cap:
-            name = key.rsplit("/", 1)[-1]
-            raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {length} bytes, the cap is {cap}")
-        chunks: list[bytes] = []
-        got = 0
-        while got <= cap:
-            chunk = await body.read(min(1 << 16, cap + 1 - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        if isinstance(length, int) and got < length:
-            raise StoreError(f"truncated body: {got} of {length} bytes", transient=True)
-        return b"".join(chunks)
+        return await read_declared(body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength"))
     finally:
         body.close()
 
