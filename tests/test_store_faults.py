@@ -284,3 +284,18 @@ def test_each_store_has_its_own_filesystem(fault_server: FaultServer, keys: Path
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
     second = open_store("s3://bucket/plans", timeout=2.0).fetch(FP)
     assert second.error is not None and second.error.reason is Reason.STORE_ERROR
+
+
+def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(fault_server: FaultServer) -> None:
+    """Archives go through the store's own capped read, as plans do: the cap is the size the
+    verified signature states, and a server that ignores Range sends a socket buffer, not 1 GiB."""
+    from plancache.storage import archives
+
+    subject = "torch_aot_compile/" + "ab" * 32
+    fault_server.state.objects[key(archives.archive_name(subject))] = FaultObject(b"x" * 4096, "huge")
+    started = time.monotonic()
+    with pytest.raises(PlanCacheError) as err:
+        archives.get_object(s3_store(fault_server.endpoint), archives.archive_name(subject), cap=4096)
+    assert err.value.reason is Reason.TOO_LARGE and time.monotonic() - started < 2.0 + SLACK
+    time.sleep(0.2)
+    assert fault_server.state.bytes_sent < 64 * 2**20

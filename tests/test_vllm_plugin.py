@@ -873,3 +873,14 @@ def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
     assert f"decision=apply reason=applied source=store fingerprint={fp}" in line
     assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
     assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
+
+
+def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> None:
+    """Never a downgrade: PLANCACHE_THRESHOLD=0 beside good keys is the unusable policy, not unsigned admission."""
+    from plancache.vllm_plugin.boot import _load_boot
+
+    generate_keypair(tmp_path / "k", force=False, comment="k")
+    for raw, kind in (("0", "unusable"), ("two", "unusable"), ("1", "signed")):
+        boot = _load_boot({"PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'k'}.pub", "PLANCACHE_THRESHOLD": raw})
+        assert boot.policy.kind == kind, raw
+    assert _load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"  # no keys named at all

@@ -4,7 +4,7 @@
 names. A compile cache travels as one archive per cache directory (one GET), beside its
 signature, under ``<prefix>/torch_compile_cache/<subject>.tar`` and ``….tar.sig``, where the
 subject is ``torch_aot_compile/<64 hex>`` or ``<10 hex>``. The same guarantees hold here,
-built from the store's filesystem and deadline helpers: every read is capped (the caller
+through the store's own capped read, daemon-thread calls and deadline: every read is capped (the caller
 passes the cap: the signature's size limit, or the archive size the *verified* signature
 states), every operation runs under one deadline with bounded retries, and listings yield
 subjects, never paths.
@@ -12,13 +12,12 @@ subjects, never paths.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from ..trust.errors import Reason, Rejected
 from ..trust.manifest import is_subject
-from .deadline import run_by, store_error, with_retries
+from .deadline import with_retries
 from .store import Store
 
 ARCHIVE_SUFFIX = ".tar"
@@ -36,40 +35,12 @@ def sig_name(subject: str) -> str:
     return archive_name(subject) + ".sig"
 
 
-async def _call(store: Store, name: str, *args: Any, **kwargs: Any) -> Any:
-    if getattr(store.fs, "async_impl", False):
-        return await getattr(store.fs, f"_{name}")(*args, **kwargs)
-    return await asyncio.to_thread(getattr(store.fs, name), *args, **kwargs)
-
-
-def _loop(store: Store) -> asyncio.AbstractEventLoop:
-    if getattr(store.fs, "async_impl", False):
-        return store.fs.loop  # type: ignore[no-any-return]
-    from fsspec.asyn import get_loop
-
-    return get_loop()
-
-
 def get_object(store: Store, name: str, cap: int, deadline: float | None = None) -> bytes | None:
-    """The object's bytes (None if absent), one ranged read of at most ``cap + 1`` bytes;
-    ``TOO_LARGE`` beyond ``cap``."""
+    """The object's bytes (None if absent), at most ``cap``: the store's own capped read (a
+    ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
+    non-blocking open on local stores), retried and bounded like a plan's."""
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
-    path = store.path(name)
-
-    async def read() -> bytes | None:
-        try:
-            return bytes(await with_retries(lambda: _call(store, "cat_file", path, start=0, end=cap + 1), deadline))
-        except FileNotFoundError:
-            return None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise store_error(f"cannot read {name}", exc) from None
-
-    data = run_by(_loop(store), read, deadline, f"cannot read {name} from {store.url}", store.timeout)
-    if data is not None and len(data) > cap:
-        raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
-    return data
+    return store._run(lambda: store._read_capped(name, deadline, cap), deadline, f"cannot read {name} from")
 
 
 def put_object(store: Store, name: str, data: bytes, deadline: float | None = None) -> None:
@@ -79,11 +50,11 @@ def put_object(store: Store, name: str, data: bytes, deadline: float | None = No
 
     async def write() -> None:
         parent = path.rpartition("/")[0]
-        if parent and not getattr(store.fs, "async_impl", False):
-            await _call(store, "makedirs", parent, exist_ok=True)  # local stores need the directory
-        await with_retries(lambda: _call(store, "pipe_file", path, data), deadline)
+        if parent and not store._async:
+            await store._call("makedirs", parent, exist_ok=True)  # local stores need the directory
+        await with_retries(lambda: store._call("pipe_file", path, data), deadline)
 
-    run_by(_loop(store), write, deadline, f"cannot upload {name} to {store.url}", store.timeout)
+    store._run(write, deadline, f"cannot upload {name} to")
 
 
 def list_subjects(store: Store, deadline: float | None = None) -> list[str]:
@@ -95,11 +66,11 @@ def list_subjects(store: Store, deadline: float | None = None) -> list[str]:
 
         async def listing(base: str = base) -> list[Any]:
             try:
-                return list(await with_retries(lambda: _call(store, "ls", base, detail=False), deadline))
+                return list(await with_retries(lambda: store._call("ls", base, detail=False), deadline))
             except FileNotFoundError:
                 return []
 
-        for entry in run_by(_loop(store), listing, deadline, f"cannot list {store.url}", store.timeout):
+        for entry in store._run(listing, deadline, "cannot list"):
             name = str(entry).rstrip("/").rpartition("/")[2]
             subject = nested + name[: -len(SIG_SUFFIX)] if name.endswith(SIG_SUFFIX) else ""
             if is_subject(subject):

@@ -136,9 +136,9 @@ class Store:
             return await getattr(self._fs, f"_{name}")(*args, **kwargs)
         return await in_thread(getattr(self._fs, name), *args, **kwargs)
 
-    async def _read_capped(self, name: str, deadline: float) -> bytes | None:
-        """One object's bytes (None if absent), at most its cap; TOO_LARGE beyond it."""
-        cap = cap_for(name)
+    async def _read_capped(self, name: str, deadline: float, cap: int | None = None) -> bytes | None:
+        """One object's bytes (None if absent), at most ``cap`` (a plan's or sidecar's by its name)."""
+        cap = cap_for(name) if cap is None else cap
         path = self.path(name)
 
         async def attempt() -> bytes | None:

@@ -83,10 +83,7 @@ class Boot:
 def _load_boot(env: Any = os.environ) -> Boot:
     config = parse_config(env)
     errors = list(config.errors)
-    threshold_ok = config.threshold >= 1
-    policy = worker_policy(config.trusted_keys, config.threshold if threshold_ok else 1)
-    if not threshold_ok and config.trusted_keys:
-        policy = TrustPolicy.unusable("invalid signature threshold")
+    policy = worker_policy(config.trusted_keys, config.threshold)  # a bad threshold: unusable, never weaker
     if policy.kind == "unusable":
         errors.append(f"PLANCACHE_TRUSTED_KEYS: {policy.problem}; no plan will be applied")
     boot = Boot(config, policy)
