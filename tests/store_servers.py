@@ -175,6 +175,8 @@ class FaultState:
     synthetic_prefix: str = ""
     synthetic_body: bytes = b""
     redirect_to: str = ""
+    signed: list[bool] = field(default_factory=list)
+    """whether each GET carried an Authorization header"""
 
 
 HUGE = 1 << 30
@@ -236,6 +238,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
         state = self.server.state
         with state.lock:
             state.requests.append(("GET", self.path, self._range()))
+            state.signed.append("Authorization" in self.headers)
         url = urlparse(self.path)
         parts = unquote(url.path).lstrip("/").split("/", 1)
         query = parse_qs(url.query)
@@ -435,3 +438,19 @@ def black_hole() -> Iterator[BlackHole]:
     hole = BlackHole()
     yield hole
     hole.stop()
+
+
+S3_PATH_ENV = "PLANCACHE_TEST_S3_PATH"
+"""Read by store_probe.py: ``s3fs`` makes a probe in a child process read through s3fs."""
+
+
+@pytest.fixture(params=["direct", "s3fs"])
+def s3_read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each S3 read case on both read paths: plain botocore (a boot's few fingerprints on a
+    store whose s3fs filesystem is not built, the default) and s3fs (bulk reads)."""
+    if request.param == "s3fs":
+        from plancache.storage import store
+
+        monkeypatch.setattr(store, "MAX_FINGERPRINTS", 0)
+        monkeypatch.setenv(S3_PATH_ENV, "s3fs")
+    return str(request.param)

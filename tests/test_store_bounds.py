@@ -25,7 +25,7 @@ from plancache.trust.errors import Reason
 from plancache.trust.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
-    synthetic_fp,
+    s3_read_path, synthetic_fp,
 )
 
 FP2 = "fedcba9876543210"
@@ -115,7 +115,7 @@ def test_a_thread_blocked_on_a_fifo_does_not_hold_exit(tmp_path: Path) -> None:
 # -- S3: bodies the SDK reads are capped; no redirects ------------------------------------------
 
 
-def test_s3_error_body_of_200_mib_is_capped(fault_server: FaultServer) -> None:
+def test_s3_error_body_of_200_mib_is_capped(s3_read_path: str, fault_server: FaultServer) -> None:
     serve(fault_server, "error500-huge")
     report = probe("s3://faulty/plans", 3.0, {"endpoint_url": fault_server.endpoint})
     assert report["reason"] == "store-error" and report["elapsed"] < 3.0 + GRACE + NOISE
@@ -176,7 +176,7 @@ def test_whole_store_work_streams_in_pages_and_batches(fault_server: FaultServer
     assert len(listings) == 6  # 1200 keys, 200 per page, each page asked for when needed
 
 
-def test_redirect_to_another_host_is_not_followed(fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redirect_to_another_host_is_not_followed(s3_read_path: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
     other = FaultServer()
     try:
         serve(other)
@@ -225,7 +225,7 @@ def test_black_hole_is_a_timeout_and_refused_a_store_error(kind: str, black_hole
         assert time.monotonic() - started < (1.0 + GRACE + NOISE if expected is Reason.TIMEOUT else 2.0)
 
 
-def test_deadline_keeps_what_was_fetched(fault_server: FaultServer) -> None:
+def test_deadline_keeps_what_was_fetched(s3_read_path: str, fault_server: FaultServer) -> None:
     serve(fault_server)
     serve(fault_server, "trickle", FP2)
     fast, slow = s3(fault_server, 1.5).fetch_many([FP, FP2])

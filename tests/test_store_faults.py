@@ -24,6 +24,7 @@ from plancache.pipeline.resolver import utcnow
 from plancache.storage.keyfiles import generate_keypair
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
+    s3_read_path,
 )
 
 SLACK = 2.0
@@ -75,7 +76,7 @@ def nothing_written(dest: Path) -> bool:
     return not dest.exists() or list(dest.iterdir()) == []
 
 
-def test_one_fetch_is_two_ranged_gets_no_head(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_one_fetch_is_two_ranged_gets_no_head(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys)
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
@@ -85,7 +86,7 @@ def test_one_fetch_is_two_ranged_gets_no_head(fault_server: FaultServer, keys: P
     assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
 
 
-def test_connection_refused_fails_fast(keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_connection_refused_fails_fast(s3_read_path: str, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     endpoint = f"http://127.0.0.1:{closed_port()}"
     store = s3_store(endpoint, timeout=3.0)
     store.fetch(FP)  # the first call also builds the SDK client: imports, service model (slow on a busy machine)
@@ -99,7 +100,7 @@ def test_connection_refused_fails_fast(keys: Path, tmp_path: Path, capsys: pytes
     assert nothing_written(tmp_path / "d")
 
 
-def test_black_hole_ends_at_the_budget(black_hole: BlackHole, keys: Path, tmp_path: Path,
+def test_black_hole_ends_at_the_budget(s3_read_path: str, black_hole: BlackHole, keys: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
@@ -124,7 +125,7 @@ def test_black_hole_listing_and_push_end_at_the_budget(black_hole: BlackHole, tm
     assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK
 
 
-def test_http_500_forever_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_http_500_forever_is_a_store_error(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys, mode="error500")
     code, out, err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
@@ -134,7 +135,7 @@ def test_http_500_forever_is_a_store_error(fault_server: FaultServer, keys: Path
     assert 1 < len(plan_gets) <= 3  # plancache's retries, and only those (no SDK layers)
 
 
-def test_one_http_500_is_retried(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_one_http_500_is_retried(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys, mode="error500-once")
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
@@ -142,7 +143,7 @@ def test_one_http_500_is_retried(fault_server: FaultServer, keys: Path, tmp_path
     assert (tmp_path / "d" / plan_name(FP)).exists()
 
 
-def test_truncated_body_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_truncated_body_is_a_store_error(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys, sig_mode="truncate")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
@@ -150,7 +151,7 @@ def test_truncated_body_is_a_store_error(fault_server: FaultServer, keys: Path, 
     assert nothing_written(tmp_path / "d")
 
 
-def test_trickling_body_hits_the_deadline(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_trickling_body_hits_the_deadline(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys, mode="trickle")  # ~100 bytes at 5 bytes/s: 20 s if waited for
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", "--timeout", "1.5")
@@ -158,7 +159,7 @@ def test_trickling_body_hits_the_deadline(fault_server: FaultServer, keys: Path,
     assert nothing_written(tmp_path / "d")
 
 
-def test_huge_body_that_ignores_range_is_not_downloaded(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_huge_body_that_ignores_range_is_not_downloaded(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys, mode="huge")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
@@ -168,7 +169,7 @@ def test_huge_body_that_ignores_range_is_not_downloaded(fault_server: FaultServe
     assert nothing_written(tmp_path / "d")
 
 
-def test_oversized_honest_range_is_capped(fault_server: FaultServer) -> None:
+def test_oversized_honest_range_is_capped(s3_read_path: str, fault_server: FaultServer) -> None:
     fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES * 4))
     with pytest.raises(PlanCacheError) as err:
         raw(s3_store(fault_server.endpoint).fetch(FP))
@@ -177,7 +178,7 @@ def test_oversized_honest_range_is_capped(fault_server: FaultServer) -> None:
     assert plan_requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")]
 
 
-def test_missing_sidecar_is_unsigned(fault_server: FaultServer, keys: Path, tmp_path: Path,
+def test_missing_sidecar_is_unsigned(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys)
     del fault_server.state.objects[key(sig_name(FP))]

@@ -50,8 +50,9 @@ class Tally(Protocol):
     def advance(self, count: float = 1) -> None: ...
 
 
-STORE_REASONS = (Reason.STORE_ERROR.value, Reason.TIMEOUT.value)
-"""Reasons that say the bytes could not be moved, not that they are bad."""
+STORE_REASONS = (Reason.STORE_ERROR.value, Reason.TIMEOUT.value, Reason.CONFIG.value)
+"""Reasons that say the bytes could not be moved (the store failed, or cannot be used as
+configured: exit 2), not that they are bad."""
 
 
 @dataclass

@@ -195,6 +195,16 @@ def _aiohttp_timeout(value: Any) -> Any:
     return value
 
 
+def kind_of(cls: type) -> str:
+    """Which read and listing path a filesystem class gets (see :class:`.store.Store`)."""
+    module = cls.__module__
+    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("adlfs", "azure"), ("plancache.storage.azure", "azure"),
+                         ("fsspec.implementations.local", "local")):
+        if module.startswith(prefix):
+            return kind
+    return "async" if getattr(cls, "async_impl", False) else "sync"
+
+
 def filesystem_opener(url: str, storage_options: Mapping[str, Any] | None,
                       budget: float) -> tuple[type, Callable[[], Any], str]:
     """(filesystem class, a function making the instance, root path); ConfigError on bad setup.

@@ -80,6 +80,11 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
     kind = _CHECKED.get(protocol)
     if kind is None or not options:
         return
+    if kind == "s3":
+        from .s3_direct import OPTIONS
+
+        if set(options) <= OPTIONS:
+            return  # names every s3fs takes: no need to import aiobotocore to say so
     import fsspec
 
     try:

@@ -107,6 +107,14 @@ def is_transient(exc: BaseException) -> bool:
     return not is_refused(exc)
 
 
+def _pause(number: int) -> float:
+    return BACKOFF_BASE * (2**number) * (0.5 + random.random())
+
+
+def _give_up(number: int, exc: Exception, pause: float, deadline: float) -> bool:
+    return number == MAX_ATTEMPTS - 1 or not is_transient(exc) or time.monotonic() + pause >= deadline
+
+
 async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> T:
     """Run ``attempt`` up to MAX_ATTEMPTS times while transient failures leave time to retry."""
     for number in range(MAX_ATTEMPTS):
@@ -115,10 +123,23 @@ async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> 
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            pause = BACKOFF_BASE * (2**number) * (0.5 + random.random())
-            if number == MAX_ATTEMPTS - 1 or not is_transient(exc) or time.monotonic() + pause >= deadline:
+            pause = _pause(number)
+            if _give_up(number, exc, pause, deadline):
                 raise
             await asyncio.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def retrying(attempt: Callable[[], T], deadline: float) -> T:
+    """:func:`with_retries` for a blocking ``attempt`` (in a thread of its own, see :mod:`.s3_direct`)."""
+    for number in range(MAX_ATTEMPTS):
+        try:
+            return attempt()
+        except Exception as exc:
+            pause = _pause(number)
+            if _give_up(number, exc, pause, deadline):
+                raise
+            time.sleep(pause)
     raise AssertionError("unreachable")
 
 

@@ -28,12 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import aiohttp
 
 from ..trust.errors import Reason, Rejected, StoreError
-
-ERROR_BODY_CAP = 64 * 1024
-"""Bytes of an error body read: S3 and GCS error documents are a few hundred bytes."""
-
-BODY_CAP = 4 * 1024 * 1024
-"""Bytes of a success body an SDK may read whole: a page of 1000 listed keys is ~0.5 MB."""
+from .body_limits import BODY_CAP, CHUNK, ERROR_BODY_CAP, check_complete, check_declared
 
 _task_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar("plancache_body_cap", default=None)
 
@@ -61,7 +56,7 @@ class CappedResponse(aiohttp.ClientResponse):
             data = bytearray()
             try:
                 while len(data) <= cap:
-                    chunk = await self.content.read(min(1 << 16, cap + 1 - len(data)))
+                    chunk = await self.content.read(min(CHUNK, cap + 1 - len(data)))
                     if not chunk:
                         break
                     data += chunk
@@ -145,19 +140,17 @@ async def read_declared(read: Callable[[int], Awaitable[bytes]], name: str, cap:
     """A ranged read's body: its declared length checked against ``cap`` before a byte is read,
     then at most ``cap + 1`` bytes however much the server sends (it may ignore the range).
 
-    A body shorter than declared is a dropped connection: a transient StoreError, retried.
-    Shared by the S3 and Azure read paths, whose SDKs hand back a stream of the same shape.
+    Shared by the S3 and Azure read paths, whose SDKs hand back a stream of the same shape
+    (:func:`.body_limits.read_upto` is its blocking twin, for the plain-botocore path).
     """
-    if isinstance(declared, int) and declared > cap:
-        raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}")
+    check_declared(name, cap, declared)
     chunks: list[bytes] = []
     got = 0
     while got <= cap:
-        chunk = await read(min(1 << 16, cap + 1 - got))
+        chunk = await read(min(CHUNK, cap + 1 - got))
         if not chunk:
             break
         chunks.append(chunk)
         got += len(chunk)
-    if isinstance(declared, int) and got < declared:
-        raise StoreError(f"truncated body: {got} of {declared} bytes", transient=True)
+    check_complete(got, declared)
     return b"".join(chunks)

@@ -27,11 +27,12 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequen
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
-from .backends import CONCURRENCY, filesystem_opener
+from .backends import CONCURRENCY, filesystem_opener, kind_of
 from .batches import each
 from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
 from .files import read_capped, write_atomic
 from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, list_page, md5_hex  # noqa: F401 (re-exported)
+from .s3_direct import MAX_FINGERPRINTS, S3Direct, direct_settings
 from .threads import Pending, in_thread, use_daemon_executor
 
 T = TypeVar("T")
@@ -43,24 +44,18 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
     """Open the store at ``url``; ``timeout`` is the overall budget of each remote operation.
 
     Options: plancache's defaults for the protocol, overridden by fsspec's configuration for
-    it, overridden by options in the URL, overridden by ``storage_options``. Bad options
-    fail here; a GCS filesystem is made by the first operation, under its deadline.
+    it, overridden by options in the URL, overridden by ``storage_options``. Bad options fail
+    here; a GCS filesystem (and s3fs's, behind :mod:`.s3_direct`) is made by its first use.
     """
     budget = checked_budget(timeout)
+    direct = direct_settings(url, storage_options or {})
+    if direct is not None:  # s3fs is imported only when more than a boot's few reads are asked for
+        return Store(None, url.rstrip("/"), direct.root, budget, kind="s3", direct=S3Direct(direct, budget),
+                     opener=lambda: filesystem_opener(url, storage_options, budget)[1]())
     cls, make, root = filesystem_opener(url, storage_options, budget)
-    if _kind_of(cls) == "gcs":
+    if kind_of(cls) == "gcs":
         return Store(None, url.rstrip("/"), root, budget, opener=make, kind="gcs")
     return Store(make(), url.rstrip("/"), root, budget)
-
-
-def _kind_of(cls: type) -> str:
-    """Which read and listing path a filesystem class gets (see :class:`Store`)."""
-    module = cls.__module__
-    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("adlfs", "azure"), ("plancache.storage.azure", "azure"),
-                         ("fsspec.implementations.local", "local")):
-        if module.startswith(prefix):
-            return kind
-    return "async" if getattr(cls, "async_impl", False) else "sync"
 
 
 class Store:
@@ -68,18 +63,20 @@ class Store:
 
     ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``azure``, ``local`` (``file://``, read
     without fsspec), ``async`` or ``sync`` (other fsspec filesystems; sync in daemon threads).
+    ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed (:mod:`.s3_direct`).
     """
 
     def __init__(self, fs: Any, url: str, root: str, timeout: float = DEFAULT_TIMEOUT, *,
-                 opener: Callable[[], Any] | None = None, kind: str | None = None) -> None:
+                 opener: Callable[[], Any] | None = None, kind: str | None = None, direct: Any = None) -> None:
         self._fs = fs
+        self._direct = direct
         self._opener = opener
         self._opening: Pending | None = None
         self._lock = threading.Lock()
         self.url = url
         self.root = root
         self.timeout = timeout
-        self.kind = kind or _kind_of(type(fs))
+        self.kind = kind or kind_of(type(fs))
         self._async = self.kind in ("s3", "gcs", "azure", "async")
 
     def __str__(self) -> str:
@@ -282,15 +279,14 @@ class Store:
                     raise outcome
             return (None, None) if plan is None else (plan, sig)  # type: ignore[return-value]
 
-        got = self._each_by(list(dict.fromkeys(fingerprints)), pair, "fetch", deadline, on_done)
-        results = []
-        for fp in fingerprints:
-            outcome = got[fp]
-            if isinstance(outcome, PlanCacheError):
-                results.append(PlanResult(fp, "store", error=outcome))
-            else:
-                results.append(PlanResult(fp, "store", plan_bytes=outcome[0], sig_bytes=outcome[1]))
-        return results
+        unique = list(dict.fromkeys(fingerprints))
+        if self._direct is not None and self._fs is None and len(unique) <= MAX_FINGERPRINTS:
+            got = self._direct.fetch_pairs(unique, deadline, on_done)
+        else:
+            got = self._each_by(unique, pair, "fetch", deadline, on_done)
+        return [PlanResult(fp, "store", error=got[fp]) if isinstance(got[fp], PlanCacheError)
+                else PlanResult(fp, "store", plan_bytes=got[fp][0], sig_bytes=got[fp][1])  # type: ignore[index]
+                for fp in fingerprints]
 
     def fetch(self, fp: str, deadline: float | None = None) -> PlanResult:
         """One fingerprint's plan and sidecar in one round trip (see :meth:`fetch_many`)."""

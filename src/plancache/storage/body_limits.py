@@ -1,0 +1,46 @@
+"""How much of an HTTP body anyone may read, and what a declared length promises.
+
+Shared by the aiohttp-based SDK paths (:mod:`.http_caps`, for s3fs, gcsfs and Azure) and the
+plain-botocore boot path (:mod:`.s3_direct`), which must not import aiohttp: the caps and
+the checks are one set of rules whichever client carried the bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..trust.errors import Reason, Rejected, StoreError
+
+ERROR_BODY_CAP = 64 * 1024
+"""Bytes of an error body read: S3 and GCS error documents are a few hundred bytes."""
+
+BODY_CAP = 4 * 1024 * 1024
+"""Bytes of a success body an SDK may read whole: a page of 1000 listed keys is ~0.5 MB."""
+
+CHUNK = 1 << 16
+
+
+def check_declared(name: str, cap: int, declared: Any) -> None:
+    """TOO_LARGE before a byte is read when the server itself declares more than ``cap``."""
+    if isinstance(declared, int) and declared > cap:
+        raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}")
+
+
+def check_complete(got: int, declared: Any) -> None:
+    """A body shorter than declared is a dropped connection: a transient StoreError, retried."""
+    if isinstance(declared, int) and got < declared:
+        raise StoreError(f"truncated body: {got} of {declared} bytes", transient=True)
+
+
+def read_upto(read: Callable[[int], bytes], cap: int) -> bytes:
+    """At most ``cap + 1`` bytes from a blocking ``read(n)``, however much the server sends
+    (one byte over the cap is how a caller tells "larger than the cap" from "exactly it")."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= cap:
+        chunk = read(min(CHUNK, cap + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
