@@ -66,6 +66,9 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=15, help="runs of each side (default 15)")
     args = parser.parse_args()
 
+    # An installed wheel has its bytecode (pip compiles at install), as boto3's side has here;
+    # this machine sets PYTHONDONTWRITEBYTECODE=1, so a source tree would compile on every run.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src")], check=True, capture_output=True)
     from conftest import FP, plan_bytes
     from store_servers import AWS_ENV, MotoServer
 

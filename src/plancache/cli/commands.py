@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
+from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
 from ..storage.deadline import DEFAULT_TIMEOUT
 from .args import byte_count, duration, key_value, positive_int
 from .inputs import add_cosign_options, add_store_options, add_trust_options
@@ -37,7 +37,7 @@ def _signing(p: argparse.ArgumentParser) -> None:
                    "gpu_memory_utilization, device_name and device_total_memory are the gate's conditions")
 
 
-def _add(sub: Sub, name: str, handler: str, summary: str, description: str) -> argparse.ArgumentParser:
+def _add(sub: Sub, name: str, handler: str, summary: str, description: str | None) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=summary, description=description)
     p.set_defaults(handler=handler)
     return p
@@ -166,3 +166,59 @@ def add_parsers(sub: Sub) -> None:
                    "(the demo writes and then deletes two plans under it)")
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                    help="storage option for --store (repeatable)")
+    _fingerprint(sub)
+    _compile_cache(sub)
+
+
+def _fingerprint(sub: Sub) -> None:
+    p = _add(sub, "fingerprint", "fingerprint:run",
+             "print vLLM's plan fingerprint for every rank of a vllm serve configuration",
+             "Print vLLM's own startup-plan fingerprint (compute_plan_fingerprint) for every rank of the "
+             "configuration given by the vllm serve arguments after --. Needs the [vllm] extra. Device facts come "
+             "from the local GPU unless given; torch/CUDA are this machine's.")
+    p.epilog = ("example: plancache fingerprint --device-name 'NVIDIA H100 80GB HBM3' "
+                "--device-total-memory 85520809984 -- meta-llama/Llama-3.1-8B --tensor-parallel-size 2")
+    p.add_argument("--explain", action="store_true", help="print the factors vLLM hashes, per rank")
+    p.add_argument("--json", action="store_true", help="print JSON (fingerprints and factors)")
+    p.add_argument("--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU")
+    p.add_argument("--device-total-memory", type=positive_int, metavar="BYTES",
+                   help="device total memory to hash instead of asking the local GPU")
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
+
+
+def _compile_cache(sub: Sub) -> None:
+    parser = sub.add_parser(
+        "compile-cache", help="sign, verify, list, push and pull vLLM's torch.compile cache",
+        description="vLLM's torch.compile/AOT cache under ROOT/torch_compile_cache, signed as a closed world "
+        "(every file's path, size and sha256). Exit 0 all fine; 1 a cache rejected; 2 usage, configuration or "
+        "store error.",
+    )
+    actions = parser.add_subparsers(dest="compile_command", metavar="ACTION", required=True)
+    p = _add(actions, "sign", "compile_cache:cmd_sign", "sign every cache directory as it is now (run where it was built)", None)
+    p.add_argument("--key", metavar="KEY", help=f"private key reference (default: ${SIGNING_KEY_ENV})")
+    p.add_argument("--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d")
+    p.add_argument("--comment", default="", help="free text recorded in the signed manifest")
+    _cache_common(p)
+    p = _add(actions, "verify", "compile_cache:cmd_verify", "verify every cache directory (exit 1 if any is bad)", None)
+    add_trust_options(p)
+    _cache_common(p)
+    p = _add(actions, "ls", "compile_cache:cmd_ls", "list cache directories (verified with trusted keys, else as found)",
+             None)
+    add_trust_options(p)
+    _cache_common(p)
+    for name, summary in (("push", "upload verified caches: one archive and its signature each"),
+                          ("pull", "download, verify, extract and install caches")):
+        p = _add(actions, name, f"compile_cache:cmd_{name}", summary, None)
+        add_trust_options(p)
+        if name == "push":
+            p.add_argument("--key", metavar="KEY", help="verify with this signing key's own public key instead")
+        p.add_argument("--url", metavar="URL", help=f"store URL, e.g. s3://bucket/prefix (default: ${URL_ENV})")
+        add_store_options(p)
+        _cache_common(p)
+
+
+def _cache_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", action="append", metavar="NAME",
+                   help="only this cache, e.g. torch_aot_compile/<64 hex> (repeatable; default: all)")
+    _json(p)
+    p.add_argument("root", nargs="?", metavar="ROOT", help="vLLM's cache root (default: $VLLM_CACHE_ROOT or ~/.cache/vllm)")

@@ -18,56 +18,16 @@ from typing import Callable
 from ..pipeline import compile_cache as flows
 from ..pipeline.locations import BULK_TIMEOUT
 from ..pipeline.resolver import utcnow
-from ..settings import SIGNING_KEY_ENV, URL_ENV
 from ..storage import archives
 from ..storage.localdir import vllm_cache_root
 from ..storage.store import Store, open_store
 from ..trust.errors import ConfigError, PlanCacheError, Rejected
 from ..trust.keys import Keyring, signer_keyring
-from .args import duration
-from .inputs import add_store_options, add_trust_options, required_policy, required_signer, storage_options
+from .inputs import required_policy, required_signer, storage_options
 from .output import print_table, report
 
 EXIT_REJECTED, EXIT_CONFIG = 1, 2
 HEADERS = ("cache", "action", "files", "MiB", "signers", "reason", "detail")
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser(
-        "compile-cache", help="sign, verify, list, push and pull vLLM's torch.compile cache",
-        description="vLLM's torch.compile/AOT cache under ROOT/torch_compile_cache, signed as a closed world "
-        "(every file's path, size and sha256). Exit 0 all fine; 1 a cache rejected; 2 usage, configuration or "
-        "store error.",
-    )
-    commands = parser.add_subparsers(dest="compile_command", metavar="ACTION", required=True)
-    p = commands.add_parser("sign", help="sign every cache directory as it is now (run where it was built)")
-    p.add_argument("--key", metavar="KEY", help=f"private key reference (default: ${SIGNING_KEY_ENV})")
-    p.add_argument("--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d")
-    p.add_argument("--comment", default="", help="free text recorded in the signed manifest")
-    _common(p, cmd_sign)
-    p = commands.add_parser("verify", help="verify every cache directory (exit 1 if any is bad)")
-    add_trust_options(p)
-    _common(p, cmd_verify)
-    p = commands.add_parser("ls", help="list cache directories (verified with trusted keys, else as found)")
-    add_trust_options(p)
-    _common(p, cmd_ls)
-    for name, func, summary in (("push", cmd_push, "upload verified caches: one archive and its signature each"),
-                                ("pull", cmd_pull, "download, verify, extract and install caches")):
-        p = commands.add_parser(name, help=summary)
-        add_trust_options(p)
-        if name == "push":
-            p.add_argument("--key", metavar="KEY", help="verify with this signing key's own public key instead")
-        p.add_argument("--url", metavar="URL", help=f"store URL, e.g. s3://bucket/prefix (default: ${URL_ENV})")
-        add_store_options(p)
-        _common(p, func)
-
-
-def _common(p: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int]) -> None:
-    p.add_argument("--cache", action="append", metavar="NAME",
-                   help="only this cache, e.g. torch_aot_compile/<64 hex> (repeatable; default: all)")
-    p.add_argument("--json", action="store_true", help="print a JSON report")
-    p.add_argument("root", nargs="?", metavar="ROOT", help="vLLM's cache root (default: $VLLM_CACHE_ROOT or ~/.cache/vllm)")
-    p.set_defaults(func=func)
 
 
 def _root(args: argparse.Namespace) -> flows.CacheRoot:

@@ -23,29 +23,9 @@ import sys
 from typing import Any, Iterator
 
 from ..trust.errors import ConfigError
-from .args import positive_int
 
 EXIT_CONFIG = 2
 NEEDS_VLLM = "plancache: fingerprint needs the [vllm] extra (pip install 'plancache[vllm]')"
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "fingerprint",
-        help="print vLLM's plan fingerprint for every rank of a vllm serve configuration",
-        description="Print vLLM's own startup-plan fingerprint (compute_plan_fingerprint) for every rank of "
-        "the configuration given by the vllm serve arguments after --. Needs the [vllm] extra. Device facts "
-        "come from the local GPU unless given; torch/CUDA are this machine's.",
-        epilog="example: plancache fingerprint --device-name 'NVIDIA H100 80GB HBM3' "
-        "--device-total-memory 85520809984 -- meta-llama/Llama-3.1-8B --tensor-parallel-size 2",
-    )
-    p.add_argument("--explain", action="store_true", help="print the factors vLLM hashes, per rank")
-    p.add_argument("--json", action="store_true", help="print JSON (fingerprints and factors)")
-    p.add_argument("--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU")
-    p.add_argument("--device-total-memory", type=positive_int, metavar="BYTES",
-                   help="device total memory to hash instead of asking the local GPU")
-    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
-    p.set_defaults(func=run)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from typing import Callable, NoReturn, Sequence
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import commands, compile_cache, fingerprint
+from . import commands
 
 EXIT_CONFIG = 2
 
@@ -55,16 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parsers(sub)
-    fingerprint.add_parser(sub)
-    compile_cache.add_parser(sub)
     return parser
 
 
 def _handler(args: argparse.Namespace) -> Command:
-    """The command's function: given directly (``func``), or imported now from ``handler``."""
-    func = getattr(args, "func", None)
-    if func is not None:
-        return func  # type: ignore[no-any-return]
+    """The command's function, imported now from its ``handler`` (``"module:function"``)."""
     module, _, name = args.handler.partition(":")
     return getattr(importlib.import_module(f"{__package__}.{module}"), name)  # type: ignore[no-any-return]
 
