@@ -16,7 +16,7 @@ import pytest
 from conftest import FP, GIB, plan_bytes
 from plancache.cli.main import main
 from plancache.cli.output import Progress
-from plancache.storage.checks import content_digest, delete_if_unchanged
+from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.keyfiles import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store

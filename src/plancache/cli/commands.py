@@ -135,7 +135,8 @@ def add_parsers(sub: Sub) -> None:
              "Delete plans (and their signatures) from URL: signed longer ago than --older-than; without a "
              "signature (--unsigned); that no longer verify because their signing key is revoked (--revoked); or "
              "that fail verification for any reason but a store error (--invalid). A plan is deleted only if the "
-             "store still holds the bytes that were judged (re-read and compared right before the delete).")
+             "store still holds the bytes that were judged (re-read and compared right before the delete, and on "
+             "S3, GCS and Azure deleted only if still the version re-read: ETag or generation precondition).")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--older-than", type=duration, metavar="DURATION", help="signed longer ago than this, e.g. 30d")
     what.add_argument("--revoked", action="store_true", help="signed only by keys the trusted-keys file revokes")

@@ -196,15 +196,17 @@ def prune_plans(
     ``revoked`` (every trusted signature by a revoked key) or ``invalid`` (fails
     verification for any reason but a store error). The last two need ``policy``.
 
-    Each plan is deleted only if the store still holds the bytes that were judged (re-read
-    and compared right before the delete). ``invalid`` refuses to delete anything when no
-    plan verifies and some are signed by keys the policy does not know: the trusted keys are
-    more likely wrong than the whole store.
+    Each plan is deleted only if the store still holds the bytes that were judged: re-read and
+    compared right before the delete, and on S3, GCS and Azure deleted on the condition that it
+    is still the version re-read (ETag or generation), so a plan re-pushed even after that
+    re-read is kept and listed in ``changed`` (:mod:`..storage.conditional_deletes`).
+    ``invalid`` refuses to delete anything when no plan verifies and some are signed by keys
+    the policy does not know: the trusted keys are more likely wrong than the whole store.
     """
     needs_policy = criterion in ("revoked", "invalid")
     if needs_policy and policy is None:
         raise ConfigError(f"prune --{criterion} needs trusted keys")
-    from ..storage.checks import content_digest
+    from ..storage.conditional_deletes import content_digest
     from .audit import STREAM_CHUNK
 
     if progress:
@@ -236,7 +238,7 @@ def prune_plans(
             "trusted keys: check --trusted-keys; nothing deleted"
         )
     if judged and not dry_run:
-        from ..storage.checks import delete_if_unchanged
+        from ..storage.conditional_deletes import delete_if_unchanged
 
         _, outcome.changed = delete_if_unchanged(store, judged, deadline)
     return outcome

@@ -10,18 +10,15 @@
   missing bucket lists as empty through fsspec, which is how a typo could pass an audit.
 * :func:`deeper_prefixes`: when a prefix holds no plans, which prefixes below it do (a
   bounded breadth-first walk, best effort), to name them in the error.
-* :func:`delete_if_unchanged`: delete an object only if it still holds the bytes that were
-  judged (re-read and compare right before each delete).
 
-They decide nothing about trust and read only names, existence, and bytes to compare.
+They decide nothing about trust and read only names and existence. (Deleting only what was
+judged is :mod:`.conditional_deletes`.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import hashlib
-import itertools
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
@@ -198,37 +195,3 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
     except PlanCacheError:
         pass
     return found[:limit]
-
-
-def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
-    """What a plan and its sidecar held, as one sha256 (an absent sidecar differs from an empty one)."""
-    digest = hashlib.sha256()
-    for part in (plan_bytes, sig_bytes):
-        digest.update(b"-" if part is None else b"%d:" % len(part) + part)
-    return digest.hexdigest()
-
-
-def delete_if_unchanged(
-    store: "Store", judged: Mapping[str, str], deadline: float | None = None
-) -> tuple[list[str], list[str]]:
-    """Delete each fingerprint's plan and sidecar only if both still hold what was judged
-    (``judged`` maps a fingerprint to its :func:`content_digest`).
-
-    Re-reads right before deleting, one batch at a time, and compares: a plan re-pushed after
-    it was judged is kept. (No SDK precondition is used: fsspec exposes none for deletes; the
-    window left is the time between this re-read and the delete.) Returns (deleted, changed).
-    """
-    deadline = time.monotonic() + store.timeout if deadline is None else deadline
-    deleted: list[str] = []
-    changed: list[str] = []
-    stream = store.fetch_stream(list(judged), deadline)
-    while batch := list(itertools.islice(stream, 64)):
-        for r in batch:
-            if r.error is not None:
-                raise r.error
-        same = [r.fingerprint for r in batch if content_digest(r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]]
-        if same:
-            store.delete(same, deadline)
-        deleted += same
-        changed += [r.fingerprint for r in batch if r.fingerprint not in same]
-    return deleted, changed

@@ -1,0 +1,175 @@
+"""Deleting only what was judged: ``prune`` removes an object only if it is still the one it read.
+
+Judging a store takes a while (a listing, every plan fetched and verified), and a plan can be
+re-pushed meanwhile: a delete by name would remove the new plan. So right before the delete,
+each plan and sidecar is read again and compared with what was judged (:func:`content_digest`).
+On S3, GCS and Azure that re-read also takes each object's version (ETag, generation) and the
+delete is conditional on it (:mod:`.versioned`): an object replaced even after the re-read is
+kept by the store itself (412), and reported as ``changed``, never as an error. One already
+gone (404) is fine. The plan goes first, then its sidecar, each conditional: a plan that
+changed keeps its sidecar; a sidecar replaced after its plan's delete is kept, beside no plan
+(a sidecar alone is never listed as a plan).
+
+Other backends (``file://``, ``memory://``, other fsspec filesystems) offer no precondition
+through fsspec: they are re-read and compared, and the window left is the time between that
+re-read and the delete.
+
+Every call runs under the caller's deadline on the store's event loop, retried inside it with
+:func:`.deadline.with_retries`, and failures are typed (:func:`.deadline.store_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+
+from ..trust.errors import PlanCacheError, Reason, Rejected
+from ..trust.plan import plan_name, sig_name
+from .backends import CONCURRENCY
+from .batches import each
+from .deadline import run_by, store_error, with_retries
+from .listing import cap_for
+from .versioned import ABSENT, DELETES, READS, Versioned, precondition_failed
+
+if TYPE_CHECKING:
+    from .store import Store
+
+T = TypeVar("T")
+
+BATCH = 64
+"""Fingerprints re-read, then deleted, per round."""
+
+BeforeDelete = Callable[[list[str]], None]
+"""Called with the fingerprints about to be deleted, after their re-read (tests race a writer here)."""
+
+
+def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
+    """What a plan and its sidecar held, as one sha256 (an absent sidecar differs from an empty one)."""
+    digest = hashlib.sha256()
+    for part in (plan_bytes, sig_bytes):
+        digest.update(b"-" if part is None else b"%d:" % len(part) + part)
+    return digest.hexdigest()
+
+
+def delete_if_unchanged(
+    store: "Store", judged: Mapping[str, str], deadline: float | None = None,
+    before_delete: BeforeDelete | None = None,
+) -> tuple[list[str], list[str]]:
+    """Delete each fingerprint's plan and sidecar only if both are still what was judged
+    (``judged`` maps a fingerprint to its :func:`content_digest`); returns (deleted, changed).
+
+    Re-reads one batch at a time and compares; on S3, GCS and Azure each delete is then
+    conditional on the version re-read (see the module docs), elsewhere it follows the re-read.
+    A read or delete that fails raises its typed error (what was deleted before stays deleted).
+    """
+    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    if store.kind not in READS:
+        return _reread_then_delete(store, judged, deadline, before_delete)
+    fs = store.fs
+    deleted: list[str] = []
+    changed: list[str] = []
+    source = iter(judged)
+    while batch := list(itertools.islice(source, BATCH)):
+        seen = _each(store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline)
+        same = [fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]]
+        changed += [fp for fp in batch if fp not in same]
+        if same and before_delete is not None:
+            before_delete(same)
+        gone = _each(store, same, lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline), "delete", deadline)
+        deleted += [fp for fp in same if gone[fp]]
+        changed += [fp for fp in same if not gone[fp]]
+    return deleted, changed
+
+
+def _reread_then_delete(
+    store: "Store", judged: Mapping[str, str], deadline: float, before_delete: BeforeDelete | None
+) -> tuple[list[str], list[str]]:
+    """No precondition: re-read, compare, delete what is the same (the window stays)."""
+    deleted: list[str] = []
+    changed: list[str] = []
+    stream = store.fetch_stream(list(judged), deadline)
+    while batch := list(itertools.islice(stream, BATCH)):
+        for r in batch:
+            if r.error is not None:
+                raise r.error
+        same = [r.fingerprint for r in batch if content_digest(r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]]
+        if same:
+            if before_delete is not None:
+                before_delete(same)
+            store.delete(same, deadline)
+        deleted += same
+        changed += [r.fingerprint for r in batch if r.fingerprint not in same]
+    return deleted, changed
+
+
+def _each(store: "Store", keys: Sequence[str], action: Callable[[str], Awaitable[T]], what: str,
+          deadline: float) -> dict[str, T]:
+    """``action`` on every key on the store's loop, bounded by ``deadline``; raises the first failure."""
+    if not keys:
+        return {}
+    results: dict[str, T | PlanCacheError] = {}
+
+    async def everything() -> None:
+        await each(keys, action, what, CONCURRENCY, None, results)
+
+    run_by(store.fs.loop, everything, deadline, f"cannot {what} plans in {store.url}", store.timeout)
+    done: dict[str, T] = {}
+    for key in keys:
+        outcome = results[key]
+        if isinstance(outcome, PlanCacheError):
+            raise outcome
+        done[key] = outcome
+    return done
+
+
+async def _read_pair(store: "Store", fs: Any, fp: str, deadline: float) -> tuple[Versioned, Versioned]:
+    plan, sig = await asyncio.gather(
+        _read_one(store, fs, plan_name(fp), deadline), _read_one(store, fs, sig_name(fp), deadline),
+        return_exceptions=True,  # both collected: neither exception is left unretrieved
+    )
+    for outcome in (plan, sig):
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return plan, sig  # type: ignore[return-value]
+
+
+async def _read_one(store: "Store", fs: Any, name: str, deadline: float) -> Versioned:
+    cap = cap_for(name)
+    read = READS[store.kind]
+    try:
+        got = await with_retries(lambda: read(fs, store.path(name), cap), deadline)
+    except FileNotFoundError:
+        return ABSENT
+    except Exception as exc:
+        raise store_error(f"cannot re-read {name}", exc) from None
+    if got.data is not None and len(got.data) > cap:
+        raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
+    return got
+
+
+async def _delete_pair(store: "Store", fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: float) -> bool:
+    """False if the plan is no longer the version re-read (then its sidecar stays too)."""
+    plan, sig = seen
+    if not await _delete_one(store, fs, plan_name(fp), plan.token, deadline):
+        return False
+    await _delete_one(store, fs, sig_name(fp), sig.token, deadline)
+    return True
+
+
+async def _delete_one(store: "Store", fs: Any, name: str, token: str | None, deadline: float) -> bool:
+    """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if changed."""
+    if token is None:
+        return True  # absent at the re-read: nothing judged to delete
+    delete = DELETES[store.kind]
+    try:
+        await with_retries(lambda: delete(fs, store.path(name), token), deadline)
+    except FileNotFoundError:
+        return True
+    except Exception as exc:
+        if precondition_failed(exc):
+            return False
+        raise store_error(f"cannot delete {name}", exc) from None
+    return True

@@ -1,0 +1,349 @@
+"""prune deletes an object only if it is still the object it judged, against real servers.
+
+moto's S3 server (``DeleteObject`` with ``If-Match``), Azurite (``Delete Blob`` with
+``If-Match``), gcp-storage-emulator and a directory (no precondition: re-read and compare).
+gcp-storage-emulator ignores ``ifGenerationMatch`` (and ``generation=`` on reads), so the GCS
+precondition is tested against :class:`GcsStandIn`, a stand-in written here for exactly the
+calls made; against the emulator the conditional path still deletes unchanged objects and keeps
+those changed before the re-read.
+
+The window between the re-read and the delete is hit deterministically with
+``delete_if_unchanged(..., before_delete=...)``, which rewrites or removes objects there; and
+:func:`test_without_the_precondition_the_window_is_real` shows that the same race deletes the
+new object once the delete is made unconditional, so the keeping is the precondition's doing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qs, unquote, urlparse
+
+import pytest
+
+from conftest import FP, plan_bytes
+from plancache.storage import versioned
+from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
+from plancache.storage.store import Store, open_store
+from plancache.trust.plan import plan_name, sig_name
+from store_servers import LOOPBACK, GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401
+
+FP2 = "fedcba9876543210"
+FP3 = "00000000deadbeef"
+SIG = b"sig-of-" + FP.encode()
+NEW_PLAN = plan_bytes(kv=3 * 2**30)  # re-pushed meanwhile: other bytes
+NEW_SIG = b"re-signed"
+
+CONDITIONAL = ("s3", "azure", "gcs-standin")
+"""Backends whose store holds the precondition here (the GCS emulator would ignore it)."""
+
+
+# -- the GCS stand-in -------------------------------------------------------------------------
+
+
+@dataclass
+class StandInState:
+    objects: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # bucket/key -> (bytes, generation)
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path with query) of each
+    generations: int = 1000
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, name: str, data: bytes) -> None:
+        with self.lock:
+            self.generations += 1
+            self.objects[name] = (data, self.generations)
+
+
+class _StandInHandler(BaseHTTPRequestHandler):
+    """A STAND-IN for GCS's JSON API, because gcp-storage-emulator does not implement
+    ``ifGenerationMatch``: exactly the calls the conditional prune makes (object metadata,
+    media read, optionally pinned with ``generation=``, delete, optionally with
+    ``ifGenerationMatch``), answered as GCS documents them (404 absent, 412 condition not met,
+    416 for a range over an empty object)."""
+
+    protocol_version = "HTTP/1.1"
+    server: "_StandInServer"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str) -> None:
+        body = json.dumps({"error": {"code": status, "message": message}}).encode()
+        self._send(status, body, {"Content-Type": "application/json"})
+
+    def _target(self) -> tuple[str, str, dict[str, list[str]]] | None:
+        """(kind, bucket/key, query) for ``/storage/v1/b/B/o/K`` (meta) or ``/download/...`` (media)."""
+        url = urlparse(self.path)
+        parts = url.path.split("/")  # the key is one quoted segment: gcsfs quotes its slashes
+        state = self.server.state
+        with state.lock:
+            state.requests.append((self.command, self.path))
+        for prefix, kind in ((["", "storage", "v1", "b"], "meta"), (["", "download", "storage", "v1", "b"], "media")):
+            n = len(prefix)
+            if parts[:n] == prefix and len(parts) == n + 3 and parts[n + 1] == "o":
+                return kind, f"{unquote(parts[n])}/{unquote(parts[n + 2])}", parse_qs(url.query)
+        return None
+
+    def _current(self, name: str, query: dict[str, list[str]], param: str) -> tuple[bytes, int] | int:
+        """The object, or the status to answer: 404 absent, 412 if ``param`` names another generation."""
+        with self.server.state.lock:
+            found = self.server.state.objects.get(name)
+        if found is None:
+            return 404
+        wanted = query.get(param, [None])[0]
+        if wanted is not None and int(wanted) != found[1]:
+            return 404 if param == "generation" else 412  # a pinned read of a replaced generation: gone
+        return found
+
+    def do_GET(self) -> None:
+        target = self._target()
+        if target is None:
+            return self._error(501, "not part of the stand-in")
+        kind, name, query = target
+        found = self._current(name, query, "generation")
+        if isinstance(found, int):
+            return self._error(found, "No such object")
+        data, generation = found
+        if kind == "meta":
+            bucket, key = name.split("/", 1)
+            meta = {"kind": "storage#object", "bucket": bucket, "name": key, "generation": str(generation),
+                    "size": str(len(data))}
+            return self._send(200, json.dumps(meta).encode(), {"Content-Type": "application/json"})
+        headers = {"x-goog-generation": str(generation)}
+        rng = self.headers.get("Range", "")
+        if not rng.startswith("bytes="):
+            return self._send(200, data, headers)
+        start, _, end = rng[6:].partition("-")
+        if int(start) >= len(data):
+            return self._error(416, "The requested range cannot be satisfied.")
+        last = min(int(end), len(data) - 1)
+        headers["Content-Range"] = f"bytes {start}-{last}/{len(data)}"
+        return self._send(206, data[int(start): last + 1], headers)
+
+    def do_DELETE(self) -> None:
+        target = self._target()
+        if target is None or target[0] != "meta":
+            return self._error(501, "not part of the stand-in")
+        _, name, query = target
+        found = self._current(name, query, "ifGenerationMatch")
+        if isinstance(found, int):
+            return self._error(found, "No such object" if found == 404 else "conditionNotMet")
+        with self.server.state.lock:
+            del self.server.state.objects[name]
+        self._send(204)
+
+
+class _StandInServer(ThreadingHTTPServer):
+    daemon_threads = True
+    state: StandInState
+
+
+class GcsStandIn:
+    """The stand-in on a free loopback port (see :class:`_StandInHandler`)."""
+
+    def __init__(self) -> None:
+        self.httpd = _StandInServer((LOOPBACK, 0), _StandInHandler)
+        self.httpd.state = StandInState()
+        self.endpoint = f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def state(self) -> StandInState:
+        return self.httpd.state
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# -- backends -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    name: str
+    store: Store
+    standin: GcsStandIn | None = None
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write behind the prune's back (another operator's push)."""
+        if self.standin is not None:
+            return self.standin.state.write(self.store.path(name), data)
+        self.store.fs.pipe_file(self.store.path(name), data)
+
+    def remove(self, name: str) -> None:
+        if self.standin is not None:
+            with self.standin.state.lock:
+                del self.standin.state.objects[self.store.path(name)]
+            return
+        self.store.fs.rm_file(self.store.path(name))
+
+    def read(self, name: str) -> bytes | None:
+        if self.standin is not None:
+            found = self.standin.state.objects.get(self.store.path(name))
+            return None if found is None else found[0]
+        try:
+            return bytes(self.store.fs.cat_file(self.store.path(name)))
+        except FileNotFoundError:
+            return None
+
+
+@pytest.fixture(params=["file", "memory", "s3", "azure", "gcs", "gcs-standin"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    kind = request.param
+    if kind == "file":
+        yield Backend(kind, open_store((tmp_path / "plans").as_uri(), None, 30))
+    elif kind == "memory":
+        yield Backend(kind, open_store(f"memory://plancache-{uuid.uuid4().hex}/plans", None, 30))
+    elif kind == "s3":
+        moto: MotoServer = request.getfixturevalue("moto_server")
+        yield Backend(kind, open_store(f"s3://{moto.new_bucket()}/team/plans", moto.options, 30))
+    elif kind == "azure":
+        server = request.getfixturevalue("azurite")
+        yield Backend(kind, open_store(f"az://{server.new_container()}/team/plans", server.options, 30))
+    elif kind == "gcs":
+        gcs: GcsEmulator = request.getfixturevalue("gcs_emulator")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        yield Backend(kind, open_store(f"gs://{gcs.new_bucket()}/plans", {"token": "anon"}, 30))
+    else:
+        standin = GcsStandIn()
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", standin.endpoint)
+        try:
+            yield Backend(kind, open_store("gs://standin/team/plans", {"token": "anon"}, 30), standin)
+        finally:
+            standin.stop()
+
+
+def seed(backend: Backend) -> dict[str, str]:
+    """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their digests."""
+    plans = {FP: (plan_bytes(), SIG), FP2: (plan_bytes(fp=FP2), b""), FP3: (plan_bytes(fp=FP3), None)}
+    for fp, (plan, sig) in plans.items():
+        backend.write(plan_name(fp), plan)
+        if sig is not None:
+            backend.write(sig_name(fp), sig)
+    return {fp: content_digest(plan, sig) for fp, (plan, sig) in plans.items()}
+
+
+def names(fp: str) -> tuple[str, str]:
+    return plan_name(fp), sig_name(fp)
+
+
+# -- (a) unchanged: deleted -------------------------------------------------------------------------
+
+
+def test_unchanged_objects_are_deleted(backend: Backend) -> None:
+    judged = seed(backend)
+    deleted, changed = delete_if_unchanged(backend.store, judged)
+    assert deleted == [FP, FP2, FP3] and changed == []
+    assert all(backend.read(n) is None for fp in judged for n in names(fp))
+    if backend.standin is not None:  # each object re-read pinned to its generation, deleted on it
+        requests = backend.standin.state.requests
+        media = [p for m, p in requests if m == "GET" and "alt=media" in p]
+        deletes = [p for m, p in requests if m == "DELETE"]
+        assert len(media) == 6 and all("generation=" in p for p in media)  # the empty sidecar: 416, then whole
+        assert len(deletes) == 5 and all("ifGenerationMatch=" in p for p in deletes)
+
+
+def test_changed_before_the_reread_is_kept(backend: Backend) -> None:
+    judged = seed(backend)
+    backend.write(plan_name(FP), NEW_PLAN)
+    deleted, changed = delete_if_unchanged(backend.store, judged)
+    assert deleted == [FP2, FP3] and changed == [FP]
+    assert backend.read(plan_name(FP)) == NEW_PLAN and backend.read(sig_name(FP)) == SIG
+
+
+# -- (b) replaced between the re-read and the delete: kept by the precondition ----------------------
+
+
+def replace_in_window(backend: Backend, name: str, data: bytes) -> tuple[list[list[str]], Callable[[list[str]], None]]:
+    """A ``before_delete`` hook that rewrites ``name``, and the list of the fingerprints it was called with."""
+    calls: list[list[str]] = []
+
+    def hook(fps: list[str]) -> None:
+        calls.append(list(fps))
+        backend.write(name, data)
+
+    return calls, hook
+
+
+@pytest.mark.parametrize("backend", CONDITIONAL, indirect=True)
+def test_plan_replaced_after_the_reread_is_kept_with_its_sidecar(backend: Backend) -> None:
+    judged = seed(backend)
+    calls, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
+    deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
+    assert calls == [[FP, FP2, FP3]]  # the hook ran after the re-read found all three unchanged
+    assert changed == [FP] and deleted == [FP2, FP3]  # reported as changed, not as an error
+    assert backend.read(plan_name(FP)) == NEW_PLAN and backend.read(sig_name(FP)) == SIG
+    assert all(backend.read(n) is None for fp in (FP2, FP3) for n in names(fp))
+
+
+@pytest.mark.parametrize("backend", CONDITIONAL, indirect=True)
+def test_sidecar_replaced_after_the_reread_is_kept(backend: Backend) -> None:
+    judged = seed(backend)
+    _, hook = replace_in_window(backend, sig_name(FP), NEW_SIG)
+    deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
+    assert deleted == [FP, FP2, FP3] and changed == []  # the plan was still the judged one: gone
+    assert backend.read(plan_name(FP)) is None and backend.read(sig_name(FP)) == NEW_SIG
+
+
+@pytest.mark.parametrize("backend", CONDITIONAL, indirect=True)
+def test_without_the_precondition_the_window_is_real(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race with the delete made unconditional deletes the re-pushed plan: what keeps
+    it in the tests above is the store's precondition, not the timing."""
+    kind = backend.store.kind
+
+    async def unconditional(fs: Any, path: str, token: str) -> None:
+        await fs._rm_file(path)
+
+    monkeypatch.setitem(versioned.DELETES, kind, unconditional)
+    judged = seed(backend)
+    _, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
+    deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
+    assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(plan_name(FP)) is None
+
+
+@pytest.mark.parametrize("backend", ["file", "memory"], indirect=True)
+def test_without_a_precondition_the_window_remains(backend: Backend) -> None:
+    """Documented limit: fsspec offers no conditional delete for these, so a plan replaced
+    between the re-read and the delete is deleted (a change before the re-read is kept)."""
+    judged = seed(backend)
+    _, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
+    deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
+    assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(plan_name(FP)) is None
+
+
+# -- (c) gone before the delete: fine ---------------------------------------------------------------
+
+
+def test_objects_gone_before_the_delete_are_fine(backend: Backend) -> None:
+    judged = seed(backend)
+
+    def hook(fps: list[str]) -> None:
+        backend.remove(plan_name(FP))  # someone else's prune got there first
+        backend.remove(sig_name(FP))
+        backend.remove(sig_name(FP2))
+
+    deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
+    assert deleted == [FP, FP2, FP3] and changed == []
+    assert all(backend.read(n) is None for fp in judged for n in names(fp))
+
+
+def test_gone_before_the_reread_is_changed_not_an_error(backend: Backend) -> None:
+    judged = seed(backend)
+    backend.remove(plan_name(FP))
+    deleted, changed = delete_if_unchanged(backend.store, judged)
+    assert deleted == [FP2, FP3] and changed == [FP] and backend.read(sig_name(FP)) == SIG
