@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, T
 
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plan import plan_name, sig_name
-from .backends import CONCURRENCY
-from .batches import each
-from .deadline import run_by, store_error, with_retries
+from .deadline import store_error, with_retries
 from .listing import cap_for
 from .versioned import ABSENT, DELETES, READS, Versioned, precondition_failed
 
@@ -107,22 +105,12 @@ def _reread_then_delete(
 
 def _each(store: "Store", keys: Sequence[str], action: Callable[[str], Awaitable[T]], what: str,
           deadline: float) -> dict[str, T]:
-    """``action`` on every key on the store's loop, bounded by ``deadline``; raises the first failure."""
-    if not keys:
-        return {}
-    results: dict[str, T | PlanCacheError] = {}
-
-    async def everything() -> None:
-        await each(keys, action, what, CONCURRENCY, None, results)
-
-    run_by(store.fs.loop, everything, deadline, f"cannot {what} plans in {store.url}", store.timeout)
-    done: dict[str, T] = {}
-    for key in keys:
-        outcome = results[key]
+    """``action`` on every key through the store's own bounded batch runner; raises the first failure."""
+    results = store._each_by(keys, action, f"{what} plans in", deadline)
+    for outcome in results.values():
         if isinstance(outcome, PlanCacheError):
             raise outcome
-        done[key] = outcome
-    return done
+    return results  # type: ignore[return-value]
 
 
 async def _read_pair(store: "Store", fs: Any, fp: str, deadline: float) -> tuple[Versioned, Versioned]:
