@@ -152,3 +152,19 @@ def test_a_body_botocore_would_read_whole_is_capped(fault_server: FaultServer) -
         store._direct.client().list_objects_v2(Bucket="faulty", Prefix="plans/")
     assert err.value.reason is Reason.TOO_LARGE
     assert fault_server.state.bytes_sent < 48 << 20
+
+
+@pytest.mark.parametrize("options", [[], ["--storage-option", "config_kwargs={}"]], ids=["direct", "s3fs"])
+def test_without_the_s3_extra_a_pull_says_which_extra(options: list[str], tmp_path: Path) -> None:
+    """A core-only install (no botocore, no s3fs): one configuration line naming the extra, exit 2."""
+    code = ("import sys\n"
+            "for name in ('botocore', 'boto3', 's3fs', 'aiobotocore'): sys.modules[name] = None\n"
+            "from plancache.cli.main import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    keys = tmp_path / "k.pub"
+    keys.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOlT8T8lZ0r7Q3t1v6sJ6W7mR3W1r0Yc0b3b1n7y2mXz k\n")
+    done = subprocess.run([sys.executable, "-c", code, "pull", "--trusted-keys", str(keys), "--fingerprint", FP,
+                           *options, "s3://bucket/plans", str(tmp_path / "d")],
+                          env={**os.environ, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "pip install 'plancache[s3]'" in done.stdout + done.stderr and "Traceback" not in done.stderr

@@ -154,9 +154,12 @@ class S3Direct:
             return self._client
 
     def _make_client(self) -> Any:
-        import botocore.session
-        from botocore import UNSIGNED
-        from botocore.config import Config
+        try:
+            import botocore.session
+            from botocore import UNSIGNED
+            from botocore.config import Config
+        except ImportError:
+            raise ConfigError(f"s3://{self.settings.root}: botocore is not installed (pip install 'plancache[s3]')") from None
 
         connect, read = request_timeouts(self.budget)
         config = Config(connect_timeout=connect, read_timeout=read, max_pool_connections=2 * MAX_FINGERPRINTS,
