@@ -166,6 +166,12 @@ def test_sign_warns_without_the_gate_conditions(keys: Path, tmp_path: Path, caps
     code, _, err = run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", "--fact",
                        "device_name=H100", "--fact", "device_total_memory=1", str(other.path))
     assert code == 0 and "warning" not in err
+    third = LocalPlanDir(tmp_path / "third")
+    third.write(FP2, plan_bytes(fp=FP2), None)
+    code, _, err = run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", "--fact",
+                       "device_name=H100", str(third.path))
+    assert code == 0 and "signed without device_total_memory:" in err
+    assert "(record them: --fact device_total_memory=BYTES)" in err  # the hint names only what is missing
 
 
 class Terminal(io.StringIO):

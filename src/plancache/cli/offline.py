@@ -47,9 +47,13 @@ def unrecorded_conditions(facts: Mapping[str, Any]) -> list[str]:
     return [key for key in CONDITION_KEYS if key not in facts]
 
 
+_EXAMPLE = {"gpu_memory_utilization": "0.9", "device_name": "...", "device_total_memory": "BYTES"}
+
+
 def conditions_warning(missing: list[str]) -> str:
+    record = " ".join(f"--fact {key}={_EXAMPLE.get(key, '...')}" for key in missing)
     return (f"signed without {', '.join(missing)}: the gate cannot compare them, so these plans apply on "
-            f"workers at any setting (record them: --fact gpu_memory_utilization=0.9 --fact device_name=...)")
+            f"workers at any setting (record them: {record})")
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
