@@ -177,6 +177,9 @@ class FaultState:
     redirect_to: str = ""
     signed: list[bool] = field(default_factory=list)
     """whether each GET carried an Authorization header"""
+    bucket_region: str = ""
+    """as S3 does for a bucket in another region: a GET signed for any other region gets
+    ``301 PermanentRedirect`` with ``x-amz-bucket-region`` (and no ``Location``)"""
 
 
 HUGE = 1 << 30
@@ -245,6 +248,11 @@ class _FaultHandler(BaseHTTPRequestHandler):
         if state.redirect_to:
             self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
             return None
+        if state.bucket_region and f"/{state.bucket_region}/s3/" not in self.headers.get("Authorization", ""):
+            body = (b"<?xml version='1.0'?><Error><Code>PermanentRedirect</Code><Message>use the region's "
+                    b"endpoint</Message></Error>")
+            return self._send(301, body, {"Content-Type": "application/xml",
+                                          "x-amz-bucket-region": state.bucket_region})
         if len(parts) == 1 or parts[1] == "":
             return self._list(query)
         obj = state.objects.get(parts[1])

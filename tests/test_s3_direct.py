@@ -21,7 +21,9 @@ from plancache.storage.s3_direct import MAX_FINGERPRINTS, direct_settings
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plan import plan_name, sig_name
-from store_servers import AWS_ENV, FaultObject, FaultServer, MotoServer, fault_server, fault_server_session  # noqa: F401
+from store_servers import (  # noqa: F401 (fixtures)
+    AWS_ENV, FaultObject, FaultServer, MotoServer, fault_server, fault_server_session, s3_read_path,
+)
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -168,3 +170,14 @@ def test_without_the_s3_extra_a_pull_says_which_extra(options: list[str], tmp_pa
                           env={**os.environ, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "pip install 'plancache[s3]'" in done.stdout + done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bucket_in_another_region_is_read_as_s3fs_reads_it(s3_read_path: str, fault_server: FaultServer) -> None:
+    """S3 answers a request signed for the wrong region with 301 PermanentRedirect and the
+    bucket's region in a header, no Location: botocore re-signs for that region (its own
+    redirector, never a Location followed). Nodes whose default region is not the bucket's
+    must still boot from the store on either path."""
+    serve(fault_server, fps(1))
+    fault_server.state.bucket_region = "eu-west-1"
+    result = open_store("s3://faulty/plans", {"endpoint_url": fault_server.endpoint}, 5.0).fetch(fps(1)[0])
+    assert result.error is None and result.plan_bytes == plan_bytes(fps(1)[0]), result.error

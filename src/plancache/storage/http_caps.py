@@ -75,7 +75,10 @@ class CappedResponse(aiohttp.ClientResponse):
 
 async def _refuse_redirect(session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
     response = params.response
-    target = response.headers.get("Location", "")[:200]
+    target = response.headers.get("Location") or response.headers.get("URI")
+    if target is None:
+        return  # nothing to follow: aiohttp hands the answer on (S3's 301 PermanentRedirect names a region)
+    target = target[:200]
     response.close()
     raise StoreError(f"{params.url.host} answered {response.status} redirecting to {target!r}: not followed")
 

@@ -120,10 +120,10 @@ def _capped_send(http: Any, request: Any, **_: Any) -> Any:
     finally:
         request.stream_output = streaming
     raw, status = response.raw, response.status_code
-    if 300 <= status < 400:
-        raw.close()
-        target = str(response.headers.get("Location", ""))[:200]
-        raise StoreError(f"the store answered {status} redirecting to {target!r}: not followed")
+    target = response.headers.get("Location")
+    if 300 <= status < 400 and target is not None:  # without one (S3's PermanentRedirect names a
+        raw.close()                                  # region) botocore's own redirector decides
+        raise StoreError(f"the store answered {status} redirecting to {str(target)[:200]!r}: not followed")
     if streaming and status < 300:
         return response  # a GET body: read by S3Direct.read, capped
     cap = ERROR_BODY_CAP if status >= 300 else BODY_CAP
