@@ -121,8 +121,10 @@ def _capped_send(http: Any, request: Any, **_: Any) -> Any:
         request.stream_output = streaming
     raw, status = response.raw, response.status_code
     target = response.headers.get("Location")
-    if 300 <= status < 400 and target is not None:  # without one (S3's PermanentRedirect names a
-        raw.close()                                  # region) botocore's own redirector decides
+    # A 3xx naming a Location is a redirect: refused. Without one (S3's 301 PermanentRedirect
+    # names the bucket's region in a header), botocore's own region redirector decides.
+    if 300 <= status < 400 and target is not None:
+        raw.close()
         raise StoreError(f"the store answered {status} redirecting to {str(target)[:200]!r}: not followed")
     if streaming and status < 300:
         return response  # a GET body: read by S3Direct.read, capped
