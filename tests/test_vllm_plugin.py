@@ -353,6 +353,25 @@ def test_signed_local_hit_is_applied_with_one_info_line(plugin: SimpleNamespace,
     assert [r.getMessage() for r in lines if r.levelno >= logging.INFO] == [line]  # exactly one line
 
 
+def test_an_apply_boot_never_waits_for_a_remote_signing_key(plugin: SimpleNamespace, keys: SimpleNamespace,
+                                                            monkeypatch: pytest.MonkeyPatch, lines: list,
+                                                            black_hole: BlackHole) -> None:
+    """The signing key is only needed to sign a new plan: a KMS key that does not answer costs
+    a boot that applies a plan nothing (it used to cost PLANCACHE_TIMEOUT per rank)."""
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", "awskms:///alias/ci")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", black_hole.endpoint)
+    monkeypatch.setenv("PLANCACHE_TIMEOUT", "5")
+    for name, value in AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
+    started = time.monotonic()
+    assert worker.determine_available_memory() == PLANNED_KV
+    assert time.monotonic() - started < 5.0 and black_hole.held == []  # the KMS was never called
+    assert "decision=apply" in infos(lines)[0] and errors(lines) == []
+
+
 def _profiled(worker: Any, lines: list, reason: str, source: str = "local") -> str:
     assert worker.determine_available_memory() == profiled_bytes(worker.cache_config.gpu_memory_utilization)
     assert worker.cache_config.kv_cache_memory_bytes is None

@@ -31,8 +31,8 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
@@ -58,11 +58,26 @@ STATE_ATTR = "_plancache_boot"
 class Boot:
     config: PluginConfig
     policy: TrustPolicy
-    signer: Signer | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
     apply_fingerprint: str | None = None
     prefetch: Prefetch[PlanResult] | None = None
     push_thread: threading.Thread | None = None
     push_result: str | None = None
+    _signer: "Signer | None | bool" = False  # False: not loaded yet
+
+    @property
+    def signer(self) -> Signer | None:
+        """The signing key, loaded when a plan is first signed, never at boot: a KMS or HSM key
+        costs network calls (up to PLANCACHE_TIMEOUT when unreachable) that a boot applying a
+        plan has no use for. Unusable: logged once, plans are saved unsigned and not pushed."""
+        if self._signer is False:
+            try:
+                self._signer = signer_for(self.config.signing_key, self.env)
+            except PlanCacheError as exc:
+                self._signer = None
+                LOG.error("plancache: configuration: PLANCACHE_SIGNING_KEY: %s; plans will be saved unsigned, "
+                          "not pushed", safe_text(exc.detail, 300))
+        return self._signer  # type: ignore[return-value]
 
     @property
     def store_reads(self) -> bool:
@@ -86,12 +101,8 @@ def _load_boot(env: Any = os.environ) -> Boot:
     policy = worker_policy(config.trusted_keys, config.threshold)  # a bad threshold: unusable, never weaker
     if policy.kind == "unusable":
         errors.append(f"PLANCACHE_TRUSTED_KEYS: {policy.problem}; no plan will be applied")
-    boot = Boot(config, policy)
-    try:
-        boot.signer = signer_for(config.signing_key, env)
-    except PlanCacheError as exc:
-        errors.append(f"PLANCACHE_SIGNING_KEY: {exc.detail}; plans will be saved unsigned, not pushed")
-    if config.url and not config.trusted_keys and boot.signer is None:
+    boot = Boot(config, policy, env)
+    if config.url and not config.trusted_keys and not config.signing_key:
         errors.append(
             "PLANCACHE_URL is set without PLANCACHE_TRUSTED_KEYS: a plan from a store is never "
             "applied unverified, and without PLANCACHE_SIGNING_KEY nothing is pushed; store ignored"
