@@ -188,3 +188,31 @@ def test_an_existing_statement_over_the_cap_is_not_co_signed(monkeypatch: pytest
     with pytest.raises(Rejected) as info:
         signing.add_signature(plan_name(FP), plan_bytes(), sidecar, make_signer())
     assert info.value.reason is Reason.TOO_LARGE
+
+
+def test_the_compile_guard_loads_its_signing_key_only_to_sign(caplog: pytest.LogCaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A warm boot checks caches but signs none: an unreachable KMS key must cost it nothing."""
+    from plancache.vllm_plugin import compile_guard
+    from store_servers import AWS_ENV, BlackHole
+
+    hole = BlackHole()
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    for name, value in {"PLANCACHE_SIGNING_KEY": "awskms:///alias/ci", "AWS_ENDPOINT_URL_KMS": hole.endpoint,
+                        "PLANCACHE_TIMEOUT": "1", "PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'ci'}.pub",
+                        **AWS_ENV}.items():
+        monkeypatch.setenv(name, value)
+    compile_guard.settings.cache_clear()
+    compile_guard.signer.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.plancache"):
+            started = time.monotonic()
+            config = compile_guard.settings()
+            assert config is not None and config.keyring is not None and time.monotonic() - started < 0.5
+            assert hole.held == [] and caplog.text == ""
+            assert compile_guard.signer() is None and compile_guard.signer() is None  # tried once, at signing
+        assert caplog.text.count("signing key unusable") == 1
+    finally:
+        compile_guard.settings.cache_clear()
+        compile_guard.signer.cache_clear()
+        hole.stop()

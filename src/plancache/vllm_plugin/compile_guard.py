@@ -63,7 +63,7 @@ class Settings:
     keyring: Any
     """A Keyring; None with ``problem`` set when keys are named but unusable."""
     problem: str
-    signer: Any
+    signing_key: str | None
     url: str | None
     storage_options: Any
     timeout: float
@@ -72,29 +72,39 @@ class Settings:
 @functools.lru_cache(maxsize=1)
 def settings() -> Settings | None:
     """None when no trusted keys are configured: the guard then leaves vLLM's own behaviour."""
-    from ..pipeline.trust_config import signer_for, worker_policy
+    from ..pipeline.trust_config import worker_policy
     from .config import parse_config
 
     config = parse_config()
     for error in config.errors:
         LOG.error("plancache: compile-cache: %s", error)
-    signer = None
-    if config.signing_key:
-        try:
-            signer = signer_for(config.signing_key)
-        except Exception as exc:  # noqa: BLE001 - one ERROR line; caches are then left unsigned
-            LOG.error("plancache: compile-cache: signing key unusable (%s); new caches stay unsigned", safe_text(exc, 200))
     policy = worker_policy(config.trusted_keys, config.threshold) if config.trusted_keys else None
-    if policy is None and signer is None:
+    if policy is None and not config.signing_key:
         return None
     return Settings(
         keyring=policy.keyring if policy is not None else None,
         problem=policy.problem if policy is not None else "no trusted keys",
-        signer=signer,
+        signing_key=config.signing_key,
         url=config.url,
         storage_options=config.storage_options,
         timeout=config.timeout,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def signer() -> Any:
+    """The signing key, loaded when a new cache is first signed, never at boot (a KMS or HSM key
+    costs network calls a warm boot has no use for); None, with one ERROR line, if unusable."""
+    config = settings()
+    if config is None or not config.signing_key:
+        return None
+    from ..pipeline.trust_config import signer_for
+
+    try:
+        return signer_for(config.signing_key)
+    except Exception as exc:  # noqa: BLE001 - one ERROR line; caches are then left unsigned
+        LOG.error("plancache: compile-cache: signing key unusable (%s); new caches stay unsigned", safe_text(exc, 200))
+        return None
 
 
 def _root_and_subject(directory: Path) -> tuple[Any, str | None]:
@@ -168,8 +178,8 @@ def _pin(inductor: Path) -> None:
 
 def sign_saved(directory: Path) -> None:
     """After vLLM saved a new cache in ``directory``: sign it, push it in the background."""
-    config = settings()
-    if config is None or config.signer is None:
+    config, key = settings(), signer()
+    if config is None or key is None:
         return
     from ..pipeline.compile_cache import push_cache, sign_cache
     from ..pipeline.resolver import utcnow
@@ -179,7 +189,7 @@ def sign_saved(directory: Path) -> None:
     if subject is None:
         return
     try:
-        sign_cache(root, subject, config.signer, utcnow())
+        sign_cache(root, subject, key, utcnow())
     except Exception as exc:  # noqa: BLE001
         LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
         return
@@ -193,7 +203,7 @@ def sign_saved(directory: Path) -> None:
         started = time.monotonic()
         try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
             store = open_store(config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT))
-            push_cache(store, root, subject, signer_keyring(config.signer), utcnow())
+            push_cache(store, root, subject, signer_keyring(key), utcnow())
             LOG.debug("plancache: pushed compile cache %s to %s in %.0f ms", subject, safe_text(config.url, 200),
                      (time.monotonic() - started) * 1000)
         except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
