@@ -34,7 +34,7 @@ from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
 from .keys import Keyring, Signer
 from .statement import STATEMENT_TYPE, format_time, parse_time
-from .verify import DEFAULT_CLOCK_SKEW, _no_key_detail, _signing_keys, _window_detail
+from .verify import DEFAULT_CLOCK_SKEW, current_signers, trusted_signers
 
 PREDICATE_TYPE = "https://plancache.dev/compile-cache/v1"
 
@@ -229,22 +229,12 @@ def verify_manifest(
     env = dsse.decode(sig_bytes, MAX_SIG_BYTES)
     if env.payload_type != dsse.PAYLOAD_TYPE:
         raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
-    keys, failure = _signing_keys(env, keyring)
-    if not keys:
-        raise Rejected(failure, _no_key_detail(failure, env))
+    keys = trusted_signers(env, keyring)
     manifest = parse_manifest(env.payload)
     if manifest.subject != subject:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"manifest is for '{safe_text(manifest.subject, 100)}', not for '{safe_text(subject, 100)}'")
-    current = [k for k in keys if k.window_covers(now) and k.window_covers(manifest.signed_at)]
-    if not current:
-        raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
-    if len(current) < keyring.threshold:
-        raise Rejected(Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required")
-    if manifest.signed_at - now > clock_skew:
-        raise Rejected(Reason.NOT_YET_VALID, f"signed_at {format_time(manifest.signed_at)} is in the future")
-    if manifest.expires_at is not None and now - manifest.expires_at >= clock_skew:
-        raise Rejected(Reason.EXPIRED, f"signature expired at {format_time(manifest.expires_at)}")
+    current = current_signers(keys, keyring, manifest.signed_at, manifest.expires_at, now, clock_skew)
     return VerifiedManifest(manifest, sig_bytes, tuple(k.name for k in current), _SEAL)
 
 

@@ -109,9 +109,7 @@ def verify_plan(
     env = dsse.decode(sig_bytes)
     if env.payload_type != dsse.PAYLOAD_TYPE:
         raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
-    keys, failure = _signing_keys(env, keyring)
-    if not keys:
-        raise Rejected(failure, _no_key_detail(failure, env))
+    keys = trusted_signers(env, keyring)
     statement = parse_statement(env.payload)
     if statement.subject_name != name:
         raise Rejected(
@@ -123,20 +121,38 @@ def verify_plan(
     if statement.fingerprint != name_fp:
         raise Rejected(Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
         )
-    current = [k for k in keys if k.window_covers(now) and k.window_covers(statement.signed_at)]
-    if not current:
-        raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
-    if len(current) < keyring.threshold:
-        raise Rejected(Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required"
-        )
-    if statement.signed_at - now > clock_skew:
-        raise Rejected(Reason.NOT_YET_VALID, f"signed_at {format_time(statement.signed_at)} is in the future")
-    if statement.expires_at is not None and now - statement.expires_at >= clock_skew:
-        raise Rejected(Reason.EXPIRED, f"signature expired at {format_time(statement.expires_at)}")
+    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew)
     plan = parse_plan(plan_bytes, name)
     return VerifiedPlan(
         name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL, tuple(k.keyid for k in current)
     )
+
+
+def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
+    """The distinct trusted keys whose signatures over the envelope verify; Rejected with the
+    reason none counts (revoked, bad signature, untrusted). Shared by plans and compile-cache
+    manifests: one signature rule for both."""
+    keys, failure = _signing_keys(env, keyring)
+    if not keys:
+        raise Rejected(failure, _no_key_detail(failure, env))
+    return keys
+
+
+def current_signers(keys: list[TrustedKey], keyring: Keyring, signed_at: datetime, expires_at: datetime | None,
+                    now: datetime, clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> list[TrustedKey]:
+    """The signing keys whose validity windows cover both now and ``signed_at`` (a key vouches
+    only for what it signed while valid), enough of them for the threshold, and a signature
+    neither from the future nor expired; else Rejected. Shared by plans and manifests."""
+    current = [k for k in keys if k.window_covers(now) and k.window_covers(signed_at)]
+    if not current:
+        raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
+    if len(current) < keyring.threshold:
+        raise Rejected(Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required")
+    if signed_at - now > clock_skew:
+        raise Rejected(Reason.NOT_YET_VALID, f"signed_at {format_time(signed_at)} is in the future")
+    if expires_at is not None and now - expires_at >= clock_skew:
+        raise Rejected(Reason.EXPIRED, f"signature expired at {format_time(expires_at)}")
+    return current
 
 
 def _window_detail(keys: list[TrustedKey], now: datetime) -> str:
