@@ -192,6 +192,17 @@ def test_redirect_to_another_host_is_not_followed(s3_read_path: str, fault_serve
         other.stop()
 
 
+def test_gcs_takes_no_3xx_for_an_object(fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3xx without a Location is left to botocore on S3 (its region redirector reads it); on
+    GCS it is refused: gcsfs would otherwise hand the 3xx's body on as the object's bytes."""
+    serve(fault_server)
+    fault_server.state.bucket_region = "eu-west-1"  # every unsigned GET: 301, no Location
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fault_server.endpoint)
+    result = open_store("gs://faulty/plans", {"token": "anon"}, 2.0).fetch(FP)
+    assert result.error is not None and result.error.reason is Reason.STORE_ERROR, result
+    assert "301" in result.error.detail and result.plan_bytes is None
+
+
 # -- deadlines: SDK calls and credential discovery inside; one right reason -------------------
 
 

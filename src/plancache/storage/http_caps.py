@@ -73,25 +73,35 @@ class CappedResponse(aiohttp.ClientResponse):
         return await super().read()  # the body is set: aiohttp only releases the connection
 
 
-async def _refuse_redirect(session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
+async def _refuse(params: aiohttp.TraceRequestRedirectParams, target: str) -> None:
     response = params.response
-    target = response.headers.get("Location") or response.headers.get("URI")
-    if target is None:
-        return  # nothing to follow: aiohttp hands the answer on (S3's 301 PermanentRedirect names a region)
-    target = target[:200]
     response.close()
-    raise StoreError(f"{params.url.host} answered {response.status} redirecting to {target!r}: not followed")
+    raise StoreError(f"{params.url.host} answered {response.status} redirecting to {target[:200]!r}: not followed")
+
+
+async def _refuse_redirect(session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
+    await _refuse(params, params.response.headers.get("Location") or params.response.headers.get("URI") or "")
+
+
+async def _refuse_located_redirect(session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
+    """For botocore: a 3xx without a Location (S3's 301 PermanentRedirect for a bucket in another
+    region, named in ``x-amz-bucket-region``) goes on to botocore, whose region redirector re-signs
+    for that region; aiohttp itself follows nothing without a Location."""
+    target = params.response.headers.get("Location") or params.response.headers.get("URI")
+    if target is not None:
+        await _refuse(params, target)
 
 
 @functools.lru_cache(maxsize=None)
-def redirect_refusal() -> aiohttp.TraceConfig:
-    """A trace config that raises StoreError where aiohttp would follow a redirect."""
+def redirect_refusal(for_botocore: bool = False) -> aiohttp.TraceConfig:
+    """A trace config that raises StoreError where aiohttp would follow a redirect (and, unless
+    ``for_botocore``, on any 3xx: gcsfs would take a 3xx's body for the object's bytes)."""
     config = aiohttp.TraceConfig()
-    config.on_request_redirect.append(_refuse_redirect)
+    config.on_request_redirect.append(_refuse_located_redirect if for_botocore else _refuse_redirect)
     return config
 
 
-def session_kwargs() -> dict[str, Any]:
+def session_kwargs(for_botocore: bool = False) -> dict[str, Any]:
     """Keyword arguments for an ``aiohttp.ClientSession`` that caps bodies and refuses redirects.
 
     Compressed bodies are not decoded (a small gzip bomb would inflate past any read cap in
@@ -100,7 +110,7 @@ def session_kwargs() -> dict[str, Any]:
     """
     return {
         "response_class": CappedResponse,
-        "trace_configs": [redirect_refusal()],
+        "trace_configs": [redirect_refusal(for_botocore)],
         "auto_decompress": False,
         "headers": {"Accept-Encoding": "identity"},
     }
@@ -131,7 +141,7 @@ def capped_aiobotocore_session() -> type:
                         connector = await self._create_connector(proxy_url)
                         session = aiohttp.ClientSession(
                             connector=connector, timeout=self._timeout, skip_auto_headers={"CONTENT-TYPE"},
-                            **session_kwargs(),
+                            **session_kwargs(for_botocore=True),
                         )
                         self._sessions[proxy_url] = await self._exit_stack.enter_async_context(session)
             return session
