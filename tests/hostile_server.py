@@ -9,6 +9,7 @@ one shows up there.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -87,6 +88,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     draw: Draw
     canary: str
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up on a fault: expected
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class Canary:

@@ -344,6 +344,10 @@ class _FaultHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     state: FaultState
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up on a fault: expected
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
 
 class FaultServer:
     """An S3-shaped HTTP server on loopback whose objects misbehave as configured."""
