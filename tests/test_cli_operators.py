@@ -212,6 +212,21 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
 
 
+def test_verify_of_a_directory_imports_no_store_machinery(tmp_path: Path, keys: Path) -> None:
+    """An offline audit of a directory needs no event loop, no fsspec and no SDK (asyncio alone
+    was 45 ms of a 10k-plan ``verify``, through the parser's default-timeout constant)."""
+    signed = signed_dir(tmp_path / "ci-plans", keys, FP)
+    code = (
+        "import sys; from plancache.cli.main import main; "
+        f"rc = main(['verify', '--trusted-keys', {str(keys) + '.pub'!r}, {str(signed.path)!r}]); "
+        "print(rc, sorted(m for m in ('asyncio', 'fsspec', 'botocore', 'aiohttp', 'plancache.storage.store', "
+        "'plancache.storage.deadline') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
+
+
 # -- doctor ----------------------------------------------------------------------------------------
 
 

@@ -35,6 +35,10 @@ TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
 STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
 COMPILE_CACHE_ENV = "PLANCACHE_COMPILE_CACHE"
 
+DEFAULT_TIMEOUT = 3.0
+"""Overall budget in seconds of a remote operation when the caller names none: a boot-time
+lookup (the plugin's ``PLANCACHE_TIMEOUT`` and ``plancache pull --fingerprint``)."""
+
 BULK_TIMEOUT = 120.0
 """Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
 

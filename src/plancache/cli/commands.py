@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
-from ..storage.deadline import DEFAULT_TIMEOUT
+from ..settings import BULK_TIMEOUT, DEFAULT_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
 from .args import byte_count, duration, key_value, positive_int
 from .inputs import add_cosign_options, add_store_options, add_trust_options
 

@@ -22,13 +22,10 @@ import random
 import time
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
+from ..settings import DEFAULT_TIMEOUT  # noqa: F401 (re-exported: the budget's home is the settings)
 from ..trust.errors import PlanCacheError, StoreError, StoreTimeout
 
 T = TypeVar("T")
-
-DEFAULT_TIMEOUT = 3.0
-"""Overall budget in seconds of a remote operation when the caller names none: a boot-time
-lookup (the plugin's ``PLANCACHE_TIMEOUT`` and ``plancache pull --fingerprint``)."""
 
 JOIN_GRACE = 0.5
 """Extra wait on the calling thread beyond the deadline, should the event loop be stalled."""

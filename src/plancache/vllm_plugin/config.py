@@ -32,8 +32,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..storage.deadline import DEFAULT_TIMEOUT
 from ..settings import (
+    DEFAULT_TIMEOUT,
     SIGNING_KEY_ENV,
     STORAGE_OPTIONS_ENV,
     THRESHOLD_ENV,
