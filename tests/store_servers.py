@@ -152,7 +152,7 @@ class FaultObject:
     body: bytes = b""
     mode: str = "ok"
     """ok | error500 | error500-once | error500-huge (500 streaming ERROR_HUGE bytes) | redirect
-    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge"""
+    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge | range416 (416 to any Range)"""
     served: int = 0
 
 
@@ -268,6 +268,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             return self._send(500, error, xml)
         if obj.mode == "error500-huge":
             return self._stream(500, ERROR_HUGE, xml)
+        if obj.mode == "range416" and self._range():  # as S3 and GCS answer a range over an empty object
+            return self._send(416, b"", xml)
         if obj.mode == "huge":  # ignores Range, declares and streams 1 GiB
             self.send_response(200)
             self.send_header("Content-Length", str(HUGE))

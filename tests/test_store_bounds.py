@@ -203,6 +203,24 @@ def test_gcs_takes_no_3xx_for_an_object(fault_server: FaultServer, monkeypatch: 
     assert "301" in result.error.detail and result.plan_bytes is None
 
 
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_a_range_over_an_empty_object_reads_as_empty(kind: str, fault_server: FaultServer,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 and GCS answer 416 to a range over an empty object; a read from byte 0 cannot be
+    unsatisfiable for another reason. An empty sidecar is then ``malformed`` to the verifier,
+    never a store error (which ``prune --invalid`` would skip and ``pull`` would exit 2 on)."""
+    prefix = "plans" if kind == "s3" else "storage/v1/b/faulty/o/plans"  # GCS's media path, as the server parses it
+    fault_server.state.objects[f"{prefix}/{plan_name(FP)}"] = FaultObject(plan_bytes(FP))
+    fault_server.state.objects[f"{prefix}/{sig_name(FP)}"] = FaultObject(b"", "range416")
+    if kind == "s3":
+        store = s3(fault_server)
+    else:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", fault_server.endpoint)
+        store = open_store("gs://faulty/plans", {"token": "anon"}, 2.0)
+    result = store.fetch(FP)
+    assert result.error is None and result.plan_bytes == plan_bytes(FP) and result.sig_bytes == b"", result
+
+
 # -- deadlines: SDK calls and credential discovery inside; one right reason -------------------
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .deadline import http_status
 from .http_caps import read_declared
 from .listing import PAGE_SIZE, Page, entry_info
 
@@ -19,12 +18,7 @@ async def s3_read(fs: Any, path: str, cap: int) -> bytes:
     """A ranged GET whose declared length is checked before a byte of the body is read,
     and whose body is read at most to ``cap + 1`` even if the server ignores the range."""
     bucket, key, _ = fs.split_path(path)
-    try:
-        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{cap}")
-    except OSError as exc:
-        if http_status(exc) == 416:
-            return b""  # S3 answers a range over an empty object with 416: it is empty
-        raise
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{cap}")  # 416: see Store
     body = resp["Body"]
     try:
         return await read_declared(body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength"))

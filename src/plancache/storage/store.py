@@ -29,7 +29,7 @@ from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
 from .backends import CONCURRENCY, filesystem_opener, kind_of
 from .batches import each
-from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
+from .deadline import DEFAULT_TIMEOUT, checked_budget, http_status, run_by, store_error, with_retries
 from .files import read_capped, write_atomic
 from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, list_page, md5_hex  # noqa: F401 (re-exported)
 from .s3_direct import MAX_FINGERPRINTS, S3Direct, direct_settings
@@ -160,6 +160,8 @@ class Store:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if http_status(exc) == 416:  # a range from byte 0 is unsatisfiable only over an empty object
+                return b""
             raise store_error(f"cannot read {name}", exc) from None
         if data is not None and len(data) > cap:
             raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
