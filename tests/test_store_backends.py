@@ -93,6 +93,17 @@ def test_round_trip_fetch_list_delete(backend: Backend) -> None:
     assert store.fingerprints() == [FP2]
 
 
+def test_an_empty_sidecar_reads_as_empty_everywhere(backend: Backend) -> None:
+    """A range over an empty object is 416 on S3, GCS and Azure: read as empty bytes on every
+    backend (and on S3 through both read paths), so the verifier, not the store, rejects it."""
+    backend.plant(plan_name(FP), b"plan-bytes")
+    backend.plant(sig_name(FP), b"")
+    assert raw(backend.store().fetch(FP)) == (b"plan-bytes", b"")
+    built = backend.store()
+    _ = built.fs  # s3fs built: the bulk read path
+    assert raw(built.fetch(FP)) == (b"plan-bytes", b"")
+
+
 def test_oversized_objects_are_refused_not_downloaded(backend: Backend) -> None:
     backend.plant(plan_name(FP), b"{" + b" " * (MAX_PLAN_BYTES + 1000) + b"}")
     with pytest.raises(PlanCacheError) as err:

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 from adlfs import AzureBlobFileSystem
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import ResourceNotFoundError
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.storage.blob import BlobProperties
 from azure.storage.blob.aio import BlobServiceClient
@@ -126,11 +126,7 @@ async def azure_read(fs: Any, path: str, cap: int) -> bytes:
                 range=f"bytes=0-{cap}", decompress=False, cls=lambda pipeline, body, headers: pipeline.http_response,
             )
         except ResourceNotFoundError:
-            raise FileNotFoundError(path) from None
-        except HttpResponseError as exc:
-            if exc.status_code == 416:
-                return b""  # Azure answers a range over an empty blob with 416: it is empty
-            raise
+            raise FileNotFoundError(path) from None  # (a 416, over an empty blob: see Store)
         raw = response.internal_response
         try:
             return await read_declared(raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length)
