@@ -92,12 +92,14 @@ def test_a_key_version_of_another_algorithm_is_refused(gcp: GcpKms, gcp_env: dic
 
 
 def test_a_silent_cloud_kms_ends_at_the_budget(gcp: GcpKms, gcp_env: dict[str, str]) -> None:
-    signer = load_signer(REF, {**gcp_env, "PLANCACHE_TIMEOUT": "0.5"})
+    # A 2 s budget: loading the client and the public key is not what this test measures, and
+    # 0.5 s for it proved too tight on a loaded CI machine (the AWS twin of this test).
+    signer = load_signer(REF, {**gcp_env, "PLANCACHE_TIMEOUT": "2"})
     gcp.hang = True
     try:
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as info:
             signer.sign(b"x")
-        assert isinstance(info.value, StoreTimeout) and time.monotonic() - started < 1.5
+        assert isinstance(info.value, StoreTimeout) and time.monotonic() - started < 2.0 + 1.5
     finally:
         gcp.hang = False
