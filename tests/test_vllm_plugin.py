@@ -361,14 +361,14 @@ def test_an_apply_boot_never_waits_for_a_remote_signing_key(plugin: SimpleNamesp
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", "awskms:///alias/ci")
     monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", black_hole.endpoint)
-    monkeypatch.setenv("PLANCACHE_TIMEOUT", "5")
+    monkeypatch.setenv("PLANCACHE_TIMEOUT", "10")
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     worker = make_worker(plugin)
     write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
     started = time.monotonic()
     assert worker.determine_available_memory() == PLANNED_KV
-    assert time.monotonic() - started < 5.0 and black_hole.held == []  # the KMS was never called
+    assert time.monotonic() - started < 10.0 and black_hole.held == []  # the KMS was never called
     assert "decision=apply" in infos(lines)[0] and errors(lines) == []
 
 
