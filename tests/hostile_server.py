@@ -9,11 +9,13 @@ one shows up there.
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from store_servers import LoopbackServer
 
 STATUSES = (200, 206, 301, 307, 400, 403, 404, 416, 500, 503)
 LENGTHS = ("honest", "short", "long", "huge", "chunked", "missing")
@@ -37,7 +39,7 @@ class Draw:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_Server"
+    server: Any
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -84,16 +86,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    draw: Draw
-    canary: str
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up on a fault: expected
-            super().handle_error(request, client_address)  # type: ignore[arg-type]
-
-
 class Canary:
     """A listener that records every connection and answers none."""
 
@@ -123,18 +115,9 @@ class Canary:
         self.sock.close()
 
 
-class HostileServer:
+class HostileServer(LoopbackServer):
     def __init__(self, canary: Canary) -> None:
-        self.httpd = _Server(("127.0.0.1", 0), _Handler)
-        self.httpd.canary = canary.endpoint
-        self.httpd.draw = Draw(200, "honest", "empty", "fast")
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(_Handler, canary=canary.endpoint, draw=Draw(200, "honest", "empty", "fast"))
 
     def set(self, draw: Draw) -> None:
-        self.httpd.draw = draw
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.draw = draw  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import parse_qs, unquote, urlparse
 from xml.sax.saxutils import escape
 
@@ -193,7 +193,7 @@ def synthetic_fp(i: int) -> str:
 
 class _FaultHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_FaultHTTPServer"
+    server: "QuietHTTPServer"
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         pass
@@ -342,36 +342,47 @@ class _FaultHandler(BaseHTTPRequestHandler):
         self._send(200, body, {"Content-Type": "application/xml"})
 
 
-class _FaultHTTPServer(ThreadingHTTPServer):
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A threaded test server that stays quiet when a client hangs up on it (faults make them)."""
+
     daemon_threads = True
-    state: FaultState
+    state: Any
 
     def handle_error(self, request: object, client_address: object) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up on a fault: expected
+        if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
-class FaultServer:
-    """An S3-shaped HTTP server on loopback whose objects misbehave as configured."""
+class LoopbackServer:
+    """``handler`` served on a free loopback port from a daemon thread. ``attrs`` are set on the
+    server before it serves (handlers read them as ``self.server.<name>``)."""
 
-    def __init__(self) -> None:
-        self.httpd = _FaultHTTPServer((LOOPBACK, 0), _FaultHandler)
-        self.httpd.state = FaultState()
+    def __init__(self, handler: type[BaseHTTPRequestHandler], **attrs: Any) -> None:
+        self.httpd = QuietHTTPServer((LOOPBACK, 0), handler)
+        for name, value in attrs.items():
+            setattr(self.httpd, name, value)
         self.port = int(self.httpd.server_address[1])
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
-    @property
-    def state(self) -> FaultState:
-        return self.httpd.state
-
-    def reset(self) -> None:
-        self.httpd.state = FaultState()
-
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class FaultServer(LoopbackServer):
+    """An S3-shaped HTTP server on loopback whose objects misbehave as configured."""
+
+    def __init__(self) -> None:
+        super().__init__(_FaultHandler, state=FaultState())
+
+    @property
+    def state(self) -> FaultState:
+        return self.httpd.state  # type: ignore[no-any-return]
+
+    def reset(self) -> None:
+        self.httpd.state = FaultState()
 
 
 class BlackHole:

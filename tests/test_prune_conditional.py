@@ -19,7 +19,7 @@ import json
 import threading
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, unquote, urlparse
@@ -31,7 +31,9 @@ from plancache.storage import versioned
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.store import Store, open_store
 from plancache.trust.plan import plan_name, sig_name
-from store_servers import LOOPBACK, GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401
+from store_servers import (  # noqa: F401 (fixtures)
+    GcsEmulator, LoopbackServer, MotoServer, QuietHTTPServer, azurite, gcs_emulator, moto_server,
+)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"
@@ -67,7 +69,7 @@ class _StandInHandler(BaseHTTPRequestHandler):
     416 for a range over an empty object)."""
 
     protocol_version = "HTTP/1.1"
-    server: "_StandInServer"
+    server: QuietHTTPServer
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -146,28 +148,15 @@ class _StandInHandler(BaseHTTPRequestHandler):
         self._send(204)
 
 
-class _StandInServer(ThreadingHTTPServer):
-    daemon_threads = True
-    state: StandInState
-
-
-class GcsStandIn:
+class GcsStandIn(LoopbackServer):
     """The stand-in on a free loopback port (see :class:`_StandInHandler`)."""
 
     def __init__(self) -> None:
-        self.httpd = _StandInServer((LOOPBACK, 0), _StandInHandler)
-        self.httpd.state = StandInState()
-        self.endpoint = f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(_StandInHandler, state=StandInState())
 
     @property
     def state(self) -> StandInState:
-        return self.httpd.state
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return self.httpd.state  # type: ignore[no-any-return]
 
 
 # -- backends -------------------------------------------------------------------------------------

@@ -90,6 +90,19 @@ def entry_info(name: str, size: Any, info: Mapping[str, Any]) -> ObjectInfo | No
     return ObjectInfo(name, size if type(size) is int else None, md5_of(info))
 
 
+def entries_under(items: Any, prefix: str, name_key: str, size_key: str) -> list[ObjectInfo]:
+    """The plan and sidecar entries of one listing page directly under ``prefix``: the page's
+    items are whatever the server sent, so anything not shaped like an object is skipped."""
+    entries = []
+    for item in items if isinstance(items, list) else []:
+        name = item.get(name_key) if isinstance(item, dict) else None
+        if isinstance(name, str) and name.startswith(prefix):
+            info = entry_info(name[len(prefix):], item.get(size_key), item)
+            if info is not None:
+                entries.append(info)
+    return entries
+
+
 async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
     """One page of GCS's object listing directly under ``root`` (``delimiter='/'``)."""
     bucket, key, _ = fs.split_path(root)
@@ -98,13 +111,7 @@ async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
         "GET", "b/{}/o", bucket, json_out=True, prefix=prefix or None, delimiter="/",
         maxResults=PAGE_SIZE, pageToken=token,
     )
-    items = resp.get("items") if isinstance(resp, dict) else None
-    entries = []
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"].startswith(prefix):
-            info = entry_info(item["name"][len(prefix):], item.get("size"), item)
-            if info is not None:
-                entries.append(info)
+    entries = entries_under(resp.get("items") if isinstance(resp, dict) else None, prefix, "name", "size")
     following = resp.get("nextPageToken") if isinstance(resp, dict) else None
     return Page(entries, following if isinstance(following, str) and following != token else None)
 

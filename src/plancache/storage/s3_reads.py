@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .http_caps import read_declared
-from .listing import PAGE_SIZE, Page, entry_info
+from .listing import PAGE_SIZE, Page, entries_under
 
 
 async def s3_read(fs: Any, path: str, cap: int) -> bytes:
@@ -34,13 +34,7 @@ async def s3_page(fs: Any, root: str, token: str | None) -> Page:
     if token:
         kwargs["ContinuationToken"] = token
     resp = await fs._call_s3("list_objects_v2", **kwargs)
-    contents = resp.get("Contents")
-    entries = []
-    for item in contents if isinstance(contents, list) else []:
-        if isinstance(item, dict) and isinstance(item.get("Key"), str) and item["Key"].startswith(prefix):
-            info = entry_info(item["Key"][len(prefix):], item.get("Size"), item)
-            if info is not None:
-                entries.append(info)
+    entries = entries_under(resp.get("Contents"), prefix, "Key", "Size")
     following = resp.get("NextContinuationToken")
     more = resp.get("IsTruncated") is True and isinstance(following, str) and following != token
     return Page(entries, following if more else None)
