@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import parse_qs, unquote, urlparse
 from xml.sax.saxutils import escape
@@ -479,3 +480,40 @@ def s3_read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(store, "MAX_FINGERPRINTS", 0)
         monkeypatch.setenv(S3_PATH_ENV, "s3fs")
     return str(request.param)
+
+
+# -- one signed plan on the fault server, pulled through the CLI ------------------------------------
+
+
+def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: str = "ok", *, prefix: str) -> None:
+    """The fault server serves a plan for conftest's FP and its signature by ``keys`` under
+    ``prefix`` (S3: ``<prefix>/<name>``; Azure: ``<container>/<prefix>/<name>``), each object
+    misbehaving as its mode says."""
+    from conftest import FP, plan_bytes
+    from plancache.pipeline.resolver import utcnow
+    from plancache.storage.keyfiles import load_signer
+    from plancache.trust.plan import plan_name, sig_name
+    from plancache.trust.signing import sign_plan
+
+    data = plan_bytes()
+    sig = sign_plan(plan_name(FP), data, load_signer(str(keys)), utcnow())
+    server.state.objects[f"{prefix}/{plan_name(FP)}"] = FaultObject(data, mode)
+    server.state.objects[f"{prefix}/{sig_name(FP)}"] = FaultObject(sig, sig_mode)
+
+
+def pull_fingerprint(capsys: pytest.CaptureFixture[str], url: str, storage_option: str, keys: Path, dest: Path,
+                     *extra: str) -> tuple[int, str, str, float]:
+    """``plancache pull --fingerprint FP`` in this process: exit code, stdout, stderr, seconds."""
+    from conftest import FP
+    from plancache.cli.main import main
+
+    started = time.monotonic()
+    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--fingerprint", FP, "--storage-option", storage_option,
+                 *extra, url, str(dest)])
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    return code, out, err, elapsed
+
+
+def nothing_written(dest: Path) -> bool:
+    return not dest.exists() or list(dest.iterdir()) == []

@@ -7,6 +7,7 @@ redirects, a black hole, a closed port. Budgets are asserted with a generous upp
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from pathlib import Path
@@ -16,16 +17,15 @@ import pytest
 from azurite_server import azure_connection_string
 from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
-from plancache.pipeline.resolver import utcnow
 from plancache.storage.azure import BoundedAzureBlobFileSystem, CappedTransport
-from plancache.storage.keyfiles import generate_keypair, load_signer
+from plancache.storage.keyfiles import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from plancache.trust.signing import sign_plan
+import store_servers
 from store_servers import (  # noqa: F401 (fixtures)
-    BlackHole, FaultObject, FaultServer, azurite, black_hole, closed_port, fault_server, fault_server_session,
+    nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, azurite, black_hole, closed_port, fault_server, fault_server_session,
 )
 
 SLACK = 2.0
@@ -51,24 +51,11 @@ def keys(tmp_path: Path) -> Path:
     return tmp_path / "ci"
 
 
-def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: str = "ok") -> None:
-    data = plan_bytes()
-    sig = sign_plan(plan_name(FP), data, load_signer(str(keys)), utcnow())
-    server.state.objects[key(plan_name(FP))] = FaultObject(data, mode)
-    server.state.objects[key(sig_name(FP))] = FaultObject(sig, sig_mode)
+serve_signed = functools.partial(store_servers.serve_signed, prefix=f"{CONTAINER}/{PREFIX}")
 
 
 def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str) -> tuple[int, str, str, float]:
-    started = time.monotonic()
-    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--fingerprint", FP, "--storage-option",
-                 f"connection_string={azure_connection_string(endpoint)}", *extra, URL, str(dest)])
-    elapsed = time.monotonic() - started
-    out, err = capsys.readouterr()
-    return code, out, err, elapsed
-
-
-def nothing_written(dest: Path) -> bool:
-    return not dest.exists() or list(dest.iterdir()) == []
+    return pull_fingerprint(capsys, URL, f"connection_string={azure_connection_string(endpoint)}", keys, dest, *extra)
 
 
 # -- faults -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ timing) with its documented error, and nothing unverified is written locally.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -19,11 +20,10 @@ from plancache.cli.main import main
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from plancache.trust.signing import sign_plan
-from plancache.pipeline.resolver import utcnow
 from plancache.storage.keyfiles import generate_keypair
+import store_servers
 from store_servers import (  # noqa: F401 (fixtures)
-    AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
+    AWS_ENV, nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
     s3_read_path,
 )
 
@@ -54,26 +54,11 @@ def keys(tmp_path: Path) -> Path:
     return tmp_path / "ci"
 
 
-def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: str = "ok") -> None:
-    from plancache.storage.keyfiles import load_signer
-
-    data = plan_bytes()
-    sig = sign_plan(plan_name(FP), data, load_signer(str(keys)), utcnow())
-    server.state.objects[key(plan_name(FP))] = FaultObject(data, mode)
-    server.state.objects[key(sig_name(FP))] = FaultObject(sig, sig_mode)
+serve_signed = functools.partial(store_servers.serve_signed, prefix=PREFIX)
 
 
 def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str) -> tuple[int, str, str, float]:
-    started = time.monotonic()
-    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--fingerprint", FP, "--storage-option",
-                 f"endpoint_url={endpoint}", *extra, f"s3://{BUCKET}/{PREFIX}", str(dest)])
-    elapsed = time.monotonic() - started
-    out, err = capsys.readouterr()
-    return code, out, err, elapsed
-
-
-def nothing_written(dest: Path) -> bool:
-    return not dest.exists() or list(dest.iterdir()) == []
+    return pull_fingerprint(capsys, f"s3://{BUCKET}/{PREFIX}", f"endpoint_url={endpoint}", keys, dest, *extra)
 
 
 def test_one_fetch_is_two_ranged_gets_no_head(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
