@@ -178,6 +178,8 @@ class FaultState:
     redirect_to: str = ""
     signed: list[bool] = field(default_factory=list)
     """whether each GET carried an Authorization header"""
+    etag: str | None = '"0"'
+    """the ETag every object is served with (None: no ETag header at all)"""
     bucket_region: str = ""
     """as S3 does for a bucket in another region: a GET signed for any other region gets
     ``301 PermanentRedirect`` with ``x-amz-bucket-region`` (and no ``Location``)"""
@@ -238,6 +240,15 @@ class _FaultHandler(BaseHTTPRequestHandler):
             state.requests.append(("HEAD", self.path, self.headers.get("Range", "")))
         self._send(405, b"")
 
+    def do_DELETE(self) -> None:
+        """DeleteObject: recorded and obeyed (any precondition is ignored)."""
+        state = self.server.state
+        key = unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
+        with state.lock:
+            state.requests.append(("DELETE", self.path, ""))
+            state.objects.pop(key, None)
+        self._send(204, b"")
+
     def do_GET(self) -> None:
         state = self.server.state
         with state.lock:
@@ -285,7 +296,9 @@ class _FaultHandler(BaseHTTPRequestHandler):
         body = obj.body
         rng = self._range()
         status = 200
-        headers = {"Content-Type": "application/octet-stream", "ETag": '"0"'}
+        headers = {"Content-Type": "application/octet-stream"}
+        if state.etag is not None:
+            headers["ETag"] = state.etag
         if rng.startswith("bytes="):
             start_s, _, end_s = rng[6:].partition("-")
             start, end = int(start_s), min(int(end_s), len(body) - 1)

@@ -30,9 +30,10 @@ from conftest import FP, plan_bytes
 from plancache.storage import versioned
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.store import Store, open_store
+from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
-    GcsEmulator, LoopbackServer, MotoServer, QuietHTTPServer, azurite, gcs_emulator, moto_server,
+    AWS_ENV, FaultObject, FaultServer, fault_server, fault_server_session, GcsEmulator, LoopbackServer, MotoServer, QuietHTTPServer, azurite, gcs_emulator, moto_server,
 )
 
 FP2 = "fedcba9876543210"
@@ -336,3 +337,23 @@ def test_gone_before_the_reread_is_changed_not_an_error(backend: Backend) -> Non
     backend.remove(plan_name(FP))
     deleted, changed = delete_if_unchanged(backend.store, judged)
     assert deleted == [FP2, FP3] and changed == [FP] and backend.read(sig_name(FP)) == SIG
+
+
+@pytest.mark.parametrize("etag", [None, "", "x" * 300, '"a\x01b"', '"caf\u00e9"'],
+                         ids=["absent", "empty", "overlong", "control", "non-ascii"])
+def test_a_version_the_store_forged_or_left_out_deletes_nothing(etag: str | None, fault_server: FaultServer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The version token goes back to the store in a header: one that is absent, empty, overlong
+    or not printable ASCII is a store error, and no delete is sent unconditionally instead."""
+    for name, value in AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in (plan_name(FP), sig_name(FP)):
+        fault_server.state.objects[f"plans/{name}"] = FaultObject(b"{}" if name.endswith(".sig") else plan_bytes())
+    fault_server.state.etag = etag
+    store = open_store("s3://faulty/plans", {"endpoint_url": fault_server.endpoint}, 5.0)
+    judged = store.fetch(FP)
+    with pytest.raises(PlanCacheError) as info:
+        delete_if_unchanged(store, {FP: content_digest(judged.plan_bytes, judged.sig_bytes)})
+    assert info.value.reason is Reason.STORE_ERROR, info.value
+    assert [m for m, _, _ in fault_server.state.requests if m == "DELETE"] == []
+    assert store.fingerprints() == [FP]
