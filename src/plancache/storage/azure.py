@@ -26,7 +26,7 @@ and its ``_ls`` walks every page before returning.
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Mapping
 
 import aiohttp
 from adlfs import AzureBlobFileSystem
@@ -116,22 +116,30 @@ class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
         ), None
 
 
-async def azure_read(fs: Any, path: str, cap: int) -> bytes:
-    """A ranged GET whose declared length is checked before a byte of the body is read, and
-    whose body is read at most to ``cap + 1`` even if the server ignores the range."""
+async def azure_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
+    """A download (of ``byte_range``, or whole) through the generated call, which hands back a
+    stream (adlfs's ``cat_file`` would join the whole body): declared length checked before a
+    byte of the body is read, body read at most to ``cap + 1``; with the answer's headers."""
     container, blob, _ = fs.split_path(path)
     async with fs.service_client.get_blob_client(container, blob) as client:
         try:
-            response = await client._client.blob.download(  # the generated call: a stream, not a joined body
-                range=f"bytes=0-{cap}", decompress=False, cls=lambda pipeline, body, headers: pipeline.http_response,
+            response = await client._client.blob.download(
+                decompress=False, cls=lambda pipeline, body, headers: pipeline.http_response,
+                **({"range": byte_range} if byte_range else {}),
             )
         except ResourceNotFoundError:
-            raise FileNotFoundError(path) from None  # (a 416, over an empty blob: see Store)
+            raise FileNotFoundError(path) from None
         raw = response.internal_response
         try:
-            return await read_declared(raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length)
+            data = await read_declared(raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length)
         finally:
             raw.close()
+        return data, response.headers
+
+
+async def azure_read(fs: Any, path: str, cap: int) -> bytes:
+    """One blob's bytes, from a download of ``bytes=0-cap`` (a 416 over an empty blob: see Store)."""
+    return (await azure_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 
 def _md5_hash(item: BlobProperties) -> dict[str, str]:

@@ -8,22 +8,28 @@ by :mod:`.http_caps`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from .http_caps import read_declared
 from .listing import PAGE_SIZE, Page, entries_under
 
 
-async def s3_read(fs: Any, path: str, cap: int) -> bytes:
-    """A ranged GET whose declared length is checked before a byte of the body is read,
-    and whose body is read at most to ``cap + 1`` even if the server ignores the range."""
+async def s3_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
+    """A GET (of ``byte_range``, or whole) whose declared length is checked before a byte of the
+    body is read, and whose body is read at most to ``cap + 1`` even if the server ignores the
+    range; with the answer's other fields (its ETag: see :mod:`.versioned`)."""
     bucket, key, _ = fs.split_path(path)
-    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{cap}")  # 416: see Store
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))
     body = resp["Body"]
     try:
-        return await read_declared(body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength"))
+        return await read_declared(body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength")), resp
     finally:
         body.close()
+
+
+async def s3_read(fs: Any, path: str, cap: int) -> bytes:
+    """One object's bytes, from a GET of ``bytes=0-cap`` (a 416 over an empty object: see Store)."""
+    return (await s3_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 
 async def s3_page(fs: Any, root: str, token: str | None) -> Page:

@@ -12,9 +12,9 @@ a later request could be a newer object's):
   ``DELETE`` with ``ifGenerationMatch``;
 * Azure Blob: the download's ``ETag``; ``Delete Blob`` with ``If-Match``.
 
-The reads are capped as every read is: S3 and Azure bodies are streams read by
-:func:`.http_caps.read_declared` (declared length checked first, at most ``cap + 1`` bytes),
-gcsfs's whole-body reads are capped by :func:`.http_caps.body_cap`. A store that states no
+The reads are the store's own capped reads: S3 and Azure through :func:`.s3_reads.s3_get` and
+:func:`.azure.azure_get` (declared length checked first, at most ``cap + 1`` bytes), which also
+hand back the answer's ETag; gcsfs's whole-body reads are capped by :func:`.http_caps.body_cap`. A store that states no
 usable version is a StoreError: nothing is deleted unconditionally on these backends.
 :mod:`.conditional_deletes` uses these to delete only what ``prune`` judged.
 """
@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from ..trust.errors import StoreError
 from .deadline import causes, http_status
-from .http_caps import body_cap, read_declared
+from .http_caps import body_cap
 
 T = TypeVar("T")
 
@@ -66,20 +66,10 @@ async def _ranged_or_whole(read: Callable[[str | None], Awaitable[T]], cap: int)
 
 
 async def _s3_read(fs: Any, path: str, cap: int) -> Versioned:
-    """A GET like :func:`.s3_reads.s3_read` (declared length checked first, body read at most
-    to ``cap + 1``) that also returns the answer's ETag."""
-    bucket, key, _ = fs.split_path(path)
+    """:func:`.s3_reads.s3_get`, and the answer's ETag."""
+    from .s3_reads import s3_get
 
-    async def get(byte_range: str | None) -> Any:
-        ranged = {"Range": byte_range} if byte_range else {}
-        return await fs._call_s3("get_object", Bucket=bucket, Key=key, **ranged)
-
-    resp = await _ranged_or_whole(get, cap)
-    body = resp["Body"]
-    try:
-        data = await read_declared(body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength"))
-    finally:
-        body.close()
+    data, resp = await _ranged_or_whole(lambda byte_range: s3_get(fs, path, cap, byte_range), cap)
     return Versioned(data, _token(resp.get("ETag"), path))
 
 
@@ -112,29 +102,11 @@ async def _gcs_delete(fs: Any, path: str, token: str) -> None:
 
 
 async def _azure_read(fs: Any, path: str, cap: int) -> Versioned:
-    """A download like :func:`.azure.azure_read` (a stream, declared length checked first, body
-    read at most to ``cap + 1``) that also returns the answer's ETag."""
-    from azure.core.exceptions import ResourceNotFoundError
+    """:func:`.azure.azure_get`, and the answer's ETag."""
+    from .azure import azure_get
 
-    container, blob, _ = fs.split_path(path)
-    async with fs.service_client.get_blob_client(container, blob) as client:
-
-        async def get(byte_range: str | None) -> Any:
-            ranged = {"range": byte_range} if byte_range else {}
-            return await client._client.blob.download(  # the generated call: a stream, not a joined body
-                decompress=False, cls=lambda pipeline, body, headers: pipeline.http_response, **ranged,
-            )
-
-        try:
-            response = await _ranged_or_whole(get, cap)
-        except ResourceNotFoundError:
-            raise FileNotFoundError(path) from None
-        raw = response.internal_response
-        try:
-            data = await read_declared(raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length)
-        finally:
-            raw.close()
-        return Versioned(data, _token(response.headers.get("ETag"), path))
+    data, headers = await _ranged_or_whole(lambda byte_range: azure_get(fs, path, cap, byte_range), cap)
+    return Versioned(data, _token(headers.get("ETag"), path))
 
 
 async def _azure_delete(fs: Any, path: str, token: str) -> None:
