@@ -96,9 +96,10 @@ def add_parsers(sub: Sub) -> None:
 
     p = _add(sub, "inspect", "offline:cmd_inspect", "show one plan file and its signature in detail",
              "Show a plan (or its .sig) in detail: fields, envelope, statement, and, with trusted keys, the "
-             "verification result.")
-    p.add_argument("file", metavar="FILE")
+             "verification result. FILE may be a store URL, e.g. s3://bucket/prefix/startup_plan_<fp>.json.")
+    p.add_argument("file", metavar="FILE|URL")
     p.add_argument("--trusted-keys", metavar="PATH", help=f"verify as well (default: ${TRUSTED_KEYS_ENV})")
+    add_store_options(p, f"budget of the fetch for a URL (default {DEFAULT_TIMEOUT:g} s)")
     _json(p)
 
     p = _add(sub, "push", "remote:cmd_push", "sign (with --key) and upload plans to a store",

@@ -66,6 +66,29 @@ def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -
     )
 
 
+PLACES = {"push": ("dir", "url"), "pull": ("url", "dir"), "sign": ("dir",)}
+"""Each command's DIR and URL positionals, in the order it takes them."""
+
+
+def check_places(args: argparse.Namespace) -> None:
+    """A store URL where a directory goes (or the reverse) is named as such, never mangled into a
+    path: ``push s3://b/p plans`` says the two are swapped instead of uploading to ``./plans``."""
+    from ..pipeline.locations import is_url
+
+    order = PLACES[args.command]
+    usage = f"plancache {args.command} {' '.join(n.upper() for n in order)}"
+    values = {name: getattr(args, name) for name in order}
+    wrong = [name for name, value in values.items() if value is not None and is_url(value) != (name == "url")]
+    if len(wrong) == 2:
+        raise ConfigError(f"DIR and URL are swapped: {usage} (got the store URL {values['dir']!r} as DIR and "
+                          f"{values['url']!r} as URL)")
+    if wrong == ["dir"]:
+        raise ConfigError(f"DIR {values['dir']!r} is a store URL, not a local plan directory ({usage})")
+    if wrong == ["url"]:
+        raise ConfigError(f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, gs://bucket/prefix "
+                          f"or file:///path ({usage})")
+
+
 def required_policy(args: argparse.Namespace) -> "TrustPolicy":
     """The signed policy the command needs; one line when no trusted keys are named."""
     from ..pipeline.trust_config import keys_source, trust_policy

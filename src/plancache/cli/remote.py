@@ -22,7 +22,7 @@ from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ..trust.errors import ConfigError
 from ..trust.gate import Verdict
 from ..trust.plan import is_fingerprint
-from .inputs import required_policy, storage_options
+from .inputs import check_places, required_policy, storage_options
 from .output import Progress, print_table, report
 
 EXIT_STORE = 2
@@ -46,6 +46,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     from .keys_cmd import terminal_prompt
     from .offline import conditions_warning, unrecorded_conditions
 
+    check_places(args)
     wanted = _fingerprints(args)
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
@@ -82,6 +83,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    check_places(args)
     policy = required_policy(args)
     wanted = _fingerprints(args)
     budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BULK_TIMEOUT)

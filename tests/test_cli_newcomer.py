@@ -1,0 +1,147 @@
+"""Issue 21 as a newcomer meets it, against moto's S3 server and local directories: argument
+errors that name the nearest word and the command's own help, no silent abbreviations, DIR and
+URL never mistaken for each other, ``inspect`` of a plan in a bucket."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import FP, plan_bytes
+from plancache.cli.main import main
+from plancache.storage.keyfiles import generate_keypair
+from plancache.storage.localdir import LocalPlanDir
+from plancache.trust.plan import plan_name
+from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def s3(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:  # noqa: F811
+    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    return moto_server
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    return tmp_path / "ci"
+
+
+FACTS = ("--fact", "gpu_memory_utilization=0.9", "--fact", "device_name=x", "--fact", "device_total_memory=1")
+
+
+def signed_dir(path: Path, key: Path, *fps: str) -> LocalPlanDir:
+    local = LocalPlanDir(path)
+    for fp in fps:
+        local.write(fp, plan_bytes(fp=fp), None)
+    assert main(["sign", "--key", str(key), *FACTS, str(path)]) == 0
+    return local
+
+
+# -- argument errors (item 3) ---------------------------------------------------------------------
+
+
+def test_a_misspelled_option_names_the_nearest_one_and_the_commands_own_help(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = run(capsys, "verify", "--trusted-kyes", "k.pub", str(tmp_path))
+    assert code == 2 and not out
+    assert err.strip() == ("plancache verify: error: unknown option '--trusted-kyes'; did you mean '--trusted-keys'? "
+                           "(see plancache verify --help)")
+
+
+def test_a_misspelled_option_under_json_fills_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "pull", "--json", "--fingerprnt", FP, "s3://b/p", str(tmp_path))
+    doc = json.loads(out)
+    assert code == 2 and doc["command"] == "pull" and doc["error"]["reason"] == "usage-error"
+    assert "'--fingerprint'" in doc["error"]["detail"] and "plancache pull --help" in doc["error"]["detail"]
+
+
+def test_a_nested_command_reports_its_own_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "compile-cache", "verify", "--trusted-kes", "k")
+    assert code == 2 and "plancache compile-cache verify: error:" in err and "'--trusted-keys'" in err
+    assert "see plancache compile-cache verify --help" in err
+
+
+@pytest.mark.parametrize("argv, meant, help_of", [
+    (("verfy", "x"), "verify", "plancache"),
+    (("compile-cache", "sgn"), "sign", "plancache compile-cache"),
+    (("keygen", "--format", "pen", "k"), "pem", "plancache keygen"),
+])
+def test_a_misspelled_choice_names_the_nearest(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
+                                               meant: str, help_of: str) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and f"did you mean {meant!r}?" in err and f"(see {help_of} --help)" in err
+
+
+def test_no_option_is_taken_as_a_prefix(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path) -> None:
+    signed_dir(tmp_path / "plans", keys, FP)
+    code, _, err = run(capsys, "verify", "--trusted-key", f"{keys}.pub", str(tmp_path / "plans"))
+    assert code == 2 and "unknown option '--trusted-key'; did you mean '--trusted-keys'?" in err
+    assert "not abbreviated" in err
+
+
+def test_an_option_before_the_command_says_where_it_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--json", "ls", "x")
+    doc = json.loads(out)
+    assert code == 2 and doc["command"] == "ls" and "--json goes after the command" in doc["error"]["detail"]
+
+
+def test_extra_positionals_are_named_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "pull", "s3://b/p", "dir", "more")
+    assert code == 2 and "plancache pull: error: unexpected argument: more" in err
+
+
+# -- DIR and URL (item 3) -------------------------------------------------------------------------
+
+
+def test_push_with_url_and_dir_swapped_says_so_and_writes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signed_dir(tmp_path / "plans", keys, FP)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "push", "s3://bucket/prefix", "plans")
+    assert code == 2 and "DIR and URL are swapped: plancache push DIR URL" in err
+    assert "'s3://bucket/prefix' as DIR" in err and not (tmp_path / "s3:").exists()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (("pull", "plans", "s3://bucket/prefix"), "DIR and URL are swapped: plancache pull URL DIR"),
+    (("pull", "plans"), "URL 'plans' is not a store URL"),
+    (("pull", "s3://b/p", "s3://b/q"), "DIR 's3://b/q' is a store URL, not a local plan directory"),
+    (("sign", "--key", "k", "s3://b/p"), "DIR 's3://b/p' is a store URL, not a local plan directory (plancache sign DIR)"),
+])
+def test_a_url_for_a_directory_or_the_reverse_names_the_argument(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: tuple[str, ...], said: str, keys: Path
+) -> None:
+    code, _, err = run(capsys, *argv, "--trusted-keys", f"{keys}.pub") if argv[0] == "pull" else run(capsys, *argv)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1
+
+
+# -- inspect URL (item 3) -------------------------------------------------------------------------
+
+
+def test_inspect_reads_a_plan_from_a_store_url(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
+) -> None:
+    signed_dir(tmp_path / "plans", keys, FP)
+    url = f"s3://{s3.new_bucket()}/team"
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    code, out, _ = run(capsys, "inspect", "--json", "--trusted-keys", f"{keys}.pub", f"{url}/{plan_name(FP)}")
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "valid" and doc["file"] == f"{url}/{plan_name(FP)}"
+    assert doc["statement"]["provenance"]["device_name"] == "x"
+    code, _, err = run(capsys, "inspect", f"{url}/{plan_name('0123456789abcdee')}")
+    assert code == 2 and "does not exist" in err
