@@ -4,6 +4,8 @@ URL never mistaken for each other, ``inspect`` of a plan in a bucket."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -46,7 +48,8 @@ def signed_dir(path: Path, key: Path, *fps: str) -> LocalPlanDir:
     local = LocalPlanDir(path)
     for fp in fps:
         local.write(fp, plan_bytes(fp=fp), None)
-    assert main(["sign", "--key", str(key), *FACTS, str(path)]) == 0
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["sign", "--key", str(key), *FACTS, str(path)]) == 0
     return local
 
 
@@ -145,3 +148,67 @@ def test_inspect_reads_a_plan_from_a_store_url(
     assert doc["statement"]["provenance"]["device_name"] == "x"
     code, _, err = run(capsys, "inspect", f"{url}/{plan_name('0123456789abcdee')}")
     assert code == 2 and "does not exist" in err
+
+
+# -- re-profiled plans (item 2) -------------------------------------------------------------------
+
+
+def test_signing_a_re_profiled_plan_says_digest_mismatch_and_advises_replace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path
+) -> None:
+    local = signed_dir(tmp_path / "plans", keys, FP)
+    local.write(FP, plan_bytes(kv=21 * 2**30), local.read(FP)[1])  # re-profiled: new bytes, the old sidecar
+    code, out, _ = run(capsys, "sign", "--json", "--key", str(keys), *FACTS, str(local.path))
+    (row,) = json.loads(out)["plans"]
+    assert code == 1 and row["action"] == "refused (digest-mismatch)"
+    assert "changed since it was signed" in row["detail"] and "--replace" in row["detail"]
+    assert "co-sign" not in row["detail"]
+    # with the trusted keys given too, the same reason and advice (co-signing cannot help)
+    code, out, _ = run(capsys, "sign", "--json", "--key", str(keys), "--trusted-keys", f"{keys}.pub", *FACTS,
+                       str(local.path))
+    assert code == 1 and json.loads(out)["plans"][0]["action"] == "refused (digest-mismatch)"
+    code, out, _ = run(capsys, "sign", "--json", "--replace", "--key", str(keys), *FACTS, str(local.path))
+    assert code == 0 and json.loads(out)["plans"][0]["action"] == "replaced"
+    assert run(capsys, "verify", "--trusted-keys", f"{keys}.pub", str(local.path))[0] == 0
+
+
+def test_push_key_of_a_re_profiled_plan_refuses_with_the_same_advice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path
+) -> None:
+    local = signed_dir(tmp_path / "plans", keys, FP)
+    local.write(FP, plan_bytes(kv=21 * 2**30), local.read(FP)[1])
+    url = (tmp_path / "store").as_uri()
+    code, _, err = run(capsys, "push", "--key", str(keys), *FACTS, str(local.path), url)
+    assert code == 1 and "digest-mismatch" in err and "--replace signs the new bytes" in err
+    assert run(capsys, "push", "--replace", "--key", str(keys), *FACTS, str(local.path), url)[0] == 0
+
+
+def test_the_ci_bake_journey_replaces_re_profiled_plans(tmp_path: Path, keys: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    local = signed_dir(tmp_path / "plans", keys, FP)
+    local.write(FP, plan_bytes(kv=21 * 2**30), local.read(FP)[1])
+    env = {**os.environ, "PLANCACHE": f"{sys.executable} -m plancache.cli.main", "PLANCACHE_URL": (tmp_path / "s").as_uri(),
+           "PLANCACHE_SIGNING_KEY": str(keys), "IMAGE_PLAN_DIR": str(tmp_path / "image"), "PLAN_DIR": str(local.path),
+           "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x device_total_memory=1"}
+    journey = Path(__file__).resolve().parents[1] / "src" / "plancache" / "journeys" / "ci-bake.sh"
+
+    def bake(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(journey), *args], env=env, capture_output=True, text=True, timeout=120)
+
+    refused = bake()
+    assert refused.returncode == 1 and "digest-mismatch" in refused.stdout + refused.stderr
+    replaced = bake("--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert LocalPlanDir(tmp_path / "image").read(FP)[0] == plan_bytes(kv=21 * 2**30)
+    assert "--replace" in subprocess.run(["bash", str(journey), "--help"], capture_output=True, text=True).stdout
+
+
+def test_an_unknown_fact_lists_the_known_ones(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path) -> None:
+    local = LocalPlanDir(tmp_path / "plans")
+    local.write(FP, plan_bytes(), None)
+    code, _, err = run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilisation=0.9", str(local.path))
+    assert code == 2 and "unknown --fact 'gpu_memory_utilisation'; did you mean 'gpu_memory_utilization'?" in err
+    assert "known facts:" in err and "device_total_memory" in err and local.read(FP)[1] is None

@@ -126,7 +126,19 @@ def signing_request(args: argparse.Namespace) -> "SigningRequest":
     source = keys_source(args.trusted_keys)
     keyring = load_trusted_keys(source) if source else None
     facts = dict(args.fact) if args.fact else None
+    _check_fact_names(facts or {})
     return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
+
+
+def _check_fact_names(facts: Mapping[str, Any]) -> None:
+    """An unknown ``--fact`` names the known ones (and the nearest), before anything is signed."""
+    from ..trust.statement import PROVENANCE_KEYS
+    from .suggest import did_you_mean
+
+    for key in facts:
+        if key not in PROVENANCE_KEYS:
+            raise ConfigError(f"unknown --fact {key!r}{did_you_mean(key, PROVENANCE_KEYS)} "
+                              f"(known facts: {', '.join(sorted(PROVENANCE_KEYS))})")
 
 
 def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
