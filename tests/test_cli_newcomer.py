@@ -212,3 +212,88 @@ def test_an_unknown_fact_lists_the_known_ones(capsys: pytest.CaptureFixture[str]
     code, _, err = run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilisation=0.9", str(local.path))
     assert code == 2 and "unknown --fact 'gpu_memory_utilisation'; did you mean 'gpu_memory_utilization'?" in err
     assert "known facts:" in err and "device_total_memory" in err and local.read(FP)[1] is None
+
+
+# -- what JSON and tables say (items 4 and 5) -----------------------------------------------------
+
+SIGNED_FACTS = {"gpu_memory_utilization": 0.9, "device_name": "x", "device_total_memory": 1}
+
+
+def _schema_validator():  # type: ignore[no-untyped-def]
+    from importlib import resources
+
+    import jsonschema
+
+    schema = json.loads(resources.files("plancache.cli").joinpath("report.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_verify_ls_and_pull_json_carry_the_signed_provenance_facts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
+) -> None:
+    signed_dir(tmp_path / "plans", keys, FP)
+    url = f"s3://{s3.new_bucket()}/team"
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    trusted = ("--trusted-keys", f"{keys}.pub")
+    for argv in (("verify", *trusted, url), ("ls", *trusted, url), ("ls", url),
+                 ("pull", *trusted, url, str(tmp_path / "node"))):
+        code, out, _ = run(capsys, argv[0], "--json", *argv[1:])
+        doc = json.loads(out)
+        _schema_validator().validate(doc)
+        (plan,) = doc["plans"]
+        assert code == 0 and plan["provenance"] == SIGNED_FACTS, argv
+        assert plan["outcome"] == ("unverified" if argv == ("ls", url) else "valid")
+
+
+def test_the_pull_table_says_missing_store_error_and_timeout_apart(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
+) -> None:
+    import socket
+
+    from store_servers import closed_port
+
+    signed_dir(tmp_path / "plans", keys, FP)
+    url = f"s3://{s3.new_bucket()}/team"
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    trusted = ("--trusted-keys", f"{keys}.pub")
+    code, out, err = run(capsys, "pull", *trusted, "--fingerprint", "0123456789abcdee", url, str(tmp_path / "n"))
+    assert code == 1 and out.splitlines()[1].split()[1] == "missing" and "1 not in the store" in err
+    code, out, _ = run(capsys, "pull", "--json", *trusted, "--fingerprint", "0123456789abcdee", url, str(tmp_path / "n"))
+    (plan,) = json.loads(out)["plans"]
+    assert plan["status"] == "invalid" and plan["outcome"] == "missing"  # status keeps its shipped value
+    refused = f"http://127.0.0.1:{closed_port()}"
+    code, out, err = run(capsys, "pull", *trusted, "--fingerprint", FP, "--storage-option", f"endpoint_url={refused}",
+                         url, str(tmp_path / "n"))
+    assert code == 2 and out.splitlines()[1].split()[1] == "store-error" and "1 could not be read" in err
+    with socket.socket() as hole:  # accepts connections, never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        code, out, _ = run(capsys, "pull", *trusted, "--fingerprint", FP, "--timeout", "1", "--storage-option",
+                           f"endpoint_url=http://127.0.0.1:{hole.getsockname()[1]}", url, str(tmp_path / "n"))
+    assert code == 2 and out.splitlines()[1].split()[1] == "timeout"
+
+
+def test_sign_takes_quiet(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path) -> None:
+    local = LocalPlanDir(tmp_path / "plans")
+    local.write(FP, plan_bytes(), None)
+    code, out, err = run(capsys, "sign", "-q", "--key", str(keys), *FACTS, str(local.path))
+    assert code == 0 and "signed" in out and err == ""
+
+
+def test_push_dry_run_says_what_would_happen(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path) -> None:
+    signed_dir(tmp_path / "plans", keys, FP, "fedcba9876543210")
+    url = (tmp_path / "store").as_uri()
+    code, out, _ = run(capsys, "push", "--dry-run", str(tmp_path / "plans"), url)
+    assert code == 0 and "would upload" in out and "would be" not in out.split("\n", 1)[1].rsplit("\n", 2)[0]
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    code, out, _ = run(capsys, "push", "--dry-run", str(tmp_path / "plans"), url)
+    assert "already in the store" in out and "would be unchanged" not in out and "unchanged" not in out
+
+
+def test_doctor_says_invalid_for_an_invalid_url(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLANCACHE_URL", "not-a-url")
+    _, out, _ = run(capsys, "doctor", "--json")
+    (store,) = [c for c in json.loads(out)["checks"] if c["name"] == "store"]
+    assert "invalid" in store["detail"] and "unset" not in store["detail"] and store["status"] == "fail"

@@ -70,6 +70,8 @@ def add_parsers(sub: Sub) -> None:
     _signing(p)
     add_cosign_options(p)
     _json(p)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no summary line on stderr (the table or JSON and warnings stay)")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
 
     for name, summary, description in (

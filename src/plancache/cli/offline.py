@@ -74,11 +74,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
     else:
         print_table([(o.fingerprint, o.label, o.detail) for o in outcomes], ["PLAN", "ACTION", "DETAIL"])
         counts = {a: sum(o.action == a for o in outcomes) for a in ("signed", "co-signed", "kept")}
-        print(
-            f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} co-signed, "
-            f"{counts['kept']} already signed, {refused} refused (key {signer.keyid})",
-            file=sys.stderr,
-        )
+        if not args.quiet:
+            print(f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} "
+                  f"co-signed, {counts['kept']} already signed, {refused} refused (key {signer.keyid})",
+                  file=sys.stderr)
     return 1 if refused else 0
 
 
@@ -123,7 +122,7 @@ def _verify(args: argparse.Namespace) -> int:
         if args.json:
             print_json(doc)
     if not args.json and reports:
-        rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "",
+        rows = [(r.fingerprint, ", ".join(r.signers), r.outcome, r.reason if r.reason not in ("ok", r.outcome) else "",
                  r.detail) for r in reports]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
         bad = sum(not r.ok for r in reports)
@@ -141,7 +140,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     rows = [
         (r.fingerprint, gib(r.kv_cache_memory_bytes), gib(r.free_memory_baseline), ", ".join(r.signers),
-         r.signed_at, r.expires_at, status_text(r.status, r.reason))
+         r.signed_at, r.expires_at, status_text(r.outcome, r.reason))
         for r in reports
     ]
     print_table(rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"])

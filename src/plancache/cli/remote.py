@@ -26,6 +26,8 @@ from .inputs import check_places, required_policy, storage_options
 from .output import Progress, print_table, report
 
 EXIT_STORE = 2
+DRY_RUN_WORDS = {"uploaded": "would upload", "unchanged": "already in the store (byte-identical)"}
+"""``push --dry-run``'s table: what would happen, in words ("would be unchanged" said nothing)."""
 
 
 def _fingerprints(args: argparse.Namespace) -> list[str]:
@@ -70,11 +72,11 @@ def cmd_push(args: argparse.Namespace) -> int:
             if e.action == "refused":
                 print(f"plancache: refused {e.fingerprint}: {e.detail}", file=sys.stderr)
         if args.dry_run:
-            print_table([(e.fingerprint, e.action if e.action == "refused" else f"would be {e.action}", e.detail)
-                         for e in entries], ["PLAN", "ACTION", "DETAIL"])
+            print_table([(e.fingerprint, DRY_RUN_WORDS.get(e.action, e.action), e.detail) for e in entries],
+                        ["PLAN", "ACTION", "DETAIL"])
         verb = "would be uploaded" if args.dry_run else "uploaded"
         print(f"{len(entries)} plan(s) from {directory} to {store.url}: {counts['uploaded']} {verb}, "
-              f"{counts['unchanged']} unchanged, {counts['refused']} refused")
+              f"{counts['unchanged']} already in the store, {counts['refused']} refused")
     return 1 if counts["refused"] else 0
 
 
@@ -107,12 +109,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
         report(args, not rejected, url=store.url, dir=str(directory), plans=plans, written=written)
     else:
         if rejected or len(reports) <= 50:
-            rows = [(r.fingerprint, r.status, action, r.reason if r.status != "valid" else "", r.detail)
+            rows = [(r.fingerprint, r.outcome, action, r.reason if r.reason not in ("ok", r.outcome) else "", r.detail)
                     for r, action in reports]
             print_table(rows, ["PLAN", "STATUS", "ACTION", "REASON", "DETAIL"])
-        missing = sum(r.reason == Verdict.NO_PLAN.value for r, _ in reports)
+        missing = sum(r.outcome == "missing" for r, _ in reports)
+        unread = sum(r.reason in STORE_REASONS for r, _ in reports)
+        notes = [f"{missing} not in the store"] * bool(missing) + [f"{unread} could not be read"] * bool(unread)
         print(f"{len(reports)} plan(s) from {store.url} into {directory}: {len(reports) - rejected} verified "
-              f"({written} written), {rejected} rejected" + (f" ({missing} not in the store)" if missing else ""),
+              f"({written} written), {rejected} rejected" + (f" ({', '.join(notes)})" if notes else ""),
               file=sys.stderr)
     if store_failed:
         return EXIT_STORE
