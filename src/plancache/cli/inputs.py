@@ -13,13 +13,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..settings import (
-    BULK_TIMEOUT,
-    SIGNING_KEY_ENV,
-    STORAGE_OPTIONS_ENV,
-    TRUSTED_KEYS_ENV,
-    parse_storage_options,
-)
+from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, STORAGE_OPTIONS_ENV, TRUSTED_KEYS_ENV
 from ..trust.errors import ConfigError
 from .args import key_value, positive_int
 
@@ -143,12 +137,6 @@ def _check_fact_names(facts: Mapping[str, Any]) -> None:
 
 def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags."""
-    options: dict[str, Any] = {}
-    raw = env.get(STORAGE_OPTIONS_ENV, "").strip()
-    if raw:
-        try:
-            options = parse_storage_options(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{STORAGE_OPTIONS_ENV}: {exc}") from None
-    options.update(getattr(args, "storage_option", None) or [])
-    return options
+    from ..pipeline.locations import storage_options_for
+
+    return storage_options_for(dict(getattr(args, "storage_option", None) or []), env)
