@@ -297,3 +297,40 @@ def test_doctor_says_invalid_for_an_invalid_url(
     _, out, _ = run(capsys, "doctor", "--json")
     (store,) = [c for c in json.loads(out)["checks"] if c["name"] == "store"]
     assert "invalid" in store["detail"] and "unset" not in store["detail"] and store["status"] == "fail"
+
+
+# -- boot-sized budgets (item 6) ------------------------------------------------------------------
+
+
+def test_a_whole_store_pull_on_a_boot_path_has_a_boot_sized_budget(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path
+) -> None:
+    from plancache.settings import BOOT_TIMEOUT, BULK_TIMEOUT, DEFAULT_TIMEOUT
+
+    signed_dir(tmp_path / "plans", keys, FP)
+    url = (tmp_path / "store").as_uri()
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    budgets = {}
+    for extra in ((), ("--boot",), ("--boot", "--fingerprint", FP), ("--boot", "--timeout", "4")):
+        code, out, _ = run(capsys, "pull", "--json", "--trusted-keys", f"{keys}.pub", *extra, url, str(tmp_path / "n"))
+        _schema_validator().validate(json.loads(out))
+        budgets[extra] = json.loads(out)["budget_seconds"]
+    assert budgets == {(): BULK_TIMEOUT, ("--boot",): BOOT_TIMEOUT, ("--boot", "--fingerprint", FP): DEFAULT_TIMEOUT,
+                       ("--boot", "--timeout", "4"): 4}
+    assert BOOT_TIMEOUT <= 15 < BULK_TIMEOUT
+
+
+def test_the_spot_boot_journey_pulls_with_the_boot_defaults(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    calls = tmp_path / "calls"
+    stub = tmp_path / "plancache-stub"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    stub.chmod(0o755)
+    journey = Path(__file__).resolve().parents[1] / "src" / "plancache" / "journeys" / "spot-boot.sh"
+    env = {**os.environ, "PLANCACHE": str(stub), "PLANCACHE_URL": "s3://b/p", "PLANCACHE_TRUSTED_KEYS": "k.pub"}
+    env.pop("PLANCACHE_TIMEOUT", None)
+    for args in ((), (FP,)):
+        assert subprocess.run(["bash", str(journey), *args], env=env, capture_output=True, timeout=60).returncode == 0
+    assert calls.read_text().splitlines() == ["pull --boot s3://b/p", f"pull --boot --fingerprint {FP} s3://b/p"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..settings import BULK_TIMEOUT, DEFAULT_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
+from ..settings import BOOT_TIMEOUT, BULK_TIMEOUT, DEFAULT_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
 from .args import byte_count, duration, key_value, positive_int
 from .inputs import add_cosign_options, add_store_options, add_trust_options
 
@@ -127,7 +127,10 @@ def add_parsers(sub: Sub) -> None:
              "2 usage, configuration or store error (including a bucket that does not exist).")
     add_trust_options(p)
     p.add_argument("--fingerprint", action="append", metavar="FP", help="pull only this plan (repeatable)")
-    add_store_options(p, f"end-to-end budget (default {DEFAULT_TIMEOUT:g} s with --fingerprint, else {BULK_TIMEOUT:g} s)")
+    add_store_options(p, f"end-to-end budget (default {DEFAULT_TIMEOUT:g} s with --fingerprint, else "
+                         f"{BULK_TIMEOUT:g} s, or {BOOT_TIMEOUT:g} s with --boot)")
+    p.add_argument("--boot", action="store_true",
+                   help=f"on a boot's critical path: a whole-store pull's budget defaults to {BOOT_TIMEOUT:g} s")
     _json(p)
     _quiet(p)
     p.add_argument("url", metavar="URL", help="store URL")

@@ -18,6 +18,7 @@ import time
 from ..pipeline.audit import STORE_REASONS, all_valid, report_of
 from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing
 from ..pipeline.resolver import Resolver, utcnow
+from ..settings import BOOT_TIMEOUT
 from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ..trust.errors import ConfigError
 from ..trust.gate import Verdict
@@ -88,7 +89,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     check_places(args)
     policy = required_policy(args)
     wanted = _fingerprints(args)
-    budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BULK_TIMEOUT)
+    budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
     store = open_url(args.url, storage_options(args), budget)
     deadline = started + budget
@@ -106,7 +107,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     rejected = sum(not r.ok for r, _ in reports)
     if args.json:
         plans = [{**r.to_json(), "action": action} for r, action in reports]
-        report(args, not rejected, url=store.url, dir=str(directory), plans=plans, written=written)
+        report(args, not rejected, url=store.url, dir=str(directory), plans=plans, written=written,
+               budget_seconds=budget)
     else:
         if rejected or len(reports) <= 50:
             rows = [(r.fingerprint, r.outcome, action, r.reason if r.reason not in ("ok", r.outcome) else "", r.detail)
