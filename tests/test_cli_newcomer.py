@@ -334,3 +334,136 @@ def test_the_spot_boot_journey_pulls_with_the_boot_defaults(tmp_path: Path) -> N
     for args in ((), (FP,)):
         assert subprocess.run(["bash", str(journey), *args], env=env, capture_output=True, timeout=60).returncode == 0
     assert calls.read_text().splitlines() == ["pull --boot s3://b/p", f"pull --boot --fingerprint {FP} s3://b/p"]
+
+
+# -- conveniences (item 8) ------------------------------------------------------------------------
+
+
+def test_s3_flags_reach_the_store_as_storage_options(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signed_dir(tmp_path / "plans", keys, FP)
+    url = f"s3://{s3.new_bucket()}/team"
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    (tmp_path / "aws-config").write_text("[profile plans]\nregion = eu-west-1\n")
+    (tmp_path / "aws-credentials").write_text(
+        f"[plans]\naws_access_key_id = {AWS_ENV['AWS_ACCESS_KEY_ID']}\n"
+        f"aws_secret_access_key = {AWS_ENV['AWS_SECRET_ACCESS_KEY']}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    trusted = ("--trusted-keys", f"{keys}.pub")
+    for extra in (("--profile", "plans"), ("--profile", "plans", "--region", "us-east-1")):
+        code, out, err = run(capsys, "verify", "--json", *trusted, "--endpoint-url", s3.endpoint, *extra, url)
+        assert code == 0 and json.loads(out)["plans"][0]["status"] == "valid", err
+        code, _, err = run(capsys, "pull", *trusted, "--endpoint-url", s3.endpoint, *extra, "--fingerprint", FP, url,
+                           str(tmp_path / "node"))
+        assert code == 0, err
+    # without the endpoint the store is AWS itself: the flag, not the environment, pointed at moto
+    code, _, err = run(capsys, "ls", "--profile", "nobody", "--endpoint-url", s3.endpoint, url)
+    assert code == 2 and "nobody" in err
+    code, _, err = run(capsys, "ls", "--region", "eu-west-1", str(tmp_path / "plans"))
+    assert code == 2 and "--region is for s3:// URLs" in err
+
+
+def test_debug_is_plancache_debug_before_or_after_the_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plancache.cli.offline as offline
+
+    def broken(args: object) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.delenv("PLANCACHE_DEBUG", raising=False)
+    monkeypatch.setattr(offline, "cmd_ls", broken)
+    code, _, err = run(capsys, "ls", str(tmp_path))
+    assert code == 2 and "Traceback" not in err and "PLANCACHE_DEBUG=1" in err
+    for argv in (("--debug", "ls", str(tmp_path)), ("ls", "--debug", str(tmp_path))):
+        monkeypatch.delenv("PLANCACHE_DEBUG", raising=False)
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "Traceback" in err and "RuntimeError: a bug" in err
+
+
+def test_verify_fingerprint_checks_only_those_plans(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
+) -> None:
+    other = "fedcba9876543210"
+    local = signed_dir(tmp_path / "plans", keys, FP, other)
+    local.write(other, plan_bytes(fp=other, kv=3), local.read(other)[1])  # tampered, but not asked about
+    url = f"s3://{s3.new_bucket()}/team"
+    assert run(capsys, "push", str(local.path), url)[0] == 0
+    trusted = ("--trusted-keys", f"{keys}.pub")
+    for where in (str(local.path), url):
+        code, out, _ = run(capsys, "verify", "--json", *trusted, "--fingerprint", FP, where)
+        assert code == 0 and [p["fingerprint"] for p in json.loads(out)["plans"]] == [FP]
+        code, out, _ = run(capsys, "verify", "--json", *trusted, "--fingerprint", FP, "--fingerprint",
+                           "0123456789abcdee", where)
+        plans = {p["fingerprint"]: p["outcome"] for p in json.loads(out)["plans"]}
+        assert code == 1 and plans == {FP: "valid", "0123456789abcdee": "missing"}
+    code, _, err = run(capsys, "verify", *trusted, "--fingerprint", FP, "s3://no-such-bucket/x")
+    assert code == 2 and "does not exist" in err
+    code, _, err = run(capsys, "verify", *trusted, "--fingerprint", "nothex", str(local.path))
+    assert code == 2 and "not a plan fingerprint" in err
+
+
+def test_a_near_miss_prefix_names_the_one_meant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
+) -> None:
+    signed_dir(tmp_path / "llama" / "h100", keys, FP)
+    (tmp_path / "llama" / "h10").mkdir()
+    url = f"s3://{s3.new_bucket()}/team/llama"
+    assert run(capsys, "push", str(tmp_path / "llama" / "h100"), f"{url}/h100")[0] == 0
+    assert run(capsys, "push", str(tmp_path / "llama" / "h100"), f"{url}/a100-80gb")[0] == 0
+    trusted = ("--trusted-keys", f"{keys}.pub")
+    code, _, err = run(capsys, "verify", *trusted, f"{url}/h10")
+    assert code == 1 and f"did you mean {url}/h100 (it holds plans)?" in err
+    code, _, err = run(capsys, "verify", *trusted, str(tmp_path / "llama" / "h10"))
+    assert code == 1 and f"did you mean {tmp_path / 'llama' / 'h100'} (it holds plans)?" in err
+    code, _, err = run(capsys, "ls", f"{url}/zzz")
+    assert "did you mean" not in err  # nothing near: no guess
+
+
+def test_completion_prints_argcompletes_code_for_bash_and_zsh(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("argcomplete", reason="the [completion] extra (in [test]) is not installed")
+    code, out, _ = run(capsys, "completion", "zsh")
+    assert code == 0 and out.startswith("#compdef plancache")
+    code, out, _ = run(capsys, "completion", "bash")
+    assert code == 0 and "complete -o nospace -o default -o bashdefault -F _python_argcomplete plancache" in out
+    assert run(capsys, "completion", "fish")[0] == 2
+
+
+def _completions(shell: str, tmp_path: Path, line: str) -> str:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    pytest.importorskip("argcomplete", reason="the [completion] extra (in [test]) is not installed")
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "plancache").write_text(f'#!/bin/sh\nexec {sys.executable} -m plancache.cli.main "$@"\n')
+    (bindir / "plancache").chmod(0o755)
+    words = line.split(" ")
+    if shell == "bash":
+        script = (f'eval "$(plancache completion bash)"; COMP_LINE="{line}"; COMP_POINT=${{#COMP_LINE}}; '
+                  f'COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; '
+                  f'_python_argcomplete plancache {words[-1]} {words[-2]}; echo "${{COMPREPLY[*]}}"')
+    else:  # zsh: argcomplete's zsh function, called as compsys would, with compadd recorded
+        script = ('autoload -U compinit && compinit -u -D; eval "$(plancache completion zsh)"; '
+                  '_describe() { print -rl -- "${completions[@]}"; }; '
+                  f'words=({line}); CURRENT={len(words)}; BUFFER="{line}"; CURSOR=${{#BUFFER}}; '
+                  '_python_argcomplete plancache')
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
+    done = subprocess.run([shell, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_shell_completes_commands_and_options(shell: str, tmp_path: Path) -> None:
+    assert "verify" in _completions(shell, tmp_path, "plancache ver")
+    assert "--trusted-keys" in _completions(shell, tmp_path, "plancache verify --trus")

@@ -108,7 +108,8 @@ def test_schema_names_every_builtin_command() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     documented = {rule["if"]["properties"]["command"]["const"] for rule in SCHEMA["allOf"] if "command" in
                   rule.get("if", {}).get("properties", {})}
-    assert set(sub.choices) - {"demo"} == documented  # demo tells a story; it has no --json
+    # demo tells a story and completion prints shell code: neither has --json
+    assert set(sub.choices) - {"demo", "completion"} == documented
 
 
 def test_pubkey_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

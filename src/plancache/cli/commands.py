@@ -39,7 +39,15 @@ def _signing(p: argparse.ArgumentParser) -> None:
 def _add(sub: Sub, name: str, handler: str, summary: str, description: str | None) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=summary, description=description)
     p.set_defaults(handler=handler)
+    debug(p, argparse.SUPPRESS)
     return p
+
+
+def debug(p: argparse.ArgumentParser, default: object = False) -> None:
+    """``--debug``, before or after the command: PLANCACHE_DEBUG=1 for this run (tracebacks of
+    internal errors, the SDKs' own warnings; never their request logs, which carry tokens)."""
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show tracebacks of internal errors and the SDKs' warnings (as PLANCACHE_DEBUG=1)")
 
 
 def add_parsers(sub: Sub) -> None:
@@ -90,6 +98,8 @@ def add_parsers(sub: Sub) -> None:
         add_store_options(p)
         _quiet(p)
         if name == "verify":
+            p.add_argument("--fingerprint", action="append", metavar="FP",
+                           help="verify only this plan (repeatable; one absent is a failure: missing)")
             p.add_argument("--allow-empty", action="store_true", help="a location without plans is not a failure")
             p.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE, atomically "
                            "(a failure report when the audit cannot run)")
@@ -172,6 +182,12 @@ def add_parsers(sub: Sub) -> None:
                    "(the demo writes and then deletes two plans under it)")
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
                    help="storage option for --store (repeatable)")
+    p = _add(sub, "completion", "completion:cmd_completion", "print shell completion code for bash or zsh",
+             "Print the code that makes bash or zsh complete plancache's commands, options and choices "
+             "(argcomplete; pip install 'plancache[completion]'). Load it from your shell's rc file:\n"
+             "  bash: eval \"$(plancache completion bash)\"\n  zsh:  eval \"$(plancache completion zsh)\"")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("shell", choices=("bash", "zsh"), metavar="SHELL", help="bash or zsh")
     _fingerprint(sub)
     _compile_cache(sub)
 

@@ -58,6 +58,11 @@ def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -
         "--timeout", type=float, metavar="SECONDS",
         help=timeout_help or f"overall budget of each store operation (default {BULK_TIMEOUT:g} s)",
     )
+    s3 = parser.add_argument_group("S3 (as aws-cli names them; shorthands for storage options)")
+    s3.add_argument("--endpoint-url", metavar="URL", help="S3-compatible endpoint, e.g. http://minio:9000 "
+                    "(storage option endpoint_url)")
+    s3.add_argument("--profile", metavar="NAME", help="AWS profile of ~/.aws/config (storage option profile)")
+    s3.add_argument("--region", metavar="REGION", help="AWS region (storage option client_kwargs.region_name)")
 
 
 PLACES = {"push": ("dir", "url"), "pull": ("url", "dir"), "sign": ("dir",)}
@@ -81,6 +86,17 @@ def check_places(args: argparse.Namespace) -> None:
     if wrong == ["url"]:
         raise ConfigError(f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, gs://bucket/prefix "
                           f"or file:///path ({usage})")
+
+
+def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
+    """``--fingerprint`` values, each once, each 16 lowercase hex (else one line)."""
+    from ..trust.plan import is_fingerprint
+
+    wanted = list(dict.fromkeys(args.fingerprint or []))
+    bad = [fp for fp in wanted if not is_fingerprint(fp)]
+    if bad:
+        raise ConfigError(f"not a plan fingerprint (16 lowercase hex): {bad[0]!r}")
+    return wanted
 
 
 def required_policy(args: argparse.Namespace) -> "TrustPolicy":
@@ -139,4 +155,30 @@ def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.enviro
     """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags."""
     from ..pipeline.locations import storage_options_for
 
-    return storage_options_for(dict(getattr(args, "storage_option", None) or []), env)
+    options = storage_options_for(dict(getattr(args, "storage_option", None) or []), env)
+    return {**options, **_s3_shorthands(args, options)}
+
+
+def _s3_shorthands(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``--endpoint-url``, ``--profile``, ``--region`` as the storage options they stand for (they
+    win over ``--storage-option``); ``--profile`` and ``--region`` only for an ``s3://`` URL."""
+    from ..pipeline.locations import is_url
+
+    given = {flag: getattr(args, flag, None) for flag in ("endpoint_url", "profile", "region")}
+    if not any(given.values()):
+        return {}
+    url = next((v for v in (getattr(args, a, None) for a in ("url", "location", "file")) if is_url(v)), "")
+    scheme = str(url).partition("://")[0].lower()
+    for flag in ("profile", "region"):
+        if given[flag] and scheme not in ("s3", "s3a"):
+            raise ConfigError(f"--{flag} is for s3:// URLs, not {scheme or 'a local directory'} "
+                              "(use --storage-option for other stores)")
+    extra: dict[str, Any] = {}
+    if given["endpoint_url"]:
+        extra["endpoint_url"] = given["endpoint_url"]
+    if given["profile"]:
+        extra["profile"] = given["profile"]
+    if given["region"]:
+        client = options.get("client_kwargs")
+        extra["client_kwargs"] = {**(client if isinstance(client, Mapping) else {}), "region_name": given["region"]}
+    return extra

@@ -20,6 +20,7 @@ from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from . import commands
+from .completion import complete
 from .suggest import leaf_parser, unrecognized, with_suggestion
 
 EXIT_CONFIG = 2
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Every command explains itself with --help; --json prints one report (schema plancache.report/v1).",
     )
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
+    commands.debug(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parsers(sub)
     return parser
@@ -97,12 +99,15 @@ def _json_wanted(argv: Sequence[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    complete(parser)  # the shell asking for completions (plancache completion bash|zsh): answers and exits
     if not argv:
         parser.print_help()
         return 0
     Parser.json_requested = _json_wanted(argv)
     args = parser.parse_args(argv)
     json_out = bool(getattr(args, "json", False))
+    if args.debug:
+        os.environ["PLANCACHE_DEBUG"] = "1"
     _quiet_libraries()
 
     def fail(reason: str, detail: str, label: str = "error") -> None:

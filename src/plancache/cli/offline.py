@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ..pipeline.audit import PlanReport, all_valid, audit_plans, check, list_plans
-from ..pipeline.locations import Location, local_dir, no_plans_message, open_location
+from ..pipeline.locations import Location, local_dir, no_plans_message, open_location, require_existing
 from ..pipeline.resolver import utcnow
 from ..storage.localdir import LocalPlanDir
 from ..pipeline.signing import sign_directory
@@ -23,7 +23,8 @@ from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ..trust.result import PlanResult
 from ..trust.statement import CONDITION_KEYS, format_time, parse_statement
-from .inputs import check_places, optional_policy, required_policy, required_signer, signing_request, storage_options
+from .inputs import (check_places, optional_policy, required_policy, required_signer, signing_request, storage_options,
+                     wanted_fingerprints)
 from .output import Progress, document, gib, print_json, print_table, report, status_text
 
 NO_PLANS = "no-plans"
@@ -82,10 +83,14 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace, policy: Any) -> tuple[Location, list[PlanReport]]:
+    wanted = wanted_fingerprints(args) if getattr(args, "fingerprint", None) else []
     source = open_location(args.location, storage_options(args), args.timeout)
-    fingerprints = list_plans(source)
+    fingerprints = wanted or list_plans(source)
     with Progress("verify" if isinstance(source, LocalPlanDir) else "fetch", args.quiet) as bar:
-        return source, audit_plans(source, fingerprints, policy, utcnow(), args.jobs, bar)
+        reports = audit_plans(source, fingerprints, policy, utcnow(), args.jobs, bar)
+    if wanted and all(r.outcome == "missing" for r in reports):
+        require_existing(source)  # a mistyped bucket is a configuration error, not two misses
+    return source, reports
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

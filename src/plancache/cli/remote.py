@@ -22,21 +22,12 @@ from ..settings import BOOT_TIMEOUT
 from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ..trust.errors import ConfigError
 from ..trust.gate import Verdict
-from ..trust.plan import is_fingerprint
-from .inputs import check_places, required_policy, storage_options
+from .inputs import check_places, required_policy, storage_options, wanted_fingerprints
 from .output import Progress, print_table, report
 
 EXIT_STORE = 2
 DRY_RUN_WORDS = {"uploaded": "would upload", "unchanged": "already in the store (byte-identical)"}
 """``push --dry-run``'s table: what would happen, in words ("would be unchanged" said nothing)."""
-
-
-def _fingerprints(args: argparse.Namespace) -> list[str]:
-    wanted = list(dict.fromkeys(args.fingerprint or []))
-    bad = [fp for fp in wanted if not is_fingerprint(fp)]
-    if bad:
-        raise ConfigError(f"not a plan fingerprint (16 lowercase hex): {bad[0]!r}")
-    return wanted
 
 
 # -- push ---------------------------------------------------------------------------------------
@@ -50,7 +41,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     from .offline import conditions_warning, unrecorded_conditions
 
     check_places(args)
-    wanted = _fingerprints(args)
+    wanted = wanted_fingerprints(args)
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
@@ -88,7 +79,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     started = time.monotonic()
     check_places(args)
     policy = required_policy(args)
-    wanted = _fingerprints(args)
+    wanted = wanted_fingerprints(args)
     budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
     store = open_url(args.url, storage_options(args), budget)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 DEEPER_SHOWN = 5
 """Prefixes holding plans named when the given one holds none."""
+SIBLINGS_SEEN = 50
+"""Prefixes holding plans looked at beside the given one, for a near-miss suggestion."""
 
 Location = Union[LocalPlanDir, "Store"]
 
@@ -125,10 +127,38 @@ def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
 
 
 def no_plans_message(source: Location) -> str:
-    """"no plans in X", naming the prefixes below X that hold some."""
+    """"no plans in X", naming the prefixes below X that hold some, else a sibling whose name is
+    close to X's (``…/h10`` when ``…/h100`` holds plans)."""
     below = deeper(source)
-    where = f"; plans found below it in: {', '.join(below)}" if below else ""
-    return f"no plans in {source}{where}"
+    if below:
+        return f"no plans in {source}; plans found below it in: {', '.join(below)}"
+    near = near_miss(source)
+    return f"no plans in {source}" + (f"; did you mean {near} (it holds plans)?" if near else "")
+
+
+def near_miss(source: Location) -> str | None:
+    """The sibling of ``source`` (same parent) nearest in name that holds plans, if one is near
+    enough to be the one meant; best effort, within the source's budget (10 s at most)."""
+    import difflib
+
+    if isinstance(source, LocalPlanDir):
+        leaf, holding = source.path.name, _deeper_dirs(source.path.parent, SIBLINGS_SEEN, max_depth=1)
+    else:
+        from ..storage.checks import deeper_prefixes
+        from ..storage.store import Store
+
+        parent_url, _, leaf = source.url.rstrip("/").rpartition("/")
+        parent_root = source.root.rstrip("/").rpartition("/")[0]
+        if not parent_root or "://" not in parent_url or parent_url.endswith("://"):
+            return None
+        try:
+            parent = Store(source.fs, parent_url, parent_root, source.timeout)
+        except Exception:  # best effort: the filesystem could not be made in time
+            return None
+        holding = deeper_prefixes(parent, time.monotonic() + min(source.timeout, 10.0), SIBLINGS_SEEN)
+    by_name = {str(h).rstrip("/").rsplit("/", 1)[-1]: str(h) for h in holding}
+    match = difflib.get_close_matches(leaf, [n for n in by_name if n != leaf], n=1, cutoff=0.6)
+    return by_name[match[0]] if match else None
 
 
 def _deeper_dirs(root: Path, limit: int, max_depth: int = 3, max_dirs: int = 500) -> list[str]:
