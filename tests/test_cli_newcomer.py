@@ -467,3 +467,14 @@ def _completions(shell: str, tmp_path: Path, line: str) -> str:
 def test_the_shell_completes_commands_and_options(shell: str, tmp_path: Path) -> None:
     assert "verify" in _completions(shell, tmp_path, "plancache ver")
     assert "--trusted-keys" in _completions(shell, tmp_path, "plancache verify --trus")
+
+
+def test_a_near_miss_named_by_a_hostile_store_is_shown_escaped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path
+) -> None:
+    hostile = "h100\x1b[2J\u202e"
+    signed_dir(tmp_path / "llama" / hostile, keys, FP)
+    (tmp_path / "llama" / "h100").mkdir()
+    code, _, err = run(capsys, "verify", "--trusted-keys", f"{keys}.pub", (tmp_path / "llama" / "h100").as_uri())
+    assert code == 1 and "did you mean" in err and "\\x1b[2J\\u202e" in err
+    assert "\x1b" not in err and "\u202e" not in err

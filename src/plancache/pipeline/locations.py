@@ -129,11 +129,13 @@ def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
 def no_plans_message(source: Location) -> str:
     """"no plans in X", naming the prefixes below X that hold some, else a sibling whose name is
     close to X's (``…/h10`` when ``…/h100`` holds plans)."""
+    from ..trust.display import safe_text  # the names below come from the store: hostile text
+
     below = deeper(source)
     if below:
-        return f"no plans in {source}; plans found below it in: {', '.join(below)}"
+        return f"no plans in {source}; plans found below it in: {', '.join(safe_text(b, 300) for b in below)}"
     near = near_miss(source)
-    return f"no plans in {source}" + (f"; did you mean {near} (it holds plans)?" if near else "")
+    return f"no plans in {source}" + (f"; did you mean {safe_text(near, 300)} (it holds plans)?" if near else "")
 
 
 def near_miss(source: Location) -> str | None:
