@@ -30,7 +30,7 @@ NO_PLANS = "no-plans"
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from ..storage.keyfiles import generate_keypair
+    from ..keys.keyfile import generate_keypair
 
     signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name,
                               openssh=args.format == "openssh")

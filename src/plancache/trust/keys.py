@@ -23,7 +23,7 @@ retiring the old one. ``@revoked`` voids everything a key signed.
 Every line must parse: a line that does not, a key listed twice, or a window that holds no
 moment is a :class:`ConfigError` naming ``file:line``, never a line quietly skipped. Key ids
 are compared in one normal form (:func:`canonical_keyid`). Parsing here is pure; reading
-files lives in :mod:`plancache.storage.keyfiles`.
+files lives in :mod:`plancache.keys`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Signer(Protocol):
 
     The public key is needed because signing checks its own result: a sidecar is only
     written after it verifies. Key files, environment variables, HSMs (PKCS#11) and cloud
-    KMS keys all fit this shape (:mod:`plancache.storage.signers`); ``sign`` may raise
+    KMS keys all fit this shape (:mod:`plancache.keys`); ``sign`` may raise
     :class:`ConfigError` or ``StoreTimeout`` when a remote key cannot be reached.
     """
 
