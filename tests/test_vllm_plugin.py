@@ -32,8 +32,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from plancache.keys.keyfile import generate_keypair
-from plancache.keys.trusted_files import load_keyring
+from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.trust.keys import Ed25519Signer
 from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan

@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from ..keys.keyfile import Prompt
+from ..keys.keyfile import Prompt, load_keyring
 from ..keys.schemes import load_signer
-from ..keys.trusted_files import load_keyring
 from ..settings import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keys import Keyring, Signer

@@ -8,6 +8,9 @@ and its size is the store's choice. So a listing
   ``startup_plan_<16 hex>.json[.sig]`` is dropped here, before anyone sees it;
 * ends with ``TOO_LARGE`` beyond :data:`MAX_NAMES` such names or :data:`MAX_PAGES` pages
   (a server that says "truncated" forever), and at the operation's deadline in any case.
+
+The request for one page is each backend's (:mod:`.s3.reads`, :mod:`.gcs.pages`,
+:mod:`.azure.blob`), chosen by :func:`.backends.list_page`; this module holds what they share.
 """
 
 from __future__ import annotations
