@@ -16,8 +16,11 @@ runs the plugin), so a variable means the same thing wherever it is read:
 ``PLANCACHE_STORAGE_OPTIONS``  fsspec storage options: a JSON object, or space-separated
                                ``KEY=VALUE`` pairs (VALUE parsed as JSON where it parses), the
                                same as repeated ``--storage-option``, which win over it.
-``PLANCACHE_COMPILE_CACHE``    ``1``: the plugin verifies vLLM's torch.compile cache before torch
-                               reads it, and signs (and pushes) caches vLLM saves.
+``PLANCACHE_COMPILE_CACHE``    on (``1``, ``true``, ``yes``, ``on``, any case): the plugin verifies
+                               vLLM's torch.compile cache before torch reads it, and signs (and
+                               pushes) caches vLLM saves; off: ``0``, ``false``, ``no``, ``off`` or
+                               unset. Any other value is an error and the guard stays **on**
+                               (:func:`compile_cache_switch`).
 =============================  ==================================================================
 """
 
@@ -41,6 +44,28 @@ lookup (the plugin's ``PLANCACHE_TIMEOUT`` and ``plancache pull --fingerprint``)
 
 BULK_TIMEOUT = 120.0
 """Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
+
+
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def compile_cache_switch(value: str | None) -> tuple[bool, str]:
+    """``PLANCACHE_COMPILE_CACHE`` as the plugin and ``doctor`` read it: (on, problem).
+
+    Why strict, and why an unknown value means *on*: the guard is what stands between a
+    tampered cache and the worker, and an operator who wrote ``true`` or ``enabled`` meant it
+    on; reading a typo as off would silently run whatever the cache holds. Unset is off (no
+    problem); surrounding whitespace is ignored; ``problem`` names the variable and is empty
+    when the value is one of :data:`SWITCH_ON` / :data:`SWITCH_OFF` (any case)."""
+    if value is None:
+        return False, ""
+    word = value.strip().lower()
+    if word in SWITCH_ON or word in SWITCH_OFF:
+        return word in SWITCH_ON, ""
+    shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return True, (f"{COMPILE_CACHE_ENV}={shown} is not one of {'/'.join(SWITCH_ON + SWITCH_OFF)}: "
+                  "the compile-cache guard stays on")
 
 
 def parse_key_value(item: str) -> tuple[str, Any]:
