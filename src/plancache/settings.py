@@ -71,10 +71,12 @@ def compile_cache_switch(value: str | None) -> tuple[bool, str]:
 def parse_key_value(item: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""
     key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise ValueError(f"{item!r} is not KEY=VALUE")
+    if not sep or not key:  # the item itself is not shown: it may be a credential
+        raise ValueError(f"an item of {len(item)} characters is not KEY=VALUE (not shown: it may hold a secret)")
     try:
         return key, json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{key[:40]!r}: the value nests too deeply") from None
     except ValueError:
         return key, raw
 
@@ -86,6 +88,8 @@ def parse_storage_options(text: str) -> dict[str, Any]:
     if text.startswith("{"):
         try:
             parsed = json.loads(text)
+        except RecursionError:
+            raise ValueError("not a JSON object (nests too deeply)") from None
         except ValueError as exc:
             raise ValueError(f"not a JSON object ({exc})") from None
         if not isinstance(parsed, dict):
