@@ -45,6 +45,11 @@ lookup (the plugin's ``PLANCACHE_TIMEOUT`` and ``plancache pull --fingerprint``)
 BULK_TIMEOUT = 120.0
 """Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
 
+BOOT_TIMEOUT = 10.0
+"""End-to-end budget of a whole-store pull on a boot's critical path (``plancache pull --boot``
+without ``--fingerprint``, the spot-boot journey without fingerprints): a black-holed store
+delays a boot by this much at most, not by BULK_TIMEOUT."""
+
 
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("0", "false", "no", "off")
