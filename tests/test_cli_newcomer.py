@@ -13,7 +13,7 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.trust.plan import plan_name
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401

@@ -13,8 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import make_signer
+from plancache.keys.keyfile import generate_keypair, load_keyring
+from plancache.keys.schemes import load_signer
 from plancache.pipeline.trust_config import keys_source, load_trusted_keys
-from plancache.storage.keyfiles import generate_keypair, load_keyring, load_signer
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
 from plancache.trust.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
 
@@ -227,3 +228,46 @@ def test_key_files_mounted_as_symlinks_load(tmp_path: Path) -> None:
     (mount / "ci").symlink_to(data / "ci")
     assert list(load_keyring(mount).keys) == [signer.keyid]
     assert load_signer(str(mount / "ci"), env={}).keyid == signer.keyid
+
+
+_K = make_signer()
+
+
+@pytest.mark.parametrize("line", [
+    f"@revoke {openssh_line(_K.public)} leaked-laptop",
+    f"@REVOKED {openssh_line(_K.public)}",
+    f"@Revoked {_K.keyid}",
+    f"@revoked: {openssh_line(_K.public)}",
+    f"@cert-authority {openssh_line(_K.public)}",
+    f"revoked {openssh_line(_K.public)}",  # an allowed_signers principal spelled like the marker
+    f"REVOKE {openssh_line(_K.public)}",
+    f'"alice,revoked" {openssh_line(_K.public)}',
+    f'ci@acme,!Revoked namespaces="plancache" {openssh_line(_K.public)}',
+    f"{openssh_line(_K.public)} revoked",  # a key named like it by its comment
+    f"{openssh_line(_K.public)} old laptop, REVOKED 2026-05",
+    f"name=@revoked {openssh_line(_K.public)}",
+], ids=lambda line: re.sub(r"AAAAC3\S+|SHA256:\S{40,}", "<key>", line))
+def test_a_misspelled_revocation_is_a_config_error_not_a_trusted_key(line: str, tmp_path: Path) -> None:
+    """Each of these once *trusted* the key its author meant to revoke (named '@revoke' & co.)."""
+    text = f"{openssh_line(make_signer().public, 'ci')}\n{line}\n"
+    detail = config_error(parse_trusted_keys, text, "trusted-keys")
+    assert detail.startswith("trusted-keys:2: ") and "\n" not in detail, detail
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "ci.pub").write_text(text)  # in a directory of .pub files alike
+    assert config_error(load_keyring, tmp_path / "keys").startswith(f"{tmp_path / 'keys' / 'ci.pub'}:2: ")
+
+
+def test_revocation_works_the_same_in_every_key_line_format() -> None:
+    keys = [make_signer() for _ in range(5)]
+    lines = [openssh_line(k.public, f"k{i}") for i, k in enumerate(keys)]
+    revocations = [
+        f"@revoked {keys[0].keyid}",
+        f"@revoked {openssh_line(keys[1].public)}",
+        f"@revoked name=ci-2026,valid-before=2027-01-01T00:00:00Z {openssh_line(keys[2].public)}",
+        f'@revoked ci@acme namespaces="plancache" {openssh_line(keys[3].public)} laptop',
+        f'@revoked\tgit@acme namespaces="git" {openssh_line(keys[4].public)}',  # any namespace: the key is void
+    ]
+    keyring = parse_trusted_keys("\n".join(lines + revocations) + "\n", "k")
+    assert keyring.keys == {} and keyring.revoked == {k.keyid for k in keys}
+    fine = parse_trusted_keys(f"{openssh_line(keys[0].public, 'revoked-certs-tester')}\n", "k")
+    assert list(fine.keys) == [keys[0].keyid]  # a name merely containing the word in a longer one is fine

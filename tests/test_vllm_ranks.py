@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
 from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S
@@ -50,7 +50,10 @@ class World:
     def __init__(self, name: str, tp: int, pp: int, model: Path, logs: Path, env: dict[str, str]) -> None:
         self.name, self.size = name, tp * pp
         authkey = secrets.token_bytes(16)
-        self.listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        # Every rank connects at once, while the test may still be accepting another world: with
+        # multiprocessing's backlog of 1 the kernel drops the extra SYNs and a rank's connect
+        # times out (~2 min) on a loaded machine.
+        self.listener = Listener(("127.0.0.1", 0), authkey=authkey, backlog=self.size)
         port = free_port()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(self.size):
@@ -286,6 +289,33 @@ def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
     for rank, o in second.items():
         assert (o["applied"], o["kv"], o["collective"]) == (True, PROFILED, None), o
         assert f"decision=apply reason=applied source=store fingerprint={world.fingerprint(rank)}" in decision_line(o)
+
+
+@pytest.mark.parametrize("budget", [0.0, -0.5])
+@pytest.mark.parametrize("name", WORLDS)
+def test_a_rank_whose_budget_is_spent_votes_profile_without_waiting(worlds: dict[str, World], name: str,
+                                                                    budget: float) -> None:
+    """gloo reads a wait of 0 as *no timeout*: a rank whose budget is spent must not wait at all.
+
+    Rank 0 votes alone first, before any peer has posted anything: it can only answer if it
+    does not wait (60 s bounds a hang, it times nothing). Then the others vote with a budget:
+    they see its "profile" and profile too, and the world is still in step for a full vote."""
+    world = worlds[name]
+    world.conns[0].send({"op": "vote", "mine": True, "budget": budget})
+    assert world.conns[0].poll(60), "rank 0 with a spent budget is waiting for its peers"
+    spent = world.conns[0].recv()
+    assert (spent.get("all_yes"), spent.get("noes")) == (False, []) and "budget spent" in (spent["error"] or ""), spent
+    for rank in range(1, world.size):
+        world.conns[rank].send({"op": "vote", "mine": True, "budget": 5.0})
+    for rank in range(1, world.size):
+        assert world.conns[rank].poll(60), f"rank {rank} gave no answer"
+        seen = world.conns[rank].recv()
+        assert (seen["all_yes"], seen["noes"], seen["error"]) == (False, [0], None), seen
+    for rank in range(world.size):
+        world.conns[rank].send({"op": "vote", "mine": True, "budget": 5.0})
+    for rank in range(world.size):
+        assert world.conns[rank].poll(60), f"rank {rank} gave no answer"
+        assert world.conns[rank].recv()["all_yes"] is True
 
 
 # --------------------------------------------------------------------------- last: worlds end here

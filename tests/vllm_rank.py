@@ -10,6 +10,7 @@ worker does, reports its fingerprint, then serves commands:
   stand-in (tests/vllm_cpu.py) with this rank, the given environment, the real
   ``Worker.determine_available_memory()``; optionally vLLM's save hook after it. Answers the
   result, the plugin's INFO line, the elapsed time and whether the profiling collective passed.
+* ``{"op": "vote", "mine": bool, "budget": S}``: plancache's vote alone (``vote.agree``), its result.
 * ``{"op": "die"}``: the process ends at once (a rank lost before the vote).
 * ``{"op": "exit"}``.
 
@@ -113,6 +114,13 @@ def main() -> None:
             return
         if cmd["op"] == "die":
             os._exit(3)
+        if cmd["op"] == "vote":  # the vote alone, with a given budget (answers the Vote's fields)
+            from plancache.vllm_plugin.vote import agree
+
+            vote = agree(cmd["mine"], cmd["budget"])
+            conn.send({"rank": rank_i, "all_yes": vote.all_yes, "noes": list(vote.noes), "error": vote.error,
+                       "world_size": vote.world_size})
+            continue
         try:
             for name in [n for n in os.environ if n.startswith("PLANCACHE_")]:
                 del os.environ[name]

@@ -9,15 +9,18 @@ runs the plugin), so a variable means the same thing wherever it is read:
 ``PLANCACHE_TRUSTED_KEYS``     trusted-keys file or directory of ``.pub`` files.
 ``PLANCACHE_THRESHOLD``        distinct trusted keys that must sign (plugin; CLI: ``--threshold``).
 ``PLANCACHE_SIGNING_KEY``      key reference used to sign: a private key file, ``env://VAR``,
-                               ``pkcs11:…``, ``awskms://…``, ``gcpkms://…`` (storage/keyfiles.py).
+                               ``pkcs11:…``, ``awskms://…``, ``gcpkms://…`` (keys/schemes.py).
 ``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted private key.
 ``PLANCACHE_TIMEOUT``          total remote budget in seconds (plugin; CLI: ``--timeout``); also
                                the budget of each HSM/KMS call, in the CLI and the plugin.
 ``PLANCACHE_STORAGE_OPTIONS``  fsspec storage options: a JSON object, or space-separated
                                ``KEY=VALUE`` pairs (VALUE parsed as JSON where it parses), the
                                same as repeated ``--storage-option``, which win over it.
-``PLANCACHE_COMPILE_CACHE``    ``1``: the plugin verifies vLLM's torch.compile cache before torch
-                               reads it, and signs (and pushes) caches vLLM saves.
+``PLANCACHE_COMPILE_CACHE``    on (``1``, ``true``, ``yes``, ``on``, any case): the plugin verifies
+                               vLLM's torch.compile cache before torch reads it, and signs (and
+                               pushes) caches vLLM saves; off: ``0``, ``false``, ``no``, ``off`` or
+                               unset. Any other value is an error and the guard stays **on**
+                               (:func:`compile_cache_switch`).
 =============================  ==================================================================
 """
 
@@ -48,13 +51,37 @@ without ``--fingerprint``, the spot-boot journey without fingerprints): a black-
 delays a boot by this much at most, not by BULK_TIMEOUT."""
 
 
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def compile_cache_switch(value: str | None) -> tuple[bool, str]:
+    """``PLANCACHE_COMPILE_CACHE`` as the plugin and ``doctor`` read it: (on, problem).
+
+    Why strict, and why an unknown value means *on*: the guard is what stands between a
+    tampered cache and the worker, and an operator who wrote ``true`` or ``enabled`` meant it
+    on; reading a typo as off would silently run whatever the cache holds. Unset is off (no
+    problem); surrounding whitespace is ignored; ``problem`` names the variable and is empty
+    when the value is one of :data:`SWITCH_ON` / :data:`SWITCH_OFF` (any case)."""
+    if value is None:
+        return False, ""
+    word = value.strip().lower()
+    if word in SWITCH_ON or word in SWITCH_OFF:
+        return word in SWITCH_ON, ""
+    shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return True, (f"{COMPILE_CACHE_ENV}={shown} is not one of {'/'.join(SWITCH_ON + SWITCH_OFF)}: "
+                  "the compile-cache guard stays on")
+
+
 def parse_key_value(item: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""
     key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise ValueError(f"{item!r} is not KEY=VALUE")
+    if not sep or not key:  # the item itself is not shown: it may be a credential
+        raise ValueError(f"an item of {len(item)} characters is not KEY=VALUE (not shown: it may hold a secret)")
     try:
         return key, json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{key[:40]!r}: the value nests too deeply") from None
     except ValueError:
         return key, raw
 
@@ -66,6 +93,8 @@ def parse_storage_options(text: str) -> dict[str, Any]:
     if text.startswith("{"):
         try:
             parsed = json.loads(text)
+        except RecursionError:
+            raise ValueError("not a JSON object (nests too deeply)") from None
         except ValueError as exc:
             raise ValueError(f"not a JSON object ({exc})") from None
         if not isinstance(parsed, dict):

@@ -230,17 +230,26 @@ def _compile_cache(sub: Sub) -> None:
     _cache_common(p)
     for name, summary in (("push", "upload verified caches: one archive and its signature each"),
                           ("pull", "download, verify, extract and install caches")):
-        p = _add(actions, name, f"compile_cache:cmd_{name}", summary, None)
+        p = _add(actions, name, f"compile_cache:cmd_{name}", summary,
+                 f"The store URL is URL, --url or ${URL_ENV}; a lone positional is the URL when it has a scheme "
+                 "(s3://, gs://, file://, ...), else ROOT.")
         add_trust_options(p)
         if name == "push":
             p.add_argument("--key", metavar="KEY", help="verify with this signing key's own public key instead")
         p.add_argument("--url", metavar="URL", help=f"store URL, e.g. s3://bucket/prefix (default: ${URL_ENV})")
         add_store_options(p)
-        _cache_common(p)
+        url_help = f"store URL, e.g. s3://bucket/prefix (default: --url, else ${URL_ENV})"
+        if name == "pull":  # the order of plancache pull URL [DIR]
+            p.add_argument("source", nargs="?", metavar="URL", help=url_help)
+        _cache_common(p, name)
+        if name == "push":  # the order of plancache push [DIR] URL
+            p.add_argument("target", nargs="?", metavar="URL", help=url_help)
 
 
-def _cache_common(p: argparse.ArgumentParser) -> None:
+def _cache_common(p: argparse.ArgumentParser, name: str = "") -> None:
     p.add_argument("--cache", action="append", metavar="NAME",
                    help="only this cache, e.g. torch_aot_compile/<64 hex> (repeatable; default: all)")
     _json(p)
-    p.add_argument("root", nargs="?", metavar="ROOT", help="vLLM's cache root (default: $VLLM_CACHE_ROOT or ~/.cache/vllm)")
+    exists = "created if missing" if name == "pull" else "must exist"
+    p.add_argument("root", nargs="?", metavar="ROOT",
+                   help=f"vLLM's cache root (default: $VLLM_CACHE_ROOT or ~/.cache/vllm; {exists})")

@@ -1,10 +1,25 @@
-"""``plancache compile-cache sign|verify|ls|push|pull [ROOT]``: vLLM's torch.compile cache.
+"""``plancache compile-cache sign|verify|ls [ROOT]``, ``push [ROOT] [URL]``, ``pull [URL] [ROOT]``.
 
 ROOT is vLLM's cache root, resolved as vLLM does (``$VLLM_CACHE_ROOT``, else
 ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``); the caches are the directories under
 ``ROOT/torch_compile_cache/`` (``torch_aot_compile/<64 hex>`` and ``<10 hex>``), ``--cache``
-picks some. Thin commands over :mod:`plancache.pipeline.compile_cache`; exit codes as
-``verify``: 0 every cache fine; 1 a cache was rejected; 2 usage, configuration or store error.
+picks some. A ROOT that does not exist is a configuration error (exit 2) except for ``pull``,
+which fills a fresh node. The store URL is the positional URL, ``--url`` or ``$PLANCACHE_URL``,
+with the positionals in the order of ``plancache push [DIR] URL`` / ``plancache pull URL [DIR]``
+(a lone positional is the URL when it has a scheme, ``s3://…``, else ROOT).
+
+vLLM's debug dump is shown as what it is: with the AOT layout, ``VllmBackend`` still makes a
+``<10 hex>`` directory beside ``torch_aot_compile/`` and writes only ``computation_graph.py``
+(a readable dump of the split graph) and ``cache_key_factors.json`` (the hash factors) under
+``rank_<r>_<dp>/<prefix>/``; vLLM 0.33 never reads either (it only checks that they exist
+before writing), and without ``vllm_compile_cache.py`` there it loads no artifact from that
+directory. The plugin signs only what vLLM loads, so that directory is unsigned: ``verify``,
+``ls`` and ``push`` report it as ``debug`` (ok, not pushed) instead of a rejected cache. Any
+other file in it, or a sidecar beside it, makes it an ordinary cache again. The guard at boot
+is unchanged: it still verifies the directory before vLLM's ``initialize_cache`` reads it.
+
+Thin commands over :mod:`plancache.pipeline.compile_cache`; exit codes as ``verify``: 0 every
+cache fine; 1 a cache was rejected; 2 usage, configuration or store error.
 """
 
 from __future__ import annotations
@@ -18,9 +33,11 @@ from typing import Callable
 from ..pipeline import compile_cache as flows
 from ..pipeline.locations import BULK_TIMEOUT
 from ..pipeline.resolver import utcnow
-from ..storage import archives
+from ..settings import URL_ENV
+from ..storage import archives, cachedir
 from ..storage.localdir import vllm_cache_root
 from ..storage.store import Store, open_store
+from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Rejected
 from ..trust.keys import Keyring, signer_keyring
 from .inputs import required_policy, required_signer, storage_options
@@ -28,10 +45,57 @@ from .output import print_table, report
 
 EXIT_REJECTED, EXIT_CONFIG = 1, 2
 HEADERS = ("cache", "action", "files", "MiB", "signers", "reason", "detail")
+DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
+"""What vLLM 0.33's ``VllmBackend.__call__`` writes for humans into ``<10 hex>/rank_<r>_<dp>/
+<prefix>/`` and never reads back (vllm/compilation/backends.py)."""
+DEBUG_DETAIL = ("vLLM's debug dump beside the AOT cache (computation_graph.py, cache_key_factors.json): "
+                "vLLM never reads it; unsigned, not pushed, still guarded at boot")
 
 
-def _root(args: argparse.Namespace) -> flows.CacheRoot:
-    return flows.CacheRoot(Path(os.path.expanduser(args.root)) if args.root else vllm_cache_root())
+def _places(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(ROOT, URL) from the positionals, in ``push [ROOT] [URL]`` / ``pull [URL] [ROOT]`` order;
+    a lone positional is the URL when it names a scheme. ``--url`` must agree with a positional URL."""
+    command = args.compile_command
+    if command not in ("push", "pull"):
+        return args.root, None
+    first, second = (args.root, args.target) if command == "push" else (args.source, args.root)
+    root = url = None
+    if second is not None:
+        root, url = (first, second) if command == "push" else (second, first)
+        if "://" not in url:
+            raise ConfigError(f"'{safe_text(url, 200)}' is not a store URL (e.g. s3://bucket/prefix)")
+    elif first is not None:
+        url, root = (first, None) if "://" in first else (None, first)
+    if args.url and url and args.url != url:
+        raise ConfigError("two different store URLs: give it once, as URL or as --url")
+    return root, url or args.url
+
+
+def _root(args: argparse.Namespace, must_exist: bool = True) -> flows.CacheRoot:
+    given = _places(args)[0]
+    root = flows.CacheRoot(Path(os.path.expanduser(given)) if given else vllm_cache_root())
+    if must_exist and not root.root.is_dir():
+        what = "does not exist" if not os.path.lexists(root.root) else "is not a directory"
+        where = "" if given else " (the default root: $VLLM_CACHE_ROOT, else ~/.cache/vllm)"
+        raise ConfigError(f"compile-cache root {safe_text(str(root.root), 300)} {what}{where}")
+    return root
+
+
+def _debug_dump(root: flows.CacheRoot, subject: str) -> flows.CacheOutcome | None:
+    """A ``debug`` row when ``subject`` is vLLM's unsigned debug dump (see the module docstring)."""
+    if "/" in subject:
+        return None
+    directory = root.directory(subject)
+    if os.path.lexists(cachedir.sidecar_path(directory)):
+        return None
+    try:
+        listing = cachedir.walk(directory)
+    except PlanCacheError:
+        return None
+    files = {path: size for path, size in listing.items() if size is not None}
+    if not files or any(not p.startswith("rank_") or p.rsplit("/", 1)[-1] not in DEBUG_FILES for p in files):
+        return None
+    return flows.CacheOutcome(subject, "debug", "", DEBUG_DETAIL, len(files), sum(files.values()))
 
 
 def _subjects(args: argparse.Namespace, found: list[str]) -> list[str]:
@@ -45,18 +109,21 @@ def _keyring(args: argparse.Namespace) -> Keyring:
 
 
 def _store(args: argparse.Namespace) -> Store:
-    url = args.url or os.environ.get(URL_ENV)
+    url = _places(args)[1] or os.environ.get(URL_ENV)
     if not url or "://" not in url:
-        raise ConfigError(f"no store URL: pass --url s3://bucket/prefix or set {URL_ENV}")
+        raise ConfigError(f"no store URL: pass URL (or --url) s3://bucket/prefix, or set {URL_ENV}")
     return open_store(url, storage_options(args), timeout=BULK_TIMEOUT if args.timeout is None else args.timeout)
 
 
-def _each(subjects: list[str], flow: Callable[[str], flows.CacheOutcome]) -> list[flows.CacheOutcome]:
-    """Run ``flow`` per cache; a rejection is a row, a store error a row that makes exit 2."""
+def _each(subjects: list[str], flow: Callable[[str], flows.CacheOutcome],
+          root: flows.CacheRoot | None = None) -> list[flows.CacheOutcome]:
+    """Run ``flow`` per cache; a rejection is a row, a store error a row that makes exit 2.
+    With ``root``, vLLM's debug dump is a ``debug`` row and ``flow`` does not run on it."""
     outcomes = []
     for subject in subjects:
         try:
-            outcomes.append(flow(subject))
+            dump = _debug_dump(root, subject) if root is not None else None
+            outcomes.append(dump or flow(subject))
         except PlanCacheError as exc:
             outcomes.append(flows.CacheOutcome(subject, "rejected" if isinstance(exc, Rejected) else "error",
                                                exc.reason.value, exc.detail))
@@ -87,7 +154,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     root, keyring, now = _root(args), _keyring(args), utcnow()
-    return _report(args, _each(_subjects(args, root.subjects()), lambda s: flows.verify_cache(root, s, keyring, now)))
+    return _report(args, _each(_subjects(args, root.subjects()), lambda s: flows.verify_cache(root, s, keyring, now), root))
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -95,7 +162,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.trusted_keys or os.environ.get("PLANCACHE_TRUSTED_KEYS"):
         return cmd_verify(args)
 
-    outcomes = _each(_subjects(args, root.subjects()), lambda s: flows.describe_cache(root, s))
+    outcomes = _each(_subjects(args, root.subjects()), lambda s: flows.describe_cache(root, s), root)
     return _report(args, outcomes, listing=True)
 
 
@@ -105,11 +172,11 @@ def cmd_push(args: argparse.Namespace) -> int:
     store = _store(args)
     deadline = time.monotonic() + store.timeout
     return _report(args, _each(_subjects(args, root.subjects()),
-                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline)))
+                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline), root))
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    root, keyring, now = _root(args), _keyring(args), utcnow()
+    root, keyring, now = _root(args, must_exist=False), _keyring(args), utcnow()
     store = _store(args)
     deadline = time.monotonic() + store.timeout
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..pipeline.locations import open_url, require_existing
+from ..settings import COMPILE_CACHE_ENV, compile_cache_switch
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
 from ..settings import URL_ENV
@@ -71,6 +72,21 @@ def _plugin(checks: Checks) -> None:
     else:
         checks.add("enable-startup-plan", "fail", f"VLLM_ENABLE_STARTUP_PLAN={'unset' if raw is None else repr(raw)}: "
                    "vLLM does not use startup plans and plancache patches nothing (set it to 1)")
+
+
+def _compile_cache(checks: Checks) -> None:
+    """The compile-cache guard's switch, read by the plugin's own parser: a value it does not
+    know keeps the guard on and logs an ERROR at every boot, so doctor warns."""
+    raw = os.environ.get(COMPILE_CACHE_ENV)
+    on, problem = compile_cache_switch(raw)
+    if problem:
+        checks.add("compile-cache", "warn", problem, enabled=on)
+    elif on:
+        checks.add("compile-cache", "ok", f"{COMPILE_CACHE_ENV}={raw.strip() if raw else ''}: the worker verifies "
+                   "vLLM's torch.compile cache before torch reads it", enabled=True)
+    else:
+        checks.add("compile-cache", "skip", f"{COMPILE_CACHE_ENV}{' unset' if raw is None else '=' + raw.strip()}: "
+                   "vLLM's torch.compile cache is read unchecked", enabled=False)
 
 
 def _plan_dir(checks: Checks) -> LocalPlanDir:
@@ -179,6 +195,7 @@ def _local_plans(checks: Checks, directory: LocalPlanDir, policy: TrustPolicy, f
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = Checks()
     _plugin(checks)
+    _compile_cache(checks)
     directory = _plan_dir(checks)
     config = parse_config(os.environ)
     policy = _keys(checks, config)

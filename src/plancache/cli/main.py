@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence, TextIO
 
 from .. import __version__
 from ..trust.display import safe_text
@@ -51,10 +52,7 @@ class Parser(argparse.ArgumentParser):
             from .output import document, print_json
 
             command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
-            try:
-                print_json(document(command, False, error=("usage-error", f"{message} (see {self.prog} --help)")))
-            except BrokenPipeError:
-                pass  # the reader went away (``| head``): nothing to tell it
+            print_json(document(command, False, error=("usage-error", f"{message} (see {self.prog} --help)")))
         # One line, like every other error (argparse would print the whole usage first).
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -96,7 +94,68 @@ def _json_wanted(argv: Sequence[str]) -> bool:
     return "--json" in head
 
 
+class _ClosedPipeSafe(io.TextIOBase):
+    """stdout that survives its reader going away (``plancache verify | head``).
+
+    Why: the exit code is the verdict. Ending at the first ``BrokenPipeError`` would have to
+    make one up (and 0 turned a failed audit into a success). So once the pipe is closed, fd 1
+    becomes ``/dev/null`` and the command runs to its real exit code; stderr still speaks."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def _closed(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.inner.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            self.inner = open(os.devnull, "w")  # not a real fd (a capture): drop what follows
+
+    def write(self, text: str) -> int:
+        try:
+            return self.inner.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.inner.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    stdout = sys.stdout
+    sys.stdout = _ClosedPipeSafe(stdout)  # type: ignore[assignment]
+    try:
+        return _main(argv)
+    finally:
+        try:
+            sys.stdout.flush()
+        finally:
+            sys.stdout = stdout
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argparse, where whatever an argument type raises is a usage error too (one line, and
+    one JSON report with ``--json``): a RecursionError from 1,000 brackets included."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a value argparse did not anticipate
+        parser.error(f"invalid argument ({type(exc).__name__}: {safe_text(exc, 120)})")
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     complete(parser)  # the shell asking for completions (plancache completion bash|zsh): answers and exits
@@ -104,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     Parser.json_requested = _json_wanted(argv)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     json_out = bool(getattr(args, "json", False))
     if args.debug:
         os.environ["PLANCACHE_DEBUG"] = "1"
@@ -125,8 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         fail("interrupted", "interrupted", "interrupted")
         return 130
-    except BrokenPipeError:
-        return 0
     except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
         if os.environ.get("PLANCACHE_DEBUG"):
             import traceback

@@ -8,6 +8,8 @@ prefixes that hold some) unless ``--allow-empty``.
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -31,7 +33,7 @@ NO_PLANS = "no-plans"
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from ..storage.keyfiles import generate_keypair
+    from ..keys.keyfile import generate_keypair
 
     signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name,
                               openssh=args.format == "openssh")
@@ -94,13 +96,36 @@ def _audit(args: argparse.Namespace, policy: Any) -> tuple[Location, list[PlanRe
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if args.report:
+        _check_report_target(args.report)
     try:
         return _verify(args)
-    except PlanCacheError as exc:
-        if args.report:  # the audit could not run: the report says so, never a stale success
-            _write_report(args.report, document("verify", False, {"location": args.location or ""},
-                                                (exc.reason.value, exc.detail)))
+    except BaseException as exc:
+        if args.report and not isinstance(exc, SystemExit):  # never a stale success, whatever failed
+            if isinstance(exc, PlanCacheError):
+                error = (exc.reason.value, exc.detail)
+            elif isinstance(exc, KeyboardInterrupt):
+                error = ("interrupted", "interrupted")
+            else:
+                error = ("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)}")
+            try:
+                _write_report(args.report, document("verify", False, {"location": args.location or ""}, error))
+            except PlanCacheError:
+                pass  # the report cannot be written: the first failure is the one to tell
         raise
+
+
+def _check_report_target(path: str) -> None:
+    """``--report`` replaces a regular file or creates one; anything else (``/dev/full``, a FIFO,
+    a directory, a symlink) is refused before the audit runs, not renamed over."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"--report {safe_text(path, 200)}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"--report {safe_text(path, 200)} exists and is not a regular file: refusing to replace it")
 
 
 def _write_report(path: str, doc: dict[str, Any]) -> None:

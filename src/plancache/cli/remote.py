@@ -34,7 +34,7 @@ DRY_RUN_WORDS = {"uploaded": "would upload", "unchanged": "already in the store 
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from ..pipeline.bulk import push_plans
+    from ..pipeline.bulk import PushRequest, push_plans
     from ..pipeline.trust_config import signer_for
     from .inputs import signing_request
     from .keys_cmd import terminal_prompt
@@ -47,8 +47,9 @@ def cmd_push(args: argparse.Namespace) -> int:
     request = signing_request(args)
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     with Progress("push", args.quiet) as bar:
-        entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), signer,
-                                       request, args.allow_unsigned, bar, wanted or None, args.dry_run)
+        push = PushRequest(signer=signer, signing=request, allow_unsigned=args.allow_unsigned,
+                           fingerprints=wanted or None, dry_run=args.dry_run)
+        entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), push, bar)
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
     missing = unrecorded_conditions(dict(request.facts or {})) if signs else []

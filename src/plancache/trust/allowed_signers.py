@@ -125,9 +125,22 @@ def matches_pattern_list(name: str, patterns: str) -> bool:
     return found
 
 
-def parse_allowed_signer(line: str) -> AllowedSigner | None:
+MARKER_WORDS = ("revoke", "revoked")
+
+
+def spelled_like_marker(name: str) -> bool:
+    """Whether a principal or key name reads as the revocation marker: a word (split at spaces
+    and commas) that is ``revoke`` or ``revoked`` in any case, with any punctuation around it
+    (``@REVOKED``, ``revoked:``, ``!revoke``). Such a line was meant to revoke; trusting its key
+    under that name would do the opposite, so it is a configuration error instead."""
+    words = re.split(r"[\s,]+", name.lower())
+    return any(re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", word) in MARKER_WORDS for word in words)
+
+
+def parse_allowed_signer(line: str, any_namespace: bool = False) -> AllowedSigner | None:
     """One ``principals [options] ssh-ed25519 AAAA… [comment]`` line; None when its
-    ``namespaces`` do not include plancache's (the line trusts nothing here)."""
+    ``namespaces`` do not include plancache's (the line trusts nothing here), unless
+    ``any_namespace`` (a revocation voids the key whatever it may sign for)."""
     fields = tokens(line)
     if len(fields) >= 3 and fields[1] in SSH_KEY_TYPES:
         principals, options, key_fields = fields[0], {}, fields[1:]
@@ -145,6 +158,6 @@ def parse_allowed_signer(line: str) -> AllowedSigner | None:
     namespaces = options.get("namespaces", "*")
     if namespaces is None:
         raise ConfigError('namespaces needs a value, e.g. namespaces="plancache"')
-    if not matches_pattern_list(NAMESPACE, namespaces):
+    if not any_namespace and not matches_pattern_list(NAMESPACE, namespaces):
         return None
     return AllowedSigner(principals.strip('"'), public, after, before)

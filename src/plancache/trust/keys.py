@@ -7,7 +7,8 @@ Trusted-keys files are ``authorized_keys``-shaped, one key per line::
     ssh-ed25519 AAAAC3Nz… ci-signer                          (a keygen .pub line as it is)
     name=ci-2026,valid-after=2026-01-01T00:00:00Z,valid-before=2027-01-01T00:00:00Z ssh-ed25519 AAAA…
     @revoked SHA256:3q2+7w… [comment]                        (a key id, with or without '=', or)
-    @revoked ssh-ed25519 AAAA… old-laptop                    (a whole key line)
+    @revoked ssh-ed25519 AAAA… old-laptop                    (a whole key line, in any of the
+                                                             key-line formats below)
     -----BEGIN PUBLIC KEY-----                               (PEM public keys, anywhere)
     …
     -----END PUBLIC KEY-----
@@ -21,9 +22,13 @@ so a retired key cannot sign a backdated plan; rotation is co-signing with the n
 retiring the old one. ``@revoked`` voids everything a key signed.
 
 Every line must parse: a line that does not, a key listed twice, or a window that holds no
-moment is a :class:`ConfigError` naming ``file:line``, never a line quietly skipped. Key ids
+moment is a :class:`ConfigError` naming ``file:line``, never a line quietly skipped. The
+marker is exactly ``@revoked``: any other first word starting with ``@`` (``@revoke``,
+``@REVOKED``, ``@revoked:``) and a key named or principal spelled like it (``revoked``, any
+case) are errors too, because each of them once trusted the very key its author meant to
+revoke (under the name ``@revoke``). Key ids
 are compared in one normal form (:func:`canonical_keyid`). Parsing here is pure; reading
-files lives in :mod:`plancache.storage.keyfiles`.
+files lives in :mod:`plancache.keys`.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .allowed_signers import parse_allowed_signer
+from .allowed_signers import parse_allowed_signer, spelled_like_marker
 from .display import safe_text
 from .errors import ConfigError, PlanCacheError
 from .keyformat import (  # noqa: F401 - re-exported: callers name these from here
@@ -62,7 +67,7 @@ class Signer(Protocol):
 
     The public key is needed because signing checks its own result: a sidecar is only
     written after it verifies. Key files, environment variables, HSMs (PKCS#11) and cloud
-    KMS keys all fit this shape (:mod:`plancache.storage.signers`); ``sign`` may raise
+    KMS keys all fit this shape (:mod:`plancache.keys`); ``sign`` may raise
     :class:`ConfigError` or ``StoreTimeout`` when a remote key cannot be reached.
     """
 
@@ -178,16 +183,23 @@ def _parse_options(text: str) -> dict[str, str]:
     return options
 
 
-def _revoked_id(fields: list[str]) -> str:
-    """``@revoked SHA256:… [comment]`` or ``@revoked ssh-ed25519 AAAA… [comment]``."""
-    if len(fields) >= 2 and fields[1].startswith(KEYID_PREFIX):
-        kid = canonical_keyid(fields[1])
+def _revoked_id(rest: str) -> str:
+    """What follows ``@revoked``: a key id (``SHA256:… [comment]``) or a key line in any format a
+    key is trusted in (``[options] ssh-ed25519 AAAA… [comment]``, an allowed_signers line), so a
+    line is revoked by prefixing it, whatever its namespaces."""
+    fields = rest.split()
+    if fields and fields[0].startswith(KEYID_PREFIX):
+        kid = canonical_keyid(fields[0])
         if kid is None:
-            raise ConfigError(f"'{safe_text(fields[1], 60)}' is not a key id (SHA256: and 43 base64 characters)")
+            raise ConfigError(f"'{safe_text(fields[0], 60)}' is not a key id (SHA256: and 43 base64 characters)")
         return kid
-    if len(fields) >= 3:
-        return key_id(parse_openssh_public(fields[1], fields[2]))
-    raise ConfigError("@revoked takes a key id (SHA256:…) or a key line")
+    if len(fields) < 2:
+        raise ConfigError("@revoked takes a key id (SHA256:…) or a key line")
+    if fields[0] in SSH_KEY_TYPES or "=" in fields[0]:
+        return _key_line(fields).keyid
+    entry = parse_allowed_signer(rest, any_namespace=True)
+    assert entry is not None  # any_namespace: a parsed line always has a key
+    return key_id(entry.public)
 
 
 def _key_line(fields: list[str]) -> TrustedKey:
@@ -240,10 +252,14 @@ def _entry(lines: list[str], index: int) -> tuple[TrustedKey | str | None, int]:
         raise ConfigError(f"'{safe_text(line, 60)}' is not a public key (a private key does not belong here)")
     fields = line.split()
     if fields[0] == "@revoked":
-        return _revoked_id(fields), index
-    if fields[0] in SSH_KEY_TYPES or "=" in fields[0]:
-        return _key_line(fields), index
-    return _allowed_signer(line), index
+        return _revoked_id(line[len("@revoked"):]), index
+    if fields[0].startswith("@"):
+        raise ConfigError(f"'{safe_text(fields[0], 40)}' is not a marker: only '@revoked' (exactly so) revokes a key")
+    key = _key_line(fields) if fields[0] in SSH_KEY_TYPES or "=" in fields[0] else _allowed_signer(line)
+    if key is not None and spelled_like_marker(key.name):
+        raise ConfigError(f"key name '{safe_text(key.name, 60)}' is spelled like the revocation marker: to revoke "
+                          "the key, start the line with '@revoked'; to trust it, name it otherwise")
+    return key, index
 
 
 def parse_trusted_keys(text: str, source: str) -> Keyring:

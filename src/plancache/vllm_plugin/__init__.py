@@ -29,9 +29,32 @@ def startup_plan_enabled() -> bool:
         return False
 
 
+_switch_reported = False
+
+
+def compile_cache_wanted() -> bool:
+    """``PLANCACHE_COMPILE_CACHE`` through the one strict parser (:func:`plancache.settings.
+    compile_cache_switch`, which ``doctor`` uses too); imported only when the variable is set,
+    so a vLLM process without it pays for nothing. An unknown value is one ERROR line per
+    process (register runs several times) and the guard stays on."""
+    global _switch_reported
+    raw = os.environ.get("PLANCACHE_COMPILE_CACHE")  # settings.COMPILE_CACHE_ENV
+    if raw is None:
+        return False
+    from ..settings import compile_cache_switch
+
+    on, problem = compile_cache_switch(raw)
+    if problem and not _switch_reported:
+        import logging
+
+        _switch_reported = True
+        logging.getLogger("vllm.plancache").error("plancache: %s", problem)
+    return on
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; never raises."""
-    if os.environ.get("PLANCACHE_COMPILE_CACHE", "").strip() == "1":  # settings.COMPILE_CACHE_ENV
+    if compile_cache_wanted():
         from .compile_guard import install  # the compile-cache guard; never raises
 
         install()

@@ -41,6 +41,7 @@ included): the collectives of a group pair up by order.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -81,7 +82,8 @@ def _world() -> Any | None:
 
 
 def _gather(world: Any, value: float, wait_s: float | None) -> list[float]:
-    """One all_gather of a float over the world's gloo group; ``wait_s`` None posts without waiting."""
+    """One all_gather of a float over the world's gloo group; ``wait_s`` None posts without waiting,
+    else waits at least 1 ms (a positive budget below gloo's millisecond would round to "forever")."""
     import torch
     import torch.distributed as dist
 
@@ -89,7 +91,8 @@ def _gather(world: Any, value: float, wait_s: float | None) -> list[float]:
     work = dist.all_gather(gathered, torch.tensor([value], dtype=torch.float64), group=world.cpu_group, async_op=True)
     if wait_s is None:
         return []
-    work.wait(timeout=timedelta(seconds=wait_s))
+    # gloo counts whole milliseconds and reads 0 as "no timeout": never hand it less than 1 ms.
+    work.wait(timeout=timedelta(milliseconds=max(1, math.ceil(wait_s * 1000))))
     return [float(t[0]) for t in gathered]
 
 
@@ -98,11 +101,25 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
+def _spent(world: Any) -> Vote:
+    """A rank whose budget is already spent: post a no in round 1 and a 0 in round 2 without
+    waiting for either (every rank posts both rounds: collectives pair up by order), then profile.
+    The peers see the no as soon as they gather round 1, and profile too."""
+    try:
+        _gather(world, 0.0, None)
+        _gather(world, 0.0, None)
+    except Exception as exc:  # noqa: BLE001 - profiling needs no vote
+        return Vote(False, (), f"budget spent; {_error(exc)}", world.world_size)
+    return Vote(False, (), "budget spent before the vote: voted profile without waiting", world.world_size)
+
+
 def agree(mine: bool, budget_s: float) -> Vote:
     """Every rank says whether it would apply its plan; True for all only if every rank did.
 
     Waits at most ``budget_s`` seconds for round 1 (plus at most ``max(budget_s, ROUND2_S)``
-    for round 2 after a round 1 in time). Never raises: a failure of any kind is a Vote with
+    for round 2 after a round 1 in time). A budget already spent (``budget_s <= 0``) waits not
+    at all: a wait of 0 is *no timeout* to gloo, so such a rank posts "profile" in both rounds and
+    returns (:func:`_spent`). Never raises: a failure of any kind is a Vote with
     ``error`` set and ``all_yes`` False (the caller profiles)."""
     try:
         world = _world()
@@ -111,8 +128,10 @@ def agree(mine: bool, budget_s: float) -> Vote:
     if world is None or world.world_size == 1:
         return Vote(mine, () if mine else (0,), None, 1)
     started = time.monotonic()
+    if budget_s <= 0:  # spent: gloo's wait(0) would mean *no* timeout; vote "profile" and never wait
+        return _spent(world)
     try:
-        votes = _gather(world, 1.0 if mine else 0.0, max(0.0, budget_s))
+        votes = _gather(world, 1.0 if mine else 0.0, budget_s)
     except Exception as exc:  # noqa: BLE001 - timeout, a dead peer: say no in round 2, profile
         try:
             _gather(world, 0.0, None)

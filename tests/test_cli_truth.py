@@ -1,0 +1,153 @@
+"""Exit codes and reports tell the truth (issue 19 item 3).
+
+A reader that goes away (``| head``) never turns a failed audit into exit 0; ``verify --report
+FILE`` is replaced on every outcome, internal errors included, and never replaces something
+that is not a regular file (a device node, a FIFO, a directory, a symlink); every argument error,
+whatever raised it, is one line on stderr (and one JSON document with ``--json``), exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import FP, plan_bytes
+from plancache.cli.main import main
+from plancache.storage.localdir import LocalPlanDir
+from plancache.trust.plan import plan_name
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+FP2 = "fedcba9876543210"
+
+
+@pytest.fixture
+def audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """A plan directory with two signed plans, one of them then altered (verify exits 1)."""
+    assert main(["keygen", str(tmp_path / "ci")]) == 0
+    local = LocalPlanDir(tmp_path / "plans")
+    for fp in (FP, FP2):
+        local.write(fp, plan_bytes(fp=fp), None)
+    assert main(["sign", "--key", str(tmp_path / "ci"), str(local.path)]) == 0
+    capsys.readouterr()
+    return {"dir": str(local.path), "pub": str(tmp_path / "ci.pub"), "tmp": str(tmp_path)}
+
+
+def _alter(audit: dict[str, str]) -> None:
+    (Path(audit["dir"]) / plan_name(FP)).write_bytes(plan_bytes(kv=1))
+
+
+def _cli(*argv: str, closed_stdout: bool = False) -> tuple[int, str]:
+    """The CLI in its own process; with ``closed_stdout`` its reader is gone before it writes."""
+    code = "import sys; from plancache.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    env = dict(os.environ, PYTHONPATH=SRC)
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    if closed_stdout:
+        proc.stdout.close()  # as `| head -0` would: every write of the command meets a closed pipe
+    else:
+        proc.stdout.read()
+    err = proc.stderr.read().decode()
+    return proc.wait(120), err
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_closed_pipe_never_turns_a_failed_audit_into_success(audit: dict[str, str], json_flag: list[str]) -> None:
+    _alter(audit)
+    code, err = _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"], closed_stdout=True)
+    assert code == 1, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+    code, err = _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"])
+    assert code == 1
+    (Path(audit["dir"]) / plan_name(FP)).write_bytes(plan_bytes())  # put the plan back: all valid
+    code, err = _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"], closed_stdout=True)
+    assert code == 0, err
+
+
+def _report(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
+    audit: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = Path(audit["tmp"]) / "audit.json"
+    assert main(["verify", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]]) == 0
+    assert _report(report)["ok"] is True
+    capsys.readouterr()
+
+    def bug(*args: object, **kwargs: object) -> None:  # a bug in the audit, whatever it is
+        raise RuntimeError("a bug in the audit")
+
+    monkeypatch.setattr("plancache.cli.offline.audit_plans", bug)
+    code = main(["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]])
+    out, err = capsys.readouterr()
+    assert code == 2 and json.loads(out)["error"]["reason"] == "internal-error"
+    after = _report(report)
+    assert after["ok"] is False and after["error"]["reason"] == "internal-error", after
+    assert "RuntimeError" in after["error"]["detail"]
+    assert [p.name for p in report.parent.iterdir() if p.name.startswith(".audit.json")] == []  # no temporaries
+
+
+@pytest.mark.parametrize("kind", ["char-device", "fifo", "directory", "symlink"])
+def test_the_report_never_replaces_what_is_not_a_regular_file(
+    audit: dict[str, str], capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    target = Path(audit["tmp"]) / "target"
+    if kind == "char-device":  # /dev/full's own numbers, in the test's directory
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    else:
+        (Path(audit["tmp"]) / "elsewhere").write_text("keep me\n")
+        target.symlink_to(Path(audit["tmp"]) / "elsewhere")
+    before = os.lstat(target)
+    code = main(["verify", "--json", "--report", str(target), "--trusted-keys", audit["pub"], audit["dir"]])
+    out, err = capsys.readouterr()
+    assert code == 2 and json.loads(out)["error"]["reason"] == "config-error", out
+    assert "not a regular file" in err and len(err.strip().splitlines()) == 1
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+    if kind == "symlink":
+        assert (Path(audit["tmp"]) / "elsewhere").read_text() == "keep me\n"
+
+
+DEEP = "anon=" + "[" * 1000
+
+
+@pytest.mark.parametrize("argv", [
+    ["ls", "--storage-option", DEEP, "file:///tmp"],
+    ["verify", "--storage-option", DEEP, "file:///tmp"],
+    ["pull", "--storage-option", DEEP, "file:///tmp"],
+    ["push", "--storage-option", DEEP, ".", "file:///tmp"],
+    ["prune", "--older-than", "1d", "--storage-option", DEEP, "file:///tmp"],
+    ["compile-cache", "pull", "--storage-option", DEEP, "file:///tmp"],
+    ["sign", "--fact", "x=" + "{\"a\":" * 1000, "."],
+    ["ls", "--storage-option", "no-equals-sign-secret-AKIAEXAMPLE", "file:///tmp"],
+    ["verify", "--jobs", "many", "."],
+    ["verify", "--no-such-flag"],
+    ["no-such-command"],
+])
+def test_every_argument_error_is_one_line_and_one_report(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    for flags in ([], ["--json"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv[:1] + flags + argv[1:] if argv[0] != "compile-cache" else argv[:2] + flags + argv[2:])
+        out, err = capsys.readouterr()
+        assert info.value.code == 2
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert "AKIAEXAMPLE" not in err + out
+        if flags:
+            doc = json.loads(out)  # exactly one document
+            assert doc["ok"] is False and doc["error"]["reason"] == "usage-error"
+        else:
+            assert out == ""
