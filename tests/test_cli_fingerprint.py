@@ -157,3 +157,15 @@ def test_the_model_path_is_hashed_as_given(vllm_cfg: SimpleNamespace, capsys: py
 def test_no_serve_arguments_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, "fingerprint", "--explain")
     assert code == 2 and out == "" and "after --" in err
+
+
+def test_a_hub_model_id_not_in_the_local_cache_offline_is_one_line_saying_so(
+    vllm_cfg: SimpleNamespace, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, out, err = run_cli(capsys, "fingerprint", "--device-name", "X", "--device-total-memory", "1", "--",
+                             "nonexistent-org/nonexistent-model")
+    line = [entry for entry in err.splitlines() if entry.startswith("plancache:")]
+    assert code == 2 and out == "" and len(line) == 1 and "internal error" not in err
+    assert "offline, a hub model id must be in the local Hugging Face cache" in line[0] and "\\x0a" not in line[0]

@@ -105,6 +105,11 @@ def fingerprints(serve_args: list[str], device_name: str | None = None, device_t
     }
 
 
+def _first_line(exc: BaseException) -> str:
+    """vLLM's and the hub's messages run over lines; one line is an error line (no ``\\x0a``)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def run(args: argparse.Namespace) -> int:
     serve = list(args.serve_args)
     if serve[:1] == ["--"]:
@@ -124,9 +129,15 @@ def run(args: argparse.Namespace) -> int:
         hint = "" if args.device_name and args.device_total_memory else (
             "; without a local GPU give --device-name and --device-total-memory")
         raise ConfigError(
-            f"fingerprint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{hint}") from None
+            f"fingerprint: {type(exc).__name__}: {_first_line(exc)}{hint}") from None
+    except OSError as exc:  # the model's files: a hub id not in the local cache while offline, a bad path
+        hub_offline = type(exc).__name__ == "LocalEntryNotFoundError" or os.environ.get("HF_HUB_OFFLINE")
+        offline = "offline, " if hub_offline else ""
+        raise ConfigError(f"fingerprint: cannot read the model's configuration ({_first_line(exc)}): {offline}a hub "
+                          "model id must be in the local Hugging Face cache ($HF_HOME); or give the model's "
+                          "local directory") from None
     except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
-        raise ConfigError(f"fingerprint: invalid vllm serve arguments: {exc}") from None
+        raise ConfigError(f"fingerprint: invalid vllm serve arguments: {_first_line(exc)}") from None
     if result["ignored_arguments"]:
         print("plancache: fingerprint: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
               file=sys.stderr)
