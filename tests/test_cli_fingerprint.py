@@ -169,3 +169,16 @@ def test_a_hub_model_id_not_in_the_local_cache_offline_is_one_line_saying_so(
     line = [entry for entry in err.splitlines() if entry.startswith("plancache:")]
     assert code == 2 and out == "" and len(line) == 1 and "internal error" not in err
     assert "offline, a hub model id must be in the local Hugging Face cache" in line[0] and "\\x0a" not in line[0]
+
+
+def test_without_a_gpu_or_a_platform_it_says_why_a_cpu_box_cannot_stand_in(
+    vllm_cfg: SimpleNamespace, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    env.update(PYTHONPATH=str(SRC), HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-m", "plancache.cli.main", "fingerprint", "--device-name", "NVIDIA H100",
+                          "--device-total-memory", "85520809984", "--", str(vllm_cfg.model), *TINY],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    line = [entry for entry in out.stderr.splitlines() if entry.startswith("plancache:")]
+    assert out.returncode == 2 and out.stdout == "" and len(line) == 1
+    assert "VLLM_TARGET_DEVICE=cpu" in line[0] and "cannot match a GPU node's" in line[0]

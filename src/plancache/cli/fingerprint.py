@@ -25,6 +25,11 @@ from typing import Any, Iterator
 from ..trust.errors import ConfigError
 
 EXIT_CONFIG = 2
+NO_PLATFORM = (
+    "; vLLM finds no GPU here. VLLM_TARGET_DEVICE=cpu lets it build the configuration, but the fingerprint then "
+    "hashes this machine's CPU platform and torch build, so it cannot match a GPU node's: run this where the "
+    "fleet's image runs (a node of its kind)")
+"""Why a CPU box cannot stand in for a GPU node (issue 21 item 1): said, not papered over."""
 NEEDS_VLLM = "plancache: fingerprint needs the [vllm] extra (pip install 'plancache[vllm]')"
 
 
@@ -128,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     except (NotImplementedError, RuntimeError) as exc:
         hint = "" if args.device_name and args.device_total_memory else (
             "; without a local GPU give --device-name and --device-total-memory")
+        if "infer device type" in str(exc):  # no GPU here, and vLLM was not told which platform to build for
+            hint = NO_PLATFORM
         raise ConfigError(
             f"fingerprint: {type(exc).__name__}: {_first_line(exc)}{hint}") from None
     except OSError as exc:  # the model's files: a hub id not in the local cache while offline, a bad path
