@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..pipeline.audit import STORE_REASONS, all_valid, report_of
-from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing
+from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing, require_push_target
 from ..pipeline.resolver import Resolver, utcnow
 from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ..trust.errors import ConfigError
@@ -51,6 +51,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
+    require_push_target(store)
     with Progress("push", args.quiet) as bar:
         entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), signer,
                                        request, args.allow_unsigned, bar, wanted or None, args.dry_run)
