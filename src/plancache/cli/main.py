@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
 import os
 import sys
-from typing import Callable, NoReturn, Sequence, TextIO
+from typing import Callable, NoReturn, Sequence
 
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from . import commands
+from .streams import ClosedPipeSafe, RedactedLines
 
 EXIT_CONFIG = 2
 
@@ -78,54 +78,22 @@ def _json_wanted(argv: Sequence[str]) -> bool:
     return "--json" in head
 
 
-class _ClosedPipeSafe(io.TextIOBase):
-    """stdout that survives its reader going away (``plancache verify | head``).
-
-    Why: the exit code is the verdict. Ending at the first ``BrokenPipeError`` would have to
-    make one up (and 0 turned a failed audit into a success). So once the pipe is closed, fd 1
-    becomes ``/dev/null`` and the command runs to its real exit code; stderr still speaks."""
-
-    def __init__(self, inner: TextIO) -> None:
-        self.inner = inner
-
-    def _closed(self) -> None:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.inner.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, io.UnsupportedOperation):
-            self.inner = open(os.devnull, "w")  # not a real fd (a capture): drop what follows
-
-    def write(self, text: str) -> int:
-        try:
-            return self.inner.write(text)
-        except BrokenPipeError:
-            self._closed()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self.inner.flush()
-        except BrokenPipeError:
-            self._closed()
-
-    def isatty(self) -> bool:
-        return self.inner.isatty()
-
-    def fileno(self) -> int:
-        return self.inner.fileno()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    stdout = sys.stdout
-    sys.stdout = _ClosedPipeSafe(stdout)  # type: ignore[assignment]
+    """Run one command. stdout survives a reader that went away (the exit code stays the
+    verdict); every line on stderr is redacted (no credential from a URL or key reference,
+    whoever wrote the line: argparse, an SDK's message, a summary)."""
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout = ClosedPipeSafe(stdout)  # type: ignore[assignment]
+    sys.stderr = RedactedLines(stderr)  # type: ignore[assignment]
     try:
         return _main(argv)
     finally:
         try:
             sys.stdout.flush()
+            sys.stderr.flush()
         finally:
-            sys.stdout = stdout
+            if argv is not None:  # a caller's own streams back; the process's CLI keeps them to
+                sys.stdout, sys.stderr = stdout, stderr  # its end (asyncio reports late, at exit)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -26,7 +26,7 @@ from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan
 from ..trust.result import PlanResult
 from ..trust.statement import CONDITION_KEYS, format_time, parse_statement
 from .inputs import optional_policy, required_policy, required_signer, signing_request, storage_options
-from .output import Progress, document, gib, print_json, print_table, report, status_text
+from .output import Progress, document, gib, print_json, print_table, render_json, report, status_text
 
 NO_PLANS = "no-plans"
 
@@ -124,11 +124,9 @@ def _check_report_target(path: str) -> None:
 
 
 def _write_report(path: str, doc: dict[str, Any]) -> None:
-    import json
-
     from ..storage.files import write_atomic
 
-    write_atomic(Path(path), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(Path(path), render_json(doc).encode())
 
 
 def _verify(args: argparse.Namespace) -> int:
