@@ -31,15 +31,22 @@ from .output import Progress, document, gib, print_json, print_table, render_jso
 NO_PLANS = "no-plans"
 
 
+def _name_of(path: Path) -> str:
+    """The default comment: the file name, with what a key line cannot hold (blanks at either
+    end, control characters, a lone surrogate) made ``_``. An explicit --comment is never changed."""
+    name = "".join("_" if not c.isprintable() or "\ud800" <= c <= "\udfff" else c for c in path.name)
+    return name.strip() or "key"
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     from ..storage.keyfiles import generate_keypair
 
-    signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name,
+    signer = generate_keypair(Path(args.path), args.force, args.comment or _name_of(Path(args.path)),
                               openssh=args.format == "openssh")
     if args.json:
         report(args, True, private_key=str(args.path), public_key=f"{args.path}.pub", keyid=signer.keyid)
     else:
-        print(f"wrote {args.path} (private, mode 0600) and {args.path}.pub")
+        print(f"wrote {safe_text(args.path, 500)} (private, mode 0600) and {safe_text(args.path, 500)}.pub")
         print(f"key id {signer.keyid}")
     return 0
 
