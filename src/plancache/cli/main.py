@@ -20,7 +20,7 @@ from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from . import commands
-from .streams import ClosedPipeSafe, RedactedLines
+from .streams import ClosedPipeSafe, RedactedLines, private_stdout
 
 EXIT_CONFIG = 2
 
@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict); every line on stderr is redacted (no credential from a URL or key reference,
     whoever wrote the line: argparse, an SDK's message, a summary)."""
     stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout = ClosedPipeSafe(stdout)  # type: ignore[assignment]
+    own = private_stdout(stdout, stderr) if argv is None else stdout  # the process's CLI: native writes to stderr
+    sys.stdout = ClosedPipeSafe(own)  # type: ignore[assignment]
     sys.stderr = RedactedLines(stderr)  # type: ignore[assignment]
     try:
         return _main(argv)

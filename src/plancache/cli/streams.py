@@ -1,4 +1,4 @@
-"""The CLI's two output streams, made to keep two promises whatever code writes to them.
+"""The CLI's two output streams, made to keep their promises whatever code writes to them.
 
 - :class:`ClosedPipeSafe` (stdout): the exit code is the verdict. A reader that goes away
   (``plancache verify | head``) used to end the command with ``BrokenPipeError`` and exit 0,
@@ -9,6 +9,8 @@
   naming the store; each complete line goes through :func:`plancache.trust.display.redact`
   before it is written. stdout's JSON report is redacted field by field instead
   (:func:`plancache.cli.output.print_json`), so its keys and syntax are never touched.
+- :func:`private_stdout`: only plancache writes to stdout; a native library's diagnostics on
+  fd 1 go to stderr instead of before the JSON report.
 """
 
 from __future__ import annotations
@@ -18,6 +20,22 @@ import os
 from typing import TextIO
 
 from ..trust.display import redact
+
+
+def private_stdout(stdout: TextIO, stderr: TextIO) -> TextIO:
+    """A copy of stdout for the CLI's own output, with fd 1 itself pointed at stderr.
+
+    Why: native libraries write to fd 1 behind Python's back (PyKCS11's C layer prints
+    ``SYS_dyn_LoadLibrary() …: cannot open shared object file`` there), and stdout must hold
+    nothing but the report. Only for the CLI's own process; on any failure stdout is kept."""
+    try:
+        stdout.flush()
+        fd = os.dup(stdout.fileno())
+        os.dup2(stderr.fileno(), stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return stdout
+    return io.TextIOWrapper(io.FileIO(fd, "w"), encoding=stdout.encoding, errors=stdout.errors,
+                            line_buffering=getattr(stdout, "line_buffering", False))
 
 
 class ClosedPipeSafe(io.TextIOBase):
