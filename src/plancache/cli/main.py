@@ -134,13 +134,41 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         fail("interrupted", "interrupted", "interrupted")
         return 130
-    except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
-        if os.environ.get("PLANCACHE_DEBUG"):
-            import traceback
-
-            traceback.print_exc()
-        fail("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)", "internal error")
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc.name or "")
+        if extra is None:
+            return _internal(exc, fail)
+        fail("config-error", f"{exc.name} is not installed: pip install 'plancache[{extra}]'")
         return EXIT_CONFIG
+    except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
+        return _internal(exc, fail)
+
+
+OPTIONAL_EXTRAS = {"PyKCS11": "pkcs11", "s3fs": "s3", "aiobotocore": "s3", "botocore": "s3", "boto3": "s3",
+                   "gcsfs": "gcs", "google.cloud.storage": "gcs", "google.cloud.kms": "gcpkms",
+                   "google.cloud.kms_v1": "gcpkms", "adlfs": "azure", "azure": "azure", "vllm": "vllm", "torch": "vllm"}
+"""Each optional dependency, by the module a missing one is reported as, and the extra that
+installs it (pyproject.toml). boto3 is in ``[s3]`` and ``[awskms]``; ``[s3]`` is named."""
+
+
+def missing_extra(module: str) -> str | None:
+    """The extra that installs ``module`` (or the package it belongs to), or None."""
+    parts = module.split(".")
+    for length in range(len(parts), 0, -1):
+        extra = OPTIONAL_EXTRAS.get(".".join(parts[:length]))
+        if extra is not None:
+            return extra
+    return None
+
+
+def _internal(exc: BaseException, fail: Callable[..., None]) -> int:
+    """A bug, not a user mistake: one line, the traceback on request."""
+    if os.environ.get("PLANCACHE_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+    fail("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)", "internal error")
+    return EXIT_CONFIG
 
 
 if __name__ == "__main__":
