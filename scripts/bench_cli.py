@@ -72,7 +72,7 @@ def main() -> int:
     from conftest import FP, plan_bytes
     from store_servers import AWS_ENV, MotoServer
 
-    from plancache.storage.keyfiles import generate_keypair
+    from plancache.keys.keyfile import generate_keypair
     from plancache.storage.store import open_store
     from plancache.trust.plan import plan_name
     from plancache.trust.signing import sign_plan

@@ -313,7 +313,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
         work = Path(tmp)
-        from plancache.storage.keyfiles import generate_keypair
+        from plancache.keys.keyfile import generate_keypair
 
         (work / "keys").mkdir()
         signer = generate_keypair(work / "keys" / "ci", force=False, comment="bench", env={})

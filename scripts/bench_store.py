@@ -174,7 +174,7 @@ def main() -> int:
     os.environ.update(AWS_ENV)
     import boto3
 
-    from plancache.storage.keyfiles import generate_keypair, load_keyring
+    from plancache.keys.keyfile import generate_keypair, load_keyring
     from plancache.storage.localdir import LocalPlanDir
     from plancache.storage.store import open_store
     from plancache.trust.plan import Plan, plan_name, render_plan

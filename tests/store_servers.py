@@ -503,8 +503,8 @@ def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: st
     ``prefix`` (S3: ``<prefix>/<name>``; Azure: ``<container>/<prefix>/<name>``), each object
     misbehaving as its mode says."""
     from conftest import FP, plan_bytes
+    from plancache.keys.schemes import load_signer
     from plancache.pipeline.resolver import utcnow
-    from plancache.storage.keyfiles import load_signer
     from plancache.trust.plan import plan_name, sig_name
     from plancache.trust.signing import sign_plan
 

@@ -16,8 +16,8 @@ import pytest
 from conftest import FP, GIB, plan_bytes
 from plancache.cli.main import main
 from plancache.cli.output import Progress
+from plancache.keys.keyfile import generate_keypair
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
-from plancache.storage.keyfiles import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.plan import plan_name, sig_name

@@ -11,16 +11,22 @@ boto3 to that window itself. What keeps it so:
   vLLM image's packages plus requirements/test-pins.txt) and would install nothing but
   plancache; no package our extras pull in breaks a requirement of vLLM itself (vLLM is
   installed ``--no-deps``, so pip check cannot say);
-* against the configured index, when it can be reached: the one-command install itself,
-  resolved from scratch (``--dry-run --ignore-installed``); skipped when pip cannot connect.
+* against the configured index, when it answers in time: the one-command install itself,
+  resolved from scratch (``--dry-run --ignore-installed``). It is bounded: a quick probe of the
+  index first (``pip index versions``, INDEX_PROBE_BUDGET), then the resolution within what is
+  left of INDEX_BUDGET; an index that is unreachable or slow skips the test with the reason,
+  never holds the suite (a slow index once made this one test take 13 minutes).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -35,7 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = ("s3", "gcs", "azure", "awskms", "gcpkms", "pkcs11")
 """Every extra but [test] (tools) and [vllm] (checked against vLLM's own requirements)."""
 NO_NETWORK = ("NewConnectionError", "Max retries exceeded", "Could not fetch URL", "Network is unreachable",
-              "Temporary failure in name resolution", "No matching distribution found for setuptools")
+              "Temporary failure in name resolution", "No matching distribution found for setuptools",
+              "Read timed out", "ReadTimeoutError", "Connection refused", "ConnectTimeoutError")
+INDEX_BUDGET = 60.0
+"""Seconds the whole index check may take, probe included (issue 21: bounded, ≤ 60 s)."""
+INDEX_PROBE_BUDGET = 15.0
+"""Seconds the probe may take: an index slower than this would not resolve in INDEX_BUDGET."""
 
 
 def extra_requirements(extra: str) -> list[Requirement]:
@@ -43,14 +54,14 @@ def extra_requirements(extra: str) -> list[Requirement]:
     return [Requirement(text) for text in project["optional-dependencies"][extra]]
 
 
-def pip_resolve(*args: str, timeout: float = 300) -> tuple[int, dict, str]:
+def pip_resolve(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
     """``pip install --dry-run --report`` of ``args`` from the repository root: (rc, report, log)."""
     report = ROOT / ".pytest_cache" / "pip-report.json"
     report.parent.mkdir(exist_ok=True)
     report.unlink(missing_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--dry-run", "--report", str(report),
-         *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+         *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
     )
     log = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "is ignored" not in line)
     return proc.returncode, json.loads(report.read_text()) if report.exists() else {}, log
@@ -113,11 +124,50 @@ def test_our_extras_meet_vllms_own_requirements() -> None:
     assert not broken and {"aiohttp", "requests"} <= ours
 
 
-def test_s3_and_boto3_resolve_from_the_configured_index_in_one_command() -> None:
-    code, report, log = pip_resolve("--ignore-installed", "--timeout", "15", "--retries", "1", ".[s3]", "boto3")
+def resolve_against_index(*args: str, env: dict[str, str] | None = None,
+                          budget: float = INDEX_BUDGET) -> tuple[dict, str]:
+    """``pip_resolve(args)`` against the configured index within ``budget`` seconds in all,
+    or ``pytest.skip`` saying why (unreachable, or too slow to answer in time)."""
+    started = time.monotonic()
+    probe_budget = min(INDEX_PROBE_BUDGET, budget)
+    try:
+        probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "boto3", "--timeout",
+                                str(int(probe_budget / 3) or 1), "--retries", "0"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=probe_budget, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"the configured package index did not answer a probe within {probe_budget:g} s")
+    spent = time.monotonic() - started
+    if probe.returncode != 0:
+        pytest.skip(f"the configured package index cannot be reached: {probe.stderr.strip().splitlines()[-1:]}")
+    if any(marker in probe.stderr for marker in NO_NETWORK):
+        pytest.skip("the configured package index is slow or partly unreachable (the probe retried)")
+    left = budget - spent
+    try:
+        code, report, log = pip_resolve("--ignore-installed", "--no-build-isolation", "--timeout", "15",
+                                        "--retries", "1", *args, timeout=left, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"the configured package index did not resolve {' '.join(args)} within {budget:g} s")
     if code != 0 and any(marker in log for marker in NO_NETWORK):
         pytest.skip("the configured package index cannot be reached")
     assert code == 0, log[-3000:]
+    return report, log
+
+
+def test_an_unanswering_index_skips_the_index_check_within_its_budget() -> None:
+    """A black-holed index (connections accepted, never answered) is a skip with a reason,
+    not a wait of pip's retries times every package (it was 13 minutes on a slow index)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_CACHE_DIR="1",
+                   PIP_INDEX_URL=f"http://127.0.0.1:{hole.getsockname()[1]}/simple")
+        with pytest.raises(pytest.skip.Exception, match="package index"):
+            resolve_against_index(".[s3]", "boto3", env=env, budget=9)
+
+
+def test_s3_and_boto3_resolve_from_the_configured_index_in_one_command() -> None:
+    report, _ = resolve_against_index(".[s3]", "boto3")
     got = installs(report)
     assert {"plancache", "s3fs", "aiobotocore", "boto3", "botocore"} <= set(got)
     (boto3,) = [r for r in extra_requirements("s3") if r.name == "boto3"]

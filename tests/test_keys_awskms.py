@@ -13,7 +13,7 @@ import pytest
 from conftest import FP, plan_bytes
 from kms_standins import AwsKms, aws_key, p256_key, self_signed
 from plancache.cli.main import main
-from plancache.storage.keyfiles import load_signer
+from plancache.keys.schemes import load_signer
 from plancache.storage.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout

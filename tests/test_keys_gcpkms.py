@@ -15,7 +15,7 @@ import pytest
 from conftest import FP, plan_bytes
 from kms_standins import GcpKms
 from plancache.cli.main import main
-from plancache.storage.keyfiles import load_signer
+from plancache.keys.schemes import load_signer
 from plancache.storage.localdir import LocalPlanDir
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
 from plancache.trust.keyformat import key_id, openssh_line

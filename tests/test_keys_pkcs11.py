@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from conftest import FP, plan_bytes
-from plancache.storage.keyfiles import load_signer
+from plancache.keys.schemes import load_signer
 from plancache.storage.localdir import LocalPlanDir
 from plancache.trust.errors import ConfigError, PlanCacheError
 from plancache.trust.keyformat import key_id, openssh_line

@@ -18,15 +18,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import FP, NOW, make_signer, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.keyfiles import generate_keypair, load_keyring, load_signer
-from plancache.storage.signers.refs import RemoteSigner
+from plancache.keys.keyfile import generate_keypair, load_keyring
+from plancache.keys.remote import RemoteSigner
+from plancache.keys.schemes import load_signer
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
 from plancache.trust.keyformat import key_id, openssh_line
+from plancache.trust.keys import signer_keyring
 from plancache.trust.plan import plan_name
 from plancache.trust.signing import MAX_SIGNED_BYTES, sign_plan
 from plancache.trust.verify import verify_plan
-from plancache.trust.keys import signer_keyring
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 needs_ssh_keygen = pytest.mark.skipif(SSH_KEYGEN is None, reason="ssh-keygen (openssh-client) is not installed")

@@ -14,6 +14,7 @@ from plancache.trust.keys import openssh_line
 from plancache.trust.plan import Plan, plan_name, render_plan
 from plancache.trust.signing import sign_plan
 from plancache.pipeline.resolver import utcnow
+from store_servers import MotoServer, moto_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 TAMPERED = "fedcba9876543210"
@@ -71,3 +72,38 @@ def test_required_exports_are_public() -> None:
     for name in ("verify_plan", "load_trusted_keys", "open_store", "verify_location", "pull", "Resolver",
                  "TrustPolicy", "PlanReport", "PlanResult"):
         assert name in plancache.__all__
+
+
+def test_the_api_reads_the_environment_as_the_cli_does_explicit_arguments_winning(
+    tmp_path: Path, moto_server: "MotoServer", monkeypatch: "pytest.MonkeyPatch"  # noqa: F811
+) -> None:
+    import json
+
+    import pytest
+
+    import plancache
+    from plancache.storage.store import open_store
+    from store_servers import AWS_ENV
+
+    signer = make_signer()
+    (tmp_path / "trusted-keys").write_text(openssh_line(signer.public, "ci") + "\n")
+    url = f"s3://{moto_server.new_bucket()}/plans"
+    data = plan_bytes(FP)
+    open_store(url, moto_server.options, 30).put(FP, data, sign_plan(plan_name(FP), data, signer, utcnow()))
+    for key, value in AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(tmp_path / "trusted-keys"))
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", json.dumps({"endpoint_url": moto_server.endpoint}))
+    # no trust, no storage options given: both come from the environment, as for `plancache verify`
+    (report,) = plancache.verify_location(url)
+    assert report.status == "valid" and report.signer_ids == [signer.keyid]
+    (result,) = plancache.pull(url, tmp_path / "node", fingerprints=[FP])
+    assert result.verified is not None and (tmp_path / "node" / plan_name(FP)).read_bytes() == data
+    # an explicit option wins over the environment's, key by key
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "endpoint_url=http://127.0.0.1:1")
+    (report,) = plancache.verify_location(url, storage_options={"endpoint_url": moto_server.endpoint})
+    assert report.status == "valid"
+    monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS")
+    with pytest.raises(plancache.ConfigError, match="PLANCACHE_TRUSTED_KEYS"):
+        plancache.verify_location(url)

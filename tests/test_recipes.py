@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from conftest import FP, plan_bytes
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.trust.plan import plan_name, sig_name
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401

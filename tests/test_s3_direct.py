@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FP, plan_bytes
-from plancache.storage.s3_direct import MAX_FINGERPRINTS, direct_settings
+from plancache.storage.s3.direct import MAX_FINGERPRINTS, direct_settings
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plan import plan_name, sig_name

@@ -17,8 +17,8 @@ import pytest
 from azurite_server import azure_connection_string
 from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
-from plancache.storage.azure import BoundedAzureBlobFileSystem, CappedTransport
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
+from plancache.storage.azure.blob import BoundedAzureBlobFileSystem, CappedTransport
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason

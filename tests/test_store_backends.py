@@ -19,13 +19,13 @@ import pytest
 
 from conftest import FP, GIB, plan_bytes, raw
 from plancache.cli.main import main
+from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
-from plancache.storage.keyfiles import load_signer
-from plancache.trust.signing import sign_plan
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
+from plancache.trust.signing import sign_plan
 from store_servers import GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
 
 FP2 = "fedcba9876543210"

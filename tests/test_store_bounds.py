@@ -151,7 +151,7 @@ def test_s3_listing_that_never_ends_stops_at_the_page_cap(fault_server: FaultSer
 
 def test_whole_store_work_streams_in_pages_and_batches(fault_server: FaultServer,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from plancache.storage import s3_reads
+    from plancache.storage.s3 import reads as s3_reads
 
     monkeypatch.setattr(s3_reads, "PAGE_SIZE", 200)
     count = 600

@@ -17,10 +17,10 @@ import pytest
 
 from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
+from plancache.keys.keyfile import generate_keypair
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from plancache.storage.keyfiles import generate_keypair
 import store_servers
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,

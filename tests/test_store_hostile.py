@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from conftest import FP
 from hostile_server import BODIES, LENGTHS, STATUSES, TIMINGS, Canary, Draw, HostileServer
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
 from store_servers import AWS_ENV
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

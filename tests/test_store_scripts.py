@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FP, GIB, plan_bytes
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.plan import plan_name, sig_name

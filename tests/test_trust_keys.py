@@ -13,8 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import make_signer
+from plancache.keys.keyfile import generate_keypair, load_keyring
+from plancache.keys.schemes import load_signer
 from plancache.pipeline.trust_config import keys_source, load_trusted_keys
-from plancache.storage.keyfiles import generate_keypair, load_keyring, load_signer
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
 from plancache.trust.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
 

@@ -28,9 +28,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from plancache.keys.keyfile import generate_keypair
 from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
-from plancache.storage.keyfiles import generate_keypair
 import vllm_cpu
 from vllm_cpu import GIB, PLANNED_KV, UTIL, cpu_environ, engine_config, pin_device, write_tiny_model
 
@@ -255,7 +255,9 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
     sp = sys.modules["shimvllm.v1.worker.startup_plan"]
     originals = (hooks._originals["apply"], hooks._originals["save"])
     assert sp.maybe_apply_startup_plan is hooks.apply_hook
-    assert hooks.platform() is sp.current_platform and hooks.vllm_envs() is sp.envs
+    from plancache.vllm_plugin import vllm_modules
+
+    assert vllm_modules.platform() is sp.current_platform and vllm_modules.vllm_envs() is sp.envs
     gpu_worker = importlib.import_module("shimvllm.v1.worker.gpu_worker")  # binds through the compat alias
     assert gpu_worker.maybe_apply_startup_plan is hooks.apply_hook and gpu_worker.maybe_save_startup_plan is hooks.save_hook
     assert sys.modules["shimvllm.worker.startup_plan"] is sp  # the alias the worker imported through

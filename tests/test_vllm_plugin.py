@@ -32,12 +32,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.trust.keys import Ed25519Signer
 from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
-from plancache.storage.keyfiles import load_keyring
 from store_servers import AWS_ENV, BlackHole, MotoServer, azurite, black_hole, moto_server  # noqa: F401
 import vllm_cpu
 from vllm_cpu import (

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from plancache.storage.keyfiles import generate_keypair
+from plancache.keys.keyfile import generate_keypair
 from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S

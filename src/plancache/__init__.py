@@ -4,8 +4,10 @@ The package is laid out in rings, and the folder listing says which is which:
 
 - ``plancache.trust``    the trust core. Bytes in, verified values out, errors in kinds, the
   policy and the gate. It does no IO: no files, no network, no clock of its own.
-- ``plancache.storage``  moves bytes (vLLM's plan directory, fsspec stores, key files) within
-  caps and deadlines. It never decides whether something is trusted.
+- ``plancache.storage``  moves bytes (vLLM's plan directory, fsspec stores: one subpackage per
+  backend) within caps and deadlines. It never decides whether something is trusted.
+- ``plancache.keys``     key custody: key files, ``env://``, HSMs and KMS, chosen by reference;
+  like storage, it does IO and decides no trust.
 - ``plancache.pipeline`` the flows every caller shares: the resolver (local -> verify -> else
   store -> verify -> persist), audits of a directory or URL, signing, push and prune.
 - ``plancache.cli`` and ``plancache.vllm_plugin`` integrations: they read flags or the

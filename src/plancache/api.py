@@ -10,7 +10,11 @@
     results = plancache.pull("s3://acme-plans/llama", "/opt/vllm-cache/startup_plan", keys)
 
 Both accept a :class:`~plancache.trust.keys.Keyring` (from :func:`load_trusted_keys`) or a
-:class:`~plancache.trust.policy.TrustPolicy`; both raise only
+:class:`~plancache.trust.policy.TrustPolicy`, and read the environment as the CLI does, what
+is passed explicitly winning: no ``trust`` means ``$PLANCACHE_TRUSTED_KEYS`` (as
+``--trusted-keys``' default), ``storage_options`` are merged key by key over
+``$PLANCACHE_STORAGE_OPTIONS``, and no directory is vLLM's plan directory
+(``$VLLM_CACHE_ROOT``). Both raise only
 :class:`~plancache.trust.errors.PlanCacheError` kinds for whole-call failures (a store that
 cannot be listed, a bad URL) and report each plan's own outcome in its result.
 """
@@ -22,40 +26,52 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .pipeline.audit import PlanReport, audit_location
-from .pipeline.locations import BULK_TIMEOUT, local_dir
+from .pipeline.locations import BULK_TIMEOUT, local_dir, storage_options_for
 from .pipeline.resolver import Resolver, utcnow
+from .settings import TRUSTED_KEYS_ENV
+from .storage.deadline import checked_budget
 from .storage.store import open_store
+from .trust.errors import ConfigError
 from .trust.keys import Keyring
 from .trust.policy import TrustPolicy
 from .trust.result import PlanResult
 
 
-def _policy(trust: Keyring | TrustPolicy) -> TrustPolicy:
+def _policy(trust: Keyring | TrustPolicy | None) -> TrustPolicy:
+    if trust is None:  # as the CLI: the trusted keys the environment names, or a one-line error
+        from .pipeline.trust_config import keys_source, trust_policy
+
+        source = keys_source(None)
+        if not source:
+            raise ConfigError(f"no trusted keys: pass trust= or set {TRUSTED_KEYS_ENV}")
+        return trust_policy(source)
     return trust if isinstance(trust, TrustPolicy) else TrustPolicy.signed(trust)
 
 
 def verify_location(
     location: str | Path | None,
-    trust: Keyring | TrustPolicy,
+    trust: Keyring | TrustPolicy | None = None,
     storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     jobs: int | None = None,
 ) -> list[PlanReport]:
     """One report per plan in a directory (default: vLLM's plan directory) or store URL."""
-    _, reports = audit_location(location, _policy(trust), utcnow(), storage_options, timeout, jobs)
+    _, reports = audit_location(location, _policy(trust), utcnow(), storage_options_for(storage_options),
+                                timeout, jobs)
     return reports
 
 
 def pull(
     url: str,
     directory: str | Path | None,
-    trust: Keyring | TrustPolicy,
+    trust: Keyring | TrustPolicy | None = None,
     fingerprints: Sequence[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
 ) -> list[PlanResult]:
     """Fetch, verify and write (atomically, only verified bytes) the store's plans into
     ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints."""
-    budget = timeout if timeout is not None else BULK_TIMEOUT
-    resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), open_store(url, storage_options, budget))
+    budget = checked_budget(timeout, BULK_TIMEOUT)
+    store = open_store(url, storage_options_for(storage_options), budget)
+    resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), store)
     return list(resolver.pull(fingerprints, time.monotonic() + budget))

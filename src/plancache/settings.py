@@ -9,7 +9,7 @@ runs the plugin), so a variable means the same thing wherever it is read:
 ``PLANCACHE_TRUSTED_KEYS``     trusted-keys file or directory of ``.pub`` files.
 ``PLANCACHE_THRESHOLD``        distinct trusted keys that must sign (plugin; CLI: ``--threshold``).
 ``PLANCACHE_SIGNING_KEY``      key reference used to sign: a private key file, ``env://VAR``,
-                               ``pkcs11:…``, ``awskms://…``, ``gcpkms://…`` (storage/keyfiles.py).
+                               ``pkcs11:…``, ``awskms://…``, ``gcpkms://…`` (keys/schemes.py).
 ``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted private key.
 ``PLANCACHE_TIMEOUT``          total remote budget in seconds (plugin; CLI: ``--timeout``); also
                                the budget of each HSM/KMS call, in the CLI and the plugin.
@@ -44,6 +44,11 @@ lookup (the plugin's ``PLANCACHE_TIMEOUT`` and ``plancache pull --fingerprint``)
 
 BULK_TIMEOUT = 120.0
 """Budget of each store operation for whole-store commands (verify, ls, push, prune, full pull)."""
+
+BOOT_TIMEOUT = 10.0
+"""End-to-end budget of a whole-store pull on a boot's critical path (``plancache pull --boot``
+without ``--fingerprint``, the spot-boot journey without fingerprints): a black-holed store
+delays a boot by this much at most, not by BULK_TIMEOUT."""
 
 
 SWITCH_ON = ("1", "true", "yes", "on")

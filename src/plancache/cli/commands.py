@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..settings import BULK_TIMEOUT, DEFAULT_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
+from ..settings import BOOT_TIMEOUT, BULK_TIMEOUT, DEFAULT_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
 from .args import byte_count, duration, key_value, positive_int
 from .inputs import add_cosign_options, add_store_options, add_trust_options
 
@@ -70,6 +70,8 @@ def add_parsers(sub: Sub) -> None:
     _signing(p)
     add_cosign_options(p)
     _json(p)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no summary line on stderr (the table or JSON and warnings stay)")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
 
     for name, summary, description in (
@@ -96,9 +98,10 @@ def add_parsers(sub: Sub) -> None:
 
     p = _add(sub, "inspect", "offline:cmd_inspect", "show one plan file and its signature in detail",
              "Show a plan (or its .sig) in detail: fields, envelope, statement, and, with trusted keys, the "
-             "verification result.")
-    p.add_argument("file", metavar="FILE")
+             "verification result. FILE may be a store URL, e.g. s3://bucket/prefix/startup_plan_<fp>.json.")
+    p.add_argument("file", metavar="FILE|URL")
     p.add_argument("--trusted-keys", metavar="PATH", help=f"verify as well (default: ${TRUSTED_KEYS_ENV})")
+    add_store_options(p, f"budget of the fetch for a URL (default {DEFAULT_TIMEOUT:g} s)")
     _json(p)
 
     p = _add(sub, "push", "remote:cmd_push", "sign (with --key) and upload plans to a store",
@@ -124,7 +127,10 @@ def add_parsers(sub: Sub) -> None:
              "2 usage, configuration or store error (including a bucket that does not exist).")
     add_trust_options(p)
     p.add_argument("--fingerprint", action="append", metavar="FP", help="pull only this plan (repeatable)")
-    add_store_options(p, f"end-to-end budget (default {DEFAULT_TIMEOUT:g} s with --fingerprint, else {BULK_TIMEOUT:g} s)")
+    add_store_options(p, f"end-to-end budget (default {DEFAULT_TIMEOUT:g} s with --fingerprint, else "
+                         f"{BULK_TIMEOUT:g} s, or {BOOT_TIMEOUT:g} s with --boot)")
+    p.add_argument("--boot", action="store_true",
+                   help=f"on a boot's critical path: a whole-store pull's budget defaults to {BOOT_TIMEOUT:g} s")
     _json(p)
     _quiet(p)
     p.add_argument("url", metavar="URL", help="store URL")

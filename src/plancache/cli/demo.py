@@ -14,9 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..keys.keyfile import generate_keypair
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import trust_policy
-from ..storage.keyfiles import generate_keypair
 from ..storage.localdir import LocalPlanDir
 from ..trust.gate import decide
 from ..trust.plan import Plan, plan_name, render_plan

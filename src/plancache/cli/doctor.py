@@ -21,6 +21,7 @@ from ..pipeline.locations import open_url, require_existing
 from ..settings import COMPILE_CACHE_ENV, compile_cache_switch
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
+from ..settings import URL_ENV
 from ..storage.localdir import LocalPlanDir, default_plan_dir
 from ..trust.errors import PlanCacheError
 from ..trust.gate import decide
@@ -142,7 +143,9 @@ def _signing_key(checks: Checks, config: PluginConfig) -> None:
 
 def _store(checks: Checks, config: PluginConfig, policy: TrustPolicy) -> bool:
     if not config.url:
-        checks.add("store", "skip", "PLANCACHE_URL unset: no store")
+        given = os.environ.get(URL_ENV, "").strip()  # set, but the plugin's parser refused it
+        checks.add("store", "fail" if given else "skip",
+                   f"{URL_ENV} invalid (see plugin-config): no store" if given else f"{URL_ENV} unset: no store")
         return False
     if not policy.reads_store:
         checks.add("store", "warn", f"{config.url}: never read without usable PLANCACHE_TRUSTED_KEYS")

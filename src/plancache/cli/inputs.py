@@ -13,13 +13,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..settings import (
-    BULK_TIMEOUT,
-    SIGNING_KEY_ENV,
-    STORAGE_OPTIONS_ENV,
-    TRUSTED_KEYS_ENV,
-    parse_storage_options,
-)
+from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, STORAGE_OPTIONS_ENV, TRUSTED_KEYS_ENV
 from ..trust.errors import ConfigError
 from .args import key_value, positive_int
 
@@ -66,6 +60,29 @@ def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -
     )
 
 
+PLACES = {"push": ("dir", "url"), "pull": ("url", "dir"), "sign": ("dir",)}
+"""Each command's DIR and URL positionals, in the order it takes them."""
+
+
+def check_places(args: argparse.Namespace) -> None:
+    """A store URL where a directory goes (or the reverse) is named as such, never mangled into a
+    path: ``push s3://b/p plans`` says the two are swapped instead of uploading to ``./plans``."""
+    from ..pipeline.locations import is_url
+
+    order = PLACES[args.command]
+    usage = f"plancache {args.command} {' '.join(n.upper() for n in order)}"
+    values = {name: getattr(args, name) for name in order}
+    wrong = [name for name, value in values.items() if value is not None and is_url(value) != (name == "url")]
+    if len(wrong) == 2:
+        raise ConfigError(f"DIR and URL are swapped: {usage} (got the store URL {values['dir']!r} as DIR and "
+                          f"{values['url']!r} as URL)")
+    if wrong == ["dir"]:
+        raise ConfigError(f"DIR {values['dir']!r} is a store URL, not a local plan directory ({usage})")
+    if wrong == ["url"]:
+        raise ConfigError(f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, gs://bucket/prefix "
+                          f"or file:///path ({usage})")
+
+
 def required_policy(args: argparse.Namespace) -> "TrustPolicy":
     """The signed policy the command needs; one line when no trusted keys are named."""
     from ..pipeline.trust_config import keys_source, trust_policy
@@ -103,17 +120,23 @@ def signing_request(args: argparse.Namespace) -> "SigningRequest":
     source = keys_source(args.trusted_keys)
     keyring = load_trusted_keys(source) if source else None
     facts = dict(args.fact) if args.fact else None
+    _check_fact_names(facts or {})
     return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
+
+
+def _check_fact_names(facts: Mapping[str, Any]) -> None:
+    """An unknown ``--fact`` names the known ones (and the nearest), before anything is signed."""
+    from ..trust.statement import PROVENANCE_KEYS
+    from .suggest import did_you_mean
+
+    for key in facts:
+        if key not in PROVENANCE_KEYS:
+            raise ConfigError(f"unknown --fact {key!r}{did_you_mean(key, PROVENANCE_KEYS)} "
+                              f"(known facts: {', '.join(sorted(PROVENANCE_KEYS))})")
 
 
 def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags."""
-    options: dict[str, Any] = {}
-    raw = env.get(STORAGE_OPTIONS_ENV, "").strip()
-    if raw:
-        try:
-            options = parse_storage_options(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{STORAGE_OPTIONS_ENV}: {exc}") from None
-    options.update(getattr(args, "storage_option", None) or [])
-    return options
+    from ..pipeline.locations import storage_options_for
+
+    return storage_options_for(dict(getattr(args, "storage_option", None) or []), env)

@@ -11,9 +11,9 @@ import argparse
 import getpass
 import sys
 
+from ..keys.keyfile import Prompt
 from ..pipeline.trust_config import signer_for
 from ..settings import SIGNING_KEY_ENV
-from ..storage.keyfiles import Prompt
 from ..trust.errors import ConfigError
 from ..trust.keyformat import openssh_line
 from ..trust.keys import check_key_name

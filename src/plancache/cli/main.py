@@ -14,13 +14,14 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from . import commands
 from .streams import ClosedPipeSafe, RedactedLines, private_stdout
+from .suggest import leaf_parser, unrecognized, with_suggestion
 
 EXIT_CONFIG = 2
 
@@ -32,7 +33,20 @@ class Parser(argparse.ArgumentParser):
 
     json_requested = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # ``--trusted-key`` is a typo, never a prefix taken silently
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Leftover arguments are reported by the subcommand that was parsed, with the nearest option."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            leaf = leaf_parser(self, namespace)
+            leaf.error(unrecognized(leaf, extras))
+        return namespace
+
     def error(self, message: str) -> NoReturn:
+        message = with_suggestion(message)
         if Parser.json_requested:
             from .output import document, print_json
 

@@ -25,7 +25,7 @@ from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ..trust.result import PlanResult
 from ..trust.statement import CONDITION_KEYS, format_time, parse_statement
-from .inputs import optional_policy, required_policy, required_signer, signing_request, storage_options
+from .inputs import check_places, optional_policy, required_policy, required_signer, signing_request, storage_options
 from .output import Progress, document, gib, print_json, print_table, render_json, report, status_text
 
 NO_PLANS = "no-plans"
@@ -39,7 +39,7 @@ def _name_of(path: Path) -> str:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from ..storage.keyfiles import generate_keypair
+    from ..keys.keyfile import generate_keypair
 
     signer = generate_keypair(Path(args.path), args.force, args.comment or _name_of(Path(args.path)),
                               openssh=args.format == "openssh")
@@ -66,6 +66,7 @@ def conditions_warning(missing: list[str]) -> str:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
+    check_places(args)
     signer = required_signer(args)
     directory = local_dir(args.dir)
     request = signing_request(args)
@@ -82,11 +83,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
     else:
         print_table([(o.fingerprint, o.label, o.detail) for o in outcomes], ["PLAN", "ACTION", "DETAIL"])
         counts = {a: sum(o.action == a for o in outcomes) for a in ("signed", "co-signed", "kept")}
-        print(
-            f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} co-signed, "
-            f"{counts['kept']} already signed, {refused} refused (key {signer.keyid})",
-            file=sys.stderr,
-        )
+        if not args.quiet:
+            print(f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} "
+                  f"co-signed, {counts['kept']} already signed, {refused} refused (key {signer.keyid})",
+                  file=sys.stderr)
     return 1 if refused else 0
 
 
@@ -152,7 +152,7 @@ def _verify(args: argparse.Namespace) -> int:
         if args.json:
             print_json(doc)
     if not args.json and reports:
-        rows = [(r.fingerprint, ", ".join(r.signers), r.status, r.reason if r.reason not in ("ok", r.status) else "",
+        rows = [(r.fingerprint, ", ".join(r.signers), r.outcome, r.reason if r.reason not in ("ok", r.outcome) else "",
                  r.detail) for r in reports]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
         bad = sum(not r.ok for r in reports)
@@ -170,7 +170,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     rows = [
         (r.fingerprint, gib(r.kv_cache_memory_bytes), gib(r.free_memory_baseline), ", ".join(r.signers),
-         r.signed_at, r.expires_at, status_text(r.status, r.reason))
+         r.signed_at, r.expires_at, status_text(r.outcome, r.reason))
         for r in reports
     ]
     print_table(rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"])
@@ -180,20 +180,34 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..pipeline.locations import is_url, open_url
+    from ..settings import DEFAULT_TIMEOUT
     from ..storage.files import read_capped
     from ..trust.plan import MAX_PLAN_BYTES
 
-    path = Path(args.file)
-    fp = fingerprint_of_plan_name(path.name) or fingerprint_of_sig_name(path.name)
+    url = str(args.file) if is_url(args.file) else ""
+    parent, _, name = url.rpartition("/") if url else ("", "", Path(args.file).name)
+    fp = fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name)
     if fp is None:
-        raise ConfigError(f"{path.name} is not named startup_plan_<16 hex>.json or .json.sig")
-    directory = LocalPlanDir(path.parent)
-    plan_bytes, sig_bytes = directory.read(fp)
-    if plan_bytes is None and read_capped(path, MAX_PLAN_BYTES) is None:
-        raise ConfigError(f"{path} does not exist")
+        raise ConfigError(f"{name} is not named startup_plan_<16 hex>.json or .json.sig")
+    if parent:  # a store URL: the plan and its sidecar, fetched as pull fetches them
+        store = open_url(parent, storage_options(args), DEFAULT_TIMEOUT if args.timeout is None else args.timeout)
+        fetched = store.fetch(fp)
+        if fetched.error is not None:
+            raise fetched.error
+        plan_bytes, sig_bytes, where = fetched.plan_bytes, fetched.sig_bytes, f"{store.url}/{plan_name(fp)}"
+        if plan_bytes is None and sig_bytes is None:
+            raise ConfigError(f"{args.file} does not exist")
+    else:
+        path = Path(args.file)
+        directory = LocalPlanDir(path.parent)
+        plan_bytes, sig_bytes = directory.read(fp)
+        where = str(directory.path / plan_name(fp))
+        if plan_bytes is None and read_capped(path, MAX_PLAN_BYTES) is None:
+            raise ConfigError(f"{path} does not exist")
     policy = optional_policy(args)
-    result = check(PlanResult(fp, "local", plan_bytes, sig_bytes), policy, utcnow())
-    info: dict[str, Any] = {"file": str(directory.path / plan_name(fp)), **result.to_json()}
+    result = check(PlanResult(fp, "store" if parent else "local", plan_bytes, sig_bytes), policy, utcnow())
+    info: dict[str, Any] = {"file": where, **result.to_json()}
     if sig_bytes is not None:
         try:
             env = dsse.decode(sig_bytes)

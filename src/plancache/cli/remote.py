@@ -18,14 +18,17 @@ import time
 from ..pipeline.audit import STORE_REASONS, all_valid, report_of
 from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing, require_push_target
 from ..pipeline.resolver import Resolver, utcnow
+from ..settings import BOOT_TIMEOUT
 from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ..trust.errors import ConfigError
 from ..trust.gate import Verdict
 from ..trust.plan import is_fingerprint
-from .inputs import required_policy, storage_options
+from .inputs import check_places, required_policy, storage_options
 from .output import Progress, print_table, report
 
 EXIT_STORE = 2
+DRY_RUN_WORDS = {"uploaded": "would upload", "unchanged": "already in the store (byte-identical)"}
+"""``push --dry-run``'s table: what would happen, in words ("would be unchanged" said nothing)."""
 
 
 def _fingerprints(args: argparse.Namespace) -> list[str]:
@@ -40,12 +43,13 @@ def _fingerprints(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from ..pipeline.bulk import push_plans
+    from ..pipeline.bulk import PushRequest, push_plans
     from ..pipeline.trust_config import signer_for
     from .inputs import signing_request
     from .keys_cmd import terminal_prompt
     from .offline import conditions_warning, unrecorded_conditions
 
+    check_places(args)
     wanted = _fingerprints(args)
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
@@ -53,8 +57,9 @@ def cmd_push(args: argparse.Namespace) -> int:
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     require_push_target(store)
     with Progress("push", args.quiet) as bar:
-        entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), signer,
-                                       request, args.allow_unsigned, bar, wanted or None, args.dry_run)
+        push = PushRequest(signer=signer, signing=request, allow_unsigned=args.allow_unsigned,
+                           fingerprints=wanted or None, dry_run=args.dry_run)
+        entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), push, bar)
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
     missing = unrecorded_conditions(dict(request.facts or {})) if signs else []
@@ -70,11 +75,11 @@ def cmd_push(args: argparse.Namespace) -> int:
             if e.action == "refused":
                 print(f"plancache: refused {e.fingerprint}: {e.detail}", file=sys.stderr)
         if args.dry_run:
-            print_table([(e.fingerprint, e.action if e.action == "refused" else f"would be {e.action}", e.detail)
-                         for e in entries], ["PLAN", "ACTION", "DETAIL"])
+            print_table([(e.fingerprint, DRY_RUN_WORDS.get(e.action, e.action), e.detail) for e in entries],
+                        ["PLAN", "ACTION", "DETAIL"])
         verb = "would be uploaded" if args.dry_run else "uploaded"
         print(f"{len(entries)} plan(s) from {directory} to {store.url}: {counts['uploaded']} {verb}, "
-              f"{counts['unchanged']} unchanged, {counts['refused']} refused")
+              f"{counts['unchanged']} already in the store, {counts['refused']} refused")
     return 1 if counts["refused"] else 0
 
 
@@ -83,9 +88,10 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    check_places(args)
     policy = required_policy(args)
     wanted = _fingerprints(args)
-    budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BULK_TIMEOUT)
+    budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
     store = open_url(args.url, storage_options(args), budget)
     deadline = started + budget
@@ -103,15 +109,18 @@ def cmd_pull(args: argparse.Namespace) -> int:
     rejected = sum(not r.ok for r, _ in reports)
     if args.json:
         plans = [{**r.to_json(), "action": action} for r, action in reports]
-        report(args, not rejected, url=store.url, dir=str(directory), plans=plans, written=written)
+        report(args, not rejected, url=store.url, dir=str(directory), plans=plans, written=written,
+               budget_seconds=budget)
     else:
         if rejected or len(reports) <= 50:
-            rows = [(r.fingerprint, r.status, action, r.reason if r.status != "valid" else "", r.detail)
+            rows = [(r.fingerprint, r.outcome, action, r.reason if r.reason not in ("ok", r.outcome) else "", r.detail)
                     for r, action in reports]
             print_table(rows, ["PLAN", "STATUS", "ACTION", "REASON", "DETAIL"])
-        missing = sum(r.reason == Verdict.NO_PLAN.value for r, _ in reports)
+        missing = sum(r.outcome == "missing" for r, _ in reports)
+        unread = sum(r.reason in STORE_REASONS for r, _ in reports)
+        notes = [f"{missing} not in the store"] * bool(missing) + [f"{unread} could not be read"] * bool(unread)
         print(f"{len(reports)} plan(s) from {store.url} into {directory}: {len(reports) - rejected} verified "
-              f"({written} written), {rejected} rejected" + (f" ({missing} not in the store)" if missing else ""),
+              f"({written} written), {rejected} rejected" + (f" ({', '.join(notes)})" if notes else ""),
               file=sys.stderr)
     if store_failed:
         return EXIT_STORE

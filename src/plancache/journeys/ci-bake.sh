@@ -3,8 +3,10 @@
 # push them to the store, and pull them back, verified, into the directory that goes into
 # the image.
 #
-#   plancache-ci-bake [--fact KEY=VALUE ...] [--allow-empty]
+#   plancache-ci-bake [--replace] [--fact KEY=VALUE ...] [--allow-empty]
 #
+#   --replace                  re-profiled plans: sign anew where a plan's bytes changed since it was
+#                              signed (without it, `plancache sign` refuses them: digest-mismatch)
 #   PLANCACHE_URL              store URL, e.g. s3://bucket/plans (required)
 #   PLANCACHE_SIGNING_KEY      CI's signing key reference (required): a private key file (keep it in the
 #                              CI secret store), env://VAR, pkcs11:…, awskms://…, gcpkms://…
@@ -34,6 +36,7 @@ set -euo pipefail
 
 case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 facts=()
+replace=()
 allow_empty=()
 if [ -n "${PLANCACHE_FACTS:-}" ]; then  # xargs splits on blanks but honours quotes
     while IFS= read -r fact; do facts+=(--fact "$fact"); done < <(printf '%s' "$PLANCACHE_FACTS" | xargs -n1 printf '%s\n')
@@ -42,6 +45,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --fact) [ $# -ge 2 ] || { echo "ci-bake: --fact needs KEY=VALUE" >&2; exit 2; }; facts+=(--fact "$2"); shift 2 ;;
         --fact=*) facts+=(--fact "${1#--fact=}"); shift ;;
+        --replace) replace=(--replace); shift ;;
         --allow-empty) allow_empty=(--allow-empty); shift ;;
         *) echo "ci-bake: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -65,7 +69,7 @@ expires=()
 [ -n "${PLANCACHE_EXPIRES_IN:-}" ] && expires=(--expires-in "$PLANCACHE_EXPIRES_IN")
 
 echo "ci-bake: signing plans in ${PLAN_DIR:-the vLLM plan directory}" >&2
-"${PLANCACHE_CMD[@]}" sign --key "$PLANCACHE_SIGNING_KEY" "${expires[@]}" "${facts[@]}" "${dir[@]}"
+"${PLANCACHE_CMD[@]}" sign --key "$PLANCACHE_SIGNING_KEY" "${replace[@]}" "${expires[@]}" "${facts[@]}" "${dir[@]}"
 echo "ci-bake: verifying the signed plans" >&2
 "${PLANCACHE_CMD[@]}" verify "${allow_empty[@]}" "${dir[@]}"
 echo "ci-bake: pushing to the store (PLANCACHE_URL)" >&2

@@ -7,7 +7,8 @@
 #   PLANCACHE_URL              store URL (required; unset: one line, exit 0, vLLM profiles)
 #   PLANCACHE_TRUSTED_KEYS     trusted-keys file or directory baked into the image (required; likewise)
 #   PLAN_DIR                   destination (default: vLLM's plan directory, $VLLM_CACHE_ROOT/startup_plan)
-#   PLANCACHE_TIMEOUT          end-to-end budget in seconds (default: plancache's, 3 s for fingerprints)
+#   PLANCACHE_TIMEOUT          end-to-end budget in seconds (default: `plancache pull --boot`'s, 3 s for
+#                              fingerprints, 10 s for the whole store)
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
 #   PLANCACHE_STRICT           1: exit with plancache's status; default: always exit 0, because a
@@ -36,7 +37,7 @@ for fp in "$@" ${PLANCACHE_FINGERPRINTS:-}; do args+=(--fingerprint "$fp"); done
 dir=()
 [ -n "${PLAN_DIR:-}" ] && dir=("$PLAN_DIR")
 
-"${PLANCACHE_CMD[@]}" pull "${args[@]}" "$PLANCACHE_URL" "${dir[@]}"
+"${PLANCACHE_CMD[@]}" pull --boot "${args[@]}" "$PLANCACHE_URL" "${dir[@]}"
 status=$?
 case "$status" in
     0) ;;

@@ -38,6 +38,7 @@ VALID = "valid"
 INVALID = "invalid"
 UNSIGNED = "unsigned"
 UNVERIFIED = "unverified"
+MISSING = "missing"
 
 
 
@@ -71,15 +72,30 @@ class PlanReport:
     free_memory_baseline: int | None = None
     signer_ids: list[str] = field(default_factory=list)
     """Key ids (``SHA256:…``) of the signers, in the order of ``signers``."""
+    provenance: dict[str, Any] | None = None
+    """The statement's provenance facts (the gate's conditions among them): signed, when the
+    plan verified; claimed, for an ``unverified`` one; None when there is no statement to read."""
 
     @property
     def ok(self) -> bool:
         return self.status == VALID
 
+    @property
+    def outcome(self) -> str:
+        """What happened, in one word: ``status``, except that an invalid plan says whether it
+        is ``missing``, or could not be read (``store-error``, ``timeout``, ``config-error``)."""
+        if self.status != INVALID:
+            return self.status
+        if self.reason == Verdict.NO_PLAN.value:
+            return MISSING
+        return self.reason if self.reason in STORE_REASONS else INVALID
+
     def to_json(self) -> dict[str, object]:
-        """The report as JSON: every field, plus ``signed_by`` pairing each signer's name with its key id."""
+        """The report as JSON: every field, plus ``signed_by`` pairing each signer's name with its
+        key id and ``outcome``."""
         pairs = [{"name": n, "keyid": k} for n, k in zip(self.signers, self.signer_ids)]
-        return {**vars(self), "signed_by": pairs}  # flat fields: no deep copy (asdict costs 90 us a plan)
+        # flat fields: no deep copy (asdict costs 90 us a plan)
+        return {**vars(self), "signed_by": pairs, "outcome": self.outcome}
 
 
 def report_of(result: PlanResult) -> PlanReport:
@@ -102,6 +118,7 @@ def report_of(result: PlanResult) -> PlanReport:
         signed_at=format_time(st.signed_at) if st else None,
         expires_at=format_time(st.expires_at) if st and st.expires_at else None,
         comment=st.comment if st else "",
+        provenance=dict(st.provenance) if st else None,
         kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
         free_memory_baseline=vp.plan.free_memory_baseline,
     )
@@ -133,6 +150,7 @@ def describe_unverified(result: PlanResult) -> PlanReport:
         report.signed_at = format_time(st.signed_at)
         report.expires_at = format_time(st.expires_at) if st.expires_at else None
         report.comment = st.comment
+        report.provenance = dict(st.provenance)
     except PlanCacheError as exc:
         report.status, report.reason, report.detail = INVALID, exc.reason.value, exc.detail
     return report

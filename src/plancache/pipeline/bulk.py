@@ -25,7 +25,7 @@ from ..trust.statement import parse_time
 from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
 from .signing import SigningRequest, sign_one
 
-__all__ = ["STORE_REASONS", "PushEntry", "PruneOutcome", "push_plans", "prune_plans"]
+__all__ = ["STORE_REASONS", "PushEntry", "PushRequest", "PruneOutcome", "push_plans", "prune_plans"]
 
 
 @dataclass
@@ -35,6 +35,20 @@ class PushEntry:
     """``uploaded``, ``unchanged`` or ``refused`` (in a dry run: what would happen)."""
     detail: str = ""
     """Why refused; or ``signed`` (a new signature was made), ``signed first`` (dry run: would be), ``unsigned``."""
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """What a push was asked to do, beyond where from and where to."""
+
+    signer: Signer | None = None
+    """Signs plans that lack a current signature first; None uploads what is already signed."""
+    signing: SigningRequest = SigningRequest()
+    allow_unsigned: bool = False
+    fingerprints: Sequence[str] | None = None
+    """Only these plans (a missing one is refused); None: every plan in the directory."""
+    dry_run: bool = False
+    """Sign nothing, upload nothing: the entries say what would happen."""
 
 
 def _fp_of(name: str) -> str:
@@ -79,20 +93,17 @@ def push_plans(
     store: Store,
     deadline: float,
     now: datetime,
-    signer: Signer | None = None,
-    request: SigningRequest = SigningRequest(),
-    allow_unsigned: bool = False,
+    push: PushRequest = PushRequest(),
     progress: Tally | None = None,
-    fingerprints: Sequence[str] | None = None,
-    dry_run: bool = False,
 ) -> tuple[list[PushEntry], int]:
-    """Sign (with a signer) and upload every plan and sidecar the store lacks byte for byte.
+    """Sign (with ``push.signer``) and upload every plan and sidecar the store lacks byte for byte.
 
-    ``fingerprints`` limits the push to those plans (a missing one is refused). ``dry_run``
-    signs nothing and uploads nothing: entries say what would happen (a plan that would be
-    signed first counts as one to upload). Returns one entry per plan and the number of
-    objects uploaded (or that would be).
+    A dry run's entries say what would happen (a plan that would be signed first counts as
+    one to upload). Returns one entry per plan and the number of objects uploaded (or that
+    would be).
     """
+    signer, request, allow_unsigned, fingerprints, dry_run = (
+        push.signer, push.signing, push.allow_unsigned, push.fingerprints, push.dry_run)
     entries: list[PushEntry] = []
     objects: dict[str, bytes] = {}
     names: dict[str, list[str]] = {}

@@ -31,7 +31,8 @@ DEEPER_SHOWN = 5
 Location = Union[LocalPlanDir, "Store"]
 
 __all__ = ["BULK_TIMEOUT", "Location", "deeper", "is_url", "local_dir", "no_plans_message", "normalise_url",
-           "open_location", "open_url", "require_existing", "require_push_target", "require_url"]
+           "open_location", "open_url", "require_existing", "require_push_target", "require_url",
+           "storage_options_for"]
 
 
 def is_url(location: str | None) -> bool:
@@ -48,6 +49,23 @@ def require_url(url: str) -> str:
     if not is_url(url):
         raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
     return normalise_url(url)
+
+
+def storage_options_for(explicit: Mapping[str, Any] | None, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``$PLANCACHE_STORAGE_OPTIONS`` overridden, key by key, by the options a caller names
+    (``--storage-option`` flags, the Python API's ``storage_options``): the CLI and the API
+    read the same environment, and what is said explicitly wins."""
+    from ..settings import STORAGE_OPTIONS_ENV, parse_storage_options
+
+    options: dict[str, Any] = {}
+    raw = env.get(STORAGE_OPTIONS_ENV, "").strip()
+    if raw:
+        try:
+            options = parse_storage_options(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{STORAGE_OPTIONS_ENV}: {exc}") from None
+    options.update(explicit or {})
+    return options
 
 
 def open_url(url: str, storage_options: Mapping[str, Any] | None, timeout: float) -> "Store":

@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Mapping
 
+from ..keys.keyfile import Prompt, load_keyring
+from ..keys.schemes import load_signer
 from ..settings import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
-from ..storage.keyfiles import Prompt, load_keyring, load_signer
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keys import Keyring, Signer
 from ..trust.policy import TrustPolicy

@@ -1,4 +1,4 @@
-"""Opening fsspec filesystems, with plancache's defaults for each SDK.
+"""Opening fsspec filesystems with plancache's defaults for each SDK, and which listing path each takes.
 
 The SDKs' defaults would make a booting worker wait for minutes: s3fs retries at two layers
 of its own on top of botocore's retries (a black-holed endpoint took 423 s), gcsfs sets no
@@ -13,7 +13,7 @@ request timeout at all and retries six times with exponential backoff. So planca
 * uses gcsfs's plain ``GCSFileSystem`` unless ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` is set
   to true explicitly, so no bucket-type probe goes through gRPC (55 s per call against an
   emulator);
-* opens Azure Blob (``az://``, ``abfs://``, ``abfss://``) with :mod:`.azure`'s subclass of
+* opens Azure Blob (``az://``, ``abfs://``, ``abfss://``) with :mod:`.azure.blob`'s subclass of
   adlfs's filesystem, whose client has no SDK retries and plancache's capped transport.
 
 Every default yields to fsspec's own configuration (``FSSPEC_S3_*`` variables, fsspec config
@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 
 from ..trust.errors import ConfigError, PlanCacheError
 from .deadline import one_line
+from .listing import MAX_NAMES, Page, fsspec_entries, local_entries
 
 CONCURRENCY = 64
 """Requests in flight per operation; also the connection pool size plancache asks for."""
@@ -103,7 +104,7 @@ def _filesystem_class(protocol: str, url: str) -> type:
         return GCSFileSystem  # type: ignore[no-any-return]
     if protocol in AZURE_PROTOCOLS:
         try:
-            from .azure import BoundedAzureBlobFileSystem
+            from .azure.blob import BoundedAzureBlobFileSystem
         except ImportError:
             raise ConfigError(f"{url}: adlfs is not installed (pip install 'plancache[azure]')") from None
         return BoundedAzureBlobFileSystem
@@ -162,7 +163,7 @@ def _without_gcsfs_retries(fs: Any) -> None:
 
 
 def _hardening(protocol: str) -> dict[str, Any]:
-    """Options applied over every other layer: body caps and no redirects (:mod:`.http_caps`),
+    """Options applied over every other layer: body caps and no redirects (:mod:`.caps.http`),
     and a filesystem of our own per store.
 
     Not defaults an option may switch off: they are what keeps a hostile endpoint bounded.
@@ -172,11 +173,11 @@ def _hardening(protocol: str) -> dict[str, Any]:
     """
     own = {"skip_instance_cache": True}
     if protocol in ("s3", "s3a"):
-        from .http_caps import capped_aiobotocore_session
+        from .caps.http import capped_aiobotocore_session
 
         return {**own, "config_kwargs": {"http_session_cls": capped_aiobotocore_session()}}
     if protocol in ("gs", "gcs"):
-        from .http_caps import session_kwargs
+        from .caps.http import session_kwargs
 
         return {**own, "session_kwargs": session_kwargs()}
     return own
@@ -203,6 +204,32 @@ def kind_of(cls: type) -> str:
         if module.startswith(prefix):
             return kind
     return "async" if getattr(cls, "async_impl", False) else "sync"
+
+
+async def list_page(store: Any, token: str | None) -> Page:
+    """One listing page under ``store``'s prefix, by the store's kind; an absent prefix lists nothing."""
+    from .threads import in_thread
+
+    fs = store._fs
+    try:
+        if store.kind == "s3":
+            from .s3.reads import s3_page
+
+            return await s3_page(fs, store.root, token)
+        if store.kind == "gcs":
+            from .gcs.pages import gcs_page
+
+            return await gcs_page(fs, store.root, token)
+        if store.kind == "azure":
+            from .azure.blob import azure_page
+
+            return await azure_page(fs, store.root, token)
+        if store.kind == "local":
+            return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
+        listed = await store._call("ls", store.root, detail=True)
+        return Page(fsspec_entries(fs, store.path(""), listed, MAX_NAMES + 1), None)
+    except FileNotFoundError:
+        return Page([], None)
 
 
 def filesystem_opener(url: str, storage_options: Mapping[str, Any] | None,

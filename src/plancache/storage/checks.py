@@ -78,7 +78,7 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
     if kind is None or not options:
         return
     if kind == "s3":
-        from .s3_direct import OPTIONS
+        from .s3.direct import OPTIONS
 
         if set(options) <= OPTIONS:
             return  # names every s3fs takes: no need to import aiobotocore to say so

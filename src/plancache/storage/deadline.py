@@ -128,7 +128,7 @@ async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> 
 
 
 def retrying(attempt: Callable[[], T], deadline: float) -> T:
-    """:func:`with_retries` for a blocking ``attempt`` (in a thread of its own, see :mod:`.s3_direct`)."""
+    """:func:`with_retries` for a blocking ``attempt`` (in a thread of its own, see :mod:`.s3.direct`)."""
     for number in range(MAX_ATTEMPTS):
         try:
             return attempt()

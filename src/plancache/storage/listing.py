@@ -8,6 +8,9 @@ and its size is the store's choice. So a listing
   ``startup_plan_<16 hex>.json[.sig]`` is dropped here, before anyone sees it;
 * ends with ``TOO_LARGE`` beyond :data:`MAX_NAMES` such names or :data:`MAX_PAGES` pages
   (a server that says "truncated" forever), and at the operation's deadline in any case.
+
+The request for one page is each backend's (:mod:`.s3.reads`, :mod:`.gcs.pages`,
+:mod:`.azure.blob`), chosen by :func:`.backends.list_page`; this module holds what they share.
 """
 
 from __future__ import annotations
@@ -103,19 +106,6 @@ def entries_under(items: Any, prefix: str, name_key: str, size_key: str) -> list
     return entries
 
 
-async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
-    """One page of GCS's object listing directly under ``root`` (``delimiter='/'``)."""
-    bucket, key, _ = fs.split_path(root)
-    prefix = f"{key.rstrip('/')}/" if key else ""
-    resp = await fs._call(
-        "GET", "b/{}/o", bucket, json_out=True, prefix=prefix or None, delimiter="/",
-        maxResults=PAGE_SIZE, pageToken=token,
-    )
-    entries = entries_under(resp.get("items") if isinstance(resp, dict) else None, prefix, "name", "size")
-    following = resp.get("nextPageToken") if isinstance(resp, dict) else None
-    return Page(entries, following if isinstance(following, str) and following != token else None)
-
-
 def local_entries(directory: str, limit: int) -> list[ObjectInfo]:
     """Regular files named like plans or sidecars in ``directory`` (links, FIFOs, devices
     skipped), at most ``limit`` of them; scanned without holding the rest of the directory."""
@@ -152,27 +142,3 @@ def fsspec_entries(fs: Any, prefix: str, listed: list[Any], limit: int) -> list[
             if len(found) >= limit:
                 break
     return found
-
-
-async def list_page(store: Any, token: str | None) -> Page:
-    """One listing page under ``store``'s prefix, by the store's kind; an absent prefix lists nothing."""
-    from .threads import in_thread
-
-    fs = store._fs
-    try:
-        if store.kind == "s3":
-            from .s3_reads import s3_page
-
-            return await s3_page(fs, store.root, token)
-        if store.kind == "gcs":
-            return await gcs_page(fs, store.root, token)
-        if store.kind == "azure":
-            from .azure import azure_page
-
-            return await azure_page(fs, store.root, token)
-        if store.kind == "local":
-            return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
-        listed = await store._call("ls", store.root, detail=True)
-        return Page(fsspec_entries(fs, store.path(""), listed, MAX_NAMES + 1), None)
-    except FileNotFoundError:
-        return Page([], None)

@@ -7,7 +7,7 @@ The remote layout mirrors vLLM's directory: ``<prefix>/startup_plan_<fp>.json`` 
 
 What it does guarantee is bounded cost, whatever the store does:
 
-* every read is capped at ``cap + 1`` bytes, SDK-read bodies too (:mod:`.http_caps`); on
+* every read is capped at ``cap + 1`` bytes, SDK-read bodies too (:mod:`.caps.http`); on
   ``file://`` a name that is not a regular file is rejected without a blocking open;
 * listings come page by page and yield fingerprints, never paths (:mod:`.listing`); whole-store
   work streams (:meth:`Store.iter_fingerprints`, :meth:`Store.fetch_stream`);
@@ -27,12 +27,12 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequen
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
-from .backends import CONCURRENCY, filesystem_opener, kind_of
+from .backends import CONCURRENCY, filesystem_opener, kind_of, list_page
 from .batches import each
 from .deadline import DEFAULT_TIMEOUT, checked_budget, http_status, run_by, store_error, with_retries
 from .files import read_capped, write_atomic
-from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, list_page, md5_hex  # noqa: F401 (re-exported)
-from .s3_direct import MAX_FINGERPRINTS, S3Direct, direct_settings
+from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, md5_hex  # noqa: F401 (re-exported)
+from .s3.direct import MAX_FINGERPRINTS, S3Direct, direct_settings
 from .threads import Pending, in_thread, use_daemon_executor
 
 T = TypeVar("T")
@@ -45,7 +45,7 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
 
     Options: plancache's defaults for the protocol, overridden by fsspec's configuration for
     it, overridden by options in the URL, overridden by ``storage_options``. Bad options fail
-    here; a GCS filesystem (and s3fs's, behind :mod:`.s3_direct`) is made by its first use.
+    here; a GCS filesystem (and s3fs's, behind :mod:`.s3.direct`) is made by its first use.
     """
     budget = checked_budget(timeout)
     direct = direct_settings(url, storage_options or {})
@@ -63,7 +63,7 @@ class Store:
 
     ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``azure``, ``local`` (``file://``, read
     without fsspec), ``async`` or ``sync`` (other fsspec filesystems; sync in daemon threads).
-    ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed (:mod:`.s3_direct`).
+    ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed (:mod:`.s3.direct`).
     """
 
     def __init__(self, fs: Any, url: str, root: str, timeout: float = DEFAULT_TIMEOUT, *,
@@ -140,15 +140,15 @@ class Store:
 
         async def attempt() -> bytes | None:
             if self.kind == "s3":
-                from .s3_reads import s3_read
+                from .s3.reads import s3_read
 
                 return await s3_read(self._fs, path, cap)
             if self.kind == "azure":  # adlfs's cat_file would join the whole body
-                from .azure import azure_read
+                from .azure.blob import azure_read
                 return await azure_read(self._fs, path, cap)
             if self.kind == "local":  # O_NONBLOCK|O_NOFOLLOW, fstat: a FIFO never blocks the open
                 return await in_thread(read_capped, Path(path), cap)
-            from .http_caps import body_cap
+            from .caps.http import body_cap
 
             with body_cap(cap + 1):
                 return bytes(await self._call("cat_file", path, start=0, end=cap + 1))

@@ -12,9 +12,9 @@ a later request could be a newer object's):
   ``DELETE`` with ``ifGenerationMatch``;
 * Azure Blob: the download's ``ETag``; ``Delete Blob`` with ``If-Match``.
 
-The reads are the store's own capped reads: S3 and Azure through :func:`.s3_reads.s3_get` and
-:func:`.azure.azure_get` (declared length checked first, at most ``cap + 1`` bytes), which also
-hand back the answer's ETag; gcsfs's whole-body reads are capped by :func:`.http_caps.body_cap`. A store that states no
+The reads are the store's own capped reads: S3 and Azure through :func:`.s3.reads.s3_get` and
+:func:`.azure.blob.azure_get` (declared length checked first, at most ``cap + 1`` bytes), which also
+hand back the answer's ETag; gcsfs's whole-body reads are capped by :func:`.caps.http.body_cap`. A store that states no
 usable version is a StoreError: nothing is deleted unconditionally on these backends.
 :mod:`.conditional_deletes` uses these to delete only what ``prune`` judged.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 from ..trust.errors import StoreError
+from .caps.http import body_cap
 from .deadline import causes, http_status
-from .http_caps import body_cap
 
 T = TypeVar("T")
 
@@ -66,8 +66,8 @@ async def _ranged_or_whole(read: Callable[[str | None], Awaitable[T]], cap: int)
 
 
 async def _s3_read(fs: Any, path: str, cap: int) -> Versioned:
-    """:func:`.s3_reads.s3_get`, and the answer's ETag."""
-    from .s3_reads import s3_get
+    """:func:`.s3.reads.s3_get`, and the answer's ETag."""
+    from .s3.reads import s3_get
 
     data, resp = await _ranged_or_whole(lambda byte_range: s3_get(fs, path, cap, byte_range), cap)
     return Versioned(data, _token(resp.get("ETag"), path))
@@ -82,7 +82,7 @@ async def _gcs_read(fs: Any, path: str, cap: int) -> Versioned:
     """The generation from the object's metadata, then the bytes of that generation: one the
     store replaced in between is absent (404) rather than read as the new bytes."""
     bucket, key, _ = fs.split_path(path)
-    meta = await fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True)  # body capped by .http_caps
+    meta = await fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True)  # body capped by .caps.http
     token = _token(meta.get("generation") if isinstance(meta, dict) else None, path)
     if not token.isdigit():
         raise StoreError(f"{path}: the store states a generation that is not a number")
@@ -102,8 +102,8 @@ async def _gcs_delete(fs: Any, path: str, token: str) -> None:
 
 
 async def _azure_read(fs: Any, path: str, cap: int) -> Versioned:
-    """:func:`.azure.azure_get`, and the answer's ETag."""
-    from .azure import azure_get
+    """:func:`.azure.blob.azure_get`, and the answer's ETag."""
+    from .azure.blob import azure_get
 
     data, headers = await _ranged_or_whole(lambda byte_range: azure_get(fs, path, cap, byte_range), cap)
     return Versioned(data, _token(headers.get("ETag"), path))

@@ -7,7 +7,7 @@ The same id names a key wherever it lives (a file, an environment variable, an H
 KMS): it is computed from the public key alone.
 
 Pure: bytes in, keys or :class:`ConfigError` out. Reading files lives in
-:mod:`plancache.storage.keyfiles`.
+:mod:`plancache.keys`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ marker is exactly ``@revoked``: any other first word starting with ``@`` (``@rev
 case) are errors too, because each of them once trusted the very key its author meant to
 revoke (under the name ``@revoke``). Key ids
 are compared in one normal form (:func:`canonical_keyid`). Parsing here is pure; reading
-files lives in :mod:`plancache.storage.keyfiles`.
+files lives in :mod:`plancache.keys`.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Signer(Protocol):
 
     The public key is needed because signing checks its own result: a sidecar is only
     written after it verifies. Key files, environment variables, HSMs (PKCS#11) and cloud
-    KMS keys all fit this shape (:mod:`plancache.storage.signers`); ``sign`` may raise
+    KMS keys all fit this shape (:mod:`plancache.keys`); ``sign`` may raise
     :class:`ConfigError` or ``StoreTimeout`` when a remote key cannot be reached.
     """
 

@@ -23,6 +23,9 @@ from .plan import parse_plan
 from .statement import Statement, check_provenance, format_time, parse_statement
 from .verify import VerifiedPlan, verify_plan
 
+REWRITTEN = "the plan changed since it was signed (re-profiled?); --replace signs the new bytes"
+"""Advice for a sidecar over earlier bytes of the plan: co-signing cannot help, replacing does."""
+
 Action = Literal["signed", "co-signed", "kept", "replaced"]
 
 MAX_SIGNED_BYTES = 4096
@@ -191,7 +194,9 @@ def _adopt(
     """Keep or co-sign the existing sidecar, or raise ``Rejected`` saying why not."""
     try:
         mine: VerifiedPlan | None = verify_plan(name, plan_bytes, sig_bytes, own, now)
-    except Rejected:
+    except Rejected as exc:
+        if exc.reason is Reason.DIGEST_MISMATCH:  # this key's own signature, verified, over other bytes
+            raise Rejected(Reason.DIGEST_MISMATCH, f"this key signed other bytes: {REWRITTEN}") from None
         mine = None
     if mine is not None:
         difference = _differences(mine.statement, expires_at, comment, provenance)
@@ -205,6 +210,8 @@ def _adopt(
     try:
         vouched = verify_plan(name, plan_bytes, sig_bytes, keyring.with_threshold(1), now)
     except Rejected as exc:
+        if exc.reason is Reason.DIGEST_MISMATCH:
+            raise Rejected(exc.reason, f"the trusted signature is for other bytes: {REWRITTEN}") from None
         raise Rejected(exc.reason, f"cannot co-sign: {exc.detail} (--replace signs anew)") from None
     difference = _differences(vouched.statement, expires_at, comment, provenance)
     if difference:

@@ -1,7 +1,7 @@
 """What the plugin asks of vLLM: the switch, the fingerprint, device facts, free memory, the plan directory.
 
 Everything here reads vLLM's own objects the way vLLM's ``startup_plan`` module reads them
-(its own ``envs`` and ``current_platform`` globals, found by :mod:`.hooks`), so the plugin and
+(its own ``envs`` and ``current_platform`` globals, as :mod:`.hooks` found it: :mod:`.vllm_modules`), so the plugin and
 vLLM always agree on the switch, on the key (``compute_plan_fingerprint``), on the directory
 (``_plan_path``) and on the free-memory snapshot its own gate compares, also where a newer
 vLLM moves those modules behind compatibility shims.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..storage.localdir import LocalPlanDir
-from . import hooks
+from . import vllm_modules
 
 Fingerprint = Callable[[Any, int, int], str]
 """vLLM's ``compute_plan_fingerprint(vllm_config, rank, world_size)``, as the hooks found it."""
@@ -24,12 +24,12 @@ def enabled() -> bool:
     """``VLLM_ENABLE_STARTUP_PLAN`` as vLLM's startup_plan reads it, at call time. (Registration
     reads the environment itself, :func:`plancache.vllm_plugin.startup_plan_enabled`, because
     it must not import vLLM in processes that never run a worker.)"""
-    return bool(hooks.vllm_envs().VLLM_ENABLE_STARTUP_PLAN)
+    return bool(vllm_modules.vllm_envs().VLLM_ENABLE_STARTUP_PLAN)
 
 
 def plan_dir() -> LocalPlanDir:
     """vLLM's plan directory, asked from vLLM itself (so both always agree)."""
-    return LocalPlanDir(Path(hooks.startup_plan_module()._plan_path("0" * 16)).parent)
+    return LocalPlanDir(Path(vllm_modules.startup_plan_module()._plan_path("0" * 16)).parent)
 
 
 def fingerprint_of(worker: Any, fingerprint: Fingerprint) -> str:
@@ -58,7 +58,7 @@ def _device_index(worker: Any) -> int:
 
 def worker_conditions(worker: Any) -> dict[str, Any]:
     """The facts vLLM's fingerprint misses, for *this* worker's device (vLLM asks device 0)."""
-    current_platform = hooks.platform()  # the platform vLLM's startup_plan asks
+    current_platform = vllm_modules.platform()  # the platform vLLM's startup_plan asks
 
     facts: dict[str, Any] = {}
     util = getattr(worker.cache_config, "gpu_memory_utilization", None)

@@ -15,9 +15,7 @@
   loads plugins runs a worker): a meta-path hook patches each right after it is imported.
 
 What vLLM itself reads in ``startup_plan`` (its ``envs`` and ``current_platform`` globals) the
-plugin reads through that module too (:func:`vllm_envs`, :func:`platform`), so a vLLM that
-moves those behind compatibility shims (lazy ``__getattr__`` delegates, ``sys.modules``
-aliases) still gives the plugin the same switch, cache root and device facts as vLLM's own code.
+plugin reads through that module too (:mod:`.vllm_modules`, where install records the module).
 
 If vLLM's internals are not shaped like 0.33's, one WARNING is logged and nothing is patched.
 :func:`uninstall` restores every original, exactly where it was replaced (tests rely on it).
@@ -36,9 +34,11 @@ import threading
 from types import ModuleType
 from typing import Any, Callable
 
+from . import vllm_modules
+from .vllm_modules import STARTUP_PLAN
+
 LOG = logging.getLogger("vllm.plancache")
 
-STARTUP_PLAN = "vllm.v1.worker.startup_plan"
 WORKER_MODULES: dict[str, str] = {
     "vllm.v1.worker.gpu_worker": "Worker",
     "vllm_ascend.worker.worker": "NPUWorker",
@@ -49,8 +49,6 @@ GPU_WORKER = "vllm.v1.worker.gpu_worker"
 _lock = threading.RLock()
 _originals: dict[str, Callable[..., Any]] = {}
 """vLLM's functions that the hooks replaced: 'apply', 'save', 'fingerprint'."""
-_startup_plan: ModuleType | None = None
-"""The startup_plan module object the originals were found in."""
 _patched: list[tuple[Any, str, Any]] = []
 """(object, attribute, original) for every replacement made, in order: what uninstall undoes."""
 _finder: "_WorkerFinder | None" = None
@@ -62,21 +60,6 @@ def _warn_once(message: str, *args: object) -> None:
     if not _warned:
         _warned = True
         LOG.warning("plancache: " + message + "; plugin inactive, vLLM runs unchanged", *args)
-
-
-def startup_plan_module() -> ModuleType:
-    """vLLM's startup_plan module, as found at install (imported now if the plugin is not installed)."""
-    return _startup_plan if _startup_plan is not None else importlib.import_module(STARTUP_PLAN)
-
-
-def vllm_envs() -> Any:
-    """The ``envs`` vLLM's startup_plan reads its switch and cache root from."""
-    return startup_plan_module().envs
-
-
-def platform() -> Any:
-    """The ``current_platform`` vLLM's startup_plan asks for device facts."""
-    return startup_plan_module().current_platform
 
 
 def _params(func: Callable[..., Any]) -> list[str]:
@@ -232,7 +215,7 @@ def _patch_imported_workers() -> None:
 
 def install() -> bool:
     """Patch vLLM (idempotent). False, after one WARNING, if vLLM is not shaped like 0.33."""
-    global _finder, _startup_plan
+    global _finder
     with _lock:
         if _originals:
             _patch_imported_workers()
@@ -248,7 +231,7 @@ def install() -> bool:
             return False
         if getattr(module.maybe_apply_startup_plan, "__plancache__", False):
             return True  # patched by another copy of this module; leave it
-        _startup_plan = module
+        vllm_modules.remember(module)
         _originals.update(
             apply=module.maybe_apply_startup_plan,
             save=module.maybe_save_startup_plan,
@@ -265,7 +248,7 @@ def install() -> bool:
 
 def uninstall() -> None:
     """Restore vLLM's originals on exactly the objects the hooks replaced them on."""
-    global _finder, _startup_plan
+    global _finder
     with _lock:
         if _finder is not None:
             try:
@@ -279,7 +262,7 @@ def uninstall() -> None:
             if getattr(current, "__plancache__", False):  # still ours (a later plugin's patch stays)
                 setattr(target, name, original)
         _originals.clear()
-        _startup_plan = None
+        vllm_modules.remember(None)
 
 
 def installed() -> bool:

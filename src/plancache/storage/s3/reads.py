@@ -3,21 +3,21 @@
 s3fs's own ``_cat_file`` and ``_ls`` are bypassed: the first reads a body whole when the
 server ignores the Range header, the second walks every page of a listing into one list
 before returning. Bodies botocore reads itself (error documents, listing pages) are capped
-by :mod:`.http_caps`.
+by :mod:`..caps.http`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .http_caps import read_declared
-from .listing import PAGE_SIZE, Page, entries_under
+from ..caps.http import read_declared
+from ..listing import PAGE_SIZE, Page, entries_under
 
 
 async def s3_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
     """A GET (of ``byte_range``, or whole) whose declared length is checked before a byte of the
     body is read, and whose body is read at most to ``cap + 1`` even if the server ignores the
-    range; with the answer's other fields (its ETag: see :mod:`.versioned`)."""
+    range; with the answer's other fields (its ETag: see :mod:`..versioned`)."""
     bucket, key, _ = fs.split_path(path)
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))
     body = resp["Body"]

@@ -8,9 +8,9 @@ itself (:meth:`~BoundedAzureBlobFileSystem.do_connect`, the same credential case
 with
 
 * ``retry_total=0`` by default: plancache retries transient failures itself inside the
-  deadline (:mod:`.deadline`), never a refused connection;
+  deadline (:mod:`..deadline`), never a refused connection;
 * :class:`CappedTransport`: azure-core's aiohttp transport, whose session is made with
-  :func:`.http_caps.session_kwargs` (every body the SDK reads whole is capped, gzip is never
+  :func:`..caps.http.session_kwargs` (every body the SDK reads whole is capped, gzip is never
   inflated), whose connect and read timeouts come from the budget (adlfs's own
   ``connection_timeout`` and ``read_timeout`` options), and which refuses any 3xx answer
   before the SDK's redirect policy could follow it to another host;
@@ -35,9 +35,9 @@ from azure.core.pipeline.transport import AioHttpTransport
 from azure.storage.blob import BlobProperties
 from azure.storage.blob.aio import BlobServiceClient
 
-from ..trust.errors import StoreError
-from .http_caps import read_declared, session_kwargs
-from .listing import PAGE_SIZE, Page, entry_info
+from ...trust.errors import StoreError
+from ..caps.http import read_declared, session_kwargs
+from ..listing import PAGE_SIZE, Page, entry_info
 
 
 class CappedTransport(AioHttpTransport):  # type: ignore[misc]
@@ -143,7 +143,7 @@ async def azure_read(fs: Any, path: str, cap: int) -> bytes:
 
 
 def _md5_hash(item: BlobProperties) -> dict[str, str]:
-    """The blob's Content-MD5 as GCS states it (base64), for :func:`.listing.md5_of`."""
+    """The blob's Content-MD5 as GCS states it (base64), for :func:`..listing.md5_of`."""
     md5 = getattr(item.content_settings, "content_md5", None)
     return {"md5Hash": base64.b64encode(bytes(md5)).decode()} if md5 else {}
 

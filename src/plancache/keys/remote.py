@@ -19,11 +19,11 @@ from typing import Callable, Mapping, TypeVar
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ...settings import TIMEOUT_ENV
-from ...trust.display import safe_text
-from ...trust.errors import ConfigError, PlanCacheError, StoreTimeout
-from ...trust.keyformat import key_id
-from ..deadline import checked_budget
+from ..settings import TIMEOUT_ENV
+from ..trust.display import safe_text
+from ..trust.errors import ConfigError, PlanCacheError, StoreTimeout
+from ..trust.keyformat import key_id
+from ..storage.deadline import checked_budget
 
 T = TypeVar("T")
 

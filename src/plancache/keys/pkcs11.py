@@ -28,9 +28,9 @@ from urllib.parse import unquote_to_bytes
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ...trust.display import safe_text
-from ...trust.errors import ConfigError
-from .refs import RemoteSigner, missing_extra, one_line, within
+from ..trust.display import safe_text
+from ..trust.errors import ConfigError
+from .remote import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "pkcs11:"
 _PATH_ATTRS = ("token", "object", "id", "serial", "manufacturer", "model", "slot-id", "type")

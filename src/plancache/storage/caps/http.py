@@ -1,6 +1,6 @@
 """Caps on every HTTP body an SDK reads whole, and no redirects, for s3fs and gcsfs alike.
 
-plancache reads plan objects itself, capped (see :mod:`.s3_reads`). But the SDKs read some
+plancache reads plan objects itself, capped (see :mod:`..s3.reads`). But the SDKs read some
 bodies whole before plancache sees anything: botocore reads every error body (and every
 non-streaming success body, such as a listing page) to parse it, gcsfs reads every response
 whole with ``await r.read()``. A hostile endpoint answering 500 with a 200 MiB body made a
@@ -27,8 +27,8 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import aiohttp
 
-from ..trust.errors import Reason, Rejected, StoreError
-from .body_limits import BODY_CAP, CHUNK, ERROR_BODY_CAP, check_complete, check_declared
+from ...trust.errors import Reason, Rejected, StoreError
+from .bodies import BODY_CAP, CHUNK, ERROR_BODY_CAP, check_complete, check_declared
 
 _task_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar("plancache_body_cap", default=None)
 
@@ -126,7 +126,7 @@ def capped_aiobotocore_session() -> type:
     """
     from aiobotocore.httpsession import AIOHTTPSession
 
-    from ..trust.errors import ConfigError
+    from ...trust.errors import ConfigError
 
     if not hasattr(AIOHTTPSession, "_get_session") or not hasattr(AIOHTTPSession, "_create_connector"):
         raise ConfigError("this aiobotocore has no per-session hook: plancache needs a newer aiobotocore")
@@ -154,7 +154,7 @@ async def read_declared(read: Callable[[int], Awaitable[bytes]], name: str, cap:
     then at most ``cap + 1`` bytes however much the server sends (it may ignore the range).
 
     Shared by the S3 and Azure read paths, whose SDKs hand back a stream of the same shape
-    (:func:`.body_limits.read_upto` is its blocking twin, for the plain-botocore path).
+    (:func:`.bodies.read_upto` is its blocking twin, for the plain-botocore path).
     """
     check_declared(name, cap, declared)
     chunks: list[bytes] = []

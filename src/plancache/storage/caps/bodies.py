@@ -1,7 +1,7 @@
 """How much of an HTTP body anyone may read, and what a declared length promises.
 
-Shared by the aiohttp-based SDK paths (:mod:`.http_caps`, for s3fs, gcsfs and Azure) and the
-plain-botocore boot path (:mod:`.s3_direct`), which must not import aiohttp: the caps and
+Shared by the aiohttp-based SDK paths (:mod:`.http`, for s3fs, gcsfs and Azure) and the
+plain-botocore boot path (:mod:`..s3.direct`), which must not import aiohttp: the caps and
 the checks are one set of rules whichever client carried the bytes.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..trust.errors import Reason, Rejected, StoreError
+from ...trust.errors import Reason, Rejected, StoreError
 
 ERROR_BODY_CAP = 64 * 1024
 """Bytes of an error body read: S3 and GCS error documents are a few hundred bytes."""

@@ -11,7 +11,7 @@ KMS signs Ed25519 natively over the message itself (``SigningAlgorithm=ED25519_S
 the public key comes from ``GetPublicKey`` as a DER SubjectPublicKeyInfo. Credentials,
 region and ``AWS_ENDPOINT_URL_KMS`` come from boto3's own settings, as for the aws CLI.
 Each call is bounded twice: botocore's connect/read timeouts and at most two attempts, and
-the budget thread around it (:func:`~.refs.within`).
+the budget thread around it (:func:`~.remote.within`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...trust.display import safe_text
-from ...trust.errors import ConfigError, StoreTimeout
-from ...trust.keyformat import parse_der_public
-from .refs import RemoteSigner, missing_extra, one_line, within
+from ..trust.display import safe_text
+from ..trust.errors import ConfigError, StoreTimeout
+from ..trust.keyformat import parse_der_public
+from .remote import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "awskms://"
 KEY_SPEC = "ECC_NIST_EDWARDS25519"

@@ -1,28 +1,17 @@
-"""Key material: trusted-keys files or directories, key references, keygen output.
-
-A key reference names where a signing key lives, in cosign's forms (``--key``,
-``PLANCACHE_SIGNING_KEY``):
-
-================================  ===========================================================
-``PATH``                          PEM PKCS#8 or OpenSSH private key file (ssh-keygen's too,
-                                  encrypted or not), mode 0600
-``env://VAR``                     the same key text in an environment variable: never on disk
-``pkcs11:token=…;object=…?…``     a key inside an HSM or token (RFC 7512), extra ``[pkcs11]``
-``awskms:///KEY`` (``//HOST/…``)  an AWS KMS ``ECC_NIST_EDWARDS25519`` key, extra ``[awskms]``
-``gcpkms://projects/…/V``         a Cloud KMS ``EC_SIGN_ED25519`` key version, extra ``[gcpkms]``
-================================  ===========================================================
+"""Key files: trusted-keys files or directories, private key files (the ``PATH`` kind of key
+reference, :mod:`.schemes`), keygen output.
 
 Private key files are refused when group or others can read them, as ssh refuses them: a
 key that others could copy no longer proves who signed. A passphrase comes from
 ``PLANCACHE_KEY_PASSPHRASE``, else from the caller's ``prompt`` (the CLI on a terminal), and
 is asked only for an encrypted key. Every read is capped; errors name the file and say what
 it holds (a public key where a private one belongs, a private key among trusted keys).
+:mod:`.env` reads the same private key text from an environment variable.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Callable, Mapping
@@ -30,6 +19,7 @@ from typing import Callable, Mapping
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..settings import PASSPHRASE_ENV
+from ..storage.files import read_capped, write_atomic
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.keyformat import (
@@ -41,19 +31,17 @@ from ..trust.keyformat import (
     parse_private_key,
     private_key_bytes,
 )
-from ..trust.keys import Ed25519Signer, Keyring, Signer, check_key_name, parse_trusted_keys
-from .files import read_capped, write_atomic
+from ..trust.keys import Ed25519Signer, Keyring, check_key_name, parse_trusted_keys
 
 MAX_KEY_FILE_BYTES = 1 << 20
-KEY_REF_FORMS = "a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"
-ENV_SCHEME = "env://"
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 Prompt = Callable[[str], str]
 """Asks a person for a passphrase (``getpass.getpass``); None where nobody can answer."""
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_key_file(path: Path, what: str) -> bytes:
+    """A key file's bytes, capped (symlinks followed: keys are often linked into place);
+    ConfigError naming ``what`` and the file when it is absent or unreadable."""
     try:
         data = read_capped(path, MAX_KEY_FILE_BYTES, follow_symlinks=True)
     except PlanCacheError as exc:
@@ -99,7 +87,7 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
         keyring = Keyring()
         listed_in: dict[str, Path] = {}
         for file in files:
-            part = parse_trusted_keys(_public_text(_read(file, "trusted key"), file), str(file))
+            part = parse_trusted_keys(_public_text(read_key_file(file, "trusted key"), file), str(file))
             for kid in part.keys:
                 if kid in listed_in:
                     raise ConfigError(f"{safe_text(file)}: key {kid} is already listed in {safe_text(listed_in[kid])}")
@@ -107,7 +95,7 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
             keyring = keyring.merged(part)
         what = f"trusted-keys directory {safe_text(path)}"
     else:
-        keyring = parse_trusted_keys(_public_text(_read(path, "trusted-keys file"), path), str(path))
+        keyring = parse_trusted_keys(_public_text(read_key_file(path, "trusted-keys file"), path), str(path))
         what = f"trusted-keys file {safe_text(path)}"
     if not keyring.keys and not (allow_revocations_only and keyring.revoked):
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
@@ -127,7 +115,9 @@ def _passphrase(env: Mapping[str, str], prompt: Prompt | None, what: str) -> Pas
     return ask
 
 
-def _private_key(data: bytes, what: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+def private_key_signer(data: bytes, what: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+    """A signer from private key text (a file's or :mod:`.env`'s); a public key here is a
+    ConfigError that says which half a signing key reference names."""
     if is_public_material(data):
         raise ConfigError(
             f"{what} holds {describe_key_material(data)}, not a private key: a signing key reference names the "
@@ -139,57 +129,20 @@ def _private_key(data: bytes, what: str, env: Mapping[str, str], prompt: Prompt 
         raise ConfigError(f"{what}: {exc.detail}") from None
 
 
-def _file_signer(path: Path, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+def file_signer(path: Path, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+    """The ``PATH`` kind of key reference: refused when group or others can read it."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise ConfigError(f"private key {path} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"cannot read private key {path}: {exc.strerror}") from None
-    data = _read(path, "private key")
+    data = read_key_file(path, "private key")
     if not is_public_material(data) and stat.S_IMODE(mode) & 0o077:
         raise ConfigError(
             f"private key {path} is readable by others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}",
         )
-    return _private_key(data, str(path), env, prompt)
-
-
-def _env_signer(name: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
-    """``env://VAR``: the key text never touches the disk (CI secrets arrive this way)."""
-    if not _ENV_NAME.fullmatch(name):
-        raise ConfigError(f"'{ENV_SCHEME}{safe_text(name, 60)}' does not name an environment variable")
-    text = env.get(name)
-    if not text:
-        raise ConfigError(f"{ENV_SCHEME}{name}: the environment variable {name} is not set")
-    return _private_key(text.encode("utf-8", "replace"), f"environment variable {name}", env, prompt)
-
-
-def load_signer(ref: str, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None) -> Signer:
-    """Resolve a key reference (table in the module docstring) to a signer.
-
-    HSM and KMS references load their backend only when named, and reach it within the
-    ``PLANCACHE_TIMEOUT`` budget (:mod:`plancache.storage.signers.refs`).
-    """
-    if ref.startswith(ENV_SCHEME):
-        return _env_signer(ref[len(ENV_SCHEME) :], env, prompt)
-    if ref.startswith("pkcs11:"):
-        from .signers.pkcs11 import pkcs11_signer
-        from .signers.refs import budget_from
-
-        return pkcs11_signer(ref, budget_from(env))
-    if ref.startswith("awskms://"):
-        from .signers.awskms import awskms_signer
-        from .signers.refs import budget_from
-
-        return awskms_signer(ref, budget_from(env))
-    if ref.startswith("gcpkms://"):
-        from .signers.gcpkms import gcpkms_signer
-        from .signers.refs import budget_from
-
-        return gcpkms_signer(ref, env, budget_from(env))
-    if "://" in ref or ref == "-":
-        raise ConfigError(f"unsupported key reference {safe_text(ref, 80)!r}: use {KEY_REF_FORMS}")
-    return _file_signer(Path(ref).expanduser(), env, prompt)
+    return private_key_signer(data, str(path), env, prompt)
 
 
 def generate_keypair(

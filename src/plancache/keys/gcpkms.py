@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ...trust.display import safe_text
-from ...trust.errors import ConfigError, StoreTimeout
-from ...trust.keyformat import parse_pem_public
-from .refs import RemoteSigner, missing_extra, one_line, within
+from ..trust.display import safe_text
+from ..trust.errors import ConfigError, StoreTimeout
+from ..trust.keyformat import parse_pem_public
+from .remote import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "gcpkms://"
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDKMS"

@@ -3,7 +3,7 @@
 Why: a boot needs one fingerprint, two GETs. Through s3fs those first import aiobotocore and
 aiohttp (which builds its TLS contexts at import): about 0.3 s of a boot-time ``plancache
 pull`` that a boto3 script does not pay, and, in a vLLM worker, CPU taken from the boot.
-botocore alone (boto3's engine) does the same GETs. So a :class:`~.store.Store` on ``s3://``
+botocore alone (boto3's engine) does the same GETs. So a :class:`~..store.Store` on ``s3://``
 whose filesystem is not built yet fetches up to :data:`MAX_FINGERPRINTS` fingerprints here;
 listings, bulk reads and every write stay with s3fs.
 
@@ -12,8 +12,8 @@ The guarantees of the s3fs path hold here too, placed on botocore's HTTP layer t
 and a body botocore would read whole to BODY_CAP (else TOO_LARGE); a redirect is refused; a
 GET asks for ``cap + 1`` bytes, its declared length is checked before a byte of the body is
 read, and the body is read to ``cap + 1`` bytes at most. botocore's retries are off; transient
-failures are retried inside the deadline, classified as everywhere else (:mod:`.deadline`);
-every read runs in a daemon thread waited for until the deadline (:mod:`.threads`).
+failures are retried inside the deadline, classified as everywhere else (:mod:`..deadline`);
+every read runs in a daemon thread waited for until the deadline (:mod:`..threads`).
 
 Only options it understands (:func:`direct_settings`) take this path; anything else (for
 example ``config_kwargs``, fsspec configuration for s3, a URL query) leaves the reads to s3fs.
@@ -27,13 +27,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..trust.errors import ConfigError, Reason, Rejected, StoreError
-from ..trust.plan import plan_name, sig_name
-from .backends import request_timeouts
-from .body_limits import BODY_CAP, ERROR_BODY_CAP, check_complete, check_declared, read_upto
-from .deadline import http_status, one_line, retrying, store_error
-from .listing import cap_for
-from .threads import Pending
+from ...trust.errors import ConfigError, Reason, Rejected, StoreError
+from ...trust.plan import plan_name, sig_name
+from ..backends import request_timeouts
+from ..caps.bodies import BODY_CAP, ERROR_BODY_CAP, check_complete, check_declared, read_upto
+from ..deadline import http_status, one_line, retrying, store_error
+from ..listing import cap_for
+from ..threads import Pending
 
 MAX_FINGERPRINTS = 8
 """Fingerprints one fetch may read here (two GETs each, all at once); more go through s3fs."""

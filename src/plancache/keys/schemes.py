@@ -1,0 +1,80 @@
+"""Key references, in cosign's forms (``--key``, ``PLANCACHE_SIGNING_KEY``): which kind of
+key a reference names, from one table, as securesystemslib's ``signer`` package chooses a
+signer by URI scheme.
+
+================================  ===========================================================
+``PATH``                          PEM PKCS#8 or OpenSSH private key file (ssh-keygen's too,
+                                  encrypted or not), mode 0600 (:mod:`.keyfile`)
+``env://VAR``                     the same key text in an environment variable: never on disk
+                                  (:mod:`.env`)
+``pkcs11:token=…;object=…?…``     a key inside an HSM or token (RFC 7512), extra ``[pkcs11]``
+                                  (:mod:`.pkcs11`)
+``awskms:///KEY`` (``//HOST/…``)  an AWS KMS ``ECC_NIST_EDWARDS25519`` key, extra ``[awskms]``
+                                  (:mod:`.awskms`)
+``gcpkms://projects/…/V``         a Cloud KMS ``EC_SIGN_ED25519`` key version, extra ``[gcpkms]``
+                                  (:mod:`.gcpkms`)
+================================  ===========================================================
+
+Each kind's module is imported only when a reference names it, so the core install
+(cryptography alone) loads none of the HSM and KMS SDKs; those reach their backend within the
+``PLANCACHE_TIMEOUT`` budget (:mod:`.remote`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ..trust.display import safe_text
+from ..trust.errors import ConfigError
+from ..trust.keys import Signer
+from .keyfile import Prompt, file_signer
+
+KEY_REF_FORMS = "a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"
+
+Loader = Callable[[str, Mapping[str, str], "Prompt | None"], Signer]
+"""(reference, environment, prompt) -> the signer it names."""
+
+
+def _env(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
+    from .env import env_signer
+
+    return env_signer(ref, env, prompt)
+
+
+def _pkcs11(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
+    from .pkcs11 import pkcs11_signer
+    from .remote import budget_from
+
+    return pkcs11_signer(ref, budget_from(env))
+
+
+def _awskms(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
+    from .awskms import awskms_signer
+    from .remote import budget_from
+
+    return awskms_signer(ref, budget_from(env))
+
+
+def _gcpkms(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
+    from .gcpkms import gcpkms_signer
+    from .remote import budget_from
+
+    return gcpkms_signer(ref, env, budget_from(env))
+
+
+SCHEMES: tuple[tuple[str, Loader], ...] = (
+    ("env://", _env), ("pkcs11:", _pkcs11), ("awskms://", _awskms), ("gcpkms://", _gcpkms),
+)
+"""Reference prefix -> its kind's loader; anything else without ``://`` is a key file's path."""
+
+
+def load_signer(ref: str, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None) -> Signer:
+    """Resolve a key reference (table in the module docstring) to a signer."""
+    for prefix, load in SCHEMES:
+        if ref.startswith(prefix):
+            return load(ref, env, prompt)
+    if "://" in ref or ref == "-":
+        raise ConfigError(f"unsupported key reference {safe_text(ref, 80)!r}: use {KEY_REF_FORMS}")
+    return file_signer(Path(ref).expanduser(), env, prompt)

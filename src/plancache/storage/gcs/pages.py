@@ -1,0 +1,22 @@
+"""One page of a GCS listing through gcsfs's JSON API call, never gcsfs's ``_ls``, which walks
+every page of a listing into one list before returning; the page's body is capped by
+:mod:`..caps.http`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..listing import PAGE_SIZE, Page, entries_under
+
+
+async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
+    """One page of GCS's object listing directly under ``root`` (``delimiter='/'``)."""
+    bucket, key, _ = fs.split_path(root)
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    resp = await fs._call(
+        "GET", "b/{}/o", bucket, json_out=True, prefix=prefix or None, delimiter="/",
+        maxResults=PAGE_SIZE, pageToken=token,
+    )
+    entries = entries_under(resp.get("items") if isinstance(resp, dict) else None, prefix, "name", "size")
+    following = resp.get("nextPageToken") if isinstance(resp, dict) else None
+    return Page(entries, following if isinstance(following, str) and following != token else None)

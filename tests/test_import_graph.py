@@ -1,0 +1,90 @@
+"""plancache's modules import one another without a circle: trust at the bottom, then keys and
+storage, the pipeline, the CLI and the plugin on top. Every import counts, a function's lazy
+one too (a circle through a lazy import still ties two rooms into one); only imports for type
+checkers (``if TYPE_CHECKING:``) do not, since they never run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import plancache
+
+ROOT = Path(plancache.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:``."""
+    nodes: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        nodes.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The plancache modules ``path`` imports: ``from M import x`` is M.x when that is a module, else M."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    return {name: _imports(path, name, set(paths)) for name, path in paths.items()}
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle (``a -> b -> ... -> a``), or None if the graph is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)) is not None:
+            return found
+    return None
+
+
+def test_plancache_has_no_import_circle() -> None:
+    graph = import_graph()
+    assert "plancache.storage.store" in graph and "plancache.storage.s3.direct" in graph["plancache.storage.store"]
+    found = circle(graph)
+    assert found is None, "import circle: " + " -> ".join(found or [])
+
+
+def test_a_lazy_import_counts_and_a_circle_through_it_is_found() -> None:
+    graph = import_graph()
+    assert "plancache.storage.azure.blob" in graph["plancache.storage.backends"]  # imported inside a function
+    graph["plancache.trust.errors"] = graph["plancache.trust.errors"] | {"plancache.storage.store"}
+    found = circle(graph)
+    assert found is not None and found[0] == found[-1] and "plancache.trust.errors" in found
