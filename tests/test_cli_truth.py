@@ -151,3 +151,35 @@ def test_every_argument_error_is_one_line_and_one_report(argv: list[str], capsys
             assert doc["ok"] is False and doc["error"]["reason"] == "usage-error"
         else:
             assert out == ""
+
+
+def test_a_native_library_never_writes_before_the_report(audit: dict[str, str]) -> None:
+    """PyKCS11's C layer prints its dlopen error on fd 1 itself: stdout must still be one document."""
+    pytest.importorskip("PyKCS11")
+    key = "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=1234"
+    code = "import sys; from plancache.cli.main import main; sys.exit(main())"  # as the console script runs it
+    done = subprocess.run([sys.executable, "-c", code, "sign", "--json", "--key", key, audit["dir"]],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=SRC))
+    assert done.returncode == 2
+    doc = json.loads(done.stdout)  # exactly one document, nothing before it
+    assert doc["error"]["reason"] == "config-error" and "PKCS#11 module" in doc["error"]["detail"]
+    assert "nonexistent" in done.stderr  # the library's own words went to stderr
+
+
+@pytest.mark.parametrize("blocked, argv, extra", [
+    ("PyKCS11", ["sign", "--key", "pkcs11:token=ci;object=signer?module-path=/x.so&pin-value=1", "{dir}"], "pkcs11"),
+    ("s3fs", ["ls", "s3://bucket/plans"], "s3"),
+    ("gcsfs", ["ls", "gs://bucket/plans"], "gcs"),
+    ("adlfs", ["ls", "az://container/plans"], "azure"),
+    ("boto3", ["sign", "--key", "awskms://alias/ci", "{dir}"], "awskms"),
+])
+def test_a_missing_optional_dependency_names_the_extra(audit: dict[str, str], blocked: str, argv: list[str],
+                                                       extra: str) -> None:
+    """As on a machine where that extra was never installed (the import fails)."""
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
+            "from plancache.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, argv[0], "--json", *[a.format(**audit) for a in argv[1:]]],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=SRC))
+    doc = json.loads(done.stdout)
+    assert done.returncode == 2 and doc["error"]["reason"] == "config-error", doc
+    assert f"plancache[{extra}]" in doc["error"]["detail"] and "internal" not in done.stderr, done.stderr

@@ -77,8 +77,8 @@ def test_a_root_the_plugin_signed_verifies_and_pushes_with_its_debug_dump_shown_
     assert code == 0 and rows(doc)[aot]["action"] == "pushed" and rows(doc)[dumps[0]]["action"] == "debug", doc
     pushed = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file())
     assert pushed == [f"torch_compile_cache/{aot}.tar", f"torch_compile_cache/{aot}.tar.sig"]
-    code, out, _ = run(capsys, "compile-cache", "ls", root)
-    assert code == 0 and "debug" in out and "unsigned" not in out
+    code, doc, _ = run(capsys, "compile-cache", "ls", "--json", root)
+    assert code == 0 and rows(doc)[dumps[0]]["action"] == "debug" and rows(doc)[aot]["action"] == "unverified"
 
 
 @pytest.fixture

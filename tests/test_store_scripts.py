@@ -103,7 +103,7 @@ def test_offline_audit_never_leaves_a_stale_success(moto_server: MotoServer, tmp
     assert audit.returncode == 2 and "does not exist" in audit.stderr and "ERROR" in audit.stderr
     doc = json.loads(report.read_text())
     assert doc["ok"] is False and doc["error"]["reason"] == "config-error" and doc["schema"] == "plancache.report/v1"
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".audit.json")] == []
     empty = script("offline-audit.sh", env, str(tmp_path))  # a directory without plans
     assert empty.returncode == 1 and json.loads(report.read_text())["error"]["reason"] == "no-plans"
     report.write_text("stale")
@@ -161,7 +161,94 @@ def test_scripts_explain_missing_settings(tmp_path: Path) -> None:
     for name in ("ci-bake.sh", "spot-boot.sh", "offline-audit.sh"):
         env = {k: "" for k in ("PLANCACHE_URL", "PLANCACHE_TRUSTED_KEYS", "PLANCACHE_SIGNING_KEY")}
         result = script(name, env)
-        assert result.returncode != 0 and "PLANCACHE_" in result.stderr, (name, result.stderr)
+        assert "PLANCACHE_" in result.stderr, (name, result.stderr)
+        # a spot boot never blocks the boot (its init container) for a missing setting
+        assert (result.returncode == 0) is (name == "spot-boot.sh"), (name, result.returncode, result.stderr)
+
+
+def test_spot_boot_with_nothing_configured_is_one_line_and_exit_0_unless_strict(tmp_path: Path) -> None:
+    bare = {k: "" for k in ("PLANCACHE_URL", "PLANCACHE_TRUSTED_KEYS")}
+    for missing, env in (("PLANCACHE_URL", bare), ("PLANCACHE_TRUSTED_KEYS", {**bare, "PLANCACHE_URL": "s3://b/p"})):
+        boot = script("spot-boot.sh", env)
+        assert boot.returncode == 0 and boot.stdout == "", boot.stderr
+        assert boot.stderr.strip().splitlines() == [f"spot-boot: {missing} is not set: no plan pulled; vLLM will profile"]
+        assert "parameter" not in boot.stderr
+        assert script("spot-boot.sh", {**env, "PLANCACHE_STRICT": "1"}).returncode == 2
+
+
+def test_offline_audit_replaces_its_report_when_keys_or_url_are_missing(tmp_path: Path) -> None:
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    plans = LocalPlanDir(tmp_path / "plans")
+    plans.write(FP, plan_bytes(), None)
+    report = tmp_path / "audit.json"
+    for env, args in (({"PLANCACHE_TRUSTED_KEYS": ""}, [str(plans.path)]),  # keys missing
+                      ({"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"), "PLANCACHE_URL": ""}, [])):  # URL
+        report.write_text('{"ok": true, "plans": [], "schema": "plancache.report/v1"}')
+        audit = script("offline-audit.sh", {**env, "AUDIT_JSON": str(report)}, *args)
+        doc = json.loads(report.read_text())
+        assert audit.returncode == 2 and doc["ok"] is False and doc["error"]["reason"] == "config-error", (
+            audit.stderr, doc)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".audit.json")] == []
+    (tmp_path / "elsewhere").write_text("keep\n")
+    report.unlink()
+    report.symlink_to(tmp_path / "elsewhere")  # never replaced through (or instead of) a link
+    audit = script("offline-audit.sh", {"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"),
+                                        "AUDIT_JSON": str(report)}, str(plans.path))
+    assert audit.returncode == 2 and report.is_symlink() and (tmp_path / "elsewhere").read_text() == "keep\n"
+
+
+def _profiled(tmp_path: Path, *fps: str) -> LocalPlanDir:
+    profiled = LocalPlanDir(tmp_path / "profiling" / "startup_plan")
+    profiled.path.mkdir(parents=True, exist_ok=True)
+    for fp in fps:
+        profiled.write(fp, plan_bytes(fp=fp), None)
+    return profiled
+
+
+def test_ci_bake_fails_with_nothing_to_bake_unless_allowed(tmp_path: Path) -> None:
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    empty = _profiled(tmp_path)
+    store = tmp_path / "store"
+    env = {"PLANCACHE_URL": store.as_uri(), "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
+           "IMAGE_PLAN_DIR": str(tmp_path / "image"), "PLAN_DIR": str(empty.path), "PLANCACHE_TRUSTED_KEYS": ""}
+    bake = script("ci-bake.sh", env)
+    assert bake.returncode == 1 and "no plans" in bake.stderr, bake.stderr
+    assert not store.exists()  # nothing pushed
+    store.mkdir()  # the store exists (a bucket); the bake has nothing for it, on purpose
+    allowed = script("ci-bake.sh", env, "--allow-empty")
+    assert allowed.returncode == 0, allowed.stderr
+
+
+def test_ci_bake_takes_any_key_reference(tmp_path: Path) -> None:
+    """An env:// key has no KEY.pub beside it: the bake asks plancache for its public key."""
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    profiled = _profiled(tmp_path, FP)
+    image = tmp_path / "image"
+    env = {"PLANCACHE_URL": (tmp_path / "store").as_uri(), "PLANCACHE_SIGNING_KEY": "env://CI_SIGNING_KEY",
+           "CI_SIGNING_KEY": (tmp_path / "ci-key").read_text(), "IMAGE_PLAN_DIR": str(image),
+           "PLAN_DIR": str(profiled.path), "PLANCACHE_TRUSTED_KEYS": "",
+           "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x device_total_memory=1"}
+    bake = script("ci-bake.sh", env)
+    assert bake.returncode == 0, bake.stderr
+    assert sorted(p.name for p in image.iterdir()) == [plan_name(FP), sig_name(FP)]
+
+
+def test_push_to_a_file_location_whose_parent_is_missing_is_exit_2(tmp_path: Path) -> None:
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    profiled = _profiled(tmp_path, FP)
+    typo = (tmp_path / "mnt" / "plnas" / "fleet").as_uri()
+    pushed = subprocess.run([sys.executable, "-m", "plancache.cli.main", "push", "--json", "--key",
+                             str(tmp_path / "ci-key"), str(profiled.path), typo], capture_output=True, text=True,
+                            timeout=60)
+    assert pushed.returncode == 2 and "does not exist" in json.loads(pushed.stdout)["error"]["detail"]
+    assert not (tmp_path / "mnt").exists()
+    bake = script("ci-bake.sh", {"PLANCACHE_URL": typo, "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
+                                 "IMAGE_PLAN_DIR": str(tmp_path / "image"), "PLAN_DIR": str(profiled.path),
+                                 "PLANCACHE_TRUSTED_KEYS": ""})
+    assert bake.returncode == 2 and not (tmp_path / "mnt").exists()
+    fresh = (tmp_path / "new-store").as_uri()  # a new store under a directory that exists: fine
+    assert subprocess.run([sys.executable, "-m", "plancache.cli.main", "push", "--key", str(tmp_path / "ci-key"),
+                           str(profiled.path), fresh], capture_output=True, timeout=60).returncode == 0
 
 
 def test_demo_embedded_and_on_a_real_store(moto_server: MotoServer) -> None:  # noqa: F811

@@ -271,3 +271,40 @@ def test_revocation_works_the_same_in_every_key_line_format() -> None:
     assert keyring.keys == {} and keyring.revoked == {k.keyid for k in keys}
     fine = parse_trusted_keys(f"{openssh_line(keys[0].public, 'revoked-certs-tester')}\n", "k")
     assert list(fine.keys) == [keys[0].keyid]  # a name merely containing the word in a longer one is fine
+
+
+@pytest.mark.parametrize("comment", ["José", "ci 2026 (rotated)", "用户", "ops@acme"])
+def test_keygen_takes_any_printable_comment_and_the_pub_reads_back(tmp_path: Path, comment: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from plancache.cli.main import main
+
+    assert main(["keygen", "--comment", comment, str(tmp_path / "k")]) == 0
+    keyring = load_keyring(tmp_path / "k.pub")
+    assert [k.name for k in keyring.keys.values()] == [comment]
+
+
+@pytest.mark.parametrize("comment", ["two\nlines", "tab\tinside", " padded", "revoked", "REVOKE", "\x1b[31mred",
+                                     "bidi\u202e", "sep\u2028"])
+def test_keygen_refuses_a_comment_it_cannot_write_and_leaves_nothing(tmp_path: Path, comment: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from plancache.cli.main import main
+
+    assert main(["keygen", "--comment", comment, str(tmp_path / "k")]) == 2
+    assert "plancache: error:" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["keygen", "--comment", "fine", str(tmp_path / "k")]) == 0  # a rerun is not refused
+
+
+def test_keygen_takes_any_file_name_and_cleans_up_when_the_public_line_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plancache.cli.main import main
+
+    odd = tmp_path / "ci key\x01 é"  # a blank, a control character, UTF-8
+    assert main(["keygen", str(odd)]) == 0
+    out = capsys.readouterr().out
+    assert "\x01" not in out and "\\x01" in out
+    assert [k.name for k in load_keyring(Path(f"{odd}.pub")).keys.values()] == ["ci key_ é"]
+    (tmp_path / "blocked.pub").mkdir()  # the public line cannot be installed there
+    assert main(["keygen", "--force", str(tmp_path / "blocked")]) == 2
+    assert not (tmp_path / "blocked").exists()  # no private key left without its public line

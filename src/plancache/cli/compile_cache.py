@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..pipeline import compile_cache as flows
-from ..pipeline.locations import BULK_TIMEOUT
+from ..pipeline.locations import BULK_TIMEOUT, require_push_target
 from ..pipeline.resolver import utcnow
 from ..settings import URL_ENV
 from ..storage import archives, cachedir
@@ -170,6 +170,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     root, now = _root(args), utcnow()
     keyring = signer_keyring(required_signer(args)) if args.key else _keyring(args)
     store = _store(args)
+    require_push_target(store)
     deadline = time.monotonic() + store.timeout
     return _report(args, _each(_subjects(args, root.subjects()),
                                lambda s: flows.push_cache(store, root, s, keyring, now, deadline), root))

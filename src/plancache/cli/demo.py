@@ -43,6 +43,8 @@ def _plancache(*argv: str) -> int:
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plancache-demo-") as tmp:
         root = Path(tmp)
+        if not args.store:
+            (root / "bucket").mkdir()  # the embedded store's "bucket": a push makes only the prefix
         store_url = args.store or (root / "bucket" / "plans").as_uri()
         options = [x for opt in args.storage_option for x in ("--storage-option", opt)]
 

@@ -14,9 +14,9 @@ import sys
 from ..keys.keyfile import Prompt
 from ..pipeline.trust_config import signer_for
 from ..settings import SIGNING_KEY_ENV
-from ..trust.display import safe_text
 from ..trust.errors import ConfigError
 from ..trust.keyformat import openssh_line
+from ..trust.keys import check_key_name
 from .output import report
 
 def terminal_prompt() -> Prompt | None:
@@ -25,9 +25,7 @@ def terminal_prompt() -> Prompt | None:
 
 
 def cmd_pubkey(args: argparse.Namespace) -> int:
-    name = args.name or ""
-    if name != safe_text(name) or name != name.strip():
-        raise ConfigError("--name must be one line of printable text without leading or trailing spaces")
+    name = check_key_name(args.name or "", "--name")
     signer = signer_for(args.keyref, prompt=terminal_prompt())
     if signer is None:
         raise ConfigError(f"no key: pass KEYREF or set {SIGNING_KEY_ENV}")

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
 import os
 import sys
-from typing import Any, Callable, NoReturn, Sequence, TextIO
+from typing import Any, Callable, NoReturn, Sequence
 
 from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from . import commands
 from .completion import complete
+from .streams import ClosedPipeSafe, RedactedLines, private_stdout
 from .suggest import leaf_parser, unrecognized, with_suggestion
 
 EXIT_CONFIG = 2
@@ -94,54 +94,23 @@ def _json_wanted(argv: Sequence[str]) -> bool:
     return "--json" in head
 
 
-class _ClosedPipeSafe(io.TextIOBase):
-    """stdout that survives its reader going away (``plancache verify | head``).
-
-    Why: the exit code is the verdict. Ending at the first ``BrokenPipeError`` would have to
-    make one up (and 0 turned a failed audit into a success). So once the pipe is closed, fd 1
-    becomes ``/dev/null`` and the command runs to its real exit code; stderr still speaks."""
-
-    def __init__(self, inner: TextIO) -> None:
-        self.inner = inner
-
-    def _closed(self) -> None:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.inner.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, io.UnsupportedOperation):
-            self.inner = open(os.devnull, "w")  # not a real fd (a capture): drop what follows
-
-    def write(self, text: str) -> int:
-        try:
-            return self.inner.write(text)
-        except BrokenPipeError:
-            self._closed()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self.inner.flush()
-        except BrokenPipeError:
-            self._closed()
-
-    def isatty(self) -> bool:
-        return self.inner.isatty()
-
-    def fileno(self) -> int:
-        return self.inner.fileno()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    stdout = sys.stdout
-    sys.stdout = _ClosedPipeSafe(stdout)  # type: ignore[assignment]
+    """Run one command. stdout survives a reader that went away (the exit code stays the
+    verdict); every line on stderr is redacted (no credential from a URL or key reference,
+    whoever wrote the line: argparse, an SDK's message, a summary)."""
+    stdout, stderr = sys.stdout, sys.stderr
+    own = private_stdout(stdout, stderr) if argv is None else stdout  # the process's CLI: native writes to stderr
+    sys.stdout = ClosedPipeSafe(own)  # type: ignore[assignment]
+    sys.stderr = RedactedLines(stderr)  # type: ignore[assignment]
     try:
         return _main(argv)
     finally:
         try:
             sys.stdout.flush()
+            sys.stderr.flush()
         finally:
-            sys.stdout = stdout
+            if argv is not None:  # a caller's own streams back; the process's CLI keeps them to
+                sys.stdout, sys.stderr = stdout, stderr  # its end (asyncio reports late, at exit)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -184,13 +153,41 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         fail("interrupted", "interrupted", "interrupted")
         return 130
-    except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
-        if os.environ.get("PLANCACHE_DEBUG"):
-            import traceback
-
-            traceback.print_exc()
-        fail("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)", "internal error")
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc.name or "")
+        if extra is None:
+            return _internal(exc, fail)
+        fail("config-error", f"{exc.name} is not installed: pip install 'plancache[{extra}]'")
         return EXIT_CONFIG
+    except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
+        return _internal(exc, fail)
+
+
+OPTIONAL_EXTRAS = {"PyKCS11": "pkcs11", "s3fs": "s3", "aiobotocore": "s3", "botocore": "s3", "boto3": "s3",
+                   "gcsfs": "gcs", "google.cloud.storage": "gcs", "google.cloud.kms": "gcpkms",
+                   "google.cloud.kms_v1": "gcpkms", "adlfs": "azure", "azure": "azure", "vllm": "vllm", "torch": "vllm"}
+"""Each optional dependency, by the module a missing one is reported as, and the extra that
+installs it (pyproject.toml). boto3 is in ``[s3]`` and ``[awskms]``; ``[s3]`` is named."""
+
+
+def missing_extra(module: str) -> str | None:
+    """The extra that installs ``module`` (or the package it belongs to), or None."""
+    parts = module.split(".")
+    for length in range(len(parts), 0, -1):
+        extra = OPTIONAL_EXTRAS.get(".".join(parts[:length]))
+        if extra is not None:
+            return extra
+    return None
+
+
+def _internal(exc: BaseException, fail: Callable[..., None]) -> int:
+    """A bug, not a user mistake: one line, the traceback on request."""
+    if os.environ.get("PLANCACHE_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+    fail("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)", "internal error")
+    return EXIT_CONFIG
 
 
 if __name__ == "__main__":

@@ -27,20 +27,27 @@ from ..trust.result import PlanResult
 from ..trust.statement import CONDITION_KEYS, format_time, parse_statement
 from .inputs import (check_places, optional_policy, required_policy, required_signer, signing_request, storage_options,
                      wanted_fingerprints)
-from .output import Progress, document, gib, print_json, print_table, report, status_text
+from .output import Progress, document, gib, print_json, print_table, render_json, report, status_text
 
 NO_PLANS = "no-plans"
+
+
+def _name_of(path: Path) -> str:
+    """The default comment: the file name, with what a key line cannot hold (blanks at either
+    end, control characters, a lone surrogate) made ``_``. An explicit --comment is never changed."""
+    name = "".join("_" if not c.isprintable() or "\ud800" <= c <= "\udfff" else c for c in path.name)
+    return name.strip() or "key"
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from ..keys.keyfile import generate_keypair
 
-    signer = generate_keypair(Path(args.path), args.force, args.comment or Path(args.path).name,
+    signer = generate_keypair(Path(args.path), args.force, args.comment or _name_of(Path(args.path)),
                               openssh=args.format == "openssh")
     if args.json:
         report(args, True, private_key=str(args.path), public_key=f"{args.path}.pub", keyid=signer.keyid)
     else:
-        print(f"wrote {args.path} (private, mode 0600) and {args.path}.pub")
+        print(f"wrote {safe_text(args.path, 500)} (private, mode 0600) and {safe_text(args.path, 500)}.pub")
         print(f"key id {signer.keyid}")
     return 0
 
@@ -129,11 +136,9 @@ def _check_report_target(path: str) -> None:
 
 
 def _write_report(path: str, doc: dict[str, Any]) -> None:
-    import json
-
     from ..storage.files import write_atomic
 
-    write_atomic(Path(path), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(Path(path), render_json(doc).encode())
 
 
 def _verify(args: argparse.Namespace) -> int:

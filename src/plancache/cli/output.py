@@ -13,7 +13,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Sequence, TextIO
 
-from ..trust.display import safe_text
+from ..trust.display import redact, safe_text
 
 SCHEMA = "plancache.report/v1"
 """The report's versioned name; ``report.schema.json`` beside this module describes it."""
@@ -29,13 +29,30 @@ def gib(value: int | None) -> str:
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return str(value)
+    return redact(str(value))
+
+
+def _redacted(value: Any) -> Any:
+    """Every string in a report, keys aside, through :func:`redact`: a location, URL, key
+    reference or error detail never prints a credential (``url``, ``location``,
+    ``error.detail``, a plan's ``detail``, doctor's ``data``)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def render_json(obj: Any) -> str:
+    """A report as the text printed on stdout and written by ``--report``: redacted, one document."""
+    return json.dumps(_redacted(obj), indent=2, sort_keys=True, default=_json_default) + "\n"
 
 
 def print_json(obj: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    json.dump(obj, out, indent=2, sort_keys=True, default=_json_default)
-    out.write("\n")
+    out.write(render_json(obj))
     out.flush()
 
 

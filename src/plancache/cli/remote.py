@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..pipeline.audit import STORE_REASONS, all_valid, report_of
-from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing
+from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing, require_push_target
 from ..pipeline.resolver import Resolver, utcnow
 from ..settings import BOOT_TIMEOUT
 from ..storage.deadline import DEFAULT_TIMEOUT, checked_budget
@@ -46,6 +46,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
+    require_push_target(store)
     with Progress("push", args.quiet) as bar:
         push = PushRequest(signer=signer, signing=request, allow_unsigned=args.allow_unsigned,
                            fingerprints=wanted or None, dry_run=args.dry_run)

@@ -3,12 +3,13 @@
 # push them to the store, and pull them back, verified, into the directory that goes into
 # the image.
 #
-#   plancache-ci-bake [--replace] [--fact KEY=VALUE ...]
+#   plancache-ci-bake [--replace] [--fact KEY=VALUE ...] [--allow-empty]
 #
 #   --replace                  re-profiled plans: sign anew where a plan's bytes changed since it was
 #                              signed (without it, `plancache sign` refuses them: digest-mismatch)
 #   PLANCACHE_URL              store URL, e.g. s3://bucket/plans (required)
-#   PLANCACHE_SIGNING_KEY      CI's private key file (required; keep it in the CI secret store)
+#   PLANCACHE_SIGNING_KEY      CI's signing key reference (required): a private key file (keep it in the
+#                              CI secret store), env://VAR, pkcs11:…, awskms://…, gcpkms://…
 #   IMAGE_PLAN_DIR             where verified plans for the image go (required), e.g.
 #                              build/root/.cache/vllm/startup_plan
 #   PLANCACHE_FACTS            facts to sign, space-separated KEY=VALUE pairs (quote a pair that holds
@@ -20,18 +21,23 @@
 #                              warns. --fact KEY=VALUE arguments add to them
 #   PLAN_DIR                   plans the profiling boot wrote (default: vLLM's plan directory,
 #                              $VLLM_CACHE_ROOT/startup_plan)
-#   PLANCACHE_TRUSTED_KEYS     keys the pull checks against (default: $PLANCACHE_SIGNING_KEY.pub)
+#   PLANCACHE_TRUSTED_KEYS     keys the verify and pull check against (default: the signing key's own public
+#                              key, from `plancache pubkey`)
 #   PLANCACHE_EXPIRES_IN       lifetime of the signatures, e.g. 30d (default: none)
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
 #   PLANCACHE                  the plancache command (default: this installation's)
 #
-# Exit status: plancache's (0 ok, 1 a plan refused or rejected, 2 configuration or store error).
+# The signed plans are verified before the push: no plan to bake is a failure (exit 1; a profiling
+# boot that wrote nothing is a broken bake), unless --allow-empty.
+#
+# Exit status: plancache's (0 ok, 1 a plan refused or rejected, or none, 2 configuration or store error).
 set -euo pipefail
 
 case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 facts=()
 replace=()
+allow_empty=()
 if [ -n "${PLANCACHE_FACTS:-}" ]; then  # xargs splits on blanks but honours quotes
     while IFS= read -r fact; do facts+=(--fact "$fact"); done < <(printf '%s' "$PLANCACHE_FACTS" | xargs -n1 printf '%s\n')
 fi
@@ -40,15 +46,22 @@ while [ $# -gt 0 ]; do
         --fact) [ $# -ge 2 ] || { echo "ci-bake: --fact needs KEY=VALUE" >&2; exit 2; }; facts+=(--fact "$2"); shift 2 ;;
         --fact=*) facts+=(--fact "${1#--fact=}"); shift ;;
         --replace) replace=(--replace); shift ;;
+        --allow-empty) allow_empty=(--allow-empty); shift ;;
         *) echo "ci-bake: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 
 : "${PLANCACHE_URL:?set PLANCACHE_URL to the store URL}"
-: "${PLANCACHE_SIGNING_KEY:?set PLANCACHE_SIGNING_KEY to the CI private key file}"
+: "${PLANCACHE_SIGNING_KEY:?set PLANCACHE_SIGNING_KEY to the CI signing key reference}"
 : "${IMAGE_PLAN_DIR:?set IMAGE_PLAN_DIR to the plan directory of the image}"
 read -r -a PLANCACHE_CMD <<< "${PLANCACHE:-plancache}"
-export PLANCACHE_TRUSTED_KEYS="${PLANCACHE_TRUSTED_KEYS:-$PLANCACHE_SIGNING_KEY.pub}"
+if [ -z "${PLANCACHE_TRUSTED_KEYS:-}" ]; then  # any key reference: its public key, as plancache sees it
+    own_key="$(mktemp)"
+    trap 'rm -f "$own_key"' EXIT
+    "${PLANCACHE_CMD[@]}" pubkey "$PLANCACHE_SIGNING_KEY" > "$own_key"
+    PLANCACHE_TRUSTED_KEYS="$own_key"
+fi
+export PLANCACHE_TRUSTED_KEYS
 
 dir=()
 [ -n "${PLAN_DIR:-}" ] && dir=("$PLAN_DIR")
@@ -57,7 +70,9 @@ expires=()
 
 echo "ci-bake: signing plans in ${PLAN_DIR:-the vLLM plan directory}" >&2
 "${PLANCACHE_CMD[@]}" sign --key "$PLANCACHE_SIGNING_KEY" "${replace[@]}" "${expires[@]}" "${facts[@]}" "${dir[@]}"
-echo "ci-bake: pushing to $PLANCACHE_URL" >&2
+echo "ci-bake: verifying the signed plans" >&2
+"${PLANCACHE_CMD[@]}" verify "${allow_empty[@]}" "${dir[@]}"
+echo "ci-bake: pushing to the store (PLANCACHE_URL)" >&2
 "${PLANCACHE_CMD[@]}" push "${dir[@]}" "$PLANCACHE_URL"
 echo "ci-bake: pulling verified plans into $IMAGE_PLAN_DIR" >&2
 mkdir -p "$IMAGE_PLAN_DIR"

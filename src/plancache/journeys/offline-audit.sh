@@ -19,31 +19,40 @@ set -uo pipefail
 
 case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 target="${1:-${PLANCACHE_URL:-}}"
-[ -n "$target" ] || { echo "offline-audit: give a store URL or set PLANCACHE_URL" >&2; exit 2; }
-: "${PLANCACHE_TRUSTED_KEYS:?set PLANCACHE_TRUSTED_KEYS to the trusted-keys file}"
-export PLANCACHE_TRUSTED_KEYS
+export PLANCACHE_TRUSTED_KEYS  # unset: plancache verify says so (exit 2) and writes the failure report
 read -r -a PLANCACHE_CMD <<< "${PLANCACHE:-plancache}"
 
 report=()
 tmp=""
 if [ -n "${AUDIT_JSON:-}" ]; then
-    tmp="$(dirname "$AUDIT_JSON")/.$(basename "$AUDIT_JSON").$$.tmp"
-    rm -f "$tmp"
+    if [ -L "$AUDIT_JSON" ] || { [ -e "$AUDIT_JSON" ] && [ ! -f "$AUDIT_JSON" ]; }; then
+        echo "offline-audit: AUDIT_JSON=$AUDIT_JSON exists and is not a regular file: refusing to replace it" >&2
+        exit 2
+    fi
+    tmp="$(mktemp "$(dirname "$AUDIT_JSON")/.$(basename "$AUDIT_JSON").XXXXXXXX")" || exit 2
+    trap 'rm -f "$tmp"' EXIT
     report=(--report "$tmp")
 fi
-"${PLANCACHE_CMD[@]}" verify "${report[@]}" "$target"
-status=$?
+if [ -n "$target" ]; then
+    "${PLANCACHE_CMD[@]}" verify "${report[@]}" "$target"
+    status=$?
+    why="plancache exited $status before writing a report"
+else
+    echo "offline-audit: give a store URL or set PLANCACHE_URL" >&2
+    status=2
+    why="no store URL: give one or set PLANCACHE_URL"
+fi
 if [ -n "$tmp" ]; then
-    if [ ! -s "$tmp" ]; then  # plancache could not even start: still never leave a stale report
-        printf '{"command": "verify", "error": {"detail": "plancache exited %s before writing a report", "reason": "internal-error"}, "location": "%s", "ok": false, "plans": [], "schema": "plancache.report/v1"}\n' \
-            "$status" "$(printf '%s' "$target" | sed 's/["\\]/\\&/g')" > "$tmp"
+    if [ ! -s "$tmp" ]; then  # plancache did not run or could not start: still never leave a stale report
+        printf '{"command": "verify", "error": {"detail": "%s", "reason": "%s"}, "location": "", "ok": false, "plans": [], "schema": "plancache.report/v1"}\n' \
+            "$why" "$([ -n "$target" ] && echo internal-error || echo config-error)" > "$tmp"
         [ "$status" -lt 2 ] && status=2  # no report: the audit did not run
     fi
-    mv -f "$tmp" "$AUDIT_JSON"
+    mv -fT "$tmp" "$AUDIT_JSON"
 fi
 case "$status" in
-    0) echo "offline-audit: every plan in $target is valid" >&2 ;;
-    1) echo "offline-audit: FAILED: some plan in $target is invalid or unsigned, or there are none" >&2 ;;
-    *) echo "offline-audit: ERROR: could not audit $target" >&2 ;;
+    0) echo "offline-audit: every plan is valid" >&2 ;;
+    1) echo "offline-audit: FAILED: some plan is invalid or unsigned, or there are none" >&2 ;;
+    *) echo "offline-audit: ERROR: the audit could not run (see above)" >&2 ;;
 esac
 exit "$status"

@@ -4,8 +4,8 @@
 #
 #   plancache-spot-boot [FINGERPRINT ...]   (or PLANCACHE_FINGERPRINTS="fp1 fp2"; none: the whole store)
 #
-#   PLANCACHE_URL              store URL (required)
-#   PLANCACHE_TRUSTED_KEYS     trusted-keys file or directory baked into the image (required)
+#   PLANCACHE_URL              store URL (required; unset: one line, exit 0, vLLM profiles)
+#   PLANCACHE_TRUSTED_KEYS     trusted-keys file or directory baked into the image (required; likewise)
 #   PLAN_DIR                   destination (default: vLLM's plan directory, $VLLM_CACHE_ROOT/startup_plan)
 #   PLANCACHE_TIMEOUT          end-to-end budget in seconds (default: `plancache pull --boot`'s, 3 s for
 #                              fingerprints, 10 s for the whole store)
@@ -21,8 +21,13 @@
 set -uo pipefail
 
 case "${1:-}" in -h|--help) sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
-: "${PLANCACHE_URL:?set PLANCACHE_URL to the store URL}"
-: "${PLANCACHE_TRUSTED_KEYS:?set PLANCACHE_TRUSTED_KEYS to the trusted-keys file}"
+for name in PLANCACHE_URL PLANCACHE_TRUSTED_KEYS; do
+    if [ -z "${!name:-}" ]; then  # never block the boot (the init container) for it, unless strict
+        echo "spot-boot: $name is not set: no plan pulled; vLLM will profile" >&2
+        [ "${PLANCACHE_STRICT:-0}" = "1" ] && exit 2
+        exit 0
+    fi
+done
 export PLANCACHE_TRUSTED_KEYS
 read -r -a PLANCACHE_CMD <<< "${PLANCACHE:-plancache}"
 

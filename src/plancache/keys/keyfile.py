@@ -31,7 +31,7 @@ from ..trust.keyformat import (
     parse_private_key,
     private_key_bytes,
 )
-from ..trust.keys import Ed25519Signer, Keyring, parse_trusted_keys
+from ..trust.keys import Ed25519Signer, Keyring, check_key_name, parse_trusted_keys
 
 MAX_KEY_FILE_BYTES = 1 << 20
 
@@ -159,9 +159,15 @@ def generate_keypair(
     if not force:
         for existing in (path, pub):
             if os.path.lexists(existing):
-                raise ConfigError(f"{existing} exists; use --force to overwrite")
+                raise ConfigError(f"{safe_text(existing)} exists; use --force to overwrite")
     passphrase = env.get(PASSPHRASE_ENV)
     private = Ed25519PrivateKey.generate()
+    # Both files' bytes first: a comment that cannot be written fails before anything is.
+    public_line = (openssh_line(private.public_key(), check_key_name(comment, "the comment")) + "\n").encode("utf-8")
     write_atomic(path, private_key_bytes(private, passphrase.encode() if passphrase else None, openssh), mode=0o600)
-    write_atomic(pub, (openssh_line(private.public_key(), comment) + "\n").encode("ascii"), mode=0o644)
+    try:
+        write_atomic(pub, public_line, mode=0o644)
+    except BaseException:
+        path.unlink(missing_ok=True)  # never a private key without its public line (a rerun would refuse)
+        raise
     return Ed25519Signer(private)

@@ -33,7 +33,8 @@ SIBLINGS_SEEN = 50
 Location = Union[LocalPlanDir, "Store"]
 
 __all__ = ["BULK_TIMEOUT", "Location", "deeper", "is_url", "local_dir", "no_plans_message", "normalise_url",
-           "open_location", "open_url", "require_existing", "require_url", "storage_options_for"]
+           "open_location", "open_url", "require_existing", "require_push_target", "require_url",
+           "storage_options_for"]
 
 
 def is_url(location: str | None) -> bool:
@@ -115,6 +116,19 @@ def require_existing(source: Location, deadline: float | None = None) -> None:
             bucket = source.root.split("/", 1)[0]
             raise ConfigError(f"{source.url}: bucket {bucket!r} does not exist")
         raise ConfigError(f"{source.url} does not exist")
+
+
+def require_push_target(store: "Store") -> None:
+    """ConfigError when a ``file://`` store's parent directory does not exist. A push creates
+    the store's own directory (a new store), but a whole missing tree is a mistyped mount path
+    (``file:///mnt/plnas/fleet``), and creating it would hide every plan from the nodes that
+    read the real one."""
+    if store.url.split("://", 1)[0].lower() not in ("file", "local"):
+        return
+    parent = Path(store.root or "/").parent
+    if not parent.is_dir():
+        raise ConfigError(f"{store.url}: {parent} does not exist (a push creates the store's own directory, "
+                          "not a whole missing tree: is the mount path right?)")
 
 
 def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:

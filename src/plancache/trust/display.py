@@ -6,10 +6,17 @@ row or a plugin log line (``decision=apply …``), an ANSI escape rewrites the t
 bidi override reorders what a reader sees, and a lone surrogate cannot be encoded at all
 (``print`` raises, a command dies and hides every other result). So every such string goes
 through :func:`safe_text` before it is embedded in an error detail or rendered.
+
+The same rule keeps secrets out of every output: a location, a store URL or a key reference
+can carry a credential (``s3://AK:SECRET@bucket``, a SAS ``?sig=``, a presigned
+``X-Amz-Signature``, ``pkcs11:…?pin-value=1234``), and it ends up in error details that
+SDKs build, in tables, JSON reports and the plugin's log lines. :func:`redact` masks them and
+:func:`safe_text` applies it to everything it shows, so one function decides what is secret.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
@@ -33,6 +40,58 @@ def _escape(char: str) -> str:
     return f"\\U{code:08x}"
 
 
+MASK = "***"
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#@\s]*@")
+_BARE_USERINFO = re.compile(r"(?<![\w.+\-/:@])[^\s\"'/@:=?&;,]+:[^\s\"'/@]+@")
+"""``user:password@host`` without its scheme, as an SDK echoes a URL's "bucket name"."""
+_ENCODED_USERINFO = re.compile(r"(?i)(%3A%2F%2F)(?:(?!%2F|%40)[^/?#@\s\"'])*%40")
+_ENCODED_PARAM = re.compile(r"(?i)(%3F|%26|%3B)([a-z0-9_.\-]+)%3D((?:(?!%26|%3B|%23)[^&;#\s,\"'\\])*)")
+"""The same, percent-encoded once, as an SDK quotes a whole URL into another one's query."""
+_CUT_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#@\s]*:[^/?#@\s]*$")
+_PIN = re.compile(r"(?i)\b(pin-(?:value|source))[^&;#\s]*")
+_PARAM = re.compile(r"(?i)(^|[?&;,\s])([a-z0-9_.\-]+)=([^&;#\s,\"'\\]*)")
+_QUOTED_PARAM = re.compile(r"""(?i)(["'])([a-z0-9_.\-]+)\1(\s*:\s*)(["'])(?:(?!\4).)*\4""")
+_SECRET_NAME = re.compile(r"(?i)token|secret|passw|pwd|credential|session|auth|^x-(?:amz|goog|ms)-|^pin-|sig$|"
+                          r"signature$|key$")
+"""A parameter whose name looks like it carries a credential: SAS ``sig``, ``token``,
+``secret``, ``password``, AWS/GCS/Azure signed-URL ``X-Amz-*``/``X-Goog-*``/``x-ms-*``,
+``AccountKey``/``access_key``/``api_key``, PKCS#11 ``pin-*``. Over-masking is harmless."""
+_WINDOW = 4096
+"""Input characters looked at beyond ``limit``: far more than any credential, so a secret is
+masked whole before the text is cut."""
+
+
+def _masked_param(match: re.Match[str]) -> str:
+    lead, name, value = match.groups()
+    equals = "=" if match.group(0)[len(lead) + len(name)] == "=" else match.group(0)[len(lead) + len(name):][:3]
+    return f"{lead}{name}{equals}{MASK}" if value and _SECRET_NAME.search(name) else match.group(0)
+
+
+def _masked_quoted(match: re.Match[str]) -> str:
+    quote, name, colon, vquote = match.groups()
+    return f"{quote}{name}{quote}{colon}{vquote}{MASK}{vquote}" if _SECRET_NAME.search(name) else match.group(0)
+
+
+def redact(text: str) -> str:
+    """``text`` with credentials masked: URL userinfo (``scheme://***@host``), the value of any
+    ``name=value`` parameter whose name looks secret (after ``?``, ``&``, ``;``, ``,`` or a
+    space), and whatever follows ``pin-value``/``pin-source``, even malformed
+    (``&pin-value:1234``), and quoted ``'name': 'value'`` pairs with such names. Idempotent.
+    Applied by :func:`safe_text`; call it directly only where text is shown unescaped."""
+    quoted = ":" in text and ('"' in text or "'" in text)
+    if "=" not in text and "@" not in text and not quoted and "pin-" not in text.lower():
+        return text
+    text = _USERINFO.sub(rf"\1{MASK}@", text)
+    text = _BARE_USERINFO.sub(f"{MASK}@", text)
+    text = _PIN.sub(rf"\1={MASK}", text)
+    if "%" in text:
+        text = _ENCODED_USERINFO.sub(rf"\1{MASK}%40", text)
+        text = _ENCODED_PARAM.sub(_masked_param, text)
+    if quoted:  # {'secret': '…'} and "token": "…" in an SDK's message or a dict shown whole
+        text = _QUOTED_PARAM.sub(_masked_quoted, text)
+    return _PARAM.sub(_masked_param, text)
+
+
 def safe_text(value: object, limit: int = 200) -> str:
     """``value`` as one printable line of at most ``limit`` characters, encodable as UTF-8.
 
@@ -51,11 +110,20 @@ def safe_text(value: object, limit: int = 200) -> str:
         except Exception:  # a hostile __str__, or an int too long to print
             text = f"<unprintable {type(value).__name__}>"
     if len(text) <= limit and text.isascii() and text.isprintable() and "\\" not in text:
-        return text  # the common case, decided in C: nothing to escape, nothing to cut
+        return redact(text)  # the common case, decided in C: nothing to escape, nothing to cut
+    escaped = redact("".join(_escape(char) for char in text[: limit + _WINDOW]))
+    if len(text) > limit + _WINDOW:  # cut before a userinfo's '@': what is shown may be a password
+        escaped = _CUT_USERINFO.sub(rf"\1{MASK}", escaped)
+    if len(escaped) <= limit:
+        return escaped
+    return _cut(escaped, limit)
+
+
+def _cut(escaped: str, limit: int) -> str:
+    """An escaped, redacted text cut to ``limit`` characters at an escape boundary, with "…"."""
     pieces: list[str] = []
     length = 0
-    for char in text:
-        piece = _escape(char)
+    for piece in re.findall(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|\\)|.", escaped, re.DOTALL):
         if length + len(piece) > limit:
             while length > limit - len(ELLIPSIS):  # make room for the ellipsis
                 length -= len(pieces.pop())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import hashlib
 import struct
 from typing import Callable
@@ -171,7 +172,8 @@ _PEM_LABELS = {
 def describe_key_material(data: bytes) -> str:
     """What ``data`` holds, in a few words, for errors that name a file and its content:
     "a public key where a private key belongs" is fixed in seconds, "cannot load" is not."""
-    text = data[:4096].decode("ascii", "replace").strip()
+    # UTF-8 (names and principals may be), and a character cut at 4096 bytes is no "binary"
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data[:4096], final=False).strip()
     if not text:
         return "nothing (it is empty)"
     if "\x00" in text or "\ufffd" in text:

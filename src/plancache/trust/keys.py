@@ -33,6 +33,7 @@ files lives in :mod:`plancache.keys`.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Mapping, Protocol
@@ -200,6 +201,21 @@ def _revoked_id(rest: str) -> str:
     entry = parse_allowed_signer(rest, any_namespace=True)
     assert entry is not None  # any_namespace: a parsed line always has a key
     return key_id(entry.public)
+
+
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def check_key_name(name: str, what: str = "the key's name") -> str:
+    """A name written after a key (``keygen``'s comment, ``pubkey --name``): one line of
+    printable text (UTF-8 is fine) without surrounding spaces, and not spelled like the
+    revocation marker, so the line it ends reads back as the same trusted key, named so."""
+    if name != name.strip() or any(unicodedata.category(c) in _UNPRINTABLE for c in name):
+        raise ConfigError(f"{what} must be one line of printable text without leading or trailing spaces")
+    if spelled_like_marker(name):
+        raise ConfigError(f"{what} '{safe_text(name, 60)}' is spelled like the revocation marker (revoke, revoked): "
+                          "a trusted-keys file would refuse the line; choose another")
+    return name
 
 
 def _key_line(fields: list[str]) -> TrustedKey:

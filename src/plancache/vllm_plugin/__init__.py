@@ -54,6 +54,10 @@ def compile_cache_wanted() -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; never raises."""
+    if "PLANCACHE_COMPILE_CACHE" in os.environ or startup_plan_enabled():
+        from .log_redaction import install as redact_logs  # no secret in any plugin log line
+
+        redact_logs()
     if compile_cache_wanted():
         from .compile_guard import install  # the compile-cache guard; never raises
 
