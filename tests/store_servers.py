@@ -240,8 +240,27 @@ class _FaultHandler(BaseHTTPRequestHandler):
             state.requests.append(("HEAD", self.path, self.headers.get("Range", "")))
         self._send(405, b"")
 
+    def do_PUT(self) -> None:
+        """PutObject: the body stored as an ordinary object (chunked bodies too), recorded."""
+        state = self.server.state
+        key = unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
+        if "chunked" in self.headers.get("Transfer-Encoding", ""):
+            body = b""
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass  # trailers (botocore's checksums)
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with state.lock:
+            state.requests.append(("PUT", self.path, ""))
+            state.objects[key] = FaultObject(body)
+        self._send(200, b"", {"ETag": state.etag} if state.etag else {})
+
     def do_DELETE(self) -> None:
-        """DeleteObject: recorded and obeyed (any precondition is ignored)."""
+        """DeleteObject: recorded and obeyed (any precondition, ``If-Match`` included, is
+        ignored, as several S3-compatible servers do)."""
         state = self.server.state
         key = unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
         with state.lock:

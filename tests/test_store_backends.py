@@ -194,6 +194,10 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out, _ = run(capsys, "prune", "--revoked", "--dry-run", "--trusted-keys", str(trusted), *opts, backend.url)
     assert code == 0 and FP in out and FP2 not in out
     assert backend.store().fingerprints() == [FP, FP2]
+    if backend.name == "gcs":  # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
+        code, out, err = run(capsys, "prune", "--revoked", "--trusted-keys", str(trusted), *opts, backend.url)
+        assert code == 2 and "--unconditional" in err and backend.store().fingerprints() == [FP, FP2], err
+        opts.append("--unconditional")
     code, out, _ = run(capsys, "prune", "--revoked", "--json", "--trusted-keys", str(trusted), *opts, backend.url)
     assert code == 0 and [d["fingerprint"] for d in json.loads(out)["deleted"]] == [FP]
     assert backend.store().fingerprints() == [FP2]

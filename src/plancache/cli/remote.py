@@ -130,7 +130,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     with Progress("prune", args.quiet) as bar:
         outcome = prune_plans(store, time.monotonic() + store.timeout, utcnow(), policy, args.older_than, criterion,
-                              args.dry_run, bar)
+                              args.dry_run, bar, unconditional=args.unconditional)
     deleted = outcome.deleted
     verb = "would delete" if args.dry_run else "deleted"
     if args.json:

@@ -196,7 +196,8 @@ class Store:
     def iter_objects(self, deadline: float | None = None) -> Iterator[ObjectInfo]:
         """Plan and sidecar objects directly under the prefix, one page requested at a time.
 
-        Every other name is dropped. TOO_LARGE past MAX_NAMES names or MAX_PAGES pages; the
+        Every other name is dropped, and so is a name listed again (each object counts once
+        everywhere: verify, ls, pull, prune). TOO_LARGE past MAX_NAMES names or MAX_PAGES pages; the
         deadline bounds the whole listing (it starts now, not at the first item).
         """
         deadline = self._deadline(deadline)
@@ -204,13 +205,16 @@ class Store:
         def pages() -> Iterator[ObjectInfo]:
             token: str | None = None
             names = 0
+            seen: set[str] = set()  # at most MAX_NAMES short names
             for _ in range(MAX_PAGES):
                 page = self._run(lambda: with_retries(lambda: list_page(self, token), deadline), deadline, "cannot list")
                 for info in page.entries:
                     names += 1
                     if names > MAX_NAMES:
                         raise Rejected(Reason.TOO_LARGE, f"{self.url} lists more than {MAX_NAMES} plan objects")
-                    yield info
+                    if info.name not in seen:  # a listing naming an object twice names it once here
+                        seen.add(info.name)
+                        yield info
                 if page.token is None:
                     return
                 token = page.token
