@@ -133,8 +133,8 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
     """True or False; None when the store will not say (access to the bucket itself denied).
 
     For bucketed protocols the bucket is asked about, since a prefix "exists" only while an
-    object is under it; elsewhere the directory itself. A file where the directory should be
-    is a ConfigError that says so.
+    object is under it; elsewhere the directory itself. A file, FIFO, socket or device where the
+    directory should be is a ConfigError that says so (looked up, never opened).
     """
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
     protocol = protocol_of(store)
@@ -153,8 +153,10 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
         return None
     if found is None:
         return False
-    if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") == "file":
-        raise ConfigError(f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)")
+    if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") != "directory":
+        if found.get("type") == "file":
+            raise ConfigError(f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)")
+        raise ConfigError(f"{store.url} is not a directory of plans (a FIFO, socket or device)")  # never opened
     return True
 
 
