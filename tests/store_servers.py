@@ -153,7 +153,9 @@ class FaultObject:
     body: bytes = b""
     mode: str = "ok"
     """ok | error500 | error500-once | error500-huge (500 streaming ERROR_HUGE bytes) | redirect
-    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge | range416 (416 to any Range)"""
+    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge | range416 (416 to any Range)
+    | early-hints (a ``103 Early Hints``, then the real answer) | length=VALUE (the body served
+    with ``Content-Length: VALUE``, as given, then the connection closed)"""
     served: int = 0
 
 
@@ -324,6 +326,17 @@ class _FaultHandler(BaseHTTPRequestHandler):
             body = body[start : end + 1]
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{len(obj.body)}"
+        if obj.mode == "early-hints":  # an informational answer first: not the final one
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+        if obj.mode.startswith("length="):
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", obj.mode.partition("=")[2])
+            self.end_headers()
+            self._write(body)
+            self.close_connection = True
+            return None
         if obj.mode == "truncate":
             self._send_head(status, len(body), headers)
             self._write(body[: len(body) // 2])

@@ -285,3 +285,27 @@ def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(fault_serv
     assert err.value.reason is Reason.TOO_LARGE and time.monotonic() - started < 2.0 + SLACK
     time.sleep(0.2)
     assert fault_server.state.bytes_sent < 64 * 2**20
+
+
+def test_an_informational_answer_before_the_real_one_is_skipped(s3_read_path: str, fault_server: FaultServer) -> None:
+    """A ``103 Early Hints`` ahead of the real 206: botocore's http.client took it for the final,
+    empty answer (a plan of no bytes); aiohttp reads on to the real one. Both paths do now."""
+    fault_server.state.objects[key(plan_name(FP))] = FaultObject(plan_bytes(), "early-hints")
+    fault_server.state.objects[key(sig_name(FP))] = FaultObject(b"sig-bytes", "early-hints")
+    assert raw(s3_store(fault_server.endpoint).fetch(FP)) == (plan_bytes(), b"sig-bytes")
+
+
+@pytest.mark.parametrize("declared, reason", [
+    ("-1", Reason.STORE_ERROR), ("+5", Reason.STORE_ERROR), ("5, 5", Reason.STORE_ERROR), ("abc", Reason.STORE_ERROR),
+    (str(1 << 64), Reason.STORE_ERROR), (str((1 << 64) - 1), Reason.TOO_LARGE),
+], ids=["minus-one", "plus-sign", "two-values", "not-a-number", "2**64", "2**64-1"])
+def test_an_impossible_length_is_the_same_answer_on_both_read_paths(
+    s3_read_path: str, fault_server: FaultServer, declared: str, reason: Reason
+) -> None:
+    """A Content-Length no HTTP parser should take: aiohttp (s3fs) refuses it, http.client
+    (botocore) read ``-1`` as "until the connection closes" (too-large past the cap, a plan
+    otherwise), ``+5`` as 5 bytes of the plan. Now a store error on both; a length that parses
+    but exceeds the cap stays too-large on both. The body is larger than a plan's cap."""
+    fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES + 10), f"length={declared}")
+    [result] = s3_store(fault_server.endpoint).fetch_many([FP])
+    assert result.error is not None and result.error.reason is reason, (s3_read_path, result)
