@@ -182,12 +182,16 @@ class FaultState:
     """whether each GET carried an Authorization header"""
     etag: str | None = '"0"'
     """the ETag every object is served with (None: no ETag header at all)"""
+    hostile_prefix: str = ""
+    """a prefix whose listing never ends: every page ~3.5 MiB of keys that are not plans, each
+    saying there is another; listings of the prefixes above it name it as a CommonPrefix"""
     bucket_region: str = ""
     """as S3 does for a bucket in another region: a GET signed for any other region gets
     ``301 PermanentRedirect`` with ``x-amz-bucket-region`` (and no ``Location``)"""
 
 
 HUGE = 1 << 30
+HOSTILE_PAGE_KEYS = 3500
 ERROR_HUGE = 200 << 20
 TRICKLE_PAUSE = 0.2
 
@@ -362,6 +366,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             return self._stream(500, ERROR_HUGE, {"Content-Type": "application/xml"})
         if state.listing_mode == "huge-page":
             return self._stream(200, 64 << 20, {"Content-Type": "application/xml"})
+        if state.hostile_prefix and state.hostile_prefix.startswith(prefix):
+            return self._hostile_page(bucket, prefix, query)
         if state.synthetic:
             keys: list[str] = [f"{state.synthetic_prefix}startup_plan_{synthetic_fp(i)}.json{suffix}"
                                for i in range(state.synthetic) for suffix in ("", ".sig")]
@@ -386,6 +392,26 @@ class _FaultHandler(BaseHTTPRequestHandler):
             f"{contents}</ListBucketResult>"
         ).encode()
         self._send(200, body, {"Content-Type": "application/xml"})
+
+    def _hostile_page(self, bucket: str, prefix: str, query: dict[str, list[str]]) -> None:
+        """A page under ``hostile_prefix``: 3,500 keys of ~1 KB, truncated forever; above it, the
+        CommonPrefix that leads there (see FaultState.hostile_prefix)."""
+        state = self.server.state
+        head = ("<?xml version='1.0' encoding='UTF-8'?><ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
+                f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>")
+        if prefix != state.hostile_prefix:
+            below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+            body = (f"{head}<KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
+                    f"<CommonPrefixes><Prefix>{escape(prefix + below)}/</Prefix></CommonPrefixes></ListBucketResult>")
+            return self._send(200, body.encode(), {"Content-Type": "application/xml"})
+        page = int(query.get("continuation-token", ["0"])[0])
+        filler = "j" * 900
+        contents = "".join(
+            f"<Contents><Key>{escape(prefix)}{filler}-{page}-{i}</Key><Size>1</Size></Contents>"
+            for i in range(HOSTILE_PAGE_KEYS))
+        body = (f"{head}<KeyCount>{HOSTILE_PAGE_KEYS}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
+                f"<NextContinuationToken>{page + 1}</NextContinuationToken>{contents}</ListBucketResult>")
+        return self._send(200, body.encode(), {"Content-Type": "application/xml"})
 
 
 class QuietHTTPServer(ThreadingHTTPServer):

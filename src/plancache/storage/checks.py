@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..trust.errors import ConfigError, PlanCacheError
@@ -41,8 +42,10 @@ _PLANCACHE_OWN = {"s3": {"retries"}}
 """Options plancache itself consumes before the SDK sees them (see storage.backends)."""
 
 MAX_LISTINGS = 25
-"""Directory listings a deeper-prefix walk may make, at most."""
+"""Listing requests (directory listings; on S3, GCS and Azure, pages) a deeper-prefix walk makes, at most."""
 MAX_DEPTH = 3
+MAX_QUEUED = 100
+"""Sub-prefixes a paged deeper-prefix walk keeps to visit, at most."""
 
 
 def _named_parameters(cls: type) -> set[str]:
@@ -163,12 +166,47 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
 def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 5) -> list[str]:
     """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
 
-    Breadth first, at most MAX_DEPTH levels and MAX_LISTINGS listings, inside the deadline;
-    any failure ends the walk with what was found so far.
+    Breadth first, at most MAX_DEPTH levels and MAX_LISTINGS listing requests, inside the
+    deadline; any failure ends the walk with what was found so far. On S3, GCS and Azure each
+    request is one page (:func:`.backends.list_page`), read and dropped: what is kept is at most
+    MAX_QUEUED prefixes and whether a plan was seen, so a hostile listing (4 MiB pages that say
+    "truncated" forever) costs a page of memory, not the listing's size. The URLs shown pass
+    through :func:`~plancache.trust.display.safe_text` (a prefix is the store's text).
     """
+    from ..trust.display import safe_text
+
     deadline = time.monotonic() + min(store.timeout, 10.0) if deadline is None else deadline
     base = store.url.rstrip("/")
     found: list[str] = []
+
+    def shown(path: str) -> str:
+        return safe_text(base + path[len(store.root.rstrip("/")):], 300)
+
+    async def paged() -> None:
+        from .backends import list_page
+
+        queue: deque[tuple[str, int]] = deque([(store.root, 0)])
+        queued = requests = 0
+        while queue and len(found) < limit and requests < MAX_LISTINGS:
+            path, depth = queue.popleft()
+            token: str | None = None
+            holds_plans = False
+            while requests < MAX_LISTINGS:
+                requests += 1
+                try:
+                    page = await list_page(store, token, path)
+                except (OSError, ValueError, PlanCacheError):
+                    break
+                holds_plans = holds_plans or any(fingerprint_of_plan_name(e.name) for e in page.entries)
+                for below in page.prefixes if depth < MAX_DEPTH else ():
+                    if queued < MAX_QUEUED:
+                        queue.append((below, depth + 1))
+                        queued += 1
+                if page.token is None or (holds_plans and (queued >= MAX_QUEUED or depth >= MAX_DEPTH)):
+                    break  # nothing more this prefix could tell
+                token = page.token
+            if depth > 0 and holds_plans:
+                found.append(shown(path))
 
     async def walk() -> None:
         queue = [(store.root, 0)]
@@ -190,10 +228,12 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
                     queue.append((full, depth + 1))
                 names.append(leaf)
             if depth > 0 and any(fingerprint_of_plan_name(n) for n in names):
-                found.append(base + path[len(store.root.rstrip("/")):])
+                found.append(shown(path))
+
+    from .backends import PAGED
 
     try:
-        _run(store, walk, deadline, "cannot walk")
+        _run(store, paged if store.kind in PAGED else walk, deadline, "cannot walk")
     except PlanCacheError:
         pass
     return found[:limit]
