@@ -282,6 +282,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         parts = unquote(url.path).lstrip("/").split("/", 1)
         query = parse_qs(url.query)
+        if url.path.startswith("/storage/v1/b/") and state.hostile_prefix:
+            return self._gcs_hostile(url.path.split("/")[4:], query)
         if state.redirect_to:
             self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
             return None
@@ -412,6 +414,28 @@ class _FaultHandler(BaseHTTPRequestHandler):
         body = (f"{head}<KeyCount>{HOSTILE_PAGE_KEYS}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
                 f"<NextContinuationToken>{page + 1}</NextContinuationToken>{contents}</ListBucketResult>")
         return self._send(200, body.encode(), {"Content-Type": "application/xml"})
+
+
+    def _gcs_hostile(self, path: list[str], query: dict[str, list[str]]) -> None:
+        """GCS's JSON API for the same walk as :meth:`_hostile_page`: the bucket's metadata, and
+        listings (``prefixes`` above ``hostile_prefix``, endless 3.5 MiB pages of ``items`` at it)."""
+        import json
+
+        state = self.server.state
+        bucket = unquote(path[0])
+        if len(path) == 1:
+            answer: dict[str, object] = {"kind": "storage#bucket", "name": bucket}
+        else:
+            prefix = query.get("prefix", [""])[0]
+            if prefix != state.hostile_prefix:
+                below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+                answer = {"kind": "storage#objects", "prefixes": [f"{prefix}{below}/"]}
+            else:
+                page = int(query.get("pageToken", ["0"])[0])
+                answer = {"kind": "storage#objects", "nextPageToken": str(page + 1),
+                          "items": [{"name": f"{prefix}{'j' * 900}-{page}-{i}", "size": "1"}
+                                    for i in range(HOSTILE_PAGE_KEYS)]}
+        self._send(200, json.dumps(answer).encode(), {"Content-Type": "application/json"})
 
 
 class QuietHTTPServer(ThreadingHTTPServer):
