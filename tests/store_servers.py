@@ -153,7 +153,9 @@ class FaultObject:
     body: bytes = b""
     mode: str = "ok"
     """ok | error500 | error500-once | error500-huge (500 streaming ERROR_HUGE bytes) | redirect
-    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge | range416 (416 to any Range)"""
+    (307 to ``FaultState.redirect_to``) | truncate | trickle | huge | range416 (416 to any Range)
+    | early-hints (a ``103 Early Hints``, then the real answer) | length=VALUE (the body served
+    with ``Content-Length: VALUE``, as given, then the connection closed)"""
     served: int = 0
 
 
@@ -180,12 +182,16 @@ class FaultState:
     """whether each GET carried an Authorization header"""
     etag: str | None = '"0"'
     """the ETag every object is served with (None: no ETag header at all)"""
+    hostile_prefix: str = ""
+    """a prefix whose listing never ends: every page ~3.5 MiB of keys that are not plans, each
+    saying there is another; listings of the prefixes above it name it as a CommonPrefix"""
     bucket_region: str = ""
     """as S3 does for a bucket in another region: a GET signed for any other region gets
     ``301 PermanentRedirect`` with ``x-amz-bucket-region`` (and no ``Location``)"""
 
 
 HUGE = 1 << 30
+HOSTILE_PAGE_KEYS = 3500
 ERROR_HUGE = 200 << 20
 TRICKLE_PAUSE = 0.2
 
@@ -240,8 +246,27 @@ class _FaultHandler(BaseHTTPRequestHandler):
             state.requests.append(("HEAD", self.path, self.headers.get("Range", "")))
         self._send(405, b"")
 
+    def do_PUT(self) -> None:
+        """PutObject: the body stored as an ordinary object (chunked bodies too), recorded."""
+        state = self.server.state
+        key = unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
+        if "chunked" in self.headers.get("Transfer-Encoding", ""):
+            body = b""
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass  # trailers (botocore's checksums)
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with state.lock:
+            state.requests.append(("PUT", self.path, ""))
+            state.objects[key] = FaultObject(body)
+        self._send(200, b"", {"ETag": state.etag} if state.etag else {})
+
     def do_DELETE(self) -> None:
-        """DeleteObject: recorded and obeyed (any precondition is ignored)."""
+        """DeleteObject: recorded and obeyed (any precondition, ``If-Match`` included, is
+        ignored, as several S3-compatible servers do)."""
         state = self.server.state
         key = unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
         with state.lock:
@@ -257,6 +282,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         parts = unquote(url.path).lstrip("/").split("/", 1)
         query = parse_qs(url.query)
+        if url.path.startswith("/storage/v1/b/") and state.hostile_prefix:
+            return self._gcs_hostile(url.path.split("/")[4:], query)
         if state.redirect_to:
             self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
             return None
@@ -305,6 +332,17 @@ class _FaultHandler(BaseHTTPRequestHandler):
             body = body[start : end + 1]
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{len(obj.body)}"
+        if obj.mode == "early-hints":  # an informational answer first: not the final one
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+        if obj.mode.startswith("length="):
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", obj.mode.partition("=")[2])
+            self.end_headers()
+            self._write(body)
+            self.close_connection = True
+            return None
         if obj.mode == "truncate":
             self._send_head(status, len(body), headers)
             self._write(body[: len(body) // 2])
@@ -330,6 +368,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             return self._stream(500, ERROR_HUGE, {"Content-Type": "application/xml"})
         if state.listing_mode == "huge-page":
             return self._stream(200, 64 << 20, {"Content-Type": "application/xml"})
+        if state.hostile_prefix and state.hostile_prefix.startswith(prefix):
+            return self._hostile_page(bucket, prefix, query)
         if state.synthetic:
             keys: list[str] = [f"{state.synthetic_prefix}startup_plan_{synthetic_fp(i)}.json{suffix}"
                                for i in range(state.synthetic) for suffix in ("", ".sig")]
@@ -354,6 +394,48 @@ class _FaultHandler(BaseHTTPRequestHandler):
             f"{contents}</ListBucketResult>"
         ).encode()
         self._send(200, body, {"Content-Type": "application/xml"})
+
+    def _hostile_page(self, bucket: str, prefix: str, query: dict[str, list[str]]) -> None:
+        """A page under ``hostile_prefix``: 3,500 keys of ~1 KB, truncated forever; above it, the
+        CommonPrefix that leads there (see FaultState.hostile_prefix)."""
+        state = self.server.state
+        head = ("<?xml version='1.0' encoding='UTF-8'?><ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
+                f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>")
+        if prefix != state.hostile_prefix:
+            below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+            body = (f"{head}<KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
+                    f"<CommonPrefixes><Prefix>{escape(prefix + below)}/</Prefix></CommonPrefixes></ListBucketResult>")
+            return self._send(200, body.encode(), {"Content-Type": "application/xml"})
+        page = int(query.get("continuation-token", ["0"])[0])
+        filler = "j" * 900
+        contents = "".join(
+            f"<Contents><Key>{escape(prefix)}{filler}-{page}-{i}</Key><Size>1</Size></Contents>"
+            for i in range(HOSTILE_PAGE_KEYS))
+        body = (f"{head}<KeyCount>{HOSTILE_PAGE_KEYS}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
+                f"<NextContinuationToken>{page + 1}</NextContinuationToken>{contents}</ListBucketResult>")
+        return self._send(200, body.encode(), {"Content-Type": "application/xml"})
+
+
+    def _gcs_hostile(self, path: list[str], query: dict[str, list[str]]) -> None:
+        """GCS's JSON API for the same walk as :meth:`_hostile_page`: the bucket's metadata, and
+        listings (``prefixes`` above ``hostile_prefix``, endless 3.5 MiB pages of ``items`` at it)."""
+        import json
+
+        state = self.server.state
+        bucket = unquote(path[0])
+        if len(path) == 1:
+            answer: dict[str, object] = {"kind": "storage#bucket", "name": bucket}
+        else:
+            prefix = query.get("prefix", [""])[0]
+            if prefix != state.hostile_prefix:
+                below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+                answer = {"kind": "storage#objects", "prefixes": [f"{prefix}{below}/"]}
+            else:
+                page = int(query.get("pageToken", ["0"])[0])
+                answer = {"kind": "storage#objects", "nextPageToken": str(page + 1),
+                          "items": [{"name": f"{prefix}{'j' * 900}-{page}-{i}", "size": "1"}
+                                    for i in range(HOSTILE_PAGE_KEYS)]}
+        self._send(200, json.dumps(answer).encode(), {"Content-Type": "application/json"})
 
 
 class QuietHTTPServer(ThreadingHTTPServer):

@@ -103,6 +103,19 @@ def test_messages_name_the_mistake(s3: MotoServer, keys: Path, tmp_path: Path, c
     assert code == 0 and "usage: plancache" in out and "doctor" in out
 
 
+@pytest.mark.parametrize("command", ["ls", "verify"])
+def test_a_fifo_named_as_a_file_store_is_exit_2_without_blocking(
+    command: str, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ls file:///FIFO`` said "no plans" and exited 0, as for an empty directory: a FIFO (or
+    socket, or device) where the store's directory should be is a configuration error, looked up
+    and never opened (an open would block until a writer came)."""
+    fifo = tmp_path / "plans"
+    os.mkfifo(fifo)
+    code, out, err = run(capsys, command, "--trusted-keys", f"{keys}.pub", fifo.as_uri())
+    assert code == 2 and err.count("\n") == 1 and "is not a directory of plans" in err and out == "", err
+
+
 # -- bulk -------------------------------------------------------------------------------------------
 
 

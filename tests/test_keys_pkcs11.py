@@ -133,3 +133,41 @@ def test_cli_exit_2_and_one_line_for_a_wrong_pin(token: tuple[dict[str, str], Ed
                              str(plan_dir)], env={**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "CKR_PIN_INCORRECT" in result.stderr, result.stderr
+
+
+def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "plancache.cli.main", *argv],
+                          env={**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_pin_source_that_is_a_fifo_is_refused_without_blocking(
+    token: tuple[dict[str, str], Ed25519PublicKey], tmp_path: Path
+) -> None:
+    """``pin-source=file:FIFO`` used to block in ``open`` before any budget started: now the
+    file is opened non-blocking and refused as not a regular file, one line, exit 2."""
+    env, _ = token
+    fifo = tmp_path / "pin"
+    os.mkfifo(fifo, 0o600)
+    result = _cli({**env, "PLANCACHE_TIMEOUT": "2"}, "pubkey", uri(query=f"pin-source=file:{fifo}"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "not a regular file" in result.stderr and result.stdout == ""
+
+
+def test_a_module_that_fails_to_load_keeps_stdout_to_the_json_report(
+    token: tuple[dict[str, str], Ed25519PublicKey], plan_dir: Path, tmp_path: Path
+) -> None:
+    """PyKCS11's loader prints dlopen's complaint with C printf on stdout; with ``--json``
+    stdout must hold the report alone. The complaint goes into the one error line instead."""
+    env, _ = token
+    LocalPlanDir(plan_dir).write(FP, plan_bytes(), None)
+    bad = tmp_path / "not-a-module.so"
+    bad.write_bytes(b"garbage")
+    key = f"pkcs11:token=ci;object=signer?module-path={bad}&pin-value={PIN}"
+    result = _cli(env, "sign", "--json", "--key", key, str(plan_dir))
+    import json
+
+    doc = json.loads(result.stdout)  # exactly one document, nothing before it
+    assert result.returncode == 2 and doc["ok"] is False, result.stdout
+    assert result.stdout.startswith("{") and "too short" in doc["error"]["detail"]
+    assert PIN not in result.stdout + result.stderr

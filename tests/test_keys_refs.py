@@ -217,3 +217,33 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(caplog: pytest.Log
         compile_guard.settings.cache_clear()
         compile_guard.signer.cache_clear()
         hole.stop()
+
+
+@pytest.mark.parametrize("module, argv, extra", [
+    ("PyKCS11", ["pubkey", "pkcs11:token=ci;object=k?module-path=/x.so&pin-value=1"], "pkcs11"),
+    ("boto3", ["pubkey", "awskms:///alias/ci"], "awskms"),
+    ("google", ["pubkey", "gcpkms://projects/p/locations/l/keyRings/r/cryptoKeys/k/cryptoKeyVersions/1"], "gcpkms"),
+    ("s3fs", ["ls", "s3://bucket/plans"], "s3"),
+    ("botocore", ["pull", "--fingerprint", FP, "s3://bucket/plans", "DEST"], "s3"),
+    ("gcsfs", ["ls", "gs://bucket/plans"], "gcs"),
+    ("adlfs", ["ls", "az://container/plans"], "azure"),
+], ids=["pkcs11", "awskms", "gcpkms", "s3-s3fs", "s3-botocore", "gcs", "azure"])
+def test_a_missing_optional_dependency_names_the_extra(module: str, argv: list[str], extra: str,
+                                                        tmp_path: Path) -> None:
+    """Without the package an extra brings, the error names ``plancache[extra]`` (one line,
+    exit 2), never ``internal error: ModuleNotFoundError``. The package is hidden by a module
+    of that name, first on the path, that fails to import as a missing one does."""
+    import sys
+
+    shadow = tmp_path / "shadow" / module
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(f"raise ModuleNotFoundError('No module named ' + {module!r}, name={module!r})\n")
+    generate_keypair(tmp_path / "k", force=False, comment="k")
+    argv = [str(tmp_path / "dest") if a == "DEST" else a for a in argv]
+    if argv[0] == "pull":
+        argv[1:1] = ["--trusted-keys", str(tmp_path / "k.pub")]
+    path = os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-m", "plancache.cli.main", *argv], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": path})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"plancache[{extra}]" in result.stdout + result.stderr and "internal error" not in result.stderr, result.stderr

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import pytest
 
 from conftest import FP, plan_bytes
-from plancache.storage import versioned
+from plancache.storage import conditional_deletes, versioned
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
@@ -64,9 +64,9 @@ class StandInState:
 
 class _StandInHandler(BaseHTTPRequestHandler):
     """A STAND-IN for GCS's JSON API, because gcp-storage-emulator does not implement
-    ``ifGenerationMatch``: exactly the calls the conditional prune makes (object metadata,
-    media read, optionally pinned with ``generation=``, delete, optionally with
-    ``ifGenerationMatch``), answered as GCS documents them (404 absent, 412 condition not met,
+    ``ifGenerationMatch``: exactly the calls the conditional prune makes (a multipart upload of
+    the precondition check's canary, object metadata, media read, optionally pinned with
+    ``generation=``, delete, optionally with ``ifGenerationMatch``), answered as GCS documents them (404 absent, 412 condition not met,
     416 for a range over an empty object)."""
 
     protocol_version = "HTTP/1.1"
@@ -135,6 +135,25 @@ class _StandInHandler(BaseHTTPRequestHandler):
         last = min(int(end), len(data) - 1)
         headers["Content-Range"] = f"bytes {start}-{last}/{len(data)}"
         return self._send(206, data[int(start): last + 1], headers)
+
+    def do_POST(self) -> None:
+        """gcsfs's multipart upload (``pipe_file``: the precondition check's canary)."""
+        url = urlparse(self.path)
+        parts = url.path.split("/")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with self.server.state.lock:
+            self.server.state.requests.append(("POST", self.path))
+        if parts[:5] != ["", "upload", "storage", "v1", "b"] or len(parts) != 7 or parts[6] != "o":
+            return self._error(501, "not part of the stand-in")
+        head, _, rest = body.partition(b"\n\n")
+        meta_text, _, rest = rest.partition(b"\n--==0==")
+        data = rest.partition(b"\n\n")[2].removesuffix(b"\n--==0==--")
+        bucket, key = unquote(parts[5]), json.loads(meta_text)["name"]
+        self.server.state.write(f"{bucket}/{key}", data)
+        generation = self.server.state.objects[f"{bucket}/{key}"][1]
+        meta = {"kind": "storage#object", "bucket": bucket, "name": key, "generation": str(generation),
+                "size": str(len(data))}
+        return self._send(200, json.dumps(meta).encode(), {"Content-Type": "application/json"})
 
     def do_DELETE(self) -> None:
         target = self._target()
@@ -228,6 +247,13 @@ def seed(backend: Backend) -> dict[str, str]:
     return {fp: content_digest(plan, sig) for fp, (plan, sig) in plans.items()}
 
 
+def prune(backend: Backend, judged: dict[str, str], **kwargs: Any) -> tuple[list[str], list[str]]:
+    """:func:`delete_if_unchanged`; on gcp-storage-emulator, which ignores the precondition (so the
+    check refuses it: :func:`test_the_gcs_emulator_ignores_if_generation_match_and_is_refused`),
+    unconditionally, as ``prune --unconditional`` would."""
+    return delete_if_unchanged(backend.store, judged, unconditional=backend.name == "gcs", **kwargs)
+
+
 def names(fp: str) -> tuple[str, str]:
     return plan_name(fp), sig_name(fp)
 
@@ -237,13 +263,16 @@ def names(fp: str) -> tuple[str, str]:
 
 def test_unchanged_objects_are_deleted(backend: Backend) -> None:
     judged = seed(backend)
-    deleted, changed = delete_if_unchanged(backend.store, judged)
+    deleted, changed = prune(backend, judged)
     assert deleted == [FP, FP2, FP3] and changed == []
     assert all(backend.read(n) is None for fp in judged for n in names(fp))
     if backend.standin is not None:  # each object re-read pinned to its generation, deleted on it
         requests = backend.standin.state.requests
-        media = [p for m, p in requests if m == "GET" and "alt=media" in p]
-        deletes = [p for m, p in requests if m == "DELETE"]
+        media = [p for m, p in requests if m == "GET" and "alt=media" in p and "startup_plan_" in p]
+        deletes = [p for m, p in requests if m == "DELETE" and "startup_plan_" in p]
+        canary = [p for m, p in requests if m == "DELETE" and ".plancache-precondition-check-" in p]
+        assert len(canary) == 2 and "ifGenerationMatch=" in canary[0]  # the wrong one (412), then the cleanup
+        assert not any(".plancache-precondition-check-" in name for name in backend.standin.state.objects)
         assert len(media) == 6 and all("generation=" in p for p in media)  # the empty sidecar: 416, then whole
         assert len(deletes) == 5 and all("ifGenerationMatch=" in p for p in deletes)
 
@@ -251,7 +280,7 @@ def test_unchanged_objects_are_deleted(backend: Backend) -> None:
 def test_changed_before_the_reread_is_kept(backend: Backend) -> None:
     judged = seed(backend)
     backend.write(plan_name(FP), NEW_PLAN)
-    deleted, changed = delete_if_unchanged(backend.store, judged)
+    deleted, changed = prune(backend, judged)
     assert deleted == [FP2, FP3] and changed == [FP]
     assert backend.read(plan_name(FP)) == NEW_PLAN and backend.read(sig_name(FP)) == SIG
 
@@ -292,8 +321,9 @@ def test_sidecar_replaced_after_the_reread_is_kept(backend: Backend) -> None:
 
 @pytest.mark.parametrize("backend", CONDITIONAL, indirect=True)
 def test_without_the_precondition_the_window_is_real(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same race with the delete made unconditional deletes the re-pushed plan: what keeps
-    it in the tests above is the store's precondition, not the timing."""
+    """The same race with the delete made unconditional: the check before the first delete
+    refuses such a store; with the check skipped, the race deletes the re-pushed plan. What
+    keeps it in the tests above is the store's precondition, not the timing."""
     kind = backend.store.kind
 
     async def unconditional(fs: Any, path: str, token: str) -> None:
@@ -302,6 +332,11 @@ def test_without_the_precondition_the_window_is_real(backend: Backend, monkeypat
     monkeypatch.setitem(versioned.DELETES, kind, unconditional)
     judged = seed(backend)
     _, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
+    with pytest.raises(PlanCacheError) as info:  # the check before the first delete sees it
+        delete_if_unchanged(backend.store, judged, before_delete=hook)
+    assert info.value.reason is Reason.CONFIG and "--unconditional" in info.value.detail
+    assert backend.read(plan_name(FP)) == plan_bytes()  # nothing judged was deleted
+    monkeypatch.setattr(conditional_deletes, "require_honoured_preconditions", lambda store, deadline: None)
     deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
     assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(plan_name(FP)) is None
 
@@ -327,7 +362,7 @@ def test_objects_gone_before_the_delete_are_fine(backend: Backend) -> None:
         backend.remove(sig_name(FP))
         backend.remove(sig_name(FP2))
 
-    deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
+    deleted, changed = prune(backend, judged, before_delete=hook)
     assert deleted == [FP, FP2, FP3] and changed == []
     assert all(backend.read(n) is None for fp in judged for n in names(fp))
 
@@ -335,7 +370,7 @@ def test_objects_gone_before_the_delete_are_fine(backend: Backend) -> None:
 def test_gone_before_the_reread_is_changed_not_an_error(backend: Backend) -> None:
     judged = seed(backend)
     backend.remove(plan_name(FP))
-    deleted, changed = delete_if_unchanged(backend.store, judged)
+    deleted, changed = prune(backend, judged)
     assert deleted == [FP2, FP3] and changed == [FP] and backend.read(sig_name(FP)) == SIG
 
 
@@ -355,5 +390,80 @@ def test_a_version_the_store_forged_or_left_out_deletes_nothing(etag: str | None
     with pytest.raises(PlanCacheError) as info:
         delete_if_unchanged(store, {FP: content_digest(judged.plan_bytes, judged.sig_bytes)})
     assert info.value.reason is Reason.STORE_ERROR, info.value
-    assert [m for m, _, _ in fault_server.state.requests if m == "DELETE"] == []
+    assert _plan_deletes(fault_server) == []  # (the precondition check's canary is not a plan)
     assert store.fingerprints() == [FP]
+
+
+# -- (d) a store that ignores the precondition: refused before anything is deleted ----------------
+
+
+def _faulty_store(fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch, listed: int = 1) -> list[str]:
+    """Three unsigned plans on the fault server (which ignores ``If-Match`` on DELETE), each
+    named ``listed`` times by its listing; the CLI arguments that reach it."""
+    for name, value in AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    keys = [f"plans/{plan_name(fp)}" for fp in (FP, FP2, FP3)]
+    for key, fp in zip(keys, (FP, FP2, FP3)):
+        fault_server.state.objects[key] = FaultObject(plan_bytes(fp=fp))
+    fault_server.state.listing = [k for k in keys for _ in range(listed)]
+    return ["--storage-option", f"endpoint_url={fault_server.endpoint}", "s3://faulty/plans"]
+
+
+def _plan_deletes(fault_server: FaultServer) -> list[str]:
+    return [p for m, p, _ in fault_server.state.requests if m == "DELETE" and "startup_plan_" in p]
+
+
+def test_a_store_that_ignores_if_match_is_refused_before_any_delete(
+    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fault server deletes whatever a DELETE names, ``If-Match`` or not (as several
+    S3-compatible servers do): prune finds out on a canary first, deletes nothing, and says
+    which flag prunes anyway; with that flag it deletes after the re-read."""
+    from plancache.cli.main import main
+
+    where = _faulty_store(fault_server, monkeypatch)
+    code = main(["prune", "--unsigned", *where])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "--unconditional" in err and "conditional deletes" in err, err
+    assert _plan_deletes(fault_server) == [] and len(fault_server.state.objects) == 3  # the canary is gone too
+    canary = [p for m, p, _ in fault_server.state.requests if m == "PUT"]
+    assert len(canary) == 1 and ".plancache-precondition-check-" in canary[0]
+    code = main(["prune", "--unsigned", "--unconditional", "--json", *where])
+    out, _ = capsys.readouterr()
+    assert code == 0 and sorted(d["fingerprint"] for d in json.loads(out)["deleted"]) == sorted([FP, FP2, FP3])
+    assert len(_plan_deletes(fault_server)) == 6 and fault_server.state.objects == {}  # plans and sidecars
+
+
+@pytest.mark.parametrize("backend", ["gcs"], indirect=True)
+def test_the_gcs_emulator_ignores_if_generation_match_and_is_refused(backend: Backend) -> None:
+    """gcp-storage-emulator is such a store (it ignores ``ifGenerationMatch``): a real server
+    for which the check refuses; nothing judged is deleted."""
+    judged = seed(backend)
+    with pytest.raises(PlanCacheError) as info:
+        delete_if_unchanged(backend.store, judged)
+    assert info.value.reason is Reason.CONFIG and "--unconditional" in info.value.detail
+    assert all(backend.read(plan_name(fp)) is not None for fp in judged)
+    assert backend.store.fs.ls(backend.store.root) != [] and not any(
+        ".plancache-precondition-check-" in p for p in backend.store.fs.ls(backend.store.root))
+
+
+def test_a_listing_that_names_each_object_three_times_counts_each_once(
+    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Three plans, each listed three times: verify, ls and pull see three plans, and prune
+    reports three deletions (not nine)."""
+    from plancache.cli.main import main
+    from plancache.keys.keyfile import generate_keypair
+
+    where = _faulty_store(fault_server, monkeypatch, listed=3)
+    generate_keypair(tmp_path / "k", force=False, comment="k")
+    keys = ["--trusted-keys", f"{tmp_path / 'k'}.pub"]
+    for command in (["verify", *keys], ["ls"]):
+        main([*command, "--json", *where])
+        assert len(json.loads(capsys.readouterr().out)["plans"]) == 3, command
+    main(["pull", *keys, "--json", *where, str(tmp_path / "pulled")])
+    assert len(json.loads(capsys.readouterr().out)["plans"]) == 3
+    code = main(["prune", "--unsigned", "--unconditional", "--json", *where])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(doc["deleted"]) == 3 and doc["kept"] == 0, doc
+    assert len(_plan_deletes(fault_server)) == 6

@@ -194,6 +194,10 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out, _ = run(capsys, "prune", "--revoked", "--dry-run", "--trusted-keys", str(trusted), *opts, backend.url)
     assert code == 0 and FP in out and FP2 not in out
     assert backend.store().fingerprints() == [FP, FP2]
+    if backend.name == "gcs":  # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
+        code, out, err = run(capsys, "prune", "--revoked", "--trusted-keys", str(trusted), *opts, backend.url)
+        assert code == 2 and "--unconditional" in err and backend.store().fingerprints() == [FP, FP2], err
+        opts.append("--unconditional")
     code, out, _ = run(capsys, "prune", "--revoked", "--json", "--trusted-keys", str(trusted), *opts, backend.url)
     assert code == 0 and [d["fingerprint"] for d in json.loads(out)["deleted"]] == [FP]
     assert backend.store().fingerprints() == [FP2]
@@ -234,3 +238,17 @@ def test_missing_locations_fail_and_empty_ones_say_so(backend: Backend, tmp_path
     code, _, err = run(capsys, "verify", *keys, *opts, empty)
     assert code == 1 and f"no plans in {empty}" in err
     assert run(capsys, "verify", "--allow-empty", *keys, *opts, empty)[0] == 0
+
+
+def test_an_empty_prefix_names_the_deeper_prefixes_that_hold_plans(backend: Backend, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The walk below an empty prefix, page by page on S3, GCS and Azure (sub-prefixes from the
+    listing's CommonPrefixes / prefixes / blob prefixes), a directory walk elsewhere."""
+    run(capsys, "keygen", str(tmp_path / "k"))
+    for below in ("llama/h100", "llama/a100", "mistral/l4/old"):
+        backend.plant(f"{below}/{plan_name(FP)}", plan_bytes())
+    backend.plant("llama/notes.txt", b"not a plan")
+    code, _, err = run(capsys, "verify", "--trusted-keys", str(tmp_path / "k.pub"), *backend.cli_options(), backend.url)
+    assert code == 1 and f"no plans in {backend.url}" in err, err
+    named = err.split("plans found below it in: ", 1)[1].strip().split(", ")
+    assert sorted(named) == sorted(f"{backend.url}/{b}" for b in ("llama/h100", "llama/a100", "mistral/l4/old")), err

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -260,3 +261,30 @@ def test_deadline_keeps_what_was_fetched(s3_read_path: str, fault_server: FaultS
     fast, slow = s3(fault_server, 1.5).fetch_many([FP, FP2])
     assert fast.error is None and fast.plan_bytes == plan_bytes(FP)
     assert slow.error is not None and slow.error.reason is Reason.TIMEOUT
+
+
+@pytest.mark.parametrize("url", ["s3://faulty/plans", "gs://faulty/plans"])
+def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listing(
+    url: str, fault_server: FaultServer, tmp_path: Path
+) -> None:
+    """``verify`` of a prefix with no plans names the prefixes below it that hold some. Below
+    this one, a listing that never ends: 3.5 MiB pages of keys, each saying there is another
+    (S3's ListObjectsV2 and GCS's JSON API from the fault server). The walk used the SDK's
+    ``ls``, which gathers every page before returning (289 MiB after 10 s through s3fs,
+    growing); it now asks for one page at a time, keeps none of it, and stops at MAX_LISTINGS
+    requests."""
+    from plancache.keys.keyfile import generate_keypair
+    from plancache.storage.checks import MAX_LISTINGS
+
+    fault_server.state.hostile_prefix = "plans/deep/"
+    generate_keypair(tmp_path / "k", force=False, comment="k")
+    peak_file = tmp_path / "peak"
+    option = f"endpoint_url={fault_server.endpoint}" if url.startswith("s3") else "token=anon"
+    argv = [sys.executable, PROBE, "--cli", str(peak_file), "verify", "--trusted-keys", str(tmp_path / "k.pub"),
+            "--timeout", "10", "--storage-option", option, url]
+    env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC, "STORAGE_EMULATOR_HOST": fault_server.endpoint}
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and f"no plans in {url}" in result.stderr, result.stderr
+    hostile = [p for m, p, _ in fault_server.state.requests if m == "GET" and "prefix=plans/deep/&" in unquote(p)]
+    assert 0 < len(hostile) <= MAX_LISTINGS, len(hostile)
+    assert int(peak_file.read_text()) < 160 * MIB, int(peak_file.read_text()) >> 20

@@ -151,7 +151,8 @@ def add_parsers(sub: Sub) -> None:
              "signature (--unsigned); that no longer verify because their signing key is revoked (--revoked); or "
              "that fail verification for any reason but a store error (--invalid). A plan is deleted only if the "
              "store still holds the bytes that were judged (re-read and compared right before the delete, and on "
-             "S3, GCS and Azure deleted only if still the version re-read: ETag or generation precondition).")
+             "S3, GCS and Azure deleted only if still the version re-read: ETag or generation precondition, once "
+             "the store has shown it honours one on a canary object; else refused unless --unconditional).")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--older-than", type=duration, metavar="DURATION", help="signed longer ago than this, e.g. 30d")
     what.add_argument("--revoked", action="store_true", help="signed only by keys the trusted-keys file revokes")
@@ -159,6 +160,9 @@ def add_parsers(sub: Sub) -> None:
     what.add_argument("--invalid", action="store_true",
                       help="plans that fail verification under the trusted keys (unsigned, tampered, expired, ...)")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--unconditional", action="store_true",
+                   help="delete after the re-read even where the store does not honour conditional deletes "
+                        "(checked before the first delete, else refused): a plan re-pushed in between may be deleted")
     add_trust_options(p)
     add_store_options(p)
     _json(p)

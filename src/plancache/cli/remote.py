@@ -45,12 +45,13 @@ def cmd_push(args: argparse.Namespace) -> int:
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
+    started = time.monotonic()
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     require_push_target(store)
     with Progress("push", args.quiet) as bar:
         push = PushRequest(signer=signer, signing=request, allow_unsigned=args.allow_unsigned,
                            fingerprints=wanted or None, dry_run=args.dry_run)
-        entries, uploaded = push_plans(directory, store, time.monotonic() + store.timeout, utcnow(), push, bar)
+        entries, uploaded = push_plans(directory, store, started + store.timeout, utcnow(), push, bar)
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
     missing = unrecorded_conditions(dict(request.facts or {})) if signs else []
@@ -84,8 +85,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     wanted = wanted_fingerprints(args)
     budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT)
     directory = local_dir(args.dir, must_exist=False)
-    store = open_url(args.url, storage_options(args), budget)
     deadline = started + budget
+    store = open_url(args.url, storage_options(args), budget, deadline)  # the SDK's import counts
     resolver = Resolver(directory, policy, store)
     actions = {True: "written", False: "unchanged", None: "rejected"}
     with Progress("pull", args.quiet or len(wanted) == 1) as bar:
@@ -127,10 +128,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     criterion = next(c for c in ("revoked", "unsigned", "invalid") if getattr(args, c)) if args.older_than is None \
         else "older-than"
     policy = required_policy(args) if criterion in ("revoked", "invalid") else None
+    started = time.monotonic()
     store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
     with Progress("prune", args.quiet) as bar:
-        outcome = prune_plans(store, time.monotonic() + store.timeout, utcnow(), policy, args.older_than, criterion,
-                              args.dry_run, bar)
+        outcome = prune_plans(store, started + store.timeout, utcnow(), policy, args.older_than, criterion,
+                              args.dry_run, bar, unconditional=args.unconditional)
     deleted = outcome.deleted
     verb = "would delete" if args.dry_run else "deleted"
     if args.json:

@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
+import tempfile
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote_to_bytes
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ..storage.files import read_capped
 from ..trust.display import safe_text
-from ..trust.errors import ConfigError
+from ..trust.errors import ConfigError, PlanCacheError
 from .remote import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "pkcs11:"
@@ -38,6 +41,8 @@ _QUERY_ATTRS = ("module-path", "pin-value", "pin-source")
 _ED25519_PARAMS = (b"\x06\x03\x2b\x65\x70", b"\x13\x0cedwards25519")
 """CKA_EC_PARAMS of Ed25519: the OID 1.3.101.112, or the printable string SoftHSM writes."""
 MAX_PIN_FILE_BYTES = 4096
+_LOADER_OUTPUT_CAP = 4096
+"""Bytes of what a native loader printed that are kept (for the error line)."""
 
 _libs: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -50,6 +55,8 @@ class Pkcs11Ref:
     path: dict[str, bytes]
     module: str
     pin: str | None
+    pin_source: str | None = None
+    """``pin-source``, read by :func:`_read_pin` inside the budget, never at parse time."""
 
     @property
     def source(self) -> str:
@@ -71,16 +78,27 @@ def _attributes(text: str, sep: str, allowed: tuple[str, ...], where: str) -> di
 
 
 def _read_pin(source: str) -> str:
-    """``pin-source=file:/path`` (or a bare path): the PIN file, refused if others can read it."""
+    """``pin-source=file:/path`` (or a bare path): the PIN file, refused if others can read it.
+
+    Opened non-blocking and read capped, as every file plancache reads: a FIFO or a device
+    named as the PIN file is refused at once instead of blocking the open (outside any budget)
+    or streaming forever. Runs on the budget's thread (:func:`pkcs11_signer`).
+    """
     path = Path(source.removeprefix("file://").removeprefix("file:")).expanduser()
     try:
         mode = os.stat(path).st_mode
-        if stat.S_IMODE(mode) & 0o077:
-            raise ConfigError(f"PIN file {path} is readable by others; run: chmod 600 {path}")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_PIN_FILE_BYTES)
     except OSError as exc:
         raise ConfigError(f"cannot read PIN file {path}: {exc.strerror}") from None
+    if stat.S_IMODE(mode) & 0o077:
+        raise ConfigError(f"PIN file {path} is readable by others; run: chmod 600 {path}")
+    try:
+        data = read_capped(path, MAX_PIN_FILE_BYTES, follow_symlinks=True)  # secrets are often mounted as links
+    except PlanCacheError as exc:
+        detail = exc.detail
+        raise ConfigError(f"PIN file {detail}" if detail.startswith(str(path))
+                          else detail.replace(f"read {path}", f"read PIN file {path}")) from None
+    if data is None:
+        raise ConfigError(f"cannot read PIN file {path}: No such file or directory")
     return data.decode("utf-8", "replace").rstrip("\r\n")
 
 
@@ -97,10 +115,41 @@ def parse_pkcs11_uri(ref: str) -> Pkcs11Ref:
         raise ConfigError("pkcs11 URI: add ?module-path=/path/to/the/pkcs11-module.so")
     if "pin-value" in query and "pin-source" in query:
         raise ConfigError("pkcs11 URI: give pin-value or pin-source, not both")
-    pin = query.get("pin-value")
-    if "pin-source" in query:
-        pin = _read_pin(query["pin-source"])
-    return Pkcs11Ref(path, query["module-path"], pin)
+    return Pkcs11Ref(path, query["module-path"], query.get("pin-value"), query.get("pin-source"))
+
+
+@contextmanager
+def _stdout_captured() -> Iterator[list[bytes]]:
+    """File descriptor 1 sent to a temporary file while a native library loads; what it wrote
+    is handed back in the list (flushed from C's stdio first).
+
+    PyKCS11's loader prints its diagnostics (``dlopen`` errors) with C ``printf``, straight
+    to stdout, ahead of a ``--json`` report that must be the only thing there. Anything another
+    thread wrote meanwhile is written back to stdout after the load.
+    """
+    import ctypes
+
+    captured: list[bytes] = []
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(1)
+        try:
+            os.dup2(sink.fileno(), 1)
+            try:
+                yield captured
+            finally:
+                try:
+                    ctypes.CDLL(None).fflush(None)  # C's buffered stdout, while fd 1 is still the sink
+                except (OSError, AttributeError):
+                    pass
+                os.dup2(saved, 1)
+        finally:
+            os.close(saved)
+        sink.seek(0)
+        captured.append(sink.read(_LOADER_OUTPUT_CAP))
 
 
 def _library(module: str) -> Any:
@@ -111,10 +160,17 @@ def _library(module: str) -> Any:
     lib = _libs.get(module)
     if lib is None:
         lib = PyKCS11.PyKCS11Lib()
-        try:
-            lib.load(module)
-        except PyKCS11.PyKCS11Error as exc:
-            raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}") from None
+        with _stdout_captured() as printed:
+            try:
+                lib.load(module)
+            except PyKCS11.PyKCS11Error:
+                lib = None
+        said = b"".join(printed)
+        if lib is None:
+            why = safe_text(" ".join(said.decode("utf-8", "replace").split()), 200) or "the library does not load"
+            raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {why}")
+        if said:
+            os.write(1, said)  # not the loader's: another thread's output, kept
         _libs[module] = lib
     return lib
 
@@ -207,21 +263,22 @@ def _sign(lib: Any, slot: Any, ref: Pkcs11Ref, data: bytes) -> bytes:
 
 def pkcs11_signer(ref_text: str, budget: float) -> RemoteSigner:
     """Load the module, find the token and the key, read the public key: all within ``budget``."""
-    ref = parse_pkcs11_uri(ref_text)
+    parsed = parse_pkcs11_uri(ref_text)
 
-    def load() -> tuple[Any, Any, Ed25519PublicKey]:
-        import PyKCS11
-
+    def load() -> tuple[Pkcs11Ref, Any, Any, Ed25519PublicKey]:
+        ref = parsed if parsed.pin_source is None else replace(parsed, pin=_read_pin(parsed.pin_source))
         with _lock:
-            lib = _library(ref.module)
+            lib = _library(ref.module)  # first: it names the extra when PyKCS11 is missing
+            import PyKCS11
+
             try:
                 slot = _slot(lib, ref)
                 with _session(lib, slot, ref) as session:
-                    return lib, slot, _public_key(session, ref)
+                    return ref, lib, slot, _public_key(session, ref)
             except PyKCS11.PyKCS11Error as exc:
                 raise ConfigError(f"{ref.source}: {one_line(exc)}") from None
 
-    lib, slot, public = within(budget, f"opening {ref.source}", load)
+    ref, lib, slot, public = within(budget, f"opening {parsed.source}", load)
 
     def raw_sign(data: bytes) -> bytes:
         import PyKCS11

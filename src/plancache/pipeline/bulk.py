@@ -201,6 +201,7 @@ def prune_plans(
     criterion: str = "older-than",
     dry_run: bool = False,
     progress: Tally | None = None,
+    unconditional: bool = False,
 ) -> PruneOutcome:
     """Delete the plans that meet ``criterion``: ``older-than`` (signed before ``now -
     older_than``; dates as written, deleting needs no trust), ``unsigned`` (no sidecar),
@@ -210,7 +211,9 @@ def prune_plans(
     Each plan is deleted only if the store still holds the bytes that were judged: re-read and
     compared right before the delete, and on S3, GCS and Azure deleted on the condition that it
     is still the version re-read (ETag or generation), so a plan re-pushed even after that
-    re-read is kept and listed in ``changed`` (:mod:`..storage.conditional_deletes`).
+    re-read is kept and listed in ``changed`` (:mod:`..storage.conditional_deletes`). There,
+    before the first delete, the store must show that it honours that precondition (else
+    ConfigError, nothing deleted); ``unconditional`` deletes after the re-read without it.
     ``invalid`` refuses to delete anything when no plan verifies and some are signed by keys
     the policy does not know: the trusted keys are more likely wrong than the whole store.
     """
@@ -251,5 +254,5 @@ def prune_plans(
     if judged and not dry_run:
         from ..storage.conditional_deletes import delete_if_unchanged
 
-        _, outcome.changed = delete_if_unchanged(store, judged, deadline)
+        _, outcome.changed = delete_if_unchanged(store, judged, deadline, unconditional=unconditional)
     return outcome

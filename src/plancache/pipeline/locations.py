@@ -70,14 +70,19 @@ def storage_options_for(explicit: Mapping[str, Any] | None, env: Mapping[str, st
     return options
 
 
-def open_url(url: str, storage_options: Mapping[str, Any] | None, timeout: float) -> "Store":
-    """The store at ``url``, after checking that its backend takes every storage option given."""
+def open_url(url: str, storage_options: Mapping[str, Any] | None, timeout: float,
+             deadline: float | None = None) -> "Store":
+    """The store at ``url``, after checking that its backend takes every storage option given
+    (both within ``deadline``, default now + ``timeout``: see :func:`~..storage.store.open_store`)."""
+    started = time.monotonic()  # before importing the storage machinery: it counts too
     from ..storage.checks import check_options
+    from ..storage.deadline import checked_budget
     from ..storage.store import open_store
 
     url = require_url(url)
-    check_options(url, storage_options or {})
-    return open_store(url, storage_options, timeout)
+    deadline = started + checked_budget(timeout) if deadline is None else deadline
+    return open_store(url, storage_options, timeout, deadline=deadline,
+                      check=lambda: check_options(url, storage_options or {}))
 
 
 def local_dir(location: str | Path | None, must_exist: bool = True) -> LocalPlanDir:

@@ -206,24 +206,30 @@ def kind_of(cls: type) -> str:
     return "async" if getattr(cls, "async_impl", False) else "sync"
 
 
-async def list_page(store: Any, token: str | None) -> Page:
-    """One listing page under ``store``'s prefix, by the store's kind; an absent prefix lists nothing."""
+PAGED = ("s3", "gcs", "azure")
+"""Store kinds whose listings come one page per request, sub-prefixes named (:class:`.listing.Page`)."""
+
+
+async def list_page(store: Any, token: str | None, root: str | None = None) -> Page:
+    """One listing page under ``store``'s prefix (or, on the :data:`PAGED` kinds, under ``root``,
+    a path of the same filesystem), by the store's kind; an absent prefix lists nothing."""
     from .threads import in_thread
 
     fs = store._fs
+    under = store.root if root is None else root
     try:
         if store.kind == "s3":
             from .s3.reads import s3_page
 
-            return await s3_page(fs, store.root, token)
+            return await s3_page(fs, under, token)
         if store.kind == "gcs":
             from .gcs.pages import gcs_page
 
-            return await gcs_page(fs, store.root, token)
+            return await gcs_page(fs, under, token)
         if store.kind == "azure":
             from .azure.blob import azure_page
 
-            return await azure_page(fs, store.root, token)
+            return await azure_page(fs, under, token)
         if store.kind == "local":
             return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
         listed = await store._call("ls", store.root, detail=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..trust.errors import ConfigError, PlanCacheError
@@ -41,8 +42,10 @@ _PLANCACHE_OWN = {"s3": {"retries"}}
 """Options plancache itself consumes before the SDK sees them (see storage.backends)."""
 
 MAX_LISTINGS = 25
-"""Directory listings a deeper-prefix walk may make, at most."""
+"""Listing requests (directory listings; on S3, GCS and Azure, pages) a deeper-prefix walk makes, at most."""
 MAX_DEPTH = 3
+MAX_QUEUED = 100
+"""Sub-prefixes a paged deeper-prefix walk keeps to visit, at most."""
 
 
 def _named_parameters(cls: type) -> set[str]:
@@ -133,8 +136,8 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
     """True or False; None when the store will not say (access to the bucket itself denied).
 
     For bucketed protocols the bucket is asked about, since a prefix "exists" only while an
-    object is under it; elsewhere the directory itself. A file where the directory should be
-    is a ConfigError that says so.
+    object is under it; elsewhere the directory itself. A file, FIFO, socket or device where the
+    directory should be is a ConfigError that says so (looked up, never opened).
     """
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
     protocol = protocol_of(store)
@@ -153,20 +156,57 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
         return None
     if found is None:
         return False
-    if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") == "file":
-        raise ConfigError(f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)")
+    if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") != "directory":
+        if found.get("type") == "file":
+            raise ConfigError(f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)")
+        raise ConfigError(f"{store.url} is not a directory of plans (a FIFO, socket or device)")  # never opened
     return True
 
 
 def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 5) -> list[str]:
     """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
 
-    Breadth first, at most MAX_DEPTH levels and MAX_LISTINGS listings, inside the deadline;
-    any failure ends the walk with what was found so far.
+    Breadth first, at most MAX_DEPTH levels and MAX_LISTINGS listing requests, inside the
+    deadline; any failure ends the walk with what was found so far. On S3, GCS and Azure each
+    request is one page (:func:`.backends.list_page`), read and dropped: what is kept is at most
+    MAX_QUEUED prefixes and whether a plan was seen, so a hostile listing (4 MiB pages that say
+    "truncated" forever) costs a page of memory, not the listing's size. The URLs shown pass
+    through :func:`~plancache.trust.display.safe_text` (a prefix is the store's text).
     """
+    from ..trust.display import safe_text
+
     deadline = time.monotonic() + min(store.timeout, 10.0) if deadline is None else deadline
     base = store.url.rstrip("/")
     found: list[str] = []
+
+    def shown(path: str) -> str:
+        return safe_text(base + path[len(store.root.rstrip("/")):], 300)
+
+    async def paged() -> None:
+        from .backends import list_page
+
+        queue: deque[tuple[str, int]] = deque([(store.root, 0)])
+        queued = requests = 0
+        while queue and len(found) < limit and requests < MAX_LISTINGS:
+            path, depth = queue.popleft()
+            token: str | None = None
+            holds_plans = False
+            while requests < MAX_LISTINGS:
+                requests += 1
+                try:
+                    page = await list_page(store, token, path)
+                except (OSError, ValueError, PlanCacheError):
+                    break
+                holds_plans = holds_plans or any(fingerprint_of_plan_name(e.name) for e in page.entries)
+                for below in page.prefixes if depth < MAX_DEPTH else ():
+                    if queued < MAX_QUEUED:
+                        queue.append((below, depth + 1))
+                        queued += 1
+                if page.token is None or (holds_plans and (queued >= MAX_QUEUED or depth >= MAX_DEPTH)):
+                    break  # nothing more this prefix could tell
+                token = page.token
+            if depth > 0 and holds_plans:
+                found.append(shown(path))
 
     async def walk() -> None:
         queue = [(store.root, 0)]
@@ -188,10 +228,12 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
                     queue.append((full, depth + 1))
                 names.append(leaf)
             if depth > 0 and any(fingerprint_of_plan_name(n) for n in names):
-                found.append(base + path[len(store.root.rstrip("/")):])
+                found.append(shown(path))
+
+    from .backends import PAGED
 
     try:
-        _run(store, walk, deadline, "cannot walk")
+        _run(store, paged if store.kind in PAGED else walk, deadline, "cannot walk")
     except PlanCacheError:
         pass
     return found[:limit]

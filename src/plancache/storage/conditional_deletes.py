@@ -10,6 +10,15 @@ gone (404) is fine. The plan goes first, then its sidecar, each conditional: a p
 changed keeps its sidecar; a sidecar replaced after its plan's delete is kept, beside no plan
 (a sidecar alone is never listed as a plan).
 
+Several S3-compatible servers accept ``If-Match`` on a delete and ignore it (as
+gcp-storage-emulator ignores ``ifGenerationMatch``): there the precondition would be a promise
+the store does not keep. So before the first delete, :func:`require_honoured_preconditions`
+asks the store: it writes a canary object beside the plans (a name no listing takes for a
+plan), deletes it with a precondition that does not hold, and requires that delete to fail
+(412); a store that deletes it anyway, or refuses the precondition itself, is a ConfigError
+and nothing is deleted. ``unconditional=True`` (``prune --unconditional``) skips the check and
+deletes after the re-read, as on the backends below.
+
 Other backends (``file://``, ``memory://``, other fsspec filesystems) offer no precondition
 through fsspec: they are re-read and compared, and the window left is the time between that
 re-read and the delete.
@@ -24,11 +33,12 @@ import asyncio
 import hashlib
 import itertools
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from ..trust.errors import PlanCacheError, Reason, Rejected
+from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plan import plan_name, sig_name
-from .deadline import store_error, with_retries
+from .deadline import http_status, store_error, with_retries
 from .listing import cap_for
 from .versioned import ABSENT, DELETES, READS, Versioned, precondition_failed
 
@@ -39,6 +49,11 @@ T = TypeVar("T")
 
 BATCH = 64
 """Fingerprints re-read, then deleted, per round."""
+
+CANARY_PREFIX = ".plancache-precondition-check-"
+"""Name of the canary object the precondition check writes and deletes (never a plan's name)."""
+
+UNCONDITIONAL_FLAG = "--unconditional"
 
 BeforeDelete = Callable[[list[str]], None]
 """Called with the fingerprints about to be deleted, after their re-read (tests race a writer here)."""
@@ -54,18 +69,20 @@ def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
 
 def delete_if_unchanged(
     store: "Store", judged: Mapping[str, str], deadline: float | None = None,
-    before_delete: BeforeDelete | None = None,
+    before_delete: BeforeDelete | None = None, unconditional: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Delete each fingerprint's plan and sidecar only if both are still what was judged
     (``judged`` maps a fingerprint to its :func:`content_digest`); returns (deleted, changed).
 
     Re-reads one batch at a time and compares; on S3, GCS and Azure each delete is then
-    conditional on the version re-read (see the module docs), elsewhere it follows the re-read.
+    conditional on the version re-read (see the module docs), once the store has shown that it
+    honours that precondition; elsewhere, or with ``unconditional``, it follows the re-read.
     A read or delete that fails raises its typed error (what was deleted before stays deleted).
     """
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
-    if store.kind not in READS:
+    if store.kind not in READS or unconditional:
         return _reread_then_delete(store, judged, deadline, before_delete)
+    require_honoured_preconditions(store, deadline)
     fs = store.fs
     deleted: list[str] = []
     changed: list[str] = []
@@ -80,6 +97,42 @@ def delete_if_unchanged(
         deleted += [fp for fp in same if gone[fp]]
         changed += [fp for fp in same if not gone[fp]]
     return deleted, changed
+
+
+def require_honoured_preconditions(store: "Store", deadline: float) -> None:
+    """ConfigError (naming :data:`UNCONDITIONAL_FLAG`) unless the store refuses a delete whose
+    precondition does not hold: checked on a canary object, written and removed here."""
+    fs = store.fs
+    path = store.path(f"{CANARY_PREFIX}{uuid.uuid4().hex}")
+
+    async def check() -> str | None:
+        await with_retries(lambda: store._call("pipe_file", path, b"plancache precondition check\n"), deadline)
+        try:
+            version = await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)
+            assert version.token is not None
+            wrong = str(int(version.token) + 1) if version.token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'
+            try:
+                await DELETES[store.kind](fs, path, wrong)
+            except Exception as exc:
+                if precondition_failed(exc):
+                    return None
+                status = http_status(exc)
+                if status is None or (status >= 500 and status != 501):
+                    raise  # the store failed, not the check: a store error
+                return f"answers {status} to a delete with a precondition"
+            return "deleted an object whose precondition did not hold"
+        finally:
+            try:
+                await with_retries(lambda: store._call("rm_file", path), deadline)
+            except FileNotFoundError:
+                pass
+
+    failed = store._run(check, deadline, "cannot check conditional deletes on")  # failures typed there
+    if failed is not None:
+        raise ConfigError(
+            f"{store.url} does not honour conditional deletes (it {failed}), so a plan replaced after it was judged "
+            f"could be deleted; nothing deleted (prune {UNCONDITIONAL_FLAG} deletes anyway, after a re-read)"
+        )
 
 
 def _reread_then_delete(

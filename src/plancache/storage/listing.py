@@ -48,11 +48,18 @@ class ObjectInfo:
     GCS ``md5Hash``); push uses it to skip identical objects without downloading them."""
 
 
+MAX_PAGE_PREFIXES = 100
+"""Sub-prefixes one page may name that are kept (the deeper-prefix walk follows a few)."""
+
+
 @dataclass(frozen=True)
 class Page:
     entries: list[ObjectInfo]
     token: str | None
     """Where the next page starts; None on the last page."""
+    prefixes: tuple[str, ...] = ()
+    """Sub-prefixes one level below the listed one, as paths of the filesystem (``bucket/a/b``),
+    validated by :func:`prefixes_under`; only :func:`.checks.deeper_prefixes` reads them."""
 
 
 def cap_for(name: str) -> int:
@@ -104,6 +111,22 @@ def entries_under(items: Any, prefix: str, name_key: str, size_key: str) -> list
             if info is not None:
                 entries.append(info)
     return entries
+
+
+def prefixes_under(names: Any, bucket: str, prefix: str) -> tuple[str, ...]:
+    """The sub-prefixes a page names (S3 ``CommonPrefixes``, GCS ``prefixes``, Azure blob
+    prefixes) that are exactly one plain segment below ``prefix``, as ``bucket/prefix/segment``;
+    at most :data:`MAX_PAGE_PREFIXES`. Anything else the server sent is dropped."""
+    kept: list[str] = []
+    for name in names if isinstance(names, (list, tuple)) else []:
+        if len(kept) >= MAX_PAGE_PREFIXES:
+            break
+        if not isinstance(name, str) or len(name) > 1024 or not name.startswith(prefix):
+            continue
+        segment = name[len(prefix):].removesuffix("/")
+        if segment and segment not in (".", "..") and "/" not in segment and segment.isprintable():
+            kept.append(f"{bucket}/{prefix}{segment}")
+    return tuple(kept)
 
 
 def local_entries(directory: str, limit: int) -> list[ObjectInfo]:

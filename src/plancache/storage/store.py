@@ -40,14 +40,34 @@ T = TypeVar("T")
 SYNC_CONCURRENCY = 8  # threads in flight for filesystems without an async implementation
 
 
-def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None) -> "Store":
+def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None, *,
+               deadline: float | None = None, check: Callable[[], None] | None = None) -> "Store":
     """Open the store at ``url``; ``timeout`` is the overall budget of each remote operation.
 
     Options: plancache's defaults for the protocol, overridden by fsspec's configuration for
     it, overridden by options in the URL, overridden by ``storage_options``. Bad options fail
     here; a GCS filesystem (and s3fs's, behind :mod:`.s3.direct`) is made by its first use.
+
+    The SDK's import (s3fs with aiobotocore and aiohttp, gcsfs, adlfs: up to a second on a busy
+    machine) and ``check`` (the caller's look at the options, which imports them too) run in a
+    daemon thread waited for until ``deadline`` (default: now + the budget), and an operation
+    started with no deadline of its own while that deadline is still ahead ends by it: so
+    ``--timeout 0.5`` holds for the imports too, not just for the requests after them.
     """
     budget = checked_budget(timeout)
+    deadline = time.monotonic() + budget if deadline is None else deadline
+
+    def opening() -> Store:
+        if check is not None:
+            check()
+        return _opened(url, storage_options, budget)
+
+    store: Store = Pending(opening, "plancache-open").result(deadline, f"cannot open {url}", budget)
+    store._first_deadline = deadline
+    return store
+
+
+def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> "Store":
     direct = direct_settings(url, storage_options or {})
     if direct is not None:  # s3fs is imported only when more than a boot's few reads are asked for
         return Store(None, url.rstrip("/"), direct.root, budget, kind="s3", direct=S3Direct(direct, budget),
@@ -78,6 +98,9 @@ class Store:
         self.timeout = timeout
         self.kind = kind or kind_of(type(fs))
         self._async = self.kind in ("s3", "gcs", "azure", "async")
+        self._first_deadline: float | None = None
+        """The deadline :func:`open_store` waited for: an operation without a deadline of its own
+        that starts before it ends by it (the open and that operation share one budget)."""
 
     def __str__(self) -> str:
         return self.url
@@ -114,7 +137,11 @@ class Store:
         return f"{self.root}/{name}" if self.root not in ("", "/") else f"{self.root.rstrip('/')}/{name}"
 
     def _deadline(self, deadline: float | None) -> float:
-        return time.monotonic() + self.timeout if deadline is None else deadline
+        if deadline is not None:
+            return deadline
+        now, first = time.monotonic(), self._first_deadline
+        self._first_deadline = None
+        return first if first is not None and first > now else now + self.timeout
 
     def _run(self, make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
         fs = self._filesystem(deadline)
@@ -196,7 +223,8 @@ class Store:
     def iter_objects(self, deadline: float | None = None) -> Iterator[ObjectInfo]:
         """Plan and sidecar objects directly under the prefix, one page requested at a time.
 
-        Every other name is dropped. TOO_LARGE past MAX_NAMES names or MAX_PAGES pages; the
+        Every other name is dropped, and so is a name listed again (each object counts once
+        everywhere: verify, ls, pull, prune). TOO_LARGE past MAX_NAMES names or MAX_PAGES pages; the
         deadline bounds the whole listing (it starts now, not at the first item).
         """
         deadline = self._deadline(deadline)
@@ -204,13 +232,16 @@ class Store:
         def pages() -> Iterator[ObjectInfo]:
             token: str | None = None
             names = 0
+            seen: set[str] = set()  # at most MAX_NAMES short names
             for _ in range(MAX_PAGES):
                 page = self._run(lambda: with_retries(lambda: list_page(self, token), deadline), deadline, "cannot list")
                 for info in page.entries:
                     names += 1
                     if names > MAX_NAMES:
                         raise Rejected(Reason.TOO_LARGE, f"{self.url} lists more than {MAX_NAMES} plan objects")
-                    yield info
+                    if info.name not in seen:  # a listing naming an object twice names it once here
+                        seen.add(info.name)
+                        yield info
                 if page.token is None:
                     return
                 token = page.token

@@ -33,11 +33,11 @@ from adlfs import AzureBlobFileSystem
 from azure.core.exceptions import ResourceNotFoundError
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.storage.blob import BlobProperties
-from azure.storage.blob.aio import BlobServiceClient
+from azure.storage.blob.aio import BlobPrefix, BlobServiceClient
 
 from ...trust.errors import StoreError
 from ..caps.http import read_declared, session_kwargs
-from ..listing import PAGE_SIZE, Page, entry_info
+from ..listing import MAX_PAGE_PREFIXES, PAGE_SIZE, Page, entry_info, prefixes_under
 
 
 class CappedTransport(AioHttpTransport):  # type: ignore[misc]
@@ -149,17 +149,20 @@ def _md5_hash(item: BlobProperties) -> dict[str, str]:
 
 
 async def azure_page(fs: Any, root: str, token: str | None) -> Page:
-    """One page of the blobs directly under ``root`` (``delimiter='/'``); sub-prefixes are dropped."""
+    """One page of the blobs directly under ``root`` (``delimiter='/'``), and of the sub-prefixes it names."""
     container, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
     async with fs.service_client.get_container_client(container) as client:
         pages = client.walk_blobs(name_starts_with=prefix or None, delimiter="/", results_per_page=PAGE_SIZE)
         pager = pages.by_page(continuation_token=token)
         entries = []
+        below: list[str] = []
         try:
             async for page in pager:
                 async for item in page:
-                    if isinstance(item, BlobProperties) and isinstance(item.name, str) and item.name.startswith(prefix):
+                    if isinstance(item, BlobPrefix) and len(below) < MAX_PAGE_PREFIXES:
+                        below.append(item.name)
+                    elif isinstance(item, BlobProperties) and isinstance(item.name, str) and item.name.startswith(prefix):
                         info = entry_info(item.name[len(prefix):], item.size, _md5_hash(item))
                         if info is not None:
                             entries.append(info)
@@ -167,4 +170,5 @@ async def azure_page(fs: Any, root: str, token: str | None) -> Page:
         except ResourceNotFoundError:
             raise FileNotFoundError(root) from None
         following = pager.continuation_token
-    return Page(entries, following if isinstance(following, str) and following and following != token else None)
+    return Page(entries, following if isinstance(following, str) and following and following != token else None,
+                prefixes_under(below, container, prefix))

@@ -26,6 +26,24 @@ def check_declared(name: str, cap: int, declared: Any) -> None:
         raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}")
 
 
+MAX_DECLARED = 1 << 64
+"""A Content-Length this large cannot be represented by aiohttp's parser (llhttp keeps an
+unsigned 64-bit count): the s3fs path refuses it as a malformed answer, so the botocore path does."""
+
+
+def check_length_header(value: Any) -> None:
+    """A transport-level StoreError for a Content-Length no HTTP parser should accept: anything
+    but one decimal number (``-1``, ``+5``, ``5, 5`` from two headers, ``abc``), or one past
+    :data:`MAX_DECLARED`. aiohttp (s3fs, gcsfs, Azure) refuses these before plancache sees the
+    answer; http.client (botocore) would read ``-1`` as "until the connection closes", ``+5``
+    as 5, and hand botocore a length it cannot parse. Both paths now answer the same."""
+    if value is None:
+        return
+    text = str(value)
+    if not (text.isascii() and text.isdigit()) or int(text) >= MAX_DECLARED:
+        raise StoreError(f"the store declared an impossible length (Content-Length: {text[:40]!r})")
+
+
 def check_complete(got: int, declared: Any) -> None:
     """A body shorter than declared is a dropped connection: a transient StoreError, retried."""
     if isinstance(declared, int) and got < declared:

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..listing import PAGE_SIZE, Page, entries_under
+from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
 
 
 async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
-    """One page of GCS's object listing directly under ``root`` (``delimiter='/'``)."""
+    """One page of GCS's object listing directly under ``root`` (``delimiter='/'``), and of the
+    sub-prefixes it names."""
     bucket, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
     resp = await fs._call(
         "GET", "b/{}/o", bucket, json_out=True, prefix=prefix or None, delimiter="/",
         maxResults=PAGE_SIZE, pageToken=token,
     )
-    entries = entries_under(resp.get("items") if isinstance(resp, dict) else None, prefix, "name", "size")
-    following = resp.get("nextPageToken") if isinstance(resp, dict) else None
-    return Page(entries, following if isinstance(following, str) and following != token else None)
+    answer = resp if isinstance(resp, dict) else {}
+    entries = entries_under(answer.get("items"), prefix, "name", "size")
+    following = answer.get("nextPageToken")
+    return Page(entries, following if isinstance(following, str) and following != token else None,
+                prefixes_under(answer.get("prefixes"), bucket, prefix))

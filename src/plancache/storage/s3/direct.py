@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...trust.errors import ConfigError, Reason, Rejected, StoreError
 from ...trust.plan import plan_name, sig_name
 from ..backends import request_timeouts
-from ..caps.bodies import BODY_CAP, ERROR_BODY_CAP, check_complete, check_declared, read_upto
+from ..caps.bodies import BODY_CAP, ERROR_BODY_CAP, check_complete, check_declared, check_length_header, read_upto
 from ..deadline import http_status, one_line, retrying, store_error
 from ..listing import cap_for
 from ..threads import Pending
@@ -120,6 +120,14 @@ def _capped_send(http: Any, request: Any, **_: Any) -> Any:
     finally:
         request.stream_output = streaming
     raw, status = response.raw, response.status_code
+    if status < 200:  # an informational answer reached botocore as the final one: never empty bytes
+        raw.close()
+        raise StoreError(f"the store answered {status} and no final answer", transient=True)
+    try:
+        check_length_header(response.headers.get("Content-Length"))
+    except StoreError:
+        raw.close()
+        raise
     target = response.headers.get("Location")
     # A 3xx naming a Location is a redirect: refused. Without one (S3's 301 PermanentRedirect
     # names the bucket's region in a header), botocore's own region redirector decides.
@@ -138,6 +146,53 @@ def _capped_send(http: Any, request: Any, **_: Any) -> Any:
     else:
         raw.release_conn()
     return AWSResponse(response.url, status, response.headers, _Buffered(data))
+
+
+MAX_INFORMATIONAL = 16
+"""Informational answers (``103 Early Hints``, ...) skipped before one request's final answer."""
+
+
+@functools.lru_cache(maxsize=None)
+def _pools() -> dict[str, type] | None:
+    """botocore's connection pools, whose responses skip informational answers as aiohttp does
+    (every 1xx but 101); None if http.client has no status reader to extend.
+
+    http.client only skips ``100 Continue``: a ``103 Early Hints`` before the real answer became
+    botocore's final, empty answer, and the real one was left on the connection. aiohttp (the
+    s3fs path) reads past it to the final answer; so this path does too.
+    """
+    import http.client
+
+    from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool
+
+    if not callable(getattr(http.client.HTTPResponse, "_read_status", None)) or not hasattr(http.client, "_read_headers"):
+        return None
+
+    class FinalResponse(http.client.HTTPResponse):
+        def _read_status(self) -> tuple[str, int, str]:
+            for _ in range(MAX_INFORMATIONAL):
+                version, status, reason = super()._read_status()  # type: ignore[misc]
+                if not 100 < status < 200 or status == 101:  # 100 itself: http.client skips it
+                    return version, status, reason
+                http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # capped there
+            raise http.client.HTTPException(f"more than {MAX_INFORMATIONAL} informational answers")
+
+    plain = type("Connection", (AWSHTTPConnection,), {"response_class": FinalResponse})
+    tls = type("TLSConnection", (AWSHTTPSConnection,), {"response_class": FinalResponse})
+    return {"http": type("Pool", (AWSHTTPConnectionPool,), {"ConnectionCls": plain}),
+            "https": type("TLSPool", (AWSHTTPSConnectionPool,), {"ConnectionCls": tls})}
+
+
+def _skip_informational(http: Any) -> None:
+    """Use :func:`_pools` in botocore's URLLib3Session ``http`` (its pool manager and the proxy
+    managers it makes later); left as it is where botocore moved them (then an informational
+    final answer is still refused, in :func:`_capped_send`)."""
+    pools = _pools()
+    manager = getattr(http, "_manager", None)
+    if pools is None or manager is None or not isinstance(getattr(http, "_pool_classes_by_scheme", None), dict):
+        return
+    http._pool_classes_by_scheme = pools
+    manager.pool_classes_by_scheme = pools
 
 
 class S3Direct:
@@ -175,6 +230,7 @@ class S3Direct:
         http = getattr(getattr(client, "_endpoint", None), "http_session", None)
         if not callable(getattr(http, "send", None)):  # botocore moved it: never read uncapped
             raise ConfigError("this botocore has no endpoint HTTP session: plancache needs a supported botocore")
+        _skip_informational(http)
         client.meta.events.register_first("before-send.s3", functools.partial(_capped_send, http))
         return client
 

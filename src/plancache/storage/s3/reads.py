@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..caps.http import read_declared
-from ..listing import PAGE_SIZE, Page, entries_under
+from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
 
 
 async def s3_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
@@ -33,7 +33,8 @@ async def s3_read(fs: Any, path: str, cap: int) -> bytes:
 
 
 async def s3_page(fs: Any, root: str, token: str | None) -> Page:
-    """One ``ListObjectsV2`` page of the objects directly under ``root`` (``Delimiter='/'``)."""
+    """One ``ListObjectsV2`` page of the objects directly under ``root`` (``Delimiter='/'``),
+    and of the sub-prefixes it names."""
     bucket, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE_SIZE}
@@ -41,6 +42,7 @@ async def s3_page(fs: Any, root: str, token: str | None) -> Page:
         kwargs["ContinuationToken"] = token
     resp = await fs._call_s3("list_objects_v2", **kwargs)
     entries = entries_under(resp.get("Contents"), prefix, "Key", "Size")
+    common = [p.get("Prefix") for p in resp.get("CommonPrefixes") or [] if isinstance(p, dict)]
     following = resp.get("NextContinuationToken")
     more = resp.get("IsTruncated") is True and isinstance(following, str) and following != token
-    return Page(entries, following if more else None)
+    return Page(entries, following if more else None, prefixes_under(common, bucket, prefix))
