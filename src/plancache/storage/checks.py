@@ -170,17 +170,17 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
     deadline; any failure ends the walk with what was found so far. On S3, GCS and Azure each
     request is one page (:func:`.backends.list_page`), read and dropped: what is kept is at most
     MAX_QUEUED prefixes and whether a plan was seen, so a hostile listing (4 MiB pages that say
-    "truncated" forever) costs a page of memory, not the listing's size. The URLs shown pass
-    through :func:`~plancache.trust.display.safe_text` (a prefix is the store's text).
+    "truncated" forever) costs a page of memory, not the listing's size. The URLs are the
+    store's text, returned as they are: whoever shows them escapes them
+    (:func:`plancache.pipeline.locations.no_plans_message`), so a near-miss is matched on the
+    real name.
     """
-    from ..trust.display import safe_text
-
     deadline = time.monotonic() + min(store.timeout, 10.0) if deadline is None else deadline
     base = store.url.rstrip("/")
     found: list[str] = []
 
     def shown(path: str) -> str:
-        return safe_text(base + path[len(store.root.rstrip("/")):], 300)
+        return base + path[len(store.root.rstrip("/")):]
 
     async def paged() -> None:
         from .backends import list_page
