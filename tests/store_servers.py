@@ -284,6 +284,11 @@ class _FaultHandler(BaseHTTPRequestHandler):
         query = parse_qs(url.query)
         if url.path.startswith("/storage/v1/b/") and state.hostile_prefix:
             return self._gcs_hostile(url.path.split("/")[4:], query)
+        if query.get("restype") == ["container"] and state.hostile_prefix:
+            if query.get("comp") == ["list"]:
+                return self._azure_hostile(query)
+            return self._send(200, b"", {"ETag": '"0x1"', "Last-Modified": formatdate(usegmt=True),
+                                         "x-ms-version": "2021-08-06"})  # Get Container Properties
         if state.redirect_to:
             self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
             return None
@@ -438,6 +443,25 @@ class _FaultHandler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(answer).encode(), {"Content-Type": "application/json"})
 
 
+    def _azure_hostile(self, query: dict[str, list[str]]) -> None:
+        """Azure's List Blobs for the same walk as :meth:`_hostile_page` (``BlobPrefix`` above
+        ``hostile_prefix``, endless 3.5 MiB pages of blobs at it, each with a NextMarker)."""
+        state = self.server.state
+        prefix = query.get("prefix", [""])[0]
+        head = (f"<?xml version='1.0' encoding='utf-8'?><EnumerationResults ServiceEndpoint='{self.server.endpoint}/' "
+                f"ContainerName='faulty'><Prefix>{escape(prefix)}</Prefix><Delimiter>/</Delimiter>")
+        if prefix != state.hostile_prefix:
+            below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+            body = f"{head}<Blobs><BlobPrefix><Name>{escape(prefix + below)}/</Name></BlobPrefix></Blobs><NextMarker /></EnumerationResults>"
+        else:
+            page = int(query.get("marker", ["0"])[0])
+            blobs = "".join(
+                f"<Blob><Name>{escape(prefix)}{'j' * 900}-{page}-{i}</Name><Properties><Content-Length>1</Content-Length>"
+                "<BlobType>BlockBlob</BlobType></Properties></Blob>" for i in range(HOSTILE_PAGE_KEYS))
+            body = f"{head}<Blobs>{blobs}</Blobs><NextMarker>{page + 1}</NextMarker></EnumerationResults>"
+        self._send(200, body.encode(), {"Content-Type": "application/xml", "x-ms-version": "2021-08-06"})
+
+
 class QuietHTTPServer(ThreadingHTTPServer):
     """A threaded test server that stays quiet when a client hangs up on it (faults make them)."""
 
@@ -472,6 +496,7 @@ class FaultServer(LoopbackServer):
 
     def __init__(self) -> None:
         super().__init__(_FaultHandler, state=FaultState())
+        self.httpd.endpoint = self.endpoint  # type: ignore[attr-defined]
 
     @property
     def state(self) -> FaultState:

@@ -116,6 +116,7 @@ def test_pin_from_a_file_that_only_the_owner_reads(token: tuple[dict[str, str], 
     (uri("token=ci;object=other"), "0 private key objects match"),
     (uri("token=ci;object=signer;pin=1"), "unknown or repeated path attribute 'pin'"),
     (f"pkcs11:token=ci;object=signer?module-path=/nonexistent/lib.so&pin-value={PIN}", "cannot load the PKCS#11 module"),
+    (f"pkcs11:token=ci;object=signer?module-path=libm.so.6&pin-value={PIN}", "is not a PKCS#11 module"),
     ("pkcs11:token=ci;object=signer", "add ?module-path="),
 ])
 def test_a_token_that_cannot_be_used_is_one_line(token: tuple[dict[str, str], Ed25519PublicKey], ref: str, expected: str) -> None:

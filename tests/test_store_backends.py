@@ -54,6 +54,7 @@ class Backend:
 def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     kind = request.param
     if kind == "file":
+        (tmp_path / "bucket").mkdir()  # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
         yield Backend(kind, (tmp_path / "bucket" / "plans").as_uri())
     elif kind == "memory":
         yield Backend(kind, f"memory://plancache-{uuid.uuid4().hex}/plans")

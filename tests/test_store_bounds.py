@@ -263,13 +263,13 @@ def test_deadline_keeps_what_was_fetched(s3_read_path: str, fault_server: FaultS
     assert slow.error is not None and slow.error.reason is Reason.TIMEOUT
 
 
-@pytest.mark.parametrize("url", ["s3://faulty/plans", "gs://faulty/plans"])
+@pytest.mark.parametrize("url", ["s3://faulty/plans", "gs://faulty/plans", "az://faulty/plans"])
 def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listing(
     url: str, fault_server: FaultServer, tmp_path: Path
 ) -> None:
     """``verify`` of a prefix with no plans names the prefixes below it that hold some. Below
     this one, a listing that never ends: 3.5 MiB pages of keys, each saying there is another
-    (S3's ListObjectsV2 and GCS's JSON API from the fault server). The walk used the SDK's
+    (S3's ListObjectsV2, GCS's JSON API and Azure's List Blobs from the fault server). The walk used the SDK's
     ``ls``, which gathers every page before returning (289 MiB after 10 s through s3fs,
     growing); it now asks for one page at a time, keeps none of it, and stops at MAX_LISTINGS
     requests (twice at most: the walk below the prefix, then the near-miss walk from its
@@ -283,7 +283,10 @@ def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listin
     option = f"endpoint_url={fault_server.endpoint}" if url.startswith("s3") else "token=anon"
     argv = [sys.executable, PROBE, "--cli", str(peak_file), "verify", "--trusted-keys", str(tmp_path / "k.pub"),
             "--timeout", "10", "--storage-option", option, url]
-    env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC, "STORAGE_EMULATOR_HOST": fault_server.endpoint}
+    env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC, "STORAGE_EMULATOR_HOST": fault_server.endpoint,
+           "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+           "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+           f"BlobEndpoint={fault_server.endpoint}/devstoreaccount1;"}
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"no plans in {url}" in result.stderr, result.stderr
     hostile = [p for m, p, _ in fault_server.state.requests if m == "GET" and "prefix=plans/deep/&" in unquote(p)]

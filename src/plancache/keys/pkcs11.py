@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
-import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -41,8 +39,6 @@ _QUERY_ATTRS = ("module-path", "pin-value", "pin-source")
 _ED25519_PARAMS = (b"\x06\x03\x2b\x65\x70", b"\x13\x0cedwards25519")
 """CKA_EC_PARAMS of Ed25519: the OID 1.3.101.112, or the printable string SoftHSM writes."""
 MAX_PIN_FILE_BYTES = 4096
-_LOADER_OUTPUT_CAP = 4096
-"""Bytes of what a native loader printed that are kept (for the error line)."""
 
 _libs: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -118,38 +114,24 @@ def parse_pkcs11_uri(ref: str) -> Pkcs11Ref:
     return Pkcs11Ref(path, query["module-path"], query.get("pin-value"), query.get("pin-source"))
 
 
-@contextmanager
-def _stdout_captured() -> Iterator[list[bytes]]:
-    """File descriptor 1 sent to a temporary file while a native library loads; what it wrote
-    is handed back in the list (flushed from C's stdio first).
+def _loadable(module: str) -> None:
+    """ConfigError unless ``module`` loads and exports ``C_GetFunctionList``, asked through
+    ctypes before PyKCS11 loads it.
 
-    PyKCS11's loader prints its diagnostics (``dlopen`` errors) with C ``printf``, straight
-    to stdout, ahead of a ``--json`` report that must be the only thing there. Anything another
-    thread wrote meanwhile is written back to stdout after the load.
+    PyKCS11's loader prints ``dlopen``'s and ``dlsym``'s complaints with C ``printf``, straight
+    to stdout, ahead of a ``--json`` report that must be the only thing there. The same
+    ``dlopen`` (``RTLD_NOW``, as PyKCS11 asks) through ctypes fails with the message as an
+    exception instead, so PyKCS11 is only handed a module it will load without a word. (No
+    file descriptor games: a load that hangs past the budget must not take stdout with it.)
     """
     import ctypes
 
-    captured: list[bytes] = []
     try:
-        sys.stdout.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-    with tempfile.TemporaryFile() as sink:
-        saved = os.dup(1)
-        try:
-            os.dup2(sink.fileno(), 1)
-            try:
-                yield captured
-            finally:
-                try:
-                    ctypes.CDLL(None).fflush(None)  # C's buffered stdout, while fd 1 is still the sink
-                except (OSError, AttributeError):
-                    pass
-                os.dup2(saved, 1)
-        finally:
-            os.close(saved)
-        sink.seek(0)
-        captured.append(sink.read(_LOADER_OUTPUT_CAP))
+        handle = ctypes.CDLL(module)
+    except OSError as exc:
+        raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}") from None
+    if not hasattr(handle, "C_GetFunctionList"):
+        raise ConfigError(f"{safe_text(module, 120)} is not a PKCS#11 module (it exports no C_GetFunctionList)")
 
 
 def _library(module: str) -> Any:
@@ -159,18 +141,12 @@ def _library(module: str) -> Any:
         raise missing_extra("pkcs11:", "PyKCS11", "pkcs11") from None
     lib = _libs.get(module)
     if lib is None:
+        _loadable(module)
         lib = PyKCS11.PyKCS11Lib()
-        with _stdout_captured() as printed:
-            try:
-                lib.load(module)
-            except PyKCS11.PyKCS11Error:
-                lib = None
-        said = b"".join(printed)
-        if lib is None:
-            why = safe_text(" ".join(said.decode("utf-8", "replace").split()), 200) or "the library does not load"
-            raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {why}")
-        if said:
-            os.write(1, said)  # not the loader's: another thread's output, kept
+        try:
+            lib.load(module)
+        except PyKCS11.PyKCS11Error as exc:
+            raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}") from None
         _libs[module] = lib
     return lib
 

@@ -108,9 +108,8 @@ def require_honoured_preconditions(store: "Store", deadline: float) -> None:
     async def check() -> str | None:
         await with_retries(lambda: store._call("pipe_file", path, b"plancache precondition check\n"), deadline)
         try:
-            version = await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)
-            assert version.token is not None
-            wrong = str(int(version.token) + 1) if version.token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'
+            token = (await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)).token or ""
+            wrong = str(int(token) + 1) if token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'  # never the canary's
             try:
                 await DELETES[store.kind](fs, path, wrong)
             except Exception as exc:

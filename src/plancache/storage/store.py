@@ -29,8 +29,9 @@ from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
 from .backends import CONCURRENCY, filesystem_opener, kind_of, list_page
 from .batches import each
-from .deadline import DEFAULT_TIMEOUT, checked_budget, http_status, run_by, store_error, with_retries
-from .files import read_capped, write_atomic
+from .capped_reads import read_object
+from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
+from .files import write_atomic
 from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, md5_hex  # noqa: F401 (re-exported)
 from .s3.direct import MAX_FINGERPRINTS, S3Direct, direct_settings
 from .threads import Pending, in_thread, use_daemon_executor
@@ -48,11 +49,10 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
     it, overridden by options in the URL, overridden by ``storage_options``. Bad options fail
     here; a GCS filesystem (and s3fs's, behind :mod:`.s3.direct`) is made by its first use.
 
-    The SDK's import (s3fs with aiobotocore and aiohttp, gcsfs, adlfs: up to a second on a busy
-    machine) and ``check`` (the caller's look at the options, which imports them too) run in a
-    daemon thread waited for until ``deadline`` (default: now + the budget), and an operation
-    started with no deadline of its own while that deadline is still ahead ends by it: so
-    ``--timeout 0.5`` holds for the imports too, not just for the requests after them.
+    The SDK's import (s3fs, gcsfs, adlfs: up to a second on a busy machine) and ``check`` (the
+    caller's look at the options, which imports them too) run in a daemon thread waited for
+    until ``deadline`` (default: now + the budget); the first operation without a deadline of its
+    own ends by it too, so ``--timeout`` holds for the import, not just the requests after it.
     """
     budget = checked_budget(timeout)
     deadline = time.monotonic() + budget if deadline is None else deadline
@@ -161,38 +161,8 @@ class Store:
         return await in_thread(getattr(self._fs, name), *args, **kwargs)
 
     async def _read_capped(self, name: str, deadline: float, cap: int | None = None) -> bytes | None:
-        """One object's bytes (None if absent), at most ``cap`` (a plan's or sidecar's by its name)."""
-        cap = cap_for(name) if cap is None else cap
-        path = self.path(name)
-
-        async def attempt() -> bytes | None:
-            if self.kind == "s3":
-                from .s3.reads import s3_read
-
-                return await s3_read(self._fs, path, cap)
-            if self.kind == "azure":  # adlfs's cat_file would join the whole body
-                from .azure.blob import azure_read
-                return await azure_read(self._fs, path, cap)
-            if self.kind == "local":  # O_NONBLOCK|O_NOFOLLOW, fstat: a FIFO never blocks the open
-                return await in_thread(read_capped, Path(path), cap)
-            from .caps.http import body_cap
-
-            with body_cap(cap + 1):
-                return bytes(await self._call("cat_file", path, start=0, end=cap + 1))
-
-        try:
-            data = await with_retries(attempt, deadline)
-        except FileNotFoundError:
-            return None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if http_status(exc) == 416:  # a range from byte 0 is unsatisfiable only over an empty object
-                return b""
-            raise store_error(f"cannot read {name}", exc) from None
-        if data is not None and len(data) > cap:
-            raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
-        return data
+        """One object's bytes (None if absent), at most ``cap`` (see :func:`.capped_reads.read_object`)."""
+        return await read_object(self, name, deadline, cap)
 
     def _each_by(
         self,
