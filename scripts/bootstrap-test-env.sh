@@ -16,7 +16,7 @@
 #                             and requirements/test-pins.txt as constraints, so nothing step 2
 #                             installed can be moved.
 #
-# Before the venv: Debian's softhsm2 and opensc (SoftHSM2 and pkcs11-tool, the real PKCS#11
+# Before the venv: Debian's softhsm2, opensc and zsh (SoftHSM2 and pkcs11-tool, the real PKCS#11
 # token the key-custody tests sign with), installed with apt-get when missing. Checked on
 # every run (cheap when present), since a machine can be new while a venv is kept; when the
 # install is impossible (not root, no sudo, no apt) it says so and the PKCS#11 tests skip.
@@ -57,7 +57,7 @@ hash_inputs() {
 }
 
 install_softhsm() {
-    if command -v softhsm2-util >/dev/null 2>&1 && command -v pkcs11-tool >/dev/null 2>&1; then
+    if command -v softhsm2-util >/dev/null 2>&1 && command -v pkcs11-tool >/dev/null 2>&1 && command -v zsh >/dev/null 2>&1; then
         return 0
     fi
     local sudo=()
@@ -69,10 +69,10 @@ install_softhsm() {
     if ! command -v apt-get >/dev/null 2>&1; then
         log "WARNING: softhsm2/opensc missing and no apt-get: PKCS#11 tests will skip"; return 0
     fi
-    log "apt-get install softhsm2 opensc (PKCS#11 test token)"
-    if ! { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq softhsm2 opensc; } \
+    log "apt-get install softhsm2 opensc zsh (PKCS#11 test token; zsh for the completion test)"
+    if ! { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq softhsm2 opensc zsh; } \
             >/tmp/plancache-apt.log 2>&1; then
-        log "WARNING: apt-get install softhsm2 opensc failed (see /tmp/plancache-apt.log): PKCS#11 tests will skip"
+        log "WARNING: apt-get install softhsm2 opensc zsh failed (see /tmp/plancache-apt.log): PKCS#11 and zsh completion tests will skip"
     fi
 }
 install_softhsm
