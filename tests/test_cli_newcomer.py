@@ -13,32 +13,16 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.keys.keyfile import generate_keypair
 from plancache.storage.localdir import LocalPlanDir
 from plancache.trust.plan import plan_name
+from cli_support import keys, run, s3  # noqa: F401 - fixtures
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-@pytest.fixture
-def s3(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:  # noqa: F811
-    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint}.items():
-        monkeypatch.setenv(key, value)
-    return moto_server
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> Path:
-    generate_keypair(tmp_path / "ci", force=False, comment="ci")
-    return tmp_path / "ci"
 
 
 FACTS = ("--fact", "gpu_memory_utilization=0.9", "--fact", "device_name=x", "--fact", "device_total_memory=1")

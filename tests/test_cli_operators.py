@@ -21,29 +21,17 @@ from plancache.storage.conditional_deletes import content_digest, delete_if_unch
 from plancache.storage.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.plan import plan_name, sig_name
+from cli_support import keys, run, s3  # noqa: F401 - fixtures
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-@pytest.fixture
-def s3(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:  # noqa: F811
-    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint}.items():
-        monkeypatch.setenv(key, value)
-    return moto_server
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> Path:
-    generate_keypair(tmp_path / "ci", force=False, comment="ci")
-    return tmp_path / "ci"
 
 
 def signed_dir(path: Path, key: Path, *fps: str) -> LocalPlanDir:
