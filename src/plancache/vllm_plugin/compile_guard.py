@@ -219,7 +219,7 @@ def install() -> bool:
                        (wrapper, "__call__", _private_entry))
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
-                    raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.33)")
+                    raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
             torch_caches.boot_dir()
             for target, name, wrap in targets:
                 current = getattr(target, name)
