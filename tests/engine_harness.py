@@ -231,6 +231,7 @@ def boot_serve(node: Node, model: Path, env: dict[str, str]) -> Boot:
                 body = {"model": str(model), "prompt": prompt, "max_tokens": shape["max_tokens"], "temperature": 0,
                         "ignore_eos": True, "return_token_ids": True}
                 token_ids.append(list(_post(base_url + "/v1/completions", body)["choices"][0]["token_ids"]))
+            time.sleep(1.5)  # the probes' last periodic write (the shutdown kills the engine processes)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)

@@ -6,7 +6,9 @@ three processes of a boot (the caller or API server, ``EngineCore``, the worker)
 worker's ``vllm.compilation.counter`` counts, and only the worker runs the model, so each
 process writes what it saw to ``$PLANCACHE_ENGINE_PROBE_DIR/probe-<pid>.json`` from an atexit
 hook (vLLM's CPU platform uses ``spawn``, whose children leave through ``sys.exit``, so the
-hooks run): compilation counters, the ``plancache`` modules imported, whether vLLM's compile
+hooks run after ``LLM()``) and every half second from a daemon thread (the server's shutdown
+kills its engine processes, so a server's test waits a second after its last request and reads
+the last write): compilation counters, the ``plancache`` modules imported, whether vLLM's compile
 cache read and startup-plan functions are vLLM's own or wrapped.
 
 **Workaround for a vLLM bug, not plancache code** (``PLANCACHE_ENGINE_FINALIZE_SHIM=1``): vLLM
@@ -27,6 +29,8 @@ import functools
 import json
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 PROBE_DIR_ENV = "PLANCACHE_ENGINE_PROBE_DIR"
@@ -70,12 +74,22 @@ def _report() -> None:
         "shim_used": _shim_calls,
     }
     path = os.path.join(directory, f"probe-{os.getpid()}.json")
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.{threading.get_ident()}.tmp"  # the atexit hook and the thread may both write
+    with open(tmp, "w") as f:
         json.dump(report, f)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 _shim_calls = 0
+
+
+def _every_half_second() -> None:
+    while True:
+        time.sleep(0.5)
+        try:
+            _report()
+        except Exception:  # noqa: BLE001 - a probe never disturbs the engine
+            pass
 
 
 def _install_finalize_shim() -> None:
@@ -107,5 +121,6 @@ def register() -> None:
         return
     _registered = True
     atexit.register(_report)
+    threading.Thread(target=_every_half_second, name="engine-probe", daemon=True).start()
     if os.environ.get(SHIM_ENV) == "1":
         _install_finalize_shim()
