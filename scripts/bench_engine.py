@@ -3,7 +3,10 @@
 One cold boot (a build node with a signing key: compiles, signs, pushes to a loopback moto S3),
 then rounds of warm boots, interleaved so that load on the shared machine hits each the same:
 
-- ``vllm``: vLLM's own warm boot from the local cache, plancache not even loaded;
+- ``vllm``: vLLM's own warm boot from the local cache, plancache installed but off (its entry
+  point imports nothing and patches nothing: tests/test_engine_e2e.py checks that). Not
+  ``VLLM_PLUGINS`` without plancache: vLLM hashes ``VLLM_PLUGINS`` into the compile cache's
+  directory name, so that boot would look for another cache and compile;
 - ``local``: plancache's guard, the same cache verified locally;
 - ``store``: plancache's guard on an empty cache root, pulling the archive from the loopback S3.
 
@@ -85,7 +88,7 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
         if kind != "store":
             P.link_copy(build.root, n.root)
         if kind == "vllm":
-            return n, n.env(shim=shim, VLLM_PLUGINS="plancache_engine_probe")
+            return n, n.env(shim=shim)
         return n, n.env(shim=shim, **guard, **(store if kind == "store" else {}))
 
     boots: dict[str, Callable[[H.Node, Path, dict[str, str]], H.Boot]] = {"llm": H.boot_llm, "serve": H.boot_serve}
