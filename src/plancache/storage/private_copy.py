@@ -80,8 +80,9 @@ def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
         os.mkdir(dest, 0o700)
         for d in sorted(manifest.dirs, key=lambda p: p.count("/")):
             os.mkdir(dest / d, 0o700)
+        shares = [manifest.files[i::COPY_THREADS] for i in range(COPY_THREADS)]
         with ThreadPoolExecutor(max_workers=COPY_THREADS) as pool:
-            for _ in pool.map(lambda entry: _copy_one(src, dest, entry), manifest.files):
+            for _ in pool.map(lambda share: [_copy_one(src, dest, entry) for entry in share], shares):
                 pass
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
