@@ -167,7 +167,10 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
         private_local = private / local.relative_to(rank_dir.parent)
         private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
         result = original(self, str(private_local), disable_cache, prefix)
-        if not torch_caches.is_private(os.environ.get(torch_caches.INDUCTOR_ENV)):
+        if not torch_caches.in_a_copy(os.environ.get(torch_caches.INDUCTOR_ENV)):
+            # vLLM 0.33's standalone adaptor leaves inductor where it is (its own
+            # initialize_inductor_cache runs only when the decorator's flag is off): the copy's
+            # rank_<r>_<dp>/inductor_cache, where vLLM would put it, so it is signed along.
             torch_caches.point_inductor(private / rank_dir.name / "inductor_cache")
         return result
 
