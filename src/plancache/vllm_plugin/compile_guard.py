@@ -66,7 +66,14 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
     key = os.path.abspath(directory)
     with _lock:
         if key not in _guarded:
-            _guarded[key] = _check(directory, disabled)
+            try:
+                _guarded[key] = _check(directory, disabled)
+            except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
+                into = torch_caches.private_dir(f"c{len(_guarded)}")
+                into.mkdir(mode=0o700, exist_ok=True)
+                _log("compile", "internal-error", str(directory), time.monotonic(), "nothing loaded: "
+                     + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
+                _guarded[key] = (into, None)
         return _guarded[key]
 
 
