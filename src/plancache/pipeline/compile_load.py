@@ -60,7 +60,7 @@ def _guard_locked(root: CacheRoot, subject: str, keyring: Keyring | None, now: d
         missed = _fetch(fetch, root, subject, keyring, now)
         if missed is not None:
             return missed
-        return _load_into(root, subject, keyring, now, into, "store: pulled")
+        return _load_pulled(root, subject, keyring, now, into, "store: pulled")
     try:
         if keyring is None:
             raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
@@ -77,8 +77,17 @@ def _guard_locked(root: CacheRoot, subject: str, keyring: Keyring | None, now: d
     missed = _fetch(fetch, root, subject, keyring, now)
     if missed is not None:
         return replace(rejected, detail=f"{rejected.detail}; {missed.detail}")
-    pulled = _load_into(root, subject, keyring, now, into, f"local cache quarantined ({rejected.reason}); store: pulled")
+    pulled = _load_pulled(root, subject, keyring, now, into, f"local cache quarantined ({rejected.reason}); store: pulled")
     return replace(pulled, quarantined_to=target)
+
+
+def _load_pulled(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str) -> CacheOutcome:
+    """What a pull just installed (verified on extraction), verified again while it is copied;
+    should even that fail, nothing is loaded and the pulled directory is left to the next boot."""
+    try:
+        return _load_into(root, subject, keyring, now, into, detail)
+    except PlanCacheError as exc:
+        return _empty(into, CacheOutcome(subject, "compile", "store-rejected", f"{detail}, then {exc.reason.value}: {exc.detail}"))
 
 
 def _load_into(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str = "") -> CacheOutcome:

@@ -114,11 +114,13 @@ HASH_THREADS = 4
 
 
 def digests(root: Path, listing: Listing) -> dict[str, str]:
-    """sha256 of every regular file of a walk."""
+    """sha256 of every regular file of a walk (one share of the files per thread: a future per
+    file would cost more than hashing a small one)."""
     files = sorted((path, size) for path, size in listing.items() if size is not None)
+    shares = [files[i::HASH_THREADS] for i in range(HASH_THREADS)]
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        sums = pool.map(lambda item: sha256_file(root / item[0], item[1]), files)
-        return dict(zip((path for path, _ in files), sums))
+        done = pool.map(lambda share: [(p, sha256_file(root / p, size)) for p, size in share], shares)
+        return dict(pair for share in done for pair in share)
 
 
 def _info(name: str, size: int | None) -> tarfile.TarInfo:

@@ -80,9 +80,13 @@ def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
         os.mkdir(dest, 0o700)
         for d in sorted(manifest.dirs, key=lambda p: p.count("/")):
             os.mkdir(dest / d, 0o700)
+        shares = [manifest.files[i::COPY_THREADS] for i in range(COPY_THREADS)]
         with ThreadPoolExecutor(max_workers=COPY_THREADS) as pool:
-            for _ in pool.map(lambda entry: _copy_one(src, dest, entry), manifest.files):
+            for _ in pool.map(lambda share: [_copy_one(src, dest, entry) for entry in share], shares):
                 pass
+    except OSError as exc:  # disk full, a directory vLLM made meanwhile: nothing is handed over
+        shutil.rmtree(dest, ignore_errors=True)
+        raise StoreError(f"cannot copy the cache into {dest}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise

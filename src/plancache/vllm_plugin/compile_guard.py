@@ -66,7 +66,14 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
     key = os.path.abspath(directory)
     with _lock:
         if key not in _guarded:
-            _guarded[key] = _check(directory, disabled)
+            try:
+                _guarded[key] = _check(directory, disabled)
+            except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
+                into = torch_caches.private_dir(f"c{len(_guarded)}")
+                into.mkdir(mode=0o700, exist_ok=True)
+                _log("compile", "internal-error", str(directory), time.monotonic(), "nothing loaded: "
+                     + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
+                _guarded[key] = (into, None)
         return _guarded[key]
 
 
@@ -167,7 +174,10 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
         private_local = private / local.relative_to(rank_dir.parent)
         private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
         result = original(self, str(private_local), disable_cache, prefix)
-        if not torch_caches.is_private(os.environ.get(torch_caches.INDUCTOR_ENV)):
+        if not torch_caches.in_a_copy(os.environ.get(torch_caches.INDUCTOR_ENV)):
+            # vLLM 0.33's standalone adaptor leaves inductor where it is (its own
+            # initialize_inductor_cache runs only when the decorator's flag is off): the copy's
+            # rank_<r>_<dp>/inductor_cache, where vLLM would put it, so it is signed along.
             torch_caches.point_inductor(private / rank_dir.name / "inductor_cache")
         return result
 

@@ -65,6 +65,11 @@ def is_private(path: str | None) -> bool:
     return path is not None and os.path.abspath(path).startswith(str(boot_dir()) + os.sep)
 
 
+def in_a_copy(path: str | None) -> bool:
+    """Inside the boot directory, and not its default ``inductor/`` (a guarded cache's copy)."""
+    return is_private(path) and not os.path.abspath(path or "").startswith(str(boot_dir() / "inductor"))
+
+
 def redirect(signed_inductor: Path, private_inductor: Path) -> None:
     """From now on, wherever vLLM points inductor at ``signed_inductor``, use ``private_inductor``."""
     _redirects[os.path.abspath(signed_inductor)] = private_inductor
