@@ -136,20 +136,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
         runs["disabled-after"] = sorted(p.relative_to(node.root) for p in node.root.rglob("*"))
         return boot
 
-    def serving() -> H.Boot:
+    def serving_node(name: str, boot_with: Any) -> H.Boot:
+        """The serving node's boot (``LLM()`` first, the server on restart), its store requests
+        and whether its cache still verifies afterwards."""
         node = fleet.node("serving")
-        boot = H.boot_llm(node, fleet.model, fleet.serving_env(node, "serving"))
-        runs["serving-requests"] = fleet.proxies["serving"].requests
-        runs["serving-verify"] = _verify(node.root, fleet.key)
+        boot = boot_with(node, fleet.model, fleet.serving_env(node, "serving"))
+        runs[f"{name}-requests"] = fleet.proxies["serving"].requests
+        runs[f"{name}-verify"] = _verify(node.root, fleet.key)
         fleet.proxies["serving"].reset()
         return boot
 
+    def serving() -> H.Boot:
+        return serving_node("serving", H.boot_llm)
+
     def restart() -> H.Boot:
-        node = fleet.node("serving")
-        boot = H.boot_serve(node, fleet.model, fleet.serving_env(node, "serving"))
-        runs["restart-requests"] = fleet.proxies["serving"].requests
-        runs["restart-verify"] = _verify(node.root, fleet.key)
-        return boot
+        return serving_node("restart", H.boot_serve)
 
     def tampered_store() -> H.Boot:
         node = fleet.node("tampered-store")
