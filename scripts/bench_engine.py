@@ -87,6 +87,8 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
         n = H.Node(work / f"{kind}-{mode}-{i}")
         if kind != "store":
             P.link_copy(build.root, n.root)
+        else:  # vLLM's own model-info cache, not the compile cache: an empty root would also pay
+            P.link_copy(build.root / "modelinfos", n.root / "modelinfos")  # vLLM's model inspection
         if kind == "vllm":
             return n, n.env(shim=shim)
         return n, n.env(shim=shim, **guard, **(store if kind == "store" else {}))
