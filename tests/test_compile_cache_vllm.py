@@ -11,67 +11,33 @@ payload marker, the decision lines, the quarantine directory and vLLM's compilat
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import re
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from datetime import timedelta
 from typing import Any, Callable
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import compile_payloads as P  # noqa: E402
-from compile_tampers import CONTROLS, GUARDED, PY, SRC, cli, t0_generated_py, t_rank_pickle  # noqa: E402
-from store_servers import AWS_ENV, FaultObject, FaultServer  # noqa: E402
+from compile_attacks import ATTACKS, store_env  # noqa: E402
+from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined, subject  # noqa: E402
+from compile_tampers import CONTROLS, GUARDED, cli, t0_generated_py, t_rank_pickle  # noqa: E402
+from store_servers import FaultObject, FaultServer  # noqa: E402
+
+from plancache.pipeline.resolver import utcnow as mf_now  # noqa: E402
+from plancache.pipeline.trust_config import worker_policy  # noqa: E402
+from plancache.trust import manifest as mf  # noqa: E402
 
 pytest.importorskip("vllm")
-TOY = str(Path(__file__).parent / "compile_toy.py")
-ROOT_NAME = "vllm-cache"
-"""Every boot uses the same root path (a copy is moved in place), as nodes of a fleet do."""
-AOT0 = {"VLLM_USE_AOT_COMPILE": "0"}
 BUCKET_PREFIX = "bucket/fleet"
 
 
-def _env(base: Path, guard: bool, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))}
-    env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(base / ROOT_NAME),
-               HOME=str(base / "home"), TMPDIR=str(base / "tmp"))
-    (base / "home").mkdir(exist_ok=True)
-    (base / "tmp").mkdir(exist_ok=True)
-    if guard:
-        env.update(PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=str(base.parent / "keys" / "key.pub"))
-    env.update(extra)
-    return env
-
-
-def boot(base: Path, guard: bool = True, **extra: str) -> dict[str, Any]:
-    """One vLLM boot in a fresh process; its counters, decision lines and output."""
-    result = subprocess.run([PY, TOY], env=_env(base, guard, **extra), capture_output=True, text=True, timeout=600)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("COMPILE_TOY ")]
-    assert lines, result.stderr[-3000:]
-    report = json.loads(lines[0][len("COMPILE_TOY "):])
-    found = re.findall(r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=\S+ elapsed_ms=(\d+)", result.stderr)
-    report["decisions"] = [(action, reason) for action, reason, _ in found]
-    report["elapsed_ms"] = [int(ms) for _, _, ms in found]
-    report["stderr"] = result.stderr
-    return report
-
-
-def cache_dir(base: Path, aot: bool = True) -> Path:
-    """The AOT layout's ``torch_aot_compile/<64 hex>``, or the ``VLLM_USE_AOT_COMPILE=0`` ``<10 hex>``."""
-    pattern = "torch_aot_compile/" + "[0-9a-f]" * 64 if aot else "[0-9a-f]" * 10
-    found = glob.glob(str(base / ROOT_NAME / "torch_compile_cache" / pattern))
-    return Path(sorted(d for d in found if os.path.isdir(d))[0])
-
-
-def subject(base: Path, aot: bool = True) -> str:
-    return cache_dir(base, aot).relative_to(base / ROOT_NAME / "torch_compile_cache").as_posix()
-
-
+def keyring_of_file(top: Path) -> Any:
+    return worker_policy(str(top / "keys" / "key.pub"), 1).keyring
 
 
 Job = tuple[Callable[[Path, Path], None] | None, bool, str | None, dict[str, str]]
@@ -105,13 +71,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name in ("signed", "signed0"):
         (top / name).mkdir()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        cold = pool.submit(boot, top / "signed", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/plugin-store")
+        cold = pool.submit(boot, top / "signed", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/plugin-store",
+                           PLANCACHE_COMPILE_CACHE_EXPIRES_IN="30d")
         cold0 = pool.submit(boot, top / "signed0", PLANCACHE_SIGNING_KEY=key, **AOT0)
         results: dict[str, Any] = {"cold": cold.result(), "cold0": cold0.result(), "top": top}
     results["signed_files"] = sorted(p.relative_to(top / "signed") for p in (top / "signed").rglob("*"))
     results["signed0_files"] = sorted(p.relative_to(top / "signed0") for p in (top / "signed0").rglob("*"))
     results["signed"] = top / "signed"
     server = FaultServer()  # serves what the plugin pushed, and counts every request
+    for prefix in [BUCKET_PREFIX] + [p for _, p in ATTACKS.values() if p]:
+        for f in (top / "plugin-store").rglob("*.tar*"):
+            key_name = f"{prefix.split('/', 1)[1]}/{f.relative_to(top / 'plugin-store').as_posix()}"
+            server.state.objects[key_name] = FaultObject(f.read_bytes())
 
     def scenario(name: str, tamper: Callable[[Path, Path], None] | None, guard: bool, source: str | None,
                  env: dict[str, str]) -> dict[str, Any]:
@@ -126,11 +97,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                          "--url", store, str(base / ROOT_NAME))
             assert pushed.returncode == 0 and pulled.returncode == 0, pushed.stdout + pushed.stderr + pulled.stdout + pulled.stderr
         if name == "plugin-pulled":  # the plugin pulls at first read, from loopback S3
-            for f in (top / "plugin-store").rglob("*.tar*"):
-                key_name = f"{BUCKET_PREFIX.split('/', 1)[1]}/{f.relative_to(top / 'plugin-store').as_posix()}"
-                server.state.objects[key_name] = FaultObject(f.read_bytes())
-            env = {**env, **AWS_ENV, "PLANCACHE_URL": f"s3://{BUCKET_PREFIX}",
-                   "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={server.endpoint}"}
+            env = {**env, **store_env(server.endpoint, BUCKET_PREFIX)}
         if source is not None:
             P.link_copy(top / source / ROOT_NAME, base / ROOT_NAME)
         aot = source != "signed0"
@@ -140,14 +107,24 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             env = {k: v.replace("{cache}", str(cache_dir(base, aot))) for k, v in env.items()}
         report = boot(base, guard, **env)
         report["marker"] = marker.read_text() if marker.exists() else None
-        report["quarantine"] = sorted(os.listdir(base / ROOT_NAME / "plancache-quarantine")) \
-            if (base / ROOT_NAME / "plancache-quarantine").exists() else []
+        report["quarantine"] = quarantined(base)
         report["base"] = base
+        return report
+
+    def attack(name: str) -> dict[str, Any]:
+        run, prefix = ATTACKS[name]
+        base = top / name
+        base.mkdir()
+        report = run(top, base, store_env(server.endpoint, prefix) if prefix else {})
+        marker = base / "marker"
+        report.update(marker=marker.read_text() if marker.exists() else None, base=base)
+        report.setdefault("quarantine", quarantined(base))
         return report
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             futures = {name: pool.submit(scenario, name, *job) for name, job in jobs().items()}
+            futures.update({name: pool.submit(attack, name) for name in ATTACKS})
             results.update({name: f.result() for name, f in futures.items()})
     finally:
         server.stop()
@@ -160,11 +137,18 @@ def test_cold_boot_compiles_and_signs_with_pinned_dirs(runs: dict[str, Any]) -> 
     assert cold["correct"] and cold["counters"]["num_aot_compiles"] == 1
     assert ("compile", "no-cache") in cold["decisions"]
     assert any(str(p).endswith(".plancache.sig") for p in runs["signed_files"])
-    # Fresh HOME and TMPDIR: torch put nothing it reads back there (precompiled headers and the
-    # triton cache were pinned inside the signed directory).
+    # Fresh HOME and TMPDIR: torch put nothing it reads back there (its caches, the precompiled
+    # header included, went to the boot's private directory, removed at exit, and the header
+    # was not signed into the cache: every node rebuilds it privately if it ever compiles).
     outside = [p for p in runs["signed_files"] if p.parts[0] in ("home", "tmp") and (runs["signed"] / p).is_file()]
     assert outside == [], outside
-    assert any("precompiled_headers" in str(p) for p in runs["signed_files"])
+    assert not any("precompiled_headers" in str(p) or "plancache-private/" in str(p) for p in runs["signed_files"])
+    # Signed with the configured expiry, and the sign and the push each logged at INFO.
+    sig = (cache_dir(runs["signed"]).parent / (cache_dir(runs["signed"]).name + ".plancache.sig")).read_bytes()
+    manifest = mf.verify_manifest(subject(runs["signed"]), sig, keyring_of_file(runs["top"]), mf_now())
+    assert manifest.manifest.expires_at - manifest.manifest.signed_at == timedelta(days=30)
+    assert "plancache: compile-cache signed cache=torch_aot_compile/" in cold["stderr"]
+    assert "plancache: compile-cache pushed cache=torch_aot_compile/" in cold["stderr"]
     # The plugin's background push finished before the process exited: one archive, one signature.
     store = runs["top"] / "plugin-store" / "torch_compile_cache" / "torch_aot_compile"
     assert sorted(p.name for p in store.iterdir()) == [f"{cache_dir(runs['signed']).name}.tar{s}" for s in ("", ".sig")]
@@ -217,7 +201,8 @@ def test_plugin_pull_at_first_read_is_one_archive_get_and_loads_warm(runs: dict[
     assert run["counters"]["num_aot_artifacts_loaded"] == 1 and run["counters"]["num_aot_compiles"] == 0
     assert run["correct"] and run["quarantine"] == []
     name = f"/{BUCKET_PREFIX}/torch_compile_cache/{subject(runs['signed'])}.tar"
-    assert sorted((method, path) for method, path, _ in runs["requests"]) == [("GET", name), ("GET", name + ".sig")]
+    ours = [(method, path) for method, path, _ in runs["requests"] if path.startswith(f"/{BUCKET_PREFIX}/")]
+    assert sorted(ours) == [("GET", name), ("GET", name + ".sig")]
 
 
 def test_force_aot_load_after_a_quarantine_fails_as_vllm_does(runs: dict[str, Any]) -> None:
@@ -227,7 +212,9 @@ def test_force_aot_load_after_a_quarantine_fails_as_vllm_does(runs: dict[str, An
     assert run["marker"] is None and run["decisions"][0] == ("quarantined", "digest-mismatch")
     assert not run["correct"] and run["counters"]["num_aot_compiles"] == 0
     assert (run["error"] or "").startswith("FileNotFoundError") and "rank_0_0/model" in run["error"], run["error"]
-    assert run["error"].replace(str(run["base"]), "BASE") == control["error"].replace(str(control["base"]), "BASE")
+    private = re.compile(r"\S*/rank_0_0/model")  # vLLM was handed the (empty) private copy's path
+    assert private.sub("MODEL", run["error"]) == private.sub("MODEL", control["error"])
+    assert "plancache-private/boot-" in run["error"], run["error"]
 
 
 def test_aot_compile_0_layout_signs_loads_warm_and_stays_valid(runs: dict[str, Any]) -> None:
@@ -241,7 +228,8 @@ def test_aot_compile_0_layout_signs_loads_warm_and_stays_valid(runs: dict[str, A
     assert any(p.match("*/rank_0_0/inductor_cache/fxgraph/*") for p in files)
     assert warm["decisions"] == [("load", "verified")] and warm["correct"] and warm["quarantine"] == []
     assert warm["counters"]["num_compiled_artifacts_loaded"] == 1 and warm["counters"]["num_inductor_compiles"] == 0
-    assert warm["inductor_cache_dir"] == str(cache_dir(warm["base"], aot=False) / "rank_0_0" / "inductor_cache")
+    assert "/plancache-private/boot-" in warm["inductor_cache_dir"], warm["inductor_cache_dir"]
+    assert warm["inductor_cache_dir"].endswith("/rank_0_0/inductor_cache")
     result = cli("compile-cache", "verify", "--json", "--cache", subject(warm["base"], aot=False), "--trusted-keys",
                  str(runs["top"] / "keys" / "key.pub"), str(warm["base"] / ROOT_NAME))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -254,3 +242,63 @@ def test_aot_compile_0_tampered_module_is_quarantined_and_recompiled(runs: dict[
     assert run["decisions"][0] == ("quarantined", "digest-mismatch"), run["decisions"]
     assert any(q.endswith("-digest-mismatch") for q in run["quarantine"]), run["quarantine"]
     assert run["counters"]["num_inductor_compiles"] == 1 and run["correct"], run["error"]
+
+
+# Issue 17: the guard against a local writer, every vLLM setting, real mounts, links, ranks.
+
+
+def test_a_rewrite_at_the_moment_vllm_reads_never_reaches_torch(runs: dict[str, Any]) -> None:
+    """The hard-linked ``rank_0_0/model`` verified, then its inode was rewritten with a payload
+    after vLLM opened the file: vLLM had opened the private copy, which holds the verified bytes."""
+    run = runs["rewrite-at-read"]
+    assert run["outside_is_payload"] and run["read_path"] is not None, "the local writer never ran"
+    assert run["marker"] is None, f"payload ran: {run['marker']}"
+    assert run["decisions"][0] == ("load", "verified"), run["decisions"]
+    assert "/plancache-private/boot-" in run["read_path"], run["read_path"]
+    assert run["counters"]["num_aot_artifacts_loaded"] == 1 and run["counters"]["num_aot_compiles"] == 0
+    assert run["correct"], run["error"]
+
+
+def test_vllm_cache_disabled_logs_a_decision_and_reads_no_shared_tmpdir_cache(runs: dict[str, Any]) -> None:
+    control, run = runs["disabled-planted-control"], runs["disabled-planted"]
+    assert control["marker"] == "py\n", "the planted $TMPDIR entry does not run without the guard"
+    assert run["marker"] is None, f"payload ran under the guard: {run['marker']}"
+    assert ("compile", "vllm-cache-disabled") in run["decisions"], run["decisions"]
+    assert "/plancache-private/boot-" in run["inductor_cache_dir"] and run["correct"], run
+
+
+def test_a_cache_volume_on_its_own_mount_quarantines_there_and_compiles(runs: dict[str, Any]) -> None:
+    run = runs["own-mount"]
+    if "skipped" in run:
+        pytest.skip(run["skipped"])
+    assert run["marker"] is None and run["decisions"][0] == ("quarantined", "digest-mismatch"), run["decisions"]
+    assert any(q.endswith("-digest-mismatch") for q in run["quarantine_here"]), run["quarantine_here"]
+    assert run["counters"]["num_aot_compiles"] == 1 and run["correct"], run["error"]
+
+
+def test_planted_symlinks_are_never_followed(runs: dict[str, Any]) -> None:
+    run = runs["planted-links"]
+    assert run["victim"] == b"victim\n" and run["outside"] == [], (run["victim"], run["outside"])
+    assert run["marker"] is None and run["correct"], run["error"]
+    assert run["decisions"][0] == ("quarantined", "digest-mismatch"), run["decisions"]
+    assert any(q.endswith("-digest-mismatch") for q in run["quarantine"]), run["quarantine"]  # beside it instead
+    assert ("compile", "store-error") in run["decisions"], run["decisions"]  # the linked lock of <10 hex>
+    assert "plancache: compile-cache signed cache=torch_aot_compile/" in run["stderr"], run["stderr"][-2000:]
+
+
+def test_two_ranks_pull_once_and_a_restart_makes_no_store_request(runs: dict[str, Any]) -> None:
+    run = runs["two-ranks"]
+    for rank in run["ranks"] + [run["restart"]]:
+        assert rank["decisions"] == [("load", "verified")], rank["decisions"]
+        assert rank["counters"]["num_aot_artifacts_loaded"] == 1 and rank["correct"], rank["error"]
+    ours = [(m, p) for m, p, _ in runs["requests"] if p.startswith("/bucket/ranks/")]
+    name = f"/bucket/ranks/torch_compile_cache/{subject(runs['signed'])}.tar"
+    assert sorted(ours) == [("GET", name), ("GET", name + ".sig")], ours
+    assert run["quarantine"] == []
+
+
+def test_a_quarantined_local_cache_is_pulled_again_from_the_store(runs: dict[str, Any]) -> None:
+    run = runs["repull"]
+    assert run["marker"] is None and run["decisions"] == [("load", "verified")], run["decisions"]
+    assert 'quarantined_to="' in run["stderr"] and "store: pulled" in run["stderr"]
+    assert run["counters"]["num_aot_artifacts_loaded"] == 1 and run["correct"], run["error"]

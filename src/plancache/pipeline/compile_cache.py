@@ -1,17 +1,17 @@
-"""Compile-cache flows shared by the CLI and the plugin: sign, verify, guard, push, pull.
+"""Compile-cache flows shared by the CLI and the plugin: sign, verify, push, pull, publish.
 
 A cache directory is ``$VLLM_CACHE_ROOT/torch_compile_cache/<subject>`` (see
 :mod:`plancache.trust.manifest`), its signed manifest the sidecar ``<subject>.plancache.sig``
 beside it. Every flow keeps one order: the signature first (capped read, then
 :func:`~plancache.trust.manifest.verify_manifest`), then the directory's names, kinds and sizes
 against the manifest (closed world: nothing unlisted), only then the files' sha256. No flow
-parses a byte of the cache; torch does, after :func:`guard` said ``load``.
+parses a byte of the cache; torch does, after :func:`plancache.pipeline.compile_load.guard`
+said ``load``, and then only from the private copy it made.
 
-:func:`guard` is what the plugin runs before vLLM's first read: a verified cache is left as it
-is; a cache that fails (unsigned, bad signature, wrong name, an extra, missing or altered file,
-a link or FIFO) is moved whole into ``$VLLM_CACHE_ROOT/plancache-quarantine/`` (evidence kept,
-never loaded) and vLLM compiles afresh. A directory with no files yet (vLLM creates
-``inductor_cache/`` before it looks) has nothing to read and is left alone.
+A pull never replaces a local cache that verifies and was signed at the same time or later
+(no rollback by a bucket writer); a cache a build node compiled in private is published into
+place and signed by :func:`publish_cache`. Every file written goes through descriptors
+(:mod:`plancache.storage.dirfds`): no write follows a link.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from ..storage import archives, cachedir
-from ..storage.files import read_capped, write_atomic
+from ..storage import archives, cachedir, dirfds, private_copy
+from ..storage.files import read_capped
 from ..storage.store import Store
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError, Reason, Rejected, StoreError
@@ -41,6 +41,7 @@ from ..trust.manifest import (
     sign_manifest,
     verify_manifest,
 )
+from ..trust.statement import format_time
 
 
 @dataclass(frozen=True)
@@ -100,19 +101,24 @@ class CacheRoot:
         return sorted(found)
 
 
-def _read_sidecar(directory: Path) -> bytes | None:
+def read_sidecar(directory: Path) -> bytes | None:
     return read_capped(cachedir.sidecar_path(directory), MAX_SIG_BYTES)
+
+
+def check_names(directory: Path, verified: VerifiedManifest) -> None:
+    """The directory's names, kinds and sizes against a verified manifest (closed world)."""
+    if directory.is_symlink() or not directory.is_dir():
+        raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
+    difference = closed_world_difference(verified.manifest, cachedir.walk(directory))
+    if difference:
+        raise Rejected(Reason.DIGEST_MISMATCH, difference)
 
 
 def _check_tree(directory: Path, verified: VerifiedManifest) -> None:
     """The directory against a verified manifest: names and sizes first, then contents."""
-    if directory.is_symlink() or not directory.is_dir():
-        raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
-    manifest = verified.manifest
-    difference = closed_world_difference(manifest, cachedir.walk(directory))
-    if not difference:
-        listing = {f.path: f.size for f in manifest.files}
-        difference = digest_difference(manifest, cachedir.digests(directory, listing))
+    check_names(directory, verified)
+    listing = {f.path: f.size for f in verified.manifest.files}
+    difference = digest_difference(verified.manifest, cachedir.digests(directory, listing))
     if difference:
         raise Rejected(Reason.DIGEST_MISMATCH, difference)
 
@@ -120,19 +126,19 @@ def _check_tree(directory: Path, verified: VerifiedManifest) -> None:
 def verify_directory(root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> VerifiedManifest:
     """Signature, then closed world, then every file's sha256; the verified manifest or a typed error."""
     directory = root.directory(subject)
-    verified = verify_manifest(subject, _read_sidecar(directory), keyring, now)
+    verified = verify_manifest(subject, read_sidecar(directory), keyring, now)
     _check_tree(directory, verified)
     return verified
 
 
-def _outcome(subject: str, action: str, verified: VerifiedManifest, detail: str = "") -> CacheOutcome:
+def outcome_of(subject: str, action: str, verified: VerifiedManifest, detail: str = "") -> CacheOutcome:
     m = verified.manifest
     return CacheOutcome(subject, action, detail=detail, files=len(m.files), size=m.total_size, signers=verified.signers)
 
 
 def verify_cache(root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> CacheOutcome:
     try:
-        return _outcome(subject, "verified", verify_directory(root, subject, keyring, now))
+        return outcome_of(subject, "verified", verify_directory(root, subject, keyring, now))
     except PlanCacheError as exc:
         return CacheOutcome(subject, "rejected", exc.reason.value, exc.detail)
 
@@ -146,39 +152,30 @@ def describe_cache(root: CacheRoot, subject: str) -> CacheOutcome:
     return CacheOutcome(subject, action, "", "no trusted keys given", len(files), sum(files))
 
 
+DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
+"""What vLLM's ``VllmBackend`` writes into ``<10 hex>/rank_<r>_<dp>/<prefix>/`` for people to
+read and never reads back: an unsigned directory holding only these (the one vLLM leaves beside
+an AOT cache) has nothing torch could load, so it is no cache, not a rejected one."""
+
+
 def has_cache(root: CacheRoot, subject: str) -> bool:
-    """Whether there is anything to verify: a file, a sidecar, a link or FIFO (empty directories
-    alone, as vLLM creates them before it looks, hold nothing torch could read)."""
-    return _has_files(root.directory(subject))
+    """Whether there is anything to verify: a file vLLM could read, a sidecar, a link or FIFO
+    (empty directories, as vLLM creates them before it looks, and vLLM's debug files alone hold
+    nothing torch could read)."""
+    return has_files(root.directory(subject))
 
 
-def _has_files(directory: Path) -> bool:
+def has_files(directory: Path) -> bool:
+    """:func:`has_cache` of a directory path."""
     if directory.is_symlink() or cachedir.sidecar_path(directory).exists():
         return True
     if not directory.exists():
         return False
     try:
-        return any(size is not None for size in cachedir.walk(directory).values())
+        listing = cachedir.walk(directory)
     except PlanCacheError:
         return True  # a link or FIFO somewhere: something to reject
-
-
-def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, problem: str = "") -> CacheOutcome:
-    """Before vLLM reads ``subject``: ``load`` a verified cache, ``compile`` over an empty one,
-    else ``quarantined``. ``keyring`` None means trusted keys are configured but unusable
-    (``problem`` says why): nothing is trusted then. Raises ``StoreError`` only if the directory
-    cannot be moved aside (the caller must then keep vLLM from reading it)."""
-    directory = root.directory(subject)
-    with cachedir.locked(directory):
-        if not _has_files(directory):
-            return CacheOutcome(subject, "compile", "no-cache", "no compile cache yet")
-        try:
-            if keyring is None:
-                raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
-            return _outcome(subject, "load", verify_directory(root, subject, keyring, now))
-        except (Rejected, StoreError) as exc:
-            target = cachedir.quarantine(directory, root.quarantine_root, exc.reason.value)
-            return CacheOutcome(subject, "quarantined", exc.reason.value, exc.detail, quarantined_to=str(target))
+    return any(size is not None and path.rpartition("/")[2] not in DEBUG_FILES for path, size in listing.items())
 
 
 def build_manifest(directory: Path, subject: str, now: datetime, expires_at: datetime | None, comment: str) -> tuple[Manifest, bytes]:
@@ -198,20 +195,44 @@ def sign_cache(
     """Sign the directory as it is (this signer alone) and write the sidecar beside it atomically.
     Signing vouches for bytes this process did not check: run it only where the cache was built."""
     directory = root.directory(subject)
-    with cachedir.locked(directory):
-        if directory.is_symlink() or not directory.is_dir():
-            raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
-        manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment)
-        sig = sign_manifest(manifest, signer)
-        verified = verify_manifest(subject, sig, signer_keyring(signer), now)
-        write_atomic(cachedir.sidecar_path(directory), sig)
-    return _outcome(subject, "signed", verified)
+    with cachedir.locked(root.root, directory):
+        return _sign_locked(root, subject, signer, now, expires_in, comment)
+
+
+def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, expires_in: timedelta | None,
+                 comment: str) -> CacheOutcome:
+    directory = root.directory(subject)
+    if directory.is_symlink() or not directory.is_dir():
+        raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
+    manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment)
+    sig = sign_manifest(manifest, signer)
+    verified = verify_manifest(subject, sig, signer_keyring(signer), now)
+    try:
+        with dirfds.opened_dir(root.root, directory.parent) as parent:
+            dirfds.write_new(parent, cachedir.sidecar_path(directory).name, sig)
+    except OSError as exc:
+        raise StoreError(f"cannot write the signature of {directory}: {exc.strerror or exc}") from None
+    return outcome_of(subject, "signed", verified)
+
+
+def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, now: datetime,
+                  expires_in: timedelta | None = None) -> CacheOutcome:
+    """A build node's cache, compiled by vLLM into this boot's private copy ``private``, goes
+    into place and is signed: only if the directory holds no cache (vLLM's empty directories
+    and debug files aside) when the lock is held, so nothing a local writer planted since the
+    guard gets signed along; else ``kept`` (the directory is left to the next boot's guard)."""
+    directory = root.directory(subject)
+    with cachedir.locked(root.root, directory):
+        if has_files(directory):
+            return CacheOutcome(subject, "kept", "", "the cache directory changed since this boot's guard; not signed")
+        private_copy.copy_into(private, root.root, directory)
+        return _sign_locked(root, subject, signer, now, expires_in, "")
 
 
 def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, deadline: float | None = None) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature."""
     directory = root.directory(subject)
-    with cachedir.locked(directory):
+    with cachedir.locked(root.root, directory):
         verified = verify_directory(root, subject, keyring, now)
         m = verified.manifest
         data = cachedir.archive_bytes(directory, m.files, m.dirs)
@@ -219,39 +240,61 @@ def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, no
         raise Rejected(Reason.DIGEST_MISMATCH, "the rebuilt archive differs from the signed one (another tar writer?); sign again")
     archives.put_object(store, archives.archive_name(subject), data, deadline)
     archives.put_object(store, archives.sig_name(subject), verified.sig_bytes, deadline)
-    return _outcome(subject, "pushed", verified)
+    return outcome_of(subject, "pushed", verified, f"{m.archive_size} bytes, {len(m.files)} files")
 
 
 def pull_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, deadline: float | None = None) -> CacheOutcome:
-    """Signature GET -> verify -> archive GET capped at the signed size -> sha256 -> extract into a
-    temporary directory -> closed world and every sha256 -> rename into place (under the lock)."""
+    """:func:`_pull_locked` under the node's lock for ``subject``."""
+    with cachedir.locked(root.root, root.directory(subject)):
+        return pull_locked(store, root, subject, keyring, now, deadline)
+
+
+def pull_locked(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime,
+                 deadline: float | None) -> CacheOutcome:
+    """Signature GET -> verify -> (a local cache that verifies and was signed at the same time
+    or later is kept: no rollback) -> archive GET capped at the signed size -> sha256 -> extract
+    into a temporary directory beside the target -> closed world and every sha256 -> rename."""
     directory = root.directory(subject)
     sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline)
     if sig is None:
         raise Rejected(Reason.UNSIGNED, f"no signed compile cache {subject} in {store.url}")
     verified = verify_manifest(subject, sig, keyring, now)
     m = verified.manifest
-    with cachedir.locked(directory):
-        try:
-            if verify_directory(root, subject, keyring, now).manifest == m:
-                return _outcome(subject, "kept", verified, "already present and verified")
-        except PlanCacheError:
-            pass
+    kept = _kept_local(root, subject, keyring, now, m)
+    if kept is not None:
+        return kept
     data = archives.get_object(store, archives.archive_name(subject), m.archive_size, deadline)
     if data is None:
         raise StoreError(f"the archive of {subject} is missing from {store.url}")
     if len(data) != m.archive_size or hashlib.sha256(data).hexdigest() != m.archive_sha256:
         raise Rejected(Reason.DIGEST_MISMATCH, "the archive does not match its signed sha256 (altered?)")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=".plancache-pull-", dir=directory.parent))
+    try:
+        with dirfds.opened_dir(root.root, directory.parent):
+            pass
+        staged = Path(tempfile.mkdtemp(prefix=".plancache-pull-", dir=directory.parent))
+    except OSError as exc:
+        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}") from None
     try:
         cachedir.extract_archive(data, m, staged / "x")
         _check_tree(staged / "x", verified)
-        with cachedir.locked(directory):
-            cachedir.install(staged / "x", directory, sig, root.quarantine_root)
+        cachedir.install(root.root, staged / "x", directory, sig, root.quarantine_root)
     except OSError as exc:
         raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    return _outcome(subject, "pulled", verified)
+    return outcome_of(subject, "pulled", verified)
 
+
+def _kept_local(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, offered: Manifest) -> CacheOutcome | None:
+    """The local cache, when it verifies and the store's is not strictly newer: a bucket writer
+    who puts back an older signed cache never replaces a newer one a node holds."""
+    try:
+        local = verify_directory(root, subject, keyring, now)
+    except PlanCacheError:
+        return None
+    if local.manifest == offered:
+        return outcome_of(subject, "kept", local, "already present and verified")
+    if local.manifest.signed_at >= offered.signed_at:
+        return outcome_of(subject, "kept", local, f"the local cache verifies and was signed {format_time(local.manifest.signed_at)}, "
+                        f"the store's {format_time(offered.signed_at)}: not replaced by an older one")
+    return None

@@ -17,10 +17,12 @@ under a fresh temporary directory, and nothing else of the member (mode, owner, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
 import os
+import secrets
 import shutil
 import stat
 import tarfile
@@ -29,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Iterator
 
-from ..trust.errors import Reason, Rejected, StoreError
+from ..trust.errors import Reason, Rejected, StoreError, StoreTimeout
 from ..trust.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
-from .files import fsync_dir
+from . import dirfds
 
 CHUNK = 1 << 20
 COMPILE_SUBDIR = "torch_compile_cache"
@@ -112,11 +114,13 @@ HASH_THREADS = 4
 
 
 def digests(root: Path, listing: Listing) -> dict[str, str]:
-    """sha256 of every regular file of a walk."""
+    """sha256 of every regular file of a walk (one share of the files per thread: a future per
+    file would cost more than hashing a small one)."""
     files = sorted((path, size) for path, size in listing.items() if size is not None)
+    shares = [files[i::HASH_THREADS] for i in range(HASH_THREADS)]
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        sums = pool.map(lambda item: sha256_file(root / item[0], item[1]), files)
-        return dict(zip((path for path, _ in files), sums))
+        done = pool.map(lambda share: [(p, sha256_file(root / p, size)) for p, size in share], shares)
+        return dict(pair for share in done for pair in share)
 
 
 def _info(name: str, size: int | None) -> tarfile.TarInfo:
@@ -196,18 +200,17 @@ def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
         raise Rejected(Reason.MALFORMED, f"the archive holds {position} of the {len(expected)} signed entries")
 
 
-def install(staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path) -> None:
-    """Rename a verified staging directory into place. An existing directory is moved aside
-    first, unless it is only the empty directories vLLM creates before it looks (then removed:
-    no evidence to keep, and a quarantine entry on every node that pulls would be noise)."""
+def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path) -> None:
+    """Rename a verified staging directory (beside ``directory``) into place, then its sidecar.
+    An existing directory is moved aside first, unless it is only the empty directories vLLM
+    creates before it looks (then removed: no evidence to keep, and a quarantine entry on every
+    node that pulls would be noise). Every step goes through descriptors (:mod:`.dirfds`)."""
     if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
-        quarantine(directory, quarantine_root, "replaced-by-pull")
+        quarantine(base, directory, quarantine_root, "replaced-by-pull")
     try:
-        os.rename(staged, directory)
-        tmp = sidecar_path(directory).with_name(f".{directory.name}.sig.{os.getpid()}.tmp")
-        tmp.write_bytes(sig_bytes)
-        os.replace(tmp, sidecar_path(directory))
-        fsync_dir(directory.parent)
+        with dirfds.opened_dir(base, directory.parent) as parent, dirfds.opened_dir(base, staged.parent, False) as stage:
+            os.rename(staged.name, directory.name, src_dir_fd=stage, dst_dir_fd=parent)
+            dirfds.write_new(parent, sidecar_path(directory).name, sig_bytes)
     except OSError as exc:
         raise StoreError(f"cannot install {directory}: {exc.strerror or exc}") from None
 
@@ -226,34 +229,74 @@ def _remove_empty_tree(directory: Path) -> bool:
     return True
 
 
-def quarantine(directory: Path, quarantine_root: Path, reason: str) -> Path:
-    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = quarantine_root / f"{stamp}-{os.getpid()}-{directory.name}-{reason}"
+def quarantine_roots(base: Path, directory: Path, quarantine_root: Path) -> list[Path]:
+    """Where ``directory`` may be moved aside: ``$VLLM_CACHE_ROOT/plancache-quarantine`` when it
+    lies on the directory's filesystem, else (a volume mounted at ``torch_compile_cache/`` or
+    deeper) a ``plancache-quarantine`` beside the directory, on its own mount. A rename never
+    crosses a filesystem, so the evidence moves in O(1) and never half-copies."""
+    beside = directory.parent / QUARANTINE_SUBDIR
     try:
-        quarantine_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        suffix = 0
-        while target.exists():
-            suffix += 1
-            target = target.with_name(f"{target.name.rsplit('~', 1)[0]}~{suffix}")
-        os.rename(directory, target)
-        sidecar = sidecar_path(directory)
-        if sidecar.exists() or sidecar.is_symlink():
-            os.rename(sidecar, target.with_name(target.name + SIDECAR_SUFFIX))
-        fsync_dir(directory.parent)
-    except OSError as exc:
-        raise StoreError(f"cannot move {directory} aside into {quarantine_root}: {exc.strerror or exc}") from None
-    return target
+        same = os.stat(directory.parent).st_dev == os.stat(base).st_dev
+    except OSError:
+        same = False
+    return [quarantine_root, beside] if same else [beside]
+
+
+def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) -> Path:
+    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded.
+    The entry's name is unpredictable and the rename goes through descriptors; ``EXDEV`` (a
+    bind mount that shares the device) falls through to the next root. ``StoreError`` if no
+    root takes it: the caller then loads nothing from it."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name = f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}-{directory.name}-{reason}"
+    problems = []
+    for target_root in quarantine_roots(base, directory, quarantine_root):
+        try:
+            with dirfds.opened_dir(base, directory.parent, False) as parent, \
+                    dirfds.opened_dir(base, target_root, True, 0o700) as target:
+                os.rename(directory.name, name, src_dir_fd=parent, dst_dir_fd=target)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(sidecar_path(directory).name, name + SIDECAR_SUFFIX, src_dir_fd=parent, dst_dir_fd=target)
+                with contextlib.suppress(OSError):
+                    os.fsync(parent)
+            return target_root / name
+        except (OSError, StoreError) as exc:
+            problems.append(f"{target_root}: {getattr(exc, 'detail', None) or exc.strerror or exc}")
+    raise StoreError(f"cannot move {directory} aside ({'; '.join(problems)})")
 
 
 @contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
+def locked(base: Path, directory: Path, wait: float | None = None) -> Iterator[None]:
     """An exclusive lock for one cache directory, shared by every rank on the node: one of them
-    verifies, quarantines or installs while the others wait (``<hash>.plancache.lock`` beside it)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    pulls, verifies, quarantines or installs while the others wait (``<hash>.plancache.lock``
+    beside it, opened without following a link). ``wait`` bounds the wait in seconds
+    (``StoreError`` reason ``timeout`` past it); None waits as long as the holder works.
+    A cache on a read-only mount cannot hold a lock: nobody writes it there, so none is taken."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with dirfds.opened_dir(base, directory.parent) as parent:
+            fd = dirfds.open_shared_file(parent, directory.name + ".plancache.lock")
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES):
+            raise StoreError(f"cannot lock {directory}: {exc.strerror or exc}") from None
+        yield
+        return
+    try:
+        _acquire(fd, directory, wait)
         yield
     finally:
         os.close(fd)
+
+
+def _acquire(fd: int, directory: Path, wait: float | None) -> None:
+    if wait is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise StoreTimeout(f"another process has held the lock of {directory} for over {wait:.0f} s") from None
+            time.sleep(0.05)

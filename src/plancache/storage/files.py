@@ -3,20 +3,21 @@
 Every file plancache reads may be hostile (a cache directory, an image layer, a key someone
 handed over), so reads never follow a symlink at the final component, never block on a FIFO
 or device, and stop at a cap instead of reading "the whole file". Writes go to a temp file in
-the same directory, are fsynced, then renamed over the final name and the directory fsynced:
-a reader sees the old file or the new one, never a mix, and a crash leaves no partial file
-under a final name. ``os.replace`` replaces a symlink rather than writing through it, so a
-planted link cannot redirect a write outside the directory.
+the same directory (created ``O_EXCL | O_NOFOLLOW`` under an unpredictable name, in a
+directory opened without following a link), are fsynced, then renamed over the final name and
+the directory fsynced: a reader sees the old file or the new one, never a mix, and a crash
+leaves no partial file under a final name. A rename replaces a symlink rather than writing
+through it, so a planted link cannot redirect a write outside the directory.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from ..trust.errors import Reason, Rejected, StoreError
+from .dirfds import DIR_FLAGS, write_new
 
 
 def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | None:
@@ -73,31 +74,18 @@ def fsync_dir(directory: Path) -> None:
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` atomically; on failure nothing is left under any final name.
 
-    ``sync_dir=False`` leaves the directory fsync to the caller, who writes many files and
-    then calls :func:`fsync_dir` once: each file is still complete before its rename.
+    The directory is opened without following a link at its last component, and the file is
+    written through :func:`~plancache.storage.dirfds.write_new` (an unpredictable ``O_EXCL |
+    O_NOFOLLOW`` temporary renamed over the name). ``sync_dir=False`` leaves the directory
+    fsync to the caller, who writes many files and then calls :func:`fsync_dir` once: each
+    file is still complete before its rename.
     """
-    directory = path.parent
-    tmp_name: str | None = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent, DIR_FLAGS)
         try:
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            write_new(fd, path.name, data, mode, sync_dir)
         finally:
             os.close(fd)
-        os.replace(tmp_name, path)
-        tmp_name = None
-        if sync_dir:
-            fsync_dir(directory)
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass

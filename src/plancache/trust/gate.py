@@ -32,6 +32,8 @@ class Verdict(str, Enum):
     CONDITION_MISMATCH = "condition-mismatch"
     ALREADY_SET = "already-set"
     RANK_DISAGREEMENT = "rank-disagreement"
+    WORKER_WITHOUT_PLANS = "worker-without-plans"
+    """The worker's class never applies or saves a plan (vLLM's CPU worker): nothing to decide."""
 
     def __str__(self) -> str:
         return self.value

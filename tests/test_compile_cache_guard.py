@@ -1,0 +1,212 @@
+"""The guard's load-only-copies rules on a synthetic cache (no vLLM: fast; issue 17).
+
+What vLLM would read is the private copy, so each test asserts on the copy: exactly the
+verified bytes whatever happens to the original afterwards, or an empty directory. Then the
+writes plancache makes under a root, each against a planted link; quarantine on a cache of its
+own mount (a real tmpfs: tests run as root) and when no move is possible; a lock held beyond the
+budget; a rollback offered by the store; a store object that fails verification.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import NOW
+from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
+
+from plancache.pipeline import compile_cache as cc
+from plancache.pipeline import compile_load as cl
+from plancache.storage import archives, cachedir, private_copy
+from plancache.storage.files import write_atomic
+from plancache.storage.store import open_store
+from plancache.trust.errors import StoreError
+from plancache.vllm_plugin import compile_publish
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(signed: cc.CacheRoot, tmp_path: Path) -> None:
+    directory = signed.directory(SUBJECT)
+    model = directory / "rank_0_0" / "model"
+    outside = tmp_path / "outside"
+    outside.write_bytes(model.read_bytes())
+    model.unlink()
+    os.link(outside, model)  # a hard link to a file its owner can rewrite at any moment
+    before = _files(directory)
+    copy = into(signed)
+    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy)
+    assert outcome.action == "load" and _files(copy) == before
+    assert os.stat(copy).st_mode & 0o777 == 0o700
+    assert all(os.stat(p).st_nlink == 1 for p in copy.rglob("*") if p.is_file())  # nothing shared with the original
+    with open(outside, "r+b") as f:  # the owner rewrites the shared inode after the check
+        f.write(b"PAYLOAD")
+    assert _files(copy) == before and _files(directory) != before
+    assert cc.verify_cache(signed, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
+
+
+def test_a_file_changed_at_the_same_size_is_quarantined_and_nothing_is_handed_over(signed: cc.CacheRoot) -> None:
+    model = signed.directory(SUBJECT) / "rank_0_0" / "model"
+    data = model.read_bytes()
+    model.unlink()
+    model.write_bytes(data[:-1] + b"!")
+    copy = into(signed)
+    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy)
+    assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch")
+    assert copy.is_dir() and list(copy.iterdir()) == []
+
+
+def test_vllms_debug_directory_alone_is_no_cache(tmp_path: Path) -> None:
+    root = cc.CacheRoot(tmp_path / "vllm")
+    debug = root.directory("41179440fa") / "rank_0_0" / "backbone"
+    debug.mkdir(parents=True)
+    (debug / "computation_graph.py").write_text("# for people\n")
+    (debug / "cache_key_factors.json").write_text("{}")
+    outcome = cl.guard(root, "41179440fa", KEYRING, NOW, into(root))
+    assert (outcome.action, outcome.reason) == ("compile", "no-cache") and debug.exists()
+    (debug / "vllm_compile_cache.py").write_text("{}")  # something vLLM reads: a cache, unsigned
+    assert cl.guard(root, "41179440fa", KEYRING, NOW, into(root)).reason == "unsigned"
+
+
+@pytest.fixture
+def tmpfs(root: cc.CacheRoot) -> Iterator[Path]:  # noqa: F811
+    """``root``'s ``torch_compile_cache/`` moved onto a tmpfs of its own."""
+    mount = root.compile_root
+    os.rename(mount, mount.with_name("on-disk"))
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        shutil.copytree(mount.with_name("on-disk"), mount, dirs_exist_ok=True)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_quarantine_stays_on_a_cache_volume_of_its_own(root: cc.CacheRoot, tmpfs: Path) -> None:  # noqa: F811
+    assert cc.sign_cache(root, SUBJECT, SIGNER, NOW).action == "signed"
+    (root.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
+    outcome = cl.guard(root, SUBJECT, KEYRING, NOW, into(root))
+    assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch")
+    assert Path(outcome.quarantined_to).parent == tmpfs / "torch_aot_compile" / "plancache-quarantine"
+    assert os.stat(outcome.quarantined_to).st_dev == os.stat(tmpfs).st_dev and not root.quarantine_root.exists()
+
+
+def test_a_cache_that_cannot_be_moved_aside_is_not_loaded_and_the_boot_goes_on(signed: cc.CacheRoot) -> None:
+    directory = signed.directory(SUBJECT)
+    (directory / "inductor_cache" / "planted.py").write_text("x = 1\n")
+    signed.quarantine_root.write_text("not a directory")
+    (directory.parent / "plancache-quarantine").write_text("not a directory either")
+    copy = into(signed)
+    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy)
+    assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch") and not outcome.quarantined_to
+    assert "not moved aside, not loaded" in outcome.detail and list(copy.iterdir()) == [] and directory.exists()
+
+
+def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -> None:
+    victim, outside = tmp_path / "victim", tmp_path / "outside"
+    victim.write_bytes(b"victim")
+    outside.mkdir()
+    directory = signed.directory(SUBJECT)
+    sidecar = cachedir.sidecar_path(directory)
+    sidecar.unlink()
+    sidecar.symlink_to(victim)  # the sidecar's name: replaced by the rename, never written through
+    assert cc.sign_cache(signed, SUBJECT, SIGNER, NOW).action == "signed"
+    assert not sidecar.is_symlink() and victim.read_bytes() == b"victim"
+    signed.quarantine_root.symlink_to(outside)  # the quarantine root: not followed, beside it instead
+    (directory / "inductor_cache" / "planted.py").write_text("x = 1\n")
+    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
+    assert outcome.action == "quarantined" and list(outside.iterdir()) == []
+    assert Path(outcome.quarantined_to).parent == directory.parent / "plancache-quarantine"
+    lock = directory.with_name(directory.name + ".plancache.lock")
+    lock.unlink()
+    lock.symlink_to(victim)  # the lock: refused, so nothing is verified, loaded or signed
+    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
+    assert (outcome.action, outcome.reason) == ("compile", "store-error") and victim.read_bytes() == b"victim"
+    with pytest.raises(StoreError):
+        cc.sign_cache(signed, SUBJECT, SIGNER, NOW)
+    (tmp_path / "plans").symlink_to(outside)  # write_atomic: a linked directory is refused
+    with pytest.raises(StoreError):
+        write_atomic(tmp_path / "plans" / "x.json", b"{}")
+    assert private_copy.new_boot_dir(tmp_path / "linked-root").parent.name == "plancache-private"
+    (tmp_path / "root2").mkdir()
+    (tmp_path / "root2" / "plancache-private").symlink_to(outside)
+    assert not str(private_copy.new_boot_dir(tmp_path / "root2")).startswith(str(outside)) and list(outside.iterdir()) == []
+
+
+def test_pull_writes_its_sidecar_through_no_link(signed: cc.CacheRoot, tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
+    fresh = cc.CacheRoot(tmp_path / "fresh")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"victim")
+    sidecar = cachedir.sidecar_path(fresh.directory(SUBJECT))
+    sidecar.parent.mkdir(parents=True)
+    for pid in range(os.getpid() - 2, os.getpid() + 3):  # today's predictable temporary names
+        sidecar.with_name(f".{fresh.directory(SUBJECT).name}.sig.{pid}.tmp").symlink_to(victim)
+    assert cc.pull_cache(store, fresh, SUBJECT, KEYRING, NOW).action == "pulled"
+    assert victim.read_bytes() == b"victim" and not sidecar.is_symlink()
+    assert cc.verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
+
+
+def test_a_lock_held_beyond_the_budget_compiles_instead(signed: cc.CacheRoot) -> None:
+    directory = signed.directory(SUBJECT)
+    with cachedir.locked(signed.root, directory):
+        fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a second description conflicts, as a peer's does
+        finally:
+            os.close(fd)
+        outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed), wait=0.2)
+    assert (outcome.action, outcome.reason) == ("compile", "timeout")
+    assert cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed), wait=0.2).action == "load"
+
+
+def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    older = cc.CacheRoot(tmp_path / "older")
+    (older.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
+    (older.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"an older compile")
+    cc.sign_cache(older, SUBJECT, SIGNER, NOW - timedelta(days=3), timedelta(days=30))
+    cc.push_cache(store, older, SUBJECT, KEYRING, NOW)  # a bucket writer puts the older signed cache back
+    before = _files(signed.directory(SUBJECT))
+    outcome = cc.pull_cache(store, signed, SUBJECT, KEYRING, NOW)
+    assert outcome.action == "kept" and "not replaced by an older one" in outcome.detail
+    assert _files(signed.directory(SUBJECT)) == before and not signed.quarantine_root.exists()
+    newer = cc.CacheRoot(tmp_path / "newer")  # a node holding the older one takes a newer one
+    older_copy = cc.pull_cache(store, newer, SUBJECT, KEYRING, NOW)
+    assert older_copy.action == "pulled"
+    cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
+    assert cc.pull_cache(store, newer, SUBJECT, KEYRING, NOW + timedelta(hours=1)).action == "pulled"
+
+
+def test_a_rejected_store_object_has_its_own_reason(signed: cc.CacheRoot, tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
+    archive = tmp_path / "store" / archives.archive_name(SUBJECT)
+    archive.write_bytes(archive.read_bytes().replace(b"x = 1", b"x = 9"))
+    empty = cc.CacheRoot(tmp_path / "empty")
+    outcome = cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (store, time.monotonic() + 30))
+    assert (outcome.action, outcome.reason) == ("compile", "store-rejected") and "digest-mismatch" in outcome.detail
+    nothing = open_store(f"file://{tmp_path}/nothing")
+    (tmp_path / "nothing").mkdir()
+    outcome = cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (nothing, time.monotonic() + 30))
+    assert (outcome.action, outcome.reason) == ("compile", "no-cache")
+
+
+def test_the_plugins_expiry_setting_parses_as_expires_in() -> None:
+    assert compile_publish._expiry("30d") == (timedelta(days=30), "")
+    assert compile_publish._expiry("") == (None, "")
+    value, problem = compile_publish._expiry("soon")
+    assert value is None and problem.startswith("PLANCACHE_COMPILE_CACHE_EXPIRES_IN:")
