@@ -87,6 +87,7 @@ def planted_links(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any
     victim.write_bytes(b"victim\n")
     outside.mkdir()
     root = base / ROOT_NAME
+    shutil.rmtree(root / "plancache-private", ignore_errors=True)  # the cold boot's, copied along
     (root / "plancache-quarantine").symlink_to(outside)
     (root / "plancache-private").symlink_to(outside)
     ten = Path(glob.glob(str(root / "torch_compile_cache" / ("[0-9a-f]" * 10)))[0])  # vLLM's debug directory
