@@ -146,7 +146,9 @@ def test_cold_boot_compiles_and_signs_with_pinned_dirs(runs: dict[str, Any]) -> 
     # was not signed into the cache: every node rebuilds it privately if it ever compiles).
     outside = [p for p in runs["signed_files"] if p.parts[0] in ("home", "tmp") and (runs["signed"] / p).is_file()]
     assert outside == [], outside
-    assert not any("precompiled_headers" in str(p) or "plancache-private/" in str(p) for p in runs["signed_files"])
+    signed = [p for p in runs["signed_files"] if p.parts[:2] == (ROOT_NAME, "torch_compile_cache")]
+    assert signed and not any("precompiled_headers" in str(p) for p in signed)
+    assert [p.name for p in (runs["signed"] / ROOT_NAME / "plancache-private").iterdir()] == ["headers"]  # copies removed
     # Signed with the configured expiry, and the sign and the push each logged at INFO.
     sig = (cache_dir(runs["signed"]).parent / (cache_dir(runs["signed"]).name + ".plancache.sig")).read_bytes()
     manifest = mf.verify_manifest(subject(runs["signed"]), sig, keyring_of_file(runs["top"]), mf_now())
