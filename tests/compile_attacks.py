@@ -87,11 +87,13 @@ def planted_links(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any
     victim.write_bytes(b"victim\n")
     outside.mkdir()
     root = base / ROOT_NAME
+    shutil.rmtree(root / "plancache-private", ignore_errors=True)  # the cold boot's, copied along
     (root / "plancache-quarantine").symlink_to(outside)
     (root / "plancache-private").symlink_to(outside)
     ten = Path(glob.glob(str(root / "torch_compile_cache" / ("[0-9a-f]" * 10)))[0])  # vLLM's debug directory
-    ten.with_name(ten.name + ".plancache.lock").symlink_to(victim)
-    ten.with_name(ten.name + ".plancache.sig").symlink_to(victim)
+    for name in (ten.name + ".plancache.lock", ten.name + ".plancache.sig"):
+        ten.with_name(name).unlink(missing_ok=True)  # the cold boot's lock, copied along
+        ten.with_name(name).symlink_to(victim)
     report = boot(base, PLANCACHE_SIGNING_KEY=str(top / "keys" / "key"))
     report["victim"] = victim.read_bytes()
     report["outside"] = sorted(os.listdir(outside))

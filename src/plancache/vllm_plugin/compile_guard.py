@@ -171,6 +171,7 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
             torch_caches.ensure_private()
             return original(self, cache_dir, disable_cache, prefix)
         private, _ = private_for(rank_dir.parent)
+        local.mkdir(parents=True, exist_ok=True)  # vLLM made it (for its debug files); a quarantine took it
         private_local = private / local.relative_to(rank_dir.parent)
         private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
         result = original(self, str(private_local), disable_cache, prefix)

@@ -9,8 +9,9 @@ sources of torch 2.13 and vLLM 0.33, the caches read from disk in any compile mo
   kernel modules and libraries (``<2 chars>/*.py|.so``, imported and dlopened), ``cache/`` (local
   autotune), ``dynamo/`` (automatic-dynamic PGO profiles), ``gcc/``, ``autoheuristic/``;
 - ``default_cache_dir()`` = ``$TMPDIR/torchinductor_<user>`` whatever the variable says:
-  ``precompiled_headers/`` (``codecache._HEADER_DIR``, fixed when torch is imported), the
-  on-disk caches of ``torch._inductor.cache`` and ``runtime/caching``, Halide's runtime;
+  ``precompiled_headers/`` (``codecache._HEADER_DIR``, fixed when torch is imported; kept in
+  the node's private ``plancache-private/headers``, see :func:`node_headers`), the on-disk
+  caches of ``torch._inductor.cache`` and ``runtime/caching``, Halide's runtime;
 - ``$TRITON_CACHE_DIR`` (else ``~/.triton/cache``): Triton kernels;
 - vLLM's own directories, which the guard hands over as private copies.
 
@@ -107,10 +108,36 @@ def _pin(boot: Path) -> None:
         for name, module in list(sys.modules.items()):
             if name.startswith("torch") and getattr(module, "default_cache_dir", None) is original:
                 module.default_cache_dir = private  # type: ignore[attr-defined]
-        codecache._HEADER_DIR = str(default / "precompiled_headers")
-        codecache._HEADER_LOCK_DIR = str(default / "precompiled_headers" / "locks")
+        from ..storage.private_copy import PRIVATE_SUBDIR
+
+        shared = node_headers(boot.parent) if boot.parent.name == PRIVATE_SUBDIR else None
+        headers = shared or default / "precompiled_headers"
+        codecache._HEADER_DIR = str(headers)
+        codecache._HEADER_LOCK_DIR = str(headers / "locks")
     except Exception:  # noqa: BLE001 - a torch without them has nothing to pin
         LOG.debug("plancache: torch's default cache directory not pinned", exc_info=True)
+
+
+def node_headers(private_root: Path) -> Path | None:
+    """``plancache-private/headers``: the precompiled header, kept across boots on this node.
+    Inductor builds it before it loads even a warm cache (149 MiB, a minute of gcc on 2 cores),
+    so a fresh one per boot would cost every warm boot that minute, and shipping it in the
+    signed cache cost every pull 149 MiB. It is rebuilt locally from torch's own headers, in a
+    directory only this user can write (reached without following links, checked to be ours
+    and mode 0700); anything else there (a link, another owner, group or world access) and the
+    boot's own fresh directory is used instead. Never a shared default."""
+    from ..storage import dirfds
+
+    headers = private_root / "headers"
+    try:
+        fd = dirfds.open_dir(private_root.parent, headers, True, 0o700)
+    except Exception:  # noqa: BLE001 - a link, a file: not ours to use
+        return None
+    try:
+        st = os.fstat(fd)
+        return headers if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
+    finally:
+        os.close(fd)
 
 
 def guarded_call(original: Callable[..., Any], on_outside: Callable[[str], None]) -> Callable[..., Any]:
