@@ -20,7 +20,7 @@ from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline import compile_cache as cc
 from plancache.pipeline import compile_load as cl
-from plancache.storage import archives, cachedir
+from plancache.storage.compile_cache import archives, cachedir
 from plancache.storage.store import open_store
 from plancache.trust import manifest as mf
 from plancache.trust.errors import Reason, Rejected

@@ -24,7 +24,7 @@ from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # n
 
 from plancache.pipeline import compile_cache as cc
 from plancache.pipeline import compile_load as cl
-from plancache.storage import archives, cachedir, private_copy
+from plancache.storage.compile_cache import archives, cachedir, private_copy
 from plancache.storage.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError

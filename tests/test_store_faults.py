@@ -276,7 +276,7 @@ def test_each_store_has_its_own_filesystem(fault_server: FaultServer, keys: Path
 def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(fault_server: FaultServer) -> None:
     """Archives go through the store's own capped read, as plans do: the cap is the size the
     verified signature states, and a server that ignores Range sends a socket buffer, not 1 GiB."""
-    from plancache.storage import archives
+    from plancache.storage.compile_cache import archives
 
     subject = "torch_aot_compile/" + "ab" * 32
     fault_server.state.objects[key(archives.archive_name(subject))] = FaultObject(b"x" * 4096, "huge")

@@ -34,7 +34,7 @@ from ..pipeline import compile_cache as flows
 from ..pipeline.locations import BULK_TIMEOUT, require_push_target
 from ..pipeline.resolver import utcnow
 from ..settings import URL_ENV
-from ..storage import archives, cachedir
+from ..storage.compile_cache import archives, cachedir
 from ..storage.localdir import vllm_cache_root
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text

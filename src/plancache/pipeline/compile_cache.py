@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from ..storage import archives, cachedir, dirfds, private_copy
+from ..storage import dirfds
+from ..storage.compile_cache import archives, cachedir, private_copy
 from ..storage.files import read_capped
 from ..storage.store import Store
 from ..trust.display import safe_text

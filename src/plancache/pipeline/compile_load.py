@@ -3,7 +3,7 @@
 :func:`guard` is the one entry point. Under the node's lock for the directory (so ranks never
 race: one pulls, the others wait and then verify what it installed) it pulls a missing cache,
 verifies a present one and copies it into the boot's private directory, hashing every byte it
-writes (:mod:`plancache.storage.private_copy`). vLLM is then pointed at the copy only: the
+writes (:mod:`plancache.storage.compile_cache.private_copy`). vLLM is then pointed at the copy only: the
 signed directory is never read by torch, and never written by it either, so a verified cache
 stays verified across restarts. A cache that fails is moved aside beside it, on its own mount;
 if it cannot be moved, it is simply not loaded. Every outcome is a :class:`CacheOutcome`.
@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from ..storage import cachedir, private_copy
+from ..storage.compile_cache import cachedir, private_copy
 from ..storage.store import Store
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError, Reason, Rejected, StoreError
@@ -34,7 +34,7 @@ def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime,
           fetch: Fetch | None = None, wait: float | None = None) -> CacheOutcome:
     """Before vLLM reads ``subject``, under the node's lock for it (waiting at most ``wait``):
     pull it if it is missing and ``fetch`` is given, verify its signature and closed world, then
-    copy it into ``into`` hashing every byte written (:mod:`plancache.storage.private_copy`):
+    copy it into ``into`` hashing every byte written (:mod:`plancache.storage.compile_cache.private_copy`):
     ``load`` means vLLM must read ``into``, and only ``into``. Otherwise ``into`` is left an
     empty directory, and the outcome says why: ``compile`` (``no-cache``, ``store-rejected``, a
     store error, ``timeout`` of the lock) or ``quarantined`` (the local cache was moved aside,

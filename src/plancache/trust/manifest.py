@@ -17,7 +17,7 @@ Verification keeps :mod:`plancache.trust.verify`'s order: size cap, canonical DS
 payloadType, signatures by distinct trusted keys, then (signed, so now parsed) the statement,
 subject, key windows, threshold, validity window. Comparing the manifest with a directory is
 pure too (:func:`closed_world_difference`, :func:`digest_difference`): the walking and hashing
-are :mod:`plancache.storage.cachedir`'s. No IO here.
+are :mod:`plancache.storage.compile_cache.cachedir`'s. No IO here.
 """
 
 from __future__ import annotations

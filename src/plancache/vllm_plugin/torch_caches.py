@@ -1,7 +1,7 @@
 """Every on-disk cache torch 2.13 reads during a guarded boot lies in a private per-boot directory.
 
 With the guard on, this process gets ``$VLLM_CACHE_ROOT/plancache-private/boot-<pid>-<random>/``
-(mode 0700, :func:`plancache.storage.private_copy.new_boot_dir`), removed at exit. From the
+(mode 0700, :func:`plancache.storage.compile_cache.private_copy.new_boot_dir`), removed at exit. From the
 sources of torch 2.13 and vLLM 0.33, the caches read from disk in any compile mode are:
 
 - ``cache_dir()`` = ``$TORCHINDUCTOR_CACHE_DIR`` (else ``$TMPDIR/torchinductor_<user>``):
@@ -49,7 +49,7 @@ def boot_dir() -> Path:
     if _boot is None:
         from vllm import envs
 
-        from ..storage.private_copy import new_boot_dir
+        from ..storage.compile_cache.private_copy import new_boot_dir
 
         _boot = new_boot_dir(Path(envs.VLLM_CACHE_ROOT))
         atexit.register(shutil.rmtree, str(_boot), True)
@@ -108,7 +108,7 @@ def _pin(boot: Path) -> None:
         for name, module in list(sys.modules.items()):
             if name.startswith("torch") and getattr(module, "default_cache_dir", None) is original:
                 module.default_cache_dir = private  # type: ignore[attr-defined]
-        from ..storage.private_copy import PRIVATE_SUBDIR
+        from ..storage.compile_cache.private_copy import PRIVATE_SUBDIR
 
         shared = node_headers(boot.parent) if boot.parent.name == PRIVATE_SUBDIR else None
         headers = shared or default / "precompiled_headers"

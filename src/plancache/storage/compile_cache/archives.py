@@ -15,10 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..trust.errors import Reason, Rejected
-from ..trust.manifest import is_subject
-from .deadline import with_retries
-from .store import Store
+from ...trust.errors import Reason, Rejected
+from ...trust.manifest import is_subject
+from ..deadline import with_retries
+from ..store import Store
 
 ARCHIVE_SUFFIX = ".tar"
 SIG_SUFFIX = ".tar.sig"

@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Iterator
 
-from ..trust.errors import Reason, Rejected, StoreError, StoreTimeout
-from ..trust.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
-from . import dirfds
+from ...trust.errors import Reason, Rejected, StoreError, StoreTimeout
+from ...trust.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
+from .. import dirfds
 
 CHUNK = 1 << 20
 COMPILE_SUBDIR = "torch_compile_cache"

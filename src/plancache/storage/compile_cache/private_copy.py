@@ -25,9 +25,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..trust.errors import Reason, Rejected, StoreError
-from ..trust.manifest import FileEntry, Manifest
-from . import dirfds
+from ...trust.errors import Reason, Rejected, StoreError
+from ...trust.manifest import FileEntry, Manifest
+from .. import dirfds
 
 CHUNK = 1 << 20
 COPY_THREADS = 4
