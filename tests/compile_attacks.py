@@ -117,6 +117,24 @@ def repull_after_quarantine(top: Path, base: Path, store: dict[str, str]) -> dic
     return boot(base, **store)
 
 
+def read_only_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
+    """``torch_compile_cache/`` is a read-only tmpfs holding the valid signed cache (an image
+    layer, a volume mounted ro): vLLM can load it there, so the guarded boot loads it too."""
+    mount = base / ROOT_NAME / "torch_compile_cache"
+    mount.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"skipped": f"cannot mount a tmpfs here: {done.stderr.strip()}"}
+    try:
+        shutil.copytree(top / "signed" / ROOT_NAME / "torch_compile_cache", mount, dirs_exist_ok=True)
+        done = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"skipped": f"cannot remount the tmpfs read-only: {done.stderr.strip()}"}
+        return boot(base)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 def store_env(endpoint: str, prefix: str) -> dict[str, str]:
     return {**AWS_ENV, "PLANCACHE_URL": f"s3://{prefix}", "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}"}
 
@@ -126,6 +144,7 @@ ATTACKS: dict[str, tuple[Callable[[Path, Path, dict[str, str]], dict[str, Any]],
     "disabled-planted": (disabled_planted(True), None),
     "disabled-planted-control": (disabled_planted(False), None),
     "own-mount": (own_mount, None),
+    "read-only-mount": (read_only_mount, None),
     "planted-links": (planted_links, None),
     "two-ranks": (two_ranks_then_restart, "bucket/ranks"),
     "repull": (repull_after_quarantine, "bucket/repull"),

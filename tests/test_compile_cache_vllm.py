@@ -288,6 +288,15 @@ def test_a_cache_volume_on_its_own_mount_quarantines_there_and_compiles(runs: di
     assert run["counters"]["num_aot_compiles"] == 1 and run["correct"], run["error"]
 
 
+def test_a_valid_signed_cache_on_a_read_only_mount_loads(runs: dict[str, Any]) -> None:
+    run = attack_run(runs, "read-only-mount")
+    if "skipped" in run:
+        pytest.skip(run["skipped"])
+    assert run["decisions"][0] == ("load", "verified"), (run["decisions"], run["stderr"][-2000:])
+    assert run["counters"]["num_aot_artifacts_loaded"] == 1 and run["counters"]["num_aot_compiles"] == 0, run["counters"]
+    assert run["correct"], run["error"]
+
+
 def test_planted_symlinks_are_never_followed(runs: dict[str, Any]) -> None:
     run = attack_run(runs, "planted-links")
     assert run["victim"] == b"victim\n" and run["outside"] == [], (run["victim"], run["outside"])

@@ -13,6 +13,7 @@ replaced, hard-linked) into place. A link anywhere below the base is an error, n
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -131,6 +132,8 @@ def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
             os.unlink(tmp, dir_fd=dir_fd)
         fd = _open_regular(dir_fd, name, flags)
     except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES):
+            raise  # a read-only mount, another user's file: the caller decides (no lock is needed there)
         raise StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
