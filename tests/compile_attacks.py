@@ -8,13 +8,14 @@ with what the test asserts on; test_compile_cache_vllm.py runs them beside the o
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import compile_payloads as P
 from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined
@@ -53,25 +54,6 @@ def disabled_planted(guard: bool) -> Callable[[Path, Path, dict[str, str]], dict
         return boot(base, guard, VLLM_DISABLE_COMPILE_CACHE="1", **AOT0)
 
     return run
-
-
-def own_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
-    """``torch_compile_cache/`` is its own tmpfs (a fleet's shared volume), holding a tampered
-    cache: the quarantine must stay on that mount, and the boot must compile, not stop."""
-    mount = base / ROOT_NAME / "torch_compile_cache"
-    mount.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"skipped": f"cannot mount a tmpfs here: {done.stderr.strip()}"}
-    try:
-        shutil.copytree(top / "signed" / ROOT_NAME / "torch_compile_cache", mount, dirs_exist_ok=True)
-        t_rank_pickle(cache_dir(base), base / "marker")
-        report = boot(base)
-        report["quarantine_here"] = sorted(os.listdir(mount / "torch_aot_compile" / "plancache-quarantine")) \
-            if (mount / "torch_aot_compile" / "plancache-quarantine").exists() else []
-        return report
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def planted_links(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
@@ -117,22 +99,44 @@ def repull_after_quarantine(top: Path, base: Path, store: dict[str, str]) -> dic
     return boot(base, **store)
 
 
-def read_only_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
-    """``torch_compile_cache/`` is a read-only tmpfs holding the valid signed cache (an image
-    layer, a volume mounted ro): vLLM can load it there, so the guarded boot loads it too."""
+@contextlib.contextmanager
+def signed_cache_on_tmpfs(top: Path, base: Path, *remount: str) -> Iterator[str | None]:
+    """The signed cache copied onto a tmpfs mounted at ``torch_compile_cache/`` (then remounted
+    with ``remount`` options, if any); yields None, or why the mount is not possible here."""
     mount = base / ROOT_NAME / "torch_compile_cache"
     mount.mkdir(parents=True)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
-        return {"skipped": f"cannot mount a tmpfs here: {done.stderr.strip()}"}
+        yield f"cannot mount a tmpfs here: {done.stderr.strip()}"
+        return
     try:
         shutil.copytree(top / "signed" / ROOT_NAME / "torch_compile_cache", mount, dirs_exist_ok=True)
-        done = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"skipped": f"cannot remount the tmpfs read-only: {done.stderr.strip()}"}
-        return boot(base)
+        if remount:
+            done = subprocess.run(["mount", "-o", ",".join(("remount",) + remount), str(mount)],
+                                  capture_output=True, text=True)
+        yield None if done.returncode == 0 else f"cannot remount the tmpfs {remount}: {done.stderr.strip()}"
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def own_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
+    """``torch_compile_cache/`` is its own tmpfs (a fleet's shared volume), holding a tampered
+    cache: the quarantine must stay on that mount, and the boot must compile, not stop."""
+    with signed_cache_on_tmpfs(top, base) as why_not:
+        if why_not:
+            return {"skipped": why_not}
+        t_rank_pickle(cache_dir(base), base / "marker")
+        report = boot(base)
+        here = base / ROOT_NAME / "torch_compile_cache" / "torch_aot_compile" / "plancache-quarantine"
+        report["quarantine_here"] = sorted(os.listdir(here)) if here.exists() else []
+        return report
+
+
+def read_only_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
+    """``torch_compile_cache/`` is a read-only tmpfs holding the valid signed cache (an image
+    layer, a volume mounted ro): vLLM can load it there, so the guarded boot loads it too."""
+    with signed_cache_on_tmpfs(top, base, "ro") as why_not:
+        return {"skipped": why_not} if why_not else boot(base)
 
 
 def store_env(endpoint: str, prefix: str) -> dict[str, str]:
