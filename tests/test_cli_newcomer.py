@@ -37,6 +37,14 @@ def signed_dir(path: Path, key: Path, *fps: str) -> LocalPlanDir:
     return local
 
 
+def pushed_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer) -> str:
+    """A plan FP signed by ``keys`` and pushed to a new bucket's ``team/`` prefix: its URL."""
+    signed_dir(tmp_path / "plans", keys, FP)
+    url = f"s3://{s3.new_bucket()}/team"
+    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    return url
+
+
 # -- argument errors (item 3) ---------------------------------------------------------------------
 
 
@@ -123,9 +131,7 @@ def test_a_url_for_a_directory_or_the_reverse_names_the_argument(
 def test_inspect_reads_a_plan_from_a_store_url(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
 ) -> None:
-    signed_dir(tmp_path / "plans", keys, FP)
-    url = f"s3://{s3.new_bucket()}/team"
-    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    url = pushed_plan(capsys, tmp_path, keys, s3)
     code, out, _ = run(capsys, "inspect", "--json", "--trusted-keys", f"{keys}.pub", f"{url}/{plan_name(FP)}")
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "valid" and doc["file"] == f"{url}/{plan_name(FP)}"
@@ -215,9 +221,7 @@ def _schema_validator():  # type: ignore[no-untyped-def]
 def test_verify_ls_and_pull_json_carry_the_signed_provenance_facts(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer
 ) -> None:
-    signed_dir(tmp_path / "plans", keys, FP)
-    url = f"s3://{s3.new_bucket()}/team"
-    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    url = pushed_plan(capsys, tmp_path, keys, s3)
     trusted = ("--trusted-keys", f"{keys}.pub")
     for argv in (("verify", *trusted, url), ("ls", *trusted, url), ("ls", url),
                  ("pull", *trusted, url, str(tmp_path / "node"))):
@@ -236,9 +240,7 @@ def test_the_pull_table_says_missing_store_error_and_timeout_apart(
 
     from store_servers import closed_port
 
-    signed_dir(tmp_path / "plans", keys, FP)
-    url = f"s3://{s3.new_bucket()}/team"
-    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    url = pushed_plan(capsys, tmp_path, keys, s3)
     trusted = ("--trusted-keys", f"{keys}.pub")
     code, out, err = run(capsys, "pull", *trusted, "--fingerprint", "0123456789abcdee", url, str(tmp_path / "n"))
     assert code == 1 and out.splitlines()[1].split()[1] == "missing" and "1 not in the store" in err
@@ -326,9 +328,7 @@ def test_the_spot_boot_journey_pulls_with_the_boot_defaults(tmp_path: Path) -> N
 def test_s3_flags_reach_the_store_as_storage_options(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, s3: MotoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    signed_dir(tmp_path / "plans", keys, FP)
-    url = f"s3://{s3.new_bucket()}/team"
-    assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
+    url = pushed_plan(capsys, tmp_path, keys, s3)
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     (tmp_path / "aws-config").write_text("[profile plans]\nregion = eu-west-1\n")
