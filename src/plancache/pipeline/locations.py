@@ -176,7 +176,7 @@ def near_miss(source: Location) -> str | None:
             parent = Store(source.fs, parent_url, parent_root, source.timeout)
         except Exception:  # best effort: the filesystem could not be made in time
             return None
-        holding = deeper_prefixes(parent, time.monotonic() + min(source.timeout, 10.0), SIBLINGS_SEEN)
+        holding = deeper_prefixes(parent, time.monotonic() + min(source.timeout, 10.0), SIBLINGS_SEEN, max_depth=1)
     by_name = {str(h).rstrip("/").rsplit("/", 1)[-1]: str(h) for h in holding}
     match = difflib.get_close_matches(leaf, [n for n in by_name if n != leaf], n=1, cutoff=0.6)
     return by_name[match[0]] if match else None

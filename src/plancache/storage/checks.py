@@ -163,10 +163,11 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
     return True
 
 
-def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 5) -> list[str]:
+def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 5,
+                    max_depth: int = MAX_DEPTH) -> list[str]:
     """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
 
-    Breadth first, at most MAX_DEPTH levels and MAX_LISTINGS listing requests, inside the
+    Breadth first, at most ``max_depth`` levels and MAX_LISTINGS listing requests, inside the
     deadline; any failure ends the walk with what was found so far. On S3, GCS and Azure each
     request is one page (:func:`.backends.list_page`), read and dropped: what is kept is at most
     MAX_QUEUED prefixes and whether a plan was seen, so a hostile listing (4 MiB pages that say
@@ -198,11 +199,11 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
                 except (OSError, ValueError, PlanCacheError):
                     break
                 holds_plans = holds_plans or any(fingerprint_of_plan_name(e.name) for e in page.entries)
-                for below in page.prefixes if depth < MAX_DEPTH else ():
+                for below in page.prefixes if depth < max_depth else ():
                     if queued < MAX_QUEUED:
                         queue.append((below, depth + 1))
                         queued += 1
-                if page.token is None or (holds_plans and (queued >= MAX_QUEUED or depth >= MAX_DEPTH)):
+                if page.token is None or (holds_plans and (queued >= MAX_QUEUED or depth >= max_depth)):
                     break  # nothing more this prefix could tell
                 token = page.token
             if depth > 0 and holds_plans:
@@ -224,7 +225,7 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
                     continue
                 full = store.fs._strip_protocol(entry["name"]).rstrip("/")
                 leaf = full.rsplit("/", 1)[-1]
-                if entry.get("type") == "directory" and depth < MAX_DEPTH and full != path.rstrip("/"):
+                if entry.get("type") == "directory" and depth < max_depth and full != path.rstrip("/"):
                     queue.append((full, depth + 1))
                 names.append(leaf)
             if depth > 0 and any(fingerprint_of_plan_name(n) for n in names):
