@@ -107,3 +107,35 @@ def test_the_api_reads_the_environment_as_the_cli_does_explicit_arguments_winnin
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS")
     with pytest.raises(plancache.ConfigError, match="PLANCACHE_TRUSTED_KEYS"):
         plancache.verify_location(url)
+
+
+def test_pull_counts_the_store_opening_inside_its_budget(tmp_path: Path, monkeypatch: "pytest.MonkeyPatch") -> None:
+    """One budget from the call, as in the CLI: a store that takes most of the budget to open
+    (credential discovery, an SDK import) leaves the fetches only what is left, never a fresh
+    budget of their own (which made a pull take up to twice its timeout)."""
+    import time
+
+    import plancache.api as api
+    from plancache.trust.keys import Keyring
+
+    opened: dict[str, float] = {}
+    seen: list[float] = []
+
+    def slow_open(url: str, options: object, budget: float, deadline: float) -> object:
+        opened["deadline"] = deadline
+        time.sleep(0.3)
+        return object()
+
+    class Recorder:
+        def __init__(self, directory: object, policy: object, store: object) -> None:
+            pass
+
+        def pull(self, fingerprints: object, deadline: float) -> list[object]:
+            seen.append(deadline)
+            return []
+
+    monkeypatch.setattr(api, "open_url", slow_open)
+    monkeypatch.setattr(api, "Resolver", Recorder)
+    started = time.monotonic()
+    assert api.pull("s3://b/plans", tmp_path, Keyring(), timeout=2.0) == []
+    assert seen == [opened["deadline"]] and seen[0] <= started + 2.0 + 0.05

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .pipeline.audit import PlanReport, audit_location
-from .pipeline.locations import BULK_TIMEOUT, local_dir, storage_options_for
+from .pipeline.locations import BULK_TIMEOUT, local_dir, open_url, storage_options_for
 from .pipeline.resolver import Resolver, utcnow
 from .settings import TRUSTED_KEYS_ENV
 from .storage.deadline import checked_budget
-from .storage.store import open_store
 from .trust.errors import ConfigError
 from .trust.keys import Keyring
 from .trust.policy import TrustPolicy
@@ -71,7 +70,7 @@ def pull(
 ) -> list[PlanResult]:
     """Fetch, verify and write (atomically, only verified bytes) the store's plans into
     ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints."""
-    budget = checked_budget(timeout, BULK_TIMEOUT)
-    store = open_store(url, storage_options_for(storage_options), budget)
+    deadline = time.monotonic() + (budget := checked_budget(timeout, BULK_TIMEOUT))
+    store = open_url(url, storage_options_for(storage_options), budget, deadline)  # opening counts, as in the CLI
     resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), store)
-    return list(resolver.pull(fingerprints, time.monotonic() + budget))
+    return list(resolver.pull(fingerprints, deadline))
