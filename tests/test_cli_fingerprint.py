@@ -139,7 +139,7 @@ def test_explain_prints_the_factors_and_the_model_as_hashed(vllm_cfg: SimpleName
 
 
 def test_the_model_path_is_hashed_as_given(vllm_cfg: SimpleNamespace, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """Measured: the same directory named another way is another fingerprint (README: same path on every node)."""
+    """Measured: the same directory named another way is another fingerprint (docs/vllm-plugin.md: same path on every node)."""
     link = tmp_path / "same-model"
     link.symlink_to(vllm_cfg.model)
 

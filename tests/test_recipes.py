@@ -1,4 +1,4 @@
-"""The README's recipes, run: the Dockerfile's bake stage and the Kubernetes init container.
+"""The recipes of docs/journeys.md, run: the Dockerfile's bake stage and the Kubernetes init container.
 
 Docker cannot run here (no daemon in CI), so what a build would do is stood in for, and said:
 ``pip install`` by this test environment; ``plancache-ci-bake`` / ``plancache-spot-boot`` by the
@@ -27,15 +27,16 @@ from plancache.storage.localdir import LocalPlanDir
 from plancache.trust.plan import plan_name, sig_name
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RECIPES = Path(__file__).resolve().parent.parent / "docs" / "journeys.md"
+"""The page the README's recipes moved to."""
 SPOT_BOOT_DOC = Path(__file__).resolve().parent.parent / "src" / "plancache" / "journeys" / "spot-boot.sh"
 
 
 def block(kind: str, containing: str) -> str:
-    for match in re.finditer(rf"```{kind}\n(.*?)```", README.read_text(), re.S):
+    for match in re.finditer(rf"```{kind}\n(.*?)```", RECIPES.read_text(), re.S):
         if containing in match.group(1):
             return match.group(1)
-    raise AssertionError(f"no ```{kind} block with {containing!r} in README")
+    raise AssertionError(f"no ```{kind} block with {containing!r} in {RECIPES.name}")
 
 
 def instructions(dockerfile: str, stage: str) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ The package is laid out in rings, and the folder listing says which is which:
 - ``plancache.cli`` and ``plancache.vllm_plugin`` integrations: they read flags or the
   environment, build one policy, call the pipeline and render or log the outcome.
 
-The names below form the public Python API for scripts (see README, "Python API"). They are
+The names below form the public Python API for scripts (see docs/python-api.md). They are
 loaded lazily: the vLLM plugin imports this package in every vLLM process, so ``import
 plancache`` pulls in none of fsspec, s3fs, gcsfs, aiobotocore, torch or vLLM.
 """
