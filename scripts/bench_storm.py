@@ -213,7 +213,8 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
         url, rate = f"az://{container}/fleet", AZURE_BLOB_RATE * scale
     try:
         proxy.reset(0, 1)
-        world, policy = bake(work, url, options, args.ranks, args.replicas if kind == "azure" else 1)
+        (work / kind).mkdir()
+        world, policy = bake(work / kind, url, options, args.ranks, args.replicas if kind == "azure" else 1)
         opener = lambda: open_store(url, options, timeout=args.budget)  # noqa: E731
         stores = [opener() for _ in range(args.nodes * args.ranks)]
         for s in stores:  # each rank's own client, made before the storm (as a prefetch would)

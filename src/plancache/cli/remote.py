@@ -155,12 +155,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
         outcome = prune_plans(store, started + store.timeout, utcnow(), policy, args.older_than, criterion,
                               args.dry_run, bar, unconditional=args.unconditional)
     deleted = outcome.deleted
+    from ..pipeline.set_audit import prune_sets
+
+    sets = prune_sets(store, [r.fingerprint for r, _ in deleted], started + store.timeout, args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     if args.json:
         report(args, not outcome.failed, url=store.url, dry_run=args.dry_run, criterion=criterion, deleted=[
             {"fingerprint": r.fingerprint, "why": why, "signers": r.signers, "signer_ids": r.signer_ids,
              "signed_by": r.to_json()["signed_by"]} for r, why in deleted
-        ], changed=outcome.changed, kept=outcome.seen - len(deleted), errors=[r.to_json() for r in outcome.failed])
+        ], changed=outcome.changed, kept=outcome.seen - len(deleted), errors=[r.to_json() for r in outcome.failed],
+               plan_sets_deleted=sets)
     else:
         print_table([(r.fingerprint, verb, why, ", ".join(r.signers)) for r, why in deleted],
                     ["PLAN", "ACTION", "WHY", "SIGNER"])
@@ -170,4 +174,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
             print(f"plancache: could not read {r.fingerprint}: {r.detail}", file=sys.stderr)
         print(f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept {outcome.seen - len(deleted)}",
               file=sys.stderr)
+        if sets:
+            print(f"plan set(s) holding them or a plan no longer in the store: {verb} {', '.join(sets)}", file=sys.stderr)
     return EXIT_STORE if outcome.failed else 0

@@ -112,6 +112,11 @@ because a throttled store asks to be retried later, not never; the deadline stil
 BACKOFF_CAP = 1.0
 """The largest full-jitter pause (seconds): longer ones would only cross a 3 s budget."""
 
+THROTTLED_BASE = 0.25
+"""Backoff base after a throttled answer: a store over its rate recovers in seconds, not in
+the 50 ms a dropped connection needs, so the tries spread over the budget (pauses drawn from
+0-0.5 s, 0-1 s, 0-1 s) instead of spending all of them in its first 0.3 s."""
+
 THROTTLED = (429, 503)
 """What S3 (``503 SlowDown``), GCS (``429``/``503``) and Azure (``503 ServerBusy``) answer above their limits."""
 
@@ -146,7 +151,8 @@ def _pause(number: int, exc: BaseException | None = None) -> float:
     store sent is a floor (never retried sooner than it asked)."""
     if LEGACY_RETRIES:
         return BACKOFF_BASE * (2**number) * (0.5 + random.random())
-    pause = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (number + 1)))
+    base = THROTTLED_BASE if exc is not None and http_status(exc) in THROTTLED else BACKOFF_BASE
+    pause = random.uniform(0, min(BACKOFF_CAP, base * 2 ** (number + 1)))
     asked = retry_after(exc) if exc is not None else None
     return pause if asked is None else max(pause, asked)
 

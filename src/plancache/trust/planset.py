@@ -196,6 +196,16 @@ def split_set(data: bytes) -> tuple[bytes, bytes]:
     return data[: end + 1], data[end + 1 :]
 
 
+def claimed_members(data: bytes) -> list[str]:
+    """The fingerprints a set object *claims* to hold, unverified: for ``ls`` without keys and
+    for ``prune``, which deletes sets whose members it deletes (deleting needs no trust). Never
+    a reason to use anything in the set."""
+    if len(data) > MAX_SET_BYTES:
+        raise Rejected(Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}")
+    head, _ = split_set(data)
+    return [m.fingerprint for m in parse_set_statement(dsse.decode(head).payload).members]
+
+
 def verify_set(name: str, data: bytes, keyring: Keyring, now: datetime,
                clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedSet:
     """A set object's bytes in, every member verified out, or ``PlanCacheError`` with a reason.
