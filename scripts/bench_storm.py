@@ -57,6 +57,7 @@ class Outcome:
     applied: bool
     seconds: float
     reason: str
+    note: str = ""
 
 
 @dataclass
@@ -140,7 +141,8 @@ def bake(work: Path, url: str, options: dict[str, Any], ranks: int, replicas: in
 # -- the storm --------------------------------------------------------------------------------------
 
 def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nodes: int, spread: float,
-          budget: float, mode: str, replicas: int, work: Path, stores: list[Any] | None = None) -> list[Outcome]:
+          budget: float, mode: str, replicas: int, work: Path, stores: list[Any] | None = None,
+          schedule: str = "random") -> list[Outcome]:
     """One storm: ``nodes`` x ``len(world)`` rank threads, each resolving its own fingerprint."""
     from plancache.pipeline import node_plans
     from plancache.pipeline.resolver import Resolver
@@ -151,7 +153,10 @@ def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nod
     ranks = len(world)
     stores = stores if stores is not None else [open_rank_store() for _ in range(nodes * ranks)]
     start = time.monotonic() + 1.0
-    arrivals = [start + random.uniform(0, spread) for _ in range(nodes)]
+    if schedule == "even":  # node i at i/N of the spread: the same offered rate, without random clumps
+        arrivals = [start + spread * i / nodes for i in range(nodes)]
+    else:
+        arrivals = [start + random.uniform(0, spread) for _ in range(nodes)]
     outcomes: list[Outcome] = []
     lock = threading.Lock()
     root = Path(tempfile.mkdtemp(prefix=f"storm-{mode}-", dir=work))
@@ -171,10 +176,11 @@ def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nod
             took = time.monotonic() - began
             applied = result.verified is not None and took <= budget + 0.5  # the join grace of a deadline
             reason = "applied" if applied else (result.error.reason.value if result.error else "no-plan")
+            note = result.note
         except Exception as exc:  # noqa: BLE001 - a bench records, never stops
-            took, applied, reason = time.monotonic() - began, False, type(exc).__name__
+            took, applied, reason, note = time.monotonic() - began, False, type(exc).__name__, str(exc)
         with lock:
-            outcomes.append(Outcome(node, rank, applied, took, reason))
+            outcomes.append(Outcome(node, rank, applied, took, reason, note))
 
     threads = [threading.Thread(target=rank_boot, args=(n, r), daemon=True) for n in range(nodes) for r in range(ranks)]
     for t in threads:
@@ -224,14 +230,14 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
                 s.fs
         lines.append(f"{kind}: {args.nodes} nodes x {args.ranks} ranks standing for {REAL_NODES} nodes; limit "
                      f"{rate:.2f}/s per {'prefix' if kind == 's3' else 'blob'} (scale {scale:g}), spread {args.spread:g} s, "
-                     f"budget {args.budget:g} s, {args.rounds} round(s)"
+                     f"budget {args.budget:g} s, {args.rounds} round(s), {args.schedule} arrivals"
                      + (f", {args.replicas} set replica(s), Retry-After {args.retry_after}" if kind == "azure" else ""))
         for mode in ("today", "new"):
             tally = Tally()
             for _ in range(args.rounds):
                 proxy.reset(rate, rate * BURST_SECONDS)
                 tally.outcomes += storm(opener, policy, world, args.nodes, args.spread, args.budget, mode,
-                                        args.replicas if kind == "azure" else 1, work, stores)
+                                        args.replicas if kind == "azure" else 1, work, stores, args.schedule)
                 got = proxy.stats()
                 tally.requests += got["requests"]
                 tally.throttled += got["throttled"]
@@ -258,6 +264,8 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=10.0, help="seconds over which the nodes arrive")
     ap.add_argument("--budget", type=float, default=3.0, help="each rank's deadline (PLANCACHE_TIMEOUT)")
     ap.add_argument("--replicas", type=int, default=1, help="copies of the plan set on Azure (push --set-replicas)")
+    ap.add_argument("--schedule", choices=["random", "even"], default="random",
+                    help="node arrivals: uniformly random within the spread, or evenly spaced")
     ap.add_argument("--retry-after", type=int, default=None, help="Retry-After seconds in Azure's ServerBusy")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="plancache-storm-"))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..storage.compile_cache.cachedir import locked
+from ..storage.deadline import JOIN_GRACE, store_error
 from ..storage.files import read_capped, write_atomic
 from ..storage.plansets import read_set
 from ..trust.display import safe_text
@@ -43,6 +44,9 @@ OUTCOME_FILE = ".plancache-node-fetch.json"
 """In vLLM's plan directory: the last node fetch's set name, wall-clock time and outcome."""
 
 MAX_OUTCOME_BYTES = 4096
+
+LOCK_MARGIN = 0.25
+"""Seconds a waiting rank waits beyond the fetching rank's latest end, for its verify and writes."""
 
 
 def replica_of(node: str, replicas: int) -> int:
@@ -80,7 +84,10 @@ def resolve_node(resolver: "Resolver", fp: str, world: Sequence[str], deadline: 
             recorded = _recorded(directory, name, asked, fp)
             if recorded is not None:
                 return recorded
-        result = _fetch(resolver, fp, world, name, deadline, replica)
+        try:
+            result = _fetch(resolver, fp, world, name, deadline, replica)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the waiting ranks hear of it
+            result = PlanResult(fp, "store", error=store_error("cannot fetch the plan set", exc))
         _record(directory, name, result)
     if local.error is not None:
         return result.with_note(f"local plan rejected ({local.error.reason}: {local.error.detail})")
@@ -94,7 +101,9 @@ def _lock(stack: ExitStack, directory: Path, deadline: float) -> bool:
         return False
     except StoreTimeout:
         pass
-    remaining = deadline - time.monotonic()
+    # the fetching rank may end up to a deadline's join grace after its deadline (an answer
+    # that arrived in time, verified and written): waiting as long keeps the node's ranks alike
+    remaining = deadline + JOIN_GRACE + LOCK_MARGIN - time.monotonic()
     if remaining <= 0:
         raise StoreTimeout("no time left in the budget to wait for the node's fetching rank")
     stack.enter_context(locked(directory.parent, directory, wait=remaining))

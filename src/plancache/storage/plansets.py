@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable
 from ..trust.errors import PlanCacheError
 from ..trust.planset import set_object_id
 from .capped_reads import read_object
-from .deadline import with_retries
+from .deadline import store_error, with_retries
 from .threads import Pending
 
 if TYPE_CHECKING:
@@ -27,8 +27,11 @@ def read_set(store: "Store", name: str, deadline: float | None = None) -> bytes 
     deadline = store._deadline(deadline)
     if store._direct is not None and store._fs is None:
         direct = store._direct
-        return Pending(lambda: direct.read(name, deadline), "plancache-s3-get").result(
-            deadline, f"cannot read {name} from {store.url}", store.timeout)
+        try:
+            return Pending(lambda: direct.read(name, deadline), "plancache-s3-get").result(
+                deadline, f"cannot read {name} from {store.url}", store.timeout)
+        except Exception as exc:  # botocore's errors as the typed ones, as every other read
+            raise store_error(f"cannot read {name}", exc) from None
     return store._run(lambda: read_object(store, name, deadline), deadline, f"cannot read {name} from")
 
 
