@@ -175,7 +175,8 @@ def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nod
                 result = node_plans.resolve_node(resolver, world[rank], world, deadline, replica)
             took = time.monotonic() - began
             applied = result.verified is not None and took <= budget + 0.5  # the join grace of a deadline
-            reason = "applied" if applied else (result.error.reason.value if result.error else "no-plan")
+            reason = ("applied" if applied else "late" if result.verified is not None
+                      else result.error.reason.value if result.error else "no-plan")
             note = result.note
         except Exception as exc:  # noqa: BLE001 - a bench records, never stops
             took, applied, reason, note = time.monotonic() - began, False, type(exc).__name__, str(exc)

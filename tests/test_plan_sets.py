@@ -20,7 +20,7 @@ import pytest
 from conftest import NOW, keyring_of, make_signer, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
-from plancache.pipeline.node_plans import OUTCOME_FILE, resolve_node
+from plancache.pipeline.node_plans import outcome_path, resolve_node
 from plancache.pipeline.resolver import Resolver, utcnow
 from plancache.pipeline.trust_config import worker_policy
 from plancache.storage.localdir import LocalPlanDir
@@ -170,7 +170,7 @@ def test_round_trip_push_ls_verify_resolve_prune(remote: tuple[str, dict[str, An
     node = LocalPlanDir(tmp_path / "node" / "vllm" / "startup_plan")
     result = resolve_node(Resolver(node, policy, store), world[2], world, store.timeout + _now(), replica=1)
     assert result.verified is not None and "plan set" in result.note
-    assert node.fingerprints() == sorted(world) and (node.path / OUTCOME_FILE).exists()
+    assert node.fingerprints() == sorted(world) and outcome_path(node.path).exists()
     for fp in world:  # the other ranks: local hits, verified as today
         assert Resolver(node, policy, store).local(fp).verified is not None
 

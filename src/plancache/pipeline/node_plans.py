@@ -14,7 +14,7 @@ looks locally again, and only then reads the store once for the whole node:
 
 The other ranks wait on the lock within their deadline and find a local hit. A rank that had
 to wait never reads the store itself: it takes the fetching rank's outcome, recorded beside
-the lock (:data:`OUTCOME_FILE`), so all the ranks of a node decide alike and a refusing store
+the lock (:data:`OUTCOME_SUFFIX`), so all the ranks of a node decide alike and a refusing store
 gets one request per node, not one per rank. Only when no rank of this boot recorded an
 outcome (the fetching rank died) does a waiting rank read the store itself.
 """
@@ -40,8 +40,9 @@ from ..trust.result import PlanResult
 if TYPE_CHECKING:
     from .resolver import Resolver
 
-OUTCOME_FILE = ".plancache-node-fetch.json"
-"""In vLLM's plan directory: the last node fetch's set name, wall-clock time and outcome."""
+OUTCOME_SUFFIX = ".plancache-fetch.json"
+"""Beside vLLM's plan directory and its lock (``startup_plan.plancache-fetch.json``), never in it
+(the directory keeps vLLM's layout): the last node fetch's set name, wall-clock time, outcome."""
 
 MAX_OUTCOME_BYTES = 4096
 
@@ -136,13 +137,17 @@ def _fetch(resolver: "Resolver", fp: str, world: Sequence[str], name: str, deadl
     return results[fp].with_note(note)
 
 
+def outcome_path(directory: Path) -> Path:
+    return directory.parent / (directory.name + OUTCOME_SUFFIX)
+
+
 def _record(directory: Path, name: str, result: PlanResult) -> None:
     """What this rank's fetch came to, for the ranks waiting on the lock (best effort)."""
     error = result.error
     outcome = {"set": name, "at": time.time(), "applied": result.verified is not None,
                "reason": error.reason.value if error is not None else "", "detail": error.detail if error is not None else ""}
     try:
-        write_atomic(directory / OUTCOME_FILE, json.dumps(outcome).encode("utf-8"), sync_dir=False)
+        write_atomic(outcome_path(directory), json.dumps(outcome).encode("utf-8"), sync_dir=False)
     except (OSError, PlanCacheError):
         pass
 
@@ -152,7 +157,7 @@ def _recorded(directory: Path, name: str, since: float, fp: str) -> PlanResult |
     if there is none (then this rank reads the store itself). It can only make a rank profile:
     a plan is only ever applied from verified bytes, which a hit would have found locally."""
     try:
-        raw = read_capped(directory / OUTCOME_FILE, MAX_OUTCOME_BYTES)
+        raw = read_capped(outcome_path(directory), MAX_OUTCOME_BYTES)
         got = json.loads(raw) if raw else None
     except (OSError, ValueError, PlanCacheError):
         return None
