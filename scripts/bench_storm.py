@@ -13,9 +13,12 @@ resolution with its own store client and a ``--budget`` deadline:
 
 Scaling: ``--nodes N`` stands for 10,000 nodes by multiplying every limit by N / 10,000
 (S3 5,500/s per prefix, Azure 500/s per blob), so offered load / limit is the real one.
-Ranks are threads of this process (two shared cores cannot hold hundreds of processes); each
-rank's client is made before the storm starts, as a worker's prefetch makes it while weights
-load. Prints, per store and mode: ranks applied within the budget, p50/p99 time to a decision,
+Ranks are threads, spread over ``--processes`` processes (default 4): two shared cores cannot
+hold hundreds of processes, and one process would put every simulated rank behind one
+interpreter lock and one fsspec event loop, which real ranks never share. Every rank has its own
+store client and its node its own plan directory and node lock (``flock`` between threads holds
+as between processes: each rank opens the lock file itself). Each rank's client is made before
+the storm starts, as a worker's prefetch makes it while the weights load. Prints, per store and mode: ranks applied within the budget, p50/p99 time to a decision,
 requests per node, total requests (and against the minimum), throttled answers.
 
     python scripts/bench_storm.py --nodes 20 --rounds 3 --spread 10
@@ -142,29 +145,85 @@ def bake(work: Path, url: str, options: dict[str, Any], ranks: int, replicas: in
 
 def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nodes: int, spread: float,
           budget: float, mode: str, replicas: int, work: Path, stores: list[Any] | None = None,
-          schedule: str = "random") -> list[Outcome]:
-    """One storm: ``nodes`` x ``len(world)`` rank threads, each resolving its own fingerprint."""
+          schedule: str = "random", processes: int = 1, remote: tuple[str, dict[str, Any], str] | None = None
+          ) -> list[Outcome]:
+    """One storm: ``nodes`` x ``len(world)`` rank threads, each resolving its own fingerprint.
+
+    ``processes`` > 1 spreads the nodes over that many processes (``remote``: url, options and the
+    trusted-keys path, from which each process opens its ranks' own stores), so the simulated
+    ranks do not share one interpreter's lock and one fsspec event loop, as real ranks never do."""
+    if schedule == "even":  # node i at i/N of the spread: the same offered rate, without random clumps
+        offsets = [spread * i / nodes for i in range(nodes)]
+    else:
+        offsets = [random.uniform(0, spread) for _ in range(nodes)]
+    root = Path(tempfile.mkdtemp(prefix=f"storm-{mode}-", dir=work))
+    try:
+        if processes <= 1 or remote is None:
+            ranks = len(world)
+            stores = stores if stores is not None else [open_rank_store() for _ in range(nodes * ranks)]
+            by_rank = {(n, r): stores[n * ranks + r] for n in range(nodes) for r in range(ranks)}
+            return _run_nodes(by_rank, policy, world, offsets, time.monotonic() + 1.0, budget, mode, replicas, root)
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(processes + 1), ctx.Queue()
+        workers = [ctx.Process(target=_process_nodes, daemon=True, args=(
+            remote, world, {n: offsets[n] for n in range(k, nodes, processes)}, budget, mode, replicas, str(root),
+            barrier, results)) for k in range(processes)]
+        for w in workers:
+            w.start()
+        barrier.wait(600)  # every process has made its ranks' clients
+        outcomes: list[Outcome] = []
+        for _ in workers:
+            outcomes += [Outcome(*o) for o in results.get(timeout=spread + budget + 120)]
+        for w in workers:
+            w.join(30)
+        return outcomes
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _process_nodes(remote: tuple[str, dict[str, Any], str], world: list[str], offsets: dict[int, float], budget: float,
+                   mode: str, replicas: int, root: str, barrier: Any, results: Any) -> None:
+    """One process's share of the nodes: its ranks' own stores, then the storm at the barrier."""
+    from plancache.pipeline.trust_config import worker_policy
+    from plancache.storage.store import open_store
+
+    url, options, keys = remote
+    by_rank = {(n, r): open_store(url, options, timeout=budget) for n in offsets for r in range(len(world))}
+    for store in by_rank.values():
+        _prime(store)
+    policy = worker_policy(keys, 1)
+    barrier.wait(600)
+    done = _run_nodes(by_rank, policy, world, [offsets.get(n, 0.0) for n in range(max(offsets) + 1)],
+                      time.monotonic() + 1.0, budget, mode, replicas, Path(root), nodes=list(offsets))
+    results.put([(o.node, o.rank, o.applied, o.seconds, o.reason, o.note) for o in done])  # plain, for the parent
+
+
+def _prime(store: Any) -> None:
+    """Make a rank's client now (as a worker's prefetch does while the weights load)."""
+    if store._direct is not None:
+        store._direct.client()
+    else:
+        store.fs
+
+
+def _run_nodes(by_rank: dict[tuple[int, int], Any], policy: Any, world: list[str], offsets: list[float], start: float,
+               budget: float, mode: str, replicas: int, root: Path, nodes: list[int] | None = None) -> list[Outcome]:
+    """Every rank of ``nodes`` (default: all) in a thread of its own, arriving at its node's offset."""
     from plancache.pipeline import node_plans
     from plancache.pipeline.resolver import Resolver
     from plancache.storage import deadline as retries
     from plancache.storage.localdir import LocalPlanDir
 
     retries.LEGACY_RETRIES = mode == "today"
-    ranks = len(world)
-    stores = stores if stores is not None else [open_rank_store() for _ in range(nodes * ranks)]
-    start = time.monotonic() + 1.0
-    if schedule == "even":  # node i at i/N of the spread: the same offered rate, without random clumps
-        arrivals = [start + spread * i / nodes for i in range(nodes)]
-    else:
-        arrivals = [start + random.uniform(0, spread) for _ in range(nodes)]
     outcomes: list[Outcome] = []
     lock = threading.Lock()
-    root = Path(tempfile.mkdtemp(prefix=f"storm-{mode}-", dir=work))
 
     def rank_boot(node: int, rank: int) -> None:
         directory = LocalPlanDir(root / f"node{node}" / "vllm" / "startup_plan")
-        resolver = Resolver(directory, policy, stores[node * ranks + rank])
-        time.sleep(max(0.0, arrivals[node] + random.uniform(0, 0.1) - time.monotonic()))
+        resolver = Resolver(directory, policy, by_rank[(node, rank)])
+        time.sleep(max(0.0, start + offsets[node] + random.uniform(0, 0.1) - time.monotonic()))
         began = time.monotonic()
         deadline = began + budget
         try:
@@ -183,13 +242,13 @@ def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nod
         with lock:
             outcomes.append(Outcome(node, rank, applied, took, reason, note))
 
-    threads = [threading.Thread(target=rank_boot, args=(n, r), daemon=True) for n in range(nodes) for r in range(ranks)]
+    chosen = range(len(offsets)) if nodes is None else nodes
+    threads = [threading.Thread(target=rank_boot, args=(n, r), daemon=True) for n in chosen for r in range(len(world))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(spread + budget + 30)
+        t.join(max(offsets) + budget + 30)
     retries.LEGACY_RETRIES = False
-    shutil.rmtree(root, ignore_errors=True)
     return outcomes
 
 
@@ -223,22 +282,20 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
         (work / kind).mkdir()
         world, policy = bake(work / kind, url, options, args.ranks, args.replicas if kind == "azure" else 1)
         opener = lambda: open_store(url, options, timeout=args.budget)  # noqa: E731
-        stores = [opener() for _ in range(args.nodes * args.ranks)]
-        for s in stores:  # each rank's own client, made before the storm (as a prefetch would)
-            if s._direct is not None:
-                s._direct.client()
-            else:
-                s.fs
+        stores = [] if args.processes > 1 else [opener() for _ in range(args.nodes * args.ranks)]
+        for store in stores:  # each rank's own client, made before the storm (as a prefetch would)
+            _prime(store)
         lines.append(f"{kind}: {args.nodes} nodes x {args.ranks} ranks standing for {REAL_NODES} nodes; limit "
                      f"{rate:.2f}/s per {'prefix' if kind == 's3' else 'blob'} (scale {scale:g}), spread {args.spread:g} s, "
-                     f"budget {args.budget:g} s, {args.rounds} round(s), {args.schedule} arrivals"
+                     f"budget {args.budget:g} s, {args.rounds} round(s), {args.schedule} arrivals, {args.processes} process(es)"
                      + (f", {args.replicas} set replica(s), Retry-After {args.retry_after}" if kind == "azure" else ""))
         for mode in ("today", "new"):
             tally = Tally()
             for _ in range(args.rounds):
                 proxy.reset(rate, rate * BURST_SECONDS)
                 tally.outcomes += storm(opener, policy, world, args.nodes, args.spread, args.budget, mode,
-                                        args.replicas if kind == "azure" else 1, work, stores, args.schedule)
+                                        args.replicas if kind == "azure" else 1, work, stores or None, args.schedule,
+                                        args.processes, (url, options, str(work / kind / "ci.pub")))
                 got = proxy.stats()
                 tally.requests += got["requests"]
                 tally.throttled += got["throttled"]
@@ -265,6 +322,8 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=10.0, help="seconds over which the nodes arrive")
     ap.add_argument("--budget", type=float, default=3.0, help="each rank's deadline (PLANCACHE_TIMEOUT)")
     ap.add_argument("--replicas", type=int, default=1, help="copies of the plan set on Azure (push --set-replicas)")
+    ap.add_argument("--processes", type=int, default=4,
+                    help="processes the simulated nodes are spread over (1: all ranks threads of this one)")
     ap.add_argument("--schedule", choices=["random", "even"], default="random",
                     help="node arrivals: uniformly random within the spread, or evenly spaced")
     ap.add_argument("--retry-after", type=int, default=None, help="Retry-After seconds in Azure's ServerBusy")
