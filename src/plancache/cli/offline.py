@@ -144,10 +144,8 @@ def _write_report(path: str, doc: dict[str, Any]) -> None:
 def _sets(args: argparse.Namespace, source: Location, policy: Any) -> list[Any]:
     """The store's plan sets, verified under ``policy`` (docs/boot-storm.md); none for a directory
     or when only some ``--fingerprint`` plans were asked for."""
-    from ..storage.store import Store
-
-    if not isinstance(source, Store) or getattr(args, "fingerprint", None):
-        return []
+    if isinstance(source, LocalPlanDir) or getattr(args, "fingerprint", None):
+        return []  # an offline audit of a directory imports no store machinery
     from ..pipeline.set_audit import audit_sets
 
     return audit_sets(source, policy, utcnow())
