@@ -79,3 +79,52 @@ def test_a_throttled_node_decides_as_one_within_one_requests_tries(throttled: di
     assert any(decisions == {True} for decisions in by_node.values())
     assert stats["throttled"] >= 1
     assert stats["requests"] <= NODES * deadline.THROTTLED_ATTEMPTS, seen
+
+
+class _Throttled(Exception):
+    """A store's throttled answer as botocore raises it (status and headers in ``response``)."""
+
+    def __init__(self, status: int = 503, retry_after: str | None = None) -> None:
+        super().__init__("SlowDown")
+        headers = {"retry-after": retry_after} if retry_after is not None else {}
+        self.response = {"ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers}}
+
+
+def test_backoff_is_full_jitter_with_retry_after_as_a_floor_and_never_past_the_deadline() -> None:
+    import asyncio
+    import time
+
+    assert deadline.retry_after(_Throttled(retry_after="2")) == 2.0
+    assert deadline.retry_after(_Throttled(retry_after="Wed, 21 Oct 2026 07:28:00 GMT")) is None
+    pauses = [deadline._pause(0, _Throttled()) for _ in range(200)]
+    assert min(pauses) >= 0 and max(pauses) <= 2 * deadline.THROTTLED_BASE and min(pauses) < 0.1  # full jitter
+    assert all(deadline._pause(1, _Throttled(retry_after="1")) >= 1.0 for _ in range(20))
+
+    calls = []
+
+    async def refused_for_now() -> None:
+        calls.append(time.monotonic())
+        raise _Throttled(retry_after="5")
+
+    started = time.monotonic()
+    with pytest.raises(_Throttled):  # Retry-After 5 s with 2 s left: given up at once, no second try
+        asyncio.run(deadline.with_retries(refused_for_now, started + 2.0))
+    assert len(calls) == 1
+
+    calls.clear()
+
+    async def throttled() -> None:
+        calls.append(time.monotonic())
+        raise _Throttled()
+
+    with pytest.raises(_Throttled):
+        asyncio.run(deadline.with_retries(throttled, time.monotonic() + 60))
+    assert len(calls) == deadline.THROTTLED_ATTEMPTS  # a throttled read's tries, then the caller decides
+    deadline.LEGACY_RETRIES = True
+    try:
+        calls.clear()
+        with pytest.raises(_Throttled):
+            asyncio.run(deadline.with_retries(throttled, time.monotonic() + 60))
+        assert len(calls) == deadline.MAX_ATTEMPTS
+    finally:
+        deadline.LEGACY_RETRIES = False
