@@ -123,6 +123,8 @@ def add_parsers(sub: Sub) -> None:
     p.add_argument("--allow-unsigned", action="store_true", help="push plans without a signature too")
     p.add_argument("--fingerprint", action="append", metavar="FP", help="push only this plan (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="show what would be signed and uploaded; change nothing")
+    p.add_argument("--set-replicas", type=int, default=1, metavar="N",
+                   help="with --key: copies of each plan set to write (a boot storm on Azure: see docs/boot-storm.md)")
     _signing(p)
     add_cosign_options(p)
     add_store_options(p)

@@ -141,9 +141,28 @@ def _write_report(path: str, doc: dict[str, Any]) -> None:
     write_atomic(Path(path), render_json(doc).encode())
 
 
+def _sets(args: argparse.Namespace, source: Location, policy: Any) -> list[Any]:
+    """The store's plan sets, verified under ``policy`` (docs/boot-storm.md); none for a directory
+    or when only some ``--fingerprint`` plans were asked for."""
+    if isinstance(source, LocalPlanDir) or getattr(args, "fingerprint", None):
+        return []  # an offline audit of a directory imports no store machinery
+    from ..pipeline.set_audit import audit_sets
+
+    return audit_sets(source, policy, utcnow())
+
+
+def _print_sets(sets: list[Any]) -> None:
+    if sets:
+        print_table([(s.name, ", ".join(s.signers), s.status, s.reason if s.reason not in ("ok", s.status) else "",
+                      f"{len(s.fingerprints)} rank(s)" + (f"; {s.detail}" if s.detail else "")) for s in sets],
+                    ["PLAN SET", "SIGNER", "STATUS", "REASON", "DETAIL"])
+
+
 def _verify(args: argparse.Namespace) -> int:
-    source, reports = _audit(args, required_policy(args))
-    ok = all_valid(reports)
+    policy = required_policy(args)
+    source, reports = _audit(args, policy)
+    sets = _sets(args, source, policy)
+    ok = all_valid(reports) and all(s.ok for s in sets)
     error = None
     if not reports:
         message = no_plans_message(source)
@@ -151,7 +170,8 @@ def _verify(args: argparse.Namespace) -> int:
         error = None if ok else (NO_PLANS, message)
         print(f"plancache: {message}" + (" (--allow-empty: not a failure)" if ok else ""), file=sys.stderr)
     if args.report or args.json:
-        doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports]}, error)
+        doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports],
+                                      "plan_sets": [s.to_json() for s in sets]}, error)
         if args.report:
             _write_report(args.report, doc)
         if args.json:
@@ -162,16 +182,21 @@ def _verify(args: argparse.Namespace) -> int:
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
         bad = sum(not r.ok for r in reports)
         print(f"{len(reports)} plan(s) in {source}: {len(reports) - bad} valid, {bad} not", file=sys.stderr)
+    if not args.json and sets:
+        _print_sets(sets)
+        bad = sum(not s.ok for s in sets)
+        print(f"{len(sets)} plan set(s) in {source}: {len(sets) - bad} valid, {bad} not", file=sys.stderr)
     return 0 if ok else 1
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     policy = optional_policy(args)
     source, reports = _audit(args, policy)
+    sets = _sets(args, source, policy)
     if not reports:
         print(f"plancache: {no_plans_message(source)}", file=sys.stderr)
     if args.json:
-        report(args, True, location=str(source), plans=[r.to_json() for r in reports])
+        report(args, True, location=str(source), plans=[r.to_json() for r in reports], plan_sets=[s.to_json() for s in sets])
         return 0
     rows = [
         (r.fingerprint, gib(r.kv_cache_memory_bytes), gib(r.free_memory_baseline), ", ".join(r.signers),
@@ -179,6 +204,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for r in reports
     ]
     print_table(rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"])
+    _print_sets(sets)
     if policy is None:
         print("no trusted keys given: values are shown unverified (--trusted-keys to verify)", file=sys.stderr)
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from ..pipeline.audit import STORE_REASONS, all_valid, report_of
 from ..pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing, require_push_target
@@ -41,6 +42,10 @@ def cmd_push(args: argparse.Namespace) -> int:
     from .offline import conditions_warning, unrecorded_conditions
 
     check_places(args)
+    from ..trust.planset import MAX_REPLICAS
+
+    if not 1 <= args.set_replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--set-replicas must be 1 to {MAX_REPLICAS}, got {args.set_replicas}")
     wanted = wanted_fingerprints(args)
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
@@ -52,16 +57,17 @@ def cmd_push(args: argparse.Namespace) -> int:
         push = PushRequest(signer=signer, signing=request, allow_unsigned=args.allow_unsigned,
                            fingerprints=wanted or None, dry_run=args.dry_run)
         entries, uploaded = push_plans(directory, store, started + store.timeout, utcnow(), push, bar)
+    sets, set_problems = _push_sets(args, directory, store, started + store.timeout, signer, entries)
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
     missing = unrecorded_conditions(dict(request.facts or {})) if signs else []
-    warnings = [conditions_warning(missing)] if missing else []
+    warnings = ([conditions_warning(missing)] if missing else []) + set_problems
     for warning in warnings:
         print(f"plancache: warning: {warning}", file=sys.stderr)
     if args.json:
         report(args, not counts["refused"], url=store.url, key=signer.keyid if signer else None,
                objects_uploaded=uploaded, plans=[vars(e) for e in entries], dry_run=args.dry_run,
-               warnings=warnings, **counts)
+               warnings=warnings, plan_sets=[vars(s) for s in sets], **counts)
     else:
         for e in entries:
             if e.action == "refused":
@@ -72,7 +78,22 @@ def cmd_push(args: argparse.Namespace) -> int:
         verb = "would be uploaded" if args.dry_run else "uploaded"
         print(f"{len(entries)} plan(s) from {directory} to {store.url}: {counts['uploaded']} {verb}, "
               f"{counts['unchanged']} already in the store, {counts['refused']} refused")
+        if sets:
+            print(f"{len(sets)} plan set(s) {verb}: {', '.join(s.name for s in sets)}")
     return 1 if counts["refused"] else 0
+
+
+def _push_sets(args: argparse.Namespace, directory: Any, store: Any, deadline: float, signer: Any,
+               entries: list[Any]) -> tuple[list[Any], list[str]]:
+    """With a signing key: one signed plan set per complete world among the pushed plans
+    (docs/boot-storm.md); without one, none (a set is signed as one, by the key)."""
+    from ..pipeline.set_push import push_sets
+
+    if signer is None or any(e.action == "refused" for e in entries):
+        return [], []
+    fps = [e.fingerprint for e in entries]
+    return push_sets(directory, store, deadline, utcnow(), signer, fps, args.set_replicas,
+                     getattr(args, "expires_in", None), args.dry_run)
 
 
 # -- pull ---------------------------------------------------------------------------------------
@@ -134,12 +155,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
         outcome = prune_plans(store, started + store.timeout, utcnow(), policy, args.older_than, criterion,
                               args.dry_run, bar, unconditional=args.unconditional)
     deleted = outcome.deleted
+    from ..pipeline.set_audit import prune_sets
+
+    sets = prune_sets(store, [r.fingerprint for r, _ in deleted], started + store.timeout, args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     if args.json:
         report(args, not outcome.failed, url=store.url, dry_run=args.dry_run, criterion=criterion, deleted=[
             {"fingerprint": r.fingerprint, "why": why, "signers": r.signers, "signer_ids": r.signer_ids,
              "signed_by": r.to_json()["signed_by"]} for r, why in deleted
-        ], changed=outcome.changed, kept=outcome.seen - len(deleted), errors=[r.to_json() for r in outcome.failed])
+        ], changed=outcome.changed, kept=outcome.seen - len(deleted), errors=[r.to_json() for r in outcome.failed],
+               plan_sets_deleted=sets)
     else:
         print_table([(r.fingerprint, verb, why, ", ".join(r.signers)) for r, why in deleted],
                     ["PLAN", "ACTION", "WHY", "SIGNER"])
@@ -149,4 +174,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
             print(f"plancache: could not read {r.fingerprint}: {r.detail}", file=sys.stderr)
         print(f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept {outcome.seen - len(deleted)}",
               file=sys.stderr)
+        if sets:
+            print(f"plan set(s) holding them or a plan no longer in the store: {verb} {', '.join(sets)}", file=sys.stderr)
     return EXIT_STORE if outcome.failed else 0

@@ -7,7 +7,8 @@ calling thread waits on the future for the remaining time plus :data:`JOIN_GRACE
 stalled loop cannot hold it. (``fsspec.asyn.sync`` does the same with a one-second polling
 step, too coarse for a 3 s budget.)
 
-Inside the deadline, :func:`with_retries` retries transient failures with short backoff,
+Inside the deadline, :func:`with_retries` retries transient failures with full-jitter
+exponential backoff that honours a store's ``Retry-After`` (never past the deadline),
 never a refused connection (nobody is listening: failing in milliseconds is the point) and
 never a mistake that would fail the same way again. Failures are classified by type
 (exception classes, ``errno``, SDK status codes), never by reading their text.
@@ -104,40 +105,99 @@ def is_transient(exc: BaseException) -> bool:
     return not is_refused(exc)
 
 
-def _pause(number: int) -> float:
-    return BACKOFF_BASE * (2**number) * (0.5 + random.random())
+THROTTLED_ATTEMPTS = 4
+"""Tries of one request the store throttled (429, 503): more room than for other failures,
+because a throttled store asks to be retried later, not never; the deadline still bounds it."""
+
+BACKOFF_CAP = 1.0
+"""The largest full-jitter pause (seconds): longer ones would only cross a 3 s budget."""
+
+THROTTLED_BASE = 0.25
+"""Backoff base after a throttled answer: a store over its rate recovers in seconds, not in
+the 50 ms a dropped connection needs, so the tries spread over the budget (pauses drawn from
+0-0.5 s, 0-1 s, 0-1 s) instead of spending all of them in its first 0.3 s."""
+
+THROTTLED = (429, 503)
+"""What S3 (``503 SlowDown``), GCS (``429``/``503``) and Azure (``503 ServerBusy``) answer above their limits."""
+
+LEGACY_RETRIES = False
+"""True restores the retries before the boot-storm work (3 tries, 50-200 ms apart, no
+Retry-After): only ``scripts/bench_storm.py`` sets it, to print today's behaviour beside the new."""
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds a store's ``Retry-After`` header asks for, anywhere in the chain (botocore's
+    ``ResponseMetadata.HTTPHeaders``, aiohttp's and azure-core's ``headers``); None without one.
+    Only the delta-seconds form is read: a date would need the store's clock."""
+    for current in causes(exc):
+        response = getattr(current, "response", None)
+        candidates = []
+        if isinstance(response, dict):
+            candidates.append(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
+        candidates += [getattr(response, "headers", None), getattr(current, "headers", None)]
+        for headers in candidates:
+            if not callable(getattr(headers, "get", None)):
+                continue
+            value = headers.get("retry-after") or headers.get("Retry-After")
+            if isinstance(value, str) and value.strip().isdigit():
+                return min(float(value.strip()), 1e6)
+    return None
+
+
+def _pause(number: int, exc: BaseException | None = None) -> float:
+    """How long to wait before try ``number + 2``: full-jitter exponential backoff (a pause drawn
+    uniformly from zero to ``BACKOFF_BASE * 2**(number+1)``, capped), so a fleet throttled at
+    the same instant spreads its retries instead of returning in step; a ``Retry-After`` the
+    store sent is a floor (never retried sooner than it asked)."""
+    if LEGACY_RETRIES:
+        return BACKOFF_BASE * (2**number) * (0.5 + random.random())
+    base = THROTTLED_BASE if exc is not None and http_status(exc) in THROTTLED else BACKOFF_BASE
+    pause = random.uniform(0, min(BACKOFF_CAP, base * 2 ** (number + 1)))
+    asked = retry_after(exc) if exc is not None else None
+    return pause if asked is None else max(pause, asked)
+
+
+def _attempts(exc: BaseException) -> int:
+    if not LEGACY_RETRIES and http_status(exc) in THROTTLED:
+        return THROTTLED_ATTEMPTS
+    return MAX_ATTEMPTS
 
 
 def _give_up(number: int, exc: Exception, pause: float, deadline: float) -> bool:
-    return number == MAX_ATTEMPTS - 1 or not is_transient(exc) or time.monotonic() + pause >= deadline
+    """No retry past the attempts, of a failure that would fail again, or whose pause (a
+    Retry-After included) would end after the deadline: a try that cannot finish in time only
+    adds load to a store that is already refusing."""
+    return number >= _attempts(exc) - 1 or not is_transient(exc) or time.monotonic() + pause >= deadline
 
 
 async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> T:
-    """Run ``attempt`` up to MAX_ATTEMPTS times while transient failures leave time to retry."""
-    for number in range(MAX_ATTEMPTS):
+    """Run ``attempt`` while transient failures leave time to retry (see :func:`_give_up`)."""
+    number = 0
+    while True:
         try:
             return await attempt()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            pause = _pause(number)
+            pause = _pause(number, exc)
             if _give_up(number, exc, pause, deadline):
                 raise
             await asyncio.sleep(pause)
-    raise AssertionError("unreachable")
+            number += 1
 
 
 def retrying(attempt: Callable[[], T], deadline: float) -> T:
     """:func:`with_retries` for a blocking ``attempt`` (in a thread of its own, see :mod:`.s3.direct`)."""
-    for number in range(MAX_ATTEMPTS):
+    number = 0
+    while True:
         try:
             return attempt()
         except Exception as exc:
-            pause = _pause(number)
+            pause = _pause(number, exc)
             if _give_up(number, exc, pause, deadline):
                 raise
             time.sleep(pause)
-    raise AssertionError("unreachable")
+            number += 1
 
 
 def one_line(exc: BaseException) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from ..trust.envelope import MAX_SIG_BYTES
 from ..trust.errors import Reason, Rejected
 from ..trust.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name
+from ..trust.planset import MAX_SET_BYTES, set_object_id
 
 PAGE_SIZE = 1000
 """Keys asked for per listing request (S3's and GCS's maximum)."""
@@ -68,6 +69,8 @@ def cap_for(name: str) -> int:
         return MAX_SIG_BYTES
     if fingerprint_of_plan_name(name):
         return MAX_PLAN_BYTES
+    if set_object_id(name):
+        return MAX_SET_BYTES
     raise Rejected(Reason.MALFORMED, f"not a plan or signature name: {name!r}")
 
 
@@ -92,8 +95,8 @@ def md5_of(info: Mapping[str, Any]) -> str | None:
 
 
 def entry_info(name: str, size: Any, info: Mapping[str, Any]) -> ObjectInfo | None:
-    """An ObjectInfo for ``name`` (relative to the prefix) if it is a plan or sidecar name."""
-    if not (fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name)):
+    """An ObjectInfo for ``name`` (relative to the prefix) if it is a plan, sidecar or plan set name."""
+    if not (fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name) or set_object_id(name)):
         return None  # hostile or foreign: never a path we act on
     if isinstance(size, str) and size.isdigit():
         size = int(size)  # GCS states sizes as strings

@@ -20,6 +20,7 @@ from typing import Literal
 
 from .errors import ConfigError
 from .keys import Keyring
+from .planset import VerifiedSet, verify_set
 from .verify import VerifiedPlan, admit_unsigned, verify_plan
 
 Source = Literal["local", "store"]
@@ -59,3 +60,12 @@ class TrustPolicy:
         if source != "local":
             raise ConfigError("no trusted keys: a plan from a store is never admitted unsigned")
         return admit_unsigned(name, plan_bytes)
+
+    def verify_set(self, name: str, data: bytes, now: datetime) -> VerifiedSet:
+        """A plan set's bytes (always from a store) in, a :class:`VerifiedSet` out, or a typed
+        error: only a ``signed`` policy reads stores, so only it admits a set."""
+        if self.kind == "signed" and self.keyring is not None:
+            return verify_set(name, data, self.keyring, now)
+        if self.kind == "unusable":
+            raise ConfigError(f"trusted keys unusable ({self.problem})")
+        raise ConfigError("no trusted keys: a plan set from a store is never admitted unsigned")

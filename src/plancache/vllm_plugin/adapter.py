@@ -73,6 +73,22 @@ def fingerprint_of(worker: Any, fingerprint: Fingerprint) -> str:
     return fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
 
 
+def world_of(worker: Any, fingerprint: Fingerprint, fp: str) -> list[str]:
+    """Every rank's fingerprint in rank order (vLLM's key for each rank of this configuration),
+    the name of the world's plan set; ``[fp]`` alone when the world is too large for one set
+    or vLLM's function cannot tell (then the set's name is this rank's own one-member set)."""
+    from ..trust.planset import MAX_MEMBERS
+
+    size = getattr(worker.parallel_config, "world_size", 1)
+    if not isinstance(size, int) or not 1 <= size <= MAX_MEMBERS:
+        return [fp]
+    try:
+        world = [fingerprint(worker.vllm_config, rank, size) for rank in range(size)]
+    except Exception:  # noqa: BLE001 - vLLM's function for another rank: not worth a failed boot
+        return [fp]
+    return world if fp in world else [fp]
+
+
 def byte_count(value: Any) -> int | None:
     """An integral byte count (int, numpy or torch integer), never a bool."""
     return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None

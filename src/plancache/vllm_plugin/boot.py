@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..pipeline.node_plans import replica_of, resolve_node
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
 from ..storage.deadline import DEFAULT_TIMEOUT
@@ -47,7 +48,7 @@ from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from . import vote
 from .adapter import (Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, uses_startup_plans, vllm_release,
-                      worker_conditions)
+                      worker_conditions, world_of)
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
 
@@ -127,10 +128,17 @@ def boot_for(worker: Any) -> Boot:
     return boot
 
 
-def _resolve(boot: Boot, fp: str, deadline: float) -> PlanResult:
-    """Local first, then the store, verified; runs in the prefetch thread or inline."""
+def _resolve(boot: Boot, fp: str, deadline: float, world: list[str] | None = None) -> PlanResult:
+    """Local first, then the store, verified; runs in the prefetch thread or inline. With the
+    world's fingerprints, one rank per node reads the world's plan set (:mod:`..pipeline.node_plans`)."""
     try:
-        return boot.resolver().resolve(fp, deadline)
+        resolver = boot.resolver()
+        if world and resolver.reads_store:
+            import socket
+
+            replica = replica_of(socket.gethostname(), boot.config.set_replicas)
+            return resolve_node(resolver, fp, world, deadline, replica)
+        return resolver.resolve(fp, deadline)
     except PlanCacheError as exc:
         return PlanResult(fp, "local", error=exc)
 
@@ -152,7 +160,8 @@ def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
     if os.path.lexists(plan_dir().path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
     deadline = time.monotonic() + boot.config.timeout
-    boot.prefetch = Prefetch(fp, deadline, lambda: _resolve(boot, fp, deadline)).start()
+    world = world_of(worker, fingerprint, fp)
+    boot.prefetch = Prefetch(fp, deadline, lambda: _resolve(boot, fp, deadline, world)).start()
 
 
 def _without_plans(worker: Any) -> None:
@@ -171,12 +180,12 @@ def _without_plans(worker: Any) -> None:
     log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic())
 
 
-def _lookup(boot: Boot, fp: str) -> PlanResult:
+def _lookup(boot: Boot, fp: str, world: list[str] | None = None) -> PlanResult:
     """The prefetched result for ``fp`` (waiting at most the rest of its budget), else resolve now."""
     pending = boot.prefetch
     if pending is None or pending.key != fp:
         started = time.monotonic()
-        result = _resolve(boot, fp, started + boot.config.timeout)
+        result = _resolve(boot, fp, started + boot.config.timeout, world)
         how, took = "fetch", time.monotonic() - started
     else:
         finished, got = pending.result()
@@ -188,9 +197,10 @@ def _lookup(boot: Boot, fp: str) -> PlanResult:
     return result.with_note(f"{how} {took * 1000:.0f} ms") if result.source == "store" else result
 
 
-def decide_plan(worker: Any, boot: Boot, fp: str) -> tuple[Decision, str]:
+def decide_plan(worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | None = None) -> tuple[Decision, str]:
     """The decision for this worker and fingerprint, and where the plan came from."""
-    result = _lookup(boot, fp)
+    world = world_of(worker, fingerprint, fp) if fingerprint is not None and boot.store_reads else None
+    result = _lookup(boot, fp, world)
     if result.verified is not None:
         free = free_memory(worker)
         if free is None:
@@ -246,7 +256,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         budget = boot.config.timeout
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
-        decision, source = decide_plan(worker, boot, fp)
+        decision, source = decide_plan(worker, boot, fp, fingerprint)
     except Exception as exc:  # noqa: BLE001 - whatever it was, vLLM profiles
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)

@@ -19,6 +19,8 @@
                                signed, and pushed when ``PLANCACHE_URL`` is set.
 ``PLANCACHE_KEY_PASSPHRASE``   passphrase of an encrypted signing key.
 ``PLANCACHE_TIMEOUT``          total remote budget per boot in seconds (default 3).
+``PLANCACHE_SET_REPLICAS``     copies of each plan set the store holds (``push --set-replicas``);
+                               a node reads the copy its host name hashes to (default 1).
 =============================  ==================================================================
 
 Parsing here is pure (a mapping in, a :class:`PluginConfig` out); loading the key files it
@@ -34,6 +36,7 @@ from typing import Any, Mapping
 
 from ..settings import (
     DEFAULT_TIMEOUT,
+    SET_REPLICAS_ENV,
     SIGNING_KEY_ENV,
     STORAGE_OPTIONS_ENV,
     THRESHOLD_ENV,
@@ -52,6 +55,7 @@ class PluginConfig:
     signing_key: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    set_replicas: int = 1
     errors: tuple[str, ...] = ()
     """Configuration problems found while parsing; each becomes one ERROR line."""
 
@@ -102,8 +106,20 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
             errors.append(f"{STORAGE_OPTIONS_ENV}: {exc}; store disabled")
             url = None
 
+    replicas = 1
+    raw_replicas = _nonempty(env, SET_REPLICAS_ENV)
+    if raw_replicas is not None:
+        try:
+            replicas = int(raw_replicas)
+            if not 1 <= replicas <= 64:
+                raise ValueError
+        except ValueError:
+            errors.append(f"{SET_REPLICAS_ENV}={raw_replicas!r} is not 1 to 64; reading the plan set itself")
+            replicas = 1
+
     return PluginConfig(
         url=url,
+        set_replicas=replicas,
         trusted_keys=_nonempty(env, TRUSTED_KEYS_ENV),
         threshold=threshold,
         signing_key=_nonempty(env, SIGNING_KEY_ENV),

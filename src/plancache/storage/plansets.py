@@ -1,0 +1,63 @@
+"""Plan set objects on a store: one read, listing, upload and delete, beside the per-plan layout.
+
+A set (``startup_planset_<id>.set``, see :mod:`plancache.trust.planset`) is one more object
+under the same prefix as the plans; this module moves its bytes and decides nothing. The
+boot's read goes through the same paths as a plan's: on ``s3://`` before s3fs exists, plain
+botocore (:mod:`.s3.direct`); otherwise the store's capped read (:mod:`.capped_reads`), each
+inside the caller's deadline and with the shared retries (:mod:`.deadline`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from ..trust.errors import PlanCacheError
+from ..trust.planset import set_object_id
+from .capped_reads import read_object
+from .deadline import store_error, with_retries
+from .threads import Pending
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+def read_set(store: "Store", name: str, deadline: float | None = None) -> bytes | None:
+    """A set (or replica) object's bytes, capped (None if absent); raw and unverified."""
+    set_object_id(name) or _not_a_set(name)
+    deadline = store._deadline(deadline)
+    if store._direct is not None and store._fs is None:
+        direct = store._direct
+        try:
+            return Pending(lambda: direct.read(name, deadline), "plancache-s3-get").result(
+                deadline, f"cannot read {name} from {store.url}", store.timeout)
+        except Exception as exc:  # botocore's errors as the typed ones, as every other read
+            raise store_error(f"cannot read {name}", exc) from None
+    return store._run(lambda: read_object(store, name, deadline), deadline, f"cannot read {name} from")
+
+
+def set_names(store: "Store", deadline: float | None = None) -> list[str]:
+    """The set and replica objects directly under the prefix, sorted (one listing, the plans' own)."""
+    return sorted(info.name for info in store.iter_objects(deadline) if set_object_id(info.name))
+
+
+def delete_sets(store: "Store", names: Iterable[str], deadline: float | None = None) -> None:
+    """Delete set objects; one already gone is not an error."""
+    todo = [n for n in names if set_object_id(n) or _not_a_set(n)]
+    deadline = store._deadline(deadline)
+
+    async def remove(name: str) -> None:
+        try:
+            await with_retries(lambda: store._call("rm_file", store.path(name)), deadline)
+        except FileNotFoundError:
+            pass
+
+    for outcome in store._each_by(todo, remove, f"delete from {store.url}", deadline).values():
+        if isinstance(outcome, PlanCacheError):
+            raise outcome
+
+
+def _not_a_set(name: str) -> bool:
+    from ..trust.errors import Reason, Rejected
+    from ..trust.display import safe_text
+
+    raise Rejected(Reason.MALFORMED, f"not a plan set name: '{safe_text(name, 80)}'")

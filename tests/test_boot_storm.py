@@ -1,0 +1,130 @@
+"""A small boot storm through the throttling proxy of scripts/bench_storm.py (counts, not timings).
+
+A few nodes of six ranks each (threads, each rank with its own store client and its own node
+directory lock) boot against moto's S3 and Azurite behind ``scripts/storm_proxy.py``:
+
+* unthrottled, the plan-set path reads the store once per node (today's: twice per rank);
+* throttled hard, every rank of a node still makes the same decision (the waiting ranks take
+  the fetching rank's outcome, they never read again), and a node's requests stay within one
+  request's tries (no retry amplification).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from plancache.storage import deadline
+from plancache.storage.store import open_store
+from store_servers import AWS_ENV, azurite, moto_server  # noqa: F401 (fixtures)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_storm  # noqa: E402
+
+NODES, RANKS = 4, 6
+
+
+@pytest.fixture(params=["s3", "azure"])
+def throttled(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """A store behind the proxy with one baked world of RANKS ranks pushed (plans and set)."""
+    from azurite_server import azure_connection_string
+
+    if request.param == "s3":
+        for k, v in AWS_ENV.items():
+            monkeypatch.setenv(k, v)
+        server = request.getfixturevalue("moto_server")
+        proxy = bench_storm.Proxy("s3", server.port, None)
+        url, options = f"s3://{server.new_bucket()}/fleet", {**server.options, "endpoint_url": proxy.endpoint}
+    else:
+        server = request.getfixturevalue("azurite")
+        proxy = bench_storm.Proxy("azure", server.port, 1)
+        url, options = f"az://{server.new_container()}/fleet", {"connection_string": azure_connection_string(proxy.endpoint)}
+    try:
+        proxy.reset(0, 1)
+        world, policy = bench_storm.bake(tmp_path, url, options, RANKS, 1)
+        yield {"proxy": proxy, "url": url, "options": options, "world": world, "policy": policy, "work": tmp_path}
+    finally:
+        proxy.stop()
+
+
+def run(env: dict[str, Any], mode: str, rate: float, burst: float, budget: float = 20.0) -> tuple[list[Any], dict[str, Any]]:
+    env["proxy"].reset(rate, burst)
+    opener = lambda: open_store(env["url"], env["options"], timeout=budget)  # noqa: E731
+    outcomes = bench_storm.storm(opener, env["policy"], env["world"], NODES, 0.5, budget, mode, 1, env["work"])
+    return outcomes, env["proxy"].stats()
+
+
+def test_one_request_per_node_and_two_per_rank_before(throttled: dict[str, Any]) -> None:
+    outcomes, stats = run(throttled, "new", 0, 1)
+    assert len(outcomes) == NODES * RANKS and all(o.applied for o in outcomes)
+    assert stats["requests"] == NODES and stats["throttled"] == 0
+    outcomes, stats = run(throttled, "today", 0, 1)
+    assert all(o.applied for o in outcomes) and stats["requests"] == NODES * RANKS * 2
+
+
+def test_a_throttled_node_decides_as_one_within_one_requests_tries(throttled: dict[str, Any]) -> None:
+    # one token, refilled every 5 s: one node gets the set at once, the others are throttled
+    # for the tries a budget of 3 s allows, then decide without it
+    outcomes, stats = run(throttled, "new", 0.2, 1, budget=3.0)
+    by_node: dict[int, set[bool]] = defaultdict(set)
+    for o in outcomes:
+        by_node[o.node].add(o.applied)
+    assert len(outcomes) == NODES * RANKS
+    seen = "\n".join(map(str, sorted((o.node, o.rank, o.reason, round(o.seconds, 2), o.note) for o in outcomes)))
+    assert all(len(decisions) == 1 for decisions in by_node.values()), seen
+    assert any(decisions == {True} for decisions in by_node.values())
+    assert stats["throttled"] >= 1
+    assert stats["requests"] <= NODES * deadline.THROTTLED_ATTEMPTS, seen
+
+
+class _Throttled(Exception):
+    """A store's throttled answer as botocore raises it (status and headers in ``response``)."""
+
+    def __init__(self, status: int = 503, retry_after: str | None = None) -> None:
+        super().__init__("SlowDown")
+        headers = {"retry-after": retry_after} if retry_after is not None else {}
+        self.response = {"ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers}}
+
+
+def test_backoff_is_full_jitter_with_retry_after_as_a_floor_and_never_past_the_deadline() -> None:
+    import asyncio
+    import time
+
+    assert deadline.retry_after(_Throttled(retry_after="2")) == 2.0
+    assert deadline.retry_after(_Throttled(retry_after="Wed, 21 Oct 2026 07:28:00 GMT")) is None
+    pauses = [deadline._pause(0, _Throttled()) for _ in range(200)]
+    assert min(pauses) >= 0 and max(pauses) <= 2 * deadline.THROTTLED_BASE and min(pauses) < 0.1  # full jitter
+    assert all(deadline._pause(1, _Throttled(retry_after="1")) >= 1.0 for _ in range(20))
+
+    calls = []
+
+    async def refused_for_now() -> None:
+        calls.append(time.monotonic())
+        raise _Throttled(retry_after="5")
+
+    started = time.monotonic()
+    with pytest.raises(_Throttled):  # Retry-After 5 s with 2 s left: given up at once, no second try
+        asyncio.run(deadline.with_retries(refused_for_now, started + 2.0))
+    assert len(calls) == 1
+
+    calls.clear()
+
+    async def throttled() -> None:
+        calls.append(time.monotonic())
+        raise _Throttled()
+
+    with pytest.raises(_Throttled):
+        asyncio.run(deadline.with_retries(throttled, time.monotonic() + 60))
+    assert len(calls) == deadline.THROTTLED_ATTEMPTS  # a throttled read's tries, then the caller decides
+    deadline.LEGACY_RETRIES = True
+    try:
+        calls.clear()
+        with pytest.raises(_Throttled):
+            asyncio.run(deadline.with_retries(throttled, time.monotonic() + 60))
+        assert len(calls) == deadline.MAX_ATTEMPTS
+    finally:
+        deadline.LEGACY_RETRIES = False
