@@ -295,3 +295,31 @@ def test_plugin_past_the_budget_builds_and_logs_it(plugin: Any, tmp_path: Path, 
     lines = [r.getMessage() for r in caplog.records]
     assert any("headers=failed reason=timeout" in line for line in lines), lines
     assert f"plancache: compile-cache header={NAME} source=built" in lines
+
+
+def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugin: Any, build: tuple[Path, Path],
+                                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plancache.vllm_plugin import compile_publish
+
+    base, directory = build
+    root = cc.CacheRoot(base)
+    (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
+    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
+    cc.sign_cache(root, SUBJECT, SIGNER, NOW)
+    config = compile_publish.Settings(KEYRING, "", "key", f"file://{tmp_path}/store", {}, 3.0)
+    monkeypatch.setattr(compile_publish, "settings", lambda: config)
+    monkeypatch.setattr("plancache.pipeline.resolver.utcnow", lambda: NOW)
+    plugin.place(base, directory)
+    (directory / NAME).unlink()
+    packs: list[list[str]] = []
+    real_pack = ch.pack_headers
+    monkeypatch.setattr(ch, "pack_headers", lambda *a: packs.append(a[2]) or real_pack(*a))
+    plugin.wrap(fake_torch(directory, []))("torch/csrc/inductor/cpp_prefix.h", "g++")  # gcc builds it: packed now
+    compile_publish._push_in_background(config, root, SUBJECT, SIGNER)
+    compile_publish._finish_pushes()
+    assert packs == [[NAME]]  # once, when it was built; the push reused it
+    names = sorted(p.relative_to(tmp_path / "store").as_posix() for p in (tmp_path / "store").rglob("*") if p.is_file())
+    assert names == [f"torch_compile_cache/{SUBJECT}{end}" for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")]
+    serving = node(tmp_path, "serving")
+    outcome = pull(open_store(f"file://{tmp_path}/store"), serving)
+    assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"built here"

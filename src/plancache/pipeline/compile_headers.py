@@ -76,26 +76,36 @@ class Cancel:
             yield not self._cancelled
 
 
-def push_headers(store: Store, subject: str, base: Path, directory: Path, names: list[str], signer: Signer,
-                 now: datetime, expires_in: timedelta | None = None, deadline: float | None = None) -> HeadersOutcome:
-    """Compress the named headers of ``directory`` (this build node's own), sign what they are,
-    upload the stream, then its signature (a node never sees a signature before its object)."""
+def pack_headers(base: Path, directory: Path, names: list[str]) -> tuple[bytes, list[tuple[str, int, str]]]:
+    """Compress the named headers of ``directory`` (this build node's own: ~3.5 s for 149 MiB,
+    which the plugin does as soon as gcc built the header, not at exit)."""
     names = sorted(n for n in set(names) if is_header_name(n))
     if not names:
-        return HeadersOutcome("none", detail="no precompiled header was used")
+        return b"", []
     fd = files.open_private_dir(base, directory)
     try:
-        data, entries = files.compress(fd, names)
+        return files.compress(fd, names)
     finally:
         os.close(fd)
+
+
+def push_headers(store: Store, subject: str, base: Path, directory: Path, names: list[str], signer: Signer,
+                 now: datetime, expires_in: timedelta | None = None, deadline: float | None = None,
+                 packed: tuple[bytes, list[tuple[str, int, str]]] | None = None) -> HeadersOutcome:
+    """Sign what the named headers of ``directory`` are (``packed``: compressed already), upload
+    the stream, then its signature (a node never sees a signature before its object)."""
+    data, entries = packed if packed is not None else pack_headers(base, directory, names)
+    if not entries:
+        return HeadersOutcome("none", detail="no precompiled header was used")
     hset = HeaderSet(subject, tuple(HeaderEntry(*e) for e in entries), hashlib.sha256(data).hexdigest(), len(data),
                      now, now + expires_in if expires_in else None)
     sig = sign_headers(hset, signer)
     verify_headers(subject, sig, signer_keyring(signer), now)
     archives.put_object(store, archives.headers_name(subject), data, deadline)
     archives.put_object(store, archives.headers_sig_name(subject), sig, deadline)
+    names = tuple(e[0] for e in entries)
     return HeadersOutcome("pushed", detail=f"{len(names)} header(s), {hset.total_size} bytes as {len(data)}",
-                          installed=tuple(names), size=len(data))
+                          installed=names, size=len(data))
 
 
 def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,

@@ -154,6 +154,16 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
             return
         _push_headers(store, subject, key, config)
 
+    thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
+    with _lock:
+        if not _pushes:
+            # threading's exit hooks run in reverse order of registration, before the executors
+            # the store's IO runs on refuse new work ("cannot schedule new futures after
+            # shutdown"); a plain atexit hook would run too late.
+            getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
+        _pushes.append(thread)
+    thread.start()
+
 
 def _push_headers(store: Any, subject: str, key: Any, config: Settings) -> None:
     """After the cache: the precompiled headers its compile used, so a new node need not build them."""
@@ -168,16 +178,6 @@ def _push_headers(store: Any, subject: str, key: Any, config: Settings) -> None:
         return
     LOG.info('plancache: compile-cache pushed %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), subject,
              (time.monotonic() - started) * 1000, safe_text(outcome.detail, 200))
-
-    thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
-    with _lock:
-        if not _pushes:
-            # threading's exit hooks run in reverse order of registration, before the executors
-            # the store's IO runs on refuse new work ("cannot schedule new futures after
-            # shutdown"); a plain atexit hook would run too late.
-            getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
-        _pushes.append(thread)
-    thread.start()
 
 
 def _finish_pushes() -> None:

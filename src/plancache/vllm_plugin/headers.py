@@ -39,6 +39,8 @@ _at: tuple[Path, Path] | None = None
 _used: list[str] = []
 _installed: set[str] = set()
 _fetch: tuple[Prefetch[Any], Any] | None = None
+_packing: tuple[list[str], Prefetch[Any]] | None = None
+PACK_WAIT_S = 120.0
 
 
 def place(base: Path, directory: Path) -> None:
@@ -89,6 +91,24 @@ def _note(path: str, before: set[str], folder: Path | None) -> None:
         _used.append(name)
         source = "store" if name in _installed else "node" if name in before else "built"
     LOG.info("plancache: compile-cache header=%s source=%s", safe_text(name, 200), source)
+    if source == "built":
+        _pack_early()
+
+
+def _pack_early() -> None:
+    """On a build node (signing key and store configured), compress the headers as soon as gcc
+    built one, while vLLM compiles on: at exit only the upload is left (vLLM kills a one-shot
+    boot's worker 5 s after shutdown starts, before a 3.5 s compression would end)."""
+    global _packing
+    from ..pipeline.compile_headers import pack_headers
+    from .compile_publish import settings
+
+    config, at = settings(), _at
+    if config is None or not config.signing_key or not config.url or at is None:
+        return
+    names = used()
+    with _lock:
+        _packing = (names, Prefetch("pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)).start())
 
 
 def start_fetch(config: Any, subject: str) -> None:
@@ -145,16 +165,21 @@ def push(store: Any, subject: str, signer: Any, expires_in: Any) -> Any:
     from ..pipeline.compile_headers import HeadersOutcome, push_headers
     from ..pipeline.resolver import utcnow
 
-    at = _at
+    at, names, packed = _at, used(), None
     if at is None:
         return HeadersOutcome("none", detail="no private headers directory")
-    return push_headers(store, subject, at[0], at[1], used(), signer, utcnow(), expires_in)
+    with _lock:
+        packing = _packing
+    if packing is not None and packing[0] == names:
+        finished, packed = packing[1].result()
+        packed = packed if finished else None
+    return push_headers(store, subject, at[0], at[1], names, signer, utcnow(), expires_in, packed=packed)
 
 
 def reset() -> None:
     """Forget this process's headers (tests)."""
-    global _fetch
+    global _fetch, _packing
     with _lock:
         _used.clear()
         _installed.clear()
-        _fetch = None
+        _fetch = _packing = None
