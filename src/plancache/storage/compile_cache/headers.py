@@ -19,6 +19,7 @@ import hashlib
 import os
 import stat
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ...trust.errors import Reason, Rejected, StoreError
@@ -118,17 +119,23 @@ class Inflater:
         fd = os.open(tmp, dirfds.NEW_FILE, 0o600, dir_fd=dir_fd)
         digest, remaining = hashlib.sha256(), size
         try:
+            # zlib, hashlib and os.write release the GIL: one thread inflates the next piece
+            # while another hashes and writes the previous one, in order (one piece in flight).
+            # The executor's exit waits for the piece in flight, so fd is closed only after it.
             try:
-                while remaining:
-                    piece = self._held or self._piece()
-                    if not piece:
-                        raise Rejected(Reason.DIGEST_MISMATCH, f"the headers' stream ends before {name}'s signed size")
-                    part, self._held = piece[:remaining], piece[remaining:]
-                    digest.update(part)
-                    view = memoryview(part)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    remaining -= len(part)
+                with ThreadPoolExecutor(1, "plancache-header-write") as sink:
+                    pending: Future[None] | None = None
+                    while remaining:
+                        piece = self._held or self._piece()
+                        if not piece:
+                            raise Rejected(Reason.DIGEST_MISMATCH, f"the headers' stream ends before {name}'s signed size")
+                        part, self._held = piece[:remaining], piece[remaining:]
+                        if pending is not None:
+                            pending.result()
+                        pending = sink.submit(_hash_and_write, digest, fd, part)
+                        remaining -= len(part)
+                    if pending is not None:
+                        pending.result()
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -143,6 +150,13 @@ class Inflater:
             raise Rejected(Reason.TOO_LARGE, "the headers' stream inflates beyond its signed size (a gzip bomb?)")
         if self._z.unused_data or self._offset < len(self._data):
             raise Rejected(Reason.MALFORMED, "the headers' object holds data after its gzip stream")
+
+
+def _hash_and_write(digest: "hashlib._Hash", fd: int, part: bytes) -> None:
+    digest.update(part)
+    view = memoryview(part)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def link(dir_fd: int, tmp: str, name: str) -> bool:
