@@ -323,3 +323,30 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugi
     serving = node(tmp_path, "serving")
     outcome = pull(open_store(f"file://{tmp_path}/store"), serving)
     assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"built here"
+
+
+def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(plugin: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor compiles on a thread pool: a second thread must not have gcc build the header meanwhile."""
+    import threading
+
+    base, _ = node(tmp_path, "pool")
+    directory = files.private_dir(base / "plancache-private")
+    plugin.place(base, directory)
+
+    def fetched(*args: Any, **kwargs: Any) -> ch.HeadersOutcome:
+        time.sleep(0.5)
+        (directory / NAME).write_bytes(b"from the store")
+        return ch.HeadersOutcome("installed", installed=(NAME,))
+
+    monkeypatch.setattr(ch, "pull_headers", fetched)
+    config = SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={}, timeout=30.0, keyring=KEYRING)
+    built: list[str] = []
+    wrapped = plugin.wrap(fake_torch(directory, built))
+    plugin.start_fetch(config, SUBJECT)
+    threads = [threading.Thread(target=wrapped, args=("h", f"cmd{i}")) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert built == [] and (directory / NAME).read_bytes() == b"from the store"

@@ -114,7 +114,7 @@ def _pack_early() -> None:
 def start_fetch(config: Any, subject: str) -> None:
     """After the guard pulled ``subject``: fetch its headers in the background (once a boot)."""
     global _fetch
-    from ..pipeline.compile_headers import Cancel, pull_headers
+    from ..pipeline.compile_headers import Cancel, HeadersOutcome, pull_headers
     from ..pipeline.resolver import utcnow
     from ..storage.store import open_store
 
@@ -127,8 +127,11 @@ def start_fetch(config: Any, subject: str) -> None:
 
     def task() -> Any:
         started = time.monotonic()
-        store = open_store(config.url or "", config.storage_options, timeout=budget)
-        outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1], deadline, cancel)
+        try:
+            store = open_store(config.url or "", config.storage_options, timeout=budget)
+            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1], deadline, cancel)
+        except Exception as exc:  # noqa: BLE001 - the store would not open: torch builds the header
+            outcome = HeadersOutcome("failed", "store-error", safe_text(getattr(exc, "detail", exc), 200))
         with _lock:
             _installed.update(outcome.installed)
         LOG.info('plancache: compile-cache %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), safe_text(subject, 200),
@@ -142,22 +145,29 @@ def start_fetch(config: Any, subject: str) -> None:
 
 
 def wait() -> None:
-    """Before torch looks for a header: the fetch in flight finishes, or its budget ends."""
+    """Before torch looks for a header: the fetch in flight finishes, or its budget ends. Every
+    thread that asks meanwhile waits for the same fetch (inductor compiles on a thread pool; one
+    that went ahead would have gcc build the header the fetch is about to install)."""
     global _fetch
     with _lock:
-        pending, _fetch = _fetch, None
+        pending = _fetch
     if pending is None:
         return
     fetch, cancel = pending
     try:
         finished, _ = fetch.result()
     except Exception:  # noqa: BLE001 - the task logs its own outcome; any crash: torch builds
-        return
+        finished = True
+    with _lock:
+        first = _fetch is pending
+        if first:
+            _fetch = None
     if not finished:
         cancel.set()
-        LOG.info("plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
-                 'detail="no header within the %.0f s budget: torch builds it"', safe_text(fetch.key, 200),
-                 (time.monotonic() - fetch.started) * 1000, fetch.deadline - fetch.started)
+        if first:
+            LOG.info("plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
+                     'detail="no header within the %.0f s budget: torch builds it"', safe_text(fetch.key, 200),
+                     (time.monotonic() - fetch.started) * 1000, fetch.deadline - fetch.started)
 
 
 def push(store: Any, subject: str, signer: Any, expires_in: Any) -> Any:
