@@ -308,6 +308,7 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugi
     cc.sign_cache(root, SUBJECT, SIGNER, NOW)
     config = compile_publish.Settings(KEYRING, "", "key", f"file://{tmp_path}/store", {}, 3.0)
     monkeypatch.setattr(compile_publish, "settings", lambda: config)
+    monkeypatch.setattr(plugin, "_build_node", lambda: True)
     monkeypatch.setattr("plancache.pipeline.resolver.utcnow", lambda: NOW)
     plugin.place(base, directory)
     (directory / NAME).unlink()

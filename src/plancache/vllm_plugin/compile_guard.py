@@ -113,6 +113,11 @@ def _fetcher(config: Any, pulled: list[bool]) -> Callable[[], tuple[Any, float]]
     return fetch
 
 
+def _signs_and_pushes() -> bool:
+    config = settings()
+    return config is not None and bool(config.signing_key and config.url)
+
+
 def _outside(path: str) -> None:
     """Torch was about to use an inductor cache outside the private tree (vLLM's AOT path with
     ``VLLM_DISABLE_COMPILE_CACHE=1``, a mode without vLLM's cache): one decision line for it."""
@@ -235,6 +240,7 @@ def install() -> bool:
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
                     raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
+            headers.on_build_node(_signs_and_pushes)
             torch_caches.boot_dir()
             for target, name, wrap in targets:
                 current = getattr(target, name)

@@ -43,6 +43,15 @@ _packing: tuple[list[str], Prefetch[Any]] | None = None
 PACK_WAIT_S = 120.0
 
 
+_build_node: Callable[[], bool] = lambda: False  # noqa: E731
+"""Whether this process signs and pushes what it compiles (set by the guard at install)."""
+
+
+def on_build_node(check: Callable[[], bool]) -> None:
+    global _build_node
+    _build_node = check
+
+
 def place(base: Path, directory: Path) -> None:
     global _at
     _at = (base, directory)
@@ -101,10 +110,9 @@ def _pack_early() -> None:
     boot's worker 5 s after shutdown starts, before a 3.5 s compression would end)."""
     global _packing
     from ..pipeline.compile_headers import pack_headers
-    from .compile_publish import settings
 
-    config, at = settings(), _at
-    if config is None or not config.signing_key or not config.url or at is None:
+    at = _at
+    if at is None or not _build_node():
         return
     names = used()
     with _lock:
