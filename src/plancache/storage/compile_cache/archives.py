@@ -4,8 +4,8 @@
 names. A compile cache travels as one archive per cache directory (one GET), beside its
 signature, under ``<prefix>/torch_compile_cache/<subject>.tar`` and ``….tar.sig``, where the
 subject is ``torch_aot_compile/<64 hex>`` or ``<10 hex>``; its build node's precompiled headers
-beside it as ``<subject>.pch.gz`` and ``….pch.gz.sig`` (signed on their own, optional). The same guarantees hold here,
-through the store's own capped read, daemon-thread calls and deadline: every read is capped (the caller
+beside it as ``<subject>.pch.gz`` and ``….pch.gz.sig`` (signed on their own, optional). The
+same guarantees hold here, through the store's own capped read, daemon-thread calls and deadline: every read is capped (the caller
 passes the cap: the signature's size limit, or the archive size the *verified* signature
 states), every operation runs under one deadline with bounded retries, and listings yield
 subjects, never paths.
