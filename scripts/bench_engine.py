@@ -15,7 +15,9 @@ Each is measured both ways the engine is started: ``LLM()``'s constructor and th
 for vLLM 0.32's CPU AOT load (tests/engine_site/plancache_engine_probe.py), as a vLLM without
 that bug would load; ``--no-shim`` measures stock vLLM (its AOT load fails and it recompiles from
 the inductor cache). Targets: ``local`` <= 1.05 x ``vllm``; ``store`` - ``local`` <= 1 s.
-Also printed: the archive's size and the guard's own time (its decision line's ``elapsed_ms``).
+Also printed: the archive's and the precompiled headers' sizes, the guard's own time (its
+decision line's ``elapsed_ms``), and where each boot's precompiled header came from (``store``:
+installed from the build node's signed companion; ``node``: already there; ``built``: gcc).
 
     PYTHONPATH=src .venv/bin/python scripts/bench_engine.py [--rounds 2] [--modes llm,serve] [--work DIR]
 
@@ -25,6 +27,7 @@ Needs the engine venv (scripts/bootstrap-test-env.sh makes ``.venv-engine``) and
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -80,8 +83,10 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
     client = moto.client()
     sizes = {o["Key"]: o["Size"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
     archive = next(size for name, size in sizes.items() if name.endswith(".tar"))
+    headers = sum(size for name, size in sizes.items() if name.endswith(".pch.gz"))
     print(f"cold boot (build node: compile, sign, push): LLM() {cold.start_s:.1f} s; "
-          f"archive {archive / 2**20:.2f} MiB ({archive} bytes)", flush=True)
+          f"archive {archive / 2**20:.2f} MiB ({archive} bytes); precompiled headers {headers / 2**20:.2f} MiB "
+          f"({headers} bytes, gzip)", flush=True)
 
     def node(kind: str, i: int, mode: str) -> tuple[H.Node, dict[str, str]]:
         n = H.Node(work / f"{kind}-{mode}-{i}")
@@ -108,9 +113,10 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
                 starts[(kind, mode)].append(boot.start_s or 0.0)
                 if kind != "vllm":
                     guard_ms[kind] += boot.compile_elapsed_ms
+                header = sorted(set(re.findall(r"compile-cache header=\S+ source=(\w+)", boot.log)))
                 print(f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  counters loaded="
-                      f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}",
-                      flush=True)
+                      f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}"
+                      f"  header={','.join(header) or '-'}", flush=True)
 
     print(f"\nwarm boots, medians of {rounds} ({'with' if shim else 'without'} the finalize_loading shim):")
     print("| start | vLLM alone | plancache, local | plancache, store | local / vLLM (≤ 1.05) | store − local (≤ +1 s) |")

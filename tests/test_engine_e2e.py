@@ -218,7 +218,7 @@ def test_build_node_compiles_signs_and_pushes(fleet: dict[str, Any]) -> None:
     assert build.compile_decisions == [("compile", "no-cache")], build.tail()
     assert build.counters["num_aot_compiles"] == 1 and build.counters["num_aot_artifacts_saved"] == 1
     subject = _subject(fleet["fleet"].node("build").root)
-    assert sorted(fleet["store"]) == [f"torch_compile_cache/{subject}.tar", f"torch_compile_cache/{subject}.tar.sig"]
+    assert sorted(fleet["store"]) == [f"torch_compile_cache/{subject}{end}" for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")]
     # Sign and push at INFO, saying what was pushed.
     assert f"plancache: compile-cache signed cache={subject}" in build.log, build.tail()
     assert f"plancache: compile-cache pushed cache={subject}" in build.log, build.tail()
@@ -245,7 +245,9 @@ def test_serving_node_pulls_verifies_and_loads(fleet: dict[str, Any]) -> None:
     assert serving.counters["num_aot_artifacts_loaded"] == 1 and serving.counters["num_aot_compiles"] == 0
     subject = _subject(fleet["fleet"].node("serving").root)
     name = f"/{fleet['fleet'].bucket}/{PREFIX}/torch_compile_cache/{subject}.tar"
-    assert sorted(fleet["serving-requests"]) == [("GET", name), ("GET", name + ".sig")], fleet["serving-requests"]
+    headers = name[:-len(".tar")] + ".pch.gz"  # the precompiled header: installed from the store, not built
+    assert sorted(fleet["serving-requests"]) == sorted([("GET", n) for n in (name, name + ".sig", headers, headers + ".sig")])
+    assert "source=store" in serving.log and "source=built" not in serving.log, serving.tail()
     assert fleet["serving-verify"].returncode == 0, fleet["serving-verify"].stdout  # still verified after the load
 
 
@@ -288,7 +290,7 @@ def test_quarantined_node_pulls_the_good_cache_again(fleet: dict[str, Any]) -> N
     assert run.compile_decisions == [("load", "verified")], run.tail()
     assert "quarantined_to=" in run.log and "store: pulled" in run.log
     assert run.counters["num_aot_artifacts_loaded"] == 1 and run.counters["num_aot_compiles"] == 0
-    assert len(fleet["repull-requests"]) == 2
+    assert len(fleet["repull-requests"]) == 3  # signature, archive; the headers' signature (already on the node)
     assert any(q.endswith("-digest-mismatch") for q in fleet["fleet"].node("repull").quarantine)
 
 

@@ -52,6 +52,11 @@ BOOT_TIMEOUT = 10.0
 without ``--fingerprint``, the spot-boot journey without fingerprints): a black-holed store
 delays a boot by this much at most, not by BULK_TIMEOUT."""
 
+HEADERS_TIMEOUT = 10.0
+"""Budget, at least (the store's own when larger), of fetching a pulled cache's precompiled
+headers (26 MB, then 0.8 s to inflate and hash, against 11-60 s of gcc to build them): its own,
+so a slow header never costs a node its cache; past it torch builds the header."""
+
 
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("0", "false", "no", "off")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -181,5 +182,27 @@ def cmd_pull(args: argparse.Namespace) -> int:
     store = _store(args)
     deadline = time.monotonic() + store.timeout
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])
-    return _report(args, _each(subjects, lambda s: flows.pull_cache(store, root, s, keyring, now, deadline)))
+
+    def pull(subject: str) -> flows.CacheOutcome:
+        outcome = flows.pull_cache(store, root, subject, keyring, now, deadline)
+        return _with_headers(outcome, store, root, keyring) if outcome.action in ("pulled", "kept") else outcome
+
+    return _report(args, _each(subjects, pull))
+
+
+def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRoot, keyring: Keyring) -> flows.CacheOutcome:
+    """A pulled (or kept) cache's precompiled headers into the node's private headers directory,
+    within their own budget; what happened is noted in the row's detail (torch builds what is
+    not installed, so it is never a failure of the pull)."""
+    from ..pipeline.compile_headers import pull_headers
+    from ..settings import HEADERS_TIMEOUT
+    from ..storage.compile_cache.headers import HEADERS_SUBDIR
+    from ..storage.compile_cache.private_copy import PRIVATE_SUBDIR
+
+    directory = root.root / PRIVATE_SUBDIR / HEADERS_SUBDIR
+    got = pull_headers(store, outcome.subject, keyring, utcnow(), root.root, directory,
+                       time.monotonic() + max(store.timeout, HEADERS_TIMEOUT))
+    note = f"headers: {got.action}" + (f" {len(got.installed)} ({got.size} bytes)" if got.installed else "") + (
+        f" ({got.reason}: {got.detail})" if got.reason else f" ({got.detail})" if got.detail else "")
+    return replace(outcome, detail=f"{outcome.detail}; {note}" if outcome.detail else note)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..trust.display import safe_text
-from . import torch_caches
+from . import headers, torch_caches
 from .compile_publish import publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
 
 LOG = logging.getLogger("vllm.plancache")
@@ -92,21 +92,30 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
         into.mkdir(mode=0o700)
         _log("compile", why, subject or str(directory), started, "vLLM gets an empty private directory")
         return into, None
-    fetch = _fetcher(config) if config.url and config.keyring is not None else None
+    pulled: list[bool] = []
+    fetch = _fetcher(config, pulled) if config.url and config.keyring is not None else None
     outcome = guard(root, subject, config.keyring, utcnow(), into, config.problem, fetch, config.timeout + LOCK_WAIT_EXTRA)
+    if pulled and outcome.action == "load":  # a new node: its header too, while vLLM goes on
+        headers.start_fetch(config, subject)
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
     _log(outcome.action, outcome.reason or "verified", subject, started, outcome.detail, extra)
     return into, outcome
 
 
-def _fetcher(config: Any) -> Callable[[], tuple[Any, float]]:
+def _fetcher(config: Any, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
     def fetch() -> tuple[Any, float]:
         from ..storage.store import open_store
 
+        pulled.append(True)
         return open_store(config.url or "", config.storage_options, timeout=config.timeout), \
             time.monotonic() + config.timeout
 
     return fetch
+
+
+def _signs_and_pushes() -> bool:
+    config = settings()
+    return config is not None and bool(config.signing_key and config.url)
 
 
 def _outside(path: str) -> None:
@@ -231,6 +240,7 @@ def install() -> bool:
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
                     raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
+            headers.on_build_node(_signs_and_pushes)
             torch_caches.boot_dir()
             for target, name, wrap in targets:
                 current = getattr(target, name)

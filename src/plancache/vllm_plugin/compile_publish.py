@@ -151,6 +151,8 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
                      safe_text(config.url, 200), safe_text(outcome.detail, 200), (time.monotonic() - started) * 1000)
         except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
             LOG.warning("plancache: push of compile cache %s failed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
+            return
+        _push_headers(store, subject, key, config)
 
     thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
     with _lock:
@@ -161,6 +163,21 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
             getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
         _pushes.append(thread)
     thread.start()
+
+
+def _push_headers(store: Any, subject: str, key: Any, config: Settings) -> None:
+    """After the cache: the precompiled headers its compile used, so a new node need not build them."""
+    from . import headers
+
+    started = time.monotonic()
+    try:
+        outcome = headers.push(store, subject, key, config.expires_in)
+    except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a header build
+        LOG.warning("plancache: push of the precompiled headers of %s failed: %s", subject,
+                    safe_text(getattr(exc, "detail", exc), 300))
+        return
+    LOG.info('plancache: compile-cache pushed %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), subject,
+             (time.monotonic() - started) * 1000, safe_text(outcome.detail, 200))
 
 
 def _finish_pushes() -> None:

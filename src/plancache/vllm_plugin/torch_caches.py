@@ -114,30 +114,27 @@ def _pin(boot: Path) -> None:
         headers = shared or default / "precompiled_headers"
         codecache._HEADER_DIR = str(headers)
         codecache._HEADER_LOCK_DIR = str(headers / "locks")
+        from . import headers as pch
+
+        if shared is not None:
+            pch.place(boot.parent.parent, shared)
+        codecache._precompile_header = pch.wrap(codecache._precompile_header)
     except Exception:  # noqa: BLE001 - a torch without them has nothing to pin
         LOG.debug("plancache: torch's default cache directory not pinned", exc_info=True)
 
 
 def node_headers(private_root: Path) -> Path | None:
     """``plancache-private/headers``: the precompiled header, kept across boots on this node.
-    Inductor builds it before it loads even a warm cache (149 MiB, a minute of gcc on 2 cores),
-    so a fresh one per boot would cost every warm boot that minute, and shipping it in the
-    signed cache cost every pull 149 MiB. It is rebuilt locally from torch's own headers, in a
-    directory only this user can write (reached without following links, checked to be ours
-    and mode 0700); anything else there (a link, another owner, group or world access) and the
-    boot's own fresh directory is used instead. Never a shared default."""
-    from ..storage import dirfds
+    Inductor builds it before it loads even a warm cache (149 MiB, 11-60 s of gcc), so a fresh
+    one per boot would cost every warm boot that, and shipping it inside the signed cache cost
+    every pull 149 MiB. It is built locally from torch's own headers, or installed verified
+    from the store's signed companion of a pulled cache (:mod:`.headers`), in a directory only
+    this user can write (reached without following links, checked to be ours and mode 0700);
+    anything else there (a link, another owner, group or world access) and the boot's own
+    fresh directory is used instead. Never a shared default."""
+    from ..storage.compile_cache.headers import private_dir
 
-    headers = private_root / "headers"
-    try:
-        fd = dirfds.open_dir(private_root.parent, headers, True, 0o700)
-    except Exception:  # noqa: BLE001 - a link, a file: not ours to use
-        return None
-    try:
-        st = os.fstat(fd)
-        return headers if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
-    finally:
-        os.close(fd)
+    return private_dir(private_root)
 
 
 def guarded_call(original: Callable[..., Any], on_outside: Callable[[str], None]) -> Callable[..., Any]:

@@ -3,8 +3,9 @@
 :class:`~plancache.storage.store.Store` reads and writes plans, small and capped by their
 names. A compile cache travels as one archive per cache directory (one GET), beside its
 signature, under ``<prefix>/torch_compile_cache/<subject>.tar`` and ``….tar.sig``, where the
-subject is ``torch_aot_compile/<64 hex>`` or ``<10 hex>``. The same guarantees hold here,
-through the store's own capped read, daemon-thread calls and deadline: every read is capped (the caller
+subject is ``torch_aot_compile/<64 hex>`` or ``<10 hex>``; its build node's precompiled headers
+beside it as ``<subject>.pch.gz`` and ``….pch.gz.sig`` (signed on their own, optional). The
+same guarantees hold here, through the store's own capped read, daemon-thread calls and deadline: every read is capped (the caller
 passes the cap: the signature's size limit, or the archive size the *verified* signature
 states), every operation runs under one deadline with bounded retries, and listings yield
 subjects, never paths.
@@ -22,6 +23,7 @@ from ..store import Store
 
 ARCHIVE_SUFFIX = ".tar"
 SIG_SUFFIX = ".tar.sig"
+HEADERS_SUFFIX = ".pch.gz"
 PREFIX = "torch_compile_cache"
 
 
@@ -33,6 +35,16 @@ def archive_name(subject: str) -> str:
 
 def sig_name(subject: str) -> str:
     return archive_name(subject) + ".sig"
+
+
+def headers_name(subject: str) -> str:
+    """The gzip stream of the precompiled headers the cache's build node used (optional: a
+    store written before it held none), beside the cache's archive."""
+    return archive_name(subject)[: -len(ARCHIVE_SUFFIX)] + HEADERS_SUFFIX
+
+
+def headers_sig_name(subject: str) -> str:
+    return headers_name(subject) + ".sig"
 
 
 def get_object(store: Store, name: str, cap: int, deadline: float | None = None) -> bytes | None:

@@ -1,0 +1,353 @@
+"""A pulled cache's precompiled headers: shipped signed and compressed, installed verified (no torch: fast).
+
+Each rule on its own, on synthetic headers: the round trip, tampering, gzip bombs and
+oversize claims, links at the install path, an older store without header objects, the
+budget, and the plugin's wrapper of torch's ``_precompile_header`` (counts, never timings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+import zlib
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from conftest import NOW, keyring_of, make_signer
+
+from plancache.cli.main import main
+from plancache.pipeline import compile_cache as cc
+from plancache.pipeline import compile_headers as ch
+from plancache.storage.compile_cache import archives
+from plancache.storage.compile_cache import headers as files
+from plancache.storage.store import open_store
+from plancache.trust import headers as th
+from plancache.trust.errors import Rejected
+from plancache.vllm_plugin import headers as plugin_headers
+
+SUBJECT = "torch_aot_compile/" + "cd" * 32
+NAME = "cabcdefghijklmnop0123456789.h.gch"
+SIGNER = make_signer()
+KEYRING = keyring_of(SIGNER)
+
+
+def header_bytes(size: int = 3 << 20) -> bytes:
+    """Compressible like a .gch (repetitive with noise), several inflate chunks long."""
+    noise = random.Random(0).randbytes(size // 2)
+    return b"".join(noise[i:i + 4096] + bytes(4096) for i in range(0, len(noise), 4096))[:size]
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> tuple[Path, Path]:
+    """A build node's root and its private headers directory holding one header."""
+    base = tmp_path / "build"
+    directory = files.private_dir(base / "plancache-private")
+    assert directory is not None
+    (directory / NAME).write_bytes(header_bytes())
+    (directory / (NAME[:-4])).write_text("#include <torch/csrc/inductor/cpp_prefix.h>\n")  # torch's .h: not shipped
+    return base, directory
+
+
+def node(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    base = tmp_path / name
+    return base, base / "plancache-private" / "headers"
+
+
+def pushed(build: tuple[Path, Path], tmp_path: Path) -> Any:
+    store = open_store(f"file://{tmp_path}/store")
+    outcome = ch.push_headers(store, SUBJECT, *build, [NAME, "not a header"], SIGNER, NOW)
+    assert outcome.action == "pushed" and outcome.installed == (NAME,)
+    assert 0 < outcome.size < len(header_bytes())  # compressed
+    return store
+
+
+def pull(store: Any, where: tuple[Path, Path], keyring: Any = KEYRING, **kw: Any) -> ch.HeadersOutcome:
+    return ch.pull_headers(store, SUBJECT, keyring, NOW, where[0], where[1], **kw)
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory)) if directory.exists() else []
+
+
+def test_round_trip_installs_exactly_the_signed_bytes_and_never_fetches_twice(build: tuple[Path, Path], tmp_path: Path) -> None:
+    store = pushed(build, tmp_path)
+    serving = node(tmp_path, "serving")
+    outcome = pull(store, serving)
+    assert outcome.action == "installed" and outcome.installed == (NAME,) and outcome.size == len(header_bytes())
+    assert (serving[1] / NAME).read_bytes() == header_bytes()
+    assert leftovers(serving[1]) == [NAME]  # no temporary left, nothing but the header
+    assert os.stat(serving[1]).st_mode & 0o777 == 0o700
+    (tmp_path / "store" / archives.headers_name(SUBJECT)).unlink()  # present: only the signature is read
+    again = pull(store, serving)
+    assert again.action == "present" and again.present == (NAME,) and again.installed == ()
+
+
+@pytest.mark.parametrize("tamper", ["object", "signature", "other-key", "other-cache"])
+def test_tampered_headers_are_refused_and_nothing_is_installed(build: tuple[Path, Path], tmp_path: Path, tamper: str) -> None:
+    store = pushed(build, tmp_path)
+    obj, sig = (tmp_path / "store" / archives.headers_name(SUBJECT), tmp_path / "store" / archives.headers_sig_name(SUBJECT))
+    keyring = KEYRING
+    if tamper == "object":
+        data = bytearray(obj.read_bytes())
+        data[len(data) // 2] ^= 1
+        obj.write_bytes(bytes(data))
+    elif tamper == "signature":
+        sig.write_bytes(sig.read_bytes().replace(b'"sig":"', b'"sig":"A', 1))
+    elif tamper == "other-key":
+        keyring = keyring_of(make_signer())
+    else:  # a statement signed for another cache, renamed into this one's place
+        other = "torch_aot_compile/" + "ef" * 32
+        ch.push_headers(store, other, *build, [NAME], SIGNER, NOW)
+        sig.write_bytes((tmp_path / "store" / archives.headers_sig_name(other)).read_bytes())
+    serving = node(tmp_path, "serving")
+    outcome = pull(store, serving, keyring)
+    assert outcome.action == "rejected", outcome
+    assert outcome.reason in ("digest-mismatch", "bad-signature", "untrusted-key", "malformed", "name-mismatch")
+    assert leftovers(serving[1]) == []
+
+
+def _signed_object(store: Any, data: bytes, size: int, header: bytes | None = None) -> None:
+    """A statement signed by the *trusted* key for ``data`` claiming one header of ``size``:
+    the worst case, a hostile or broken signer (a store alone cannot get past the digests)."""
+    real = hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(header if header is not None else header_bytes()).hexdigest()
+    hset = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, size, digest),), real, len(data), NOW)
+    archives.put_object(store, archives.headers_name(SUBJECT), data)
+    archives.put_object(store, archives.headers_sig_name(SUBJECT), th.sign_headers(hset, SIGNER))
+
+
+def test_a_gzip_bomb_is_cut_at_the_signed_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    bomb = zlib.compress(bytes(64 << 20), 9, wbits=31)  # 64 MiB of zeros in ~64 KB
+    _signed_object(store, bomb, 1 << 20, bytes(1 << 20))  # claims the first 1 MiB (a ratio the caps allow)
+    written: list[int] = []
+    real_write = os.write
+    monkeypatch.setattr(files.os, "write", lambda fd, b: written.append(len(b)) or real_write(fd, b))
+    serving = node(tmp_path, "serving")
+    outcome = pull(store, serving)
+    assert outcome.action == "rejected" and outcome.reason == "too-large", outcome
+    assert leftovers(serving[1]) == []
+    assert sum(written) == 1 << 20  # inflated no further than the signed size (then one chunk, discarded)
+
+
+def test_oversize_and_overcompressed_claims_are_refused_before_any_inflating(tmp_path: Path) -> None:
+    entry = th.HeaderEntry(NAME, th.MAX_HEADER_BYTES + 1, "0" * 64)
+    with pytest.raises(Rejected, match="header size"):
+        th.sign_headers(th.HeaderSet(SUBJECT, (entry,), "0" * 64, 1 << 20, NOW), SIGNER)
+    ratio = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, 1 << 30, "0" * 64),), "0" * 64, 1024, NOW)
+    with pytest.raises(Rejected, match="gzip bomb"):
+        th.sign_headers(ratio, SIGNER)
+    for bad in ("../x.h.gch", "a/b.h.gch", ".h.gch", "x.so"):
+        with pytest.raises(Rejected):
+            th.sign_headers(th.HeaderSet(SUBJECT, (th.HeaderEntry(bad, 1, "0" * 64),), "0" * 64, 1, NOW), SIGNER)
+    store = open_store(f"file://{tmp_path}/store")
+    data = zlib.compress(header_bytes(), 1, wbits=31)
+    _signed_object(store, data, len(header_bytes()))
+    (tmp_path / "store" / archives.headers_name(SUBJECT)).write_bytes(data + b"x" * 100)  # more than signed
+    outcome = pull(store, node(tmp_path, "serving"))
+    assert outcome.action == "rejected" and outcome.reason == "too-large"  # the capped GET
+    short = zlib.compress(header_bytes(), 1, wbits=31)
+    _signed_object(store, short, len(header_bytes()) + 1)  # the stream ends early
+    assert pull(store, node(tmp_path, "short")).reason == "digest-mismatch"
+    trailing = zlib.compress(header_bytes(), 1, wbits=31) + zlib.compress(b"more", 1, wbits=31)
+    _signed_object(store, trailing, len(header_bytes()))  # a second gzip member after the signed bytes
+    assert pull(store, node(tmp_path, "trailing")).action == "rejected"
+
+
+def test_a_link_at_the_install_path_or_for_the_directory_is_never_followed(build: tuple[Path, Path], tmp_path: Path) -> None:
+    store = pushed(build, tmp_path)
+    serving = node(tmp_path, "serving")
+    serving[1].mkdir(parents=True, mode=0o700)
+    os.chmod(serving[1].parent, 0o700)
+    target = tmp_path / "elsewhere.gch"
+    (serving[1] / NAME).symlink_to(target)
+    outcome = pull(store, serving)
+    assert outcome.action == "present" and "link" in outcome.detail and not target.exists()
+    assert (serving[1] / NAME).is_symlink() and leftovers(serving[1]) == [NAME]
+    linked = node(tmp_path, "linked")
+    linked[1].parent.mkdir(parents=True)
+    (tmp_path / "victim").mkdir(mode=0o700)
+    linked[1].symlink_to(tmp_path / "victim")
+    outcome = pull(store, linked)
+    assert outcome.action == "failed" and "not followed" in outcome.detail
+    assert leftovers(tmp_path / "victim") == []
+    assert files.private_dir(linked[1].parent) is None  # and torch is not pinned there either
+
+
+def test_an_older_store_without_header_objects_still_pulls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    outcome = pull(store, node(tmp_path, "serving"))
+    assert outcome.action == "none" and outcome.reason == "no-headers"
+    built = cc.CacheRoot(tmp_path / "vllm")
+    (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
+    (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
+    assert main(["keygen", str(tmp_path / "k")]) == 0
+    assert main(["compile-cache", "sign", "--key", str(tmp_path / "k"), str(built.root)]) == 0
+    assert main(["compile-cache", "push", "--key", str(tmp_path / "k"), str(built.root), f"file://{tmp_path}/store"]) == 0
+    capsys.readouterr()
+    fresh = tmp_path / "fresh"
+    assert main(["compile-cache", "pull", "--json", "--trusted-keys", str(tmp_path / "k.pub"), f"file://{tmp_path}/store",
+                 str(fresh)]) == 0
+    row = json.loads(capsys.readouterr().out)["caches"][0]
+    assert row["action"] == "pulled" and "headers: none" in row["detail"]
+
+
+def test_cli_pull_installs_the_headers_beside_the_cache(build: tuple[Path, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from plancache.trust.keyformat import openssh_line
+
+    built = cc.CacheRoot(build[0])
+    (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
+    (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
+    store = open_store(f"file://{tmp_path}/store")
+    cc.sign_cache(built, SUBJECT, SIGNER, NOW)
+    cc.push_cache(store, built, SUBJECT, KEYRING, NOW)
+    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, expires_in=timedelta(days=3650))
+    (tmp_path / "k.pub").write_text(openssh_line(SIGNER.public, "builder") + "\n")
+    assert main(["compile-cache", "pull", "--json", "--trusted-keys", str(tmp_path / "k.pub"), f"file://{tmp_path}/store",
+                 str(tmp_path / "fresh")]) == 0
+    row = json.loads(capsys.readouterr().out)["caches"][0]
+    assert row["action"] == "pulled" and "headers: installed 1" in row["detail"], row
+    assert (tmp_path / "fresh" / "plancache-private" / "headers" / NAME).read_bytes() == header_bytes()
+
+
+def test_past_the_budget_or_cancelled_nothing_is_installed(build: tuple[Path, Path], tmp_path: Path) -> None:
+    store = pushed(build, tmp_path)
+    late = node(tmp_path, "late")
+    outcome = pull(store, late, deadline=time.monotonic() - 1)
+    assert outcome.action == "failed" and outcome.reason == "timeout", outcome
+    cancel = ch.Cancel()
+    cancel.set()
+    cancelled = node(tmp_path, "cancelled")
+    outcome = pull(store, cancelled, cancel=cancel)
+    assert outcome.action == "failed" and outcome.reason == "timeout" and leftovers(cancelled[1]) == []
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Any:
+    plugin_headers.reset()
+    yield plugin_headers
+    plugin_headers.reset()
+    plugin_headers._at = None
+
+
+def fake_torch(directory: Path, built: list[str]) -> Any:
+    """torch's ``_precompile_header``: gcc builds ``<name>.gch`` when it is missing."""
+    def precompile(header: str, cmd: str, **options: Any) -> str:
+        path = directory / NAME[:-4]
+        if not (directory / NAME).exists():
+            built.append(NAME)
+            (directory / NAME).write_bytes(b"built here")
+        return str(path)
+    return precompile
+
+
+def test_plugin_waits_for_the_fetch_and_torch_builds_nothing(plugin: Any, build: tuple[Path, Path], tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    store = pushed(build, tmp_path)
+    base, directory = node(tmp_path, "serving")
+    directory = files.private_dir(base / "plancache-private")
+    plugin.place(base, directory)
+    config = SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={}, timeout=3.0, keyring=KEYRING)
+    built: list[str] = []
+    wrapped = plugin.wrap(fake_torch(directory, built))
+    with caplog.at_level(logging.INFO, "vllm.plancache"):
+        plugin.start_fetch(config, SUBJECT)
+        plugin.start_fetch(config, SUBJECT)  # once a boot
+        for _ in range(3):
+            assert wrapped("torch/csrc/inductor/cpp_prefix.h", "g++ -O3") == str(directory / NAME[:-4])
+    assert built == [] and (directory / NAME).read_bytes() == header_bytes()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("headers=installed" in line for line in lines) == 1, lines
+    assert [line for line in lines if "header=" in line] == [f"plancache: compile-cache header={NAME} source=store"]
+    assert plugin.used() == [NAME] and store is not None
+
+
+def test_plugin_past_the_budget_builds_and_logs_it(plugin: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    base, _ = node(tmp_path, "slow")
+    directory = files.private_dir(base / "plancache-private")
+    plugin.place(base, directory)
+    monkeypatch.setattr(plugin, "HEADERS_TIMEOUT", 0.2)
+    seen: list[Any] = []
+
+    def slow(*args: Any, **kwargs: Any) -> ch.HeadersOutcome:
+        seen.append(kwargs.get("cancel") or args[-1])
+        time.sleep(1.0)
+        return ch.HeadersOutcome("failed", "timeout")
+
+    monkeypatch.setattr(ch, "pull_headers", slow)
+    config = SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={}, timeout=0.1, keyring=KEYRING)
+    built: list[str] = []
+    with caplog.at_level(logging.INFO, "vllm.plancache"):
+        plugin.start_fetch(config, SUBJECT)
+        plugin.wrap(fake_torch(directory, built))("h", "cmd")
+    assert built == [NAME]
+    with seen[0].unless_cancelled() as going_on:
+        assert not going_on  # a late fetch installs nothing
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("headers=failed reason=timeout" in line for line in lines), lines
+    assert f"plancache: compile-cache header={NAME} source=built" in lines
+
+
+def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugin: Any, build: tuple[Path, Path],
+                                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plancache.vllm_plugin import compile_publish
+
+    base, directory = build
+    root = cc.CacheRoot(base)
+    (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
+    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
+    cc.sign_cache(root, SUBJECT, SIGNER, NOW)
+    config = compile_publish.Settings(KEYRING, "", "key", f"file://{tmp_path}/store", {}, 3.0)
+    monkeypatch.setattr(compile_publish, "settings", lambda: config)
+    monkeypatch.setattr(plugin, "_build_node", lambda: True)
+    monkeypatch.setattr("plancache.pipeline.resolver.utcnow", lambda: NOW)
+    plugin.place(base, directory)
+    (directory / NAME).unlink()
+    packs: list[list[str]] = []
+    real_pack = ch.pack_headers
+    monkeypatch.setattr(ch, "pack_headers", lambda *a: packs.append(a[2]) or real_pack(*a))
+    plugin.wrap(fake_torch(directory, []))("torch/csrc/inductor/cpp_prefix.h", "g++")  # gcc builds it: packed now
+    compile_publish._push_in_background(config, root, SUBJECT, SIGNER)
+    compile_publish._finish_pushes()
+    assert packs == [[NAME]]  # once, when it was built; the push reused it
+    names = sorted(p.relative_to(tmp_path / "store").as_posix() for p in (tmp_path / "store").rglob("*") if p.is_file())
+    assert names == [f"torch_compile_cache/{SUBJECT}{end}" for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")]
+    serving = node(tmp_path, "serving")
+    outcome = pull(open_store(f"file://{tmp_path}/store"), serving)
+    assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"built here"
+
+
+def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(plugin: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor compiles on a thread pool: a second thread must not have gcc build the header meanwhile."""
+    import threading
+
+    base, _ = node(tmp_path, "pool")
+    directory = files.private_dir(base / "plancache-private")
+    plugin.place(base, directory)
+
+    def fetched(*args: Any, **kwargs: Any) -> ch.HeadersOutcome:
+        time.sleep(0.5)
+        (directory / NAME).write_bytes(b"from the store")
+        return ch.HeadersOutcome("installed", installed=(NAME,))
+
+    monkeypatch.setattr(ch, "pull_headers", fetched)
+    config = SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={}, timeout=30.0, keyring=KEYRING)
+    built: list[str] = []
+    wrapped = plugin.wrap(fake_torch(directory, built))
+    plugin.start_fetch(config, SUBJECT)
+    threads = [threading.Thread(target=wrapped, args=("h", f"cmd{i}")) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert built == [] and (directory / NAME).read_bytes() == b"from the store"
