@@ -67,37 +67,18 @@ def _engine_config(serve_args: list[str]) -> tuple[Any, list[str]]:
     return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER), unused
 
 
-def _factors(startup_plan: Any, cfg: Any, rank: int, world_size: int) -> dict[str, Any]:
-    """The inputs of vLLM 0.33's compute_plan_fingerprint, read the way it reads them."""
-    import torch
-    from vllm import __version__
-
-    platform = startup_plan.current_platform
-    capability = platform.get_device_capability()
-    return {
-        "schema": startup_plan.PLAN_SCHEMA_VERSION,
-        "vllm": __version__,
-        "vllm_config": cfg.compute_hash(),
-        "device_name": platform.get_device_name(),
-        "device_total_memory": platform.get_device_total_memory(),
-        "device_capability": str(capability) if capability else "",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "",
-        "rank": rank,
-        "world_size": world_size,
-    }
-
-
 def fingerprints(serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None) -> dict[str, Any]:
     """Fingerprint and factors for every rank; raises ImportError without vLLM."""
     from vllm.v1.worker import startup_plan
+
+    from ..vllm_plugin.adapter import fingerprint_inputs  # the plugin's reading of the same factors
 
     cfg, unused = _engine_config(serve_args)
     world_size = int(cfg.parallel_config.world_size)
     ranks = []
     with _pinned(startup_plan.current_platform, device_name, device_total_memory):
         for rank in range(world_size):
-            factors = _factors(startup_plan, cfg, rank, world_size)
+            factors = fingerprint_inputs(cfg, rank, world_size)
             fp = startup_plan.compute_plan_fingerprint(cfg, rank, world_size)
             ranks.append({"rank": rank, "fingerprint": fp, "factors": factors})
     return {

@@ -75,6 +75,9 @@ class PlanReport:
     provenance: dict[str, Any] | None = None
     """The statement's provenance facts (the gate's conditions among them): signed, when the
     plan verified; claimed, for an ``unverified`` one; None when there is no statement to read."""
+    inputs: dict[str, Any] | None = None
+    """The fingerprint's inputs the statement signs (issue 20), for a ``valid`` plan only: an
+    unverified claim is never shown as evidence; None when not verified or not recorded."""
 
     @property
     def ok(self) -> bool:
@@ -119,6 +122,7 @@ def report_of(result: PlanResult) -> PlanReport:
         expires_at=format_time(st.expires_at) if st and st.expires_at else None,
         comment=st.comment if st else "",
         provenance=dict(st.provenance) if st else None,
+        inputs=dict(st.inputs) if st and st.inputs else None,
         kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
         free_memory_baseline=vp.plan.free_memory_baseline,
     )

@@ -73,6 +73,31 @@ def fingerprint_of(worker: Any, fingerprint: Fingerprint) -> str:
     return fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
 
 
+def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """The inputs of vLLM 0.33's ``compute_plan_fingerprint``, read the way it reads them (its
+    module's ``current_platform``, ``torch``, ``vllm.__version__``): what ``plancache fingerprint
+    --explain`` prints, what a profiled plan's statement signs in the clear, and what ``plancache
+    explain`` compares. :func:`plancache.trust.inputs.fingerprint_of_inputs` recomputes the key."""
+    import torch
+    from vllm import __version__
+
+    module = vllm_modules.startup_plan_module()
+    current_platform = vllm_modules.platform()
+    capability = current_platform.get_device_capability()
+    return {
+        "schema": module.PLAN_SCHEMA_VERSION,
+        "vllm": __version__,
+        "vllm_config": vllm_config.compute_hash(),
+        "device_name": current_platform.get_device_name(),
+        "device_total_memory": current_platform.get_device_total_memory(),
+        "device_capability": str(capability) if capability else "",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
+        "rank": rank,
+        "world_size": world_size,
+    }
+
+
 def byte_count(value: Any) -> int | None:
     """An integral byte count (int, numpy or torch integer), never a bool."""
     return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
