@@ -69,6 +69,12 @@ def _engine_config(serve_args: list[str]) -> tuple[Any, list[str]]:
 
 def fingerprints(serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None) -> dict[str, Any]:
     """Fingerprint and factors for every rank; raises ImportError without vLLM."""
+    return node_config(serve_args, device_name, device_total_memory)[0]
+
+
+def node_config(serve_args: list[str], device_name: str | None = None,
+                device_total_memory: int | None = None) -> tuple[dict[str, Any], Any]:
+    """:func:`fingerprints`, and the VllmConfig they were computed from (``plancache explain``)."""
     from vllm.v1.worker import startup_plan
 
     from ..vllm_plugin.adapter import fingerprint_inputs  # the plugin's reading of the same factors
@@ -88,7 +94,7 @@ def fingerprints(serve_args: list[str], device_name: str | None = None, device_t
         "world_size": world_size,
         "ranks": ranks,
         "ignored_arguments": unused,
-    }
+    }, cfg
 
 
 def _first_line(exc: BaseException) -> str:
@@ -96,7 +102,9 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def run(args: argparse.Namespace) -> int:
+def configure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The serve arguments after ``--`` -> (fingerprints of every rank, the VllmConfig), every
+    failure one ConfigError line (shared by ``fingerprint`` and ``explain``)."""
     serve = list(args.serve_args)
     if serve[:1] == ["--"]:
         serve = serve[1:]
@@ -110,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"{NEEDS_VLLM.removeprefix('plancache: ')}: {exc}") from None
     try:
-        result = fingerprints(serve, args.device_name, args.device_total_memory)
+        result, cfg = node_config(serve, args.device_name, args.device_total_memory)
     except (NotImplementedError, RuntimeError) as exc:
         hint = "" if args.device_name and args.device_total_memory else (
             "; without a local GPU give --device-name and --device-total-memory")
@@ -127,8 +135,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
         raise ConfigError(f"fingerprint: invalid vllm serve arguments: {_first_line(exc)}") from None
     if result["ignored_arguments"]:
-        print("plancache: fingerprint: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
+        print(f"plancache: {args.command}: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
               file=sys.stderr)
+    return result, cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    result, _ = configure(args)
     if args.json:
         from .output import report  # the shared top level (schema, command, ok) beside the result
 

@@ -30,9 +30,11 @@ MAX_ITEMS = 512
 MAX_TEXT = 1024
 MAX_DEPTH = 3
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+_SECRET = re.compile(r"(^|_)(KEY|TOKEN|AUTH)$|SECRET|PASSW|CREDENTIAL|PRIVATE", re.IGNORECASE)
 """Names whose values are never written in the clear (vLLM already leaves out its API key and the
-S3 credentials; a variable named like a secret is hashed, so a difference still shows)."""
+S3 credentials; a variable named like a secret, ``…_KEY``, ``…_TOKEN``, ``…SECRET…``, is hashed, so
+a difference still shows; ``…_TOKENS`` and ``…_TOKEN_THRESHOLD`` are counts, left readable)."""
+_HASHED = re.compile(r"sha256:[0-9a-f]{64}")
 
 PLAN_INPUT_KEYS = ("schema", "vllm", "vllm_config", "device_name", "device_total_memory", "device_capability",
                    "torch", "cuda", "rank", "world_size")
@@ -87,7 +89,8 @@ def without_secrets(factors: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in factors.items():
         if isinstance(value, dict):
             out[key] = without_secrets(value)
-        elif _SECRET.search(key) and value not in (None, "", False):
+        elif _SECRET.search(key) and value not in (None, "", False) and not (
+                isinstance(value, str) and _HASHED.fullmatch(value)):  # hashed once, never twice
             out[key] = "sha256:" + hashlib.sha256(str(value).encode()).hexdigest()
         else:
             out[key] = value

@@ -98,6 +98,20 @@ def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str
     }
 
 
+def compile_factors(vllm_config: Any) -> dict[str, Any]:
+    """The compile-cache key factors this node knows before compiling, as vLLM writes them to
+    ``cache_key_factors.json`` (``env``: ``envs.compile_factors()``, ``config_hash``), through the
+    same JSON round trip and secret hashing as a signed manifest's, so that both compare."""
+    import json
+
+    from vllm import envs
+
+    from ..trust.inputs import without_secrets
+
+    env = json.loads(json.dumps(envs.compile_factors(), sort_keys=True, default=str))
+    return without_secrets({"env": env, "config_hash": vllm_config.compute_hash()})
+
+
 def byte_count(value: Any) -> int | None:
     """An integral byte count (int, numpy or torch integer), never a bool."""
     return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
