@@ -176,6 +176,8 @@ def add_parsers(sub: Sub) -> None:
              "here has all it needs, 1 otherwise, 2 on usage errors.")
     p.add_argument("--free-memory", type=byte_count, metavar="BYTES",
                    help="free GPU memory to judge local plans against (default: only say each plan's baseline)")
+    p.add_argument("--records", type=positive_int, default=5, metavar="N",
+                   help="show the last N boot records the plugin wrote under the cache root (default 5)")
     _json(p)
 
     p = _add(sub, "demo", "demo:run", "run the whole story in temporary directories",

@@ -84,17 +84,32 @@ def _root() -> Path:
     return Path(vllm_modules.vllm_envs().VLLM_CACHE_ROOT)
 
 
+ATTR = "_plancache_record"
+
+
 def for_worker(worker: Any) -> BootRecord:
-    """This worker's record, begun at its first event (a new worker object: a new record)."""
+    """This worker's record, begun at its first event (kept on the worker object, like the boot
+    state; a compile-cache decision made before it, in the same process, is taken over)."""
     global _current
     with _lock:
-        if _current is None or (_current.worker_id not in (None, id(worker))) or _current.final:
-            rank = getattr(worker, "rank", 0)
-            _current = BootRecord(_root(), rank if isinstance(rank, int) else 0, id(worker))
-            world = getattr(getattr(worker, "parallel_config", None), "world_size", None)
-            _current.world_size = world if isinstance(world, int) else None
-        _current.worker_id = id(worker)
-        return _current
+        record = getattr(worker, ATTR, None)
+        if isinstance(record, BootRecord) and not record.final:
+            return record
+        rank = getattr(worker, "rank", 0)
+        if _current is not None and not _current.final and _current.worker_id is None:
+            record = _current  # the compile guard's, of this process: the same boot
+            record.rank = rank if isinstance(rank, int) else record.rank
+        else:
+            record = BootRecord(_root(), rank if isinstance(rank, int) else 0, id(worker))
+        record.worker_id = id(worker)
+        world = getattr(getattr(worker, "parallel_config", None), "world_size", None)
+        record.world_size = world if isinstance(world, int) else None
+        try:
+            setattr(worker, ATTR, record)
+        except Exception:  # noqa: BLE001 - a worker that refuses attributes: one record per event
+            pass
+        _current = record
+        return record
 
 
 def _process_record(rank: int) -> BootRecord:
@@ -182,8 +197,8 @@ def last_factors() -> dict[str, Any] | None:
 def finish(worker: Any) -> dict[str, Any] | None:
     """The boot is over: differing factors filled in, the file final, one log line."""
     with _lock:
-        record = _current
-        if record is None or record.final or record.worker_id not in (None, id(worker)):
+        record = getattr(worker, ATTR, None)
+        if not isinstance(record, BootRecord) or record.final:
             return None
         for item in record.compile_cache:
             signed = record.signed_factors.get(str(item.get("cache")))
