@@ -1,0 +1,106 @@
+"""Boot records on the compile-cache side, on vLLM 0.33's real compile modules (CPU; issue 20).
+
+No compile: one subprocess (torch and the guard pin process-wide caches) installs the guard on
+vLLM's real ``vllm.compilation`` modules, then (1) a tampered cache is quarantined and (2) a
+signed cache whose artifact vLLM's own ``_try_load_aot_compiled_fn`` cannot load (as when it
+was built by another torch) is handed over verified, vLLM falls back to compiling, and the record
+says "verified but unused" with the factor that differs (the code hash vLLM wrote for the graph
+it compiled instead). The plan-side paths (apply, profile, store down) are in test_vllm_plugin.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from plancache.keys.keyfile import generate_keypair
+from vllm_cpu import cpu_environ
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+SCRIPT = r'''
+import json, logging, os, sys
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+records = []
+class Keep(logging.Handler):
+    def emit(self, r): records.append((r.levelname, r.getMessage()))
+logging.getLogger("vllm.plancache").addHandler(Keep())
+logging.getLogger("vllm.plancache").setLevel(logging.INFO)
+
+from plancache.keys.keyfile import file_signer
+from plancache.pipeline import compile_cache as cc
+from plancache.vllm_plugin import compile_guard, record
+
+assert compile_guard.install()
+from vllm.compilation import decorators
+from vllm.config import DeviceConfig, VllmConfig
+
+root = cc.CacheRoot(Path(os.environ["VLLM_CACHE_ROOT"]))
+signer = file_signer(Path(sys.argv[1]), {}, None)
+now = datetime.now(timezone.utc)
+factors = {"env": {"VLLM_PLUGINS": None}, "config_hash": "abcdef0123", "code_hash": "1" * 64, "compiler_hash": "2" * 64}
+
+def cache(subject, model_bytes):
+    private = root.root / ("private-" + subject[-6:])
+    (private / "rank_0_0").mkdir(parents=True)
+    (private / "rank_0_0" / "model").write_bytes(model_bytes)
+    (private / "inductor_cache").mkdir()
+    (private / "inductor_cache" / "entry").write_bytes(b"kernel")
+    out = cc.publish_cache(root, subject, private, signer, now, None, factors, {"compile_ms": 20000.0})
+    assert out.action == "signed", out
+    return root.directory(subject)
+
+# a worker of this process (its plan side would begin the record the same way)
+worker = SimpleNamespace(rank=0, parallel_config=SimpleNamespace(world_size=1))
+record.for_worker(worker)
+
+# (1) tampered after signing: quarantined
+bad = cache("torch_aot_compile/" + "a" * 64, b"model")
+(bad / "rank_0_0" / "model").write_bytes(b"MODEL")
+compile_guard.private_for(bad)
+
+# (2) verified, handed over, and vLLM's own loader fails on it: it compiles anyway
+good = cache("torch_aot_compile/" + "b" * 64, b"not a torch artifact")
+vc = VllmConfig(device_config=DeviceConfig(device="cpu"))
+model = SimpleNamespace(vllm_config=vc, compilation_config=vc.compilation_config, _is_encoder=False, _compile_tag="",
+                        forward=lambda *a: None, save_aot_compiled_function=lambda: None)
+loaded = decorators._try_load_aot_compiled_fn(model, str(good / "rank_0_0" / "model"))
+assert loaded is None
+# the recompile's VllmBackend writes its factors; the guard reads them after the backend returns
+debug = root.root / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbone"
+debug.mkdir(parents=True)
+(debug / "cache_key_factors.json").write_text(json.dumps({**factors, "code_hash": "3" * 64}))
+compile_guard._note_factors(str(debug))
+record.finish(worker)
+print(json.dumps({"records": records}))
+'''
+
+
+def test_quarantine_and_a_verified_cache_vllm_did_not_use_are_recorded(tmp_path: Path) -> None:
+    key = generate_keypair(tmp_path / "ci", force=False, comment="ci", env={})
+    assert key is not None
+    env = {**os.environ, **cpu_environ(tmp_path / "cache"), "PYTHONPATH": str(SRC),
+           "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci.pub"), "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    for name in ("PLANCACHE_URL", "PLANCACHE_SIGNING_KEY", "VLLM_FORCE_AOT_LOAD"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ci")], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = json.loads(out.stdout.strip().splitlines()[-1])["records"]
+    (level, line), = [(lvl, msg) for lvl, msg in logged if "boot-record " in msg]
+    doc = json.loads(line.split("boot-record ", 1)[1])
+    files = sorted((tmp_path / "cache" / "plancache" / "boot").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text()) == doc and doc["final"] is True
+    quarantined, unused = doc["compile_cache"]
+    assert quarantined["decision"] == "quarantined" and quarantined["reason"] == "digest-mismatch"
+    assert (unused["decision"], unused["reason"], unused["used"]) == ("load", "verified", False)
+    assert unused["differing_factors"] == [{"input": "code_hash", "signed": "1" * 64, "here": "3" * 64}]
+    assert level == "WARNING" and doc["warnings"] == [
+        f"compile cache {unused['cache']} was verified but vLLM did not use it (differs in code_hash)"]
+    assert doc["saved_ms"]["compile"] is None  # nothing was saved: it compiled
