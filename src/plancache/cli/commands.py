@@ -178,6 +178,8 @@ def add_parsers(sub: Sub) -> None:
                    help="free GPU memory to judge local plans against (default: only say each plan's baseline)")
     p.add_argument("--records", type=positive_int, default=5, metavar="N",
                    help="show the last N boot records the plugin wrote under the cache root (default 5)")
+    p.add_argument("--textfile", metavar="FILE", help="also write the last record of each rank as Prometheus gauges "
+                   "to FILE, atomically (node_exporter's textfile collector: DIR/plancache.prom)")
     _json(p)
 
     p = _add(sub, "demo", "demo:run", "run the whole story in temporary directories",

@@ -256,6 +256,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     store = _store(checks, config, policy)
     _local_plans(checks, directory, policy, args.free_memory, store)
     boots = _boot_records(checks, args.records)
+    if args.textfile:
+        from .textfile import write
+
+        write(args.textfile, boots)
     if args.json:
         report(args, checks.ok, checks=checks.items, plan_dir=str(directory.path))
     else:
