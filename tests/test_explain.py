@@ -187,3 +187,28 @@ def test_explain_without_trusted_keys_is_one_line(node: SimpleNamespace, tmp_pat
     assert main(["explain", str(tmp_path / "plans"), "--", str(node.model), *TINY]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "no trusted keys" in err
+
+
+def test_sign_inputs_records_what_plancache_fingerprint_printed(
+        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CI without the plugin: ``fingerprint --json > fp.json``, then ``sign --inputs fp.json``."""
+    from plancache.cli.main import main
+
+    assert main(["fingerprint", "--json", *PINS, "--", str(node.model), *TINY]) == 0
+    report = tmp_path / "fp.json"
+    report.write_text(capsys.readouterr().out)
+    plans = tmp_path / "plans"
+    fp = _plan(plans, None, None, fp=node.rank0["fingerprint"])
+    other = _plan(plans, None, None, fp="00000000000000bb")  # not in the file: signed without inputs
+    assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--fact", "gpu_memory_utilization=0.9",
+                 str(plans)]) == 0
+    capsys.readouterr()
+    for name, expected in ((fp, node.rank0["factors"]), (other, {})):
+        statement = parse_statement(dsse.decode((plans / sig_name(name)).read_bytes()).payload)
+        assert dict(statement.inputs) == expected
+    bad = json.loads(report.read_text())
+    bad["ranks"][0]["factors"]["vllm"] = "0.0.0"
+    report.write_text(json.dumps(bad))
+    assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--replace", str(plans)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "do not hash to its fingerprint" in err

@@ -34,6 +34,8 @@ def _signing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
                    help="provenance fact recorded in new signatures, e.g. gpu_memory_utilization=0.9 (repeatable); "
                    "gpu_memory_utilization, device_name and device_total_memory are the gate's conditions")
+    p.add_argument("--inputs", metavar="FILE", help="plancache fingerprint --json's output: each plan whose fingerprint "
+                   "it lists gets that rank's fingerprint inputs in its new signature, in the clear (plancache explain)")
 
 
 def _add(sub: Sub, name: str, handler: str, summary: str, description: str | None) -> argparse.ArgumentParser:
