@@ -212,3 +212,27 @@ def test_sign_inputs_records_what_plancache_fingerprint_printed(
     assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--replace", str(plans)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "do not hash to its fingerprint" in err
+
+
+def test_a_differing_vllm_config_is_narrowed_to_the_part_that_differs(
+        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan baked for --max-model-len 64 on a node that serves 128: the one input that differs is
+    vLLM's config hash, and the signed configuration parts say which part of it."""
+    from plancache.cli.main import main
+
+    other = [*TINY[:1], "64", *TINY[2:]]
+    assert main(["fingerprint", "--json", *PINS, "--", str(node.model), *other]) == 0
+    report = tmp_path / "fp.json"
+    report.write_text(capsys.readouterr().out)
+    baked = json.loads(report.read_text())["ranks"][0]["fingerprint"]
+    store = tmp_path / "store"
+    _plan(store, None, None, fp=baked)
+    assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--fact", "gpu_memory_utilization=0.9",
+                 str(store)]) == 0
+    capsys.readouterr()
+    code, doc = _explain(capsys, node, store, "--trusted-keys", str(keys.trusted))
+    (candidate,) = doc["ranks"][0]["plan"]["candidates"]
+    names = [d["input"] for d in candidate["differs"]]
+    assert code == 1 and candidate["fingerprint"] == baked
+    assert names[0] == "vllm_config" and "vllm_config.model_config" in names
+    assert all(n == "vllm_config" or n.startswith("vllm_config.") for n in names)

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pipeline.audit import audit_location
     from ..pipeline.explain import NodeRank, explain_compile, explain_plan
     from ..pipeline.resolver import utcnow
-    from ..vllm_plugin.adapter import compile_factors
+    from ..vllm_plugin.adapter import compile_factors, config_parts
     from .fingerprint import configure
 
     policy = required_policy(args)  # verify before comparing: nothing unsigned is evidence
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         factors = entry["factors"]
         conditions = {"gpu_memory_utilization": float(util) if isinstance(util, (int, float)) else None,
                       "device_name": factors.get("device_name"), "device_total_memory": factors.get("device_total_memory")}
-        rank = NodeRank(entry["rank"], entry["fingerprint"], factors, conditions)
+        rank = NodeRank(entry["rank"], entry["fingerprint"], factors, conditions, config_parts(cfg))
         ranks.append({"rank": rank.rank, "fingerprint": rank.fingerprint, "plan": explain_plan(rank, reports),
                       "compile_cache": None if caches is None else explain_compile(rank.rank, here, caches)})
     ok = all(r["plan"]["decision"] == "apply" and (r["compile_cache"] is None or r["compile_cache"]["decision"] == "load")

@@ -77,7 +77,7 @@ def node_config(serve_args: list[str], device_name: str | None = None,
     """:func:`fingerprints`, and the VllmConfig they were computed from (``plancache explain``)."""
     from vllm.v1.worker import startup_plan
 
-    from ..vllm_plugin.adapter import fingerprint_inputs  # the plugin's reading of the same factors
+    from ..vllm_plugin.adapter import config_parts, fingerprint_inputs  # the plugin's reading of the same factors
 
     cfg, unused = _engine_config(serve_args)
     world_size = int(cfg.parallel_config.world_size)
@@ -93,6 +93,7 @@ def node_config(serve_args: list[str], device_name: str | None = None,
         "pipeline_parallel_size": int(cfg.parallel_config.pipeline_parallel_size),
         "world_size": world_size,
         "ranks": ranks,
+        "config_parts": config_parts(cfg),
         "ignored_arguments": unused,
     }, cfg
 

@@ -137,16 +137,17 @@ def signing_request(args: argparse.Namespace) -> "SigningRequest":
     keyring = load_trusted_keys(source) if source else None
     facts = dict(args.fact) if args.fact else None
     _check_fact_names(facts or {})
-    inputs = fingerprint_inputs_file(args.inputs) if getattr(args, "inputs", None) else None
-    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace, inputs)
+    inputs, parts = fingerprint_inputs_file(args.inputs) if getattr(args, "inputs", None) else (None, None)
+    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace, inputs, parts)
 
 
 MAX_INPUTS_FILE = 4 * 2**20
 
 
-def fingerprint_inputs_file(path: str) -> dict[str, dict[str, Any]]:
-    """``--inputs FILE``: ``plancache fingerprint --json``'s report -> fingerprint -> its inputs;
-    every rank's inputs must reproduce its fingerprint (vLLM's digest), else one line."""
+def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """``--inputs FILE``: ``plancache fingerprint --json``'s report -> (fingerprint -> its inputs,
+    the configuration's parts); every rank's inputs must reproduce its fingerprint (vLLM's
+    digest), else one line."""
     from pathlib import Path
 
     from ..storage.files import read_capped
@@ -166,7 +167,8 @@ def fingerprint_inputs_file(path: str) -> dict[str, dict[str, Any]]:
             if fingerprint_of_inputs(factors) != entry.get("fingerprint"):
                 raise ConfigError(f"--inputs {path}: the factors of rank {entry.get('rank')} do not hash to its fingerprint")
             found[entry["fingerprint"]] = factors
-        return found
+        parts = doc.get("config_parts")
+        return found, check_inputs(parts, "--inputs config_parts") if isinstance(parts, dict) else None
     except ConfigError:
         raise
     except PlanCacheError as exc:

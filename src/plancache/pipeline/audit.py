@@ -78,6 +78,8 @@ class PlanReport:
     inputs: dict[str, Any] | None = None
     """The fingerprint's inputs the statement signs (issue 20), for a ``valid`` plan only: an
     unverified claim is never shown as evidence; None when not verified or not recorded."""
+    config_parts: dict[str, Any] | None = None
+    """Beside ``inputs``: each part of vLLM's configuration, hashed (a valid plan's, signed)."""
 
     @property
     def ok(self) -> bool:
@@ -123,6 +125,7 @@ def report_of(result: PlanResult) -> PlanReport:
         comment=st.comment if st else "",
         provenance=dict(st.provenance) if st else None,
         inputs=dict(st.inputs) if st and st.inputs else None,
+        config_parts=dict(st.config_parts) if st and st.config_parts else None,
         kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
         free_memory_baseline=vp.plan.free_memory_baseline,
     )

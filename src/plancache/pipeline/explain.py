@@ -40,6 +40,7 @@ class NodeRank:
     fingerprint: str
     inputs: Mapping[str, Any]
     conditions: Mapping[str, Any] = field(default_factory=dict)
+    config_parts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,23 @@ def _condition_differences(provenance: Mapping[str, Any] | None, here: Mapping[s
             if k in here and here[k] is not None and signed[k] != here[k]]
 
 
+def _input_differences(report: PlanReport, rank: NodeRank) -> list[dict[str, Any]]:
+    """The inputs that differ; a differing ``vllm_config`` is followed by the configuration parts
+    that differ (``vllm_config.cache_config``), when both sides recorded them."""
+    found = differences(report.inputs or {}, rank.inputs)
+    if report.config_parts and rank.config_parts and any(d["input"] == "vllm_config" for d in found):
+        found += differences({"vllm_config": report.config_parts}, {"vllm_config": rank.config_parts})
+    return found
+
+
 def _plan_candidates(rank: NodeRank, reports: Sequence[PlanReport], nearest: int) -> list[dict[str, Any]]:
     rows = []
     for report in reports:
         if report.status != VALID or not report.inputs or report.fingerprint == rank.fingerprint:
             continue
-        rows.append({"fingerprint": report.fingerprint, "differs": differences(report.inputs, rank.inputs),
+        rows.append({"fingerprint": report.fingerprint, "differs": _input_differences(report, rank),
                      "signers": list(report.signers), "signed_at": report.signed_at})
-    rows.sort(key=lambda r: (len(r["differs"]), r["fingerprint"]))
+    rows.sort(key=lambda r: (sum("." not in d["input"] for d in r["differs"]), len(r["differs"]), r["fingerprint"]))
     return rows[:nearest]
 
 

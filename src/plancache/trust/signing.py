@@ -51,17 +51,21 @@ def sign_plan(
     provenance: Mapping[str, Any] | None = None,
     inputs: Mapping[str, Any] | None = None,
     measurements: Mapping[str, Any] | None = None,
+    config_parts: Mapping[str, Any] | None = None,
 ) -> bytes:
     """Return the sidecar bytes: a DSSE envelope over a fresh statement for this exact plan.
 
     ``inputs`` (the fingerprint's inputs, :mod:`.inputs`) are signed only if they reproduce the
-    plan's fingerprint with vLLM's digest: a signed input is a promise of what was hashed."""
+    plan's fingerprint with vLLM's digest: a signed input is a promise of what was hashed;
+    ``config_parts`` (each configuration part's hash) narrow a differing ``vllm_config`` input."""
     plan = parse_plan(plan_bytes, name)
     if expires_at is not None and expires_at <= now:
         raise ConfigError("the expiry must lie in the future")
     try:
         checked_inputs = check_inputs(dict(inputs or {}), "fingerprint inputs")
         checked_measurements = check_measurements(measurements or {})
+        # configuration parts only beside the inputs they narrow down
+        checked_parts = check_inputs(dict(config_parts or {}), "config parts") if inputs else {}
     except Rejected as exc:  # the caller's values, not a file's bytes
         raise ConfigError(exc.detail) from None
     if checked_inputs and fingerprint_of_inputs(checked_inputs) != plan.fingerprint:
@@ -76,6 +80,7 @@ def sign_plan(
         comment=comment,
         provenance=check_provenance(provenance or {}),
         inputs=checked_inputs,
+        config_parts=checked_parts,
         measurements=checked_measurements,
     )
     payload = statement.to_json_bytes()
@@ -148,6 +153,7 @@ def sign_or_cosign(
     provenance: Mapping[str, Any] | None = None,
     replace: bool = False,
     inputs: Mapping[str, Any] | None = None,
+    config_parts: Mapping[str, Any] | None = None,
 ) -> tuple[Action, bytes]:
     """What ``plancache sign`` does to one plan: returns (action, the sidecar bytes to write).
 
@@ -178,7 +184,8 @@ def sign_or_cosign(
         raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
 
     def fresh() -> bytes:
-        return sign_plan(name, plan_bytes, signer, now, expires_at, comment or "", provenance, inputs)
+        return sign_plan(name, plan_bytes, signer, now, expires_at, comment or "", provenance, inputs,
+                         config_parts=config_parts)
 
     action: Action
     if sig_bytes is None:

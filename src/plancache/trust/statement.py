@@ -12,6 +12,9 @@ predicate keys they do not know, still read new ones:
 
 - ``inputs``: the fingerprint's inputs in the clear (what vLLM's ``compute_plan_fingerprint``
   hashed, :mod:`.inputs`), so a node that misses can be told which input differs;
+- ``config_parts``: the hash of each part of vLLM's configuration (``model_config``,
+  ``cache_config``, ...: what ``VllmConfig.compute_hash`` combines into the ``vllm_config``
+  input), so a differing ``vllm_config`` can be narrowed to the part that differs;
 - ``measurements``: what the profiling boot measured (``profile_ms``: vLLM's memory profiling),
   so a boot that applies the plan can say how much time it saved.
 """
@@ -90,6 +93,8 @@ class Statement:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     inputs: Mapping[str, Any] = field(default_factory=dict)
     """The fingerprint's inputs, in the clear (empty: not recorded, as before issue 20)."""
+    config_parts: Mapping[str, Any] = field(default_factory=dict)
+    """Part of vLLM's configuration -> its ``compute_hash()`` (empty: not recorded)."""
     measurements: Mapping[str, Any] = field(default_factory=dict)
     """``profile_ms``: how long the profiling boot's memory profiling took (empty: not measured)."""
 
@@ -103,6 +108,8 @@ class Statement:
         }
         if self.inputs:
             predicate["inputs"] = dict(self.inputs)
+        if self.config_parts:
+            predicate["config_parts"] = dict(self.config_parts)
         if self.measurements:
             predicate["measurements"] = dict(self.measurements)
         obj = {
@@ -191,5 +198,6 @@ def parse_statement(payload: bytes) -> Statement:
         comment=comment,
         provenance=check_provenance(provenance),
         inputs=check_inputs(predicate.get("inputs", {}), "statement inputs"),
+        config_parts=check_inputs(predicate.get("config_parts", {}), "statement config_parts"),
         measurements=check_measurements(measurements, strict=False),
     )

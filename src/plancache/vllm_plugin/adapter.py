@@ -98,6 +98,26 @@ def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str
     }
 
 
+def config_parts(vllm_config: Any) -> dict[str, Any]:
+    """Each part of the configuration that ``VllmConfig.compute_hash`` combines (its dataclass
+    fields that have a ``compute_hash``), hashed by that part's own ``compute_hash()``: which part
+    a differing ``vllm_config`` input differs in. A part that cannot hash is left out."""
+    import dataclasses
+
+    parts: dict[str, Any] = {}
+    names = [f.name for f in dataclasses.fields(vllm_config)] if dataclasses.is_dataclass(vllm_config) else []
+    for name in names:
+        part = getattr(vllm_config, name, None)
+        if callable(getattr(part, "compute_hash", None)):
+            try:
+                value = part.compute_hash()
+            except Exception:  # noqa: BLE001
+                continue
+            if isinstance(value, str):
+                parts[name] = value[:16]  # enough to tell two apart; statements are capped
+    return parts
+
+
 def compile_factors(vllm_config: Any) -> dict[str, Any]:
     """The compile-cache key factors this node knows before compiling, as vLLM writes them to
     ``cache_key_factors.json`` (``env``: ``envs.compile_factors()``, ``config_hash``), through the

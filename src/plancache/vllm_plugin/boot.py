@@ -47,7 +47,7 @@ from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from ..trust.inputs import fingerprint_of_inputs
 from . import record, vote
-from .adapter import (Fingerprint, enabled, fingerprint_inputs, fingerprint_of, free_memory, plan_dir,
+from .adapter import (Fingerprint, config_parts, enabled, fingerprint_inputs, fingerprint_of, free_memory, plan_dir,
                       uses_startup_plans, vllm_release, worker_conditions)
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
@@ -65,6 +65,8 @@ class Boot:
     apply_fingerprint: str | None = None
     apply_inputs: dict[str, Any] | None = None
     """The apply-time fingerprint's inputs (only if they reproduce it): signed with a saved plan."""
+    apply_parts: dict[str, Any] | None = None
+    """The apply-time configuration's parts, hashed (:func:`.adapter.config_parts`), signed beside the inputs."""
     signed_profile_ms: float | None = None
     """The applied plan's signed profiling time (what skipping it saves), when it carries one."""
     profile_ms: float | None = None
@@ -296,6 +298,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
         boot.apply_inputs = _inputs(worker, fp)
+        boot.apply_parts = config_parts(worker.vllm_config) if boot.apply_inputs else None
         decision, source = decide_plan(worker, boot, fp)
     except Exception as exc:  # noqa: BLE001 - whatever it was, vLLM profiles
         LOG.debug("plancache: apply failed", exc_info=True)

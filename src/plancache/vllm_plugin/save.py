@@ -50,7 +50,8 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
             inputs = boot.apply_inputs if fp == boot.apply_fingerprint else None
             measured = {"profile_ms": boot.profile_ms} if boot.profile_ms is not None else None
             sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, utcnow(), provenance=provenance(worker),
-                                  inputs=inputs, measurements=measured)
+                                  inputs=inputs, measurements=measured,
+                                  config_parts=boot.apply_parts if inputs else None)
             directory.write_sig(fp, sig_bytes)
     except PlanCacheError as exc:
         LOG.warning("plancache: plan for %s not signed or shared: %s: %s", fp, exc.reason.value, exc.detail)
