@@ -5,7 +5,8 @@ vLLM's real ``vllm.compilation`` modules, then (1) a tampered cache is quarantin
 signed cache whose artifact vLLM's own ``_try_load_aot_compiled_fn`` cannot load (as when it
 was built by another torch) is handed over verified, vLLM falls back to compiling, and the record
 says "verified but unused" with the factor that differs (the code hash vLLM wrote for the graph
-it compiled instead). The plan-side paths (apply, profile, store down) are in test_vllm_plugin.py.
+it compiled instead). With only the compile-cache guard on, the guard itself hooks vLLM's real
+``Worker.compile_or_warm_up_model`` to end the record. The plan-side paths (apply, profile, store down) are in test_vllm_plugin.py.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from plancache.vllm_plugin import compile_guard, record
 
 assert compile_guard.install()
 from vllm.compilation import decorators
+from vllm.v1.worker import gpu_worker  # a worker process has its worker class imported by now
 from vllm.config import DeviceConfig, VllmConfig
 
 root = cc.CacheRoot(Path(os.environ["VLLM_CACHE_ROOT"]))
@@ -55,10 +57,6 @@ def cache(subject, model_bytes):
     out = cc.publish_cache(root, subject, private, signer, now, None, factors, {"compile_ms": 20000.0})
     assert out.action == "signed", out
     return root.directory(subject)
-
-# a worker of this process (its plan side would begin the record the same way)
-worker = SimpleNamespace(rank=0, parallel_config=SimpleNamespace(world_size=1))
-record.for_worker(worker)
 
 # (1) tampered after signing: quarantined
 bad = cache("torch_aot_compile/" + "a" * 64, b"model")
@@ -77,7 +75,11 @@ debug = root.root / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbon
 debug.mkdir(parents=True)
 (debug / "cache_key_factors.json").write_text(json.dumps({**factors, "code_hash": "3" * 64}))
 compile_guard._note_factors(str(debug))
-record.finish(worker)
+# the boot ends: vLLM's real Worker.compile_or_warm_up_model, wrapped by the guard (no plan side here)
+worker = object.__new__(gpu_worker.Worker)
+worker.use_v2_model_runner = False
+worker._compile_or_warm_up_model = lambda: None
+worker.compile_or_warm_up_model()
 print(json.dumps({"records": records}))
 '''
 

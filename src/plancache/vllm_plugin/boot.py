@@ -273,8 +273,7 @@ def after_profiling(worker: Any, elapsed_ms: float) -> None:
 def after_warm_up(worker: Any) -> None:
     """``compile_or_warm_up_model`` returned: the boot is over, its record final. Never raises."""
     try:
-        if isinstance(getattr(worker, STATE_ATTR, None), Boot) or getattr(worker, WITHOUT_PLANS_ATTR, False):
-            record.finish(worker)
+        record.finish(worker)  # its own record, or the compile guard's of this process; else nothing
     except Exception:  # noqa: BLE001
         LOG.debug("plancache: boot record not finished", exc_info=True)
 

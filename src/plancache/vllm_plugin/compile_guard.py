@@ -124,6 +124,25 @@ def _record(directory: Path, action: str, reason: str, cache: str, started: floa
                             measured.get("compile_ms"))
     except Exception:  # noqa: BLE001 - diagnostics only
         LOG.debug("plancache: boot record not updated", exc_info=True)
+    _finish_with_warm_up()
+
+
+def _finish_with_warm_up() -> None:
+    """Without the plan side (no ``VLLM_ENABLE_STARTUP_PLAN``) nothing hooks the worker class:
+    wrap its ``compile_or_warm_up_model`` now (the worker module is imported by the time vLLM
+    reads a compile cache), so the boot record is made final and logged when the boot is over."""
+    import sys
+
+    from . import hooks
+    from .vllm_modules import WORKER_MODULES
+
+    with _lock:
+        for module_name, class_name in WORKER_MODULES.items():
+            cls = getattr(sys.modules.get(module_name), class_name, None)
+            method = cls.__dict__.get("compile_or_warm_up_model") if cls is not None else None
+            if callable(method) and not getattr(method, "__plancache__", False):
+                _patched.append((cls, "compile_or_warm_up_model", method))
+                setattr(cls, "compile_or_warm_up_model", hooks.wrap_warm_up(method))
 
 
 def _fetcher(config: Any) -> Callable[[], tuple[Any, float]]:

@@ -151,7 +151,7 @@ def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
     return determine_available_memory
 
 
-def _wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
     """``compile_or_warm_up_model`` returning ends the worker's boot: its record is made final."""
     @functools.wraps(original)
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -194,7 +194,7 @@ def _patch_worker_module(module: ModuleType) -> None:
         load_model = getattr(worker_cls, "load_model", None) if worker_cls is not None else None
         if callable(load_model) and not getattr(load_model, "__plancache__", False):
             _replace(worker_cls, "load_model", _wrap_load_model(load_model))
-        for name, wrap in (("determine_available_memory", _wrap_timed), ("compile_or_warm_up_model", _wrap_warm_up)):
+        for name, wrap in (("determine_available_memory", _wrap_timed), ("compile_or_warm_up_model", wrap_warm_up)):
             method = worker_cls.__dict__.get(name) if worker_cls is not None else None
             if callable(method) and not getattr(method, "__plancache__", False):
                 _replace(worker_cls, name, wrap(method))

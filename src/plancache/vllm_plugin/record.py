@@ -68,7 +68,7 @@ class BootRecord:
                     for c in self.compile_cache if c.get("used") is False]
         return {"schema": SCHEMA, "time": self.started, "pid": os.getpid(), "rank": self.rank,
                 "world_size": self.world_size, "final": self.final, "plan": self.plan,
-                "compile_cache": self.compile_cache, "plugin_ms": round(self.plugin_ms, 1),
+                "compile_cache": [{k: v for k, v in c.items() if not k.startswith("_")} for c in self.compile_cache], "plugin_ms": round(self.plugin_ms, 1),
                 "saved_ms": self.saved_ms, "warnings": warnings}
 
 
@@ -153,12 +153,42 @@ def note_profiling(worker: Any, determine_ms: float) -> float | None:
     return determine_ms if plan.get("decision") == "profile" else None
 
 
+COUNTERS = ("num_inductor_compiles", "num_aot_compiles", "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded")
+
+
+def _counters() -> dict[str, int]:
+    """vLLM's own compilation counters (``vllm.compilation.counter``), where readable."""
+    try:
+        from vllm.compilation.counter import compilation_counter
+
+        return {name: int(getattr(compilation_counter, name)) for name in COUNTERS}
+    except Exception:  # noqa: BLE001 - not that vLLM: whether it was used stays unknown
+        return {}
+
+
+def _grew(before: Mapping[str, int], now: Mapping[str, int], *names: str) -> bool:
+    """A counter rose since ``before`` (vLLM resets them between compiles: a lower value is a reset)."""
+    return any(now.get(n, 0) > (before.get(n, 0) if now.get(n, 0) >= before.get(n, 0) else 0) for n in names)
+
+
+def _used_by_counters(item: dict[str, Any]) -> bool | None:
+    """For a cache vLLM reads outside the AOT wrapper (the ``<10 hex>`` layout): it compiled
+    anyway (inductor or AOT compiles since the decision) or it loaded artifacts; else unknown."""
+    before, now = item.get("_counters") or {}, _counters()
+    if not before or not now:
+        return None
+    if _grew(before, now, "num_inductor_compiles", "num_aot_compiles"):
+        return False
+    return True if _grew(before, now, "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded") else None
+
+
 def note_compile(rank: int, entry: Mapping[str, Any], elapsed_ms: float, key_factors: Mapping[str, Any] | None,
                  compile_ms: float | None = None) -> None:
     """A compile-cache decision (``entry``: cache, decision, reason, detail), written at once."""
     record = _process_record(rank)
     with _lock:
-        item = {**entry, "used": None, "elapsed_ms": round(elapsed_ms, 1), "signed_compile_ms": compile_ms}
+        item = {**entry, "used": None, "elapsed_ms": round(elapsed_ms, 1), "signed_compile_ms": compile_ms,
+                "_counters": _counters() if entry.get("decision") == "load" else {}}
         record.compile_cache.append(item)
         if key_factors is not None:
             record.signed_factors[str(entry.get("cache"))] = dict(key_factors)
@@ -198,9 +228,13 @@ def finish(worker: Any) -> dict[str, Any] | None:
     """The boot is over: differing factors filled in, the file final, one log line."""
     with _lock:
         record = getattr(worker, ATTR, None)
+        if not isinstance(record, BootRecord) and _current is not None and _current.worker_id is None:
+            record = _current  # compile-cache decisions only (no plan side): this process's boot
         if not isinstance(record, BootRecord) or record.final:
             return None
         for item in record.compile_cache:
+            if item.get("decision") == "load" and item.get("used") is None:
+                item["used"] = _used_by_counters(item)
             signed = record.signed_factors.get(str(item.get("cache")))
             if item.get("used") is False and signed is not None and _last_factors is not None:
                 item["differing_factors"] = [{k: safe_text(v, 200) if isinstance(v, str) else v for k, v in d.items()}
