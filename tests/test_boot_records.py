@@ -106,3 +106,40 @@ def test_quarantine_and_a_verified_cache_vllm_did_not_use_are_recorded(tmp_path:
     assert level == "WARNING" and doc["warnings"] == [
         f"compile cache {unused['cache']} was verified but vLLM did not use it (differs in code_hash)"]
     assert doc["saved_ms"]["compile"] is None  # nothing was saved: it compiled
+
+
+def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compile_it_saved(tmp_path: Path) -> None:
+    """Two boots of vLLM 0.33's real compile path (tests/compile_toy.py): the build signs the
+    cache-key factors vLLM wrote for the graph it compiled and how long the compile took; a node
+    that loads the cache records that vLLM used it and the time saved."""
+    import shutil
+
+    from compile_boots import ROOT_NAME, boot, cache_dir
+    from plancache.pipeline.trust_config import worker_policy
+    from plancache.trust.manifest import verify_manifest
+    from plancache.pipeline.compile_cache import read_sidecar
+    from datetime import datetime, timezone
+
+    (tmp_path / "keys").mkdir()
+    generate_keypair(tmp_path / "keys" / "key", force=False, comment="ci", env={})
+    build, serve = tmp_path / "build", tmp_path / "serve"
+    build.mkdir()
+    serve.mkdir()
+    built = boot(build, PLANCACHE_SIGNING_KEY=str(tmp_path / "keys" / "key"))
+    assert built["counters"]["num_aot_compiles"] == 1 and built["correct"], built["stderr"][-2000:]
+    directory = cache_dir(build)
+    subject = directory.relative_to(build / ROOT_NAME / "torch_compile_cache").as_posix()
+    keyring = worker_policy(str(tmp_path / "keys" / "key.pub"), 1).keyring
+    manifest = verify_manifest(subject, read_sidecar(directory), keyring, datetime.now(timezone.utc)).manifest
+    factors = manifest.key_factors
+    assert factors is not None and set(factors) == {"env", "config_hash", "code_hash", "compiler_hash"}
+    assert "VLLM_USE_AOT_COMPILE" in factors["env"] and manifest.measurements and manifest.measurements["compile_ms"] > 0
+    shutil.copytree(build / ROOT_NAME / "torch_compile_cache", serve / ROOT_NAME / "torch_compile_cache",
+                    ignore=shutil.ignore_patterns("*.plancache.lock"))
+    warm = boot(serve)
+    assert warm["counters"]["num_aot_artifacts_loaded"] == 1 and warm["decisions"] == [("load", "verified")]
+    (record,) = [json.loads(p.read_text()) for p in (serve / ROOT_NAME / "plancache" / "boot").glob("*.json")]
+    (entry,) = record["compile_cache"]
+    assert (entry["cache"], entry["decision"], entry["used"]) == (subject, "load", True)
+    assert record["saved_ms"]["compile"] is not None and record["saved_ms"]["compile"] >= 0
+    assert record["plan"] is None and record["warnings"] == []
