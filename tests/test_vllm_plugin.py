@@ -1030,6 +1030,7 @@ def test_a_profiled_boot_records_the_miss_and_signs_the_inputs_and_the_profiling
     assert statement is not None and fingerprint_of_inputs(statement.inputs) == fp  # exactly what vLLM hashed
     assert statement.inputs["vllm"] == "0.33.0" and statement.inputs["device_total_memory"] == DEVICE_TOTAL
     assert statement.measurements["profile_ms"] == record["plan"]["determine_ms"]
+    assert {"model_config", "cache_config", "compilation_config"} <= set(statement.config_parts)
 
 
 def test_a_boot_whose_store_is_down_records_why(plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole,
