@@ -79,9 +79,10 @@ _last_factors: dict[str, Any] | None = None
 
 
 def _root() -> Path:
-    from . import vllm_modules
+    """vLLM's cache root as vLLM reads it (its ``envs``, as the compile-cache guard reads it)."""
+    from vllm import envs
 
-    return Path(vllm_modules.vllm_envs().VLLM_CACHE_ROOT)
+    return Path(envs.VLLM_CACHE_ROOT)
 
 
 ATTR = "_plancache_record"
