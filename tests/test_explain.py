@@ -234,3 +234,28 @@ def test_a_differing_vllm_config_is_narrowed_to_the_part_that_differs(
     assert code == 1 and candidate["fingerprint"] == baked
     assert names[0] == "vllm_config" and "vllm_config.model_config" in names
     assert all(n == "vllm_config" or n.startswith("vllm_config.") for n in names)
+
+
+def test_a_store_url_is_explained_with_its_plans_and_compile_caches(
+        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same comparisons against a store (file://): plans fetched and verified as ``verify``
+    does, compile caches by their signature objects."""
+    from plancache.keys.keyfile import load_keyring
+    from plancache.storage.store import open_store
+
+    bucket = tmp_path / "bucket"
+    _plan(bucket, dict(node.rank0["factors"]), keys.signer)
+    root = cc.CacheRoot(tmp_path / "build")
+    subject = "0123456789"
+    inside = root.directory(subject) / "rank_0_0" / "backbone"
+    inside.mkdir(parents=True)
+    (inside / "cache_key_factors.json").write_text(json.dumps({**node.here, "code_hash": "c" * 64}))
+    (inside / "vllm_compile_cache.py").write_text("{}")
+    now = datetime.now(timezone.utc)
+    cc.sign_cache(root, subject, keys.signer, now)
+    store = open_store(bucket.as_uri(), {}, timeout=10)
+    assert cc.push_cache(store, root, subject, load_keyring(keys.trusted), now).action == "pushed"
+    code, doc = _explain(capsys, node, bucket.as_uri(), "--trusted-keys", str(keys.trusted))  # type: ignore[arg-type]
+    entry = doc["ranks"][0]
+    assert code == 0 and doc["compile_location"] == bucket.as_uri()
+    assert entry["plan"]["decision"] == "apply" and entry["compile_cache"]["cache"] == subject
