@@ -926,6 +926,13 @@ def test_cpu_worker_gets_one_decision_line_and_nothing_else(plugin: SimpleNamesp
     assert not hasattr(worker, "_plancache_boot")  # no configuration read, no prefetch started
     assert not plugin.plan_dir.exists() or list(plugin.plan_dir.iterdir()) == []
     assert errors(lines) == []
+    # CPUWorker's own compile_or_warm_up_model (it never calls Worker's) still ends the boot record
+    worker.model_runner.kv_caches = [object()]
+    worker.use_v2_model_runner = False
+    worker.compilation_config = worker.vllm_config.compilation_config
+    worker.compile_or_warm_up_model()
+    record = _record_line(lines)
+    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == ("skip", "worker-without-plans", True)
 
 
 def test_a_gpu_worker_subclass_still_uses_plans(plugin: SimpleNamespace) -> None:

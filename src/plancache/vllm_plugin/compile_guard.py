@@ -139,10 +139,12 @@ def _finish_with_warm_up() -> None:
     with _lock:
         for module_name, class_name in WORKER_MODULES.items():
             cls = getattr(sys.modules.get(module_name), class_name, None)
-            method = cls.__dict__.get("compile_or_warm_up_model") if cls is not None else None
-            if callable(method) and not getattr(method, "__plancache__", False):
-                _patched.append((cls, "compile_or_warm_up_model", method))
-                setattr(cls, "compile_or_warm_up_model", hooks.wrap_warm_up(method))
+            stack = [cls] if isinstance(cls, type) else []
+            while stack:  # the worker class and the subclasses imported by now (vLLM's CPUWorker)
+                current = stack.pop()
+                stack.extend(current.__subclasses__())
+                if "compile_or_warm_up_model" in vars(current):
+                    hooks.hook_warm_up(current, _patched)
 
 
 def _fetcher(config: Any) -> Callable[[], tuple[Any, float]]:

@@ -116,9 +116,21 @@ def _prefetch(worker: Any) -> None:
     try:
         from . import boot
 
+        with _lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
+            hook_warm_up(type(worker), _patched)
         boot.prefetch(worker, _originals["fingerprint"])
     except Exception:  # noqa: BLE001
         LOG.debug("plancache: prefetch not started", exc_info=True)
+
+
+def hook_warm_up(cls: type, patched: list[tuple[Any, str, Any]]) -> None:
+    """Wrap the ``compile_or_warm_up_model`` that ``cls`` runs (its own, or the nearest base's),
+    recording the original in ``patched`` for uninstall; one already wrapped is left alone."""
+    owner = next((k for k in cls.__mro__ if "compile_or_warm_up_model" in vars(k)), None)
+    method = vars(owner)["compile_or_warm_up_model"] if owner is not None else None
+    if callable(method) and not getattr(method, "__plancache__", False):
+        patched.append((owner, "compile_or_warm_up_model", method))
+        setattr(owner, "compile_or_warm_up_model", wrap_warm_up(method))
 
 
 def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
