@@ -122,9 +122,9 @@ def _record(directory: Path, action: str, reason: str, cache: str, started: floa
                                                   "detail": safe_text(detail, 300)},
                             (time.monotonic() - started) * 1000, getattr(outcome, "key_factors", None),
                             measured.get("compile_ms"))
-    except Exception:  # noqa: BLE001 - diagnostics only
+        _finish_with_warm_up()
+    except Exception:  # noqa: BLE001 - diagnostics only: never the guard's decision
         LOG.debug("plancache: boot record not updated", exc_info=True)
-    _finish_with_warm_up()
 
 
 def _finish_with_warm_up() -> None:
