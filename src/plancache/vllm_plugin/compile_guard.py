@@ -186,9 +186,12 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
         began = time.monotonic()
         loaded = original(model, str(private_path), *args, **kwargs)
         if outcome is not None and outcome.action == "load":
-            from . import record
+            try:
+                from . import record
 
-            record.note_used(outcome.subject, loaded is not None, (time.monotonic() - began) * 1000)
+                record.note_used(outcome.subject, loaded is not None, (time.monotonic() - began) * 1000)
+            except Exception:  # noqa: BLE001 - diagnostics only, never into vLLM's load
+                LOG.debug("plancache: boot record not updated", exc_info=True)
         if loaded is None:  # vLLM compiles next, then saves: into the private copy, then published
             save = model.save_aot_compiled_function
 
