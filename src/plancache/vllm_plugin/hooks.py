@@ -116,11 +116,14 @@ def _prefetch(worker: Any) -> None:
     try:
         from . import boot
 
-        with _lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
-            hook_warm_up(type(worker), _patched)
         boot.prefetch(worker, _originals["fingerprint"])
     except Exception:  # noqa: BLE001
         LOG.debug("plancache: prefetch not started", exc_info=True)
+    try:
+        with _lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
+            hook_warm_up(type(worker), _patched)
+    except Exception:  # noqa: BLE001 - diagnostics only
+        LOG.debug("plancache: compile_or_warm_up_model not hooked", exc_info=True)
 
 
 def hook_warm_up(cls: type, patched: list[tuple[Any, str, Any]]) -> None:
