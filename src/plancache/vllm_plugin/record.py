@@ -79,7 +79,13 @@ _last_factors: dict[str, Any] | None = None
 
 
 def _root() -> Path:
-    """vLLM's cache root as vLLM reads it (its ``envs``, as the compile-cache guard reads it)."""
+    """vLLM's cache root as the plan side reads it (through vLLM's ``startup_plan`` module, as the
+    hooks found it: a vLLM that moves ``envs`` behind a shim is followed); without the plan side,
+    ``vllm.envs``, as the compile-cache guard reads it (no ``startup_plan`` imported for it)."""
+    from . import vllm_modules
+
+    if vllm_modules.found() is not None:
+        return Path(vllm_modules.vllm_envs().VLLM_CACHE_ROOT)
     from vllm import envs
 
     return Path(envs.VLLM_CACHE_ROOT)
