@@ -926,6 +926,13 @@ def test_cpu_worker_gets_one_decision_line_and_nothing_else(plugin: SimpleNamesp
     assert not hasattr(worker, "_plancache_boot")  # no configuration read, no prefetch started
     assert not plugin.plan_dir.exists() or list(plugin.plan_dir.iterdir()) == []
     assert errors(lines) == []
+    # CPUWorker's own compile_or_warm_up_model (it never calls Worker's) still ends the boot record
+    worker.model_runner.kv_caches = [object()]
+    worker.use_v2_model_runner = False
+    worker.compilation_config = worker.vllm_config.compilation_config
+    worker.compile_or_warm_up_model()
+    record = _record_line(lines)
+    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == ("skip", "worker-without-plans", True)
 
 
 def test_a_gpu_worker_subclass_still_uses_plans(plugin: SimpleNamespace) -> None:
@@ -967,3 +974,121 @@ def test_vllm_release_is_told_by_the_modules_shape_not_the_distribution(env: Sim
     assert vllm_release() == "0.32"
     monkeypatch.setattr(backends.CompilerManager, "__init__", init_other)
     assert vllm_release() is None
+
+
+# --------------------------------------------------------------------------- boot records (issue 20)
+
+
+def _records(env: SimpleNamespace) -> list[dict[str, Any]]:
+    directory = env.tmp / "cache" / "plancache" / "boot"
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
+
+
+def _finish_boot(env: SimpleNamespace, worker: Any, kv: int | None = None) -> None:
+    """The real, wrapped ``Worker.compile_or_warm_up_model``; its GPU half (warm-up, graph
+    capture) is the stand-in's, which, after a profiled boot, saves the plan as vLLM's does."""
+    worker.use_v2_model_runner = False
+    worker._compile_or_warm_up_model = lambda: None if kv is None else env.gpu_worker.maybe_save_startup_plan(worker, kv)
+    worker.compile_or_warm_up_model()
+
+
+def _record_line(lines: list) -> dict[str, Any]:
+    (line,) = [r.getMessage() for r in lines if "boot-record " in r.getMessage()]
+    return json.loads(line.split("boot-record ", 1)[1])
+
+
+def test_an_applied_boot_records_its_decision_and_the_profiling_it_saved(
+        plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
+    plugin.plan_dir.mkdir(parents=True)
+    (plugin.plan_dir / plan_name(fp)).write_bytes(data)
+    (plugin.plan_dir / sig_name(fp)).write_bytes(sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc),
+                                                           provenance=conditions(), measurements={"profile_ms": 60000.0}))
+    assert worker.determine_available_memory() == PLANNED_KV
+    (early,) = _records(plugin)  # written at the decision: a boot that dies later still leaves it
+    assert early["final"] is False and early["plan"]["decision"] == "apply" and early["plan"]["reason"] == "applied"
+    _finish_boot(plugin, worker)
+    (record,) = _records(plugin)
+    assert record == _record_line(lines) and record["schema"] == "plancache.boot/v1" and record["final"] is True
+    assert (record["plan"]["fingerprint"], record["plan"]["source"], record["rank"]) == (fp, "local", 0)
+    assert 0 < record["saved_ms"]["profiling"] <= 60000 and record["saved_ms"]["compile"] is None
+    assert record["plugin_ms"] > 0 and record["warnings"] == []
+
+
+def test_a_profiled_boot_records_the_miss_and_signs_the_inputs_and_the_profiling_time(
+        plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    from plancache.trust.inputs import fingerprint_of_inputs
+
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    kv = worker.determine_available_memory()
+    _finish_boot(plugin, worker, kv - GIB)
+    fp = fingerprint(plugin, worker)
+    (record,) = _records(plugin)
+    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == ("profile", "no-plan", True)
+    assert record["saved_ms"]["profiling"] is None
+    verified = verify_plan(plan_name(fp), (plugin.plan_dir / plan_name(fp)).read_bytes(),
+                           (plugin.plan_dir / sig_name(fp)).read_bytes(), load_keyring(keys.trusted), datetime.now(timezone.utc))
+    statement = verified.statement
+    assert statement is not None and fingerprint_of_inputs(statement.inputs) == fp  # exactly what vLLM hashed
+    assert statement.inputs["vllm"] == "0.33.0" and statement.inputs["device_total_memory"] == DEVICE_TOTAL
+    assert statement.measurements["profile_ms"] == record["plan"]["determine_ms"]
+    assert {"model_config", "cache_config", "compilation_config"} <= set(statement.config_parts)
+
+
+def test_a_boot_whose_store_is_down_records_why(plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole,
+                                                monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", 0.5)
+    worker = make_worker(plugin)
+    worker.determine_available_memory()
+    _finish_boot(plugin, worker)
+    (record,) = _records(plugin)
+    assert record["plan"]["decision"] == "profile" and record["plan"]["source"] == "store"
+    assert record["plan"]["reason"] in ("timeout", "store-error")
+
+
+def test_boot_records_are_bounded_and_never_written_through_a_link(
+        plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    from plancache.storage import records
+
+    for _ in range(3):
+        worker = make_worker(plugin)
+        worker.determine_available_memory()
+        _finish_boot(plugin, worker)
+    assert len(_records(plugin)) == 3
+    root = plugin.tmp / "cache"
+    names = [n for n, _ in records.read_last(root, 10)]
+    assert names == sorted(names, reverse=True) and len(names) == 3
+    for i in range(5):
+        records.write(root, f"2000010{i}T000000Z-1-r0-0000000{i}.json", b"{}", keep=4)
+    assert len(list((root / "plancache" / "boot").glob("*.json"))) == 4  # the oldest removed
+    shutil_target = plugin.tmp / "elsewhere"
+    shutil_target.mkdir()
+    boot_dir = root / "plancache" / "boot"
+    for p in boot_dir.iterdir():
+        p.unlink()
+    boot_dir.rmdir()
+    boot_dir.symlink_to(shutil_target)  # a planted link where the records go
+    worker = make_worker(plugin)
+    worker.determine_available_memory()  # the boot goes on; nothing lands behind the link
+    assert list(shutil_target.iterdir()) == []
+
+
+def test_doctor_shows_the_last_boot_records(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str], lines: list) -> None:
+    from plancache.cli.main import main
+
+    worker = make_worker(plugin)
+    worker.determine_available_memory()
+    _finish_boot(plugin, worker)
+    code = main(["doctor", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    (check,) = [c for c in doc["checks"] if c["name"] == "boot-records"]
+    assert check["status"] == "ok" and "plan profile (no-plan)" in check["detail"]
+    assert check["data"]["records"][0]["plan"]["reason"] == "no-plan" and code in (0, 1)
+    main(["doctor"])
+    assert "BOOT" in capsys.readouterr().out

@@ -34,6 +34,8 @@ def _signing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fact", type=key_value, action="append", metavar="KEY=VALUE",
                    help="provenance fact recorded in new signatures, e.g. gpu_memory_utilization=0.9 (repeatable); "
                    "gpu_memory_utilization, device_name and device_total_memory are the gate's conditions")
+    p.add_argument("--inputs", metavar="FILE", help="plancache fingerprint --json's output: each plan whose fingerprint "
+                   "it lists gets that rank's fingerprint inputs in its new signature, in the clear (plancache explain)")
 
 
 def _add(sub: Sub, name: str, handler: str, summary: str, description: str | None) -> argparse.ArgumentParser:
@@ -178,6 +180,10 @@ def add_parsers(sub: Sub) -> None:
              "here has all it needs, 1 otherwise, 2 on usage errors.")
     p.add_argument("--free-memory", type=byte_count, metavar="BYTES",
                    help="free GPU memory to judge local plans against (default: only say each plan's baseline)")
+    p.add_argument("--records", type=positive_int, default=5, metavar="N",
+                   help="show the last N boot records the plugin wrote under the cache root (default 5)")
+    p.add_argument("--textfile", metavar="FILE", help="also write the last record of each rank as Prometheus gauges "
+                   "to FILE, atomically (node_exporter's textfile collector: DIR/plancache.prom)")
     _json(p)
 
     p = _add(sub, "demo", "demo:run", "run the whole story in temporary directories",
@@ -195,6 +201,7 @@ def add_parsers(sub: Sub) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("shell", choices=("bash", "zsh"), metavar="SHELL", help="bash or zsh")
     _fingerprint(sub)
+    _explain(sub)
     _compile_cache(sub)
 
 
@@ -211,6 +218,28 @@ def _fingerprint(sub: Sub) -> None:
     p.add_argument("--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU")
     p.add_argument("--device-total-memory", type=positive_int, metavar="BYTES",
                    help="device total memory to hash instead of asking the local GPU")
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
+
+
+def _explain(sub: Sub) -> None:
+    p = _add(sub, "explain", "explain:run",
+             "per rank: would this node use a stored plan and compile cache, and if not which inputs differ",
+             "For the vllm serve configuration after -- (taken as plancache fingerprint takes it) and a store URL or "
+             "plan directory: verify what is stored, then say per rank whether a worker would apply a plan and load "
+             "a compile cache; for a miss, the nearest verified candidates and exactly which inputs differ. Only "
+             "signed, verified statements and manifests are compared. Compile caches: the store's, or for a "
+             "directory those under --compile-root (default: the cache root above a startup_plan directory). Exit 0 "
+             "every rank would use what is stored, 1 a miss, 2 usage, configuration or store error.")
+    p.epilog = "example: plancache explain s3://bucket/plans --trusted-keys ci.pub -- /models/llama --tensor-parallel-size 2"
+    add_trust_options(p)
+    add_store_options(p)
+    p.add_argument("--compile-root", metavar="ROOT", help="vLLM cache root whose compile caches to compare (directory "
+                   "locations only)")
+    p.add_argument("--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU")
+    p.add_argument("--device-total-memory", type=positive_int, metavar="BYTES",
+                   help="device total memory to hash instead of asking the local GPU")
+    _json(p)
+    p.add_argument("location", metavar="DIR|URL", help="plan directory or store URL")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
 
 

@@ -201,6 +201,50 @@ def _local_plans(checks: Checks, directory: LocalPlanDir, policy: TrustPolicy, f
     checks.add("local-plans", status, summary, plans=rows)
 
 
+def _boot_records(checks: Checks, limit: int) -> list[dict[str, Any]]:
+    """The last boot records the plugin left under the cache root (newest first): each worker
+    boot's plan and compile-cache decisions, whether vLLM used a verified cache, time saved. A
+    record is this node's own diagnostics, still read capped, strictly and without following a link."""
+    from ..storage import records
+    from ..storage.localdir import vllm_cache_root
+    from ..trust import strictjson
+
+    root = vllm_cache_root()
+    try:
+        found = records.read_last(root, limit)
+    except PlanCacheError as exc:
+        checks.add("boot-records", "warn", f"{records.directory(root)}: {exc.detail}")
+        return []
+    docs = []
+    for name, data in found:
+        try:
+            doc = strictjson.loads(data, name)
+        except PlanCacheError:
+            continue
+        if isinstance(doc, dict):
+            docs.append({"file": name, **doc})
+    if not docs:
+        checks.add("boot-records", "skip", f"no boot records in {records.directory(root)} (a worker with the plugin "
+                   "writes one per boot)", records=[])
+        return []
+    warned = [w for d in docs[:1] for w in d.get("warnings") or [] if isinstance(w, str)]
+    checks.add("boot-records", "warn" if warned else "ok",
+               f"{len(docs)} record(s) in {records.directory(root)}; the last: "
+               + ("; ".join(warned) if warned else _record_summary(docs[0])), records=docs)
+    return docs
+
+
+def _record_summary(doc: dict[str, Any]) -> str:
+    plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else {}
+    caches = [c for c in doc.get("compile_cache") or [] if isinstance(c, dict)]
+    saved = doc.get("saved_ms") if isinstance(doc.get("saved_ms"), dict) else {}
+    parts = [f"rank {doc.get('rank')} at {doc.get('time')}",
+             f"plan {plan.get('decision', '-')} ({plan.get('reason', '-')})" if plan else "plan -"]
+    parts += [f"compile-cache {c.get('decision')} ({c.get('reason')}; used={c.get('used')})" for c in caches[:3]]
+    parts.append(f"saved profiling {saved.get('profiling')} ms, compile {saved.get('compile')} ms")
+    return ", ".join(parts)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = Checks()
     _plugin(checks)
@@ -211,12 +255,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _signing_key(checks, config)
     store = _store(checks, config, policy)
     _local_plans(checks, directory, policy, args.free_memory, store)
+    boots = _boot_records(checks, args.records)
+    if args.textfile:
+        from .textfile import write
+
+        write(args.textfile, boots)
     if args.json:
         report(args, checks.ok, checks=checks.items, plan_dir=str(directory.path))
     else:
         print_table([(c["name"], c["status"].upper(), c["detail"]) for c in checks.items], ["CHECK", "STATUS", "DETAIL"])
         for row in next(c for c in checks.items if c["name"] == "local-plans").get("data", {}).get("plans", []):
             print(f"  {row['fingerprint']}  {row['decision']:9} {row['reason']:16} {row['detail']}")
+        if boots:
+            print_table([(d.get("time"), d.get("rank"), _record_summary(d).split(", ", 1)[1],
+                          "; ".join(d.get("warnings") or [])) for d in boots], ["BOOT", "RANK", "RECORD", "WARNINGS"])
         verdict = "a worker here has what it needs" if checks.ok else "a worker here will not apply plans as set up"
         print(f"doctor: {verdict}", file=sys.stderr)
     return 0 if checks.ok else 1

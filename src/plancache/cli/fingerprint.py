@@ -67,37 +67,24 @@ def _engine_config(serve_args: list[str]) -> tuple[Any, list[str]]:
     return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER), unused
 
 
-def _factors(startup_plan: Any, cfg: Any, rank: int, world_size: int) -> dict[str, Any]:
-    """The inputs of vLLM 0.33's compute_plan_fingerprint, read the way it reads them."""
-    import torch
-    from vllm import __version__
-
-    platform = startup_plan.current_platform
-    capability = platform.get_device_capability()
-    return {
-        "schema": startup_plan.PLAN_SCHEMA_VERSION,
-        "vllm": __version__,
-        "vllm_config": cfg.compute_hash(),
-        "device_name": platform.get_device_name(),
-        "device_total_memory": platform.get_device_total_memory(),
-        "device_capability": str(capability) if capability else "",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "",
-        "rank": rank,
-        "world_size": world_size,
-    }
-
-
 def fingerprints(serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None) -> dict[str, Any]:
     """Fingerprint and factors for every rank; raises ImportError without vLLM."""
+    return node_config(serve_args, device_name, device_total_memory)[0]
+
+
+def node_config(serve_args: list[str], device_name: str | None = None,
+                device_total_memory: int | None = None) -> tuple[dict[str, Any], Any]:
+    """:func:`fingerprints`, and the VllmConfig they were computed from (``plancache explain``)."""
     from vllm.v1.worker import startup_plan
+
+    from ..vllm_plugin.adapter import config_parts, fingerprint_inputs  # the plugin's reading of the same factors
 
     cfg, unused = _engine_config(serve_args)
     world_size = int(cfg.parallel_config.world_size)
     ranks = []
     with _pinned(startup_plan.current_platform, device_name, device_total_memory):
         for rank in range(world_size):
-            factors = _factors(startup_plan, cfg, rank, world_size)
+            factors = fingerprint_inputs(cfg, rank, world_size)
             fp = startup_plan.compute_plan_fingerprint(cfg, rank, world_size)
             ranks.append({"rank": rank, "fingerprint": fp, "factors": factors})
     return {
@@ -106,8 +93,9 @@ def fingerprints(serve_args: list[str], device_name: str | None = None, device_t
         "pipeline_parallel_size": int(cfg.parallel_config.pipeline_parallel_size),
         "world_size": world_size,
         "ranks": ranks,
+        "config_parts": config_parts(cfg),
         "ignored_arguments": unused,
-    }
+    }, cfg
 
 
 def _first_line(exc: BaseException) -> str:
@@ -115,7 +103,9 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def run(args: argparse.Namespace) -> int:
+def configure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The serve arguments after ``--`` -> (fingerprints of every rank, the VllmConfig), every
+    failure one ConfigError line (shared by ``fingerprint`` and ``explain``)."""
     serve = list(args.serve_args)
     if serve[:1] == ["--"]:
         serve = serve[1:]
@@ -129,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"{NEEDS_VLLM.removeprefix('plancache: ')}: {exc}") from None
     try:
-        result = fingerprints(serve, args.device_name, args.device_total_memory)
+        result, cfg = node_config(serve, args.device_name, args.device_total_memory)
     except (NotImplementedError, RuntimeError) as exc:
         hint = "" if args.device_name and args.device_total_memory else (
             "; without a local GPU give --device-name and --device-total-memory")
@@ -146,8 +136,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
         raise ConfigError(f"fingerprint: invalid vllm serve arguments: {_first_line(exc)}") from None
     if result["ignored_arguments"]:
-        print("plancache: fingerprint: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
+        print(f"plancache: {args.command}: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
               file=sys.stderr)
+    return result, cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    result, _ = configure(args)
     if args.json:
         from .output import report  # the shared top level (schema, command, ok) beside the result
 

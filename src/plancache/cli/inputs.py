@@ -137,7 +137,42 @@ def signing_request(args: argparse.Namespace) -> "SigningRequest":
     keyring = load_trusted_keys(source) if source else None
     facts = dict(args.fact) if args.fact else None
     _check_fact_names(facts or {})
-    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace)
+    inputs, parts = fingerprint_inputs_file(args.inputs) if getattr(args, "inputs", None) else (None, None)
+    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace, inputs, parts)
+
+
+MAX_INPUTS_FILE = 4 * 2**20
+
+
+def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """``--inputs FILE``: ``plancache fingerprint --json``'s report -> (fingerprint -> its inputs,
+    the configuration's parts); every rank's inputs must reproduce its fingerprint (vLLM's
+    digest), else one line."""
+    from pathlib import Path
+
+    from ..storage.files import read_capped
+    from ..trust import strictjson
+    from ..trust.errors import PlanCacheError
+    from ..trust.inputs import check_inputs, fingerprint_of_inputs
+
+    try:
+        data = read_capped(Path(path), MAX_INPUTS_FILE, follow_symlinks=True)
+        doc = strictjson.loads(data, path) if data is not None else None
+        ranks = doc.get("ranks") if isinstance(doc, dict) else None
+        if not isinstance(ranks, list) or not ranks:
+            raise ConfigError(f"--inputs {path}: not the JSON of plancache fingerprint --json (no ranks)")
+        found = {}
+        for entry in ranks:
+            factors = check_inputs(entry.get("factors") if isinstance(entry, dict) else None, "--inputs factors")
+            if fingerprint_of_inputs(factors) != entry.get("fingerprint"):
+                raise ConfigError(f"--inputs {path}: the factors of rank {entry.get('rank')} do not hash to its fingerprint")
+            found[entry["fingerprint"]] = factors
+        parts = doc.get("config_parts")
+        return found, check_inputs(parts, "--inputs config_parts") if isinstance(parts, dict) else None
+    except ConfigError:
+        raise
+    except PlanCacheError as exc:
+        raise ConfigError(f"--inputs {path}: {exc.detail}") from None
 
 
 def _check_fact_names(facts: Mapping[str, Any]) -> None:

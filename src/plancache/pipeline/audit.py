@@ -75,6 +75,11 @@ class PlanReport:
     provenance: dict[str, Any] | None = None
     """The statement's provenance facts (the gate's conditions among them): signed, when the
     plan verified; claimed, for an ``unverified`` one; None when there is no statement to read."""
+    inputs: dict[str, Any] | None = None
+    """The fingerprint's inputs the statement signs (issue 20), for a ``valid`` plan only: an
+    unverified claim is never shown as evidence; None when not verified or not recorded."""
+    config_parts: dict[str, Any] | None = None
+    """Beside ``inputs``: each part of vLLM's configuration, hashed (a valid plan's, signed)."""
 
     @property
     def ok(self) -> bool:
@@ -119,6 +124,8 @@ def report_of(result: PlanResult) -> PlanReport:
         expires_at=format_time(st.expires_at) if st and st.expires_at else None,
         comment=st.comment if st else "",
         provenance=dict(st.provenance) if st else None,
+        inputs=dict(st.inputs) if st and st.inputs else None,
+        config_parts=dict(st.config_parts) if st and st.config_parts else None,
         kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
         free_memory_baseline=vp.plan.free_memory_baseline,
     )

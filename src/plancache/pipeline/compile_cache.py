@@ -23,12 +23,15 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..storage import dirfds
 from ..storage.compile_cache import archives, cachedir, private_copy
 from ..storage.files import read_capped
 from ..storage.store import Store
+from ..trust import strictjson
 from ..trust.display import safe_text
+from ..trust.inputs import check_inputs, without_secrets
 from ..trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ..trust.keys import Keyring, Signer, signer_keyring
 from ..trust.manifest import (
@@ -59,6 +62,9 @@ class CacheOutcome:
     size: int = 0
     signers: tuple[str, ...] = ()
     quarantined_to: str = ""
+    key_factors: Mapping[str, Any] | None = None
+    """The verified manifest's signed cache-key factors (None: unverified, or none recorded)."""
+    measurements: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -134,7 +140,8 @@ def verify_directory(root: CacheRoot, subject: str, keyring: Keyring, now: datet
 
 def outcome_of(subject: str, action: str, verified: VerifiedManifest, detail: str = "") -> CacheOutcome:
     m = verified.manifest
-    return CacheOutcome(subject, action, detail=detail, files=len(m.files), size=m.total_size, signers=verified.signers)
+    return CacheOutcome(subject, action, detail=detail, files=len(m.files), size=m.total_size, signers=verified.signers,
+                        key_factors=m.key_factors, measurements=m.measurements)
 
 
 def verify_cache(root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> CacheOutcome:
@@ -179,14 +186,47 @@ def has_files(directory: Path) -> bool:
     return any(size is not None and path.rpartition("/")[2] not in DEBUG_FILES for path, size in listing.items())
 
 
-def build_manifest(directory: Path, subject: str, now: datetime, expires_at: datetime | None, comment: str) -> tuple[Manifest, bytes]:
-    """The manifest of a directory as it is now, and its deterministic archive."""
+FACTORS_FILE = "cache_key_factors.json"
+MAX_FACTORS_BYTES = 256 * 1024
+
+
+def factors_of(data: bytes | None) -> dict[str, Any] | None:
+    """vLLM's ``cache_key_factors.json`` as signed inputs (strict JSON, bounded, secrets hashed),
+    or None when it is absent or not such an object (the manifest then records none)."""
+    if data is None:
+        return None
+    try:
+        return without_secrets(check_inputs(strictjson.loads(data, FACTORS_FILE), FACTORS_FILE))
+    except PlanCacheError:
+        return None
+
+
+def key_factors_in(directory: Path, listing: Mapping[str, int | None]) -> dict[str, Any] | None:
+    """The factors vLLM wrote into a ``<10 hex>`` directory (``rank_<r>_<dp>/<prefix>/``; the
+    first in name order). An AOT directory holds none: the caller passes what the boot saw."""
+    for path in sorted(p for p, size in listing.items() if size is not None and p.rpartition("/")[2] == FACTORS_FILE):
+        try:
+            found = factors_of(read_capped(directory / path, MAX_FACTORS_BYTES))
+        except PlanCacheError:  # too large, unreadable: the manifest records no factors
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def build_manifest(directory: Path, subject: str, now: datetime, expires_at: datetime | None, comment: str,
+                   key_factors: Mapping[str, Any] | None = None,
+                   measurements: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
+    """The manifest of a directory as it is now, and its deterministic archive; with vLLM's
+    cache-key factors (given, else found inside) and the build's measurements, when known."""
     listing = cachedir.walk(directory)
     dirs = tuple(sorted(p for p, size in listing.items() if size is None))
     sums = cachedir.digests(directory, listing)
     files = tuple(FileEntry(p, size, sums[p]) for p, size in sorted(listing.items()) if size is not None)
     data = cachedir.archive_bytes(directory, files, dirs)
-    manifest = Manifest(subject, files, dirs, hashlib.sha256(data).hexdigest(), len(data), now, expires_at, comment)
+    factors = dict(key_factors) if key_factors is not None else key_factors_in(directory, listing)
+    manifest = Manifest(subject, files, dirs, hashlib.sha256(data).hexdigest(), len(data), now, expires_at, comment,
+                        factors, dict(measurements) if measurements else None)
     return manifest, data
 
 
@@ -201,11 +241,13 @@ def sign_cache(
 
 
 def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, expires_in: timedelta | None,
-                 comment: str) -> CacheOutcome:
+                 comment: str, key_factors: Mapping[str, Any] | None = None,
+                 measurements: Mapping[str, Any] | None = None) -> CacheOutcome:
     directory = root.directory(subject)
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
-    manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment)
+    manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment,
+                                 key_factors, measurements)
     sig = sign_manifest(manifest, signer)
     verified = verify_manifest(subject, sig, signer_keyring(signer), now)
     try:
@@ -217,7 +259,8 @@ def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, e
 
 
 def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, now: datetime,
-                  expires_in: timedelta | None = None) -> CacheOutcome:
+                  expires_in: timedelta | None = None, key_factors: Mapping[str, Any] | None = None,
+                  measurements: Mapping[str, Any] | None = None) -> CacheOutcome:
     """A build node's cache, compiled by vLLM into this boot's private copy ``private``, goes
     into place and is signed: only if the directory holds no cache (vLLM's empty directories
     and debug files aside) when the lock is held, so nothing a local writer planted since the
@@ -227,7 +270,7 @@ def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, 
         if has_files(directory):
             return CacheOutcome(subject, "kept", "", "the cache directory changed since this boot's guard; not signed")
         private_copy.copy_into(private, root.root, directory)
-        return _sign_locked(root, subject, signer, now, expires_in, "")
+        return _sign_locked(root, subject, signer, now, expires_in, "", key_factors, measurements)
 
 
 def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, deadline: float | None = None) -> CacheOutcome:

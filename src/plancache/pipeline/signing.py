@@ -34,6 +34,11 @@ class SigningRequest:
     """Trusted keys an existing statement must verify under before it is co-signed."""
     replace: bool = False
     """Sign anew (this key alone) instead of refusing a sidecar that cannot be adopted."""
+    inputs: Mapping[str, Mapping[str, Any]] | None = None
+    """Fingerprint -> its inputs (``plancache fingerprint --json``'s ``factors``), signed into fresh
+    statements in the clear so that ``plancache explain`` can name the input a node differs in."""
+    config_parts: Mapping[str, Any] | None = None
+    """The configuration's parts, hashed (``plancache fingerprint --json``'s ``config_parts``)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ def sign_one(
     action, new_sig = sign_or_cosign(
         plan_name(fp), plan_bytes, sig_bytes, signer, now, keyring=request.keyring, expires_at=expires_at,
         comment=request.comment, provenance=request.facts, replace=request.replace,
+        inputs=(request.inputs or {}).get(fp), config_parts=request.config_parts,
     )
     if action == "kept":
         return SignOutcome(fp, action, "already signed by this key")

@@ -89,10 +89,13 @@ def temp_name(name: str) -> str:
     return f".{name}.{secrets.token_hex(8)}.tmp"
 
 
-def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync_dir: bool = True) -> None:
+def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync_dir: bool = True,
+              sync_file: bool = True) -> None:
     """Write ``data`` under ``name`` in the directory ``dir_fd``: a fresh unpredictable
     temporary (``O_EXCL | O_NOFOLLOW``), fsynced, renamed over ``name`` (a link planted there is
-    replaced, never written through), the directory fsynced. Nothing half-written remains."""
+    replaced, never written through), the directory fsynced. Nothing half-written remains.
+    ``sync_file=False`` (diagnostics on a boot's path: boot records) skips the fsyncs; the
+    rename is still atomic for every reader while the machine is up."""
     tmp = temp_name(name)
     fd = os.open(tmp, NEW_FILE, mode, dir_fd=dir_fd)
     try:
@@ -101,7 +104,8 @@ def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync_dir: 
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if sync_file:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

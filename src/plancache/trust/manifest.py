@@ -13,6 +13,11 @@ A compile cache is code (pickles that ``pickle.load`` runs, generated ``.py`` th
 - it also binds the sha256 and size of the one archive a store holds for this directory, so
   ``pull`` can check the archive before a byte of it is extracted.
 
+- optionally (issue 20) vLLM's cache-key factors in the clear (``key_factors``: what vLLM writes
+  to ``cache_key_factors.json``) and what the build measured (``measurements.compile_ms``), so a
+  node that misses, or loads and compiles anyway, can be told which factor differs and what a
+  load saved. Manifests without them are written byte-for-byte as before and still verify.
+
 Verification keeps :mod:`plancache.trust.verify`'s order: size cap, canonical DSSE envelope,
 payloadType, signatures by distinct trusted keys, then (signed, so now parsed) the statement,
 subject, key windows, threshold, validity window. Comparing the manifest with a directory is
@@ -32,6 +37,7 @@ from . import envelope as dsse
 from . import strictjson
 from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
+from .inputs import check_inputs
 from .keys import Keyring, Signer
 from .statement import STATEMENT_TYPE, format_time, parse_time
 from .verify import DEFAULT_CLOCK_SKEW, current_signers, trusted_signers
@@ -56,6 +62,9 @@ _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=-]{0,254}")
 never ``.`` or ``..``, no separators, no controls."""
 
 _SEAL = object()
+OPTIONAL_KEYS = frozenset({"key_factors", "measurements"})
+"""Predicate keys a manifest may carry (issue 20). Versions before it reject a manifest with
+them (their predicate had exactly six keys): upgrade the nodes that load before the builders."""
 
 
 def is_subject(name: object) -> bool:
@@ -93,6 +102,10 @@ class Manifest:
     signed_at: datetime
     expires_at: datetime | None = None
     comment: str = ""
+    key_factors: Mapping[str, Any] | None = None
+    """vLLM's cache-key factors (``cache_key_factors.json``), secrets hashed; None: not recorded."""
+    measurements: Mapping[str, Any] | None = None
+    """``compile_ms``: how long the build boot compiled; None: not measured."""
 
     @property
     def total_size(self) -> int:
@@ -107,6 +120,10 @@ class Manifest:
             "files": [[f.path, f.size, f.sha256] for f in self.files],
             "signed_at": format_time(self.signed_at),
         }
+        if self.key_factors is not None:
+            predicate["key_factors"] = dict(self.key_factors)
+        if self.measurements:
+            predicate["measurements"] = dict(self.measurements)
         obj = {
             "_type": STATEMENT_TYPE,
             "subject": [{"name": self.subject, "digest": {"sha256": self.archive_sha256}}],
@@ -160,6 +177,10 @@ def check_manifest(manifest: Manifest) -> Manifest:
     if manifest.total_size > MAX_TOTAL_BYTES:
         raise Rejected(Reason.TOO_LARGE, f"manifest totals {manifest.total_size} bytes, the cap is {MAX_TOTAL_BYTES}")
     _int(manifest.archive_size, "the archive size", MAX_TOTAL_BYTES + 512 * (MAX_FILES + MAX_DIRS) * 4)
+    if manifest.key_factors is not None:
+        check_inputs(dict(manifest.key_factors), "manifest key_factors")
+    if manifest.measurements:
+        check_measurements(dict(manifest.measurements))
     return manifest
 
 
@@ -189,8 +210,9 @@ def parse_manifest(payload: bytes) -> Manifest:
             and set(subjects[0]["digest"]) == {"sha256"}):
         raise Rejected(Reason.MALFORMED, "manifest statement must have exactly one subject with a sha256")
     keys = {"archive", "comment", "dirs", "expires_at", "files", "signed_at"}
-    if not isinstance(pred, dict) or set(pred) != keys:
-        raise Rejected(Reason.MALFORMED, f"manifest predicate must have exactly {', '.join(sorted(keys))}")
+    if not isinstance(pred, dict) or not keys <= set(pred) <= keys | OPTIONAL_KEYS:
+        raise Rejected(Reason.MALFORMED, f"manifest predicate must have exactly {', '.join(sorted(keys))} "
+                       f"(and optionally {', '.join(sorted(OPTIONAL_KEYS))})")
     archive, files, dirs = pred["archive"], pred["files"], pred["dirs"]
     if not isinstance(archive, dict) or set(archive) != {"sha256", "size"} or not isinstance(archive["sha256"], str):
         raise Rejected(Reason.MALFORMED, "manifest archive must have exactly sha256 and size")
@@ -217,7 +239,23 @@ def parse_manifest(payload: bytes) -> Manifest:
         signed_at=parse_time(pred["signed_at"], "signed_at"),
         expires_at=None if expires is None else parse_time(expires, "expires_at"),
         comment=pred["comment"],
+        key_factors=None if "key_factors" not in pred else check_inputs(pred["key_factors"], "manifest key_factors"),
+        measurements=None if "measurements" not in pred else check_measurements(pred["measurements"]),
     ))
+
+
+def check_measurements(measurements: object) -> dict[str, Any]:
+    """``{"compile_ms": <finite, non-negative number>}``; names it does not know are dropped."""
+    if not isinstance(measurements, dict):
+        raise Rejected(Reason.MALFORMED, "manifest measurements is not an object")
+    out = {}
+    for key, value in measurements.items():
+        if key != "compile_ms":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise Rejected(Reason.MALFORMED, f"manifest measurement '{key}' is not a finite, non-negative number")
+        out[key] = value
+    return out
 
 
 def verify_manifest(

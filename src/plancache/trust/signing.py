@@ -20,7 +20,8 @@ from . import envelope as dsse
 from .errors import ConfigError, Reason, Rejected
 from .keys import Keyring, Signer, canonical_keyid, signer_keyring
 from .plan import parse_plan
-from .statement import Statement, check_provenance, format_time, parse_statement
+from .inputs import check_inputs, fingerprint_of_inputs
+from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
 from .verify import VerifiedPlan, verify_plan
 
 REWRITTEN = "the plan changed since it was signed (re-profiled?); --replace signs the new bytes"
@@ -48,11 +49,28 @@ def sign_plan(
     expires_at: datetime | None = None,
     comment: str = "",
     provenance: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    measurements: Mapping[str, Any] | None = None,
+    config_parts: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Return the sidecar bytes: a DSSE envelope over a fresh statement for this exact plan."""
+    """Return the sidecar bytes: a DSSE envelope over a fresh statement for this exact plan.
+
+    ``inputs`` (the fingerprint's inputs, :mod:`.inputs`) are signed only if they reproduce the
+    plan's fingerprint with vLLM's digest: a signed input is a promise of what was hashed;
+    ``config_parts`` (each configuration part's hash) narrow a differing ``vllm_config`` input."""
     plan = parse_plan(plan_bytes, name)
     if expires_at is not None and expires_at <= now:
         raise ConfigError("the expiry must lie in the future")
+    try:
+        checked_inputs = check_inputs(dict(inputs or {}), "fingerprint inputs")
+        checked_measurements = check_measurements(measurements or {})
+        # configuration parts only beside the inputs they narrow down
+        checked_parts = check_inputs(dict(config_parts or {}), "config parts") if inputs else {}
+    except Rejected as exc:  # the caller's values, not a file's bytes
+        raise ConfigError(exc.detail) from None
+    if checked_inputs and fingerprint_of_inputs(checked_inputs) != plan.fingerprint:
+        raise ConfigError(f"the fingerprint inputs hash to {fingerprint_of_inputs(checked_inputs)}, not to the "
+                          f"plan's {plan.fingerprint}: not signed as its inputs")
     statement = Statement(
         subject_name=name,
         subject_sha256=hashlib.sha256(plan_bytes).hexdigest(),
@@ -61,6 +79,9 @@ def sign_plan(
         expires_at=expires_at,
         comment=comment,
         provenance=check_provenance(provenance or {}),
+        inputs=checked_inputs,
+        config_parts=checked_parts,
+        measurements=checked_measurements,
     )
     payload = statement.to_json_bytes()
     data = _signable(dsse.PAYLOAD_TYPE, payload)
@@ -131,6 +152,8 @@ def sign_or_cosign(
     comment: str | None = None,
     provenance: Mapping[str, Any] | None = None,
     replace: bool = False,
+    inputs: Mapping[str, Any] | None = None,
+    config_parts: Mapping[str, Any] | None = None,
 ) -> tuple[Action, bytes]:
     """What ``plancache sign`` does to one plan: returns (action, the sidecar bytes to write).
 
@@ -145,7 +168,8 @@ def sign_or_cosign(
     "What this command would sign": expiry no later than ``expires_at`` (when given), and
     the same ``comment`` and ``provenance`` (each when given; None means this command names
     none, so the trusted statement's are kept, as a key rotation needs). A fresh statement
-    uses "" and no facts for None. The result is verified with the signer's public key
+    uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) go into a fresh
+    statement only (an adopted one keeps its own, signed by others). The result is verified with the signer's public key
     before it is returned. A past ``expires_at``, unknown or mistyped ``provenance`` facts or
     a revoked signing key are ``ConfigError``; a plan the strict parser refuses is ``Rejected``.
     """
@@ -160,7 +184,8 @@ def sign_or_cosign(
         raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
 
     def fresh() -> bytes:
-        return sign_plan(name, plan_bytes, signer, now, expires_at, comment or "", provenance)
+        return sign_plan(name, plan_bytes, signer, now, expires_at, comment or "", provenance, inputs,
+                         config_parts=config_parts)
 
     action: Action
     if sig_bytes is None:

@@ -5,6 +5,18 @@ bytes. The predicate says which fingerprint it is for, when it was signed and un
 holds, plus provenance: facts about the profiling boot. Some of those facts are *conditions*
 (see :data:`CONDITION_KEYS`): vLLM's fingerprint does not cover them, yet the plan's numbers
 depend on them, so the gate compares them with the booting worker.
+
+Two optional predicate fields (issue 20), written only when known, so a statement made
+without them is byte-for-byte what older versions wrote and older versions, which ignore
+predicate keys they do not know, still read new ones:
+
+- ``inputs``: the fingerprint's inputs in the clear (what vLLM's ``compute_plan_fingerprint``
+  hashed, :mod:`.inputs`), so a node that misses can be told which input differs;
+- ``config_parts``: the hash of each part of vLLM's configuration (``model_config``,
+  ``cache_config``, ...: what ``VllmConfig.compute_hash`` combines into the ``vllm_config``
+  input), so a differing ``vllm_config`` can be narrowed to the part that differs;
+- ``measurements``: what the profiling boot measured (``profile_ms``: vLLM's memory profiling),
+  so a boot that applies the plan can say how much time it saved.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from typing import Any, Mapping
 from . import strictjson
 from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
+from .inputs import check_inputs
 from .plan import is_fingerprint
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -78,6 +91,12 @@ class Statement:
     expires_at: datetime | None = None
     comment: str = ""
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    """The fingerprint's inputs, in the clear (empty: not recorded, as before issue 20)."""
+    config_parts: Mapping[str, Any] = field(default_factory=dict)
+    """Part of vLLM's configuration -> its ``compute_hash()`` (empty: not recorded)."""
+    measurements: Mapping[str, Any] = field(default_factory=dict)
+    """``profile_ms``: how long the profiling boot's memory profiling took (empty: not measured)."""
 
     def to_json_bytes(self) -> bytes:
         predicate: dict[str, Any] = {
@@ -87,6 +106,12 @@ class Statement:
             "comment": self.comment,
             "provenance": dict(self.provenance),
         }
+        if self.inputs:
+            predicate["inputs"] = dict(self.inputs)
+        if self.config_parts:
+            predicate["config_parts"] = dict(self.config_parts)
+        if self.measurements:
+            predicate["measurements"] = dict(self.measurements)
         obj = {
             "_type": STATEMENT_TYPE,
             "subject": [{"name": self.subject_name, "digest": {"sha256": self.subject_sha256}}],
@@ -111,6 +136,25 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
             raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' is not a finite, non-negative number")
         if key == "gpu_memory_utilization" and not 0 < value <= 1:
             raise Rejected(Reason.MALFORMED, "statement: provenance 'gpu_memory_utilization' is not in (0, 1]")
+        out[key] = value
+    return out
+
+
+MEASUREMENT_KEYS = ("profile_ms",)
+"""Known measurements (milliseconds, finite, non-negative); others are rejected at signing time
+and ignored when read (a newer version may measure more)."""
+
+
+def check_measurements(measurements: Mapping[str, Any], strict: bool = True) -> dict[str, Any]:
+    """Finite, non-negative numbers under known names (``strict``: an unknown name is rejected)."""
+    out: dict[str, Any] = {}
+    for key, value in measurements.items():
+        if key not in MEASUREMENT_KEYS:
+            if strict:
+                raise Rejected(Reason.MALFORMED, f"statement: unknown measurement '{safe_text(key, 40)}'")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise Rejected(Reason.MALFORMED, f"statement: measurement '{key}' is not a finite, non-negative number")
         out[key] = value
     return out
 
@@ -142,6 +186,9 @@ def parse_statement(payload: bytes) -> Statement:
     provenance = predicate.get("provenance", {})
     if not isinstance(comment, str) or not isinstance(provenance, dict):
         raise Rejected(Reason.MALFORMED, "statement comment or provenance has the wrong type")
+    measurements = predicate.get("measurements", {})
+    if not isinstance(measurements, dict):
+        raise Rejected(Reason.MALFORMED, "statement measurements is not an object")
     return Statement(
         subject_name=name,
         subject_sha256=sha256,
@@ -150,4 +197,7 @@ def parse_statement(payload: bytes) -> Statement:
         expires_at=None if expires is None else parse_time(expires, "expires_at"),
         comment=comment,
         provenance=check_provenance(provenance),
+        inputs=check_inputs(predicate.get("inputs", {}), "statement inputs"),
+        config_parts=check_inputs(predicate.get("config_parts", {}), "statement config_parts"),
+        measurements=check_measurements(measurements, strict=False),
     )

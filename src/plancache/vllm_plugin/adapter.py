@@ -89,6 +89,65 @@ def world_of(worker: Any, fingerprint: Fingerprint, fp: str) -> list[str]:
     return world if fp in world else [fp]
 
 
+def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """The inputs of vLLM 0.33's ``compute_plan_fingerprint``, read the way it reads them (its
+    module's ``current_platform``, ``torch``, ``vllm.__version__``): what ``plancache fingerprint
+    --explain`` prints, what a profiled plan's statement signs in the clear, and what ``plancache
+    explain`` compares. :func:`plancache.trust.inputs.fingerprint_of_inputs` recomputes the key."""
+    import torch
+    from vllm import __version__
+
+    module = vllm_modules.startup_plan_module()
+    current_platform = vllm_modules.platform()
+    capability = current_platform.get_device_capability()
+    return {
+        "schema": module.PLAN_SCHEMA_VERSION,
+        "vllm": __version__,
+        "vllm_config": vllm_config.compute_hash(),
+        "device_name": current_platform.get_device_name(),
+        "device_total_memory": current_platform.get_device_total_memory(),
+        "device_capability": str(capability) if capability else "",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
+        "rank": rank,
+        "world_size": world_size,
+    }
+
+
+def config_parts(vllm_config: Any) -> dict[str, Any]:
+    """Each part of the configuration that ``VllmConfig.compute_hash`` combines (its dataclass
+    fields that have a ``compute_hash``), hashed by that part's own ``compute_hash()``: which part
+    a differing ``vllm_config`` input differs in. A part that cannot hash is left out."""
+    import dataclasses
+
+    parts: dict[str, Any] = {}
+    names = [f.name for f in dataclasses.fields(vllm_config)] if dataclasses.is_dataclass(vllm_config) else []
+    for name in names:
+        part = getattr(vllm_config, name, None)
+        if callable(getattr(part, "compute_hash", None)):
+            try:
+                value = part.compute_hash()
+            except Exception:  # noqa: BLE001
+                continue
+            if isinstance(value, str):
+                parts[name] = value[:16]  # enough to tell two apart; statements are capped
+    return parts
+
+
+def compile_factors(vllm_config: Any) -> dict[str, Any]:
+    """The compile-cache key factors this node knows before compiling, as vLLM writes them to
+    ``cache_key_factors.json`` (``env``: ``envs.compile_factors()``, ``config_hash``), through the
+    same JSON round trip and secret hashing as a signed manifest's, so that both compare."""
+    import json
+
+    from vllm import envs
+
+    from ..trust.inputs import without_secrets
+
+    env = json.loads(json.dumps(envs.compile_factors(), sort_keys=True, default=str))
+    return without_secrets({"env": env, "config_hash": vllm_config.compute_hash()})
+
+
 def byte_count(value: Any) -> int | None:
     """An integral byte count (int, numpy or torch integer), never a bool."""
     return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None

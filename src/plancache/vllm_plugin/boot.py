@@ -46,9 +46,10 @@ from ..trust.keys import Signer
 from ..trust.plan import plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
-from . import vote
-from .adapter import (Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, uses_startup_plans, vllm_release,
-                      worker_conditions, world_of)
+from ..trust.inputs import fingerprint_of_inputs
+from . import record, vote
+from .adapter import (Fingerprint, config_parts, enabled, fingerprint_inputs, fingerprint_of, free_memory, plan_dir,
+                      uses_startup_plans, vllm_release, worker_conditions, world_of)
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
 
@@ -63,6 +64,14 @@ class Boot:
     policy: TrustPolicy
     env: Mapping[str, str] = field(default_factory=dict)
     apply_fingerprint: str | None = None
+    apply_inputs: dict[str, Any] | None = None
+    """The apply-time fingerprint's inputs (only if they reproduce it): signed with a saved plan."""
+    apply_parts: dict[str, Any] | None = None
+    """The apply-time configuration's parts, hashed (:func:`.adapter.config_parts`), signed beside the inputs."""
+    signed_profile_ms: float | None = None
+    """The applied plan's signed profiling time (what skipping it saves), when it carries one."""
+    profile_ms: float | None = None
+    """This boot's profiling time, when it profiled: signed with the plan it saves."""
     prefetch: Prefetch[PlanResult] | None = None
     push_thread: threading.Thread | None = None
     push_result: str | None = None
@@ -177,7 +186,7 @@ def _without_plans(worker: Any) -> None:
     owner = next((k for k in cls.__mro__ if "determine_available_memory" in vars(k)), cls)
     detail = (f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} ({owner.__module__}.{owner.__name__}."
               "determine_available_memory) never applies or saves a startup plan; plancache does nothing for this worker")
-    log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic())
+    log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic(), worker)
 
 
 def _lookup(boot: Boot, fp: str, world: list[str] | None = None) -> PlanResult:
@@ -202,6 +211,8 @@ def decide_plan(worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | Non
     world = world_of(worker, fingerprint, fp) if fingerprint is not None and boot.store_reads else None
     result = _lookup(boot, fp, world)
     if result.verified is not None:
+        statement = result.verified.statement
+        boot.signed_profile_ms = statement.measurements.get("profile_ms") if statement is not None else None
         free = free_memory(worker)
         if free is None:
             decision = Decision(False, Reason.INTERNAL, "free memory is unknown", None, fp)
@@ -223,7 +234,9 @@ def _quoted(text: str) -> str:
     return safe_text(text, 500).replace('"', "\\x22").replace("=", "\\x3d")
 
 
-def log_decision(decision: Decision, source: str, fp: str | None, started: float) -> None:
+def log_decision(decision: Decision, source: str, fp: str | None, started: float, worker: Any = None,
+                 boot: "Boot | None" = None) -> None:
+    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`)."""
     elapsed = (time.monotonic() - started) * 1000
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
@@ -237,6 +250,42 @@ def log_decision(decision: Decision, source: str, fp: str | None, started: float
         f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
         f' detail="{_quoted(decision.detail)}"' if decision.detail else "",
     )
+    if worker is not None:
+        try:
+            record.note_plan(worker, verdict, decision.reason.value, source, fp, decision.detail, elapsed,
+                             boot.signed_profile_ms if boot is not None and decision.applied else None)
+        except Exception:  # noqa: BLE001 - the record is diagnostics; the boot goes on
+            LOG.debug("plancache: boot record not updated", exc_info=True)
+
+
+def _inputs(worker: Any, fp: str) -> dict[str, Any] | None:
+    """The fingerprint's inputs as vLLM hashed them, or None when they do not reproduce ``fp``
+    (a vLLM that hashes otherwise: nothing is signed that is not what was hashed)."""
+    try:
+        inputs = fingerprint_inputs(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
+    except Exception:  # noqa: BLE001 - not readable: not recorded
+        return None
+    return inputs if fingerprint_of_inputs(inputs) == fp else None
+
+
+def after_profiling(worker: Any, elapsed_ms: float) -> None:
+    """``determine_available_memory`` returned after ``elapsed_ms``: the time saved (applied) or
+    the profiling time a saved plan signs (profiled). Never raises."""
+    try:
+        boot = getattr(worker, STATE_ATTR, None)
+        if isinstance(boot, Boot) and enabled():
+            profiled = record.note_profiling(worker, elapsed_ms)
+            boot.profile_ms = round(profiled, 1) if profiled is not None else None
+    except Exception:  # noqa: BLE001
+        LOG.debug("plancache: boot record not updated", exc_info=True)
+
+
+def after_warm_up(worker: Any) -> None:
+    """``compile_or_warm_up_model`` returned: the boot is over, its record final. Never raises."""
+    try:
+        record.finish(worker)  # its own record, or the compile guard's of this process; else nothing
+    except Exception:  # noqa: BLE001
+        LOG.debug("plancache: boot record not finished", exc_info=True)
 
 
 def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
@@ -246,11 +295,12 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
         decision = Decision(False, Verdict.ALREADY_SET, "kv_cache_memory_bytes was set explicitly; plan not consulted")
-        log_decision(decision, "none", None, started)
+        log_decision(decision, "none", None, started, worker)
         return decision
     fp: str | None = None
     source = "none"
     budget = DEFAULT_TIMEOUT
+    boot: Boot | None = None
     try:
         boot = boot_for(worker)
         budget = boot.config.timeout
@@ -265,5 +315,13 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
     decision = vote.settle(decision, budget + vote.MARGIN_S - (time.monotonic() - started))
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
-    log_decision(decision, source, fp, started)
+    log_decision(decision, source, fp, started, worker, boot)
+    if boot is not None and fp is not None and not decision.applied:
+        # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
+        # a boot that applies never pays for them. Read now, while the config is apply-time's.
+        boot.apply_inputs = _inputs(worker, fp)
+        try:
+            boot.apply_parts = config_parts(worker.vllm_config) if boot.apply_inputs else None
+        except Exception:  # noqa: BLE001 - not readable: not signed
+            boot.apply_parts = None
     return decision

@@ -66,6 +66,7 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
     key = os.path.abspath(directory)
     with _lock:
         if key not in _guarded:
+            _decided_at[key] = time.monotonic()
             try:
                 _guarded[key] = _check(directory, disabled)
             except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
@@ -91,6 +92,7 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
     if why:
         into.mkdir(mode=0o700)
         _log("compile", why, subject or str(directory), started, "vLLM gets an empty private directory")
+        _record(directory, "compile", why, subject or str(directory), started, "vLLM gets an empty private directory", None)
         return into, None
     pulled: list[bool] = []
     fetch = _fetcher(config, pulled) if config.url and config.keyring is not None else None
@@ -99,7 +101,53 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
         headers.start_fetch(config, subject)
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
     _log(outcome.action, outcome.reason or "verified", subject, started, outcome.detail, extra)
+    _record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
     return into, outcome
+
+
+def _rank_of(directory: Path) -> int:
+    """The rank this process serves (``RANK``/``LOCAL_RANK`` as launchers set them), else 0: the
+    record's name only; a worker's plan side names the record by its own rank first."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _record(directory: Path, action: str, reason: str, cache: str, started: float, detail: str, outcome: Any) -> None:
+    """The decision into this boot's record (with the verified manifest's factors and build time)."""
+    try:
+        from . import record
+
+        measured = getattr(outcome, "measurements", None) or {}
+        record.note_compile(_rank_of(directory), {"cache": cache, "decision": action, "reason": reason,
+                                                  "detail": safe_text(detail, 300)},
+                            (time.monotonic() - started) * 1000, getattr(outcome, "key_factors", None),
+                            measured.get("compile_ms"))
+        _finish_with_warm_up()
+    except Exception:  # noqa: BLE001 - diagnostics only: never the guard's decision
+        LOG.debug("plancache: boot record not updated", exc_info=True)
+
+
+def _finish_with_warm_up() -> None:
+    """Without the plan side (no ``VLLM_ENABLE_STARTUP_PLAN``) nothing hooks the worker class:
+    wrap its ``compile_or_warm_up_model`` now (the worker module is imported by the time vLLM
+    reads a compile cache), so the boot record is made final and logged when the boot is over."""
+    import sys
+
+    from . import hooks
+    from .vllm_modules import WORKER_MODULES
+
+    with _lock:
+        for module_name, class_name in WORKER_MODULES.items():
+            cls = getattr(sys.modules.get(module_name), class_name, None)
+            stack = [cls] if isinstance(cls, type) else []
+            while stack:  # the worker class and the subclasses imported by now (vLLM's CPUWorker)
+                current = stack.pop()
+                stack.extend(current.__subclasses__())
+                if "compile_or_warm_up_model" in vars(current):
+                    hooks.hook_warm_up(current, _patched)
 
 
 def _fetcher(config: Any, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
@@ -144,7 +192,15 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
         private, outcome = private_for(directory)
         torch_caches.redirect(directory / "inductor_cache", private / "inductor_cache")
         private_path = private / signed_rank.name / Path(aot_compilation_path).name
+        began = time.monotonic()
         loaded = original(model, str(private_path), *args, **kwargs)
+        if outcome is not None and outcome.action == "load":
+            try:
+                from . import record
+
+                record.note_used(outcome.subject, loaded is not None, (time.monotonic() - began) * 1000)
+            except Exception:  # noqa: BLE001 - diagnostics only, never into vLLM's load
+                LOG.debug("plancache: boot record not updated", exc_info=True)
         if loaded is None:  # vLLM compiles next, then saves: into the private copy, then published
             save = model.save_aot_compiled_function
 
@@ -152,7 +208,7 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
                 model._aot_compilation_path, model._aot_cache_dir = str(private_path), str(private_path.parent)
                 save()
                 if outcome is None or outcome.action != "load":
-                    publish(directory, private)
+                    publish(directory, private, _since(directory))
 
             model.__dict__["save_aot_compiled_function"] = save_privately
         return loaded
@@ -202,6 +258,7 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(original)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
+        _note_factors(getattr(self.compilation_config, "local_cache_dir", None))
         manager = getattr(self, "compiler_manager", None)
         path = getattr(manager, "cache_file_path", None)
         directory = self.compilation_config.cache_dir
@@ -209,11 +266,34 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
                 and path and os.path.exists(path) and directory):
             private, outcome = private_for(Path(directory))
             if outcome is not None and outcome.action != "load":
-                publish(Path(directory), private)
+                publish(Path(directory), private, _since(Path(directory)))
         return result
 
     call.__plancache__ = True  # type: ignore[attr-defined]
     return call
+
+
+def _note_factors(local_cache_dir: Any) -> None:
+    """What vLLM wrote to ``cache_key_factors.json`` for the graph it just compiled: signed with
+    an AOT cache (which holds none itself), compared with a verified cache that went unused."""
+    try:
+        from ..pipeline.compile_cache import FACTORS_FILE, MAX_FACTORS_BYTES, factors_of
+        from ..storage.files import read_capped
+        from . import record
+
+        if local_cache_dir:
+            record.note_factors(factors_of(read_capped(Path(local_cache_dir) / FACTORS_FILE, MAX_FACTORS_BYTES)))
+    except Exception:  # noqa: BLE001 - diagnostics only
+        LOG.debug("plancache: cache-key factors not read", exc_info=True)
+
+
+_decided_at: dict[str, float] = {}
+"""Signed directory -> when the guard decided (a compile's time runs from there to its publish)."""
+
+
+def _since(directory: Path) -> float | None:
+    started = _decided_at.get(os.path.abspath(directory))
+    return None if started is None else (time.monotonic() - started) * 1000
 
 
 def _private_entry(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -110,9 +110,10 @@ def root_and_subject(directory: Path) -> tuple[Any, str | None]:
     return root, root.subject_of(directory)
 
 
-def publish(directory: Path, private: Path) -> None:
+def publish(directory: Path, private: Path, compile_ms: float | None = None) -> None:
     """After vLLM saved a new cache into ``private`` (standing for ``directory``): put it in
-    place and sign it, then push it in the background. Never raises."""
+    place and sign it (with vLLM's cache-key factors and the compile's time, when known), then
+    push it in the background. Never raises."""
     config, key = settings(), signer()
     if config is None or key is None:
         return
@@ -122,7 +123,11 @@ def publish(directory: Path, private: Path) -> None:
     if subject is None:
         return
     try:
-        outcome = publish_cache(root, subject, private, key, utcnow(), config.expires_in)
+        from . import record
+
+        factors = record.last_factors() if subject.startswith("torch_aot_compile/") else None  # <10 hex>: inside
+        measured = {"compile_ms": round(compile_ms, 1)} if compile_ms is not None else None
+        outcome = publish_cache(root, subject, private, key, utcnow(), config.expires_in, factors, measured)
     except Exception as exc:  # noqa: BLE001
         LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
         return

@@ -119,6 +119,21 @@ def _prefetch(worker: Any) -> None:
         boot.prefetch(worker, _originals["fingerprint"])
     except Exception:  # noqa: BLE001
         LOG.debug("plancache: prefetch not started", exc_info=True)
+    try:
+        with _lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
+            hook_warm_up(type(worker), _patched)
+    except Exception:  # noqa: BLE001 - diagnostics only
+        LOG.debug("plancache: compile_or_warm_up_model not hooked", exc_info=True)
+
+
+def hook_warm_up(cls: type, patched: list[tuple[Any, str, Any]]) -> None:
+    """Wrap the ``compile_or_warm_up_model`` that ``cls`` runs (its own, or the nearest base's),
+    recording the original in ``patched`` for uninstall; one already wrapped is left alone."""
+    owner = next((k for k in cls.__mro__ if "compile_or_warm_up_model" in vars(k)), None)
+    method = vars(owner)["compile_or_warm_up_model"] if owner is not None else None
+    if callable(method) and not getattr(method, "__plancache__", False):
+        patched.append((owner, "compile_or_warm_up_model", method))
+        setattr(owner, "compile_or_warm_up_model", wrap_warm_up(method))
 
 
 def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,6 +144,43 @@ def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
 
     load_model.__plancache__ = True  # type: ignore[attr-defined]
     return load_model
+
+
+def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``determine_available_memory`` timed: the profiling a plan skips, or what it costs (the boot record)."""
+    @functools.wraps(original)
+    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        import time
+
+        started = time.monotonic()
+        result = original(self, *args, **kwargs)
+        try:
+            from . import boot
+
+            boot.after_profiling(self, (time.monotonic() - started) * 1000)
+        except Exception:  # noqa: BLE001
+            LOG.debug("plancache: profiling time not recorded", exc_info=True)
+        return result
+
+    determine_available_memory.__plancache__ = True  # type: ignore[attr-defined]
+    return determine_available_memory
+
+
+def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``compile_or_warm_up_model`` returning ends the worker's boot: its record is made final."""
+    @functools.wraps(original)
+    def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            from . import boot
+
+            boot.after_warm_up(self)
+        except Exception:  # noqa: BLE001
+            LOG.debug("plancache: boot record not finished", exc_info=True)
+        return result
+
+    compile_or_warm_up_model.__plancache__ = True  # type: ignore[attr-defined]
+    return compile_or_warm_up_model
 
 
 def _replace(target: Any, name: str, new: Any) -> None:
@@ -157,6 +209,10 @@ def _patch_worker_module(module: ModuleType) -> None:
         load_model = getattr(worker_cls, "load_model", None) if worker_cls is not None else None
         if callable(load_model) and not getattr(load_model, "__plancache__", False):
             _replace(worker_cls, "load_model", _wrap_load_model(load_model))
+        for name, wrap in (("determine_available_memory", _wrap_timed), ("compile_or_warm_up_model", wrap_warm_up)):
+            method = worker_cls.__dict__.get(name) if worker_cls is not None else None
+            if callable(method) and not getattr(method, "__plancache__", False):
+                _replace(worker_cls, name, wrap(method))
 
 
 class _PatchingLoader(importlib.abc.Loader):

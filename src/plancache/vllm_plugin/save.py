@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..pipeline.resolver import utcnow
 from ..storage.files import read_capped, write_atomic
-from ..trust.errors import PlanCacheError, Reason, Rejected
+from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
 from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, provenance
@@ -47,7 +47,15 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
             write_atomic(directory.path / plan_name(fp), plan_bytes)
         sig_bytes = None
         if boot.signer is not None:
-            sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, utcnow(), provenance=provenance(worker))
+            inputs = boot.apply_inputs if fp == boot.apply_fingerprint else None
+            measured = {"profile_ms": boot.profile_ms} if boot.profile_ms is not None else None
+            facts, now = provenance(worker), utcnow()
+            try:
+                sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, now, provenance=facts, inputs=inputs,
+                                      measurements=measured, config_parts=boot.apply_parts if inputs else None)
+            except ConfigError as exc:  # the explanation's extras must never cost the plan its signature
+                LOG.debug("plancache: plan %s signed without inputs: %s", fp, exc.detail)
+                sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, now, provenance=facts)
             directory.write_sig(fp, sig_bytes)
     except PlanCacheError as exc:
         LOG.warning("plancache: plan for %s not signed or shared: %s: %s", fp, exc.reason.value, exc.detail)

@@ -32,6 +32,11 @@ def remember(module: ModuleType | None) -> None:
     _found = module
 
 
+def found() -> ModuleType | None:
+    """The startup_plan module the hooks were installed on, or None (not installed)."""
+    return _found
+
+
 def startup_plan_module() -> ModuleType:
     """vLLM's startup_plan module, as found at install (imported now if the plugin is not installed)."""
     return _found if _found is not None else importlib.import_module(STARTUP_PLAN)

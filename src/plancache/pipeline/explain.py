@@ -1,0 +1,167 @@
+"""Why a node would miss: this node's keys and inputs against what a store or directory holds, verified.
+
+``plancache explain`` asks, for every rank of a configuration, whether a worker would use a plan
+and a compile cache, and if not which stored candidates come nearest and exactly which inputs
+differ. The comparison is only as good as its evidence, so only *verified* statements and
+manifests are compared (a plan's signed fingerprint inputs, a cache's signed key factors); an
+unsigned or invalid candidate is counted and named as not compared, never read as a claim.
+
+The node's side (its fingerprints, their inputs, vLLM's compile factors here) comes from the
+caller (the CLI builds it with vLLM, as ``plancache fingerprint`` does); this module moves the
+store's bytes through the shared audit and the compile-cache signature reads, then compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from ..storage.compile_cache import archives
+from ..storage.store import Store
+from ..trust.errors import PlanCacheError
+from ..trust.inputs import differences
+from ..trust.keys import Keyring
+from ..trust.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
+from ..trust.statement import CONDITION_KEYS
+from .audit import VALID, PlanReport
+from .compile_cache import CacheRoot, read_sidecar
+
+NEAREST = 3
+MAX_CACHES = 500
+"""Compile-cache signatures read at most from one location (each is one capped GET)."""
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """This node's side for one rank: vLLM's fingerprint, its inputs, the gate's conditions."""
+
+    rank: int
+    fingerprint: str
+    inputs: Mapping[str, Any]
+    conditions: Mapping[str, Any] = field(default_factory=dict)
+    config_parts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CacheCandidate:
+    """One stored compile cache: its verified manifest, or why it did not verify."""
+
+    subject: str
+    manifest: Manifest | None
+    signers: tuple[str, ...] = ()
+    reason: str = ""
+    detail: str = ""
+
+
+def _condition_differences(provenance: Mapping[str, Any] | None, here: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The gate's conditions the signed plan records and this node differs in (both known)."""
+    signed = {k: v for k, v in (provenance or {}).items() if k in CONDITION_KEYS}
+    return [{"input": k, "signed": signed[k], "here": here[k]} for k in sorted(signed)
+            if k in here and here[k] is not None and signed[k] != here[k]]
+
+
+def _input_differences(report: PlanReport, rank: NodeRank) -> list[dict[str, Any]]:
+    """The inputs that differ; a differing ``vllm_config`` is followed by the configuration parts
+    that differ (``vllm_config.cache_config``), when both sides recorded them."""
+    found = differences(report.inputs or {}, rank.inputs)
+    if report.config_parts and rank.config_parts and any(d["input"] == "vllm_config" for d in found):
+        found += differences({"vllm_config": report.config_parts}, {"vllm_config": rank.config_parts})
+    return found
+
+
+def _plan_candidates(rank: NodeRank, reports: Sequence[PlanReport], nearest: int) -> list[dict[str, Any]]:
+    rows = []
+    for report in reports:
+        if report.status != VALID or not report.inputs or report.fingerprint == rank.fingerprint:
+            continue
+        rows.append({"fingerprint": report.fingerprint, "differs": _input_differences(report, rank),
+                     "signers": list(report.signers), "signed_at": report.signed_at})
+    rows.sort(key=lambda r: (sum("." not in d["input"] for d in r["differs"]), len(r["differs"]), r["fingerprint"]))
+    return rows[:nearest]
+
+
+def explain_plan(rank: NodeRank, reports: Sequence[PlanReport], nearest: int = NEAREST) -> dict[str, Any]:
+    """Would this rank's worker apply a plan from ``reports``; if not, the nearest verified ones."""
+    hit = next((r for r in reports if r.fingerprint == rank.fingerprint), None)
+    not_compared = {"unverified": sum(r.status != VALID for r in reports if r.fingerprint != rank.fingerprint),
+                    "without_inputs": sum(r.status == VALID and not r.inputs for r in reports)}
+    out: dict[str, Any] = {"fingerprint": rank.fingerprint, "candidates": [], "not_compared": not_compared}
+    if hit is not None and hit.status == VALID:
+        conditions = _condition_differences(hit.provenance, rank.conditions)
+        if conditions:
+            out.update(decision="profile", reason="condition-mismatch", differs=conditions,
+                       detail="the plan verifies, but the gate's signed conditions differ from this node's")
+        else:
+            out.update(decision="apply", reason="applied", differs=[],
+                       detail=f"verified; applies with at least {hit.free_memory_baseline} B free")
+        return out
+    if hit is not None:
+        out.update(decision="profile", reason=hit.reason, differs=[], detail=f"the plan does not verify: {hit.detail}")
+    else:
+        out.update(decision="profile", reason="no-plan", differs=[], detail="no plan under this fingerprint")
+    out["candidates"] = _plan_candidates(rank, reports, nearest)
+    return out
+
+
+def caches_in_store(store: Store, keyring: Keyring, now: datetime, deadline: float) -> list[CacheCandidate]:
+    """Every compile cache the store lists (at most :data:`MAX_CACHES`), its signature verified."""
+    found = []
+    for subject in archives.list_subjects(store, deadline)[:MAX_CACHES]:
+        try:
+            sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline)
+            found.append(_verified(subject, sig, keyring, now))
+        except PlanCacheError as exc:
+            found.append(CacheCandidate(subject, None, (), exc.reason.value, exc.detail))
+    return found
+
+
+def caches_in_root(root: CacheRoot, keyring: Keyring, now: datetime) -> list[CacheCandidate]:
+    """Every compile cache under a local cache root, its signature verified (files are the guard's)."""
+    found = []
+    for subject in root.subjects()[:MAX_CACHES]:
+        try:
+            found.append(_verified(subject, read_sidecar(root.directory(subject)), keyring, now))
+        except PlanCacheError as exc:
+            found.append(CacheCandidate(subject, None, (), exc.reason.value, exc.detail))
+    return found
+
+
+def _verified(subject: str, sig: bytes | None, keyring: Keyring, now: datetime) -> CacheCandidate:
+    verified = verify_manifest(subject, sig, keyring, now)
+    return CacheCandidate(subject, verified.manifest, verified.signers)
+
+
+def _has_rank(manifest: Manifest, rank: int) -> bool:
+    return any(d.split("/")[0].startswith(f"rank_{rank}_") for d in manifest.dirs)
+
+
+def explain_compile(rank: int, here: Mapping[str, Any], caches: Sequence[CacheCandidate],
+                    nearest: int = NEAREST) -> dict[str, Any]:
+    """Would this rank load a stored compile cache: one whose signed key factors equal this
+    node's in every factor known here before a compile (``here``: ``env``, ``config_hash``;
+    vLLM compares the traced code's hash itself at load) and that holds this rank's artifacts."""
+    compared = [c for c in caches if c.manifest is not None and c.manifest.key_factors is not None]
+    not_compared = {"unverified": sum(c.manifest is None for c in caches),
+                    "without_factors": sum(c.manifest is not None and c.manifest.key_factors is None for c in caches)}
+    rows = []
+    for cache in compared:
+        signed = {k: v for k, v in (cache.manifest.key_factors or {}).items() if k in here}  # type: ignore[union-attr]
+        rows.append({"cache": cache.subject, "differs": differences(signed, here), "signers": list(cache.signers),
+                     "has_rank": _has_rank(cache.manifest, rank)})  # type: ignore[arg-type]
+    rows.sort(key=lambda r: (len(r["differs"]), not r["has_rank"], r["cache"]))
+    match = next((r for r in rows if not r["differs"] and r["has_rank"]), None)
+    out: dict[str, Any] = {"not_compared": not_compared}
+    if match is not None:
+        out.update(decision="load", reason="verified", cache=match["cache"], differs=[], candidates=[],
+                   detail="signed factors equal this node's (vLLM compares the traced code's hash at load)")
+        return out
+    same = next((r for r in rows if not r["differs"]), None)
+    if same is not None:
+        out.update(decision="compile", reason="no-rank-artifacts", cache=same["cache"], differs=[],
+                   detail=f"the matching cache holds no artifacts for rank {rank}")
+    else:
+        out.update(decision="compile", reason="no-cache", cache=None, differs=[],
+                   detail="no verified compile cache with this node's factors")
+    out["candidates"] = rows[:nearest]
+    return out

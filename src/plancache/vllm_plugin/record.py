@@ -1,0 +1,254 @@
+"""One structured record per worker boot: what plancache decided, what vLLM then did, what it saved.
+
+Why: the decision lines say a plan was applied or a compile cache verified, not whether vLLM then
+used the cache or compiled anyway, nor what the boot saved; a fleet that never hits its shared
+cache pays for it and does not notice. So every worker boot leaves one record (schema
+:data:`SCHEMA`):
+
+- a JSON file ``$VLLM_CACHE_ROOT/plancache/boot/<time>-<pid>-r<rank>-<id>.json``
+  (:mod:`plancache.storage.records`: atomic, no link followed, the last 64 kept), rewritten at
+  each event of the boot (so a boot that dies half-way still leaves what it knew, ``final``
+  false), and
+- one log line ``plancache: boot-record {json}`` (INFO; WARNING when a verified compile cache
+  went unused) when the boot is over: when ``Worker.compile_or_warm_up_model`` returns.
+
+The record holds the plan's decision and reason (the same strings as the decision line), each
+compile-cache decision and whether vLLM then loaded the verified artifacts (``used``: true,
+false = "verified but unused", null = not known), the milliseconds the plugin spent, and the
+time saved where it can be measured: profiling skipped (the signed plan's ``profile_ms`` minus
+this boot's ``determine_available_memory``) and compile skipped (the signed manifest's
+``compile_ms`` minus this boot's load). Decides nothing; never raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..storage import records
+from ..trust.display import safe_text
+from ..trust.inputs import differences
+
+LOG = logging.getLogger("vllm.plancache")
+SCHEMA = "plancache.boot/v1"
+
+
+@dataclass
+class BootRecord:
+    """The record of one worker boot, filled in as the boot goes."""
+
+    root: Path
+    rank: int
+    worker_id: int | None
+    name: str = ""
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    world_size: int | None = None
+    plan: dict[str, Any] | None = None
+    compile_cache: list[dict[str, Any]] = field(default_factory=list)
+    plugin_ms: float = 0.0
+    saved_ms: dict[str, float | None] = field(default_factory=lambda: {"profiling": None, "compile": None})
+    final: bool = False
+    signed_factors: dict[str, Any] = field(default_factory=dict)
+    """Cache -> the verified manifest's key factors (compared at the end, never written whole)."""
+
+    def __post_init__(self) -> None:
+        stamp = self.started.replace("-", "").replace(":", "")
+        self.name = f"{stamp}-{os.getpid()}-r{max(self.rank, 0)}-{secrets.token_hex(4)}.json"
+
+    def document(self) -> dict[str, Any]:
+        warnings = [f"compile cache {c['cache']} was verified but vLLM did not use it"
+                    + (f" (differs in {', '.join(d['input'] for d in c['differing_factors'])})" if c.get("differing_factors") else "")
+                    for c in self.compile_cache if c.get("used") is False]
+        return {"schema": SCHEMA, "time": self.started, "pid": os.getpid(), "rank": self.rank,
+                "world_size": self.world_size, "final": self.final, "plan": self.plan,
+                "compile_cache": [{k: v for k, v in c.items() if not k.startswith("_")} for c in self.compile_cache], "plugin_ms": round(self.plugin_ms, 1),
+                "saved_ms": self.saved_ms, "warnings": warnings}
+
+
+_lock = threading.RLock()
+_current: BootRecord | None = None
+_last_factors: dict[str, Any] | None = None
+"""The cache-key factors vLLM wrote in this process's latest compile (``cache_key_factors.json``)."""
+
+
+def _root() -> Path:
+    """vLLM's cache root as the plan side reads it (through vLLM's ``startup_plan`` module, as the
+    hooks found it: a vLLM that moves ``envs`` behind a shim is followed); without the plan side,
+    ``vllm.envs``, as the compile-cache guard reads it (no ``startup_plan`` imported for it)."""
+    from . import vllm_modules
+
+    if vllm_modules.found() is not None:
+        return Path(vllm_modules.vllm_envs().VLLM_CACHE_ROOT)
+    from vllm import envs
+
+    return Path(envs.VLLM_CACHE_ROOT)
+
+
+ATTR = "_plancache_record"
+
+
+def for_worker(worker: Any) -> BootRecord:
+    """This worker's record, begun at its first event (kept on the worker object, like the boot
+    state; a compile-cache decision made before it, in the same process, is taken over)."""
+    global _current
+    with _lock:
+        record = getattr(worker, ATTR, None)
+        if isinstance(record, BootRecord) and not record.final:
+            return record
+        rank = getattr(worker, "rank", 0)
+        if _current is not None and not _current.final and _current.worker_id is None:
+            record = _current  # the compile guard's, of this process: the same boot
+            record.rank = rank if isinstance(rank, int) else record.rank
+        else:
+            record = BootRecord(_root(), rank if isinstance(rank, int) else 0, id(worker))
+        record.worker_id = id(worker)
+        world = getattr(getattr(worker, "parallel_config", None), "world_size", None)
+        record.world_size = world if isinstance(world, int) else None
+        try:
+            setattr(worker, ATTR, record)
+        except Exception:  # noqa: BLE001 - a worker that refuses attributes: one record per event
+            pass
+        _current = record
+        return record
+
+
+def _process_record(rank: int) -> BootRecord:
+    global _current
+    with _lock:
+        if _current is None or _current.final:
+            _current = BootRecord(_root(), rank, None)
+        return _current
+
+
+def _write(record: BootRecord) -> None:
+    try:
+        records.write(record.root, record.name, json.dumps(record.document(), sort_keys=True).encode())
+    except Exception as exc:  # noqa: BLE001 - a record that cannot be written costs nothing but itself
+        LOG.debug("plancache: boot record not written: %s", safe_text(getattr(exc, "detail", exc), 200))
+
+
+def note_plan(worker: Any, decision: str, reason: str, source: str, fp: str | None, detail: str, elapsed_ms: float,
+              signed_profile_ms: float | None = None) -> None:
+    """The plan side's decision (the decision line's fields), written at once."""
+    record = for_worker(worker)
+    with _lock:
+        record.plan = {"decision": decision, "reason": reason, "source": source, "fingerprint": fp,
+                       "detail": safe_text(detail, 300), "signed_profile_ms": signed_profile_ms}
+        record.plugin_ms += elapsed_ms
+        _write(record)
+
+
+def note_profiling(worker: Any, determine_ms: float) -> float | None:
+    """``determine_available_memory`` took ``determine_ms``: the saving against the signed
+    profiling time when a plan applied (None otherwise); returns the boot's profiling time
+    when it profiled (what a plan saved now would sign)."""
+    record = for_worker(worker)
+    with _lock:
+        plan = record.plan or {}
+        if plan.get("decision") == "apply" and plan.get("signed_profile_ms") is not None:
+            record.saved_ms["profiling"] = round(max(0.0, plan["signed_profile_ms"] - determine_ms), 1)
+        if record.plan is not None:
+            record.plan["determine_ms"] = round(determine_ms, 1)
+        _write(record)
+    return determine_ms if plan.get("decision") == "profile" else None
+
+
+COUNTERS = ("num_inductor_compiles", "num_aot_compiles", "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded")
+
+
+def _counters() -> dict[str, int]:
+    """vLLM's own compilation counters (``vllm.compilation.counter``), where readable."""
+    try:
+        from vllm.compilation.counter import compilation_counter
+
+        return {name: int(getattr(compilation_counter, name)) for name in COUNTERS}
+    except Exception:  # noqa: BLE001 - not that vLLM: whether it was used stays unknown
+        return {}
+
+
+def _grew(before: Mapping[str, int], now: Mapping[str, int], *names: str) -> bool:
+    """A counter rose since ``before`` (vLLM resets them between compiles: a lower value is a reset)."""
+    return any(now.get(n, 0) > (before.get(n, 0) if now.get(n, 0) >= before.get(n, 0) else 0) for n in names)
+
+
+def _used_by_counters(item: dict[str, Any]) -> bool | None:
+    """For a cache vLLM reads outside the AOT wrapper (the ``<10 hex>`` layout): it compiled
+    anyway (inductor or AOT compiles since the decision) or it loaded artifacts; else unknown."""
+    before, now = item.get("_counters") or {}, _counters()
+    if not before or not now:
+        return None
+    if _grew(before, now, "num_inductor_compiles", "num_aot_compiles"):
+        return False
+    return True if _grew(before, now, "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded") else None
+
+
+def note_compile(rank: int, entry: Mapping[str, Any], elapsed_ms: float, key_factors: Mapping[str, Any] | None,
+                 compile_ms: float | None = None) -> None:
+    """A compile-cache decision (``entry``: cache, decision, reason, detail), written at once."""
+    record = _process_record(rank)
+    with _lock:
+        item = {**entry, "used": None, "elapsed_ms": round(elapsed_ms, 1), "signed_compile_ms": compile_ms,
+                "_counters": _counters() if entry.get("decision") == "load" else {}}
+        record.compile_cache.append(item)
+        if key_factors is not None:
+            record.signed_factors[str(entry.get("cache"))] = dict(key_factors)
+        record.plugin_ms += elapsed_ms
+        _write(record)
+
+
+def note_used(cache: str, used: bool, load_ms: float | None = None) -> None:
+    """Whether vLLM loaded the verified artifacts of ``cache`` (False: it compiled anyway)."""
+    with _lock:
+        record = _current
+        if record is None:
+            return
+        for item in record.compile_cache:
+            if item.get("cache") == cache and item.get("decision") == "load":
+                item["used"] = used
+                if used and load_ms is not None and item.get("signed_compile_ms") is not None:
+                    saved = max(0.0, item["signed_compile_ms"] - load_ms - item.get("elapsed_ms", 0.0))
+                    record.saved_ms["compile"] = round((record.saved_ms["compile"] or 0.0) + saved, 1)
+        _write(record)
+
+
+def note_factors(factors: Mapping[str, Any] | None) -> None:
+    """The factors vLLM wrote for the graph it just compiled (compared with a verified cache's)."""
+    global _last_factors
+    if factors is not None:
+        with _lock:
+            _last_factors = dict(factors)
+
+
+def last_factors() -> dict[str, Any] | None:
+    with _lock:
+        return None if _last_factors is None else dict(_last_factors)
+
+
+def finish(worker: Any) -> dict[str, Any] | None:
+    """The boot is over: differing factors filled in, the file final, one log line."""
+    with _lock:
+        record = getattr(worker, ATTR, None)
+        if not isinstance(record, BootRecord) and _current is not None and _current.worker_id is None:
+            record = _current  # compile-cache decisions only (no plan side): this process's boot
+        if not isinstance(record, BootRecord) or record.final:
+            return None
+        for item in record.compile_cache:
+            if item.get("decision") == "load" and item.get("used") is None:
+                item["used"] = _used_by_counters(item)
+            signed = record.signed_factors.get(str(item.get("cache")))
+            if item.get("used") is False and signed is not None and _last_factors is not None:
+                item["differing_factors"] = [{k: safe_text(v, 200) if isinstance(v, str) else v for k, v in d.items()}
+                                             for d in differences(signed, _last_factors)[:20]]
+        record.final = True
+        document = record.document()
+        _write(record)
+    level = logging.WARNING if document["warnings"] else logging.INFO
+    LOG.log(level, "plancache: boot-record %s", json.dumps(document, sort_keys=True))
+    return document
