@@ -140,7 +140,10 @@ def read_only_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, A
 
 
 def store_env(endpoint: str, prefix: str) -> dict[str, str]:
-    return {**AWS_ENV, "PLANCACHE_URL": f"s3://{prefix}", "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}"}
+    """A loopback S3 store for a boot, with a roomy budget: these boots check what was pulled, not
+    when (the 3 s default timed out while a loaded machine was still building the SDK client)."""
+    return {**AWS_ENV, "PLANCACHE_URL": f"s3://{prefix}", "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}",
+            "PLANCACHE_TIMEOUT": "30"}
 
 
 ATTACKS: dict[str, tuple[Callable[[Path, Path, dict[str, str]], dict[str, Any]], str | None]] = {

@@ -3,6 +3,10 @@
 Each boot is a fresh process with its own ``VLLM_CACHE_ROOT``, ``HOME`` and ``TMPDIR`` under a
 base directory; its report is vLLM's compilation counters, the plugin's decision lines and the
 process's stderr. Every boot uses the same root name (``vllm-cache``) under its base.
+
+Between :func:`start_zygote` and :func:`stop_zygote` a boot is a fork of a process that imported
+torch and vLLM's modules and ran nothing (tests/compile_zygote.py: the imports were half of each
+boot's time); otherwise, or with ``COMPILE_TOY_FRESH=1``, a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -16,11 +20,33 @@ from pathlib import Path
 from typing import Any
 
 from compile_tampers import PY, SRC
+from compile_zygote import Zygote
 
 TOY = str(Path(__file__).parent / "compile_toy.py")
 ROOT_NAME = "vllm-cache"
 AOT0 = {"VLLM_USE_AOT_COMPILE": "0"}
 DECISION = re.compile(r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=\S+ elapsed_ms=(\d+)")
+
+
+_zygote: Zygote | None = None
+
+
+def start_zygote(directory: Path) -> Zygote | None:
+    """Boots fork from one zygote from now on (None under ``COMPILE_TOY_FRESH=1``)."""
+    global _zygote
+    if os.environ.get("COMPILE_TOY_FRESH") == "1":
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))}
+    env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+    _zygote = Zygote(directory, env)
+    return _zygote
+
+
+def stop_zygote() -> None:
+    global _zygote
+    if _zygote is not None:
+        _zygote.stop()
+        _zygote = None
 
 
 def env_for(base: Path, guard: bool, **extra: str) -> dict[str, str]:
@@ -37,7 +63,11 @@ def env_for(base: Path, guard: bool, **extra: str) -> dict[str, str]:
 
 def boot(base: Path, guard: bool = True, **extra: str) -> dict[str, Any]:
     """One vLLM boot in a fresh process; its counters, decision lines and output."""
-    result = subprocess.run([PY, TOY], env=env_for(base, guard, **extra), capture_output=True, text=True, timeout=600)
+    env = env_for(base, guard, **extra)
+    if _zygote is not None:
+        result = _zygote.run([], env, os.getcwd(), timeout=600)
+    else:
+        result = subprocess.run([PY, TOY], env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("COMPILE_TOY ")]
     assert lines, result.stderr[-3000:]
     report = json.loads(lines[0][len("COMPILE_TOY "):])

@@ -62,3 +62,27 @@ def plan_dir(tmp_path: Path) -> Path:
 
 
 WriteSigned = Callable[..., tuple[bytes, bytes]]
+
+
+# -- scheduling: the longest files first ------------------------------------------------------------
+
+FIRST = (
+    # the three files that boot vLLM for minutes (module fixtures): each starts at once on its own worker
+    "test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py",
+    # quick files: pytest-xdist queues a second file on each worker at the start, run behind the above
+    "test_import_graph.py", "test_storage_local.py", "test_untrusted_text.py",
+    # the longest of the rest (mostly waiting: deadlines, black holes, servers, journeys in subprocesses)
+    "test_store_hostile.py", "test_trust_verify.py", "test_no_secret_printed.py", "test_cli_fingerprint.py",
+    "test_compile_cache_cli.py", "test_store_scripts.py", "test_vllm_plugin.py", "test_install_resolution.py",
+    "test_store_bounds.py", "test_store_backends.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files in :data:`FIRST`'s order, then the others as collected. Under ``--dist loadfile
+    --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files to workers in this
+    order, so the files that boot vLLM for minutes start first instead of last; in one process it
+    only changes the order of files, never of a file's tests. Deterministic, as xdist requires
+    (every worker must collect the same order)."""
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: a file's own order is kept

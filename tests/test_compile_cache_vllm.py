@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import compile_payloads as P  # noqa: E402
 from compile_attacks import ATTACKS, store_env  # noqa: E402
-from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined, subject  # noqa: E402
+from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined, start_zygote, stop_zygote, subject  # noqa: E402
 from compile_tampers import CONTROLS, GUARDED, cli, t0_generated_py, t_rank_pickle  # noqa: E402
 from store_servers import FaultObject, FaultServer  # noqa: E402
 
@@ -70,6 +70,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert cli("keygen", key).returncode == 0
     for name in ("signed", "signed0"):
         (top / name).mkdir()
+    zygote = start_zygote(top / "zygote")  # every boot below forks from it (tests/compile_zygote.py)
+    try:
+        results = _boot_all(top, key)
+        results["zygote_leaked"] = zygote.leaked() if zygote is not None else []
+        return results
+    finally:
+        stop_zygote()
+
+
+def _boot_all(top: Path, key: str) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         cold = pool.submit(boot, top / "signed", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/plugin-store",
                            PLANCACHE_COMPILE_CACHE_EXPIRES_IN="30d")
@@ -146,6 +156,7 @@ def test_cold_boot_compiles_and_signs_with_pinned_dirs(runs: dict[str, Any]) -> 
     # was not signed into the cache: every node rebuilds it privately if it ever compiles).
     outside = [p for p in runs["signed_files"] if p.parts[0] in ("home", "tmp") and (runs["signed"] / p).is_file()]
     assert outside == [], outside
+    assert runs["zygote_leaked"] == [], runs["zygote_leaked"]  # nor in the HOME and TMPDIR the boots forked from
     signed = [p for p in runs["signed_files"] if p.parts[:2] == (ROOT_NAME, "torch_compile_cache")]
     assert signed and not any("precompiled_headers" in str(p) for p in signed)
     assert [p.name for p in (runs["signed"] / ROOT_NAME / "plancache-private").iterdir()] == ["headers"]  # copies removed

@@ -94,6 +94,7 @@ class Fleet:
     def serving_env(self, node: H.Node, name: str, prefix: str = PREFIX, **extra: str) -> dict[str, str]:
         """A serving node: the guard, the public key only, the store through its own counting proxy."""
         proxy = self.proxies.setdefault(name, H.CountingProxy(self.moto.port))
+        extra = {"PLANCACHE_TIMEOUT": "30", **extra}  # these pulls are checked for what, not when (room under load)
         return node.env(PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=self.key + ".pub",
                         VLLM_ENABLE_STARTUP_PLAN="1", **self.store_env(proxy.endpoint, prefix, **extra))
 

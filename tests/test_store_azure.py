@@ -54,6 +54,11 @@ def keys(tmp_path: Path) -> Path:
 serve_signed = functools.partial(store_servers.serve_signed, prefix=f"{CONTAINER}/{PREFIX}")
 
 
+ROOMY = ("--timeout", "30")
+"""For the pulls that check what was read, not when: room for a loaded CI machine (the 3 s default
+timed out there while the SDK client was still being built)."""
+
+
 def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str) -> tuple[int, str, str, float]:
     return pull_fingerprint(capsys, URL, f"connection_string={azure_connection_string(endpoint)}", keys, dest, *extra)
 
@@ -64,7 +69,7 @@ def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Pa
 def test_one_fetch_is_two_ranged_gets(fault_server: FaultServer, keys: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys)
-    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     requests = [(m, r) for m, _, r in fault_server.state.requests]
     assert requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")] * 2  # plan and sidecar caps are both 64 KiB
@@ -111,7 +116,7 @@ def test_http_500_forever_is_a_store_error_after_plancaches_retries_only(
 def test_one_http_500_is_retried(fault_server: FaultServer, keys: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     serve_signed(fault_server, keys, mode="error500-once")
-    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     assert (tmp_path / "d" / plan_name(FP)).exists()
 

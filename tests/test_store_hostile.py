@@ -30,9 +30,10 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 PROBE = str(Path(__file__).with_name("store_probe.py"))
 BUDGET = 1.0
 GRACE = 0.5
-STARTUP = 3.0
+STARTUP = 8.0
 """Explicit allowance for the child interpreter to start and import the CLI and s3fs, on a
-busy 2-core machine (measured ~1 s idle); the fetch itself is bounded by BUDGET + GRACE."""
+busy 2-core machine (measured ~1 s idle; 3 s was exceeded with the suite on 4 xdist workers beside
+other load, load 7); the fetch itself is bounded by BUDGET + GRACE."""
 RSS_LIMIT = 256 << 20
 
 draws = st.builds(Draw, st.sampled_from(STATUSES), st.sampled_from(LENGTHS), st.sampled_from(sorted(BODIES)),

@@ -856,12 +856,13 @@ def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
     bucket.mkdir()
     monkeypatch.setenv("PLANCACHE_URL", bucket.as_uri())
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    monkeypatch.setenv("PLANCACHE_TIMEOUT", "30")  # a push, not a deadline: room for a loaded CI machine (3 s failed there)
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
     write_plan(bucket, fp, keys.signer)  # present in the store, but never read without trusted keys
     _profiled(worker, lines, "no-plan", source="none")
     plugin.gpu_worker.maybe_save_startup_plan(worker, profiled_bytes())
-    worker._plancache_boot.push_thread.join(5)
+    worker._plancache_boot.push_thread.join(60)
     assert worker._plancache_boot.push_result == "pushed"
     # A profiling boot that signs and pushes still says one INFO line: its decision.
     assert len([r for r in lines if r.levelno == logging.INFO]) == 1 and "decision=profile" in infos(lines)[0]

@@ -64,7 +64,8 @@ class World:
         self.conns: dict[int, Connection] = {}
         self.info: dict[int, dict[str, Any]] = {}
 
-    def accept(self, timeout: float = 300.0) -> None:
+    # A start-up wait, not a budget: 300 s ran out beside the other vLLM fixtures (xdist, load 7-9).
+    def accept(self, timeout: float = 900.0) -> None:
         pending = [self.listener.accept() for _ in range(self.size)]  # ranks connect before importing vLLM
         end = time.monotonic() + timeout
         for conn in pending:
