@@ -136,7 +136,7 @@ def test_inspect_reads_a_plan_from_a_store_url(
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "valid" and doc["file"] == f"{url}/{plan_name(FP)}"
     assert doc["statement"]["provenance"]["device_name"] == "x"
-    code, _, err = run(capsys, "inspect", f"{url}/{plan_name('0123456789abcdee')}")
+    code, _, err = run(capsys, "inspect", "--timeout", "30", f"{url}/{plan_name('0123456789abcdee')}")  # what, not when
     assert code == 2 and "does not exist" in err
 
 

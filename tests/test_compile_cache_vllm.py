@@ -166,9 +166,11 @@ def test_cold_boot_compiles_and_signs_with_pinned_dirs(runs: dict[str, Any]) -> 
     assert manifest.manifest.expires_at - manifest.manifest.signed_at == timedelta(days=30)
     assert "plancache: compile-cache signed cache=torch_aot_compile/" in cold["stderr"]
     assert "plancache: compile-cache pushed cache=torch_aot_compile/" in cold["stderr"]
-    # The plugin's background push finished before the process exited: one archive, one signature.
+    # The plugin's background push finished before the process exited: one archive, one signature,
+    # then the precompiled header this compile used, compressed, with its own signature.
     store = runs["top"] / "plugin-store" / "torch_compile_cache" / "torch_aot_compile"
-    assert sorted(p.name for p in store.iterdir()) == [f"{cache_dir(runs['signed']).name}.tar{s}" for s in ("", ".sig")]
+    name = cache_dir(runs["signed"]).name
+    assert sorted(p.name for p in store.iterdir()) == sorted(f"{name}{s}" for s in (".tar", ".tar.sig", ".pch.gz", ".pch.gz.sig"))
 
 
 def test_signed_cache_loads_warm_and_stays_valid(runs: dict[str, Any]) -> None:
@@ -211,6 +213,17 @@ def test_push_pull_into_an_empty_root_loads_warm(runs: dict[str, Any]) -> None:
     assert sorted(p.suffix for p in store.iterdir()) == [".sig", ".tar"]  # one archive and its signature
 
 
+def cache_and_header_reads(requests: list[tuple[str, str]], archive: str) -> bool:
+    """One GET of the archive and one of its signature, then the shipped header's companion: its
+    signature once (the rank that pulled), and its object at most once (not when the node's
+    private headers directory already holds every header it names)."""
+    header = archive.removesuffix(".tar") + ".pch.gz"
+    cache = sorted(r for r in requests if not r[1].startswith(header))
+    headers = sorted(r for r in requests if r[1].startswith(header))
+    return cache == [("GET", archive), ("GET", archive + ".sig")] and headers in (
+        [("GET", header + ".sig")], [("GET", header), ("GET", header + ".sig")])
+
+
 def test_plugin_pull_at_first_read_is_one_archive_get_and_loads_warm(runs: dict[str, Any]) -> None:
     """What the cold boot's plugin pushed, its pull on an empty root fetches with two GETs."""
     run = runs["plugin-pulled"]
@@ -219,7 +232,7 @@ def test_plugin_pull_at_first_read_is_one_archive_get_and_loads_warm(runs: dict[
     assert run["correct"] and run["quarantine"] == []
     name = f"/{BUCKET_PREFIX}/torch_compile_cache/{subject(runs['signed'])}.tar"
     ours = [(method, path) for method, path, _ in runs["requests"] if path.startswith(f"/{BUCKET_PREFIX}/")]
-    assert sorted(ours) == [("GET", name), ("GET", name + ".sig")]
+    assert cache_and_header_reads(ours, name)
 
 
 def test_force_aot_load_after_a_quarantine_fails_as_vllm_does(runs: dict[str, Any]) -> None:
@@ -325,7 +338,7 @@ def test_two_ranks_pull_once_and_a_restart_makes_no_store_request(runs: dict[str
         assert rank["counters"]["num_aot_artifacts_loaded"] == 1 and rank["correct"], rank["error"]
     ours = [(m, p) for m, p, _ in runs["requests"] if p.startswith("/bucket/ranks/")]
     name = f"/bucket/ranks/torch_compile_cache/{subject(runs['signed'])}.tar"
-    assert sorted(ours) == [("GET", name), ("GET", name + ".sig")], ours
+    assert cache_and_header_reads(ours, name), ours
     assert run["quarantine"] == []
 
 
