@@ -19,20 +19,18 @@ No IO here.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from . import envelope as dsse
-from . import strictjson
 from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
 from .keys import Keyring, Signer
 from .manifest import is_subject
-from .statement import STATEMENT_TYPE, format_time, parse_time
-from .verify import DEFAULT_CLOCK_SKEW, current_signers, trusted_signers
+from .statement import format_time, parse_time, render_statement, statement_shell
+from .verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
 
 PREDICATE_TYPE = "https://plancache.dev/compile-headers/v1"
 MAX_HEADERS = 8
@@ -83,13 +81,7 @@ class HeaderSet:
             "object": {"sha256": self.object_sha256, "size": self.object_size},
             "signed_at": format_time(self.signed_at),
         }
-        obj = {
-            "_type": STATEMENT_TYPE,
-            "subject": [{"name": self.subject, "digest": {"sha256": self.object_sha256}}],
-            "predicateType": PREDICATE_TYPE,
-            "predicate": predicate,
-        }
-        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return render_statement(self.subject, self.object_sha256, PREDICATE_TYPE, predicate)
 
 
 @dataclass(frozen=True)
@@ -147,20 +139,11 @@ def sign_headers(hset: HeaderSet, signer: Signer) -> bytes:
 
 def parse_headers(payload: bytes) -> HeaderSet:
     """Parse a (signature-verified) statement strictly: exact keys, exact types."""
-    obj = strictjson.loads(payload, "headers statement")
-    if not isinstance(obj, dict) or set(obj) != {"_type", "subject", "predicateType", "predicate"}:
-        raise Rejected(Reason.MALFORMED, "headers statement must have exactly _type, subject, predicateType, predicate")
-    if obj["_type"] != STATEMENT_TYPE or obj["predicateType"] != PREDICATE_TYPE:
-        raise Rejected(Reason.MALFORMED, f"not an in-toto Statement v1 of predicateType {PREDICATE_TYPE}")
-    subjects, pred = obj["subject"], obj["predicate"]
-    if not (isinstance(subjects, list) and len(subjects) == 1 and isinstance(subjects[0], dict)
-            and set(subjects[0]) == {"name", "digest"} and isinstance(subjects[0]["digest"], dict)
-            and set(subjects[0]["digest"]) == {"sha256"}):
-        raise Rejected(Reason.MALFORMED, "headers statement must have exactly one subject with a sha256")
-    if not isinstance(pred, dict) or set(pred) != {"expires_at", "headers", "object", "signed_at"}:
+    name, sha256, pred = statement_shell(payload, "headers statement", PREDICATE_TYPE)
+    if set(pred) != {"expires_at", "headers", "object", "signed_at"}:
         raise Rejected(Reason.MALFORMED, "headers predicate must have exactly expires_at, headers, object, signed_at")
     target, items = pred["object"], pred["headers"]
-    if not isinstance(target, dict) or set(target) != {"sha256", "size"} or target["sha256"] != subjects[0]["digest"]["sha256"]:
+    if not isinstance(target, dict) or set(target) != {"sha256", "size"} or target["sha256"] != sha256:
         raise Rejected(Reason.MALFORMED, "headers object must have exactly sha256 (the subject's digest) and size")
     if not isinstance(items, list) or len(items) > MAX_HEADERS:
         raise Rejected(Reason.TOO_LARGE, f"a headers statement lists at most {MAX_HEADERS} headers")
@@ -171,9 +154,9 @@ def parse_headers(payload: bytes) -> HeaderSet:
         entries.append(HeaderEntry(item[0], _int(item[1], "a header size", 1, MAX_HEADER_BYTES), item[2]))
     expires = pred["expires_at"]
     return check_headers(HeaderSet(
-        subject=subjects[0]["name"] if isinstance(subjects[0]["name"], str) else "",
+        subject=name,
         headers=tuple(entries),
-        object_sha256=target["sha256"] if isinstance(target["sha256"], str) else "",
+        object_sha256=sha256,
         object_size=_int(target["size"], "the object size", 1, MAX_TOTAL_BYTES),
         signed_at=parse_time(pred["signed_at"], "signed_at"),
         expires_at=None if expires is None else parse_time(expires, "expires_at"),
@@ -185,11 +168,8 @@ def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now:
     """Verify the headers signature for cache ``subject``; the verified statement or a typed error."""
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no headers signature")
-    env = dsse.decode(sig_bytes, MAX_SIG_BYTES)
-    if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
-    keys = trusted_signers(env, keyring)
-    hset = parse_headers(env.payload)
+    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
+    hset = parse_headers(payload)
     if hset.subject != subject:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'")

@@ -27,20 +27,18 @@ are :mod:`plancache.storage.compile_cache.cachedir`'s. No IO here.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from . import envelope as dsse
-from . import strictjson
 from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs
 from .keys import Keyring, Signer
-from .statement import STATEMENT_TYPE, format_time, parse_time
-from .verify import DEFAULT_CLOCK_SKEW, current_signers, trusted_signers
+from .statement import format_time, parse_time, render_statement, statement_shell
+from .verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
 
 PREDICATE_TYPE = "https://plancache.dev/compile-cache/v1"
 
@@ -124,13 +122,7 @@ class Manifest:
             predicate["key_factors"] = dict(self.key_factors)
         if self.measurements:
             predicate["measurements"] = dict(self.measurements)
-        obj = {
-            "_type": STATEMENT_TYPE,
-            "subject": [{"name": self.subject, "digest": {"sha256": self.archive_sha256}}],
-            "predicateType": PREDICATE_TYPE,
-            "predicate": predicate,
-        }
-        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return render_statement(self.subject, self.archive_sha256, PREDICATE_TYPE, predicate)
 
 
 @dataclass(frozen=True)
@@ -199,24 +191,15 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
 
 def parse_manifest(payload: bytes) -> Manifest:
     """Parse a (signature-verified) statement strictly: exact keys, exact types."""
-    obj = strictjson.loads(payload, "manifest statement")
-    if not isinstance(obj, dict) or set(obj) != {"_type", "subject", "predicateType", "predicate"}:
-        raise Rejected(Reason.MALFORMED, "manifest statement must have exactly _type, subject, predicateType, predicate")
-    if obj["_type"] != STATEMENT_TYPE or obj["predicateType"] != PREDICATE_TYPE:
-        raise Rejected(Reason.MALFORMED, f"not an in-toto Statement v1 of predicateType {PREDICATE_TYPE}")
-    subjects, pred = obj["subject"], obj["predicate"]
-    if not (isinstance(subjects, list) and len(subjects) == 1 and isinstance(subjects[0], dict)
-            and set(subjects[0]) == {"name", "digest"} and isinstance(subjects[0]["digest"], dict)
-            and set(subjects[0]["digest"]) == {"sha256"}):
-        raise Rejected(Reason.MALFORMED, "manifest statement must have exactly one subject with a sha256")
+    name, sha256, pred = statement_shell(payload, "manifest statement", PREDICATE_TYPE)
     keys = {"archive", "comment", "dirs", "expires_at", "files", "signed_at"}
-    if not isinstance(pred, dict) or not keys <= set(pred) <= keys | OPTIONAL_KEYS:
+    if not keys <= set(pred) <= keys | OPTIONAL_KEYS:
         raise Rejected(Reason.MALFORMED, f"manifest predicate must have exactly {', '.join(sorted(keys))} "
                        f"(and optionally {', '.join(sorted(OPTIONAL_KEYS))})")
     archive, files, dirs = pred["archive"], pred["files"], pred["dirs"]
     if not isinstance(archive, dict) or set(archive) != {"sha256", "size"} or not isinstance(archive["sha256"], str):
         raise Rejected(Reason.MALFORMED, "manifest archive must have exactly sha256 and size")
-    if archive["sha256"] != subjects[0]["digest"]["sha256"]:
+    if archive["sha256"] != sha256:
         raise Rejected(Reason.MALFORMED, "manifest subject digest differs from the archive's")
     if not isinstance(files, list) or not isinstance(dirs, list) or not isinstance(pred["comment"], str):
         raise Rejected(Reason.MALFORMED, "manifest files, dirs or comment have the wrong type")
@@ -231,7 +214,7 @@ def parse_manifest(payload: bytes) -> Manifest:
         raise Rejected(Reason.MALFORMED, "manifest: each directory is a path")
     expires = pred["expires_at"]
     return check_manifest(Manifest(
-        subject=subjects[0]["name"] if isinstance(subjects[0]["name"], str) else "",
+        subject=name,
         files=tuple(entries),
         dirs=tuple(dirs),
         archive_sha256=archive["sha256"],
@@ -264,11 +247,8 @@ def verify_manifest(
     """Verify the sidecar of cache directory ``subject``; the verified manifest or a typed error."""
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no manifest signature beside the compile cache")
-    env = dsse.decode(sig_bytes, MAX_SIG_BYTES)
-    if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
-    keys = trusted_signers(env, keyring)
-    manifest = parse_manifest(env.payload)
+    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
+    manifest = parse_manifest(payload)
     if manifest.subject != subject:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"manifest is for '{safe_text(manifest.subject, 100)}', not for '{safe_text(subject, 100)}'")

@@ -27,21 +27,19 @@ whole body, and lists the members (fingerprint, plan length, sidecar length) in 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Sequence
 
 from . import envelope as dsse
-from . import strictjson
 from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
 from .keys import Keyring, Signer
 from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
 from .signing import MAX_SIGNED_BYTES
-from .statement import STATEMENT_TYPE, format_time, parse_time
-from .verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, trusted_signers, verify_plan
+from .statement import format_time, parse_time, render_statement, statement_shell
+from .verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, open_envelope, verify_plan
 
 SET_PREDICATE = "https://plancache.dev/startup-plan-set/v1"
 SET_PREFIX = "startup_planset_"
@@ -132,13 +130,7 @@ class SetStatement:
             "expires_at": format_time(self.expires_at) if self.expires_at else None,
             "comment": self.comment,
         }
-        obj = {
-            "_type": STATEMENT_TYPE,
-            "subject": [{"name": self.subject_name, "digest": {"sha256": self.subject_sha256}}],
-            "predicateType": SET_PREDICATE,
-            "predicate": predicate,
-        }
-        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return render_statement(self.subject_name, self.subject_sha256, SET_PREDICATE, predicate)
 
 
 @dataclass(frozen=True)
@@ -162,18 +154,8 @@ def _size(value: object, cap: int) -> int:
 
 def parse_set_statement(payload: bytes) -> SetStatement:
     """Parse a (signature-verified) set statement; ``Rejected(MALFORMED)`` on any deviation."""
-    obj = strictjson.loads(payload, "plan set statement")
-    if not isinstance(obj, dict) or obj.get("_type") != STATEMENT_TYPE or obj.get("predicateType") != SET_PREDICATE:
-        raise Rejected(Reason.MALFORMED, f"payload is not an in-toto Statement v1 of {SET_PREDICATE}")
-    subjects = obj.get("subject")
-    subject = subjects[0] if isinstance(subjects, list) and len(subjects) == 1 else None
-    digest = subject.get("digest") if isinstance(subject, dict) else None
-    name = subject.get("name") if isinstance(subject, dict) else None
-    sha256 = digest.get("sha256") if isinstance(digest, dict) else None
-    if not isinstance(name, str) or not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise Rejected(Reason.MALFORMED, "plan set statement needs exactly one subject with a sha256 digest")
-    predicate = obj.get("predicate")
-    raw = predicate.get("members") if isinstance(predicate, dict) else None
+    name, sha256, predicate = statement_shell(payload, "plan set statement", SET_PREDICATE)
+    raw = predicate.get("members")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS or not all(isinstance(m, dict) for m in raw):
         raise Rejected(Reason.MALFORMED, f"plan set statement needs 1 to {MAX_MEMBERS} members")
     members = []
@@ -220,11 +202,8 @@ def verify_set(name: str, data: bytes, keyring: Keyring, now: datetime,
     if ident is None:
         raise Rejected(Reason.MALFORMED, f"'{safe_text(name, 80)}' is not a plan set name (startup_planset_<16 hex>.set)")
     head, body = split_set(data)
-    env = dsse.decode(head)
-    if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
-    keys = trusted_signers(env, keyring)
-    statement = parse_set_statement(env.payload)
+    payload, keys = open_envelope(head, keyring)
+    statement = parse_set_statement(payload)
     if statement.subject_name != name:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'")

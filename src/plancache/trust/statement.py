@@ -112,13 +112,46 @@ class Statement:
             predicate["config_parts"] = dict(self.config_parts)
         if self.measurements:
             predicate["measurements"] = dict(self.measurements)
-        obj = {
-            "_type": STATEMENT_TYPE,
-            "subject": [{"name": self.subject_name, "digest": {"sha256": self.subject_sha256}}],
-            "predicateType": PREDICATE_TYPE,
-            "predicate": predicate,
-        }
-        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return render_statement(self.subject_name, self.subject_sha256, PREDICATE_TYPE, predicate)
+
+
+def render_statement(name: str, sha256: str, predicate_type: str, predicate: Mapping[str, Any]) -> bytes:
+    """An in-toto Statement v1 with one subject, in the one canonical form every kind signs
+    (plans, plan sets, compile-cache manifests, their headers): sorted keys, no spaces."""
+    obj = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": name, "digest": {"sha256": sha256}}],
+        "predicateType": predicate_type,
+        "predicate": dict(predicate),
+    }
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+_SHELL_KEYS = {"_type", "subject", "predicateType", "predicate"}
+
+
+def statement_shell(payload: bytes, what: str, predicate_type: str, exact: bool = True) -> tuple[str, str, dict[str, Any]]:
+    """(subject name, subject sha256, predicate) of a (signature-verified) statement of
+    ``predicate_type`` with exactly one subject; ``Rejected(MALFORMED)`` on any deviation.
+    ``exact`` also refuses keys beyond the in-toto ones, at the top and in the subject; plan
+    statements are read with ``exact=False``, as they always were (signed plans in the field)."""
+    obj = strictjson.loads(payload, what)
+    if not isinstance(obj, dict) or (exact and set(obj) != _SHELL_KEYS):
+        raise Rejected(Reason.MALFORMED, f"{what} must have exactly _type, subject, predicateType, predicate")
+    if obj.get("_type") != STATEMENT_TYPE or obj.get("predicateType") != predicate_type:
+        raise Rejected(Reason.MALFORMED, f"{what} is not an in-toto Statement v1 of predicateType {predicate_type}")
+    subjects = obj.get("subject")
+    subject = subjects[0] if isinstance(subjects, list) and len(subjects) == 1 else None
+    digest = subject.get("digest") if isinstance(subject, dict) else None
+    name = subject.get("name") if isinstance(subject, dict) else None
+    sha256 = digest.get("sha256") if isinstance(digest, dict) else None
+    if (not isinstance(name, str) or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256)
+            or (exact and (set(subject) != {"name", "digest"} or set(digest) != {"sha256"}))):  # type: ignore[arg-type]
+        raise Rejected(Reason.MALFORMED, f"{what} must have exactly one subject with a name and a sha256 digest")
+    predicate = obj.get("predicate")
+    if not isinstance(predicate, dict):
+        raise Rejected(Reason.MALFORMED, f"{what} has no predicate object")
+    return name, sha256, predicate
 
 
 def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,23 +194,7 @@ def check_measurements(measurements: Mapping[str, Any], strict: bool = True) -> 
 
 def parse_statement(payload: bytes) -> Statement:
     """Parse a (signature-verified) payload; raises ``Rejected(MALFORMED)`` on any deviation."""
-    obj = strictjson.loads(payload, "statement")
-    if not isinstance(obj, dict) or obj.get("_type") != STATEMENT_TYPE:
-        raise Rejected(Reason.MALFORMED, "payload is not an in-toto Statement v1")
-    if obj.get("predicateType") != PREDICATE_TYPE:
-        raise Rejected(Reason.MALFORMED, f"statement predicateType is not {PREDICATE_TYPE}")
-    subjects = obj.get("subject")
-    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
-        raise Rejected(Reason.MALFORMED, "statement must have exactly one subject")
-    subject = subjects[0]
-    digest = subject.get("digest")
-    name = subject.get("name")
-    sha256 = digest.get("sha256") if isinstance(digest, dict) else None
-    if not isinstance(name, str) or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
-        raise Rejected(Reason.MALFORMED, "statement subject needs a name and a sha256 digest")
-    predicate = obj.get("predicate")
-    if not isinstance(predicate, dict):
-        raise Rejected(Reason.MALFORMED, "statement has no predicate object")
+    name, sha256, predicate = statement_shell(payload, "statement", PREDICATE_TYPE, exact=False)
     fingerprint = predicate.get("fingerprint")
     if not is_fingerprint(fingerprint):
         raise Rejected(Reason.MALFORMED, "statement fingerprint is not 16 lowercase hex digits")

@@ -106,11 +106,8 @@ def verify_plan(
         raise Rejected(Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}")
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no signature sidecar (.sig) beside the plan")
-    env = dsse.decode(sig_bytes)
-    if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
-    keys = trusted_signers(env, keyring)
-    statement = parse_statement(env.payload)
+    payload, keys = open_envelope(sig_bytes, keyring)
+    statement = parse_statement(payload)
     if statement.subject_name != name:
         raise Rejected(
             Reason.NAME_MISMATCH, f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'"
@@ -126,6 +123,16 @@ def verify_plan(
     return VerifiedPlan(
         name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL, tuple(k.keyid for k in current)
     )
+
+
+def open_envelope(sig_bytes: bytes, keyring: Keyring, cap: int = dsse.MAX_SIG_BYTES) -> tuple[bytes, list[TrustedKey]]:
+    """A signature's payload and the trusted keys whose signatures over it verify, before
+    anything of the payload is parsed: capped, canonical DSSE, our payload type. The first step
+    of every verifier (plans, plan sets, compile-cache manifests, their headers)."""
+    env = dsse.decode(sig_bytes, cap)
+    if env.payload_type != dsse.PAYLOAD_TYPE:
+        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
+    return env.payload, trusted_signers(env, keyring)
 
 
 def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
