@@ -180,6 +180,9 @@ def test_round_trip_push_ls_verify_resolve_prune(remote: tuple[str, dict[str, An
     store.fs.pipe_file(store.path(name), head + body[:-1] + b" ")
     code, doc = cli(capsys, options, "verify", url, "--trusted-keys", f"{key}.pub")
     assert code == 1 and {s["name"]: s["reason"] for s in doc["plan_sets"]}[name] == "digest-mismatch"
+    refused = next(s for s in doc["plan_sets"] if s["name"] == name)
+    assert refused["fingerprints"] == [] and refused["status"] != "valid"  # with keys, a claim is not shown
+    assert next(s for s in doc["plan_sets"] if s["name"] != name)["fingerprints"] == world  # the verified replica's
     fresh = LocalPlanDir(tmp_path / "node2" / "vllm" / "startup_plan")
     result = resolve_node(Resolver(fresh, policy, open_store(url, options, 30)), world[0], world, _now() + 30)
     assert result.verified is not None and "plan set rejected (digest-mismatch" in result.note

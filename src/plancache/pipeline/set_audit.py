@@ -65,14 +65,15 @@ def audit_sets(store: Store, policy: TrustPolicy | None, now: datetime, deadline
             report.reason, report.detail = "missing", "listed, then gone"
             continue
         try:
-            report.fingerprints = claimed_members(data)
-            if policy is None:
+            if policy is None:  # ls without keys, prune: what the set claims, shown as unverified
+                report.fingerprints = claimed_members(data)
                 report.status, report.reason = "unverified", "unverified"
                 continue
             verified = policy.verify_set(own, data, now)
-        except PlanCacheError as exc:
+        except PlanCacheError as exc:  # with keys, a set that fails shows no members: a claim is no evidence
             report.reason, report.detail = exc.reason.value, exc.detail
             continue
+        report.fingerprints = [plan.fingerprint for plan in verified.plans]
         report.signers = list(verified.signers)
         if replica and primaries.get(own) not in (None, data):
             report.reason, report.detail = Reason.DIGEST_MISMATCH.value, f"replica bytes differ from {own}"
