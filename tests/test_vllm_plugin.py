@@ -1052,6 +1052,23 @@ def test_a_boot_whose_store_is_down_records_why(plugin: SimpleNamespace, keys: S
     assert record["plan"]["reason"] in ("timeout", "store-error")
 
 
+def test_a_boot_record_carries_no_credential_of_the_store_url(plugin: SimpleNamespace, keys: SimpleNamespace,
+                                                              monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    """The record file is written beside the log line, not through the plugin's log filter: its
+    details are redacted where they are made. A store URL with credentials that cannot be read
+    (nothing listens on port 1) leaves them in neither."""
+    _s3_env(monkeypatch, keys, {"endpoint_url": "http://127.0.0.1:1"}, "s3://AKIAPLANTED:PLANTEDSECRET@bucket/plans", 2.0)
+    worker = make_worker(plugin)
+    worker.determine_available_memory()
+    _finish_boot(plugin, worker)
+    (record,) = _records(plugin)
+    assert record["plan"]["decision"] == "profile" and record["plan"]["source"] == "store"
+    assert "***@bucket" in record["plan"]["detail"], record["plan"]["detail"]  # the URL is there, masked
+    files = "".join(p.read_text() for p in (plugin.tmp / "cache" / "plancache" / "boot").glob("*.json"))
+    for text in (files, "\n".join(r.getMessage() for r in lines)):
+        assert "PLANTEDSECRET" not in text and "AKIAPLANTED" not in text
+
+
 def test_boot_records_are_bounded_and_never_written_through_a_link(
         plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
     from plancache.storage import records
