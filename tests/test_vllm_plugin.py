@@ -650,6 +650,31 @@ def test_prefetch_is_skipped_when_the_plan_is_local(plugin: SimpleNamespace, key
     assert "source=local" in infos(lines)[0]
 
 
+def test_a_local_hit_never_computes_the_other_ranks_fingerprints(plugin: SimpleNamespace, keys: SimpleNamespace,
+                                                                  monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    """The plan set's name needs every rank's key (one vLLM config hash each): only after a
+    local miss, never on the warm path."""
+    from plancache.vllm_plugin import boot
+
+    asked: list[str] = []
+    real = boot.world_of
+    monkeypatch.setattr(boot, "world_of", lambda *a: asked.append("world") or real(*a))
+    _store_env(monkeypatch, keys, "s3://never-contacted/plans")
+    worker = make_worker(plugin)
+    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
+    worker.load_model()
+    assert worker.determine_available_memory() == PLANNED_KV and "source=local" in infos(lines)[0]
+    assert asked == []
+    bucket = plugin.tmp / "bucket"  # a miss: the world is computed (once), the store read
+    _store_env(monkeypatch, keys, bucket.as_uri())
+    other = make_worker(plugin)
+    other.cache_config.kv_cache_memory_bytes = None
+    for path in plugin.plan_dir.iterdir():
+        path.unlink()
+    write_plan(bucket, fingerprint(plugin, other), keys.signer)
+    assert other.determine_available_memory() == PLANNED_KV and asked == ["world"]
+
+
 def test_bad_local_plan_falls_back_to_a_good_store_plan(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
     bucket = plugin.tmp / "bucket"
     _store_env(monkeypatch, keys, bucket.as_uri())

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..pipeline.node_plans import replica_of, resolve_node
 from ..pipeline.resolver import Resolver
@@ -137,16 +137,22 @@ def boot_for(worker: Any) -> Boot:
     return boot
 
 
-def _resolve(boot: Boot, fp: str, deadline: float, world: list[str] | None = None) -> PlanResult:
+def _resolve(boot: Boot, fp: str, deadline: float, world: Callable[[], list[str] | None] | None = None) -> PlanResult:
     """Local first, then the store, verified; runs in the prefetch thread or inline. With the
-    world's fingerprints, one rank per node reads the world's plan set (:mod:`..pipeline.node_plans`)."""
+    world's fingerprints, one rank per node reads the world's plan set (:mod:`..pipeline.node_plans`).
+    ``world`` is asked only after a local miss: a warm node never computes the other ranks' keys."""
     try:
         resolver = boot.resolver()
-        if world and resolver.reads_store:
-            import socket
+        if world is not None and resolver.reads_store:
+            local = resolver.local(fp)
+            if local.verified is not None:
+                return local
+            members = world()
+            if members:
+                import socket
 
-            replica = replica_of(socket.gethostname(), boot.config.set_replicas)
-            return resolve_node(resolver, fp, world, deadline, replica)
+                replica = replica_of(socket.gethostname(), boot.config.set_replicas)
+                return resolve_node(resolver, fp, members, deadline, replica)
         return resolver.resolve(fp, deadline)
     except PlanCacheError as exc:
         return PlanResult(fp, "local", error=exc)
@@ -169,8 +175,8 @@ def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
     if os.path.lexists(plan_dir().path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
     deadline = time.monotonic() + boot.config.timeout
-    world = world_of(worker, fingerprint, fp)
-    boot.prefetch = Prefetch(fp, deadline, lambda: _resolve(boot, fp, deadline, world)).start()
+    members = world_of(worker, fingerprint, fp)  # on this thread: the configuration is vLLM's to change
+    boot.prefetch = Prefetch(fp, deadline, lambda: _resolve(boot, fp, deadline, lambda: members)).start()
 
 
 def _without_plans(worker: Any) -> None:
@@ -189,7 +195,7 @@ def _without_plans(worker: Any) -> None:
     log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic(), worker)
 
 
-def _lookup(boot: Boot, fp: str, world: list[str] | None = None) -> PlanResult:
+def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = None) -> PlanResult:
     """The prefetched result for ``fp`` (waiting at most the rest of its budget), else resolve now."""
     pending = boot.prefetch
     if pending is None or pending.key != fp:
@@ -208,8 +214,8 @@ def _lookup(boot: Boot, fp: str, world: list[str] | None = None) -> PlanResult:
 
 def decide_plan(worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | None = None) -> tuple[Decision, str]:
     """The decision for this worker and fingerprint, and where the plan came from."""
-    world = world_of(worker, fingerprint, fp) if fingerprint is not None and boot.store_reads else None
-    result = _lookup(boot, fp, world)
+    world = (lambda: world_of(worker, fingerprint, fp)) if fingerprint is not None and boot.store_reads else None
+    result = _lookup(boot, fp, world)  # computed only if nothing was prefetched and the local plan misses
     if result.verified is not None:
         statement = result.verified.statement
         boot.signed_profile_ms = statement.measurements.get("profile_ms") if statement is not None else None
