@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from ..trust.errors import PlanCacheError
 from ..trust.planset import set_object_id
 from .capped_reads import read_object
-from .deadline import store_error, with_retries
+from .deadline import store_error
 from .threads import Pending
 
 if TYPE_CHECKING:
@@ -42,18 +41,7 @@ def set_names(store: "Store", deadline: float | None = None) -> list[str]:
 
 def delete_sets(store: "Store", names: Iterable[str], deadline: float | None = None) -> None:
     """Delete set objects; one already gone is not an error."""
-    todo = [n for n in names if set_object_id(n) or _not_a_set(n)]
-    deadline = store._deadline(deadline)
-
-    async def remove(name: str) -> None:
-        try:
-            await with_retries(lambda: store._call("rm_file", store.path(name)), deadline)
-        except FileNotFoundError:
-            pass
-
-    for outcome in store._each_by(todo, remove, f"delete from {store.url}", deadline).values():
-        if isinstance(outcome, PlanCacheError):
-            raise outcome
+    store.delete_objects([n for n in names if set_object_id(n) or _not_a_set(n)], deadline)
 
 
 def _not_a_set(name: str) -> bool:

@@ -2,8 +2,7 @@
 
 The store moves bytes and decides nothing: :meth:`Store.fetch_many` returns raw plan and
 sidecar bytes for the trust core to verify, :meth:`Store.put_many` uploads what the caller hands it.
-The remote layout mirrors vLLM's directory: ``<prefix>/startup_plan_<fp>.json`` and
-``<prefix>/startup_plan_<fp>.json.sig``.
+The remote layout mirrors vLLM's directory: ``<prefix>/startup_plan_<fp>.json`` and its ``.sig``.
 
 What it does guarantee is bounded cost, whatever the store does:
 
@@ -330,7 +329,10 @@ class Store:
 
     def delete(self, fingerprints: Iterable[str], deadline: float | None = None) -> None:
         """Delete plans and their sidecars; objects already gone are not an error."""
-        names = [n for fp in fingerprints for n in (plan_name(fp), sig_name(fp))]
+        self.delete_objects([n for fp in fingerprints for n in (plan_name(fp), sig_name(fp))], deadline)
+
+    def delete_objects(self, names: list[str], deadline: float | None = None) -> None:
+        """Delete these objects under the prefix (plans, sidecars, plan sets); gone is not an error."""
         deadline = self._deadline(deadline)
 
         async def remove(name: str) -> None:
