@@ -74,7 +74,7 @@ def main() -> int:
 
     from plancache.keys.keyfile import generate_keypair
     from plancache.storage.store import open_store
-    from plancache.trust.plan import plan_name
+    from plancache.trust.plans.plan import plan_name
     from plancache.trust.signing import sign_plan
     from plancache.pipeline.resolver import utcnow
 

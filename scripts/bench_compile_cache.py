@@ -30,10 +30,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from plancache.pipeline import compile_cache as cc
-from plancache.pipeline.compile_load import guard
+from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.load import guard
 from plancache.storage.store import open_store
-from plancache.trust.keys import Ed25519Signer, signer_keyring
+from plancache.trust.keyring.keys import Ed25519Signer, signer_keyring
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "tests" / "compile_toy.py"

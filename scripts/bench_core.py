@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
 from plancache.pipeline.audit import check_many  # noqa: E402
-from plancache.storage.localdir import LocalPlanDir  # noqa: E402
+from plancache.storage.local.localdir import LocalPlanDir  # noqa: E402
 from plancache.trust import envelope as dsse  # noqa: E402
-from plancache.trust.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line  # noqa: E402
-from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan  # noqa: E402
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line  # noqa: E402
+from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan  # noqa: E402
 from plancache.trust.policy import TrustPolicy  # noqa: E402
 from plancache.trust.signing import sign_plan  # noqa: E402
 from plancache.trust.verify import verify_plan  # noqa: E402
@@ -186,7 +186,7 @@ def bench_floor(plans: int, rounds: int) -> None:
 
 def bench_imports() -> None:
     code = (
-        "import sys, plancache, plancache.trust.verify, plancache.trust.gate, plancache.cli.main;"
+        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, plancache.cli.main;"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}

@@ -127,7 +127,7 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from plancache.trust import envelope as dsse
-    from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+    from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
     from plancache.trust.signing import sign_plan
     from datetime import datetime, timezone
 
@@ -235,7 +235,7 @@ def boot_once(v: Vllm, root: Path, load_seconds: float, prefetch: bool = True) -
 def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, label: str, boots: int, load_seconds: float) -> dict[str, Any]:
     from datetime import datetime, timezone
 
-    from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+    from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
     from plancache.trust.signing import sign_plan
 
     from store_servers import AWS_ENV

@@ -175,9 +175,9 @@ def main() -> int:
     import boto3
 
     from plancache.keys.keyfile import generate_keypair, load_keyring
-    from plancache.storage.localdir import LocalPlanDir
+    from plancache.storage.local.localdir import LocalPlanDir
     from plancache.storage.store import open_store
-    from plancache.trust.plan import Plan, plan_name, render_plan
+    from plancache.trust.plans.plan import Plan, plan_name, render_plan
     from plancache.pipeline.resolver import Resolver
     from plancache.trust.policy import TrustPolicy
     from plancache.trust.signing import sign_plan

@@ -8,7 +8,7 @@ resolution with its own store client and a ``--budget`` deadline:
 
 * ``today``: :meth:`Resolver.resolve` per rank (plan + sidecar, 2 GETs), the retries before
   this work (``deadline.LEGACY_RETRIES``: 3 tries, 50-200 ms);
-* ``new``: :func:`~plancache.pipeline.node_plans.resolve_node` (one rank per node reads the
+* ``new``: :func:`~plancache.pipeline.plan_sets.node_plans.resolve_node` (one rank per node reads the
   world's plan set, the others wait on the node lock), full-jitter backoff with Retry-After.
 
 Scaling: ``--nodes N`` stands for 10,000 nodes by multiplying every limit by N / 10,000
@@ -117,7 +117,7 @@ def bake(work: Path, url: str, options: dict[str, Any], ranks: int, replicas: in
     from plancache.cli.main import main
     from plancache.keys.keyfile import generate_keypair
     from plancache.pipeline.trust_config import worker_policy
-    from plancache.trust.plan import Plan, plan_name, render_plan
+    from plancache.trust.plans.plan import Plan, plan_name, render_plan
     from plancache.trust.signing import sign_plan
 
     signer = generate_keypair(work / "ci", force=True, comment="ci")
@@ -211,10 +211,10 @@ def _prime(store: Any) -> None:
 def _run_nodes(by_rank: dict[tuple[int, int], Any], policy: Any, world: list[str], offsets: list[float], start: float,
                budget: float, mode: str, replicas: int, root: Path, nodes: list[int] | None = None) -> list[Outcome]:
     """Every rank of ``nodes`` (default: all) in a thread of its own, arriving at its node's offset."""
-    from plancache.pipeline import node_plans
+    from plancache.pipeline.plan_sets import node_plans
     from plancache.pipeline.resolver import Resolver
     from plancache.storage import deadline as retries
-    from plancache.storage.localdir import LocalPlanDir
+    from plancache.storage.local.localdir import LocalPlanDir
 
     retries.LEGACY_RETRIES = mode == "today"
     outcomes: list[Outcome] = []

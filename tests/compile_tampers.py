@@ -17,7 +17,7 @@ from typing import Callable
 
 import compile_payloads as P
 
-from plancache.trust.manifest import MAX_FILE_BYTES
+from plancache.trust.compile_cache.manifest import MAX_FILE_BYTES
 
 PY = sys.executable
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -9,8 +9,8 @@ from typing import Callable
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from plancache.trust.keys import Ed25519Signer, Keyring, TrustedKey
-from plancache.trust.plan import Plan, plan_name, render_plan
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey
+from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.result import PlanResult
 from plancache.trust.signing import sign_plan
 

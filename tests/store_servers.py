@@ -612,7 +612,7 @@ def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: st
     from conftest import FP, plan_bytes
     from plancache.keys.schemes import load_signer
     from plancache.pipeline.resolver import utcnow
-    from plancache.trust.plan import plan_name, sig_name
+    from plancache.trust.plans.plan import plan_name, sig_name
     from plancache.trust.signing import sign_plan
 
     data = plan_bytes()

@@ -35,8 +35,9 @@ logging.getLogger("vllm.plancache").addHandler(Keep())
 logging.getLogger("vllm.plancache").setLevel(logging.INFO)
 
 from plancache.keys.keyfile import file_signer
-from plancache.pipeline import compile_cache as cc
-from plancache.vllm_plugin import compile_guard, record
+from plancache.pipeline.compile_cache import flows as cc
+from plancache.vllm_plugin import record
+from plancache.vllm_plugin.compile_cache import guard as compile_guard
 
 assert compile_guard.install()
 from vllm.compilation import decorators
@@ -116,8 +117,8 @@ def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compil
 
     from compile_boots import ROOT_NAME, boot, cache_dir
     from plancache.pipeline.trust_config import worker_policy
-    from plancache.trust.manifest import verify_manifest
-    from plancache.pipeline.compile_cache import read_sidecar
+    from plancache.trust.compile_cache.manifest import verify_manifest
+    from plancache.pipeline.compile_cache.flows import read_sidecar
     from datetime import datetime, timezone
 
     (tmp_path / "keys").mkdir()

@@ -33,7 +33,7 @@ TINY = ["--max-model-len", "128", "--enforce-eager", "--load-format", "dummy"]
 def test_without_vllm_one_line_and_exit_2(tmp_path: Path) -> None:
     probe = (
         "import sys; sys.modules['vllm'] = None\n"  # as if the [vllm] extra were not installed
-        "import plancache.cli.fingerprint\n"
+        "import plancache.cli.diagnose.fingerprint\n"
         "from plancache.cli.main import main\n"
         "sys.exit(main(['fingerprint', '--', 'some/model']))"
     )

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.localdir import LocalPlanDir
-from plancache.trust.plan import plan_name
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.plans.plan import plan_name
 from cli_support import keys, run, s3  # noqa: F401 - fixtures
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
@@ -356,7 +356,7 @@ def test_s3_flags_reach_the_store_as_storage_options(
 def test_debug_is_plancache_debug_before_or_after_the_command(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import plancache.cli.offline as offline
+    import plancache.cli.plans.offline as offline
 
     def broken(args: object) -> int:
         raise RuntimeError("a bug")

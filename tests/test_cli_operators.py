@@ -18,9 +18,9 @@ from plancache.cli.main import main
 from plancache.cli.output import Progress
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
-from plancache.trust.plan import plan_name, sig_name
+from plancache.trust.plans.plan import plan_name, sig_name
 from cli_support import keys, run, s3  # noqa: F401 - fixtures
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
@@ -205,7 +205,7 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
         f"rc = main(['pull', '--trusted-keys', {str(keys) + '.pub'!r}, '--fingerprint', {FP!r}, {url!r}, "
         f"{str(tmp_path / 'node')!r}]); "
         "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', 'plancache.pipeline.bulk', "
-        "'plancache.cli.offline', 'plancache.pipeline.signing', 'tqdm', 'jsonschema', 'concurrent.futures.process') "
+        "'plancache.cli.plans.offline', 'plancache.pipeline.signing', 'tqdm', 'jsonschema', 'concurrent.futures.process') "
         "if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

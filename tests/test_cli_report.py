@@ -13,8 +13,8 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.localdir import LocalPlanDir
-from plancache.trust.plan import plan_name, sig_name
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.plans.plan import plan_name, sig_name
 
 FP2 = "fedcba9876543210"
 SCHEMA = json.loads(resources.files("plancache.cli").joinpath("report.schema.json").read_text())

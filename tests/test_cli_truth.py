@@ -20,8 +20,8 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.localdir import LocalPlanDir
-from plancache.trust.plan import plan_name
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.plans.plan import plan_name
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 FP2 = "fedcba9876543210"
@@ -85,7 +85,7 @@ def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
     def bug(*args: object, **kwargs: object) -> None:  # a bug in the audit, whatever it is
         raise RuntimeError("a bug in the audit")
 
-    monkeypatch.setattr("plancache.cli.offline.audit_plans", bug)
+    monkeypatch.setattr("plancache.cli.plans.offline.audit_plans", bug)
     code = main(["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]])
     out, err = capsys.readouterr()
     assert code == 2 and json.loads(out)["error"]["reason"] == "internal-error"

@@ -18,11 +18,11 @@ import pytest
 from conftest import NOW, keyring_of, make_signer
 
 from plancache.cli.main import main
-from plancache.pipeline import compile_cache as cc
-from plancache.pipeline import compile_load as cl
+from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache import load as cl
 from plancache.storage.compile_cache import archives, cachedir
 from plancache.storage.store import open_store
-from plancache.trust import manifest as mf
+from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.errors import Reason, Rejected
 
 SUBJECT = "torch_aot_compile/" + "ab" * 32

@@ -22,13 +22,13 @@ import pytest
 from conftest import NOW
 from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
 
-from plancache.pipeline import compile_cache as cc
-from plancache.pipeline import compile_load as cl
+from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache import load as cl
 from plancache.storage.compile_cache import archives, cachedir, private_copy
-from plancache.storage.files import write_atomic
+from plancache.storage.local.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError
-from plancache.vllm_plugin import compile_publish
+from plancache.vllm_plugin.compile_cache import publish as compile_publish
 
 
 def _files(directory: Path) -> dict[str, bytes]:
@@ -178,7 +178,7 @@ def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_p
     older = cc.CacheRoot(tmp_path / "older")
     (older.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (older.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"an older compile")
-    cc.sign_cache(older, SUBJECT, SIGNER, NOW - timedelta(days=3), timedelta(days=30))
+    cc.sign_cache(older, SUBJECT, SIGNER, NOW - timedelta(days=3), expires_in=timedelta(days=30))
     cc.push_cache(store, older, SUBJECT, KEYRING, NOW)  # a bucket writer puts the older signed cache back
     before = _files(signed.directory(SUBJECT))
     outcome = cc.pull_cache(store, signed, SUBJECT, KEYRING, NOW)

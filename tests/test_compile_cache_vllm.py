@@ -30,7 +30,7 @@ from store_servers import FaultObject, FaultServer  # noqa: E402
 
 from plancache.pipeline.resolver import utcnow as mf_now  # noqa: E402
 from plancache.pipeline.trust_config import worker_policy  # noqa: E402
-from plancache.trust import manifest as mf  # noqa: E402
+from plancache.trust.compile_cache import manifest as mf  # noqa: E402
 
 pytest.importorskip("vllm")
 BUCKET_PREFIX = "bucket/fleet"

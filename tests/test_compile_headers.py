@@ -23,14 +23,14 @@ import pytest
 from conftest import NOW, keyring_of, make_signer
 
 from plancache.cli.main import main
-from plancache.pipeline import compile_cache as cc
-from plancache.pipeline import compile_headers as ch
+from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache import headers as ch
 from plancache.storage.compile_cache import archives
 from plancache.storage.compile_cache import headers as files
 from plancache.storage.store import open_store
-from plancache.trust import headers as th
+from plancache.trust.compile_cache import headers as th
 from plancache.trust.errors import Rejected
-from plancache.vllm_plugin import headers as plugin_headers
+from plancache.vllm_plugin.compile_cache import headers as plugin_headers
 
 SUBJECT = "torch_aot_compile/" + "cd" * 32
 NAME = "cabcdefghijklmnop0123456789.h.gch"
@@ -201,7 +201,7 @@ def test_an_older_store_without_header_objects_still_pulls(tmp_path: Path, capsy
 
 def test_cli_pull_installs_the_headers_beside_the_cache(build: tuple[Path, Path], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from plancache.trust.keyformat import openssh_line
+    from plancache.trust.keyring.keyformat import openssh_line
 
     built = cc.CacheRoot(build[0])
     (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
@@ -299,7 +299,7 @@ def test_plugin_past_the_budget_builds_and_logs_it(plugin: Any, tmp_path: Path, 
 
 def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugin: Any, build: tuple[Path, Path],
                                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from plancache.vllm_plugin import compile_publish
+    from plancache.vllm_plugin.compile_cache import publish as compile_publish
 
     base, directory = build
     root = cc.CacheRoot(base)

@@ -45,7 +45,7 @@ handler = logging.StreamHandler(stream)
 handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
 logging.getLogger("vllm.plancache").addHandler(handler)
 import plancache.vllm_plugin as plugin
-from plancache.vllm_plugin import compile_guard
+from plancache.vllm_plugin.compile_cache import guard as compile_guard
 out = {}
 for value in json.loads(sys.argv[1]):
     os.environ.pop("PLANCACHE_COMPILE_CACHE", None)

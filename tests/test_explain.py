@@ -22,9 +22,9 @@ import jsonschema
 import pytest
 
 from plancache.keys.keyfile import generate_keypair
-from plancache.pipeline import compile_cache as cc
+from plancache.pipeline.compile_cache import flows as cc
 from plancache.trust.inputs import fingerprint_of_inputs
-from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.statement import parse_statement
 from plancache.trust import envelope as dsse
@@ -44,7 +44,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     os.environ.update(cpu)
     model = root / "tiny-llama"
     write_tiny_model(model)
-    from plancache.cli.fingerprint import node_config
+    from plancache.cli.diagnose.fingerprint import node_config
     from plancache.vllm_plugin.adapter import compile_factors
 
     result, cfg = node_config([str(model), *TINY], DEVICE_NAME, DEVICE_TOTAL)

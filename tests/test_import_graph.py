@@ -88,3 +88,13 @@ def test_a_lazy_import_counts_and_a_circle_through_it_is_found() -> None:
     graph["plancache.trust.errors"] = graph["plancache.trust.errors"] | {"plancache.storage.store"}
     found = circle(graph)
     assert found is not None and found[0] == found[-1] and "plancache.trust.errors" in found
+
+
+def test_no_folder_holds_more_than_twelve_modules() -> None:
+    """A room that grows past a dozen modules is split by what its modules share, so that the
+    folder listing still says where a thing lives (docs/layout.md)."""
+    folders: dict[Path, int] = {}
+    for path in ROOT.rglob("*.py"):
+        folders[path.parent] = folders.get(path.parent, 0) + 1
+    crowded = {str(d.relative_to(ROOT.parent)): n for d, n in folders.items() if n > 12}
+    assert len(folders) > 10 and not crowded, crowded

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import make_signer
-from plancache.trust.allowed_signers import matches_pattern_list
+from plancache.trust.keyring.allowed_signers import matches_pattern_list
 from plancache.trust.errors import ConfigError
-from plancache.trust.keys import openssh_line, parse_trusted_keys
+from plancache.trust.keyring.keys import openssh_line, parse_trusted_keys
 
 
 def error_of(text: str) -> str:

@@ -14,11 +14,11 @@ from conftest import FP, plan_bytes
 from kms_standins import AwsKms, aws_key, p256_key, self_signed
 from plancache.cli.main import main
 from plancache.keys.schemes import load_signer
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
-from plancache.trust.keyformat import key_id, openssh_line
-from plancache.trust.plan import plan_name
+from plancache.trust.keyring.keyformat import key_id, openssh_line
+from plancache.trust.plans.plan import plan_name
 from store_servers import AWS_ENV, BlackHole, closed_port
 
 pytest.importorskip("boto3")

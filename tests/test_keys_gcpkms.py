@@ -16,9 +16,9 @@ from conftest import FP, plan_bytes
 from kms_standins import GcpKms
 from plancache.cli.main import main
 from plancache.keys.schemes import load_signer
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
-from plancache.trust.keyformat import key_id, openssh_line
+from plancache.trust.keyring.keyformat import key_id, openssh_line
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 pytest.importorskip("google.cloud.kms_v1")

@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from conftest import FP, plan_bytes
 from plancache.keys.schemes import load_signer
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.errors import ConfigError, PlanCacheError
-from plancache.trust.keyformat import key_id, openssh_line
+from plancache.trust.keyring.keyformat import key_id, openssh_line
 
 MODULE = "/usr/lib/softhsm/libsofthsm2.so"
 _missing = [tool for tool in ("softhsm2-util", "pkcs11-tool") if shutil.which(tool) is None]

@@ -23,9 +23,9 @@ from plancache.keys.remote import RemoteSigner
 from plancache.keys.schemes import load_signer
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
-from plancache.trust.keyformat import key_id, openssh_line
-from plancache.trust.keys import signer_keyring
-from plancache.trust.plan import plan_name
+from plancache.trust.keyring.keyformat import key_id, openssh_line
+from plancache.trust.keyring.keys import signer_keyring
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import MAX_SIGNED_BYTES, sign_plan
 from plancache.trust.verify import verify_plan
 
@@ -194,7 +194,7 @@ def test_an_existing_statement_over_the_cap_is_not_co_signed(monkeypatch: pytest
 def test_the_compile_guard_loads_its_signing_key_only_to_sign(caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A warm boot checks caches but signs none: an unreachable KMS key must cost it nothing."""
-    from plancache.vllm_plugin import compile_guard
+    from plancache.vllm_plugin.compile_cache import guard as compile_guard
     from store_servers import AWS_ENV, BlackHole
 
     hole = BlackHole()

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

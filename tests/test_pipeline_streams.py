@@ -7,10 +7,10 @@ from pathlib import Path
 from conftest import make_signer, plan_bytes
 from plancache.pipeline.audit import audit_store
 from plancache.pipeline.resolver import Resolver, utcnow
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
-from plancache.trust.keys import Keyring, TrustedKey
-from plancache.trust.plan import plan_name
+from plancache.trust.keyring.keys import Keyring, TrustedKey
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.policy import TrustPolicy
 from plancache.trust.signing import sign_plan
 

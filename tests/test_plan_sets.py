@@ -20,15 +20,15 @@ import pytest
 from conftest import NOW, keyring_of, make_signer, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
-from plancache.pipeline.node_plans import outcome_path, resolve_node
+from plancache.pipeline.plan_sets.node_plans import outcome_path, resolve_node
 from plancache.pipeline.resolver import Resolver, utcnow
 from plancache.pipeline.trust_config import worker_policy
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import PlanCacheError, Rejected
-from plancache.trust.plan import Plan, plan_name, render_plan
-from plancache.trust.planset import build_set, replica_name, set_name, split_set, verify_set
+from plancache.trust.plans.plan import Plan, plan_name, render_plan
+from plancache.trust.plans.planset import build_set, replica_name, set_name, split_set, verify_set
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from store_servers import azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)

@@ -31,7 +31,7 @@ from plancache.storage import conditional_deletes, versioned
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plan import plan_name, sig_name
+from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, FaultObject, FaultServer, fault_server, fault_server_session, GcsEmulator, LoopbackServer, MotoServer, QuietHTTPServer, azurite, gcs_emulator, moto_server,
 )

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from conftest import FP, make_signer, plan_bytes
-from plancache.storage.localdir import LocalPlanDir
-from plancache.trust.keys import openssh_line
-from plancache.trust.plan import Plan, plan_name, render_plan
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.keyring.keys import openssh_line
+from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.signing import sign_plan
 from plancache.pipeline.resolver import utcnow
 from store_servers import MotoServer, moto_server  # noqa: F401
@@ -117,7 +117,7 @@ def test_pull_counts_the_store_opening_inside_its_budget(tmp_path: Path, monkeyp
     import time
 
     import plancache.api as api
-    from plancache.trust.keys import Keyring
+    from plancache.trust.keyring.keys import Keyring
 
     opened: dict[str, float] = {}
     seen: list[float] = []

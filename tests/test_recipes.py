@@ -23,8 +23,8 @@ import yaml
 
 from conftest import FP, plan_bytes
 from plancache.keys.keyfile import generate_keypair
-from plancache.storage.localdir import LocalPlanDir
-from plancache.trust.plan import plan_name, sig_name
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "journeys.md"

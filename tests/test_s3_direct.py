@@ -20,7 +20,7 @@ from conftest import FP, plan_bytes
 from plancache.storage.s3.direct import MAX_FINGERPRINTS, direct_settings
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason
-from plancache.trust.plan import plan_name, sig_name
+from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, FaultObject, FaultServer, MotoServer, fault_server, fault_server_session, s3_read_path,
 )

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from conftest import FP, plan_bytes
-from plancache.storage.files import read_capped, write_atomic
-from plancache.storage.localdir import LocalPlanDir, default_plan_dir
+from plancache.storage.local.files import read_capped, write_atomic
+from plancache.storage.local.localdir import LocalPlanDir, default_plan_dir
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plan import plan_name, sig_name
+from plancache.trust.plans.plan import plan_name, sig_name
 
 
 def test_plan_dir_resolution_follows_vllm() -> None:

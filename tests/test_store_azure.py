@@ -19,10 +19,10 @@ from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.azure.blob import BoundedAzureBlobFileSystem, CappedTransport
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
+from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
 import store_servers
 from store_servers import (  # noqa: F401 (fixtures)
     nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, azurite, black_hole, closed_port, fault_server, fault_server_session,

@@ -21,10 +21,10 @@ from conftest import FP, GIB, plan_bytes, raw
 from plancache.cli.main import main
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
+from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
 from plancache.trust.signing import sign_plan
 from store_servers import GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
 

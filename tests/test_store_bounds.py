@@ -23,7 +23,7 @@ from plancache.storage import store as store_module
 from plancache.storage.backends import CONCURRENCY
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import Reason
-from plancache.trust.plan import plan_name, sig_name
+from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
     s3_read_path, synthetic_fp,

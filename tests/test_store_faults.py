@@ -21,7 +21,7 @@ from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plan import MAX_PLAN_BYTES, plan_name, sig_name
+from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
 import store_servers
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
@@ -249,7 +249,7 @@ def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_import_plancache_stays_light() -> None:
     code = (
-        "import sys, plancache, plancache.trust.verify, plancache.trust.gate, plancache.cli.main, "
+        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, plancache.cli.main, "
         "plancache.storage.store\n"
         "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import FP, GIB, plan_bytes
 from plancache.keys.keyfile import generate_keypair
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
-from plancache.trust.plan import plan_name, sig_name
+from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

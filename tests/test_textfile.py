@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from plancache.cli.main import main
-from plancache.cli.textfile import render
-from plancache.storage import records
+from plancache.cli.diagnose.textfile import render
+from plancache.storage.local import records
 
 APPLIED = {"schema": "plancache.boot/v1", "time": "2026-12-02T05:00:00Z", "rank": 0, "final": True,
            "plan": {"decision": "apply", "reason": "applied", "source": "store"},

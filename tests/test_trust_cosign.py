@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, Reason, Rejected
-from plancache.trust.keys import Ed25519Signer, Keyring
-from plancache.trust.plan import plan_name
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_or_cosign, sign_plan
 from plancache.trust.statement import Statement, parse_statement
 from plancache.trust.verify import verify_plan

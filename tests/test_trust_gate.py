@@ -6,8 +6,8 @@ from datetime import timedelta
 
 from conftest import FP, GIB, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust.errors import Reason, Rejected
-from plancache.trust.gate import Decision, Verdict, decide
-from plancache.trust.plan import plan_name
+from plancache.trust.plans.gate import Decision, Verdict, decide
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import admit_unsigned, verify_plan
 

@@ -12,8 +12,8 @@ from conftest import NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, Rejected
 from plancache.trust.inputs import check_inputs, differences, fingerprint_of_inputs, without_secrets
-from plancache.trust.manifest import Manifest, parse_manifest, sign_manifest, verify_manifest
-from plancache.trust.plan import plan_name
+from plancache.trust.compile_cache.manifest import Manifest, parse_manifest, sign_manifest, verify_manifest
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 

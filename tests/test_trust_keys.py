@@ -17,7 +17,7 @@ from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.trust_config import keys_source, load_trusted_keys
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
-from plancache.trust.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
+from plancache.trust.keyring.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
 
 
 def config_error(func, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]

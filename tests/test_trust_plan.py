@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import FP, GIB, plan_bytes
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plan import (
+from plancache.trust.plans.plan import (
     MAX_INT,
     MAX_PLAN_BYTES,
     Plan,

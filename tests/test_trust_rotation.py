@@ -13,8 +13,8 @@ import pytest
 
 from conftest import GIB, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.keys import Ed25519Signer, Keyring, openssh_line, parse_trusted_keys
-from plancache.trust.plan import plan_name
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring, openssh_line, parse_trusted_keys
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_or_cosign, sign_plan
 from plancache.trust.statement import format_time
 from plancache.trust.verify import verify_plan

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import PlanCacheError, Reason, Rejected
-from plancache.trust.keys import Ed25519Signer, Keyring
-from plancache.trust.plan import parse_plan, plan_name
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring
+from plancache.trust.plans.plan import parse_plan, plan_name
 from plancache.trust.signing import add_signature, sign_plan
 from plancache.trust.statement import Statement, parse_statement
 from plancache.trust.verify import VerifiedPlan, admit_unsigned, verify_plan

@@ -13,12 +13,12 @@ import pytest
 
 from conftest import FP, make_signer, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.localdir import LocalPlanDir
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import Reason
-from plancache.trust.gate import Decision
-from plancache.trust.keys import openssh_line
-from plancache.trust.plan import plan_name
+from plancache.trust.plans.gate import Decision
+from plancache.trust.keyring.keys import openssh_line
+from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_plan
 from plancache.pipeline.resolver import utcnow
 from plancache.vllm_plugin.boot import log_decision

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import pytest
 
 from plancache.keys.keyfile import generate_keypair
-from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 import vllm_cpu
 from vllm_cpu import GIB, PLANNED_KV, UTIL, cpu_environ, engine_config, pin_device, write_tiny_model

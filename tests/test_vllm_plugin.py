@@ -33,8 +33,8 @@ from typing import Any, Iterator
 import pytest
 
 from plancache.keys.keyfile import generate_keypair, load_keyring
-from plancache.trust.keys import Ed25519Signer
-from plancache.trust.plan import Plan, parse_plan, plan_name, render_plan, sig_name
+from plancache.trust.keyring.keys import Ed25519Signer
+from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from store_servers import AWS_ENV, BlackHole, MotoServer, azurite, black_hole, moto_server  # noqa: F401
@@ -1096,7 +1096,7 @@ def test_a_boot_record_carries_no_credential_of_the_store_url(plugin: SimpleName
 
 def test_boot_records_are_bounded_and_never_written_through_a_link(
         plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
-    from plancache.storage import records
+    from plancache.storage.local import records
 
     for _ in range(3):
         worker = make_worker(plugin)

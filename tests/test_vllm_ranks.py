@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import pytest
 
 from plancache.keys.keyfile import generate_keypair
-from plancache.trust.plan import Plan, plan_name, render_plan, sig_name
+from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S
 from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, free_port, moto_server  # noqa: F401

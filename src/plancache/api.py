@@ -9,7 +9,7 @@
         print(report.fingerprint, report.status, report.reason, report.signer_ids)
     results = plancache.pull("s3://acme-plans/llama", "/opt/vllm-cache/startup_plan", keys)
 
-Both accept a :class:`~plancache.trust.keys.Keyring` (from :func:`load_trusted_keys`) or a
+Both accept a :class:`~plancache.trust.keyring.keys.Keyring` (from :func:`load_trusted_keys`) or a
 :class:`~plancache.trust.policy.TrustPolicy`, and read the environment as the CLI does, what
 is passed explicitly winning: no ``trust`` means ``$PLANCACHE_TRUSTED_KEYS`` (as
 ``--trusted-keys``' default), ``storage_options`` are merged key by key over
@@ -31,7 +31,7 @@ from .pipeline.resolver import Resolver, utcnow
 from .settings import TRUSTED_KEYS_ENV
 from .storage.deadline import checked_budget
 from .trust.errors import ConfigError
-from .trust.keys import Keyring
+from .trust.keyring.keys import Keyring
 from .trust.policy import TrustPolicy
 from .trust.result import PlanResult
 
@@ -55,8 +55,8 @@ def verify_location(
     jobs: int | None = None,
 ) -> list[PlanReport]:
     """One report per plan in a directory (default: vLLM's plan directory) or store URL."""
-    _, reports = audit_location(location, _policy(trust), utcnow(), storage_options_for(storage_options),
-                                timeout, jobs)
+    _, reports = audit_location(location, _policy(trust), utcnow(), storage_options=storage_options_for(storage_options),
+                                timeout=timeout, jobs=jobs)
     return reports
 
 

@@ -53,7 +53,7 @@ def debug(p: argparse.ArgumentParser, default: object = False) -> None:
 
 
 def add_parsers(sub: Sub) -> None:
-    p = _add(sub, "keygen", "offline:cmd_keygen", "create an Ed25519 signing key (PATH) and its public key (PATH.pub)",
+    p = _add(sub, "keygen", "plans.offline:cmd_keygen", "create an Ed25519 signing key (PATH) and its public key (PATH.pub)",
              "Write a new Ed25519 private key to PATH (PEM PKCS#8, mode 0600; encrypted when PLANCACHE_KEY_PASSPHRASE "
              "is set) and its OpenSSH public line to PATH.pub, which is itself a valid trusted-keys file.")
     p.add_argument("path", metavar="PATH")
@@ -70,7 +70,7 @@ def add_parsers(sub: Sub) -> None:
     p.add_argument("--name", help="name written after the key (the key's name in verify reports)")
     _json(p)
 
-    p = _add(sub, "sign", "offline:cmd_sign", "sign every plan in DIR that lacks a valid signature by the key",
+    p = _add(sub, "sign", "plans.offline:cmd_sign", "sign every plan in DIR that lacks a valid signature by the key",
              "Sign each plan in DIR that lacks a valid signature by KEY. A plan already signed by other keys is "
              "co-signed (same statement, one more signature) only if that statement verifies under --trusted-keys and "
              "says what this command would sign; otherwise it is refused (exit 1) unless --replace. Warns when the gate's conditions "
@@ -93,7 +93,7 @@ def add_parsers(sub: Sub) -> None:
          "List plans: fingerprint, KV cache GiB, baseline GiB, signer, signed at, expiry, status. Without trusted "
          "keys, values are shown unverified. Exit 2 if the bucket or directory does not exist."),
     ):
-        p = _add(sub, name, f"offline:cmd_{name}", summary, description)
+        p = _add(sub, name, f"plans.offline:cmd_{name}", summary, description)
         add_trust_options(p)
         _json(p)
         p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
@@ -108,7 +108,7 @@ def add_parsers(sub: Sub) -> None:
         p.add_argument("location", nargs="?", metavar="DIR|URL",
                        help="plan directory or store URL (default: vLLM's plan directory, $VLLM_CACHE_ROOT/startup_plan)")
 
-    p = _add(sub, "inspect", "offline:cmd_inspect", "show one plan file and its signature in detail",
+    p = _add(sub, "inspect", "plans.offline:cmd_inspect", "show one plan file and its signature in detail",
              "Show a plan (or its .sig) in detail: fields, envelope, statement, and, with trusted keys, the "
              "verification result. FILE may be a store URL, e.g. s3://bucket/prefix/startup_plan_<fp>.json.")
     p.add_argument("file", metavar="FILE|URL")
@@ -116,7 +116,7 @@ def add_parsers(sub: Sub) -> None:
     add_store_options(p, f"budget of the fetch for a URL (default {DEFAULT_TIMEOUT:g} s)")
     _json(p)
 
-    p = _add(sub, "push", "remote:cmd_push", "sign (with --key) and upload plans to a store",
+    p = _add(sub, "push", "plans.remote:cmd_push", "sign (with --key) and upload plans to a store",
              "Upload the plans in DIR (or the --fingerprint ones) and their signatures to URL. With --key, plans "
              "lacking a valid signature by that key are signed first. Unsigned plans are refused unless "
              "--allow-unsigned. Objects the store already holds byte-identical are skipped. --dry-run signs and "
@@ -135,7 +135,7 @@ def add_parsers(sub: Sub) -> None:
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
     p.add_argument("url", metavar="URL", help="store URL, e.g. s3://bucket/prefix, gs://bucket/prefix, file:///path")
 
-    p = _add(sub, "pull", "remote:cmd_pull", "fetch plans from a store, verify them, write the valid ones into DIR",
+    p = _add(sub, "pull", "plans.remote:cmd_pull", "fetch plans from a store, verify them, write the valid ones into DIR",
              "Fetch each plan (or the --fingerprint ones) and its signature, verify them against the trusted keys, "
              "and write only verified plans into DIR, atomically. Exit 0 all verified, 1 any rejected or missing, "
              "2 usage, configuration or store error (including a bucket that does not exist).")
@@ -150,7 +150,7 @@ def add_parsers(sub: Sub) -> None:
     p.add_argument("url", metavar="URL", help="store URL")
     p.add_argument("dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)")
 
-    p = _add(sub, "prune", "remote:cmd_prune", "delete old, unsigned, invalid or revoked plans from a store",
+    p = _add(sub, "prune", "plans.remote:cmd_prune", "delete old, unsigned, invalid or revoked plans from a store",
              "Delete plans (and their signatures) from URL: signed longer ago than --older-than; without a "
              "signature (--unsigned); that no longer verify because their signing key is revoked (--revoked); or "
              "that fail verification for any reason but a store error (--invalid). A plan is deleted only if the "
@@ -173,7 +173,7 @@ def add_parsers(sub: Sub) -> None:
     _quiet(p)
     p.add_argument("url", metavar="URL", help="store URL")
 
-    p = _add(sub, "doctor", "doctor:cmd_doctor", "would a vLLM worker here apply a plan, and if not why",
+    p = _add(sub, "doctor", "diagnose.doctor:cmd_doctor", "would a vLLM worker here apply a plan, and if not why",
              "Check this machine's set-up as a vLLM worker sees it: the plugin's entry point and VLLM_PLUGINS, "
              "VLLM_ENABLE_STARTUP_PLAN, vLLM's plan directory, trusted keys, signing key, the store (one listing "
              "within PLANCACHE_TIMEOUT), and what a worker would do with each local plan. Exit 0 when a worker "
@@ -206,7 +206,7 @@ def add_parsers(sub: Sub) -> None:
 
 
 def _fingerprint(sub: Sub) -> None:
-    p = _add(sub, "fingerprint", "fingerprint:run",
+    p = _add(sub, "fingerprint", "diagnose.fingerprint:run",
              "print vLLM's plan fingerprint for every rank of a vllm serve configuration",
              "Print vLLM's own startup-plan fingerprint (compute_plan_fingerprint) for every rank of the "
              "configuration given by the vllm serve arguments after --. Needs the [vllm] extra. Device facts come "
@@ -222,7 +222,7 @@ def _fingerprint(sub: Sub) -> None:
 
 
 def _explain(sub: Sub) -> None:
-    p = _add(sub, "explain", "explain:run",
+    p = _add(sub, "explain", "diagnose.explain:run",
              "per rank: would this node use a stored plan and compile cache, and if not which inputs differ",
              "For the vllm serve configuration after -- (taken as plancache fingerprint takes it) and a store URL or "
              "plan directory: verify what is stored, then say per rank whether a worker would apply a plan and load "

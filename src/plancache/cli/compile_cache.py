@@ -18,7 +18,7 @@ directory. The plugin signs only what vLLM loads, so that directory is unsigned:
 other file in it, or a sidecar beside it, makes it an ordinary cache again. The guard at boot
 is unchanged: it still verifies the directory before vLLM's ``initialize_cache`` reads it.
 
-Thin commands over :mod:`plancache.pipeline.compile_cache`; exit codes as ``verify``: 0 every
+Thin commands over :mod:`plancache.pipeline.compile_cache.flows`; exit codes as ``verify``: 0 every
 cache fine; 1 a cache was rejected; 2 usage, configuration or store error.
 """
 
@@ -31,16 +31,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..pipeline import compile_cache as flows
+from ..pipeline.compile_cache import flows
 from ..pipeline.locations import BULK_TIMEOUT, require_push_target
 from ..pipeline.resolver import utcnow
 from ..settings import URL_ENV
 from ..storage.compile_cache import archives, cachedir
-from ..storage.localdir import vllm_cache_root
+from ..storage.local.localdir import vllm_cache_root
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Rejected
-from ..trust.keys import Keyring, signer_keyring
+from ..trust.keyring.keys import Keyring, signer_keyring
 from .inputs import required_policy, required_signer, storage_options
 from .output import print_table, report
 
@@ -150,7 +150,7 @@ def _report(args: argparse.Namespace, outcomes: list[flows.CacheOutcome], listin
 def cmd_sign(args: argparse.Namespace) -> int:
     root, signer, now = _root(args), required_signer(args), utcnow()
     return _report(args, _each(_subjects(args, root.subjects()),
-                               lambda s: flows.sign_cache(root, s, signer, now, args.expires_in, args.comment)))
+                               lambda s: flows.sign_cache(root, s, signer, now, expires_in=args.expires_in, comment=args.comment)))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -174,7 +174,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     require_push_target(store)
     deadline = time.monotonic() + store.timeout
     return _report(args, _each(_subjects(args, root.subjects()),
-                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline), root))
+                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline=deadline), root))
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -184,7 +184,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])
 
     def pull(subject: str) -> flows.CacheOutcome:
-        outcome = flows.pull_cache(store, root, subject, keyring, now, deadline)
+        outcome = flows.pull_cache(store, root, subject, keyring, now, deadline=deadline)
         return _with_headers(outcome, store, root, keyring) if outcome.action in ("pulled", "kept") else outcome
 
     return _report(args, _each(subjects, pull))
@@ -194,14 +194,14 @@ def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRo
     """A pulled (or kept) cache's precompiled headers into the node's private headers directory,
     within their own budget; what happened is noted in the row's detail (torch builds what is
     not installed, so it is never a failure of the pull)."""
-    from ..pipeline.compile_headers import pull_headers
+    from ..pipeline.compile_cache.headers import pull_headers
     from ..settings import HEADERS_TIMEOUT
     from ..storage.compile_cache.headers import HEADERS_SUBDIR
     from ..storage.compile_cache.private_copy import PRIVATE_SUBDIR
 
     directory = root.root / PRIVATE_SUBDIR / HEADERS_SUBDIR
     got = pull_headers(store, outcome.subject, keyring, utcnow(), root.root, directory,
-                       time.monotonic() + max(store.timeout, HEADERS_TIMEOUT))
+                       deadline=time.monotonic() + max(store.timeout, HEADERS_TIMEOUT))
     note = f"headers: {got.action}" + (f" {len(got.installed)} ({got.size} bytes)" if got.installed else "") + (
         f" ({got.reason}: {got.detail})" if got.reason else f" ({got.detail})" if got.detail else "")
     return replace(outcome, detail=f"{outcome.detail}; {note}" if outcome.detail else note)

@@ -17,9 +17,9 @@ from pathlib import Path
 from ..keys.keyfile import generate_keypair
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import trust_policy
-from ..storage.localdir import LocalPlanDir
-from ..trust.gate import decide
-from ..trust.plan import Plan, plan_name, render_plan
+from ..storage.local.localdir import LocalPlanDir
+from ..trust.plans.gate import decide
+from ..trust.plans.plan import Plan, plan_name, render_plan
 from .args import key_value
 
 GIB = 2**30

@@ -19,7 +19,7 @@ from .args import key_value, positive_int
 
 if TYPE_CHECKING:
     from ..pipeline.signing import SigningRequest
-    from ..trust.keys import Signer
+    from ..trust.keyring.keys import Signer
     from ..trust.policy import TrustPolicy
 
 
@@ -90,7 +90,7 @@ def check_places(args: argparse.Namespace) -> None:
 
 def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
     """``--fingerprint`` values, each once, each 16 lowercase hex (else one line)."""
-    from ..trust.plan import is_fingerprint
+    from ..trust.plans.plan import is_fingerprint
 
     wanted = list(dict.fromkeys(args.fingerprint or []))
     bad = [fp for fp in wanted if not is_fingerprint(fp)]
@@ -150,7 +150,7 @@ def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[
     digest), else one line."""
     from pathlib import Path
 
-    from ..storage.files import read_capped
+    from ..storage.local.files import read_capped
     from ..trust import strictjson
     from ..trust.errors import PlanCacheError
     from ..trust.inputs import check_inputs, fingerprint_of_inputs

@@ -15,8 +15,8 @@ from ..keys.keyfile import Prompt
 from ..pipeline.trust_config import signer_for
 from ..settings import SIGNING_KEY_ENV
 from ..trust.errors import ConfigError
-from ..trust.keyformat import openssh_line
-from ..trust.keys import check_key_name
+from ..trust.keyring.keyformat import openssh_line
+from ..trust.keyring.keys import check_key_name
 from .output import report
 
 def terminal_prompt() -> Prompt | None:

@@ -6,5 +6,5 @@ KMS (:mod:`.awskms`), Google Cloud KMS (:mod:`.gcpkms`), and the budget and chec
 signatures every remote kind shares (:mod:`.remote`).
 
 This room does IO and decides nothing about trust: the keyring, the trusted-keys format and
-key encodings are the trust core's (:mod:`plancache.trust.keys`, :mod:`plancache.trust.keyformat`).
+key encodings are the trust core's (:mod:`plancache.trust.keyring.keys`, :mod:`plancache.trust.keyring.keyformat`).
 """

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
-from ..trust.keyformat import parse_der_public
+from ..trust.keyring.keyformat import parse_der_public
 from .remote import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "awskms://"

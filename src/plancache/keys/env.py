@@ -9,7 +9,7 @@ from typing import Mapping
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError
-from ..trust.keys import Ed25519Signer
+from ..trust.keyring.keys import Ed25519Signer
 from .keyfile import Prompt, private_key_signer
 
 ENV_SCHEME = "env://"

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
-from ..trust.keyformat import parse_pem_public
+from ..trust.keyring.keyformat import parse_pem_public
 from .remote import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "gcpkms://"

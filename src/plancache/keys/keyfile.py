@@ -19,10 +19,10 @@ from typing import Callable, Mapping
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..settings import PASSPHRASE_ENV
-from ..storage.files import read_capped, write_atomic
+from ..storage.local.files import read_capped, write_atomic
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
-from ..trust.keyformat import (
+from ..trust.keyring.keyformat import (
     Passphrase,
     describe_key_material,
     is_private_material,
@@ -31,7 +31,7 @@ from ..trust.keyformat import (
     parse_private_key,
     private_key_bytes,
 )
-from ..trust.keys import Ed25519Signer, Keyring, check_key_name, parse_trusted_keys
+from ..trust.keyring.keys import Ed25519Signer, Keyring, check_key_name, parse_trusted_keys
 
 MAX_KEY_FILE_BYTES = 1 << 20
 

@@ -28,7 +28,7 @@ from urllib.parse import unquote_to_bytes
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..storage.files import read_capped
+from ..storage.local.files import read_capped
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
 from .remote import RemoteSigner, missing_extra, one_line, within

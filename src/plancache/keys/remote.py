@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ..settings import TIMEOUT_ENV
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, StoreTimeout
-from ..trust.keyformat import key_id
+from ..trust.keyring.keyformat import key_id
 from ..storage.deadline import checked_budget
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ def within(budget: float, what: str, call: Callable[[], T]) -> T:
 
 @dataclass(frozen=True)
 class RemoteSigner:
-    """A :class:`~plancache.trust.keys.Signer` whose private half stays in an HSM or a KMS.
+    """A :class:`~plancache.trust.keyring.keys.Signer` whose private half stays in an HSM or a KMS.
 
     ``source`` names the key in messages, without secrets (a PKCS#11 PIN is never shown).
     Each signature is checked against the public key read at load time before it is

@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError
-from ..trust.keys import Signer
+from ..trust.keyring.keys import Signer
 from .keyfile import Prompt, file_signer
 
 KEY_REF_FORMS = "a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"

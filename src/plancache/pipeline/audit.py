@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
-from ..storage.localdir import LocalPlanDir
+from ..storage.local.localdir import LocalPlanDir
 from ..trust import envelope as dsse
 from ..trust.errors import PlanCacheError, Reason
-from ..trust.gate import Verdict
-from ..trust.plan import parse_plan, plan_name
+from ..trust.plans.gate import Verdict
+from ..trust.plans.plan import parse_plan, plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from ..trust.statement import format_time, parse_statement
@@ -218,7 +218,7 @@ def audit_location(
     location: str | Location | None,
     policy: TrustPolicy | None,
     now: datetime,
-    storage_options: Mapping[str, Any] | None = None,
+    *, storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     jobs: int | None = None,
     progress: Tally | None = None,
@@ -232,8 +232,8 @@ def audit_location(
     opened = location is None or isinstance(location, (str, os.PathLike))
     source = open_location(location, storage_options, timeout) if opened else location
     if isinstance(source, LocalPlanDir):
-        return source, audit_plans(source, list_plans(source), policy, now, jobs, progress)
-    reports = audit_store(source, None, policy, now, jobs, progress)
+        return source, audit_plans(source, list_plans(source), policy, now, jobs=jobs, progress=progress)
+    reports = audit_store(source, None, policy, now, jobs=jobs, progress=progress)
     if not reports:
         require_existing(source)
     return source, reports
@@ -252,7 +252,7 @@ def audit_plans(
     fingerprints: Sequence[str],
     policy: TrustPolicy | None,
     now: datetime,
-    jobs: int | None = None,
+    *, jobs: int | None = None,
     progress: Tally | None = None,
 ) -> list[PlanReport]:
     """Reports for these plans of ``source``. ``progress`` counts plans: as they are read and
@@ -261,7 +261,7 @@ def audit_plans(
         progress.start(len(fingerprints))
     if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
         return check_many(fingerprints, policy, now, jobs, directory=source, progress=progress)
-    return audit_store(source, fingerprints, policy, now, jobs, progress)
+    return audit_store(source, fingerprints, policy, now, jobs=jobs, progress=progress)
 
 
 def audit_store(
@@ -269,7 +269,7 @@ def audit_store(
     fingerprints: Iterable[str] | None,
     policy: TrustPolicy | None,
     now: datetime,
-    jobs: int | None = None,
+    *, jobs: int | None = None,
     progress: Tally | None = None,
 ) -> list[PlanReport]:
     """Reports for a store's plans (all it lists when ``fingerprints`` is None), streamed: plans

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, Sequence
 
-from ..storage.localdir import LocalPlanDir
+from ..storage.local.localdir import LocalPlanDir
 from ..storage.store import Store, md5_hex
 from ..trust.errors import ConfigError, PlanCacheError, Reason
-from ..trust.gate import Verdict
-from ..trust.keys import Signer
-from ..trust.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name, sig_name
+from ..trust.plans.gate import Verdict
+from ..trust.keyring.keys import Signer
+from ..trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name, sig_name
 from ..trust.policy import TrustPolicy
 from ..trust.statement import parse_time
 from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
@@ -93,7 +93,7 @@ def push_plans(
     store: Store,
     deadline: float,
     now: datetime,
-    push: PushRequest = PushRequest(),
+    *, push: PushRequest = PushRequest(),
     progress: Tally | None = None,
 ) -> tuple[list[PushEntry], int]:
     """Sign (with ``push.signer``) and upload every plan and sidecar the store lacks byte for byte.
@@ -197,7 +197,7 @@ def prune_plans(
     deadline: float,
     now: datetime,
     policy: TrustPolicy | None,
-    older_than: timedelta | None = None,
+    *, older_than: timedelta | None = None,
     criterion: str = "older-than",
     dry_run: bool = False,
     progress: Tally | None = None,

@@ -21,11 +21,11 @@ from ..storage.compile_cache import archives
 from ..storage.store import Store
 from ..trust.errors import PlanCacheError
 from ..trust.inputs import differences
-from ..trust.keys import Keyring
-from ..trust.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
+from ..trust.keyring.keys import Keyring
+from ..trust.compile_cache.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
 from ..trust.statement import CONDITION_KEYS
 from .audit import VALID, PlanReport
-from .compile_cache import CacheRoot, read_sidecar
+from .compile_cache.flows import CacheRoot, read_sidecar
 
 NEAREST = 3
 MAX_CACHES = 500

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
 from ..settings import BULK_TIMEOUT
-from ..storage.localdir import LocalPlanDir, default_plan_dir
+from ..storage.local.localdir import LocalPlanDir, default_plan_dir
 from ..trust.errors import ConfigError
-from ..trust.plan import fingerprint_of_plan_name
+from ..trust.plans.plan import fingerprint_of_plan_name
 
 if TYPE_CHECKING:
     from ..storage.store import Store

@@ -18,9 +18,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from ..storage.localdir import LocalPlanDir
+from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError
-from ..trust.plan import plan_name
+from ..trust.plans.plan import plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 

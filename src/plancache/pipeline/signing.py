@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
-from ..storage.localdir import LocalPlanDir
+from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import PlanCacheError
-from ..trust.gate import Verdict
-from ..trust.keys import Keyring, Signer
-from ..trust.plan import plan_name
+from ..trust.plans.gate import Verdict
+from ..trust.keyring.keys import Keyring, Signer
+from ..trust.plans.plan import plan_name
 from ..trust.signing import sign_or_cosign
 
 

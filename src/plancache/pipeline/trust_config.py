@@ -15,7 +15,7 @@ from ..keys.keyfile import Prompt, load_keyring
 from ..keys.schemes import load_signer
 from ..settings import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from ..trust.errors import ConfigError, PlanCacheError
-from ..trust.keys import Keyring, Signer
+from ..trust.keyring.keys import Keyring, Signer
 from ..trust.policy import TrustPolicy
 
 

@@ -3,7 +3,7 @@
 Each kind has its own capped read, because the SDKs' own whole-object reads are not capped:
 s3fs's ``_cat_file`` reads a body whole when the server ignores the range, adlfs's joins the
 whole response. So S3 goes through :func:`.s3.reads.s3_read`, Azure through
-:func:`.azure.blob.azure_read`, ``file://`` through :func:`.files.read_capped` (non-blocking,
+:func:`.azure.blob.azure_read`, ``file://`` through :func:`.local.files.read_capped` (non-blocking,
 no final symlink: a FIFO never blocks the open), every other fsspec filesystem through
 ``cat_file`` of ``cap + 1`` bytes with its SDK's whole-body reads capped (:mod:`.caps.http`).
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..trust.errors import Reason, Rejected
 from .deadline import http_status, store_error, with_retries
-from .files import read_capped
+from .local.files import read_capped
 from .listing import cap_for
 from .threads import in_thread
 

@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..trust.errors import ConfigError, PlanCacheError
-from ..trust.plan import fingerprint_of_plan_name
+from ..trust.plans.plan import fingerprint_of_plan_name
 from .deadline import run_by
 
 if TYPE_CHECKING:

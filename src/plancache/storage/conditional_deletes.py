@@ -37,7 +37,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
-from ..trust.plan import plan_name, sig_name
+from ..trust.plans.plan import plan_name, sig_name
 from .deadline import http_status, store_error, with_retries
 from .listing import cap_for
 from .versioned import ABSENT, DELETES, READS, Versioned, precondition_failed

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from ..trust.errors import PlanCacheError, Reason, Rejected
-from ..trust.plan import fingerprint_of_plan_name, plan_name, sig_name
+from ..trust.plans.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
 from .backends import CONCURRENCY, filesystem_opener, kind_of, list_page
 from .batches import each
 from .capped_reads import read_object
 from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
-from .files import write_atomic
+from .local.files import write_atomic
 from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, md5_hex  # noqa: F401 (re-exported)
 from .s3.direct import MAX_FINGERPRINTS, S3Direct, direct_settings
 from .threads import Pending, in_thread, use_daemon_executor

@@ -12,7 +12,7 @@ decide by type, never by reading text:
 - :class:`ConfigError`: the operator's settings are wrong (a missing key file, a bad URL).
 
 Gate outcomes (applied, below the baseline, ...) are not errors: they are
-:class:`plancache.trust.gate.Verdict` values.
+:class:`plancache.trust.plans.gate.Verdict` values.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from datetime import datetime
 from typing import Literal
 
 from .errors import ConfigError
-from .keys import Keyring
-from .planset import VerifiedSet, verify_set
+from .keyring.keys import Keyring
+from .plans.planset import VerifiedSet, verify_set
 from .verify import VerifiedPlan, admit_unsigned, verify_plan
 
 Source = Literal["local", "store"]

@@ -18,8 +18,8 @@ from typing import Any, Literal, Mapping
 
 from . import envelope as dsse
 from .errors import ConfigError, Reason, Rejected
-from .keys import Keyring, Signer, canonical_keyid, signer_keyring
-from .plan import parse_plan
+from .keyring.keys import Keyring, Signer, canonical_keyid, signer_keyring
+from .plans.plan import parse_plan
 from .inputs import check_inputs, fingerprint_of_inputs
 from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
 from .verify import VerifiedPlan, verify_plan

@@ -32,7 +32,7 @@ from . import strictjson
 from .display import safe_text
 from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs
-from .plan import is_fingerprint
+from .plans.plan import is_fingerprint
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://plancache.dev/startup-plan/v1"

@@ -35,8 +35,8 @@ from typing import Any
 from . import envelope as dsse
 from .display import safe_text
 from .errors import Reason, Rejected
-from .keys import Keyring, TrustedKey, canonical_keyid
-from .plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
+from .keyring.keys import Keyring, TrustedKey, canonical_keyid
+from .plans.plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
 from .statement import Statement, format_time, parse_statement
 
 DEFAULT_CLOCK_SKEW = timedelta(minutes=5)

@@ -59,7 +59,7 @@ def register() -> None:
 
         redact_logs()
     if compile_cache_wanted():
-        from .compile_guard import install  # the compile-cache guard; never raises
+        from .compile_cache.guard import install  # the compile-cache guard; never raises
 
         install()
     if not startup_plan_enabled():

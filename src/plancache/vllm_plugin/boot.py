@@ -34,16 +34,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..pipeline.node_plans import replica_of, resolve_node
+from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
 from ..storage.deadline import DEFAULT_TIMEOUT
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Reason, StoreTimeout
-from ..trust.gate import Decision, Verdict, decide
-from ..trust.keys import Signer
-from ..trust.plan import plan_name
+from ..trust.plans.gate import Decision, Verdict, decide
+from ..trust.keyring.keys import Signer
+from ..trust.plans.plan import plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from ..trust.inputs import fingerprint_of_inputs
@@ -259,7 +259,7 @@ def log_decision(decision: Decision, source: str, fp: str | None, started: float
     if worker is not None:
         try:
             record.note_plan(worker, verdict, decision.reason.value, source, fp, decision.detail, elapsed,
-                             boot.signed_profile_ms if boot is not None and decision.applied else None)
+                             signed_profile_ms=boot.signed_profile_ms if boot is not None and decision.applied else None)
         except Exception:  # noqa: BLE001 - the record is diagnostics; the boot goes on
             LOG.debug("plancache: boot record not updated", exc_info=True)
 

@@ -6,7 +6,7 @@ cache pays for it and does not notice. So every worker boot leaves one record (s
 :data:`SCHEMA`):
 
 - a JSON file ``$VLLM_CACHE_ROOT/plancache/boot/<time>-<pid>-r<rank>-<id>.json``
-  (:mod:`plancache.storage.records`: atomic, no link followed, the last 64 kept), rewritten at
+  (:mod:`plancache.storage.local.records`: atomic, no link followed, the last 64 kept), rewritten at
   each event of the boot (so a boot that dies half-way still leaves what it knew, ``final``
   false), and
 - one log line ``plancache: boot-record {json}`` (INFO; WARNING when a verified compile cache
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..storage import records
+from ..storage.local import records
 from ..trust.display import safe_text
 from ..trust.inputs import differences
 
@@ -135,7 +135,7 @@ def _write(record: BootRecord) -> None:
 
 
 def note_plan(worker: Any, decision: str, reason: str, source: str, fp: str | None, detail: str, elapsed_ms: float,
-              signed_profile_ms: float | None = None) -> None:
+              *, signed_profile_ms: float | None = None) -> None:
     """The plan side's decision (the decision line's fields), written at once."""
     record = for_worker(worker)
     with _lock:

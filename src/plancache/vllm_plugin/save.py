@@ -15,9 +15,9 @@ import time
 from typing import Any, Callable
 
 from ..pipeline.resolver import utcnow
-from ..storage.files import read_capped, write_atomic
+from ..storage.local.files import read_capped, write_atomic
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
-from ..trust.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
+from ..trust.plans.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
 from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, provenance
 from .boot import Boot, boot_for

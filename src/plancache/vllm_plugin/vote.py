@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..trust.gate import Decision, Verdict
+from ..trust.plans.gate import Decision, Verdict
 
 MARGIN_S = 1.0
 """What the vote may add to the plugin's budget: every rank's own lookup ends within the

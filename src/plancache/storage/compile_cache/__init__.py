@@ -1,6 +1,6 @@
 """vLLM's compile cache on disk and in a store: walked, hashed, archived, copied privately, moved aside.
 
-Moves bytes and decides nothing (the signed manifest decides, :mod:`plancache.trust.manifest`):
+Moves bytes and decides nothing (the signed manifest decides, :mod:`plancache.trust.compile_cache.manifest`):
 :mod:`.cachedir` (a cache directory: walk, hash, archive, quarantine, lock), :mod:`.private_copy`
 (the per-boot private copies vLLM reads, hashed as written), :mod:`.archives` (a cache's archive
 and signature objects in a store).

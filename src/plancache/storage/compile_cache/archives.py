@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ...trust.errors import Reason, Rejected
-from ...trust.manifest import is_subject
+from ...trust.compile_cache.manifest import is_subject
 from ..deadline import with_retries
 from ..store import Store
 

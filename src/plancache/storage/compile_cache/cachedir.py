@@ -1,6 +1,6 @@
 """A vLLM compile-cache directory on disk: walked, hashed, archived, extracted, moved aside.
 
-Moves bytes and decides nothing (the manifest decides, :mod:`plancache.trust.manifest`). The
+Moves bytes and decides nothing (the manifest decides, :mod:`plancache.trust.compile_cache.manifest`). The
 directory may be hostile, so the walk never follows a link, never opens a FIFO or device
 (anything but a regular file or a directory is an error, named), and stops at the caps
 before hashing a byte. Files are hashed through a descriptor opened with ``O_NOFOLLOW |
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from ...trust.errors import Reason, Rejected, StoreError, StoreTimeout
-from ...trust.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
-from .. import dirfds
+from ...trust.compile_cache.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
+from ..local import dirfds
 
 CHUNK = 1 << 20
 COMPILE_SUBDIR = "torch_compile_cache"
@@ -204,7 +204,7 @@ def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarant
     """Rename a verified staging directory (beside ``directory``) into place, then its sidecar.
     An existing directory is moved aside first, unless it is only the empty directories vLLM
     creates before it looks (then removed: no evidence to keep, and a quarantine entry on every
-    node that pulls would be noise). Every step goes through descriptors (:mod:`.dirfds`)."""
+    node that pulls would be noise). Every step goes through descriptors (:mod:`..local.dirfds`)."""
     if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
         quarantine(base, directory, quarantine_root, "replaced-by-pull")
     try:

@@ -1,7 +1,7 @@
 """Precompiled headers on disk: compressed for a store, inflated into the node's private directory.
 
-Moves bytes and decides nothing (:mod:`plancache.trust.headers` and
-:mod:`plancache.pipeline.compile_headers` decide). The node's headers live in
+Moves bytes and decides nothing (:mod:`plancache.trust.compile_cache.headers` and
+:mod:`plancache.pipeline.compile_cache.headers` decide). The node's headers live in
 ``$VLLM_CACHE_ROOT/plancache-private/headers`` (:func:`private_dir`: reached without following
 links, ours, mode 0700). Several headers travel as one gzip stream (zlib, level 1: 149 MiB ->
 26 MB in 3.5 s), inflated with a bound on every call's output, never more than the signed size
@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ...trust.errors import Reason, Rejected, StoreError
-from .. import dirfds
+from ..local import dirfds
 
 CHUNK = 1 << 20
 LEVEL = 1

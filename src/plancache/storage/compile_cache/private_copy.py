@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ...trust.errors import Reason, Rejected, StoreError
-from ...trust.manifest import FileEntry, Manifest
-from .. import dirfds
+from ...trust.compile_cache.manifest import FileEntry, Manifest
+from ..local import dirfds
 
 CHUNK = 1 << 20
 COPY_THREADS = 4
@@ -127,7 +127,7 @@ def _copy_one(src: Path, dest: Path, entry: FileEntry) -> None:
 def copy_into(src: Path, base: Path, dest: Path) -> int:
     """Copy the files of a private tree ``src`` (written by this process) into ``dest`` below
     ``base``, where absent: directories opened without following links, each file written
-    through an unpredictable temporary and renamed into place (:func:`.dirfds.write_new`).
+    through an unpredictable temporary and renamed into place (:func:`..local.dirfds.write_new`).
     Returns the number of files copied. What ``dest`` already holds is left as it is."""
     copied = 0
     for folder, _, names in os.walk(src):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ...trust.errors import ConfigError, Reason, Rejected, StoreError
-from ...trust.plan import plan_name, sig_name
+from ...trust.plans.plan import plan_name, sig_name
 from ..backends import request_timeouts
 from ..caps.bodies import BODY_CAP, ERROR_BODY_CAP, check_complete, check_declared, check_length_header, read_upto
 from ..deadline import http_status, one_line, retrying, store_error

@@ -1,0 +1,176 @@
+"""A cache's precompiled headers: shipped signed by its build node, installed verified by a new node.
+
+Inductor builds its precompiled header (``<hash>.h.gch``, 149 MiB, 11-60 s of gcc) before it
+loads even a warm cache; a node that pulled its cache would otherwise build it on its first
+boot. So the build node pushes the header(s) its compile used beside the cache
+(:func:`push_headers`: one gzip stream and a statement signed on its own,
+:mod:`plancache.trust.compile_cache.headers`), and a node that pulled the cache installs them
+(:func:`pull_headers`) into its private headers directory, where torch looks for them by name:
+
+signature GET (capped) -> verify -> every header already there: done, no object GET -> object
+GET capped at the signed size -> its signed sha256 -> inflate each header into a private
+temporary, hashing what is written (bounded by the signed sizes: no gzip bomb) -> its signed
+sha256 -> link to its name only if the name is free (never replaced, never followed).
+
+Anything wrong leaves nothing installed and is an outcome, never an exception: torch then
+builds the header itself, as it always did. A store without header objects (written before
+them) is ``none``. Nothing here parses a header: gcc does, and only the verified bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Iterator
+
+from ...storage.compile_cache import archives
+from ...storage.compile_cache import headers as files
+from ...storage.store import Store
+from ...trust.display import safe_text
+from ...trust.errors import PlanCacheError, Reason, Rejected
+from ...trust.compile_cache.headers import MAX_SIG_BYTES, HeaderEntry, HeaderSet, is_header_name, sign_headers, verify_headers
+from ...trust.keyring.keys import Keyring, Signer, signer_keyring
+
+
+@dataclass(frozen=True)
+class HeadersOutcome:
+    """What one headers flow did (a log line, or a note on the CLI's pull row)."""
+
+    action: str
+    """``pushed``, ``installed``, ``present`` (all already on the node: nothing fetched),
+    ``none`` (the store has no headers for this cache), ``rejected`` or ``failed`` (then torch
+    builds them)."""
+    reason: str = ""
+    detail: str = ""
+    installed: tuple[str, ...] = ()
+    present: tuple[str, ...] = ()
+    size: int = 0
+    """Bytes installed (pull) or shipped compressed (push)."""
+
+    def line(self) -> str:
+        """``key=value`` fields for a log line."""
+        return (f"headers={self.action} reason={self.reason or 'verified'} installed={len(self.installed)} "
+                f"present={len(self.present)} bytes={self.size}")
+
+
+class Cancel:
+    """Set by a waiter that stopped waiting: from then on nothing is installed (torch is
+    building that header now, and a link must not race gcc's own write)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def set(self) -> None:
+        with self._lock:
+            self._cancelled = True
+
+    @contextlib.contextmanager
+    def unless_cancelled(self) -> Iterator[bool]:
+        with self._lock:
+            yield not self._cancelled
+
+
+def pack_headers(base: Path, directory: Path, names: list[str]) -> tuple[bytes, list[tuple[str, int, str]]]:
+    """Compress the named headers of ``directory`` (this build node's own: ~3.5 s for 149 MiB,
+    which the plugin does as soon as gcc built the header, not at exit)."""
+    names = sorted(n for n in set(names) if is_header_name(n))
+    if not names:
+        return b"", []
+    fd = files.open_private_dir(base, directory)
+    try:
+        return files.compress(fd, names)
+    finally:
+        os.close(fd)
+
+
+def push_headers(store: Store, subject: str, base: Path, directory: Path, names: list[str], signer: Signer,
+                 now: datetime, *, expires_in: timedelta | None = None, deadline: float | None = None,
+                 packed: tuple[bytes, list[tuple[str, int, str]]] | None = None) -> HeadersOutcome:
+    """Sign what the named headers of ``directory`` are (``packed``: compressed already), upload
+    the stream, then its signature (a node never sees a signature before its object)."""
+    data, entries = packed if packed is not None else pack_headers(base, directory, names)
+    if not entries:
+        return HeadersOutcome("none", detail="no precompiled header was used")
+    hset = HeaderSet(subject, tuple(HeaderEntry(*e) for e in entries), hashlib.sha256(data).hexdigest(), len(data),
+                     now, now + expires_in if expires_in else None)
+    sig = sign_headers(hset, signer)
+    verify_headers(subject, sig, signer_keyring(signer), now)
+    archives.put_object(store, archives.headers_name(subject), data, deadline)
+    archives.put_object(store, archives.headers_sig_name(subject), sig, deadline)
+    names = tuple(e[0] for e in entries)
+    return HeadersOutcome("pushed", detail=f"{len(names)} header(s), {hset.total_size} bytes as {len(data)}",
+                          installed=names, size=len(data))
+
+
+def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
+                 *, deadline: float | None = None, cancel: Cancel | None = None) -> HeadersOutcome:
+    """Install the store's verified headers for ``subject`` into ``directory`` (see the module).
+    Never raises for a hostile or failing store: the outcome says what torch must build."""
+    try:
+        return _pull(store, subject, keyring, now, base, directory, deadline, cancel or Cancel())
+    except Rejected as exc:
+        return HeadersOutcome("rejected", exc.reason.value, exc.detail)
+    except PlanCacheError as exc:
+        return HeadersOutcome("failed", exc.reason.value, exc.detail)
+    except Exception as exc:  # noqa: BLE001 - a store client's own failure: torch builds the header
+        return HeadersOutcome("failed", Reason.STORE_ERROR.value, safe_text(exc, 200))
+
+
+def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
+          deadline: float | None, cancel: Cancel) -> HeadersOutcome:
+    sig = archives.get_object(store, archives.headers_sig_name(subject), MAX_SIG_BYTES, deadline)
+    if sig is None:
+        return HeadersOutcome("none", "no-headers", "the store holds no precompiled headers for this cache")
+    hset = verify_headers(subject, sig, keyring, now).headers
+    fd = files.open_private_dir(base, directory)
+    try:
+        there = {h.name: files.present(fd, h.name) for h in hset.headers}
+        taken = tuple(n for n, kind in there.items() if kind)
+        if len(taken) == len(hset.headers):
+            return _outcome((), taken, there, 0)
+        data = archives.get_object(store, archives.headers_name(subject), hset.object_size, deadline)
+        if data is None:
+            return HeadersOutcome("failed", Reason.STORE_ERROR.value, "the headers' object is missing from the store")
+        if len(data) != hset.object_size or hashlib.sha256(data).hexdigest() != hset.object_sha256:
+            raise Rejected(Reason.DIGEST_MISMATCH, "the headers' object does not match its signed sha256 (altered?)")
+        return _inflate(fd, files.Inflater(data), hset, there, cancel)
+    finally:
+        os.close(fd)
+
+
+def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str, str], cancel: Cancel) -> HeadersOutcome:
+    """Every header is inflated and checked (the stream is one), then the free names linked."""
+    staged: list[tuple[str, str]] = []
+    try:
+        for entry in hset.headers:
+            tmp, digest = inflater.write_into(fd, entry.name, entry.size)
+            staged.append((tmp, entry.name))
+            if digest != entry.sha256:
+                raise Rejected(Reason.DIGEST_MISMATCH, f"the header {entry.name} does not match its signed sha256")
+        inflater.finish()
+        installed, size = [], 0
+        with cancel.unless_cancelled() as going_on:
+            if not going_on:
+                return HeadersOutcome("failed", Reason.TIMEOUT.value, "verified too late: torch builds the header itself")
+            for (tmp, name), entry in zip(staged, hset.headers):
+                if not there[name] and files.link(fd, tmp, name):
+                    installed.append(name)
+                    size += entry.size
+        taken = tuple(n for n in there if n not in installed)
+        return _outcome(tuple(installed), taken, there, size)
+    finally:
+        for tmp, _ in staged:
+            files.discard(fd, tmp)
+
+
+def _outcome(installed: tuple[str, ...], taken: tuple[str, ...], there: dict[str, str], size: int) -> HeadersOutcome:
+    odd = [f"'{n}' is a {there[n]}, left alone" for n in taken if there[n] not in ("", "file")]
+    action = "installed" if installed else "present"
+    detail = "; ".join(odd) or ("already on this node" if not installed else "")
+    return HeadersOutcome(action, "", detail, installed, taken, size)

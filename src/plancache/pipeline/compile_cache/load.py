@@ -1,0 +1,120 @@
+"""What the plugin runs before vLLM's first read of a compile cache: pull, verify, copy, or not.
+
+:func:`guard` is the one entry point. Under the node's lock for the directory (so ranks never
+race: one pulls, the others wait and then verify what it installed) it pulls a missing cache,
+verifies a present one and copies it into the boot's private directory, hashing every byte it
+writes (:mod:`plancache.storage.compile_cache.private_copy`). vLLM is then pointed at the copy only: the
+signed directory is never read by torch, and never written by it either, so a verified cache
+stays verified across restarts. A cache that fails is moved aside beside it, on its own mount;
+if it cannot be moved, it is simply not loaded. Every outcome is a :class:`CacheOutcome`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from ...storage.compile_cache import cachedir, private_copy
+from ...storage.store import Store
+from ...trust.display import safe_text
+from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
+from ...trust.keyring.keys import Keyring
+from ...trust.compile_cache.manifest import verify_manifest
+from .flows import CacheOutcome, CacheRoot, check_names, has_files, outcome_of, pull_locked, read_sidecar
+
+
+Fetch = Callable[[], "tuple[Store, float]"]
+"""Opens the store a missing or rejected cache is pulled from, and the pull's deadline."""
+
+
+def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, problem: str = "",
+          fetch: Fetch | None = None, wait: float | None = None) -> CacheOutcome:
+    """Before vLLM reads ``subject``, under the node's lock for it (waiting at most ``wait``):
+    pull it if it is missing and ``fetch`` is given, verify its signature and closed world, then
+    copy it into ``into`` hashing every byte written (:mod:`plancache.storage.compile_cache.private_copy`):
+    ``load`` means vLLM must read ``into``, and only ``into``. Otherwise ``into`` is left an
+    empty directory, and the outcome says why: ``compile`` (``no-cache``, ``store-rejected``, a
+    store error, ``timeout`` of the lock) or ``quarantined`` (the local cache was moved aside,
+    beside it on its own mount; a store then gets one chance to replace it). ``keyring`` None
+    means trusted keys are configured but unusable (``problem`` says why): nothing is trusted.
+    Never raises for a hostile cache or store: not loading is always the fallback."""
+    directory = root.directory(subject)
+    try:
+        with cachedir.locked(root.root, directory, wait):
+            return _guard_locked(root, subject, keyring, now, into, problem, fetch)
+    except StoreError as exc:  # the lock: held too long by another rank, or not to be had
+        return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, exc.detail))
+    finally:
+        into.mkdir(mode=0o700, exist_ok=True)
+
+
+def _guard_locked(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, problem: str,
+                  fetch: Fetch | None) -> CacheOutcome:
+    directory = root.directory(subject)
+    if not has_files(directory):
+        if fetch is None or keyring is None:
+            return CacheOutcome(subject, "compile", "no-cache", "no compile cache yet")
+        missed = _fetch(fetch, root, subject, keyring, now)
+        if missed is not None:
+            return missed
+        return _load_pulled(root, subject, keyring, now, into, "store: pulled")
+    try:
+        if keyring is None:
+            raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
+        return _load_into(root, subject, keyring, now, into)
+    except (Rejected, StoreError) as exc:
+        rejected = CacheOutcome(subject, "quarantined", exc.reason.value, exc.detail)
+    try:
+        target = str(cachedir.quarantine(root.root, directory, root.quarantine_root, rejected.reason))
+    except StoreError as exc:
+        return _empty(into, replace(rejected, detail=f"{rejected.detail}; not moved aside, not loaded ({exc.detail})"))
+    rejected = replace(rejected, quarantined_to=target)
+    if fetch is None or keyring is None:
+        return rejected
+    missed = _fetch(fetch, root, subject, keyring, now)
+    if missed is not None:
+        return replace(rejected, detail=f"{rejected.detail}; {missed.detail}")
+    pulled = _load_pulled(root, subject, keyring, now, into, f"local cache quarantined ({rejected.reason}); store: pulled")
+    return replace(pulled, quarantined_to=target)
+
+
+def _load_pulled(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str) -> CacheOutcome:
+    """What a pull just installed (verified on extraction), verified again while it is copied;
+    should even that fail, nothing is loaded and the pulled directory is left to the next boot."""
+    try:
+        return _load_into(root, subject, keyring, now, into, detail)
+    except PlanCacheError as exc:
+        return _empty(into, CacheOutcome(subject, "compile", "store-rejected", f"{detail}, then {exc.reason.value}: {exc.detail}"))
+
+
+def _load_into(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str = "") -> CacheOutcome:
+    directory = root.directory(subject)
+    verified = verify_manifest(subject, read_sidecar(directory), keyring, now)
+    check_names(directory, verified)
+    private_copy.copy_verified(directory, into, verified.manifest)
+    return outcome_of(subject, "load", verified, detail)
+
+
+def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
+    shutil.rmtree(into, ignore_errors=True)
+    return outcome
+
+
+def _fetch(fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> CacheOutcome | None:
+    """Pull into place (the caller holds the lock); None when a verified cache was installed,
+    else why not: the store has none (``no-cache``), refused what it has (``store-rejected``:
+    an alert, not a miss), or failed (``store-error``, ``timeout``)."""
+    try:
+        store, deadline = fetch()
+        pull_locked(store, root, subject, keyring, now, deadline)
+        return None
+    except Rejected as exc:
+        reason = "no-cache" if exc.reason is Reason.UNSIGNED else "store-rejected"
+        return CacheOutcome(subject, "compile", reason, f"store: {exc.reason.value}: {exc.detail}")
+    except PlanCacheError as exc:
+        return CacheOutcome(subject, "compile", exc.reason.value, f"store: {exc.detail}")
+    except Exception as exc:  # noqa: BLE001 - a store client's own failure costs a compile, nothing more
+        return CacheOutcome(subject, "compile", Reason.STORE_ERROR.value, f"store: {safe_text(exc, 200)}")

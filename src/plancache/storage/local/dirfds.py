@@ -1,0 +1,152 @@
+"""Directories opened, and files created, without ever following a link.
+
+Every name plancache creates under a cache root (sidecars, their temporaries, locks, quarantine
+entries, private copies) may already be taken by a planted symlink or hard link, and any
+directory on the way may be swapped for a link between a check and a write. So a path is never
+checked and then used: each component below a trusted base (the operator's ``VLLM_CACHE_ROOT``
+or ROOT, followed as given) is opened relative to its parent's descriptor with ``O_NOFOLLOW |
+O_DIRECTORY``, and every file is created relative to that descriptor with ``O_EXCL |
+O_NOFOLLOW`` under an unpredictable name, then renamed (or, for a name that must never be
+replaced, hard-linked) into place. A link anywhere below the base is an error, never followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from ...trust.errors import StoreError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def relative_parts(base: Path, directory: Path) -> tuple[str, ...]:
+    """``directory``'s components below ``base`` (both made absolute without resolving links)."""
+    try:
+        rel = PurePosixPath(os.path.abspath(directory)).relative_to(os.path.abspath(base))
+    except ValueError:
+        raise StoreError(f"{directory} is not under {base}") from None
+    if ".." in rel.parts:
+        raise StoreError(f"{directory} is not under {base}")
+    return rel.parts
+
+
+def open_dir(base: Path, directory: Path, create: bool = True, mode: int = 0o755) -> int:
+    """A descriptor of ``directory``, reached from ``base`` one component at a time without
+    following a link (missing components are made when ``create``). Raises ``StoreError``
+    naming the component that is a link or not a directory, ``FileNotFoundError`` when absent.
+    ``base`` itself is the operator's (followed as given, made when missing and ``create``)."""
+    if create:
+        os.makedirs(base, exist_ok=True)
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in relative_parts(base, directory):
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, mode, dir_fd=fd)
+                child = _open_child(fd, part, directory)
+            except OSError as exc:
+                raise _not_a_dir(directory, part, exc) from None
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_child(fd: int, part: str, directory: Path) -> int:
+    try:
+        return os.open(part, DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise _not_a_dir(directory, part, exc) from None
+
+
+def _not_a_dir(directory: Path, part: str, exc: OSError) -> StoreError:
+    return StoreError(f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); not followed")
+
+
+@contextlib.contextmanager
+def opened_dir(base: Path, directory: Path, create: bool = True, mode: int = 0o755) -> Iterator[int]:
+    fd = open_dir(base, directory, create, mode)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def temp_name(name: str) -> str:
+    return f".{name}.{secrets.token_hex(8)}.tmp"
+
+
+def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync_dir: bool = True,
+              sync_file: bool = True) -> None:
+    """Write ``data`` under ``name`` in the directory ``dir_fd``: a fresh unpredictable
+    temporary (``O_EXCL | O_NOFOLLOW``), fsynced, renamed over ``name`` (a link planted there is
+    replaced, never written through), the directory fsynced. Nothing half-written remains.
+    ``sync_file=False`` (diagnostics on a boot's path: boot records) skips the fsyncs; the
+    rename is still atomic for every reader while the machine is up."""
+    tmp = temp_name(name)
+    fd = os.open(tmp, NEW_FILE, mode, dir_fd=dir_fd)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync_file:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = ""
+        if sync_dir:
+            with contextlib.suppress(OSError):
+                os.fsync(dir_fd)
+    finally:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+
+
+def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
+    """An existing regular file ``name`` (a lock every rank opens), or one made for it: created
+    under a temporary name and hard-linked into place, so a name already taken (by a peer, or a
+    planted link) is never replaced nor followed. ``StoreError`` if it is not a regular file."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        tmp = temp_name(name)
+        os.close(os.open(tmp, NEW_FILE, mode, dir_fd=dir_fd))
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        finally:
+            os.unlink(tmp, dir_fd=dir_fd)
+        fd = _open_regular(dir_fd, name, flags)
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES):
+            raise  # a read-only mount, another user's file: the caller decides (no lock is needed there)
+        raise StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"'{name}' is not a regular file; not used")
+    return fd
+
+
+def _open_regular(dir_fd: int, name: str, flags: int) -> int:
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        raise StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed") from None

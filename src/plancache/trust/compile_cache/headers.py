@@ -1,0 +1,177 @@
+"""The signed companion of a compile cache: the precompiled C++ headers its build node used.
+
+Inductor (torch 2.13) builds a precompiled header (``<hash>.h.gch``, ~149 MiB of gcc output,
+11-60 s of gcc) before it loads even a warm cache; a new node would build it on its first boot.
+The build node ships the header(s) its compile used as one gzip stream beside the cache, with
+this statement, signed separately from the cache's closed-world manifest so that an older
+verifier (strict about the manifest's keys) still reads the cache, and a slow header never
+costs a node the cache itself.
+
+A header is code gcc consumes (``-include``), so the statement binds, for the cache ``subject``
+it was built with: the sha256 and size of the compressed object (checked before a byte is
+inflated), and each header's name, size and sha256 (checked before it is installed). Names are
+torch's content hashes: a serving node's torch asks for a header by the name *its* compiler,
+flags and preprocessed headers hash to, so a header built elsewhere is simply never asked for.
+The caps bound what a signer (or a store, before the digest check) can make a node inflate:
+sizes, count, and the ratio of inflated to compressed bytes (gzip at level 1 gives 5.7x here).
+No IO here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import envelope as dsse
+from ..display import safe_text
+from ..errors import ConfigError, Reason, Rejected
+from ..keyring.keys import Keyring, Signer
+from .manifest import is_subject
+from ..statement import format_time, parse_time, render_statement, statement_shell
+from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
+
+PREDICATE_TYPE = "https://plancache.dev/compile-headers/v1"
+MAX_HEADERS = 8
+MAX_HEADER_BYTES = 1 << 30
+MAX_TOTAL_BYTES = 2 << 30
+MAX_RATIO = 64
+"""Inflated bytes per compressed byte a statement may claim (a real .gch: 5.7 at gzip -1)."""
+MAX_SIG_BYTES = 64 * 1024
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[a-z0-9_]{1,128}\.h\.(gch|pch)")
+"""torch's ``code_hash`` names (``c`` + base32) with gcc's or clang's suffix: no separator, no
+dot first, so a name can only ever land directly inside the headers directory."""
+
+_SEAL = object()
+
+
+def is_header_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+@dataclass(frozen=True)
+class HeaderEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class HeaderSet:
+    """What a headers statement says: the headers, in the order the gzip stream holds them."""
+
+    subject: str
+    headers: tuple[HeaderEntry, ...]
+    object_sha256: str
+    object_size: int
+    signed_at: datetime
+    expires_at: datetime | None = None
+
+    @property
+    def total_size(self) -> int:
+        return sum(h.size for h in self.headers)
+
+    def to_json_bytes(self) -> bytes:
+        predicate = {
+            "expires_at": format_time(self.expires_at) if self.expires_at else None,
+            "headers": [[h.name, h.size, h.sha256] for h in self.headers],
+            "object": {"sha256": self.object_sha256, "size": self.object_size},
+            "signed_at": format_time(self.signed_at),
+        }
+        return render_statement(self.subject, self.object_sha256, PREDICATE_TYPE, predicate)
+
+
+@dataclass(frozen=True)
+class VerifiedHeaders:
+    """A headers statement whose signature verified. Only :func:`verify_headers` makes these."""
+
+    headers: HeaderSet
+    signers: tuple[str, ...]
+    _seal: Any = None
+
+    def __post_init__(self) -> None:
+        if self._seal is not _SEAL:
+            raise TypeError("VerifiedHeaders is created by plancache.trust.compile_cache.headers only")
+
+
+def _int(value: object, what: str, low: int, cap: int) -> int:
+    if type(value) is not int or not low <= value <= cap:
+        raise Rejected(Reason.MALFORMED, f"headers statement: {what} is not a whole number in {low}…{cap}")
+    return value
+
+
+def check_headers(hset: HeaderSet) -> HeaderSet:
+    """The rules every headers statement obeys, signing and verifying alike."""
+    if not is_subject(hset.subject):
+        raise Rejected(Reason.MALFORMED, f"headers subject '{safe_text(hset.subject, 100)}' is not a cache directory name")
+    if not 1 <= len(hset.headers) <= MAX_HEADERS:
+        raise Rejected(Reason.TOO_LARGE, f"a headers statement lists 1…{MAX_HEADERS} headers, not {len(hset.headers)}")
+    names = [h.name for h in hset.headers]
+    if not all(map(is_header_name, names)) or len(set(names)) != len(names):
+        raise Rejected(Reason.MALFORMED, "headers statement: a header name is not torch's, or repeated")
+    for entry in hset.headers:
+        _int(entry.size, "a header size", 1, MAX_HEADER_BYTES)
+        if not _HEX64.fullmatch(entry.sha256):
+            raise Rejected(Reason.MALFORMED, "headers statement: a sha256 is not 64 lowercase hex digits")
+    if not _HEX64.fullmatch(hset.object_sha256):
+        raise Rejected(Reason.MALFORMED, "headers statement: the object sha256 is not 64 lowercase hex digits")
+    _int(hset.object_size, "the object size", 1, MAX_TOTAL_BYTES)
+    if hset.total_size > MAX_TOTAL_BYTES:
+        raise Rejected(Reason.TOO_LARGE, f"headers total {hset.total_size} bytes, the cap is {MAX_TOTAL_BYTES}")
+    if hset.total_size > MAX_RATIO * hset.object_size:
+        raise Rejected(Reason.TOO_LARGE, f"headers inflate {hset.total_size} bytes from {hset.object_size}: "
+                       f"more than {MAX_RATIO}x (a gzip bomb?)")
+    return hset
+
+
+def sign_headers(hset: HeaderSet, signer: Signer) -> bytes:
+    """The signature object's bytes: a DSSE envelope over the statement, signed by ``signer``."""
+    check_headers(hset)
+    if hset.expires_at is not None and hset.expires_at <= hset.signed_at:
+        raise ConfigError("the expiry must lie in the future")
+    payload = hset.to_json_bytes()
+    signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
+    return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
+
+
+def parse_headers(payload: bytes) -> HeaderSet:
+    """Parse a (signature-verified) statement strictly: exact keys, exact types."""
+    name, sha256, pred = statement_shell(payload, "headers statement", PREDICATE_TYPE)
+    if set(pred) != {"expires_at", "headers", "object", "signed_at"}:
+        raise Rejected(Reason.MALFORMED, "headers predicate must have exactly expires_at, headers, object, signed_at")
+    target, items = pred["object"], pred["headers"]
+    if not isinstance(target, dict) or set(target) != {"sha256", "size"} or target["sha256"] != sha256:
+        raise Rejected(Reason.MALFORMED, "headers object must have exactly sha256 (the subject's digest) and size")
+    if not isinstance(items, list) or len(items) > MAX_HEADERS:
+        raise Rejected(Reason.TOO_LARGE, f"a headers statement lists at most {MAX_HEADERS} headers")
+    entries = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[2], str)):
+            raise Rejected(Reason.MALFORMED, "headers statement: each header is [name, size, sha256]")
+        entries.append(HeaderEntry(item[0], _int(item[1], "a header size", 1, MAX_HEADER_BYTES), item[2]))
+    expires = pred["expires_at"]
+    return check_headers(HeaderSet(
+        subject=name,
+        headers=tuple(entries),
+        object_sha256=sha256,
+        object_size=_int(target["size"], "the object size", 1, MAX_TOTAL_BYTES),
+        signed_at=parse_time(pred["signed_at"], "signed_at"),
+        expires_at=None if expires is None else parse_time(expires, "expires_at"),
+    ))
+
+
+def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now: datetime,
+                   clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedHeaders:
+    """Verify the headers signature for cache ``subject``; the verified statement or a typed error."""
+    if sig_bytes is None:
+        raise Rejected(Reason.UNSIGNED, "no headers signature")
+    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
+    hset = parse_headers(payload)
+    if hset.subject != subject:
+        raise Rejected(Reason.NAME_MISMATCH,
+                       f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'")
+    current = current_signers(keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew)
+    return VerifiedHeaders(hset, tuple(k.name for k in current), _SEAL)

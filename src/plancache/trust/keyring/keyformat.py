@@ -1,0 +1,204 @@
+"""Ed25519 key encodings: OpenSSH fingerprints and lines, PEM, private keys, and naming what
+a blob of key material is.
+
+Key ids are OpenSSH's ``SHA256:…`` fingerprints, so ``ssh-keygen -lf key.pub`` prints the
+same id that ``plancache verify`` shows: operators can check a key with a tool they trust.
+The same id names a key wherever it lives (a file, an environment variable, an HSM, a cloud
+KMS): it is computed from the public key alone.
+
+Pure: bytes in, keys or :class:`ConfigError` out. Reading files lives in
+:mod:`plancache.keys`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import hashlib
+import struct
+from typing import Callable
+
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ..display import safe_text
+from ..errors import ConfigError
+
+SSH_KEY_TYPE = "ssh-ed25519"
+KEYID_PREFIX = "SHA256:"
+PEM_PUBLIC_BEGIN = "-----BEGIN PUBLIC KEY-----"
+PEM_PUBLIC_END = "-----END PUBLIC KEY-----"
+OPENSSH_PRIVATE_BEGIN = b"-----BEGIN OPENSSH PRIVATE KEY-----"
+
+SSH_KEY_TYPES = frozenset({
+    "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+})
+"""Key types OpenSSH writes in ``.pub``, ``authorized_keys`` and ``allowed_signers`` lines: a
+line holding one of these is a public key line, even where only ssh-ed25519 is accepted."""
+
+Passphrase = Callable[[], "bytes | None"]
+"""Asked only when a private key is encrypted: an unencrypted key ignores a passphrase that is
+set, and a terminal prompt appears only for a key that needs one."""
+
+
+def _ssh_blob(public: Ed25519PublicKey) -> bytes:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    kind = SSH_KEY_TYPE.encode()
+    return struct.pack(">I", len(kind)) + kind + struct.pack(">I", len(raw)) + raw
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """OpenSSH's fingerprint of the key: ``SHA256:`` + unpadded base64 of sha256(wire blob)."""
+    digest = hashlib.sha256(_ssh_blob(public)).digest()
+    return KEYID_PREFIX + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def canonical_keyid(value: object) -> str | None:
+    """The normal form of a key id (what :func:`key_id` returns), or None if it is not one.
+
+    Tools print SHA256 fingerprints with or without base64's ``=`` padding; both name the
+    same key and must compare equal, or a padded ``@revoked`` line revokes nothing. Only the
+    canonical 43-character encoding is accepted, so no two spellings that differ in more than
+    the padding name one key (a flipped unused bit is not an alias).
+    """
+    if not isinstance(value, str) or not value.startswith(KEYID_PREFIX):
+        return None
+    body = value[len(KEYID_PREFIX) :]
+    body = body[:-1] if body.endswith("=") else body
+    if len(body) != 43:
+        return None
+    try:
+        digest = base64.b64decode(body + "=", validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    normal = KEYID_PREFIX + base64.b64encode(digest).decode("ascii").rstrip("=")
+    return normal if normal == KEYID_PREFIX + body else None
+
+
+def openssh_line(public: Ed25519PublicKey, comment: str = "") -> str:
+    """``ssh-ed25519 AAAA… comment``: the ``.pub`` format keygen writes."""
+    line = f"{SSH_KEY_TYPE} {base64.b64encode(_ssh_blob(public)).decode('ascii')}"
+    return f"{line} {comment}".rstrip()
+
+
+def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:
+    if kind != SSH_KEY_TYPE:
+        raise ConfigError(f"only ssh-ed25519 keys are supported, got '{safe_text(kind, 40)}'")
+    try:
+        blob = base64.b64decode(blob_b64, validate=True)
+        key = serialization.load_ssh_public_key(f"{kind} {blob_b64}".encode("ascii"))
+    except (binascii.Error, ValueError, UnsupportedAlgorithm):
+        raise ConfigError("not a valid ssh-ed25519 public key") from None
+    if not isinstance(key, Ed25519PublicKey) or _ssh_blob(key) != blob:
+        raise ConfigError("not a valid ssh-ed25519 public key")
+    return key
+
+
+def parse_pem_public(data: bytes) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, UnsupportedAlgorithm):
+        raise ConfigError("not a PEM public key") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ConfigError("the PEM public key is not Ed25519")
+    return key
+
+
+def parse_der_public(data: bytes) -> Ed25519PublicKey:
+    """A DER SubjectPublicKeyInfo, as AWS KMS's ``GetPublicKey`` returns it."""
+    try:
+        key = serialization.load_der_public_key(data)
+    except (ValueError, UnsupportedAlgorithm):
+        raise ConfigError("not a DER SubjectPublicKeyInfo public key") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ConfigError(f"the public key is {type(key).__name__.removeprefix('_')}, not Ed25519")
+    return key
+
+
+def _load_private(data: bytes, password: bytes | None) -> object:
+    if OPENSSH_PRIVATE_BEGIN in data:
+        return serialization.load_ssh_private_key(data, password)
+    return serialization.load_pem_private_key(data, password)
+
+
+def parse_private_key(data: bytes, passphrase: Passphrase | None = None) -> Ed25519PrivateKey:
+    """Load a PEM PKCS#8 or OpenSSH Ed25519 private key, encrypted or not.
+
+    ``passphrase`` is called only if the key turns out to be encrypted (see :data:`Passphrase`).
+    """
+    try:
+        key = _load_private(data, None)
+    except TypeError:  # encrypted: cryptography wants a password
+        password = passphrase() if passphrase is not None else None
+        if not password:
+            raise ConfigError("the private key is encrypted: set PLANCACHE_KEY_PASSPHRASE") from None
+        try:
+            key = _load_private(data, password)
+        except (ValueError, UnsupportedAlgorithm, TypeError):
+            raise ConfigError("cannot decrypt the private key: wrong passphrase") from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise ConfigError(f"cannot load a private key from {describe_key_material(data)}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"the private key is {type(key).__name__.removeprefix('_')}, not Ed25519")
+    return key
+
+
+def private_key_bytes(key: Ed25519PrivateKey, passphrase: bytes | None, openssh: bool = False) -> bytes:
+    """PEM PKCS#8 (the default), or OpenSSH's format, which ``ssh-keygen -y`` reads."""
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
+    )
+    layout = serialization.PrivateFormat.OpenSSH if openssh else serialization.PrivateFormat.PKCS8
+    return key.private_bytes(serialization.Encoding.PEM, layout, encryption)
+
+
+_PEM_LABELS = {
+    "OPENSSH PRIVATE KEY": "an OpenSSH private key",
+    "PRIVATE KEY": "a PEM private key (PKCS#8)",
+    "ENCRYPTED PRIVATE KEY": "an encrypted PEM private key (PKCS#8)",
+    "RSA PRIVATE KEY": "an RSA private key",
+    "EC PRIVATE KEY": "an EC private key",
+    "DSA PRIVATE KEY": "a DSA private key",
+    "PUBLIC KEY": "a PEM public key",
+    "RSA PUBLIC KEY": "an RSA public key",
+    "CERTIFICATE": "an X.509 certificate",
+    "SSH2 PUBLIC KEY": "an RFC 4716 SSH public key",
+}
+
+
+def describe_key_material(data: bytes) -> str:
+    """What ``data`` holds, in a few words, for errors that name a file and its content:
+    "a public key where a private key belongs" is fixed in seconds, "cannot load" is not."""
+    # UTF-8 (names and principals may be), and a character cut at 4096 bytes is no "binary"
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data[:4096], final=False).strip()
+    if not text:
+        return "nothing (it is empty)"
+    if "\x00" in text or "\ufffd" in text:
+        return "binary data, not key text"
+    first = text.split("\n", 1)[0].strip()
+    if first.startswith("-----BEGIN ") or first.startswith("---- BEGIN "):
+        label = first.strip("- ").removeprefix("BEGIN ").strip()
+        return _PEM_LABELS.get(label, f"a PEM block '{safe_text(label, 40)}'")
+    for line in text.split("\n"):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if any(f in SSH_KEY_TYPES or f.endswith("-cert-v01@openssh.com") for f in fields[:3]):
+            return "an OpenSSH public key line (trusted keys)"
+        if fields[0] == "@revoked":
+            return "a trusted-keys file"
+        break
+    return "no key format plancache knows (PEM or OpenSSH)"
+
+
+def is_public_material(data: bytes) -> bool:
+    """Public keys or a trusted-keys file: what a private key reference must never name."""
+    what = describe_key_material(data)
+    return "public key" in what or what == "a trusted-keys file" or what == "an X.509 certificate"
+
+
+def is_private_material(data: bytes) -> bool:
+    return "private key" in describe_key_material(data)

@@ -1,0 +1,243 @@
+"""Plan sets: every rank's plan and sidecar in one store object, signed as one.
+
+Why: in a boot storm each rank fetching its own plan and sidecar is 2 GETs per rank, 16 per
+8-GPU node, all on a few hot objects. Every rank can compute every rank's fingerprint (vLLM's
+``compute_plan_fingerprint(config, rank, world_size)``: same configuration, only the rank
+differs), hence the set's name, so one GET per node serves all of them.
+
+The object ``startup_planset_<id>.set``::
+
+    <DSSE envelope, canonical, one line ending in "\\n"><body>
+    body = plan_0 sig_0 plan_1 sig_1 ...       (each member's plan bytes, then its sidecar's)
+
+``<id>`` is :func:`set_id` of the member fingerprints in rank order. The envelope's statement
+(predicate :data:`SET_PREDICATE`) names the object as its one subject with the sha256 of the
+whole body, and lists the members (fingerprint, plan length, sidecar length) in order. So:
+
+* the signature covers every byte of every member (one digest over the body) and their
+  order: members of two bakes can never be combined into a set that verifies;
+* the name binds the member list: a set whose listed fingerprints do not hash to its name is
+  refused, so a rank never reads a set made for another world;
+* nothing of the body is parsed before the envelope verified and the body's digest matched;
+  then each member is verified on its own (:func:`~..verify.verify_plan`: its own sidecar,
+  signers, windows, and the plan's fingerprint against its name), so a set adds a binding,
+  never a way around a plan's own checks, and the sidecars written locally verify as today's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Sequence
+
+from .. import envelope as dsse
+from ..display import safe_text
+from ..errors import ConfigError, Reason, Rejected
+from ..keyring.keys import Keyring, Signer
+from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
+from ..signing import MAX_SIGNED_BYTES
+from ..statement import format_time, parse_time, render_statement, statement_shell
+from ..verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, open_envelope, verify_plan
+
+SET_PREDICATE = "https://plancache.dev/startup-plan-set/v1"
+SET_PREFIX = "startup_planset_"
+SET_SUFFIX = ".set"
+MAX_MEMBERS = 64
+"""Ranks one set may hold (a world of 64 GPUs); the signed statement stays under a KMS's 4 KiB."""
+MAX_SET_BYTES = 1024 * 1024
+"""Cap on a set object: far above 64 honest members (plans are ~200 bytes, sidecars ~600)."""
+
+MAX_REPLICAS = 64
+"""Copies of one set a push may write (Azure serves about 500 requests per second per blob)."""
+
+_SET_NAME = re.compile(r"startup_planset_([0-9a-f]{16})\.set")
+_REPLICA_NAME = re.compile(r"startup_planset_([0-9a-f]{16})\.r([1-9][0-9]?)\.set")
+_DOMAIN = b"plancache-plan-set/v1\n"
+
+
+def set_id(fingerprints: Sequence[str]) -> str:
+    """The set's id for the member fingerprints in rank order (duplicates kept once, first place).
+
+    Every rank computes the same id from the configuration alone: 16 hex of a domain-separated
+    sha256 over the ordered list, so another order or another member is another name."""
+    members = members_of(fingerprints)
+    return hashlib.sha256(_DOMAIN + "\n".join(members).encode("ascii")).hexdigest()[:16]
+
+
+def members_of(fingerprints: Sequence[str]) -> list[str]:
+    """The distinct fingerprints in first-seen order, each a valid fingerprint; else Rejected."""
+    members = list(dict.fromkeys(fingerprints))
+    if not 1 <= len(members) <= MAX_MEMBERS or not all(is_fingerprint(fp) for fp in members):
+        raise Rejected(Reason.MALFORMED, f"a plan set holds 1 to {MAX_MEMBERS} valid fingerprints")
+    return members
+
+
+def set_name(fingerprints: Sequence[str]) -> str:
+    """The store object's name for these ranks' fingerprints: computable by any rank."""
+    return f"{SET_PREFIX}{set_id(fingerprints)}{SET_SUFFIX}"
+
+
+def set_id_of_name(name: str) -> str | None:
+    """The id in an exact set object name, else None (hostile listings are ignored)."""
+    match = _SET_NAME.fullmatch(name)
+    return match.group(1) if match else None
+
+
+def replica_name(name: str, index: int) -> str:
+    """Copy ``index`` of set ``name`` (0: the set itself). A replica holds the set's exact bytes
+    and is verified under the set's own name, so a copy that differs is refused as tampered."""
+    ident = set_id_of_name(name)
+    if ident is None or not 0 <= index < MAX_REPLICAS:
+        raise ConfigError(f"no replica {index} of '{safe_text(name, 80)}' (0 to {MAX_REPLICAS - 1})")
+    return name if index == 0 else f"{SET_PREFIX}{ident}.r{index}{SET_SUFFIX}"
+
+
+def set_object_id(name: str) -> tuple[str, int] | None:
+    """(set id, replica index) of a set or replica object name, else None."""
+    ident = set_id_of_name(name)
+    if ident is not None:
+        return ident, 0
+    match = _REPLICA_NAME.fullmatch(name)
+    if match is None or int(match.group(2)) >= MAX_REPLICAS:
+        return None
+    return match.group(1), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class Member:
+    fingerprint: str
+    plan_size: int
+    sig_size: int
+
+
+@dataclass(frozen=True)
+class SetStatement:
+    subject_name: str
+    subject_sha256: str
+    set_id: str
+    members: tuple[Member, ...]
+    signed_at: datetime
+    expires_at: datetime | None = None
+    comment: str = ""
+
+    def to_json_bytes(self) -> bytes:
+        predicate = {
+            "set": self.set_id,
+            "members": [{"fingerprint": m.fingerprint, "plan": m.plan_size, "sig": m.sig_size} for m in self.members],
+            "signed_at": format_time(self.signed_at),
+            "expires_at": format_time(self.expires_at) if self.expires_at else None,
+            "comment": self.comment,
+        }
+        return render_statement(self.subject_name, self.subject_sha256, SET_PREDICATE, predicate)
+
+
+@dataclass(frozen=True)
+class VerifiedSet:
+    """A set whose envelope, body and every member verified. Only :func:`verify_set` makes one."""
+
+    name: str
+    statement: SetStatement
+    plans: tuple[VerifiedPlan, ...]
+    signers: tuple[str, ...]
+
+    def plan_for(self, fingerprint: str) -> VerifiedPlan | None:
+        return next((p for p in self.plans if p.fingerprint == fingerprint), None)
+
+
+def _size(value: object, cap: int) -> int:
+    if type(value) is not int or not 0 < value <= cap:
+        raise Rejected(Reason.MALFORMED, "plan set: a member's size is not a positive integer within its cap")
+    return value
+
+
+def parse_set_statement(payload: bytes) -> SetStatement:
+    """Parse a (signature-verified) set statement; ``Rejected(MALFORMED)`` on any deviation."""
+    name, sha256, predicate = statement_shell(payload, "plan set statement", SET_PREDICATE)
+    raw = predicate.get("members")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS or not all(isinstance(m, dict) for m in raw):
+        raise Rejected(Reason.MALFORMED, f"plan set statement needs 1 to {MAX_MEMBERS} members")
+    members = []
+    for m in raw:
+        if not is_fingerprint(m.get("fingerprint")):
+            raise Rejected(Reason.MALFORMED, "plan set: a member's fingerprint is not 16 lowercase hex digits")
+        members.append(Member(m["fingerprint"], _size(m.get("plan"), MAX_PLAN_BYTES), _size(m.get("sig"), dsse.MAX_SIG_BYTES)))
+    ident, comment, expires = predicate.get("set"), predicate.get("comment", ""), predicate.get("expires_at")
+    if not is_fingerprint(ident) or not isinstance(comment, str):
+        raise Rejected(Reason.MALFORMED, "plan set statement: set id or comment has the wrong type")
+    return SetStatement(name, sha256, ident, tuple(members), parse_time(predicate.get("signed_at"), "signed_at"),
+                        None if expires is None else parse_time(expires, "expires_at"), comment)
+
+
+def split_set(data: bytes) -> tuple[bytes, bytes]:
+    """(envelope line, body) of a set object, before anything of either is parsed."""
+    end = data.find(b"\n", 0, dsse.MAX_SIG_BYTES + 1)
+    if end < 0:
+        raise Rejected(Reason.MALFORMED, "plan set: no signature envelope line at its start")
+    return data[: end + 1], data[end + 1 :]
+
+
+def claimed_members(data: bytes) -> list[str]:
+    """The fingerprints a set object *claims* to hold, unverified: for ``ls`` without keys and
+    for ``prune``, which deletes sets whose members it deletes (deleting needs no trust). Never
+    a reason to use anything in the set."""
+    if len(data) > MAX_SET_BYTES:
+        raise Rejected(Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}")
+    head, _ = split_set(data)
+    return [m.fingerprint for m in parse_set_statement(dsse.decode(head).payload).members]
+
+
+def verify_set(name: str, data: bytes, keyring: Keyring, now: datetime,
+               clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedSet:
+    """A set object's bytes in, every member verified out, or ``PlanCacheError`` with a reason.
+
+    Order: size cap; the name; the envelope (canonical) and its signatures by trusted keys; the
+    statement; subject name and the body's sha256; the member list against the name's id and
+    the body's length; the signers' windows and threshold; then each member, sliced by the
+    signed lengths, through :func:`verify_plan` (the first failure rejects the whole set)."""
+    if len(data) > MAX_SET_BYTES:
+        raise Rejected(Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}")
+    ident = set_id_of_name(name)
+    if ident is None:
+        raise Rejected(Reason.MALFORMED, f"'{safe_text(name, 80)}' is not a plan set name (startup_planset_<16 hex>.set)")
+    head, body = split_set(data)
+    payload, keys = open_envelope(head, keyring)
+    statement = parse_set_statement(payload)
+    if statement.subject_name != name:
+        raise Rejected(Reason.NAME_MISMATCH,
+                       f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'")
+    if statement.subject_sha256 != hashlib.sha256(body).hexdigest():
+        raise Rejected(Reason.DIGEST_MISMATCH, "plan set bytes do not match the signed sha256 (altered or mixed set?)")
+    fps = [m.fingerprint for m in statement.members]
+    if statement.set_id != ident or members_of(fps) != fps or set_id(fps) != ident:
+        raise Rejected(Reason.FINGERPRINT_MISMATCH, f"plan set {ident}: its signed member list is for another set")
+    if sum(m.plan_size + m.sig_size for m in statement.members) != len(body):
+        raise Rejected(Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body")
+    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew)
+    plans, offset = [], 0
+    for m in statement.members:
+        plan_bytes = body[offset : offset + m.plan_size]
+        sig_bytes = body[offset + m.plan_size : offset + m.plan_size + m.sig_size]
+        offset += m.plan_size + m.sig_size
+        plans.append(verify_plan(plan_name(m.fingerprint), plan_bytes, sig_bytes, keyring, now, clock_skew))
+    return VerifiedSet(name, statement, tuple(plans), tuple(k.name for k in current))
+
+
+def build_set(members: Sequence[tuple[str, bytes, bytes]], signer: Signer, now: datetime,
+              expires_at: datetime | None = None, comment: str = "") -> tuple[str, bytes]:
+    """(name, bytes) of a set over ``(fingerprint, plan bytes, sidecar bytes)`` in rank order,
+    signed by ``signer``. The caller hands verified members (push verifies them first)."""
+    fps = [fp for fp, _, _ in members]
+    if members_of(fps) != fps:
+        raise ConfigError("a plan set needs 1 to 64 distinct fingerprints")
+    name = set_name(fps)
+    body = b"".join(plan + sig for _, plan, sig in members)
+    statement = SetStatement(name, hashlib.sha256(body).hexdigest(), set_id(fps),
+                             tuple(Member(fp, len(p), len(s)) for fp, p, s in members), now, expires_at, comment)
+    payload = statement.to_json_bytes()
+    data = dsse.pae(dsse.PAYLOAD_TYPE, payload)
+    if len(data) > MAX_SIGNED_BYTES:
+        raise ConfigError(f"the plan set's statement is {len(payload)} bytes, over the {MAX_SIGNED_BYTES}-byte signing cap")
+    head = dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (dsse.Signature(signer.keyid, signer.sign(data)),)))
+    return name, head + body

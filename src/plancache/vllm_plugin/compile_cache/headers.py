@@ -1,0 +1,203 @@
+"""The precompiled headers of a boot: recorded for the build node's push, fetched for a new node.
+
+Inductor calls ``codecache._precompile_header(header, cmd, **options)`` -> ``<dir>/<hash>.h``
+before it compiles or even loads a cpp kernel, and gcc builds ``<hash>.h.gch`` there when it is
+missing (149 MiB, 11-60 s). :func:`wrap` (installed by :mod:`.torch_caches` with the node's
+private headers directory) makes that call:
+
+- wait for a header fetch in flight (started when the guard pulled the cache, so it overlapped
+  whatever ran in between), at most until its budget ends; past it, the fetch is cancelled
+  (it installs nothing any more) and torch builds the header as it always did;
+- note, once per header, where it came from: one INFO line
+  ``plancache: compile-cache header=<name> source=store|node|built``;
+- remember its name, so the build node's push ships the headers this compile used.
+
+The fetch itself (:func:`start_fetch`) is :func:`plancache.pipeline.compile_cache.headers.pull_headers`
+in a daemon thread with its own budget, separate from the cache's: a slow header never costs
+the node its cache. Its outcome is one INFO line ``plancache: compile-cache headers=…``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ...settings import HEADERS_TIMEOUT
+from ...trust.display import safe_text
+from ..prefetch import Prefetch
+
+LOG = logging.getLogger("vllm.plancache")
+
+_lock = threading.Lock()
+_at: tuple[Path, Path] | None = None
+"""(the cache root, the node's private headers directory) once torch is pinned to it."""
+_used: list[str] = []
+_installed: set[str] = set()
+_fetch: tuple[Prefetch[Any], Any] | None = None
+_packing: tuple[list[str], Prefetch[Any]] | None = None
+PACK_WAIT_S = 120.0
+
+
+_build_node: Callable[[], bool] = lambda: False  # noqa: E731
+"""Whether this process signs and pushes what it compiles (set by the guard at install)."""
+
+
+def on_build_node(check: Callable[[], bool]) -> None:
+    global _build_node
+    _build_node = check
+
+
+def place(base: Path, directory: Path) -> None:
+    global _at
+    _at = (base, directory)
+
+
+def used() -> list[str]:
+    """Names of the headers torch used in this process that lie in the node's headers directory."""
+    with _lock:
+        return list(_used)
+
+
+def wrap(original: Callable[..., str]) -> Callable[..., str]:
+    """torch's ``_precompile_header``, waiting for a fetch first and noting each header once."""
+    if getattr(original, "__plancache__", False):
+        return original
+
+    @functools.cache
+    def precompile(header: str, hashable_cmd_line: str, **options: Any) -> str:
+        wait()
+        folder = _at[1] if _at is not None else None
+        before = _names(folder)
+        path = original(header, hashable_cmd_line, **options)
+        _note(path, before, folder)
+        return path
+
+    precompile.__plancache__ = True  # type: ignore[attr-defined]
+    precompile.__wrapped__ = original  # type: ignore[attr-defined]
+    return precompile
+
+
+def _names(folder: Path | None) -> set[str]:
+    try:
+        return set(os.listdir(folder)) if folder is not None else set()
+    except OSError:
+        return set()
+
+
+def _note(path: str, before: set[str], folder: Path | None) -> None:
+    base = os.path.basename(path)
+    name = next((base + ext for ext in (".gch", ".pch") if os.path.exists(path + ext)), base + ".gch")
+    if folder is None or os.path.abspath(os.path.dirname(path)) != os.path.abspath(folder):
+        return
+    with _lock:
+        if name in _used:
+            return
+        _used.append(name)
+        source = "store" if name in _installed else "node" if name in before else "built"
+    LOG.info("plancache: compile-cache header=%s source=%s", safe_text(name, 200), source)
+    if source == "built":
+        _pack_early()
+
+
+def _pack_early() -> None:
+    """On a build node (signing key and store configured), compress the headers as soon as gcc
+    built one, while vLLM compiles on: at exit only the upload is left (vLLM kills a one-shot
+    boot's worker 5 s after shutdown starts, before a 3.5 s compression would end)."""
+    global _packing
+    from ...pipeline.compile_cache.headers import pack_headers
+
+    at = _at
+    if at is None or not _build_node():
+        return
+    names = used()
+    with _lock:
+        _packing = (names, Prefetch("pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)).start())
+
+
+def start_fetch(config: Any, subject: str) -> None:
+    """After the guard pulled ``subject``: fetch its headers in the background (once a boot)."""
+    global _fetch
+    from ...pipeline.compile_cache.headers import Cancel, HeadersOutcome, pull_headers
+    from ...pipeline.resolver import utcnow
+    from ...storage.store import open_store
+
+    at = _at
+    if at is None or not config.url or config.keyring is None:
+        return
+    budget = max(config.timeout, HEADERS_TIMEOUT)
+    deadline = time.monotonic() + budget
+    cancel = Cancel()
+
+    def task() -> Any:
+        started = time.monotonic()
+        try:
+            store = open_store(config.url or "", config.storage_options, timeout=budget)
+            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1], deadline=deadline, cancel=cancel)
+        except Exception as exc:  # noqa: BLE001 - the store would not open: torch builds the header
+            outcome = HeadersOutcome("failed", "store-error", safe_text(getattr(exc, "detail", exc), 200))
+        with _lock:
+            _installed.update(outcome.installed)
+        LOG.info('plancache: compile-cache %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), safe_text(subject, 200),
+                 (time.monotonic() - started) * 1000, safe_text(outcome.detail, 300))
+        return outcome
+
+    with _lock:
+        if _fetch is not None:
+            return
+        _fetch = (Prefetch(subject, deadline, task).start(), cancel)
+
+
+def wait() -> None:
+    """Before torch looks for a header: the fetch in flight finishes, or its budget ends. Every
+    thread that asks meanwhile waits for the same fetch (inductor compiles on a thread pool; one
+    that went ahead would have gcc build the header the fetch is about to install)."""
+    global _fetch
+    with _lock:
+        pending = _fetch
+    if pending is None:
+        return
+    fetch, cancel = pending
+    try:
+        finished, _ = fetch.result()
+    except Exception:  # noqa: BLE001 - the task logs its own outcome; any crash: torch builds
+        finished = True
+    with _lock:
+        first = _fetch is pending
+        if first:
+            _fetch = None
+    if not finished:
+        cancel.set()
+        if first:
+            LOG.info("plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
+                     'detail="no header within the %.0f s budget: torch builds it"', safe_text(fetch.key, 200),
+                     (time.monotonic() - fetch.started) * 1000, fetch.deadline - fetch.started)
+
+
+def push(store: Any, subject: str, signer: Any, expires_in: Any) -> Any:
+    """The build node's push of the headers this process used (after the cache's own push)."""
+    from ...pipeline.compile_cache.headers import HeadersOutcome, push_headers
+    from ...pipeline.resolver import utcnow
+
+    at, names, packed = _at, used(), None
+    if at is None:
+        return HeadersOutcome("none", detail="no private headers directory")
+    with _lock:
+        packing = _packing
+    if packing is not None and packing[0] == names:
+        finished, packed = packing[1].result()
+        packed = packed if finished else None
+    return push_headers(store, subject, at[0], at[1], names, signer, utcnow(), expires_in=expires_in, packed=packed)
+
+
+def reset() -> None:
+    """Forget this process's headers (tests)."""
+    global _fetch, _packing
+    with _lock:
+        _used.clear()
+        _installed.clear()
+        _fetch = _packing = None

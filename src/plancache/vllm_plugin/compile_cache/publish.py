@@ -1,0 +1,193 @@
+"""The guard's settings, and a build node's side: publish, sign and push what vLLM compiled.
+
+vLLM compiles into the boot's private copy (the guard gave it an empty one); with
+``PLANCACHE_SIGNING_KEY`` set, :func:`publish` puts that copy into place, signs it (with an
+expiry when ``PLANCACHE_COMPILE_CACHE_EXPIRES_IN`` says so, same syntax as ``--expires-in``) and,
+with ``PLANCACHE_URL``, pushes it in the background; the interpreter waits for the push at exit.
+Sign and push are each one INFO line naming what was signed or pushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ...trust.display import safe_text
+
+LOG = logging.getLogger("vllm.plancache")
+EXPIRES_ENV = "PLANCACHE_COMPILE_CACHE_EXPIRES_IN"
+
+_lock = threading.Lock()
+_pushes: list[threading.Thread] = []
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment, read once per process: trust, signing, store."""
+
+    keyring: Any
+    """A Keyring; None with ``problem`` set when keys are named but unusable."""
+    problem: str
+    signing_key: str | None
+    url: str | None
+    storage_options: Any
+    timeout: float
+    expires_in: timedelta | None = None
+    expiry_problem: str = ""
+    """Set when ``PLANCACHE_COMPILE_CACHE_EXPIRES_IN`` does not parse: nothing is signed then."""
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings | None:
+    """None when no trusted keys and no signing key are configured: nothing can be verified."""
+    from ...pipeline.trust_config import worker_policy
+    from ..config import parse_config
+
+    config = parse_config()
+    for error in config.errors:
+        LOG.error("plancache: compile-cache: %s", error)
+    policy = worker_policy(config.trusted_keys, config.threshold) if config.trusted_keys else None
+    if policy is None and not config.signing_key:
+        return None
+    expires_in, problem = _expiry(os.environ.get(EXPIRES_ENV, "").strip())
+    if problem:
+        LOG.error("plancache: compile-cache: %s; new caches stay unsigned", problem)
+    return Settings(
+        keyring=policy.keyring if policy is not None else None,
+        problem=policy.problem if policy is not None else "no trusted keys",
+        signing_key=config.signing_key,
+        url=config.url,
+        storage_options=config.storage_options,
+        timeout=config.timeout,
+        expires_in=expires_in,
+        expiry_problem=problem,
+    )
+
+
+def _expiry(text: str) -> tuple[timedelta | None, str]:
+    if not text:
+        return None, ""
+    from ...cli.args import duration
+
+    try:
+        return duration(text), ""
+    except argparse.ArgumentTypeError as exc:
+        return None, f"{EXPIRES_ENV}: {exc}"
+
+
+@functools.lru_cache(maxsize=1)
+def signer() -> Any:
+    """The signing key, loaded when a new cache is first signed, never at boot (a KMS or HSM key
+    costs network calls a warm boot has no use for); None, with one ERROR line, if unusable."""
+    config = settings()
+    if config is None or not config.signing_key or config.expiry_problem:
+        return None
+    from ...pipeline.trust_config import signer_for
+
+    try:
+        return signer_for(config.signing_key)
+    except Exception as exc:  # noqa: BLE001 - one ERROR line; caches are then left unsigned
+        LOG.error("plancache: compile-cache: signing key unusable (%s); new caches stay unsigned", safe_text(exc, 200))
+        return None
+
+
+def root_and_subject(directory: Path) -> tuple[Any, str | None]:
+    """vLLM's cache root above a cache directory, and the directory's subject (None: not under it)."""
+    from ...pipeline.compile_cache.flows import CacheRoot
+
+    parts = directory.parts
+    base = Path(*parts[: -3 if directory.parent.name == "torch_aot_compile" else -2])
+    root = CacheRoot(base)
+    return root, root.subject_of(directory)
+
+
+def publish(directory: Path, private: Path, compile_ms: float | None = None) -> None:
+    """After vLLM saved a new cache into ``private`` (standing for ``directory``): put it in
+    place and sign it (with vLLM's cache-key factors and the compile's time, when known), then
+    push it in the background. Never raises."""
+    config, key = settings(), signer()
+    if config is None or key is None:
+        return
+    from ...pipeline.compile_cache.flows import publish_cache
+    from ...pipeline.resolver import utcnow
+    root, subject = root_and_subject(directory)
+    if subject is None:
+        return
+    try:
+        from .. import record
+
+        factors = record.last_factors() if subject.startswith("torch_aot_compile/") else None  # <10 hex>: inside
+        measured = {"compile_ms": round(compile_ms, 1)} if compile_ms is not None else None
+        outcome = publish_cache(root, subject, private, key, utcnow(), expires_in=config.expires_in, key_factors=factors, measurements=measured)
+    except Exception as exc:  # noqa: BLE001
+        LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
+        return
+    if outcome.action != "signed":
+        LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(outcome.detail, 300))
+        return
+    expiry = f" expires_in={os.environ.get(EXPIRES_ENV, '').strip()}" if config.expires_in else ""
+    LOG.info("plancache: compile-cache signed cache=%s files=%d bytes=%d%s", subject, outcome.files, outcome.size, expiry)
+    if config.url:
+        _push_in_background(config, root, subject, key)
+
+
+def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> None:
+    def push() -> None:
+        from ...pipeline.compile_cache.flows import push_cache
+        from ...pipeline.resolver import utcnow
+        from ...settings import BULK_TIMEOUT
+        from ...storage.store import open_store
+        from ...trust.keyring.keys import signer_keyring
+
+        started = time.monotonic()
+        try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
+            store = open_store(config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT))
+            outcome = push_cache(store, root, subject, signer_keyring(key), utcnow())
+            LOG.info("plancache: compile-cache pushed cache=%s url=%s detail=\"%s\" elapsed_ms=%.0f", subject,
+                     safe_text(config.url, 200), safe_text(outcome.detail, 200), (time.monotonic() - started) * 1000)
+        except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
+            LOG.warning("plancache: push of compile cache %s failed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
+            return
+        _push_headers(store, subject, key, config)
+
+    thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
+    with _lock:
+        if not _pushes:
+            # threading's exit hooks run in reverse order of registration, before the executors
+            # the store's IO runs on refuse new work ("cannot schedule new futures after
+            # shutdown"); a plain atexit hook would run too late.
+            getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
+        _pushes.append(thread)
+    thread.start()
+
+
+def _push_headers(store: Any, subject: str, key: Any, config: Settings) -> None:
+    """After the cache: the precompiled headers its compile used, so a new node need not build them."""
+    from . import headers
+
+    started = time.monotonic()
+    try:
+        outcome = headers.push(store, subject, key, config.expires_in)
+    except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a header build
+        LOG.warning("plancache: push of the precompiled headers of %s failed: %s", subject,
+                    safe_text(getattr(exc, "detail", exc), 300))
+        return
+    LOG.info('plancache: compile-cache pushed %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), subject,
+             (time.monotonic() - started) * 1000, safe_text(outcome.detail, 200))
+
+
+def _finish_pushes() -> None:
+    """At interpreter exit, let started pushes finish (each is bounded by its store deadline).
+    A daemon thread alone would die with a short-lived process, and a one-shot warm-up boot,
+    whose whole point is to fill the store, would push nothing."""
+    for thread in list(_pushes):
+        thread.join()
