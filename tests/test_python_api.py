@@ -140,3 +140,23 @@ def test_pull_counts_the_store_opening_inside_its_budget(tmp_path: Path, monkeyp
     started = time.monotonic()
     assert api.pull("s3://b/plans", tmp_path, Keyring(), timeout=2.0) == []
     assert seen == [opened["deadline"]] and seen[0] <= started + 2.0 + 0.05
+
+
+def test_the_type_stub_names_each_export_where_it_lives() -> None:
+    """``__init__.pyi`` is what type checkers read instead of the lazy ``__init__.py``: each name
+    it imports must be importable from the module it names, and it must name every export (a
+    module moved into a subfolder once left the stub pointing at the old path)."""
+    import ast
+    import importlib
+
+    import plancache
+
+    stub = ast.parse((ROOT / "src" / "plancache" / "__init__.pyi").read_text(encoding="utf-8"))
+    named: dict[str, str] = {}
+    for node in stub.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            for alias in node.names:
+                named[alias.asname or alias.name] = f"plancache.{node.module}"
+    for name, module in named.items():
+        assert hasattr(importlib.import_module(module), name), (name, module)
+    assert set(plancache.__all__) <= set(named), set(plancache.__all__) - set(named)
