@@ -55,7 +55,7 @@ def cache(subject, model_bytes):
     (private / "rank_0_0" / "model").write_bytes(model_bytes)
     (private / "inductor_cache").mkdir()
     (private / "inductor_cache" / "entry").write_bytes(b"kernel")
-    out = cc.publish_cache(root, subject, private, signer, now, None, factors, {"compile_ms": 20000.0})
+    out = cc.publish_cache(root, subject, private, signer, now, key_factors=factors, measurements={"compile_ms": 20000.0})
     assert out.action == "signed", out
     return root.directory(subject)
 
