@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import pytest
 
 from conftest import FP, plan_bytes
-from plancache.storage import conditional_deletes, versioned
+from plancache.storage import conditional_deletes
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
@@ -329,7 +329,7 @@ def test_without_the_precondition_the_window_is_real(backend: Backend, monkeypat
     async def unconditional(fs: Any, path: str, token: str) -> None:
         await fs._rm_file(path)
 
-    monkeypatch.setitem(versioned.DELETES, kind, unconditional)
+    monkeypatch.setitem(conditional_deletes.DELETES, kind, unconditional)
     judged = seed(backend)
     _, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
     with pytest.raises(PlanCacheError) as info:  # the check before the first delete sees it

@@ -38,12 +38,24 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, T
 
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import plan_name, sig_name
+from .azure import versions as azure_versions
 from .deadline import http_status, store_error, with_retries
+from .gcs import versions as gcs_versions
 from .listing import cap_for
-from .versioned import ABSENT, DELETES, READS, Versioned, precondition_failed
+from .s3 import versions as s3_versions
+from .versioned import ABSENT, Versioned, precondition_failed
 
 if TYPE_CHECKING:
     from .store import Store
+
+READS: dict[str, Callable[[Any, str, int], Awaitable[Versioned]]] = {
+    "s3": s3_versions.read, "gcs": gcs_versions.read, "azure": azure_versions.read,
+}
+DELETES: dict[str, Callable[[Any, str, str], Awaitable[None]]] = {
+    "s3": s3_versions.delete, "gcs": gcs_versions.delete, "azure": azure_versions.delete,
+}
+"""Backends with a precondition on deletes, by :attr:`.store.Store.kind`: each one's read with
+its version and its conditional delete are in its own room."""
 
 T = TypeVar("T")
 

@@ -1,2 +1,2 @@
 """Google Cloud Storage through gcsfs: its listing page here; its filesystem is opened with
-plancache's defaults in :mod:`..backends` and its version-pinned reads are in :mod:`..versioned`."""
+plancache's defaults in :mod:`..backends` and its version-pinned reads and conditional deletes in :mod:`.versions`."""

@@ -17,7 +17,7 @@ from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
 async def s3_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
     """A GET (of ``byte_range``, or whole) whose declared length is checked before a byte of the
     body is read, and whose body is read at most to ``cap + 1`` even if the server ignores the
-    range; with the answer's other fields (its ETag: see :mod:`..versioned`)."""
+    range; with the answer's other fields (its ETag: see :mod:`.versions`)."""
     bucket, key, _ = fs.split_path(path)
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))
     body = resp["Body"]

@@ -1,0 +1,30 @@
+"""One object read with its version, deleted only while it is still that version (Azure Blob: the download's ``ETag``, and ``Delete Blob`` with ``If-Match``; see :mod:`..versioned`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..versioned import Versioned, ranged_or_whole, version_token
+
+
+async def read(fs: Any, path: str, cap: int) -> Versioned:
+    """:func:`.blob.azure_get`, and the answer's ETag."""
+    from .blob import azure_get
+
+    data, headers = await ranged_or_whole(lambda byte_range: azure_get(fs, path, cap, byte_range), cap)
+    return Versioned(data, version_token(headers.get("ETag"), path))
+
+
+async def delete(fs: Any, path: str, token: str) -> None:
+    from azure.core import MatchConditions
+    from azure.core.exceptions import HttpResponseError
+
+    container, blob, _ = fs.split_path(path)
+    async with fs.service_client.get_blob_client(container, blob) as client:
+        try:
+            await client.delete_blob(etag=token, match_condition=MatchConditions.IfNotModified)
+        except HttpResponseError as exc:
+            # an absent blob fails If-Match too (412, as RFC 9110 has it; Azurite does): gone is not changed
+            if exc.status_code == 404 or (exc.status_code == 412 and not await client.exists()):
+                raise FileNotFoundError(path) from None
+            raise

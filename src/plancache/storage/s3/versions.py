@@ -1,0 +1,20 @@
+"""One object read with its version, deleted only while it is still that version (S3: the GET's ``ETag``, and ``DeleteObject`` with ``IfMatch``; see :mod:`..versioned`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..versioned import Versioned, ranged_or_whole, version_token
+
+
+async def read(fs: Any, path: str, cap: int) -> Versioned:
+    """:func:`.reads.s3_get`, and the answer's ETag."""
+    from .reads import s3_get
+
+    data, resp = await ranged_or_whole(lambda byte_range: s3_get(fs, path, cap, byte_range), cap)
+    return Versioned(data, version_token(resp.get("ETag"), path))
+
+
+async def delete(fs: Any, path: str, token: str) -> None:
+    bucket, key, _ = fs.split_path(path)
+    await fs._call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=token)
