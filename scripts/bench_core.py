@@ -54,7 +54,7 @@ def bench_single(rounds: int) -> None:
     fp = "0123456789abcdef"
     name = plan_name(fp)
     data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
-    sig = sign_plan(name, data, signer, NOW, NOW + timedelta(days=1))
+    sig = sign_plan(name, data, signer, NOW, expires_at=NOW + timedelta(days=1))
     env = dsse.decode(sig)
     pae = dsse.pae(env.payload_type, env.payload)
     raw_sig = env.signatures[0].sig

@@ -51,7 +51,7 @@ def signer() -> Ed25519Signer:
 def signed(signer: Ed25519Signer) -> tuple[str, bytes, bytes]:
     """(name, plan bytes, sidecar bytes) for plan FP signed at NOW by ``signer``."""
     data = plan_bytes()
-    return plan_name(FP), data, sign_plan(plan_name(FP), data, signer, NOW, NOW + timedelta(days=30))
+    return plan_name(FP), data, sign_plan(plan_name(FP), data, signer, NOW, expires_at=NOW + timedelta(days=30))
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ def _remote(sign, budget: float = 0.3) -> RemoteSigner:  # type: ignore[no-untyp
 
 def test_a_remote_signer_is_bounded_and_checked() -> None:
     good = _remote(lambda key, data: key.sign(data))
-    sidecar = sign_plan(plan_name(FP), plan_bytes(), good, NOW, NOW + timedelta(days=1))
+    sidecar = sign_plan(plan_name(FP), plan_bytes(), good, NOW, expires_at=NOW + timedelta(days=1))
     verify_plan(plan_name(FP), plan_bytes(), sidecar, signer_keyring(good), NOW)
     assert "does not verify" in error_of(_remote(lambda key, data: Ed25519PrivateKey.generate().sign(data)).sign, b"m")
     assert "64-byte" in error_of(_remote(lambda key, data: b"short").sign, b"m")

@@ -46,7 +46,7 @@ def test_no_sidecar_signs_and_the_result_verifies() -> None:
 
 def test_own_valid_signature_is_kept_byte_for_byte() -> None:
     ci = make_signer()
-    sig = sign_plan(NAME, DATA, ci, NOW, LATER, "nightly", FACTS)
+    sig = sign_plan(NAME, DATA, ci, NOW, expires_at=LATER, comment="nightly", provenance=FACTS)
     assert sign_or_cosign(NAME, DATA, sig, ci, LATER - timedelta(hours=1), keyring=None, expires_at=LATER + timedelta(days=1)) == (
         "kept",
         sig,
@@ -89,7 +89,7 @@ def test_a_planted_statement_gets_no_co_signature() -> None:
 
 def test_a_vouched_statement_is_co_signed_towards_a_threshold() -> None:
     first, second = make_signer(), make_signer()
-    sig = sign_plan(NAME, DATA, first, NOW, LATER, "nightly", FACTS)
+    sig = sign_plan(NAME, DATA, first, NOW, expires_at=LATER, comment="nightly", provenance=FACTS)
     both = keyring_of(first, second, threshold=2)
     action, cosigned = sign_or_cosign(NAME, DATA, sig, second, NOW, keyring=both, expires_at=LATER, comment="nightly", provenance=FACTS)
     assert action == "co-signed" and statement_of(cosigned) == statement_of(sig)
@@ -108,7 +108,7 @@ def test_a_vouched_statement_is_co_signed_towards_a_threshold() -> None:
 )
 def test_a_statement_that_says_something_else_is_not_adopted(request_: dict[str, object], why: str) -> None:
     first, second = make_signer(), make_signer()
-    sig = sign_plan(NAME, DATA, first, NOW, LATER, "nightly", FACTS)
+    sig = sign_plan(NAME, DATA, first, NOW, expires_at=LATER, comment="nightly", provenance=FACTS)
     err = refused(Reason.STATEMENT_MISMATCH, NAME, DATA, sig, second, NOW, keyring=keyring_of(first), **request_)
     assert why in err.detail
     refused(Reason.STATEMENT_MISMATCH, NAME, DATA, sig, first, NOW, keyring=None, **request_)  # nor kept
@@ -140,7 +140,7 @@ def test_other_bytes_or_expired_statements_are_not_co_signed() -> None:
     first, second = make_signer(), make_signer()
     other_plan = sign_plan(NAME, plan_bytes(kv=1), first, NOW)
     refused(Reason.DIGEST_MISMATCH, NAME, DATA, other_plan, second, NOW, keyring=keyring_of(first))
-    expired = sign_plan(NAME, DATA, first, NOW - timedelta(days=2), NOW - timedelta(days=1))
+    expired = sign_plan(NAME, DATA, first, NOW - timedelta(days=2), expires_at=NOW - timedelta(days=1))
     refused(Reason.EXPIRED, NAME, DATA, expired, second, NOW, keyring=keyring_of(first))
 
 

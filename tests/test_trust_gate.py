@@ -17,7 +17,7 @@ NAME = plan_name(FP)
 def verified(**provenance: object):  # type: ignore[no-untyped-def]
     signer = make_signer()
     data = plan_bytes(kv=20 * GIB, baseline=70 * GIB)
-    sig = sign_plan(NAME, data, signer, NOW, NOW + timedelta(days=1), provenance=provenance)
+    sig = sign_plan(NAME, data, signer, NOW, expires_at=NOW + timedelta(days=1), provenance=provenance)
     return verify_plan(NAME, data, sig, keyring_of(signer), NOW)
 
 

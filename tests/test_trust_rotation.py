@@ -70,10 +70,10 @@ def test_rotating_a_stores_plans_to_a_new_key_never_makes_a_boot_profile() -> No
     old, new = make_signer(), make_signer()
     t0, t1, t2 = NOW, NOW + timedelta(days=10), NOW + timedelta(days=20)
     store = {plan_name(fp): plan_bytes(fp) for fp in FPS}
-    sigs = {name: sign_plan(name, data, old, t0, t0 + timedelta(days=90), provenance=FACTS) for name, data in store.items()}
+    sigs = {name: sign_plan(name, data, old, t0, expires_at=t0 + timedelta(days=90), provenance=FACTS) for name, data in store.items()}
     leftover = plan_name("2222222222222222")  # a plan nobody co-signed
     store[leftover] = plan_bytes("2222222222222222")
-    sigs[leftover] = sign_plan(leftover, store[leftover], old, t0, t0 + timedelta(days=90))
+    sigs[leftover] = sign_plan(leftover, store[leftover], old, t0, expires_at=t0 + timedelta(days=90))
 
     step1 = trusted_keys(old, new, None)  # 1. trust both keys (workers roll out at their pace)
     for name in map(plan_name, FPS):

@@ -89,7 +89,7 @@ def test_key_windows_at_the_ends_of_the_calendar() -> None:
 def test_signing_at_the_ends_of_the_calendar_round_trips() -> None:
     """glibc's strftime writes year 1 as "1": such a statement would never verify again."""
     signer = make_signer()
-    sig = sign_plan(NAME, plan_bytes(), signer, FIRST_DT, LAST_DT)
+    sig = sign_plan(NAME, plan_bytes(), signer, FIRST_DT, expires_at=LAST_DT)
     vp = verify_plan(NAME, plan_bytes(), sig, keyring_of(signer), FIRST_DT)
     assert vp.statement is not None and (vp.statement.signed_at, vp.statement.expires_at) == (FIRST_DT, LAST_DT)
     assert format_time(FIRST_DT) == FIRST and format_time(LAST_DT) == LAST
@@ -98,7 +98,7 @@ def test_signing_at_the_ends_of_the_calendar_round_trips() -> None:
 def test_a_time_that_leaves_the_calendar_in_utc_is_a_config_error() -> None:
     west = timezone(timedelta(hours=-5))
     with pytest.raises(ConfigError):
-        sign_plan(NAME, plan_bytes(), make_signer(), NOW, datetime(9999, 12, 31, 23, 0, tzinfo=west))
+        sign_plan(NAME, plan_bytes(), make_signer(), NOW, expires_at=datetime(9999, 12, 31, 23, 0, tzinfo=west))
     assert format_time(datetime(2026, 1, 1, 0, 0, tzinfo=west)) == "2026-01-01T05:00:00Z"
 
 

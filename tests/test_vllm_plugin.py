@@ -251,7 +251,7 @@ def write_plan(
     sig = None
     if signer is not None:
         now = signed_at or datetime.now(timezone.utc)
-        sig = sign_plan(plan_name(fp), data, signer, now, expires_at, provenance=conditions() if provenance is None else provenance)
+        sig = sign_plan(plan_name(fp), data, signer, now, expires_at=expires_at, provenance=conditions() if provenance is None else provenance)
         (directory / sig_name(fp)).write_bytes(sig)
     return data, sig
 

@@ -180,7 +180,7 @@ def check_many(
     work: Sequence[PlanResult] | Sequence[str],
     policy: TrustPolicy | None,
     now: datetime,
-    jobs: int | None = None,
+    *, jobs: int | None = None,
     directory: LocalPlanDir | None = None,
     progress: Tally | None = None,
 ) -> list[PlanReport]:
@@ -260,7 +260,7 @@ def audit_plans(
     if progress:
         progress.start(len(fingerprints))
     if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
-        return check_many(fingerprints, policy, now, jobs, directory=source, progress=progress)
+        return check_many(fingerprints, policy, now, jobs=jobs, directory=source, progress=progress)
     return audit_store(source, fingerprints, policy, now, jobs=jobs, progress=progress)
 
 
@@ -279,5 +279,5 @@ def audit_store(
     stream = store.fetch_stream(names, on_done=progress.advance if progress else None)
     reports: list[PlanReport] = []
     while chunk := list(itertools.islice(stream, STREAM_CHUNK)):
-        reports.extend(check_many(chunk, policy, now, jobs))
+        reports.extend(check_many(chunk, policy, now, jobs=jobs))
     return reports

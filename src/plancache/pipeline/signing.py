@@ -61,7 +61,7 @@ class SignOutcome:
 
 
 def sign_one(
-    directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest, write: bool = True
+    directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest, *, write: bool = True
 ) -> SignOutcome:
     """Sign one plan in place (see the module docstring); raises a typed error when refused.
 

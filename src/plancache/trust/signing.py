@@ -46,7 +46,7 @@ def sign_plan(
     plan_bytes: bytes,
     signer: Signer,
     now: datetime,
-    expires_at: datetime | None = None,
+    *, expires_at: datetime | None = None,
     comment: str = "",
     provenance: Mapping[str, Any] | None = None,
     inputs: Mapping[str, Any] | None = None,
@@ -184,7 +184,7 @@ def sign_or_cosign(
         raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
 
     def fresh() -> bytes:
-        return sign_plan(name, plan_bytes, signer, now, expires_at, comment or "", provenance, inputs,
+        return sign_plan(name, plan_bytes, signer, now, expires_at=expires_at, comment=comment or "", provenance=provenance, inputs=inputs,
                          config_parts=config_parts)
 
     action: Action

@@ -192,7 +192,7 @@ def _without_plans(worker: Any) -> None:
     owner = next((k for k in cls.__mro__ if "determine_available_memory" in vars(k)), cls)
     detail = (f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} ({owner.__module__}.{owner.__name__}."
               "determine_available_memory) never applies or saves a startup plan; plancache does nothing for this worker")
-    log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic(), worker)
+    log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic(), worker=worker)
 
 
 def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = None) -> PlanResult:
@@ -240,7 +240,7 @@ def _quoted(text: str) -> str:
     return safe_text(text, 500).replace('"', "\\x22").replace("=", "\\x3d")
 
 
-def log_decision(decision: Decision, source: str, fp: str | None, started: float, worker: Any = None,
+def log_decision(decision: Decision, source: str, fp: str | None, started: float, *, worker: Any = None,
                  boot: "Boot | None" = None) -> None:
     """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`)."""
     elapsed = (time.monotonic() - started) * 1000
@@ -301,7 +301,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
         decision = Decision(False, Verdict.ALREADY_SET, "kv_cache_memory_bytes was set explicitly; plan not consulted")
-        log_decision(decision, "none", None, started, worker)
+        log_decision(decision, "none", None, started, worker=worker)
         return decision
     fp: str | None = None
     source = "none"
@@ -321,7 +321,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
     decision = vote.settle(decision, budget + vote.MARGIN_S - (time.monotonic() - started))
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
-    log_decision(decision, source, fp, started, worker, boot)
+    log_decision(decision, source, fp, started, worker=worker, boot=boot)
     if boot is not None and fp is not None and not decision.applied:
         # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
         # a boot that applies never pays for them. Read now, while the config is apply-time's.

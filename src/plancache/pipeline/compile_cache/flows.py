@@ -215,7 +215,7 @@ def key_factors_in(directory: Path, listing: Mapping[str, int | None]) -> dict[s
 
 
 def build_manifest(directory: Path, subject: str, now: datetime, expires_at: datetime | None, comment: str,
-                   key_factors: Mapping[str, Any] | None = None,
+                   *, key_factors: Mapping[str, Any] | None = None,
                    measurements: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
     """The manifest of a directory as it is now, and its deterministic archive; with vLLM's
     cache-key factors (given, else found inside) and the build's measurements, when known."""
@@ -247,7 +247,7 @@ def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, e
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
     manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment,
-                                 key_factors, measurements)
+                                 key_factors=key_factors, measurements=measurements)
     sig = sign_manifest(manifest, signer)
     verified = verify_manifest(subject, sig, signer_keyring(signer), now)
     try:

@@ -139,7 +139,7 @@ def copy_into(src: Path, base: Path, dest: Path) -> int:
                     continue
                 except FileNotFoundError:
                     pass
-                dirfds.write_new(fd, name, (Path(folder) / name).read_bytes(), 0o644, sync_dir=False)
+                dirfds.write_new(fd, name, (Path(folder) / name).read_bytes(), mode=0o644, sync_dir=False)
                 copied += 1
             with contextlib.suppress(OSError):
                 os.fsync(fd)

@@ -89,7 +89,7 @@ def temp_name(name: str) -> str:
     return f".{name}.{secrets.token_hex(8)}.tmp"
 
 
-def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync_dir: bool = True,
+def write_new(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, sync_dir: bool = True,
               sync_file: bool = True) -> None:
     """Write ``data`` under ``name`` in the directory ``dir_fd``: a fresh unpredictable
     temporary (``O_EXCL | O_NOFOLLOW``), fsynced, renamed over ``name`` (a link planted there is

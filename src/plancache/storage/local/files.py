@@ -84,7 +84,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync_dir: bool = Tr
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path.parent, DIR_FLAGS)
         try:
-            write_new(fd, path.name, data, mode, sync_dir)
+            write_new(fd, path.name, data, mode=mode, sync_dir=sync_dir)
         finally:
             os.close(fd)
     except OSError as exc:

@@ -40,7 +40,7 @@ def write(root: Path, name: str, data: bytes, keep: int = KEEP) -> Path:
     if not is_record_name(name):
         raise ValueError(f"not a boot record name: {name!r}")
     with dirfds.opened_dir(root, directory(root), True, 0o755) as fd:
-        dirfds.write_new(fd, name, data, 0o644, sync_dir=False, sync_file=False)  # no fsync on a boot's path
+        dirfds.write_new(fd, name, data, mode=0o644, sync_dir=False, sync_file=False)  # no fsync on a boot's path
         names = sorted(n for n in os.listdir(fd) if is_record_name(n))
         for old in names[: max(0, len(names) - keep)]:
             with contextlib.suppress(OSError):
