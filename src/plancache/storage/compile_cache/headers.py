@@ -21,6 +21,7 @@ import stat
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from ...trust.errors import Reason, Rejected, StoreError
 from ..local import dirfds
@@ -112,9 +113,10 @@ class Inflater:
                 return out
         return b""
 
-    def write_into(self, dir_fd: int, name: str, size: int) -> tuple[str, str]:
+    def write_into(self, dir_fd: int, name: str, size: int, check: Callable[[], None] | None = None) -> tuple[str, str]:
         """The next ``size`` inflated bytes, hashed as they are written into a new temporary in
-        ``dir_fd``: (temporary name, sha256). The caller compares, then :func:`link` or :func:`discard`."""
+        ``dir_fd``: (temporary name, sha256). The caller compares, then :func:`link` or :func:`discard`.
+        ``check`` runs before each piece (the caller's way to stop: it raises)."""
         tmp = dirfds.temp_name(name)
         fd = os.open(tmp, dirfds.NEW_FILE, 0o600, dir_fd=dir_fd)
         digest, remaining = hashlib.sha256(), size
@@ -126,6 +128,8 @@ class Inflater:
                 with ThreadPoolExecutor(1, "plancache-header-write") as sink:
                     pending: Future[None] | None = None
                     while remaining:
+                        if check is not None:
+                            check()
                         piece = self._held or self._piece()
                         if not piece:
                             raise Rejected(Reason.DIGEST_MISMATCH, f"the headers' stream ends before {name}'s signed size")
