@@ -511,3 +511,33 @@ def test_a_held_fetch_links_only_once_released_and_nothing_when_never_decided(bu
     cancel.release()
     thread.join(10)
     assert result[0].action == "installed" and (serving[1] / NAME).read_bytes() == header_bytes()
+
+
+def test_a_header_is_on_disk_before_its_name_and_a_writeback_error_installs_nothing(
+        build: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early writeback (fdatasync while inflating) must not replace the fsync before the link."""
+    store = pushed(build, tmp_path)
+    monkeypatch.setattr(files, "FLUSH_EVERY", 1 << 20)  # the 3 MiB header: early writebacks too
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_fdatasync, real_link = os.fsync, os.fdatasync, os.link
+
+    def named(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(files.os, "fsync", lambda fd: calls.append(("fsync", named(fd))) or real_fsync(fd))
+    monkeypatch.setattr(files.os, "fdatasync", lambda fd: calls.append(("fdatasync", named(fd))) or real_fdatasync(fd))
+    monkeypatch.setattr(files.os, "link", lambda src, dst, **kw: calls.append(("link", src)) or real_link(src, dst, **kw))
+    serving = node(tmp_path, "serving")
+    assert pull(store, serving).action == "installed"
+    tmp = next(src for kind, src in calls if kind == "link")
+    assert ("fdatasync", tmp) in calls  # writeback started while inflating
+    assert calls.index(("fsync", tmp)) < calls.index(("link", tmp))  # and the whole file synced before its name
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(files.os, "fdatasync", failing)
+    broken = node(tmp_path, "broken")
+    outcome = pull(store, broken)
+    assert outcome.action == "failed" and "Input/output error" in outcome.detail, outcome
+    assert leftovers(broken[1]) == []
