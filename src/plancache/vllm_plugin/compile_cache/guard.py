@@ -101,7 +101,8 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
         outcome = guard(root, subject, config.keyring, utcnow(), into, config.problem, fetch, config.timeout + LOCK_WAIT_EXTRA)
     finally:
         if pulled:  # the header fetch started beside the pull: link it, or cancel it
-            headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"))
+            loaded = outcome is not None and outcome.action == "load"
+            headers.decided(subject, loaded, getattr(outcome, "reason", "internal-error"))
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
     _log(outcome.action, outcome.reason or "verified", subject, started, outcome.detail, extra)
     _record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)

@@ -6,8 +6,9 @@ missing (149 MiB, 11-60 s). :func:`wrap` (installed by :mod:`.torch_caches` with
 private headers directory) makes that call:
 
 - wait for a header fetch in flight (started as soon as the guard knew it would pull the cache,
-  beside that pull, so it overlapped the pull and whatever ran after), at most until its budget ends; past it, the fetch is cancelled
-  (it installs nothing any more) and torch builds the header as it always did;
+  beside that pull, so it overlapped the pull and whatever ran after), at most until its budget
+  ends; past it, the fetch is cancelled (it installs nothing any more) and torch builds the
+  header as it always did;
 - note, once per header, where it came from: one INFO line
   ``plancache: compile-cache header=<name> source=store|node|built``;
 - remember its name, so the build node's push ships the headers this compile used.
