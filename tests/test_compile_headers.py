@@ -541,3 +541,26 @@ def test_a_header_is_on_disk_before_its_name_and_a_writeback_error_installs_noth
     outcome = pull(store, broken)
     assert outcome.action == "failed" and "Input/output error" in outcome.detail, outcome
     assert leftovers(broken[1]) == []
+
+
+def test_a_guard_that_fails_after_the_fetch_started_cancels_it(boot: Any, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """plancache's own failure mid-pull (``internal-error``): the held fetch must not be left for
+    torch to wait out its budget (here 30 s), nor link anything."""
+    from plancache.pipeline.compile_cache import load
+
+    def failing_guard(root: Any, subject: str, keyring: Any, now: Any, into: Path, problem: str, fetch: Any,
+                      wait: Any) -> Any:
+        fetch()
+        raise RuntimeError("plancache bug")
+
+    monkeypatch.setattr(load, "guard", failing_guard)
+    built: list[str] = []
+    with caplog.at_level(logging.INFO, "vllm.plancache"):
+        _, outcome = boot.guard.private_for(boot.directory)
+        fetch = plugin_headers._fetch
+        started = time.monotonic()
+        plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
+        assert time.monotonic() - started < 5 and outcome is None and fetch is None
+        assert _until(lambda: any("headers=cancelled reason=internal-error" in r.getMessage() for r in caplog.records))
+    assert built == [NAME] and leftovers(boot.headers) == [NAME]

@@ -104,6 +104,8 @@ class Cancel:
 
 
 class Cancelled(Exception):
+    """Raised by :meth:`Cancel.check` inside a fetch; :func:`pull_headers` returns its outcome."""
+
     def __init__(self, outcome: HeadersOutcome) -> None:
         super().__init__(outcome.detail)
         self.outcome = outcome
