@@ -494,6 +494,25 @@ def test_a_cancelled_fetch_stops_at_its_next_piece(build: tuple[Path, Path], tmp
     assert leftovers(serving[1]) == []
 
 
+def test_a_get_that_fails_after_the_cancel_ends_as_cancelled(build: tuple[Path, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard refused the cache while the header's object GET was in flight (a black hole)."""
+    from plancache.trust.errors import StoreTimeout
+
+    store = pushed(build, tmp_path)
+    cancel, real_get = ch.Cancel(held=True), archives.get_object
+
+    def get(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == archives.headers_name(SUBJECT):
+            cancel.set(ch.HeadersOutcome("cancelled", "timeout", "the cache was not loaded"))
+            raise StoreTimeout("no answer within the budget")
+        return real_get(store, name, *args, **kwargs)
+
+    monkeypatch.setattr(archives, "get_object", get)
+    outcome = pull(store, node(tmp_path, "serving"), cancel=cancel)
+    assert outcome.action == "cancelled", outcome  # not a header failure of its own
+
+
 def test_a_held_fetch_links_only_once_released_and_nothing_when_never_decided(build: tuple[Path, Path],
                                                                                tmp_path: Path) -> None:
     import threading

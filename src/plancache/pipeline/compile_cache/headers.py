@@ -75,13 +75,18 @@ class Cancel:
         with self._cond:
             if self._cancelled is None:
                 self._cancelled = outcome or HeadersOutcome("failed", Reason.TIMEOUT.value,
-                                                            "verified too late: torch builds the header itself")
+                                                            "past its budget: torch builds the header itself")
             self._cond.notify_all()
 
     def release(self) -> None:
         with self._cond:
             self._held = False
             self._cond.notify_all()
+
+    def outcome(self) -> HeadersOutcome | None:
+        """How the fetch ends once set (None while it may go on)."""
+        with self._cond:
+            return self._cancelled
 
     def check(self) -> None:
         """Raise :class:`Cancelled` once set: the fetch stops at its next step, GETs and inflating
@@ -147,16 +152,17 @@ def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, ba
                  *, deadline: float | None = None, cancel: Cancel | None = None) -> HeadersOutcome:
     """Install the store's verified headers for ``subject`` into ``directory`` (see the module).
     Never raises for a hostile or failing store: the outcome says what torch must build."""
+    cancel = cancel or Cancel()
     try:
-        return _pull(store, subject, keyring, now, base, directory, deadline, cancel or Cancel())
+        return _pull(store, subject, keyring, now, base, directory, deadline, cancel)
     except Cancelled as exc:
         return exc.outcome
-    except Rejected as exc:
+    except Rejected as exc:  # an alert even once cancelled: the store's header was refused
         return HeadersOutcome("rejected", exc.reason.value, exc.detail)
-    except PlanCacheError as exc:
-        return HeadersOutcome("failed", exc.reason.value, exc.detail)
+    except PlanCacheError as exc:  # a GET that timed out or failed after the cancel: the cancel ended it
+        return cancel.outcome() or HeadersOutcome("failed", exc.reason.value, exc.detail)
     except Exception as exc:  # noqa: BLE001 - a store client's own failure: torch builds the header
-        return HeadersOutcome("failed", Reason.STORE_ERROR.value, safe_text(exc, 200))
+        return cancel.outcome() or HeadersOutcome("failed", Reason.STORE_ERROR.value, safe_text(exc, 200))
 
 
 def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
