@@ -351,3 +351,235 @@ def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(plugin: Any, 
     for thread in threads:
         thread.join()
     assert built == [] and (directory / NAME).read_bytes() == b"from the store"
+
+
+# -- the fetch beside the guard's pull (issue 23 item 6) ------------------------------------------
+
+
+@pytest.fixture
+def boot(plugin: Any, build: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A build node's signed cache and header in a ``file://`` store, and a new serving node whose
+    guard (the plugin's own ``_check``, vLLM's boot directory stood in for) is about to pull it."""
+    from plancache.vllm_plugin.compile_cache import guard as plugin_guard
+    from plancache.vllm_plugin.compile_cache import publish as compile_publish
+    from plancache.vllm_plugin.compile_cache import torch_caches
+
+    built = cc.CacheRoot(build[0])
+    (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
+    (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model" * 1000)
+    store = open_store(f"file://{tmp_path}/store")
+    cc.sign_cache(built, SUBJECT, SIGNER, NOW)
+    cc.push_cache(store, built, SUBJECT, KEYRING, NOW)
+    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW)
+    base = tmp_path / "serving"
+    directory = files.private_dir(base / "plancache-private")
+    plugin.place(base, directory)
+    (base / "boot").mkdir(mode=0o700)
+    monkeypatch.setattr(torch_caches, "private_dir", lambda name: base / "boot" / name)
+    config = compile_publish.Settings(KEYRING, "", None, f"file://{tmp_path}/store", {}, 30.0)
+    monkeypatch.setattr(plugin_guard, "settings", lambda: config)
+    monkeypatch.setattr("plancache.pipeline.resolver.utcnow", lambda: NOW)
+    monkeypatch.setattr(plugin_guard, "_guarded", {})
+    opened: list[Any] = []
+    real_open = open_store
+    monkeypatch.setattr("plancache.storage.store.open_store", lambda *a, **k: opened.append(a) or real_open(*a, **k))
+    return SimpleNamespace(guard=plugin_guard, directory=cc.CacheRoot(base).directory(SUBJECT), headers=directory,
+                           store=tmp_path / "store", opened=opened)
+
+
+def _requests(monkeypatch: pytest.MonkeyPatch, before: Any = None) -> list[str]:
+    """The names of the store objects read, in order (``before(name)`` runs ahead of each read)."""
+    asked: list[str] = []
+    real_get = archives.get_object
+
+    def get(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before(name)
+        asked.append(name)
+        return real_get(store, name, *args, **kwargs)
+
+    monkeypatch.setattr(archives, "get_object", get)
+    return asked
+
+
+def _until(condition: Any, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.01)
+    return bool(condition())
+
+
+def test_the_header_fetch_starts_with_the_pull_on_the_guards_store_before_the_archive_is_installed(
+        boot: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from plancache.storage.compile_cache import cachedir
+
+    asked = _requests(monkeypatch)
+    seen_at_install: list[list[str]] = []
+    real_install = cachedir.install
+
+    def install(*args: Any, **kwargs: Any) -> Any:  # the pulled archive, verified, about to go into place
+        _until(lambda: archives.headers_sig_name(SUBJECT) in asked)
+        seen_at_install.append(list(asked))
+        return real_install(*args, **kwargs)
+
+    monkeypatch.setattr(cachedir, "install", install)
+    built: list[str] = []
+    with caplog.at_level(logging.INFO, "vllm.plancache"):
+        _, outcome = boot.guard.private_for(boot.directory)
+        assert outcome.action == "load", outcome
+        plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
+    assert archives.headers_sig_name(SUBJECT) in seen_at_install[0]  # old code: fetched only after the guard returned
+    assert len(boot.opened) == 1  # the header came through the guard's own store (old code: a second one)
+    assert built == [] and (boot.headers / NAME).read_bytes() == header_bytes()
+    assert f"plancache: compile-cache header={NAME} source=store" in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("refusal", ["tampered-archive", "expired-cache"])
+def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_does_not_wait(
+        boot: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refusal: str) -> None:
+    """The header verifies on its own signature and is inflated, held, while the guard still pulls;
+    the guard then refuses the cache: the header is cancelled, never linked, its temporary removed."""
+    archive = boot.store / archives.archive_name(SUBJECT)
+    if refusal == "tampered-archive":
+        data = bytearray(archive.read_bytes())
+        data[len(data) // 2] ^= 1
+        archive.write_bytes(bytes(data))
+    else:  # a cache signed to expire before now, beside a header whose statement does not
+        old = cc.CacheRoot(boot.store.parent / "build")
+        cc.sign_cache(old, SUBJECT, SIGNER, NOW - timedelta(days=2), expires_in=timedelta(days=1))
+        cc.push_cache(open_store(f"file://{boot.store}"), old, SUBJECT, KEYRING, NOW - timedelta(days=2))
+    fetches: list[Any] = []
+
+    def held_until_inflated(name: str) -> None:  # the guard's first GET waits for the header's inflate
+        if name == archives.sig_name(SUBJECT):
+            fetches.append(plugin_headers._fetch)
+            assert _until(lambda: any(n.endswith(".tmp") and os.stat(boot.headers / n).st_size == len(header_bytes())
+                                      for n in os.listdir(boot.headers)))
+
+    _requests(monkeypatch, held_until_inflated)
+    built: list[str] = []
+    with caplog.at_level(logging.INFO, "vllm.plancache"):
+        _, outcome = boot.guard.private_for(boot.directory)
+        started = time.monotonic()
+        plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
+        waited = time.monotonic() - started
+        assert fetches and fetches[0] is not None  # old code: no fetch had started at the cache's GET
+        finished, fetched = fetches[0][0].result()
+    assert outcome.action == "compile" and outcome.reason in ("store-rejected", "expired"), outcome
+    assert finished and fetched.action == "cancelled" and fetched.installed == ()
+    assert built == [NAME] and (boot.headers / NAME).read_bytes() == b"built here"  # gcc's, not the store's
+    assert leftovers(boot.headers) == [NAME] and waited < 5  # no temporary left; torch did not wait out the budget
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"headers=cancelled reason={outcome.reason}" in line for line in lines), lines
+    assert f"plancache: compile-cache header={NAME} source=built" in lines
+
+
+def test_a_cancelled_fetch_stops_at_its_next_piece(build: tuple[Path, Path], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store = pushed(build, tmp_path)
+    cancel = ch.Cancel()
+    written: list[int] = []
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        written.append(len(data))
+        cancel.set(ch.HeadersOutcome("cancelled", "store-rejected"))  # the guard refused the cache meanwhile
+        return real_write(fd, data)
+
+    monkeypatch.setattr(files.os, "write", write)
+    serving = node(tmp_path, "serving")
+    outcome = pull(store, serving, cancel=cancel)
+    assert outcome.action == "cancelled" and outcome.reason == "store-rejected", outcome
+    assert 0 < sum(written) <= 2 * files.CHUNK < len(header_bytes())  # old code: inflated it all, then refused to link
+    assert leftovers(serving[1]) == []
+
+
+def test_a_get_that_fails_after_the_cancel_ends_as_cancelled(build: tuple[Path, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard refused the cache while the header's object GET was in flight (a black hole)."""
+    from plancache.trust.errors import StoreTimeout
+
+    store = pushed(build, tmp_path)
+    cancel, real_get = ch.Cancel(held=True), archives.get_object
+
+    def get(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == archives.headers_name(SUBJECT):
+            cancel.set(ch.HeadersOutcome("cancelled", "timeout", "the cache was not loaded"))
+            raise StoreTimeout("no answer within the budget")
+        return real_get(store, name, *args, **kwargs)
+
+    monkeypatch.setattr(archives, "get_object", get)
+    outcome = pull(store, node(tmp_path, "serving"), cancel=cancel)
+    assert outcome.action == "cancelled", outcome  # not a header failure of its own
+
+
+def test_a_held_fetch_links_only_once_released_and_nothing_when_never_decided(build: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    import threading
+
+    store = pushed(build, tmp_path)
+    undecided = node(tmp_path, "undecided")
+    outcome = pull(store, undecided, cancel=ch.Cancel(held=True), deadline=time.monotonic() + 0.5)
+    assert outcome.action == "failed" and outcome.reason == "timeout" and leftovers(undecided[1]) == []
+    cancel, serving = ch.Cancel(held=True), node(tmp_path, "serving")
+    result: list[ch.HeadersOutcome] = []
+    thread = threading.Thread(target=lambda: result.append(pull(store, serving, cancel=cancel)))
+    thread.start()
+    assert _until(lambda: serving[1].exists() and any(n.endswith(".tmp") for n in os.listdir(serving[1])))
+    assert not (serving[1] / NAME).exists()  # verified, held: not linked yet
+    cancel.release()
+    thread.join(10)
+    assert result[0].action == "installed" and (serving[1] / NAME).read_bytes() == header_bytes()
+
+
+def test_a_header_is_on_disk_before_its_name_and_a_writeback_error_installs_nothing(
+        build: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early writeback (fdatasync while inflating) must not replace the fsync before the link."""
+    store = pushed(build, tmp_path)
+    monkeypatch.setattr(files, "FLUSH_EVERY", 1 << 20)  # the 3 MiB header: early writebacks too
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_fdatasync, real_link = os.fsync, os.fdatasync, os.link
+
+    def named(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(files.os, "fsync", lambda fd: calls.append(("fsync", named(fd))) or real_fsync(fd))
+    monkeypatch.setattr(files.os, "fdatasync", lambda fd: calls.append(("fdatasync", named(fd))) or real_fdatasync(fd))
+    monkeypatch.setattr(files.os, "link", lambda src, dst, **kw: calls.append(("link", src)) or real_link(src, dst, **kw))
+    serving = node(tmp_path, "serving")
+    assert pull(store, serving).action == "installed"
+    tmp = next(src for kind, src in calls if kind == "link")
+    assert ("fdatasync", tmp) in calls  # writeback started while inflating
+    assert calls.index(("fsync", tmp)) < calls.index(("link", tmp))  # and the whole file synced before its name
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(files.os, "fdatasync", failing)
+    broken = node(tmp_path, "broken")
+    outcome = pull(store, broken)
+    assert outcome.action == "failed" and "Input/output error" in outcome.detail, outcome
+    assert leftovers(broken[1]) == []
+
+
+def test_a_guard_that_fails_after_the_fetch_started_cancels_it(boot: Any, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """plancache's own failure mid-pull (``internal-error``): the held fetch must not be left for
+    torch to wait out its budget (here 30 s), nor link anything."""
+    from plancache.pipeline.compile_cache import load
+
+    def failing_guard(root: Any, subject: str, keyring: Any, now: Any, into: Path, problem: str, fetch: Any,
+                      wait: Any) -> Any:
+        fetch()
+        raise RuntimeError("plancache bug")
+
+    monkeypatch.setattr(load, "guard", failing_guard)
+    built: list[str] = []
+    with caplog.at_level(logging.INFO, "vllm.plancache"):
+        _, outcome = boot.guard.private_for(boot.directory)
+        fetch = plugin_headers._fetch
+        started = time.monotonic()
+        plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
+        assert time.monotonic() - started < 5 and outcome is None and fetch is None
+        assert _until(lambda: any("headers=cancelled reason=internal-error" in r.getMessage() for r in caplog.records))
+    assert built == [NAME] and leftovers(boot.headers) == [NAME]

@@ -269,7 +269,14 @@ def test_tampered_archive_in_store_is_never_loaded(fleet: dict[str, Any]) -> Non
     assert run.marker is None, "the store's payload ran"
     assert run.compile_decisions == [("compile", "store-rejected")], run.tail()
     assert run.counters["num_aot_compiles"] == 1 and run.counters["num_aot_artifacts_loaded"] == 0
-    assert [m for m, _ in fleet["tampered-store-requests"]] == ["GET", "GET"]  # signature, archive; no retry
+    requests = fleet["tampered-store-requests"]
+    cache = [r for r in requests if not r[1].endswith((".pch.gz", ".pch.gz.sig"))]
+    assert [m for m, _ in cache] == ["GET", "GET"], requests  # signature, archive; no retry
+    # The header's fetch began beside the pull (its signature, perhaps its object, each once),
+    # then was cancelled with the cache: nothing of the store's installed, gcc built the header.
+    header = sorted(path for _, path in requests if path.endswith((".pch.gz", ".pch.gz.sig")))
+    assert [path.rsplit(".", 1)[-1] for path in header] in (["sig"], ["gz", "sig"]), requests
+    assert "headers=cancelled reason=store-rejected" in run.log and "source=store" not in run.log, run.tail()
 
 
 def test_tampered_local_file_with_black_holed_store_is_quarantined_and_recompiled(fleet: dict[str, Any]) -> None:

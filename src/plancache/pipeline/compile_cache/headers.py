@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -59,21 +60,60 @@ class HeadersOutcome:
 
 
 class Cancel:
-    """Set by a waiter that stopped waiting: from then on nothing is installed (torch is
-    building that header now, and a link must not race gcc's own write)."""
+    """Whether the fetch may still install. ``set`` by a waiter that stopped waiting (torch is
+    building that header now, and a link must not race gcc's own write) or by the guard when
+    the cache pulled beside it is not loaded; ``held`` (a fetch started while the guard still
+    pulls its cache) links nothing until :meth:`release` (the cache was loaded) or ``set``."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cancelled = False
+    def __init__(self, *, held: bool = False) -> None:
+        self._cond = threading.Condition()
+        self._cancelled: HeadersOutcome | None = None
+        self._held = held
 
-    def set(self) -> None:
-        with self._lock:
-            self._cancelled = True
+    def set(self, outcome: HeadersOutcome | None = None) -> None:
+        """From now on nothing is installed; the fetch ends as ``outcome`` (default: timeout)."""
+        with self._cond:
+            if self._cancelled is None:
+                self._cancelled = outcome or HeadersOutcome("failed", Reason.TIMEOUT.value,
+                                                            "past its budget: torch builds the header itself")
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    def outcome(self) -> HeadersOutcome | None:
+        """How the fetch ends once set (None while it may go on)."""
+        with self._cond:
+            return self._cancelled
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` once set: the fetch stops at its next step, GETs and inflating
+        included, so a cache that was not loaded costs its header at most one piece more."""
+        with self._cond:
+            if self._cancelled is not None:
+                raise Cancelled(self._cancelled)
 
     @contextlib.contextmanager
-    def unless_cancelled(self) -> Iterator[bool]:
-        with self._lock:
-            yield not self._cancelled
+    def unless_cancelled(self, deadline: float | None = None) -> Iterator[bool]:
+        """True while neither set nor held: held, wait for the decision (at most to ``deadline``;
+        undecided then, nothing is installed)."""
+        with self._cond:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._cond.wait_for(lambda: self._cancelled is not None or not self._held, left)
+            if self._cancelled is None and self._held:
+                self._cancelled = HeadersOutcome("failed", Reason.TIMEOUT.value,
+                                                 "the cache's guard did not decide within the headers' budget")
+            yield self._cancelled is None
+
+
+class Cancelled(Exception):
+    """Raised by :meth:`Cancel.check` inside a fetch; :func:`pull_headers` returns its outcome."""
+
+    def __init__(self, outcome: HeadersOutcome) -> None:
+        super().__init__(outcome.detail)
+        self.outcome = outcome
 
 
 def pack_headers(base: Path, directory: Path, names: list[str]) -> tuple[bytes, list[tuple[str, int, str]]]:
@@ -112,14 +152,17 @@ def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, ba
                  *, deadline: float | None = None, cancel: Cancel | None = None) -> HeadersOutcome:
     """Install the store's verified headers for ``subject`` into ``directory`` (see the module).
     Never raises for a hostile or failing store: the outcome says what torch must build."""
+    cancel = cancel or Cancel()
     try:
-        return _pull(store, subject, keyring, now, base, directory, deadline, cancel or Cancel())
-    except Rejected as exc:
+        return _pull(store, subject, keyring, now, base, directory, deadline, cancel)
+    except Cancelled as exc:
+        return exc.outcome
+    except Rejected as exc:  # an alert even once cancelled: the store's header was refused
         return HeadersOutcome("rejected", exc.reason.value, exc.detail)
-    except PlanCacheError as exc:
-        return HeadersOutcome("failed", exc.reason.value, exc.detail)
+    except PlanCacheError as exc:  # a GET that timed out or failed after the cancel: the cancel ended it
+        return cancel.outcome() or HeadersOutcome("failed", exc.reason.value, exc.detail)
     except Exception as exc:  # noqa: BLE001 - a store client's own failure: torch builds the header
-        return HeadersOutcome("failed", Reason.STORE_ERROR.value, safe_text(exc, 200))
+        return cancel.outcome() or HeadersOutcome("failed", Reason.STORE_ERROR.value, safe_text(exc, 200))
 
 
 def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
@@ -128,36 +171,41 @@ def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Pat
     if sig is None:
         return HeadersOutcome("none", "no-headers", "the store holds no precompiled headers for this cache")
     hset = verify_headers(subject, sig, keyring, now).headers
+    cancel.check()
     fd = files.open_private_dir(base, directory)
     try:
         there = {h.name: files.present(fd, h.name) for h in hset.headers}
         taken = tuple(n for n, kind in there.items() if kind)
         if len(taken) == len(hset.headers):
             return _outcome((), taken, there, 0)
+        cancel.check()
         data = archives.get_object(store, archives.headers_name(subject), hset.object_size, deadline)
+        cancel.check()
         if data is None:
             return HeadersOutcome("failed", Reason.STORE_ERROR.value, "the headers' object is missing from the store")
         if len(data) != hset.object_size or hashlib.sha256(data).hexdigest() != hset.object_sha256:
             raise Rejected(Reason.DIGEST_MISMATCH, "the headers' object does not match its signed sha256 (altered?)")
-        return _inflate(fd, files.Inflater(data), hset, there, cancel)
+        return _inflate(fd, files.Inflater(data), hset, there, cancel, deadline)
     finally:
         os.close(fd)
 
 
-def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str, str], cancel: Cancel) -> HeadersOutcome:
-    """Every header is inflated and checked (the stream is one), then the free names linked."""
+def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str, str], cancel: Cancel,
+             deadline: float | None) -> HeadersOutcome:
+    """Every header is inflated and checked (the stream is one), then, once the guard loaded the
+    cache (``cancel`` released), the free names linked."""
     staged: list[tuple[str, str]] = []
     try:
         for entry in hset.headers:
-            tmp, digest = inflater.write_into(fd, entry.name, entry.size)
+            tmp, digest = inflater.write_into(fd, entry.name, entry.size, cancel.check)
             staged.append((tmp, entry.name))
             if digest != entry.sha256:
                 raise Rejected(Reason.DIGEST_MISMATCH, f"the header {entry.name} does not match its signed sha256")
         inflater.finish()
         installed, size = [], 0
-        with cancel.unless_cancelled() as going_on:
+        with cancel.unless_cancelled(deadline) as going_on:
             if not going_on:
-                return HeadersOutcome("failed", Reason.TIMEOUT.value, "verified too late: torch builds the header itself")
+                cancel.check()
             for (tmp, name), entry in zip(staged, hset.headers):
                 if not there[name] and files.link(fd, tmp, name):
                     installed.append(name)

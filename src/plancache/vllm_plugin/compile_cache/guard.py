@@ -95,10 +95,14 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
         _record(directory, "compile", why, subject or str(directory), started, "vLLM gets an empty private directory", None)
         return into, None
     pulled: list[bool] = []
-    fetch = _fetcher(config, pulled) if config.url and config.keyring is not None else None
-    outcome = guard(root, subject, config.keyring, utcnow(), into, config.problem, fetch, config.timeout + LOCK_WAIT_EXTRA)
-    if pulled and outcome.action == "load":  # a new node: its header too, while vLLM goes on
-        headers.start_fetch(config, subject)
+    fetch = _fetcher(config, subject, pulled) if config.url and config.keyring is not None else None
+    outcome = None
+    try:
+        outcome = guard(root, subject, config.keyring, utcnow(), into, config.problem, fetch, config.timeout + LOCK_WAIT_EXTRA)
+    finally:
+        if pulled:  # the header fetch started beside the pull: link it, or cancel it
+            loaded = outcome is not None and outcome.action == "load"
+            headers.decided(subject, loaded, getattr(outcome, "reason", "internal-error"))
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
     _log(outcome.action, outcome.reason or "verified", subject, started, outcome.detail, extra)
     _record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
@@ -150,13 +154,17 @@ def _finish_with_warm_up() -> None:
                     hooks.hook_warm_up(current, _patched)
 
 
-def _fetcher(config: Any, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
+def _fetcher(config: Any, subject: str, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
+    """Opens the store for the guard's pull and starts the header fetch on it at once, beside
+    the pull (held: it links nothing before the guard's decision, :func:`headers.decided`)."""
     def fetch() -> tuple[Any, float]:
         from ...storage.store import open_store
 
+        store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
+        deadline = time.monotonic() + config.timeout
         pulled.append(True)
-        return open_store(config.url or "", config.storage_options, timeout=config.timeout), \
-            time.monotonic() + config.timeout
+        headers.start_fetch(config, subject, store=store, held=True)  # never raises
+        return store, deadline
 
     return fetch
 

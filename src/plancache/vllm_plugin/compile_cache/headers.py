@@ -5,9 +5,10 @@ before it compiles or even loads a cpp kernel, and gcc builds ``<hash>.h.gch`` t
 missing (149 MiB, 11-60 s). :func:`wrap` (installed by :mod:`.torch_caches` with the node's
 private headers directory) makes that call:
 
-- wait for a header fetch in flight (started when the guard pulled the cache, so it overlapped
-  whatever ran in between), at most until its budget ends; past it, the fetch is cancelled
-  (it installs nothing any more) and torch builds the header as it always did;
+- wait for a header fetch in flight (started as soon as the guard knew it would pull the cache,
+  beside that pull, so it overlapped the pull and whatever ran after), at most until its budget
+  ends; past it, the fetch is cancelled (it installs nothing any more) and torch builds the
+  header as it always did;
 - note, once per header, where it came from: one INFO line
   ``plancache: compile-cache header=<name> source=store|node|built``;
 - remember its name, so the build node's push ships the headers this compile used.
@@ -119,8 +120,12 @@ def _pack_early() -> None:
         _packing = (names, Prefetch("pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)).start())
 
 
-def start_fetch(config: Any, subject: str) -> None:
-    """After the guard pulled ``subject``: fetch its headers in the background (once a boot)."""
+def start_fetch(config: Any, subject: str, *, store: Any = None, held: bool = False) -> None:
+    """Fetch ``subject``'s headers in the background (once a boot), from ``store`` (the guard's
+    own, already open: a second client would make its filesystem, and its connection, again)
+    or one opened here. ``held``: started as soon as the guard knows it pulls, alongside the
+    cache's own pull; it downloads, checks and inflates meanwhile, but links nothing until the
+    guard :func:`decided` (the cache was loaded; anything else cancels it)."""
     global _fetch
     from ...pipeline.compile_cache.headers import Cancel, HeadersOutcome, pull_headers
     from ...pipeline.resolver import utcnow
@@ -131,13 +136,13 @@ def start_fetch(config: Any, subject: str) -> None:
         return
     budget = max(config.timeout, HEADERS_TIMEOUT)
     deadline = time.monotonic() + budget
-    cancel = Cancel()
+    cancel = Cancel(held=held)
 
     def task() -> Any:
         started = time.monotonic()
         try:
-            store = open_store(config.url or "", config.storage_options, timeout=budget)
-            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1], deadline=deadline, cancel=cancel)
+            opened = store if store is not None else open_store(config.url or "", config.storage_options, timeout=budget)
+            outcome = pull_headers(opened, subject, config.keyring, utcnow(), at[0], at[1], deadline=deadline, cancel=cancel)
         except Exception as exc:  # noqa: BLE001 - the store would not open: torch builds the header
             outcome = HeadersOutcome("failed", "store-error", safe_text(getattr(exc, "detail", exc), 200))
         with _lock:
@@ -149,7 +154,31 @@ def start_fetch(config: Any, subject: str) -> None:
     with _lock:
         if _fetch is not None:
             return
-        _fetch = (Prefetch(subject, deadline, task).start(), cancel)
+        try:
+            _fetch = (Prefetch(subject, deadline, task).start(), cancel)
+        except Exception:  # noqa: BLE001 - no thread to be had: torch builds the header, the cache is untouched
+            LOG.debug("plancache: header fetch not started", exc_info=True)
+
+
+def decided(subject: str, loaded: bool, reason: str = "") -> None:
+    """The guard's decision on the cache whose pull a held fetch runs beside: loaded, the fetch
+    may link what it verified; anything else (refused, missing, a store error, a timeout) and it
+    is cancelled, installing nothing, and torch no longer waits for it (SECURITY.md: a store's
+    header is installed only beside a cache this boot loaded from that store)."""
+    global _fetch
+    from ...pipeline.compile_cache.headers import HeadersOutcome
+
+    with _lock:
+        pending = _fetch
+        if pending is None or pending[0].key != subject:
+            return
+        if not loaded:
+            _fetch = None
+    if loaded:
+        pending[1].release()
+    else:
+        pending[1].set(HeadersOutcome("cancelled", reason or "not-loaded",
+                                      f"the cache was not loaded ({reason or 'no decision'}): no header installed"))
 
 
 def wait() -> None:
