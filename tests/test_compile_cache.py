@@ -105,7 +105,7 @@ def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: cc.CacheRoo
     with pytest.raises(Rejected) as info:
         mf.verify_manifest(SUBJECT, sig, KEYRING, NOW - timedelta(days=1))
     assert info.value.reason is Reason.NOT_YET_VALID
-    outcome = cl.guard(signed, SUBJECT, None, NOW, into(signed), "keys file missing")
+    outcome = cl.guard(signed, SUBJECT, None, NOW, into(signed), problem="keys file missing")
     assert (outcome.action, outcome.reason) == ("quarantined", "config-error")
 
 

@@ -184,8 +184,8 @@ def sign_or_cosign(
         raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
 
     def fresh() -> bytes:
-        return sign_plan(name, plan_bytes, signer, now, expires_at=expires_at, comment=comment or "", provenance=provenance, inputs=inputs,
-                         config_parts=config_parts)
+        return sign_plan(name, plan_bytes, signer, now, expires_at=expires_at, comment=comment or "",
+                         provenance=provenance, inputs=inputs, config_parts=config_parts)
 
     action: Action
     if sig_bytes is None:

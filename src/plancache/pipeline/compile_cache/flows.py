@@ -241,7 +241,7 @@ def sign_cache(
 
 
 def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, expires_in: timedelta | None,
-                 comment: str, key_factors: Mapping[str, Any] | None = None,
+                 comment: str, *, key_factors: Mapping[str, Any] | None = None,
                  measurements: Mapping[str, Any] | None = None) -> CacheOutcome:
     directory = root.directory(subject)
     if directory.is_symlink() or not directory.is_dir():
@@ -270,10 +270,11 @@ def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, 
         if has_files(directory):
             return CacheOutcome(subject, "kept", "", "the cache directory changed since this boot's guard; not signed")
         private_copy.copy_into(private, root.root, directory)
-        return _sign_locked(root, subject, signer, now, expires_in, "", key_factors, measurements)
+        return _sign_locked(root, subject, signer, now, expires_in, "", key_factors=key_factors, measurements=measurements)
 
 
-def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *, deadline: float | None = None) -> CacheOutcome:
+def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *,
+               deadline: float | None = None) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature."""
     directory = root.directory(subject)
     with cachedir.locked(root.root, directory):
@@ -287,7 +288,8 @@ def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, no
     return outcome_of(subject, "pushed", verified, f"{m.archive_size} bytes, {len(m.files)} files")
 
 
-def pull_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *, deadline: float | None = None) -> CacheOutcome:
+def pull_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *,
+               deadline: float | None = None) -> CacheOutcome:
     """:func:`_pull_locked` under the node's lock for ``subject``."""
     with cachedir.locked(root.root, root.directory(subject)):
         return pull_locked(store, root, subject, keyring, now, deadline)

@@ -30,7 +30,7 @@ Fetch = Callable[[], "tuple[Store, float]"]
 """Opens the store a missing or rejected cache is pulled from, and the pull's deadline."""
 
 
-def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, problem: str = "",
+def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, *, problem: str = "",
           fetch: Fetch | None = None, wait: float | None = None) -> CacheOutcome:
     """Before vLLM reads ``subject``, under the node's lock for it (waiting at most ``wait``):
     pull it if it is missing and ``fetch`` is given, verify its signature and closed world, then
@@ -85,12 +85,12 @@ def _load_pulled(root: CacheRoot, subject: str, keyring: Keyring, now: datetime,
     """What a pull just installed (verified on extraction), verified again while it is copied;
     should even that fail, nothing is loaded and the pulled directory is left to the next boot."""
     try:
-        return _load_into(root, subject, keyring, now, into, detail)
+        return _load_into(root, subject, keyring, now, into, detail=detail)
     except PlanCacheError as exc:
         return _empty(into, CacheOutcome(subject, "compile", "store-rejected", f"{detail}, then {exc.reason.value}: {exc.detail}"))
 
 
-def _load_into(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str = "") -> CacheOutcome:
+def _load_into(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, *, detail: str = "") -> CacheOutcome:
     directory = root.directory(subject)
     verified = verify_manifest(subject, read_sidecar(directory), keyring, now)
     check_names(directory, verified)

@@ -1,4 +1,5 @@
-"""One object read with its version, deleted only while it is still that version (Azure Blob: the download's ``ETag``, and ``Delete Blob`` with ``If-Match``; see :mod:`..versioned`)."""
+"""One blob read with its version, deleted only while it is still that version: Azure Blob's
+download ``ETag``, and ``Delete Blob`` with ``If-Match`` (what they share: :mod:`..versioned`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""One object read with its version, deleted only while it is still that version (GCS: the ``generation`` in the object's metadata, the bytes read pinned to it, and ``DELETE`` with ``ifGenerationMatch``; see :mod:`..versioned`)."""
+"""One object read with its version, deleted only while it is still that version: GCS's
+``generation`` from the object's metadata, the bytes read pinned to it, and ``DELETE`` with
+``ifGenerationMatch`` (what they share: :mod:`..versioned`)."""
 
 from __future__ import annotations
 

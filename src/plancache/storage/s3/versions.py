@@ -1,4 +1,5 @@
-"""One object read with its version, deleted only while it is still that version (S3: the GET's ``ETag``, and ``DeleteObject`` with ``IfMatch``; see :mod:`..versioned`)."""
+"""One object read with its version, deleted only while it is still that version: the S3 GET's
+``ETag``, and ``DeleteObject`` with ``IfMatch`` (what they share: :mod:`..versioned`)."""
 
 from __future__ import annotations
 

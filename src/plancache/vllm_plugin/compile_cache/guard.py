@@ -55,7 +55,7 @@ _guarded: dict[str, tuple[Path, Any]] = {}
 """Signed directory -> (the private directory vLLM uses instead, the guard's outcome)."""
 
 
-def _log(action: str, reason: str, cache: str, started: float, detail: str = "", extra: str = "") -> None:
+def _log(action: str, reason: str, cache: str, started: float, *, detail: str = "", extra: str = "") -> None:
     LOG.info('plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"', action, reason,
              safe_text(cache, 200), (time.monotonic() - started) * 1000, extra, safe_text(detail, 300))
 
@@ -72,7 +72,7 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
             except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
                 into = torch_caches.private_dir(f"c{len(_guarded)}")
                 into.mkdir(mode=0o700, exist_ok=True)
-                _log("compile", "internal-error", str(directory), time.monotonic(), "nothing loaded: "
+                _log("compile", "internal-error", str(directory), time.monotonic(), detail="nothing loaded: "
                      + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
                 _guarded[key] = (into, None)
         return _guarded[key]
@@ -91,20 +91,20 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
            else "")
     if why:
         into.mkdir(mode=0o700)
-        _log("compile", why, subject or str(directory), started, "vLLM gets an empty private directory")
+        _log("compile", why, subject or str(directory), started, detail="vLLM gets an empty private directory")
         _record(directory, "compile", why, subject or str(directory), started, "vLLM gets an empty private directory", None)
         return into, None
     pulled: list[bool] = []
     fetch = _fetcher(config, subject, pulled) if config.url and config.keyring is not None else None
     outcome = None
     try:
-        outcome = guard(root, subject, config.keyring, utcnow(), into, config.problem, fetch, config.timeout + LOCK_WAIT_EXTRA)
+        outcome = guard(root, subject, config.keyring, utcnow(), into, problem=config.problem, fetch=fetch,
+                        wait=config.timeout + LOCK_WAIT_EXTRA)
     finally:
         if pulled:  # the header fetch started beside the pull: link it, or cancel it
-            loaded = outcome is not None and outcome.action == "load"
-            headers.decided(subject, loaded, getattr(outcome, "reason", "internal-error"))
+            headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"))
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
-    _log(outcome.action, outcome.reason or "verified", subject, started, outcome.detail, extra)
+    _log(outcome.action, outcome.reason or "verified", subject, started, detail=outcome.detail, extra=extra)
     _record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
     return into, outcome
 

@@ -127,7 +127,8 @@ def publish(directory: Path, private: Path, compile_ms: float | None = None) -> 
 
         factors = record.last_factors() if subject.startswith("torch_aot_compile/") else None  # <10 hex>: inside
         measured = {"compile_ms": round(compile_ms, 1)} if compile_ms is not None else None
-        outcome = publish_cache(root, subject, private, key, utcnow(), expires_in=config.expires_in, key_factors=factors, measurements=measured)
+        outcome = publish_cache(root, subject, private, key, utcnow(), expires_in=config.expires_in,
+                                key_factors=factors, measurements=measured)
     except Exception as exc:  # noqa: BLE001
         LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
         return
