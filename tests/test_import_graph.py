@@ -98,3 +98,10 @@ def test_no_folder_holds_more_than_twelve_modules() -> None:
         folders[path.parent] = folders.get(path.parent, 0) + 1
     crowded = {str(d.relative_to(ROOT.parent)): n for d, n in folders.items() if n > 12}
     assert len(folders) > 10 and not crowded, crowded
+
+
+def test_every_room_stays_under_350_lines() -> None:
+    """Past that a module holds more than one idea: split it by what its parts share."""
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 350}
+    assert not long, long

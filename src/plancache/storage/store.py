@@ -17,6 +17,7 @@ What it does guarantee is bounded cost, whatever the store does:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -336,10 +337,8 @@ class Store:
         deadline = self._deadline(deadline)
 
         async def remove(name: str) -> None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 await with_retries(lambda: self._call("rm_file", self.path(name)), deadline)
-            except FileNotFoundError:
-                pass
 
         _raise_first(self._each_by(names, remove, f"delete from {self.url}", deadline))
 
