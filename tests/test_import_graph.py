@@ -105,3 +105,18 @@ def test_every_room_stays_under_350_lines() -> None:
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 350}
     assert not long, long
+
+
+def test_long_signatures_take_their_options_by_keyword() -> None:
+    """A call that hands over six or more values says which option is which: a function that
+    takes that many has its defaulted parameters keyword-only (the public API's functions keep
+    the positions users' scripts already call them with, as does the public Store's constructor)."""
+    public = set(plancache.__all__)
+    positional: list[str] = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in public | {"__init__"}:
+                args = [a for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                if len(args) + len(node.args.kwonlyargs) >= 6 and node.args.defaults:
+                    positional.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
+    assert not positional, positional

@@ -118,7 +118,7 @@ def verify_plan(
     if statement.fingerprint != name_fp:
         raise Rejected(Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
         )
-    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew)
+    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew)
     plan = parse_plan(plan_bytes, name)
     return VerifiedPlan(
         name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL, tuple(k.keyid for k in current)
@@ -146,7 +146,7 @@ def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
 
 
 def current_signers(keys: list[TrustedKey], keyring: Keyring, signed_at: datetime, expires_at: datetime | None,
-                    now: datetime, clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> list[TrustedKey]:
+                    now: datetime, *, clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> list[TrustedKey]:
     """The signing keys whose validity windows cover both now and ``signed_at`` (a key vouches
     only for what it signed while valid), enough of them for the threshold, and a signature
     neither from the future nor expired; else Rejected. Shared by plans and manifests."""

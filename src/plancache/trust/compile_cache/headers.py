@@ -173,5 +173,5 @@ def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now:
     if hset.subject != subject:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'")
-    current = current_signers(keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew)
+    current = current_signers(keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew=clock_skew)
     return VerifiedHeaders(hset, tuple(k.name for k in current), _SEAL)

@@ -252,7 +252,7 @@ def verify_manifest(
     if manifest.subject != subject:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"manifest is for '{safe_text(manifest.subject, 100)}', not for '{safe_text(subject, 100)}'")
-    current = current_signers(keys, keyring, manifest.signed_at, manifest.expires_at, now, clock_skew)
+    current = current_signers(keys, keyring, manifest.signed_at, manifest.expires_at, now, clock_skew=clock_skew)
     return VerifiedManifest(manifest, sig_bytes, tuple(k.name for k in current), _SEAL)
 
 

@@ -214,7 +214,7 @@ def verify_set(name: str, data: bytes, keyring: Keyring, now: datetime,
         raise Rejected(Reason.FINGERPRINT_MISMATCH, f"plan set {ident}: its signed member list is for another set")
     if sum(m.plan_size + m.sig_size for m in statement.members) != len(body):
         raise Rejected(Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body")
-    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew)
+    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew)
     plans, offset = [], 0
     for m in statement.members:
         plan_bytes = body[offset : offset + m.plan_size]
