@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -62,6 +62,25 @@ def plan_dir(tmp_path: Path) -> Path:
 
 
 WriteSigned = Callable[..., tuple[bytes, bytes]]
+
+
+@pytest.fixture(scope="session")
+def compile_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One fork server for every boot of tests/compile_toy.py in this process (tests/compile_zygote.py),
+    started by the first test that asks for it: test_compile_cache_vllm's 35 boots, test_boot_records'
+    two and test_compile_cache_cli's one then pay for importing torch and vLLM once, not once per
+    file. None under ``COMPILE_TOY_FRESH=1`` (fresh interpreters)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # not imported here: the zygote imports it
+        pytest.skip("vLLM is not installed")
+    from compile_boots import start_zygote, stop_zygote
+
+    zygote = start_zygote(tmp_path_factory.mktemp("compile-zygote"))
+    try:
+        yield zygote
+    finally:
+        stop_zygote()
 
 
 # -- scheduling: the longest files first ------------------------------------------------------------
