@@ -159,6 +159,9 @@ def _serve(preload: tuple[str, ...]) -> None:
             if pid == 0:
                 break
             _write(children.pop(pid), str(os.waitstatus_to_exitcode(status)))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the zygote ran nothing: no exit work to do, and torch's orderly shutdown took ~2 s
 
 
 def _write(path: str, text: str) -> None:

@@ -103,9 +103,11 @@ class World:
         return out
 
     def close(self) -> None:
+        """Every rank ends at once ("quit"): nothing is asserted after this, and a rank's orderly
+        interpreter exit (gloo's and vLLM's shutdown) took 2.5-5 s of the module's teardown."""
         for rank, conn in self.conns.items():
             try:
-                conn.send({"op": "exit"})
+                conn.send({"op": "quit"})
             except OSError:
                 pass
         for proc in self.procs.values():

@@ -12,7 +12,7 @@ worker does, reports its fingerprint, then serves commands:
   result, the plugin's INFO line, the elapsed time and whether the profiling collective passed.
 * ``{"op": "vote", "mine": bool, "budget": S}``: plancache's vote alone (``vote.agree``), its result.
 * ``{"op": "die"}``: the process ends at once (a rank lost before the vote).
-* ``{"op": "exit"}``.
+* ``{"op": "exit"}``: an orderly exit; ``{"op": "quit"}``: the log flushed, then ends at once (teardown).
 
 The profiling path stands in for the GPU work with a real world-group ``all_reduce`` (the
 collectives ``profile_cudagraph_memory`` runs on a GPU): in a world whose ranks disagree,
@@ -126,6 +126,10 @@ def main() -> None:
             return
         if cmd["op"] == "die":
             os._exit(3)
+        if cmd["op"] == "quit":  # the test's teardown: the log flushed, no orderly shutdown to wait for
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if cmd["op"] == "vote":  # the vote alone, with a given budget (answers the Vote's fields)
             from plancache.vllm_plugin.vote import agree
 
