@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -64,25 +64,52 @@ def plan_dir(tmp_path: Path) -> Path:
 WriteSigned = Callable[..., tuple[bytes, bytes]]
 
 
+@pytest.fixture(scope="session")
+def compile_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One fork server for every boot of tests/compile_toy.py in this process (tests/compile_zygote.py),
+    started by the first test that asks for it: test_compile_cache_vllm's 35 boots, test_boot_records'
+    two and test_compile_cache_cli's one then pay for importing torch and vLLM once, not once per
+    file. None under ``COMPILE_TOY_FRESH=1`` (fresh interpreters)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # not imported here: the zygote imports it
+        pytest.skip("vLLM is not installed")
+    from compile_boots import start_zygote, stop_zygote
+
+    zygote = start_zygote(tmp_path_factory.mktemp("compile-zygote"))
+    try:
+        yield zygote
+    finally:
+        stop_zygote()
+
+
 # -- scheduling: the longest files first ------------------------------------------------------------
 
 FIRST = (
-    # the three files that boot vLLM for minutes (module fixtures): each starts at once on its own worker
+    # the three files that boot vLLM for minutes (module fixtures): they start first, on their own workers
     "test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py",
-    # quick files: pytest-xdist queues a second file on each worker at the start, run behind the above
+    # quick files: pytest-xdist queues a second file on a worker once its first is nearly done
     "test_import_graph.py", "test_storage_local.py", "test_untrusted_text.py",
-    # the longest of the rest (mostly waiting: deadlines, black holes, servers, journeys in subprocesses)
-    "test_store_hostile.py", "test_trust_verify.py", "test_no_secret_printed.py", "test_cli_fingerprint.py",
-    "test_compile_cache_cli.py", "test_store_scripts.py", "test_vllm_plugin.py", "test_install_resolution.py",
-    "test_store_bounds.py", "test_store_backends.py",
+    # the longest of the rest (mostly waiting: black holes, servers, journeys in subprocesses)
+    "test_no_secret_printed.py", "test_boot_records.py", "test_trust_verify.py", "test_cli_fingerprint.py",
+    "test_compile_cache_cli.py", "test_install_resolution.py", "test_store_backends.py",
+)
+LAST = (
+    # the files whose tests assert a wall-time bound (a budget plus a grace): under xdist they are
+    # handed out last, so that they run after the vLLM fixtures above, not beside them
+    "test_store_hostile.py", "test_store_scripts.py", "test_vllm_plugin.py", "test_store_azure.py",
+    "test_keys_gcpkms.py", "test_boot_storm.py", "test_keys_awskms.py", "test_s3_direct.py",
+    "test_store_faults.py", "test_store_bounds.py",
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files in :data:`FIRST`'s order, then the others as collected. Under ``--dist loadfile
-    --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files to workers in this
-    order, so the files that boot vLLM for minutes start first instead of last; in one process it
-    only changes the order of files, never of a file's tests. Deterministic, as xdist requires
-    (every worker must collect the same order)."""
+    """Files in :data:`FIRST`'s order, then the others as collected, then :data:`LAST`. Under
+    ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files to
+    workers in this order, so the files that boot vLLM for minutes start first instead of last,
+    and the deadline files as late as possible; in one process it only changes the order of
+    files, never of a file's tests. Deterministic, as xdist requires (every worker must collect
+    the same order)."""
     rank = {name: i for i, name in enumerate(FIRST)}
+    rank.update({name: len(FIRST) + 1 + i for i, name in enumerate(LAST)})
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: a file's own order is kept

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from plancache.keys.keyfile import generate_keypair
 from vllm_cpu import cpu_environ
@@ -109,8 +110,11 @@ def test_quarantine_and_a_verified_cache_vllm_did_not_use_are_recorded(tmp_path:
     assert doc["saved_ms"]["compile"] is None  # nothing was saved: it compiled
 
 
-def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compile_it_saved(tmp_path: Path) -> None:
-    """Two boots of vLLM 0.33's real compile path (tests/compile_toy.py): the build signs the
+def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compile_it_saved(
+    tmp_path: Path, compile_zygote: Any
+) -> None:
+    """Two boots of vLLM 0.33's real compile path (tests/compile_toy.py, forked from the session's
+    zygote like test_compile_cache_vllm's; fresh under ``COMPILE_TOY_FRESH=1``): the build signs the
     cache-key factors vLLM wrote for the graph it compiled and how long the compile took; a node
     that loads the cache records that vLLM used it and the time saved."""
     import shutil

@@ -41,8 +41,9 @@ def rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def plugin_signed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A root signed by the plugin itself during one real cold boot (AOT layout)."""
+def plugin_signed(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict[str, Path]:
+    """A root signed by the plugin itself during one real cold boot (AOT layout), forked from the
+    session's compile zygote (tests/conftest.py) when there is one."""
     pytest.importorskip("vllm")
     top = tmp_path_factory.mktemp("plugin-signed")
     for name in ("home", "tmp", "keys"):
@@ -52,8 +53,11 @@ def plugin_signed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(top / "root"),
                HOME=str(top / "home"), TMPDIR=str(top / "tmp"), PLANCACHE_COMPILE_CACHE="1",
                PLANCACHE_TRUSTED_KEYS=str(top / "keys" / "key.pub"), PLANCACHE_SIGNING_KEY=str(top / "keys" / "key"))
-    done = subprocess.run([PY, str(Path(__file__).parent / "compile_toy.py")], env=env, capture_output=True,
-                          text=True, timeout=900)
+    if compile_zygote is not None:
+        done = compile_zygote.run([], env, os.getcwd(), timeout=900)
+    else:
+        done = subprocess.run([PY, str(Path(__file__).parent / "compile_toy.py")], env=env, capture_output=True,
+                              text=True, timeout=900)
     assert '"num_aot_artifacts_saved": 1' in done.stdout, done.stderr[-3000:]
     return {"root": top / "root", "keys": top / "keys" / "key.pub", "top": top}
 

@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import compile_payloads as P  # noqa: E402
 from compile_attacks import ATTACKS, store_env  # noqa: E402
-from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined, start_zygote, stop_zygote, subject  # noqa: E402
+from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined, subject  # noqa: E402
 from compile_tampers import CONTROLS, GUARDED, cli, t0_generated_py, t_rank_pickle  # noqa: E402
 from store_servers import FaultObject, FaultServer  # noqa: E402
 
@@ -61,7 +61,7 @@ def jobs() -> dict[str, Job]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict[str, Any]:
     """Build and sign both layouts once (the AOT one also pushed by the plugin), then boot every
     scenario, two processes at a time."""
     top = tmp_path_factory.mktemp("compile-cache")
@@ -70,13 +70,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert cli("keygen", key).returncode == 0
     for name in ("signed", "signed0"):
         (top / name).mkdir()
-    zygote = start_zygote(top / "zygote")  # every boot below forks from it (tests/compile_zygote.py)
-    try:
-        results = _boot_all(top, key)
-        results["zygote_leaked"] = zygote.leaked() if zygote is not None else []
-        return results
-    finally:
-        stop_zygote()
+    results = _boot_all(top, key)  # every boot forks from compile_zygote (tests/conftest.py, tests/compile_zygote.py)
+    results["zygote_leaked"] = compile_zygote.leaked() if compile_zygote is not None else []
+    return results
 
 
 def _boot_all(top: Path, key: str) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Rank-consistent admission with real processes: gloo worlds through vLLM's own distributed init.
 
-Two worlds are started once for the module, in parallel (importing vLLM is most of the ~1 min):
-2 ranks (TP=2) and 4 ranks (TP=2 x PP=2). Each rank is a process running tests/vllm_rank.py:
+Two worlds are started once for the module, in parallel: 2 ranks (TP=2) and 4 ranks (TP=2 x
+PP=2). Each rank is a process running tests/vllm_rank.py, forked from one zygote that imported
+vLLM's modules and ran nothing (tests/compile_zygote.py: six interpreters importing vLLM were most
+of the fixture's time; ``RANKS_FRESH=1`` starts fresh ones):
 vLLM's ``init_distributed_environment`` + ``ensure_model_parallel_initialized`` inside
 ``set_current_vllm_config``, the plugin loaded as a worker loads it, and per boot the real
 ``Worker.determine_available_memory`` on a Worker stand-in with that rank. The profiling path
@@ -32,8 +34,10 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S
+from compile_zygote import Forked, Zygote
 from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, free_port, moto_server  # noqa: F401
 from vllm_cpu import DEVICE_TOTAL, GIB, PLANNED_KV, UTIL, conditions, cpu_environ, write_tiny_model
+from vllm_rank import PRELOAD
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -47,7 +51,8 @@ PROFILED = int(DEVICE_TOTAL * UTIL) - 3 * GIB
 class World:
     """The processes of one world, and a connection to each rank."""
 
-    def __init__(self, name: str, tp: int, pp: int, model: Path, logs: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, tp: int, pp: int, model: Path, logs: Path, env: dict[str, str],
+                 zygote: Zygote | None) -> None:
         self.name, self.size = name, tp * pp
         authkey = secrets.token_bytes(16)
         # Every rank connects at once, while the test may still be accepting another world: with
@@ -55,12 +60,18 @@ class World:
         # times out (~2 min) on a loaded machine.
         self.listener = Listener(("127.0.0.1", 0), authkey=authkey, backlog=self.size)
         port = free_port()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, subprocess.Popen[bytes] | Forked] = {}
+        script = str(HERE / "vllm_rank.py")
         for rank in range(self.size):
-            log = open(logs / f"{name}-rank{rank}.log", "wb")
-            args = [sys.executable, str(HERE / "vllm_rank.py"), f"{self.listener.address[0]}:{self.listener.address[1]}",
-                    authkey.hex(), str(rank), str(tp), str(pp), str(port), str(model)]
-            self.procs[rank] = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+            log = logs / f"{name}-rank{rank}.log"
+            argv = [f"{self.listener.address[0]}:{self.listener.address[1]}", authkey.hex(), str(rank), str(tp),
+                    str(pp), str(port), str(model)]
+            if zygote is not None:
+                self.procs[rank] = zygote.start(argv, env, os.getcwd(), str(log), str(log), script=script)
+            else:
+                with open(log, "wb") as out:
+                    self.procs[rank] = subprocess.Popen([sys.executable, script, *argv], env=env, stdout=out,
+                                                        stderr=subprocess.STDOUT)
         self.conns: dict[int, Connection] = {}
         self.info: dict[int, dict[str, Any]] = {}
 
@@ -92,9 +103,11 @@ class World:
         return out
 
     def close(self) -> None:
+        """Every rank ends at once ("quit"): nothing is asserted after this, and a rank's orderly
+        interpreter exit (gloo's and vLLM's shutdown) took 2.5-5 s of the module's teardown."""
         for rank, conn in self.conns.items():
             try:
-                conn.send({"op": "exit"})
+                conn.send({"op": "quit"})
             except OSError:
                 pass
         for proc in self.procs.values():
@@ -115,8 +128,11 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, World
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE)])
     env.pop("VLLM_ENABLE_STARTUP_PLAN", None)
     started = time.monotonic()
-    made = {name: World(name, tp, pp, model, root, env) for name, (tp, pp) in WORLDS.items()}
+    # the zygote runs in the ranks' own environment, so what vLLM and torch read at import is theirs
+    zygote = None if os.environ.get("RANKS_FRESH") == "1" else Zygote(root / "zygote", env, PRELOAD, own_home=False)
+    made: dict[str, World] = {}
     try:
+        made.update({name: World(name, tp, pp, model, root, env, zygote) for name, (tp, pp) in WORLDS.items()})
         for world in made.values():
             world.accept()
         print(f"\nworlds up in {time.monotonic() - started:.1f} s (logs in {root})")
@@ -124,6 +140,8 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, World
     finally:
         for world in made.values():
             world.close()
+        if zygote is not None:
+            zygote.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,15 @@ worker does, reports its fingerprint, then serves commands:
   result, the plugin's INFO line, the elapsed time and whether the profiling collective passed.
 * ``{"op": "vote", "mine": bool, "budget": S}``: plancache's vote alone (``vote.agree``), its result.
 * ``{"op": "die"}``: the process ends at once (a rank lost before the vote).
-* ``{"op": "exit"}``.
+* ``{"op": "exit"}``: an orderly exit; ``{"op": "quit"}``: the log flushed, then ends at once (teardown).
 
 The profiling path stands in for the GPU work with a real world-group ``all_reduce`` (the
 collectives ``profile_cudagraph_memory`` runs on a GPU): in a world whose ranks disagree,
 the profiling ranks' collective would wait for ranks that already returned, as on a GPU.
+
+The test forks every rank from a zygote (tests/compile_zygote.py) that imported :data:`PRELOAD`
+and ran nothing, instead of six interpreters importing vLLM each; ``RANKS_FRESH=1`` starts fresh
+interpreters instead. Either way ``main`` below runs from its first line in the rank's process.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ from typing import Any, Iterator
 import vllm_cpu
 
 PROFILED_NON_KV = 3 * vllm_cpu.GIB
+
+PRELOAD = (
+    # vLLM's and torch's own modules that main() imports (python -X importtime): never plancache's
+    # (the plugin is loaded by each rank, as a worker loads it), nothing initialised
+    "torch", "torch.distributed", "vllm.plugins", "vllm.platforms", "vllm.config", "vllm.engine.arg_utils",
+    "vllm.distributed.parallel_state", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.startup_plan", "tokenizers",
+)
+"""What the ranks' zygote imports before it forks them (a module missing here costs time only)."""
 
 
 def _profiling_with_collective(timeout_s: float, outcome: dict[str, Any]) -> Any:
@@ -114,6 +126,10 @@ def main() -> None:
             return
         if cmd["op"] == "die":
             os._exit(3)
+        if cmd["op"] == "quit":  # the test's teardown: the log flushed, no orderly shutdown to wait for
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if cmd["op"] == "vote":  # the vote alone, with a given budget (answers the Vote's fields)
             from plancache.vllm_plugin.vote import agree
 
