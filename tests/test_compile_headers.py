@@ -259,8 +259,8 @@ def test_plugin_waits_for_the_fetch_and_torch_builds_nothing(plugin: Any, build:
     built: list[str] = []
     wrapped = plugin.wrap(fake_torch(directory, built))
     with caplog.at_level(logging.INFO, "vllm.plancache"):
-        plugin.start_fetch(config, SUBJECT)
-        plugin.start_fetch(config, SUBJECT)  # once a boot
+        plugin.start_fetch(config, SUBJECT, open_store(config.url))
+        plugin.start_fetch(config, SUBJECT, open_store(config.url))  # once a boot
         for _ in range(3):
             assert wrapped("torch/csrc/inductor/cpp_prefix.h", "g++ -O3") == str(directory / NAME[:-4])
     assert built == [] and (directory / NAME).read_bytes() == header_bytes()
@@ -287,7 +287,7 @@ def test_plugin_past_the_budget_builds_and_logs_it(plugin: Any, tmp_path: Path, 
     config = SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={}, timeout=0.1, keyring=KEYRING)
     built: list[str] = []
     with caplog.at_level(logging.INFO, "vllm.plancache"):
-        plugin.start_fetch(config, SUBJECT)
+        plugin.start_fetch(config, SUBJECT, open_store(config.url))
         plugin.wrap(fake_torch(directory, built))("h", "cmd")
     assert built == [NAME]
     with seen[0].unless_cancelled() as going_on:
@@ -344,7 +344,7 @@ def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(plugin: Any, 
     config = SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={}, timeout=30.0, keyring=KEYRING)
     built: list[str] = []
     wrapped = plugin.wrap(fake_torch(directory, built))
-    plugin.start_fetch(config, SUBJECT)
+    plugin.start_fetch(config, SUBJECT, open_store(config.url))
     threads = [threading.Thread(target=wrapped, args=("h", f"cmd{i}")) for i in range(3)]
     for thread in threads:
         thread.start()

@@ -163,7 +163,7 @@ def _fetcher(config: Any, subject: str, pulled: list[bool]) -> Callable[[], tupl
         store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
         deadline = time.monotonic() + config.timeout
         pulled.append(True)
-        headers.start_fetch(config, subject, store=store, held=True)  # never raises
+        headers.start_fetch(config, subject, store, held=True)  # never raises
         return store, deadline
 
     return fetch

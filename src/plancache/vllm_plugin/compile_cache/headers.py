@@ -120,16 +120,15 @@ def _pack_early() -> None:
         _packing = (names, Prefetch("pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)).start())
 
 
-def start_fetch(config: Any, subject: str, *, store: Any = None, held: bool = False) -> None:
-    """Fetch ``subject``'s headers in the background (once a boot), from ``store`` (the guard's
-    own, already open: a second client would make its filesystem, and its connection, again)
-    or one opened here. ``held``: started as soon as the guard knows it pulls, alongside the
-    cache's own pull; it downloads, checks and inflates meanwhile, but links nothing until the
-    guard :func:`decided` (the cache was loaded; anything else cancels it)."""
+def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False) -> None:
+    """Fetch ``subject``'s headers in the background (once a boot), from ``store``: the guard's
+    own, already open (a second client would make its filesystem, and its connection, again).
+    ``held``: started as soon as the guard knows it pulls, alongside the cache's own pull; it
+    downloads, checks and inflates meanwhile, but links nothing until the guard :func:`decided`
+    (the cache was loaded; anything else cancels it)."""
     global _fetch
     from ...pipeline.compile_cache.headers import Cancel, HeadersOutcome, pull_headers
     from ...pipeline.resolver import utcnow
-    from ...storage.store import open_store
 
     at = _at
     if at is None or not config.url or config.keyring is None:
@@ -141,9 +140,8 @@ def start_fetch(config: Any, subject: str, *, store: Any = None, held: bool = Fa
     def task() -> Any:
         started = time.monotonic()
         try:
-            opened = store if store is not None else open_store(config.url or "", config.storage_options, timeout=budget)
-            outcome = pull_headers(opened, subject, config.keyring, utcnow(), at[0], at[1], deadline=deadline, cancel=cancel)
-        except Exception as exc:  # noqa: BLE001 - the store would not open: torch builds the header
+            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1], deadline=deadline, cancel=cancel)
+        except Exception as exc:  # noqa: BLE001 - plancache's own failure: torch builds the header
             outcome = HeadersOutcome("failed", "store-error", safe_text(getattr(exc, "detail", exc), 200))
         with _lock:
             _installed.update(outcome.installed)
