@@ -43,8 +43,8 @@ def rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def plugin_signed(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict[str, Path]:
     """A root signed by the plugin itself during one real cold boot (AOT layout), forked from the
-    session's compile zygote (tests/conftest.py) when there is one."""
-    pytest.importorskip("vllm")
+    session's compile zygote (tests/conftest.py) when there is one; that fixture skips without
+    vLLM, looking it up without importing it into this process (an import costs ~10 s here)."""
     top = tmp_path_factory.mktemp("plugin-signed")
     for name in ("home", "tmp", "keys"):
         (top / name).mkdir()
