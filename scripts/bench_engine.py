@@ -16,8 +16,9 @@ for vLLM 0.32's CPU AOT load (tests/engine_site/plancache_engine_probe.py), as a
 that bug would load; ``--no-shim`` measures stock vLLM (its AOT load fails and it recompiles from
 the inductor cache). Targets: ``local`` <= 1.05 x ``vllm``; ``store`` - ``local`` <= 1 s.
 Also printed: the archive's and the precompiled headers' sizes, the guard's own time (its
-decision line's ``elapsed_ms``), and where each boot's precompiled header came from (``store``:
-installed from the build node's signed companion; ``node``: already there; ``built``: gcc).
+decision line's ``elapsed_ms``), where each boot's precompiled header came from (``store``:
+installed from the build node's signed companion; ``node``: already there; ``built``: gcc), and
+how long torch waited for it (the header line's ``waited_ms``: the fetch's share of the start).
 
     PYTHONPATH=src .venv/bin/python scripts/bench_engine.py [--rounds 2] [--modes llm,serve] [--work DIR]
 
@@ -101,6 +102,7 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
     boots: dict[str, Callable[[H.Node, Path, dict[str, str]], H.Boot]] = {"llm": H.boot_llm, "serve": H.boot_serve}
     starts: dict[tuple[str, str], list[float]] = {(k, m): [] for k in KINDS for m in modes}
     guard_ms: dict[str, list[int]] = {"local": [], "store": []}
+    waited_ms: dict[str, list[int]] = {"local": [], "store": []}
     for i in range(rounds):
         for mode in modes:
             order = KINDS[i % 3:] + KINDS[:i % 3]  # rotate, so no kind always goes first
@@ -114,9 +116,12 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
                 if kind != "vllm":
                     guard_ms[kind] += boot.compile_elapsed_ms
                 header = sorted(set(re.findall(r"compile-cache header=\S+ source=(\w+)", boot.log)))
+                waited = [int(ms) for ms in re.findall(r"compile-cache header=\S+ source=\w+ waited_ms=(\d+)", boot.log)]
+                if kind != "vllm":
+                    waited_ms[kind] += waited
                 print(f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  counters loaded="
                       f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}"
-                      f"  header={','.join(header) or '-'}", flush=True)
+                      f"  header={','.join(header) or '-'} waited_ms={max(waited, default=0)}", flush=True)
 
     print(f"\nwarm boots, medians of {rounds} ({'with' if shim else 'without'} the finalize_loading shim):")
     print("| start | vLLM alone | plancache, local | plancache, store | local / vLLM (≤ 1.05) | store − local (≤ +1 s) |")
@@ -130,7 +135,8 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
         print(f"| {what} | {vllm:.2f} s | {local:.2f} s | {pulled:.2f} s | {ratio:.3f} | {extra:+.2f} s |")
     for kind, values in guard_ms.items():
         if values:
-            print(f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}")
+            print(f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}; torch waited for "
+                  f"the header fetch: median {statistics.median(waited_ms[kind] or [0]):.0f} ms")
     print("targets " + ("met" if ok else "NOT met"))
     return 0
 

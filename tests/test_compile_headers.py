@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import zlib
 from datetime import timedelta
@@ -70,6 +71,17 @@ def pushed(build: tuple[Path, Path], tmp_path: Path) -> Any:
 
 def pull(store: Any, where: tuple[Path, Path], keyring: Any = KEYRING, **kw: Any) -> ch.HeadersOutcome:
     return ch.pull_headers(store, SUBJECT, keyring, NOW, where[0], where[1], **kw)
+
+
+def header_lines(lines: list[str]) -> list[str]:
+    """The plugin's ``header=`` lines, each without its ``waited_ms`` (checked: a whole number)."""
+    found = [line for line in lines if "compile-cache header=" in line]
+    assert all(re.search(r" waited_ms=\d+$", line) for line in found), found
+    return [re.sub(r" waited_ms=\d+$", "", line) for line in found]
+
+
+def waited_ms(lines: list[str]) -> int:
+    return int(next(re.search(r" waited_ms=(\d+)$", line)[1] for line in lines if "compile-cache header=" in line))
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -266,7 +278,7 @@ def test_plugin_waits_for_the_fetch_and_torch_builds_nothing(plugin: Any, build:
     assert built == [] and (directory / NAME).read_bytes() == header_bytes()
     lines = [r.getMessage() for r in caplog.records]
     assert sum("headers=installed" in line for line in lines) == 1, lines
-    assert [line for line in lines if "header=" in line] == [f"plancache: compile-cache header={NAME} source=store"]
+    assert header_lines(lines) == [f"plancache: compile-cache header={NAME} source=store"]
     assert plugin.used() == [NAME] and store is not None
 
 
@@ -294,7 +306,8 @@ def test_plugin_past_the_budget_builds_and_logs_it(plugin: Any, tmp_path: Path, 
         assert not going_on  # a late fetch installs nothing
     lines = [r.getMessage() for r in caplog.records]
     assert any("headers=failed reason=timeout" in line for line in lines), lines
-    assert f"plancache: compile-cache header={NAME} source=built" in lines
+    assert header_lines(lines) == [f"plancache: compile-cache header={NAME} source=built"]
+    assert waited_ms(lines) >= 100  # torch waited out the fetch's 0.2 s budget, and the line says so
 
 
 def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugin: Any, build: tuple[Path, Path],
@@ -431,7 +444,7 @@ def test_the_header_fetch_starts_with_the_pull_on_the_guards_store_before_the_ar
     assert archives.headers_sig_name(SUBJECT) in seen_at_install[0]  # old code: fetched only after the guard returned
     assert len(boot.opened) == 1  # the header came through the guard's own store (old code: a second one)
     assert built == [] and (boot.headers / NAME).read_bytes() == header_bytes()
-    assert f"plancache: compile-cache header={NAME} source=store" in [r.getMessage() for r in caplog.records]
+    assert header_lines([r.getMessage() for r in caplog.records]) == [f"plancache: compile-cache header={NAME} source=store"]
 
 
 @pytest.mark.parametrize("refusal", ["tampered-archive", "expired-cache"])
@@ -471,7 +484,7 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
     assert leftovers(boot.headers) == [NAME] and waited < 5  # no temporary left; torch did not wait out the budget
     lines = [r.getMessage() for r in caplog.records]
     assert any(f"headers=cancelled reason={outcome.reason}" in line for line in lines), lines
-    assert f"plancache: compile-cache header={NAME} source=built" in lines
+    assert header_lines(lines) == [f"plancache: compile-cache header={NAME} source=built"]
 
 
 def test_a_cancelled_fetch_stops_at_its_next_piece(build: tuple[Path, Path], tmp_path: Path,

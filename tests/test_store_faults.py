@@ -278,19 +278,56 @@ def test_each_store_has_its_own_filesystem(fault_server: FaultServer, keys: Path
     assert second.error is not None and second.error.reason is Reason.STORE_ERROR
 
 
-def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(fault_server: FaultServer) -> None:
-    """Archives go through the store's own capped read, as plans do: the cap is the size the
-    verified signature states, and a server that ignores Range sends a socket buffer, not 1 GiB."""
+def compile_store(path: str, endpoint: str, timeout: float = 2.0):  # type: ignore[no-untyped-def]
+    """A store whose compile-cache reads take ``path``: plain botocore (a boot's pull, s3fs not
+    built yet) or s3fs (built: a CLI pull after a listing, a build node after its push)."""
+    store = s3_store(endpoint, timeout)
+    if path == "s3fs":
+        _ = store.fs
+    return store
+
+
+def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(s3_read_path: str, fault_server: FaultServer) -> None:
+    """Archives go through a capped read, as plans do: the cap is the size the verified
+    signature states, and a server that ignores Range sends a socket buffer, not 1 GiB."""
     from plancache.storage.compile_cache import archives
 
     subject = "torch_aot_compile/" + "ab" * 32
     fault_server.state.objects[key(archives.archive_name(subject))] = FaultObject(b"x" * 4096, "huge")
+    store = compile_store(s3_read_path, fault_server.endpoint)
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
-        archives.get_object(s3_store(fault_server.endpoint), archives.archive_name(subject), cap=4096)
+        archives.get_object(store, archives.archive_name(subject), cap=4096)
     assert err.value.reason is Reason.TOO_LARGE and time.monotonic() - started < 2.0 + SLACK
+    assert (store._fs is None) == (s3_read_path == "direct")
     time.sleep(0.2)
     assert fault_server.state.bytes_sent < 64 * 2**20
+
+
+@pytest.mark.parametrize("mode,reason", [("ok", None), ("error500-once", None), ("truncate", Reason.STORE_ERROR),
+                                         ("trickle", Reason.TIMEOUT), ("error500", Reason.STORE_ERROR)])
+def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(s3_read_path: str, fault_server: FaultServer,
+                                                                    mode: str, reason: Reason | None) -> None:
+    """The guard's and the header fetch's GETs: the same bytes, one transient 500 retried,
+    a short body or a server past the deadline a typed error, a missing object None; never
+    more than the cap, and within the budget."""
+    from plancache.storage.compile_cache import archives
+
+    subject = "torch_aot_compile/" + "cd" * 32
+    data = os.urandom(3 << 20)
+    fault_server.state.objects[key(archives.headers_name(subject))] = FaultObject(data, mode)
+    store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
+    started = time.monotonic()
+    if reason is None:
+        assert archives.get_object(store, archives.headers_name(subject), cap=len(data)) == data
+    else:
+        with pytest.raises(PlanCacheError) as err:
+            archives.get_object(store, archives.headers_name(subject), cap=len(data))
+        assert err.value.reason is reason, err.value
+        assert "\n" not in err.value.detail and archives.headers_name(subject) in err.value.detail
+    assert time.monotonic() - started < 2.0 + SLACK
+    assert archives.get_object(store, archives.headers_sig_name(subject), cap=4096) is None  # absent
+    assert (store._fs is None) == (s3_read_path == "direct")  # a boot's reads never build s3fs
 
 
 def test_an_informational_answer_before_the_real_one_is_skipped(s3_read_path: str, fault_server: FaultServer) -> None:

@@ -50,8 +50,12 @@ def headers_sig_name(subject: str) -> str:
 def get_object(store: Store, name: str, cap: int, deadline: float | None = None) -> bytes | None:
     """The object's bytes (None if absent), at most ``cap``: the store's own capped read (a
     ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
-    non-blocking open on local stores), retried and bounded like a plan's."""
+    non-blocking open on local stores), retried and bounded like a plan's. On ``s3://`` before
+    s3fs is made (a boot's pull), through plain botocore (:mod:`..s3.direct`), capped the same."""
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    direct = store._direct if store._fs is None else None
+    if direct is not None:
+        return direct.get(name, cap, deadline)
     return store._run(lambda: store._read_capped(name, deadline, cap), deadline, f"cannot read {name} from")
 
 

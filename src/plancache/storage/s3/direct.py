@@ -4,8 +4,10 @@ Why: a boot needs one fingerprint, two GETs. Through s3fs those first import aio
 aiohttp (which builds its TLS contexts at import): about 0.3 s of a boot-time ``plancache
 pull`` that a boto3 script does not pay, and, in a vLLM worker, CPU taken from the boot.
 botocore alone (boto3's engine) does the same GETs. So a :class:`~..store.Store` on ``s3://``
-whose filesystem is not built yet fetches up to :data:`MAX_FINGERPRINTS` fingerprints here;
-listings, bulk reads and every write stay with s3fs.
+whose filesystem is not built yet fetches up to :data:`MAX_FINGERPRINTS` fingerprints here, and
+the compile cache's few objects of a boot (:func:`..compile_cache.archives.get_object`: in a vLLM
+worker, s3fs's import and client cost 0.5 s of CPU beside the engine's start); listings, bulk
+reads and every write stay with s3fs.
 
 The guarantees of the s3fs path hold here too, placed on botocore's HTTP layer through its
 ``before-send`` event (:func:`_capped_send`): an error body is read to ERROR_BODY_CAP at most
@@ -234,9 +236,10 @@ class S3Direct:
         client.meta.events.register_first("before-send.s3", functools.partial(_capped_send, http))
         return client
 
-    def read(self, name: str, deadline: float) -> bytes | None:
-        """One object's bytes, at most its cap (None if absent); retried while transient."""
-        cap = cap_for(name)
+    def read(self, name: str, deadline: float, cap: int | None = None) -> bytes | None:
+        """One object's bytes, at most ``cap`` (a plan's or sidecar's by its name; None if
+        absent); retried while transient."""
+        cap = cap_for(name) if cap is None else cap
         client = self.client()
 
         def attempt() -> bytes | None:
@@ -263,6 +266,15 @@ class S3Direct:
         if data is not None and len(data) > cap:
             raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
         return data
+
+    def get(self, name: str, cap: int, deadline: float) -> bytes | None:
+        """One object of a boot (a compile cache's archive or headers, or their signatures) at
+        most ``cap``, in a daemon thread waited for until the deadline; errors typed."""
+        what = f"cannot read {name} from s3://{self.settings.root}"
+        try:
+            return Pending(lambda: self.read(name, deadline, cap), "plancache-s3-get").result(deadline, what, self.budget)
+        except Exception as exc:
+            raise store_error(what, exc) from None
 
     def fetch_pairs(self, fingerprints: Sequence[str], deadline: float,
                     on_done: Callable[[int], None] | None = None) -> dict[str, Any]:

@@ -9,8 +9,8 @@ private headers directory) makes that call:
   beside that pull, so it overlapped the pull and whatever ran after), at most until its budget
   ends; past it, the fetch is cancelled (it installs nothing any more) and torch builds the
   header as it always did;
-- note, once per header, where it came from: one INFO line
-  ``plancache: compile-cache header=<name> source=store|node|built``;
+- note, once per header, where it came from and how long torch waited for the fetch: one INFO
+  line ``plancache: compile-cache header=<name> source=store|node|built waited_ms=<n>``;
 - remember its name, so the build node's push ships the headers this compile used.
 
 The fetch itself (:func:`start_fetch`) is :func:`plancache.pipeline.compile_cache.headers.pull_headers`
@@ -71,11 +71,13 @@ def wrap(original: Callable[..., str]) -> Callable[..., str]:
 
     @functools.cache
     def precompile(header: str, hashable_cmd_line: str, **options: Any) -> str:
+        started = time.monotonic()
         wait()
+        waited_ms = (time.monotonic() - started) * 1000
         folder = _at[1] if _at is not None else None
         before = _names(folder)
         path = original(header, hashable_cmd_line, **options)
-        _note(path, before, folder)
+        _note(path, before, folder, waited_ms)
         return path
 
     precompile.__plancache__ = True  # type: ignore[attr-defined]
@@ -90,7 +92,7 @@ def _names(folder: Path | None) -> set[str]:
         return set()
 
 
-def _note(path: str, before: set[str], folder: Path | None) -> None:
+def _note(path: str, before: set[str], folder: Path | None, waited_ms: float) -> None:
     base = os.path.basename(path)
     name = next((base + ext for ext in (".gch", ".pch") if os.path.exists(path + ext)), base + ".gch")
     if folder is None or os.path.abspath(os.path.dirname(path)) != os.path.abspath(folder):
@@ -100,7 +102,7 @@ def _note(path: str, before: set[str], folder: Path | None) -> None:
             return
         _used.append(name)
         source = "store" if name in _installed else "node" if name in before else "built"
-    LOG.info("plancache: compile-cache header=%s source=%s", safe_text(name, 200), source)
+    LOG.info("plancache: compile-cache header=%s source=%s waited_ms=%.0f", safe_text(name, 200), source, waited_ms)
     if source == "built":
         _pack_early()
 
