@@ -6,6 +6,9 @@ whole response. So S3 goes through :func:`.s3.reads.s3_read`, Azure through
 :func:`.azure.blob.azure_read`, ``file://`` through :func:`.local.files.read_capped` (non-blocking,
 no final symlink: a FIFO never blocks the open), every other fsspec filesystem through
 ``cat_file`` of ``cap + 1`` bytes with its SDK's whole-body reads capped (:mod:`.caps.http`).
+A synchronous caller's read (:func:`read_now`) on ``s3://`` before s3fs is made (a boot: a
+plan set, a compile cache's objects) goes through plain botocore instead (:mod:`.s3.direct`),
+capped the same.
 """
 
 from __future__ import annotations
@@ -59,3 +62,12 @@ async def read_object(store: "Store", name: str, deadline: float, cap: int | Non
     if data is not None and len(data) > cap:
         raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
     return data
+
+
+def read_now(store: "Store", name: str, deadline: float, cap: int | None = None) -> bytes | None:
+    """:func:`read_object` from a synchronous caller, waited for until ``deadline``; on ``s3://``
+    whose s3fs is not made yet, through :meth:`.s3.direct.S3Direct.get` (no s3fs import)."""
+    direct = store._direct if store._fs is None else None
+    if direct is not None:
+        return direct.get(name, cap, deadline)
+    return store._run(lambda: read_object(store, name, deadline, cap), deadline, f"cannot read {name} from")

@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from ..trust.plans.planset import set_object_id
-from .capped_reads import read_object
-from .deadline import store_error
-from .threads import Pending
+from .capped_reads import read_now
 
 if TYPE_CHECKING:
     from .store import Store
@@ -23,15 +21,7 @@ if TYPE_CHECKING:
 def read_set(store: "Store", name: str, deadline: float | None = None) -> bytes | None:
     """A set (or replica) object's bytes, capped (None if absent); raw and unverified."""
     set_object_id(name) or _not_a_set(name)
-    deadline = store._deadline(deadline)
-    if store._direct is not None and store._fs is None:
-        direct = store._direct
-        try:
-            return Pending(lambda: direct.read(name, deadline), "plancache-s3-get").result(
-                deadline, f"cannot read {name} from {store.url}", store.timeout)
-        except Exception as exc:  # botocore's errors as the typed ones, as every other read
-            raise store_error(f"cannot read {name}", exc) from None
-    return store._run(lambda: read_object(store, name, deadline), deadline, f"cannot read {name} from")
+    return read_now(store, name, store._deadline(deadline))
 
 
 def set_names(store: "Store", deadline: float | None = None) -> list[str]:

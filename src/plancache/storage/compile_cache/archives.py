@@ -18,6 +18,7 @@ from typing import Any
 
 from ...trust.errors import Reason, Rejected
 from ...trust.compile_cache.manifest import is_subject
+from ..capped_reads import read_now
 from ..deadline import with_retries
 from ..store import Store
 
@@ -52,11 +53,7 @@ def get_object(store: Store, name: str, cap: int, deadline: float | None = None)
     ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
     non-blocking open on local stores), retried and bounded like a plan's. On ``s3://`` before
     s3fs is made (a boot's pull), through plain botocore (:mod:`..s3.direct`), capped the same."""
-    deadline = time.monotonic() + store.timeout if deadline is None else deadline
-    direct = store._direct if store._fs is None else None
-    if direct is not None:
-        return direct.get(name, cap, deadline)
-    return store._run(lambda: store._read_capped(name, deadline, cap), deadline, f"cannot read {name} from")
+    return read_now(store, name, time.monotonic() + store.timeout if deadline is None else deadline, cap)
 
 
 def put_object(store: Store, name: str, data: bytes, deadline: float | None = None) -> None:

@@ -267,9 +267,10 @@ class S3Direct:
             raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
         return data
 
-    def get(self, name: str, cap: int, deadline: float) -> bytes | None:
-        """One object of a boot (a compile cache's archive or headers, or their signatures) at
-        most ``cap``, in a daemon thread waited for until the deadline; errors typed."""
+    def get(self, name: str, cap: int | None, deadline: float) -> bytes | None:
+        """One object of a boot (a plan set; a compile cache's archive or headers, or their
+        signatures) at most ``cap`` (None: by its name), in a daemon thread waited for until the
+        deadline; errors typed."""
         what = f"cannot read {name} from s3://{self.settings.root}"
         try:
             return Pending(lambda: self.read(name, deadline, cap), "plancache-s3-get").result(deadline, what, self.budget)
