@@ -330,6 +330,35 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(s3_read_path
     assert (store._fs is None) == (s3_read_path == "direct")  # a boot's reads never build s3fs
 
 
+@pytest.mark.parametrize("mode,reason", [("ok", None), ("error500-once", None), ("huge", Reason.TOO_LARGE),
+                                         ("trickle", Reason.TIMEOUT), ("truncate", Reason.STORE_ERROR)])
+def test_a_plan_set_reads_and_fails_alike_on_both_paths(s3_read_path: str, fault_server: FaultServer,
+                                                        mode: str, reason: Reason | None) -> None:
+    """A rank's plan-set read (storage.plansets.read_set, the boot's first GET): the same bytes,
+    a transient 500 retried, a server that ignores Range or trickles or cuts the body a typed
+    one-line error within the budget, never more than the set's cap downloaded."""
+    from plancache.storage.plansets import read_set
+    from plancache.trust.plans.planset import set_name
+
+    name = set_name([FP, "fedcba9876543210"])
+    data = b"s" * 4096
+    fault_server.state.objects[key(name)] = FaultObject(data, mode)
+    store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
+    started = time.monotonic()
+    if reason is None:
+        assert read_set(store, name) == data
+    else:
+        with pytest.raises(PlanCacheError) as err:
+            read_set(store, name)
+        assert err.value.reason is reason, err.value
+        assert "\n" not in err.value.detail and name in err.value.detail
+    assert time.monotonic() - started < 2.0 + SLACK
+    assert read_set(store, set_name([FP])) is None  # absent
+    assert (store._fs is None) == (s3_read_path == "direct")
+    time.sleep(0.2)
+    assert fault_server.state.bytes_sent < 64 << 20  # the 1 GiB a Range-ignoring server offers, cut near the cap
+
+
 def test_an_informational_answer_before_the_real_one_is_skipped(s3_read_path: str, fault_server: FaultServer) -> None:
     """A ``103 Early Hints`` ahead of the real 206: botocore's http.client took it for the final,
     empty answer (a plan of no bytes); aiohttp reads on to the real one. Both paths do now."""
