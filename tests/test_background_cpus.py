@@ -1,0 +1,93 @@
+"""plancache's background threads leave the cores vLLM's CPU worker pinned its compute to.
+
+vLLM's CPU worker starts with OpenMP's affinity in its environment (``GOMP_CPU_AFFINITY``,
+by ``vllm.utils.ompmultiprocessing``) and libgomp pins its first thread there as torch loads;
+every thread started from it inherits the pin. The real-thread tests below rebuild that
+process shape (a child whose main thread is pinned, as libgomp does, with the variable set)
+and start plancache's own :class:`Prefetch` thread in it; an operator's pin (``taskset``: the
+whole process, no OpenMP variable) is never undone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plancache.vllm_plugin.prefetch import omp_cpus, spare_cpus
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+CHILD = """
+import json, os, sys, threading, time
+os.sched_setaffinity(0, {pin})  # what libgomp (or taskset) did before any plugin ran
+from plancache.vllm_plugin.prefetch import Prefetch
+
+def task():
+    seen = {{}}
+    helper = threading.Thread(target=lambda: seen.update(helper=sorted(os.sched_getaffinity(0))))
+    helper.start(); helper.join()  # a thread the fetch starts (the header's inflate pool) inherits it
+    return {{"fetch": sorted(os.sched_getaffinity(0)), **seen}}
+
+done, value = Prefetch("k", time.monotonic() + 30, task).start().result()
+print(json.dumps({{**value, "main": sorted(os.sched_getaffinity(0))}}))
+"""
+
+
+def _child(pin: set[int], **env: str) -> dict[str, list[int]]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES")}
+    out = subprocess.run([sys.executable, "-c", CHILD.format(pin=sorted(pin))], capture_output=True, text=True,
+                         env={**clean, "PYTHONPATH": str(SRC), **env}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _cpus() -> list[int]:
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no thread affinity on this platform")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to move to")
+    return cpus
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"GOMP_CPU_AFFINITY": "0"}, {0}),
+    ({"GOMP_CPU_AFFINITY": "0 1 2"}, {0, 1, 2}),
+    ({"GOMP_CPU_AFFINITY": "0-2 5"}, {0, 1, 2, 5}),
+    ({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[2,3]"}, {2, 3}),
+    ({"KMP_AFFINITY": "granularity=fine,compact"}, set()),
+    ({"OMP_PLACES": "{0,1}"}, {0, 1}),
+    ({"OMP_PLACES": "cores"}, set()),
+    ({}, set()),
+])
+def test_omp_cpus_reads_what_vllm_sets(env: dict[str, str], expected: set[int]) -> None:
+    assert omp_cpus(env) == expected
+
+
+def test_spare_cpus_only_undoes_an_openmp_pin() -> None:
+    everything, compute = frozenset({0, 1, 2, 3}), frozenset({0, 1})
+    assert spare_cpus(compute, everything, compute) == {2, 3}  # vLLM's pin: move to the rest
+    assert spare_cpus(frozenset({0}), everything, compute) == set()  # not exactly OpenMP's: someone else's pin
+    assert spare_cpus(everything, everything, compute) == set()  # not pinned (a GPU worker)
+    assert spare_cpus(compute, everything, frozenset()) == set()  # no OpenMP variable: the operator's
+    assert spare_cpus(compute, compute, compute) == set()  # started on vLLM's cores only: nowhere to go
+
+
+def test_a_fetch_started_from_vllms_pinned_thread_runs_on_the_other_cpus() -> None:
+    cpus = _cpus()
+    seen = _child({cpus[0]}, GOMP_CPU_AFFINITY=str(cpus[0]))
+    assert seen["main"] == [cpus[0]]  # vLLM's thread keeps its core
+    assert seen["fetch"] == cpus[1:]
+    assert seen["helper"] == cpus[1:]
+
+
+@pytest.mark.parametrize("env", [{}, {"GOMP_CPU_AFFINITY": "1-3"}], ids=["taskset", "other-cpus"])
+def test_an_operators_pin_is_kept(env: dict[str, str]) -> None:
+    cpus = _cpus()
+    seen = _child({cpus[0]}, **env)
+    assert seen["fetch"] == seen["helper"] == seen["main"] == [cpus[0]]
