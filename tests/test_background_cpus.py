@@ -38,10 +38,29 @@ print(json.dumps({{**value, "main": sorted(os.sched_getaffinity(0))}}))
 """
 
 
-def _child(pin: set[int], **env: str) -> dict[str, list[int]]:
+LAUNCHER = """
+import subprocess, sys
+siblings = []
+for pin in {siblings}:  # the node's other ranks (pinned) or vLLM's helpers (not), started by the same parent
+    code = ("import os, time; " + (f"os.sched_setaffinity(0, {{pin}}); " if pin else "")
+            + "print('ready', flush=True); time.sleep(60)")
+    siblings.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
+    assert siblings[-1].stdout.readline().strip() == "ready"
+try:
+    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[1]]))
+finally:
+    for sibling in siblings:
+        sibling.kill()
+"""
+
+
+def _child(pin: set[int], siblings: tuple[set[int] | None, ...] = (), **env: str) -> dict[str, list[int]]:
+    """CHILD's affinities, run by a parent of its own whose other children are ``siblings``
+    (each pinned to its CPUs, or not pinned: None)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES")}
-    out = subprocess.run([sys.executable, "-c", CHILD.format(pin=sorted(pin))], capture_output=True, text=True,
-                         env={**clean, "PYTHONPATH": str(SRC), **env}, timeout=60)
+    launcher = LAUNCHER.format(siblings=[sorted(c) if c else None for c in siblings])
+    out = subprocess.run([sys.executable, "-c", launcher, CHILD.format(pin=sorted(pin))], capture_output=True,
+                         text=True, env={**clean, "PYTHONPATH": str(SRC), **env}, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -76,11 +95,12 @@ def test_spare_cpus_only_undoes_an_openmp_pin() -> None:
     assert spare_cpus(everything, everything, compute) == set()  # not pinned (a GPU worker)
     assert spare_cpus(compute, everything, frozenset()) == set()  # no OpenMP variable: the operator's
     assert spare_cpus(compute, compute, compute) == set()  # started on vLLM's cores only: nowhere to go
+    assert spare_cpus(compute, everything, compute, frozenset({2})) == {3}  # rank 1 is pinned to 2
 
 
 def test_a_fetch_started_from_vllms_pinned_thread_runs_on_the_other_cpus() -> None:
     cpus = _cpus()
-    seen = _child({cpus[0]}, GOMP_CPU_AFFINITY=str(cpus[0]))
+    seen = _child({cpus[0]}, (None,), GOMP_CPU_AFFINITY=str(cpus[0]))  # an unpinned sibling takes no CPU
     assert seen["main"] == [cpus[0]]  # vLLM's thread keeps its core
     assert seen["fetch"] == cpus[1:]
     assert seen["helper"] == cpus[1:]
@@ -91,3 +111,12 @@ def test_an_operators_pin_is_kept(env: dict[str, str]) -> None:
     cpus = _cpus()
     seen = _child({cpus[0]}, **env)
     assert seen["fetch"] == seen["helper"] == seen["main"] == [cpus[0]]
+
+
+def test_the_other_ranks_cores_are_not_taken_either() -> None:
+    """Two CPU ranks of one node are siblings (one parent), each pinned to its own cores: a
+    fetch in one rank moves off its own cores and off the other rank's, or stays if none is left."""
+    cpus = _cpus()
+    seen = _child({cpus[0]}, ({cpus[-1]}, None), GOMP_CPU_AFFINITY=str(cpus[0]))
+    expected = cpus[1:-1] or [cpus[0]]  # two CPUs: both are some rank's, the fetch stays
+    assert seen["fetch"] == seen["helper"] == expected

@@ -14,9 +14,9 @@ for its engine process, idle while the worker warms up. The header's fetch (26 M
 inflated, hashed and written: about 1 s of CPU) on vLLM's one core beside the model's warm-up
 added 1.2-1.8 s to ``init engine`` (measured, BENCHMARKS.md). Only an OpenMP pin is undone,
 never one the operator set (``taskset``, ``numactl``, a cgroup): the thread moves to the CPUs
-its process was started with (its parent's) minus vLLM's compute cores, and only when its own
-CPUs are exactly those OpenMP names. Where vLLM pinned nothing (a GPU worker) or no CPU is
-left, nothing changes.
+its process was started with (its parent's) minus vLLM's compute cores and those its sibling
+processes (the node's other CPU ranks) are pinned to, and only when its own CPUs are exactly
+those OpenMP names. Where vLLM pinned nothing (a GPU worker) or no CPU is left, nothing changes.
 """
 
 from __future__ import annotations
@@ -52,18 +52,43 @@ def omp_cpus(environ: Mapping[str, str]) -> frozenset[int]:
     return frozenset()
 
 
-def spare_cpus(own: frozenset[int], started_with: frozenset[int], compute: frozenset[int]) -> frozenset[int]:
-    """Where a background thread should run: ``started_with`` minus ``compute`` if ``own`` is
-    vLLM's OpenMP pin (exactly ``compute``); else empty (stay)."""
+def spare_cpus(own: frozenset[int], started_with: frozenset[int], compute: frozenset[int],
+               siblings: frozenset[int] = frozenset()) -> frozenset[int]:
+    """Where a background thread should run: ``started_with`` minus ``compute`` and the CPUs
+    ``siblings`` (the other ranks of the node) are pinned to, if ``own`` is vLLM's OpenMP pin
+    (exactly ``compute``); else empty (stay)."""
     if not compute or own != compute:
         return frozenset()
-    return started_with - compute
+    return started_with - compute - siblings
+
+
+def _sibling_pins(parent: int, started_with: frozenset[int]) -> frozenset[int]:
+    """The CPUs the parent's other children are pinned to (narrower than the parent's own): the
+    compute cores of this node's other CPU ranks, which a background thread must not take either."""
+    pinned: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return frozenset()
+    for task in tasks:
+        try:
+            with open(f"/proc/{parent}/task/{task}/children") as children:
+                pids = [int(pid) for pid in children.read().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            cpus = _affinity(pid) if pid != os.getpid() else frozenset()
+            if cpus and cpus < started_with:
+                pinned |= cpus
+    return frozenset(pinned)
 
 
 def off_compute_cores() -> None:
     """Move the calling background thread (and the threads it starts, which inherit it) to the
     spare CPUs (the module says which and why); call it first thing in the thread."""
-    spare = spare_cpus(_affinity(0), _affinity(os.getppid()), omp_cpus(os.environ))
+    parent = os.getppid()
+    started_with = _affinity(parent)
+    spare = spare_cpus(_affinity(0), started_with, omp_cpus(os.environ), _sibling_pins(parent, started_with))
     if spare:
         try:
             os.sched_setaffinity(0, spare)
