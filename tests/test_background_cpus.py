@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from plancache.vllm_plugin.prefetch import omp_cpus, spare_cpus
+from plancache.vllm_plugin.prefetch import MAX_CPU, omp_cpus, spare_cpus
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -39,7 +39,7 @@ print(json.dumps({{**value, "main": sorted(os.sched_getaffinity(0))}}))
 
 
 LAUNCHER = """
-import subprocess, sys
+import json, os, subprocess, sys
 siblings = []
 for pin in {siblings}:  # the node's other ranks (pinned) or vLLM's helpers (not), started by the same parent
     code = ("import os, time; " + (f"os.sched_setaffinity(0, {{pin}}); " if pin else "")
@@ -47,20 +47,25 @@ for pin in {siblings}:  # the node's other ranks (pinned) or vLLM's helpers (not
     siblings.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
     assert siblings[-1].stdout.readline().strip() == "ready"
 try:
-    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[1]]))
+    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[1]], env={{**os.environ, **json.loads(sys.argv[2])}}))
 finally:
     for sibling in siblings:
         sibling.kill()
 """
+"""The child's parent, with no OpenMP variable of its own (as vLLM's engine process)."""
+
+# vLLM's CPU platform code, imported in this process by other tests, preloads libgomp for its
+# children (LD_PRELOAD): with an OpenMP variable, that would pin the launcher too.
+OPENMP = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES", "LD_PRELOAD")
 
 
 def _child(pin: set[int], siblings: tuple[set[int] | None, ...] = (), **env: str) -> dict[str, list[int]]:
-    """CHILD's affinities, run by a parent of its own whose other children are ``siblings``
-    (each pinned to its CPUs, or not pinned: None)."""
-    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES")}
+    """CHILD's affinities, with ``env`` added to its environment only, run by a parent of its
+    own whose other children are ``siblings`` (each pinned to its CPUs, or not pinned: None)."""
+    clean = {k: v for k, v in os.environ.items() if k not in OPENMP}
     launcher = LAUNCHER.format(siblings=[sorted(c) if c else None for c in siblings])
-    out = subprocess.run([sys.executable, "-c", launcher, CHILD.format(pin=sorted(pin))], capture_output=True,
-                         text=True, env={**clean, "PYTHONPATH": str(SRC), **env}, timeout=60)
+    out = subprocess.run([sys.executable, "-c", launcher, CHILD.format(pin=sorted(pin)), json.dumps(env)],
+                         capture_output=True, text=True, env={**clean, "PYTHONPATH": str(SRC)}, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -86,6 +91,11 @@ def _cpus() -> list[int]:
 ])
 def test_omp_cpus_reads_what_vllm_sets(env: dict[str, str], expected: set[int]) -> None:
     assert omp_cpus(env) == expected
+
+
+def test_a_range_typo_is_bounded() -> None:
+    assert max(omp_cpus({"GOMP_CPU_AFFINITY": "0-99999999999999"})) == MAX_CPU  # no 10**14-element set
+    assert omp_cpus({"GOMP_CPU_AFFINITY": "99999999999999"}) == set()
 
 
 def test_spare_cpus_only_undoes_an_openmp_pin() -> None:

@@ -31,6 +31,8 @@ T = TypeVar("T")
 
 OMP_AFFINITY_ENV = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+MAX_CPU = 1 << 16
+"""CPU ids beyond any machine's (Linux allows 8192): a range past it is a typo, not a pin."""
 
 
 def _affinity(pid: int) -> frozenset[int]:
@@ -46,7 +48,7 @@ def omp_cpus(environ: Mapping[str, str]) -> frozenset[int]:
         value = environ.get(name, "")
         if name == "KMP_AFFINITY":
             value = value.partition("proclist=")[2].partition("]")[0]
-        cpus = {c for lo, hi in _RANGE.findall(value) for c in range(int(lo), int(hi or lo) + 1)}
+        cpus = {c for lo, hi in _RANGE.findall(value) for c in range(int(lo), min(int(hi or lo), MAX_CPU) + 1)}
         if cpus:
             return frozenset(cpus)
     return frozenset()
@@ -85,15 +87,16 @@ def _sibling_pins(parent: int, started_with: frozenset[int]) -> frozenset[int]:
 
 def off_compute_cores() -> None:
     """Move the calling background thread (and the threads it starts, which inherit it) to the
-    spare CPUs (the module says which and why); call it first thing in the thread."""
-    parent = os.getppid()
-    started_with = _affinity(parent)
-    spare = spare_cpus(_affinity(0), started_with, omp_cpus(os.environ), _sibling_pins(parent, started_with))
-    if spare:
-        try:
+    spare CPUs (the module says which and why); call it first thing in the thread. Never
+    raises: where it cannot move the thread (CPUs outside this cgroup's set), the thread stays."""
+    try:
+        parent = os.getppid()
+        started_with = _affinity(parent)
+        spare = spare_cpus(_affinity(0), started_with, omp_cpus(os.environ), _sibling_pins(parent, started_with))
+        if spare:
             os.sched_setaffinity(0, spare)
-        except OSError:  # CPUs outside this cgroup's set: stay beside vLLM's thread
-            pass
+    except Exception:  # noqa: BLE001 - an optimisation: the fetch runs either way
+        pass
 
 
 class Prefetch(Generic[T]):
@@ -115,8 +118,8 @@ class Prefetch(Generic[T]):
         return self
 
     def _run(self) -> None:
-        off_compute_cores()
         try:
+            off_compute_cores()
             self._value = self._task()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             self._error = exc
