@@ -119,15 +119,16 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
                 expected = [] if kind == "vllm" else [("load", "verified")]
                 assert boot.compile_decisions == expected, (kind, mode, boot.compile_decisions)
                 starts[(kind, mode)].append(boot.start_s or 0.0)
-                inits[(kind, mode)].append(boot.init_engine_s or 0.0)
+                if boot.init_engine_s is not None:  # a vLLM without the line: not a 0 s boot
+                    inits[(kind, mode)].append(boot.init_engine_s)
                 if kind != "vllm":
                     guard_ms[kind] += boot.compile_elapsed_ms
                 header = sorted(set(re.findall(r"compile-cache header=\S+ source=(\w+)", boot.log)))
                 waited = [int(ms) for ms in re.findall(r"compile-cache header=\S+ source=\w+ waited_ms=(\d+)", boot.log)]
                 if kind != "vllm":
                     waited_ms[kind] += waited
-                print(f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  init engine {boot.init_engine_s or 0:5.2f} s"
-                      f"  counters loaded="
+                init = "-" if boot.init_engine_s is None else f"{boot.init_engine_s:5.2f} s"
+                print(f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  init engine {init}  counters loaded="
                       f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}"
                       f"  header={','.join(header) or '-'} waited_ms={max(waited, default=0)}", flush=True)
 
@@ -139,13 +140,16 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
     for mode in modes:
         vllm, local, pulled = (statistics.median(starts[(k, mode)]) for k in KINDS)
         paired = statistics.median(st - lo for st, lo in zip(starts[("store", mode)], starts[("local", mode)]))
-        init_local, init_store = (statistics.median(inits[(k, mode)]) for k in ("local", "store"))
-        init_paired = statistics.median(st - lo for st, lo in zip(inits[("store", mode)], inits[("local", mode)]))
+        init = "-"
+        if len(inits[("local", mode)]) == len(inits[("store", mode)]) == rounds:
+            init_local, init_store = (statistics.median(inits[(k, mode)]) for k in ("local", "store"))
+            init_paired = statistics.median(st - lo for st, lo in zip(inits[("store", mode)], inits[("local", mode)]))
+            init = f"{init_local:.2f} s, {init_store:.2f} s, {init_paired:+.2f} s"
         ratio = local / vllm
         ok = ok and ratio <= 1.05 and paired <= 1.0
         what = "LLM() constructor" if mode == "llm" else "server to /health"
         print(f"| {what} | {vllm:.2f} s | {local:.2f} s | {pulled:.2f} s | {ratio:.3f} | {paired:+.2f} s "
-              f"| {pulled - local:+.2f} s | {init_local:.2f} s, {init_store:.2f} s, {init_paired:+.2f} s |")
+              f"| {pulled - local:+.2f} s | {init} |")
     for kind, values in guard_ms.items():
         if values:
             print(f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}; torch waited for "

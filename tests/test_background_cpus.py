@@ -105,7 +105,19 @@ def test_spare_cpus_only_undoes_an_openmp_pin() -> None:
     assert spare_cpus(everything, everything, compute) == set()  # not pinned (a GPU worker)
     assert spare_cpus(compute, everything, frozenset()) == set()  # no OpenMP variable: the operator's
     assert spare_cpus(compute, compute, compute) == set()  # started on vLLM's cores only: nowhere to go
-    assert spare_cpus(compute, everything, compute, frozenset({2})) == {3}  # rank 1 is pinned to 2
+    assert spare_cpus(compute, everything, compute, lambda: frozenset({2})) == {3}  # rank 1 is pinned to 2
+
+
+def test_an_unpinned_thread_asks_nothing_about_its_siblings() -> None:
+    """A GPU worker's thread (or an operator's pin) reads no /proc: the siblings are asked for
+    only once the thread's CPUs are vLLM's OpenMP pin."""
+    def never() -> frozenset[int]:
+        raise AssertionError("siblings asked for an unpinned thread")
+
+    everything, compute = frozenset({0, 1, 2, 3}), frozenset({0, 1})
+    assert spare_cpus(everything, everything, compute, never) == set()
+    assert spare_cpus(frozenset({0}), everything, compute, never) == set()
+    assert spare_cpus(compute, everything, frozenset(), never) == set()
 
 
 def test_a_fetch_started_from_vllms_pinned_thread_runs_on_the_other_cpus() -> None:

@@ -55,13 +55,14 @@ def omp_cpus(environ: Mapping[str, str]) -> frozenset[int]:
 
 
 def spare_cpus(own: frozenset[int], started_with: frozenset[int], compute: frozenset[int],
-               siblings: frozenset[int] = frozenset()) -> frozenset[int]:
+               siblings: Callable[[], frozenset[int]] = frozenset) -> frozenset[int]:
     """Where a background thread should run: ``started_with`` minus ``compute`` and the CPUs
-    ``siblings`` (the other ranks of the node) are pinned to, if ``own`` is vLLM's OpenMP pin
-    (exactly ``compute``); else empty (stay)."""
+    ``siblings()`` (the other ranks of the node) are pinned to, if ``own`` is vLLM's OpenMP pin
+    (exactly ``compute``); else empty (stay). ``siblings`` is asked only then: a GPU worker's
+    threads read nothing from /proc."""
     if not compute or own != compute:
         return frozenset()
-    return started_with - compute - siblings
+    return started_with - compute - siblings()
 
 
 def _sibling_pins(parent: int, started_with: frozenset[int]) -> frozenset[int]:
@@ -92,7 +93,7 @@ def off_compute_cores() -> None:
     try:
         parent = os.getppid()
         started_with = _affinity(parent)
-        spare = spare_cpus(_affinity(0), started_with, omp_cpus(os.environ), _sibling_pins(parent, started_with))
+        spare = spare_cpus(_affinity(0), started_with, omp_cpus(os.environ), lambda: _sibling_pins(parent, started_with))
         if spare:
             os.sched_setaffinity(0, spare)
     except Exception:  # noqa: BLE001 - an optimisation: the fetch runs either way

@@ -21,6 +21,7 @@ from ..trust.plans.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, rend
 from ..trust.signing import sign_plan
 from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, provenance
 from .boot import Boot, boot_for
+from .prefetch import off_compute_cores
 
 LOG = logging.getLogger("vllm.plancache")
 
@@ -74,6 +75,7 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
 
 
 def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:
+    off_compute_cores()
     started = time.monotonic()
     try:
         boot.open_store().put(fp, plan_bytes, sig_bytes, deadline=started + boot.config.timeout)

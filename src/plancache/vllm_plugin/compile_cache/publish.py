@@ -144,11 +144,11 @@ def publish(directory: Path, private: Path, compile_ms: float | None = None) -> 
 def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> None:
     def push() -> None:
         from ...pipeline.compile_cache.flows import push_cache
-        from ..prefetch import off_compute_cores
         from ...pipeline.resolver import utcnow
         from ...settings import BULK_TIMEOUT
         from ...storage.store import open_store
         from ...trust.keyring.keys import signer_keyring
+        from ..prefetch import off_compute_cores
 
         off_compute_cores()
         started = time.monotonic()
