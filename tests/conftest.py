@@ -103,6 +103,18 @@ LAST = (
 )
 
 
+BASE_WORKERS = 2
+"""Workers that start at once; the others (``-n 3`` and more) wait for the vLLM files (tests/held_workers.py)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own
+    from held_workers import HeldBackLoadFile
+    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(FIRST[:3]))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files in :data:`FIRST`'s order, then the others as collected, then :data:`LAST`. Under
     ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files to

@@ -1,0 +1,55 @@
+"""pytest-xdist's ``--dist loadfile`` with the extra workers held back until vLLM's fixtures are done.
+
+Why: on a 2-core machine the files that boot vLLM (:data:`conftest.FIRST`'s first three) keep both
+cores busy for their first minutes. A third worker started beside them only slows them down by as
+much as it gains (measured, docs/test-suite.md: 13 min 33 s against 13 min 05 s). After them, the
+rest of the suite mostly waits on servers, black holes and budgets, and two workers leave the cores
+50-75 % idle: that is where a third worker helps. So workers past the first ``base`` take no file
+until every heavy file has finished; until then they only wait, having collected the suite.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from xdist.scheduler import LoadFileScheduling
+
+
+class HeldBackLoadFile(LoadFileScheduling):
+    """``--dist loadfile`` (a file's tests on one worker, the files in the queue's order), except that
+    only the ``base`` lowest-numbered workers are handed files while a file named in ``heavy`` is
+    queued or still running. Every other rule is xdist's own: with no heavy file in the run, every
+    worker starts at once."""
+
+    def __init__(self, config: Any, log: Any, *, base: int, heavy: frozenset[str]) -> None:
+        super().__init__(config, log)
+        self.base = base
+        self.heavy = heavy
+
+    def _heavy_running(self) -> bool:
+        units = [*self.workqueue.items(), *(u for work in self.assigned_work.values() for u in work.items())]
+        return any(os.path.basename(scope) in self.heavy and not all(done.values()) for scope, done in units)
+
+    def _held(self, node: Any) -> bool:
+        """Not one of the ``base`` lowest-numbered live workers, while a heavy file is unfinished. Live,
+        so that a worker that replaces a crashed one, or a held one moving up, keeps ``base`` working."""
+        working = sorted(self.nodes, key=_number)[: self.base]
+        return node not in working and self._heavy_running()
+
+    def _assign_work_unit(self, node: Any) -> None:
+        if not self._held(node):
+            super()._assign_work_unit(node)
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        """xdist's, then a held worker that has had no file yet gets one once the heavy files are done."""
+        super().mark_test_complete(node, item_index, duration)
+        for other in self.nodes:
+            if other is not node and not self.assigned_work[other] and not self._held(other):
+                self._reschedule(other)
+
+
+def _number(node: Any) -> int:
+    number = node.gateway.id.removeprefix("gw")  # xdist names its workers gw0, gw1, ...
+    return int(number) if number.isdigit() else 1 << 30
+
