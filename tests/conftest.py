@@ -85,9 +85,11 @@ def compile_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 # -- scheduling: the longest files first ------------------------------------------------------------
 
+VLLM_FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py")
+"""The files that boot vLLM for minutes (module fixtures): first in :data:`FIRST`, on their own
+workers, and no worker past :data:`BASE_WORKERS` takes a file while one of them is unfinished."""
 FIRST = (
-    # the three files that boot vLLM for minutes (module fixtures): they start first, on their own workers
-    "test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py",
+    *VLLM_FILES,
     # quick files: pytest-xdist queues a second file on a worker once its first is nearly done
     "test_import_graph.py", "test_storage_local.py", "test_untrusted_text.py",
     # the longest of the rest (mostly waiting: black holes, servers, journeys in subprocesses)
@@ -112,7 +114,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own
     from held_workers import HeldBackLoadFile
-    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(FIRST[:3]))
+    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

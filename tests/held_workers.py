@@ -1,10 +1,10 @@
 """pytest-xdist's ``--dist loadfile`` with the extra workers held back until vLLM's fixtures are done.
 
-Why: on a 2-core machine the files that boot vLLM (:data:`conftest.FIRST`'s first three) keep both
+Why: on a 2-core machine the files that boot vLLM (:data:`conftest.VLLM_FILES`) keep both
 cores busy for their first minutes. A third worker started beside them only slows them down by as
 much as it gains (measured, docs/test-suite.md: 13 min 33 s against 13 min 05 s). After them, the
 rest of the suite mostly waits on servers, black holes and budgets, and two workers leave the cores
-50-75 % idle: that is where a third worker helps. So workers past the first ``base`` take no file
+25-50 % idle: that is where a third worker helps. So workers past the first ``base`` take no file
 until every heavy file has finished; until then they only wait, having collected the suite.
 """
 
