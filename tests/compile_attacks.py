@@ -51,6 +51,8 @@ def disabled_planted(guard: bool) -> Callable[[Path, Path, dict[str, str]], dict
         shutil.copytree(cache_dir(top / "signed0", aot=False) / "rank_0_0" / "inductor_cache", planted)
         for f in glob.glob(str(planted / "*" / "*.py")):
             P.append(Path(f), P.py_line(base / "marker"))
+        if not guard:  # the header torch would have from an earlier boot (not what the control shows)
+            P.seed_torch_headers(top / "signed" / ROOT_NAME / "plancache-private" / "headers", base / "tmp")
         return boot(base, guard, VLLM_DISABLE_COMPILE_CACHE="1", **AOT0)
 
     return run

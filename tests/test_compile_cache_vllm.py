@@ -106,6 +106,8 @@ def _boot_all(top: Path, key: str) -> dict[str, Any]:
             env = {**env, **store_env(server.endpoint, BUCKET_PREFIX)}
         if source is not None:
             P.link_copy(top / source / ROOT_NAME, base / ROOT_NAME)
+            if not guard:  # the header torch would have from an earlier boot (not what a control shows)
+                P.seed_torch_headers(top / source / ROOT_NAME / "plancache-private" / "headers", base / "tmp")
         aot = source != "signed0"
         if tamper is not None:
             tamper(cache_dir(base, aot), marker)

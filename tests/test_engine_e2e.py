@@ -132,6 +132,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
     def disabled() -> H.Boot:
         node = fleet.node("disabled")
         P.link_copy(fleet.node("build").root, node.root)
+        # torch's own header, as a node that ran vLLM before has it (gcc's 149 MiB build is not the point here)
+        P.seed_torch_headers(fleet.node("build").root / "plancache-private" / "headers", node.base / "tmp")
         runs["disabled-before"] = sorted(p.relative_to(node.root) for p in node.root.rglob("*"))
         boot = H.boot_llm(node, fleet.model, node.env())
         runs["disabled-after"] = sorted(p.relative_to(node.root) for p in node.root.rglob("*"))
@@ -313,5 +315,9 @@ def test_plugin_disabled_vllm_runs_as_without_it(fleet: dict[str, Any]) -> None:
     for probe in run.probes:
         assert probe["plancache_modules"] == ["plancache", "plancache.vllm_plugin"], probe
         assert not any(probe["patched"].values()), probe
+    # torch read its header where it keeps it by itself ($TMPDIR), not from a plancache directory
+    built = fleet["fleet"].node("build").root / "plancache-private" / "headers"
+    own = sorted((fleet["fleet"].node("disabled").base / "tmp").glob("torchinductor_*/precompiled_headers/*.gch"))
+    assert [h.stat().st_ino for h in own] == [h.stat().st_ino for h in sorted(built.glob("*.gch"))], own
     added = set(fleet["disabled-after"]) - set(fleet["disabled-before"])
     assert [p for p in added if "plancache" in str(p)] == [], added  # no private copy, no quarantine, no lock

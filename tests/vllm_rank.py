@@ -76,6 +76,25 @@ def _profiling_with_collective(timeout_s: float, outcome: dict[str, Any]) -> Any
     return memory_profiling
 
 
+def _time_the_vote() -> dict[str, float]:
+    """The plugin's vote timed from the outside (its budget and wall time, for a test's message
+    when a rank held too long: the lookup's share is the rest). Test-only instrumentation."""
+    from plancache.vllm_plugin import vote
+
+    timed: dict[str, float] = {}
+    agree = vote.agree
+
+    def timed_agree(mine: bool, budget_s: float) -> Any:
+        started = time.monotonic()
+        try:
+            return agree(mine, budget_s)
+        finally:
+            timed.update(vote_budget_s=budget_s, vote_s=time.monotonic() - started)
+
+    vote.agree = timed_agree  # settle() looks it up at call time
+    return timed
+
+
 class _Keep(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -120,6 +139,7 @@ def main() -> None:
     logger = logging.getLogger("vllm.plancache")
     keep = _Keep()
     logger.addHandler(keep)
+    voted = _time_the_vote()
     while True:
         cmd = conn.recv()
         if cmd["op"] == "exit":
@@ -144,6 +164,7 @@ def main() -> None:
             outcome: dict[str, Any] = {"collective": None}
             gpu_worker.memory_profiling = _profiling_with_collective(cmd.get("collective_s", 10.0), outcome)
             keep.lines.clear()
+            voted.clear()
             worker = vllm_cpu.make_worker(gpu_worker.Worker, cfg, free=cmd.get("free", vllm_cpu.FREE))
             worker.rank = worker.local_rank = rank_i
             if cmd.get("prefetch"):
@@ -151,7 +172,7 @@ def main() -> None:
             time.sleep(cmd.get("delay", 0.0))  # a rank that reaches the vote late
             started = time.monotonic()
             kv = worker.determine_available_memory()
-            outcome.update(rank=rank_i, kv=kv, elapsed=time.monotonic() - started)
+            outcome.update(rank=rank_i, kv=kv, elapsed=time.monotonic() - started, **voted)
             outcome["applied"] = worker.cache_config.kv_cache_memory_bytes is not None
             if cmd.get("save"):
                 gpu_worker.maybe_save_startup_plan(worker, kv)
