@@ -98,8 +98,9 @@ FIRST = (
 )
 LAST = (
     # the files whose tests assert a wall-time bound (a budget plus a grace): under xdist they are
-    # handed out last, so that they run after the vLLM fixtures above, not beside them; the longest
-    # first (seconds on three workers, 2026-12-03), so that the last to end are short ones
+    # handed out last, so that they run after the vLLM fixtures above, not beside them, and no more
+    # than BASE_WORKERS of them at once (tests/held_workers.py); the longest first (seconds on three
+    # workers, 2026-12-03), so that the last to end are short ones
     "test_store_faults.py",  # 46
     "test_store_bounds.py",  # 43
     "test_store_hostile.py",  # 36
@@ -122,7 +123,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own
     from held_workers import HeldBackLoadFile
-    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES))
+    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES), deadline=frozenset(LAST))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -6,6 +6,11 @@ much as it gains (measured, docs/test-suite.md: 13 min 33 s against 13 min 05 s)
 rest of the suite mostly waits on servers, black holes and budgets, and two workers leave the cores
 25-50 % idle: that is where a third worker helps. So workers past the first ``base`` take no file
 until every heavy file has finished; until then they only wait, having collected the suite.
+
+And no more than ``base`` deadline files (``deadline``: tests that assert a wall-time bound) run at
+once, on any workers: three of them side by side in a CPU-bound tail starved their servers and
+budgets (a plan-set read past its 2 s budget, a KMS sign; measured, docs/test-suite.md). A worker
+whose next file would be a third waits for one of them to end.
 """
 
 from __future__ import annotations
@@ -22,30 +27,38 @@ class HeldBackLoadFile(LoadFileScheduling):
     queued or still running. Every other rule is xdist's own: with no heavy file in the run, every
     worker starts at once."""
 
-    def __init__(self, config: Any, log: Any, *, base: int, heavy: frozenset[str]) -> None:
+    def __init__(self, config: Any, log: Any, *, base: int, heavy: frozenset[str],
+                 deadline: frozenset[str] = frozenset()) -> None:
         super().__init__(config, log)
         self.base = base
         self.heavy = heavy
+        self.deadline = deadline
 
-    def _heavy_running(self) -> bool:
-        units = [*self.workqueue.items(), *(u for work in self.assigned_work.values() for u in work.items())]
-        return any(os.path.basename(scope) in self.heavy and not all(done.values()) for scope, done in units)
+    def _running(self, names: frozenset[str], queued: bool = False) -> int:
+        """Files named in ``names`` with a test not yet done, assigned (and queued, if asked)."""
+        units = [*(self.workqueue.items() if queued else ()), *(u for work in self.assigned_work.values() for u in work.items())]
+        return sum(os.path.basename(scope) in names and not all(done.values()) for scope, done in units)
 
     def _held(self, node: Any) -> bool:
-        """Not one of the ``base`` lowest-numbered live workers, while a heavy file is unfinished. Live,
-        so that a worker that replaces a crashed one, or a held one moving up, keeps ``base`` working."""
+        """Not one of the ``base`` lowest-numbered live workers, while a heavy file is unfinished (live,
+        so that a worker that replaces a crashed one, or a held one moving up, keeps ``base`` working);
+        or the next file is a deadline file and ``base`` of them are running."""
         working = sorted(self.nodes, key=_number)[: self.base]
-        return node not in working and self._heavy_running()
+        if node not in working and self._running(self.heavy, queued=True):
+            return True
+        upcoming = next(iter(self.workqueue), None)
+        return upcoming is not None and os.path.basename(upcoming) in self.deadline and self._running(self.deadline) >= self.base
 
     def _assign_work_unit(self, node: Any) -> None:
         if not self._held(node):
             super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
-        """xdist's, then a held worker that has had no file yet gets one once the heavy files are done."""
+        """xdist's, then a worker that was held and has nothing left to run gets a file, if it may now
+        (or is shut down when the queue is empty)."""
         super().mark_test_complete(node, item_index, duration)
         for other in self.nodes:
-            if other is not node and not self.assigned_work[other] and not self._held(other):
+            if other is not node and not self._pending_of(self.assigned_work[other]) and not self._held(other):
                 self._reschedule(other)
 
 

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest.importorskip("xdist")
 from held_workers import HeldBackLoadFile  # noqa: E402
 
-FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_quick.py", "test_other.py", "test_last.py")
+FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_quick.py", "test_other.py", "test_last.py",
+         "test_bound1.py", "test_bound2.py", "test_bound3.py")
 COLLECTION = [f"tests/{name}::t{i}" for name in FILES for i in range(4)]
 
 
@@ -37,7 +38,7 @@ class Worker:
 
 def started(workers: int, heavy: frozenset[str], kind: type = HeldBackLoadFile) -> tuple[Any, list[Worker]]:
     config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False))
-    sched = kind(config, None, base=2, heavy=heavy) if kind is HeldBackLoadFile else kind(config, None)
+    sched = kind(config, None, base=2, heavy=heavy, deadline=DEADLINE) if kind is HeldBackLoadFile else kind(config, None)
     nodes = [Worker(i) for i in range(workers)]
     for node in nodes:
         sched.add_node(node)
@@ -51,16 +52,21 @@ def finish(sched: Any, node: Worker, nodeid: str) -> None:
     node.done.append(nodeid)
 
 
-def drain(sched: Any, nodes: list[Worker]) -> list[tuple[str, str]]:
-    """Run everything, one test at a time round the workers; every (worker, test) in the order sent."""
+def drain(sched: Any, nodes: list[Worker], seen: list[int] | None = None) -> list[tuple[str, str]]:
+    """Run everything, one test at a time round the workers; every (worker, test) in the order sent.
+    ``seen`` gets, after each test, how many deadline files have a test sent and not yet done."""
     while any(len(n.done) < len(n.sent) for n in nodes):
         for node in nodes:
             if len(node.done) < len(node.sent):
                 finish(sched, node, node.sent[len(node.done)])
+                if seen is not None:
+                    seen.append(len({t.split("::")[0] for n in nodes for t in n.sent[len(n.done):]
+                                     if t.split("::")[0].split("/")[-1] in DEADLINE}))
     return [(n.gateway.id, t) for n in nodes for t in n.sent]
 
 
 HEAVY = frozenset(FILES[:2])
+DEADLINE = frozenset(FILES[5:])
 
 
 def test_the_third_worker_waits_for_every_heavy_file_then_takes_the_next_one() -> None:
@@ -112,3 +118,12 @@ def test_a_crashed_worker_is_replaced_by_the_held_one() -> None:
     drain(sched, [second, third])
     assert set(second.sent + third.sent) >= set(COLLECTION[1:4])  # the dead worker's file ran again
     assert sched.tests_finished
+
+
+def test_no_more_than_two_deadline_files_run_at_once() -> None:
+    sched, workers = started(3, HEAVY)
+    seen: list[int] = []
+    drain(sched, workers, seen)
+    assert max(seen) == 2  # three workers free, three deadline files queued: one waited
+    assert sorted(t for w in workers for t in w.sent) == sorted(COLLECTION) and sched.tests_finished
+    assert all(w.shutting_down for w in workers)
