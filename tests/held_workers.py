@@ -33,32 +33,41 @@ class HeldBackLoadFile(LoadFileScheduling):
         self.base = base
         self.heavy = heavy
         self.deadline = deadline
+        self.waiting: set[Any] = set()
+        """Workers that asked for a file and were held: each test's end looks at them again."""
 
-    def _running(self, names: frozenset[str], queued: bool = False) -> int:
-        """Files named in ``names`` with a test not yet done, assigned (and queued, if asked)."""
-        units = [*(self.workqueue.items() if queued else ()), *(u for work in self.assigned_work.values() for u in work.items())]
-        return sum(os.path.basename(scope) in names and not all(done.values()) for scope, done in units)
+    def _unfinished(self, names: frozenset[str], work: dict[str, dict[str, bool]]) -> bool:
+        return any(os.path.basename(scope) in names and not all(done.values()) for scope, done in work.items())
 
     def _held(self, node: Any) -> bool:
-        """Not one of the ``base`` lowest-numbered live workers, while a heavy file is unfinished (live,
-        so that a worker that replaces a crashed one, or a held one moving up, keeps ``base`` working);
-        or the next file is a deadline file and ``base`` of them are running."""
+        """Not one of the ``base`` lowest-numbered live workers, while a heavy file is queued or
+        unfinished (live, so that a worker that replaces a crashed one, or a held one moving up,
+        keeps ``base`` working); or the next file is a deadline file and ``base`` *other* workers
+        have one unfinished. Other: a worker's own file never holds it (xdist keeps a worker's last
+        test back until it is sent more, so counting it would wait for itself)."""
         working = sorted(self.nodes, key=_number)[: self.base]
-        if node not in working and self._running(self.heavy, queued=True):
+        if node not in working and (self._unfinished(self.heavy, self.workqueue) or any(
+                self._unfinished(self.heavy, work) for work in self.assigned_work.values())):
             return True
         upcoming = next(iter(self.workqueue), None)
-        return upcoming is not None and os.path.basename(upcoming) in self.deadline and self._running(self.deadline) >= self.base
+        if upcoming is None or os.path.basename(upcoming) not in self.deadline:
+            return False
+        return sum(self._unfinished(self.deadline, work) for other, work in self.assigned_work.items()
+                   if other is not node) >= self.base
 
     def _assign_work_unit(self, node: Any) -> None:
-        if not self._held(node):
-            super()._assign_work_unit(node)
+        if self._held(node):
+            self.waiting.add(node)
+            return
+        self.waiting.discard(node)
+        super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
-        """xdist's, then a worker that was held and has nothing left to run gets a file, if it may now
-        (or is shut down when the queue is empty)."""
+        """xdist's, then a held worker gets a file if it may now (or is shut down when none is left)."""
         super().mark_test_complete(node, item_index, duration)
-        for other in self.nodes:
-            if other is not node and not self._pending_of(self.assigned_work[other]) and not self._held(other):
+        for other in list(self.waiting):
+            if other is not node and not self._held(other):
+                self.waiting.discard(other)
                 self._reschedule(other)
 
 

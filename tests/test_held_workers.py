@@ -54,14 +54,18 @@ def finish(sched: Any, node: Worker, nodeid: str) -> None:
 
 def drain(sched: Any, nodes: list[Worker], seen: list[int] | None = None) -> list[tuple[str, str]]:
     """Run everything, one test at a time round the workers; every (worker, test) in the order sent.
-    ``seen`` gets, after each test, how many deadline files have a test sent and not yet done."""
-    while any(len(n.done) < len(n.sent) for n in nodes):
-        for node in nodes:
-            if len(node.done) < len(node.sent):
+    As xdist's workers do, a worker runs its last test only once it is sent more or shut down
+    (pytest needs the next item); a round in which no worker can run a test ends the drain.
+    ``seen`` gets, each round, how many workers run a deadline file's test side by side."""
+    while True:
+        ready = [n for n in nodes if len(n.done) < len(n.sent) - (0 if n.shutting_down else 1)]
+        if not ready:
+            break
+        if seen is not None:
+            seen.append(sum(n.sent[len(n.done)].split("::")[0].split("/")[-1] in DEADLINE for n in ready))
+        for node in ready:
+            if len(node.done) < len(node.sent) - (0 if node.shutting_down else 1):
                 finish(sched, node, node.sent[len(node.done)])
-                if seen is not None:
-                    seen.append(len({t.split("::")[0] for n in nodes for t in n.sent[len(n.done):]
-                                     if t.split("::")[0].split("/")[-1] in DEADLINE}))
     return [(n.gateway.id, t) for n in nodes for t in n.sent]
 
 
