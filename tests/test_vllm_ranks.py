@@ -33,6 +33,7 @@ import pytest
 from plancache.keys.keyfile import generate_keypair
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
+from plancache.storage.deadline import JOIN_GRACE
 from plancache.vllm_plugin.vote import MARGIN_S
 from compile_zygote import Forked, Zygote
 from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, free_port, moto_server  # noqa: F401
@@ -166,16 +167,19 @@ def decision_line(outcome: dict[str, Any]) -> str:
 
 
 def held(outcome: dict[str, Any]) -> float:
-    """Seconds the plugin held this rank (lookup + vote): the decision line's elapsed_ms."""
+    """Seconds the plugin held this rank (lookup + vote): the decision line's elapsed_ms, net of
+    the time the rank's process waited for a CPU meanwhile (tests/stolen_time.py: a bound is the
+    code's, a starved rank's lateness the machine's)."""
     match = re.search(r"elapsed_ms=([0-9.]+)", decision_line(outcome))
     assert match is not None
-    return float(match.group(1)) / 1000
+    return max(0.0, float(match.group(1)) / 1000 - outcome.get("stolen_s", 0.0))
 
 
 def hold_split(outcome: dict[str, Any]) -> str:
     """A failure message: the hold, the vote's share of it and the budget the vote was given."""
-    return (f"rank {outcome.get('rank')} held {held(outcome):.2f} s, the vote {outcome.get('vote_s', -1):.2f} s "
-            f"of a {outcome.get('vote_budget_s', -1):.2f} s budget: {decision_line(outcome)}")
+    return (f"rank {outcome.get('rank')} held {held(outcome):.2f} s net of {outcome.get('stolen_s', 0.0):.2f} s waiting "
+            f"for a CPU, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
+            f"budget: {decision_line(outcome)}")
 
 
 def _local_boot(world: World, keys: SimpleNamespace, tmp: Path, odd: str | None, timeout: float = 3.0) -> dict[int, dict[str, Any]]:
@@ -255,10 +259,17 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
             "PLANCACHE_URL": "s3://bucket/plans", "PLANCACHE_STORAGE_OPTIONS": f'{{"endpoint_url": "{black_hole.endpoint}"}}',
         }}
     out = world.boot(cmds)
+    # the store's rank gave up by its deadline (the store opened and read within the one budget)
+    assert held(out[last]) - out[last].get("vote_s", 0.0) <= budget + JOIN_GRACE + 0.3, hold_split(out[last])
     for rank, o in out.items():
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
         line = decision_line(o)
-        assert "reason=rank-disagreement" in line and f"ranks that said no: {last}" in line, line
+        assert "reason=rank-disagreement" in line, line
+        if f"ranks that said no: {last}" not in line:
+            # a rank starved past the margin (its lookup was on time, above) may reach the vote after the
+            # others gave up: then every rank profiles on the timed-out vote, each having waited all it was given
+            assert "vote failed" in line and "timed out" in line.lower(), hold_split(o)
+            assert rank == last or o["vote_s"] >= o["vote_budget_s"] - 0.05, hold_split(o)
         assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)
     assert "this rank: timeout" in decision_line(out[last]) or "this rank: store-error" in decision_line(out[last])
 

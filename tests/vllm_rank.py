@@ -37,6 +37,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 import vllm_cpu
+from stolen_time import StolenClock
 
 PROFILED_NON_KV = 3 * vllm_cpu.GIB
 
@@ -170,9 +171,10 @@ def main() -> None:
             if cmd.get("prefetch"):
                 worker.load_model()
             time.sleep(cmd.get("delay", 0.0))  # a rank that reaches the vote late
-            started = time.monotonic()
+            clock = StolenClock()
             kv = worker.determine_available_memory()
-            outcome.update(rank=rank_i, kv=kv, elapsed=time.monotonic() - started, **voted)
+            elapsed, stolen = clock.read()
+            outcome.update(rank=rank_i, kv=kv, elapsed=elapsed, stolen_s=stolen, **voted)
             outcome["applied"] = worker.cache_config.kv_cache_memory_bytes is not None
             if cmd.get("save"):
                 gpu_worker.maybe_save_startup_plan(worker, kv)

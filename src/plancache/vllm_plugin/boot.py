@@ -99,12 +99,16 @@ class Boot:
     def store_writes(self) -> bool:
         return self.config.url is not None and self.signer is not None
 
-    def open_store(self) -> Store:
-        return open_store(self.config.url or "", self.config.storage_options, timeout=self.config.timeout)
+    def open_store(self, deadline: float | None = None) -> Store:
+        """The store, opened (the SDK imported) by ``deadline``: the caller's, so that opening and
+        the reads after it share one budget (default: a budget of its own from now)."""
+        return open_store(self.config.url or "", self.config.storage_options, timeout=self.config.timeout,
+                          deadline=deadline)
 
-    def resolver(self) -> Resolver:
-        """The shared pipeline over vLLM's plan directory; the store is opened on a local miss."""
-        return Resolver(plan_dir(), self.policy, self.open_store if self.store_reads else None)
+    def resolver(self, deadline: float | None = None) -> Resolver:
+        """The shared pipeline over vLLM's plan directory; the store is opened on a local miss,
+        by ``deadline`` (the lookup's: the store's import is part of the budget, not before it)."""
+        return Resolver(plan_dir(), self.policy, (lambda: self.open_store(deadline)) if self.store_reads else None)
 
 
 def _load_boot(env: Any = os.environ) -> Boot:
@@ -142,7 +146,7 @@ def _resolve(boot: Boot, fp: str, deadline: float, world: Callable[[], list[str]
     world's fingerprints, one rank per node reads the world's plan set (:mod:`..pipeline.node_plans`).
     ``world`` is asked only after a local miss: a warm node never computes the other ranks' keys."""
     try:
-        resolver = boot.resolver()
+        resolver = boot.resolver(deadline)
         if world is not None and resolver.reads_store:
             local = resolver.local(fp)
             if local.verified is not None:

@@ -77,8 +77,9 @@ def save(worker: Any, kv_cache_memory_bytes: int, fingerprint: Fingerprint, vllm
 def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:
     off_compute_cores()
     started = time.monotonic()
+    deadline = started + boot.config.timeout
     try:
-        boot.open_store().put(fp, plan_bytes, sig_bytes, deadline=started + boot.config.timeout)
+        boot.open_store(deadline).put(fp, plan_bytes, sig_bytes, deadline=deadline)
         boot.push_result = "pushed"
         LOG.debug("plancache: pushed plan fingerprint=%s to %s in %.0f ms", fp, boot.config.url,
                   (time.monotonic() - started) * 1000)
