@@ -213,10 +213,10 @@ def serve_flags(model: Path, port: int) -> list[str]:
 
 def boot_serve(node: Node, model: Path, env: dict[str, str]) -> Boot:
     """The OpenAI server: start, ``/health``, one ``/v1/completions`` per prompt, SIGINT."""
-    from store_servers import free_port
+    from late_ports import late_port
 
     node.clear_probe()
-    port = free_port()
+    port = late_port()  # the server binds it after loading the model (tests/late_ports.py)
     base_url = f"http://127.0.0.1:{port}"
     log_path = node.base / "serve.log"
     shape = engine_args()

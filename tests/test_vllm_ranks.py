@@ -36,7 +36,8 @@ from plancache.trust.signing import sign_plan
 from plancache.storage.deadline import JOIN_GRACE
 from plancache.vllm_plugin.vote import MARGIN_S
 from compile_zygote import Forked, Zygote
-from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, free_port, moto_server  # noqa: F401
+from late_ports import late_port
+from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
 from vllm_cpu import DEVICE_TOTAL, GIB, PLANNED_KV, UTIL, conditions, cpu_environ, write_tiny_model
 from vllm_rank import PRELOAD
 
@@ -60,7 +61,7 @@ class World:
         # multiprocessing's backlog of 1 the kernel drops the extra SYNs and a rank's connect
         # times out (~2 min) on a loaded machine.
         self.listener = Listener(("127.0.0.1", 0), authkey=authkey, backlog=self.size)
-        port = free_port()
+        port = late_port()  # rank 0's TCPStore binds it minutes from now (tests/late_ports.py)
         self.procs: dict[int, subprocess.Popen[bytes] | Forked] = {}
         script = str(HERE / "vllm_rank.py")
         for rank in range(self.size):
