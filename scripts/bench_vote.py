@@ -72,12 +72,12 @@ def main() -> int:
         rank_main(args.rank, args.port, args.model, args.votes)
         return 0
     import vllm_cpu
-    from store_servers import free_port
+    from late_ports import late_port
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny"
         vllm_cpu.write_tiny_model(model)
-        port = free_port()
+        port = late_port()  # rank 0's TCPStore binds it after importing vLLM (tests/late_ports.py)
         procs = [subprocess.Popen([sys.executable, __file__, "--votes", str(args.votes), "--rank", str(r),
                                    "--port", str(port), "--model", str(model)]) for r in (0, 1)]
         return max(p.wait() for p in procs)

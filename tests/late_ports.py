@@ -5,10 +5,11 @@ range from which every outgoing connection and every other ``bind(("", 0))`` on 
 its port. A listener that binds at once (moto, Azurite) is safe with it; one that binds minutes
 later is not: the ranks' gloo TCPStore binds after importing vLLM, ``vllm serve`` after loading
 the model, and meanwhile the suite's servers, clients and engines take ephemeral ports by the
-thousand. A slow run (the machine at 60 % of its speed, 2026-12-04) lost that race: rank 0's
+thousand. A slow run (the cores at about 70 % of their speed, 2026-12-04) lost that race: rank 0's
 TCPStore failed with EADDRINUSE and every test of tests/test_vllm_ranks.py errored. A port below
 ``ip_local_port_range`` is never chosen by the kernel, so only another late listener could take
 it; picks are random over thousands of ports, checked free, and never repeated in a process.
+The same holds for ``store_servers.closed_port()`` (a port that must stay refused for a test).
 """
 
 from __future__ import annotations

@@ -51,8 +51,11 @@ def free_port() -> int:
 
 
 def closed_port() -> int:
-    """A port that was free a moment ago: connecting to it is refused."""
-    return free_port()
+    """A port nobody listens on, so connecting to it is refused: one below the kernel's ephemeral
+    range (tests/late_ports.py), where no server of the suite that binds port 0 can land meanwhile."""
+    from late_ports import late_port
+
+    return late_port()
 
 
 def wait_for_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 60.0) -> None:
