@@ -17,7 +17,11 @@ zygote's paths). ``COMPILE_TOY_FRESH=1`` boots fresh interpreters instead (compi
 The rank processes of tests/test_vllm_ranks.py fork from a zygote of their own the same way
 (``Zygote(..., preload=vllm_rank.PRELOAD)`` and :meth:`Zygote.start` with ``script``): it imports
 vLLM's config, distributed and worker modules, never initialises torch.distributed and never
-imports plancache, so every rank still joins its gloo world and loads the plugin itself.
+imports plancache, so every rank still joins its gloo world and loads the plugin itself. And the
+engine tests' ``LLM()`` processes (tests/engine_harness.py) fork from one run by the engine venv's
+interpreter (``python=``), which imported what tests/engine_boot.py's ``LLM()`` imports
+(``engine_boot.PRELOAD``): vLLM then spawns the engine core and its worker as fresh interpreters,
+as always on CPU, so only the front process of a boot is a fork.
 
 Protocol: one JSON request a line on stdin (``script``, ``argv``, ``env``, ``cwd``, ``stdout``,
 ``stderr``, ``done``); the zygote writes ``<done>.pid`` at the fork and ``<done>`` (the exit code)
@@ -219,14 +223,14 @@ class Zygote:
     environment as every rank, so what vLLM and torch read at import is what a rank would read)."""
 
     def __init__(self, directory: Path, env: dict[str, str], preload: tuple[str, ...] = PRELOAD,
-                 own_home: bool = True) -> None:
+                 own_home: bool = True, python: str = sys.executable) -> None:
         self.directory = directory
         for name in ("home", "tmp", "boots"):
             (directory / name).mkdir(parents=True, exist_ok=True)
         if own_home:
             env = {**env, "HOME": str(directory / "home"), "TMPDIR": str(directory / "tmp")}
         self._log = open(directory / "zygote.log", "w")
-        self.proc = subprocess.Popen([sys.executable, __file__, *preload], env=env, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, __file__, *preload], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=directory)
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
@@ -253,15 +257,16 @@ class Zygote:
             self.proc.stdin.flush()
         return Forked(self, request)
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess[str]:
-        """One boot: like ``subprocess.run([python, compile_toy.py, *argv], capture_output=True)``."""
-        forked = self.start(argv, env, cwd)
+    def run(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float,
+            script: str = TOY) -> subprocess.CompletedProcess[str]:
+        """One boot: like ``subprocess.run([python, script, *argv], capture_output=True)``."""
+        forked = self.start(argv, env, cwd, script=script)
         try:
             code = forked.wait(timeout)
         except subprocess.TimeoutExpired:
             forked.kill()
             raise
-        return subprocess.CompletedProcess([TOY, *argv], code, Path(forked.stdout_path).read_text(),
+        return subprocess.CompletedProcess([script, *argv], code, Path(forked.stdout_path).read_text(),
                                            Path(forked.stderr_path).read_text())
 
     def leaked(self) -> list[str]:

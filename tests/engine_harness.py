@@ -81,7 +81,43 @@ def engine_args() -> dict[str, Any]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {"args": dict(module.ENGINE_ARGS), "prompts": list(module.PROMPTS), "max_tokens": module.MAX_TOKENS}
+    return {"args": dict(module.ENGINE_ARGS), "prompts": list(module.PROMPTS), "max_tokens": module.MAX_TOKENS,
+            "preload": list(module.PRELOAD)}
+
+
+def _engine_env() -> dict[str, str]:
+    """What every engine process sees, whatever the node: this environment without plancache's,
+    vLLM's, torch's or Python's variables, then the plugin's path and offline, quiet settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_", "PYTHON"))}
+    env.update(PYTHONPATH=f"{SRC}{os.pathsep}{ENGINE_SITE}", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="INFO")
+    return env
+
+
+_zygote: Any = None
+
+
+def start_zygote(directory: Path) -> Any:
+    """``LLM()`` boots fork their front process from one zygote from now on (tests/compile_zygote.py
+    run by the engine venv's interpreter, having imported ``engine_boot.PRELOAD``: 12 s of CPU that
+    every boot's front process spent again); None under ``ENGINE_BOOT_FRESH=1`` (fresh interpreters).
+    The engine core and its worker are vLLM's own spawned interpreters either way. The zygote runs in
+    :func:`_engine_env` with a HOME and TMPDIR of its own, which its ``leaked()`` checks stay empty."""
+    global _zygote
+    if os.environ.get("ENGINE_BOOT_FRESH") == "1":
+        return None
+    from compile_zygote import Zygote
+
+    _zygote = Zygote(directory, _engine_env(), preload=tuple(engine_args()["preload"]), python=str(ENGINE_PY))
+    return _zygote
+
+
+def stop_zygote() -> None:
+    global _zygote
+    if _zygote is not None:
+        _zygote.stop()
+        _zygote = None
 
 
 @dataclass
@@ -104,14 +140,9 @@ class Node:
         return sorted(os.listdir(q)) if q.is_dir() else []
 
     def env(self, shim: bool = True, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_", "PYTHON"))}
-        env.update(
-            PYTHONPATH=f"{SRC}{os.pathsep}{ENGINE_SITE}", VLLM_CACHE_ROOT=str(self.root),
-            TMPDIR=str(self.base / "tmp"), HOME=str(self.base / "home"), HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="INFO",
-            PLANCACHE_ENGINE_PROBE_DIR=str(self.base / "probe"),
-        )
+        env = _engine_env()
+        env.update(VLLM_CACHE_ROOT=str(self.root), TMPDIR=str(self.base / "tmp"), HOME=str(self.base / "home"),
+                   PLANCACHE_ENGINE_PROBE_DIR=str(self.base / "probe"))
         if shim:
             env["PLANCACHE_ENGINE_FINALIZE_SHIM"] = "1"
         env.update(extra)
@@ -177,12 +208,17 @@ class Boot:
 
 
 def boot_llm(node: Node, model: Path, env: dict[str, str]) -> Boot:
-    """``LLM()`` + greedy ``generate`` in a fresh engine interpreter."""
+    """``LLM()`` + greedy ``generate`` in a fresh engine interpreter, or a fork of the zygote
+    (:func:`start_zygote`)."""
     node.clear_probe()
     out = node.base / "boot.json"
     out.unlink(missing_ok=True)
-    result = subprocess.run([str(ENGINE_PY), str(TESTS / "engine_boot.py"), str(model), str(out)], env=env,
-                            cwd=node.base, capture_output=True, text=True, timeout=BOOT_TIMEOUT)
+    argv = [str(model), str(out)]
+    if _zygote is not None:
+        result = _zygote.run(argv, env, str(node.base), BOOT_TIMEOUT, script=str(TESTS / "engine_boot.py"))
+    else:
+        result = subprocess.run([str(ENGINE_PY), str(TESTS / "engine_boot.py"), *argv], env=env,
+                                cwd=node.base, capture_output=True, text=True, timeout=BOOT_TIMEOUT)
     report = json.loads(out.read_text()) if out.exists() else {}
     return Boot(result.returncode, report.get("token_ids"), report.get("constructor_s"),
                 result.stdout + result.stderr, node.probes())

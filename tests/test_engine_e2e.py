@@ -20,8 +20,10 @@ they are shared by the tests through one module fixture):
 
 vLLM 0.32 on CPU cannot load its own AOT artifact (a vLLM bug: ``finalize_loading`` on torch's
 callable, see tests/engine_site/plancache_engine_probe.py); the warm boots run with the probe's
-labelled shim so that vLLM's counters can show a verified cache *loaded*. Without the engine venv
-the tests skip, except under ``CI``, where they fail.
+labelled shim so that vLLM's counters can show a verified cache *loaded*. Each ``LLM()`` boot's
+front process is a fork of one zygote that imported vLLM (tests/engine_harness.py); vLLM spawns
+its engine core and worker as fresh interpreters, as always. Without the engine venv the tests
+skip, except under ``CI``, where they fail.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
     H.require_engine()
     fleet = Fleet(tmp_path_factory.mktemp("engine"), moto_server)
     hole = BlackHole()
-    runs: dict[str, Any] = {"fleet": fleet}
+    zygote = H.start_zygote(tmp_path_factory.mktemp("engine-zygote"))  # LLM()'s front process: a fork
+    runs: dict[str, Any] = {"fleet": fleet, "zygote": zygote}
 
     def build() -> H.Boot:
         node = fleet.node("build")
@@ -203,8 +206,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
             runs.update({name: f.result() for name, f in later.items()})
         marker = fleet.top / "tampered-store" / "marker"
         runs["tampered-store"].marker = marker.read_text() if marker.exists() else None
+        runs["zygote-leaked"] = zygote.leaked() if zygote is not None else []
         yield runs
     finally:
+        H.stop_zygote()
         hole.stop()
         fleet.stop()
 
@@ -321,3 +326,11 @@ def test_plugin_disabled_vllm_runs_as_without_it(fleet: dict[str, Any]) -> None:
     assert [h.stat().st_ino for h in own] == [h.stat().st_ino for h in sorted(built.glob("*.gch"))], own
     added = set(fleet["disabled-after"]) - set(fleet["disabled-before"])
     assert [p for p in added if "plancache" in str(p)] == [], added  # no private copy, no quarantine, no lock
+
+
+def test_forked_boots_left_nothing_in_the_zygotes_home(fleet: dict[str, Any]) -> None:
+    """The ``LLM()`` boots' front processes were forks of one zygote (tests/engine_harness.py):
+    each wrote under its own node's HOME and TMPDIR, nothing under the zygote's."""
+    if fleet["zygote"] is None:
+        pytest.skip("ENGINE_BOOT_FRESH=1: fresh interpreters")
+    assert fleet["zygote-leaked"] == []
