@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from compile_tampers import PY, SRC
-from compile_zygote import Zygote
+from compile_zygote import Zygote, ZygoteSlot
 
 TOY = str(Path(__file__).parent / "compile_toy.py")
 ROOT_NAME = "vllm-cache"
@@ -28,25 +28,17 @@ AOT0 = {"VLLM_USE_AOT_COMPILE": "0"}
 DECISION = re.compile(r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=\S+ elapsed_ms=(\d+)")
 
 
-_zygote: Zygote | None = None
+_slot = ZygoteSlot("COMPILE_TOY_FRESH")
 
 
 def start_zygote(directory: Path) -> Zygote | None:
     """Boots fork from one zygote from now on (None under ``COMPILE_TOY_FRESH=1``)."""
-    global _zygote
-    if os.environ.get("COMPILE_TOY_FRESH") == "1":
-        return None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))}
     env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    _zygote = Zygote(directory, env)
-    return _zygote
+    return _slot.start(lambda: Zygote(directory, env))
 
 
-def stop_zygote() -> None:
-    global _zygote
-    if _zygote is not None:
-        _zygote.stop()
-        _zygote = None
+stop_zygote = _slot.stop
 
 
 def env_for(base: Path, guard: bool, **extra: str) -> dict[str, str]:
@@ -64,8 +56,8 @@ def env_for(base: Path, guard: bool, **extra: str) -> dict[str, str]:
 def boot(base: Path, guard: bool = True, **extra: str) -> dict[str, Any]:
     """One vLLM boot in a fresh process; its counters, decision lines and output."""
     env = env_for(base, guard, **extra)
-    if _zygote is not None:
-        result = _zygote.run([], env, os.getcwd(), timeout=600)
+    if _slot.zygote is not None:
+        result = _slot.zygote.run([], env, os.getcwd(), timeout=600)
     else:
         result = subprocess.run([PY, TOY], env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("COMPILE_TOY ")]

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 TOY = str(Path(__file__).parent / "compile_toy.py")
 
@@ -284,6 +284,25 @@ class Zygote:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+class ZygoteSlot:
+    """A helper module's one zygote between :meth:`start` and :meth:`stop` (its boots fork from it);
+    ``$<fresh>=1`` leaves it empty, and the boots start fresh interpreters."""
+
+    def __init__(self, fresh: str) -> None:
+        self.fresh = fresh
+        self.zygote: Zygote | None = None
+
+    def start(self, make: Callable[[], Zygote]) -> Zygote | None:
+        if os.environ.get(self.fresh) != "1":
+            self.zygote = make()
+        return self.zygote
+
+    def stop(self) -> None:
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.stop()
 
 
 if __name__ == "__main__":

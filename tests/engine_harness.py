@@ -95,7 +95,7 @@ def _engine_env() -> dict[str, str]:
     return env
 
 
-_zygote: Any = None
+_slot: Any = None
 
 
 def start_zygote(directory: Path) -> Any:
@@ -104,20 +104,17 @@ def start_zygote(directory: Path) -> Any:
     every boot's front process spent again); None under ``ENGINE_BOOT_FRESH=1`` (fresh interpreters).
     The engine core and its worker are vLLM's own spawned interpreters either way. The zygote runs in
     :func:`_engine_env` with a HOME and TMPDIR of its own, which its ``leaked()`` checks stay empty."""
-    global _zygote
-    if os.environ.get("ENGINE_BOOT_FRESH") == "1":
-        return None
-    from compile_zygote import Zygote
+    global _slot
+    from compile_zygote import Zygote, ZygoteSlot
 
-    _zygote = Zygote(directory, _engine_env(), preload=tuple(engine_args()["preload"]), python=str(ENGINE_PY))
-    return _zygote
+    _slot = ZygoteSlot("ENGINE_BOOT_FRESH")
+    preload = tuple(engine_args()["preload"])
+    return _slot.start(lambda: Zygote(directory, _engine_env(), preload=preload, python=str(ENGINE_PY)))
 
 
 def stop_zygote() -> None:
-    global _zygote
-    if _zygote is not None:
-        _zygote.stop()
-        _zygote = None
+    if _slot is not None:
+        _slot.stop()
 
 
 @dataclass
@@ -214,8 +211,8 @@ def boot_llm(node: Node, model: Path, env: dict[str, str]) -> Boot:
     out = node.base / "boot.json"
     out.unlink(missing_ok=True)
     argv = [str(model), str(out)]
-    if _zygote is not None:
-        result = _zygote.run(argv, env, str(node.base), BOOT_TIMEOUT, script=str(TESTS / "engine_boot.py"))
+    if _slot is not None and _slot.zygote is not None:
+        result = _slot.zygote.run(argv, env, str(node.base), BOOT_TIMEOUT, script=str(TESTS / "engine_boot.py"))
     else:
         result = subprocess.run([str(ENGINE_PY), str(TESTS / "engine_boot.py"), *argv], env=env,
                                 cwd=node.base, capture_output=True, text=True, timeout=BOOT_TIMEOUT)

@@ -194,7 +194,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runs["build"] = pool.submit(build).result()  # alone: its compile has both cores
+            runs["build"] = pool.submit(build).result()  # alone (vLLM pins its worker, gcc included, to CPU 0)
             runs["store"] = fleet.objects()
             assert runs["build"].returncode == 0 and runs["store"], runs["build"].tail()
             plant_tampered_archive()
