@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from compile_zygote import Zygote, ZygoteSlot
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SRC = REPO / "src"
@@ -95,26 +97,20 @@ def _engine_env() -> dict[str, str]:
     return env
 
 
-_slot: Any = None
+_slot = ZygoteSlot("ENGINE_BOOT_FRESH")
 
 
-def start_zygote(directory: Path) -> Any:
+def start_zygote(directory: Path) -> Zygote | None:
     """``LLM()`` boots fork their front process from one zygote from now on (tests/compile_zygote.py
     run by the engine venv's interpreter, having imported ``engine_boot.PRELOAD``: 12 s of CPU that
     every boot's front process spent again); None under ``ENGINE_BOOT_FRESH=1`` (fresh interpreters).
     The engine core and its worker are vLLM's own spawned interpreters either way. The zygote runs in
     :func:`_engine_env` with a HOME and TMPDIR of its own, which its ``leaked()`` checks stay empty."""
-    global _slot
-    from compile_zygote import Zygote, ZygoteSlot
-
-    _slot = ZygoteSlot("ENGINE_BOOT_FRESH")
     preload = tuple(engine_args()["preload"])
     return _slot.start(lambda: Zygote(directory, _engine_env(), preload=preload, python=str(ENGINE_PY)))
 
 
-def stop_zygote() -> None:
-    if _slot is not None:
-        _slot.stop()
+stop_zygote = _slot.stop
 
 
 @dataclass
@@ -211,7 +207,7 @@ def boot_llm(node: Node, model: Path, env: dict[str, str]) -> Boot:
     out = node.base / "boot.json"
     out.unlink(missing_ok=True)
     argv = [str(model), str(out)]
-    if _slot is not None and _slot.zygote is not None:
+    if _slot.zygote is not None:
         result = _slot.zygote.run(argv, env, str(node.base), BOOT_TIMEOUT, script=str(TESTS / "engine_boot.py"))
     else:
         result = subprocess.run([str(ENGINE_PY), str(TESTS / "engine_boot.py"), *argv], env=env,

@@ -60,11 +60,11 @@ class StolenClock:
         self.seen = dict(self.waits)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._sampler_tid: str | None = None
-        threading.Thread(target=self._sample, name="stolen-clock", daemon=True).start()
+        sampler = threading.Thread(target=self._sample, name="stolen-clock", daemon=True)
+        sampler.start()  # returns once the thread runs, its native id set
+        self._sampler_tid = str(sampler.native_id)
 
     def _sample(self) -> None:
-        self._sampler_tid = str(threading.get_native_id())
         while not self._stop.wait(SAMPLE_S):
             self._update()
 

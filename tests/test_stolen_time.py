@@ -51,7 +51,8 @@ def test_an_ended_threads_run_queue_wait_is_counted() -> None:
     wall, stolen = _child_under_contention()
     # sharing one CPU with a busy process, the 0.8 s busy thread waited for about half of it
     assert stolen >= 0.2, (wall, stolen)
-    assert stolen <= wall * 2, (wall, stolen)  # two threads at most waited at once
+    # only the busy thread queued for long (the main thread slept in join, the sampler is left out)
+    assert stolen <= wall + 0.2, (wall, stolen)
 
 
 def test_a_process_alone_loses_little() -> None:
