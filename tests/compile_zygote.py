@@ -31,6 +31,7 @@ compile_zygote.py [MODULE ...]`` imports the modules given, :data:`PRELOAD` with
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -136,6 +137,12 @@ def _serve(preload: tuple[str, ...]) -> None:
             print(f"zygote: not preloaded: {name}: {exc}", file=sys.stderr, flush=True)
     assert not [m for m in sys.modules if m.startswith("plancache")], "the zygote must not load the plugin"
     assert threading.active_count() == 1, threading.enumerate()
+    # What the preload made lives as long as every child: out of the collector's reach, each
+    # child's full collections scan only what the child made (a warm compile boot 2.9 -> 1.6 s of
+    # CPU, a cold one 16 -> 14 s), and they no longer write to the pages the child shares with
+    # the zygote (the fork-server use that gc.freeze's documentation gives).
+    gc.collect()
+    gc.freeze()
     children: dict[int, str] = {}
     print("ZYGOTE ready", flush=True)
     open_input, pending = True, b""

@@ -1,4 +1,5 @@
-"""tests/stolen_time.py counts the run-queue wait of a thread that ended before the clock was read.
+"""tests/stolen_time.py counts the run-queue wait of a thread that ended before the clock was read,
+and the garbage collector's pauses.
 
 A child process and a busy competitor are pinned to one CPU, so the child's busy thread runs about
 half the time and waits in the run queue the other half; the thread ends before the clock is read,
@@ -61,3 +62,28 @@ def test_a_process_alone_loses_little() -> None:
     clock = StolenClock()
     wall, stolen = clock.read()
     assert 0 <= stolen <= wall + 0.05
+
+
+GC_CHILD = r"""
+import gc, sys, time
+sys.path.insert(0, sys.argv[1])
+from stolen_time import StolenClock
+heap = [[i] for i in range(2_000_000)]  # a heap as large as a worker's that imported vLLM
+clock = StolenClock()
+began = time.monotonic()
+gc.collect()  # one full collection, as an allocation inside a timed boot sets off
+paused = time.monotonic() - began
+wall, stolen = clock.read()
+gc.collect()  # after the read: not counted
+print(f"{wall:.3f} {stolen:.3f} {paused:.3f} {clock.stolen:.3f}")
+"""
+
+
+def test_a_full_collection_inside_the_interval_is_counted() -> None:
+    """A full collection stops every thread; its length is the heap's, not the code's under test."""
+    out = subprocess.run([sys.executable, "-c", GC_CHILD, str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    wall, stolen, paused, later = (float(x) for x in out.split())
+    assert paused >= 0.05, out  # the heap made the collection long enough to tell
+    assert 0.8 * paused <= stolen <= wall + 0.05, out
+    assert later - stolen < 0.5 * paused, out  # the callback ended with the read

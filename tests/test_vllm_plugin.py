@@ -788,7 +788,7 @@ def test_black_holed_store_is_profiled_within_the_budget(
     assert "reason=timeout" in line or "reason=store-error" in line
     # net of the time the machine kept this process waiting for a CPU (tests/stolen_time.py)
     assert elapsed - stolen <= budget * 1.1 + 0.3, (
-        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU) against a {budget} s budget: {line}")
+        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU or the garbage collector) against a {budget} s budget: {line}")
 
 
 def test_an_inline_lookup_opens_the_store_by_its_own_deadline(

@@ -169,8 +169,8 @@ def decision_line(outcome: dict[str, Any]) -> str:
 
 def held(outcome: dict[str, Any]) -> float:
     """Seconds the plugin held this rank (lookup + vote): the decision line's elapsed_ms, net of
-    the time the rank's process waited for a CPU meanwhile (tests/stolen_time.py: a bound is the
-    code's, a starved rank's lateness the machine's)."""
+    the time the rank's process waited for a CPU or the garbage collector meanwhile
+    (tests/stolen_time.py: a bound is the code's, a starved rank's lateness the machine's)."""
     match = re.search(r"elapsed_ms=([0-9.]+)", decision_line(outcome))
     assert match is not None
     return max(0.0, float(match.group(1)) / 1000 - outcome.get("stolen_s", 0.0))
@@ -179,7 +179,7 @@ def held(outcome: dict[str, Any]) -> float:
 def hold_split(outcome: dict[str, Any]) -> str:
     """A failure message: the hold, the vote's share of it and the budget the vote was given."""
     return (f"rank {outcome.get('rank')} held {held(outcome):.2f} s net of {outcome.get('stolen_s', 0.0):.2f} s waiting "
-            f"for a CPU, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
+            f"for a CPU or the collector, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
             f"budget: {decision_line(outcome)}")
 
 
