@@ -5,7 +5,8 @@
 #
 # Defaults: three pytest-xdist workers (PLANCACHE_TEST_WORKERS=3), `--dist loadfile` (a file's tests
 # stay on one worker, so every module-scoped fixture, a vLLM boot among them, runs once), the
-# heaviest files scheduled first and the deadline files last (tests/conftest.py). The third worker
+# heaviest files scheduled first, then the deadline files, at most two at a time with the quick files
+# beside them (tests/conftest.py, tests/held_workers.py). The third worker
 # takes no file until the vLLM files are done (tests/held_workers.py): while they run, both cores
 # are busy and a third worker only slows them; after them, two workers leave the cores 25-50 %
 # idle, waiting on servers and budgets. PLANCACHE_TEST_WORKERS=0 runs one process, =2 the old

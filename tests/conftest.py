@@ -107,11 +107,11 @@ FIRST = (
     "test_no_secret_printed.py", "test_boot_records.py", "test_trust_verify.py", "test_cli_fingerprint.py",
     "test_compile_cache_cli.py", "test_install_resolution.py", "test_store_backends.py",
 )
-LAST = (
-    # the files whose tests assert a wall-time bound (a budget plus a grace): under xdist they are
-    # handed out last, so that they run after the vLLM fixtures above, not beside them, and no more
-    # than BASE_WORKERS of them at once (tests/held_workers.py); the longest first (seconds on three
-    # workers, 2026-12-03), so that the last to end are short ones
+DEADLINE_FILES = (
+    # the files whose tests assert a wall-time bound (a budget plus a grace): queued after FIRST,
+    # so that they never run beside the vLLM fixtures; no more than BASE_WORKERS of them at once,
+    # the other worker taking the quick files behind them meanwhile (tests/held_workers.py); the
+    # longest first (seconds on three workers, 2026-12-03), so that the last to end are short ones
     "test_store_faults.py",  # 46
     "test_store_bounds.py",  # 43
     "test_store_hostile.py",  # 36
@@ -134,16 +134,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own
     from held_workers import HeldBackLoadFile
-    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES), deadline=frozenset(LAST))
+    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES), deadline=frozenset(DEADLINE_FILES))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files in :data:`FIRST`'s order, then the others as collected, then :data:`LAST`. Under
-    ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files to
-    workers in this order, so the files that boot vLLM for minutes start first instead of last,
-    and the deadline files as late as possible; in one process it only changes the order of
-    files, never of a file's tests. Deterministic, as xdist requires (every worker must collect
-    the same order)."""
-    rank = {name: i for i, name in enumerate(FIRST)}
-    rank.update({name: len(FIRST) + 1 + i for i, name in enumerate(LAST)})
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: a file's own order is kept
+    """Files in :data:`FIRST`'s order, then :data:`DEADLINE_FILES`, then the others as collected.
+    Under ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files
+    to workers in this order (but for a third deadline file at once, which waits behind the
+    quick files), so the files that boot vLLM for minutes start first instead of last, and the
+    quick files fill the cores beside the deadline files; in one process it only changes the
+    order of files, never of a file's tests. Deterministic, as xdist requires (every worker must
+    collect the same order)."""
+    order = (*FIRST, *DEADLINE_FILES)
+    rank = {name: i for i, name in enumerate(order)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(order)))  # stable: a file's own order is kept

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest.importorskip("xdist")
 from held_workers import HeldBackLoadFile  # noqa: E402
 
-FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_quick.py", "test_other.py", "test_last.py",
-         "test_bound1.py", "test_bound2.py", "test_bound3.py")
+FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_quick.py", "test_bound1.py", "test_bound2.py",
+         "test_bound3.py", "test_other.py", "test_last.py")
 COLLECTION = [f"tests/{name}::t{i}" for name in FILES for i in range(4)]
 
 
@@ -36,9 +36,11 @@ class Worker:
         self.shutting_down = True
 
 
-def started(workers: int, heavy: frozenset[str], kind: type = HeldBackLoadFile) -> tuple[Any, list[Worker]]:
+def started(workers: int, heavy: frozenset[str], kind: type = HeldBackLoadFile,
+            deadline: frozenset[str] | None = None) -> tuple[Any, list[Worker]]:
     config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False))
-    sched = kind(config, None, base=2, heavy=heavy, deadline=DEADLINE) if kind is HeldBackLoadFile else kind(config, None)
+    deadline = DEADLINE if deadline is None else deadline
+    sched = kind(config, None, base=2, heavy=heavy, deadline=deadline) if kind is HeldBackLoadFile else kind(config, None)
     nodes = [Worker(i) for i in range(workers)]
     for node in nodes:
         sched.add_node(node)
@@ -56,13 +58,13 @@ def drain(sched: Any, nodes: list[Worker], seen: list[int] | None = None) -> lis
     """Run everything, one test at a time round the workers; every (worker, test) in the order sent.
     As xdist's workers do, a worker runs its last test only once it is sent more or shut down
     (pytest needs the next item); a round in which no worker can run a test ends the drain.
-    ``seen`` gets, each round, how many workers run a deadline file's test side by side."""
+    ``seen`` gets, each round, the files whose tests the workers run side by side."""
     while True:
         ready = [n for n in nodes if len(n.done) < len(n.sent) - (0 if n.shutting_down else 1)]
         if not ready:
             break
         if seen is not None:
-            seen.append(sum(n.sent[len(n.done)].split("::")[0].split("/")[-1] in DEADLINE for n in ready))
+            seen.append([n.sent[len(n.done)].split("::")[0].split("/")[-1] for n in ready])
         for node in ready:
             if len(node.done) < len(node.sent) - (0 if node.shutting_down else 1):
                 finish(sched, node, node.sent[len(node.done)])
@@ -70,7 +72,7 @@ def drain(sched: Any, nodes: list[Worker], seen: list[int] | None = None) -> lis
 
 
 HEAVY = frozenset(FILES[:2])
-DEADLINE = frozenset(FILES[5:])
+DEADLINE = frozenset(FILES[3:6])
 
 
 def test_the_third_worker_waits_for_every_heavy_file_then_takes_the_next_one() -> None:
@@ -104,7 +106,7 @@ def test_two_workers_are_xdists_loadfile() -> None:
 
 
 def test_a_held_worker_is_shut_down_when_nothing_is_left_for_it() -> None:
-    sched, (first, second, third) = started(3, HEAVY)
+    sched, (first, second, third) = started(3, HEAVY, deadline=frozenset())
     for nodeid in COLLECTION[4:]:  # the second worker drains the queue while the engine file runs
         if nodeid in second.sent:
             finish(sched, second, nodeid)
@@ -126,8 +128,31 @@ def test_a_crashed_worker_is_replaced_by_the_held_one() -> None:
 
 def test_no_more_than_two_deadline_files_run_at_once() -> None:
     sched, workers = started(3, HEAVY)
-    seen: list[int] = []
+    seen: list[list[str]] = []
     drain(sched, workers, seen)
-    assert max(seen) == 2  # three workers free, three deadline files queued: one waited
+    assert max(sum(name in DEADLINE for name in side) for side in seen) == 2  # three queued: one waited
     assert sorted(t for w in workers for t in w.sent) == sorted(COLLECTION) and sched.tests_finished
     assert all(w.shutting_down for w in workers)
+
+
+def test_a_worker_whose_next_file_would_be_a_third_deadline_file_takes_the_one_behind_it() -> None:
+    """The quick files queued behind the deadline files fill the cores beside them: a worker never
+    takes a third deadline file, and never waits while another file is queued."""
+    sched, (first, second, third) = started(3, HEAVY)
+    for node, heavy in ((first, COLLECTION[0:4]), (second, COLLECTION[4:8])):
+        for nodeid in heavy:
+            finish(sched, node, nodeid)
+    # the quick file on the first worker, a deadline file on each of the others
+    assert {files(w) for w in (first, second, third)} == {("test_quick.py",), ("test_bound1.py",), ("test_bound2.py",)}
+    quick = first if files(first) == ("test_quick.py",) else second if files(second) == ("test_quick.py",) else third
+    for nodeid in COLLECTION[8:10]:
+        finish(sched, quick, nodeid)  # two tests left: it is sent its next file
+    assert files(quick) == ("test_quick.py", "test_other.py")
+    assert list(sched.workqueue) == ["tests/test_bound3.py", "tests/test_last.py"]
+    drain(sched, [first, second, third])
+    assert sorted(t for w in (first, second, third) for t in w.sent) == sorted(COLLECTION) and sched.tests_finished
+
+
+def files(worker: Worker) -> tuple[str, ...]:
+    """The files of the tests the worker was sent and has not run, in order."""
+    return tuple(dict.fromkeys(t.split("::")[0].split("/")[-1] for t in worker.sent[len(worker.done):]))

@@ -85,5 +85,6 @@ def test_a_full_collection_inside_the_interval_is_counted() -> None:
                          capture_output=True, text=True, timeout=60, check=True).stdout
     wall, stolen, paused, later = (float(x) for x in out.split())
     assert paused >= 0.05, out  # the heap made the collection long enough to tell
-    assert 0.8 * paused <= stolen <= wall + 0.05, out
+    # at most wall time, plus what the collection itself queued for a CPU (counted twice: bounded by its length)
+    assert 0.8 * paused <= stolen <= wall + paused + 0.05, out
     assert later - stolen < 0.5 * paused, out  # the callback ended with the read
