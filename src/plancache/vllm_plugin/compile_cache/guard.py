@@ -24,7 +24,7 @@ outside the root and every compile mode are covered, each with its decision line
 
 With ``PLANCACHE_SIGNING_KEY``, a cache vLLM compiled into an empty private copy is published into
 place and signed (:mod:`.publish`). One INFO line per decision:
-``plancache: compile-cache decision=load|compile|quarantined|skip reason=… cache=… elapsed_ms=…``.
+``plancache: compile-cache decision=load|compile|quarantined reason=… cache=… elapsed_ms=…``.
 """
 
 from __future__ import annotations
