@@ -90,6 +90,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     full collections that tests set off scan only what tests made. Unfrozen, one took 0.6-0.8 s
     of CPU in a worker that had imported vLLM, and landed inside a bound test's timed boot
     (docs/test-suite.md, 2026-12-05)."""
+    _freeze_heap()
+
+
+def _freeze_heap() -> None:
+    """Collect what is garbage now, then move everything left out of the collector's reach."""
     gc.collect()
     gc.freeze()
 
@@ -103,8 +108,7 @@ def _deadline_file_starts_frozen(request: pytest.FixtureRequest) -> None:
     0.35 s there. The boot storm's own 24 store clients still make 1.3-2 s ones inside its tests,
     which bound counts, not time (a 10 s budget)."""
     if request.path.name in DEADLINE_FILES:
-        gc.collect()
-        gc.freeze()
+        _freeze_heap()
 
 
 # -- scheduling: the longest files first ------------------------------------------------------------

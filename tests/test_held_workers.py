@@ -144,7 +144,7 @@ def test_a_worker_whose_next_file_would_be_a_third_deadline_file_takes_the_one_b
             finish(sched, node, nodeid)
     # the quick file on the first worker, a deadline file on each of the others
     assert {files(w) for w in (first, second, third)} == {("test_quick.py",), ("test_bound1.py",), ("test_bound2.py",)}
-    quick = first if files(first) == ("test_quick.py",) else second if files(second) == ("test_quick.py",) else third
+    quick = next(w for w in (first, second, third) if files(w) == ("test_quick.py",))
     for nodeid in COLLECTION[8:10]:
         finish(sched, quick, nodeid)  # two tests left: it is sent its next file
     assert files(quick) == ("test_quick.py", "test_other.py")
