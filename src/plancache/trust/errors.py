@@ -39,6 +39,16 @@ class Reason(str, Enum):
     """``sign`` refuses to adopt a sidecar whose statement says something else than asked."""
     STORE_ERROR = "store-error"
     TIMEOUT = "timeout"
+    LOCAL_ERROR = "local-error"
+    """A local disk or permission failure (ENOSPC, EACCES, EROFS, EXDEV, EEXIST): never a verdict
+    on the bytes; the cache stays as it is for a later boot."""
+    UNSAFE_DIRECTORY = "unsafe-directory"
+    """A directory or lock file plancache would trust is a link, another user's, or open to
+    group/world writes: never used."""
+    LOCK_UNAVAILABLE = "lock-unavailable"
+    """The node lock cannot be taken safely (not openable, not ours): the work stops, never unlocked."""
+    NO_PRIVATE_DIR = "no-private-dir"
+    """No private place this worker owns, on a filesystem where code can be mapped: vLLM compiles cold."""
     CONFIG = "config-error"
     INTERNAL = "internal-error"
 

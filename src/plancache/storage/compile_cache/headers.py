@@ -41,10 +41,11 @@ def open_private_dir(base: Path, directory: Path) -> int:
     """A descriptor of ``directory`` (made 0700 if missing), reached from ``base`` without
     following links; ``StoreError`` unless it is this user's and closed to group and world."""
     fd = dirfds.open_dir(base, directory, True, 0o700)
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    try:
+        dirfds.require_owned(fd, directory, private=True)
+    except StoreError:
         os.close(fd)
-        raise StoreError(f"{directory} is not this user's private directory (owner or mode); not used")
+        raise
     return fd
 
 

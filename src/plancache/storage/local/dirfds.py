@@ -20,7 +20,7 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from ...trust.errors import StoreError
+from ...trust.errors import Reason, StoreError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -74,6 +74,22 @@ def _open_child(fd: int, part: str, directory: Path) -> int:
 
 def _not_a_dir(directory: Path, part: str, exc: OSError) -> StoreError:
     return StoreError(f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); not followed")
+
+
+def require_owned(fd: int, where: Path | str, *, private: bool = False) -> None:
+    """The directory or file open at ``fd`` belongs to this process's user and is closed to
+    group and world writes (``private``: to any group or world access). Anyone else who can
+    write it can swap what lies inside between a check and a use, so it is never used:
+    ``StoreError`` reason ``unsafe-directory`` naming ``where`` and what is wrong."""
+    st = os.fstat(fd)
+    mask = 0o077 if private else 0o022
+    if st.st_uid != os.geteuid():
+        problem = f"owned by uid {st.st_uid}, not this user's (uid {os.geteuid()})"
+    elif st.st_mode & mask:
+        problem = f"mode {stat.S_IMODE(st.st_mode):04o} lets others {'in' if private else 'write'}"
+    else:
+        return
+    raise StoreError(f"{where} is {problem}; not used", reason=Reason.UNSAFE_DIRECTORY)
 
 
 @contextlib.contextmanager
