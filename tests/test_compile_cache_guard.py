@@ -24,7 +24,7 @@ from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # n
 
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
-from plancache.storage.compile_cache import archives, cachedir, private_copy
+from plancache.storage.compile_cache import archives, boot_dirs, cachedir, private_copy
 from plancache.storage.local.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError
@@ -138,10 +138,10 @@ def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -
     (tmp_path / "plans").symlink_to(outside)  # write_atomic: a linked directory is refused
     with pytest.raises(StoreError):
         write_atomic(tmp_path / "plans" / "x.json", b"{}")
-    assert private_copy.new_boot_dir(tmp_path / "linked-root").parent.name == "plancache-private"
+    assert boot_dirs.new_boot_dir(tmp_path / "linked-root").path.parent.name == "plancache-private"
     (tmp_path / "root2").mkdir()
     (tmp_path / "root2" / "plancache-private").symlink_to(outside)
-    assert not str(private_copy.new_boot_dir(tmp_path / "root2")).startswith(str(outside)) and list(outside.iterdir()) == []
+    assert not str(boot_dirs.new_boot_dir(tmp_path / "root2").path).startswith(str(outside)) and list(outside.iterdir()) == []
 
 
 def test_pull_writes_its_sidecar_through_no_link(signed: cc.CacheRoot, tmp_path: Path) -> None:

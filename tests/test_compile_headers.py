@@ -37,6 +37,8 @@ SUBJECT = "torch_aot_compile/" + "cd" * 32
 NAME = "cabcdefghijklmnop0123456789.h.gch"
 SIGNER = make_signer()
 KEYRING = keyring_of(SIGNER)
+ARCHIVE = "ab" * 32
+"""The archive sha256 of the cache the synthetic headers are bound to (a real one where a cache is made)."""
 
 
 def header_bytes(size: int = 3 << 20) -> bytes:
@@ -63,13 +65,14 @@ def node(tmp_path: Path, name: str) -> tuple[Path, Path]:
 
 def pushed(build: tuple[Path, Path], tmp_path: Path) -> Any:
     store = open_store(f"file://{tmp_path}/store")
-    outcome = ch.push_headers(store, SUBJECT, *build, [NAME, "not a header"], SIGNER, NOW)
+    outcome = ch.push_headers(store, SUBJECT, *build, [NAME, "not a header"], SIGNER, NOW, cache_archive_sha256=ARCHIVE)
     assert outcome.action == "pushed" and outcome.installed == (NAME,)
     assert 0 < outcome.size < len(header_bytes())  # compressed
     return store
 
 
 def pull(store: Any, where: tuple[Path, Path], keyring: Any = KEYRING, **kw: Any) -> ch.HeadersOutcome:
+    kw.setdefault("cache_archive_sha256", ARCHIVE)
     return ch.pull_headers(store, SUBJECT, keyring, NOW, where[0], where[1], **kw)
 
 
@@ -116,7 +119,7 @@ def test_tampered_headers_are_refused_and_nothing_is_installed(build: tuple[Path
         keyring = keyring_of(make_signer())
     else:  # a statement signed for another cache, renamed into this one's place
         other = "torch_aot_compile/" + "ef" * 32
-        ch.push_headers(store, other, *build, [NAME], SIGNER, NOW)
+        ch.push_headers(store, other, *build, [NAME], SIGNER, NOW, cache_archive_sha256=ARCHIVE)
         sig.write_bytes((tmp_path / "store" / archives.headers_sig_name(other)).read_bytes())
     serving = node(tmp_path, "serving")
     outcome = pull(store, serving, keyring)
@@ -130,7 +133,7 @@ def _signed_object(store: Any, data: bytes, size: int, header: bytes | None = No
     the worst case, a hostile or broken signer (a store alone cannot get past the digests)."""
     real = hashlib.sha256(data).hexdigest()
     digest = hashlib.sha256(header if header is not None else header_bytes()).hexdigest()
-    hset = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, size, digest),), real, len(data), NOW)
+    hset = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, size, digest),), real, len(data), NOW, cache_archive_sha256=ARCHIVE)
     archives.put_object(store, archives.headers_name(SUBJECT), data)
     archives.put_object(store, archives.headers_sig_name(SUBJECT), th.sign_headers(hset, SIGNER))
 
@@ -152,13 +155,14 @@ def test_a_gzip_bomb_is_cut_at_the_signed_size(tmp_path: Path, monkeypatch: pyte
 def test_oversize_and_overcompressed_claims_are_refused_before_any_inflating(tmp_path: Path) -> None:
     entry = th.HeaderEntry(NAME, th.MAX_HEADER_BYTES + 1, "0" * 64)
     with pytest.raises(Rejected, match="header size"):
-        th.sign_headers(th.HeaderSet(SUBJECT, (entry,), "0" * 64, 1 << 20, NOW), SIGNER)
-    ratio = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, 1 << 30, "0" * 64),), "0" * 64, 1024, NOW)
+        th.sign_headers(th.HeaderSet(SUBJECT, (entry,), "0" * 64, 1 << 20, NOW, cache_archive_sha256=ARCHIVE), SIGNER)
+    ratio = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, 1 << 30, "0" * 64),), "0" * 64, 1024, NOW, cache_archive_sha256=ARCHIVE)
     with pytest.raises(Rejected, match="gzip bomb"):
         th.sign_headers(ratio, SIGNER)
     for bad in ("../x.h.gch", "a/b.h.gch", ".h.gch", "x.so"):
         with pytest.raises(Rejected):
-            th.sign_headers(th.HeaderSet(SUBJECT, (th.HeaderEntry(bad, 1, "0" * 64),), "0" * 64, 1, NOW), SIGNER)
+            th.sign_headers(th.HeaderSet(SUBJECT, (th.HeaderEntry(bad, 1, "0" * 64),), "0" * 64, 1, NOW,
+                                         cache_archive_sha256=ARCHIVE), SIGNER)
     store = open_store(f"file://{tmp_path}/store")
     data = zlib.compress(header_bytes(), 1, wbits=31)
     _signed_object(store, data, len(header_bytes()))
@@ -220,8 +224,8 @@ def test_cli_pull_installs_the_headers_beside_the_cache(build: tuple[Path, Path]
     (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
     store = open_store(f"file://{tmp_path}/store")
     cc.sign_cache(built, SUBJECT, SIGNER, NOW)
-    cc.push_cache(store, built, SUBJECT, KEYRING, NOW)
-    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, expires_in=timedelta(days=3650))
+    digest = cc.push_cache(store, built, SUBJECT, KEYRING, NOW).archive_sha256
+    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=digest, expires_in=timedelta(days=3650))
     (tmp_path / "k.pub").write_text(openssh_line(SIGNER.public, "builder") + "\n")
     assert main(["compile-cache", "pull", "--json", "--trusted-keys", str(tmp_path / "k.pub"), f"file://{tmp_path}/store",
                  str(tmp_path / "fresh")]) == 0
@@ -271,8 +275,8 @@ def test_plugin_waits_for_the_fetch_and_torch_builds_nothing(plugin: Any, build:
     built: list[str] = []
     wrapped = plugin.wrap(fake_torch(directory, built))
     with caplog.at_level(logging.INFO, "vllm.plancache"):
-        plugin.start_fetch(config, SUBJECT, open_store(config.url))
-        plugin.start_fetch(config, SUBJECT, open_store(config.url))  # once a boot
+        plugin.start_fetch(config, SUBJECT, open_store(config.url), archive_sha256=ARCHIVE)
+        plugin.start_fetch(config, SUBJECT, open_store(config.url), archive_sha256=ARCHIVE)  # once a boot
         for _ in range(3):
             assert wrapped("torch/csrc/inductor/cpp_prefix.h", "g++ -O3") == str(directory / NAME[:-4])
     assert built == [] and (directory / NAME).read_bytes() == header_bytes()
@@ -318,7 +322,7 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugi
     root = cc.CacheRoot(base)
     (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
-    cc.sign_cache(root, SUBJECT, SIGNER, NOW)
+    digest = cc.sign_cache(root, SUBJECT, SIGNER, NOW).archive_sha256
     config = compile_publish.Settings(KEYRING, "", "key", f"file://{tmp_path}/store", {}, 3.0)
     monkeypatch.setattr(compile_publish, "settings", lambda: config)
     monkeypatch.setattr(plugin, "_build_node", lambda: True)
@@ -335,7 +339,7 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(plugi
     names = sorted(p.relative_to(tmp_path / "store").as_posix() for p in (tmp_path / "store").rglob("*") if p.is_file())
     assert names == [f"torch_compile_cache/{SUBJECT}{end}" for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")]
     serving = node(tmp_path, "serving")
-    outcome = pull(open_store(f"file://{tmp_path}/store"), serving)
+    outcome = pull(open_store(f"file://{tmp_path}/store"), serving, cache_archive_sha256=digest)  # bound to the cache pushed
     assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"built here"
 
 
@@ -382,8 +386,8 @@ def boot(plugin: Any, build: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model" * 1000)
     store = open_store(f"file://{tmp_path}/store")
     cc.sign_cache(built, SUBJECT, SIGNER, NOW)
-    cc.push_cache(store, built, SUBJECT, KEYRING, NOW)
-    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW)
+    digest = cc.push_cache(store, built, SUBJECT, KEYRING, NOW).archive_sha256
+    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=digest)
     base = tmp_path / "serving"
     directory = files.private_dir(base / "plancache-private")
     plugin.place(base, directory)
@@ -536,11 +540,11 @@ def test_a_held_fetch_links_only_once_released_and_nothing_when_never_decided(bu
     assert outcome.action == "failed" and outcome.reason == "timeout" and leftovers(undecided[1]) == []
     cancel, serving = ch.Cancel(held=True), node(tmp_path, "serving")
     result: list[ch.HeadersOutcome] = []
-    thread = threading.Thread(target=lambda: result.append(pull(store, serving, cancel=cancel)))
+    thread = threading.Thread(target=lambda: result.append(pull(store, serving, cancel=cancel, cache_archive_sha256=None)))
     thread.start()
     assert _until(lambda: serving[1].exists() and any(n.endswith(".tmp") for n in os.listdir(serving[1])))
     assert not (serving[1] / NAME).exists()  # verified, held: not linked yet
-    cancel.release()
+    cancel.release(ARCHIVE)
     thread.join(10)
     assert result[0].action == "installed" and (serving[1] / NAME).read_bytes() == header_bytes()
 

@@ -255,6 +255,9 @@ def _compile_cache(sub: Sub) -> None:
     p.add_argument("--key", metavar="KEY", help=f"private key reference (default: ${SIGNING_KEY_ENV})")
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d")
     p.add_argument("--comment", default="", help="free text recorded in the signed manifest")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help=f"longest wait for each cache's node lock, held by a vLLM worker or another command "
+                   f"(default {BULK_TIMEOUT:g} s; past it the cache is an error, exit 2)")
     _cache_common(p)
     p = _add(actions, "verify", "compile_cache:cmd_verify", "verify every cache directory (exit 1 if any is bad)", None)
     add_trust_options(p)
@@ -272,7 +275,8 @@ def _compile_cache(sub: Sub) -> None:
         if name == "push":
             p.add_argument("--key", metavar="KEY", help="verify with this signing key's own public key instead")
         p.add_argument("--url", metavar="URL", help=f"store URL, e.g. s3://bucket/prefix (default: ${URL_ENV})")
-        add_store_options(p)
+        add_store_options(p, f"overall budget of each store operation, and longest wait for each cache's node "
+                          f"lock (default {BULK_TIMEOUT:g} s)")
         url_help = f"store URL, e.g. s3://bucket/prefix (default: --url, else ${URL_ENV})"
         if name == "pull":  # the order of plancache pull URL [DIR]
             p.add_argument("source", nargs="?", metavar="URL", help=url_help)

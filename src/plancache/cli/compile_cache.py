@@ -19,13 +19,17 @@ other file in it, or a sidecar beside it, makes it an ordinary cache again. The 
 is unchanged: it still verifies the directory before vLLM's ``initialize_cache`` reads it.
 
 Thin commands over :mod:`plancache.pipeline.compile_cache.flows`; exit codes as ``verify``: 0 every
-cache fine; 1 a cache was rejected; 2 usage, configuration or store error.
+cache fine; 1 a cache was rejected; 2 usage, configuration or store error. ``sign``, ``push``
+and ``pull`` wait for each cache's node lock at most ``--timeout`` (default 120 s); a wait that
+runs out, or a lock that cannot be taken safely, is that cache's error row, one line on stderr
+and exit 2: the command never works on a cache unlocked.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,7 +43,7 @@ from ..storage.compile_cache import archives, cachedir
 from ..storage.local.localdir import vllm_cache_root
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text
-from ..trust.errors import ConfigError, PlanCacheError, Rejected
+from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.keyring.keys import Keyring, signer_keyring
 from .inputs import required_policy, required_signer, storage_options
 from .output import print_table, report
@@ -51,6 +55,9 @@ DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
 <prefix>/`` and never reads back (vllm/compilation/backends.py)."""
 DEBUG_DETAIL = ("vLLM's debug dump beside the AOT cache (computation_graph.py, cache_key_factors.json): "
                 "vLLM never reads it; unsigned, not pushed, still guarded at boot")
+STOPPED = frozenset({Reason.TIMEOUT, Reason.LOCK_UNAVAILABLE, Reason.UNSAFE_DIRECTORY})
+"""Reasons that also get one line on stderr: a wait that ran out or a lock that cannot be taken
+safely is the node's state, not the cache's, and a script reading only stderr must see it."""
 
 
 def _places(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -126,6 +133,9 @@ def _each(subjects: list[str], flow: Callable[[str], flows.CacheOutcome],
             dump = _debug_dump(root, subject) if root is not None else None
             outcomes.append(dump or flow(subject))
         except PlanCacheError as exc:
+            if exc.reason in STOPPED and not isinstance(exc, Rejected):
+                print(f"plancache: error: {safe_text(subject, 200)}: {exc.reason.value}: {safe_text(exc.detail, 500)}",
+                      file=sys.stderr)
             outcomes.append(flows.CacheOutcome(subject, "rejected" if isinstance(exc, Rejected) else "error",
                                                exc.reason.value, exc.detail))
     return outcomes
@@ -149,8 +159,9 @@ def _report(args: argparse.Namespace, outcomes: list[flows.CacheOutcome], listin
 
 def cmd_sign(args: argparse.Namespace) -> int:
     root, signer, now = _root(args), required_signer(args), utcnow()
-    return _report(args, _each(_subjects(args, root.subjects()),
-                               lambda s: flows.sign_cache(root, s, signer, now, expires_in=args.expires_in, comment=args.comment)))
+    wait = cachedir.LOCK_WAIT if args.timeout is None else args.timeout
+    return _report(args, _each(_subjects(args, root.subjects()), lambda s: flows.sign_cache(
+        root, s, signer, now, expires_in=args.expires_in, comment=args.comment, wait=wait)))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -174,7 +185,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     require_push_target(store)
     deadline = time.monotonic() + store.timeout
     return _report(args, _each(_subjects(args, root.subjects()),
-                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline=deadline), root))
+                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline=deadline,
+                                                          wait=store.timeout), root))
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -184,7 +196,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])
 
     def pull(subject: str) -> flows.CacheOutcome:
-        outcome = flows.pull_cache(store, root, subject, keyring, now, deadline=deadline)
+        outcome = flows.pull_cache(store, root, subject, keyring, now, deadline=deadline, wait=store.timeout)
         return _with_headers(outcome, store, root, keyring) if outcome.action in ("pulled", "kept") else outcome
 
     return _report(args, _each(subjects, pull))
@@ -193,14 +205,16 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRoot, keyring: Keyring) -> flows.CacheOutcome:
     """A pulled (or kept) cache's precompiled headers into the node's private headers directory,
     within their own budget; what happened is noted in the row's detail (torch builds what is
-    not installed, so it is never a failure of the pull)."""
+    not installed, so it is never a failure of the pull). Bound to the cache now on disk: a pull
+    that kept a newer local cache names that one, so the store's older header is refused."""
     from ..pipeline.compile_cache.headers import pull_headers
     from ..settings import HEADERS_TIMEOUT
     from ..storage.compile_cache.headers import HEADERS_SUBDIR
-    from ..storage.compile_cache.private_copy import PRIVATE_SUBDIR
+    from ..storage.compile_cache.boot_dirs import PRIVATE_SUBDIR
 
     directory = root.root / PRIVATE_SUBDIR / HEADERS_SUBDIR
     got = pull_headers(store, outcome.subject, keyring, utcnow(), root.root, directory,
+                       cache_archive_sha256=outcome.archive_sha256 or None,
                        deadline=time.monotonic() + max(store.timeout, HEADERS_TIMEOUT))
     note = f"headers: {got.action}" + (f" {len(got.installed)} ({got.size} bytes)" if got.installed else "") + (
         f" ({got.reason}: {got.detail})" if got.reason else f" ({got.detail})" if got.detail else "")

@@ -9,8 +9,8 @@ parses a byte of the cache; torch does, after :func:`plancache.pipeline.compile_
 said ``load``, and then only from the private copy it made.
 
 A pull never replaces a local cache that verifies and was signed at the same time or later
-(no rollback by a bucket writer); a cache a build node compiled in private is published into
-place and signed by :func:`publish_cache`. Every file written goes through descriptors
+(no rollback by a bucket writer); a cache a build node compiled in private is signed as hashed
+there and those bytes put in place by :func:`publish_cache`. Every file written goes through descriptors
 (:mod:`plancache.storage.local.dirfds`): no write follows a link.
 """
 
@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
 from ...storage.local import dirfds
-from ...storage.compile_cache import archives, cachedir, private_copy
+from ...storage.compile_cache import archives, cachedir, placement
 from ...storage.local.files import read_capped
 from ...storage.store import Store
 from ...trust import strictjson
@@ -65,6 +63,8 @@ class CacheOutcome:
     key_factors: Mapping[str, Any] | None = None
     """The verified manifest's signed cache-key factors (None: unverified, or none recorded)."""
     measurements: Mapping[str, Any] | None = None
+    archive_sha256: str = ""
+    """The verified manifest's ``archive_sha256`` ("": unverified): headers are bound to it (headers.py)."""
 
     @property
     def ok(self) -> bool:
@@ -113,10 +113,16 @@ def read_sidecar(directory: Path) -> bytes | None:
 
 
 def check_names(directory: Path, verified: VerifiedManifest) -> None:
-    """The directory's names, kinds and sizes against a verified manifest (closed world)."""
+    """The directory's names, kinds and sizes against a verified manifest (closed world). vLLM's
+    debug files (:data:`DEBUG_FILES`) the manifest does not list are passed over: vLLM rewrites
+    them in the shared directory at every boot and never reads them, and only listed files are
+    ever copied for vLLM (``private_copy.copy_verified``). A listed one (older signatures) is checked."""
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
-    difference = closed_world_difference(verified.manifest, cachedir.walk(directory))
+    listed = {f.path for f in verified.manifest.files}
+    listing = {path: size for path, size in cachedir.walk(directory).items()
+               if size is None or path in listed or path.rpartition("/")[2] not in DEBUG_FILES}
+    difference = closed_world_difference(verified.manifest, listing)
     if difference:
         raise Rejected(Reason.DIGEST_MISMATCH, difference)
 
@@ -141,7 +147,7 @@ def verify_directory(root: CacheRoot, subject: str, keyring: Keyring, now: datet
 def outcome_of(subject: str, action: str, verified: VerifiedManifest, detail: str = "") -> CacheOutcome:
     m = verified.manifest
     return CacheOutcome(subject, action, detail=detail, files=len(m.files), size=m.total_size, signers=verified.signers,
-                        key_factors=m.key_factors, measurements=m.measurements)
+                        key_factors=m.key_factors, measurements=m.measurements, archive_sha256=m.archive_sha256)
 
 
 def verify_cache(root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> CacheOutcome:
@@ -160,7 +166,7 @@ def describe_cache(root: CacheRoot, subject: str) -> CacheOutcome:
     return CacheOutcome(subject, action, "", "no trusted keys given", len(files), sum(files))
 
 
-DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
+DEBUG_FILES = cachedir.DEBUG_FILES
 """What vLLM's ``VllmBackend`` writes into ``<10 hex>/rank_<r>_<dp>/<prefix>/`` for people to
 read and never reads back: an unsigned directory holding only these (the one vLLM leaves beside
 an AOT cache) has nothing torch could load, so it is no cache, not a rejected one."""
@@ -174,16 +180,10 @@ def has_cache(root: CacheRoot, subject: str) -> bool:
 
 
 def has_files(directory: Path) -> bool:
-    """:func:`has_cache` of a directory path."""
-    if directory.is_symlink() or cachedir.sidecar_path(directory).exists():
+    """:func:`has_cache` of a directory path (a link or FIFO inside: something to reject)."""
+    if directory.is_symlink() or os.path.lexists(cachedir.sidecar_path(directory)):
         return True
-    if not directory.exists():
-        return False
-    try:
-        listing = cachedir.walk(directory)
-    except PlanCacheError:
-        return True  # a link or FIFO somewhere: something to reject
-    return any(size is not None and path.rpartition("/")[2] not in DEBUG_FILES for path, size in listing.items())
+    return directory.exists() and not cachedir.leftovers_only(directory)
 
 
 FACTORS_FILE = "cache_key_factors.json"
@@ -217,8 +217,9 @@ def key_factors_in(directory: Path, listing: Mapping[str, int | None]) -> dict[s
 def build_manifest(directory: Path, subject: str, now: datetime, expires_at: datetime | None, comment: str,
                    *, key_factors: Mapping[str, Any] | None = None,
                    measurements: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
-    """The manifest of a directory as it is now, and its deterministic archive; with vLLM's
-    cache-key factors (given, else found inside) and the build's measurements, when known."""
+    """The manifest of a directory as it is now (a build node's private copy, or one signed in
+    place), and its deterministic archive; with vLLM's cache-key factors (given, else found
+    inside) and the build's measurements, when known."""
     listing = cachedir.walk(directory)
     dirs = tuple(sorted(p for p, size in listing.items() if size is None))
     sums = cachedir.digests(directory, listing)
@@ -230,24 +231,21 @@ def build_manifest(directory: Path, subject: str, now: datetime, expires_at: dat
     return manifest, data
 
 
-def sign_cache(
-    root: CacheRoot, subject: str, signer: Signer, now: datetime, *, expires_in: timedelta | None = None, comment: str = ""
-) -> CacheOutcome:
+def sign_cache(root: CacheRoot, subject: str, signer: Signer, now: datetime, *, expires_in: timedelta | None = None,
+               comment: str = "", wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
     """Sign the directory as it is (this signer alone) and write the sidecar beside it atomically.
     Signing vouches for bytes this process did not check: run it only where the cache was built."""
     directory = root.directory(subject)
-    with cachedir.locked(root.root, directory):
+    with cachedir.locked(root.root, directory, wait, write=True):
         return _sign_locked(root, subject, signer, now, expires_in, comment)
 
 
 def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, expires_in: timedelta | None,
-                 comment: str, *, key_factors: Mapping[str, Any] | None = None,
-                 measurements: Mapping[str, Any] | None = None) -> CacheOutcome:
+                 comment: str) -> CacheOutcome:
     directory = root.directory(subject)
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
-    manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment,
-                                 key_factors=key_factors, measurements=measurements)
+    manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment)
     sig = sign_manifest(manifest, signer)
     verified = verify_manifest(subject, sig, signer_keyring(signer), now)
     try:
@@ -260,24 +258,33 @@ def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, e
 
 def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, now: datetime,
                   *, expires_in: timedelta | None = None, key_factors: Mapping[str, Any] | None = None,
-                  measurements: Mapping[str, Any] | None = None) -> CacheOutcome:
-    """A build node's cache, compiled by vLLM into this boot's private copy ``private``, goes
-    into place and is signed: only if the directory holds no cache (vLLM's empty directories
-    and debug files aside) when the lock is held, so nothing a local writer planted since the
-    guard gets signed along; else ``kept`` (the directory is left to the next boot's guard)."""
+                  measurements: Mapping[str, Any] | None = None, wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
+    """A build node's cache, compiled by vLLM into this boot's private copy ``private`` (this
+    process's own 0700 directory), is signed as hashed there, and exactly those bytes go into
+    place: the manifest and archive are built from ``private``, the archive is extracted into a
+    staging directory beside the target, checked against the manifest and renamed in. Nothing a
+    local writer does to the shared directory can be signed (at worst the publish fails), and
+    vLLM's debug files there are not signed along. Only if the directory holds no cache (vLLM's
+    empty directories and debug files aside; a lone sidecar is moved aside first) when the lock
+    is held; else ``kept`` (the directory is left to the next boot's guard)."""
     directory = root.directory(subject)
-    with cachedir.locked(root.root, directory):
+    with cachedir.locked(root.root, directory, wait, write=True):
+        aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
         if has_files(directory):
             return CacheOutcome(subject, "kept", "", "the cache directory changed since this boot's guard; not signed")
-        private_copy.copy_into(private, root.root, directory)
-        return _sign_locked(root, subject, signer, now, expires_in, "", key_factors=key_factors, measurements=measurements)
+        manifest, data = build_manifest(private, subject, now, now + expires_in if expires_in else None, "",
+                                        key_factors=key_factors, measurements=measurements)
+        verified = verify_manifest(subject, sign_manifest(manifest, signer), signer_keyring(signer), now)
+        placement.install_archive(root.root, data, manifest, directory, verified.sig_bytes, root.quarantine_root,
+                                  lambda staged: _check_tree(staged, verified), "publish")
+    return outcome_of(subject, "signed", verified, aside)
 
 
 def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *,
-               deadline: float | None = None) -> CacheOutcome:
+               deadline: float | None = None, wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature."""
     directory = root.directory(subject)
-    with cachedir.locked(root.root, directory):
+    with cachedir.locked(root.root, directory, wait):
         verified = verify_directory(root, subject, keyring, now)
         m = verified.manifest
         data = cachedir.archive_bytes(directory, m.files, m.dirs)
@@ -289,9 +296,9 @@ def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, no
 
 
 def pull_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *,
-               deadline: float | None = None) -> CacheOutcome:
+               deadline: float | None = None, wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
     """:func:`_pull_locked` under the node's lock for ``subject``."""
-    with cachedir.locked(root.root, root.directory(subject)):
+    with cachedir.locked(root.root, root.directory(subject), wait, write=True):
         return pull_locked(store, root, subject, keyring, now, deadline)
 
 
@@ -299,8 +306,10 @@ def pull_locked(store: Store, root: CacheRoot, subject: str, keyring: Keyring, n
                  deadline: float | None) -> CacheOutcome:
     """Signature GET -> verify -> (a local cache that verifies and was signed at the same time
     or later is kept: no rollback) -> archive GET capped at the signed size -> sha256 -> extract
-    into a temporary directory beside the target -> closed world and every sha256 -> rename."""
+    into a staging directory beside the target -> closed world and every sha256 -> rename
+    (:mod:`~plancache.storage.compile_cache.placement`). A lone sidecar is moved aside first."""
     directory = root.directory(subject)
+    aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
     sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline)
     if sig is None:
         raise Rejected(Reason.UNSIGNED, f"no signed compile cache {subject} in {store.url}")
@@ -314,21 +323,9 @@ def pull_locked(store: Store, root: CacheRoot, subject: str, keyring: Keyring, n
         raise StoreError(f"the archive of {subject} is missing from {store.url}")
     if len(data) != m.archive_size or hashlib.sha256(data).hexdigest() != m.archive_sha256:
         raise Rejected(Reason.DIGEST_MISMATCH, "the archive does not match its signed sha256 (altered?)")
-    try:
-        with dirfds.opened_dir(root.root, directory.parent):
-            pass
-        staged = Path(tempfile.mkdtemp(prefix=".plancache-pull-", dir=directory.parent))
-    except OSError as exc:
-        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}") from None
-    try:
-        cachedir.extract_archive(data, m, staged / "x")
-        _check_tree(staged / "x", verified)
-        cachedir.install(root.root, staged / "x", directory, sig, root.quarantine_root)
-    except OSError as exc:
-        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}") from None
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
-    return outcome_of(subject, "pulled", verified)
+    placement.install_archive(root.root, data, m, directory, sig, root.quarantine_root,
+                              lambda staged: _check_tree(staged, verified), "pull")
+    return outcome_of(subject, "pulled", verified, aside)
 
 
 def _kept_local(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, offered: Manifest) -> CacheOutcome | None:

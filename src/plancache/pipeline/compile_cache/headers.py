@@ -5,12 +5,16 @@ loads even a warm cache; a node that pulled its cache would otherwise build it o
 boot. So the build node pushes the header(s) its compile used beside the cache
 (:func:`push_headers`: one gzip stream and a statement signed on its own,
 :mod:`plancache.trust.compile_cache.headers`), and a node that pulled the cache installs them
-(:func:`pull_headers`) into its private headers directory, where torch looks for them by name:
+(:func:`pull_headers`) into its private headers directory, where torch looks for them by name,
+only beside the cache signature they were made for (the statement binds that cache's
+``archive_sha256``; the node names the one it holds: at once, or for a fetch beside the guard's
+pull, in :meth:`Cancel.release`):
 
-signature GET (capped) -> verify -> every header already there: done, no object GET -> object
-GET capped at the signed size -> its signed sha256 -> inflate each header into a private
-temporary, hashing what is written (bounded by the signed sizes: no gzip bomb) -> its signed
-sha256 -> link to its name only if the name is free (never replaced, never followed).
+signature GET (capped) -> verify (and the binding, when the cache is known) -> every header
+already there: done, no object GET -> object GET capped at the signed size -> its signed
+sha256 -> inflate each header into a private temporary, hashing what is written (bounded by the
+signed sizes: no gzip bomb) -> its signed sha256 -> the binding, against the cache that was
+loaded -> link to its name only if the name is free (never replaced, never followed).
 
 Anything wrong leaves nothing installed and is an outcome, never an exception: torch then
 builds the header itself, as it always did. A store without header objects (written before
@@ -34,7 +38,8 @@ from ...storage.compile_cache import headers as files
 from ...storage.store import Store
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
-from ...trust.compile_cache.headers import MAX_SIG_BYTES, HeaderEntry, HeaderSet, is_header_name, sign_headers, verify_headers
+from ...trust.compile_cache.headers import (MAX_SIG_BYTES, HeaderEntry, HeaderSet, check_binding, is_header_name,
+                                            sign_headers, verify_headers)
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 
 
@@ -63,12 +68,13 @@ class Cancel:
     """Whether the fetch may still install. ``set`` by a waiter that stopped waiting (torch is
     building that header now, and a link must not race gcc's own write) or by the guard when
     the cache pulled beside it is not loaded; ``held`` (a fetch started while the guard still
-    pulls its cache) links nothing until :meth:`release` (the cache was loaded) or ``set``."""
+    pulls its cache) links nothing until :meth:`release` (the cache was loaded: which one) or ``set``."""
 
     def __init__(self, *, held: bool = False) -> None:
         self._cond = threading.Condition()
         self._cancelled: HeadersOutcome | None = None
         self._held = held
+        self._released: str | None = None
 
     def set(self, outcome: HeadersOutcome | None = None) -> None:
         """From now on nothing is installed; the fetch ends as ``outcome`` (default: timeout)."""
@@ -78,10 +84,18 @@ class Cancel:
                                                             "past its budget: torch builds the header itself")
             self._cond.notify_all()
 
-    def release(self) -> None:
+    def release(self, archive_sha256: str | None = None) -> None:
+        """The cache was loaded: the one whose signed manifest commits to ``archive_sha256`` (the
+        fetch links only headers bound to it; None, unknown: it links nothing)."""
         with self._cond:
             self._held = False
+            self._released = archive_sha256
             self._cond.notify_all()
+
+    def released(self) -> str | None:
+        """The loaded cache's ``archive_sha256`` given to :meth:`release` (None: not known)."""
+        with self._cond:
+            return self._released
 
     def outcome(self) -> HeadersOutcome | None:
         """How the fetch ends once set (None while it may go on)."""
@@ -130,17 +144,20 @@ def pack_headers(base: Path, directory: Path, names: list[str]) -> tuple[bytes, 
 
 
 def push_headers(store: Store, subject: str, base: Path, directory: Path, names: list[str], signer: Signer,
-                 now: datetime, *, expires_in: timedelta | None = None, deadline: float | None = None,
+                 now: datetime, *, cache_archive_sha256: str, expires_in: timedelta | None = None,
+                 deadline: float | None = None,
                  packed: tuple[bytes, list[tuple[str, int, str]]] | None = None) -> HeadersOutcome:
-    """Sign what the named headers of ``directory`` are (``packed``: compressed already), upload
-    the stream, then its signature (a node never sees a signature before its object)."""
+    """Sign what the named headers of ``directory`` are (``packed``: compressed already), bound to
+    the cache signature they were built beside (its manifest's ``cache_archive_sha256``: the one
+    this node just pushed), upload the stream, then its signature (a node never sees a signature
+    before its object)."""
     data, entries = packed if packed is not None else pack_headers(base, directory, names)
     if not entries:
         return HeadersOutcome("none", detail="no precompiled header was used")
     hset = HeaderSet(subject, tuple(HeaderEntry(*e) for e in entries), hashlib.sha256(data).hexdigest(), len(data),
-                     now, now + expires_in if expires_in else None)
+                     now, now + expires_in if expires_in else None, cache_archive_sha256=cache_archive_sha256)
     sig = sign_headers(hset, signer)
-    verify_headers(subject, sig, signer_keyring(signer), now)
+    verify_headers(subject, sig, signer_keyring(signer), now, cache_archive_sha256=cache_archive_sha256)
     archives.put_object(store, archives.headers_name(subject), data, deadline)
     archives.put_object(store, archives.headers_sig_name(subject), sig, deadline)
     names = tuple(e[0] for e in entries)
@@ -149,12 +166,16 @@ def push_headers(store: Store, subject: str, base: Path, directory: Path, names:
 
 
 def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
-                 *, deadline: float | None = None, cancel: Cancel | None = None) -> HeadersOutcome:
-    """Install the store's verified headers for ``subject`` into ``directory`` (see the module).
-    Never raises for a hostile or failing store: the outcome says what torch must build."""
+                 *, cache_archive_sha256: str | None, deadline: float | None = None,
+                 cancel: Cancel | None = None) -> HeadersOutcome:
+    """Install the store's verified headers for ``subject`` into ``directory`` (see the module),
+    only if they were made for the cache this node holds: ``cache_archive_sha256``, its verified
+    manifest's (a pull that kept a newer local cache names that one, so the store's older header
+    is refused), else (None) the one ``cancel`` is released with. Never raises for a hostile or
+    failing store: the outcome says what torch must build."""
     cancel = cancel or Cancel()
     try:
-        return _pull(store, subject, keyring, now, base, directory, deadline, cancel)
+        return _pull(store, subject, keyring, now, base, directory, deadline, cancel, cache_archive_sha256)
     except Cancelled as exc:
         return exc.outcome
     except Rejected as exc:  # an alert even once cancelled: the store's header was refused
@@ -166,11 +187,11 @@ def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, ba
 
 
 def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
-          deadline: float | None, cancel: Cancel) -> HeadersOutcome:
+          deadline: float | None, cancel: Cancel, bound: str | None) -> HeadersOutcome:
     sig = archives.get_object(store, archives.headers_sig_name(subject), MAX_SIG_BYTES, deadline)
     if sig is None:
         return HeadersOutcome("none", "no-headers", "the store holds no precompiled headers for this cache")
-    hset = verify_headers(subject, sig, keyring, now).headers
+    hset = verify_headers(subject, sig, keyring, now, cache_archive_sha256=bound).headers
     cancel.check()
     fd = files.open_private_dir(base, directory)
     try:
@@ -185,15 +206,16 @@ def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Pat
             return HeadersOutcome("failed", Reason.STORE_ERROR.value, "the headers' object is missing from the store")
         if len(data) != hset.object_size or hashlib.sha256(data).hexdigest() != hset.object_sha256:
             raise Rejected(Reason.DIGEST_MISMATCH, "the headers' object does not match its signed sha256 (altered?)")
-        return _inflate(fd, files.Inflater(data), hset, there, cancel, deadline)
+        return _inflate(fd, files.Inflater(data), hset, there, cancel, deadline, bound)
     finally:
         os.close(fd)
 
 
 def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str, str], cancel: Cancel,
-             deadline: float | None) -> HeadersOutcome:
+             deadline: float | None, bound: str | None) -> HeadersOutcome:
     """Every header is inflated and checked (the stream is one), then, once the guard loaded the
-    cache (``cancel`` released), the free names linked."""
+    cache (``cancel`` released) and only if the statement binds the cache loaded, the free names
+    linked."""
     staged: list[tuple[str, str]] = []
     try:
         for entry in hset.headers:
@@ -206,6 +228,8 @@ def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str
         with cancel.unless_cancelled(deadline) as going_on:
             if not going_on:
                 cancel.check()
+            for loaded in {bound, cancel.released()} - {None} or {None}:  # every digest named, or none known
+                check_binding(hset, loaded)
             for (tmp, name), entry in zip(staged, hset.headers):
                 if not there[name] and files.link(fd, tmp, name):
                     installed.append(name)

@@ -5,19 +5,22 @@ race: one pulls, the others wait and then verify what it installed) it pulls a m
 verifies a present one and copies it into the boot's private directory, hashing every byte it
 writes (:mod:`plancache.storage.compile_cache.private_copy`). vLLM is then pointed at the copy only: the
 signed directory is never read by torch, and never written by it either, so a verified cache
-stays verified across restarts. A cache that fails is moved aside beside it, on its own mount;
-if it cannot be moved, it is simply not loaded. Every outcome is a :class:`CacheOutcome`.
+stays verified across restarts. A cache that fails verification is moved aside beside it, on its
+own mount; if it cannot be moved, it is simply not loaded. A local failure (a full disk, a
+permission, a name already taken, a lock that cannot be had) is no verdict: the cache stays in
+place and vLLM compiles, with the reason in the outcome. Every outcome is a :class:`CacheOutcome`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from ...storage.compile_cache import cachedir, private_copy
+from ...storage.compile_cache import cachedir, placement, private_copy
 from ...storage.store import Store
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
@@ -48,25 +51,30 @@ def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime,
     except StoreError as exc:  # the lock: held too long by another rank, or not to be had
         return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, exc.detail))
     finally:
-        into.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(OSError):  # a full disk: vLLM finds no cache there either way
+            into.mkdir(mode=0o700, exist_ok=True)
 
 
 def _guard_locked(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, problem: str,
                   fetch: Fetch | None) -> CacheOutcome:
     directory = root.directory(subject)
+    aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)  # then: a missing cache
+    note = f"{aside}; " if aside else ""
     if not has_files(directory):
         if fetch is None or keyring is None:
-            return CacheOutcome(subject, "compile", "no-cache", "no compile cache yet")
+            return CacheOutcome(subject, "compile", "no-cache", f"{note}no compile cache yet")
         missed = _fetch(fetch, root, subject, keyring, now)
         if missed is not None:
-            return missed
-        return _load_pulled(root, subject, keyring, now, into, "store: pulled")
+            return replace(missed, detail=note + missed.detail)
+        return _load_pulled(root, subject, keyring, now, into, f"{note}store: pulled")
     try:
         if keyring is None:
             raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
         return _load_into(root, subject, keyring, now, into)
-    except (Rejected, StoreError) as exc:
+    except Rejected as exc:
         rejected = CacheOutcome(subject, "quarantined", exc.reason.value, exc.detail)
+    except StoreError as exc:  # a full disk, a permission, a name taken: not a verdict on the cache
+        return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, f"{exc.detail}; the signed cache is kept"))
     try:
         target = str(cachedir.quarantine(root.root, directory, root.quarantine_root, rejected.reason))
     except StoreError as exc:
@@ -86,6 +94,8 @@ def _load_pulled(root: CacheRoot, subject: str, keyring: Keyring, now: datetime,
     should even that fail, nothing is loaded and the pulled directory is left to the next boot."""
     try:
         return _load_into(root, subject, keyring, now, into, detail=detail)
+    except StoreError as exc:  # the copy failed locally: the pulled cache stays for a later boot
+        return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, f"{detail}, then {exc.detail}"))
     except PlanCacheError as exc:
         return _empty(into, CacheOutcome(subject, "compile", "store-rejected", f"{detail}, then {exc.reason.value}: {exc.detail}"))
 

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Iterator
 
+from ...settings import BULK_TIMEOUT
 from ...trust.errors import Reason, Rejected, StoreError, StoreTimeout
 from ...trust.compile_cache.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
 from ..local import dirfds
@@ -200,13 +201,14 @@ def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
         raise Rejected(Reason.MALFORMED, f"the archive holds {position} of the {len(expected)} signed entries")
 
 
-def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path) -> None:
+def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path,
+            *, reason: str = "replaced-by-pull") -> None:
     """Rename a verified staging directory (beside ``directory``) into place, then its sidecar.
-    An existing directory is moved aside first, unless it is only the empty directories vLLM
-    creates before it looks (then removed: no evidence to keep, and a quarantine entry on every
-    node that pulls would be noise). Every step goes through descriptors (:mod:`..local.dirfds`)."""
+    An existing directory is moved aside first (``reason``), unless it holds only what vLLM leaves
+    itself (:func:`leftovers_only`: removed, no evidence, and a quarantine entry on every node that
+    pulls would be noise). Every step goes through descriptors (:mod:`..local.dirfds`)."""
     if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
-        quarantine(base, directory, quarantine_root, "replaced-by-pull")
+        quarantine(base, directory, quarantine_root, reason)
     try:
         with dirfds.opened_dir(base, directory.parent) as parent, dirfds.opened_dir(base, staged.parent, False) as stage:
             os.rename(staged.name, directory.name, src_dir_fd=stage, dst_dir_fd=parent)
@@ -215,18 +217,27 @@ def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarant
         raise StoreError(f"cannot install {directory}: {exc.strerror or exc}") from None
 
 
-def _remove_empty_tree(directory: Path) -> bool:
-    """Remove ``directory`` if it holds nothing but directories; False (left as is) otherwise."""
+DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
+"""What vLLM's ``VllmBackend`` writes for people into the shared ``<10 hex>/rank_<r>_<dp>/<prefix>/``
+and never reads back: never signed (a build node signs its private copy), never copied to vLLM."""
+
+
+def leftovers_only(directory: Path) -> bool:
+    """Whether ``directory`` holds only directories and vLLM's debug files (a link, a FIFO: False)."""
     try:
         listing = walk(directory)
-        if any(size is not None for size in listing.values()):
-            return False
-        for path in sorted(listing, key=lambda p: p.count("/"), reverse=True):
-            os.rmdir(directory / path)
-        os.rmdir(directory)
-    except (Rejected, StoreError, OSError):  # a link, a FIFO, a file that just appeared
+    except (Rejected, StoreError):
         return False
-    return True
+    return all(size is None or path.rpartition("/")[2] in DEBUG_FILES for path, size in listing.items())
+
+
+def _remove_empty_tree(directory: Path) -> bool:
+    """Remove ``directory`` if :func:`leftovers_only` (shutil's descriptor-based removal follows no
+    link); False when it is left as is. A file planted between the two goes too: nothing loads it."""
+    if not leftovers_only(directory):
+        return False
+    shutil.rmtree(directory, ignore_errors=True)
+    return not os.path.lexists(directory)
 
 
 def quarantine_roots(base: Path, directory: Path, quarantine_root: Path) -> list[Path]:
@@ -243,10 +254,10 @@ def quarantine_roots(base: Path, directory: Path, quarantine_root: Path) -> list
 
 
 def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) -> Path:
-    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded.
-    The entry's name is unpredictable and the rename goes through descriptors; ``EXDEV`` (a
-    bind mount that shares the device) falls through to the next root. ``StoreError`` if no
-    root takes it: the caller then loads nothing from it."""
+    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded. A
+    sidecar without its directory (a half-made quarantine) goes alone; the path returned is then
+    its own. The entry's name is unpredictable, the rename goes through descriptors; ``EXDEV`` (a
+    bind mount sharing the device) falls to the next root. ``StoreError`` if no root takes it."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     name = f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}-{directory.name}-{reason}"
     problems = []
@@ -254,49 +265,83 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
         try:
             with dirfds.opened_dir(base, directory.parent, False) as parent, \
                     dirfds.opened_dir(base, target_root, True, 0o700) as target:
-                os.rename(directory.name, name, src_dir_fd=parent, dst_dir_fd=target)
-                with contextlib.suppress(FileNotFoundError):
+                moved = name
+                try:
+                    os.rename(directory.name, name, src_dir_fd=parent, dst_dir_fd=target)
+                except FileNotFoundError:  # no directory: the sidecar alone (none either: an error)
+                    moved = name + SIDECAR_SUFFIX
+                with contextlib.suppress(FileNotFoundError if moved == name else ()):
                     os.rename(sidecar_path(directory).name, name + SIDECAR_SUFFIX, src_dir_fd=parent, dst_dir_fd=target)
                 with contextlib.suppress(OSError):
                     os.fsync(parent)
-            return target_root / name
+            return target_root / moved
         except (OSError, StoreError) as exc:
             problems.append(f"{target_root}: {getattr(exc, 'detail', None) or exc.strerror or exc}")
     raise StoreError(f"cannot move {directory} aside ({'; '.join(problems)})")
 
 
+LOCK_SUFFIX = ".plancache.lock"
+LOCK_WAIT = BULK_TIMEOUT
+"""How long :func:`locked` waits when its caller names no budget (the whole-store commands'
+budget, ``settings.BULK_TIMEOUT``): every wait for the node lock ends, none waits for ever."""
+
+
+def lock_path(directory: Path) -> Path:
+    return directory.with_name(directory.name + LOCK_SUFFIX)
+
+
 @contextlib.contextmanager
-def locked(base: Path, directory: Path, wait: float | None = None) -> Iterator[None]:
+def locked(base: Path, directory: Path, wait: float | None = None, *, write: bool = False) -> Iterator[bool]:
     """An exclusive lock for one cache directory, shared by every rank on the node: one of them
     pulls, verifies, quarantines or installs while the others wait (``<hash>.plancache.lock``
-    beside it, opened without following a link). ``wait`` bounds the wait in seconds
-    (``StoreError`` reason ``timeout`` past it); None waits as long as the holder works.
-    A cache on a read-only mount cannot hold a lock: nobody writes it there, so none is taken."""
-    try:
-        with dirfds.opened_dir(base, directory.parent) as parent:
-            fd = dirfds.open_shared_file(parent, directory.name + ".plancache.lock")
-    except OSError as exc:
-        if exc.errno not in (errno.EROFS, errno.EACCES):
-            raise StoreError(f"cannot lock {directory}: {exc.strerror or exc}") from None
-        yield
+    beside it, opened without following a link, this user's and closed to others' writes).
+
+    ``wait`` bounds the wait in seconds (None: :data:`LOCK_WAIT`); past it ``StoreTimeout``
+    (reason ``timeout``) naming the lock. A lock file that is another user's or open to others'
+    writes is ``StoreError`` reason ``unsafe-directory``; one this user cannot open or make,
+    ``lock-unavailable``: the caller stops, never works unlocked. Yields True with the lock held;
+    False only on a read-only filesystem (``ST_RDONLY``), where nobody writes through this mount:
+    the caller may read, and nothing it tries to write can land. ``write``: the caller is about
+    to write (sign, publish, pull), so a read-only filesystem is a clear ``local-error`` at once."""
+    lock = lock_path(directory)
+    fd = _open_lock(base, directory, lock)
+    if fd is None:
+        if write:
+            raise StoreError(f"{directory.parent} is on a read-only filesystem; nothing can be written there",
+                             reason=Reason.LOCAL_ERROR)
+        yield False
         return
     try:
-        _acquire(fd, directory, wait)
-        yield
+        _acquire(fd, lock, LOCK_WAIT if wait is None else wait)
+        yield True
     finally:
         os.close(fd)
 
 
-def _acquire(fd: int, directory: Path, wait: float | None) -> None:
-    if wait is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return
-    deadline = time.monotonic() + wait
+def _open_lock(base: Path, directory: Path, lock: Path) -> int | None:
+    """The lock file's descriptor; None on a read-only filesystem (no lock can be made there)."""
+    try:
+        with dirfds.opened_dir(base, directory.parent) as parent:
+            return dirfds.open_shared_file(parent, lock.name)
+    except StoreError as exc:
+        raise StoreError(f"the lock {lock} is not taken: {exc.detail}", reason=exc.reason) from None
+    except OSError as exc:
+        if exc.errno == errno.EROFS or dirfds.read_only(base):
+            return None  # open_shared_file re-raises an OSError only when the filesystem is read-only
+        reason = Reason.LOCK_UNAVAILABLE if exc.errno in (errno.EACCES, errno.EPERM) else Reason.STORE_ERROR
+        raise StoreError(f"cannot lock {directory} ({lock}: {exc.strerror or exc})", reason=reason) from None
+
+
+def _acquire(fd: int, lock: Path, wait: float) -> None:
+    """``flock`` without blocking, polled until ``wait`` runs out: a blocking ``flock`` cannot
+    be bounded, and a holder that never lets go must cost a bounded wait, never a hang."""
+    deadline = time.monotonic() + max(wait, 0.0)
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise StoreTimeout(f"another process has held the lock of {directory} for over {wait:.0f} s") from None
-            time.sleep(0.05)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreTimeout(f"another process has held the lock {lock} for over {wait:g} s; nothing done") from None
+            time.sleep(min(0.05, left))

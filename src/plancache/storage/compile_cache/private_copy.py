@@ -9,19 +9,19 @@ writes; a file whose bytes differ from the manifest fails the whole copy. Whatev
 writer does to the original afterwards (rewrite, rename, relink) cannot reach the copy, and
 whatever vLLM and torch write after the load lands in the copy, never in the signed directory.
 
-Copies live under ``$VLLM_CACHE_ROOT/plancache-private/boot-<pid>-<random>/`` (the cache's
-filesystem, so compiled ``.so`` files load where vLLM already loads them, and a ``noexec`` /tmp
-never matters), are removed at exit, and a later boot sweeps those of processes that are gone.
+Copies live in the process's own boot directory (:mod:`.boot_dirs`: owned, reached without
+links, on a filesystem where shared objects can be mapped), removed at exit, swept by a later
+boot once the process is gone. A copy that fails for a local reason (a full disk, a permission,
+a name taken) is a ``StoreError`` ``local-error``: never a verdict on the signed cache, which
+stays in place for a later boot with room.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
 import stat
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,43 +32,6 @@ from ..local import dirfds
 CHUNK = 1 << 20
 COPY_THREADS = 4
 """hashlib and file IO release the GIL: copying files in threads uses every core."""
-PRIVATE_SUBDIR = "plancache-private"
-BOOT_PREFIX = "boot-"
-
-
-def new_boot_dir(cache_root: Path) -> Path:
-    """A fresh private directory for this process under ``cache_root/plancache-private``
-    (or, where that cannot be written, under the system temporary directory: still 0700 and
-    unpredictable, never the shared ``torchinductor_<user>``)."""
-    prefix = f"{BOOT_PREFIX}{os.getpid()}-"
-    try:
-        parent = cache_root / PRIVATE_SUBDIR
-        cache_root.mkdir(parents=True, exist_ok=True)
-        os.close(dirfds.open_dir(cache_root, parent, True, 0o700))
-        sweep(parent)
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    except (OSError, StoreError):
-        return Path(tempfile.mkdtemp(prefix=f"plancache-{prefix}"))
-
-
-def sweep(parent: Path) -> None:
-    """Remove the boot directories of processes that no longer run (a worker killed before its
-    exit hook); a live process's copy, another rank's included, is never touched."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(parent):
-            pid = name[len(BOOT_PREFIX):].partition("-")[0]
-            if name.startswith(BOOT_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(parent / name, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
@@ -86,7 +49,7 @@ def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
                 pass
     except OSError as exc:  # disk full, a directory vLLM made meanwhile: nothing is handed over
         shutil.rmtree(dest, ignore_errors=True)
-        raise StoreError(f"cannot copy the cache into {dest}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot copy the cache into {dest}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR) from None
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -122,25 +85,3 @@ def _copy_one(src: Path, dest: Path, entry: FileEntry) -> None:
         os.close(fd)
     if left != 0 or digest.hexdigest() != entry.sha256:
         raise Rejected(Reason.DIGEST_MISMATCH, f"'{entry.path}' is not the signed content (sha256 or size differs)")
-
-
-def copy_into(src: Path, base: Path, dest: Path) -> int:
-    """Copy the files of a private tree ``src`` (written by this process) into ``dest`` below
-    ``base``, where absent: directories opened without following links, each file written
-    through an unpredictable temporary and renamed into place (:func:`..local.dirfds.write_new`).
-    Returns the number of files copied. What ``dest`` already holds is left as it is."""
-    copied = 0
-    for folder, _, names in os.walk(src):
-        rel = Path(folder).relative_to(src)
-        with dirfds.opened_dir(base, dest / rel) as fd:
-            for name in names:
-                try:
-                    os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    continue
-                except FileNotFoundError:
-                    pass
-                dirfds.write_new(fd, name, (Path(folder) / name).read_bytes(), mode=0o644, sync_dir=False)
-                copied += 1
-            with contextlib.suppress(OSError):
-                os.fsync(fd)
-    return copied

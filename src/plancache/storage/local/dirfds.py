@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 from pathlib import Path, PurePosixPath
@@ -101,8 +102,41 @@ def opened_dir(base: Path, directory: Path, create: bool = True, mode: int = 0o7
         os.close(fd)
 
 
+_temp_owner = ""
+"""The boot directory of this process (``boot-<16 hex>``), once it has one: every temporary's
+name carries it, so a sweep can tell a dead process's leftovers from a live one's."""
+
+
+def set_temp_owner(boot_name: str) -> None:
+    global _temp_owner
+    _temp_owner = boot_name
+
+
 def temp_name(name: str) -> str:
-    return f".{name}.{secrets.token_hex(8)}.tmp"
+    """An unpredictable temporary name for ``name`` (``.<name>.[<boot>.]<16 hex>.tmp``)."""
+    owner = f"{_temp_owner}." if _temp_owner else ""
+    return f".{name}.{owner}{secrets.token_hex(8)}.tmp"
+
+
+def temp_owner(temporary: str) -> str:
+    """The boot directory named in a temporary's name by :func:`temp_name` ("" if none)."""
+    parts = temporary.rsplit(".", 3)
+    if len(parts) == 4 and parts[3] == "tmp" and parts[0].startswith(".") and _OWNER.fullmatch(parts[1]):
+        return parts[1]
+    return ""
+
+
+_OWNER = re.compile(r"boot-[0-9a-f]{16}")
+
+
+@contextlib.contextmanager
+def opened_dir_at(dir_fd: int, name: str) -> Iterator[int]:
+    """A descriptor of the directory ``name`` inside ``dir_fd`` (never a link)."""
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def write_new(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, sync_dir: bool = True,
@@ -138,13 +172,22 @@ def write_new(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, sync_di
 def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
     """An existing regular file ``name`` (a lock every rank opens), or one made for it: created
     under a temporary name and hard-linked into place, so a name already taken (by a peer, or a
-    planted link) is never replaced nor followed. ``StoreError`` if it is not a regular file."""
+    planted link) is never replaced nor followed. A lock someone else can replace or hold for
+    us would be no lock, so the file must be this user's and closed to group/world writes
+    (:func:`require_owned`, ``StoreError`` reason ``unsafe-directory``, as for a file that is not
+    regular); one that cannot be opened or made (EACCES, EPERM) is ``StoreError`` reason
+    ``lock-unavailable``: the caller stops, it never goes on unlocked. Only when the directory
+    lies on a read-only filesystem (``fstatvfs``, not the errno alone: EACCES is no proof) is the
+    ``OSError`` re-raised, for the caller to read without a lock (nobody writes there)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         tmp = temp_name(name)
-        os.close(os.open(tmp, NEW_FILE, mode, dir_fd=dir_fd))
+        try:
+            os.close(os.open(tmp, NEW_FILE, mode, dir_fd=dir_fd))
+        except OSError as exc:
+            raise _open_failure(dir_fd, name, exc) from None
         try:
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
@@ -152,12 +195,14 @@ def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
             os.unlink(tmp, dir_fd=dir_fd)
         fd = _open_regular(dir_fd, name, flags)
     except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES):
-            raise  # a read-only mount, another user's file: the caller decides (no lock is needed there)
-        raise StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise _open_failure(dir_fd, name, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"'{name}' is not a regular file; not used", reason=Reason.UNSAFE_DIRECTORY)
+        require_owned(fd, f"'{name}'")
+    except BaseException:
         os.close(fd)
-        raise StoreError(f"'{name}' is not a regular file; not used")
+        raise
     return fd
 
 
@@ -165,4 +210,25 @@ def _open_regular(dir_fd: int, name: str, flags: int) -> int:
     try:
         return os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
-        raise StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed") from None
+        raise _open_failure(dir_fd, name, exc) from None
+
+
+def _open_failure(dir_fd: int, name: str, exc: OSError) -> Exception:
+    """What :func:`open_shared_file` raises for ``exc``: the ``OSError`` itself only on a
+    read-only filesystem; ``lock-unavailable`` for a file this user may not open or make here;
+    a plain ``StoreError`` for a link (never followed) or anything else."""
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and read_only(dir_fd):
+        return exc
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StoreError(f"'{name}' cannot be opened or made by this user ({exc.strerror or exc}); no lock, "
+                          "so nothing is done", reason=Reason.LOCK_UNAVAILABLE)
+    return StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed")
+
+
+def read_only(fd_or_path: int | str | Path) -> bool:
+    """Whether the filesystem holding ``fd_or_path`` is mounted read-only (``ST_RDONLY``)."""
+    try:
+        flags = os.fstatvfs(fd_or_path).f_flag if isinstance(fd_or_path, int) else os.statvfs(fd_or_path).f_flag
+    except OSError:
+        return False
+    return bool(flags & os.ST_RDONLY)

@@ -8,8 +8,12 @@ verifier (strict about the manifest's keys) still reads the cache, and a slow he
 costs a node the cache itself.
 
 A header is code gcc consumes (``-include``), so the statement binds, for the cache ``subject``
-it was built with: the sha256 and size of the compressed object (checked before a byte is
-inflated), and each header's name, size and sha256 (checked before it is installed). Names are
+it was built with: that cache's exact signature, as the ``archive_sha256`` its signed manifest
+commits to (``cache_archive_sha256``: a header is installed only beside the cache it was made
+for, never beside a newer one kept on the node or a later build's, and a statement without it,
+an older plancache's, is refused as ``statement-mismatch``); the sha256 and size of the
+compressed object (checked before a byte is inflated), and each header's name, size and sha256
+(checked before it is installed). Names are
 torch's content hashes: a serving node's torch asks for a header by the name *its* compiler,
 flags and preprocessed headers hash to, so a header built elsewhere is simply never asked for.
 The caps bound what a signer (or a store, before the digest check) can make a node inflate:
@@ -20,7 +24,7 @@ No IO here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -69,6 +73,9 @@ class HeaderSet:
     object_size: int
     signed_at: datetime
     expires_at: datetime | None = None
+    cache_archive_sha256: str = field(kw_only=True)
+    """The ``archive_sha256`` of the cache manifest these headers were built beside: what that
+    cache's signature commits to, so the headers follow exactly that signed cache."""
 
     @property
     def total_size(self) -> int:
@@ -76,6 +83,7 @@ class HeaderSet:
 
     def to_json_bytes(self) -> bytes:
         predicate = {
+            "cache_archive_sha256": self.cache_archive_sha256,
             "expires_at": format_time(self.expires_at) if self.expires_at else None,
             "headers": [[h.name, h.size, h.sha256] for h in self.headers],
             "object": {"sha256": self.object_sha256, "size": self.object_size},
@@ -118,6 +126,8 @@ def check_headers(hset: HeaderSet) -> HeaderSet:
             raise Rejected(Reason.MALFORMED, "headers statement: a sha256 is not 64 lowercase hex digits")
     if not _HEX64.fullmatch(hset.object_sha256):
         raise Rejected(Reason.MALFORMED, "headers statement: the object sha256 is not 64 lowercase hex digits")
+    if not isinstance(hset.cache_archive_sha256, str) or not _HEX64.fullmatch(hset.cache_archive_sha256):
+        raise Rejected(Reason.MALFORMED, "headers statement: the cache's archive sha256 is not 64 lowercase hex digits")
     _int(hset.object_size, "the object size", 1, MAX_TOTAL_BYTES)
     if hset.total_size > MAX_TOTAL_BYTES:
         raise Rejected(Reason.TOO_LARGE, f"headers total {hset.total_size} bytes, the cap is {MAX_TOTAL_BYTES}")
@@ -137,11 +147,22 @@ def sign_headers(hset: HeaderSet, signer: Signer) -> bytes:
     return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
 
 
+_KEYS = {"cache_archive_sha256", "expires_at", "headers", "object", "signed_at"}
+_UNBOUND_KEYS = _KEYS - {"cache_archive_sha256"}
+"""An older plancache's statement: bound to the cache's name only (so a node would take an older
+header beside a newer cache). An older verifier, exact about keys, refuses the new statement as
+``malformed`` in turn: either way torch builds the header, nothing older is installed."""
+
+
 def parse_headers(payload: bytes) -> HeaderSet:
     """Parse a (signature-verified) statement strictly: exact keys, exact types."""
     name, sha256, pred = statement_shell(payload, "headers statement", PREDICATE_TYPE)
-    if set(pred) != {"expires_at", "headers", "object", "signed_at"}:
-        raise Rejected(Reason.MALFORMED, "headers predicate must have exactly expires_at, headers, object, signed_at")
+    if set(pred) == _UNBOUND_KEYS:
+        raise Rejected(Reason.STATEMENT_MISMATCH, "the headers statement binds no cache signature (an older "
+                       "plancache's): not installed, torch builds the header")
+    if set(pred) != _KEYS:
+        raise Rejected(Reason.MALFORMED, "headers predicate must have exactly cache_archive_sha256, expires_at, "
+                       "headers, object, signed_at")
     target, items = pred["object"], pred["headers"]
     if not isinstance(target, dict) or set(target) != {"sha256", "size"} or target["sha256"] != sha256:
         raise Rejected(Reason.MALFORMED, "headers object must have exactly sha256 (the subject's digest) and size")
@@ -160,12 +181,28 @@ def parse_headers(payload: bytes) -> HeaderSet:
         object_size=_int(target["size"], "the object size", 1, MAX_TOTAL_BYTES),
         signed_at=parse_time(pred["signed_at"], "signed_at"),
         expires_at=None if expires is None else parse_time(expires, "expires_at"),
+        cache_archive_sha256=pred["cache_archive_sha256"],
     ))
 
 
+def check_binding(hset: HeaderSet, cache_archive_sha256: str | None) -> None:
+    """The headers may go beside the cache whose signed manifest commits to ``cache_archive_sha256``
+    only if they were made for it: ``statement-mismatch`` for any other (an older build's header
+    beside a newer cache, a newer one beside an older cache kept on the node) or none known.
+    Not ``digest-mismatch``: no byte was altered; the statement, intact, is about another cache."""
+    if cache_archive_sha256 is None or hset.cache_archive_sha256 != cache_archive_sha256:
+        this = f"this node's ({cache_archive_sha256[:16]}…)" if cache_archive_sha256 else "an unnamed one"
+        raise Rejected(Reason.STATEMENT_MISMATCH, f"the headers were made for the cache signed as archive "
+                       f"{hset.cache_archive_sha256[:16]}…, not for {this}: not installed")
+
+
 def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now: datetime,
+                   *, cache_archive_sha256: str | None,
                    clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedHeaders:
-    """Verify the headers signature for cache ``subject``; the verified statement or a typed error."""
+    """Verify the headers signature for cache ``subject`` and the cache signature they are bound
+    to (:func:`check_binding`); the verified statement or a typed error. ``cache_archive_sha256``
+    None (named, never defaulted): the cache is not decided yet (a fetch beside the guard's pull),
+    and the caller must :func:`check_binding` before it installs a byte."""
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no headers signature")
     payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
@@ -174,4 +211,6 @@ def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now:
         raise Rejected(Reason.NAME_MISMATCH,
                        f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'")
     current = current_signers(keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew=clock_skew)
+    if cache_archive_sha256 is not None:
+        check_binding(hset, cache_archive_sha256)
     return VerifiedHeaders(hset, tuple(k.name for k in current), _SEAL)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...trust.display import safe_text
+from ...trust.errors import StoreError
 from . import headers, torch_caches
 from .publish import publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
 
@@ -60,9 +61,10 @@ def _log(action: str, reason: str, cache: str, started: float, *, detail: str = 
              safe_text(cache, 200), (time.monotonic() - started) * 1000, extra, safe_text(detail, 300))
 
 
-def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
-    """The private directory vLLM must use instead of ``directory`` (guarded once per boot; the
-    decision logged then), and the guard's outcome (None when nothing was checked)."""
+def private_for(directory: Path, disabled: bool = False) -> tuple[Path | None, Any]:
+    """The private directory vLLM must use instead of ``directory`` (guarded once per process;
+    the decision logged then), and the guard's outcome (None when nothing was checked). The
+    directory is None when nothing at all can be written: vLLM must then read no cache."""
     key = os.path.abspath(directory)
     with _lock:
         if key not in _guarded:
@@ -70,20 +72,44 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path, Any]:
             try:
                 _guarded[key] = _check(directory, disabled)
             except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
-                into = torch_caches.private_dir(f"c{len(_guarded)}")
-                into.mkdir(mode=0o700, exist_ok=True)
+                into = _empty_private(f"c{len(_guarded)}")
                 _log("compile", "internal-error", str(directory), time.monotonic(), detail="nothing loaded: "
                      + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
                 _guarded[key] = (into, None)
         return _guarded[key]
 
 
-def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
+def _empty_private(name: str) -> Path | None:
+    """A fresh empty directory for vLLM: in this process's boot directory, else its cold scratch."""
+    try:
+        into = torch_caches.private_dir(name)
+    except StoreError:
+        scratch = torch_caches.scratch_dir()
+        into = scratch / name if scratch is not None else None
+    try:
+        if into is not None:
+            into.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return into
+
+
+def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
     from ...pipeline.compile_cache.load import guard
     from ...pipeline.resolver import utcnow
 
     started = time.monotonic()
-    into = torch_caches.private_dir(f"c{len(_guarded)}")
+    name = f"c{len(_guarded)}"
+    try:
+        into = torch_caches.private_dir(name)
+    except StoreError as exc:  # nowhere to hand over a verified copy: vLLM compiles cold
+        from ...pipeline.compile_cache.flows import CacheOutcome
+
+        _, subject = root_and_subject(directory)
+        cold = CacheOutcome(subject or str(directory), "compile", exc.reason.value, f"vLLM compiles cold; {exc.detail}")
+        _log("compile", cold.reason, cold.subject, started, detail=cold.detail)
+        _record(directory, "compile", cold.reason, cold.subject, started, cold.detail, cold)
+        return _empty_private(name), cold
     config = settings()
     root, subject = root_and_subject(directory)
     why = ("vllm-cache-disabled" if disabled else "unmanaged-directory" if subject is None
@@ -102,7 +128,8 @@ def _check(directory: Path, disabled: bool) -> tuple[Path, Any]:
                         wait=config.timeout + LOCK_WAIT_EXTRA)
     finally:
         if pulled:  # the header fetch started beside the pull: link it, or cancel it
-            headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"))
+            headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"),
+                            archive_sha256=getattr(outcome, "archive_sha256", None) or None)
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
     _log(outcome.action, outcome.reason or "verified", subject, started, detail=outcome.detail, extra=extra)
     _record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
@@ -180,7 +207,8 @@ def _outside(path: str) -> None:
     directory = Path(path).parent
     if Path(path).name == "inductor_cache" and os.path.abspath(directory) not in _guarded:
         private, _ = private_for(directory, disabled=_vllm_cache_disabled())
-        torch_caches.redirect(Path(path), private / "inductor_cache")
+        if private is not None:
+            torch_caches.redirect(Path(path), private / "inductor_cache")
 
 
 def _vllm_cache_disabled() -> bool:
@@ -198,6 +226,9 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
         signed_rank = Path(aot_compilation_path).parent
         directory = signed_rank.parent
         private, outcome = private_for(directory)
+        if private is None:  # nothing can be written: no cache is read, vLLM compiles and saves nothing
+            model.__dict__["save_aot_compiled_function"] = lambda: None
+            return None
         torch_caches.redirect(directory / "inductor_cache", private / "inductor_cache")
         private_path = private / signed_rank.name / Path(aot_compilation_path).name
         began = time.monotonic()
@@ -215,7 +246,7 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
             def save_privately() -> None:
                 model._aot_compilation_path, model._aot_cache_dir = str(private_path), str(private_path.parent)
                 save()
-                if outcome is None or outcome.action != "load":
+                if (outcome is None or outcome.action != "load") and torch_caches.has_private_place():
                     publish(directory, private, _since(directory))
 
             model.__dict__["save_aot_compiled_function"] = save_privately
@@ -244,6 +275,8 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
             torch_caches.ensure_private()
             return original(self, cache_dir, disable_cache, prefix)
         private, _ = private_for(rank_dir.parent)
+        if private is None:  # nothing can be written: vLLM reads no cache
+            return original(self, cache_dir, True, prefix)
         local.mkdir(parents=True, exist_ok=True)  # vLLM made it (for its debug files); a quarantine took it
         private_local = private / local.relative_to(rank_dir.parent)
         private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -273,7 +306,7 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
         if (manager is not None and not getattr(manager, "disable_cache", True) and manager.is_cache_updated
                 and path and os.path.exists(path) and directory):
             private, outcome = private_for(Path(directory))
-            if outcome is not None and outcome.action != "load":
+            if outcome is not None and outcome.action != "load" and private is not None:
                 publish(Path(directory), private, _since(Path(directory)))
         return result
 
@@ -329,17 +362,34 @@ def install() -> bool:
                 if not callable(getattr(target, name, None)):
                     raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
             headers.on_build_node(_signs_and_pushes)
-            torch_caches.boot_dir()
+            try:
+                torch_caches.boot_dir()
+            except StoreError as exc:  # guarded all the same: every cache is then a cold compile
+                LOG.warning("plancache: compile-cache: %s; vLLM compiles cold", safe_text(exc.detail, 600))
+            os.register_at_fork(after_in_child=_forget_in_child)
             for target, name, wrap in targets:
                 current = getattr(target, name)
                 if not getattr(current, "__plancache__", False):
                     _patched.append((target, name, current))
                     setattr(target, name, wrap(current))
         except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM's start
-            LOG.error("plancache: compile-cache guard not installed (%s); vLLM reads its compile cache unchecked",
-                      safe_text(exc, 300))
+            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+            torch_caches.switch_off_torch_caches()
+            LOG.error("plancache: compile-cache guard not installed (%s); vLLM's compile cache is switched off "
+                      "(VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold", safe_text(exc, 300))
             return False
     return True
+
+
+def _forget_in_child() -> None:
+    """In a process forked from one that guarded (vLLM's engine forks its workers after loading
+    the plugin): nothing of the parent's decisions, private copies or locks carries over; the
+    child makes its own boot directory on first use (:func:`torch_caches.boot_dir`)."""
+    global _lock
+    _lock = threading.RLock()
+    _guarded.clear()
+    _decided_at.clear()
+    headers.reset()
 
 
 def uninstall() -> None:

@@ -122,12 +122,13 @@ def _pack_early() -> None:
         _packing = (names, Prefetch("pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)).start())
 
 
-def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False) -> None:
+def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False, archive_sha256: str | None = None) -> None:
     """Fetch ``subject``'s headers in the background (once a boot), from ``store``: the guard's
     own, already open (a second client would make its filesystem, and its connection, again).
     ``held``: started as soon as the guard knows it pulls, alongside the cache's own pull; it
     downloads, checks and inflates meanwhile, but links nothing until the guard :func:`decided`
-    (the cache was loaded; anything else cancels it)."""
+    (the cache was loaded, and which: only headers bound to it are linked; anything else cancels
+    it). Not held: ``archive_sha256`` names the cache already loaded."""
     global _fetch
     from ...pipeline.compile_cache.headers import Cancel, HeadersOutcome, pull_headers
     from ...pipeline.resolver import utcnow
@@ -142,7 +143,8 @@ def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False) ->
     def task() -> Any:
         started = time.monotonic()
         try:
-            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1], deadline=deadline, cancel=cancel)
+            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1],
+                                   cache_archive_sha256=archive_sha256, deadline=deadline, cancel=cancel)
         except Exception as exc:  # noqa: BLE001 - plancache's own failure: torch builds the header
             outcome = HeadersOutcome("failed", "store-error", safe_text(getattr(exc, "detail", exc), 200))
         with _lock:
@@ -160,9 +162,10 @@ def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False) ->
             LOG.debug("plancache: header fetch not started", exc_info=True)
 
 
-def decided(subject: str, loaded: bool, reason: str = "") -> None:
+def decided(subject: str, loaded: bool, reason: str = "", *, archive_sha256: str | None = None) -> None:
     """The guard's decision on the cache whose pull a held fetch runs beside: loaded, the fetch
-    may link what it verified; anything else (refused, missing, a store error, a timeout) and it
+    may link what it verified if its statement binds ``archive_sha256``, the loaded cache's
+    verified manifest's (None, unknown: it links nothing, ``statement-mismatch``); anything else (refused, missing, a store error, a timeout) and it
     is cancelled, installing nothing, and torch no longer waits for it (SECURITY.md: a store's
     header is installed only beside a cache this boot loaded from that store)."""
     global _fetch
@@ -175,7 +178,7 @@ def decided(subject: str, loaded: bool, reason: str = "") -> None:
         if not loaded:
             _fetch = None
     if loaded:
-        pending[1].release()
+        pending[1].release(archive_sha256)
     else:
         pending[1].set(HeadersOutcome("cancelled", reason or "not-loaded",
                                       f"the cache was not loaded ({reason or 'no decision'}): no header installed"))
@@ -207,8 +210,9 @@ def wait() -> None:
                      (time.monotonic() - fetch.started) * 1000, fetch.deadline - fetch.started)
 
 
-def push(store: Any, subject: str, signer: Any, expires_in: Any) -> Any:
-    """The build node's push of the headers this process used (after the cache's own push)."""
+def push(store: Any, subject: str, signer: Any, expires_in: Any, archive_sha256: str) -> Any:
+    """The build node's push of the headers this process used (after the cache's own push),
+    bound to that cache's signature (``archive_sha256``, its manifest's)."""
     from ...pipeline.compile_cache.headers import HeadersOutcome, push_headers
     from ...pipeline.resolver import utcnow
 
@@ -220,7 +224,8 @@ def push(store: Any, subject: str, signer: Any, expires_in: Any) -> Any:
     if packing is not None and packing[0] == names:
         finished, packed = packing[1].result()
         packed = packed if finished else None
-    return push_headers(store, subject, at[0], at[1], names, signer, utcnow(), expires_in=expires_in, packed=packed)
+    return push_headers(store, subject, at[0], at[1], names, signer, utcnow(), cache_archive_sha256=archive_sha256,
+                        expires_in=expires_in, packed=packed)
 
 
 def reset() -> None:

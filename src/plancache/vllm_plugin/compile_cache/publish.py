@@ -25,6 +25,10 @@ from ...trust.display import safe_text
 
 LOG = logging.getLogger("vllm.plancache")
 EXPIRES_ENV = "PLANCACHE_COMPILE_CACHE_EXPIRES_IN"
+LOCK_WAIT_EXTRA = 30.0
+"""The node lock is waited for at most the boot's budget (``PLANCACHE_TIMEOUT``) plus this, at
+the guard as in :func:`publish` inside vLLM's save: a lock another process holds costs a
+bounded wait and an unsigned cache, never a hung worker (guard.py uses the same value)."""
 
 _lock = threading.Lock()
 _pushes: list[threading.Thread] = []
@@ -111,9 +115,9 @@ def root_and_subject(directory: Path) -> tuple[Any, str | None]:
 
 
 def publish(directory: Path, private: Path, compile_ms: float | None = None) -> None:
-    """After vLLM saved a new cache into ``private`` (standing for ``directory``): put it in
-    place and sign it (with vLLM's cache-key factors and the compile's time, when known), then
-    push it in the background. Never raises."""
+    """After vLLM saved a new cache into ``private`` (standing for ``directory``): sign it as it
+    is there (with vLLM's cache-key factors and the compile's time, when known), put exactly
+    those bytes in place, then push it in the background. Never raises."""
     config, key = settings(), signer()
     if config is None or key is None:
         return
@@ -125,10 +129,14 @@ def publish(directory: Path, private: Path, compile_ms: float | None = None) -> 
     try:
         from .. import record
 
-        factors = record.last_factors() if subject.startswith("torch_aot_compile/") else None  # <10 hex>: inside
+        # Both layouts: the factors the guard read from vLLM's cache_key_factors.json right after
+        # VllmBackend returned (record.last_factors). That debug file lies in the shared directory,
+        # never in the private copy signed here, so build_manifest cannot find it; one read also
+        # keeps the signed factors equal to the boot record's (they are diagnostics, not trust).
+        factors = record.last_factors()
         measured = {"compile_ms": round(compile_ms, 1)} if compile_ms is not None else None
         outcome = publish_cache(root, subject, private, key, utcnow(), expires_in=config.expires_in,
-                                key_factors=factors, measurements=measured)
+                                key_factors=factors, measurements=measured, wait=config.timeout + LOCK_WAIT_EXTRA)
     except Exception as exc:  # noqa: BLE001
         LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
         return
@@ -154,13 +162,13 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
         started = time.monotonic()
         try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
             store = open_store(config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT))
-            outcome = push_cache(store, root, subject, signer_keyring(key), utcnow())
+            outcome = push_cache(store, root, subject, signer_keyring(key), utcnow(), wait=store.timeout)
             LOG.info("plancache: compile-cache pushed cache=%s url=%s detail=\"%s\" elapsed_ms=%.0f", subject,
                      safe_text(config.url, 200), safe_text(outcome.detail, 200), (time.monotonic() - started) * 1000)
         except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
             LOG.warning("plancache: push of compile cache %s failed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
             return
-        _push_headers(store, subject, key, config)
+        _push_headers(store, subject, key, config, outcome.archive_sha256)
 
     thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
     with _lock:
@@ -173,13 +181,14 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
     thread.start()
 
 
-def _push_headers(store: Any, subject: str, key: Any, config: Settings) -> None:
-    """After the cache: the precompiled headers its compile used, so a new node need not build them."""
+def _push_headers(store: Any, subject: str, key: Any, config: Settings, archive_sha256: str) -> None:
+    """After the cache: the precompiled headers its compile used, so a new node need not build them,
+    bound to the cache just pushed (``archive_sha256``: a node installs them beside that one only)."""
     from . import headers
 
     started = time.monotonic()
     try:
-        outcome = headers.push(store, subject, key, config.expires_in)
+        outcome = headers.push(store, subject, key, config.expires_in, archive_sha256)
     except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a header build
         LOG.warning("plancache: push of the precompiled headers of %s failed: %s", subject,
                     safe_text(getattr(exc, "detail", exc), 300))

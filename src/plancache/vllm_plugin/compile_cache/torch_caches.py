@@ -1,8 +1,11 @@
-"""Every on-disk cache torch 2.13 reads during a guarded boot lies in a private per-boot directory.
+"""Every on-disk cache torch 2.13 reads during a guarded boot lies in a private per-process directory.
 
-With the guard on, this process gets ``$VLLM_CACHE_ROOT/plancache-private/boot-<pid>-<random>/``
-(mode 0700, :func:`plancache.storage.compile_cache.private_copy.new_boot_dir`), removed at exit. From the
-sources of torch 2.13 and vLLM 0.33, the caches read from disk in any compile mode are:
+With the guard on, each process gets its own boot directory (:mod:`plancache.storage.compile_cache.
+boot_dirs`: ``boot-<random>`` in a private root this user owns, on a filesystem where shared
+objects can be mapped, alive by a lock), removed at exit. A worker vLLM forks from the engine
+process (which loaded the plugin) makes its own on first use: the directory belongs to the pid
+that made it, and nothing of the parent's is used in the child. From the sources of torch 2.13
+and vLLM 0.33, the caches read from disk in any compile mode are:
 
 - ``cache_dir()`` = ``$TORCHINDUCTOR_CACHE_DIR`` (else ``$TMPDIR/torchinductor_<user>``):
   ``fxgraph/`` (FX graph cache, pickles), ``aotautograd/`` (AOTAutograd cache, pickles), the
@@ -10,18 +13,21 @@ sources of torch 2.13 and vLLM 0.33, the caches read from disk in any compile mo
   autotune), ``dynamo/`` (automatic-dynamic PGO profiles), ``gcc/``, ``autoheuristic/``;
 - ``default_cache_dir()`` = ``$TMPDIR/torchinductor_<user>`` whatever the variable says:
   ``precompiled_headers/`` (``codecache._HEADER_DIR``, fixed when torch is imported; kept in
-  the node's private ``plancache-private/headers``, see :func:`node_headers`), the on-disk
-  caches of ``torch._inductor.cache`` and ``runtime/caching``, Halide's runtime;
+  the private root's ``headers``, see :func:`node_headers`), the on-disk caches of
+  ``torch._inductor.cache`` and ``runtime/caching``, Halide's runtime;
 - ``$TRITON_CACHE_DIR`` (else ``~/.triton/cache``): Triton kernels;
 - vLLM's own directories, which the guard hands over as private copies.
 
-So at install ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` point into the boot directory,
-every ``default_cache_dir`` binding torch holds is replaced by one returning ``<boot>/default``
-(the precompiled header included), and :func:`ensure_private` runs before every compile or
-compiled call vLLM makes: vLLM's AOT path sets ``TORCHINDUCTOR_CACHE_DIR`` to the *signed*
+So ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` point into the boot directory, every
+``default_cache_dir`` binding torch holds is replaced by one returning ``<boot>/default`` (the
+precompiled header included), and :func:`ensure_private` runs before every compile or compiled
+call vLLM makes: vLLM's AOT path sets ``TORCHINDUCTOR_CACHE_DIR`` to the *signed*
 ``<hash>/inductor_cache`` right before it compiles, which is re-pointed at the private copy (or,
-when nothing was guarded, at a fresh private directory). What stays outside is named in
-SECURITY.md (``torch._dynamo``'s precompile cache, off by default, fixed at import).
+when nothing was guarded, at a fresh private directory). Where no private directory can be had
+at all, :func:`boot_dir` raises ``no-private-dir``: the guard then makes vLLM compile cold into
+a scratch directory (:func:`scratch_dir`) and torch's on-disk caches are switched off, so no
+cache is ever read unverified. What stays outside is named in SECURITY.md (``torch._dynamo``'s
+precompile cache, off by default, fixed at import).
 """
 
 from __future__ import annotations
@@ -31,30 +37,114 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from ...storage.compile_cache.boot_dirs import BootDir
+from ...trust.errors import StoreError
 
 LOG = logging.getLogger("vllm.plancache")
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 
-_boot: Path | None = None
-_redirects: dict[str, Path] = {}
-"""Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
+
+class _Place:
+    """This process's private place: made once per pid (a forked child never uses its parent's)."""
+
+    def __init__(self) -> None:
+        self.boot: BootDir | None = None
+        self.problem: StoreError | None = None
+        self.scratch: Path | None = None
+        self.pid = os.getpid()
+        self.redirects: dict[str, Path] = {}
+        """Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
+
+
+_place = _Place()
+
+
+def _current() -> _Place:
+    global _place
+    if _place.pid != os.getpid():
+        _place = _Place()
+    return _place
 
 
 def boot_dir() -> Path:
-    """This process's private directory (made, and the torch caches pinned, on first use)."""
-    global _boot
-    if _boot is None:
+    """This process's private directory (made, and the torch caches pinned, on first use in
+    each process). Raises ``StoreError`` ``no-private-dir`` when none can be had (every try
+    after the first raises the same, without looking again)."""
+    place = _current()
+    if place.boot is None and place.problem is None:
         from vllm import envs
 
-        from ...storage.compile_cache.private_copy import new_boot_dir
+        from ...storage.compile_cache.boot_dirs import new_boot_dir
+        from ...storage.local.dirfds import set_temp_owner
 
-        _boot = new_boot_dir(Path(envs.VLLM_CACHE_ROOT))
-        atexit.register(shutil.rmtree, str(_boot), True)
-        _pin(_boot)
-    return _boot
+        try:
+            place.boot = new_boot_dir(Path(envs.VLLM_CACHE_ROOT))
+        except StoreError as exc:
+            place.problem = exc
+            _pin_nowhere(place)
+            raise
+        set_temp_owner(place.boot.path.name)
+        atexit.register(place.boot.close)
+        LOG.debug("plancache: compile-cache private directory %s", place.boot.path)
+        _pin(place.boot)
+    if place.boot is None:
+        assert place.problem is not None
+        raise place.problem
+    return place.boot.path
+
+
+def scratch_dir() -> Path | None:
+    """Where vLLM compiles cold when no private directory can be had: a fresh ``mkdtemp`` of
+    this process's (any writable temporary directory, ``noexec`` or not: nothing verified is
+    ever loaded from it), removed at exit; None when nothing at all can be written."""
+    place = _current()
+    if place.scratch is None:
+        try:
+            place.scratch = Path(tempfile.mkdtemp(prefix="plancache-cold-"))
+        except OSError:
+            return None
+        atexit.register(shutil.rmtree, str(place.scratch), True)
+    return place.scratch
+
+
+def has_private_place() -> bool:
+    """Whether this process has a boot directory (not just a cold scratch): only then is what
+    vLLM compiled into it published and signed."""
+    try:
+        boot_dir()
+    except StoreError:
+        return False
+    return True
+
+
+def _pin_nowhere(place: _Place) -> None:
+    """No private directory: vLLM compiles into a scratch directory, and torch's own on-disk caches
+    are switched off, so torch never reads a shared ``torchinductor_<user>``."""
+    scratch = scratch_dir()
+    if scratch is not None:
+        point_inductor(scratch / "inductor")
+        os.environ[TRITON_ENV] = str(scratch / "triton")
+    switch_off_torch_caches()
+
+
+def switch_off_torch_caches() -> None:
+    """torch's FX graph, AOTAutograd and autotune caches off: nothing is read from disk for them."""
+    try:
+        from torch._inductor import config
+
+        config.fx_graph_cache = False
+        config.autotune_local_cache = False
+        config.bundled_autotune_remote_cache = False
+        from torch._functorch import config as functorch_config
+
+        functorch_config.enable_autograd_cache = False
+    except Exception:  # noqa: BLE001 - a torch without them has nothing to switch off
+        LOG.debug("plancache: torch's caches not switched off", exc_info=True)
 
 
 def private_dir(name: str) -> Path:
@@ -62,18 +152,29 @@ def private_dir(name: str) -> Path:
     return boot_dir() / name
 
 
+def _mine() -> Path | None:
+    """This process's boot directory, or with none to be had its cold scratch (None: neither)."""
+    try:
+        return boot_dir()
+    except StoreError:
+        return scratch_dir()
+
+
 def is_private(path: str | None) -> bool:
-    return path is not None and os.path.abspath(path).startswith(str(boot_dir()) + os.sep)
+    """Inside this process's boot directory (or, with none to be had, its cold scratch)."""
+    mine = _mine()
+    return path is not None and mine is not None and os.path.abspath(path).startswith(str(mine) + os.sep)
 
 
 def in_a_copy(path: str | None) -> bool:
     """Inside the boot directory, and not its default ``inductor/`` (a guarded cache's copy)."""
-    return is_private(path) and not os.path.abspath(path or "").startswith(str(boot_dir() / "inductor"))
+    mine = _mine()
+    return is_private(path) and mine is not None and not os.path.abspath(path or "").startswith(str(mine / "inductor"))
 
 
 def redirect(signed_inductor: Path, private_inductor: Path) -> None:
     """From now on, wherever vLLM points inductor at ``signed_inductor``, use ``private_inductor``."""
-    _redirects[os.path.abspath(signed_inductor)] = private_inductor
+    _current().redirects[os.path.abspath(signed_inductor)] = private_inductor
     point_inductor(private_inductor)
 
 
@@ -88,43 +189,56 @@ def ensure_private() -> str | None:
     current = os.environ.get(INDUCTOR_ENV)
     if is_private(current):
         return None
-    target = _redirects.get(os.path.abspath(current)) if current else None
-    point_inductor(target or boot_dir() / "inductor")
+    target = _current().redirects.get(os.path.abspath(current)) if current else None
+    mine = _mine()
+    if target is None and mine is not None:
+        target = mine / "inductor"
+    if target is not None:
+        point_inductor(target)
     return current
 
 
-def _pin(boot: Path) -> None:
-    point_inductor(boot / "inductor")
-    (boot / "triton").mkdir(mode=0o700, exist_ok=True)
-    os.environ[TRITON_ENV] = str(boot / "triton")
-    default = boot / "default"
+def _pin(boot: BootDir) -> None:
+    point_inductor(boot.path / "inductor")
+    (boot.path / "triton").mkdir(mode=0o700, exist_ok=True)
+    os.environ[TRITON_ENV] = str(boot.path / "triton")
+    default = boot.path / "default"
     default.mkdir(mode=0o700, exist_ok=True)
     try:
         from torch._inductor import codecache
         from torch._inductor.runtime import cache_dir_utils
 
-        original = cache_dir_utils.default_cache_dir
-        private: Callable[[], str] = lambda: str(default)  # noqa: E731
+        original = getattr(cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir)
         for name, module in list(sys.modules.items()):
-            if name.startswith("torch") and getattr(module, "default_cache_dir", None) is original:
-                module.default_cache_dir = private  # type: ignore[attr-defined]
-        from ...storage.compile_cache.private_copy import PRIVATE_SUBDIR
-
-        shared = node_headers(boot.parent) if boot.parent.name == PRIVATE_SUBDIR else None
+            bound = getattr(module, "default_cache_dir", None)
+            if name.startswith("torch") and (bound is original or getattr(bound, "__wrapped__", None) is original):
+                module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]
+        shared = node_headers(boot.root)
         headers = shared or default / "precompiled_headers"
         codecache._HEADER_DIR = str(headers)
         codecache._HEADER_LOCK_DIR = str(headers / "locks")
         from . import headers as pch
 
         if shared is not None:
-            pch.place(boot.parent.parent, shared)
+            pch.place(boot.root.parent, shared)
         codecache._precompile_header = pch.wrap(codecache._precompile_header)
     except Exception:  # noqa: BLE001 - a torch without them has nothing to pin
         LOG.debug("plancache: torch's default cache directory not pinned", exc_info=True)
 
 
+def _private_default(original: Callable[[], str]) -> Callable[[], str]:
+    """torch's ``default_cache_dir``, answered from the calling process's own boot directory
+    (a forked worker's, not its parent's)."""
+    def default_cache_dir() -> str:
+        mine = _mine()
+        return str(mine / "default") if mine is not None else original()
+
+    default_cache_dir.__wrapped__ = original  # type: ignore[attr-defined]
+    return default_cache_dir
+
+
 def node_headers(private_root: Path) -> Path | None:
-    """``plancache-private/headers``: the precompiled header, kept across boots on this node.
+    """``<private root>/headers``: the precompiled header, kept across boots on this node.
     Inductor builds it before it loads even a warm cache (149 MiB, 11-60 s of gcc), so a fresh
     one per boot would cost every warm boot that, and shipping it inside the signed cache cost
     every pull 149 MiB. It is built locally from torch's own headers, or installed verified

@@ -1,0 +1,245 @@
+"""Where a worker process keeps its private copies: owned, reached without links, alive by lock.
+
+The guard hands vLLM copies of verified caches, and those copies are only as safe as the place
+they live in. On a real node that place is shared in every way a test machine is not: several
+pods mount one cache root (hostPath, RWX volume, NFS) from their own PID namespaces, vLLM
+creates the root with the process umask (often group-writable), containers run as other users
+on read-only roots with a ``noexec`` tmpfs on ``/tmp``, and vLLM forks its workers after the
+plugin was loaded. So a *private root* (the directory holding every boot directory of one user)
+is used only when all of this holds, checked at each boot:
+
+- every directory from ``/`` down to the private root's parent belongs to root or this user and
+  is closed to group and world writes unless it is sticky (``/tmp``): nobody else can rename a
+  directory on the way and put another tree under the same path;
+- the private root is reached from that parent without following a link, is this user's and
+  mode 0700 (:func:`plancache.storage.local.dirfds.require_owned`);
+- its filesystem is writable and not mounted ``noexec``: the copies hold shared objects that
+  torch maps with ``dlopen``, so a copy where code cannot be mapped would say ``load`` and fail.
+
+The candidates, first usable wins: ``$PLANCACHE_PRIVATE_DIR`` (the operator's choice for
+read-only roots), ``$VLLM_CACHE_ROOT/plancache-private`` (the cache's own filesystem: compiled
+``.so`` files load where vLLM already loads them), ``<tempdir>/plancache-private-<uid>``. None
+usable is :class:`~plancache.trust.errors.StoreError` ``no-private-dir`` naming each candidate
+and what is wrong with it: the guard then makes vLLM compile cold, never read a cache unchecked.
+
+Each process gets its own ``boot-<random>`` directory (mode 0700) and holds an exclusive
+``flock`` on ``boot-<random>.lock`` beside it for as long as it runs. A sweep removes the boot
+directory of a lock it can take: its process is gone. ``flock`` is held by the kernel's open
+file, not by a pid, so this holds across PID namespaces on one host (a pid from another pod's
+namespace says nothing here), and a forked child that inherits the descriptor keeps its parent's
+directory alive, never the reverse. Over NFS, Linux maps ``flock`` to NFS byte-range locks
+(NLM or NFSv4), which other hosts see while the lock holder's lease lives. A boot directory
+without a lock file (an older plancache's) is never removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...trust.errors import Reason, StoreError
+from ..local import dirfds
+
+PRIVATE_SUBDIR = "plancache-private"
+PRIVATE_DIR_ENV = "PLANCACHE_PRIVATE_DIR"
+BOOT_PREFIX = "boot-"
+LOCK_SUFFIX = ".lock"
+HEADERS_SUBDIR = "headers"
+
+
+@dataclass(frozen=True)
+class BootDir:
+    """One process's private directory, and the lock that proves the process alive."""
+
+    path: Path
+    root: Path
+    """The private root holding it (and the node's precompiled headers, ``root/headers``)."""
+    pid: int
+    lock_fd: int
+
+    def close(self) -> None:
+        """Remove the directory and its lock (at exit, by the process that made it only)."""
+        if os.getpid() != self.pid:
+            return
+        with contextlib.suppress(OSError), dirfds.opened_dir(self.root.parent, self.root, False) as fd:
+            shutil.rmtree(self.path.name, ignore_errors=True, dir_fd=fd)
+            os.unlink(self.path.name + LOCK_SUFFIX, dir_fd=fd)
+        with contextlib.suppress(OSError):
+            os.close(self.lock_fd)
+
+
+def candidates(cache_root: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> list[Path]:
+    """The private roots to try, in order (see the module)."""
+    found = [Path(environ[PRIVATE_DIR_ENV])] if environ.get(PRIVATE_DIR_ENV, "").strip() else []
+    found.append(cache_root / PRIVATE_SUBDIR)
+    found.append(Path(tempfile.gettempdir()) / f"{PRIVATE_SUBDIR}-{os.geteuid()}")
+    return found
+
+
+def new_boot_dir(cache_root: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> BootDir:
+    """A fresh boot directory in the first usable private root. Raises ``StoreError``
+    (``no-private-dir``) naming every candidate and why it was not used."""
+    problems = []
+    for private_root in candidates(cache_root, environ):
+        try:
+            return _make_in(private_root)
+        except StoreError as exc:
+            problems.append(exc.detail)
+        except OSError as exc:
+            problems.append(f"{private_root}: {exc.strerror or exc}")
+    raise StoreError("no private directory for compile-cache copies: " + "; ".join(problems)
+                     + f"; set {PRIVATE_DIR_ENV} to a directory of this user's on an exec-capable filesystem",
+                     reason=Reason.NO_PRIVATE_DIR)
+
+
+def check_chain(directory: Path) -> Path:
+    """``directory`` with its links resolved, once every directory from ``/`` down to it is
+    root's or this user's and closed to group and world writes (or sticky). ``StoreError``
+    (``unsafe-directory``) naming the first that is not."""
+    real = Path(os.path.realpath(directory))
+    me = os.geteuid()
+    for step in [real, *real.parents][::-1]:
+        st = os.lstat(step)
+        loose = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        if st.st_uid not in (0, me) or loose:
+            owner = f"uid {st.st_uid}'s" if st.st_uid not in (0, me) else f"mode {stat.S_IMODE(st.st_mode):04o}"
+            raise StoreError(f"{step} ({owner}) lets another user replace what lies below it", reason=Reason.UNSAFE_DIRECTORY)
+    return real
+
+
+def open_private_root(private_root: Path) -> tuple[Path, int]:
+    """(the private root's resolved path, a descriptor of it), made 0700 if missing, once its
+    parent's chain, its owner and mode, and its filesystem pass (see the module)."""
+    parent = private_root.parent
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(parent, exist_ok=True)
+    real_parent = check_chain(parent)
+    fd = dirfds.open_dir(real_parent, real_parent / private_root.name, True, 0o700)
+    try:
+        where = real_parent / private_root.name
+        dirfds.require_owned(fd, where, private=True)
+        flags = os.fstatvfs(fd).f_flag
+        if flags & os.ST_RDONLY:
+            raise StoreError(f"{where}: read-only filesystem", reason=Reason.NO_PRIVATE_DIR)
+        if flags & os.ST_NOEXEC:
+            raise StoreError(f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
+                             reason=Reason.NO_PRIVATE_DIR)
+        return where, fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _make_in(private_root: Path) -> BootDir:
+    where, fd = open_private_root(private_root)
+    try:
+        sweep_fd(fd)
+        name = f"{BOOT_PREFIX}{secrets.token_hex(8)}"
+        lock_fd = _locked_file(fd, name + LOCK_SUFFIX)
+        try:
+            os.mkdir(name, 0o700, dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name + LOCK_SUFFIX, dir_fd=fd)
+            os.close(lock_fd)
+            raise
+        return BootDir(where / name, where, os.getpid(), lock_fd)
+    finally:
+        os.close(fd)
+
+
+def _locked_file(dir_fd: int, name: str) -> int:
+    """``name`` made and locked before it is visible: created under a temporary name, locked,
+    then linked into place, so no sweep ever sees it unlocked."""
+    tmp = dirfds.temp_name(name)
+    fd = os.open(tmp, dirfds.NEW_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+    return fd
+
+
+def is_alive(dir_fd: int, boot_name: str, *, missing: bool = True) -> bool:
+    """Whether the process that made ``boot_name`` in the private root ``dir_fd`` still runs:
+    its lock is held. A lock file that cannot be opened counts as alive (never remove what might
+    be in use), and so does a missing one unless ``missing`` is False: a temporary's name carries
+    a boot only once that boot's lock exists, so there a missing lock means a finished boot."""
+    try:
+        fd = os.open(boot_name + LOCK_SUFFIX, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return missing
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:  # held (EWOULDBLOCK), or a lock this filesystem cannot give: alive
+        return True
+    finally:
+        os.close(fd)
+
+
+def sweep_fd(dir_fd: int) -> list[str]:
+    """Remove the boot directories (and their locks) of processes that are gone, and the
+    temporaries they left in ``headers/``; returns the names removed. Each is removed while
+    its lock is held by the sweep, so a process can never come back to a half-removed one."""
+    removed = []
+    for name in sorted(os.listdir(dir_fd)):
+        if not (name.startswith(BOOT_PREFIX) and name.endswith(LOCK_SUFFIX)):
+            continue
+        boot = name[: -len(LOCK_SUFFIX)]
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: its process runs (in this PID namespace or another)
+            shutil.rmtree(boot, ignore_errors=True, dir_fd=dir_fd)
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+            removed.append(boot)
+        finally:
+            os.close(fd)
+    removed += _sweep_header_temporaries(dir_fd)
+    return removed
+
+
+def _sweep_header_temporaries(dir_fd: int) -> list[str]:
+    """Temporaries a header fetch left in ``headers/`` when its process died: their names carry
+    the boot that wrote them (:func:`plancache.storage.local.dirfds.temp_name`)."""
+    removed = []
+    with contextlib.suppress(OSError), dirfds.opened_dir_at(dir_fd, HEADERS_SUBDIR) as headers:
+        for name in os.listdir(headers):
+            boot = dirfds.temp_owner(name)
+            if boot and not is_alive(dir_fd, boot, missing=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=headers)
+                    removed.append(f"{HEADERS_SUBDIR}/{name}")
+    return removed
+
+
+def sweep(private_root: Path) -> list[str]:
+    """:func:`sweep_fd` of a private root given by path (opened as :func:`open_private_root` does)."""
+    _, fd = open_private_root(private_root)
+    try:
+        return sweep_fd(fd)
+    finally:
+        os.close(fd)
