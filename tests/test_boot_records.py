@@ -38,6 +38,7 @@ logging.getLogger("vllm.plancache").setLevel(logging.INFO)
 from plancache.keys.keyfile import file_signer
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.vllm_plugin import record
+from plancache.vllm_plugin.compile_cache import decisions as compile_decisions
 from plancache.vllm_plugin.compile_cache import guard as compile_guard
 
 assert compile_guard.install()
@@ -76,7 +77,7 @@ assert loaded is None
 debug = root.root / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbone"
 debug.mkdir(parents=True)
 (debug / "cache_key_factors.json").write_text(json.dumps({**factors, "code_hash": "3" * 64}))
-compile_guard._note_factors(str(debug))
+compile_decisions.note_factors(str(debug))
 # the boot ends: vLLM's real Worker.compile_or_warm_up_model, wrapped by the guard (no plan side here)
 worker = object.__new__(gpu_worker.Worker)
 worker.use_v2_model_runner = False

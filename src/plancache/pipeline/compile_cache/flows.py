@@ -4,9 +4,9 @@ A cache directory is ``$VLLM_CACHE_ROOT/torch_compile_cache/<subject>`` (see
 :mod:`plancache.trust.compile_cache.manifest`), its signed manifest the sidecar ``<subject>.plancache.sig``
 beside it. Every flow keeps one order: the signature first (capped read, then
 :func:`~plancache.trust.compile_cache.manifest.verify_manifest`), then the directory's names, kinds and sizes
-against the manifest (closed world: nothing unlisted), only then the files' sha256. No flow
-parses a byte of the cache; torch does, after :func:`plancache.pipeline.compile_cache.load.guard`
-said ``load``, and then only from the private copy it made.
+against the manifest (closed world: nothing unlisted but vLLM's debug files, :func:`check_names`),
+only then the files' sha256. No flow parses a byte of the cache; torch does, after
+:func:`plancache.pipeline.compile_cache.load.guard` said ``load``, and then only from the private copy it made.
 
 A pull never replaces a local cache that verifies and was signed at the same time or later
 (no rollback by a bucket writer); a cache a build node compiled in private is signed as hashed

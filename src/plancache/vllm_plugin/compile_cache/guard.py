@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
-from . import headers, torch_caches
+from . import decisions, headers, torch_caches
 from .publish import publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
 
 LOG = logging.getLogger("vllm.plancache")
@@ -56,11 +56,6 @@ _guarded: dict[str, tuple[Path, Any]] = {}
 """Signed directory -> (the private directory vLLM uses instead, the guard's outcome)."""
 
 
-def _log(action: str, reason: str, cache: str, started: float, *, detail: str = "", extra: str = "") -> None:
-    LOG.info('plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"', action, reason,
-             safe_text(cache, 200), (time.monotonic() - started) * 1000, extra, safe_text(detail, 300))
-
-
 def private_for(directory: Path, disabled: bool = False) -> tuple[Path | None, Any]:
     """The private directory vLLM must use instead of ``directory`` (guarded once per process;
     the decision logged then), and the guard's outcome (None when nothing was checked). The
@@ -73,7 +68,7 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path | None, A
                 _guarded[key] = _check(directory, disabled)
             except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
                 into = _empty_private(f"c{len(_guarded)}")
-                _log("compile", "internal-error", str(directory), time.monotonic(), detail="nothing loaded: "
+                decisions.log("compile", "internal-error", str(directory), time.monotonic(), detail="nothing loaded: "
                      + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
                 _guarded[key] = (into, None)
         return _guarded[key]
@@ -107,8 +102,8 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
 
         _, subject = root_and_subject(directory)
         cold = CacheOutcome(subject or str(directory), "compile", exc.reason.value, f"vLLM compiles cold; {exc.detail}")
-        _log("compile", cold.reason, cold.subject, started, detail=cold.detail)
-        _record(directory, "compile", cold.reason, cold.subject, started, cold.detail, cold)
+        decisions.log("compile", cold.reason, cold.subject, started, detail=cold.detail)
+        decisions.record(directory, "compile", cold.reason, cold.subject, started, cold.detail, cold)
         return _empty_private(name), cold
     config = settings()
     root, subject = root_and_subject(directory)
@@ -117,8 +112,8 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
            else "")
     if why:
         into.mkdir(mode=0o700)
-        _log("compile", why, subject or str(directory), started, detail="vLLM gets an empty private directory")
-        _record(directory, "compile", why, subject or str(directory), started, "vLLM gets an empty private directory", None)
+        decisions.log("compile", why, subject or str(directory), started, detail="vLLM gets an empty private directory")
+        decisions.record(directory, "compile", why, subject or str(directory), started, "vLLM gets an empty private directory", None)
         return into, None
     pulled: list[bool] = []
     fetch = _fetcher(config, subject, pulled) if config.url and config.keyring is not None else None
@@ -131,54 +126,9 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
             headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"),
                             archive_sha256=getattr(outcome, "archive_sha256", None) or None)
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
-    _log(outcome.action, outcome.reason or "verified", subject, started, detail=outcome.detail, extra=extra)
-    _record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
+    decisions.log(outcome.action, outcome.reason or "verified", subject, started, detail=outcome.detail, extra=extra)
+    decisions.record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
     return into, outcome
-
-
-def _rank_of(directory: Path) -> int:
-    """The rank this process serves (``RANK``/``LOCAL_RANK`` as launchers set them), else 0: the
-    record's name only; a worker's plan side names the record by its own rank first."""
-    for name in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def _record(directory: Path, action: str, reason: str, cache: str, started: float, detail: str, outcome: Any) -> None:
-    """The decision into this boot's record (with the verified manifest's factors and build time)."""
-    try:
-        from .. import record
-
-        measured = getattr(outcome, "measurements", None) or {}
-        record.note_compile(_rank_of(directory), {"cache": cache, "decision": action, "reason": reason,
-                                                  "detail": safe_text(detail, 300)},
-                            (time.monotonic() - started) * 1000, getattr(outcome, "key_factors", None),
-                            measured.get("compile_ms"))
-        _finish_with_warm_up()
-    except Exception:  # noqa: BLE001 - diagnostics only: never the guard's decision
-        LOG.debug("plancache: boot record not updated", exc_info=True)
-
-
-def _finish_with_warm_up() -> None:
-    """Without the plan side (no ``VLLM_ENABLE_STARTUP_PLAN``) nothing hooks the worker class:
-    wrap its ``compile_or_warm_up_model`` now (the worker module is imported by the time vLLM
-    reads a compile cache), so the boot record is made final and logged when the boot is over."""
-    import sys
-
-    from .. import hooks
-    from ..vllm_modules import WORKER_MODULES
-
-    with _lock:
-        for module_name, class_name in WORKER_MODULES.items():
-            cls = getattr(sys.modules.get(module_name), class_name, None)
-            stack = [cls] if isinstance(cls, type) else []
-            while stack:  # the worker class and the subclasses imported by now (vLLM's CPUWorker)
-                current = stack.pop()
-                stack.extend(current.__subclasses__())
-                if "compile_or_warm_up_model" in vars(current):
-                    hooks.hook_warm_up(current, _patched)
 
 
 def _fetcher(config: Any, subject: str, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
@@ -299,7 +249,7 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(original)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        _note_factors(getattr(self.compilation_config, "local_cache_dir", None))
+        decisions.note_factors(getattr(self.compilation_config, "local_cache_dir", None))
         manager = getattr(self, "compiler_manager", None)
         path = getattr(manager, "cache_file_path", None)
         directory = self.compilation_config.cache_dir
@@ -312,20 +262,6 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
 
     call.__plancache__ = True  # type: ignore[attr-defined]
     return call
-
-
-def _note_factors(local_cache_dir: Any) -> None:
-    """What vLLM wrote to ``cache_key_factors.json`` for the graph it just compiled: signed with
-    an AOT cache (which holds none itself), compared with a verified cache that went unused."""
-    try:
-        from ...pipeline.compile_cache.flows import FACTORS_FILE, MAX_FACTORS_BYTES, factors_of
-        from ...storage.local.files import read_capped
-        from .. import record
-
-        if local_cache_dir:
-            record.note_factors(factors_of(read_capped(Path(local_cache_dir) / FACTORS_FILE, MAX_FACTORS_BYTES)))
-    except Exception:  # noqa: BLE001 - diagnostics only
-        LOG.debug("plancache: cache-key factors not read", exc_info=True)
 
 
 _decided_at: dict[str, float] = {}
@@ -394,6 +330,7 @@ def _forget_in_child() -> None:
 
 def uninstall() -> None:
     with _lock:
-        while _patched:
-            target, name, original = _patched.pop()
-            setattr(target, name, original)
+        for patched in (_patched, decisions.hooked):
+            while patched:
+                target, name, original = patched.pop()
+                setattr(target, name, original)
