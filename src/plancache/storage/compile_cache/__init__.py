@@ -2,6 +2,7 @@
 
 Moves bytes and decides nothing (the signed manifest decides, :mod:`plancache.trust.compile_cache.manifest`):
 :mod:`.cachedir` (a cache directory: walk, hash, archive, quarantine, lock), :mod:`.private_copy`
-(the per-boot private copies vLLM reads, hashed as written), :mod:`.archives` (a cache's archive
-and signature objects in a store).
+(the per-boot private copies vLLM reads, hashed as written), :mod:`.placement` (a verified archive
+staged and renamed into place; a lone sidecar and killed processes' staging cleared away),
+:mod:`.archives` (a cache's archive and signature objects in a store).
 """
