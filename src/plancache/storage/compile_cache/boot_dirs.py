@@ -99,6 +99,16 @@ def new_boot_dir(cache_root: Path, environ: dict[str, str] | os._Environ[str] = 
                      reason=Reason.NO_PRIVATE_DIR)
 
 
+def new_scratch_dir() -> BootDir:
+    """Where vLLM compiles cold when no private root is usable: a boot directory in
+    ``<tempdir>/plancache-cold-<uid>``, held and swept like any other, ``noexec`` allowed (nothing
+    verified is ever handed over from it). ``StoreError`` when even that cannot be had."""
+    try:
+        return _make_in(Path(tempfile.gettempdir()) / f"plancache-cold-{os.geteuid()}", need_exec=False)
+    except OSError as exc:
+        raise StoreError(f"no scratch directory: {exc.strerror or exc}", reason=Reason.NO_PRIVATE_DIR) from None
+
+
 def check_chain(directory: Path) -> Path:
     """``directory`` with its links resolved, once every directory from ``/`` down to it is
     root's or this user's and closed to group and world writes (or sticky). ``StoreError``
@@ -114,7 +124,7 @@ def check_chain(directory: Path) -> Path:
     return real
 
 
-def open_private_root(private_root: Path) -> tuple[Path, int]:
+def open_private_root(private_root: Path, *, need_exec: bool = True) -> tuple[Path, int]:
     """(the private root's resolved path, a descriptor of it), made 0700 if missing, once its
     parent's chain, its owner and mode, and its filesystem pass (see the module)."""
     parent = private_root.parent
@@ -128,7 +138,7 @@ def open_private_root(private_root: Path) -> tuple[Path, int]:
         flags = os.fstatvfs(fd).f_flag
         if flags & os.ST_RDONLY:
             raise StoreError(f"{where}: read-only filesystem", reason=Reason.NO_PRIVATE_DIR)
-        if flags & os.ST_NOEXEC:
+        if flags & os.ST_NOEXEC and need_exec:
             raise StoreError(f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
                              reason=Reason.NO_PRIVATE_DIR)
         return where, fd
@@ -137,8 +147,8 @@ def open_private_root(private_root: Path) -> tuple[Path, int]:
         raise
 
 
-def _make_in(private_root: Path) -> BootDir:
-    where, fd = open_private_root(private_root)
+def _make_in(private_root: Path, *, need_exec: bool = True) -> BootDir:
+    where, fd = open_private_root(private_root, need_exec=need_exec)
     try:
         sweep_fd(fd)
         name = f"{BOOT_PREFIX}{secrets.token_hex(8)}"

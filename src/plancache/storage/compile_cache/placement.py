@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...trust.compile_cache.manifest import Manifest
-from ...trust.errors import StoreError
+from ...trust.errors import Reason, StoreError
 from ..local import dirfds
 from . import cachedir
 
@@ -61,13 +61,13 @@ def install_archive(base: Path, data: bytes, manifest: Manifest, directory: Path
         sweep_staging(base, directory)
         staged = Path(tempfile.mkdtemp(prefix=staging_prefix(kind, directory), dir=directory.parent))
     except OSError as exc:
-        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR) from None
     try:
         cachedir.extract_archive(data, manifest, staged / "x")
         check(staged / "x")
         cachedir.install(base, staged / "x", directory, sig_bytes, quarantine_root, reason=f"replaced-by-{kind}")
     except OSError as exc:
-        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR) from None
     finally:
         shutil.rmtree(staged, ignore_errors=True)
 

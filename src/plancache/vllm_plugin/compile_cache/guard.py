@@ -213,7 +213,7 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
     ``@support_torch_compile`` model), not ``VLLM_USE_AOT_COMPILE``: so this layout is read
     under ``VLLM_USE_AOT_COMPILE=0`` and on any recompile in the AOT layout. Guard it always;
     vLLM gets the private copy's ``rank_<r>_<dp>/<prefix>`` (its debug files, which it never
-    reads, still go to the signed directory, where they were signed along)."""
+    reads, still go to the shared directory: never signed, never copied, never loaded)."""
 
     @functools.wraps(original)
     def initialize_cache(self: Any, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
@@ -234,7 +234,7 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
         if not torch_caches.in_a_copy(os.environ.get(torch_caches.INDUCTOR_ENV)):
             # vLLM 0.33's standalone adaptor leaves inductor where it is (its own
             # initialize_inductor_cache runs only when the decorator's flag is off): the copy's
-            # rank_<r>_<dp>/inductor_cache, where vLLM would put it, so it is signed along.
+            # rank_<r>_<dp>/inductor_cache, where vLLM would put it, so it is published with it.
             torch_caches.point_inductor(private / rank_dir.name / "inductor_cache")
         return result
 
@@ -244,7 +244,7 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
 
 def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]:
     """Publish ``<10 hex>`` once ``VllmBackend.__call__`` returns, not at ``save_to_file``: vLLM
-    writes ``computation_graph.py`` after saving, and that file is signed along."""
+    writes its cache-key factors after saving, and the signed manifest records them."""
 
     @functools.wraps(original)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -256,7 +256,7 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
         if (manager is not None and not getattr(manager, "disable_cache", True) and manager.is_cache_updated
                 and path and os.path.exists(path) and directory):
             private, outcome = private_for(Path(directory))
-            if outcome is not None and outcome.action != "load" and private is not None:
+            if outcome is not None and outcome.action != "load" and private is not None and torch_caches.has_private_place():
                 publish(Path(directory), private, _since(Path(directory)))
         return result
 

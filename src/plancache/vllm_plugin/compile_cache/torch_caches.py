@@ -35,9 +35,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,7 +53,7 @@ class _Place:
     def __init__(self) -> None:
         self.boot: BootDir | None = None
         self.problem: StoreError | None = None
-        self.scratch: Path | None = None
+        self.scratch: BootDir | None = None
         self.pid = os.getpid()
         self.redirects: dict[str, Path] = {}
         """Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
@@ -99,17 +97,20 @@ def boot_dir() -> Path:
 
 
 def scratch_dir() -> Path | None:
-    """Where vLLM compiles cold when no private directory can be had: a fresh ``mkdtemp`` of
-    this process's (any writable temporary directory, ``noexec`` or not: nothing verified is
-    ever loaded from it), removed at exit; None when nothing at all can be written."""
+    """Where vLLM compiles cold when no private directory can be had
+    (:func:`plancache.storage.compile_cache.boot_dirs.new_scratch_dir`: ``noexec`` allowed, as
+    nothing verified is ever loaded from it; swept like a boot directory), removed at exit;
+    None when nothing at all can be written."""
+    from ...storage.compile_cache.boot_dirs import new_scratch_dir
+
     place = _current()
     if place.scratch is None:
         try:
-            place.scratch = Path(tempfile.mkdtemp(prefix="plancache-cold-"))
-        except OSError:
+            place.scratch = new_scratch_dir()
+        except StoreError:
             return None
-        atexit.register(shutil.rmtree, str(place.scratch), True)
-    return place.scratch
+        atexit.register(place.scratch.close)
+    return place.scratch.path
 
 
 def has_private_place() -> bool:
