@@ -141,6 +141,28 @@ def read_only_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, A
         return {"skipped": why_not} if why_not else boot(base)
 
 
+def private_dir_setting(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
+    """A read-only root's node: ``torch_compile_cache/`` a read-only mount, ``$TMPDIR`` a ``noexec``
+    tmpfs, ``plancache-private`` another user's; ``PLANCACHE_PRIVATE_DIR`` names an exec-capable
+    directory of the worker's: the verified copy goes there, where its ``.so`` files can be mapped."""
+    with signed_cache_on_tmpfs(top, base, "ro") as why_not:
+        if why_not:
+            return {"skipped": why_not}
+        (base / ROOT_NAME / "plancache-private").mkdir(mode=0o700)
+        os.chown(base / ROOT_NAME / "plancache-private", 1001, 1001)
+        (base / "tmp").mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,noexec", "tmpfs", str(base / "tmp")],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"skipped": f"cannot mount a noexec tmpfs here: {done.stderr.strip()}"}
+        try:
+            report = boot(base, PLANCACHE_PRIVATE_DIR=str(base / "exec-private"))
+        finally:
+            subprocess.run(["umount", "-l", str(base / "tmp")], check=False)
+        report["private_dir"] = str(base / "exec-private")
+        return report
+
+
 def store_env(endpoint: str, prefix: str) -> dict[str, str]:
     """A loopback S3 store for a boot, with a roomy budget: these boots check what was pulled, not
     when (the 3 s default timed out while a loaded machine was still building the SDK client)."""
@@ -154,6 +176,7 @@ ATTACKS: dict[str, tuple[Callable[[Path, Path, dict[str, str]], dict[str, Any]],
     "disabled-planted-control": (disabled_planted(False), None),
     "own-mount": (own_mount, None),
     "read-only-mount": (read_only_mount, None),
+    "private-dir-setting": (private_dir_setting, None),
     "planted-links": (planted_links, None),
     "two-ranks": (two_ranks_then_restart, "bucket/ranks"),
     "repull": (repull_after_quarantine, "bucket/repull"),

@@ -69,6 +69,10 @@ def fork(directory: Path) -> list[dict[str, Any]]:
                 os.read(first_done_r, 1)  # the second rank asks once the first has its copy
             report = decide(directory)
             report["parent_boot"] = parent_boot
+            from torch._inductor.runtime import cache_dir_utils
+
+            report["torch_dirs"] = [cache_dir_utils.default_cache_dir(), os.environ["TORCHINDUCTOR_CACHE_DIR"],
+                                    os.environ["TRITON_CACHE_DIR"]]
             if index == 0:
                 os.write(first_done_w, b"x")
                 os.read(second_done_r, 1)

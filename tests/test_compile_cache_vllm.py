@@ -319,6 +319,16 @@ def test_a_valid_signed_cache_on_a_read_only_mount_loads(runs: dict[str, Any]) -
     assert run["correct"], run["error"]
 
 
+def test_a_read_only_root_with_a_noexec_tmp_loads_from_the_configured_private_dir(runs: dict[str, Any]) -> None:
+    run = attack_run(runs, "private-dir-setting")
+    if "skipped" in run:
+        pytest.skip(run["skipped"])
+    assert run["decisions"][0] == ("load", "verified"), (run["decisions"], run["stderr"][-2000:])
+    assert run["inductor_cache_dir"].startswith(run["private_dir"] + "/boot-"), run["inductor_cache_dir"]
+    assert run["counters"]["num_aot_artifacts_loaded"] == 1 and run["counters"]["num_aot_compiles"] == 0, run["counters"]
+    assert run["correct"], run["error"]
+
+
 def test_planted_symlinks_are_never_followed(runs: dict[str, Any]) -> None:
     run = attack_run(runs, "planted-links")
     assert run["victim"] == b"victim\n" and run["outside"] == [], (run["victim"], run["outside"])

@@ -26,6 +26,7 @@ from conftest import NOW
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.storage.compile_cache import boot_dirs
+from plancache.storage.compile_cache.headers import HEADERS_SUBDIR
 from plancache.storage.local import dirfds
 
 TESTS = Path(__file__).resolve().parent
@@ -123,14 +124,18 @@ def test_forked_workers_each_copy_into_their_own_directory_and_never_touch_each_
     assert [r["action"] for r in reports] == ["load", "load"], reports
     boots = {r["boot"] for r in reports}
     assert len(boots) == 2 and reports[0]["parent_boot"] not in boots  # one each, none the engine's
+    for report in reports:  # torch's caches too: the worker's own directory, not the engine's
+        assert all(d.startswith(report["boot"] + "/") for d in report["torch_dirs"]), report["torch_dirs"]
     first, = [r for r in reports if "digest_after_other" in r]
     assert first["digest_after_other"] == first["digest"] == reports[0]["digest"] == reports[1]["digest"] is not None
     assert _quarantine(root) == []
 
 
 def _hold(top: Path, root: cc.CacheRoot) -> tuple[subprocess.Popen[str], Path]:
-    """A pod's live worker: its own PID namespace (``unshare -p``, the worker not its pid 1)."""
-    command = ["unshare", "-p", "-f", "sh", "-c", f'"$0" {WORKER} hold; :', sys.executable]
+    """A pod's live worker: its own PID namespace (``unshare -p``), where the worker's pid (12, after
+    ten short-lived processes) is one no process has in the other pod's namespace."""
+    script = f'for i in 1 2 3 4 5 6 7 8 9 10; do true & done; wait; "$0" {WORKER} hold; :'
+    command = ["unshare", "-p", "-f", "sh", "-c", script, sys.executable]
     held = subprocess.Popen(command, env={**_env(top, root), "HOME": "/tmp"}, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert held.stdout is not None
@@ -240,7 +245,7 @@ def test_a_header_temporary_of_a_dead_boot_is_swept_and_a_live_ones_kept(base: P
     (base / "root").mkdir()
     live = boot_dirs.new_boot_dir(base / "root")
     dead_name = "boot-" + "0" * 16
-    headers = private / boot_dirs.HEADERS_SUBDIR
+    headers = private / HEADERS_SUBDIR
     headers.mkdir(mode=0o700)
     dirfds.set_temp_owner(live.path.name)
     try:

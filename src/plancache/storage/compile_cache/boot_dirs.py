@@ -43,15 +43,17 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping, TypeVar
 
 from ...trust.errors import Reason, StoreError
 from ..local import dirfds
+from .headers import HEADERS_SUBDIR
 
 PRIVATE_SUBDIR = "plancache-private"
 PRIVATE_DIR_ENV = "PLANCACHE_PRIVATE_DIR"
 BOOT_PREFIX = "boot-"
 LOCK_SUFFIX = ".lock"
-HEADERS_SUBDIR = "headers"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class BootDir:
             os.close(self.lock_fd)
 
 
-def candidates(cache_root: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> list[Path]:
+def candidates(cache_root: Path, environ: Mapping[str, str] = os.environ) -> list[Path]:
     """The private roots to try, in order (see the module)."""
     found = [Path(environ[PRIVATE_DIR_ENV])] if environ.get(PRIVATE_DIR_ENV, "").strip() else []
     found.append(cache_root / PRIVATE_SUBDIR)
@@ -83,17 +85,32 @@ def candidates(cache_root: Path, environ: dict[str, str] | os._Environ[str] = os
     return found
 
 
-def new_boot_dir(cache_root: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> BootDir:
+def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> BootDir:
     """A fresh boot directory in the first usable private root. Raises ``StoreError``
     (``no-private-dir``) naming every candidate and why it was not used."""
+    return _first_usable(cache_root, environ, _make_in)
+
+
+def private_root(cache_root: Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """The private root a worker of this user would use on this node (the CLI installs the
+    node's precompiled headers into its ``headers/``); ``StoreError`` as :func:`new_boot_dir`."""
+    def resolved(candidate: Path) -> Path:
+        where, fd = open_private_root(candidate)
+        os.close(fd)
+        return where
+
+    return _first_usable(cache_root, environ, resolved)
+
+
+def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[Path], T]) -> T:
     problems = []
-    for private_root in candidates(cache_root, environ):
+    for candidate in candidates(cache_root, environ):
         try:
-            return _make_in(private_root)
+            return use(candidate)
         except StoreError as exc:
             problems.append(exc.detail)
         except OSError as exc:
-            problems.append(f"{private_root}: {exc.strerror or exc}")
+            problems.append(f"{candidate}: {exc.strerror or exc}")
     raise StoreError("no private directory for compile-cache copies: " + "; ".join(problems)
                      + f"; set {PRIVATE_DIR_ENV} to a directory of this user's on an exec-capable filesystem",
                      reason=Reason.NO_PRIVATE_DIR)

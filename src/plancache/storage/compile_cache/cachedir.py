@@ -282,8 +282,7 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
 
 LOCK_SUFFIX = ".plancache.lock"
 LOCK_WAIT = BULK_TIMEOUT
-"""How long :func:`locked` waits when its caller names no budget (the whole-store commands'
-budget, ``settings.BULK_TIMEOUT``): every wait for the node lock ends, none waits for ever."""
+""":func:`locked`'s wait when the caller names none (the whole-store budget): no wait is endless."""
 
 
 def lock_path(directory: Path) -> Path:
@@ -295,14 +294,12 @@ def locked(base: Path, directory: Path, wait: float | None = None, *, write: boo
     """An exclusive lock for one cache directory, shared by every rank on the node: one of them
     pulls, verifies, quarantines or installs while the others wait (``<hash>.plancache.lock``
     beside it, opened without following a link, this user's and closed to others' writes).
-
     ``wait`` bounds the wait in seconds (None: :data:`LOCK_WAIT`); past it ``StoreTimeout``
-    (reason ``timeout``) naming the lock. A lock file that is another user's or open to others'
-    writes is ``StoreError`` reason ``unsafe-directory``; one this user cannot open or make,
+    (reason ``timeout``) naming the lock. A lock file another user's or open to others' writes
+    is ``StoreError`` reason ``unsafe-directory``; one this user cannot open or make,
     ``lock-unavailable``: the caller stops, never works unlocked. Yields True with the lock held;
-    False only on a read-only filesystem (``ST_RDONLY``), where nobody writes through this mount:
-    the caller may read, and nothing it tries to write can land. ``write``: the caller is about
-    to write (sign, publish, pull), so a read-only filesystem is a clear ``local-error`` at once."""
+    False only on a read-only filesystem (``ST_RDONLY``): nobody writes through this mount, so
+    the caller may read. ``write`` (sign, publish, pull) makes that a ``local-error`` at once."""
     lock = lock_path(directory)
     fd = _open_lock(base, directory, lock)
     if fd is None:

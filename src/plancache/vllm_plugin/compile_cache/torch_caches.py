@@ -36,6 +36,7 @@ import atexit
 import logging
 import os
 import sys
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -212,7 +213,8 @@ def _pin(boot: BootDir) -> None:
         original = getattr(cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir)
         for name, module in list(sys.modules.items()):
             bound = getattr(module, "default_cache_dir", None)
-            if name.startswith("torch") and (bound is original or getattr(bound, "__wrapped__", None) is original):
+            ours = isinstance(bound, types.FunctionType) and getattr(bound, "__wrapped__", None) is original
+            if name.startswith("torch") and (bound is original or ours):
                 module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]
         shared = node_headers(boot.root)
         headers = shared or default / "precompiled_headers"
