@@ -40,15 +40,12 @@ from typing import Any, Callable
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
 from . import decisions, headers, torch_caches
-from .publish import publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
+from .publish import LOCK_WAIT_EXTRA, publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
 
 LOG = logging.getLogger("vllm.plancache")
 DECORATORS = "vllm.compilation.decorators"
 BACKENDS = "vllm.compilation.backends"
 WRAPPER = "vllm.compilation.wrapper"
-LOCK_WAIT_EXTRA = 30.0
-"""A rank waits for the rank pulling or verifying the same cache for at most its store budget
-plus this (a verification of hundreds of MiB takes seconds); past it, it compiles."""
 
 _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any]] = []

@@ -27,8 +27,9 @@ LOG = logging.getLogger("vllm.plancache")
 EXPIRES_ENV = "PLANCACHE_COMPILE_CACHE_EXPIRES_IN"
 LOCK_WAIT_EXTRA = 30.0
 """The node lock is waited for at most the boot's budget (``PLANCACHE_TIMEOUT``) plus this, at
-the guard as in :func:`publish` inside vLLM's save: a lock another process holds costs a
-bounded wait and an unsigned cache, never a hung worker (guard.py uses the same value)."""
+the guard (a rank waits while another pulls or verifies hundreds of MiB: seconds) as in
+:func:`publish` inside vLLM's save: a lock another process holds costs a bounded wait and a
+compile or an unsigned cache, never a hung worker."""
 
 _lock = threading.Lock()
 _pushes: list[threading.Thread] = []

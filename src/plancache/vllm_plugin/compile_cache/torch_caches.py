@@ -212,9 +212,11 @@ def _pin(boot: BootDir) -> None:
 
         original = getattr(cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir)
         for name, module in list(sys.modules.items()):
+            if not name.startswith("torch"):  # another package's lazy attribute may import (and fail)
+                continue
             bound = getattr(module, "default_cache_dir", None)
             ours = isinstance(bound, types.FunctionType) and getattr(bound, "__wrapped__", None) is original
-            if name.startswith("torch") and (bound is original or ours):
+            if bound is original or ours:
                 module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]
         shared = node_headers(boot.root)
         headers = shared or default / "precompiled_headers"
