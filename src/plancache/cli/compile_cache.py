@@ -50,9 +50,6 @@ from .output import print_table, report
 
 EXIT_REJECTED, EXIT_CONFIG = 1, 2
 HEADERS = ("cache", "action", "files", "MiB", "signers", "reason", "detail")
-DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
-"""What vLLM 0.33's ``VllmBackend.__call__`` writes for humans into ``<10 hex>/rank_<r>_<dp>/
-<prefix>/`` and never reads back (vllm/compilation/backends.py)."""
 DEBUG_DETAIL = ("vLLM's debug dump beside the AOT cache (computation_graph.py, cache_key_factors.json): "
                 "vLLM never reads it; unsigned, not pushed, still guarded at boot")
 STOPPED = frozenset({Reason.TIMEOUT, Reason.LOCK_UNAVAILABLE, Reason.UNSAFE_DIRECTORY})
@@ -101,7 +98,7 @@ def _debug_dump(root: flows.CacheRoot, subject: str) -> flows.CacheOutcome | Non
     except PlanCacheError:
         return None
     files = {path: size for path, size in listing.items() if size is not None}
-    if not files or any(not p.startswith("rank_") or p.rsplit("/", 1)[-1] not in DEBUG_FILES for p in files):
+    if not files or any(not p.startswith("rank_") or p.rsplit("/", 1)[-1] not in cachedir.DEBUG_FILES for p in files):
         return None
     return flows.CacheOutcome(subject, "debug", "", DEBUG_DETAIL, len(files), sum(files.values()))
 
@@ -209,11 +206,16 @@ def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRo
     that kept a newer local cache names that one, so the store's older header is refused."""
     from ..pipeline.compile_cache.headers import pull_headers
     from ..settings import HEADERS_TIMEOUT
+    from ..storage.compile_cache.boot_dirs import private_root
     from ..storage.compile_cache.headers import HEADERS_SUBDIR
-    from ..storage.compile_cache.boot_dirs import PRIVATE_SUBDIR
+    from ..trust.errors import StoreError
 
-    directory = root.root / PRIVATE_SUBDIR / HEADERS_SUBDIR
-    got = pull_headers(store, outcome.subject, keyring, utcnow(), root.root, directory,
+    try:  # where this user's workers on this node keep them (PLANCACHE_PRIVATE_DIR included)
+        private = private_root(root.root)
+    except StoreError as exc:
+        note = f"headers: none (no private directory: {exc.detail})"
+        return replace(outcome, detail=f"{outcome.detail}; {note}" if outcome.detail else note)
+    got = pull_headers(store, outcome.subject, keyring, utcnow(), private.parent, private / HEADERS_SUBDIR,
                        cache_archive_sha256=outcome.archive_sha256 or None,
                        deadline=time.monotonic() + max(store.timeout, HEADERS_TIMEOUT))
     note = f"headers: {got.action}" + (f" {len(got.installed)} ({got.size} bytes)" if got.installed else "") + (

@@ -114,14 +114,14 @@ def read_sidecar(directory: Path) -> bytes | None:
 
 def check_names(directory: Path, verified: VerifiedManifest) -> None:
     """The directory's names, kinds and sizes against a verified manifest (closed world). vLLM's
-    debug files (:data:`DEBUG_FILES`) the manifest does not list are passed over: vLLM rewrites
+    debug files (``cachedir.DEBUG_FILES``) the manifest does not list are passed over: vLLM rewrites
     them in the shared directory at every boot and never reads them, and only listed files are
     ever copied for vLLM (``private_copy.copy_verified``). A listed one (older signatures) is checked."""
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
     listed = {f.path for f in verified.manifest.files}
     listing = {path: size for path, size in cachedir.walk(directory).items()
-               if size is None or path in listed or path.rpartition("/")[2] not in DEBUG_FILES}
+               if size is None or path in listed or path.rpartition("/")[2] not in cachedir.DEBUG_FILES}
     difference = closed_world_difference(verified.manifest, listing)
     if difference:
         raise Rejected(Reason.DIGEST_MISMATCH, difference)
@@ -164,12 +164,6 @@ def describe_cache(root: CacheRoot, subject: str) -> CacheOutcome:
     files = [size for size in listing.values() if size is not None]
     action = "unverified" if cachedir.sidecar_path(directory).exists() else "unsigned"
     return CacheOutcome(subject, action, "", "no trusted keys given", len(files), sum(files))
-
-
-DEBUG_FILES = cachedir.DEBUG_FILES
-"""What vLLM's ``VllmBackend`` writes into ``<10 hex>/rank_<r>_<dp>/<prefix>/`` for people to
-read and never reads back: an unsigned directory holding only these (the one vLLM leaves beside
-an AOT cache) has nothing torch could load, so it is no cache, not a rejected one."""
 
 
 def has_cache(root: CacheRoot, subject: str) -> bool:
