@@ -3,6 +3,7 @@ under other users, in other PID namespaces, with other mounts).
 
 ``python node_worker.py guard DIR``: the guard's decision on the cache directory DIR, as vLLM's
 first read would ask for it (the plugin's own ``private_for``), as one JSON line.
+``python node_worker.py installed DIR``: the same after installing the guard on vLLM's modules.
 ``python node_worker.py fork DIR``: install the guard (as vLLM's engine process loads plugins),
 then fork two workers that each ask for DIR; the first keeps its copy open until the second is
 done and then checks it is still whole. ``python node_worker.py hold``: make this process's
@@ -93,6 +94,11 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "guard":
         print("NODE " + json.dumps(decide(Path(sys.argv[2]))), flush=True)
+    elif mode == "installed":  # as vLLM loads the plugin, then its first read
+        from plancache.vllm_plugin.compile_cache import guard
+
+        installed = guard.install()
+        print("NODE " + json.dumps({"installed": installed, **decide(Path(sys.argv[2]))}), flush=True)
     elif mode == "fork":
         print("NODE " + json.dumps(fork(Path(sys.argv[2]))), flush=True)
     elif mode == "hold":

@@ -224,8 +224,9 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
     tmp = base / "tmp"
     tmp.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True)
-    cold = _run(["guard", str(root.directory(SUBJECT))], _env(base, root, TMPDIR=str(tmp)))
+    cold = _run(["installed", str(root.directory(SUBJECT))], _env(base, root, TMPDIR=str(tmp)))
     assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), cold  # the old code: load verified
+    assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold["lines"]
     assert "noexec" in cold["detail"] and "read-only" in cold["detail"].lower() and "PLANCACHE_PRIVATE_DIR" in cold["detail"]
     assert cold["digest"] is None or cold["digest"] == _empty_digest()  # nothing of the cache handed over
     exec_place = base / "private"
