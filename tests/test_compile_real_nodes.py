@@ -263,3 +263,16 @@ def test_a_header_temporary_of_a_dead_boot_is_swept_and_a_live_ones_kept(base: P
     assert sorted(removed) == sorted([dead_name, f"headers/{stale.name}"]) and mine.exists() and live.path.exists()
     live.close()
     assert not live.path.exists()
+
+
+def test_a_quarantine_directory_of_another_user_is_never_used(base: Path) -> None:
+    root = _signed_root(base)
+    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(MODEL[::-1])  # same size, other bytes
+    root.quarantine_root.mkdir(mode=0o777)
+    os.chown(root.quarantine_root, STRANGER, STRANGER)
+    report = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
+    assert (report["action"], report["reason"]) == ("quarantined", "digest-mismatch"), report
+    assert report["digest"] in (None, _empty_digest())  # nothing of it handed to vLLM
+    assert os.listdir(root.quarantine_root) == []  # the old code moved the evidence into the stranger's directory
+    beside = root.directory(SUBJECT).parent / "plancache-quarantine"
+    assert report["quarantined_to"].startswith(f"{beside}/"), report["quarantined_to"]

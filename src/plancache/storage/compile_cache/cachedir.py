@@ -265,6 +265,7 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
         try:
             with dirfds.opened_dir(base, directory.parent, False) as parent, \
                     dirfds.opened_dir(base, target_root, True, 0o700) as target:
+                dirfds.require_owned(target, target_root)  # another user's: never theirs to hold
                 moved = name
                 try:
                     os.rename(directory.name, name, src_dir_fd=parent, dst_dir_fd=target)
