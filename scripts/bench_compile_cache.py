@@ -7,8 +7,11 @@
 2. a warm vLLM load of a real signed cache (the recipe's toy module, tests/compile_toy.py), with
    and without the guard, boots interleaved, each in its own process; the guard's own time (copy
    included) is the decision line's elapsed_ms; target: guard time <= 10 % of the warm load.
-3. pull of one cache: object reads counted at the store's one read path (``Store._read_capped``,
-   which every backend's capped GET goes through); target: 2 (signature, archive).
+3. pull of one cache: object reads counted where reads happen (:func:`counting_reads`: the
+   capped read every fsspec backend goes through, ``capped_reads.read_object``, under both its
+   names, and on s3 before s3fs is made ``S3Direct.read``); target: 2 (signature, archive). A
+   count of 0 means the counter missed the read path, not a free pull: it prints "not measured"
+   and exits 1.
 
     PYTHONPATH=src .venv/bin/python scripts/bench_compile_cache.py [--rounds 3] [--work DIR]
 """
@@ -16,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -27,6 +31,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Iterator
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -40,6 +45,36 @@ TOY = REPO / "tests" / "compile_toy.py"
 SUBJECT = "torch_aot_compile/" + "5a" * 32
 
 
+@contextlib.contextmanager
+def counting_reads() -> Iterator[list[str]]:
+    """Every object read while inside, by name. Counted at each place a capped GET really runs:
+    ``read_object`` (async; ``capped_reads.read_now`` and ``Store._read_capped`` each call it by
+    their own module's name, so both are patched) and ``S3Direct.read`` (a boot's plain-botocore
+    reads on s3, which never reach ``read_object``). Wrapping a method the reads no longer pass
+    through is how this counter once printed "0 object reads": :func:`main` refuses a 0."""
+    from plancache.storage import capped_reads, store as store_module
+    from plancache.storage.s3 import direct
+
+    reads: list[str] = []
+    original, direct_read = capped_reads.read_object, direct.S3Direct.read
+
+    async def counted(store: Any, name: str, *args: Any, **kwargs: Any) -> bytes | None:
+        reads.append(name)
+        return await original(store, name, *args, **kwargs)
+
+    def counted_direct(self: Any, name: str, *args: Any, **kwargs: Any) -> bytes | None:
+        reads.append(name)
+        return direct_read(self, name, *args, **kwargs)
+
+    capped_reads.read_object = store_module.read_object = counted  # type: ignore[assignment]
+    direct.S3Direct.read = counted_direct  # type: ignore[method-assign]
+    try:
+        yield reads
+    finally:
+        capped_reads.read_object = store_module.read_object = original  # type: ignore[assignment]
+        direct.S3Direct.read = direct_read  # type: ignore[method-assign]
+
+
 def synthetic(root: cc.CacheRoot, mib: int = 30, files: int = 300) -> None:
     directory = root.directory(SUBJECT)
     for i in range(files):
@@ -48,7 +83,7 @@ def synthetic(root: cc.CacheRoot, mib: int = 30, files: int = 300) -> None:
         (sub / f"c{i:05d}.so").write_bytes(os.urandom(mib * 2**20 // files))
 
 
-def bench_verify(work: Path, rounds: int) -> float:
+def bench_verify(work: Path, rounds: int) -> int:
     root = cc.CacheRoot(work / "synthetic")
     synthetic(root)
     signer = Ed25519Signer(Ed25519PrivateKey.generate())
@@ -79,19 +114,21 @@ def bench_verify(work: Path, rounds: int) -> float:
     print(f"   the guard (verify + copy into a private directory): best {min(guarded) * 1000:.1f} ms, median "
           f"{statistics.median(guarded) * 1000:.1f} ms; ratio guard / verify (medians) "
           f"{statistics.median(guarded) / statistics.median(times):.2f}")
+    return pull_reads(work, root, keyring, now)
+
+
+def pull_reads(work: Path, root: cc.CacheRoot, keyring: Any, now: datetime) -> int:
+    """Push the signed cache to a file:// store, pull it into an empty root, print the reads
+    counted (or "not measured" when none were: a counter that saw nothing measured nothing)."""
     store = open_store(f"file://{work}/store")
     cc.push_cache(store, root, SUBJECT, keyring, now)
-    reads: list[str] = []
-    original = store._read_capped
-
-    async def counted(name: str, *args: object, **kwargs: object) -> bytes | None:
-        reads.append(name)
-        return await original(name, *args, **kwargs)  # type: ignore[arg-type]
-
-    store._read_capped = counted  # type: ignore[method-assign]
-    assert cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action == "pulled"
-    print(f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)")
-    return best
+    with counting_reads() as reads:
+        assert cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action == "pulled"
+    if not reads:
+        print("3. pull of one cache: not measured: counter saw no reads")
+    else:
+        print(f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)")
+    return len(reads)
 
 
 def boot(env: dict[str, str]) -> tuple[float, float | None, str]:
@@ -138,7 +175,8 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-compile-cache-"))
     work.mkdir(parents=True, exist_ok=True)
-    bench_verify(work, args.rounds)
+    if not bench_verify(work, args.rounds):
+        sys.exit(1)  # a figure the counter did not measure is not printed, nor passed as a run
     if not args.skip_vllm:
         bench_warm(work, args.rounds)
 

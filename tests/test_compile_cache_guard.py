@@ -207,6 +207,6 @@ def test_a_rejected_store_object_has_its_own_reason(signed: cc.CacheRoot, tmp_pa
 
 def test_the_plugins_expiry_setting_parses_as_expires_in() -> None:
     assert compile_publish._expiry("30d") == (timedelta(days=30), "")
-    assert compile_publish._expiry("") == (None, "")
+    assert compile_publish._expiry(None) == (None, "")  # unset: no expiry; set but empty: tests/test_small_robustness.py
     value, problem = compile_publish._expiry("soon")
     assert value is None and problem.startswith("PLANCACHE_COMPILE_CACHE_EXPIRES_IN:")

@@ -8,6 +8,7 @@ reading is parallel too. Every plan goes through the same :func:`verify_result` 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -233,17 +234,22 @@ def audit_location(
     source = open_location(location, storage_options, timeout) if opened else location
     if isinstance(source, LocalPlanDir):
         return source, audit_plans(source, list_plans(source), policy, now, jobs=jobs, progress=progress)
-    reports = audit_store(source, None, policy, now, jobs=jobs, progress=progress)
+    deadline = source._deadline(None)  # the opening's own: one budget for the whole audit
+    reports = audit_store(source, None, policy, now, jobs=jobs, progress=progress, deadline=deadline)
     if not reports:
-        require_existing(source)
+        require_existing(source, deadline)
     return source, reports
 
 
-def list_plans(source: Location) -> list[str]:
-    """The location's fingerprints; ConfigError when there are none because it does not exist."""
-    fingerprints = source.fingerprints()
+def list_plans(source: Location, deadline: float | None = None) -> list[str]:
+    """The location's fingerprints; ConfigError when there are none because it does not exist.
+    A store's listing ends by ``deadline`` (the command's one budget, when it has one)."""
+    if isinstance(source, LocalPlanDir):
+        fingerprints = source.fingerprints()
+    else:
+        fingerprints = source.fingerprints(deadline)
     if not fingerprints:
-        require_existing(source)
+        require_existing(source, deadline)
     return fingerprints
 
 
@@ -254,14 +260,18 @@ def audit_plans(
     now: datetime,
     *, jobs: int | None = None,
     progress: Tally | None = None,
+    deadline: float | None = None,
+    digests: dict[str, str] | None = None,
 ) -> list[PlanReport]:
     """Reports for these plans of ``source``. ``progress`` counts plans: as they are read and
-    verified from a directory, as they are fetched from a store (the slow part there)."""
+    verified from a directory, as they are fetched from a store (the slow part there).
+    ``deadline`` and ``digests``: see :func:`audit_store` (a directory has neither)."""
     if progress:
         progress.start(len(fingerprints))
     if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
         return check_many(fingerprints, policy, now, jobs=jobs, directory=source, progress=progress)
-    return audit_store(source, fingerprints, policy, now, jobs=jobs, progress=progress)
+    return audit_store(source, fingerprints, policy, now, jobs=jobs, progress=progress, deadline=deadline,
+                       digests=digests)
 
 
 def audit_store(
@@ -271,13 +281,21 @@ def audit_store(
     now: datetime,
     *, jobs: int | None = None,
     progress: Tally | None = None,
+    deadline: float | None = None,
+    digests: dict[str, str] | None = None,
 ) -> list[PlanReport]:
     """Reports for a store's plans (all it lists when ``fingerprints`` is None), streamed: plans
     are fetched and checked :data:`STREAM_CHUNK` at a time and only the reports are kept, so
-    memory does not grow with the store's size."""
-    names = store.iter_fingerprints() if fingerprints is None else fingerprints
-    stream = store.fetch_stream(names, on_done=progress.advance if progress else None)
+    memory does not grow with the store's size. The listing and every fetch share one
+    ``deadline`` (the caller's, else one taken now): no part starts a fresh budget.
+    ``digests`` collects each fetched plan's sha256, for comparing plan sets with the plans."""
+    deadline = store._deadline(deadline)
+    names = store.iter_fingerprints(deadline) if fingerprints is None else fingerprints
+    stream = store.fetch_stream(names, deadline, on_done=progress.advance if progress else None)
     reports: list[PlanReport] = []
     while chunk := list(itertools.islice(stream, STREAM_CHUNK)):
+        if digests is not None:
+            digests.update((r.fingerprint, hashlib.sha256(r.plan_bytes).hexdigest())
+                           for r in chunk if r.plan_bytes is not None)
         reports.extend(check_many(chunk, policy, now, jobs=jobs))
     return reports

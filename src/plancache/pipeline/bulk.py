@@ -12,7 +12,7 @@ import itertools
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..storage.local.localdir import LocalPlanDir
 from ..storage.store import Store, md5_hex
@@ -24,6 +24,9 @@ from ..trust.policy import TrustPolicy
 from ..trust.statement import parse_time
 from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
 from .signing import SigningRequest, sign_one
+
+if TYPE_CHECKING:
+    from .plan_sets.audit import SetPrune
 
 __all__ = ["STORE_REASONS", "PushEntry", "PushRequest", "PruneOutcome", "push_plans", "prune_plans"]
 
@@ -171,9 +174,19 @@ class PruneOutcome:
     changed: list[str] = field(default_factory=list)
     """Judged for deletion but changed in the store before the delete: kept."""
     seen: int = 0
+    sets: SetPrune | None = None
+    """The plan sets deleted first (or that would be), and those that could not be read or
+    deleted: then no plan was deleted (or, in a dry run, would be)."""
+
+    @property
+    def refused(self) -> bool:
+        """A plan set stood in the way: every plan was kept, so no set serves a pruned plan."""
+        return bool(self.sets and self.sets.errors)
 
     @property
     def deleted(self) -> list[tuple[PlanReport, str]]:
+        if self.refused:
+            return []
         return [(r, why) for r, why in self.doomed if r.fingerprint not in self.changed]
 
 
@@ -216,6 +229,11 @@ def prune_plans(
     ConfigError, nothing deleted); ``unconditional`` deletes after the re-read without it.
     ``invalid`` refuses to delete anything when no plan verifies and some are signed by keys
     the policy does not know: the trusted keys are more likely wrong than the whole store.
+
+    Plan sets go first (:func:`.plan_sets.audit.prune_sets`): those holding a plan to delete (or
+    one the store no longer holds) are deleted before any plan, so a failure leaves plans that
+    a set still serves, never a set serving a deleted plan; a set that cannot be read (it may
+    hold any plan) or deleted keeps every plan (``outcome.refused``; the command fails).
     """
     needs_policy = criterion in ("revoked", "invalid")
     if needs_policy and policy is None:
@@ -251,7 +269,11 @@ def prune_plans(
             f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys not in the "
             "trusted keys: check --trusted-keys; nothing deleted"
         )
-    if judged and not dry_run:
+    from .plan_sets.audit import prune_sets
+
+    present = [r.fingerprint for r in reports if r.reason != Verdict.NO_PLAN.value]
+    outcome.sets = prune_sets(store, [r.fingerprint for r, _ in outcome.doomed], present, deadline, dry_run=dry_run)
+    if judged and not dry_run and not outcome.refused:
         from ..storage.conditional_deletes import delete_if_unchanged
 
         _, outcome.changed = delete_if_unchanged(store, judged, deadline, unconditional=unconditional)

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from ..storage.compile_cache import archives
 from ..storage.store import Store
 from ..trust.errors import PlanCacheError
-from ..trust.inputs import differences
+from ..trust.inputs import SALT_KEY, differences
 from ..trust.keyring.keys import Keyring
 from ..trust.compile_cache.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
 from ..trust.statement import CONDITION_KEYS
@@ -146,7 +146,8 @@ def explain_compile(rank: int, here: Mapping[str, Any], caches: Sequence[CacheCa
                     "without_factors": sum(c.manifest is not None and c.manifest.key_factors is None for c in caches)}
     rows = []
     for cache in compared:
-        signed = {k: v for k, v in (cache.manifest.key_factors or {}).items() if k in here}  # type: ignore[union-attr]
+        signed = {k: v for k, v in (cache.manifest.key_factors or {}).items()  # type: ignore[union-attr]
+                  if k in here or k == SALT_KEY}  # keyed values compare under their salt
         rows.append({"cache": cache.subject, "differs": differences(signed, here), "signers": list(cache.signers),
                      "has_rank": _has_rank(cache.manifest, rank)})  # type: ignore[arg-type]
     rows.sort(key=lambda r: (len(r["differs"]), not r["has_rank"], r["cache"]))

@@ -154,6 +154,21 @@ class Resolver:
             self.directory.sync()  # one directory fsync for the batch; each file was fsynced
         return [written.get(id(r), r) for r in results]
 
+    def fill_gaps(self, results: list[PlanResult]) -> list[PlanResult]:
+        """:meth:`_persist` only where the local plan is missing or does not verify: what one rank
+        writes for the other ranks of its node (:mod:`.plan_sets.node_plans`). A plan that verifies
+        locally is that rank's own and may be newer than the store's (profiled and signed since the
+        set was pushed): it stays, and its result is the local one. Looked at just before the
+        writes, so a plan another process wrote during the fetch stays too."""
+        kept: dict[int, PlanResult] = {}
+        for r in results:
+            if r.verified is not None:
+                local = self.local(r.fingerprint)
+                if local.verified is not None:
+                    kept[id(r)] = local.with_note("a valid local plan kept; the store's copy not written")
+        written = iter(self._persist([r for r in results if id(r) not in kept]))
+        return [kept[id(r)] if id(r) in kept else next(written) for r in results]
+
     def _write(self, result: PlanResult, sync: bool) -> PlanResult:
         vp = result.verified
         if vp is None:

@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import errno
 import random
+import re
 import time
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
@@ -125,22 +126,34 @@ LEGACY_RETRIES = False
 Retry-After): only ``scripts/bench_storm.py`` sets it, to print today's behaviour beside the new."""
 
 
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+"""RFC 9110's delta-seconds: ASCII digits only. ``str.isdigit`` also takes '²' and '١٢' (and
+``float`` raises on the first), so a hostile or broken header would fail the retry itself."""
+
+RETRY_AFTER_CAP = 1e6
+"""The most a ``Retry-After`` is taken to ask (a longer one is the same: past any deadline, so
+:func:`_give_up` ends the retries at once instead of sleeping)."""
+
+
 def retry_after(exc: BaseException) -> float | None:
     """Seconds a store's ``Retry-After`` header asks for, anywhere in the chain (botocore's
     ``ResponseMetadata.HTTPHeaders``, aiohttp's and azure-core's ``headers``); None without one.
-    Only the delta-seconds form is read: a date would need the store's clock."""
+    Only the delta-seconds form is read (:data:`_DELTA_SECONDS`); anything else, a date
+    included (it would need the store's clock), is as absent: the usual backoff applies."""
     for current in causes(exc):
         response = getattr(current, "response", None)
         candidates = []
         if isinstance(response, dict):
-            candidates.append(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
+            meta = response.get("ResponseMetadata")
+            candidates.append(meta.get("HTTPHeaders") if isinstance(meta, dict) else None)
         candidates += [getattr(response, "headers", None), getattr(current, "headers", None)]
         for headers in candidates:
             if not callable(getattr(headers, "get", None)):
                 continue
             value = headers.get("retry-after") or headers.get("Retry-After")
-            if isinstance(value, str) and value.strip().isdigit():
-                return min(float(value.strip()), 1e6)
+            text = value.strip(" \t") if isinstance(value, str) else ""
+            if _DELTA_SECONDS.fullmatch(text):  # never str.isdigit: it takes '²', which float() refuses
+                return min(float(text), RETRY_AFTER_CAP) if len(text) <= 16 else RETRY_AFTER_CAP
     return None
 
 

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..trust.plans.planset import set_object_id
 from .capped_reads import read_now
+from .deadline import THROTTLED, http_status
 
 if TYPE_CHECKING:
+    from ..trust.errors import PlanCacheError
     from .store import Store
 
 
@@ -24,14 +26,38 @@ def read_set(store: "Store", name: str, deadline: float | None = None) -> bytes 
     return read_now(store, name, store._deadline(deadline))
 
 
+def throttled(exc: BaseException) -> bool:
+    """A read the store refused for load (429, 503) after its tries, by the SDK's status kept in
+    the typed error's chain: a node then asks that store for nothing more in this budget (a
+    fallback to the per-plan objects would be 2 reads per rank against a store asking for fewer)."""
+    return http_status(exc) in THROTTLED
+
+
 def set_names(store: "Store", deadline: float | None = None) -> list[str]:
     """The set and replica objects directly under the prefix, sorted (one listing, the plans' own)."""
     return sorted(info.name for info in store.iter_objects(deadline) if set_object_id(info.name))
 
 
-def delete_sets(store: "Store", names: Iterable[str], deadline: float | None = None) -> None:
-    """Delete set objects; one already gone is not an error."""
-    store.delete_objects([n for n in names if set_object_id(n) or _not_a_set(n)], deadline)
+def delete_sets(store: "Store", names: Iterable[str], deadline: float | None = None) -> dict[str, "PlanCacheError"]:
+    """Delete set objects; one already gone is not an error. Returns those that could not be
+    deleted, each with its error: prune must name every set left behind (it would go on serving
+    what prune deletes), so after a failed batch each set is retried alone to learn which."""
+    from ..trust.errors import PlanCacheError
+
+    wanted = [n for n in names if set_object_id(n) or _not_a_set(n)]
+    deadline = store._deadline(deadline)
+    try:
+        store.delete_objects(wanted, deadline)
+        return {}
+    except PlanCacheError:
+        pass
+    failed: dict[str, PlanCacheError] = {}
+    for name in wanted:  # the deleted ones are gone now: deleting them again succeeds at once
+        try:
+            store.delete_objects([name], deadline)
+        except PlanCacheError as exc:
+            failed[name] = exc
+    return failed
 
 
 def _not_a_set(name: str) -> bool:

@@ -48,7 +48,14 @@ _ENCODED_USERINFO = re.compile(r"(?i)(%3A%2F%2F)(?:(?!%2F|%40)[^/?#@\s\"'])*%40"
 _ENCODED_PARAM = re.compile(r"(?i)(%3F|%26|%3B)([a-z0-9_.\-]+)%3D((?:(?!%26|%3B|%23)[^&;#\s,\"'\\])*)")
 """The same, percent-encoded once, as an SDK quotes a whole URL into another one's query."""
 _CUT_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#@\s]*:[^/?#@\s]*$")
-_PIN = re.compile(r"(?i)\b(pin-(?:value|source))[^&;#\s]*")
+_PIN = re.compile(r"(?i)\b(pin-(?:value|source))(?:[=:]|%3D|%3A)[^&;#\s]+")
+"""``pin-value=…``, also malformed (``pin-value:…``) or percent-encoded: a separator and a value
+are needed, so a harmless word such as ``PIN-VALUE`` is shown as it is."""
+_HEADER = re.compile(r"(?i)(?<![\w-])((?:proxy-)?authorization|x-amz-security-token|x-api-key|client[_-]secret)"
+                     r"(\s*[:=]\s*)(?:(bearer|basic|digest|negotiate|token|aws4-hmac-sha256)\s+)?[^\s,;\"'&]+")
+"""A credential header as an SDK or a proxy echoes it (``Authorization: Bearer …``, ``Basic …``,
+``x-amz-security-token: …``, ``client_secret: …``): the scheme stays, the value goes. The quoted
+(JSON-ish) and ``name=value`` query forms are :data:`_QUOTED_PARAM`'s and :data:`_PARAM`'s."""
 _PARAM = re.compile(r"(?i)(^|[?&;,\s])([a-z0-9_.\-]+)=([^&;#\s,\"'\\]*)")
 _QUOTED_PARAM = re.compile(r"""(?i)(["'])([a-z0-9_.\-]+)\1(\s*:\s*)(["'])(?:(?!\4).)*\4""")
 _SECRET_NAME = re.compile(r"(?i)token|secret|passw|pwd|credential|session|auth|^x-(?:amz|goog|ms)-|^pin-|sig$|"
@@ -72,15 +79,23 @@ def _masked_quoted(match: re.Match[str]) -> str:
     return f"{quote}{name}{quote}{colon}{vquote}{MASK}{vquote}" if _SECRET_NAME.search(name) else match.group(0)
 
 
+def _masked_header(match: re.Match[str]) -> str:
+    name, separator, scheme = match.groups()
+    return f"{name}{separator}{scheme + ' ' if scheme else ''}{MASK}"
+
+
 def redact(text: str) -> str:
     """``text`` with credentials masked: URL userinfo (``scheme://***@host``), the value of any
     ``name=value`` parameter whose name looks secret (after ``?``, ``&``, ``;``, ``,`` or a
-    space), and whatever follows ``pin-value``/``pin-source``, even malformed
-    (``&pin-value:1234``), and quoted ``'name': 'value'`` pairs with such names. Idempotent.
+    space), and whatever follows ``pin-value``/``pin-source`` and a separator, even malformed
+    (``&pin-value:1234``), quoted ``'name': 'value'`` pairs with such names, and credential
+    headers (``Authorization: Bearer …``, ``x-amz-security-token: …``). Idempotent.
     Applied by :func:`safe_text`; call it directly only where text is shown unescaped."""
     quoted = ":" in text and ('"' in text or "'" in text)
-    if "=" not in text and "@" not in text and not quoted and "pin-" not in text.lower():
+    if "=" not in text and "@" not in text and ":" not in text and "pin-" not in text.lower():
         return text
+    if ":" in text or "=" in text:
+        text = _HEADER.sub(_masked_header, text)
     text = _USERINFO.sub(rf"\1{MASK}@", text)
     text = _BARE_USERINFO.sub(f"{MASK}@", text)
     text = _PIN.sub(rf"\1={MASK}", text)

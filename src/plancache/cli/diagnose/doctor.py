@@ -201,36 +201,52 @@ def _local_plans(checks: Checks, directory: LocalPlanDir, policy: TrustPolicy, f
     checks.add("local-plans", status, summary, plans=rows)
 
 
-def _boot_records(checks: Checks, limit: int) -> list[dict[str, Any]]:
+def _boot_records(checks: Checks, limit: int, fleet: bool = False) -> list[dict[str, Any]]:
     """The last boot records the plugin left under the cache root (newest first): each worker
     boot's plan and compile-cache decisions, whether vLLM used a verified cache, time saved. A
-    record is this node's own diagnostics, still read capped, strictly and without following a link."""
+    record is this node's own diagnostics, still read capped, strictly and without following a
+    link, and checked field by field (:func:`.textfile.problem`): a bad one is skipped with a
+    warning line on stderr, never an error that would leave the textfile stale. The check shows
+    ``limit``; with ``fleet`` (the textfile) every record one bounded read holds comes back,
+    so every rank's newest is exported however many ranks the node runs."""
     from ...storage.local import records
     from ...storage.local.localdir import vllm_cache_root
     from ...trust import strictjson
+    from ...trust.display import safe_text
+    from .textfile import problem
 
     root = vllm_cache_root()
     try:
-        found = records.read_last(root, limit)
+        found = records.read_newest(root, records.READ_FILES if fleet else limit)
     except PlanCacheError as exc:
         checks.add("boot-records", "warn", f"{records.directory(root)}: {exc.detail}")
         return []
-    docs = []
-    for name, data in found:
+    skipped, docs = list(found.skipped), []
+    for name, data in found.records:
         try:
             doc = strictjson.loads(data, name)
-        except PlanCacheError:
+        except PlanCacheError as exc:
+            skipped.append(exc.detail)
             continue
-        if isinstance(doc, dict):
-            docs.append({"file": name, **doc})
+        why = problem(doc)
+        if why:
+            skipped.append(f"{name}: {why}")
+            continue
+        docs.append({"file": name, **{k: v for k, v in doc.items() if k != "file"}})
+    for line in skipped:
+        print(f"doctor: warning: boot record skipped: {safe_text(line, 300)}", file=sys.stderr)
+    if fleet and found.unread:
+        print(f"doctor: warning: {found.unread} older boot record(s) not read (at most {records.READ_FILES} "
+              f"files, {records.READ_BYTES} bytes)", file=sys.stderr)
+    note = f"; {len(skipped)} skipped (malformed or unreadable: see stderr)" if skipped else ""
     if not docs:
-        checks.add("boot-records", "skip", f"no boot records in {records.directory(root)} (a worker with the plugin "
-                   "writes one per boot)", records=[])
+        checks.add("boot-records", "warn" if skipped else "skip", f"no boot records in {records.directory(root)} "
+                   f"(a worker with the plugin writes one per boot){note}", records=[])
         return []
-    warned = [w for d in docs[:1] for w in d.get("warnings") or [] if isinstance(w, str)]
-    checks.add("boot-records", "warn" if warned else "ok",
-               f"{len(docs)} record(s) in {records.directory(root)}; the last: "
-               + ("; ".join(warned) if warned else _record_summary(docs[0])), records=docs)
+    warned = [w for d in docs[:1] for w in d.get("warnings") or []]
+    checks.add("boot-records", "warn" if warned or skipped else "ok",
+               f"{len(docs[:limit])} record(s) in {records.directory(root)}{note}; the last: "
+               + ("; ".join(warned) if warned else _record_summary(docs[0])), records=docs[:limit])
     return docs
 
 
@@ -255,11 +271,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _signing_key(checks, config)
     store = _store(checks, config, policy)
     _local_plans(checks, directory, policy, args.free_memory, store)
-    boots = _boot_records(checks, args.records)
+    boots = _boot_records(checks, args.records, fleet=bool(args.textfile))
     if args.textfile:
         from .textfile import write
 
-        write(args.textfile, boots)
+        write(args.textfile, boots)  # every rank's newest record; the table below shows --records
+        boots = boots[: args.records]
     if args.json:
         report(args, checks.ok, checks=checks.items, plan_dir=str(directory.path))
     else:

@@ -6,13 +6,21 @@ whose textfile collector reads ``*.prom`` files from one directory
 last record of each rank on this node into gauges, written atomically (the collector never sees
 half a file), so a dashboard or an alert can say "this pool never applies a plan" or "a verified
 compile cache went unused on 40 nodes" without shipping logs. Labels carry only reason codes and
-decisions (a bounded set), never details, so the series count stays small.
+decisions of the documented set (anything else is ``other``), never details nor a string a record
+holds, so the series count stays small and a planted record cannot write labels. A record is
+this node's own file but still input: :func:`problem` says why one is passed over (wrong types,
+lone surrogates, nesting), and every rank's newest good record is exported, however many ranks.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+from ...trust.errors import Reason
+from ...trust.plans.gate import Verdict
 
 METRICS = (
     ("plancache_boot_timestamp_seconds", "Unix time of the last boot record of this rank."),
@@ -26,10 +34,95 @@ METRICS = (
 )
 
 
-def _label(value: object) -> str:
-    """A label value in the text format: backslash, double quote and newline escaped, bounded."""
-    text = str(value)[:120]
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+PLAN_DECISIONS = frozenset({"apply", "profile", "skip"})
+"""The plan side's decisions (docs/vllm-plugin.md, docs/commands.md: ``decision=skip``)."""
+PLAN_REASONS = frozenset(r.value for r in Reason) | frozenset(v.value for v in Verdict)
+"""Rejection reasons and the gate's verdicts (docs/commands.md, "Rejection reasons")."""
+COMPILE_DECISIONS = frozenset({"load", "compile", "quarantined", "refuse"})
+"""The compile-cache guard's decisions (docs/compile-cache.md; ``refuse`` from older versions)."""
+COMPILE_REASONS = frozenset(r.value for r in Reason) | frozenset(
+    {"verified", "no-cache", "store-rejected", "vllm-cache-disabled", "unmanaged-directory", "no-trusted-keys"})
+"""Rejection reasons and the guard's own outcomes (the table of docs/compile-cache.md)."""
+OTHER = "other"
+
+MAX_RANK = 1 << 20
+MAX_DEPTH = 16
+"""Deeper than any record the plugin writes (5 levels): a deeper one was not written by it."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _label(value: object, known: frozenset[str]) -> str:
+    """A label value from the documented set: "" when absent, ``other`` for anything else (the
+    known values are ``[a-z-]`` only, so nothing needs escaping)."""
+    if value is None or value == "":
+        return ""
+    return value if isinstance(value, str) and value in known else OTHER
+
+
+def _number(value: object) -> bool:
+    """A finite JSON number a gauge can carry (a bool is not one; 1e400 parses as inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= 2**53 if isinstance(value, int) else math.isfinite(value)
+
+
+def _shape(doc: object) -> str:
+    """The first problem of the whole document ("" if none): a string with a lone surrogate
+    (UTF-8 cannot write it: the textfile and the table would fail), or nesting past
+    :data:`MAX_DEPTH`. Walked without recursion."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(value, dict):
+            stack += [(k, depth) for k in value] + [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, list):
+            stack += [(v, depth + 1) for v in value]
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            return "a string with a lone surrogate"
+    return ""
+
+
+_STR, _NUM, _BOOL, _INT, _DICT, _LIST = "string", "number", "boolean", "integer", "object", "list"
+_TYPES: dict[str, Callable[[object], bool]] = {_STR: lambda v: isinstance(v, str), _NUM: _number, _BOOL: lambda v: isinstance(v, bool),
+          _INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and _number(v),
+          _DICT: lambda v: isinstance(v, dict), _LIST: lambda v: isinstance(v, list)}
+_RECORD = {"schema": _STR, "time": _STR, "pid": _INT, "world_size": _INT, "final": _BOOL, "plan": _DICT,
+           "compile_cache": _LIST, "plugin_ms": _NUM, "saved_ms": _DICT, "warnings": _LIST}
+_PLAN = {"decision": _STR, "reason": _STR, "source": _STR, "fingerprint": _STR, "detail": _STR,
+         "signed_profile_ms": _NUM, "determine_ms": _NUM}
+_CACHE = {"cache": _STR, "decision": _STR, "reason": _STR, "detail": _STR, "used": _BOOL, "elapsed_ms": _NUM,
+          "signed_compile_ms": _NUM, "differing_factors": _LIST}
+"""The boot record's fields (``vllm_plugin/record.py``) and their types; each may be null."""
+
+
+def _fields(where: str, doc: dict[str, Any], types: dict[str, str]) -> str:
+    for key, kind in types.items():
+        value = doc.get(key)
+        if value is not None and not _TYPES[kind](value):
+            return f"{where}{key} is not a {kind}"
+    return ""
+
+
+def problem(doc: object) -> str:
+    """Why a boot record is not one (""  when it is): every field the views read has its type,
+    ``rank`` is a rank number; doctor skips such a record with a warning, never an error."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    rank = doc.get("rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANK:
+        return "rank is not a rank number"
+    why = _shape(doc) or _fields("", doc, _RECORD) or _fields("plan.", doc.get("plan") or {}, _PLAN)
+    if why:  # the types below hold only now
+        return why
+    for item in doc.get("compile_cache") or []:
+        why = why or ("compile_cache holds a non-object" if not isinstance(item, dict) else
+                      _fields("compile_cache[].", item, _CACHE))
+    saved = doc.get("saved_ms") or {}
+    why = why or next((f"saved_ms.{k} is not a number" for k in ("profiling", "compile")
+                       if saved.get(k) is not None and not _number(saved[k])), "")
+    return why or next(("warnings holds a non-string" for w in doc.get("warnings") or [] if not isinstance(w, str)), "")
 
 
 def _epoch(stamp: object) -> float | None:
@@ -42,12 +135,12 @@ def _epoch(stamp: object) -> float | None:
 
 
 def render(records: Iterable[dict[str, Any]]) -> str:
-    """Gauges from the newest record of each rank (``records`` newest first, as doctor reads them)."""
+    """Gauges from the newest record of each rank (``records`` newest first, as doctor reads
+    them); a record :func:`problem` refuses is passed over (doctor has said so already)."""
     latest: dict[int, dict[str, Any]] = {}
     for doc in records:
-        rank = doc.get("rank")
-        if isinstance(rank, int) and rank not in latest:
-            latest[rank] = doc
+        if not problem(doc) and doc["rank"] not in latest:
+            latest[doc["rank"]] = doc
     samples: dict[str, list[str]] = {name: [] for name, _ in METRICS}
     for rank, doc in sorted(latest.items()):
         base = f'rank="{rank}"'
@@ -70,11 +163,12 @@ def render(records: Iterable[dict[str, Any]]) -> str:
             value = saved.get(kind)
             if isinstance(value, (int, float)):
                 samples["plancache_boot_saved_seconds"].append(f'{{{base},kind="{kind}"}} {value / 1000:.3f}')
-        compile_reason = caches[0].get("reason", "") if caches else ""
+        first = caches[0] if caches else {}
         samples["plancache_boot_decision"].append(
-            f'{{{base},plan_decision="{_label(plan.get("decision", ""))}",plan_reason="{_label(plan.get("reason", ""))}",'
-            f'compile_decision="{_label(caches[0].get("decision", "") if caches else "")}",'
-            f'compile_reason="{_label(compile_reason)}"}} 1')
+            f'{{{base},plan_decision="{_label(plan.get("decision"), PLAN_DECISIONS)}",'
+            f'plan_reason="{_label(plan.get("reason"), PLAN_REASONS)}",'
+            f'compile_decision="{_label(first.get("decision"), COMPILE_DECISIONS)}",'
+            f'compile_reason="{_label(first.get("reason"), COMPILE_REASONS)}"}} 1')
     lines = []
     for name, help_text in METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"] + [name + s for s in samples[name]]

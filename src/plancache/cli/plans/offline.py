@@ -11,11 +11,14 @@ import argparse
 import os
 import stat
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ...pipeline.audit import PlanReport, all_valid, audit_plans, check, list_plans
-from ...pipeline.locations import Location, local_dir, no_plans_message, open_location, require_existing
+from ...pipeline.locations import (BULK_TIMEOUT, Location, is_url, local_dir, no_plans_message, open_location,
+                                   open_url, require_existing)
 from ...pipeline.resolver import utcnow
 from ...storage.local.localdir import LocalPlanDir
 from ...pipeline.signing import sign_directory
@@ -91,15 +94,42 @@ def cmd_sign(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
-def _audit(args: argparse.Namespace, policy: Any) -> tuple[Location, list[PlanReport]]:
+@dataclass
+class Audit:
+    """One ``verify`` or ``ls`` run: where, its plans' reports, and what its sets need."""
+
+    source: Location
+    reports: list[PlanReport]
+    deadline: float | None
+    """The command's one deadline (a store's; None for a directory): ``--timeout`` bounds the
+    whole audit, plans and sets, never each read."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """sha256 of each fetched plan: a set's members are compared with them (rollbacks)."""
+
+
+def _audit(args: argparse.Namespace, policy: Any) -> Audit:
+    """The plans' reports. On a store, ``--timeout`` is one deadline for the whole command, taken
+    here once (before the store is opened: that counts too) and handed down to the listing,
+    every fetch and, after, the sets: a fresh budget per read let six slow sets take 30 s."""
+    started = time.monotonic()
     wanted = wanted_fingerprints(args) if getattr(args, "fingerprint", None) else []
-    source = open_location(args.location, storage_options(args), args.timeout)
-    fingerprints = wanted or list_plans(source)
+    deadline = None
+    if is_url(str(args.location) if args.location else None):
+        from ...storage.deadline import checked_budget  # a store's machinery, for a store only
+
+        budget = checked_budget(args.timeout, BULK_TIMEOUT)
+        deadline = started + budget  # computed once, handed to every listing and read below
+        source: Location = open_url(str(args.location), storage_options(args), budget, deadline)
+    else:
+        source = open_location(args.location, storage_options(args), args.timeout)
+    audit = Audit(source, [], deadline)
+    fingerprints = wanted or list_plans(source, deadline)
     with Progress("verify" if isinstance(source, LocalPlanDir) else "fetch", args.quiet) as bar:
-        reports = audit_plans(source, fingerprints, policy, utcnow(), jobs=args.jobs, progress=bar)
-    if wanted and all(r.outcome == "missing" for r in reports):
-        require_existing(source)  # a mistyped bucket is a configuration error, not two misses
-    return source, reports
+        audit.reports = audit_plans(source, fingerprints, policy, utcnow(), jobs=args.jobs, progress=bar,
+                                    deadline=deadline, digests=audit.digests)
+    if wanted and all(r.outcome == "missing" for r in audit.reports):
+        require_existing(source, deadline)  # a mistyped bucket is a configuration error, not two misses
+    return audit
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -141,14 +171,16 @@ def _write_report(path: str, doc: dict[str, Any]) -> None:
     write_atomic(Path(path), render_json(doc).encode())
 
 
-def _sets(args: argparse.Namespace, source: Location, policy: Any) -> list[Any]:
-    """The store's plan sets, verified under ``policy`` (docs/boot-storm.md); none for a directory
-    or when only some ``--fingerprint`` plans were asked for."""
-    if isinstance(source, LocalPlanDir) or getattr(args, "fingerprint", None):
+def _sets(args: argparse.Namespace, audit: Audit, policy: Any) -> list[Any]:
+    """The store's plan sets, verified under ``policy`` (docs/boot-storm.md) inside the audit's
+    deadline, each compared with the per-plan objects that verified (an older one is a
+    rollback); none for a directory or when only some ``--fingerprint`` plans were asked for."""
+    if isinstance(audit.source, LocalPlanDir) or getattr(args, "fingerprint", None):
         return []  # an offline audit of a directory imports no store machinery
-    from ...pipeline.plan_sets.audit import audit_sets
+    from ...pipeline.plan_sets.audit import audit_sets, plan_facts
 
-    return audit_sets(source, policy, utcnow())
+    facts = plan_facts(audit.reports, audit.digests) if policy is not None else {}
+    return audit_sets(audit.source, policy, utcnow(), audit.deadline, plans=facts)
 
 
 def _print_sets(sets: list[Any]) -> None:
@@ -160,15 +192,17 @@ def _print_sets(sets: list[Any]) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     policy = required_policy(args)
-    source, reports = _audit(args, policy)
-    sets = _sets(args, source, policy)
+    audit = _audit(args, policy)
+    source, reports = audit.source, audit.reports
+    sets = _sets(args, audit, policy)
     ok = all_valid(reports) and all(s.ok for s in sets)
     error = None
     if not reports:
         message = no_plans_message(source)
-        ok = args.allow_empty
-        error = None if ok else (NO_PLANS, message)
-        print(f"plancache: {message}" + (" (--allow-empty: not a failure)" if ok else ""), file=sys.stderr)
+        ok = ok and args.allow_empty  # --allow-empty forgives no plans, never a bad plan set
+        error = None if args.allow_empty else (NO_PLANS, message)
+        forgiven = " (--allow-empty: not a failure)" if args.allow_empty else ""
+        print(f"plancache: {message}{forgiven}", file=sys.stderr)
     if args.report or args.json:
         doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports],
                                       "plan_sets": [s.to_json() for s in sets]}, error)
@@ -191,8 +225,9 @@ def _verify(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     policy = optional_policy(args)
-    source, reports = _audit(args, policy)
-    sets = _sets(args, source, policy)
+    audit = _audit(args, policy)
+    source, reports = audit.source, audit.reports
+    sets = _sets(args, audit, policy)
     if not reports:
         print(f"plancache: {no_plans_message(source)}", file=sys.stderr)
     if args.json:

@@ -150,21 +150,23 @@ def cmd_prune(args: argparse.Namespace) -> int:
         else "older-than"
     policy = required_policy(args) if criterion in ("revoked", "invalid") else None
     started = time.monotonic()
-    store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
+    budget = checked_budget(args.timeout, BULK_TIMEOUT)
+    deadline = started + budget  # once: the listing, every read and delete, plans and sets share it
+    store = open_url(args.url, storage_options(args), budget, deadline)
     with Progress("prune", args.quiet) as bar:
-        outcome = prune_plans(store, started + store.timeout, utcnow(), policy, older_than=args.older_than, criterion=criterion,
+        outcome = prune_plans(store, deadline, utcnow(), policy, older_than=args.older_than, criterion=criterion,
                               dry_run=args.dry_run, progress=bar, unconditional=args.unconditional)
     deleted = outcome.deleted
-    from ...pipeline.plan_sets.audit import prune_sets
-
-    sets = prune_sets(store, [r.fingerprint for r, _ in deleted], started + store.timeout, args.dry_run)
+    sets = outcome.sets.deleted if outcome.sets else []
+    set_errors = outcome.sets.errors if outcome.sets else []
     verb = "would delete" if args.dry_run else "deleted"
     if args.json:
-        report(args, not outcome.failed, url=store.url, dry_run=args.dry_run, criterion=criterion, deleted=[
-            {"fingerprint": r.fingerprint, "why": why, "signers": r.signers, "signer_ids": r.signer_ids,
-             "signed_by": r.to_json()["signed_by"]} for r, why in deleted
-        ], changed=outcome.changed, kept=outcome.seen - len(deleted), errors=[r.to_json() for r in outcome.failed],
-               plan_sets_deleted=sets)
+        report(args, not outcome.failed and not set_errors, url=store.url, dry_run=args.dry_run, criterion=criterion,
+               deleted=[{"fingerprint": r.fingerprint, "why": why, "signers": r.signers, "signer_ids": r.signer_ids,
+                         "signed_by": r.to_json()["signed_by"]} for r, why in deleted],
+               changed=outcome.changed, kept=outcome.seen - len(deleted),
+               errors=[r.to_json() for r in outcome.failed],
+               plan_sets_deleted=sets, plan_set_errors=[s.to_json() for s in set_errors])
     else:
         print_table([(r.fingerprint, verb, why, ", ".join(r.signers)) for r, why in deleted],
                     ["PLAN", "ACTION", "WHY", "SIGNER"])
@@ -176,4 +178,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
               file=sys.stderr)
         if sets:
             print(f"plan set(s) holding them or a plan no longer in the store: {verb} {', '.join(sets)}", file=sys.stderr)
-    return EXIT_STORE if outcome.failed else 0
+    if set_errors:
+        print(_set_errors_line(set_errors, args.dry_run), file=sys.stderr)
+    return EXIT_STORE if outcome.failed or set_errors else 0
+
+
+def _set_errors_line(errors: list[Any], dry_run: bool) -> str:
+    """One line naming every plan set prune could not read or delete, and what it kept for it."""
+    unread = [e for e in errors if not e.detail.startswith("not deleted")]
+    what = "could not be read" if unread else "could not be deleted"
+    first = (unread or errors)[0]
+    kept = "no plan would be deleted" if dry_run else "no plan was deleted"
+    return (f"plancache: prune refused: plan set(s) {', '.join(e.name for e in unread or errors)} {what} "
+            f"({first.reason}: {first.detail}); {kept}, so no set goes on serving a pruned plan")

@@ -29,7 +29,7 @@ from ...storage.local.files import read_capped
 from ...storage.store import Store
 from ...trust import strictjson
 from ...trust.display import safe_text
-from ...trust.inputs import check_inputs, without_secrets
+from ...trust.inputs import check_inputs, keyed_factors, new_salt, without_secrets
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ...trust.compile_cache.manifest import (
@@ -185,8 +185,10 @@ MAX_FACTORS_BYTES = 256 * 1024
 
 
 def factors_of(data: bytes | None) -> dict[str, Any] | None:
-    """vLLM's ``cache_key_factors.json`` as signed inputs (strict JSON, bounded, secrets hashed),
-    or None when it is absent or not such an object (the manifest then records none)."""
+    """vLLM's ``cache_key_factors.json`` as this node compares it (strict JSON, bounded, credentials
+    masked: :func:`~plancache.trust.inputs.without_secrets`), or None when it is absent or not
+    such an object (the manifest then records none). Never signed as is: :func:`build_manifest`
+    keys every value but an allow-list of compile settings first."""
     if data is None:
         return None
     try:
@@ -213,13 +215,21 @@ def build_manifest(directory: Path, subject: str, now: datetime, expires_at: dat
                    measurements: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
     """The manifest of a directory as it is now (a build node's private copy, or one signed in
     place), and its deterministic archive; with vLLM's cache-key factors (given, else found
-    inside) and the build's measurements, when known."""
+    inside) and the build's measurements, when known. vLLM's debug files are neither listed nor
+    archived (its ``cache_key_factors.json`` holds the node's environment in the clear; vLLM never
+    reads them: :func:`check_names`); the factors are signed keyed under a fresh salt
+    (:func:`~plancache.trust.inputs.keyed_factors`), or left out if they would not fit."""
     listing = cachedir.walk(directory)
     dirs = tuple(sorted(p for p, size in listing.items() if size is None))
-    sums = cachedir.digests(directory, listing)
-    files = tuple(FileEntry(p, size, sums[p]) for p, size in sorted(listing.items()) if size is not None)
+    kept = {p: size for p, size in listing.items() if size is not None and p.rpartition("/")[2] not in cachedir.DEBUG_FILES}
+    sums = cachedir.digests(directory, kept)
+    files = tuple(FileEntry(p, size, sums[p]) for p, size in sorted(kept.items()))
     data = cachedir.archive_bytes(directory, files, dirs)
-    factors = dict(key_factors) if key_factors is not None else key_factors_in(directory, listing)
+    found = dict(key_factors) if key_factors is not None else key_factors_in(directory, listing)
+    try:
+        factors = None if found is None else check_inputs(keyed_factors(found, new_salt()), "key factors")
+    except PlanCacheError:
+        factors = None
     manifest = Manifest(subject, files, dirs, hashlib.sha256(data).hexdigest(), len(data), now, expires_at, comment,
                         factors, dict(measurements) if measurements else None)
     return manifest, data

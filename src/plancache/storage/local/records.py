@@ -15,6 +15,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from . import dirfds
 
@@ -48,37 +49,83 @@ def write(root: Path, name: str, data: bytes, keep: int = KEEP) -> Path:
     return directory(root) / name
 
 
+READ_FILES = 4 * KEEP
+"""Records one fleet read looks at, at most (:func:`read_newest`): every rank's newest of a
+node's last boots; more than :data:`KEEP` because older plancache versions, or another writer
+of the directory, may have left more, and a directory filled with names must not make
+``doctor`` read without end."""
+READ_BYTES = 4 * 1024 * 1024
+"""Bytes one fleet read takes in, at most (a few dozen full-size records)."""
+
+
+class Found(NamedTuple):
+    """What :func:`read_newest` read, passed over and left unread: a caller can say what it did
+    not see instead of showing a partial view as whole."""
+
+    records: list[tuple[str, bytes]]
+    """(name, bytes), newest first."""
+    skipped: list[str]
+    """One ``"<name>: why"`` per record passed over: a link or not a regular file, over
+    :data:`MAX_RECORD_BYTES`, unreadable (or the directory itself, unreadable)."""
+    unread: int
+    """Older records not looked at: beyond the records, files or bytes of one read."""
+
+
 def read_last(root: Path, limit: int) -> list[tuple[str, bytes]]:
     """The newest ``limit`` records (newest first) as (name, bytes); a record that is not a
     regular file, or is over the cap, is skipped. Nothing there: an empty list."""
+    return read_newest(root, limit).records
+
+
+def read_newest(root: Path, limit: int = READ_FILES, max_bytes: int = READ_BYTES, files: int | None = None) -> Found:
+    """The newest ``limit`` records, newest first, looking at ``files`` names (default: the
+    larger of ``limit`` and :data:`READ_FILES`) and taking in ``max_bytes`` at most (see
+    :class:`Found`). Nothing there: all empty."""
+    files = max(limit, READ_FILES) if files is None else files
     try:
         fd = dirfds.open_dir(root, directory(root), create=False)
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return Found([], [], 0)
+    except OSError as exc:  # not ours to read (EACCES): said, not an internal error
+        return Found([], [f"{directory(root)}: cannot open ({exc.strerror or exc})"], 0)
     found: list[tuple[str, bytes]] = []
+    skipped: list[str] = []
+    taken = 0
     try:
-        for name in sorted((n for n in os.listdir(fd) if is_record_name(n)), reverse=True):
-            if len(found) >= limit:
-                break
-            data = _read(fd, name)
-            if data is not None:
-                found.append((name, data))
+        try:
+            names = sorted((n for n in os.listdir(fd) if is_record_name(n)), reverse=True)
+        except OSError as exc:
+            return Found([], [f"{directory(root)}: cannot list ({exc.strerror or exc})"], 0)
+        for number, name in enumerate(names):
+            if len(found) >= limit or number >= files or taken >= max_bytes:
+                return Found(found, skipped, len(names) - number)
+            data, why = _read(fd, name)
+            if data is None:
+                skipped.append(f"{name}: {why}")
+                continue
+            taken += len(data)
+            found.append((name, data))
     finally:
         os.close(fd)
-    return found
+    return Found(found, skipped, 0)
 
 
-def _read(dir_fd: int, name: str) -> bytes | None:
+def _read(dir_fd: int, name: str) -> tuple[bytes | None, str]:
+    """The record's bytes, or None and why not (never following a link, never blocking on a FIFO)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return None
+    except OSError as exc:
+        return None, f"cannot open ({exc.strerror or exc})"
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD_BYTES:
-            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_size > MAX_RECORD_BYTES:
+            return None, f"larger than {MAX_RECORD_BYTES} bytes"
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_RECORD_BYTES + 1)
-        return data if len(data) <= MAX_RECORD_BYTES else None
+        return (data, "") if len(data) <= MAX_RECORD_BYTES else (None, f"larger than {MAX_RECORD_BYTES} bytes")
+    except OSError as exc:
+        return None, f"cannot read ({exc.strerror or exc})"
     finally:
         os.close(fd)

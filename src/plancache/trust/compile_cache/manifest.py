@@ -17,6 +17,9 @@ A compile cache is code (pickles that ``pickle.load`` runs, generated ``.py`` th
   to ``cache_key_factors.json``) and what the build measured (``measurements.compile_ms``), so a
   node that misses, or loads and compiles anyway, can be told which factor differs and what a
   load saved. Manifests without them are written byte-for-byte as before and still verify.
+  Since issue 40 the factors' values are keyed hashes but for an allow-list of compile settings
+  (:func:`plancache.trust.inputs.keyed_factors`), under a random salt signed inside them
+  (:attr:`Manifest.factors_salt`): older factors, values in the clear, still verify and compare.
 
 Verification keeps :mod:`plancache.trust.verify`'s order: size cap, canonical DSSE envelope,
 payloadType, signatures by distinct trusted keys, then (signed, so now parsed) the statement,
@@ -35,7 +38,7 @@ from typing import Any, Mapping
 from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
-from ..inputs import check_inputs
+from ..inputs import SALT_KEY, check_inputs, salt_of
 from ..keyring.keys import Keyring, Signer
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
@@ -101,9 +104,16 @@ class Manifest:
     expires_at: datetime | None = None
     comment: str = ""
     key_factors: Mapping[str, Any] | None = None
-    """vLLM's cache-key factors (``cache_key_factors.json``), secrets hashed; None: not recorded."""
+    """vLLM's cache-key factors (``cache_key_factors.json``) as signed: values keyed but for an
+    allow-list (:func:`plancache.trust.inputs.keyed_factors`); None: not recorded."""
     measurements: Mapping[str, Any] | None = None
     """``compile_ms``: how long the build boot compiled; None: not measured."""
+
+    @property
+    def factors_salt(self) -> str | None:
+        """The salt the factors' values are keyed with (``key_factors["hmac_salt"]``), so that a
+        node holding a value can compare it; None: factors signed before issue 40, or none."""
+        return salt_of(self.key_factors)
 
     @property
     def total_size(self) -> int:
@@ -171,6 +181,8 @@ def check_manifest(manifest: Manifest) -> Manifest:
     _int(manifest.archive_size, "the archive size", MAX_TOTAL_BYTES + 512 * (MAX_FILES + MAX_DIRS) * 4)
     if manifest.key_factors is not None:
         check_inputs(dict(manifest.key_factors), "manifest key_factors")
+        if SALT_KEY in manifest.key_factors and manifest.factors_salt is None:
+            raise Rejected(Reason.MALFORMED, f"manifest key_factors: {SALT_KEY} is not 32 lowercase hex digits")
     if manifest.measurements:
         check_measurements(dict(manifest.measurements))
     return manifest

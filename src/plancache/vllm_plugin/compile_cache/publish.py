@@ -63,7 +63,7 @@ def settings() -> Settings | None:
     policy = worker_policy(config.trusted_keys, config.threshold) if config.trusted_keys else None
     if policy is None and not config.signing_key:
         return None
-    expires_in, problem = _expiry(os.environ.get(EXPIRES_ENV, "").strip())
+    expires_in, problem = _expiry(os.environ.get(EXPIRES_ENV))  # None: unset, no expiry
     if problem:
         LOG.error("plancache: compile-cache: %s; new caches stay unsigned", problem)
     return Settings(
@@ -78,9 +78,15 @@ def settings() -> Settings | None:
     )
 
 
-def _expiry(text: str) -> tuple[timedelta | None, str]:
-    if not text:
+def _expiry(raw: str | None) -> tuple[timedelta | None, str]:
+    """The signed expiry (None: unset, none), or the problem that stops signing. A variable
+    that is set but empty or blank is a problem like a typo: someone meant an expiry, and a
+    cache signed without one would be trusted forever."""
+    if raw is None:
         return None, ""
+    text = raw.strip()
+    if not text:
+        return None, f"{EXPIRES_ENV} is set but empty (unset it for no expiry, or give e.g. 30d)"
     from ...cli.args import duration
 
     try:
