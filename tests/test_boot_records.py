@@ -138,7 +138,7 @@ def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compil
     keyring = worker_policy(str(tmp_path / "keys" / "key.pub"), 1).keyring
     manifest = verify_manifest(subject, read_sidecar(directory), keyring, datetime.now(timezone.utc)).manifest
     factors = manifest.key_factors
-    assert factors is not None and set(factors) == {"env", "config_hash", "code_hash", "compiler_hash"}
+    assert factors is not None and set(factors) == {"env", "config_hash", "code_hash", "compiler_hash", "hmac_salt"}
     assert "VLLM_USE_AOT_COMPILE" in factors["env"] and manifest.measurements and manifest.measurements["compile_ms"] > 0
     shutil.copytree(build / ROOT_NAME / "torch_compile_cache", serve / ROOT_NAME / "torch_compile_cache",
                     ignore=shutil.ignore_patterns("*.plancache.lock"))

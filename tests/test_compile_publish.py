@@ -165,7 +165,8 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     (private / "rank_0_0" / "inductor_cache").mkdir()
     (private / "rank_0_0" / "inductor_cache" / "k.py").write_text("x = 1\n")
     outcome = cc.publish_cache(root, SHORT, private, SIGNER, NOW, key_factors=FACTORS)
-    assert outcome.action == "signed" and outcome.key_factors == FACTORS, outcome
+    salt = (outcome.key_factors or {}).get("hmac_salt")  # issue 40: the digests in the clear, keyed under this salt
+    assert outcome.action == "signed" and outcome.key_factors == {**FACTORS, "hmac_salt": salt}, outcome
     manifest = signed_manifest(root, SHORT)
     assert [f.path for f in manifest.files] == ["rank_0_0/backbone/vllm_compile_cache.py", "rank_0_0/inductor_cache/k.py"]
     assert quarantined(root) == []  # vLLM's leftovers were removed, not kept as evidence
