@@ -121,7 +121,8 @@ def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> N
     assert_nothing_planted(blobs, {**PLANTED, "VLLM_TARGET_DEVICE": "allowlisted-but-not-plain"})
     assert signed.key_factors == _signed_manifest(blobs).key_factors
     factors = dict(signed.key_factors or {})
-    assert [f.rpartition("/")[2] for f in (n for n, _ in blobs) if "|" in f and f.endswith(".py")] == ["vllm_compile_cache.py"]
+    members = {name.split("|")[1].rpartition("/")[2] for name, _ in blobs if name.split("|")[0].endswith(".tar") and "|" in name}
+    assert members == {"rank_0_0", "backbone", "vllm_compile_cache.py"}  # no debug file archived
     # the allow-list in the clear; everything else keyed under the signed salt
     assert factors["env"]["VLLM_USE_AOT_COMPILE"] is False and factors["env"]["VLLM_PP_LAYER_PARTITION"] == "4,4"
     assert factors["env"]["VLLM_DISABLED_KERNELS"] == ["a"] and factors["env"]["VLLM_PLUGINS"] is None
