@@ -192,7 +192,13 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     old_dir.parent.mkdir(parents=True)
     os.rename(private, old_dir)
     _debug_files(old_dir, "signed along by an older plancache")
-    assert cc.sign_cache(old, SHORT, SIGNER, NOW).action == "signed"
+    listing = cachedir.walk(old_dir)  # what an older build_manifest signed: every file, vLLM's debug files too
+    sums = cachedir.digests(old_dir, listing)
+    files = tuple(mf.FileEntry(p, n, sums[p]) for p, n in sorted(listing.items()) if n is not None)
+    dirs = tuple(sorted(p for p, n in listing.items() if n is None))
+    data = cachedir.archive_bytes(old_dir, files, dirs)
+    older = mf.Manifest(SHORT, files, dirs, hashlib.sha256(data).hexdigest(), len(data), NOW)
+    cachedir.sidecar_path(old_dir).write_bytes(mf.sign_manifest(older, SIGNER))
     assert "rank_0_0/backbone/computation_graph.py" in {f.path for f in signed_manifest(old, SHORT).files}
     _debug_files(old_dir, "signed along by an older plancache, changed")
     outcome = cl.guard(old, SHORT, KEYRING, NOW, into(old))
