@@ -191,6 +191,8 @@ def test_a_plancache_private_of_another_user_or_a_group_writable_root_is_never_u
     report = _run(["guard", str(root.directory(SUBJECT))], env, user=USER)
     assert report["action"] == "load" and Path(report["boot"]).parent == tmp / f"plancache-private-{USER}"
     assert os.listdir(foreign) == []  # nothing of the worker's in the stranger's directory
+    said = [line for line in report["lines"] if "compile-cache private directory=" in line]
+    assert said and str(foreign) in said[0] and f"uid {STRANGER}" in said[0], report["lines"]
     shutil.rmtree(foreign)
     root.root.chmod(0o777)  # vLLM made the root with a umask of 0 (or 002 and a shared group)
     report = _run(["guard", str(root.directory(SUBJECT))], env, user=USER)

@@ -35,6 +35,7 @@ without a lock file (an older plancache's) is never removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import secrets
@@ -65,6 +66,8 @@ class BootDir:
     """The private root holding it (and the node's precompiled headers, ``root/headers``)."""
     pid: int
     lock_fd: int
+    passed_over: tuple[str, ...] = ()
+    """The candidates tried before this one, each with why it was not used (for the log line)."""
 
     def close(self) -> None:
         """Remove the directory and its lock (at exit, by the process that made it only)."""
@@ -86,9 +89,22 @@ def candidates(cache_root: Path, environ: Mapping[str, str] = os.environ) -> lis
 
 
 def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> BootDir:
-    """A fresh boot directory in the first usable private root. Raises ``StoreError``
-    (``no-private-dir``) naming every candidate and why it was not used."""
-    return _first_usable(cache_root, environ, _make_in)
+    """A fresh boot directory in the first usable private root (with the candidates passed over
+    before it, and why). Raises ``StoreError`` (``no-private-dir``) naming every candidate and why
+    it was not used."""
+    problems: list[str] = []
+
+    def make(candidate: Path) -> BootDir:
+        try:
+            return dataclasses.replace(_make_in(candidate), passed_over=tuple(problems))
+        except StoreError as exc:
+            problems.append(exc.detail)
+            raise
+        except OSError as exc:
+            problems.append(f"{candidate}: {exc.strerror or exc}")
+            raise
+
+    return _first_usable(cache_root, environ, make)
 
 
 def private_root(cache_root: Path, environ: Mapping[str, str] = os.environ) -> Path:

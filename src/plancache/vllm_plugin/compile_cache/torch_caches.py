@@ -89,7 +89,11 @@ def boot_dir() -> Path:
             raise
         set_temp_owner(place.boot.path.name)
         atexit.register(place.boot.close)
-        LOG.debug("plancache: compile-cache private directory %s", place.boot.path)
+        if place.boot.passed_over:  # an operator should know why the cache root's own was not used
+            LOG.info('plancache: compile-cache private directory=%s detail="not used: %s"', place.boot.path,
+                     "; ".join(place.boot.passed_over))
+        else:
+            LOG.debug("plancache: compile-cache private directory %s", place.boot.path)
         _pin(place.boot)
     if place.boot is None:
         assert place.problem is not None
