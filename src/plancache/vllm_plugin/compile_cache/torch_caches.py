@@ -55,6 +55,7 @@ class _Place:
         self.boot: BootDir | None = None
         self.problem: StoreError | None = None
         self.scratch: BootDir | None = None
+        self.no_scratch = False
         self.pid = os.getpid()
         self.redirects: dict[str, Path] = {}
         """Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
@@ -85,7 +86,7 @@ def boot_dir() -> Path:
             place.boot = new_boot_dir(Path(envs.VLLM_CACHE_ROOT))
         except StoreError as exc:
             place.problem = exc
-            _pin_nowhere(place)
+            _pin_nowhere()
             raise
         set_temp_owner(place.boot.path.name)
         atexit.register(place.boot.close)
@@ -109,13 +110,14 @@ def scratch_dir() -> Path | None:
     from ...storage.compile_cache.boot_dirs import new_scratch_dir
 
     place = _current()
-    if place.scratch is None:
+    if place.scratch is None and not place.no_scratch:
         try:
             place.scratch = new_scratch_dir()
         except StoreError:
+            place.no_scratch = True  # asked once: nothing at all can be written here
             return None
         atexit.register(place.scratch.close)
-    return place.scratch.path
+    return place.scratch.path if place.scratch is not None else None
 
 
 def has_private_place() -> bool:
@@ -128,7 +130,7 @@ def has_private_place() -> bool:
     return True
 
 
-def _pin_nowhere(place: _Place) -> None:
+def _pin_nowhere() -> None:
     """No private directory: vLLM compiles into a scratch directory, and torch's own on-disk caches
     are switched off, so torch never reads a shared ``torchinductor_<user>``."""
     scratch = scratch_dir()
