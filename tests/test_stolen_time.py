@@ -74,8 +74,9 @@ began = time.monotonic()
 gc.collect()  # one full collection, as an allocation inside a timed boot sets off
 paused = time.monotonic() - began
 wall, stolen = clock.read()
+counted = clock.collecting
 gc.collect()  # after the read: not counted
-print(f"{wall:.3f} {stolen:.3f} {paused:.3f} {clock.stolen:.3f}")
+print(f"{wall:.3f} {stolen:.3f} {paused:.3f} {clock.collecting - counted:.3f}")
 """
 
 
@@ -83,8 +84,10 @@ def test_a_full_collection_inside_the_interval_is_counted() -> None:
     """A full collection stops every thread; its length is the heap's, not the code's under test."""
     out = subprocess.run([sys.executable, "-c", GC_CHILD, str(Path(__file__).parent)],
                          capture_output=True, text=True, timeout=60, check=True).stdout
-    wall, stolen, paused, later = (float(x) for x in out.split())
+    wall, stolen, paused, after_read = (float(x) for x in out.split())
     assert paused >= 0.05, out  # the heap made the collection long enough to tell
     # at most wall time, plus what the collection itself queued for a CPU (counted twice: bounded by its length)
     assert 0.8 * paused <= stolen <= wall + paused + 0.05, out
-    assert later - stolen < 0.5 * paused, out  # the callback ended with the read
+    # the callback ended with the read: the second collection adds nothing (the run-queue part of
+    # ``stolen`` is read live from /proc and may still grow on a loaded machine; it is not the point)
+    assert after_read == 0.0, out
