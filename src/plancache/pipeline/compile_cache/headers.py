@@ -228,8 +228,7 @@ def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str
         with cancel.unless_cancelled(deadline) as going_on:
             if not going_on:
                 cancel.check()
-            for loaded in {bound, cancel.released()} - {None} or {None}:  # every digest named, or none known
-                check_binding(hset, loaded)
+            check_binding(hset, bound if bound is not None else cancel.released())  # None: unknown, refused
             for (tmp, name), entry in zip(staged, hset.headers):
                 if not there[name] and files.link(fd, tmp, name):
                     installed.append(name)

@@ -320,12 +320,15 @@ def _open_lock(base: Path, directory: Path, lock: Path) -> int | None:
     """The lock file's descriptor; None on a read-only filesystem (no lock can be made there)."""
     try:
         with dirfds.opened_dir(base, directory.parent) as parent:
-            return dirfds.open_shared_file(parent, lock.name)
+            try:
+                return dirfds.open_shared_file(parent, lock.name)
+            except OSError:
+                return None  # it re-raises an OSError only when the lock's own filesystem is read-only
     except StoreError as exc:
         raise StoreError(f"the lock {lock} is not taken: {exc.detail}", reason=exc.reason) from None
-    except OSError as exc:
-        if exc.errno == errno.EROFS or dirfds.read_only(base):
-            return None  # open_shared_file re-raises an OSError only when the filesystem is read-only
+    except OSError as exc:  # reaching the directory: a missing one cannot be made
+        if exc.errno == errno.EROFS:
+            return None
         reason = Reason.LOCK_UNAVAILABLE if exc.errno in (errno.EACCES, errno.EPERM) else Reason.STORE_ERROR
         raise StoreError(f"cannot lock {directory} ({lock}: {exc.strerror or exc})", reason=reason) from None
 

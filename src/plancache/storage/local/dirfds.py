@@ -225,10 +225,9 @@ def _open_failure(dir_fd: int, name: str, exc: OSError) -> Exception:
     return StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed")
 
 
-def read_only(fd_or_path: int | str | Path) -> bool:
-    """Whether the filesystem holding ``fd_or_path`` is mounted read-only (``ST_RDONLY``)."""
+def read_only(dir_fd: int) -> bool:
+    """Whether the filesystem holding the directory ``dir_fd`` is mounted read-only (``ST_RDONLY``)."""
     try:
-        flags = os.fstatvfs(fd_or_path).f_flag if isinstance(fd_or_path, int) else os.statvfs(fd_or_path).f_flag
+        return bool(os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-    return bool(flags & os.ST_RDONLY)
