@@ -93,10 +93,10 @@ def seed(work: Path, gch: Path, moto: object) -> Path:
 
     from plancache.cli.main import main as cli
     from plancache.pipeline.compile_cache import flows as cc
-    from plancache.pipeline.compile_cache import headers as ch
+    from plancache.pipeline.compile_cache import header_shipping as ch
     from plancache.pipeline.resolver import utcnow
     from plancache.pipeline.trust_config import signer_for
-    from plancache.storage.compile_cache import headers as files
+    from plancache.storage.compile_cache import header_files as files
     from plancache.storage.store import open_store
 
     assert cli(["keygen", str(work / "key")]) == 0
@@ -134,7 +134,7 @@ def child(mode: str, root: str, setup_file: str, *, gap_ms: float) -> int:
     base = Path(root)
     os.environ.update({"PLANCACHE_COMPILE_CACHE": "1", "PLANCACHE_TRUSTED_KEYS": setup["keys"], "PLANCACHE_URL": setup["url"],
                        "PLANCACHE_STORAGE_OPTIONS": json.dumps(setup["options"]), "PLANCACHE_TIMEOUT": "30"})
-    from plancache.storage.compile_cache import headers as files
+    from plancache.storage.compile_cache import header_files as files
 
     directory = files.private_dir(base / "plancache-private")
     assert directory is not None
@@ -146,7 +146,7 @@ def child(mode: str, root: str, setup_file: str, *, gap_ms: float) -> int:
 def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
     """The plugin's guard, then torch's ask for the header, as a pulling node's first boot does."""
     from plancache.pipeline.compile_cache.flows import CacheRoot
-    from plancache.vllm_plugin.compile_cache import guard, headers, torch_caches
+    from plancache.vllm_plugin.compile_cache import boot_headers as headers, guard, torch_caches
 
     lines: list[str] = []
     handler = logging.Handler()
@@ -182,7 +182,7 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
 
 def install(base: Path, setup: dict) -> dict:
     """``pull_headers`` alone: on a store opened for it (fresh), then on one already used (warm)."""
-    from plancache.pipeline.compile_cache.headers import pull_headers
+    from plancache.pipeline.compile_cache.header_shipping import pull_headers
     from plancache.pipeline.resolver import utcnow
     from plancache.pipeline.trust_config import worker_policy
     from plancache.storage.compile_cache import archives

@@ -184,7 +184,7 @@ def test_storage_options_come_from_the_environment_and_flags_win(
 ) -> None:
     import argparse
 
-    from plancache.cli.inputs import storage_options
+    from plancache.cli.flag_objects import storage_options
 
     monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", '{"anon": false, "config_kwargs": {"read_timeout": 2}}')
     args = argparse.Namespace(storage_option=[("anon", True)])

@@ -205,7 +205,7 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
         f"rc = main(['pull', '--trusted-keys', {str(keys) + '.pub'!r}, '--fingerprint', {FP!r}, {url!r}, "
         f"{str(tmp_path / 'node')!r}]); "
         "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', 'plancache.pipeline.bulk', "
-        "'plancache.cli.plans.offline', 'plancache.pipeline.signing', 'tqdm', 'jsonschema', 'concurrent.futures.process') "
+        "'plancache.cli.plans.offline', 'plancache.pipeline.directory_signing', 'tqdm', 'jsonschema', 'concurrent.futures.process') "
         "if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

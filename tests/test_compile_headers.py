@@ -25,13 +25,13 @@ from conftest import NOW, keyring_of, make_signer
 
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
-from plancache.pipeline.compile_cache import headers as ch
+from plancache.pipeline.compile_cache import header_shipping as ch
 from plancache.storage.compile_cache import archives
-from plancache.storage.compile_cache import headers as files
+from plancache.storage.compile_cache import header_files as files
 from plancache.storage.store import open_store
-from plancache.trust.compile_cache import headers as th
+from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.errors import Rejected
-from plancache.vllm_plugin.compile_cache import headers as plugin_headers
+from plancache.vllm_plugin.compile_cache import boot_headers as plugin_headers
 
 SUBJECT = "torch_aot_compile/" + "cd" * 32
 NAME = "cabcdefghijklmnop0123456789.h.gch"

@@ -23,15 +23,15 @@ from test_compile_headers import ARCHIVE, KEYRING, NAME, SIGNER, SUBJECT, build,
 
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
-from plancache.pipeline.compile_cache import headers as ch
+from plancache.pipeline.compile_cache import header_shipping as ch
 from plancache.storage.compile_cache import archives
-from plancache.storage.compile_cache import headers as files
+from plancache.storage.compile_cache import header_files as files
 from plancache.storage.store import open_store
 from plancache.trust import envelope as dsse
-from plancache.trust.compile_cache import headers as th
+from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.errors import Reason, Rejected
 from plancache.trust.statement import format_time, render_statement
-from plancache.vllm_plugin.compile_cache import headers as plugin_headers
+from plancache.vllm_plugin.compile_cache import boot_headers as plugin_headers
 
 OTHER = "cd" * 32
 """The archive sha256 of another signature of the same cache (a newer build, or an older one)."""

@@ -26,7 +26,7 @@ from conftest import NOW
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.storage.compile_cache import boot_dirs
-from plancache.storage.compile_cache.headers import HEADERS_SUBDIR
+from plancache.storage.compile_cache.header_files import HEADERS_SUBDIR
 from plancache.storage.local import dirfds
 
 TESTS = Path(__file__).resolve().parent

@@ -120,3 +120,15 @@ def test_long_signatures_take_their_options_by_keyword() -> None:
                 if len(args) + len(node.args.kwonlyargs) >= 6 and node.args.defaults:
                     positional.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
     assert not positional, positional
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says what it holds wherever it is read (a traceback, a grep, an import):
+    one ``headers.py`` per layer needed ``import headers as files`` to tell them apart. The rings
+    stay folders (trust/, storage/, pipeline/, the integrations: docs/adr/0008), and the names
+    inside them never repeat."""
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT.parent)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}

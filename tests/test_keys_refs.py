@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from conftest import FP, NOW, make_signer, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair, load_keyring
-from plancache.keys.remote import RemoteSigner
+from plancache.keys.remote_signer import RemoteSigner
 from plancache.keys.schemes import load_signer
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout

@@ -28,7 +28,7 @@ from plancache.storage.store import Store, open_store
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import PlanCacheError, Rejected
 from plancache.trust.plans.plan import Plan, plan_name, render_plan
-from plancache.trust.plans.planset import build_set, replica_name, set_name, split_set, verify_set
+from plancache.trust.plans.plan_set import build_set, replica_name, set_name, split_set, verify_set
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from store_servers import azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
@@ -216,7 +216,7 @@ def _now() -> float:
 
 
 def test_the_set_store_helpers_refuse_other_names(tmp_path: Path) -> None:
-    from plancache.storage.plansets import read_set
+    from plancache.storage.plan_set_objects import read_set
 
     (tmp_path / "s").mkdir()
     store: Store = open_store((tmp_path / "s").as_uri(), None, 5)

@@ -31,7 +31,7 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
-from plancache.trust.plans.planset import build_set, replica_name, set_name
+from plancache.trust.plans.plan_set import build_set, replica_name, set_name
 from plancache.trust.signing import sign_plan
 from store_servers import (  # noqa: F401 (fixtures)
     AWS_ENV, FaultObject, FaultServer, FaultState, LoopbackServer, _FaultHandler, fault_server, fault_server_session,

@@ -12,7 +12,7 @@ import argparse
 
 from ..settings import BOOT_TIMEOUT, BULK_TIMEOUT, DEFAULT_TIMEOUT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, URL_ENV
 from .args import byte_count, duration, key_value, positive_int
-from .inputs import add_cosign_options, add_store_options, add_trust_options
+from .flag_objects import add_cosign_options, add_store_options, add_trust_options
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 

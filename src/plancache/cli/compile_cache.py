@@ -45,7 +45,7 @@ from ..storage.store import Store, open_store
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.keyring.keys import Keyring, signer_keyring
-from .inputs import required_policy, required_signer, storage_options
+from .flag_objects import required_policy, required_signer, storage_options
 from .output import print_table, report
 
 EXIT_REJECTED, EXIT_CONFIG = 1, 2
@@ -204,10 +204,10 @@ def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRo
     within their own budget; what happened is noted in the row's detail (torch builds what is
     not installed, so it is never a failure of the pull). Bound to the cache now on disk: a pull
     that kept a newer local cache names that one, so the store's older header is refused."""
-    from ..pipeline.compile_cache.headers import pull_headers
+    from ..pipeline.compile_cache.header_shipping import pull_headers
     from ..settings import HEADERS_TIMEOUT
     from ..storage.compile_cache.boot_dirs import private_root
-    from ..storage.compile_cache.headers import HEADERS_SUBDIR
+    from ..storage.compile_cache.header_files import HEADERS_SUBDIR
     from ..trust.errors import StoreError
 
     try:  # where this user's workers on this node keep them (PLANCACHE_PRIVATE_DIR included)

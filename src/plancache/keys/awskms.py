@@ -22,7 +22,7 @@ from typing import Any
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
 from ..trust.keyring.keyformat import parse_der_public
-from .remote import RemoteSigner, missing_extra, one_line, within
+from .remote_signer import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "awskms://"
 KEY_SPEC = "ECC_NIST_EDWARDS25519"

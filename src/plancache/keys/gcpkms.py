@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
 from ..trust.keyring.keyformat import parse_pem_public
-from .remote import RemoteSigner, missing_extra, one_line, within
+from .remote_signer import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "gcpkms://"
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDKMS"

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ..storage.local.files import read_capped
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
-from .remote import RemoteSigner, missing_extra, one_line, within
+from .remote_signer import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "pkcs11:"
 _PATH_ATTRS = ("token", "object", "id", "serial", "manufacturer", "model", "slot-id", "type")

@@ -45,21 +45,21 @@ def _env(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
 
 def _pkcs11(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
     from .pkcs11 import pkcs11_signer
-    from .remote import budget_from
+    from .remote_signer import budget_from
 
     return pkcs11_signer(ref, budget_from(env))
 
 
 def _awskms(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
     from .awskms import awskms_signer
-    from .remote import budget_from
+    from .remote_signer import budget_from
 
     return awskms_signer(ref, budget_from(env))
 
 
 def _gcpkms(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
     from .gcpkms import gcpkms_signer
-    from .remote import budget_from
+    from .remote_signer import budget_from
 
     return gcpkms_signer(ref, env, budget_from(env))
 

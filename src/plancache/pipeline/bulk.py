@@ -23,10 +23,10 @@ from ..trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name
 from ..trust.policy import TrustPolicy
 from ..trust.statement import parse_time
 from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
-from .signing import SigningRequest, sign_one
+from .directory_signing import SigningRequest, sign_one
 
 if TYPE_CHECKING:
-    from .plan_sets.audit import SetPrune
+    from .plan_sets.set_audit import SetPrune
 
 __all__ = ["STORE_REASONS", "PushEntry", "PushRequest", "PruneOutcome", "push_plans", "prune_plans"]
 
@@ -269,7 +269,7 @@ def prune_plans(
             f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys not in the "
             "trusted keys: check --trusted-keys; nothing deleted"
         )
-    from .plan_sets.audit import prune_sets
+    from .plan_sets.set_audit import prune_sets
 
     present = [r.fingerprint for r in reports if r.reason != Verdict.NO_PLAN.value]
     outcome.sets = prune_sets(store, [r.fingerprint for r, _ in outcome.doomed], present, deadline, dry_run=dry_run)

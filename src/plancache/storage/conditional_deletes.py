@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, T
 
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import plan_name, sig_name
-from .azure import versions as azure_versions
+from .azure import azure_versions
 from .deadline import http_status, store_error, with_retries
-from .gcs import versions as gcs_versions
+from .gcs import gcs_versions
 from .listing import cap_for
-from .s3 import versions as s3_versions
+from .s3 import s3_versions
 from .versioned import ABSENT, Versioned, precondition_failed
 
 if TYPE_CHECKING:

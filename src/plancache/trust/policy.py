@@ -20,7 +20,7 @@ from typing import Literal
 
 from .errors import ConfigError
 from .keyring.keys import Keyring
-from .plans.planset import VerifiedSet, verify_set
+from .plans.plan_set import VerifiedSet, verify_set
 from .verify import VerifiedPlan, admit_unsigned, verify_plan
 
 Source = Literal["local", "store"]

@@ -21,14 +21,14 @@ from ...pipeline.locations import (BULK_TIMEOUT, Location, is_url, local_dir, no
                                    open_url, require_existing)
 from ...pipeline.resolver import utcnow
 from ...storage.local.localdir import LocalPlanDir
-from ...pipeline.signing import sign_directory
+from ...pipeline.directory_signing import sign_directory
 from ...trust import envelope as dsse
 from ...trust.display import safe_text
 from ...trust.errors import ConfigError, PlanCacheError
 from ...trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ...trust.result import PlanResult
 from ...trust.statement import CONDITION_KEYS, format_time, parse_statement
-from ..inputs import (check_places, optional_policy, required_policy, required_signer, signing_request, storage_options,
+from ..flag_objects import (check_places, optional_policy, required_policy, required_signer, signing_request, storage_options,
                      wanted_fingerprints)
 from ..output import Progress, document, gib, print_json, print_table, render_json, report, status_text
 
@@ -177,7 +177,7 @@ def _sets(args: argparse.Namespace, audit: Audit, policy: Any) -> list[Any]:
     rollback); none for a directory or when only some ``--fingerprint`` plans were asked for."""
     if isinstance(audit.source, LocalPlanDir) or getattr(args, "fingerprint", None):
         return []  # an offline audit of a directory imports no store machinery
-    from ...pipeline.plan_sets.audit import audit_sets, plan_facts
+    from ...pipeline.plan_sets.set_audit import audit_sets, plan_facts
 
     facts = plan_facts(audit.reports, audit.digests) if policy is not None else {}
     return audit_sets(audit.source, policy, utcnow(), audit.deadline, plans=facts)

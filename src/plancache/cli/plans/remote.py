@@ -23,7 +23,7 @@ from ...settings import BOOT_TIMEOUT
 from ...storage.deadline import DEFAULT_TIMEOUT, checked_budget
 from ...trust.errors import ConfigError
 from ...trust.plans.gate import Verdict
-from ..inputs import check_places, required_policy, storage_options, wanted_fingerprints
+from ..flag_objects import check_places, required_policy, storage_options, wanted_fingerprints
 from ..output import Progress, print_table, report
 
 EXIT_STORE = 2
@@ -37,12 +37,12 @@ DRY_RUN_WORDS = {"uploaded": "would upload", "unchanged": "already in the store 
 def cmd_push(args: argparse.Namespace) -> int:
     from ...pipeline.bulk import PushRequest, push_plans
     from ...pipeline.trust_config import signer_for
-    from ..inputs import signing_request
+    from ..flag_objects import signing_request
     from ..keys_cmd import terminal_prompt
     from .offline import conditions_warning, unrecorded_conditions
 
     check_places(args)
-    from ...trust.plans.planset import MAX_REPLICAS
+    from ...trust.plans.plan_set import MAX_REPLICAS
 
     if not 1 <= args.set_replicas <= MAX_REPLICAS:
         raise ConfigError(f"--set-replicas must be 1 to {MAX_REPLICAS}, got {args.set_replicas}")

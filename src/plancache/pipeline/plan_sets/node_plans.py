@@ -1,7 +1,7 @@
 """One store read per node for each of its worlds: the boot-storm path beside :class:`Resolver.resolve`.
 
 Every rank of a world computes every rank's fingerprint, hence the name of their plan set
-(:mod:`plancache.trust.plans.planset`). So on a local miss, a rank takes that set's node lock
+(:mod:`plancache.trust.plans.plan_set`). So on a local miss, a rank takes that set's node lock
 (the compile cache's :func:`plancache.storage.compile_cache.cachedir.locked`, on
 ``startup_plan.<set id>`` beside vLLM's plan directory: one lock per set name, so ranks of other
 worlds, or ranks that fell back to their own one-member set, never wait on a fetch that is not
@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ...storage.compile_cache.cachedir import locked
 from ...storage.deadline import JOIN_GRACE, store_error
 from ...storage.local.files import read_capped, write_atomic
-from ...storage.plansets import read_set, throttled
+from ...storage.plan_set_objects import read_set, throttled
 from ...trust import strictjson
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, StoreError, StoreTimeout
-from ...trust.plans.planset import VerifiedSet, replica_name, set_id_of_name, set_name
+from ...trust.plans.plan_set import VerifiedSet, replica_name, set_id_of_name, set_name
 from ...trust.result import PlanResult
 from ..resolver import verify_result
 

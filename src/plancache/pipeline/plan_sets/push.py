@@ -23,7 +23,7 @@ from ...storage.store import Store
 from ...trust.errors import PlanCacheError
 from ...trust.keyring.keys import Signer, signer_keyring
 from ...trust.plans.plan import plan_name
-from ...trust.plans.planset import MAX_MEMBERS, build_set, replica_name
+from ...trust.plans.plan_set import MAX_MEMBERS, build_set, replica_name
 from ...trust.verify import verify_plan
 
 

@@ -48,7 +48,7 @@ from typing import Callable, Mapping, TypeVar
 
 from ...trust.errors import Reason, StoreError
 from ..local import dirfds
-from .headers import HEADERS_SUBDIR
+from .header_files import HEADERS_SUBDIR
 
 PRIVATE_SUBDIR = "plancache-private"
 PRIVATE_DIR_ENV = "PLANCACHE_PRIVATE_DIR"

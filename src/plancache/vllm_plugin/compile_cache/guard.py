@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
-from . import decisions, headers, torch_caches
+from . import boot_headers, decisions, torch_caches
 from .publish import LOCK_WAIT_EXTRA, publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
 
 LOG = logging.getLogger("vllm.plancache")
@@ -120,7 +120,7 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
                         wait=config.timeout + LOCK_WAIT_EXTRA)
     finally:
         if pulled:  # the header fetch started beside the pull: link it, or cancel it
-            headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"),
+            boot_headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"),
                             archive_sha256=getattr(outcome, "archive_sha256", None) or None)
     extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
     decisions.log(outcome.action, outcome.reason or "verified", subject, started, detail=outcome.detail, extra=extra)
@@ -130,14 +130,14 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
 
 def _fetcher(config: Any, subject: str, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
     """Opens the store for the guard's pull and starts the header fetch on it at once, beside
-    the pull (held: it links nothing before the guard's decision, :func:`headers.decided`)."""
+    the pull (held: it links nothing before the guard's decision, :func:`boot_headers.decided`)."""
     def fetch() -> tuple[Any, float]:
         from ...storage.store import open_store
 
         store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
         deadline = time.monotonic() + config.timeout
         pulled.append(True)
-        headers.start_fetch(config, subject, store, held=True)  # never raises
+        boot_headers.start_fetch(config, subject, store, held=True)  # never raises
         return store, deadline
 
     return fetch
@@ -294,7 +294,7 @@ def install() -> bool:
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
                     raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
-            headers.on_build_node(_signs_and_pushes)
+            boot_headers.on_build_node(_signs_and_pushes)
             try:
                 torch_caches.boot_dir()
             except StoreError as exc:  # guarded all the same: every cache is then a cold compile
@@ -322,7 +322,7 @@ def _forget_in_child() -> None:
     _lock = threading.RLock()
     _guarded.clear()
     _decided_at.clear()
-    headers.reset()
+    boot_headers.reset()
 
 
 def uninstall() -> None:

@@ -191,11 +191,11 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
 def _push_headers(store: Any, subject: str, key: Any, config: Settings, archive_sha256: str) -> None:
     """After the cache: the precompiled headers its compile used, so a new node need not build them,
     bound to the cache just pushed (``archive_sha256``: a node installs them beside that one only)."""
-    from . import headers
+    from . import boot_headers
 
     started = time.monotonic()
     try:
-        outcome = headers.push(store, subject, key, config.expires_in, archive_sha256)
+        outcome = boot_headers.push(store, subject, key, config.expires_in, archive_sha256)
     except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a header build
         LOG.warning("plancache: push of the precompiled headers of %s failed: %s", subject,
                     safe_text(getattr(exc, "detail", exc), 300))

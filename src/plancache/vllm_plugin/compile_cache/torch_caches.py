@@ -228,7 +228,7 @@ def _pin(boot: BootDir) -> None:
         headers = shared or default / "precompiled_headers"
         codecache._HEADER_DIR = str(headers)
         codecache._HEADER_LOCK_DIR = str(headers / "locks")
-        from . import headers as pch
+        from . import boot_headers as pch
 
         if shared is not None:
             pch.place(boot.root.parent, shared)
@@ -257,7 +257,7 @@ def node_headers(private_root: Path) -> Path | None:
     this user can write (reached without following links, checked to be ours and mode 0700);
     anything else there (a link, another owner, group or world access) and the boot's own
     fresh directory is used instead. Never a shared default."""
-    from ...storage.compile_cache.headers import private_dir
+    from ...storage.compile_cache.header_files import private_dir
 
     return private_dir(private_root)
 

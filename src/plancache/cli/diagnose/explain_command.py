@@ -20,7 +20,7 @@ from typing import Any
 
 from ...trust.display import safe_text
 from ...trust.errors import ConfigError
-from ..inputs import required_policy, storage_options
+from ..flag_objects import required_policy, storage_options
 from ..output import print_table, report
 
 EXIT_MISS = 1

@@ -102,7 +102,7 @@ class VerifiedHeaders:
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
-            raise TypeError("VerifiedHeaders is created by plancache.trust.compile_cache.headers only")
+            raise TypeError("VerifiedHeaders is created by plancache.trust.compile_cache.header_statement only")
 
 
 def _int(value: object, what: str, low: int, cap: int) -> int:

@@ -1,7 +1,7 @@
 """Precompiled headers on disk: compressed for a store, inflated into the node's private directory.
 
-Moves bytes and decides nothing (:mod:`plancache.trust.compile_cache.headers` and
-:mod:`plancache.pipeline.compile_cache.headers` decide). The node's headers live in
+Moves bytes and decides nothing (:mod:`plancache.trust.compile_cache.header_statement` and
+:mod:`plancache.pipeline.compile_cache.header_shipping` decide). The node's headers live in
 ``$VLLM_CACHE_ROOT/plancache-private/headers`` (:func:`private_dir`: reached without following
 links, ours, mode 0700). Several headers travel as one gzip stream (zlib, level 1: 149 MiB ->
 26 MB in 3.5 s), inflated with a bound on every call's output, never more than the signed size

@@ -4,7 +4,7 @@ Inductor builds its precompiled header (``<hash>.h.gch``, 149 MiB, 11-60 s of gc
 loads even a warm cache; a node that pulled its cache would otherwise build it on its first
 boot. So the build node pushes the header(s) its compile used beside the cache
 (:func:`push_headers`: one gzip stream and a statement signed on its own,
-:mod:`plancache.trust.compile_cache.headers`), and a node that pulled the cache installs them
+:mod:`plancache.trust.compile_cache.header_statement`), and a node that pulled the cache installs them
 (:func:`pull_headers`) into its private headers directory, where torch looks for them by name,
 only beside the cache signature they were made for (the statement binds that cache's
 ``archive_sha256``; the node names the one it holds: at once, or for a fetch beside the guard's
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Iterator
 
 from ...storage.compile_cache import archives
-from ...storage.compile_cache import headers as files
+from ...storage.compile_cache import header_files as files
 from ...storage.store import Store
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
-from ...trust.compile_cache.headers import (MAX_SIG_BYTES, HeaderEntry, HeaderSet, check_binding, is_header_name,
+from ...trust.compile_cache.header_statement import (MAX_SIG_BYTES, HeaderEntry, HeaderSet, check_binding, is_header_name,
                                             sign_headers, verify_headers)
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 

@@ -13,7 +13,7 @@ private headers directory) makes that call:
   line ``plancache: compile-cache header=<name> source=store|node|built waited_ms=<n>``;
 - remember its name, so the build node's push ships the headers this compile used.
 
-The fetch itself (:func:`start_fetch`) is :func:`plancache.pipeline.compile_cache.headers.pull_headers`
+The fetch itself (:func:`start_fetch`) is :func:`plancache.pipeline.compile_cache.header_shipping.pull_headers`
 in a daemon thread with its own budget, separate from the cache's: a slow header never costs
 the node its cache. Its outcome is one INFO line ``plancache: compile-cache headers=…``.
 """
@@ -112,7 +112,7 @@ def _pack_early() -> None:
     built one, while vLLM compiles on: at exit only the upload is left (vLLM kills a one-shot
     boot's worker 5 s after shutdown starts, before a 3.5 s compression would end)."""
     global _packing
-    from ...pipeline.compile_cache.headers import pack_headers
+    from ...pipeline.compile_cache.header_shipping import pack_headers
 
     at = _at
     if at is None or not _build_node():
@@ -130,7 +130,7 @@ def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False, ar
     (the cache was loaded, and which: only headers bound to it are linked; anything else cancels
     it). Not held: ``archive_sha256`` names the cache already loaded."""
     global _fetch
-    from ...pipeline.compile_cache.headers import Cancel, HeadersOutcome, pull_headers
+    from ...pipeline.compile_cache.header_shipping import Cancel, HeadersOutcome, pull_headers
     from ...pipeline.resolver import utcnow
 
     at = _at
@@ -169,7 +169,7 @@ def decided(subject: str, loaded: bool, reason: str = "", *, archive_sha256: str
     is cancelled, installing nothing, and torch no longer waits for it (SECURITY.md: a store's
     header is installed only beside a cache this boot loaded from that store)."""
     global _fetch
-    from ...pipeline.compile_cache.headers import HeadersOutcome
+    from ...pipeline.compile_cache.header_shipping import HeadersOutcome
 
     with _lock:
         pending = _fetch
@@ -213,7 +213,7 @@ def wait() -> None:
 def push(store: Any, subject: str, signer: Any, expires_in: Any, archive_sha256: str) -> Any:
     """The build node's push of the headers this process used (after the cache's own push),
     bound to that cache's signature (``archive_sha256``, its manifest's)."""
-    from ...pipeline.compile_cache.headers import HeadersOutcome, push_headers
+    from ...pipeline.compile_cache.header_shipping import HeadersOutcome, push_headers
     from ...pipeline.resolver import utcnow
 
     at, names, packed = _at, used(), None

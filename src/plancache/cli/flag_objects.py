@@ -18,7 +18,7 @@ from ..trust.errors import ConfigError
 from .args import key_value, positive_int
 
 if TYPE_CHECKING:
-    from ..pipeline.signing import SigningRequest
+    from ..pipeline.directory_signing import SigningRequest
     from ..trust.keyring.keys import Signer
     from ..trust.policy import TrustPolicy
 
@@ -130,7 +130,7 @@ def required_signer(args: argparse.Namespace) -> "Signer":
 
 def signing_request(args: argparse.Namespace) -> "SigningRequest":
     """What ``sign``/``push --key`` would sign; absent flags are "not asked" (None)."""
-    from ..pipeline.signing import SigningRequest
+    from ..pipeline.directory_signing import SigningRequest
     from ..pipeline.trust_config import keys_source, load_trusted_keys
 
     source = keys_source(args.trusted_keys)

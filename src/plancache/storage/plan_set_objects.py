@@ -1,6 +1,6 @@
 """Plan set objects on a store: one read, listing, upload and delete, beside the per-plan layout.
 
-A set (``startup_planset_<id>.set``, see :mod:`plancache.trust.plans.planset`) is one more object
+A set (``startup_planset_<id>.set``, see :mod:`plancache.trust.plans.plan_set`) is one more object
 under the same prefix as the plans; this module moves its bytes and decides nothing. The
 boot's read goes through the same paths as a plan's: on ``s3://`` before s3fs exists, plain
 botocore (:mod:`.s3.direct`); otherwise the store's capped read (:mod:`.capped_reads`), each
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from ..trust.plans.planset import set_object_id
+from ..trust.plans.plan_set import set_object_id
 from .capped_reads import read_now
 from .deadline import THROTTLED, http_status
 
