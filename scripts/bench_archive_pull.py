@@ -30,8 +30,14 @@ from store_servers import AWS_ENV, MotoServer  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cache", nargs=2, action="append", required=True, metavar=("ROOT", "KEY.pub"),
-                        help="a signed cache root and the public key it is signed by (repeatable)")
+    parser.add_argument(
+        "--cache",
+        nargs=2,
+        action="append",
+        required=True,
+        metavar=("ROOT", "KEY.pub"),
+        help="a signed cache root and the public key it is signed by (repeatable)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     keys = {Path(root): key for root, key in args.cache}
@@ -44,8 +50,18 @@ def main() -> int:
         urls = {}
         for root in args.roots:
             url = f"s3://{moto.new_bucket()}/fleet"
-            pushed = cli("compile-cache", "push", "--json", "--trusted-keys", keys[root], "--url", url,
-                         "--storage-option", option, str(root))
+            pushed = cli(
+                "compile-cache",
+                "push",
+                "--json",
+                "--trusted-keys",
+                keys[root],
+                "--url",
+                url,
+                "--storage-option",
+                option,
+                str(root),
+            )
             assert pushed.returncode == 0, pushed.stdout + pushed.stderr
             urls[root] = url
         times: dict[Path, list[float]] = {root: [] for root in args.roots}
@@ -53,17 +69,41 @@ def main() -> int:
             for root in args.roots:
                 dest = work / f"{r}-{args.roots.index(root)}"
                 started = time.perf_counter()
-                pulled = cli("compile-cache", "pull", "--json", "--trusted-keys", keys[root], "--url", urls[root],
-                             "--storage-option", option, "--timeout", "120", str(dest))
+                pulled = cli(
+                    "compile-cache",
+                    "pull",
+                    "--json",
+                    "--trusted-keys",
+                    keys[root],
+                    "--url",
+                    urls[root],
+                    "--storage-option",
+                    option,
+                    "--timeout",
+                    "120",
+                    str(dest),
+                )
                 times[root].append(time.perf_counter() - started)
                 assert pulled.returncode == 0, pulled.stdout + pulled.stderr
         client = moto.client()
         for root in args.roots:
             bucket = urls[root].split("/")[2]
-            sizes = [o["Size"] for o in client.list_objects_v2(Bucket=bucket)["Contents"] if o["Key"].endswith(".tar")]
-            print(json.dumps({"root": str(root), "archive_bytes": sizes, "archive_mib": [round(s / 2**20, 2) for s in sizes],
-                              "pull_median_s": round(statistics.median(times[root]), 3),
-                              "pull_all_s": [round(t, 3) for t in times[root]]}))
+            sizes = [
+                o["Size"]
+                for o in client.list_objects_v2(Bucket=bucket)["Contents"]
+                if o["Key"].endswith(".tar")
+            ]
+            print(
+                json.dumps(
+                    {
+                        "root": str(root),
+                        "archive_bytes": sizes,
+                        "archive_mib": [round(s / 2**20, 2) for s in sizes],
+                        "pull_median_s": round(statistics.median(times[root]), 3),
+                        "pull_all_s": [round(t, 3) for t in times[root]],
+                    }
+                )
+            )
     finally:
         moto.stop()
     return 0

@@ -53,7 +53,9 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 
 def imported(cmd: list[str], env: dict[str, str]) -> set[str]:
     """Top-level packages a command imports (``python -X importtime``, from its stderr)."""
-    done = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [cmd[0], "-X", "importtime", *cmd[1:]], env=env, capture_output=True, text=True
+    )
     names = set()
     for line in done.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -68,15 +70,18 @@ def main() -> int:
 
     # An installed wheel has its bytecode (pip compiles at install), as boto3's side has here;
     # this machine sets PYTHONDONTWRITEBYTECODE=1, so a source tree would compile on every run.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src")], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "src")],
+        check=True,
+        capture_output=True,
+    )
     from conftest import FP, plan_bytes
-    from store_servers import AWS_ENV, MotoServer
-
     from plancache.keys.keyfile import generate_keypair
+    from plancache.pipeline.resolver import utcnow
     from plancache.storage.store import open_store
     from plancache.trust.plans.plan import plan_name
     from plancache.trust.signing import sign_plan
-    from plancache.pipeline.resolver import utcnow
+    from store_servers import AWS_ENV, MotoServer
 
     server = MotoServer()
     try:
@@ -87,12 +92,27 @@ def main() -> int:
             data = plan_bytes()
             store = open_store(url, server.options, 30)
             store.put(FP, data, sign_plan(plan_name(FP), data, signer, utcnow()))
-            env = {**os.environ, **AWS_ENV, "AWS_ENDPOINT_URL": server.endpoint,
-                   "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+            env = {
+                **os.environ,
+                **AWS_ENV,
+                "AWS_ENDPOINT_URL": server.endpoint,
+                "PYTHONPATH": os.pathsep.join(
+                    [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+                ),
+            }
             script = Path(tmp) / "minimal_boto3.py"
             script.write_text(BOTO3_SCRIPT)
-            pull = [sys.executable, "-m", "plancache.cli.main", "pull", "--trusted-keys", str(Path(tmp) / "key.pub"),
-                    "--fingerprint", FP, url]
+            pull = [
+                sys.executable,
+                "-m",
+                "plancache.cli.main",
+                "pull",
+                "--trusted-keys",
+                str(Path(tmp) / "key.pub"),
+                "--fingerprint",
+                FP,
+                url,
+            ]
             floor = [sys.executable, str(script), bucket, "plans", FP]
             t_pull: list[float] = []
             t_floor: list[float] = []
@@ -102,17 +122,25 @@ def main() -> int:
                 if rep:  # the first round warms the page cache and moto
                     t_pull.append(a)
                     t_floor.append(b)
-            extra = sorted(imported([*pull, f"{tmp}/imp-a"], env) - imported([*floor, f"{tmp}/imp-b"], env))
+            extra = sorted(
+                imported([*pull, f"{tmp}/imp-a"], env) - imported([*floor, f"{tmp}/imp-b"], env)
+            )
     finally:
         server.stop()
     m_pull, m_floor = statistics.median(t_pull), statistics.median(t_floor)
-    print(f"plancache pull --fingerprint (whole process): median {m_pull * 1000:6.0f} ms "
-          f"(min {min(t_pull) * 1000:.0f}, max {max(t_pull) * 1000:.0f}) over {len(t_pull)} runs")
-    print(f"minimal boto3 script, same two GETs + write:  median {m_floor * 1000:6.0f} ms "
-          f"(min {min(t_floor) * 1000:.0f}, max {max(t_floor) * 1000:.0f})")
+    print(
+        f"plancache pull --fingerprint (whole process): median {m_pull * 1000:6.0f} ms "
+        f"(min {min(t_pull) * 1000:.0f}, max {max(t_pull) * 1000:.0f}) over {len(t_pull)} runs"
+    )
+    print(
+        f"minimal boto3 script, same two GETs + write:  median {m_floor * 1000:6.0f} ms "
+        f"(min {min(t_floor) * 1000:.0f}, max {max(t_floor) * 1000:.0f})"
+    )
     ratio = m_pull / m_floor
     print(f"ratio {ratio:.2f} (target <= 1.5): {'met' if ratio <= 1.5 else 'NOT met'}")
-    print(f"top-level packages the pull imports beyond the boto3 script: {', '.join(extra) or 'none'}")
+    print(
+        f"top-level packages the pull imports beyond the boto3 script: {', '.join(extra) or 'none'}"
+    )
     return 0
 
 

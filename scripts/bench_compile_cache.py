@@ -29,9 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -52,7 +53,8 @@ def counting_reads() -> Iterator[list[str]]:
     their own module's name, so both are patched) and ``S3Direct.read`` (a boot's plain-botocore
     reads on s3, which never reach ``read_object``). Wrapping a method the reads no longer pass
     through is how this counter once printed "0 object reads": :func:`main` refuses a 0."""
-    from plancache.storage import capped_reads, store as store_module
+    from plancache.storage import capped_reads
+    from plancache.storage import store as store_module
     from plancache.storage.s3 import direct
 
     reads: list[str] = []
@@ -96,24 +98,30 @@ def bench_verify(work: Path, rounds: int) -> int:
         assert cc.verify_cache(root, SUBJECT, keyring, now).action == "verified"
         times.append(time.perf_counter() - started)
     best, median = min(times) * 1000, statistics.median(times) * 1000
-    print(f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {median:.1f} ms (target: median <= 50 ms)")
+    print(
+        f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {median:.1f} ms (target: median <= 50 ms)"
+    )
     bare = []
     for _ in range(rounds * 5):
         started = time.perf_counter()
         for path in root.directory(SUBJECT).rglob("*.so"):
             hashlib.sha256(path.read_bytes()).hexdigest()
         bare.append(time.perf_counter() - started)
-    print(f"   bare sequential sha256 of the same files: best {min(bare) * 1000:.1f} ms; "
-          f"ratio verify / bare {best / (min(bare) * 1000):.2f}")
+    print(
+        f"   bare sequential sha256 of the same files: best {min(bare) * 1000:.1f} ms; "
+        f"ratio verify / bare {best / (min(bare) * 1000):.2f}"
+    )
     guarded = []
     for i in range(rounds * 5):
         started = time.perf_counter()
         assert guard(root, SUBJECT, keyring, now, work / f"private-{i}").action == "load"
         guarded.append(time.perf_counter() - started)
         shutil.rmtree(work / f"private-{i}")
-    print(f"   the guard (verify + copy into a private directory): best {min(guarded) * 1000:.1f} ms, median "
-          f"{statistics.median(guarded) * 1000:.1f} ms; ratio guard / verify (medians) "
-          f"{statistics.median(guarded) / statistics.median(times):.2f}")
+    print(
+        f"   the guard (verify + copy into a private directory): best {min(guarded) * 1000:.1f} ms, median "
+        f"{statistics.median(guarded) * 1000:.1f} ms; ratio guard / verify (medians) "
+        f"{statistics.median(guarded) / statistics.median(times):.2f}"
+    )
     return pull_reads(work, root, keyring, now)
 
 
@@ -123,31 +131,54 @@ def pull_reads(work: Path, root: cc.CacheRoot, keyring: Any, now: datetime) -> i
     store = open_store(f"file://{work}/store")
     cc.push_cache(store, root, SUBJECT, keyring, now)
     with counting_reads() as reads:
-        assert cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action == "pulled"
+        assert (
+            cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action
+            == "pulled"
+        )
     if not reads:
         print("3. pull of one cache: not measured: counter saw no reads")
     else:
-        print(f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)")
+        print(
+            f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)"
+        )
     return len(reads)
 
 
 def boot(env: dict[str, str]) -> tuple[float, float | None, str]:
-    out = subprocess.run([sys.executable, str(TOY)], env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(TOY)], env=env, capture_output=True, text=True, timeout=900
+    )
     first = float(re.search(r'"first_forward_s": ([0-9.]+)', out.stdout).group(1))  # type: ignore[union-attr]
     guard = re.search(r"compile-cache decision=(\S+) .*?elapsed_ms=([0-9]+)", out.stderr)
     loaded = re.search(r'"num_aot_artifacts_loaded": (\d)', out.stdout)
-    return first, float(guard.group(2)) if guard else None, (guard.group(1) if guard else "-") + f"/loaded={loaded.group(1) if loaded else '?'}"
+    return (
+        first,
+        float(guard.group(2)) if guard else None,
+        (guard.group(1) if guard else "-") + f"/loaded={loaded.group(1) if loaded else '?'}",
+    )
 
 
 def bench_warm(work: Path, rounds: int) -> None:
     keys = work / "keys"
     if not (keys / "key").exists():
         keys.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "plancache.cli.main", "keygen", str(keys / "key")], check=True,
-                       capture_output=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "TORCHINDUCTOR_", "TRITON_"))}
-    base.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(work / "vllm"),
-                PYTHONPATH=str(REPO / "src"), TMPDIR=str(work / "tmp"))
+        subprocess.run(
+            [sys.executable, "-m", "plancache.cli.main", "keygen", str(keys / "key")],
+            check=True,
+            capture_output=True,
+        )
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PLANCACHE_", "TORCHINDUCTOR_", "TRITON_"))
+    }
+    base.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_CACHE_ROOT=str(work / "vllm"),
+        PYTHONPATH=str(REPO / "src"),
+        TMPDIR=str(work / "tmp"),
+    )
     (work / "tmp").mkdir(exist_ok=True)
     guarded = dict(base, PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=str(keys / "key.pub"))
     if not (work / "vllm" / "torch_compile_cache").exists():
@@ -160,11 +191,21 @@ def bench_warm(work: Path, rounds: int) -> None:
         assert decision.startswith("load/loaded=1"), decision
         guarded_times.append(first)
         guard_ms.append(elapsed or 0.0)
-    plain, guarded_first, guard = statistics.median(plain_times), statistics.median(guarded_times), statistics.median(guard_ms)
-    size = sum(p.stat().st_size for p in (work / "vllm" / "torch_compile_cache" / "torch_aot_compile").rglob("*") if p.is_file())
-    print(f"2. warm load of a real signed cache ({size / 2**20:.1f} MiB), medians of {rounds}: "
-          f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; the guard's own time (copy incl.) "
-          f"{guard:.0f} ms = {guard / 1000 / plain * 100:.1f} % of the warm load (target <= 10 %)")
+    plain, guarded_first, guard = (
+        statistics.median(plain_times),
+        statistics.median(guarded_times),
+        statistics.median(guard_ms),
+    )
+    size = sum(
+        p.stat().st_size
+        for p in (work / "vllm" / "torch_compile_cache" / "torch_aot_compile").rglob("*")
+        if p.is_file()
+    )
+    print(
+        f"2. warm load of a real signed cache ({size / 2**20:.1f} MiB), medians of {rounds}: "
+        f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; the guard's own time (copy incl.) "
+        f"{guard:.0f} ms = {guard / 1000 / plain * 100:.1f} % of the warm load (target <= 10 %)"
+    )
 
 
 def main() -> None:

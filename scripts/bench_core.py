@@ -22,16 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from plancache.pipeline.audit import check_many  # noqa: E402
-from plancache.storage.local.localdir import LocalPlanDir  # noqa: E402
-from plancache.trust import envelope as dsse  # noqa: E402
-from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line  # noqa: E402
-from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan  # noqa: E402
-from plancache.trust.policy import TrustPolicy  # noqa: E402
-from plancache.trust.signing import sign_plan  # noqa: E402
-from plancache.trust.verify import verify_plan  # noqa: E402
+from plancache.pipeline.audit import check_many
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust import envelope as dsse
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line
+from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan
+from plancache.trust.policy import TrustPolicy
+from plancache.trust.signing import sign_plan
+from plancache.trust.verify import verify_plan
 
 NOW = datetime.now(timezone.utc)
 HEAVY = ("fsspec", "s3fs", "gcsfs", "aiobotocore", "botocore", "torch", "vllm")
@@ -72,8 +72,10 @@ def bench_single(rounds: int) -> None:
     for _ in range(rounds):
         base_t = min(base_t, best_of(baseline, 1, number))
         full_t = min(full_t, best_of(full, 1, number))
-    print(f"1. verify one plan: {full_t * 1e6:.1f} us; bare Ed25519 verify + parse: {base_t * 1e6:.1f} us; "
-          f"ratio {full_t / base_t:.2f} (target <= 1.5)")
+    print(
+        f"1. verify one plan: {full_t * 1e6:.1f} us; bare Ed25519 verify + parse: {base_t * 1e6:.1f} us; "
+        f"ratio {full_t / base_t:.2f} (target <= 1.5)"
+    )
 
 
 def bench_many(plans: int, rounds: int) -> None:
@@ -99,13 +101,23 @@ def bench_many(plans: int, rounds: int) -> None:
             many = min(many, time.perf_counter() - start)
         assert all(r.status == "valid" for r in reports)
         single_rate, multi_rate = plans / one, plans / many
-        print(f"2a. verify {plans} plans from a directory (read + verify, as the command does): "
-              f"1 core {single_rate:,.0f}/s, {cores} cores {multi_rate:,.0f}/s; "
-              f"efficiency {multi_rate / (cores * single_rate):.2f} (target >= 0.8)")
+        print(
+            f"2a. verify {plans} plans from a directory (read + verify, as the command does): "
+            f"1 core {single_rate:,.0f}/s, {cores} cores {multi_rate:,.0f}/s; "
+            f"efficiency {multi_rate / (cores * single_rate):.2f} (target >= 0.8)"
+        )
 
         keyfile = Path(tmp) / "trusted"
         keyfile.write_text(openssh_line(signer.public, "ci") + "\n")
-        cmd = [sys.executable, "-m", "plancache.cli.main", "verify", f"--trusted-keys={keyfile}", "--json", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "plancache.cli.main",
+            "verify",
+            f"--trusted-keys={keyfile}",
+            "--json",
+            tmp,
+        ]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
         one = many = float("inf")
         for _ in range(max(1, rounds // 2)):
@@ -115,9 +127,11 @@ def bench_many(plans: int, rounds: int) -> None:
             start = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True, env=env)
             many = min(many, time.perf_counter() - start)
-        print(f"2b. whole `plancache verify --json DIR` over {plans} plans, including interpreter start-up and "
-              f"the JSON report (serial parts): --jobs 1 {one:.2f} s, {cores} cores {many:.2f} s; "
-              f"speed-up {one / many:.2f}x")
+        print(
+            f"2b. whole `plancache verify --json DIR` over {plans} plans, including interpreter start-up and "
+            f"the JSON report (serial parts): --jobs 1 {one:.2f} s, {cores} cores {many:.2f} s; "
+            f"speed-up {one / many:.2f}x"
+        )
 
 
 FLOOR = r"""
@@ -166,7 +180,14 @@ def bench_floor(plans: int, rounds: int) -> None:
         keyfile.write_text(openssh_line(signer.public, "ci") + "\n")
         raw = signer.public.public_bytes_raw().hex()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-        command = [sys.executable, "-m", "plancache.cli.main", "verify", f"--trusted-keys={keyfile}", tmp]
+        command = [
+            sys.executable,
+            "-m",
+            "plancache.cli.main",
+            "verify",
+            f"--trusted-keys={keyfile}",
+            tmp,
+        ]
         floor_cmd = [sys.executable, "-c", FLOOR, tmp, raw]
         cmd_t = floor_t = float("inf")
         try:
@@ -179,9 +200,11 @@ def bench_floor(plans: int, rounds: int) -> None:
                 cmd_t = min(cmd_t, time.perf_counter() - start)
         finally:
             keyfile.unlink()
-        print(f"2c. whole `plancache verify DIR` over {plans} plans {cmd_t:.2f} s; all-cores floor (bare read + "
-              f"Ed25519 over the PAE + digest + plan parse, process pool) {floor_t:.2f} s; "
-              f"ratio {cmd_t / floor_t:.2f} (target <= 1.25)")
+        print(
+            f"2c. whole `plancache verify DIR` over {plans} plans {cmd_t:.2f} s; all-cores floor (bare read + "
+            f"Ed25519 over the PAE + digest + plan parse, process pool) {floor_t:.2f} s; "
+            f"ratio {cmd_t / floor_t:.2f} (target <= 1.25)"
+        )
 
 
 def bench_imports() -> None:
@@ -190,15 +213,21 @@ def bench_imports() -> None:
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    print(f"3. heavy modules imported by plancache, its trust core and CLI: {out.stdout.strip()} (target: none)")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    print(
+        f"3. heavy modules imported by plancache, its trust core and CLI: {out.stdout.strip()} (target: none)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plans", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=("floor",), help="run only this part (e.g. against another checkout)")
+    parser.add_argument(
+        "--only", choices=("floor",), help="run only this part (e.g. against another checkout)"
+    )
     args = parser.parse_args()
     if args.only == "floor":
         bench_floor(args.plans, args.rounds)

@@ -37,8 +37,8 @@ import re
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -55,7 +55,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default="llm,serve", help="llm, serve or both (comma-separated)")
-    parser.add_argument("--no-shim", action="store_true", help="stock vLLM 0.32: no finalize_loading shim")
+    parser.add_argument(
+        "--no-shim", action="store_true", help="stock vLLM 0.32: no finalize_loading shim"
+    )
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     problem = H.engine_missing()
@@ -80,7 +82,11 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
     if not model.exists():
         H.build_model(model)
     bucket = moto.new_bucket()
-    store = {**AWS_ENV, "PLANCACHE_URL": f"s3://{bucket}/fleet", "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={moto.endpoint}"}
+    store = {
+        **AWS_ENV,
+        "PLANCACHE_URL": f"s3://{bucket}/fleet",
+        "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={moto.endpoint}",
+    }
     guard = {"PLANCACHE_COMPILE_CACHE": "1", "PLANCACHE_TRUSTED_KEYS": key + ".pub"}
 
     build = H.Node(work / "build")
@@ -90,9 +96,12 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
     sizes = {o["Key"]: o["Size"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
     archive = next(size for name, size in sizes.items() if name.endswith(".tar"))
     headers = sum(size for name, size in sizes.items() if name.endswith(".pch.gz"))
-    print(f"cold boot (build node: compile, sign, push): LLM() {cold.start_s:.1f} s; "
-          f"archive {archive / 2**20:.2f} MiB ({archive} bytes); precompiled headers {headers / 2**20:.2f} MiB "
-          f"({headers} bytes, gzip)", flush=True)
+    print(
+        f"cold boot (build node: compile, sign, push): LLM() {cold.start_s:.1f} s; "
+        f"archive {archive / 2**20:.2f} MiB ({archive} bytes); precompiled headers {headers / 2**20:.2f} MiB "
+        f"({headers} bytes, gzip)",
+        flush=True,
+    )
 
     def node(kind: str, i: int, mode: str) -> tuple[H.Node, dict[str, str]]:
         n = H.Node(work / f"{kind}-{mode}-{i}")
@@ -104,18 +113,25 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
             return n, n.env(shim=shim)
         return n, n.env(shim=shim, **guard, **(store if kind == "store" else {}))
 
-    boots: dict[str, Callable[[H.Node, Path, dict[str, str]], H.Boot]] = {"llm": H.boot_llm, "serve": H.boot_serve}
+    boots: dict[str, Callable[[H.Node, Path, dict[str, str]], H.Boot]] = {
+        "llm": H.boot_llm,
+        "serve": H.boot_serve,
+    }
     starts: dict[tuple[str, str], list[float]] = {(k, m): [] for k in KINDS for m in modes}
     inits: dict[tuple[str, str], list[float]] = {(k, m): [] for k in KINDS for m in modes}
     guard_ms: dict[str, list[int]] = {"local": [], "store": []}
     waited_ms: dict[str, list[int]] = {"local": [], "store": []}
     for i in range(rounds):
         for mode in modes:
-            order = KINDS[i % 3:] + KINDS[:i % 3]  # rotate, so no kind always goes first
+            order = KINDS[i % 3 :] + KINDS[: i % 3]  # rotate, so no kind always goes first
             for kind in order:
                 n, env = node(kind, i, mode)
                 boot = boots[mode](n, model, env)
-                assert boot.returncode == 0 and boot.token_ids == cold.token_ids, (kind, mode, boot.tail())
+                assert boot.returncode == 0 and boot.token_ids == cold.token_ids, (
+                    kind,
+                    mode,
+                    boot.tail(),
+                )
                 expected = [] if kind == "vllm" else [("load", "verified")]
                 assert boot.compile_decisions == expected, (kind, mode, boot.compile_decisions)
                 starts[(kind, mode)].append(boot.start_s or 0.0)
@@ -124,36 +140,58 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
                 if kind != "vllm":
                     guard_ms[kind] += boot.compile_elapsed_ms
                 header = sorted(set(re.findall(r"compile-cache header=\S+ source=(\w+)", boot.log)))
-                waited = [int(ms) for ms in re.findall(r"compile-cache header=\S+ source=\w+ waited_ms=(\d+)", boot.log)]
+                waited = [
+                    int(ms)
+                    for ms in re.findall(
+                        r"compile-cache header=\S+ source=\w+ waited_ms=(\d+)", boot.log
+                    )
+                ]
                 if kind != "vllm":
                     waited_ms[kind] += waited
                 init = "-" if boot.init_engine_s is None else f"{boot.init_engine_s:5.2f} s"
-                print(f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  init engine {init}  counters loaded="
-                      f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}"
-                      f"  header={','.join(header) or '-'} waited_ms={max(waited, default=0)}", flush=True)
+                print(
+                    f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  init engine {init}  counters loaded="
+                    f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}"
+                    f"  header={','.join(header) or '-'} waited_ms={max(waited, default=0)}",
+                    flush=True,
+                )
 
-    print(f"\nwarm boots, medians of {rounds} ({'with' if shim else 'without'} the finalize_loading shim):")
-    print("| start | vLLM alone | plancache, local | plancache, store | local / vLLM (≤ 1.05) "
-          "| store − local, paired (≤ +1 s) | of the medians | init engine: local, store, paired |")
+    print(
+        f"\nwarm boots, medians of {rounds} ({'with' if shim else 'without'} the finalize_loading shim):"
+    )
+    print(
+        "| start | vLLM alone | plancache, local | plancache, store | local / vLLM (≤ 1.05) "
+        "| store − local, paired (≤ +1 s) | of the medians | init engine: local, store, paired |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     ok = True
     for mode in modes:
         vllm, local, pulled = (statistics.median(starts[(k, mode)]) for k in KINDS)
-        paired = statistics.median(st - lo for st, lo in zip(starts[("store", mode)], starts[("local", mode)]))
+        paired = statistics.median(
+            st - lo for st, lo in zip(starts[("store", mode)], starts[("local", mode)])
+        )
         init = "-"
         if len(inits[("local", mode)]) == len(inits[("store", mode)]) == rounds:
-            init_local, init_store = (statistics.median(inits[(k, mode)]) for k in ("local", "store"))
-            init_paired = statistics.median(st - lo for st, lo in zip(inits[("store", mode)], inits[("local", mode)]))
+            init_local, init_store = (
+                statistics.median(inits[(k, mode)]) for k in ("local", "store")
+            )
+            init_paired = statistics.median(
+                st - lo for st, lo in zip(inits[("store", mode)], inits[("local", mode)])
+            )
             init = f"{init_local:.2f} s, {init_store:.2f} s, {init_paired:+.2f} s"
         ratio = local / vllm
         ok = ok and ratio <= 1.05 and paired <= 1.0
         what = "LLM() constructor" if mode == "llm" else "server to /health"
-        print(f"| {what} | {vllm:.2f} s | {local:.2f} s | {pulled:.2f} s | {ratio:.3f} | {paired:+.2f} s "
-              f"| {pulled - local:+.2f} s | {init} |")
+        print(
+            f"| {what} | {vllm:.2f} s | {local:.2f} s | {pulled:.2f} s | {ratio:.3f} | {paired:+.2f} s "
+            f"| {pulled - local:+.2f} s | {init} |"
+        )
     for kind, values in guard_ms.items():
         if values:
-            print(f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}; torch waited for "
-                  f"the header fetch: median {statistics.median(waited_ms[kind] or [0]):.0f} ms")
+            print(
+                f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}; torch waited for "
+                f"the header fetch: median {statistics.median(waited_ms[kind] or [0]):.0f} ms"
+            )
     print("targets " + ("met" if ok else "NOT met"))
     return 0
 

@@ -39,13 +39,26 @@ SUBJECT = "torch_aot_compile/" + "b3" * 32
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gch", type=Path, required=True, help="a real precompiled header (inductor's <hash>.h.gch)")
-    parser.add_argument("--src", action="append", required=True, metavar="NAME=DIR", help="a version's src/ (repeatable)")
+    parser.add_argument(
+        "--gch",
+        type=Path,
+        required=True,
+        help="a real precompiled header (inductor's <hash>.h.gch)",
+    )
+    parser.add_argument(
+        "--src",
+        action="append",
+        required=True,
+        metavar="NAME=DIR",
+        help="a version's src/ (repeatable)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--gap-ms", type=float, default=0.0)
     parser.add_argument("--modes", default="boot,install")
     parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--child", nargs=3, metavar=("MODE", "ROOT", "SETUP"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("MODE", "ROOT", "SETUP"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         return child(*args.child, gap_ms=args.gap_ms)
@@ -60,26 +73,53 @@ def main() -> int:
         setup = seed(work, args.gch, moto)
         results: dict[tuple[str, str], list[dict]] = {}
         for r in range(args.rounds):
-            order = list(versions)[r % len(versions):] + list(versions)[:r % len(versions)]
+            order = list(versions)[r % len(versions) :] + list(versions)[: r % len(versions)]
             for mode in args.modes.split(","):
                 for name in order:
                     root = work / f"{mode}-{name}-{r}"
-                    env = {**os.environ, "PYTHONPATH": f"{Path(versions[name]).resolve()}:{REPO / 'tests'}"}
-                    out = subprocess.run([sys.executable, __file__, "--gch", str(args.gch), "--src", "x=x", "--gap-ms",
-                                          str(args.gap_ms), "--child", mode, str(root), str(setup)],
-                                         env=env, capture_output=True, text=True, timeout=300)
+                    env = {
+                        **os.environ,
+                        "PYTHONPATH": f"{Path(versions[name]).resolve()}:{REPO / 'tests'}",
+                    }
+                    out = subprocess.run(
+                        [
+                            sys.executable,
+                            __file__,
+                            "--gch",
+                            str(args.gch),
+                            "--src",
+                            "x=x",
+                            "--gap-ms",
+                            str(args.gap_ms),
+                            "--child",
+                            mode,
+                            str(root),
+                            str(setup),
+                        ],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                    )
                     if out.returncode != 0:
                         raise SystemExit(f"{mode} {name}: {out.stdout}{out.stderr}")
                     row = json.loads(out.stdout.strip().splitlines()[-1])
-                    print(json.dumps({"round": r + 1, "mode": mode, "version": name, **row}), flush=True)
+                    print(
+                        json.dumps({"round": r + 1, "mode": mode, "version": name, **row}),
+                        flush=True,
+                    )
                     results.setdefault((mode, name), []).append(row)
                     shutil.rmtree(root, ignore_errors=True)
         print("medians (min-max) over", args.rounds, "rounds:")
         for (mode, name), rows in results.items():
             keys = [k for k, v in rows[0].items() if isinstance(v, (int, float))]
-            print(f"  {mode:7} {name:8} " + "  ".join(
-                f"{k} {statistics.median(r[k] for r in rows):.0f} ({min(r[k] for r in rows):.0f}-{max(r[k] for r in rows):.0f})"
-                for k in keys))
+            print(
+                f"  {mode:7} {name:8} "
+                + "  ".join(
+                    f"{k} {statistics.median(r[k] for r in rows):.0f} ({min(r[k] for r in rows):.0f}-{max(r[k] for r in rows):.0f})"
+                    for k in keys
+                )
+            )
     finally:
         moto.stop()
         shutil.rmtree(work, ignore_errors=True) if not os.environ.get("BENCH_KEEP") else None
@@ -125,20 +165,33 @@ def seed(work: Path, gch: Path, moto: object) -> Path:
     pushed = ch.push_headers(store, SUBJECT, build.root, headers, [gch.name], signer, now)
     assert pushed.action == "pushed", pushed
     setup = work / "setup.json"
-    setup.write_text(json.dumps({"url": url, "options": options, "keys": str(work / "key.pub"), "name": gch.name}))
+    setup.write_text(
+        json.dumps(
+            {"url": url, "options": options, "keys": str(work / "key.pub"), "name": gch.name}
+        )
+    )
     return setup
 
 
 def child(mode: str, root: str, setup_file: str, *, gap_ms: float) -> int:
     setup = json.loads(Path(setup_file).read_text())
     base = Path(root)
-    os.environ.update({"PLANCACHE_COMPILE_CACHE": "1", "PLANCACHE_TRUSTED_KEYS": setup["keys"], "PLANCACHE_URL": setup["url"],
-                       "PLANCACHE_STORAGE_OPTIONS": json.dumps(setup["options"]), "PLANCACHE_TIMEOUT": "30"})
+    os.environ.update(
+        {
+            "PLANCACHE_COMPILE_CACHE": "1",
+            "PLANCACHE_TRUSTED_KEYS": setup["keys"],
+            "PLANCACHE_URL": setup["url"],
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps(setup["options"]),
+            "PLANCACHE_TIMEOUT": "30",
+        }
+    )
     from plancache.storage.compile_cache import header_files as files
 
     directory = files.private_dir(base / "plancache-private")
     assert directory is not None
-    result = boot(base, directory, setup["name"], gap_ms) if mode == "boot" else install(base, setup)
+    result = (
+        boot(base, directory, setup["name"], gap_ms) if mode == "boot" else install(base, setup)
+    )
     print(json.dumps(result))
     return 0
 
@@ -146,7 +199,8 @@ def child(mode: str, root: str, setup_file: str, *, gap_ms: float) -> int:
 def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
     """The plugin's guard, then torch's ask for the header, as a pulling node's first boot does."""
     from plancache.pipeline.compile_cache.flows import CacheRoot
-    from plancache.vllm_plugin.compile_cache import boot_headers as headers, guard, torch_caches
+    from plancache.vllm_plugin.compile_cache import boot_headers as headers
+    from plancache.vllm_plugin.compile_cache import guard, torch_caches
 
     lines: list[str] = []
     handler = logging.Handler()
@@ -156,11 +210,15 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
     boot_dir = base / "plancache-private" / "boot-bench"
     boot_dir.mkdir(mode=0o700)
     torch_caches.private_dir = lambda sub: boot_dir / sub  # vLLM's boot directory, without vLLM
-    guard._record = lambda *args, **kwargs: None  # the boot record asks vLLM (imported by then in a real boot)
+    guard._record = lambda *args, **kwargs: (
+        None
+    )  # the boot record asks vLLM (imported by then in a real boot)
     headers.place(base, directory)
     built: list[str] = []
 
-    def precompile(header: str, cmd: str, **options: object) -> str:  # torch's: gcc builds a missing header
+    def precompile(
+        header: str, cmd: str, **options: object
+    ) -> str:  # torch's: gcc builds a missing header
         if not (directory / name).exists():
             built.append(name)
         return str(directory / name[:-4])
@@ -175,9 +233,13 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
     assert outcome.action == "load" and not built, (outcome, built, lines)
     fetched = next(line for line in lines if "compile-cache headers=" in line)
     decision = next(line for line in lines if "decision=" in line)
-    return {"guard_ms": guard_ms, "header_ms": header_ms, "after_guard_ms": header_ms - guard_ms,
-            "guard_line_ms": float(re.search(r"elapsed_ms=(\d+)", decision).group(1)),  # type: ignore[union-attr]
-            "fetch_line_ms": float(re.search(r"elapsed_ms=(\d+)", fetched).group(1))}  # type: ignore[union-attr]
+    return {
+        "guard_ms": guard_ms,
+        "header_ms": header_ms,
+        "after_guard_ms": header_ms - guard_ms,
+        "guard_line_ms": float(re.search(r"elapsed_ms=(\d+)", decision).group(1)),  # type: ignore[union-attr]
+        "fetch_line_ms": float(re.search(r"elapsed_ms=(\d+)", fetched).group(1)),
+    }  # type: ignore[union-attr]
 
 
 def install(base: Path, setup: dict) -> dict:
@@ -195,12 +257,24 @@ def install(base: Path, setup: dict) -> dict:
         started = time.perf_counter()
         store = open_store(setup["url"], setup["options"], timeout=60)
         if kind == "warm":
-            archives.get_object(store, archives.sig_name(SUBJECT), 1 << 16)  # the guard's pull made its filesystem
+            archives.get_object(
+                store, archives.sig_name(SUBJECT), 1 << 16
+            )  # the guard's pull made its filesystem
             started = time.perf_counter()
-        outcome = pull_headers(store, SUBJECT, keyring, utcnow(), where, where / "plancache-private" / "headers",
-                               deadline=time.monotonic() + 60)
+        outcome = pull_headers(
+            store,
+            SUBJECT,
+            keyring,
+            utcnow(),
+            where,
+            where / "plancache-private" / "headers",
+            deadline=time.monotonic() + 60,
+        )
         timings[f"{kind}_ms"] = (time.perf_counter() - started) * 1000
-        assert outcome.action == "installed" and (where / "plancache-private" / "headers" / setup["name"]).exists(), outcome
+        assert (
+            outcome.action == "installed"
+            and (where / "plancache-private" / "headers" / setup["name"]).exists()
+        ), outcome
     return timings
 
 

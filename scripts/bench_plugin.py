@@ -30,9 +30,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -50,7 +51,17 @@ from vllm_cpu import (  # noqa: E402  (tests/ is on sys.path from here on; impor
     write_tiny_model,
 )
 
-HEAVY = ("fsspec", "s3fs", "gcsfs", "aiobotocore", "botocore", "cryptography", "torch", "vllm", "logging")
+HEAVY = (
+    "fsspec",
+    "s3fs",
+    "gcsfs",
+    "aiobotocore",
+    "botocore",
+    "cryptography",
+    "torch",
+    "vllm",
+    "logging",
+)
 
 
 def median_ms(samples: list[float]) -> float:
@@ -75,7 +86,13 @@ def bench_import(runs: int) -> tuple[float, str]:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_STARTUP_PLAN"}
     times, heavy = [], "none"
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE % (HEAVY,)], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", IMPORT_PROBE % (HEAVY,)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         seconds, heavy = out.stdout.split()
         times.append(float(seconds))
     return median_ms(times), heavy
@@ -96,11 +113,15 @@ class Vllm:
         load_plugins_like_vllm()  # registers plancache through its entry point
         from vllm.v1.worker import gpu_worker
 
-        assert gpu_worker.maybe_apply_startup_plan is not self.original_apply, "plancache did not register"
+        assert gpu_worker.maybe_apply_startup_plan is not self.original_apply, (
+            "plancache did not register"
+        )
         self.gpu_worker = gpu_worker
         pin_device()
         self.config = engine_config(work / "model")  # gpu_memory_utilization: make_worker sets UTIL
-        logging.getLogger("vllm").setLevel(logging.WARNING)  # same for both sides: no INFO lines printed
+        logging.getLogger("vllm").setLevel(
+            logging.WARNING
+        )  # same for both sides: no INFO lines printed
 
     def worker(self, load_seconds: float = 0.0) -> Any:
         return make_worker(self.gpu_worker.Worker, self.config, load_seconds=load_seconds)
@@ -124,12 +145,13 @@ def cache_root(path: Path) -> Iterator[Path]:
 
 
 def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> dict[str, float]:
+    from datetime import datetime, timezone
+
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from plancache.trust import envelope as dsse
     from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
     from plancache.trust.signing import sign_plan
-    from datetime import datetime, timezone
 
     os.environ["PLANCACHE_TRUSTED_KEYS"] = str(keys.trusted)
     probe = v.worker()
@@ -137,7 +159,9 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
     with cache_root(work / "local-hit") as plan_dir:
         plan_dir.mkdir(parents=True)
         data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
-        sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions())
+        sig = sign_plan(
+            plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions()
+        )
         (plan_dir / plan_name(fp)).write_bytes(data)
         (plan_dir / sig_name(fp)).write_bytes(sig)
         # the bare Ed25519 verify: same key type, same message (the PAE of this sidecar)
@@ -150,7 +174,7 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
         gc.collect()
         gc.disable()  # as timeit does: the deepcopied configs' garbage would land on either side at random
         for i in range(reps):
-            for side in ((0, 1) if i % 2 else (1, 0)):  # interleaved, alternating order
+            for side in (0, 1) if i % 2 else (1, 0):  # interleaved, alternating order
                 worker = v.worker()
                 if side == 0:
                     t0 = time.perf_counter()
@@ -173,7 +197,11 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
                 gc.disable()
         gc.enable()
     del os.environ["PLANCACHE_TRUSTED_KEYS"]
-    return {"plugin": median_ms(plugin_t), "baseline": median_ms(vllm_t), "fingerprint": median_ms(fp_t)}
+    return {
+        "plugin": median_ms(plugin_t),
+        "baseline": median_ms(vllm_t),
+        "fingerprint": median_ms(fp_t),
+    }
 
 
 # -- 2. store hit with prefetch -------------------------------------------------------------------
@@ -181,9 +209,15 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
 
 def s3_put(endpoint: str, path: str, body: bytes = b"") -> None:
     """Plain HTTP PUTs to moto (keeps boto/s3fs out of this process until the plugin needs them)."""
-    urllib.request.urlopen(urllib.request.Request(
-        f"{endpoint}/{path}", data=body, method="PUT", headers={"Content-Type": "application/octet-stream"}
-    ), timeout=10).read()
+    urllib.request.urlopen(
+        urllib.request.Request(
+            f"{endpoint}/{path}",
+            data=body,
+            method="PUT",
+            headers={"Content-Type": "application/octet-stream"},
+        ),
+        timeout=10,
+    ).read()
 
 
 def start_proxy(upstream: int, rtt_ms: float) -> tuple[subprocess.Popen[bytes], int]:
@@ -191,13 +225,22 @@ def start_proxy(upstream: int, rtt_ms: float) -> tuple[subprocess.Popen[bytes], 
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "bench_store.py"), "--proxy", str(port), str(upstream), str(rtt_ms / 1000)],
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_store.py"),
+            "--proxy",
+            str(port),
+            str(upstream),
+            str(rtt_ms / 1000),
+        ],
     )
     wait_for_port(port, proc)
     return proc, port
 
 
-def boot_once(v: Vllm, root: Path, load_seconds: float, prefetch: bool = True) -> tuple[float, float, str]:
+def boot_once(
+    v: Vllm, root: Path, load_seconds: float, prefetch: bool = True
+) -> tuple[float, float, str]:
     """(critical path s, plugin's own time on it s, decision line) of one worker boot.
 
     The critical path is load_model (with the weight load) then apply; the plugin's own time is
@@ -232,19 +275,28 @@ def boot_once(v: Vllm, root: Path, load_seconds: float, prefetch: bool = True) -
     return t2 - t0, t2 - t0 - worker.model_runner.slept, lines[0] if lines else ""
 
 
-def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, label: str, boots: int, load_seconds: float) -> dict[str, Any]:
+def bench_store_hit(
+    v: Vllm,
+    work: Path,
+    keys: SimpleNamespace,
+    endpoint: str,
+    label: str,
+    boots: int,
+    load_seconds: float,
+) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
     from plancache.trust.signing import sign_plan
-
     from store_servers import AWS_ENV
 
     bucket = f"bench-{label}"
     s3_put(endpoint, bucket)
     fp = v.fingerprint(v.worker())
     data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
-    sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions())
+    sig = sign_plan(
+        plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions()
+    )
     s3_put(endpoint, f"{bucket}/plans/{plan_name(fp)}", data)
     s3_put(endpoint, f"{bucket}/plans/{sig_name(fp)}", sig)
     local = work / f"local-{label}" / "startup_plan"
@@ -271,7 +323,7 @@ def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, l
     result["cold_line"] = cold_line
     store_cp, local_cp, store_apply, local_apply, inline_apply = [], [], [], [], []
     for i in range(boots):
-        for side in ((0, 1) if i % 2 else (1, 0)):
+        for side in (0, 1) if i % 2 else (1, 0):
             if side == 0:
                 cp, ap, _ = boot_once(v, empty(), load_seconds)
                 store_cp.append(cp)
@@ -290,7 +342,12 @@ def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, l
         local_apply_ms=median_ms(local_apply),
         inline_apply_ms=median_ms(inline_apply),
     )
-    for name in ("PLANCACHE_TRUSTED_KEYS", "PLANCACHE_URL", "PLANCACHE_STORAGE_OPTIONS", "PLANCACHE_TIMEOUT"):
+    for name in (
+        "PLANCACHE_TRUSTED_KEYS",
+        "PLANCACHE_URL",
+        "PLANCACHE_STORAGE_OPTIONS",
+        "PLANCACHE_TIMEOUT",
+    ):
         del os.environ[name]
     return result
 
@@ -299,17 +356,24 @@ def bench_store_hit(v: Vllm, work: Path, keys: SimpleNamespace, endpoint: str, l
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=300, help="local-hit repetitions per side")
     parser.add_argument("--import-runs", type=int, default=20)
-    parser.add_argument("--boots", type=int, default=8, help="store-hit boots per side (each waits --load-seconds)")
+    parser.add_argument(
+        "--boots", type=int, default=8, help="store-hit boots per side (each waits --load-seconds)"
+    )
     parser.add_argument("--load-seconds", type=float, default=2.0)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     args = parser.parse_args()
 
     import_ms, heavy = bench_import(args.import_runs)
-    print(f"3. import plancache.vllm_plugin + register(), feature off: {import_ms:.2f} ms "
-          f"(median of {args.import_runs} fresh interpreters); heavy modules: {heavy}   target <= 5 ms", flush=True)
+    print(
+        f"3. import plancache.vllm_plugin + register(), feature off: {import_ms:.2f} ms "
+        f"(median of {args.import_runs} fresh interpreters); heavy modules: {heavy}   target <= 5 ms",
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
         work = Path(tmp)
@@ -320,13 +384,19 @@ def main() -> int:
         keys = SimpleNamespace(signer=signer, trusted=work / "keys" / "ci.pub")
         t0 = time.perf_counter()
         v = Vllm(work)
-        print(f"   (vLLM imported and VllmConfig built in {time.perf_counter() - t0:.1f} s)", flush=True)
+        print(
+            f"   (vLLM imported and VllmConfig built in {time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
 
         local = bench_local_hit(v, work, keys, args.reps)
         ratio = local["plugin"] / local["baseline"]
-        print(f"1. local signed hit in the plugin: {local['plugin'] * 1000:.0f} us; Ed25519 verify + vLLM's own "
-              f"unsigned load and gate: {local['baseline'] * 1000:.0f} us; ratio {ratio:.2f}   target <= 1.5 "
-              f"(both include vLLM's fingerprint, {local['fingerprint'] * 1000:.0f} us)", flush=True)
+        print(
+            f"1. local signed hit in the plugin: {local['plugin'] * 1000:.0f} us; Ed25519 verify + vLLM's own "
+            f"unsigned load and gate: {local['baseline'] * 1000:.0f} us; ratio {ratio:.2f}   target <= 1.5 "
+            f"(both include vLLM's fingerprint, {local['fingerprint'] * 1000:.0f} us)",
+            flush=True,
+        )
 
         from store_servers import MotoServer
 
@@ -339,14 +409,20 @@ def main() -> int:
                 targets.insert(0, (f"rtt{args.rtt_ms:g}ms", f"http://127.0.0.1:{port}"))
             for label, endpoint in targets:
                 r = bench_store_hit(v, work, keys, endpoint, label, args.boots, args.load_seconds)
-                print(f"2. [{label}] store hit with prefetch, {args.load_seconds:g} s weight load: adds "
-                      f"{r['added_ms']:+.2f} ms to the critical path (plugin time on it, load_model hook + apply: "
-                      f"{r['store_apply_ms']:.2f} ms vs {r['local_apply_ms']:.2f} ms for a local signed hit; whole boot "
-                      f"{r['store_cp_ms']:.1f} vs {r['local_cp_ms']:.1f} ms, {r['wall_added_ms']:+.1f} ms)   "
-                      f"target <= 5 ms", flush=True)
-                print(f"   [{label}] first boot (s3fs {'not yet imported' if r['cold_s3fs'] else 'already imported'}, "
-                      f"one sample): adds {r['cold_added_ms']:+.2f} ms; without prefetch (inline fetch) the plugin "
-                      f"takes {r['inline_apply_ms']:.1f} ms on the critical path", flush=True)
+                print(
+                    f"2. [{label}] store hit with prefetch, {args.load_seconds:g} s weight load: adds "
+                    f"{r['added_ms']:+.2f} ms to the critical path (plugin time on it, load_model hook + apply: "
+                    f"{r['store_apply_ms']:.2f} ms vs {r['local_apply_ms']:.2f} ms for a local signed hit; whole boot "
+                    f"{r['store_cp_ms']:.1f} vs {r['local_cp_ms']:.1f} ms, {r['wall_added_ms']:+.1f} ms)   "
+                    f"target <= 5 ms",
+                    flush=True,
+                )
+                print(
+                    f"   [{label}] first boot (s3fs {'not yet imported' if r['cold_s3fs'] else 'already imported'}, "
+                    f"one sample): adds {r['cold_added_ms']:+.2f} ms; without prefetch (inline fetch) the plugin "
+                    f"takes {r['inline_apply_ms']:.1f} ms on the critical path",
+                    flush=True,
+                )
                 print(f"   [{label}] {r['cold_line']}", flush=True)
         finally:
             if proxy is not None:

@@ -38,15 +38,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 AWS_ENV = {  # s3rver knows only this key pair; moto accepts any
-    "AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_ACCESS_KEY_ID": "S3RVER",
+    "AWS_SECRET_ACCESS_KEY": "S3RVER",
+    "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 
@@ -86,8 +88,11 @@ async def _proxy(listen: int, upstream: int, rtt: float) -> None:
     async def handle(creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         await asyncio.sleep(rtt)  # the TCP handshake a real connection would cost
         ureader, uwriter = await asyncio.open_connection("127.0.0.1", upstream)
-        await asyncio.gather(_pipe(creader, uwriter, rtt / 2), _pipe(ureader, cwriter, rtt / 2),
-                             return_exceptions=True)
+        await asyncio.gather(
+            _pipe(creader, uwriter, rtt / 2),
+            _pipe(ureader, cwriter, rtt / 2),
+            return_exceptions=True,
+        )
 
     server = await asyncio.start_server(handle, "127.0.0.1", listen, backlog=512)
     async with server:
@@ -113,7 +118,9 @@ def wait_port(port: int) -> None:
     raise RuntimeError(f"port {port} never opened")
 
 
-def median_time(fn: Callable[[], object], reps: int, setup: Callable[[], object] | None = None) -> float:
+def median_time(
+    fn: Callable[[], object], reps: int, setup: Callable[[], object] | None = None
+) -> float:
     times = []
     for _ in range(reps):
         if setup:
@@ -145,43 +152,69 @@ def start_server(kind: str, port: int, data: Path) -> tuple[subprocess.Popen[byt
         label = f"moto {moto.__version__} server"
         env = None
     else:
-        exe = os.environ.get("S3RVER") or shutil.which("s3rver", path=str(ROOT / ".bench-tools/node_modules/.bin")) \
+        exe = (
+            os.environ.get("S3RVER")
+            or shutil.which("s3rver", path=str(ROOT / ".bench-tools/node_modules/.bin"))
             or shutil.which("s3rver")
+        )
         if not exe:
-            raise SystemExit("s3rver not found: npm install --prefix .bench-tools --no-audit --no-fund s3rver@3.7.1")
+            raise SystemExit(
+                "s3rver not found: npm install --prefix .bench-tools --no-audit --no-fund s3rver@3.7.1"
+            )
         version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
         data.mkdir()
-        cmd = [exe, "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "-s", "--allow-mismatched-signatures"]
+        cmd = [
+            exe,
+            "-d",
+            str(data),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-s",
+            "--allow-mismatched-signatures",
+        ]
         label = f"s3rver {version} (node)"
         # s3rver's ListObjectsV2 continuation tokens use DES, which node 17+ only offers with this
         env = {**os.environ, "NODE_OPTIONS": "--openssl-legacy-provider"}
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env), label
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    ), label
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--plans", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--bulk-reps", type=int, default=3)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--server", choices=("moto", "s3rver"), default="moto")
-    parser.add_argument("--proxy", nargs=3, type=float, metavar=("LISTEN", "UPSTREAM", "RTT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--proxy",
+        nargs=3,
+        type=float,
+        metavar=("LISTEN", "UPSTREAM", "RTT"),
+        help=argparse.SUPPRESS,
+    )
     args = parser.parse_args()
     if args.proxy:
         asyncio.run(_proxy(int(args.proxy[0]), int(args.proxy[1]), args.proxy[2]))
         return 0
 
     os.environ.update(AWS_ENV)
+    from datetime import datetime, timezone
+
     import boto3
 
     from plancache.keys.keyfile import generate_keypair, load_keyring
+    from plancache.pipeline.resolver import Resolver
     from plancache.storage.local.localdir import LocalPlanDir
     from plancache.storage.store import open_store
     from plancache.trust.plans.plan import Plan, plan_name, render_plan
-    from plancache.pipeline.resolver import Resolver
     from plancache.trust.policy import TrustPolicy
     from plancache.trust.signing import sign_plan
-    from datetime import datetime, timezone
 
     aws = aws_cmd()
     procs: list[subprocess.Popen[bytes]] = []
@@ -191,12 +224,24 @@ def main() -> int:
         server, server_label = start_server(args.server, server_port, tmp / "s3rver-data")
         procs.append(server)
         proxy_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, __file__, "--proxy", str(proxy_port), str(server_port),
-                                       str(args.rtt_ms / 1000)]))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--proxy",
+                    str(proxy_port),
+                    str(server_port),
+                    str(args.rtt_ms / 1000),
+                ]
+            )
+        )
         wait_port(server_port)
         wait_port(proxy_port)
-        endpoints = {"bare loopback": (f"http://127.0.0.1:{server_port}", "bare"),
-                     f"+{args.rtt_ms:g} ms RTT proxy": (f"http://127.0.0.1:{proxy_port}", "rtt")}
+        endpoints = {
+            "bare loopback": (f"http://127.0.0.1:{server_port}", "bare"),
+            f"+{args.rtt_ms:g} ms RTT proxy": (f"http://127.0.0.1:{proxy_port}", "rtt"),
+        }
         direct = endpoints["bare loopback"][0]
         s3 = boto3.client("s3", endpoint_url=direct)
         s3.create_bucket(Bucket="bench")
@@ -211,9 +256,11 @@ def main() -> int:
             local.write(fp, data, sign_plan(plan_name(fp), data, signer, now))
         one = fps[0]
 
-        print(f"plancache store benchmark: {args.plans} plans, {server_label}, medians "
-              f"({args.reps} reps single, {args.bulk_reps} reps bulk), python {sys.version.split()[0]}, "
-              f"{os.cpu_count()} cpus")
+        print(
+            f"plancache store benchmark: {args.plans} plans, {server_label}, medians "
+            f"({args.reps} reps single, {args.bulk_reps} reps bulk), python {sys.version.split()[0]}, "
+            f"{os.cpu_count()} cpus"
+        )
         cli = [sys.executable, "-m", "plancache.cli.main"]
         for label, (endpoint, slug) in endpoints.items():
             print(f"\n== {label} ({endpoint})")
@@ -224,7 +271,9 @@ def main() -> int:
             client = boto3.client("s3", endpoint_url=endpoint)
 
             def get_object() -> bytes:
-                return client.get_object(Bucket="bench", Key=f"{prefix}/{plan_name(one)}")["Body"].read()
+                return client.get_object(Bucket="bench", Key=f"{prefix}/{plan_name(one)}")[
+                    "Body"
+                ].read()
 
             dest = LocalPlanDir(tmp / f"pull-one-{prefix}")
 
@@ -242,8 +291,12 @@ def main() -> int:
                 pull_one()
             t_get = median_time(get_object, args.reps * 4)
             t_pull = median_time(pull_one, args.reps * 4)
-            print(f"pull one fingerprint (fetch plan+sig, verify, atomic write): {t_pull * 1000:7.1f} ms")
-            print(f"boto3 get_object of one object (warm client):                {t_get * 1000:7.1f} ms")
+            print(
+                f"pull one fingerprint (fetch plan+sig, verify, atomic write): {t_pull * 1000:7.1f} ms"
+            )
+            print(
+                f"boto3 get_object of one object (warm client):                {t_get * 1000:7.1f} ms"
+            )
             print(f"  ratio pull / get_object = {t_pull / t_get:.2f}   (target <= 1.3)")
 
             env = {**os.environ, **AWS_ENV}
@@ -254,16 +307,42 @@ def main() -> int:
                 state["prefix"] = f"bulk-{slug}-{next(counter)}"
 
             def push_cli() -> None:
-                subprocess.run([*cli, "push", "--storage-option", f"endpoint_url={endpoint}", str(local.path),
-                                f"s3://bench/{state['prefix']}"], check=True, env=env, capture_output=True)
+                subprocess.run(
+                    [
+                        *cli,
+                        "push",
+                        "--storage-option",
+                        f"endpoint_url={endpoint}",
+                        str(local.path),
+                        f"s3://bench/{state['prefix']}",
+                    ],
+                    check=True,
+                    env=env,
+                    capture_output=True,
+                )
 
             def aws_push() -> None:
                 assert aws
-                subprocess.run([*aws, "s3", "sync", "--only-show-errors", "--endpoint-url", endpoint, str(local.path),
-                                f"s3://bench/{state['prefix']}"], check=True, env=env, capture_output=True)
+                subprocess.run(
+                    [
+                        *aws,
+                        "s3",
+                        "sync",
+                        "--only-show-errors",
+                        "--endpoint-url",
+                        endpoint,
+                        str(local.path),
+                        f"s3://bench/{state['prefix']}",
+                    ],
+                    check=True,
+                    env=env,
+                    capture_output=True,
+                )
 
             t_push = median_time(push_cli, args.bulk_reps, fresh_prefix)
-            print(f"plancache push of {args.plans} plans ({2 * args.plans} objects):   {t_push:7.2f} s")
+            print(
+                f"plancache push of {args.plans} plans ({2 * args.plans} objects):   {t_push:7.2f} s"
+            )
             seeded = state["prefix"]
             if aws:
                 t_aws_push = median_time(aws_push, args.bulk_reps, fresh_prefix)
@@ -274,40 +353,77 @@ def main() -> int:
                 state["dir"] = str(tmp / f"pulled-{slug}-{next(counter)}")
 
             def pull_cli() -> None:
-                subprocess.run([*cli, "pull", "--trusted-keys", str(tmp / "key.pub"), "--storage-option",
-                                f"endpoint_url={endpoint}", f"s3://bench/{seeded}", state["dir"]],
-                               check=True, env=env, capture_output=True)
+                subprocess.run(
+                    [
+                        *cli,
+                        "pull",
+                        "--trusted-keys",
+                        str(tmp / "key.pub"),
+                        "--storage-option",
+                        f"endpoint_url={endpoint}",
+                        f"s3://bench/{seeded}",
+                        state["dir"],
+                    ],
+                    check=True,
+                    env=env,
+                    capture_output=True,
+                )
                 assert len(os.listdir(state["dir"])) == 2 * args.plans
 
             def aws_pull() -> None:
                 assert aws
-                subprocess.run([*aws, "s3", "sync", "--only-show-errors", "--endpoint-url", endpoint,
-                                f"s3://bench/{seeded}", state["dir"]], check=True, env=env, capture_output=True)
-                assert len(os.listdir(state["dir"])) == 2 * args.plans, len(os.listdir(state["dir"]))
+                subprocess.run(
+                    [
+                        *aws,
+                        "s3",
+                        "sync",
+                        "--only-show-errors",
+                        "--endpoint-url",
+                        endpoint,
+                        f"s3://bench/{seeded}",
+                        state["dir"],
+                    ],
+                    check=True,
+                    env=env,
+                    capture_output=True,
+                )
+                assert len(os.listdir(state["dir"])) == 2 * args.plans, len(
+                    os.listdir(state["dir"])
+                )
 
             t_pull_all = median_time(pull_cli, args.bulk_reps, fresh_dir)
             print(f"plancache pull of {args.plans} plans, verified:          {t_pull_all:7.2f} s")
             if aws:
                 t_aws_pull = median_time(aws_pull, args.bulk_reps, fresh_dir)
                 print(f"aws s3 sync bucket -> DIR (no verification):        {t_aws_pull:7.2f} s")
-                print(f"  ratio pull / aws s3 sync = {t_pull_all / t_aws_pull:.2f}   (target <= 0.5)")
+                print(
+                    f"  ratio pull / aws s3 sync = {t_pull_all / t_aws_pull:.2f}   (target <= 0.5)"
+                )
             else:
-                print("aws s3 sync: awscli not installed (pip install awscli) -- comparison skipped")
+                print(
+                    "aws s3 sync: awscli not installed (pip install awscli) -- comparison skipped"
+                )
 
         print("\n== failures")
         hole = socket.socket()
         hole.bind(("127.0.0.1", 0))
         hole.listen(64)
         budget = 3.0
-        store = open_store("s3://bench/x", {"endpoint_url": f"http://127.0.0.1:{hole.getsockname()[1]}"}, budget)
+        store = open_store(
+            "s3://bench/x", {"endpoint_url": f"http://127.0.0.1:{hole.getsockname()[1]}"}, budget
+        )
         t0 = time.perf_counter()
         error = store.fetch(one).error
         kind = error.reason.value if error is not None else "no error"
         t_hole = time.perf_counter() - t0
-        print(f"black-holed store, {budget:g} s budget: {t_hole:.3f} s ({kind}); ratio {t_hole / budget:.3f} "
-              f"(target <= 1.10)")
+        print(
+            f"black-holed store, {budget:g} s budget: {t_hole:.3f} s ({kind}); ratio {t_hole / budget:.3f} "
+            f"(target <= 1.10)"
+        )
         hole.close()
-        refused = open_store("s3://bench/x", {"endpoint_url": f"http://127.0.0.1:{free_port()}"}, budget)
+        refused = open_store(
+            "s3://bench/x", {"endpoint_url": f"http://127.0.0.1:{free_port()}"}, budget
+        )
         for _ in range(2):
             refused.fetch(one)
 

@@ -38,10 +38,11 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
@@ -75,12 +76,15 @@ class Tally:
         applied = sum(o.applied for o in self.outcomes) / max(1, len(self.outcomes))
         times = sorted(o.seconds for o in self.outcomes) or [0.0]
         p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-        return (f"{label:<14} applied {100 * applied:6.2f} %  p50 {statistics.median(times):5.2f} s  p99 {p99:5.2f} s  "
-                f"req/node {self.requests / max(1, self.nodes):5.2f}  total {self.requests:5d} "
-                f"({self.requests / max(1, self.minimum):4.2f}x min {self.minimum})  throttled {self.throttled}")
+        return (
+            f"{label:<14} applied {100 * applied:6.2f} %  p50 {statistics.median(times):5.2f} s  p99 {p99:5.2f} s  "
+            f"req/node {self.requests / max(1, self.nodes):5.2f}  total {self.requests:5d} "
+            f"({self.requests / max(1, self.minimum):4.2f}x min {self.minimum})  throttled {self.throttled}"
+        )
 
 
 # -- the proxy ----------------------------------------------------------------------------------
+
 
 class Proxy:
     """``scripts/storm_proxy.py`` in a subprocess of its own (its threads off this process's GIL)."""
@@ -90,19 +94,31 @@ class Proxy:
 
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, str(ROOT / "scripts" / "storm_proxy.py"), "--kind", kind,
-                "--upstream", f"127.0.0.1:{upstream_port}", "--port", str(self.port)]
+        argv = [
+            sys.executable,
+            str(ROOT / "scripts" / "storm_proxy.py"),
+            "--kind",
+            kind,
+            "--upstream",
+            f"127.0.0.1:{upstream_port}",
+            "--port",
+            str(self.port),
+        ]
         if retry_after is not None:
             argv += ["--retry-after", str(retry_after)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, self.proc)
 
     def reset(self, rate: float, burst: float) -> dict[str, Any]:
-        request = urllib.request.Request(f"{self.endpoint}/__storm/reset?rate={rate}&burst={burst}", method="POST", data=b"")
+        request = urllib.request.Request(
+            f"{self.endpoint}/__storm/reset?rate={rate}&burst={burst}", method="POST", data=b""
+        )
         return json.loads(urllib.request.urlopen(request, timeout=10).read())
 
     def stats(self) -> dict[str, Any]:
-        return json.loads(urllib.request.urlopen(f"{self.endpoint}/__storm/stats", timeout=10).read())
+        return json.loads(
+            urllib.request.urlopen(f"{self.endpoint}/__storm/stats", timeout=10).read()
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -111,7 +127,10 @@ class Proxy:
 
 # -- setup: a baked world in the store ------------------------------------------------------------
 
-def bake(work: Path, url: str, options: dict[str, Any], ranks: int, replicas: int) -> tuple[list[str], Any]:
+
+def bake(
+    work: Path, url: str, options: dict[str, Any], ranks: int, replicas: int
+) -> tuple[list[str], Any]:
     """Sign ``ranks`` plans (one world) and push them with ``plancache push --key`` (per-plan
     objects and the plan set); returns the world's fingerprints and the trust policy."""
     from plancache.cli.main import main
@@ -128,9 +147,24 @@ def bake(work: Path, url: str, options: dict[str, Any], ranks: int, replicas: in
     for rank, fp in enumerate(world):
         data = render_plan(Plan(fp, 20 << 30, 70 << 30))
         (plans / plan_name(fp)).write_bytes(data)
-        sig = sign_plan(plan_name(fp), data, signer, now, provenance={"rank": rank, "world_size": ranks, "model": "storm"})
+        sig = sign_plan(
+            plan_name(fp),
+            data,
+            signer,
+            now,
+            provenance={"rank": rank, "world_size": ranks, "model": "storm"},
+        )
         (plans / (plan_name(fp) + ".sig")).write_bytes(sig)
-    argv = ["push", str(plans), url, "--key", str(work / "ci"), "--set-replicas", str(replicas), "--quiet"]
+    argv = [
+        "push",
+        str(plans),
+        url,
+        "--key",
+        str(work / "ci"),
+        "--set-replicas",
+        str(replicas),
+        "--quiet",
+    ]
     os.environ["PLANCACHE_STORAGE_OPTIONS"] = json.dumps(options)
     try:
         code = main(argv)
@@ -143,16 +177,30 @@ def bake(work: Path, url: str, options: dict[str, Any], ranks: int, replicas: in
 
 # -- the storm --------------------------------------------------------------------------------------
 
-def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nodes: int, spread: float,
-          budget: float, mode: str, replicas: int, work: Path, stores: list[Any] | None = None,
-          schedule: str = "random", processes: int = 1, remote: tuple[str, dict[str, Any], str] | None = None
-          ) -> list[Outcome]:
+
+def storm(
+    open_rank_store: Callable[[], Any],
+    policy: Any,
+    world: list[str],
+    nodes: int,
+    spread: float,
+    budget: float,
+    mode: str,
+    replicas: int,
+    work: Path,
+    stores: list[Any] | None = None,
+    schedule: str = "random",
+    processes: int = 1,
+    remote: tuple[str, dict[str, Any], str] | None = None,
+) -> list[Outcome]:
     """One storm: ``nodes`` x ``len(world)`` rank threads, each resolving its own fingerprint.
 
     ``processes`` > 1 spreads the nodes over that many processes (``remote``: url, options and the
     trusted-keys path, from which each process opens its ranks' own stores), so the simulated
     ranks do not share one interpreter's lock and one fsspec event loop, as real ranks never do."""
-    if schedule == "even":  # node i at i/N of the spread: the same offered rate, without random clumps
+    if (
+        schedule == "even"
+    ):  # node i at i/N of the spread: the same offered rate, without random clumps
         offsets = [spread * i / nodes for i in range(nodes)]
     else:
         offsets = [random.uniform(0, spread) for _ in range(nodes)]
@@ -160,16 +208,43 @@ def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nod
     try:
         if processes <= 1 or remote is None:
             ranks = len(world)
-            stores = stores if stores is not None else [open_rank_store() for _ in range(nodes * ranks)]
+            stores = (
+                stores if stores is not None else [open_rank_store() for _ in range(nodes * ranks)]
+            )
             by_rank = {(n, r): stores[n * ranks + r] for n in range(nodes) for r in range(ranks)}
-            return _run_nodes(by_rank, policy, world, offsets, time.monotonic() + 1.0, budget, mode, replicas, root)
+            return _run_nodes(
+                by_rank,
+                policy,
+                world,
+                offsets,
+                time.monotonic() + 1.0,
+                budget,
+                mode,
+                replicas,
+                root,
+            )
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         barrier, results = ctx.Barrier(processes + 1), ctx.Queue()
-        workers = [ctx.Process(target=_process_nodes, daemon=True, args=(
-            remote, world, {n: offsets[n] for n in range(k, nodes, processes)}, budget, mode, replicas, str(root),
-            barrier, results)) for k in range(processes)]
+        workers = [
+            ctx.Process(
+                target=_process_nodes,
+                daemon=True,
+                args=(
+                    remote,
+                    world,
+                    {n: offsets[n] for n in range(k, nodes, processes)},
+                    budget,
+                    mode,
+                    replicas,
+                    str(root),
+                    barrier,
+                    results,
+                ),
+            )
+            for k in range(processes)
+        ]
         for w in workers:
             w.start()
         barrier.wait(600)  # every process has made its ranks' clients
@@ -183,21 +258,44 @@ def storm(open_rank_store: Callable[[], Any], policy: Any, world: list[str], nod
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _process_nodes(remote: tuple[str, dict[str, Any], str], world: list[str], offsets: dict[int, float], budget: float,
-                   mode: str, replicas: int, root: str, barrier: Any, results: Any) -> None:
+def _process_nodes(
+    remote: tuple[str, dict[str, Any], str],
+    world: list[str],
+    offsets: dict[int, float],
+    budget: float,
+    mode: str,
+    replicas: int,
+    root: str,
+    barrier: Any,
+    results: Any,
+) -> None:
     """One process's share of the nodes: its ranks' own stores, then the storm at the barrier."""
     from plancache.pipeline.trust_config import worker_policy
     from plancache.storage.store import open_store
 
     url, options, keys = remote
-    by_rank = {(n, r): open_store(url, options, timeout=budget) for n in offsets for r in range(len(world))}
+    by_rank = {
+        (n, r): open_store(url, options, timeout=budget) for n in offsets for r in range(len(world))
+    }
     for store in by_rank.values():
         _prime(store)
     policy = worker_policy(keys, 1)
     barrier.wait(600)
-    done = _run_nodes(by_rank, policy, world, [offsets.get(n, 0.0) for n in range(max(offsets) + 1)],
-                      time.monotonic() + 1.0, budget, mode, replicas, Path(root), nodes=list(offsets))
-    results.put([(o.node, o.rank, o.applied, o.seconds, o.reason, o.note) for o in done])  # plain, for the parent
+    done = _run_nodes(
+        by_rank,
+        policy,
+        world,
+        [offsets.get(n, 0.0) for n in range(max(offsets) + 1)],
+        time.monotonic() + 1.0,
+        budget,
+        mode,
+        replicas,
+        Path(root),
+        nodes=list(offsets),
+    )
+    results.put(
+        [(o.node, o.rank, o.applied, o.seconds, o.reason, o.note) for o in done]
+    )  # plain, for the parent
 
 
 def _prime(store: Any) -> None:
@@ -208,8 +306,18 @@ def _prime(store: Any) -> None:
         store.fs
 
 
-def _run_nodes(by_rank: dict[tuple[int, int], Any], policy: Any, world: list[str], offsets: list[float], start: float,
-               budget: float, mode: str, replicas: int, root: Path, nodes: list[int] | None = None) -> list[Outcome]:
+def _run_nodes(
+    by_rank: dict[tuple[int, int], Any],
+    policy: Any,
+    world: list[str],
+    offsets: list[float],
+    start: float,
+    budget: float,
+    mode: str,
+    replicas: int,
+    root: Path,
+    nodes: list[int] | None = None,
+) -> list[Outcome]:
     """Every rank of ``nodes`` (default: all) in a thread of its own, arriving at its node's offset."""
     from plancache.pipeline.plan_sets import node_plans
     from plancache.pipeline.resolver import Resolver
@@ -233,17 +341,35 @@ def _run_nodes(by_rank: dict[tuple[int, int], Any], policy: Any, world: list[str
                 replica = node_plans.replica_of(f"node-{node}", replicas)
                 result = node_plans.resolve_node(resolver, world[rank], world, deadline, replica)
             took = time.monotonic() - began
-            applied = result.verified is not None and took <= budget + 0.5  # the join grace of a deadline
-            reason = ("applied" if applied else "late" if result.verified is not None
-                      else result.error.reason.value if result.error else "no-plan")
+            applied = (
+                result.verified is not None and took <= budget + 0.5
+            )  # the join grace of a deadline
+            reason = (
+                "applied"
+                if applied
+                else "late"
+                if result.verified is not None
+                else result.error.reason.value
+                if result.error
+                else "no-plan"
+            )
             note = result.note
-        except Exception as exc:  # noqa: BLE001 - a bench records, never stops
-            took, applied, reason, note = time.monotonic() - began, False, type(exc).__name__, str(exc)
+        except Exception as exc:
+            took, applied, reason, note = (
+                time.monotonic() - began,
+                False,
+                type(exc).__name__,
+                str(exc),
+            )
         with lock:
             outcomes.append(Outcome(node, rank, applied, took, reason, note))
 
     chosen = range(len(offsets)) if nodes is None else nodes
-    threads = [threading.Thread(target=rank_boot, args=(n, r), daemon=True) for n in chosen for r in range(len(world))]
+    threads = [
+        threading.Thread(target=rank_boot, args=(n, r), daemon=True)
+        for n in chosen
+        for r in range(len(world))
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -280,22 +406,42 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
     try:
         proxy.reset(0, 1)
         (work / kind).mkdir()
-        world, policy = bake(work / kind, url, options, args.ranks, args.replicas if kind == "azure" else 1)
+        world, policy = bake(
+            work / kind, url, options, args.ranks, args.replicas if kind == "azure" else 1
+        )
         opener = lambda: open_store(url, options, timeout=args.budget)  # noqa: E731
         stores = [] if args.processes > 1 else [opener() for _ in range(args.nodes * args.ranks)]
         for store in stores:  # each rank's own client, made before the storm (as a prefetch would)
             _prime(store)
-        lines.append(f"{kind}: {args.nodes} nodes x {args.ranks} ranks standing for {REAL_NODES} nodes; limit "
-                     f"{rate:.2f}/s per {'prefix' if kind == 's3' else 'blob'} (scale {scale:g}), spread {args.spread:g} s, "
-                     f"budget {args.budget:g} s, {args.rounds} round(s), {args.schedule} arrivals, {args.processes} process(es)"
-                     + (f", {args.replicas} set replica(s), Retry-After {args.retry_after}" if kind == "azure" else ""))
+        lines.append(
+            f"{kind}: {args.nodes} nodes x {args.ranks} ranks standing for {REAL_NODES} nodes; limit "
+            f"{rate:.2f}/s per {'prefix' if kind == 's3' else 'blob'} (scale {scale:g}), spread {args.spread:g} s, "
+            f"budget {args.budget:g} s, {args.rounds} round(s), {args.schedule} arrivals, {args.processes} process(es)"
+            + (
+                f", {args.replicas} set replica(s), Retry-After {args.retry_after}"
+                if kind == "azure"
+                else ""
+            )
+        )
         for mode in ("today", "new"):
             tally = Tally()
             for _ in range(args.rounds):
                 proxy.reset(rate, rate * BURST_SECONDS)
-                tally.outcomes += storm(opener, policy, world, args.nodes, args.spread, args.budget, mode,
-                                        args.replicas if kind == "azure" else 1, work, stores or None, args.schedule,
-                                        args.processes, (url, options, str(work / kind / "ci.pub")))
+                tally.outcomes += storm(
+                    opener,
+                    policy,
+                    world,
+                    args.nodes,
+                    args.spread,
+                    args.budget,
+                    mode,
+                    args.replicas if kind == "azure" else 1,
+                    work,
+                    stores or None,
+                    args.schedule,
+                    args.processes,
+                    (url, options, str(work / kind / "ci.pub")),
+                )
                 got = proxy.stats()
                 tally.requests += got["requests"]
                 tally.throttled += got["throttled"]
@@ -319,18 +465,37 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=20, help="simulated nodes (standing for 10,000)")
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--spread", type=float, default=10.0, help="seconds over which the nodes arrive")
-    ap.add_argument("--budget", type=float, default=3.0, help="each rank's deadline (PLANCACHE_TIMEOUT)")
-    ap.add_argument("--replicas", type=int, default=1, help="copies of the plan set on Azure (push --set-replicas)")
-    ap.add_argument("--processes", type=int, default=4,
-                    help="processes the simulated nodes are spread over (1: all ranks threads of this one)")
-    ap.add_argument("--schedule", choices=["random", "even"], default="random",
-                    help="node arrivals: uniformly random within the spread, or evenly spaced")
-    ap.add_argument("--retry-after", type=int, default=None, help="Retry-After seconds in Azure's ServerBusy")
+    ap.add_argument(
+        "--spread", type=float, default=10.0, help="seconds over which the nodes arrive"
+    )
+    ap.add_argument(
+        "--budget", type=float, default=3.0, help="each rank's deadline (PLANCACHE_TIMEOUT)"
+    )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="copies of the plan set on Azure (push --set-replicas)",
+    )
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=4,
+        help="processes the simulated nodes are spread over (1: all ranks threads of this one)",
+    )
+    ap.add_argument(
+        "--schedule",
+        choices=["random", "even"],
+        default="random",
+        help="node arrivals: uniformly random within the spread, or evenly spaced",
+    )
+    ap.add_argument(
+        "--retry-after", type=int, default=None, help="Retry-After seconds in Azure's ServerBusy"
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="plancache-storm-"))
     try:
-        for kind in (["s3", "azure"] if args.store == "both" else [args.store]):
+        for kind in ["s3", "azure"] if args.store == "both" else [args.store]:
             for line in run_store(kind, args, work):
                 print(line, flush=True)
     finally:

@@ -31,7 +31,11 @@ def rank_main(rank: int, port: int, model: str, votes: int) -> None:
 
     os.environ.update(vllm_cpu.cpu_environ(Path(model).parent / f"cache{rank}"))
     from vllm.config import set_current_vllm_config
-    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, get_world_group, init_distributed_environment
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        get_world_group,
+        init_distributed_environment,
+    )
 
     from plancache.vllm_plugin import vote
 
@@ -40,8 +44,13 @@ def rank_main(rank: int, port: int, model: str, votes: int) -> None:
     cfg.parallel_config.tensor_parallel_size = 2
     cfg.parallel_config.world_size = 2
     with set_current_vllm_config(cfg):
-        init_distributed_environment(world_size=2, rank=rank, local_rank=rank,
-                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+        init_distributed_environment(
+            world_size=2,
+            rank=rank,
+            local_rank=rank,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            backend="gloo",
+        )
         ensure_model_parallel_initialized(2, 1)
     world = get_world_group()
     bare, voted = [], []
@@ -57,8 +66,10 @@ def rank_main(rank: int, port: int, model: str, votes: int) -> None:
             voted.append(end - mid)
     if rank == 0:
         b, v = statistics.median(bare) * 1000, statistics.median(voted) * 1000
-        print(f"vote at world size 2 (gloo, vLLM's world group): {v:.2f} ms median over {votes}; "
-              f"one bare all_gather {b:.2f} ms; the vote adds {v:.2f} ms to a boot (target <= 5 ms)")
+        print(
+            f"vote at world size 2 (gloo, vLLM's world group): {v:.2f} ms median over {votes}; "
+            f"one bare all_gather {b:.2f} ms; the vote adds {v:.2f} ms to a boot (target <= 5 ms)"
+        )
 
 
 def main() -> int:
@@ -78,8 +89,23 @@ def main() -> int:
         model = Path(tmp) / "tiny"
         vllm_cpu.write_tiny_model(model)
         port = late_port()  # rank 0's TCPStore binds it after importing vLLM (tests/late_ports.py)
-        procs = [subprocess.Popen([sys.executable, __file__, "--votes", str(args.votes), "--rank", str(r),
-                                   "--port", str(port), "--model", str(model)]) for r in (0, 1)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--votes",
+                    str(args.votes),
+                    "--rank",
+                    str(r),
+                    "--port",
+                    str(port),
+                    "--model",
+                    str(model),
+                ]
+            )
+            for r in (0, 1)
+        ]
         return max(p.wait() for p in procs)
 
 

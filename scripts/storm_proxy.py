@@ -28,7 +28,15 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade", "content-length"}
+HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    "content-length",
+}
 
 
 class Buckets:
@@ -64,8 +72,13 @@ class Buckets:
 
     def stats(self) -> dict[str, object]:
         with self.lock:
-            return {"requests": self.requests, "throttled": self.throttled, "by_key": dict(self.by_key),
-                    "rate": self.rate, "burst": self.burst}
+            return {
+                "requests": self.requests,
+                "throttled": self.throttled,
+                "by_key": dict(self.by_key),
+                "rate": self.rate,
+                "burst": self.burst,
+            }
 
 
 def make_handler(kind: str, upstream: str, buckets: Buckets, retry_after: int | None) -> type:
@@ -98,13 +111,17 @@ def make_handler(kind: str, upstream: str, buckets: Buckets, retry_after: int | 
 
         def _throttle(self) -> None:
             if kind == "s3":
-                body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-                        b"<Message>Please reduce your request rate.</Message></Error>")
+                body = (
+                    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+                    b"<Message>Please reduce your request rate.</Message></Error>"
+                )
                 self._reply(503, body, {"Content-Type": "application/xml"})
                 return
-            body = (b'\xef\xbb\xbf<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
-                    b"<Message>The server is currently unable to receive requests. Please retry your request."
-                    b"</Message></Error>")
+            body = (
+                b'\xef\xbb\xbf<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
+                b"<Message>The server is currently unable to receive requests. Please retry your request."
+                b"</Message></Error>"
+            )
             headers = {"Content-Type": "application/xml", "x-ms-error-code": "ServerBusy"}
             if retry_after is not None:
                 headers["Retry-After"] = str(retry_after)
@@ -117,7 +134,9 @@ def make_handler(kind: str, upstream: str, buckets: Buckets, retry_after: int | 
             if parsed.path == "/__storm/reset":
                 q = parse_qs(parsed.query)
                 buckets.reset(float(q.get("rate", ["0"])[0]), float(q.get("burst", ["1"])[0]))
-            self._reply(200, json.dumps(buckets.stats()).encode(), {"Content-Type": "application/json"})
+            self._reply(
+                200, json.dumps(buckets.stats()).encode(), {"Content-Type": "application/json"}
+            )
             return True
 
         def _forward(self) -> None:
@@ -154,10 +173,17 @@ def main() -> None:
     ap.add_argument("--kind", choices=["s3", "azure"], required=True)
     ap.add_argument("--upstream", required=True, help="host:port of the real server")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--retry-after", type=int, default=None, help="seconds in Retry-After of a throttled answer")
+    ap.add_argument(
+        "--retry-after", type=int, default=None, help="seconds in Retry-After of a throttled answer"
+    )
     args = ap.parse_args()
-    ThreadingHTTPServer.request_queue_size = 1024  # read at bind: a storm's connections queue, not refused
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args.kind, args.upstream, Buckets(), args.retry_after))
+    ThreadingHTTPServer.request_queue_size = (
+        1024  # read at bind: a storm's connections queue, not refused
+    )
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", args.port),
+        make_handler(args.kind, args.upstream, Buckets(), args.retry_after),
+    )
     server.daemon_threads = True
     server.serve_forever()
 

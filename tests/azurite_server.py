@@ -14,20 +14,28 @@ from pathlib import Path
 from store_servers import LOOPBACK, _stop, free_port, wait_for_port
 
 AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 """Azurite's well-known development account (public, documented by Microsoft)."""
 
 
 def azure_connection_string(endpoint: str) -> str:
     """A connection string for the development account with its blob endpoint at ``endpoint``."""
-    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-            f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};")
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+    )
 
 
 def azurite_binary() -> str | None:
     """``$AZURITE_BLOB``, else the bootstrap's ``.test-tools`` install, else PATH."""
     local = Path(__file__).resolve().parents[1] / ".test-tools" / "node_modules" / ".bin"
-    return os.environ.get("AZURITE_BLOB") or shutil.which("azurite-blob", path=str(local)) or shutil.which("azurite-blob")
+    return (
+        os.environ.get("AZURITE_BLOB")
+        or shutil.which("azurite-blob", path=str(local))
+        or shutil.which("azurite-blob")
+    )
 
 
 class Azurite:
@@ -37,9 +45,22 @@ class Azurite:
         self.port = free_port()
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
-            [binary, "--blobHost", LOOPBACK, "--blobPort", str(self.port), "--inMemoryPersistence",
-             "--extentMemoryLimit", "256", "--skipApiVersionCheck", "--loose", "--silent", "--disableTelemetry"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--blobHost",
+                LOOPBACK,
+                "--blobPort",
+                str(self.port),
+                "--inMemoryPersistence",
+                "--extentMemoryLimit",
+                "256",
+                "--skipApiVersionCheck",
+                "--loose",
+                "--silent",
+                "--disableTelemetry",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_for_port(self.port, self.proc)
         self.connection_string = azure_connection_string(self.endpoint)

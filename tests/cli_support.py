@@ -22,7 +22,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def s3(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:  # noqa: F811
+def s3(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
     """moto's S3 server, reached through ``AWS_ENDPOINT_URL`` as a user's environment would."""
     for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint}.items():
         monkeypatch.setenv(key, value)

@@ -13,9 +13,10 @@ import glob
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import compile_payloads as P
 from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined
@@ -48,11 +49,17 @@ def disabled_planted(guard: bool) -> Callable[[Path, Path, dict[str, str]], dict
 
     def run(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
         planted = base / "tmp" / f"torchinductor_{os.environ.get('USER') or 'root'}"
-        shutil.copytree(cache_dir(top / "signed0", aot=False) / "rank_0_0" / "inductor_cache", planted)
+        shutil.copytree(
+            cache_dir(top / "signed0", aot=False) / "rank_0_0" / "inductor_cache", planted
+        )
         for f in glob.glob(str(planted / "*" / "*.py")):
             P.append(Path(f), P.py_line(base / "marker"))
-        if not guard:  # the header torch would have from an earlier boot (not what the control shows)
-            P.seed_torch_headers(top / "signed" / ROOT_NAME / "plancache-private" / "headers", base / "tmp")
+        if (
+            not guard
+        ):  # the header torch would have from an earlier boot (not what the control shows)
+            P.seed_torch_headers(
+                top / "signed" / ROOT_NAME / "plancache-private" / "headers", base / "tmp"
+            )
         return boot(base, guard, VLLM_DISABLE_COMPILE_CACHE="1", **AOT0)
 
     return run
@@ -74,7 +81,9 @@ def planted_links(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any
     shutil.rmtree(root / "plancache-private", ignore_errors=True)  # the cold boot's, copied along
     (root / "plancache-quarantine").symlink_to(outside)
     (root / "plancache-private").symlink_to(outside)
-    ten = Path(glob.glob(str(root / "torch_compile_cache" / ("[0-9a-f]" * 10)))[0])  # vLLM's debug directory
+    ten = Path(
+        glob.glob(str(root / "torch_compile_cache" / ("[0-9a-f]" * 10)))[0]
+    )  # vLLM's debug directory
     for name in (ten.name + ".plancache.lock", ten.name + ".plancache.sig"):
         ten.with_name(name).unlink(missing_ok=True)  # the cold boot's lock, copied along
         ten.with_name(name).symlink_to(victim)
@@ -107,16 +116,29 @@ def signed_cache_on_tmpfs(top: Path, base: Path, *remount: str) -> Iterator[str 
     with ``remount`` options, if any); yields None, or why the mount is not possible here."""
     mount = base / ROOT_NAME / "torch_compile_cache"
     mount.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         yield f"cannot mount a tmpfs here: {done.stderr.strip()}"
         return
     try:
-        shutil.copytree(top / "signed" / ROOT_NAME / "torch_compile_cache", mount, dirs_exist_ok=True)
+        shutil.copytree(
+            top / "signed" / ROOT_NAME / "torch_compile_cache", mount, dirs_exist_ok=True
+        )
         if remount:
-            done = subprocess.run(["mount", "-o", ",".join(("remount",) + remount), str(mount)],
-                                  capture_output=True, text=True)
-        yield None if done.returncode == 0 else f"cannot remount the tmpfs {remount}: {done.stderr.strip()}"
+            done = subprocess.run(
+                ["mount", "-o", ",".join(("remount",) + remount), str(mount)],
+                capture_output=True,
+                text=True,
+            )
+        yield (
+            None
+            if done.returncode == 0
+            else f"cannot remount the tmpfs {remount}: {done.stderr.strip()}"
+        )
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -129,7 +151,9 @@ def own_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
             return {"skipped": why_not}
         t_rank_pickle(cache_dir(base), base / "marker")
         report = boot(base)
-        here = base / ROOT_NAME / "torch_compile_cache" / "torch_aot_compile" / "plancache-quarantine"
+        here = (
+            base / ROOT_NAME / "torch_compile_cache" / "torch_aot_compile" / "plancache-quarantine"
+        )
         report["quarantine_here"] = sorted(os.listdir(here)) if here.exists() else []
         return report
 
@@ -151,8 +175,11 @@ def private_dir_setting(top: Path, base: Path, store: dict[str, str]) -> dict[st
         (base / ROOT_NAME / "plancache-private").mkdir(mode=0o700)
         os.chown(base / ROOT_NAME / "plancache-private", 1001, 1001)
         (base / "tmp").mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,noexec", "tmpfs", str(base / "tmp")],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m,noexec", "tmpfs", str(base / "tmp")],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             return {"skipped": f"cannot mount a noexec tmpfs here: {done.stderr.strip()}"}
         try:
@@ -166,8 +193,12 @@ def private_dir_setting(top: Path, base: Path, store: dict[str, str]) -> dict[st
 def store_env(endpoint: str, prefix: str) -> dict[str, str]:
     """A loopback S3 store for a boot, with a roomy budget: these boots check what was pulled, not
     when (the 3 s default timed out while a loaded machine was still building the SDK client)."""
-    return {**AWS_ENV, "PLANCACHE_URL": f"s3://{prefix}", "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}",
-            "PLANCACHE_TIMEOUT": "30"}
+    return {
+        **AWS_ENV,
+        "PLANCACHE_URL": f"s3://{prefix}",
+        "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}",
+        "PLANCACHE_TIMEOUT": "30",
+    }
 
 
 ATTACKS: dict[str, tuple[Callable[[Path, Path, dict[str, str]], dict[str, Any]], str | None]] = {

@@ -25,7 +25,9 @@ from compile_zygote import Zygote, ZygoteSlot
 TOY = str(Path(__file__).parent / "compile_toy.py")
 ROOT_NAME = "vllm-cache"
 AOT0 = {"VLLM_USE_AOT_COMPILE": "0"}
-DECISION = re.compile(r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=\S+ elapsed_ms=(\d+)")
+DECISION = re.compile(
+    r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=\S+ elapsed_ms=(\d+)"
+)
 
 
 _slot = ZygoteSlot("COMPILE_TOY_FRESH")
@@ -33,7 +35,11 @@ _slot = ZygoteSlot("COMPILE_TOY_FRESH")
 
 def start_zygote(directory: Path) -> Zygote | None:
     """Boots fork from one zygote from now on (None under ``COMPILE_TOY_FRESH=1``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))
+    }
     env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
     return _slot.start(lambda: Zygote(directory, env))
 
@@ -42,13 +48,26 @@ stop_zygote = _slot.stop
 
 
 def env_for(base: Path, guard: bool, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))}
-    env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(base / ROOT_NAME),
-               HOME=str(base / "home"), TMPDIR=str(base / "tmp"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))
+    }
+    env.update(
+        PYTHONPATH=SRC,
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_CACHE_ROOT=str(base / ROOT_NAME),
+        HOME=str(base / "home"),
+        TMPDIR=str(base / "tmp"),
+    )
     (base / "home").mkdir(exist_ok=True)
     (base / "tmp").mkdir(exist_ok=True)
     if guard:
-        env.update(PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=str(base.parent / "keys" / "key.pub"))
+        env.update(
+            PLANCACHE_COMPILE_CACHE="1",
+            PLANCACHE_TRUSTED_KEYS=str(base.parent / "keys" / "key.pub"),
+        )
     env.update(extra)
     return env
 
@@ -62,7 +81,7 @@ def boot(base: Path, guard: bool = True, **extra: str) -> dict[str, Any]:
         result = subprocess.run([PY, TOY], env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("COMPILE_TOY ")]
     assert lines, result.stderr[-3000:]
-    report = json.loads(lines[0][len("COMPILE_TOY "):])
+    report = json.loads(lines[0][len("COMPILE_TOY ") :])
     found = DECISION.findall(result.stderr)
     report["decisions"] = [(action, reason) for action, reason, _ in found]
     report["elapsed_ms"] = [int(ms) for _, _, ms in found]
@@ -83,5 +102,10 @@ def subject(base: Path, aot: bool = True) -> str:
 
 def quarantined(base: Path) -> list[str]:
     """Quarantine entries anywhere under the root (beside a directory on its own mount too)."""
-    return sorted(os.path.basename(p) for p in glob.glob(str(base / ROOT_NAME / "**" / "plancache-quarantine" / "*"),
-                                                         recursive=True) if not p.endswith(".plancache.sig"))
+    return sorted(
+        os.path.basename(p)
+        for p in glob.glob(
+            str(base / ROOT_NAME / "**" / "plancache-quarantine" / "*"), recursive=True
+        )
+        if not p.endswith(".plancache.sig")
+    )

@@ -43,7 +43,9 @@ def shared_object(marker: Path, workdir: Path, tag: str = "so") -> bytes:
         f'  FILE *f = fopen("{marker}", "a"); if (f) {{ fputs("{tag}\\n", f); fclose(f); }}\n}}\n'
     )
     out = workdir / "payload.so"
-    subprocess.run([shutil.which("gcc") or "cc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
+    subprocess.run(
+        [shutil.which("gcc") or "cc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True
+    )
     return out.read_bytes()
 
 
@@ -71,7 +73,9 @@ def seed_torch_headers(headers: Path, tmp: Path) -> None:
     import getpass
     import re
 
-    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as torch's default_cache_dir() names it
+    user = re.sub(
+        r'[\\/:*?"<>|]', "_", getpass.getuser()
+    )  # as torch's default_cache_dir() names it
     target = tmp / f"torchinductor_{user}" / "precompiled_headers"
     target.mkdir(parents=True, exist_ok=True)
     for f in headers.glob("*.h*"):

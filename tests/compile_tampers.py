@@ -12,11 +12,10 @@ import glob
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import compile_payloads as P
-
 from plancache.trust.compile_cache.manifest import MAX_FILE_BYTES
 
 PY = sys.executable
@@ -24,8 +23,13 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "plancache.cli.main", *args], env=dict(os.environ, PYTHONPATH=SRC),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [PY, "-m", "plancache.cli.main", *args],
+        env=dict(os.environ, PYTHONPATH=SRC),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def t_rank_pickle(d: Path, marker: Path) -> None:
@@ -67,7 +71,9 @@ def _resign_as(d: Path, other: str) -> None:
     moved = d.with_name(other)
     os.rename(d, moved)
     root = d.parents[2]
-    assert cli("compile-cache", "sign", "--key", str(root.parents[1] / "keys" / "key"), str(root)).returncode in (0, 1)
+    assert cli(
+        "compile-cache", "sign", "--key", str(root.parents[1] / "keys" / "key"), str(root)
+    ).returncode in (0, 1)
     os.rename(moved, d)
     os.replace(moved.with_name(other + ".plancache.sig"), d.with_name(d.name + ".plancache.sig"))
 

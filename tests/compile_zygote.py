@@ -39,8 +39,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 TOY = str(Path(__file__).parent / "compile_toy.py")
 
@@ -71,7 +72,11 @@ def _rebind_import_time_paths() -> None:
         pass
 
 
-IMPORT_BOUND = ("tempfile.tempdir", "torch._inductor.codecache._HEADER_DIR", "torch._dynamo.package.DynamoCache")
+IMPORT_BOUND = (
+    "tempfile.tempdir",
+    "torch._inductor.codecache._HEADER_DIR",
+    "torch._dynamo.package.DynamoCache",
+)
 
 
 def _child(request: dict[str, Any]) -> None:
@@ -99,7 +104,7 @@ def _child(request: dict[str, Any]) -> None:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
-    except BaseException:  # noqa: BLE001 - printed as an uncaught exception would be
+    except BaseException:
         import traceback
 
         traceback.print_exc()
@@ -109,18 +114,36 @@ def _child(request: dict[str, Any]) -> None:
 
 PRELOAD = (
     # what compile_toy imports before it loads the plugins
-    "torch", "vllm.plugins", "vllm.compilation.counter", "vllm.compilation.decorators", "vllm.config",
-    "vllm.config.compilation", "vllm.forward_context",
+    "torch",
+    "vllm.plugins",
+    "vllm.compilation.counter",
+    "vllm.compilation.decorators",
+    "vllm.config",
+    "vllm.config.compilation",
+    "vllm.forward_context",
     # what a boot imports later (the plugin's wrapped modules, vLLM's compile passes: 13 s of a
     # boot's imports, found with ``python -X importtime tests/compile_toy.py``); a missing one costs
     # time only
-    "vllm.compilation.backends", "vllm.compilation.wrapper", "vllm.compilation.caching",
-    "vllm.compilation.passes.pass_manager", "vllm.compilation.passes.ir.inplace_functionalization",
-    "vllm.compilation.passes.ir.lowering_pass", "vllm.lora.request", "vllm.lora.resolver", "vllm.tracing",
-    "vllm.kernels", "vllm.v1.executor", "torch.distributed.tensor.experimental._func_map", "sympy.tensor.tensor",
-    "torch.export._trace", "torch._inductor.fx_passes.pad_mm", "torch._inductor.fx_passes.quantization",
-    "torch._inductor.fx_passes.efficient_conv_bn_eval", "torch._inductor.codegen.wrapper_fxir",
-    "torch._inductor.codegen.memory_planning", "torch._inductor.codegen.pallas",
+    "vllm.compilation.backends",
+    "vllm.compilation.wrapper",
+    "vllm.compilation.caching",
+    "vllm.compilation.passes.pass_manager",
+    "vllm.compilation.passes.ir.inplace_functionalization",
+    "vllm.compilation.passes.ir.lowering_pass",
+    "vllm.lora.request",
+    "vllm.lora.resolver",
+    "vllm.tracing",
+    "vllm.kernels",
+    "vllm.v1.executor",
+    "torch.distributed.tensor.experimental._func_map",
+    "sympy.tensor.tensor",
+    "torch.export._trace",
+    "torch._inductor.fx_passes.pad_mm",
+    "torch._inductor.fx_passes.quantization",
+    "torch._inductor.fx_passes.efficient_conv_bn_eval",
+    "torch._inductor.codegen.wrapper_fxir",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.codegen.pallas",
 )
 """Modules the zygote imports: vLLM's and torch's own, never plancache's (the plugin is loaded by
 each boot, as vLLM loads it)."""
@@ -135,7 +158,9 @@ def _serve(preload: tuple[str, ...]) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             print(f"zygote: not preloaded: {name}: {exc}", file=sys.stderr, flush=True)
-    assert not [m for m in sys.modules if m.startswith("plancache")], "the zygote must not load the plugin"
+    assert not [m for m in sys.modules if m.startswith("plancache")], (
+        "the zygote must not load the plugin"
+    )
     assert threading.active_count() == 1, threading.enumerate()
     # What the preload made lives as long as every child: out of the collector's reach, each
     # child's full collections scan only what the child made (a warm compile boot 2.9 -> 1.6 s of
@@ -172,7 +197,9 @@ def _serve(preload: tuple[str, ...]) -> None:
             _write(children.pop(pid), str(os.waitstatus_to_exitcode(status)))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # the zygote ran nothing: no exit work to do, and torch's orderly shutdown took ~2 s
+    os._exit(
+        0
+    )  # the zygote ran nothing: no exit work to do, and torch's orderly shutdown took ~2 s
 
 
 def _write(path: str, text: str) -> None:
@@ -184,7 +211,7 @@ def _write(path: str, text: str) -> None:
 class Forked:
     """A process forked by the zygote: as much of ``subprocess.Popen`` as the tests use."""
 
-    def __init__(self, zygote: "Zygote", request: dict[str, Any]) -> None:
+    def __init__(self, zygote: Zygote, request: dict[str, Any]) -> None:
         self._zygote, self._done = zygote, Path(request["done"])
         self.args = [request["script"], *request["argv"]]
         self.stdout_path, self.stderr_path = request["stdout"], request["stderr"]
@@ -217,7 +244,9 @@ class Forked:
     def kill(self) -> None:
         if self.poll() is None:
             try:
-                os.kill(self.pid, 9)  # not reaped yet (no exit code written), so the pid is still this child's
+                os.kill(
+                    self.pid, 9
+                )  # not reaped yet (no exit code written), so the pid is still this child's
             except ProcessLookupError:
                 pass
 
@@ -229,16 +258,29 @@ class Zygote:
     nothing there); without it the zygote runs in ``env`` as given (the ranks' zygote: the same
     environment as every rank, so what vLLM and torch read at import is what a rank would read)."""
 
-    def __init__(self, directory: Path, env: dict[str, str], preload: tuple[str, ...] = PRELOAD,
-                 own_home: bool = True, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        env: dict[str, str],
+        preload: tuple[str, ...] = PRELOAD,
+        own_home: bool = True,
+        python: str = sys.executable,
+    ) -> None:
         self.directory = directory
         for name in ("home", "tmp", "boots"):
             (directory / name).mkdir(parents=True, exist_ok=True)
         if own_home:
             env = {**env, "HOME": str(directory / "home"), "TMPDIR": str(directory / "tmp")}
         self._log = open(directory / "zygote.log", "w")
-        self.proc = subprocess.Popen([python, __file__, *preload], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=directory)
+        self.proc = subprocess.Popen(
+            [python, __file__, *preload],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            cwd=directory,
+        )
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         assert ready.startswith("ZYGOTE ready"), (directory / "zygote.log").read_text()[-3000:]
@@ -248,24 +290,41 @@ class Zygote:
     def check(self) -> None:
         """Raises if the zygote has exited (no fork will ever be reaped then)."""
         if self.proc.poll() is not None:
-            raise RuntimeError(f"the zygote exited: {(self.directory / 'zygote.log').read_text()[-3000:]}")
+            raise RuntimeError(
+                f"the zygote exited: {(self.directory / 'zygote.log').read_text()[-3000:]}"
+            )
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: str, stdout: str | None = None,
-              stderr: str | None = None, script: str = TOY) -> Forked:
+    def start(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        stdout: str | None = None,
+        stderr: str | None = None,
+        script: str = TOY,
+    ) -> Forked:
         """Fork one process running ``script`` with ``argv``, like ``subprocess.Popen([python, script, *argv])``;
         its output goes to the files given (default: ``boots/<n>.out`` and ``.err``)."""
         with self._lock:
             self._count += 1
             stem = self.directory / "boots" / str(self._count)
-            request = {"script": script, "argv": argv, "env": env, "cwd": cwd, "stdout": stdout or f"{stem}.out",
-                       "stderr": stderr or f"{stem}.err", "done": f"{stem}.rc"}
+            request = {
+                "script": script,
+                "argv": argv,
+                "env": env,
+                "cwd": cwd,
+                "stdout": stdout or f"{stem}.out",
+                "stderr": stderr or f"{stem}.err",
+                "done": f"{stem}.rc",
+            }
             assert self.proc.stdin is not None and self.proc.poll() is None, "the zygote exited"
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
         return Forked(self, request)
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: str, timeout: float,
-            script: str = TOY) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: list[str], env: dict[str, str], cwd: str, timeout: float, script: str = TOY
+    ) -> subprocess.CompletedProcess[str]:
         """One boot: like ``subprocess.run([python, script, *argv], capture_output=True)``."""
         forked = self.start(argv, env, cwd, script=script)
         try:
@@ -273,13 +332,21 @@ class Zygote:
         except subprocess.TimeoutExpired:
             forked.kill()
             raise
-        return subprocess.CompletedProcess([script, *argv], code, Path(forked.stdout_path).read_text(),
-                                           Path(forked.stderr_path).read_text())
+        return subprocess.CompletedProcess(
+            [script, *argv],
+            code,
+            Path(forked.stdout_path).read_text(),
+            Path(forked.stderr_path).read_text(),
+        )
 
     def leaked(self) -> list[str]:
         """Files under the zygote's own HOME and TMPDIR (a boot should have written none there)."""
-        return sorted(str(p.relative_to(self.directory)) for d in ("home", "tmp")
-                      for p in (self.directory / d).rglob("*") if p.is_file())
+        return sorted(
+            str(p.relative_to(self.directory))
+            for d in ("home", "tmp")
+            for p in (self.directory / d).rglob("*")
+            if p.is_file()
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:

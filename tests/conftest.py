@@ -6,9 +6,10 @@ import gc
 import os
 import re
 import sys
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -29,13 +30,15 @@ def make_signer() -> Ed25519Signer:
 
 def keyring_of(*signers: Ed25519Signer, threshold: int = 1, **windows: datetime) -> Keyring:
     keys = {
-        s.keyid: TrustedKey(s.keyid, f"key{i}", s.public, windows.get("valid_after"), windows.get("valid_before"))
+        s.keyid: TrustedKey(
+            s.keyid, f"key{i}", s.public, windows.get("valid_after"), windows.get("valid_before")
+        )
         for i, s in enumerate(signers)
     }
     return Keyring(keys, frozenset(), threshold)
 
 
-def raw(result: "PlanResult") -> tuple[bytes | None, bytes | None]:
+def raw(result: PlanResult) -> tuple[bytes | None, bytes | None]:
     """A store's result as (plan bytes, sidecar bytes); its error raised, as a caller would see it."""
     if result.error is not None:
         raise result.error
@@ -55,7 +58,11 @@ def signer() -> Ed25519Signer:
 def signed(signer: Ed25519Signer) -> tuple[str, bytes, bytes]:
     """(name, plan bytes, sidecar bytes) for plan FP signed at NOW by ``signer``."""
     data = plan_bytes()
-    return plan_name(FP), data, sign_plan(plan_name(FP), data, signer, NOW, expires_at=NOW + timedelta(days=30))
+    return (
+        plan_name(FP),
+        data,
+        sign_plan(plan_name(FP), data, signer, NOW, expires_at=NOW + timedelta(days=30)),
+    )
 
 
 @pytest.fixture
@@ -94,10 +101,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     of CPU in a worker that had imported vLLM, and landed inside a bound test's timed boot
     (docs/test-suite.md#frozen-heaps)."""
     _freeze_heap()
-    unit_only = bool(session.items) and all(item.get_closest_marker("unit") for item in session.items)
+    unit_only = bool(session.items) and all(
+        item.get_closest_marker("unit") for item in session.items
+    )
     if unit_only and _imported(HEAVY_MODULES):
-        raise pytest.UsageError(f"collecting the unit tier imported {_imported(HEAVY_MODULES)}: a file that imports "
-                                "them at module level is not a unit file (FILE_TIERS in tests/conftest.py)")
+        raise pytest.UsageError(
+            f"collecting the unit tier imported {_imported(HEAVY_MODULES)}: a file that imports "
+            "them at module level is not a unit file (FILE_TIERS in tests/conftest.py)"
+        )
 
 
 def _freeze_heap() -> None:
@@ -126,10 +137,17 @@ workers, and no worker past :data:`BASE_WORKERS` takes a file while one of them 
 FIRST = (
     *VLLM_FILES,
     # quick files: pytest-xdist queues a second file on a worker once its first is nearly done
-    "test_import_graph.py", "test_storage_local.py", "test_untrusted_text.py",
+    "test_import_graph.py",
+    "test_storage_local.py",
+    "test_untrusted_text.py",
     # the longest of the rest (mostly waiting: black holes, servers, journeys in subprocesses)
-    "test_no_secret_printed.py", "test_boot_records.py", "test_trust_verify.py", "test_cli_fingerprint.py",
-    "test_compile_cache_cli.py", "test_install_resolution.py", "test_store_backends.py",
+    "test_no_secret_printed.py",
+    "test_boot_records.py",
+    "test_trust_verify.py",
+    "test_cli_fingerprint.py",
+    "test_compile_cache_cli.py",
+    "test_install_resolution.py",
+    "test_store_backends.py",
 )
 DEADLINE_FILES = (
     # the files whose tests assert a wall-time bound (a budget plus a grace): queued after FIRST,
@@ -158,7 +176,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own
     from held_workers import HeldBackLoadFile
-    return HeldBackLoadFile(config, log, base=BASE_WORKERS, heavy=frozenset(VLLM_FILES), deadline=frozenset(DEADLINE_FILES))
+
+    return HeldBackLoadFile(
+        config,
+        log,
+        base=BASE_WORKERS,
+        heavy=frozenset(VLLM_FILES),
+        deadline=frozenset(DEADLINE_FILES),
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by ``-m``
@@ -176,7 +201,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(tier)
     order = (*FIRST, *DEADLINE_FILES)
     rank = {name: i for i, name in enumerate(order)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(order)))  # stable: a file's own order is kept
+    items.sort(
+        key=lambda item: rank.get(item.path.name, len(order))
+    )  # stable: a file's own order is kept
 
 
 # -- tiers: what each test file needs (docs/test-suite.md#tiers) ------------------------------------
@@ -272,7 +299,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     imports vLLM (5 s), which ``-m unit`` must not. Any other expression: pytest deselects as usual."""
     tiers = FILE_TIERS.get(collection_path.name)
     expression = config.getoption("markexpr", "") or ""
-    if tiers is None or not expression or not set(re.findall(r"\w+", expression)) <= {*TIERS, "and", "or", "not"}:
+    if (
+        tiers is None
+        or not expression
+        or not set(re.findall(r"\w+", expression)) <= {*TIERS, "and", "or", "not"}
+    ):
         return None
     from _pytest.mark.expression import Expression
 
@@ -298,8 +329,11 @@ def _unit_tests_import_no_vllm(request: pytest.FixtureRequest) -> Iterator[None]
     checked = request.node.get_closest_marker("unit") is not None and not _imported(HEAVY_MODULES)
     yield
     if checked and _imported(HEAVY_MODULES):
-        pytest.fail(f"a unit test imported {_imported(HEAVY_MODULES)}: its file belongs in the vllm tier "
-                    "(FILE_TIERS in tests/conftest.py)", pytrace=False)
+        pytest.fail(
+            f"a unit test imported {_imported(HEAVY_MODULES)}: its file belongs in the vllm tier "
+            "(FILE_TIERS in tests/conftest.py)",
+            pytrace=False,
+        )
 
 
 # -- under CI=true, a tier that cannot run fails --------------------------------------------------

@@ -25,8 +25,14 @@ ENGINE_ARGS = {
 }
 PROMPTS = ["A serving node pulls", "Every byte from a store"]
 MAX_TOKENS = 16
-PRELOAD = ("vllm", "vllm.entrypoints.llm", "vllm.engine.arg_utils", "vllm.v1.engine.llm_engine",
-           "vllm.v1.engine.core_client", "vllm.sampling_params")
+PRELOAD = (
+    "vllm",
+    "vllm.entrypoints.llm",
+    "vllm.engine.arg_utils",
+    "vllm.v1.engine.llm_engine",
+    "vllm.v1.engine.core_client",
+    "vllm.sampling_params",
+)
 """What :func:`main` imports before ``LLM()`` starts the engine (12 s of CPU here): the engine
 tests' zygote imports it once and forks each boot's front process (tests/engine_harness.py)."""
 

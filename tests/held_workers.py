@@ -30,8 +30,15 @@ class HeldBackLoadFile(LoadFileScheduling):
     queued or still running. Every other rule is xdist's own: with no heavy file in the run, every
     worker starts at once."""
 
-    def __init__(self, config: Any, log: Any, *, base: int, heavy: frozenset[str],
-                 deadline: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        config: Any,
+        log: Any,
+        *,
+        base: int,
+        heavy: frozenset[str],
+        deadline: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__(config, log)
         self.base = base
         self.heavy = heavy
@@ -40,7 +47,10 @@ class HeldBackLoadFile(LoadFileScheduling):
         """Workers that asked for a file and were held: each test's end looks at them again."""
 
     def _unfinished(self, names: frozenset[str], work: dict[str, dict[str, bool]]) -> bool:
-        return any(os.path.basename(scope) in names and not all(done.values()) for scope, done in work.items())
+        return any(
+            os.path.basename(scope) in names and not all(done.values())
+            for scope, done in work.items()
+        )
 
     def _pick(self, node: Any) -> str | None:
         """The file ``node`` takes now: the first in the queue that it may take, or None (it waits).
@@ -52,12 +62,27 @@ class HeldBackLoadFile(LoadFileScheduling):
         for itself). That the deadline files never run beside the heavy ones is the queue's order
         (tests/conftest.py): a deadline file is never taken before the files queued ahead of it."""
         working = sorted(self.nodes, key=_number)[: self.base]
-        if node not in working and (self._unfinished(self.heavy, self.workqueue) or any(
-                self._unfinished(self.heavy, work) for work in self.assigned_work.values())):
+        if node not in working and (
+            self._unfinished(self.heavy, self.workqueue)
+            or any(self._unfinished(self.heavy, work) for work in self.assigned_work.values())
+        ):
             return None
-        full = sum(self._unfinished(self.deadline, work) for other, work in self.assigned_work.items()
-                   if other is not node) >= self.base
-        return next((scope for scope in self.workqueue if not (full and os.path.basename(scope) in self.deadline)), None)
+        full = (
+            sum(
+                self._unfinished(self.deadline, work)
+                for other, work in self.assigned_work.items()
+                if other is not node
+            )
+            >= self.base
+        )
+        return next(
+            (
+                scope
+                for scope in self.workqueue
+                if not (full and os.path.basename(scope) in self.deadline)
+            ),
+            None,
+        )
 
     def _assign_work_unit(self, node: Any) -> None:
         scope = self._pick(node)
@@ -80,4 +105,3 @@ class HeldBackLoadFile(LoadFileScheduling):
 def _number(node: Any) -> int:
     number = node.gateway.id.removeprefix("gw")  # xdist names its workers gw0, gw1, ...
     return int(number) if number.isdigit() else 1 << 30
-

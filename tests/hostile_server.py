@@ -50,7 +50,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(draw.status)
         if draw.status in (301, 307):
             self.send_header("Location", f"{self.server.canary}{self.path}")
-        declared = {"honest": size, "short": size // 2, "long": size + 1000, "huge": 1 << 40}.get(draw.length)
+        declared = {"honest": size, "short": size // 2, "long": size + 1000, "huge": 1 << 40}.get(
+            draw.length
+        )
         if draw.length == "chunked":
             self.send_header("Transfer-Encoding", "chunked")
         elif declared is not None:
@@ -117,7 +119,9 @@ class Canary:
 
 class HostileServer(LoopbackServer):
     def __init__(self, canary: Canary) -> None:
-        super().__init__(_Handler, canary=canary.endpoint, draw=Draw(200, "honest", "empty", "fast"))
+        super().__init__(
+            _Handler, canary=canary.endpoint, draw=Draw(200, "honest", "empty", "fast")
+        )
 
     def set(self, draw: Draw) -> None:
         self.httpd.draw = draw  # type: ignore[attr-defined]

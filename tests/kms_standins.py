@@ -47,7 +47,9 @@ def _b64(data: bytes) -> str:
 
 
 def _spki_der(key: Any) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
 
 @dataclass
@@ -65,7 +67,9 @@ class Served:
         self.httpd.server_close()
 
 
-def _serve(handler: type[BaseHTTPRequestHandler], state: Any, tls: tuple[Path, Path] | None = None) -> ThreadingHTTPServer:
+def _serve(
+    handler: type[BaseHTTPRequestHandler], state: Any, tls: tuple[Path, Path] | None = None
+) -> ThreadingHTTPServer:
     httpd = ThreadingHTTPServer((LOOPBACK, 0), handler)
     httpd.daemon_threads = True
     httpd.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client that gave up
@@ -84,17 +88,29 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "plancache-test-kms")])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = directory / "kms-cert.pem", directory / "kms-key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path
 
 
@@ -126,7 +142,12 @@ class AwsKms(Served):
 
     def find(self, ref: str) -> AwsKey | None:
         for key in self.keys:
-            if ref in (key.key_id, key.arn, *key.aliases, *(f"arn:aws:kms:us-east-1:{ACCOUNT}:{a}" for a in key.aliases)):
+            if ref in (
+                key.key_id,
+                key.arn,
+                *key.aliases,
+                *(f"arn:aws:kms:us-east-1:{ACCOUNT}:{a}" for a in key.aliases),
+            ):
                 return key
         return None
 
@@ -146,7 +167,7 @@ class _AwsHandler(BaseHTTPRequestHandler):
     def _error(self, kind: str, message: str) -> None:
         self._reply(400, {"__type": kind, "message": message})
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         state: AwsKms = self.server.state  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
         target = self.headers.get("X-Amz-Target", "")
@@ -162,21 +183,46 @@ class _AwsHandler(BaseHTTPRequestHandler):
         if key is None:
             return self._error("NotFoundException", f"Key '{body.get('KeyId')}' does not exist")
         if key.denied:
-            return self._error("AccessDeniedException", f"User is not authorized to perform: kms:{target.split('.')[-1]}")
+            return self._error(
+                "AccessDeniedException",
+                f"User is not authorized to perform: kms:{target.split('.')[-1]}",
+            )
         if target == "TrentService.GetPublicKey":
-            algorithms = ["ED25519_SHA_512", "ED25519_PH_SHA_512"] if key.spec == "ECC_NIST_EDWARDS25519" else ["ECDSA_SHA_256"]
-            return self._reply(200, {
-                "KeyId": key.arn, "PublicKey": _b64(_spki_der(key.private)), "KeySpec": key.spec,
-                "CustomerMasterKeySpec": key.spec, "KeyUsage": key.usage, "SigningAlgorithms": algorithms,
-            })
+            algorithms = (
+                ["ED25519_SHA_512", "ED25519_PH_SHA_512"]
+                if key.spec == "ECC_NIST_EDWARDS25519"
+                else ["ECDSA_SHA_256"]
+            )
+            return self._reply(
+                200,
+                {
+                    "KeyId": key.arn,
+                    "PublicKey": _b64(_spki_der(key.private)),
+                    "KeySpec": key.spec,
+                    "CustomerMasterKeySpec": key.spec,
+                    "KeyUsage": key.usage,
+                    "SigningAlgorithms": algorithms,
+                },
+            )
         if target == "TrentService.Sign":
             message = base64.b64decode(body.get("Message", ""))
             if not 1 <= len(message) <= 4096:
-                return self._error("ValidationException", "Message must have length less than or equal to 4096")
-            if body.get("SigningAlgorithm") != "ED25519_SHA_512" or body.get("MessageType") != "RAW":
+                return self._error(
+                    "ValidationException", "Message must have length less than or equal to 4096"
+                )
+            if (
+                body.get("SigningAlgorithm") != "ED25519_SHA_512"
+                or body.get("MessageType") != "RAW"
+            ):
                 return self._error("ValidationException", "ED25519_SHA_512 signs RAW messages only")
-            return self._reply(200, {"KeyId": key.arn, "Signature": _b64(key.private.sign(message)),
-                                     "SigningAlgorithm": "ED25519_SHA_512"})
+            return self._reply(
+                200,
+                {
+                    "KeyId": key.arn,
+                    "Signature": _b64(key.private.sign(message)),
+                    "SigningAlgorithm": "ED25519_SHA_512",
+                },
+            )
         return self._error("UnknownOperationException", target)
 
 
@@ -209,14 +255,25 @@ class GcpKms(Served):
         assertion with its RSA key and trades it here for a bearer token, as with Google."""
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.account_keys.append(key.public_key())
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode()
         path = directory / "service-account.json"
-        path.write_text(json.dumps({
-            "type": "service_account", "project_id": "p", "private_key_id": "1", "private_key": pem,
-            "client_email": "ci@p.iam.gserviceaccount.com", "client_id": "1",
-            "token_uri": f"{self.endpoint}/token",
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "type": "service_account",
+                    "project_id": "p",
+                    "private_key_id": "1",
+                    "private_key": pem,
+                    "client_email": "ci@p.iam.gserviceaccount.com",
+                    "client_id": "1",
+                    "token_uri": f"{self.endpoint}/token",
+                }
+            )
+        )
         return path
 
 
@@ -230,7 +287,9 @@ def _jwt_verifies(token: str, keys: list[Any]) -> bool:
     signature = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
     for key in keys:
         try:
-            key.verify(signature, f"{parts[0]}.{parts[1]}".encode(), padding.PKCS1v15(), hashes.SHA256())
+            key.verify(
+                signature, f"{parts[0]}.{parts[1]}".encode(), padding.PKCS1v15(), hashes.SHA256()
+            )
             return True
         except InvalidSignature:
             continue
@@ -256,14 +315,25 @@ class _GcpHandler(BaseHTTPRequestHandler):
         state: GcpKms = self.server.state  # type: ignore[attr-defined]
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         path = self.path.split("?", 1)[0]
-        state.requests.append({"method": method, "path": path, "body": raw, "authorization": self.headers.get("Authorization")})
+        state.requests.append(
+            {
+                "method": method,
+                "path": path,
+                "body": raw,
+                "authorization": self.headers.get("Authorization"),
+            }
+        )
         if path == "/token":
-            return self._reply(200, {"access_token": TOKEN, "expires_in": 3600, "token_type": "Bearer"})
+            return self._reply(
+                200, {"access_token": TOKEN, "expires_in": 3600, "token_type": "Bearer"}
+            )
         while state.hang:
             time.sleep(0.05)
         bearer = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
         if bearer != TOKEN and not _jwt_verifies(bearer, state.account_keys):
-            return self._error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
+            return self._error(
+                401, "UNAUTHENTICATED", "Request had invalid authentication credentials."
+            )
         if method == "GET" and path.startswith("/v1/") and path.endswith("/publicKey"):
             name, op = path[len("/v1/") : -len("/publicKey")], "get"
         elif method == "POST" and path.startswith("/v1/") and path.endswith(":asymmetricSign"):
@@ -271,22 +341,37 @@ class _GcpHandler(BaseHTTPRequestHandler):
         else:
             return self._error(404, "NOT_FOUND", f"unknown method {method} {path}")
         if name in state.denied:
-            return self._error(403, "PERMISSION_DENIED", f"Permission 'cloudkms.cryptoKeyVersions.useToSign' denied on resource '{name}'")
+            return self._error(
+                403,
+                "PERMISSION_DENIED",
+                f"Permission 'cloudkms.cryptoKeyVersions.useToSign' denied on resource '{name}'",
+            )
         key = state.keys.get(name)
         if key is None:
             return self._error(404, "NOT_FOUND", f"CryptoKeyVersion {name} not found.")
         if op == "get":
-            pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-            return self._reply(200, {"pem": pem.decode(), "algorithm": state.algorithm, "name": name,
-                                     "protectionLevel": "HSM"})
+            pem = key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            return self._reply(
+                200,
+                {
+                    "pem": pem.decode(),
+                    "algorithm": state.algorithm,
+                    "name": name,
+                    "protectionLevel": "HSM",
+                },
+            )
         body = json.loads(raw or b"{}")
         if "digest" in body or "data" not in body:
             return self._error(400, "INVALID_ARGUMENT", "EC_SIGN_ED25519 signs data, not a digest")
         data = base64.b64decode(body["data"])
-        return self._reply(200, {"signature": _b64(key.sign(data)), "name": name, "protectionLevel": "HSM"})
+        return self._reply(
+            200, {"signature": _b64(key.sign(data)), "name": name, "protectionLevel": "HSM"}
+        )
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle("POST")

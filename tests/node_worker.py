@@ -45,12 +45,19 @@ def decide(directory: Path) -> dict[str, Any]:
     into, outcome = guard.private_for(directory)
     try:
         boot = str(torch_caches.boot_dir())
-    except Exception as exc:  # noqa: BLE001 - the report says what there is
+    except Exception as exc:
         boot = f"none: {exc}"
-    return {"into": str(into) if into is not None else None, "action": getattr(outcome, "action", None),
-            "reason": getattr(outcome, "reason", None), "detail": getattr(outcome, "detail", ""),
-            "quarantined_to": getattr(outcome, "quarantined_to", ""), "boot": boot, "pid": os.getpid(),
-            "digest": tree_digest(into) if into is not None and into.exists() else None, "lines": list(LINES)}
+    return {
+        "into": str(into) if into is not None else None,
+        "action": getattr(outcome, "action", None),
+        "reason": getattr(outcome, "reason", None),
+        "detail": getattr(outcome, "detail", ""),
+        "quarantined_to": getattr(outcome, "quarantined_to", ""),
+        "boot": boot,
+        "pid": os.getpid(),
+        "digest": tree_digest(into) if into is not None and into.exists() else None,
+        "lines": list(LINES),
+    }
 
 
 def fork(directory: Path) -> list[dict[str, Any]]:
@@ -72,12 +79,17 @@ def fork(directory: Path) -> list[dict[str, Any]]:
             report["parent_boot"] = parent_boot
             from torch._inductor.runtime import cache_dir_utils
 
-            report["torch_dirs"] = [cache_dir_utils.default_cache_dir(), os.environ["TORCHINDUCTOR_CACHE_DIR"],
-                                    os.environ["TRITON_CACHE_DIR"]]
+            report["torch_dirs"] = [
+                cache_dir_utils.default_cache_dir(),
+                os.environ["TORCHINDUCTOR_CACHE_DIR"],
+                os.environ["TRITON_CACHE_DIR"],
+            ]
             if index == 0:
                 os.write(first_done_w, b"x")
                 os.read(second_done_r, 1)
-                report["digest_after_other"] = tree_digest(Path(report["into"])) if report["into"] else None
+                report["digest_after_other"] = (
+                    tree_digest(Path(report["into"])) if report["into"] else None
+                )
             else:
                 os.write(second_done_w, b"x")
             os.write(out_w, (json.dumps(report) + "\n").encode())
@@ -98,13 +110,18 @@ def main() -> None:
         from plancache.vllm_plugin.compile_cache import guard
 
         installed = guard.install()
-        print("NODE " + json.dumps({"installed": installed, **decide(Path(sys.argv[2]))}), flush=True)
+        print(
+            "NODE " + json.dumps({"installed": installed, **decide(Path(sys.argv[2]))}), flush=True
+        )
     elif mode == "fork":
         print("NODE " + json.dumps(fork(Path(sys.argv[2]))), flush=True)
     elif mode == "hold":
         from plancache.vllm_plugin.compile_cache import torch_caches
 
-        print("NODE " + json.dumps({"boot": str(torch_caches.boot_dir()), "pid": os.getpid()}), flush=True)
+        print(
+            "NODE " + json.dumps({"boot": str(torch_caches.boot_dir()), "pid": os.getpid()}),
+            flush=True,
+        )
         sys.stdin.read()
 
 

@@ -104,8 +104,14 @@ class StolenClock:
         Two threads waiting at once both count: at most that many times the wall time lost."""
         self._update()
         with self._lock:
-            return sum(max(0, wait - self.waits.get(tid, 0)) for tid, wait in self.seen.items()
-                       if tid != self._sampler_tid) / 1e9
+            return (
+                sum(
+                    max(0, wait - self.waits.get(tid, 0))
+                    for tid, wait in self.seen.items()
+                    if tid != self._sampler_tid
+                )
+                / 1e9
+            )
 
     @property
     def stolen(self) -> float:

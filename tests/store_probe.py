@@ -43,7 +43,11 @@ def fetch() -> int:
     started = time.monotonic()
     result = open_store(url, options, timeout).fetch(fp)
     elapsed = time.monotonic() - started
-    reason = result.error.reason.value if result.error else ("missing" if result.plan_bytes is None else "ok")
+    reason = (
+        result.error.reason.value
+        if result.error
+        else ("missing" if result.plan_bytes is None else "ok")
+    )
     report = {"reason": reason, "elapsed": elapsed, "peak": peak_rss(), "done_at": time.monotonic()}
     print(json.dumps(report), flush=True)  # done_at: CLOCK_MONOTONIC is one clock for all processes
     if result.error:

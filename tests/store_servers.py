@@ -22,11 +22,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlparse
 from xml.sax.saxutils import escape
 
@@ -58,7 +59,9 @@ def closed_port() -> int:
     return late_port()
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 60.0) -> None:
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 60.0
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
@@ -89,7 +92,9 @@ class MotoServer:
         env = {**os.environ, **AWS_ENV}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
         )
         wait_for_port(self.port, self.proc)
         self._buckets = 0
@@ -98,8 +103,11 @@ class MotoServer:
         import boto3
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name="us-east-1",
-            aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
         )
 
     def new_bucket(self) -> str:
@@ -110,8 +118,12 @@ class MotoServer:
 
     @property
     def options(self) -> dict[str, object]:
-        return {"endpoint_url": self.endpoint, "key": AWS_ENV["AWS_ACCESS_KEY_ID"],
-                "secret": AWS_ENV["AWS_SECRET_ACCESS_KEY"], "client_kwargs": {"region_name": "us-east-1"}}
+        return {
+            "endpoint_url": self.endpoint,
+            "key": AWS_ENV["AWS_ACCESS_KEY_ID"],
+            "secret": AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
 
     def stop(self) -> None:
         _stop(self.proc)
@@ -124,9 +136,19 @@ class GcsEmulator:
         self.port = free_port()
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", LOOPBACK, "--port", str(self.port),
-             "--in-memory"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "gcp_storage_emulator",
+                "start",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.port),
+                "--in-memory",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_for_port(self.port, self.proc)
         self._buckets = 0
@@ -138,8 +160,10 @@ class GcsEmulator:
         self._buckets += 1
         name = f"plancache-test-{self._buckets}"
         request = urllib.request.Request(
-            f"{self.endpoint}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
-            headers={"Content-Type": "application/json"}, method="POST",
+            f"{self.endpoint}/storage/v1/b?project=test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
         )
         urllib.request.urlopen(request, timeout=10).read()
         return name
@@ -205,7 +229,7 @@ def synthetic_fp(i: int) -> str:
 
 class _FaultHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "QuietHTTPServer"
+    server: QuietHTTPServer
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         pass
@@ -290,32 +314,52 @@ class _FaultHandler(BaseHTTPRequestHandler):
         if query.get("restype") == ["container"] and state.hostile_prefix:
             if query.get("comp") == ["list"]:
                 return self._azure_hostile(query)
-            return self._send(200, b"", {"ETag": '"0x1"', "Last-Modified": formatdate(usegmt=True),
-                                         "x-ms-version": "2021-08-06"})  # Get Container Properties
+            return self._send(
+                200,
+                b"",
+                {
+                    "ETag": '"0x1"',
+                    "Last-Modified": formatdate(usegmt=True),
+                    "x-ms-version": "2021-08-06",
+                },
+            )  # Get Container Properties
         if state.redirect_to:
             self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
             return None
-        if state.bucket_region and f"/{state.bucket_region}/s3/" not in self.headers.get("Authorization", ""):
-            body = (b"<?xml version='1.0'?><Error><Code>PermanentRedirect</Code><Message>use the region's "
-                    b"endpoint</Message></Error>")
-            return self._send(301, body, {"Content-Type": "application/xml",
-                                          "x-amz-bucket-region": state.bucket_region})
+        if state.bucket_region and f"/{state.bucket_region}/s3/" not in self.headers.get(
+            "Authorization", ""
+        ):
+            body = (
+                b"<?xml version='1.0'?><Error><Code>PermanentRedirect</Code><Message>use the region's "
+                b"endpoint</Message></Error>"
+            )
+            return self._send(
+                301,
+                body,
+                {"Content-Type": "application/xml", "x-amz-bucket-region": state.bucket_region},
+            )
         if len(parts) == 1 or parts[1] == "":
             return self._list(query)
         obj = state.objects.get(parts[1])
         if obj is None and state.synthetic and parts[1].startswith(state.synthetic_prefix):
             obj = FaultObject(state.synthetic_body)
         if obj is None:
-            body = b"<?xml version='1.0'?><Error><Code>NoSuchKey</Code><Message>no</Message></Error>"
+            body = (
+                b"<?xml version='1.0'?><Error><Code>NoSuchKey</Code><Message>no</Message></Error>"
+            )
             return self._send(404, body, {"Content-Type": "application/xml"})
         obj.served += 1
         xml = {"Content-Type": "application/xml"}
-        error = b"<?xml version='1.0'?><Error><Code>InternalError</Code><Message>boom</Message></Error>"
+        error = (
+            b"<?xml version='1.0'?><Error><Code>InternalError</Code><Message>boom</Message></Error>"
+        )
         if obj.mode == "error500" or (obj.mode == "error500-once" and obj.served == 1):
             return self._send(500, error, xml)
         if obj.mode == "error500-huge":
             return self._stream(500, ERROR_HUGE, xml)
-        if obj.mode == "range416" and self._range():  # as S3 and GCS answer a range over an empty object
+        if (
+            obj.mode == "range416" and self._range()
+        ):  # as S3 and GCS answer a range over an empty object
             return self._send(416, b"", xml)
         if obj.mode == "huge":  # ignores Range, declares and streams 1 GiB
             self.send_response(200)
@@ -379,8 +423,11 @@ class _FaultHandler(BaseHTTPRequestHandler):
         if state.hostile_prefix and state.hostile_prefix.startswith(prefix):
             return self._hostile_page(bucket, prefix, query)
         if state.synthetic:
-            keys: list[str] = [f"{state.synthetic_prefix}startup_plan_{synthetic_fp(i)}.json{suffix}"
-                               for i in range(state.synthetic) for suffix in ("", ".sig")]
+            keys: list[str] = [
+                f"{state.synthetic_prefix}startup_plan_{synthetic_fp(i)}.json{suffix}"
+                for i in range(state.synthetic)
+                for suffix in ("", ".sig")
+            ]
         else:
             keys = state.listing if state.listing is not None else sorted(state.objects)
         start = int(query.get("continuation-token", ["0"])[0])
@@ -407,22 +454,28 @@ class _FaultHandler(BaseHTTPRequestHandler):
         """A page under ``hostile_prefix``: 3,500 keys of ~1 KB, truncated forever; above it, the
         CommonPrefix that leads there (see FaultState.hostile_prefix)."""
         state = self.server.state
-        head = ("<?xml version='1.0' encoding='UTF-8'?><ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
-                f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>")
+        head = (
+            "<?xml version='1.0' encoding='UTF-8'?><ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
+            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>"
+        )
         if prefix != state.hostile_prefix:
-            below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
-            body = (f"{head}<KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
-                    f"<CommonPrefixes><Prefix>{escape(prefix + below)}/</Prefix></CommonPrefixes></ListBucketResult>")
+            below = state.hostile_prefix[len(prefix) :].split("/", 1)[0]
+            body = (
+                f"{head}<KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
+                f"<CommonPrefixes><Prefix>{escape(prefix + below)}/</Prefix></CommonPrefixes></ListBucketResult>"
+            )
             return self._send(200, body.encode(), {"Content-Type": "application/xml"})
         page = int(query.get("continuation-token", ["0"])[0])
         filler = "j" * 900
         contents = "".join(
             f"<Contents><Key>{escape(prefix)}{filler}-{page}-{i}</Key><Size>1</Size></Contents>"
-            for i in range(HOSTILE_PAGE_KEYS))
-        body = (f"{head}<KeyCount>{HOSTILE_PAGE_KEYS}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
-                f"<NextContinuationToken>{page + 1}</NextContinuationToken>{contents}</ListBucketResult>")
+            for i in range(HOSTILE_PAGE_KEYS)
+        )
+        body = (
+            f"{head}<KeyCount>{HOSTILE_PAGE_KEYS}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
+            f"<NextContinuationToken>{page + 1}</NextContinuationToken>{contents}</ListBucketResult>"
+        )
         return self._send(200, body.encode(), {"Content-Type": "application/xml"})
-
 
     def _gcs_hostile(self, path: list[str], query: dict[str, list[str]]) -> None:
         """GCS's JSON API for the same walk as :meth:`_hostile_page`: the bucket's metadata, and
@@ -436,33 +489,43 @@ class _FaultHandler(BaseHTTPRequestHandler):
         else:
             prefix = query.get("prefix", [""])[0]
             if prefix != state.hostile_prefix:
-                below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+                below = state.hostile_prefix[len(prefix) :].split("/", 1)[0]
                 answer = {"kind": "storage#objects", "prefixes": [f"{prefix}{below}/"]}
             else:
                 page = int(query.get("pageToken", ["0"])[0])
-                answer = {"kind": "storage#objects", "nextPageToken": str(page + 1),
-                          "items": [{"name": f"{prefix}{'j' * 900}-{page}-{i}", "size": "1"}
-                                    for i in range(HOSTILE_PAGE_KEYS)]}
+                answer = {
+                    "kind": "storage#objects",
+                    "nextPageToken": str(page + 1),
+                    "items": [
+                        {"name": f"{prefix}{'j' * 900}-{page}-{i}", "size": "1"}
+                        for i in range(HOSTILE_PAGE_KEYS)
+                    ],
+                }
         self._send(200, json.dumps(answer).encode(), {"Content-Type": "application/json"})
-
 
     def _azure_hostile(self, query: dict[str, list[str]]) -> None:
         """Azure's List Blobs for the same walk as :meth:`_hostile_page` (``BlobPrefix`` above
         ``hostile_prefix``, endless 3.5 MiB pages of blobs at it, each with a NextMarker)."""
         state = self.server.state
         prefix = query.get("prefix", [""])[0]
-        head = (f"<?xml version='1.0' encoding='utf-8'?><EnumerationResults ServiceEndpoint='{self.server.endpoint}/' "
-                f"ContainerName='faulty'><Prefix>{escape(prefix)}</Prefix><Delimiter>/</Delimiter>")
+        head = (
+            f"<?xml version='1.0' encoding='utf-8'?><EnumerationResults ServiceEndpoint='{self.server.endpoint}/' "
+            f"ContainerName='faulty'><Prefix>{escape(prefix)}</Prefix><Delimiter>/</Delimiter>"
+        )
         if prefix != state.hostile_prefix:
-            below = state.hostile_prefix[len(prefix):].split("/", 1)[0]
+            below = state.hostile_prefix[len(prefix) :].split("/", 1)[0]
             body = f"{head}<Blobs><BlobPrefix><Name>{escape(prefix + below)}/</Name></BlobPrefix></Blobs><NextMarker /></EnumerationResults>"
         else:
             page = int(query.get("marker", ["0"])[0])
             blobs = "".join(
                 f"<Blob><Name>{escape(prefix)}{'j' * 900}-{page}-{i}</Name><Properties><Content-Length>1</Content-Length>"
-                "<BlobType>BlockBlob</BlobType></Properties></Blob>" for i in range(HOSTILE_PAGE_KEYS))
+                "<BlobType>BlockBlob</BlobType></Properties></Blob>"
+                for i in range(HOSTILE_PAGE_KEYS)
+            )
             body = f"{head}<Blobs>{blobs}</Blobs><NextMarker>{page + 1}</NextMarker></EnumerationResults>"
-        self._send(200, body.encode(), {"Content-Type": "application/xml", "x-ms-version": "2021-08-06"})
+        self._send(
+            200, body.encode(), {"Content-Type": "application/xml", "x-ms-version": "2021-08-06"}
+        )
 
 
 class QuietHTTPServer(ThreadingHTTPServer):
@@ -558,12 +621,14 @@ def gcs_emulator() -> Iterator[GcsEmulator]:
 
 
 @pytest.fixture(scope="session")
-def azurite() -> Iterator["Azurite"]:
+def azurite() -> Iterator[Azurite]:
     from azurite_server import Azurite, azurite_binary
 
     binary = azurite_binary()
     if binary is None:
-        pytest.skip("Azurite not installed: scripts/bootstrap-test-env.sh installs it into .test-tools/ with npm")
+        pytest.skip(
+            "Azurite not installed: scripts/bootstrap-test-env.sh installs it into .test-tools/ with npm"
+        )
     server = Azurite(binary)
     yield server
     server.stop()
@@ -608,7 +673,9 @@ def s3_read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 # -- one signed plan on the fault server, pulled through the CLI ------------------------------------
 
 
-def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: str = "ok", *, prefix: str) -> None:
+def serve_signed(
+    server: FaultServer, keys: Path, mode: str = "ok", sig_mode: str = "ok", *, prefix: str
+) -> None:
     """The fault server serves a plan for conftest's FP and its signature by ``keys`` under
     ``prefix`` (S3: ``<prefix>/<name>``; Azure: ``<container>/<prefix>/<name>``), each object
     misbehaving as its mode says."""
@@ -624,15 +691,33 @@ def serve_signed(server: FaultServer, keys: Path, mode: str = "ok", sig_mode: st
     server.state.objects[f"{prefix}/{sig_name(FP)}"] = FaultObject(sig, sig_mode)
 
 
-def pull_fingerprint(capsys: pytest.CaptureFixture[str], url: str, storage_option: str, keys: Path, dest: Path,
-                     *extra: str) -> tuple[int, str, str, float]:
+def pull_fingerprint(
+    capsys: pytest.CaptureFixture[str],
+    url: str,
+    storage_option: str,
+    keys: Path,
+    dest: Path,
+    *extra: str,
+) -> tuple[int, str, str, float]:
     """``plancache pull --fingerprint FP`` in this process: exit code, stdout, stderr, seconds."""
     from conftest import FP
     from plancache.cli.main import main
 
     started = time.monotonic()
-    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--fingerprint", FP, "--storage-option", storage_option,
-                 *extra, url, str(dest)])
+    code = main(
+        [
+            "pull",
+            "--trusted-keys",
+            f"{keys}.pub",
+            "--fingerprint",
+            FP,
+            "--storage-option",
+            storage_option,
+            *extra,
+            url,
+            str(dest),
+        ]
+    )
     elapsed = time.monotonic() - started
     out, err = capsys.readouterr()
     return code, out, err, elapsed

@@ -59,13 +59,20 @@ finally:
 OPENMP = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES", "LD_PRELOAD")
 
 
-def _child(pin: set[int], siblings: tuple[set[int] | None, ...] = (), **env: str) -> dict[str, list[int]]:
+def _child(
+    pin: set[int], siblings: tuple[set[int] | None, ...] = (), **env: str
+) -> dict[str, list[int]]:
     """CHILD's affinities, with ``env`` added to its environment only, run by a parent of its
     own whose other children are ``siblings`` (each pinned to its CPUs, or not pinned: None)."""
     clean = {k: v for k, v in os.environ.items() if k not in OPENMP}
     launcher = LAUNCHER.format(siblings=[sorted(c) if c else None for c in siblings])
-    out = subprocess.run([sys.executable, "-c", launcher, CHILD.format(pin=sorted(pin)), json.dumps(env)],
-                         capture_output=True, text=True, env={**clean, "PYTHONPATH": str(SRC)}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", launcher, CHILD.format(pin=sorted(pin)), json.dumps(env)],
+        capture_output=True,
+        text=True,
+        env={**clean, "PYTHONPATH": str(SRC)},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -79,38 +86,52 @@ def _cpus() -> list[int]:
     return cpus
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({"GOMP_CPU_AFFINITY": "0"}, {0}),
-    ({"GOMP_CPU_AFFINITY": "0 1 2"}, {0, 1, 2}),
-    ({"GOMP_CPU_AFFINITY": "0-2 5"}, {0, 1, 2, 5}),
-    ({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[2,3]"}, {2, 3}),
-    ({"KMP_AFFINITY": "granularity=fine,compact"}, set()),
-    ({"OMP_PLACES": "{0,1}"}, {0, 1}),
-    ({"OMP_PLACES": "cores"}, set()),
-    ({}, set()),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"GOMP_CPU_AFFINITY": "0"}, {0}),
+        ({"GOMP_CPU_AFFINITY": "0 1 2"}, {0, 1, 2}),
+        ({"GOMP_CPU_AFFINITY": "0-2 5"}, {0, 1, 2, 5}),
+        ({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[2,3]"}, {2, 3}),
+        ({"KMP_AFFINITY": "granularity=fine,compact"}, set()),
+        ({"OMP_PLACES": "{0,1}"}, {0, 1}),
+        ({"OMP_PLACES": "cores"}, set()),
+        ({}, set()),
+    ],
+)
 def test_omp_cpus_reads_what_vllm_sets(env: dict[str, str], expected: set[int]) -> None:
     assert omp_cpus(env) == expected
 
 
 def test_a_range_typo_is_bounded() -> None:
-    assert max(omp_cpus({"GOMP_CPU_AFFINITY": "0-99999999999999"})) == MAX_CPU  # no 10**14-element set
+    assert (
+        max(omp_cpus({"GOMP_CPU_AFFINITY": "0-99999999999999"})) == MAX_CPU
+    )  # no 10**14-element set
     assert omp_cpus({"GOMP_CPU_AFFINITY": "99999999999999"}) == set()
 
 
 def test_spare_cpus_only_undoes_an_openmp_pin() -> None:
     everything, compute = frozenset({0, 1, 2, 3}), frozenset({0, 1})
     assert spare_cpus(compute, everything, compute) == {2, 3}  # vLLM's pin: move to the rest
-    assert spare_cpus(frozenset({0}), everything, compute) == set()  # not exactly OpenMP's: someone else's pin
+    assert (
+        spare_cpus(frozenset({0}), everything, compute) == set()
+    )  # not exactly OpenMP's: someone else's pin
     assert spare_cpus(everything, everything, compute) == set()  # not pinned (a GPU worker)
-    assert spare_cpus(compute, everything, frozenset()) == set()  # no OpenMP variable: the operator's
-    assert spare_cpus(compute, compute, compute) == set()  # started on vLLM's cores only: nowhere to go
-    assert spare_cpus(compute, everything, compute, lambda: frozenset({2})) == {3}  # rank 1 is pinned to 2
+    assert (
+        spare_cpus(compute, everything, frozenset()) == set()
+    )  # no OpenMP variable: the operator's
+    assert (
+        spare_cpus(compute, compute, compute) == set()
+    )  # started on vLLM's cores only: nowhere to go
+    assert spare_cpus(compute, everything, compute, lambda: frozenset({2})) == {
+        3
+    }  # rank 1 is pinned to 2
 
 
 def test_an_unpinned_thread_asks_nothing_about_its_siblings() -> None:
     """A GPU worker's thread (or an operator's pin) reads no /proc: the siblings are asked for
     only once the thread's CPUs are vLLM's OpenMP pin."""
+
     def never() -> frozenset[int]:
         raise AssertionError("siblings asked for an unpinned thread")
 
@@ -122,7 +143,9 @@ def test_an_unpinned_thread_asks_nothing_about_its_siblings() -> None:
 
 def test_a_fetch_started_from_vllms_pinned_thread_runs_on_the_other_cpus() -> None:
     cpus = _cpus()
-    seen = _child({cpus[0]}, (None,), GOMP_CPU_AFFINITY=str(cpus[0]))  # an unpinned sibling takes no CPU
+    seen = _child(
+        {cpus[0]}, (None,), GOMP_CPU_AFFINITY=str(cpus[0])
+    )  # an unpinned sibling takes no CPU
     assert seen["main"] == [cpus[0]]  # vLLM's thread keeps its core
     assert seen["fetch"] == cpus[1:]
     assert seen["helper"] == cpus[1:]

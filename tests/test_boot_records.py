@@ -23,7 +23,7 @@ from vllm_cpu import cpu_environ
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, logging, os, sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,30 +84,44 @@ worker.use_v2_model_runner = False
 worker._compile_or_warm_up_model = lambda: None
 worker.compile_or_warm_up_model()
 print(json.dumps({"records": records}))
-'''
+"""
 
 
 def test_quarantine_and_a_verified_cache_vllm_did_not_use_are_recorded(tmp_path: Path) -> None:
     key = generate_keypair(tmp_path / "ci", force=False, comment="ci", env={})
     assert key is not None
-    env = {**os.environ, **cpu_environ(tmp_path / "cache"), "PYTHONPATH": str(SRC),
-           "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci.pub"), "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    env = {
+        **os.environ,
+        **cpu_environ(tmp_path / "cache"),
+        "PYTHONPATH": str(SRC),
+        "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci.pub"),
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+    }
     for name in ("PLANCACHE_URL", "PLANCACHE_SIGNING_KEY", "VLLM_FORCE_AOT_LOAD"):
         env.pop(name, None)
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ci")], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "ci")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     logged = json.loads(out.stdout.strip().splitlines()[-1])["records"]
-    (level, line), = [(lvl, msg) for lvl, msg in logged if "boot-record " in msg]
+    ((level, line),) = [(lvl, msg) for lvl, msg in logged if "boot-record " in msg]
     doc = json.loads(line.split("boot-record ", 1)[1])
     files = sorted((tmp_path / "cache" / "plancache" / "boot").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text()) == doc and doc["final"] is True
     quarantined, unused = doc["compile_cache"]
     assert quarantined["decision"] == "quarantined" and quarantined["reason"] == "digest-mismatch"
     assert (unused["decision"], unused["reason"], unused["used"]) == ("load", "verified", False)
-    assert unused["differing_factors"] == [{"input": "code_hash", "signed": "1" * 64, "here": "3" * 64}]
+    assert unused["differing_factors"] == [
+        {"input": "code_hash", "signed": "1" * 64, "here": "3" * 64}
+    ]
     assert level == "WARNING" and doc["warnings"] == [
-        f"compile cache {unused['cache']} was verified but vLLM did not use it (differs in code_hash)"]
+        f"compile cache {unused['cache']} was verified but vLLM did not use it (differs in code_hash)"
+    ]
     assert doc["saved_ms"]["compile"] is None  # nothing was saved: it compiled
 
 
@@ -119,12 +133,12 @@ def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compil
     cache-key factors vLLM wrote for the graph it compiled and how long the compile took; a node
     that loads the cache records that vLLM used it and the time saved."""
     import shutil
+    from datetime import datetime, timezone
 
     from compile_boots import ROOT_NAME, boot, cache_dir
+    from plancache.pipeline.compile_cache.flows import read_sidecar
     from plancache.pipeline.trust_config import worker_policy
     from plancache.trust.compile_cache.manifest import verify_manifest
-    from plancache.pipeline.compile_cache.flows import read_sidecar
-    from datetime import datetime, timezone
 
     (tmp_path / "keys").mkdir()
     generate_keypair(tmp_path / "keys" / "key", force=False, comment="ci", env={})
@@ -136,15 +150,34 @@ def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compil
     directory = cache_dir(build)
     subject = directory.relative_to(build / ROOT_NAME / "torch_compile_cache").as_posix()
     keyring = worker_policy(str(tmp_path / "keys" / "key.pub"), 1).keyring
-    manifest = verify_manifest(subject, read_sidecar(directory), keyring, datetime.now(timezone.utc)).manifest
+    manifest = verify_manifest(
+        subject, read_sidecar(directory), keyring, datetime.now(timezone.utc)
+    ).manifest
     factors = manifest.key_factors
-    assert factors is not None and set(factors) == {"env", "config_hash", "code_hash", "compiler_hash", "hmac_salt"}
-    assert "VLLM_USE_AOT_COMPILE" in factors["env"] and manifest.measurements and manifest.measurements["compile_ms"] > 0
-    shutil.copytree(build / ROOT_NAME / "torch_compile_cache", serve / ROOT_NAME / "torch_compile_cache",
-                    ignore=shutil.ignore_patterns("*.plancache.lock"))
+    assert factors is not None and set(factors) == {
+        "env",
+        "config_hash",
+        "code_hash",
+        "compiler_hash",
+        "hmac_salt",
+    }
+    assert (
+        "VLLM_USE_AOT_COMPILE" in factors["env"]
+        and manifest.measurements
+        and manifest.measurements["compile_ms"] > 0
+    )
+    shutil.copytree(
+        build / ROOT_NAME / "torch_compile_cache",
+        serve / ROOT_NAME / "torch_compile_cache",
+        ignore=shutil.ignore_patterns("*.plancache.lock"),
+    )
     warm = boot(serve)
-    assert warm["counters"]["num_aot_artifacts_loaded"] == 1 and warm["decisions"] == [("load", "verified")]
-    (record,) = [json.loads(p.read_text()) for p in (serve / ROOT_NAME / "plancache" / "boot").glob("*.json")]
+    assert warm["counters"]["num_aot_artifacts_loaded"] == 1 and warm["decisions"] == [
+        ("load", "verified")
+    ]
+    (record,) = [
+        json.loads(p.read_text()) for p in (serve / ROOT_NAME / "plancache" / "boot").glob("*.json")
+    ]
     (entry,) = record["compile_cache"]
     assert (entry["cache"], entry["decision"], entry["used"]) == (subject, "load", True)
     assert record["saved_ms"]["compile"] is not None and record["saved_ms"]["compile"] >= 0

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from plancache.storage.store import open_store
 from store_servers import AWS_ENV, azurite, moto_server  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_storm  # noqa: E402
+import bench_storm
 
 NODES, RANKS = 4, 6
 BUDGET_S = 10.0
@@ -31,7 +32,9 @@ BUDGET_S = 10.0
 
 
 @pytest.fixture(params=["s3", "azure"])
-def throttled(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def throttled(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, Any]]:
     """A store behind the proxy with one baked world of RANKS ranks pushed (plans and set)."""
     from azurite_server import azure_connection_string
 
@@ -40,23 +43,40 @@ def throttled(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytes
             monkeypatch.setenv(k, v)
         server = request.getfixturevalue("moto_server")
         proxy = bench_storm.Proxy("s3", server.port, None)
-        url, options = f"s3://{server.new_bucket()}/fleet", {**server.options, "endpoint_url": proxy.endpoint}
+        url, options = (
+            f"s3://{server.new_bucket()}/fleet",
+            {**server.options, "endpoint_url": proxy.endpoint},
+        )
     else:
         server = request.getfixturevalue("azurite")
         proxy = bench_storm.Proxy("azure", server.port, 1)
-        url, options = f"az://{server.new_container()}/fleet", {"connection_string": azure_connection_string(proxy.endpoint)}
+        url, options = (
+            f"az://{server.new_container()}/fleet",
+            {"connection_string": azure_connection_string(proxy.endpoint)},
+        )
     try:
         proxy.reset(0, 1)
         world, policy = bench_storm.bake(tmp_path, url, options, RANKS, 1)
-        yield {"proxy": proxy, "url": url, "options": options, "world": world, "policy": policy, "work": tmp_path}
+        yield {
+            "proxy": proxy,
+            "url": url,
+            "options": options,
+            "world": world,
+            "policy": policy,
+            "work": tmp_path,
+        }
     finally:
         proxy.stop()
 
 
-def run(env: dict[str, Any], mode: str, rate: float, burst: float, budget: float = 20.0) -> tuple[list[Any], dict[str, Any]]:
+def run(
+    env: dict[str, Any], mode: str, rate: float, burst: float, budget: float = 20.0
+) -> tuple[list[Any], dict[str, Any]]:
     env["proxy"].reset(rate, burst)
     opener = lambda: open_store(env["url"], env["options"], timeout=budget)  # noqa: E731
-    outcomes = bench_storm.storm(opener, env["policy"], env["world"], NODES, 0.5, budget, mode, 1, env["work"])
+    outcomes = bench_storm.storm(
+        opener, env["policy"], env["world"], NODES, 0.5, budget, mode, 1, env["work"]
+    )
     return outcomes, env["proxy"].stats()
 
 
@@ -68,7 +88,9 @@ def test_one_request_per_node_and_two_per_rank_before(throttled: dict[str, Any])
     assert all(o.applied for o in outcomes) and stats["requests"] == NODES * RANKS * 2
 
 
-def test_a_throttled_node_decides_as_one_within_one_requests_tries(throttled: dict[str, Any]) -> None:
+def test_a_throttled_node_decides_as_one_within_one_requests_tries(
+    throttled: dict[str, Any],
+) -> None:
     # one token, refilled every 5 s: one node gets the set at once, the others are throttled
     # for a throttled read's tries, then decide without it. The budget is roomy on purpose:
     # the decisions and requests are the point, and with 3 s a rank starved of CPU beside
@@ -78,7 +100,9 @@ def test_a_throttled_node_decides_as_one_within_one_requests_tries(throttled: di
     for o in outcomes:
         by_node[o.node].add(o.applied)
     assert len(outcomes) == NODES * RANKS
-    seen = "\n".join(map(str, sorted((o.node, o.rank, o.reason, round(o.seconds, 2), o.note) for o in outcomes)))
+    seen = "\n".join(
+        map(str, sorted((o.node, o.rank, o.reason, round(o.seconds, 2), o.note) for o in outcomes))
+    )
     assert all(len(decisions) == 1 for decisions in by_node.values()), seen
     assert any(decisions == {True} for decisions in by_node.values())
     assert stats["throttled"] >= 1
@@ -101,7 +125,9 @@ def test_backoff_is_full_jitter_with_retry_after_as_a_floor_and_never_past_the_d
     assert deadline.retry_after(_Throttled(retry_after="2")) == 2.0
     assert deadline.retry_after(_Throttled(retry_after="Wed, 21 Oct 2026 07:28:00 GMT")) is None
     pauses = [deadline._pause(0, _Throttled()) for _ in range(200)]
-    assert min(pauses) >= 0 and max(pauses) <= 2 * deadline.THROTTLED_BASE and min(pauses) < 0.1  # full jitter
+    assert (
+        min(pauses) >= 0 and max(pauses) <= 2 * deadline.THROTTLED_BASE and min(pauses) < 0.1
+    )  # full jitter
     assert all(deadline._pause(1, _Throttled(retry_after="1")) >= 1.0 for _ in range(20))
 
     calls = []
@@ -111,7 +137,9 @@ def test_backoff_is_full_jitter_with_retry_after_as_a_floor_and_never_past_the_d
         raise _Throttled(retry_after="5")
 
     started = time.monotonic()
-    with pytest.raises(_Throttled):  # Retry-After 5 s with 2 s left: given up at once, no second try
+    with pytest.raises(
+        _Throttled
+    ):  # Retry-After 5 s with 2 s left: given up at once, no second try
         asyncio.run(deadline.with_retries(refused_for_now, started + 2.0))
     assert len(calls) == 1
 
@@ -123,7 +151,9 @@ def test_backoff_is_full_jitter_with_retry_after_as_a_floor_and_never_past_the_d
 
     with pytest.raises(_Throttled):
         asyncio.run(deadline.with_retries(throttled, time.monotonic() + 60))
-    assert len(calls) == deadline.THROTTLED_ATTEMPTS  # a throttled read's tries, then the caller decides
+    assert (
+        len(calls) == deadline.THROTTLED_ATTEMPTS
+    )  # a throttled read's tries, then the caller decides
     deadline.LEGACY_RETRIES = True
     try:
         calls.clear()

@@ -40,12 +40,28 @@ def plans(plan_dir: Path) -> Path:
     return plan_dir
 
 
-def test_sign_then_verify_then_ls(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) -> None:
+def test_sign_then_verify_then_ls(
+    capsys: pytest.CaptureFixture[str], keys: Path, plans: Path
+) -> None:
     trusted = f"--trusted-keys={keys}.pub"
     code, out, err = run(capsys, "verify", trusted, str(plans))
-    assert code == 1 and [line.split()[1] for line in out.splitlines()[1:]] == ["unsigned", "unsigned"]
-    code, out, err = run(capsys, "sign", "--key", str(keys), "--expires-in", "30d", "--comment", "ci run 7",
-                         "--fact", "gpu_memory_utilization=0.9", str(plans))
+    assert code == 1 and [line.split()[1] for line in out.splitlines()[1:]] == [
+        "unsigned",
+        "unsigned",
+    ]
+    code, out, err = run(
+        capsys,
+        "sign",
+        "--key",
+        str(keys),
+        "--expires-in",
+        "30d",
+        "--comment",
+        "ci run 7",
+        "--fact",
+        "gpu_memory_utilization=0.9",
+        str(plans),
+    )
     assert code == 0 and "2 signed" in err
     code, out, err = run(capsys, "sign", "--key", str(keys), str(plans))
     assert code == 0 and "2 already signed" in err
@@ -59,7 +75,9 @@ def test_sign_then_verify_then_ls(capsys: pytest.CaptureFixture[str], keys: Path
     assert code == 0 and "unverified" in out and "unverified" in err
 
 
-def test_verify_reports_each_bad_plan(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) -> None:
+def test_verify_reports_each_bad_plan(
+    capsys: pytest.CaptureFixture[str], keys: Path, plans: Path
+) -> None:
     run(capsys, "sign", "--key", str(keys), str(plans))
     (plans / plan_name(FP)).write_bytes(plan_bytes(kv=30 * GIB))
     code, out, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", str(plans))
@@ -68,7 +86,9 @@ def test_verify_reports_each_bad_plan(capsys: pytest.CaptureFixture[str], keys: 
     assert by_fp[FP]["reason"] == "digest-mismatch" and by_fp[FP2]["status"] == "valid"
 
 
-def test_co_signing_for_a_threshold(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path) -> None:
+def test_co_signing_for_a_threshold(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path
+) -> None:
     run(capsys, "keygen", str(tmp_path / "second"))
     both = tmp_path / "trusted"
     both.write_text((tmp_path / "ci.pub").read_text() + (tmp_path / "second.pub").read_text())
@@ -77,9 +97,13 @@ def test_co_signing_for_a_threshold(capsys: pytest.CaptureFixture[str], tmp_path
     # without trusted keys the second signer cannot check what it would adopt: refused, nothing written
     before = {p.name: p.read_bytes() for p in plans.iterdir()}
     code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), "--json", str(plans))
-    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {"refused (untrusted-key)"}
+    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {
+        "refused (untrusted-key)"
+    }
     assert {p.name: p.read_bytes() for p in plans.iterdir()} == before
-    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub", str(plans))
+    code, _, err = run(
+        capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub", str(plans)
+    )
     assert code == 0 and "2 co-signed" in err
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 0
 
@@ -88,19 +112,49 @@ def test_sign_adopts_nothing_it_was_not_asked_to_sign(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path
 ) -> None:
     run(capsys, "keygen", str(tmp_path / "second"))
-    run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", str(plans))  # no expiry
-    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub",
-                       "--expires-in", "30d", "--json", str(plans))
-    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {"refused (statement-mismatch)"}
-    code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), f"--trusted-keys={keys}.pub",
-                       "--expires-in", "30d", "--replace", "--json", str(plans))
+    run(
+        capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", str(plans)
+    )  # no expiry
+    code, out, _ = run(
+        capsys,
+        "sign",
+        "--key",
+        str(tmp_path / "second"),
+        f"--trusted-keys={keys}.pub",
+        "--expires-in",
+        "30d",
+        "--json",
+        str(plans),
+    )
+    assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {
+        "refused (statement-mismatch)"
+    }
+    code, out, _ = run(
+        capsys,
+        "sign",
+        "--key",
+        str(tmp_path / "second"),
+        f"--trusted-keys={keys}.pub",
+        "--expires-in",
+        "30d",
+        "--replace",
+        "--json",
+        str(plans),
+    )
     assert code == 0 and {p["action"] for p in json.loads(out)["plans"]} == {"replaced"}
-    assert run(capsys, "verify", f"--trusted-keys={keys}.pub", str(plans))[0] == 1  # the first key's signature is gone
+    assert (
+        run(capsys, "verify", f"--trusted-keys={keys}.pub", str(plans))[0] == 1
+    )  # the first key's signature is gone
     assert run(capsys, "verify", f"--trusted-keys={tmp_path / 'second'}.pub", str(plans))[0] == 0
 
 
-def test_sign_refuses_malformed_plans(capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path) -> None:
-    (plan_dir / plan_name(FP)).write_text('{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": true, "free_memory_baseline": 2}' % FP)
+def test_sign_refuses_malformed_plans(
+    capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path
+) -> None:
+    (plan_dir / plan_name(FP)).write_text(
+        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": true, "free_memory_baseline": 2}'
+        % FP
+    )
     code, out, _ = run(capsys, "sign", "--key", str(keys), "--json", str(plan_dir))
     assert code == 1 and json.loads(out)["plans"][0]["action"] == "refused (malformed)"
     assert not (plan_dir / sig_name(FP)).exists()
@@ -108,7 +162,9 @@ def test_sign_refuses_malformed_plans(capsys: pytest.CaptureFixture[str], keys: 
 
 def test_inspect(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) -> None:
     run(capsys, "sign", "--key", str(keys), str(plans))
-    code, out, _ = run(capsys, "inspect", "--json", f"--trusted-keys={keys}.pub", str(plans / sig_name(FP)))
+    code, out, _ = run(
+        capsys, "inspect", "--json", f"--trusted-keys={keys}.pub", str(plans / sig_name(FP))
+    )
     info = json.loads(out)
     assert code == 0 and info["status"] == "valid" and info["statement"]["fingerprint"] == FP
     code, out, _ = run(capsys, "inspect", str(plans / plan_name(FP)))
@@ -125,12 +181,21 @@ def test_inspect(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) ->
         (["inspect", "/tmp/not-a-plan.json"], "is not named"),
     ],
 )
-def test_user_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                        argv: list[str], message: str) -> None:
+def test_user_errors_are_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    message: str,
+) -> None:
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
     monkeypatch.delenv("PLANCACHE_SIGNING_KEY", raising=False)
     code, out, err = run(capsys, *argv)
-    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (
+        code == 2
+        and message in err
+        and len(err.strip().splitlines()) == 1
+        and "Traceback" not in err
+    )
 
 
 def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,15 +204,18 @@ def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 2 and "not a duration" in capsys.readouterr().err
 
 
-def test_environment_supplies_keys(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, keys: Path, plans: Path) -> None:
+def test_environment_supplies_keys(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, keys: Path, plans: Path
+) -> None:
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys))
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", f"{keys}.pub")
     assert run(capsys, "sign", str(plans))[0] == 0
     assert run(capsys, "verify", str(plans))[0] == 0
 
 
-def test_defaults_to_vllm_plan_directory(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                         tmp_path: Path, keys: Path) -> None:
+def test_defaults_to_vllm_plan_directory(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keys: Path
+) -> None:
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
     LocalPlanDir(tmp_path / "cache" / "startup_plan").write(FP, plan_bytes(), None)
     assert run(capsys, "sign", "--key", str(keys))[0] == 0
@@ -155,21 +223,31 @@ def test_defaults_to_vllm_plan_directory(capsys: pytest.CaptureFixture[str], mon
     assert code == 0 and FP in out
 
 
-def test_parallel_verify_matches_serial(capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path) -> None:
+def test_parallel_verify_matches_serial(
+    capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path
+) -> None:
     local = LocalPlanDir(plan_dir)
     fps = [f"{i:016x}" for i in range(300)]
     for fp in fps:
         local.write(fp, plan_bytes(fp=fp), None)
     run(capsys, "sign", "--key", str(keys), str(plan_dir))
     (plan_dir / plan_name(fps[7])).write_bytes(plan_bytes(fp=fps[7], kv=3))
-    serial = json.loads(run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", "--jobs", "1", str(plan_dir))[1])
-    code, out, _ = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", "--jobs", "2", str(plan_dir))
+    serial = json.loads(
+        run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", "--jobs", "1", str(plan_dir))[
+            1
+        ]
+    )
+    code, out, _ = run(
+        capsys, "verify", f"--trusted-keys={keys}.pub", "--json", "--jobs", "2", str(plan_dir)
+    )
     assert code == 1 and json.loads(out) == serial
     assert [p["fingerprint"] for p in serial["plans"] if p["status"] != "valid"] == [fps[7]]
 
 
 def test_console_script_demo_and_help() -> None:
-    exe = shutil.which("plancache", path=os.path.dirname(sys.executable)) or shutil.which("plancache")
+    exe = shutil.which("plancache", path=os.path.dirname(sys.executable)) or shutil.which(
+        "plancache"
+    )
     cmd = [exe] if exe else [sys.executable, "-m", "plancache.cli.main"]
     demo = subprocess.run([*cmd, "demo"], capture_output=True, text=True, timeout=120)
     assert demo.returncode == 0, demo.stderr
@@ -186,18 +264,24 @@ def test_storage_options_come_from_the_environment_and_flags_win(
 
     from plancache.cli.flag_objects import storage_options
 
-    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", '{"anon": false, "config_kwargs": {"read_timeout": 2}}')
+    monkeypatch.setenv(
+        "PLANCACHE_STORAGE_OPTIONS", '{"anon": false, "config_kwargs": {"read_timeout": 2}}'
+    )
     args = argparse.Namespace(storage_option=[("anon", True)])
     assert storage_options(args) == {"anon": True, "config_kwargs": {"read_timeout": 2}}
     monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "endpoint_url=http://127.0.0.1:9 anon=true")
-    assert storage_options(argparse.Namespace(storage_option=None)) == {"endpoint_url": "http://127.0.0.1:9", "anon": True}
+    assert storage_options(argparse.Namespace(storage_option=None)) == {
+        "endpoint_url": "http://127.0.0.1:9",
+        "anon": True,
+    }
     monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "[1, 2]")
     code, _, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "memory://plans")
     assert code == 2 and "PLANCACHE_STORAGE_OPTIONS" in err and len(err.strip().splitlines()) == 1
 
 
-def test_rotating_a_stores_plans_to_a_new_key(capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path,
-                                              plans: Path) -> None:
+def test_rotating_a_stores_plans_to_a_new_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path
+) -> None:
     """Co-sign with the new key, push, then retire the old one: at every step every plan in the
     store verifies under the trusted keys a node has, so no boot has to profile."""
     store = (tmp_path / "bucket").as_uri()
@@ -208,13 +292,19 @@ def test_rotating_a_stores_plans_to_a_new_key(capsys: pytest.CaptureFixture[str]
     assert run(capsys, "push", "--key", str(keys), str(plans), store)[0] == 0
     trusted.write_text(f"{old_line}\n{new_line}\n")  # 1. both keys trusted
     assert run(capsys, "verify", f"--trusted-keys={trusted}", store)[0] == 0
-    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "new"), f"--trusted-keys={trusted}", str(plans))
+    code, _, err = run(
+        capsys, "sign", "--key", str(tmp_path / "new"), f"--trusted-keys={trusted}", str(plans)
+    )
     assert code == 0 and "2 co-signed" in err  # 2. co-sign and push
     assert run(capsys, "push", str(plans), store)[0] == 0
-    trusted.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n{new_line}\n")  # 3. retire the old key
+    trusted.write_text(
+        f"valid-before=2000-01-01T00:00:00Z {old_line}\n{new_line}\n"
+    )  # 3. retire the old key
     code, out, _ = run(capsys, "verify", f"--trusted-keys={trusted}", "--json", store)
     assert code == 0 and {tuple(p["signers"]) for p in json.loads(out)["plans"]} == {("new",)}
     only_old = tmp_path / "only-old"
-    only_old.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n")  # the old key alone vouches for nothing
+    only_old.write_text(
+        f"valid-before=2000-01-01T00:00:00Z {old_line}\n"
+    )  # the old key alone vouches for nothing
     code, out, _ = run(capsys, "verify", f"--trusted-keys={only_old}", "--json", store)
     assert code == 1 and {p["reason"] for p in json.loads(out)["plans"]} == {"expired"}

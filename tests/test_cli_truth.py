@@ -47,7 +47,9 @@ def _cli(*argv: str, closed_stdout: bool = False) -> tuple[int, str]:
     """The CLI in its own process; with ``closed_stdout`` its reader is gone before it writes."""
     code = "import sys; from plancache.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = dict(os.environ, PYTHONPATH=SRC)
-    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     assert proc.stdout is not None and proc.stderr is not None
     if closed_stdout:
         proc.stdout.close()  # as `| head -0` would: every write of the command meets a closed pipe
@@ -58,15 +60,23 @@ def _cli(*argv: str, closed_stdout: bool = False) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
-def test_a_closed_pipe_never_turns_a_failed_audit_into_success(audit: dict[str, str], json_flag: list[str]) -> None:
+def test_a_closed_pipe_never_turns_a_failed_audit_into_success(
+    audit: dict[str, str], json_flag: list[str]
+) -> None:
     _alter(audit)
-    code, err = _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"], closed_stdout=True)
+    code, err = _cli(
+        "verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"], closed_stdout=True
+    )
     assert code == 1, err
-    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, (
+        err
+    )
     code, err = _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"])
     assert code == 1
     (Path(audit["dir"]) / plan_name(FP)).write_bytes(plan_bytes())  # put the plan back: all valid
-    code, err = _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"], closed_stdout=True)
+    code, err = _cli(
+        "verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"], closed_stdout=True
+    )
     assert code == 0, err
 
 
@@ -78,7 +88,9 @@ def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
     audit: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     report = Path(audit["tmp"]) / "audit.json"
-    assert main(["verify", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]]) == 0
+    assert (
+        main(["verify", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]]) == 0
+    )
     assert _report(report)["ok"] is True
     capsys.readouterr()
 
@@ -86,13 +98,17 @@ def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
         raise RuntimeError("a bug in the audit")
 
     monkeypatch.setattr("plancache.cli.plans.offline.audit_plans", bug)
-    code = main(["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]])
+    code = main(
+        ["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and json.loads(out)["error"]["reason"] == "internal-error"
     after = _report(report)
     assert after["ok"] is False and after["error"]["reason"] == "internal-error", after
     assert "RuntimeError" in after["error"]["detail"]
-    assert [p.name for p in report.parent.iterdir() if p.name.startswith(".audit.json")] == []  # no temporaries
+    assert [
+        p.name for p in report.parent.iterdir() if p.name.startswith(".audit.json")
+    ] == []  # no temporaries
 
 
 @pytest.mark.parametrize("kind", ["char-device", "fifo", "directory", "symlink"])
@@ -112,12 +128,18 @@ def test_the_report_never_replaces_what_is_not_a_regular_file(
         (Path(audit["tmp"]) / "elsewhere").write_text("keep me\n")
         target.symlink_to(Path(audit["tmp"]) / "elsewhere")
     before = os.lstat(target)
-    code = main(["verify", "--json", "--report", str(target), "--trusted-keys", audit["pub"], audit["dir"]])
+    code = main(
+        ["verify", "--json", "--report", str(target), "--trusted-keys", audit["pub"], audit["dir"]]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and json.loads(out)["error"]["reason"] == "config-error", out
     assert "not a regular file" in err and len(err.strip().splitlines()) == 1
     after = os.lstat(target)
-    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        before.st_mode,
+        before.st_ino,
+        before.st_rdev,
+    )
     if kind == "symlink":
         assert (Path(audit["tmp"]) / "elsewhere").read_text() == "keep me\n"
 
@@ -125,23 +147,32 @@ def test_the_report_never_replaces_what_is_not_a_regular_file(
 DEEP = "anon=" + "[" * 1000
 
 
-@pytest.mark.parametrize("argv", [
-    ["ls", "--storage-option", DEEP, "file:///tmp"],
-    ["verify", "--storage-option", DEEP, "file:///tmp"],
-    ["pull", "--storage-option", DEEP, "file:///tmp"],
-    ["push", "--storage-option", DEEP, ".", "file:///tmp"],
-    ["prune", "--older-than", "1d", "--storage-option", DEEP, "file:///tmp"],
-    ["compile-cache", "pull", "--storage-option", DEEP, "file:///tmp"],
-    ["sign", "--fact", "x=" + "{\"a\":" * 1000, "."],
-    ["ls", "--storage-option", "no-equals-sign-secret-AKIAEXAMPLE", "file:///tmp"],
-    ["verify", "--jobs", "many", "."],
-    ["verify", "--no-such-flag"],
-    ["no-such-command"],
-])
-def test_every_argument_error_is_one_line_and_one_report(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ls", "--storage-option", DEEP, "file:///tmp"],
+        ["verify", "--storage-option", DEEP, "file:///tmp"],
+        ["pull", "--storage-option", DEEP, "file:///tmp"],
+        ["push", "--storage-option", DEEP, ".", "file:///tmp"],
+        ["prune", "--older-than", "1d", "--storage-option", DEEP, "file:///tmp"],
+        ["compile-cache", "pull", "--storage-option", DEEP, "file:///tmp"],
+        ["sign", "--fact", "x=" + '{"a":' * 1000, "."],
+        ["ls", "--storage-option", "no-equals-sign-secret-AKIAEXAMPLE", "file:///tmp"],
+        ["verify", "--jobs", "many", "."],
+        ["verify", "--no-such-flag"],
+        ["no-such-command"],
+    ],
+)
+def test_every_argument_error_is_one_line_and_one_report(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     for flags in ([], ["--json"]):
         with pytest.raises(SystemExit) as info:
-            main(argv[:1] + flags + argv[1:] if argv[0] != "compile-cache" else argv[:2] + flags + argv[2:])
+            main(
+                argv[:1] + flags + argv[1:]
+                if argv[0] != "compile-cache"
+                else argv[:2] + flags + argv[2:]
+            )
         out, err = capsys.readouterr()
         assert info.value.code == 2
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -158,28 +189,55 @@ def test_a_native_library_never_writes_before_the_report(audit: dict[str, str]) 
     pytest.importorskip("PyKCS11")
     key = "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=1234"
     code = "import sys; from plancache.cli.main import main; sys.exit(main())"  # as the console script runs it
-    done = subprocess.run([sys.executable, "-c", code, "sign", "--json", "--key", key, audit["dir"]],
-                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=SRC))
+    done = subprocess.run(
+        [sys.executable, "-c", code, "sign", "--json", "--key", key, audit["dir"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=SRC),
+    )
     assert done.returncode == 2
     doc = json.loads(done.stdout)  # exactly one document, nothing before it
     assert doc["error"]["reason"] == "config-error" and "PKCS#11 module" in doc["error"]["detail"]
     assert "nonexistent" in done.stderr  # the library's own words went to stderr
 
 
-@pytest.mark.parametrize("blocked, argv, extra", [
-    ("PyKCS11", ["sign", "--key", "pkcs11:token=ci;object=signer?module-path=/x.so&pin-value=1", "{dir}"], "pkcs11"),
-    ("s3fs", ["ls", "s3://bucket/plans"], "s3"),
-    ("gcsfs", ["ls", "gs://bucket/plans"], "gcs"),
-    ("adlfs", ["ls", "az://container/plans"], "azure"),
-    ("boto3", ["sign", "--key", "awskms://alias/ci", "{dir}"], "awskms"),
-])
-def test_a_missing_optional_dependency_names_the_extra(audit: dict[str, str], blocked: str, argv: list[str],
-                                                       extra: str) -> None:
+@pytest.mark.parametrize(
+    "blocked, argv, extra",
+    [
+        (
+            "PyKCS11",
+            [
+                "sign",
+                "--key",
+                "pkcs11:token=ci;object=signer?module-path=/x.so&pin-value=1",
+                "{dir}",
+            ],
+            "pkcs11",
+        ),
+        ("s3fs", ["ls", "s3://bucket/plans"], "s3"),
+        ("gcsfs", ["ls", "gs://bucket/plans"], "gcs"),
+        ("adlfs", ["ls", "az://container/plans"], "azure"),
+        ("boto3", ["sign", "--key", "awskms://alias/ci", "{dir}"], "awskms"),
+    ],
+)
+def test_a_missing_optional_dependency_names_the_extra(
+    audit: dict[str, str], blocked: str, argv: list[str], extra: str
+) -> None:
     """As on a machine where that extra was never installed (the import fails)."""
-    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
-            "from plancache.cli.main import main; sys.exit(main(sys.argv[1:]))")
-    done = subprocess.run([sys.executable, "-c", code, argv[0], "--json", *[a.format(**audit) for a in argv[1:]]],
-                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=SRC))
+    code = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        "from plancache.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, argv[0], "--json", *[a.format(**audit) for a in argv[1:]]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=SRC),
+    )
     doc = json.loads(done.stdout)
     assert done.returncode == 2 and doc["error"]["reason"] == "config-error", doc
-    assert f"plancache[{extra}]" in doc["error"]["detail"] and "internal" not in done.stderr, done.stderr
+    assert f"plancache[{extra}]" in doc["error"]["detail"] and "internal" not in done.stderr, (
+        done.stderr
+    )

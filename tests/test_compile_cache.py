@@ -15,8 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import NOW, keyring_of, make_signer
 
+from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
@@ -63,41 +63,67 @@ def test_signed_cache_verifies_and_binds_every_file(signed: cc.CacheRoot) -> Non
     assert outcome.action == "verified" and outcome.files == 4
     sig = cachedir.sidecar_path(signed.directory(SUBJECT)).read_bytes()
     m = mf.verify_manifest(SUBJECT, sig, KEYRING, NOW).manifest
-    assert [f.path for f in m.files] == ["inductor_cache/aotautograd/akey/entry", "inductor_cache/bn/cbn.py",
-                                         "inductor_cache/locks/cbn.lock", "rank_0_0/model"]
+    assert [f.path for f in m.files] == [
+        "inductor_cache/aotautograd/akey/entry",
+        "inductor_cache/bn/cbn.py",
+        "inductor_cache/locks/cbn.lock",
+        "rank_0_0/model",
+    ]
     assert "inductor_cache/aotautograd/akey" in m.dirs
 
 
-@pytest.mark.parametrize("tamper, reason", [
-    (lambda d: (d / "inductor_cache" / "triton").mkdir(), "digest-mismatch"),
-    (lambda d: (d / "inductor_cache" / "aotautograd" / "akey" / "zz").write_bytes(b"x"), "digest-mismatch"),
-    (lambda d: (d / "inductor_cache" / "fxgraph").mkdir(), "digest-mismatch"),
-    (lambda d: (d / "inductor_cache" / "bn" / "cbn.py").write_text("x = 2\n"), "digest-mismatch"),
-    (lambda d: (d / "rank_0_0" / "model").unlink(), "digest-mismatch"),
-    (lambda d: os.mkfifo(d / "inductor_cache" / "bn" / "fifo"), "malformed"),
-    (lambda d: (d / "inductor_cache" / "bn" / "link").symlink_to("/etc/passwd"), "malformed"),
-    (lambda d: cachedir.sidecar_path(d).unlink(), "unsigned"),
-    (lambda d: cachedir.sidecar_path(d).write_bytes(cachedir.sidecar_path(d).read_bytes().replace(b'"sig":"', b'"sig":"A', 1)),
-     "malformed"),
-])
+@pytest.mark.parametrize(
+    "tamper, reason",
+    [
+        (lambda d: (d / "inductor_cache" / "triton").mkdir(), "digest-mismatch"),
+        (
+            lambda d: (d / "inductor_cache" / "aotautograd" / "akey" / "zz").write_bytes(b"x"),
+            "digest-mismatch",
+        ),
+        (lambda d: (d / "inductor_cache" / "fxgraph").mkdir(), "digest-mismatch"),
+        (
+            lambda d: (d / "inductor_cache" / "bn" / "cbn.py").write_text("x = 2\n"),
+            "digest-mismatch",
+        ),
+        (lambda d: (d / "rank_0_0" / "model").unlink(), "digest-mismatch"),
+        (lambda d: os.mkfifo(d / "inductor_cache" / "bn" / "fifo"), "malformed"),
+        (lambda d: (d / "inductor_cache" / "bn" / "link").symlink_to("/etc/passwd"), "malformed"),
+        (lambda d: cachedir.sidecar_path(d).unlink(), "unsigned"),
+        (
+            lambda d: cachedir.sidecar_path(d).write_bytes(
+                cachedir.sidecar_path(d).read_bytes().replace(b'"sig":"', b'"sig":"A', 1)
+            ),
+            "malformed",
+        ),
+    ],
+)
 def test_guard_quarantines_every_deviation(signed: cc.CacheRoot, tamper, reason: str) -> None:  # type: ignore[no-untyped-def]
     directory = signed.directory(SUBJECT)
     tamper(directory)
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
     assert (outcome.action, outcome.reason) == ("quarantined", reason), outcome
     assert not directory.exists() and not cachedir.sidecar_path(directory).exists()
-    assert Path(outcome.quarantined_to).parent == signed.quarantine_root and Path(outcome.quarantined_to).is_dir()
+    assert (
+        Path(outcome.quarantined_to).parent == signed.quarantine_root
+        and Path(outcome.quarantined_to).is_dir()
+    )
 
 
-def test_guard_accepts_verified_and_leaves_an_empty_cache_alone(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_guard_accepts_verified_and_leaves_an_empty_cache_alone(
+    signed: cc.CacheRoot, tmp_path: Path
+) -> None:
     assert cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed)).action == "load"
     empty = cc.CacheRoot(tmp_path / "empty")
-    (empty.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)  # what vLLM creates before it looks
+    (empty.directory(SUBJECT) / "inductor_cache").mkdir(
+        parents=True
+    )  # what vLLM creates before it looks
     assert cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty)).reason == "no-cache"
 
 
 def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: cc.CacheRoot) -> None:
-    assert cc.verify_cache(signed, SUBJECT, keyring_of(make_signer()), NOW).reason == "untrusted-key"
+    assert (
+        cc.verify_cache(signed, SUBJECT, keyring_of(make_signer()), NOW).reason == "untrusted-key"
+    )
     sig = cachedir.sidecar_path(signed.directory(SUBJECT)).read_bytes()
     with pytest.raises(Rejected) as info:
         mf.verify_manifest("torch_aot_compile/" + "cd" * 32, sig, KEYRING, NOW)
@@ -109,7 +135,9 @@ def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: cc.CacheRoo
     assert (outcome.action, outcome.reason) == ("quarantined", "config-error")
 
 
-@pytest.mark.parametrize("path", ["../x", "/abs", "a/../b", "a//b", ".hidden", "a\\b", "a/\x00", ""])
+@pytest.mark.parametrize(
+    "path", ["../x", "/abs", "a/../b", "a//b", ".hidden", "a\\b", "a/\x00", ""]
+)
 def test_manifest_paths_are_plain_relative_names(path: str) -> None:
     with pytest.raises(Rejected):
         mf.check_relpath(path)
@@ -119,7 +147,11 @@ def test_manifest_needs_listed_parents_and_sorted_entries() -> None:
     entry = mf.FileEntry("a/b", 1, "0" * 64)
     base = mf.Manifest(SUBJECT, (entry,), ("a",), "0" * 64, 10, NOW)
     mf.check_manifest(base)
-    for bad in (replace(base, dirs=()), replace(base, files=(entry, entry)), replace(base, subject="x" * 64)):
+    for bad in (
+        replace(base, dirs=()),
+        replace(base, files=(entry, entry)),
+        replace(base, subject="x" * 64),
+    ):
         with pytest.raises(Rejected):
             mf.check_manifest(bad)
 
@@ -143,23 +175,28 @@ def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def _member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", target: str = "") -> tuple[tarfile.TarInfo, bytes]:
+def _member(
+    name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", target: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.type, info.size, info.linkname = kind, len(data) if kind == tarfile.REGTYPE else 0, target
     return info, data
 
 
-@pytest.mark.parametrize("members", [
-    [_member("a", tarfile.SYMTYPE, target="/etc/passwd")],
-    [_member("a", tarfile.LNKTYPE, target="/etc/passwd")],
-    [_member("../a")],
-    [_member("/tmp/a")],
-    [_member("a", tarfile.CHRTYPE)],
-    [_member("a", tarfile.FIFOTYPE)],
-    [_member("a", data=b"xx")],
-    [_member("a"), _member("b")],
-    [],
-])
+@pytest.mark.parametrize(
+    "members",
+    [
+        [_member("a", tarfile.SYMTYPE, target="/etc/passwd")],
+        [_member("a", tarfile.LNKTYPE, target="/etc/passwd")],
+        [_member("../a")],
+        [_member("/tmp/a")],
+        [_member("a", tarfile.CHRTYPE)],
+        [_member("a", tarfile.FIFOTYPE)],
+        [_member("a", data=b"xx")],
+        [_member("a"), _member("b")],
+        [],
+    ],
+)
 def test_extraction_takes_only_the_signed_regular_files(tmp_path: Path, members: list) -> None:  # type: ignore[type-arg]
     manifest = mf.Manifest(SUBJECT, (mf.FileEntry("a", 1, "0" * 64),), (), "0" * 64, 1, NOW)
     with pytest.raises(Rejected):
@@ -180,18 +217,23 @@ def test_push_pull_round_trip_and_a_tampered_archive(signed: cc.CacheRoot, tmp_p
     other = cc.CacheRoot(tmp_path / "other")
     with pytest.raises(Rejected) as info:
         cc.pull_cache(store, other, SUBJECT, KEYRING, NOW)
-    assert info.value.reason is Reason.DIGEST_MISMATCH and not other.compile_root.exists() or not any(
-        other.compile_root.rglob("*.py"))
+    assert (
+        info.value.reason is Reason.DIGEST_MISMATCH and not other.compile_root.exists()
+    ) or not any(other.compile_root.rglob("*.py"))
     with pytest.raises(Rejected) as info:
         cc.pull_cache(store, other, SUBJECT, keyring_of(make_signer()), NOW)
     assert info.value.reason is Reason.UNTRUSTED_KEY
 
 
-def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(
+    signed: cc.CacheRoot, tmp_path: Path
+) -> None:
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
     empty, stray = cc.CacheRoot(tmp_path / "empty"), cc.CacheRoot(tmp_path / "stray")
-    (empty.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)  # what vLLM creates before its first read
+    (empty.directory(SUBJECT) / "inductor_cache").mkdir(
+        parents=True
+    )  # what vLLM creates before its first read
     (stray.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)
     (stray.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
     for root in (empty, stray):
@@ -201,16 +243,46 @@ def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(s
     assert [p.name.endswith("-replaced-by-pull") for p in stray.quarantine_root.iterdir()] == [True]
 
 
-def test_cli_sign_verify_ls_json_and_exit_codes(root: cc.CacheRoot, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_sign_verify_ls_json_and_exit_codes(
+    root: cc.CacheRoot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["keygen", str(tmp_path / "k")]) == 0
     capsys.readouterr()
-    assert main(["compile-cache", "verify", "--json", "--trusted-keys", str(tmp_path / "k.pub"), str(root.root)]) == 1
+    assert (
+        main(
+            [
+                "compile-cache",
+                "verify",
+                "--json",
+                "--trusted-keys",
+                str(tmp_path / "k.pub"),
+                str(root.root),
+            ]
+        )
+        == 1
+    )
     assert json.loads(capsys.readouterr().out)["caches"][0]["reason"] == "unsigned"
-    assert main(["compile-cache", "sign", "--json", "--key", str(tmp_path / "k"), str(root.root)]) == 0
+    assert (
+        main(["compile-cache", "sign", "--json", "--key", str(tmp_path / "k"), str(root.root)]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["caches"][0]["action"] == "signed"
-    assert main(["compile-cache", "verify", "--json", "--trusted-keys", str(tmp_path / "k.pub"), str(root.root)]) == 0
+    assert (
+        main(
+            [
+                "compile-cache",
+                "verify",
+                "--json",
+                "--trusted-keys",
+                str(tmp_path / "k.pub"),
+                str(root.root),
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["caches"][0]["files"] == 4
     assert main(["compile-cache", "ls", "--json", str(root.root)]) == 0
     assert json.loads(capsys.readouterr().out)["caches"][0]["action"] == "unverified"
-    assert main(["compile-cache", "verify", str(root.root)]) == 2  # no trusted keys: one line, exit 2
+    assert (
+        main(["compile-cache", "verify", str(root.root)]) == 2
+    )  # no trusted keys: one line, exit 2
     assert "no trusted keys" in capsys.readouterr().err

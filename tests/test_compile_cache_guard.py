@@ -14,28 +14,34 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from conftest import NOW
-from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
 
+from conftest import NOW
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
-from plancache.storage.compile_cache import archives, boot_dirs, cachedir, private_copy
+from plancache.storage.compile_cache import archives, boot_dirs, cachedir
 from plancache.storage.local.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError
 from plancache.vllm_plugin.compile_cache import publish as compile_publish
+from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
-def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(
+    signed: cc.CacheRoot, tmp_path: Path
+) -> None:
     directory = signed.directory(SUBJECT)
     model = directory / "rank_0_0" / "model"
     outside = tmp_path / "outside"
@@ -47,14 +53,18 @@ def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(signed: cc
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy)
     assert outcome.action == "load" and _files(copy) == before
     assert os.stat(copy).st_mode & 0o777 == 0o700
-    assert all(os.stat(p).st_nlink == 1 for p in copy.rglob("*") if p.is_file())  # nothing shared with the original
+    assert all(
+        os.stat(p).st_nlink == 1 for p in copy.rglob("*") if p.is_file()
+    )  # nothing shared with the original
     with open(outside, "r+b") as f:  # the owner rewrites the shared inode after the check
         f.write(b"PAYLOAD")
     assert _files(copy) == before and _files(directory) != before
     assert cc.verify_cache(signed, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
 
 
-def test_a_file_changed_at_the_same_size_is_quarantined_and_nothing_is_handed_over(signed: cc.CacheRoot) -> None:
+def test_a_file_changed_at_the_same_size_is_quarantined_and_nothing_is_handed_over(
+    signed: cc.CacheRoot,
+) -> None:
     model = signed.directory(SUBJECT) / "rank_0_0" / "model"
     data = model.read_bytes()
     model.unlink()
@@ -78,12 +88,16 @@ def test_vllms_debug_directory_alone_is_no_cache(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def tmpfs(root: cc.CacheRoot) -> Iterator[Path]:  # noqa: F811
+def tmpfs(root: cc.CacheRoot) -> Iterator[Path]:
     """``root``'s ``torch_compile_cache/`` moved onto a tmpfs of its own."""
     mount = root.compile_root
     os.rename(mount, mount.with_name("on-disk"))
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
     try:
@@ -93,24 +107,38 @@ def tmpfs(root: cc.CacheRoot) -> Iterator[Path]:  # noqa: F811
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_quarantine_stays_on_a_cache_volume_of_its_own(root: cc.CacheRoot, tmpfs: Path) -> None:  # noqa: F811
+def test_quarantine_stays_on_a_cache_volume_of_its_own(root: cc.CacheRoot, tmpfs: Path) -> None:
     assert cc.sign_cache(root, SUBJECT, SIGNER, NOW).action == "signed"
     (root.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
     outcome = cl.guard(root, SUBJECT, KEYRING, NOW, into(root))
     assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch")
-    assert Path(outcome.quarantined_to).parent == tmpfs / "torch_aot_compile" / "plancache-quarantine"
-    assert os.stat(outcome.quarantined_to).st_dev == os.stat(tmpfs).st_dev and not root.quarantine_root.exists()
+    assert (
+        Path(outcome.quarantined_to).parent == tmpfs / "torch_aot_compile" / "plancache-quarantine"
+    )
+    assert (
+        os.stat(outcome.quarantined_to).st_dev == os.stat(tmpfs).st_dev
+        and not root.quarantine_root.exists()
+    )
 
 
-def test_a_cache_that_cannot_be_moved_aside_is_not_loaded_and_the_boot_goes_on(signed: cc.CacheRoot) -> None:
+def test_a_cache_that_cannot_be_moved_aside_is_not_loaded_and_the_boot_goes_on(
+    signed: cc.CacheRoot,
+) -> None:
     directory = signed.directory(SUBJECT)
     (directory / "inductor_cache" / "planted.py").write_text("x = 1\n")
     signed.quarantine_root.write_text("not a directory")
     (directory.parent / "plancache-quarantine").write_text("not a directory either")
     copy = into(signed)
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy)
-    assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch") and not outcome.quarantined_to
-    assert "not moved aside, not loaded" in outcome.detail and list(copy.iterdir()) == [] and directory.exists()
+    assert (outcome.action, outcome.reason) == (
+        "quarantined",
+        "digest-mismatch",
+    ) and not outcome.quarantined_to
+    assert (
+        "not moved aside, not loaded" in outcome.detail
+        and list(copy.iterdir()) == []
+        and directory.exists()
+    )
 
 
 def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -> None:
@@ -123,7 +151,9 @@ def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -
     sidecar.symlink_to(victim)  # the sidecar's name: replaced by the rename, never written through
     assert cc.sign_cache(signed, SUBJECT, SIGNER, NOW).action == "signed"
     assert not sidecar.is_symlink() and victim.read_bytes() == b"victim"
-    signed.quarantine_root.symlink_to(outside)  # the quarantine root: not followed, beside it instead
+    signed.quarantine_root.symlink_to(
+        outside
+    )  # the quarantine root: not followed, beside it instead
     (directory / "inductor_cache" / "planted.py").write_text("x = 1\n")
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
     assert outcome.action == "quarantined" and list(outside.iterdir()) == []
@@ -132,7 +162,10 @@ def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -
     lock.unlink()
     lock.symlink_to(victim)  # the lock: refused, so nothing is verified, loaded or signed
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
-    assert (outcome.action, outcome.reason) == ("compile", "store-error") and victim.read_bytes() == b"victim"
+    assert (outcome.action, outcome.reason) == (
+        "compile",
+        "store-error",
+    ) and victim.read_bytes() == b"victim"
     with pytest.raises(StoreError):
         cc.sign_cache(signed, SUBJECT, SIGNER, NOW)
     (tmp_path / "plans").symlink_to(outside)  # write_atomic: a linked directory is refused
@@ -141,7 +174,10 @@ def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -
     assert boot_dirs.new_boot_dir(tmp_path / "linked-root").path.parent.name == "plancache-private"
     (tmp_path / "root2").mkdir()
     (tmp_path / "root2" / "plancache-private").symlink_to(outside)
-    assert not str(boot_dirs.new_boot_dir(tmp_path / "root2").path).startswith(str(outside)) and list(outside.iterdir()) == []
+    assert (
+        not str(boot_dirs.new_boot_dir(tmp_path / "root2").path).startswith(str(outside))
+        and list(outside.iterdir()) == []
+    )
 
 
 def test_pull_writes_its_sidecar_through_no_link(signed: cc.CacheRoot, tmp_path: Path) -> None:
@@ -165,7 +201,9 @@ def test_a_lock_held_beyond_the_budget_compiles_instead(signed: cc.CacheRoot) ->
         fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a second description conflicts, as a peer's does
+                fcntl.flock(
+                    fd, fcntl.LOCK_EX | fcntl.LOCK_NB
+                )  # a second description conflicts, as a peer's does
         finally:
             os.close(fd)
         outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed), wait=0.2)
@@ -179,7 +217,9 @@ def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_p
     (older.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (older.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"an older compile")
     cc.sign_cache(older, SUBJECT, SIGNER, NOW - timedelta(days=3), expires_in=timedelta(days=30))
-    cc.push_cache(store, older, SUBJECT, KEYRING, NOW)  # a bucket writer puts the older signed cache back
+    cc.push_cache(
+        store, older, SUBJECT, KEYRING, NOW
+    )  # a bucket writer puts the older signed cache back
     before = _files(signed.directory(SUBJECT))
     outcome = cc.pull_cache(store, signed, SUBJECT, KEYRING, NOW)
     assert outcome.action == "kept" and "not replaced by an older one" in outcome.detail
@@ -188,7 +228,9 @@ def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_p
     older_copy = cc.pull_cache(store, newer, SUBJECT, KEYRING, NOW)
     assert older_copy.action == "pulled"
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
-    assert cc.pull_cache(store, newer, SUBJECT, KEYRING, NOW + timedelta(hours=1)).action == "pulled"
+    assert (
+        cc.pull_cache(store, newer, SUBJECT, KEYRING, NOW + timedelta(hours=1)).action == "pulled"
+    )
 
 
 def test_a_rejected_store_object_has_its_own_reason(signed: cc.CacheRoot, tmp_path: Path) -> None:
@@ -197,16 +239,26 @@ def test_a_rejected_store_object_has_its_own_reason(signed: cc.CacheRoot, tmp_pa
     archive = tmp_path / "store" / archives.archive_name(SUBJECT)
     archive.write_bytes(archive.read_bytes().replace(b"x = 1", b"x = 9"))
     empty = cc.CacheRoot(tmp_path / "empty")
-    outcome = cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (store, time.monotonic() + 30))
-    assert (outcome.action, outcome.reason) == ("compile", "store-rejected") and "digest-mismatch" in outcome.detail
+    outcome = cl.guard(
+        empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (store, time.monotonic() + 30)
+    )
+    assert (outcome.action, outcome.reason) == (
+        "compile",
+        "store-rejected",
+    ) and "digest-mismatch" in outcome.detail
     nothing = open_store(f"file://{tmp_path}/nothing")
     (tmp_path / "nothing").mkdir()
-    outcome = cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (nothing, time.monotonic() + 30))
+    outcome = cl.guard(
+        empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (nothing, time.monotonic() + 30)
+    )
     assert (outcome.action, outcome.reason) == ("compile", "no-cache")
 
 
 def test_the_plugins_expiry_setting_parses_as_expires_in() -> None:
     assert compile_publish._expiry("30d") == (timedelta(days=30), "")
-    assert compile_publish._expiry(None) == (None, "")  # unset: no expiry; set but empty: tests/test_small_robustness.py
+    assert compile_publish._expiry(None) == (
+        None,
+        "",
+    )  # unset: no expiry; set but empty: tests/test_small_robustness.py
     value, problem = compile_publish._expiry("soon")
     assert value is None and problem.startswith("PLANCACHE_COMPILE_CACHE_EXPIRES_IN:")

@@ -18,9 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import NOW
-from test_compile_headers import ARCHIVE, KEYRING, NAME, SIGNER, SUBJECT, build, header_bytes, leftovers, node, pull  # noqa: F401
 
+from conftest import NOW
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import header_shipping as ch
@@ -32,6 +31,18 @@ from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.errors import Reason, Rejected
 from plancache.trust.statement import format_time, render_statement
 from plancache.vllm_plugin.compile_cache import boot_headers as plugin_headers
+from test_compile_headers import (
+    ARCHIVE,
+    KEYRING,
+    NAME,
+    SIGNER,
+    SUBJECT,
+    build,  # noqa: F401  (a fixture, named as a parameter)
+    header_bytes,
+    leftovers,
+    node,
+    pull,
+)
 
 OTHER = "cd" * 32
 """The archive sha256 of another signature of the same cache (a newer build, or an older one)."""
@@ -49,42 +60,74 @@ def _cli_pull(tmp_path: Path, into: Path, capsys: pytest.CaptureFixture[str]) ->
 
     (tmp_path / "k.pub").write_text(openssh_line(SIGNER.public, "builder") + "\n")
     capsys.readouterr()
-    assert main(["compile-cache", "pull", "--json", "--trusted-keys", str(tmp_path / "k.pub"), f"file://{tmp_path}/store",
-                 str(into)]) == 0
+    assert (
+        main(
+            [
+                "compile-cache",
+                "pull",
+                "--json",
+                "--trusted-keys",
+                str(tmp_path / "k.pub"),
+                f"file://{tmp_path}/store",
+                str(into),
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)["caches"][0]  # type: ignore[no-any-return]
 
 
-def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(build: tuple[Path, Path], tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(
+    build: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     built, store = cc.CacheRoot(build[0]), open_store(f"file://{tmp_path}/store")
-    older = _cache(built, b"cache A", NOW - timedelta(days=1))  # the store's cache and the header made beside it
+    older = _cache(
+        built, b"cache A", NOW - timedelta(days=1)
+    )  # the store's cache and the header made beside it
     cc.push_cache(store, built, SUBJECT, KEYRING, NOW - timedelta(days=1))
-    ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW - timedelta(days=1), cache_archive_sha256=older)
+    ch.push_headers(
+        store, SUBJECT, *build, [NAME], SIGNER, NOW - timedelta(days=1), cache_archive_sha256=older
+    )
     serving = cc.CacheRoot(tmp_path / "serving")
     newer = _cache(serving, b"cache B", NOW)  # this node's own, signed later: kept
     assert newer != older
     row = _cli_pull(tmp_path, serving.root, capsys)
     assert row["action"] == "kept" and "headers: rejected (statement-mismatch" in row["detail"], row
-    assert leftovers(serving.root / "plancache-private" / "headers") == []  # old code: the older header installed
-    fresh = _cli_pull(tmp_path, tmp_path / "fresh", capsys)  # a node that pulls cache A gets A's header
+    assert (
+        leftovers(serving.root / "plancache-private" / "headers") == []
+    )  # old code: the older header installed
+    fresh = _cli_pull(
+        tmp_path, tmp_path / "fresh", capsys
+    )  # a node that pulls cache A gets A's header
     assert fresh["action"] == "pulled" and "headers: installed 1" in fresh["detail"], fresh
-    assert (tmp_path / "fresh" / "plancache-private" / "headers" / NAME).read_bytes() == header_bytes()
+    assert (
+        tmp_path / "fresh" / "plancache-private" / "headers" / NAME
+    ).read_bytes() == header_bytes()
 
 
 def _unbound_statement(store: Any) -> None:
     """The headers as an older plancache signed them: the same statement, no ``cache_archive_sha256``."""
     data = zlib.compress(header_bytes(), 1, wbits=31)
     digest = hashlib.sha256(data).hexdigest()
-    predicate = {"expires_at": None, "headers": [[NAME, len(header_bytes()), hashlib.sha256(header_bytes()).hexdigest()]],
-                 "object": {"sha256": digest, "size": len(data)}, "signed_at": format_time(NOW)}
+    predicate = {
+        "expires_at": None,
+        "headers": [[NAME, len(header_bytes()), hashlib.sha256(header_bytes()).hexdigest()]],
+        "object": {"sha256": digest, "size": len(data)},
+        "signed_at": format_time(NOW),
+    }
     payload = render_statement(SUBJECT, digest, th.PREDICATE_TYPE, predicate)
     signature = dsse.Signature(SIGNER.keyid, SIGNER.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
     archives.put_object(store, archives.headers_name(SUBJECT), data)
-    archives.put_object(store, archives.headers_sig_name(SUBJECT), dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload,
-                                                                                               (signature,))))
+    archives.put_object(
+        store,
+        archives.headers_sig_name(SUBJECT),
+        dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,))),
+    )
 
 
-def test_a_statement_without_the_binding_is_refused_and_nothing_is_installed(tmp_path: Path) -> None:
+def test_a_statement_without_the_binding_is_refused_and_nothing_is_installed(
+    tmp_path: Path,
+) -> None:
     store = open_store(f"file://{tmp_path}/store")
     _unbound_statement(store)
     for bound, cancel in ((ARCHIVE, None), (None, ch.Cancel(held=True))):
@@ -92,16 +135,27 @@ def test_a_statement_without_the_binding_is_refused_and_nothing_is_installed(tmp
             cancel.release(ARCHIVE)
         serving = node(tmp_path, f"serving-{bound}")
         outcome = pull(store, serving, cache_archive_sha256=bound, cancel=cancel)
-        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", outcome  # old code: installed
+        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", (
+            outcome
+        )  # old code: installed
         assert "binds no cache" in outcome.detail and leftovers(serving[1]) == []
     sig = (tmp_path / "store" / archives.headers_sig_name(SUBJECT)).read_bytes()
     with pytest.raises(Rejected) as refused:
-        th.verify_headers(SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=None)  # refused before any binding check
+        th.verify_headers(
+            SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=None
+        )  # refused before any binding check
     assert refused.value.reason is Reason.STATEMENT_MISMATCH
 
 
 def test_a_statement_with_a_key_beyond_the_binding_is_still_malformed() -> None:
-    hset = th.HeaderSet(SUBJECT, (th.HeaderEntry(NAME, 1, "0" * 64),), "1" * 64, 1, NOW, cache_archive_sha256=ARCHIVE)
+    hset = th.HeaderSet(
+        SUBJECT,
+        (th.HeaderEntry(NAME, 1, "0" * 64),),
+        "1" * 64,
+        1,
+        NOW,
+        cache_archive_sha256=ARCHIVE,
+    )
     payload = json.loads(hset.to_json_bytes())
     assert payload["predicate"]["cache_archive_sha256"] == ARCHIVE
     payload["predicate"]["later"] = True
@@ -109,14 +163,19 @@ def test_a_statement_with_a_key_beyond_the_binding_is_still_malformed() -> None:
         th.parse_headers(json.dumps(payload).encode())
     assert refused.value.reason is Reason.MALFORMED  # strict as before: unknown keys are refused
     with pytest.raises(Rejected, match="archive sha256"):
-        th.sign_headers(th.HeaderSet(SUBJECT, hset.headers, "1" * 64, 1, NOW, cache_archive_sha256="x"), SIGNER)
+        th.sign_headers(
+            th.HeaderSet(SUBJECT, hset.headers, "1" * 64, 1, NOW, cache_archive_sha256="x"), SIGNER
+        )
 
 
 def test_a_header_bound_to_another_cache_signature_is_refused_before_its_object_is_fetched(
-        build: tuple[Path, Path], tmp_path: Path) -> None:
+    build: tuple[Path, Path], tmp_path: Path
+) -> None:
     store = open_store(f"file://{tmp_path}/store")
     ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=ARCHIVE)
-    (tmp_path / "store" / archives.headers_name(SUBJECT)).unlink()  # refused on the statement: no object GET
+    (
+        tmp_path / "store" / archives.headers_name(SUBJECT)
+    ).unlink()  # refused on the statement: no object GET
     serving = node(tmp_path, "serving")
     outcome = pull(store, serving, cache_archive_sha256=OTHER)
     assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", outcome
@@ -125,7 +184,12 @@ def test_a_header_bound_to_another_cache_signature_is_refused_before_its_object_
     with pytest.raises(Rejected) as refused:
         th.verify_headers(SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=OTHER)
     assert refused.value.reason is Reason.STATEMENT_MISMATCH
-    assert th.verify_headers(SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=ARCHIVE).headers.cache_archive_sha256 == ARCHIVE
+    assert (
+        th.verify_headers(
+            SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=ARCHIVE
+        ).headers.cache_archive_sha256
+        == ARCHIVE
+    )
 
 
 @pytest.fixture
@@ -134,14 +198,20 @@ def plugin(build: tuple[Path, Path], tmp_path: Path) -> Any:
     plugin_headers.reset()
     store = open_store(f"file://{tmp_path}/store")
     ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=ARCHIVE)
-    yield SimpleNamespace(store=store, config=SimpleNamespace(url=f"file://{tmp_path}/store", storage_options={},
-                                                              timeout=10.0, keyring=KEYRING))
+    yield SimpleNamespace(
+        store=store,
+        config=SimpleNamespace(
+            url=f"file://{tmp_path}/store", storage_options={}, timeout=10.0, keyring=KEYRING
+        ),
+    )
     plugin_headers.reset()
     plugin_headers._at = None
 
 
 @pytest.mark.parametrize("loaded", [ARCHIVE, OTHER, None])
-def test_the_held_fetch_links_only_for_the_cache_the_guard_loaded(plugin: Any, tmp_path: Path, loaded: str | None) -> None:
+def test_the_held_fetch_links_only_for_the_cache_the_guard_loaded(
+    plugin: Any, tmp_path: Path, loaded: str | None
+) -> None:
     base = tmp_path / f"serving-{loaded}"
     directory = files.private_dir(base / "plancache-private")
     plugin_headers.place(base, directory)
@@ -156,5 +226,7 @@ def test_the_held_fetch_links_only_for_the_cache_the_guard_loaded(plugin: Any, t
     if loaded == ARCHIVE:
         assert outcome.action == "installed" and (directory / NAME).read_bytes() == header_bytes()
     else:  # another signature of the cache was loaded, or the guard named none: nothing linked
-        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", outcome  # old code: installed
+        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", (
+            outcome
+        )  # old code: installed
         assert leftovers(directory) == []

@@ -19,12 +19,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from conftest import NOW, keyring_of, make_signer
 
+from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
@@ -38,11 +38,13 @@ SIGNER = make_signer()
 KEYRING = keyring_of(SIGNER)
 SLACK = 20.0
 """Generous: the machine is shared; the point is a bounded wait, not a fast one."""
-HOLD = ("import fcntl, os, sys\n"
-        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "print('held', flush=True)\n"
-        "sys.stdin.read()\n")
+HOLD = (
+    "import fcntl, os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.read()\n"
+)
 
 
 def make_cache(base: Path) -> cc.CacheRoot:
@@ -67,8 +69,12 @@ def lock_of(root: cc.CacheRoot) -> Path:
 def held(lock: Path) -> Iterator[None]:
     """Another process holds ``lock`` (``flock``, exclusive) until the block ends."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    child = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
         yield
@@ -89,16 +95,19 @@ def one_error_line(err: str, lock: Path, reason: str) -> None:
 
 
 @pytest.mark.parametrize("command", ["sign", "push", "pull"])
-def test_cli_waits_for_a_held_lock_at_most_its_timeout(root: cc.CacheRoot, tmp_path: Path, command: str,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_waits_for_a_held_lock_at_most_its_timeout(
+    root: cc.CacheRoot, tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     key, pub = keys(tmp_path, capsys)
     store = f"file://{tmp_path}/store"
     assert main(["compile-cache", "sign", "--key", key, str(root.root)]) == 0
     assert main(["compile-cache", "push", "--trusted-keys", pub, str(root.root), store]) == 0
     fresh = cc.CacheRoot(tmp_path / "fresh")
-    argv = {"sign": ["sign", "--key", key, str(root.root)],
-            "push": ["push", "--json", "--trusted-keys", pub, str(root.root), store],
-            "pull": ["pull", "--trusted-keys", pub, store, str(fresh.root)]}[command]
+    argv = {
+        "sign": ["sign", "--key", key, str(root.root)],
+        "push": ["push", "--json", "--trusted-keys", pub, str(root.root), store],
+        "pull": ["pull", "--trusted-keys", pub, store, str(fresh.root)],
+    }[command]
     lock = lock_of(fresh if command == "pull" else root)
     sidecar = cachedir.sidecar_path(root.directory(SUBJECT)).read_bytes()
     capsys.readouterr()
@@ -111,13 +120,24 @@ def test_cli_waits_for_a_held_lock_at_most_its_timeout(root: cc.CacheRoot, tmp_p
     assert "Traceback" not in out + err
     if command == "push":  # --json: the row says why, as for any other error
         assert json.loads(out)["caches"][0] | {"detail": None} == {
-            "cache": SUBJECT, "action": "error", "ok": False, "reason": "timeout", "detail": None, "files": 0,
-            "bytes": 0, "signers": []}
+            "cache": SUBJECT,
+            "action": "error",
+            "ok": False,
+            "reason": "timeout",
+            "detail": None,
+            "files": 0,
+            "bytes": 0,
+            "signers": [],
+        }
     assert not os.path.lexists(fresh.directory(SUBJECT) / "rank_0_0")  # nothing pulled
-    assert cachedir.sidecar_path(root.directory(SUBJECT)).read_bytes() == sidecar  # nothing signed anew
+    assert (
+        cachedir.sidecar_path(root.directory(SUBJECT)).read_bytes() == sidecar
+    )  # nothing signed anew
 
 
-def test_publish_and_sign_with_a_short_wait_raise_a_timeout_naming_the_lock(root: cc.CacheRoot, tmp_path: Path) -> None:
+def test_publish_and_sign_with_a_short_wait_raise_a_timeout_naming_the_lock(
+    root: cc.CacheRoot, tmp_path: Path
+) -> None:
     private = tmp_path / "private"
     shutil.copytree(root.directory(SUBJECT), private)
     shutil.rmtree(root.directory(SUBJECT))
@@ -130,11 +150,15 @@ def test_publish_and_sign_with_a_short_wait_raise_a_timeout_naming_the_lock(root
             cc.sign_cache(root, SUBJECT, SIGNER, NOW, wait=0.3)
         assert time.monotonic() - started < SLACK
     assert info.value.reason is Reason.TIMEOUT and str(lock_of(root)) in info.value.detail
-    assert not cachedir.sidecar_path(root.directory(SUBJECT)).exists() and not os.listdir(root.directory(SUBJECT))
+    assert not cachedir.sidecar_path(root.directory(SUBJECT)).exists() and not os.listdir(
+        root.directory(SUBJECT)
+    )
 
 
 @pytest.mark.parametrize("loose", ["another user's", "mode 0666"])
-def test_a_foreign_or_loose_lock_file_is_never_used(root: cc.CacheRoot, tmp_path: Path, loose: str) -> None:
+def test_a_foreign_or_loose_lock_file_is_never_used(
+    root: cc.CacheRoot, tmp_path: Path, loose: str
+) -> None:
     lock = lock_of(root)
     lock.touch(mode=0o600)
     if loose == "another user's":
@@ -155,14 +179,20 @@ def test_a_foreign_or_loose_lock_file_is_never_used(root: cc.CacheRoot, tmp_path
     os.chown(lock_of(fresh), os.stat(lock).st_uid, os.stat(lock).st_gid)
     with pytest.raises(StoreError) as info:
         cc.pull_cache(store, fresh, SUBJECT, KEYRING, NOW, wait=1)
-    assert info.value.reason is Reason.UNSAFE_DIRECTORY and not fresh.directory(SUBJECT).exists()  # nothing pulled
+    assert (
+        info.value.reason is Reason.UNSAFE_DIRECTORY and not fresh.directory(SUBJECT).exists()
+    )  # nothing pulled
     shutil.copy2(lock, lock_of(signed))
     os.chown(lock_of(signed), os.stat(lock).st_uid, os.stat(lock).st_gid)
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=1)
-    assert (outcome.action, outcome.reason) == ("compile", "unsafe-directory") and not os.listdir(tmp_path / "into")
+    assert (outcome.action, outcome.reason) == ("compile", "unsafe-directory") and not os.listdir(
+        tmp_path / "into"
+    )
 
 
-def test_a_lock_file_this_user_cannot_open_stops_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_lock_file_this_user_cannot_open_stops_the_cli(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """uid 1000 owns the whole cache but not its lock (root's, 0600): it may not go on unlocked."""
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
@@ -175,12 +205,38 @@ def test_a_lock_file_this_user_cannot_open_stops_the_cli(capsys: pytest.CaptureF
             os.chown(path, 1000, 1000)
         lock = lock_of(root)
         lock.touch(mode=0o600)  # root's
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "LANG": "C.UTF-8",
-               **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(base),
+            "LANG": "C.UTF-8",
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+        }
         started = time.monotonic()
-        done = subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", sys.executable, "-m",
-                               "plancache.cli.main", "compile-cache", "sign", "--key", key, "--timeout", "1", str(root.root)],
-                              env=env, cwd=str(base), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                "setpriv",
+                "--reuid",
+                "1000",
+                "--regid",
+                "1000",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "plancache.cli.main",
+                "compile-cache",
+                "sign",
+                "--key",
+                key,
+                "--timeout",
+                "1",
+                str(root.root),
+            ],
+            env=env,
+            cwd=str(base),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert time.monotonic() - started < 120
         assert done.returncode == 2, done.stdout + done.stderr
         one_error_line(done.stderr, lock, "lock-unavailable")
@@ -194,40 +250,69 @@ def test_a_lock_file_this_user_cannot_open_stops_the_cli(capsys: pytest.CaptureF
 def read_only_view(source: Path, target: Path) -> Iterator[Path]:
     """``source`` bind-mounted read-only at ``target`` (skips where mounting is not allowed)."""
     target.mkdir()
-    if subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "--bind", str(source), str(target)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot bind-mount here")
     try:
-        if subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-o", "remount,bind,ro", str(target)], capture_output=True
+            ).returncode
+            != 0
+        ):
             pytest.skip("cannot remount read-only here")
         yield target
     finally:
         subprocess.run(["umount", str(target)], check=True)
 
 
-def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(root: cc.CacheRoot, tmp_path: Path) -> None:
+def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(
+    root: cc.CacheRoot, tmp_path: Path
+) -> None:
     cc.sign_cache(root, SUBJECT, SIGNER, NOW)
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, root, SUBJECT, KEYRING, NOW)
     with read_only_view(root.root, tmp_path / "ro") as view, held(lock_of(root)):
         ro = cc.CacheRoot(view)
         started = time.monotonic()
-        outcome = cl.guard(ro, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=5)  # the lock is held: not taken
+        outcome = cl.guard(
+            ro, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=5
+        )  # the lock is held: not taken
         assert outcome.action == "load", outcome
         assert time.monotonic() - started < 5  # never waited for the holder
-        assert sorted(p.name for p in (tmp_path / "into").rglob("*")) == ["cbn.py", "inductor_cache", "model", "rank_0_0"]
+        assert sorted(p.name for p in (tmp_path / "into").rglob("*")) == [
+            "cbn.py",
+            "inductor_cache",
+            "model",
+            "rank_0_0",
+        ]
         with cachedir.locked(ro.root, ro.directory(SUBJECT), 0) as holding:
             assert holding is False
-        for write in (lambda: cc.sign_cache(ro, SUBJECT, SIGNER, NOW, wait=0),
-                      lambda: cc.pull_cache(store, ro, SUBJECT, KEYRING, NOW, wait=0)):
+        for write in (
+            lambda: cc.sign_cache(ro, SUBJECT, SIGNER, NOW, wait=0),
+            lambda: cc.pull_cache(store, ro, SUBJECT, KEYRING, NOW, wait=0),
+        ):
             with pytest.raises(StoreError) as info:
                 write()
-            assert info.value.reason is Reason.LOCAL_ERROR and "read-only filesystem" in info.value.detail
-        assert cc.push_cache(store, ro, SUBJECT, KEYRING, NOW, wait=0).action == "pushed"  # reads only
+            assert (
+                info.value.reason is Reason.LOCAL_ERROR
+                and "read-only filesystem" in info.value.detail
+            )
+        assert (
+            cc.push_cache(store, ro, SUBJECT, KEYRING, NOW, wait=0).action == "pushed"
+        )  # reads only
 
 
-def test_the_plugins_publish_inside_vllms_save_costs_at_most_the_budget(root: cc.CacheRoot, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch,
-                                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_the_plugins_publish_inside_vllms_save_costs_at_most_the_budget(
+    root: cc.CacheRoot,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     private = tmp_path / "private"
     shutil.copytree(root.directory(SUBJECT), private)
     shutil.rmtree(root.directory(SUBJECT))
@@ -237,11 +322,15 @@ def test_the_plugins_publish_inside_vllms_save_costs_at_most_the_budget(root: cc
     monkeypatch.setattr(compile_publish, "signer", lambda: SIGNER)
     monkeypatch.setattr(compile_publish, "LOCK_WAIT_EXTRA", 0.3)
     with held(lock_of(root)), caplog.at_level(logging.INFO, "vllm.plancache"):
-        worker = threading.Thread(target=compile_publish.publish, args=(root.directory(SUBJECT), private), daemon=True)
+        worker = threading.Thread(
+            target=compile_publish.publish, args=(root.directory(SUBJECT), private), daemon=True
+        )
         worker.start()
         worker.join(SLACK)
         assert not worker.is_alive(), "publish hung on a held lock"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith(f"plancache: compile cache {SUBJECT} not signed: ")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"plancache: compile cache {SUBJECT} not signed: "
+    )
     assert str(lock_of(root)) in warnings[0] and "0.5 s" in warnings[0]
     assert not cachedir.sidecar_path(root.directory(SUBJECT)).exists()

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import NOW
-from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
 
+from conftest import NOW
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
@@ -29,6 +28,7 @@ from plancache.storage.compile_cache import cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.errors import PlanCacheError
+from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
 
 MODEL = b"\x80\x04compiled-by-this-boot" * 200
 PLANTED = b"\x80\x04planted-by-a-writer!!" * 200
@@ -62,7 +62,9 @@ def quarantined(root: cc.CacheRoot) -> list[str]:
     return sorted(os.listdir(root.quarantine_root)) if root.quarantine_root.exists() else []
 
 
-def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real thread renames a same-size pickle into the shared ``rank_0_0/model`` as soon as that
     directory exists, in a loop; the publish's every hash waits until it did so once. The old
     publish copied into the shared directory and hashed there: it signed the planted bytes."""
@@ -89,7 +91,9 @@ def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(tmp_path: Path,
     real_digests = cachedir.digests
 
     def digests(where: Path, listing: dict[str, int | None]) -> dict[str, str]:
-        if (directory / "rank_0_0").is_dir():  # the shared directory exists: let the writer in first
+        if (
+            directory / "rank_0_0"
+        ).is_dir():  # the shared directory exists: let the writer in first
             planted.wait(10)
         return real_digests(where, listing)
 
@@ -110,14 +114,20 @@ def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(tmp_path: Path,
     manifest = signed_manifest(root, SUBJECT)
     assert digest_of(manifest, "rank_0_0/model") == hashlib.sha256(MODEL).hexdigest()
     assert hashlib.sha256(PLANTED).hexdigest() not in {f.sha256 for f in manifest.files}
-    assert (directory / "rank_0_0" / "model").read_bytes() == PLANTED  # the writer's last word, unsigned
+    assert (
+        directory / "rank_0_0" / "model"
+    ).read_bytes() == PLANTED  # the writer's last word, unsigned
     assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
     copy = into(root)
     guarded = cl.guard(root, SUBJECT, KEYRING, NOW, copy)
-    assert (guarded.action, guarded.reason) == ("quarantined", "digest-mismatch") and list(copy.iterdir()) == []
+    assert (guarded.action, guarded.reason) == ("quarantined", "digest-mismatch") and list(
+        copy.iterdir()
+    ) == []
 
 
-def test_bytes_planted_before_the_install_are_moved_aside_not_signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bytes_planted_before_the_install_are_moved_aside_not_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The writer plants while the publish hashes (after its ``kept`` check): the old publish
     hashed the shared directory and signed the planted pickle; now the planted directory is
     moved aside and the private bytes installed in its place."""
@@ -136,7 +146,10 @@ def test_bytes_planted_before_the_install_are_moved_aside_not_signed(tmp_path: P
     outcome = cc.publish_cache(root, SUBJECT, private, SIGNER, NOW)
     monkeypatch.setattr(cachedir, "digests", real_digests)
     assert outcome.action == "signed", outcome
-    assert digest_of(signed_manifest(root, SUBJECT), "rank_0_0/model") == hashlib.sha256(MODEL).hexdigest()
+    assert (
+        digest_of(signed_manifest(root, SUBJECT), "rank_0_0/model")
+        == hashlib.sha256(MODEL).hexdigest()
+    )
     assert (directory / "rank_0_0" / "model").read_bytes() == MODEL
     assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
     (aside,) = quarantined(root)
@@ -161,45 +174,70 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     _debug_files(directory, "written by vLLM into the shared directory")
     private = tmp_path / "boot"
     (private / "rank_0_0" / "backbone").mkdir(parents=True, mode=0o700)
-    (private / "rank_0_0" / "backbone" / "vllm_compile_cache.py").write_text("{('a', 0): 'artifact'}\n")
+    (private / "rank_0_0" / "backbone" / "vllm_compile_cache.py").write_text(
+        "{('a', 0): 'artifact'}\n"
+    )
     (private / "rank_0_0" / "inductor_cache").mkdir()
     (private / "rank_0_0" / "inductor_cache" / "k.py").write_text("x = 1\n")
     outcome = cc.publish_cache(root, SHORT, private, SIGNER, NOW, key_factors=FACTORS)
-    salt = (outcome.key_factors or {}).get("hmac_salt")  # issue 40: the digests in the clear, keyed under this salt
-    assert outcome.action == "signed" and outcome.key_factors == {**FACTORS, "hmac_salt": salt}, outcome
+    salt = (outcome.key_factors or {}).get(
+        "hmac_salt"
+    )  # issue 40: the digests in the clear, keyed under this salt
+    assert outcome.action == "signed" and outcome.key_factors == {**FACTORS, "hmac_salt": salt}, (
+        outcome
+    )
     manifest = signed_manifest(root, SHORT)
-    assert [f.path for f in manifest.files] == ["rank_0_0/backbone/vllm_compile_cache.py", "rank_0_0/inductor_cache/k.py"]
+    assert [f.path for f in manifest.files] == [
+        "rank_0_0/backbone/vllm_compile_cache.py",
+        "rank_0_0/inductor_cache/k.py",
+    ]
     assert quarantined(root) == []  # vLLM's leftovers were removed, not kept as evidence
     debug = _debug_files(directory, "rewritten at the next boot, other content")
     assert cc.verify_cache(root, SHORT, KEYRING, NOW).action == "verified"
     copy = into(root)
     assert cl.guard(root, SHORT, KEYRING, NOW, copy).action == "load"
-    assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == ["k.py", "vllm_compile_cache.py"]
+    assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == [
+        "k.py",
+        "vllm_compile_cache.py",
+    ]
     (debug / "computation_graph.py").unlink()
-    (debug / "computation_graph.py").symlink_to("/etc/hostname")  # a debug file's name grants nothing else
+    (debug / "computation_graph.py").symlink_to(
+        "/etc/hostname"
+    )  # a debug file's name grants nothing else
     assert cc.verify_cache(root, SHORT, KEYRING, NOW).reason == "malformed"
     (debug / "computation_graph.py").unlink()
 
-    store = open_store(f"file://{tmp_path}/store")  # a node that holds only vLLM's debug dump pulls it in place
+    store = open_store(
+        f"file://{tmp_path}/store"
+    )  # a node that holds only vLLM's debug dump pulls it in place
     assert cc.push_cache(store, root, SHORT, KEYRING, NOW).action == "pushed"
     fresh = cc.CacheRoot(tmp_path / "fresh")
     _debug_files(fresh.directory(SHORT), "a serving node's")
     assert cc.pull_cache(store, fresh, SHORT, KEYRING, NOW).action == "pulled"
-    assert quarantined(fresh) == [] and cc.verify_cache(fresh, SHORT, KEYRING, NOW).action == "verified"
+    assert (
+        quarantined(fresh) == []
+        and cc.verify_cache(fresh, SHORT, KEYRING, NOW).action == "verified"
+    )
 
-    old = cc.CacheRoot(tmp_path / "old")  # an old-style signature lists the debug files: still checked
+    old = cc.CacheRoot(
+        tmp_path / "old"
+    )  # an old-style signature lists the debug files: still checked
     old_dir = old.directory(SHORT)
     old_dir.parent.mkdir(parents=True)
     os.rename(private, old_dir)
     _debug_files(old_dir, "signed along by an older plancache")
-    listing = cachedir.walk(old_dir)  # what an older build_manifest signed: every file, vLLM's debug files too
+    listing = cachedir.walk(
+        old_dir
+    )  # what an older build_manifest signed: every file, vLLM's debug files too
     sums = cachedir.digests(old_dir, listing)
     files = tuple(mf.FileEntry(p, n, sums[p]) for p, n in sorted(listing.items()) if n is not None)
     dirs = tuple(sorted(p for p, n in listing.items() if n is None))
     data = cachedir.archive_bytes(old_dir, files, dirs)
     older = mf.Manifest(SHORT, files, dirs, hashlib.sha256(data).hexdigest(), len(data), NOW)
     cachedir.sidecar_path(old_dir).write_bytes(mf.sign_manifest(older, SIGNER))
-    assert "rank_0_0/backbone/computation_graph.py" in {f.path for f in signed_manifest(old, SHORT).files}
+    assert "rank_0_0/backbone/computation_graph.py" in {
+        f.path for f in signed_manifest(old, SHORT).files
+    }
     _debug_files(old_dir, "signed along by an older plancache, changed")
     outcome = cl.guard(old, SHORT, KEYRING, NOW, into(old))
     assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch"), outcome
@@ -214,73 +252,163 @@ def _half_quarantined(root: cc.CacheRoot, keep_empty: bool = False) -> Path:
     return cachedir.sidecar_path(directory)
 
 
-def test_a_signature_without_its_cache_is_moved_aside_and_the_cache_pulled(signed: cc.CacheRoot, tmp_path: Path) -> None:  # noqa: F811
+def test_a_signature_without_its_cache_is_moved_aside_and_the_cache_pulled(
+    signed: cc.CacheRoot, tmp_path: Path
+) -> None:
     store = open_store(f"file://{tmp_path}/store")
     assert cc.push_cache(store, signed, SUBJECT, KEYRING, NOW).action == "pushed"
     sidecar = _half_quarantined(signed)
     copy = into(signed)
-    outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy, fetch=lambda: (store, time.monotonic() + 30))
+    outcome = cl.guard(
+        signed, SUBJECT, KEYRING, NOW, copy, fetch=lambda: (store, time.monotonic() + 30)
+    )
     assert (outcome.action, outcome.reason) == ("load", ""), outcome
-    assert "a signature without its cache moved aside" in outcome.detail and "store: pulled" in outcome.detail
+    assert (
+        "a signature without its cache moved aside" in outcome.detail
+        and "store: pulled" in outcome.detail
+    )
     assert (copy / "rank_0_0" / "model").is_file()
     (aside,) = quarantined(signed)
-    assert aside.endswith(f"{SUBJECT.rpartition('/')[2]}-lone-sidecar.plancache.sig") and (signed.quarantine_root / aside).is_file()
+    assert (
+        aside.endswith(f"{SUBJECT.rpartition('/')[2]}-lone-sidecar.plancache.sig")
+        and (signed.quarantine_root / aside).is_file()
+    )
 
     os.rename(signed.directory(SUBJECT), tmp_path / "gone")  # no store: compile, saying why
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
-    assert (outcome.action, outcome.reason) == ("compile", "no-cache") and "moved aside" in outcome.detail, outcome
+    assert (outcome.action, outcome.reason) == (
+        "compile",
+        "no-cache",
+    ) and "moved aside" in outcome.detail, outcome
     assert not sidecar.exists() and len(quarantined(signed)) == 2
 
     cc.pull_cache(store, signed, SUBJECT, KEYRING, NOW)
     _half_quarantined(signed, keep_empty=True)  # beside vLLM's empty directories: the same
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
-    assert (outcome.action, outcome.reason) == ("compile", "no-cache") and "moved aside" in outcome.detail, outcome
-    assert not signed.directory(SUBJECT).exists() and len(quarantined(signed)) == 4  # the directory and its sidecar
+    assert (outcome.action, outcome.reason) == (
+        "compile",
+        "no-cache",
+    ) and "moved aside" in outcome.detail, outcome
+    assert (
+        not signed.directory(SUBJECT).exists() and len(quarantined(signed)) == 4
+    )  # the directory and its sidecar
 
 
-def test_the_cli_pulls_and_a_build_node_publishes_over_a_lone_sidecar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_pulls_and_a_build_node_publishes_over_a_lone_sidecar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = cc.CacheRoot(tmp_path / "vllm")
     private = private_copy(tmp_path)
     assert main(["keygen", str(tmp_path / "k")]) == 0
     (root.directory(SUBJECT)).parent.mkdir(parents=True)
     os.rename(private, root.directory(SUBJECT))
     url = f"file://{tmp_path}/store"
-    assert main(["compile-cache", "sign", "--key", str(tmp_path / "k"), "--cache", SUBJECT, str(root.root)]) == 0
-    assert main(["compile-cache", "push", "--key", str(tmp_path / "k"), "--cache", SUBJECT, str(root.root), url]) == 0
+    assert (
+        main(
+            [
+                "compile-cache",
+                "sign",
+                "--key",
+                str(tmp_path / "k"),
+                "--cache",
+                SUBJECT,
+                str(root.root),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "compile-cache",
+                "push",
+                "--key",
+                str(tmp_path / "k"),
+                "--cache",
+                SUBJECT,
+                str(root.root),
+                url,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     sidecar = _half_quarantined(root)
-    code = main(["compile-cache", "pull", "--json", "--trusted-keys", str(tmp_path / "k.pub"), "--cache", SUBJECT,
-                 url, str(root.root)])
+    code = main(
+        [
+            "compile-cache",
+            "pull",
+            "--json",
+            "--trusted-keys",
+            str(tmp_path / "k.pub"),
+            "--cache",
+            SUBJECT,
+            url,
+            str(root.root),
+        ]
+    )
     (row,) = json.loads(capsys.readouterr().out)["caches"]
-    assert code == 0 and row["action"] == "pulled" and "a signature without its cache moved aside" in row["detail"], row
-    assert len(quarantined(root)) == 1 and sidecar.is_file() and (root.directory(SUBJECT) / "rank_0_0" / "model").is_file()
+    assert (
+        code == 0
+        and row["action"] == "pulled"
+        and "a signature without its cache moved aside" in row["detail"]
+    ), row
+    assert (
+        len(quarantined(root)) == 1
+        and sidecar.is_file()
+        and (root.directory(SUBJECT) / "rank_0_0" / "model").is_file()
+    )
 
     os.rename(root.directory(SUBJECT), tmp_path / "gone")  # a build node: published, not "kept"
     outcome = cc.publish_cache(root, SUBJECT, private_copy(tmp_path, "boot2"), SIGNER, NOW)
     assert outcome.action == "signed" and "moved aside" in outcome.detail, outcome
-    assert len(quarantined(root)) == 2 and cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+    assert (
+        len(quarantined(root)) == 2
+        and cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+    )
 
 
-def test_leftover_staging_of_this_subject_is_swept_another_subjects_left_alone(signed: cc.CacheRoot, tmp_path: Path) -> None:  # noqa: F811
+def test_leftover_staging_of_this_subject_is_swept_another_subjects_left_alone(
+    signed: cc.CacheRoot, tmp_path: Path
+) -> None:
     store = open_store(f"file://{tmp_path}/store")
     assert cc.push_cache(store, signed, SUBJECT, KEYRING, NOW).action == "pushed"
     fresh = cc.CacheRoot(tmp_path / "fresh")
     directory = fresh.directory(SUBJECT)
     other = "torch_aot_compile/" + "ef" * 32
-    mine = [f".plancache-pull-{directory.name}-killed1", f".plancache-publish-{directory.name}-killed2"]
+    mine = [
+        f".plancache-pull-{directory.name}-killed1",
+        f".plancache-publish-{directory.name}-killed2",
+    ]
     theirs = f".plancache-pull-{'ef' * 32}-inuse"
     for name in [*mine, theirs]:
         (directory.parent / name / "x" / "rank_0_0").mkdir(parents=True)
         (directory.parent / name / "x" / "rank_0_0" / "model").write_bytes(b"half extracted")
     assert cc.pull_cache(store, fresh, SUBJECT, KEYRING, NOW).action == "pulled"
-    assert sorted(os.listdir(directory.parent)) == sorted([theirs, directory.name, f"{directory.name}.plancache.lock",
-                                                           f"{directory.name}.plancache.sig"])
-    assert fresh.subjects() == [SUBJECT] and cc.verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
+    assert sorted(os.listdir(directory.parent)) == sorted(
+        [
+            theirs,
+            directory.name,
+            f"{directory.name}.plancache.lock",
+            f"{directory.name}.plancache.sig",
+        ]
+    )
+    assert (
+        fresh.subjects() == [SUBJECT]
+        and cc.verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
+    )
 
-    (directory.parent / mine[1]).mkdir()  # a killed publish of the same subject, before the next publish
+    (
+        directory.parent / mine[1]
+    ).mkdir()  # a killed publish of the same subject, before the next publish
     os.rename(directory, tmp_path / "gone")
     cachedir.sidecar_path(directory).unlink()
     assert cc.publish_cache(fresh, SUBJECT, private_copy(tmp_path), SIGNER, NOW).action == "signed"
     assert not (directory.parent / mine[1]).exists() and (directory.parent / theirs).is_dir()
-    assert cc.publish_cache(fresh, other, private_copy(tmp_path, "boot2"), SIGNER, NOW).action == "signed"
-    assert not (directory.parent / theirs).exists()  # swept in its turn, by a publish of its own subject
+    assert (
+        cc.publish_cache(fresh, other, private_copy(tmp_path, "boot2"), SIGNER, NOW).action
+        == "signed"
+    )
+    assert not (
+        directory.parent / theirs
+    ).exists()  # swept in its turn, by a publish of its own subject

@@ -17,12 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from conftest import NOW
 
+from conftest import NOW
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.storage.compile_cache import boot_dirs
@@ -47,7 +48,10 @@ def _needs_root_and_mounts() -> None:
 def interpreter_reachable() -> None:
     """Let other users run this interpreter: the venv's python links into root's pyenv, under a
     ``/root`` of mode 0700 here; each directory on the way gets search (x) for others, no read."""
-    for path in {Path(os.path.realpath(sys.executable)), Path(os.path.realpath(sys.base_prefix)) / "lib"}:
+    for path in {
+        Path(os.path.realpath(sys.executable)),
+        Path(os.path.realpath(sys.base_prefix)) / "lib",
+    }:
         for parent in path.parents:
             mode = parent.stat().st_mode
             if not mode & 0o001:
@@ -64,8 +68,14 @@ def base() -> Iterator[Path]:
     try:
         yield top
     finally:
-        for mount in sorted((line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                             if line.split()[1].startswith(str(top))), reverse=True):
+        for mount in sorted(
+            (
+                line.split()[1]
+                for line in Path("/proc/mounts").read_text().splitlines()
+                if line.split()[1].startswith(str(top))
+            ),
+            reverse=True,
+        ):
             subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(top, ignore_errors=True)
 
@@ -81,7 +91,10 @@ def _signed_root(top: Path, owner: int = 0) -> cc.CacheRoot:
     (directory / "rank_0_0" / "model").write_bytes(MODEL)
     (directory / "inductor_cache" / "ab").mkdir(parents=True)
     (directory / "inductor_cache" / "ab" / "kernel.py").write_text("x = 1\n")
-    assert cc.sign_cache(root, SUBJECT, file_signer(top / "keys" / "ci", {}, None), NOW).action == "signed"
+    assert (
+        cc.sign_cache(root, SUBJECT, file_signer(top / "keys" / "ci", {}, None), NOW).action
+        == "signed"
+    )
     if owner:
         for path in [root.root, *root.root.rglob("*")]:
             os.chown(path, owner, owner, follow_symlinks=False)
@@ -89,22 +102,42 @@ def _signed_root(top: Path, owner: int = 0) -> cc.CacheRoot:
 
 
 def _env(top: Path, root: cc.CacheRoot, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))}
-    env.update(PYTHONPATH=f"{SRC}{os.pathsep}{TESTS}", VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1",
-               VLLM_CACHE_ROOT=str(root.root), PLANCACHE_COMPILE_CACHE="1",
-               PLANCACHE_TRUSTED_KEYS=str(top / "keys" / "ci.pub"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PLANCACHE_", "VLLM_", "TORCHINDUCTOR_", "TRITON_"))
+    }
+    env.update(
+        PYTHONPATH=f"{SRC}{os.pathsep}{TESTS}",
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_CACHE_ROOT=str(root.root),
+        PLANCACHE_COMPILE_CACHE="1",
+        PLANCACHE_TRUSTED_KEYS=str(top / "keys" / "ci.pub"),
+    )
     env.update(extra)
     return env
 
 
-def _run(argv: list[str], env: dict[str, str], user: int | None = None, prefix: tuple[str, ...] = ()) -> Any:
+def _run(
+    argv: list[str], env: dict[str, str], user: int | None = None, prefix: tuple[str, ...] = ()
+) -> Any:
     home = Path(env.get("HOME_FOR_TEST", "/tmp"))
-    kwargs: dict[str, Any] = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
-    result = subprocess.run([*prefix, sys.executable, WORKER, *argv], env={**env, "HOME": str(home)},
-                            capture_output=True, text=True, timeout=300, cwd="/", **kwargs)
+    kwargs: dict[str, Any] = (
+        {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    )
+    result = subprocess.run(
+        [*prefix, sys.executable, WORKER, *argv],
+        env={**env, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+        **kwargs,
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("NODE ")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
-    return json.loads(lines[0][len("NODE "):])
+    return json.loads(lines[0][len("NODE ") :])
 
 
 def _home(top: Path, user: int) -> Path:
@@ -118,16 +151,26 @@ def _quarantine(root: cc.CacheRoot) -> list[str]:
     return sorted(os.listdir(root.quarantine_root)) if root.quarantine_root.exists() else []
 
 
-def test_forked_workers_each_copy_into_their_own_directory_and_never_touch_each_other(base: Path) -> None:
+def test_forked_workers_each_copy_into_their_own_directory_and_never_touch_each_other(
+    base: Path,
+) -> None:
     root = _signed_root(base)
     reports = _run(["fork", str(root.directory(SUBJECT))], _env(base, root))
     assert [r["action"] for r in reports] == ["load", "load"], reports
     boots = {r["boot"] for r in reports}
     assert len(boots) == 2 and reports[0]["parent_boot"] not in boots  # one each, none the engine's
     for report in reports:  # torch's caches too: the worker's own directory, not the engine's
-        assert all(d.startswith(report["boot"] + "/") for d in report["torch_dirs"]), report["torch_dirs"]
-    first, = [r for r in reports if "digest_after_other" in r]
-    assert first["digest_after_other"] == first["digest"] == reports[0]["digest"] == reports[1]["digest"] is not None
+        assert all(d.startswith(report["boot"] + "/") for d in report["torch_dirs"]), report[
+            "torch_dirs"
+        ]
+    (first,) = [r for r in reports if "digest_after_other" in r]
+    assert (
+        first["digest_after_other"]
+        == first["digest"]
+        == reports[0]["digest"]
+        == reports[1]["digest"]
+        is not None
+    )
     assert _quarantine(root) == []
 
 
@@ -136,21 +179,34 @@ def _hold(top: Path, root: cc.CacheRoot) -> tuple[subprocess.Popen[str], Path]:
     ten short-lived processes) is one no process has in the other pod's namespace."""
     script = f'for i in 1 2 3 4 5 6 7 8 9 10; do true & done; wait; "$0" {WORKER} hold; :'
     command = ["unshare", "-p", "-f", "sh", "-c", script, sys.executable]
-    held = subprocess.Popen(command, env={**_env(top, root), "HOME": "/tmp"}, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    held = subprocess.Popen(
+        command,
+        env={**_env(top, root), "HOME": "/tmp"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert held.stdout is not None
     line = held.stdout.readline()
     assert line.startswith("NODE "), line
     return held, Path(json.loads(line[5:])["boot"])
 
 
-def test_a_pod_in_another_pid_namespace_never_sweeps_a_live_boot_and_a_dead_one_is_swept(base: Path) -> None:
+def test_a_pod_in_another_pid_namespace_never_sweeps_a_live_boot_and_a_dead_one_is_swept(
+    base: Path,
+) -> None:
     root = _signed_root(base)
     held, boot = _hold(base, root)
     try:
         (boot / "copy").write_bytes(b"in use")
-        other = _run(["guard", str(root.directory(SUBJECT))], _env(base, root), prefix=("unshare", "-p", "-f"))
-        assert other["action"] == "load" and Path(other["boot"]).parent == boot.parent != Path(other["boot"])
+        other = _run(
+            ["guard", str(root.directory(SUBJECT))],
+            _env(base, root),
+            prefix=("unshare", "-p", "-f"),
+        )
+        assert other["action"] == "load" and Path(other["boot"]).parent == boot.parent != Path(
+            other["boot"]
+        )
         assert (boot / "copy").read_bytes() == b"in use"  # the old pid check removed it
     finally:
         subprocess.run(["pkill", "-KILL", "-f", f"{WORKER} hold"], check=False)  # no exit hook runs
@@ -158,7 +214,11 @@ def test_a_pod_in_another_pid_namespace_never_sweeps_a_live_boot_and_a_dead_one_
         held.wait()
     _until_unlocked(boot)
     later = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
-    assert later["action"] == "load" and not boot.exists() and not boot.with_name(boot.name + ".lock").exists()
+    assert (
+        later["action"] == "load"
+        and not boot.exists()
+        and not boot.with_name(boot.name + ".lock").exists()
+    )
 
 
 def _until_unlocked(boot: Path) -> None:
@@ -178,7 +238,9 @@ def _until_unlocked(boot: Path) -> None:
         os.close(fd)
 
 
-def test_a_plancache_private_of_another_user_or_a_group_writable_root_is_never_used(base: Path) -> None:
+def test_a_plancache_private_of_another_user_or_a_group_writable_root_is_never_used(
+    base: Path,
+) -> None:
     root = _signed_root(base, owner=USER)
     home = _home(base, USER)
     foreign = root.root / boot_dirs.PRIVATE_SUBDIR
@@ -189,7 +251,10 @@ def test_a_plancache_private_of_another_user_or_a_group_writable_root_is_never_u
     os.chown(tmp, USER, USER)
     env = _env(base, root, TMPDIR=str(tmp), HOME_FOR_TEST=str(home))
     report = _run(["guard", str(root.directory(SUBJECT))], env, user=USER)
-    assert report["action"] == "load" and Path(report["boot"]).parent == tmp / f"plancache-private-{USER}"
+    assert (
+        report["action"] == "load"
+        and Path(report["boot"]).parent == tmp / f"plancache-private-{USER}"
+    )
     assert os.listdir(foreign) == []  # nothing of the worker's in the stranger's directory
     said = [line for line in report["lines"] if "compile-cache private directory=" in line]
     assert said and str(foreign) in said[0] and f"uid {STRANGER}" in said[0], report["lines"]
@@ -204,10 +269,17 @@ def test_a_full_disk_is_no_verdict_and_a_later_boot_with_room_loads_verified(bas
     root = _signed_root(base)
     small = base / "small"
     small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(small)], check=True)
-    full = _run(["guard", str(root.directory(SUBJECT))], _env(base, root, PLANCACHE_PRIVATE_DIR=str(small / "p")))
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(small)], check=True
+    )
+    full = _run(
+        ["guard", str(root.directory(SUBJECT))],
+        _env(base, root, PLANCACHE_PRIVATE_DIR=str(small / "p")),
+    )
     assert (full["action"], full["reason"]) == ("compile", "local-error"), full
-    assert "No space left" in full["detail"] and _quarantine(root) == []  # the old code quarantined it
+    assert (
+        "No space left" in full["detail"] and _quarantine(root) == []
+    )  # the old code quarantined it
     assert cc.verify_cache(root, SUBJECT, boot_dirs_keyring(base), NOW).action == "verified"
     later = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
     assert later["action"] == "load" and later["digest"] is not None
@@ -225,15 +297,29 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
     subprocess.run(["mount", "-o", "remount,bind,ro", str(root.root)], check=True)
     tmp = base / "tmp"
     tmp.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True
+    )
     cold = _run(["installed", str(root.directory(SUBJECT))], _env(base, root, TMPDIR=str(tmp)))
-    assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), cold  # the old code: load verified
-    assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold["lines"]
-    assert "noexec" in cold["detail"] and "read-only" in cold["detail"].lower() and "PLANCACHE_PRIVATE_DIR" in cold["detail"]
-    assert cold["digest"] is None or cold["digest"] == _empty_digest()  # nothing of the cache handed over
+    assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), (
+        cold
+    )  # the old code: load verified
+    assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold[
+        "lines"
+    ]
+    assert (
+        "noexec" in cold["detail"]
+        and "read-only" in cold["detail"].lower()
+        and "PLANCACHE_PRIVATE_DIR" in cold["detail"]
+    )
+    assert (
+        cold["digest"] is None or cold["digest"] == _empty_digest()
+    )  # nothing of the cache handed over
     exec_place = base / "private"
-    configured = _run(["guard", str(root.directory(SUBJECT))],
-                      _env(base, root, TMPDIR=str(tmp), PLANCACHE_PRIVATE_DIR=str(exec_place)))
+    configured = _run(
+        ["guard", str(root.directory(SUBJECT))],
+        _env(base, root, TMPDIR=str(tmp), PLANCACHE_PRIVATE_DIR=str(exec_place)),
+    )
     assert configured["action"] == "load" and Path(configured["boot"]).parent == exec_place
 
 
@@ -262,19 +348,27 @@ def test_a_header_temporary_of_a_dead_boot_is_swept_and_a_live_ones_kept(base: P
     (private / (dead_name + ".lock")).write_bytes(b"")
     (private / dead_name).mkdir()
     removed = boot_dirs.sweep(private)
-    assert sorted(removed) == sorted([dead_name, f"headers/{stale.name}"]) and mine.exists() and live.path.exists()
+    assert (
+        sorted(removed) == sorted([dead_name, f"headers/{stale.name}"])
+        and mine.exists()
+        and live.path.exists()
+    )
     live.close()
     assert not live.path.exists()
 
 
 def test_a_quarantine_directory_of_another_user_is_never_used(base: Path) -> None:
     root = _signed_root(base)
-    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(MODEL[::-1])  # same size, other bytes
+    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(
+        MODEL[::-1]
+    )  # same size, other bytes
     root.quarantine_root.mkdir(mode=0o777)
     os.chown(root.quarantine_root, STRANGER, STRANGER)
     report = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
     assert (report["action"], report["reason"]) == ("quarantined", "digest-mismatch"), report
     assert report["digest"] in (None, _empty_digest())  # nothing of it handed to vLLM
-    assert os.listdir(root.quarantine_root) == []  # the old code moved the evidence into the stranger's directory
+    assert (
+        os.listdir(root.quarantine_root) == []
+    )  # the old code moved the evidence into the stranger's directory
     beside = root.directory(SUBJECT).parent / "plancache-quarantine"
     assert report["quarantined_to"].startswith(f"{beside}/"), report["quarantined_to"]

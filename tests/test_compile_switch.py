@@ -33,7 +33,9 @@ def test_the_parser_knows_eight_words_and_keeps_the_guard_on_otherwise(value: st
     elif value in ON:
         assert (on, problem) == (True, "")
     else:
-        assert on is True and problem.startswith("PLANCACHE_COMPILE_CACHE=") and "stays on" in problem
+        assert (
+            on is True and problem.startswith("PLANCACHE_COMPILE_CACHE=") and "stays on" in problem
+        )
         assert "\n" not in problem and "\x1b" not in problem
     assert compile_cache_switch(None) == (False, "")
 
@@ -66,13 +68,22 @@ print("SWITCH " + json.dumps(out))
 @pytest.fixture(scope="module")
 def registered() -> dict[str, dict[str, object]]:
     values: list[str | None] = [None, *ON, *OFF, *INVALID]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "VLLM_ENABLE_STARTUP_PLAN"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PLANCACHE_", "VLLM_ENABLE_STARTUP_PLAN"))
+    }
     env.update(PYTHONPATH=SRC, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(values)], capture_output=True, text=True,
-                          timeout=600, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(values)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("SWITCH ")]
     assert lines, done.stderr[-3000:]
-    return json.loads(lines[0][len("SWITCH "):])  # type: ignore[no-any-return]
+    return json.loads(lines[0][len("SWITCH ") :])  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("value", [None, *ON, *OFF, *INVALID])
@@ -87,19 +98,31 @@ def test_register_installs_the_guard_for_every_on_word_and_every_unknown_value(
         assert seen == {"guarded": True, "log": []}
     else:
         assert seen["guarded"] is True
-        assert len(errors) == 1 and "PLANCACHE_COMPILE_CACHE=" in errors[0] and "stays on" in errors[0], seen
+        assert (
+            len(errors) == 1 and "PLANCACHE_COMPILE_CACHE=" in errors[0] and "stays on" in errors[0]
+        ), seen
 
 
-@pytest.mark.parametrize("value, status", [(None, "skip"), ("off", "skip"), ("Yes", "ok"), ("ture", "warn")])
+@pytest.mark.parametrize(
+    "value, status", [(None, "skip"), ("off", "skip"), ("Yes", "ok"), ("ture", "warn")]
+)
 def test_doctor_reads_the_switch_with_the_same_parser(
-    value: str | None, status: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    value: str | None,
+    status: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("PLANCACHE_COMPILE_CACHE", raising=False)
     if value is not None:
         monkeypatch.setenv("PLANCACHE_COMPILE_CACHE", value)
     main(["doctor", "--json"])
-    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "compile-cache"]
-    assert check["status"] == status and check["data"]["enabled"] is (value not in (None, "off")), check
+    (check,) = [
+        c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "compile-cache"
+    ]
+    assert check["status"] == status and check["data"]["enabled"] is (value not in (None, "off")), (
+        check
+    )
     if status == "warn":
         assert "stays on" in check["detail"]

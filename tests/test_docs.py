@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -35,9 +35,21 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """docs/ built once with ``mkdocs build --strict`` into a temp dir (never into the checkout)."""
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}{proc.stderr}"
     return out
@@ -75,15 +87,18 @@ def test_mkdocs_config_fails_on_every_warning() -> None:
     assert cfg["theme"]["name"] == "mkdocs"
     assert cfg.get("docs_dir", "docs") == "docs"
     # omitted_files and anchors are "info" by default: not failures even in strict mode
-    assert {k: cfg["validation"][k] for k in ("omitted_files", "not_found", "anchors")} == dict.fromkeys(
-        ("omitted_files", "not_found", "anchors"), "warn")
+    assert {
+        k: cfg["validation"][k] for k in ("omitted_files", "not_found", "anchors")
+    } == dict.fromkeys(("omitted_files", "not_found", "anchors"), "warn")
 
 
 def test_every_docs_page_is_in_the_nav() -> None:
     pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
     nav = list(nav_pages(config()["nav"]))
-    assert sorted(nav) == pages, f"in docs/ but not in nav: {sorted(set(pages) - set(nav))}; " \
-                                 f"in nav but not in docs/: {sorted(set(nav) - set(pages))}"
+    assert sorted(nav) == pages, (
+        f"in docs/ but not in nav: {sorted(set(pages) - set(nav))}; "
+        f"in nav but not in docs/: {sorted(set(nav) - set(pages))}"
+    )
     assert len(set(nav)) == len(nav), "a page is listed twice in nav"
     assert nav[0] == "index.md"
 
@@ -109,4 +124,6 @@ def test_readme_relative_links_resolve(site: Path) -> None:
         assert target.exists(), f"README links {link!r}: {target} does not exist"
         if anchor and target.suffix == ".md" and target.parent == DOCS:
             html = built_page(site, target.name).read_text()
-            assert f'id="{anchor}"' in html, f"README links {link!r}: docs/{target.name} has no #{anchor}"
+            assert f'id="{anchor}"' in html, (
+                f"README links {link!r}: docs/{target.name} has no #{anchor}"
+            )

@@ -29,20 +29,20 @@ skip, except under ``CI``, where they fail.
 from __future__ import annotations
 
 import io
-import os
 import sys
 import tarfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import compile_payloads as P  # noqa: E402
-import engine_harness as H  # noqa: E402
-from compile_tampers import cli  # noqa: E402
-from store_servers import AWS_ENV, BlackHole, MotoServer, moto_server  # noqa: E402,F401
+import compile_payloads as P
+import engine_harness as H
+from compile_tampers import cli
+from store_servers import AWS_ENV, BlackHole, MotoServer, moto_server  # noqa: F401
 
 PREFIX = "fleet"
 TAMPERED_PREFIX = "tampered"
@@ -51,7 +51,9 @@ BUDGET_S = 2.0
 
 
 def _cache_dir(root: Path) -> Path:
-    (found,) = [p for p in (root / "torch_compile_cache" / "torch_aot_compile").iterdir() if p.is_dir()]
+    (found,) = [
+        p for p in (root / "torch_compile_cache" / "torch_aot_compile").iterdir() if p.is_dir()
+    ]
     return found
 
 
@@ -62,7 +64,10 @@ def _subject(root: Path) -> str:
 def _tampered_archive(archive: bytes, marker: Path) -> bytes:
     """The archive with ``rank_0_0/model`` replaced by a pickle that writes ``marker``."""
     out = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(archive)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+    with (
+        tarfile.open(fileobj=io.BytesIO(archive)) as src,
+        tarfile.open(fileobj=out, mode="w") as dst,
+    ):
         replaced = 0
         for member in src.getmembers():
             data = src.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
@@ -90,21 +95,38 @@ class Fleet:
         return H.Node(self.top / name)
 
     def store_env(self, endpoint: str, prefix: str = PREFIX, **extra: str) -> dict[str, str]:
-        return {**AWS_ENV, "PLANCACHE_URL": f"s3://{self.bucket}/{prefix}",
-                "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}", **extra}
+        return {
+            **AWS_ENV,
+            "PLANCACHE_URL": f"s3://{self.bucket}/{prefix}",
+            "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={endpoint}",
+            **extra,
+        }
 
-    def serving_env(self, node: H.Node, name: str, prefix: str = PREFIX, **extra: str) -> dict[str, str]:
+    def serving_env(
+        self, node: H.Node, name: str, prefix: str = PREFIX, **extra: str
+    ) -> dict[str, str]:
         """A serving node: the guard, the public key only, the store through its own counting proxy."""
         proxy = self.proxies.setdefault(name, H.CountingProxy(self.moto.port))
-        extra = {"PLANCACHE_TIMEOUT": "30", **extra}  # these pulls are checked for what, not when (room under load)
-        return node.env(PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=self.key + ".pub",
-                        VLLM_ENABLE_STARTUP_PLAN="1", **self.store_env(proxy.endpoint, prefix, **extra))
+        extra = {
+            "PLANCACHE_TIMEOUT": "30",
+            **extra,
+        }  # these pulls are checked for what, not when (room under load)
+        return node.env(
+            PLANCACHE_COMPILE_CACHE="1",
+            PLANCACHE_TRUSTED_KEYS=self.key + ".pub",
+            VLLM_ENABLE_STARTUP_PLAN="1",
+            **self.store_env(proxy.endpoint, prefix, **extra),
+        )
 
     def objects(self, prefix: str = PREFIX) -> dict[str, bytes]:
         client = self.moto.client()
         listed = client.list_objects_v2(Bucket=self.bucket, Prefix=prefix + "/").get("Contents", [])
-        return {o["Key"][len(prefix) + 1:]: client.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
-                for o in listed}
+        return {
+            o["Key"][len(prefix) + 1 :]: client.get_object(Bucket=self.bucket, Key=o["Key"])[
+                "Body"
+            ].read()
+            for o in listed
+        }
 
     def stop(self) -> None:
         for proxy in self.proxies.values():
@@ -116,18 +138,26 @@ def _verify(root: Path, key: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> Iterator[dict[str, Any]]:  # noqa: F811
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer
+) -> Iterator[dict[str, Any]]:
     H.require_engine()
     fleet = Fleet(tmp_path_factory.mktemp("engine"), moto_server)
     hole = BlackHole()
-    zygote = H.start_zygote(tmp_path_factory.mktemp("engine-zygote"))  # LLM()'s front process: a fork
+    zygote = H.start_zygote(
+        tmp_path_factory.mktemp("engine-zygote")
+    )  # LLM()'s front process: a fork
     runs: dict[str, Any] = {"fleet": fleet, "zygote": zygote}
 
     def build() -> H.Boot:
         node = fleet.node("build")
-        env = node.env(PLANCACHE_COMPILE_CACHE="1", PLANCACHE_SIGNING_KEY=fleet.key,
-                       PLANCACHE_TRUSTED_KEYS=fleet.key + ".pub", VLLM_ENABLE_STARTUP_PLAN="1",
-                       **fleet.store_env(fleet.moto.endpoint))
+        env = node.env(
+            PLANCACHE_COMPILE_CACHE="1",
+            PLANCACHE_SIGNING_KEY=fleet.key,
+            PLANCACHE_TRUSTED_KEYS=fleet.key + ".pub",
+            VLLM_ENABLE_STARTUP_PLAN="1",
+            **fleet.store_env(fleet.moto.endpoint),
+        )
         boot = H.boot_llm(node, fleet.model, env)
         runs["build-verify"] = _verify(node.root, fleet.key)
         return boot
@@ -136,7 +166,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
         node = fleet.node("disabled")
         P.link_copy(fleet.node("build").root, node.root)
         # torch's own header, as a node that ran vLLM before has it (gcc's 149 MiB build is not the point here)
-        P.seed_torch_headers(fleet.node("build").root / "plancache-private" / "headers", node.base / "tmp")
+        P.seed_torch_headers(
+            fleet.node("build").root / "plancache-private" / "headers", node.base / "tmp"
+        )
         runs["disabled-before"] = sorted(p.relative_to(node.root) for p in node.root.rglob("*"))
         boot = H.boot_llm(node, fleet.model, node.env())
         runs["disabled-after"] = sorted(p.relative_to(node.root) for p in node.root.rglob("*"))
@@ -160,22 +192,33 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
 
     def tampered_store() -> H.Boot:
         node = fleet.node("tampered-store")
-        boot = H.boot_llm(node, fleet.model, fleet.serving_env(node, "tampered-store", TAMPERED_PREFIX))
+        boot = H.boot_llm(
+            node, fleet.model, fleet.serving_env(node, "tampered-store", TAMPERED_PREFIX)
+        )
         runs["tampered-store-requests"] = fleet.proxies["tampered-store"].requests
         return boot
 
     def with_local_payload(name: str, env: dict[str, str]) -> H.Boot:
         node = fleet.node(name)
         P.link_copy(fleet.node("build").root, node.root)
-        P.replace(_cache_dir(node.root) / "rank_0_0" / "model", P.pickle_payload(node.base / "marker", "local"))
+        P.replace(
+            _cache_dir(node.root) / "rank_0_0" / "model",
+            P.pickle_payload(node.base / "marker", "local"),
+        )
         boot = H.boot_llm(node, fleet.model, env)
-        boot.marker = (node.base / "marker").read_text() if (node.base / "marker").exists() else None
+        boot.marker = (
+            (node.base / "marker").read_text() if (node.base / "marker").exists() else None
+        )
         return boot
 
     def tampered_local() -> H.Boot:
         node = fleet.node("tampered-local")
-        env = node.env(PLANCACHE_COMPILE_CACHE="1", PLANCACHE_TRUSTED_KEYS=fleet.key + ".pub",
-                       PLANCACHE_TIMEOUT=str(BUDGET_S), **fleet.store_env(hole.endpoint))
+        env = node.env(
+            PLANCACHE_COMPILE_CACHE="1",
+            PLANCACHE_TRUSTED_KEYS=fleet.key + ".pub",
+            PLANCACHE_TIMEOUT=str(BUDGET_S),
+            **fleet.store_env(hole.endpoint),
+        )
         return with_local_payload("tampered-local", env)
 
     def repull() -> H.Boot:
@@ -194,13 +237,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> 
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runs["build"] = pool.submit(build).result()  # alone (vLLM pins its worker, gcc included, to CPU 0)
+            runs["build"] = pool.submit(
+                build
+            ).result()  # alone (vLLM pins its worker, gcc included, to CPU 0)
             runs["store"] = fleet.objects()
             assert runs["build"].returncode == 0 and runs["store"], runs["build"].tail()
             plant_tampered_archive()
-            later = {"serving": pool.submit(serving), "disabled": pool.submit(disabled),
-                     "tampered-store": pool.submit(tampered_store), "tampered-local": pool.submit(tampered_local),
-                     "repull": pool.submit(repull)}
+            later = {
+                "serving": pool.submit(serving),
+                "disabled": pool.submit(disabled),
+                "tampered-store": pool.submit(tampered_store),
+                "tampered-local": pool.submit(tampered_local),
+                "repull": pool.submit(repull),
+            }
             runs["serving"] = later.pop("serving").result()
             later["restart"] = pool.submit(restart)
             runs.update({name: f.result() for name, f in later.items()})
@@ -222,25 +271,41 @@ def _same_tokens(runs: dict[str, Any], name: str) -> None:
 
 def test_build_node_compiles_signs_and_pushes(fleet: dict[str, Any]) -> None:
     build = fleet["build"]
-    assert build.returncode == 0 and len(build.token_ids) == 2 and all(len(t) == 16 for t in build.token_ids)
+    assert (
+        build.returncode == 0
+        and len(build.token_ids) == 2
+        and all(len(t) == 16 for t in build.token_ids)
+    )
     assert build.compile_decisions == [("compile", "no-cache")], build.tail()
-    assert build.counters["num_aot_compiles"] == 1 and build.counters["num_aot_artifacts_saved"] == 1
+    assert (
+        build.counters["num_aot_compiles"] == 1 and build.counters["num_aot_artifacts_saved"] == 1
+    )
     subject = _subject(fleet["fleet"].node("build").root)
-    assert sorted(fleet["store"]) == [f"torch_compile_cache/{subject}{end}" for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")]
+    assert sorted(fleet["store"]) == [
+        f"torch_compile_cache/{subject}{end}"
+        for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")
+    ]
     # Sign and push at INFO, saying what was pushed.
     assert f"plancache: compile-cache signed cache={subject}" in build.log, build.tail()
     assert f"plancache: compile-cache pushed cache={subject}" in build.log, build.tail()
     # The build node's own cache verifies after its boot (nothing vLLM wrote after signing landed in it).
-    assert fleet["build-verify"].returncode == 0, fleet["build-verify"].stdout + fleet["build-verify"].stderr
+    assert fleet["build-verify"].returncode == 0, (
+        fleet["build-verify"].stdout + fleet["build-verify"].stderr
+    )
 
 
 def test_cpu_worker_plan_side_is_one_line_and_nothing_else(fleet: dict[str, Any]) -> None:
     """VLLM_ENABLE_STARTUP_PLAN=1 on vLLM 0.32's CPU worker, which never applies or saves a plan."""
     for name in ("build", "serving", "restart"):
         boot = fleet[name]
-        assert boot.plan_decisions == [("skip", "worker-without-plans", "none")], (name, boot.tail())
+        assert boot.plan_decisions == [("skip", "worker-without-plans", "none")], (
+            name,
+            boot.tail(),
+        )
         assert "vLLM 0.32 CPUWorker" in boot.log
-        assert not (fleet["fleet"].node(name if name != "restart" else "serving").root / "startup_plan").exists()
+        assert not (
+            fleet["fleet"].node(name if name != "restart" else "serving").root / "startup_plan"
+        ).exists()
     # No plan object was asked of the store: the serving node's only requests are the compile cache's.
     assert all("/torch_compile_cache/" in path for _, path in fleet["serving-requests"])
 
@@ -250,13 +315,22 @@ def test_serving_node_pulls_verifies_and_loads(fleet: dict[str, Any]) -> None:
     _same_tokens(fleet, "serving")
     assert serving.compile_decisions == [("load", "verified")], serving.tail()
     assert "store: pulled" in serving.log
-    assert serving.counters["num_aot_artifacts_loaded"] == 1 and serving.counters["num_aot_compiles"] == 0
+    assert (
+        serving.counters["num_aot_artifacts_loaded"] == 1
+        and serving.counters["num_aot_compiles"] == 0
+    )
     subject = _subject(fleet["fleet"].node("serving").root)
     name = f"/{fleet['fleet'].bucket}/{PREFIX}/torch_compile_cache/{subject}.tar"
-    headers = name[:-len(".tar")] + ".pch.gz"  # the precompiled header: installed from the store, not built
-    assert sorted(fleet["serving-requests"]) == sorted([("GET", n) for n in (name, name + ".sig", headers, headers + ".sig")])
+    headers = (
+        name[: -len(".tar")] + ".pch.gz"
+    )  # the precompiled header: installed from the store, not built
+    assert sorted(fleet["serving-requests"]) == sorted(
+        [("GET", n) for n in (name, name + ".sig", headers, headers + ".sig")]
+    )
     assert "source=store" in serving.log and "source=built" not in serving.log, serving.tail()
-    assert fleet["serving-verify"].returncode == 0, fleet["serving-verify"].stdout  # still verified after the load
+    assert fleet["serving-verify"].returncode == 0, fleet[
+        "serving-verify"
+    ].stdout  # still verified after the load
 
 
 def test_restart_loads_from_local_cache_with_no_store_request(fleet: dict[str, Any]) -> None:
@@ -264,7 +338,10 @@ def test_restart_loads_from_local_cache_with_no_store_request(fleet: dict[str, A
     restart = fleet["restart"]
     _same_tokens(fleet, "restart")
     assert restart.compile_decisions == [("load", "verified")], restart.tail()
-    assert restart.counters["num_aot_artifacts_loaded"] == 1 and restart.counters["num_aot_compiles"] == 0
+    assert (
+        restart.counters["num_aot_artifacts_loaded"] == 1
+        and restart.counters["num_aot_compiles"] == 0
+    )
     assert fleet["restart-requests"] == []
     assert fleet["fleet"].node("serving").quarantine == []
     assert fleet["restart-verify"].returncode == 0, fleet["restart-verify"].stdout
@@ -283,16 +360,22 @@ def test_tampered_archive_in_store_is_never_loaded(fleet: dict[str, Any]) -> Non
     # then was cancelled with the cache: nothing of the store's installed, gcc built the header.
     header = sorted(path for _, path in requests if path.endswith((".pch.gz", ".pch.gz.sig")))
     assert [path.rsplit(".", 1)[-1] for path in header] in (["sig"], ["gz", "sig"]), requests
-    assert "headers=cancelled reason=store-rejected" in run.log and "source=store" not in run.log, run.tail()
+    assert "headers=cancelled reason=store-rejected" in run.log and "source=store" not in run.log, (
+        run.tail()
+    )
 
 
-def test_tampered_local_file_with_black_holed_store_is_quarantined_and_recompiled(fleet: dict[str, Any]) -> None:
+def test_tampered_local_file_with_black_holed_store_is_quarantined_and_recompiled(
+    fleet: dict[str, Any],
+) -> None:
     run = fleet["tampered-local"]
     _same_tokens(fleet, "tampered-local")
     assert run.marker is None, "the local payload ran"
     assert run.compile_decisions == [("quarantined", "digest-mismatch")], run.tail()
     assert "store:" in run.log and run.counters["num_aot_compiles"] == 1
-    assert any(q.endswith("-digest-mismatch") for q in fleet["fleet"].node("tampered-local").quarantine)
+    assert any(
+        q.endswith("-digest-mismatch") for q in fleet["fleet"].node("tampered-local").quarantine
+    )
     # The black hole cost the budget, not the SDKs' minutes of retries (423 s with s3fs's defaults),
     # then vLLM compiled: a bound on the deadline, with room for a loaded machine.
     assert run.compile_elapsed_ms[0] < (BUDGET_S + 20) * 1000, run.compile_elapsed_ms
@@ -305,7 +388,9 @@ def test_quarantined_node_pulls_the_good_cache_again(fleet: dict[str, Any]) -> N
     assert run.compile_decisions == [("load", "verified")], run.tail()
     assert "quarantined_to=" in run.log and "store: pulled" in run.log
     assert run.counters["num_aot_artifacts_loaded"] == 1 and run.counters["num_aot_compiles"] == 0
-    assert len(fleet["repull-requests"]) == 3  # signature, archive; the headers' signature (already on the node)
+    assert (
+        len(fleet["repull-requests"]) == 3
+    )  # signature, archive; the headers' signature (already on the node)
     assert any(q.endswith("-digest-mismatch") for q in fleet["fleet"].node("repull").quarantine)
 
 
@@ -322,10 +407,18 @@ def test_plugin_disabled_vllm_runs_as_without_it(fleet: dict[str, Any]) -> None:
         assert not any(probe["patched"].values()), probe
     # torch read its header where it keeps it by itself ($TMPDIR), not from a plancache directory
     built = fleet["fleet"].node("build").root / "plancache-private" / "headers"
-    own = sorted((fleet["fleet"].node("disabled").base / "tmp").glob("torchinductor_*/precompiled_headers/*.gch"))
-    assert [h.stat().st_ino for h in own] == [h.stat().st_ino for h in sorted(built.glob("*.gch"))], own
+    own = sorted(
+        (fleet["fleet"].node("disabled").base / "tmp").glob(
+            "torchinductor_*/precompiled_headers/*.gch"
+        )
+    )
+    assert [h.stat().st_ino for h in own] == [
+        h.stat().st_ino for h in sorted(built.glob("*.gch"))
+    ], own
     added = set(fleet["disabled-after"]) - set(fleet["disabled-before"])
-    assert [p for p in added if "plancache" in str(p)] == [], added  # no private copy, no quarantine, no lock
+    assert [p for p in added if "plancache" in str(p)] == [], (
+        added
+    )  # no private copy, no quarantine, no lock
 
 
 def test_forked_boots_left_nothing_in_the_zygotes_home(fleet: dict[str, Any]) -> None:

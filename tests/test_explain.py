@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import pytest
 
 from plancache.keys.keyfile import generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.trust import envelope as dsse
 from plancache.trust.inputs import fingerprint_of_inputs
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.statement import parse_statement
-from plancache.trust import envelope as dsse
 from vllm_cpu import DEVICE_NAME, DEVICE_TOTAL, GIB, conditions, cpu_environ, write_tiny_model
 
 PINS = ["--device-name", DEVICE_NAME, "--device-total-memory", str(DEVICE_TOTAL)]
-TINY = ["--max-model-len", "128", "--enforce-eager", "--load-format", "dummy", "--gpu-memory-utilization", "0.9"]
+TINY = [
+    "--max-model-len",
+    "128",
+    "--enforce-eager",
+    "--load-format",
+    "dummy",
+    "--gpu-memory-utilization",
+    "0.9",
+]
 SCHEMA = json.loads(resources.files("plancache.cli").joinpath("report.schema.json").read_text())
 
 
@@ -63,20 +72,31 @@ def keys(tmp_path: Path) -> SimpleNamespace:
     return SimpleNamespace(signer=ci, other=other, trusted=tmp_path / "ci.pub")
 
 
-def _plan(directory: Path, inputs: dict[str, Any] | None, signer: Any, fp: str | None = None) -> str:
+def _plan(
+    directory: Path, inputs: dict[str, Any] | None, signer: Any, fp: str | None = None
+) -> str:
     """A plan as the plugin saves it: signed with the gate's conditions and, when given, the inputs."""
     fp = fp or fingerprint_of_inputs(inputs or {})
     directory.mkdir(parents=True, exist_ok=True)
     data = render_plan(Plan(fp, 50 * GIB, 60 * GIB))
     (directory / plan_name(fp)).write_bytes(data)
     if signer is not None:
-        sig = sign_plan(plan_name(fp), data, signer, datetime.now(timezone.utc), provenance=conditions(), inputs=inputs,
-                        measurements={"profile_ms": 4200.0})
+        sig = sign_plan(
+            plan_name(fp),
+            data,
+            signer,
+            datetime.now(timezone.utc),
+            provenance=conditions(),
+            inputs=inputs,
+            measurements={"profile_ms": 4200.0},
+        )
         (directory / sig_name(fp)).write_bytes(sig)
     return fp
 
 
-def _explain(capsys: pytest.CaptureFixture[str], node: SimpleNamespace, location: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+def _explain(
+    capsys: pytest.CaptureFixture[str], node: SimpleNamespace, location: Path, *extra: str
+) -> tuple[int, dict[str, Any]]:
     from plancache.cli.main import main
 
     code = main(["explain", "--json", *PINS, *extra, str(location), "--", str(node.model), *TINY])
@@ -87,14 +107,23 @@ def _explain(capsys: pytest.CaptureFixture[str], node: SimpleNamespace, location
 
 
 def test_a_plan_made_on_another_vllm_is_explained_by_that_one_input(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
     other_vllm = {**node.rank0["factors"], "vllm": "0.33.1"}
-    other_device = {**node.rank0["factors"], "device_name": "NVIDIA A100-SXM4-80GB", "vllm": "0.32.0"}
+    other_device = {
+        **node.rank0["factors"],
+        "device_name": "NVIDIA A100-SXM4-80GB",
+        "vllm": "0.32.0",
+    }
     near = _plan(store, other_vllm, keys.signer)
     _plan(store, other_device, keys.signer)
     code, doc = _explain(capsys, node, store, "--trusted-keys", str(keys.trusted))
-    assert code == 1 and doc["ok"] is False and doc["compile_cache" if False else "ranks"][0]["compile_cache"] is None
+    assert (
+        code == 1
+        and doc["ok"] is False
+        and doc["compile_cache" if False else "ranks"][0]["compile_cache"] is None
+    )
     plan = doc["ranks"][0]["plan"]
     assert (plan["decision"], plan["reason"]) == ("profile", "no-plan")
     first, second = plan["candidates"]
@@ -104,13 +133,28 @@ def test_a_plan_made_on_another_vllm_is_explained_by_that_one_input(
     # the table says the same in words
     from plancache.cli.main import main
 
-    assert main(["explain", *PINS, "--trusted-keys", str(keys.trusted), str(store), "--", str(node.model), *TINY]) == 1
+    assert (
+        main(
+            [
+                "explain",
+                *PINS,
+                "--trusted-keys",
+                str(keys.trusted),
+                str(store),
+                "--",
+                str(node.model),
+                *TINY,
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert f"nearest plan {near}" in out and "vllm: signed 0.33.1, here 0.33.0" in out
 
 
 def test_the_nodes_own_plan_would_apply_and_a_changed_condition_is_named(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
     fp = _plan(store, dict(node.rank0["factors"]), keys.signer)
     assert fp == node.rank0["fingerprint"]  # the plugin's inputs reproduce vLLM's key
@@ -118,8 +162,23 @@ def test_the_nodes_own_plan_would_apply_and_a_changed_condition_is_named(
     assert code == 0 and doc["ranks"][0]["plan"]["decision"] == "apply"
     from plancache.cli.main import main
 
-    tiny_085 = [*TINY[:-1], "0.85"]  # gpu_memory_utilization is no fingerprint input: the gate's condition
-    main(["explain", "--json", *PINS, "--trusted-keys", str(keys.trusted), str(store), "--", str(node.model), *tiny_085])
+    tiny_085 = [
+        *TINY[:-1],
+        "0.85",
+    ]  # gpu_memory_utilization is no fingerprint input: the gate's condition
+    main(
+        [
+            "explain",
+            "--json",
+            *PINS,
+            "--trusted-keys",
+            str(keys.trusted),
+            str(store),
+            "--",
+            str(node.model),
+            *tiny_085,
+        ]
+    )
     plan = json.loads(capsys.readouterr().out)["ranks"][0]["plan"]
     assert plan["fingerprint"] == fp  # vLLM 0.33's cache config hash ignores the utilization
     assert (plan["decision"], plan["reason"]) == ("profile", "condition-mismatch")
@@ -127,7 +186,8 @@ def test_the_nodes_own_plan_would_apply_and_a_changed_condition_is_named(
 
 
 def test_only_verified_statements_are_compared(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The same inputs in an unsigned plan, or one signed by an untrusted key, are no evidence; a
     plan signed the old way (no inputs) still verifies and is counted as not comparable."""
     store = tmp_path / "store"
@@ -137,7 +197,9 @@ def test_only_verified_statements_are_compared(
     _plan(store, untrusted, keys.other)
     old = _plan(store, None, keys.signer, fp="00000000000000aa")
     statement = parse_statement(dsse.decode((store / sig_name(old)).read_bytes()).payload)
-    assert not statement.inputs and "inputs" not in json.loads(statement.to_json_bytes())["predicate"]
+    assert (
+        not statement.inputs and "inputs" not in json.loads(statement.to_json_bytes())["predicate"]
+    )
     code, doc = _explain(capsys, node, store, "--trusted-keys", str(keys.trusted))
     plan = doc["ranks"][0]["plan"]
     assert code == 1 and plan["candidates"] == []
@@ -145,7 +207,8 @@ def test_only_verified_statements_are_compared(
 
 
 def test_a_compile_cache_missed_by_one_environment_variable_is_explained_by_it(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Dynamo #10695's shape: a per-pod variable hashed into the key. The manifest signs vLLM's
     cache_key_factors.json (found in the <10 hex> directory it writes); one variable differs."""
     root = tmp_path / "vllm-cache"
@@ -160,13 +223,18 @@ def test_a_compile_cache_missed_by_one_environment_variable_is_explained_by_it(
     (inside / "cache_key_factors.json").write_text(json.dumps(factors))
     (inside / "vllm_compile_cache.py").write_text("{}")
     signed = cc.sign_cache(cc.CacheRoot(root), subject, keys.signer, datetime.now(timezone.utc))
-    assert signed.key_factors is not None and signed.key_factors["env"]["VLLM_PP_LAYER_PARTITION"] == "pod-7"
+    assert (
+        signed.key_factors is not None
+        and signed.key_factors["env"]["VLLM_PP_LAYER_PARTITION"] == "pod-7"
+    )
     code, doc = _explain(capsys, node, plans, "--trusted-keys", str(keys.trusted))
     cache = doc["ranks"][0]["compile_cache"]
     assert doc["compile_location"] == str(root) and doc["ranks"][0]["plan"]["decision"] == "apply"
     assert code == 1 and (cache["decision"], cache["reason"]) == ("compile", "no-cache")
     here = node.here["env"].get("VLLM_PP_LAYER_PARTITION")
-    assert cache["candidates"][0]["differs"] == [{"input": "env.VLLM_PP_LAYER_PARTITION", "signed": "pod-7", "here": here}]
+    assert cache["candidates"][0]["differs"] == [
+        {"input": "env.VLLM_PP_LAYER_PARTITION", "signed": "pod-7", "here": here}
+    ]
     # the same factors as here: would load
     factors["env"]["VLLM_PP_LAYER_PARTITION"] = here
     (inside / "cache_key_factors.json").write_text(json.dumps(factors))
@@ -176,8 +244,12 @@ def test_a_compile_cache_missed_by_one_environment_variable_is_explained_by_it(
     assert code == 0 and doc["ranks"][0]["compile_cache"]["decision"] == "load"
 
 
-def test_explain_without_trusted_keys_is_one_line(node: SimpleNamespace, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_without_trusted_keys_is_one_line(
+    node: SimpleNamespace,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from plancache.cli.main import main
 
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
@@ -188,7 +260,8 @@ def test_explain_without_trusted_keys_is_one_line(node: SimpleNamespace, tmp_pat
 
 
 def test_sign_inputs_records_what_plancache_fingerprint_printed(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """CI without the plugin: ``fingerprint --json > fp.json``, then ``sign --inputs fp.json``."""
     from plancache.cli.main import main
 
@@ -197,9 +270,24 @@ def test_sign_inputs_records_what_plancache_fingerprint_printed(
     report.write_text(capsys.readouterr().out)
     plans = tmp_path / "plans"
     fp = _plan(plans, None, None, fp=node.rank0["fingerprint"])
-    other = _plan(plans, None, None, fp="00000000000000bb")  # not in the file: signed without inputs
-    assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--fact", "gpu_memory_utilization=0.9",
-                 str(plans)]) == 0
+    other = _plan(
+        plans, None, None, fp="00000000000000bb"
+    )  # not in the file: signed without inputs
+    assert (
+        main(
+            [
+                "sign",
+                "--key",
+                str(tmp_path / "ci"),
+                "--inputs",
+                str(report),
+                "--fact",
+                "gpu_memory_utilization=0.9",
+                str(plans),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     for name, expected in ((fp, node.rank0["factors"]), (other, {})):
         statement = parse_statement(dsse.decode((plans / sig_name(name)).read_bytes()).payload)
@@ -207,13 +295,27 @@ def test_sign_inputs_records_what_plancache_fingerprint_printed(
     bad = json.loads(report.read_text())
     bad["ranks"][0]["factors"]["vllm"] = "0.0.0"
     report.write_text(json.dumps(bad))
-    assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--replace", str(plans)]) == 2
+    assert (
+        main(
+            [
+                "sign",
+                "--key",
+                str(tmp_path / "ci"),
+                "--inputs",
+                str(report),
+                "--replace",
+                str(plans),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "do not hash to its fingerprint" in err
 
 
 def test_a_differing_vllm_config_is_narrowed_to_the_part_that_differs(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A plan baked for --max-model-len 64 on a node that serves 128: the one input that differs is
     vLLM's config hash, and the signed configuration parts say which part of it."""
     from plancache.cli.main import main
@@ -225,8 +327,21 @@ def test_a_differing_vllm_config_is_narrowed_to_the_part_that_differs(
     baked = json.loads(report.read_text())["ranks"][0]["fingerprint"]
     store = tmp_path / "store"
     _plan(store, None, None, fp=baked)
-    assert main(["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), "--fact", "gpu_memory_utilization=0.9",
-                 str(store)]) == 0
+    assert (
+        main(
+            [
+                "sign",
+                "--key",
+                str(tmp_path / "ci"),
+                "--inputs",
+                str(report),
+                "--fact",
+                "gpu_memory_utilization=0.9",
+                str(store),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     code, doc = _explain(capsys, node, store, "--trusted-keys", str(keys.trusted))
     (candidate,) = doc["ranks"][0]["plan"]["candidates"]
@@ -237,7 +352,8 @@ def test_a_differing_vllm_config_is_narrowed_to_the_part_that_differs(
 
 
 def test_a_store_url_is_explained_with_its_plans_and_compile_caches(
-        node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The same comparisons against a store (file://): plans fetched and verified as ``verify``
     does, compile caches by their signature objects."""
     from plancache.keys.keyfile import load_keyring

@@ -15,10 +15,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 pytest.importorskip("xdist")
-from held_workers import HeldBackLoadFile  # noqa: E402
+from held_workers import HeldBackLoadFile
 
-FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_quick.py", "test_bound1.py", "test_bound2.py",
-         "test_bound3.py", "test_other.py", "test_last.py")
+FILES = (
+    "test_engine_e2e.py",
+    "test_compile_cache_vllm.py",
+    "test_quick.py",
+    "test_bound1.py",
+    "test_bound2.py",
+    "test_bound3.py",
+    "test_other.py",
+    "test_last.py",
+)
 COLLECTION = [f"tests/{name}::t{i}" for name in FILES for i in range(4)]
 
 
@@ -36,11 +44,21 @@ class Worker:
         self.shutting_down = True
 
 
-def started(workers: int, heavy: frozenset[str], kind: type = HeldBackLoadFile,
-            deadline: frozenset[str] | None = None) -> tuple[Any, list[Worker]]:
-    config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False))
+def started(
+    workers: int,
+    heavy: frozenset[str],
+    kind: type = HeldBackLoadFile,
+    deadline: frozenset[str] | None = None,
+) -> tuple[Any, list[Worker]]:
+    config = SimpleNamespace(
+        getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False)
+    )
     deadline = DEADLINE if deadline is None else deadline
-    sched = kind(config, None, base=2, heavy=heavy, deadline=deadline) if kind is HeldBackLoadFile else kind(config, None)
+    sched = (
+        kind(config, None, base=2, heavy=heavy, deadline=deadline)
+        if kind is HeldBackLoadFile
+        else kind(config, None)
+    )
     nodes = [Worker(i) for i in range(workers)]
     for node in nodes:
         sched.add_node(node)
@@ -79,7 +97,9 @@ def test_the_third_worker_waits_for_every_heavy_file_then_takes_the_next_one() -
     sched, (first, second, third) = started(3, HEAVY)
     assert first.sent == COLLECTION[0:4] and second.sent == COLLECTION[4:8] and third.sent == []
 
-    for nodeid in COLLECTION[4:8]:  # the compile file done: its worker goes on, the third still waits
+    for nodeid in COLLECTION[
+        4:8
+    ]:  # the compile file done: its worker goes on, the third still waits
         finish(sched, second, nodeid)
     assert second.sent[4:] and third.sent == [] and not third.shutting_down
     for nodeid in COLLECTION[0:3]:
@@ -90,7 +110,9 @@ def test_the_third_worker_waits_for_every_heavy_file_then_takes_the_next_one() -
     assert third.sent and set(third.sent).isdisjoint(taken)
 
     drain(sched, [first, second, third])
-    assert sorted(first.sent + second.sent + third.sent) == sorted(COLLECTION)  # each test once, none lost
+    assert sorted(first.sent + second.sent + third.sent) == sorted(
+        COLLECTION
+    )  # each test once, none lost
     assert sched.tests_finished
 
 
@@ -130,7 +152,9 @@ def test_no_more_than_two_deadline_files_run_at_once() -> None:
     sched, workers = started(3, HEAVY)
     seen: list[list[str]] = []
     drain(sched, workers, seen)
-    assert max(sum(name in DEADLINE for name in side) for side in seen) == 2  # three queued: one waited
+    assert (
+        max(sum(name in DEADLINE for name in side) for side in seen) == 2
+    )  # three queued: one waited
     assert sorted(t for w in workers for t in w.sent) == sorted(COLLECTION) and sched.tests_finished
     assert all(w.shutting_down for w in workers)
 
@@ -143,16 +167,25 @@ def test_a_worker_whose_next_file_would_be_a_third_deadline_file_takes_the_one_b
         for nodeid in heavy:
             finish(sched, node, nodeid)
     # the quick file on the first worker, a deadline file on each of the others
-    assert {files(w) for w in (first, second, third)} == {("test_quick.py",), ("test_bound1.py",), ("test_bound2.py",)}
+    assert {files(w) for w in (first, second, third)} == {
+        ("test_quick.py",),
+        ("test_bound1.py",),
+        ("test_bound2.py",),
+    }
     quick = next(w for w in (first, second, third) if files(w) == ("test_quick.py",))
     for nodeid in COLLECTION[8:10]:
         finish(sched, quick, nodeid)  # two tests left: it is sent its next file
     assert files(quick) == ("test_quick.py", "test_other.py")
     assert list(sched.workqueue) == ["tests/test_bound3.py", "tests/test_last.py"]
     drain(sched, [first, second, third])
-    assert sorted(t for w in (first, second, third) for t in w.sent) == sorted(COLLECTION) and sched.tests_finished
+    assert (
+        sorted(t for w in (first, second, third) for t in w.sent) == sorted(COLLECTION)
+        and sched.tests_finished
+    )
 
 
 def files(worker: Worker) -> tuple[str, ...]:
     """The files of the tests the worker was sent and has not run, in order."""
-    return tuple(dict.fromkeys(t.split("::")[0].split("/")[-1] for t in worker.sent[len(worker.done):]))
+    return tuple(
+        dict.fromkeys(t.split("::")[0].split("/")[-1] for t in worker.sent[len(worker.done) :])
+    )

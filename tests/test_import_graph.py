@@ -43,7 +43,9 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
             for alias in node.names:
-                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module)
+                found.add(
+                    f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                )
     return {m for m in found if m in modules and m != name}
 
 
@@ -62,7 +64,7 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)) is not None:
                 return found
         path.pop()
@@ -77,14 +79,19 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_plancache_has_no_import_circle() -> None:
     graph = import_graph()
-    assert "plancache.storage.store" in graph and "plancache.storage.s3.direct" in graph["plancache.storage.store"]
+    assert (
+        "plancache.storage.store" in graph
+        and "plancache.storage.s3.direct" in graph["plancache.storage.store"]
+    )
     found = circle(graph)
     assert found is None, "import circle: " + " -> ".join(found or [])
 
 
 def test_a_lazy_import_counts_and_a_circle_through_it_is_found() -> None:
     graph = import_graph()
-    assert "plancache.storage.azure.blob" in graph["plancache.storage.backends"]  # imported inside a function
+    assert (
+        "plancache.storage.azure.blob" in graph["plancache.storage.backends"]
+    )  # imported inside a function
     graph["plancache.trust.errors"] = graph["plancache.trust.errors"] | {"plancache.storage.store"}
     found = circle(graph)
     assert found is not None and found[0] == found[-1] and "plancache.trust.errors" in found
@@ -102,8 +109,11 @@ def test_no_folder_holds_more_than_twelve_modules() -> None:
 
 def test_every_room_stays_under_350_lines() -> None:
     """Past that a module holds more than one idea: split it by what its parts share."""
-    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 350}
+    long = {
+        str(p.relative_to(ROOT.parent)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 350
+    }
     assert not long, long
 
 
@@ -115,8 +125,14 @@ def test_long_signatures_take_their_options_by_keyword() -> None:
     positional: list[str] = []
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in public | {"__init__"}:
-                args = [a for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            if isinstance(
+                node, (ast.FunctionDef, ast.AsyncFunctionDef)
+            ) and node.name not in public | {"__init__"}:
+                args = [
+                    a
+                    for a in node.args.posonlyargs + node.args.args
+                    if a.arg not in ("self", "cls")
+                ]
                 if len(args) + len(node.args.kwonlyargs) >= 6 and node.args.defaults:
                     positional.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
     assert not positional, positional

@@ -27,8 +27,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from packaging.markers import default_environment
@@ -40,9 +40,18 @@ tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Py
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = ("s3", "gcs", "azure", "awskms", "gcpkms", "pkcs11")
 """Every extra but [test] (tools) and [vllm] (checked against vLLM's own requirements)."""
-NO_NETWORK = ("NewConnectionError", "Max retries exceeded", "Could not fetch URL", "Network is unreachable",
-              "Temporary failure in name resolution", "No matching distribution found for setuptools",
-              "Read timed out", "ReadTimeoutError", "Connection refused", "ConnectTimeoutError")
+NO_NETWORK = (
+    "NewConnectionError",
+    "Max retries exceeded",
+    "Could not fetch URL",
+    "Network is unreachable",
+    "Temporary failure in name resolution",
+    "No matching distribution found for setuptools",
+    "Read timed out",
+    "ReadTimeoutError",
+    "Connection refused",
+    "ConnectTimeoutError",
+)
 INDEX_BUDGET = 60.0
 """Seconds the whole index check may take, probe included (issue 21: bounded, ≤ 60 s)."""
 INDEX_PROBE_BUDGET = 15.0
@@ -54,26 +63,51 @@ def extra_requirements(extra: str) -> list[Requirement]:
     return [Requirement(text) for text in project["optional-dependencies"][extra]]
 
 
-def pip_resolve(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+def pip_resolve(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[int, dict, str]:
     """``pip install --dry-run --report`` of ``args`` from the repository root: (rc, report, log)."""
     report = ROOT / ".pytest_cache" / "pip-report.json"
     report.parent.mkdir(exist_ok=True)
     report.unlink(missing_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--dry-run", "--report", str(report),
-         *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--dry-run",
+            "--report",
+            str(report),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
-    log = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "is ignored" not in line)
+    log = "\n".join(
+        line for line in (proc.stdout + proc.stderr).splitlines() if "is ignored" not in line
+    )
     return proc.returncode, json.loads(report.read_text()) if report.exists() else {}, log
 
 
 def installs(report: dict) -> dict[str, str]:
-    return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report.get("install", [])}
+    return {
+        canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+        for i in report.get("install", [])
+    }
 
 
 def test_s3_bounds_boto3_to_aiobotocores_botocore_window() -> None:
     (boto3,) = [r for r in extra_requirements("s3") if r.name == "boto3"]
-    (botocore,) = [Requirement(r) for r in metadata.requires("aiobotocore") or [] if Requirement(r).name == "botocore"]
+    (botocore,) = [
+        Requirement(r)
+        for r in metadata.requires("aiobotocore") or []
+        if Requirement(r).name == "botocore"
+    ]
     assert boto3.specifier == botocore.specifier, (
         f"[s3] bounds boto3 to {boto3.specifier}, aiobotocore {metadata.version('aiobotocore')} pins botocore to "
         f"{botocore.specifier}: move the bound in pyproject.toml with aiobotocore"
@@ -82,7 +116,9 @@ def test_s3_bounds_boto3_to_aiobotocores_botocore_window() -> None:
 
 
 def test_every_extra_and_boto3_resolve_beside_this_image_without_moving_anything() -> None:
-    code, report, log = pip_resolve("--no-index", "--no-build-isolation", f".[{','.join(EXTRAS)}]", "boto3")
+    code, report, log = pip_resolve(
+        "--no-index", "--no-build-isolation", f".[{','.join(EXTRAS)}]", "boto3"
+    )
     assert code == 0, log[-3000:]
     assert set(installs(report)) == {"plancache"}, installs(report)
 
@@ -104,7 +140,9 @@ def _closure(requirements: list[Requirement]) -> Iterator[str]:
         for text in requires:
             sub = Requirement(text)
             extras = req.extras or {""}
-            if sub.marker is None or any(sub.marker.evaluate({**default_environment(), "extra": e}) for e in extras):
+            if sub.marker is None or any(
+                sub.marker.evaluate({**default_environment(), "extra": e}) for e in extras
+            ):
                 todo.append(sub)
         yield name
 
@@ -116,7 +154,9 @@ def test_our_extras_meet_vllms_own_requirements() -> None:
     broken = []
     for text in metadata.requires("vllm") or []:
         req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate({**default_environment(), "extra": ""}):
+        if req.marker is not None and not req.marker.evaluate(
+            {**default_environment(), "extra": ""}
+        ):
             continue
         name = canonicalize_name(req.name)
         if name in ours and metadata.version(name) not in req.specifier:
@@ -124,29 +164,63 @@ def test_our_extras_meet_vllms_own_requirements() -> None:
     assert not broken and {"aiohttp", "requests"} <= ours
 
 
-def resolve_against_index(*args: str, env: dict[str, str] | None = None,
-                          budget: float = INDEX_BUDGET) -> tuple[dict, str]:
+def resolve_against_index(
+    *args: str, env: dict[str, str] | None = None, budget: float = INDEX_BUDGET
+) -> tuple[dict, str]:
     """``pip_resolve(args)`` against the configured index within ``budget`` seconds in all,
     or ``pytest.skip`` saying why (unreachable, or too slow to answer in time)."""
     started = time.monotonic()
     probe_budget = min(INDEX_PROBE_BUDGET, budget)
     try:
-        probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "boto3", "--timeout",
-                                str(int(probe_budget / 3) or 1), "--retries", "0"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=probe_budget, env=env)
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "index",
+                "versions",
+                "boto3",
+                "--timeout",
+                str(int(probe_budget / 3) or 1),
+                "--retries",
+                "0",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=probe_budget,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
-        pytest.skip(f"the configured package index did not answer a probe within {probe_budget:g} s")
+        pytest.skip(
+            f"the configured package index did not answer a probe within {probe_budget:g} s"
+        )
     spent = time.monotonic() - started
     if probe.returncode != 0:
-        pytest.skip(f"the configured package index cannot be reached: {probe.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(
+            f"the configured package index cannot be reached: {probe.stderr.strip().splitlines()[-1:]}"
+        )
     if any(marker in probe.stderr for marker in NO_NETWORK):
-        pytest.skip("the configured package index is slow or partly unreachable (the probe retried)")
+        pytest.skip(
+            "the configured package index is slow or partly unreachable (the probe retried)"
+        )
     left = budget - spent
     try:
-        code, report, log = pip_resolve("--ignore-installed", "--no-build-isolation", "--timeout", "15",
-                                        "--retries", "1", *args, timeout=left, env=env)
+        code, report, log = pip_resolve(
+            "--ignore-installed",
+            "--no-build-isolation",
+            "--timeout",
+            "15",
+            "--retries",
+            "1",
+            *args,
+            timeout=left,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
-        pytest.skip(f"the configured package index did not resolve {' '.join(args)} within {budget:g} s")
+        pytest.skip(
+            f"the configured package index did not resolve {' '.join(args)} within {budget:g} s"
+        )
     if code != 0 and any(marker in log for marker in NO_NETWORK):
         pytest.skip("the configured package index cannot be reached")
     assert code == 0, log[-3000:]
@@ -160,8 +234,11 @@ def test_an_unanswering_index_skips_the_index_check_within_its_budget() -> None:
     with socket.socket() as hole:
         hole.bind(("127.0.0.1", 0))
         hole.listen(64)
-        env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_CACHE_DIR="1",
-                   PIP_INDEX_URL=f"http://127.0.0.1:{hole.getsockname()[1]}/simple")
+        env.update(
+            PIP_CONFIG_FILE=os.devnull,
+            PIP_NO_CACHE_DIR="1",
+            PIP_INDEX_URL=f"http://127.0.0.1:{hole.getsockname()[1]}/simple",
+        )
         with pytest.raises(pytest.skip.Exception, match="package index"):
             resolve_against_index(".[s3]", "boto3", env=env, budget=9)
 

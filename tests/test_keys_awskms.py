@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,7 +18,6 @@ from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
 from plancache.trust.keyring.keyformat import key_id, openssh_line
-from plancache.trust.plans.plan import plan_name
 from store_servers import AWS_ENV, BlackHole, closed_port
 
 pytest.importorskip("boto3")
@@ -26,19 +25,26 @@ pytest.importorskip("boto3")
 
 @pytest.fixture(scope="module")
 def kms() -> Iterator[AwsKms]:
-    server = AwsKms([
-        aws_key("1234abcd-12ab-34cd-56ef-1234567890ab", aliases=("alias/plancache-ci",)),
-        aws_key("denied-key", denied=True),
-        p256_key("p256-key"),
-    ])
+    server = AwsKms(
+        [
+            aws_key("1234abcd-12ab-34cd-56ef-1234567890ab", aliases=("alias/plancache-ci",)),
+            aws_key("denied-key", denied=True),
+            p256_key("p256-key"),
+        ]
+    )
     yield server
     server.stop()
 
 
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kms: AwsKms) -> dict[str, str]:
-    env = {**AWS_ENV, "AWS_ENDPOINT_URL_KMS": kms.endpoint, "AWS_CONFIG_FILE": str(tmp_path / "none"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "PLANCACHE_TIMEOUT": "3"}
+    env = {
+        **AWS_ENV,
+        "AWS_ENDPOINT_URL_KMS": kms.endpoint,
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "PLANCACHE_TIMEOUT": "3",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
@@ -52,11 +58,17 @@ def one_line_error(func, *args) -> PlanCacheError:  # type: ignore[no-untyped-de
     return info.value
 
 
-@pytest.mark.parametrize("ref, region", [
-    ("awskms:///alias/plancache-ci", "eu-west-2"),
-    ("awskms:///1234abcd-12ab-34cd-56ef-1234567890ab", "eu-west-2"),
-    ("awskms:///arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab", "us-east-1"),  # the ARN's
-])
+@pytest.mark.parametrize(
+    "ref, region",
+    [
+        ("awskms:///alias/plancache-ci", "eu-west-2"),
+        ("awskms:///1234abcd-12ab-34cd-56ef-1234567890ab", "eu-west-2"),
+        (
+            "awskms:///arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+            "us-east-1",
+        ),  # the ARN's
+    ],
+)
 def test_kms_signs_ed25519_raw_and_the_key_id_is_its_public_keys(
     kms: AwsKms, aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, ref: str, region: str
 ) -> None:
@@ -69,14 +81,23 @@ def test_kms_signs_ed25519_raw_and_the_key_id_is_its_public_keys(
     real.public_key().verify(signature, b"message to sign")  # raises if not the KMS key's signature
     (request,) = kms.requests
     assert request["target"] == "TrentService.Sign"
-    assert request["body"]["MessageType"] == "RAW" and request["body"]["SigningAlgorithm"] == "ED25519_SHA_512"
-    assert base64.b64decode(request["body"]["Message"]) == b"message to sign"  # the message, not a digest
+    assert (
+        request["body"]["MessageType"] == "RAW"
+        and request["body"]["SigningAlgorithm"] == "ED25519_SHA_512"
+    )
+    assert (
+        base64.b64decode(request["body"]["Message"]) == b"message to sign"
+    )  # the message, not a digest
     assert request["authorization"].startswith("AWS4-HMAC-SHA256 Credential=plancache-test/")
     assert f"/{region}/kms/aws4_request" in request["authorization"]
 
 
 def test_cli_signs_with_kms_and_verify_accepts_it(
-    kms: AwsKms, aws_env: dict[str, str], plan_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    kms: AwsKms,
+    aws_env: dict[str, str],
+    plan_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     LocalPlanDir(plan_dir).write(FP, plan_bytes(), None)
     assert main(["pubkey", "awskms:///alias/plancache-ci", "--name", "kms-ci"]) == 0
@@ -88,13 +109,17 @@ def test_cli_signs_with_kms_and_verify_accepts_it(
     signed = [r for r in kms.requests if r["target"] == "TrentService.Sign"]
     sidecar = LocalPlanDir(plan_dir).read(FP)[1]
     envelope = dsse.decode(sidecar)
-    assert base64.b64decode(signed[0]["body"]["Message"]) == dsse.pae(envelope.payload_type, envelope.payload)
+    assert base64.b64decode(signed[0]["body"]["Message"]) == dsse.pae(
+        envelope.payload_type, envelope.payload
+    )
     capsys.readouterr()
     assert main(["verify", "--trusted-keys", str(tmp_path / "trusted"), str(plan_dir)]) == 0
     assert "valid" in capsys.readouterr().out
 
 
-def test_endpoint_in_the_uri_is_https(aws_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_endpoint_in_the_uri_is_https(
+    aws_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cert, key = self_signed(tmp_path)
     server = AwsKms([aws_key("tls-key")], tls=(cert, key))
     try:
@@ -108,22 +133,31 @@ def test_endpoint_in_the_uri_is_https(aws_env: dict[str, str], tmp_path: Path, m
         server.stop()
 
 
-@pytest.mark.parametrize("ref, expected", [
-    ("awskms:///denied-key", "AccessDeniedException"),
-    ("awskms:///alias/nope", "NotFoundException"),
-    ("awskms:///p256-key", "ECC_NIST_P256"),
-    ("awskms://", "is not awskms:///KEY-ID"),
-    ("awskms://host with space/k", "is not awskms:///KEY-ID"),
-])
-def test_unusable_kms_keys_are_one_line_config_errors(aws_env: dict[str, str], ref: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    "ref, expected",
+    [
+        ("awskms:///denied-key", "AccessDeniedException"),
+        ("awskms:///alias/nope", "NotFoundException"),
+        ("awskms:///p256-key", "ECC_NIST_P256"),
+        ("awskms://", "is not awskms:///KEY-ID"),
+        ("awskms://host with space/k", "is not awskms:///KEY-ID"),
+    ],
+)
+def test_unusable_kms_keys_are_one_line_config_errors(
+    aws_env: dict[str, str], ref: str, expected: str
+) -> None:
     error = one_line_error(load_signer, ref, aws_env)
     assert isinstance(error, ConfigError) and expected in error.detail, error.detail
 
 
-def test_unreachable_kms_fails_fast_and_a_silent_one_within_the_budget(aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_kms_fails_fast_and_a_silent_one_within_the_budget(
+    aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", f"http://127.0.0.1:{closed_port()}")
-    one_line_error(load_signer, "awskms:///alias/plancache-ci", aws_env)  # imports boto3, loads KMS's model:
-    started = time.monotonic()                                            # slow on a busy machine, not the call
+    one_line_error(
+        load_signer, "awskms:///alias/plancache-ci", aws_env
+    )  # imports boto3, loads KMS's model:
+    started = time.monotonic()  # slow on a busy machine, not the call
     error = one_line_error(load_signer, "awskms:///alias/plancache-ci", aws_env)
     assert isinstance(error, ConfigError) and time.monotonic() - started < 2.5, error.detail
     hole = BlackHole()
@@ -137,7 +171,9 @@ def test_unreachable_kms_fails_fast_and_a_silent_one_within_the_budget(aws_env: 
         hole.stop()
 
 
-def test_a_kms_that_stops_answering_mid_run_times_out_the_signature(kms: AwsKms, aws_env: dict[str, str]) -> None:
+def test_a_kms_that_stops_answering_mid_run_times_out_the_signature(
+    kms: AwsKms, aws_env: dict[str, str]
+) -> None:
     # A 2 s budget: the load (a botocore client, KMS's service model, GetPublicKey) took over
     # 0.5 s once on a loaded CI machine, and the load is not what this test is about.
     signer = load_signer("awskms:///alias/plancache-ci", {**aws_env, "PLANCACHE_TIMEOUT": "2"})

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import late_ports  # noqa: E402
+import late_ports
 
 
 def test_a_late_port_is_free_below_the_ephemeral_range_and_never_given_twice() -> None:

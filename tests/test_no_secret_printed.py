@@ -13,8 +13,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -24,21 +24,34 @@ from plancache.storage.local.localdir import LocalPlanDir
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-SECRETS = ("AKSECRET1", "PWSECRET2", "SIGSECRET3", "TOKSECRET4", "FTPSECRET5", "PINSECRET6", "PINSECRET7",
-           "AMZSECRET8", "OPTSECRET9", "FILEPINSECRET10", "GOOGSECRET11")
+SECRETS = (
+    "AKSECRET1",
+    "PWSECRET2",
+    "SIGSECRET3",
+    "TOKSECRET4",
+    "FTPSECRET5",
+    "PINSECRET6",
+    "PINSECRET7",
+    "AMZSECRET8",
+    "OPTSECRET9",
+    "FILEPINSECRET10",
+    "GOOGSECRET11",
+)
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens, a connection is refused at once
 URLS = [
     "s3://AKSECRET1:PWSECRET2@bucket/plans",
     "az://container/plans?sv=2024&sig=SIGSECRET3",
     "gs://bucket/plans?token=TOKSECRET4",
     "ftp://user:FTPSECRET5@127.0.0.1:9/plans",
-    f"https://127.0.0.1:9/plans?X-Amz-Signature=AMZSECRET8&X-Amz-Credential=AKSECRET1",
+    "https://127.0.0.1:9/plans?X-Amz-Signature=AMZSECRET8&X-Amz-Credential=AKSECRET1",
     "s3://bucket/plans?X-Goog-Signature=GOOGSECRET11",
 ]
 
 
 @pytest.fixture
-def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+def planted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> dict[str, str]:
     monkeypatch.setenv("AWS_ENDPOINT_URL", DEAD)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "testing")
@@ -49,10 +62,15 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     pin.write_text("FILEPINSECRET10\n")
     os.chmod(pin, 0o600)
     capsys.readouterr()
-    return {"dir": str(plans.path), "pub": str(tmp_path / "ci.pub"), "key": str(tmp_path / "ci"), "tmp": str(tmp_path),
-            "pkcs11": "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=PINSECRET6",
-            "pkcs11_bad": "pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-value:PINSECRET7",
-            "pkcs11_file": f"pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-source=file:{pin}"}
+    return {
+        "dir": str(plans.path),
+        "pub": str(tmp_path / "ci.pub"),
+        "key": str(tmp_path / "ci"),
+        "tmp": str(tmp_path),
+        "pkcs11": "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=PINSECRET6",
+        "pkcs11_bad": "pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-value:PINSECRET7",
+        "pkcs11_file": f"pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-source=file:{pin}",
+    }
 
 
 def assert_clean(text: str, where: object) -> None:
@@ -70,7 +88,13 @@ def _argvs(p: dict[str, str]) -> Iterator[list[str]]:
         yield ["push", "--key", p["key"], *quick, p["dir"], url]
         yield ["prune", "--older-than", "1d", *trust, *quick, url]
         yield ["compile-cache", "pull", *trust, *quick, url, f"{p['tmp']}/cc"]
-        yield ["verify", *trust, "--storage-option", "OPTSECRET9", url]  # an item that is no KEY=VALUE
+        yield [
+            "verify",
+            *trust,
+            "--storage-option",
+            "OPTSECRET9",
+            url,
+        ]  # an item that is no KEY=VALUE
         yield ["ls", "--timeout", f"{url}"]  # argparse echoes a bad value
     for ref in (p["pkcs11"], p["pkcs11_bad"], p["pkcs11_file"]):
         yield ["sign", "--key", ref, p["dir"]]
@@ -78,11 +102,17 @@ def _argvs(p: dict[str, str]) -> Iterator[list[str]]:
         yield ["push", "--key", ref, p["dir"], f"file://{p['tmp']}/store"]
 
 
-def test_no_command_prints_a_planted_secret(planted: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_command_prints_a_planted_secret(
+    planted: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     ran = 0
     for argv in _argvs(planted):
         for flags in ([], ["--json"]):
-            full = argv[:2] + flags + argv[2:] if argv[0] == "compile-cache" else argv[:1] + flags + argv[1:]
+            full = (
+                argv[:2] + flags + argv[2:]
+                if argv[0] == "compile-cache"
+                else argv[:1] + flags + argv[1:]
+            )
             try:
                 main(full)
             except SystemExit:
@@ -94,8 +124,9 @@ def test_no_command_prints_a_planted_secret(planted: dict[str, str], capsys: pyt
     assert ran >= 100
 
 
-def test_doctor_prints_no_secret_from_the_environment(planted: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_prints_no_secret_from_the_environment(
+    planted: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("VLLM_CACHE_ROOT", planted["tmp"])
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", planted["pub"])
     monkeypatch.setenv("PLANCACHE_TIMEOUT", "1")
@@ -115,13 +146,30 @@ def test_doctor_prints_no_secret_from_the_environment(planted: dict[str, str], m
 def test_no_journey_prints_a_planted_secret(planted: dict[str, str], journey: str) -> None:
     for url in URLS:
         for ref in (planted["pkcs11"], planted["key"]):
-            env = {**os.environ, "PLANCACHE": f"{sys.executable} -m plancache.cli.main", "PYTHONPATH": SRC,
-                   "PLANCACHE_URL": url, "PLANCACHE_SIGNING_KEY": ref, "PLANCACHE_TRUSTED_KEYS": planted["pub"],
-                   "IMAGE_PLAN_DIR": f"{planted['tmp']}/image", "PLAN_DIR": planted["dir"], "PLANCACHE_TIMEOUT": "1",
-                   "AUDIT_JSON": f"{planted['tmp']}/audit.json"}
-            done = subprocess.run(["bash", str(SCRIPTS / journey)], env=env, capture_output=True, text=True, timeout=120)
+            env = {
+                **os.environ,
+                "PLANCACHE": f"{sys.executable} -m plancache.cli.main",
+                "PYTHONPATH": SRC,
+                "PLANCACHE_URL": url,
+                "PLANCACHE_SIGNING_KEY": ref,
+                "PLANCACHE_TRUSTED_KEYS": planted["pub"],
+                "IMAGE_PLAN_DIR": f"{planted['tmp']}/image",
+                "PLAN_DIR": planted["dir"],
+                "PLANCACHE_TIMEOUT": "1",
+                "AUDIT_JSON": f"{planted['tmp']}/audit.json",
+            }
+            done = subprocess.run(
+                ["bash", str(SCRIPTS / journey)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             report = Path(planted["tmp"], "audit.json")
-            assert_clean(done.stdout + done.stderr + (report.read_text() if report.exists() else ""), (journey, url))
+            assert_clean(
+                done.stdout + done.stderr + (report.read_text() if report.exists() else ""),
+                (journey, url),
+            )
 
 
 def test_the_plugins_log_lines_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +177,9 @@ def test_the_plugins_log_lines_are_redacted(monkeypatch: pytest.MonkeyPatch) -> 
     (the store URL on a store error, an SDK's message, a traceback) comes out redacted."""
     import plancache.vllm_plugin as plugin
 
-    monkeypatch.setenv("PLANCACHE_COMPILE_CACHE", "0")  # the plugin is loaded; nothing else to install
+    monkeypatch.setenv(
+        "PLANCACHE_COMPILE_CACHE", "0"
+    )  # the plugin is loaded; nothing else to install
     monkeypatch.delenv("VLLM_ENABLE_STARTUP_PLAN", raising=False)
     plugin.register()
     logger = logging.getLogger("vllm.plancache")
@@ -143,7 +193,9 @@ def test_the_plugins_log_lines_are_redacted(monkeypatch: pytest.MonkeyPatch) -> 
     logger.addHandler(keep)
     try:
         for url in URLS:
-            logger.error("plancache: store %s: %s; vLLM profiles as usual", url, f"cannot open {url}")
+            logger.error(
+                "plancache: store %s: %s; vLLM profiles as usual", url, f"cannot open {url}"
+            )
             try:
                 raise OSError(f"connect failed for {url}")
             except OSError:

@@ -18,20 +18,34 @@ import io
 import json
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from conftest import NOW, keyring_of, make_signer
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from conftest import NOW, keyring_of, make_signer
 from plancache.pipeline.compile_cache import flows as cc
-from plancache.storage.compile_cache import archives
 from plancache.storage.store import open_store
-from plancache.trust.compile_cache.manifest import parse_manifest, sign_manifest, verify_manifest, Manifest
+from plancache.trust.compile_cache.manifest import (
+    Manifest,
+    parse_manifest,
+    sign_manifest,
+    verify_manifest,
+)
 from plancache.trust.display import redact, safe_text
-from plancache.trust.inputs import CLEAR_ENV, KEYED, SALT_KEY, differences, keyed, keyed_factors, new_salt, without_secrets
+from plancache.trust.inputs import (
+    CLEAR_ENV,
+    KEYED,
+    SALT_KEY,
+    differences,
+    keyed,
+    keyed_factors,
+    new_salt,
+    without_secrets,
+)
 
 SIGNER = make_signer()
 KEYRING = keyring_of(SIGNER)
@@ -51,11 +65,19 @@ VLLM_HASHED = {  # variables vLLM 0.33's envs.compile_factors() hashes, with sec
     "VLLM_GPU_NIC_PCIE_MAPPING": "nicsecretj10",
 }
 OTHER_SPELLINGS = {  # named like secrets (vLLM does not hash them; a later vLLM might)
-    "FOO_APIKEY": "apikeysecretk11", "DB_PASS": "passsecretl12", "DB_PWD": "pwdsecretm13",
-    "AZURE_STORAGE_SAS": "sv=2024&sig=sassecretn14", "SB_CONNECTION_STRING": "Endpoint=sb://x;SharedAccessKey=connsecreto15",
-    "SENTRY_DSN": "https://dsnsecretp16@sentry.example/1", "SESSION_COOKIE": "cookiesecretq17", "X_TOKEN": "tokensecretr18",
-    "my_password": "lowersecrets19", "hf_token": "hf_lowersecrett20", "VLLM_API_KEY": "apisecretu21",
-    "AWS_SECRET_ACCESS_KEY": "awssecretv22", "PGPASSWORD": "pgsecretw23",
+    "FOO_APIKEY": "apikeysecretk11",
+    "DB_PASS": "passsecretl12",
+    "DB_PWD": "pwdsecretm13",
+    "AZURE_STORAGE_SAS": "sv=2024&sig=sassecretn14",
+    "SB_CONNECTION_STRING": "Endpoint=sb://x;SharedAccessKey=connsecreto15",
+    "SENTRY_DSN": "https://dsnsecretp16@sentry.example/1",
+    "SESSION_COOKIE": "cookiesecretq17",
+    "X_TOKEN": "tokensecretr18",
+    "my_password": "lowersecrets19",
+    "hf_token": "hf_lowersecrett20",
+    "VLLM_API_KEY": "apisecretu21",
+    "AWS_SECRET_ACCESS_KEY": "awssecretv22",
+    "PGPASSWORD": "pgsecretw23",
 }
 PLANTED = {**VLLM_HASHED, **OTHER_SPELLINGS}
 URL_CREDENTIAL = "tok3nSECRETa1"
@@ -85,9 +107,15 @@ def _inflated(name: str, data: bytes) -> Iterator[tuple[str, bytes]]:
 
 def shipped(store_dir: Path) -> list[tuple[str, bytes]]:
     """Every object under a ``file://`` store, inflated (at least one must be there)."""
-    found = [blob for path in sorted(store_dir.rglob("*")) if path.is_file()
-             for blob in _inflated(path.relative_to(store_dir).as_posix(), path.read_bytes())]
-    assert any(".tar|" in name for name, _ in found) and any("|payload" in name for name, _ in found), [n for n, _ in found]
+    found = [
+        blob
+        for path in sorted(store_dir.rglob("*"))
+        if path.is_file()
+        for blob in _inflated(path.relative_to(store_dir).as_posix(), path.read_bytes())
+    ]
+    assert any(".tar|" in name for name, _ in found) and any(
+        "|payload" in name for name, _ in found
+    ), [n for n, _ in found]
     return found
 
 
@@ -108,8 +136,14 @@ def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> N
     root = cc.CacheRoot(tmp_path / "vllm-cache")
     inside = root.directory(SUBJECT) / "rank_0_0" / "backbone"
     inside.mkdir(parents=True)
-    env = {**PLANTED, "VLLM_USE_AOT_COMPILE": False, "VLLM_PP_LAYER_PARTITION": "4,4", "VLLM_DISABLED_KERNELS": ["a"],
-           "VLLM_TARGET_DEVICE": "https://user:tok@allowlisted-but-not-plain", "VLLM_PLUGINS": None}
+    env = {
+        **PLANTED,
+        "VLLM_USE_AOT_COMPILE": False,
+        "VLLM_PP_LAYER_PARTITION": "4,4",
+        "VLLM_DISABLED_KERNELS": ["a"],
+        "VLLM_TARGET_DEVICE": "https://user:tok@allowlisted-but-not-plain",
+        "VLLM_PLUGINS": None,
+    }
     raw = {"env": env, "config_hash": "ab" * 8, "code_hash": "c" * 64, "compiler_hash": "d" * 64}
     (inside / "cache_key_factors.json").write_text(json.dumps(raw))
     (inside / "computation_graph.py").write_text(f"# {VLLM_HASHED['VLLM_EC_SIDE_CHANNEL_HOST']}\n")
@@ -121,11 +155,20 @@ def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> N
     assert_nothing_planted(blobs, {**PLANTED, "VLLM_TARGET_DEVICE": "allowlisted-but-not-plain"})
     assert signed.key_factors == _signed_manifest(blobs).key_factors
     factors = dict(signed.key_factors or {})
-    members = {name.split("|")[1].rpartition("/")[2] for name, _ in blobs if name.split("|")[0].endswith(".tar") and "|" in name}
+    members = {
+        name.split("|")[1].rpartition("/")[2]
+        for name, _ in blobs
+        if name.split("|")[0].endswith(".tar") and "|" in name
+    }
     assert members == {"rank_0_0", "backbone", "vllm_compile_cache.py"}  # no debug file archived
     # the allow-list in the clear; everything else keyed under the signed salt
-    assert factors["env"]["VLLM_USE_AOT_COMPILE"] is False and factors["env"]["VLLM_PP_LAYER_PARTITION"] == "4,4"
-    assert factors["env"]["VLLM_DISABLED_KERNELS"] == ["a"] and factors["env"]["VLLM_PLUGINS"] is None
+    assert (
+        factors["env"]["VLLM_USE_AOT_COMPILE"] is False
+        and factors["env"]["VLLM_PP_LAYER_PARTITION"] == "4,4"
+    )
+    assert (
+        factors["env"]["VLLM_DISABLED_KERNELS"] == ["a"] and factors["env"]["VLLM_PLUGINS"] is None
+    )
     assert factors["code_hash"] == "c" * 64 and len(factors[SALT_KEY]) == 32
     assert all(factors["env"][name].startswith(KEYED) for name in [*PLANTED, "VLLM_TARGET_DEVICE"])
     # a node holding the same values compares equal; one that differs is told which, as two hashes
@@ -133,7 +176,11 @@ def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> N
     assert mine is not None and differences(factors, mine) == []
     mine["env"]["VLLM_EC_SIDE_CHANNEL_HOST"] = "another-host"
     (row,) = differences(factors, mine)
-    assert row["input"] == "env.VLLM_EC_SIDE_CHANNEL_HOST" and row["signed"].startswith(KEYED) and row["here"].startswith(KEYED)
+    assert (
+        row["input"] == "env.VLLM_EC_SIDE_CHANNEL_HOST"
+        and row["signed"].startswith(KEYED)
+        and row["here"].startswith(KEYED)
+    )
     # the shared directory still verifies with vLLM's debug files beside the signed files
     assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
 
@@ -142,23 +189,40 @@ def test_keyed_values_need_the_value_and_the_salt() -> None:
     """One salt per manifest: equal values compare under it, nothing precomputed matches across."""
     one, two = new_salt(), new_salt()
     assert one != two and keyed("host-a", one) == keyed("host-a", one) != keyed("host-a", two)
-    assert keyed("https://u:p@h/x", one) == keyed("https://***@h/x", one)  # the credential never enters a hash
-    factors = keyed_factors({"env": {"FOO_APIKEY": "k", "VLLM_USE_AOT_COMPILE": True}, "later_vllm": {"x": "y"}}, one)
-    assert factors == {"env": {"FOO_APIKEY": keyed("k", one), "VLLM_USE_AOT_COMPILE": True},
-                       "later_vllm": {"x": keyed("y", one)}, SALT_KEY: one}
+    assert keyed("https://u:p@h/x", one) == keyed(
+        "https://***@h/x", one
+    )  # the credential never enters a hash
+    factors = keyed_factors(
+        {"env": {"FOO_APIKEY": "k", "VLLM_USE_AOT_COMPILE": True}, "later_vllm": {"x": "y"}}, one
+    )
+    assert factors == {
+        "env": {"FOO_APIKEY": keyed("k", one), "VLLM_USE_AOT_COMPILE": True},
+        "later_vllm": {"x": keyed("y", one)},
+        SALT_KEY: one,
+    }
     assert "VLLM_USE_AOT_COMPILE" in CLEAR_ENV and "VLLM_BUILD_URL" not in CLEAR_ENV
-    assert not {name for name in CLEAR_ENV if any(w in name for w in ("HOST", "PORT", "PATH", "URL", "_IP"))}
+    assert not {
+        name for name in CLEAR_ENV if any(w in name for w in ("HOST", "PORT", "PATH", "URL", "_IP"))
+    }
     with pytest.raises(ValueError):
         keyed_factors({}, "not-a-salt")
 
 
 def test_older_factors_in_the_clear_still_verify_and_compare() -> None:
     """Manifests signed before keyed hashes (no salt) verify, and compare value by value."""
-    old = {"env": {"VLLM_PLUGINS": "plancache", "HF_TOKEN": "sha256:" + "0" * 64}, "config_hash": "abc"}
-    sig = sign_manifest(Manifest(SUBJECT, (), ("rank_0_0",), "a" * 64, 512, NOW, None, "", old), SIGNER)
+    old = {
+        "env": {"VLLM_PLUGINS": "plancache", "HF_TOKEN": "sha256:" + "0" * 64},
+        "config_hash": "abc",
+    }
+    sig = sign_manifest(
+        Manifest(SUBJECT, (), ("rank_0_0",), "a" * 64, 512, NOW, None, "", old), SIGNER
+    )
     manifest = verify_manifest(SUBJECT, sig, KEYRING, NOW).manifest
     assert manifest.key_factors == old and manifest.factors_salt is None
-    rows = differences(old, {"env": {"VLLM_PLUGINS": "other", "HF_TOKEN": "sha256:" + "0" * 64}, "config_hash": "abc"})
+    rows = differences(
+        old,
+        {"env": {"VLLM_PLUGINS": "other", "HF_TOKEN": "sha256:" + "0" * 64}, "config_hash": "abc"},
+    )
     assert rows == [{"input": "env.VLLM_PLUGINS", "signed": "plancache", "here": "other"}]
     payload = json.loads(base64.b64decode(json.loads(sig)["payload"]))
     payload["predicate"]["key_factors"][SALT_KEY] = "short"
@@ -167,35 +231,55 @@ def test_older_factors_in_the_clear_still_verify_and_compare() -> None:
 
 
 def test_this_nodes_comparable_form_masks_credentials() -> None:
-    local = without_secrets({"env": {"VLLM_BUILD_URL": VLLM_HASHED["VLLM_BUILD_URL"], "X": ["https://a:b@c"]}})
+    local = without_secrets(
+        {"env": {"VLLM_BUILD_URL": VLLM_HASHED["VLLM_BUILD_URL"], "X": ["https://a:b@c"]}}
+    )
     assert URL_CREDENTIAL not in json.dumps(local) and local["env"]["X"] == ["https://***@c"]
 
 
-@pytest.mark.parametrize(("text", "shown"), [
-    ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig", "Authorization: Bearer ***"),
-    ("authorization: basic dXNlcjpwYXNzd29yZA==", "authorization: basic ***"),
-    ("Proxy-Authorization: Basic dXNlcjpw", "Proxy-Authorization: Basic ***"),
-    ("x-amz-security-token: FQoGZXIvYXdzEJr", "x-amz-security-token: ***"),
-    ("X-Amz-Security-Token=FQoGZXIvYXdzEJr", "X-Amz-Security-Token=***"),
-    ("client_secret: s3cr3tv4lue", "client_secret: ***"),
-    ("CLIENT_SECRET=s3cr3tv4lue", "CLIENT_SECRET=***"),
-    ("https://login/token?client_secret=s3cr3tv4lue&x=1", "https://login/token?client_secret=***&x=1"),
-    ('{"client_secret": "s3cr3tv4lue", "Authorization": "Bearer abc"}', '{"client_secret": "***", "Authorization": "***"}'),
-    ("{'headers': {'x-amz-security-token': 'FQo'}}", "{'headers': {'x-amz-security-token': '***'}}"),
-    ("PIN-VALUE", "PIN-VALUE"),
-    ("set PIN-VALUE and pin-source", "set PIN-VALUE and pin-source"),
-    ("pkcs11:token=a?pin-value:1234", "pkcs11:token=a?pin-value=***"),
-    ("trusted key: SHA256:abc at 12:30", "trusted key: SHA256:abc at 12:30"),
-])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig", "Authorization: Bearer ***"),
+        ("authorization: basic dXNlcjpwYXNzd29yZA==", "authorization: basic ***"),
+        ("Proxy-Authorization: Basic dXNlcjpw", "Proxy-Authorization: Basic ***"),
+        ("x-amz-security-token: FQoGZXIvYXdzEJr", "x-amz-security-token: ***"),
+        ("X-Amz-Security-Token=FQoGZXIvYXdzEJr", "X-Amz-Security-Token=***"),
+        ("client_secret: s3cr3tv4lue", "client_secret: ***"),
+        ("CLIENT_SECRET=s3cr3tv4lue", "CLIENT_SECRET=***"),
+        (
+            "https://login/token?client_secret=s3cr3tv4lue&x=1",
+            "https://login/token?client_secret=***&x=1",
+        ),
+        (
+            '{"client_secret": "s3cr3tv4lue", "Authorization": "Bearer abc"}',
+            '{"client_secret": "***", "Authorization": "***"}',
+        ),
+        (
+            "{'headers': {'x-amz-security-token': 'FQo'}}",
+            "{'headers': {'x-amz-security-token': '***'}}",
+        ),
+        ("PIN-VALUE", "PIN-VALUE"),
+        ("set PIN-VALUE and pin-source", "set PIN-VALUE and pin-source"),
+        ("pkcs11:token=a?pin-value:1234", "pkcs11:token=a?pin-value=***"),
+        ("trusted key: SHA256:abc at 12:30", "trusted key: SHA256:abc at 12:30"),
+    ],
+)
 def test_credential_headers_are_masked_and_harmless_words_are_not(text: str, shown: str) -> None:
     assert safe_text(text, 500) == shown and redact(shown) == shown
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.sampled_from(["PIN-VALUE", "pin-source", "Authorization", "client_secret", "x-amz-security-token"]),
-       st.text(alphabet="-_ .,abcXYZ09", max_size=12))
+@given(
+    st.sampled_from(
+        ["PIN-VALUE", "pin-source", "Authorization", "client_secret", "x-amz-security-token"]
+    ),
+    st.text(alphabet="-_ .,abcXYZ09", max_size=12),
+)
 @example("PIN-VALUE", "")
-def test_a_credential_name_without_a_separator_and_value_is_shown_as_it_is(name: str, tail: str) -> None:
+def test_a_credential_name_without_a_separator_and_value_is_shown_as_it_is(
+    name: str, tail: str
+) -> None:
     assert safe_text(name + tail, 1000) == name + tail  # no '=' or ':' after it: nothing to mask
 
 
@@ -214,7 +298,13 @@ def built(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict
     key = str(top / "keys" / "key")
     assert cli("keygen", key).returncode == 0
     (top / "build").mkdir()
-    report = boot(top / "build", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/store", **AOT0, **PLANTED)
+    report = boot(
+        top / "build",
+        PLANCACHE_SIGNING_KEY=key,
+        PLANCACHE_URL=f"file://{top}/store",
+        **AOT0,
+        **PLANTED,
+    )
     assert report["correct"], report["stderr"][-3000:]
     return {"top": top, "report": report, "dir": cache_dir(top / "build", aot=False)}
 
@@ -227,5 +317,9 @@ def test_vllms_real_compile_path_ships_no_planted_value(built: dict[str, Any]) -
     factors = _signed_manifest(blobs).key_factors
     assert factors is not None and factors["env"]["VLLM_USE_AOT_COMPILE"] is False
     salt = factors[SALT_KEY]
-    assert {name: factors["env"][name] for name in VLLM_HASHED} == {name: keyed(v, salt) for name, v in VLLM_HASHED.items()}
-    assert not list(built["dir"].rglob("cache_key_factors.json"))  # the shared directory is the signed archive's
+    assert {name: factors["env"][name] for name in VLLM_HASHED} == {
+        name: keyed(v, salt) for name, v in VLLM_HASHED.items()
+    }
+    assert not list(
+        built["dir"].rglob("cache_key_factors.json")
+    )  # the shared directory is the signed archive's

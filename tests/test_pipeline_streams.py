@@ -22,15 +22,24 @@ def _store_of_signed(tmp_path: Path):  # type: ignore[no-untyped-def]
     bucket = LocalPlanDir(tmp_path / "bucket")
     for i in range(PLANS):
         fp = f"{i:016x}"
-        bucket.write(fp, plan_bytes(fp), sign_plan(plan_name(fp), plan_bytes(fp), signer, utcnow()), sync=False)
-    policy = TrustPolicy.signed(Keyring({signer.keyid: TrustedKey(signer.keyid, "ci", signer.public)}))
+        bucket.write(
+            fp,
+            plan_bytes(fp),
+            sign_plan(plan_name(fp), plan_bytes(fp), signer, utcnow()),
+            sync=False,
+        )
+    policy = TrustPolicy.signed(
+        Keyring({signer.keyid: TrustedKey(signer.keyid, "ci", signer.public)})
+    )
     return open_store(bucket.path.as_uri(), timeout=30), policy
 
 
 def test_a_whole_store_pull_yields_while_the_store_is_still_being_read(tmp_path: Path) -> None:
     store, policy = _store_of_signed(tmp_path)
     fetched = []
-    pulled = Resolver(LocalPlanDir(tmp_path / "cache"), policy, store).pull(None, None, fetched.append)
+    pulled = Resolver(LocalPlanDir(tmp_path / "cache"), policy, store).pull(
+        None, None, fetched.append
+    )
     first = next(pulled)
     assert first.verified is not None and first.written
     assert sum(fetched) < PLANS // 2  # the first plan is written long before the last is fetched

@@ -11,13 +11,14 @@ the set with its plans.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from conftest import NOW, keyring_of, make_signer, plan_bytes
+from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.pipeline.plan_sets.node_plans import outcome_path, resolve_node
@@ -33,14 +34,28 @@ from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from store_servers import azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
 
-WORLD = [f"{0x5e7_0000 + r:016x}" for r in range(4)]
+WORLD = [f"{0x5E7_0000 + r:016x}" for r in range(4)]
 
 
-def members(signer: Any, world: list[str] = WORLD, kv: int = 20 << 30, when: Any = NOW) -> list[tuple[str, bytes, bytes]]:
+def members(
+    signer: Any, world: list[str] = WORLD, kv: int = 20 << 30, when: Any = NOW
+) -> list[tuple[str, bytes, bytes]]:
     out = []
     for rank, fp in enumerate(world):
         data = render_plan(Plan(fp, kv, 70 << 30))
-        out.append((fp, data, sign_plan(plan_name(fp), data, signer, when, provenance={"rank": rank, "world_size": len(world)})))
+        out.append(
+            (
+                fp,
+                data,
+                sign_plan(
+                    plan_name(fp),
+                    data,
+                    signer,
+                    when,
+                    provenance={"rank": rank, "world_size": len(world)},
+                ),
+            )
+        )
     return out
 
 
@@ -52,12 +67,16 @@ def refused(name: str, data: bytes, keyring: Any) -> str:
 
 # -- the trust core -------------------------------------------------------------------------------
 
+
 def test_a_set_verifies_every_member_against_its_own_fingerprint() -> None:
     signer = make_signer()
     name, data = build_set(members(signer), signer, NOW)
     verified = verify_set(name, data, keyring_of(signer), NOW)
     assert name == set_name(WORLD) and [p.fingerprint for p in verified.plans] == WORLD
-    assert all(p.statement is not None and p.statement.provenance["rank"] == r for r, p in enumerate(verified.plans))
+    assert all(
+        p.statement is not None and p.statement.provenance["rank"] == r
+        for r, p in enumerate(verified.plans)
+    )
     # each member's own sidecar verifies alone: what a node writes locally is today's layout
     for fp, plan, sig in members(signer):
         assert verify_plan(plan_name(fp), plan, sig, keyring_of(signer), NOW).fingerprint == fp
@@ -67,9 +86,13 @@ def test_tampered_mixed_and_foreign_sets_are_refused() -> None:
     signer = make_signer()
     keyring = keyring_of(signer)
     name, data = build_set(members(signer), signer, NOW)
-    assert refused(name, data[:-2] + bytes([data[-2] ^ 1]) + data[-1:], keyring) == "digest-mismatch"
+    assert (
+        refused(name, data[:-2] + bytes([data[-2] ^ 1]) + data[-1:], keyring) == "digest-mismatch"
+    )
     # two bakes of one world: bake B's envelope over bake A's body, and A's rank 2 put into B's set
-    _, other = build_set(members(signer, kv=10 << 30, when=NOW - timedelta(days=1)), signer, NOW - timedelta(days=1))
+    _, other = build_set(
+        members(signer, kv=10 << 30, when=NOW - timedelta(days=1)), signer, NOW - timedelta(days=1)
+    )
     head_a, body_a = split_set(data)
     head_b, body_b = split_set(other)
     assert refused(name, head_b + body_a, keyring) == "digest-mismatch"
@@ -110,14 +133,19 @@ def test_a_replica_is_verified_under_its_sets_name() -> None:
     signer = make_signer()
     name, data = build_set(members(signer), signer, NOW)
     assert replica_name(name, 2).endswith(".r2.set") and replica_name(name, 0) == name
-    assert refused(replica_name(name, 2), data, keyring_of(signer)) == "malformed"  # never under its own name
+    assert (
+        refused(replica_name(name, 2), data, keyring_of(signer)) == "malformed"
+    )  # never under its own name
     assert verify_set(name, data, keyring_of(signer), NOW).name == name
 
 
 # -- stores ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(params=["s3", "azure", "gcs"])
-def remote(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str, Any]]]:
+def remote(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, dict[str, Any]]]:
     if request.param == "s3":
         moto = request.getfixturevalue("moto_server")
         yield f"s3://{moto.new_bucket()}/fleet", moto.options
@@ -130,7 +158,9 @@ def remote(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
         yield f"gs://{gcs.new_bucket()}/fleet", {"token": "anon"}
 
 
-def cli(capsys: pytest.CaptureFixture[str], options: dict[str, Any], *argv: str) -> tuple[int, dict[str, Any]]:
+def cli(
+    capsys: pytest.CaptureFixture[str], options: dict[str, Any], *argv: str
+) -> tuple[int, dict[str, Any]]:
     opts = [x for k, v in options.items() for x in ("--storage-option", f"{k}={json.dumps(v)}")]
     code = main([*argv, *opts, "--json"])
     out, _ = capsys.readouterr()
@@ -150,16 +180,25 @@ def baked(tmp_path: Path, ranks: int = 4) -> tuple[Path, Path, list[str]]:
     return directory, tmp_path / "ci", WORLD[:ranks]
 
 
-def test_round_trip_push_ls_verify_resolve_prune(remote: tuple[str, dict[str, Any]], tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_round_trip_push_ls_verify_resolve_prune(
+    remote: tuple[str, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url, options = remote
     directory, key, world = baked(tmp_path)
-    code, doc = cli(capsys, options, "push", str(directory), url, "--key", str(key), "--set-replicas", "2")
-    assert code == 0 and doc["uploaded"] == 4 and [s["name"] for s in doc["plan_sets"]] == [set_name(world)]
+    code, doc = cli(
+        capsys, options, "push", str(directory), url, "--key", str(key), "--set-replicas", "2"
+    )
+    assert (
+        code == 0
+        and doc["uploaded"] == 4
+        and [s["name"] for s in doc["plan_sets"]] == [set_name(world)]
+    )
     code, doc = cli(capsys, options, "verify", url, "--trusted-keys", f"{key}.pub")
     assert code == 0 and len(doc["plans"]) == 4
     assert sorted((s["name"], s["status"]) for s in doc["plan_sets"]) == [
-        (replica_name(set_name(world), 1), "valid"), (set_name(world), "valid")]
+        (replica_name(set_name(world), 1), "valid"),
+        (set_name(world), "valid"),
+    ]
     code, doc = cli(capsys, options, "ls", url)
     assert code == 0 and {s["status"] for s in doc["plan_sets"]} == {"unverified"}
     assert all(s["fingerprints"] == world for s in doc["plan_sets"])
@@ -168,7 +207,9 @@ def test_round_trip_push_ls_verify_resolve_prune(remote: tuple[str, dict[str, An
     store = open_store(url, options, 30)
     policy = worker_policy(f"{key}.pub", 1)
     node = LocalPlanDir(tmp_path / "node" / "vllm" / "startup_plan")
-    result = resolve_node(Resolver(node, policy, store), world[2], world, store.timeout + _now(), replica=1)
+    result = resolve_node(
+        Resolver(node, policy, store), world[2], world, store.timeout + _now(), replica=1
+    )
     assert result.verified is not None and "plan set" in result.note
     assert node.fingerprints() == sorted(world) and outcome_path(node.path).exists()
     for fp in world:  # the other ranks: local hits, verified as today
@@ -179,25 +220,36 @@ def test_round_trip_push_ls_verify_resolve_prune(remote: tuple[str, dict[str, An
     head, body = split_set(store.fs.cat_file(store.path(name)))
     store.fs.pipe_file(store.path(name), head + body[:-1] + b" ")
     code, doc = cli(capsys, options, "verify", url, "--trusted-keys", f"{key}.pub")
-    assert code == 1 and {s["name"]: s["reason"] for s in doc["plan_sets"]}[name] == "digest-mismatch"
+    assert (
+        code == 1 and {s["name"]: s["reason"] for s in doc["plan_sets"]}[name] == "digest-mismatch"
+    )
     refused = next(s for s in doc["plan_sets"] if s["name"] == name)
-    assert refused["fingerprints"] == [] and refused["status"] != "valid"  # with keys, a claim is not shown
-    assert next(s for s in doc["plan_sets"] if s["name"] != name)["fingerprints"] == world  # the verified replica's
+    assert (
+        refused["fingerprints"] == [] and refused["status"] != "valid"
+    )  # with keys, a claim is not shown
+    assert (
+        next(s for s in doc["plan_sets"] if s["name"] != name)["fingerprints"] == world
+    )  # the verified replica's
     fresh = LocalPlanDir(tmp_path / "node2" / "vllm" / "startup_plan")
-    result = resolve_node(Resolver(fresh, policy, open_store(url, options, 30)), world[0], world, _now() + 30)
+    result = resolve_node(
+        Resolver(fresh, policy, open_store(url, options, 30)), world[0], world, _now() + 30
+    )
     assert result.verified is not None and "plan set rejected (digest-mismatch" in result.note
     assert fresh.fingerprints() == sorted(world)
 
     # prune takes the sets with their plans
-    emulated = ["--unconditional"] if url.startswith("gs://") else []  # the emulator has no preconditions
+    emulated = (
+        ["--unconditional"] if url.startswith("gs://") else []
+    )  # the emulator has no preconditions
     code, doc = cli(capsys, options, "prune", url, "--older-than", "1h", *emulated)
     assert code == 0 and len(doc["deleted"]) == 4, doc
     assert sorted(doc["plan_sets_deleted"]) == sorted([name, replica_name(name, 1)])
     assert [i for i in open_store(url, options, 30).iter_objects()] == []
 
 
-def test_a_store_without_sets_still_serves_a_node(remote: tuple[str, dict[str, Any]], tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_store_without_sets_still_serves_a_node(
+    remote: tuple[str, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """What an older plancache pushed (per-plan objects only): one rank reads every rank's plan."""
     url, options = remote
     directory, key, world = baked(tmp_path)
@@ -205,7 +257,9 @@ def test_a_store_without_sets_still_serves_a_node(remote: tuple[str, dict[str, A
     assert code == 0 and doc["plan_sets"] == []
     node = LocalPlanDir(tmp_path / "node" / "vllm" / "startup_plan")
     store = open_store(url, options, 30)
-    result = resolve_node(Resolver(node, worker_policy(f"{key}.pub", 1), store), world[1], world, _now() + 30)
+    result = resolve_node(
+        Resolver(node, worker_policy(f"{key}.pub", 1), store), world[1], world, _now() + 30
+    )
     assert result.verified is not None and node.fingerprints() == sorted(world)
 
 

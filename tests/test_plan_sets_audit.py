@@ -17,10 +17,11 @@ import json
 import os
 import time
 import tracemalloc
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import jsonschema
@@ -31,13 +32,20 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
-from plancache.trust.plans.plan_set import build_set, replica_name, set_name
+from plancache.trust.plans.plan_set import build_set, replica_name
 from plancache.trust.signing import sign_plan
 from store_servers import (  # noqa: F401 (fixtures)
-    AWS_ENV, FaultObject, FaultServer, FaultState, LoopbackServer, _FaultHandler, fault_server, fault_server_session,
+    AWS_ENV,
+    FaultObject,
+    FaultServer,
+    FaultState,
+    LoopbackServer,
+    _FaultHandler,
+    fault_server,
+    fault_server_session,
 )
 
-WORLD = [f"{0xa0d17_0000 + r:016x}" for r in range(2)]
+WORLD = [f"{0xA0D17_0000 + r:016x}" for r in range(2)]
 PREFIX = "fleet"
 URL = f"s3://bucket/{PREFIX}"
 GIB = 1 << 30
@@ -62,8 +70,19 @@ def bake(key: Path, kv: int, when: datetime) -> list[tuple[str, bytes, bytes]]:
     out = []
     for rank, fp in enumerate(WORLD):
         data = render_plan(Plan(fp, kv, 70 * GIB))
-        out.append((fp, data, sign_plan(plan_name(fp), data, signer, when,
-                                        provenance={"rank": rank, "world_size": len(WORLD)})))
+        out.append(
+            (
+                fp,
+                data,
+                sign_plan(
+                    plan_name(fp),
+                    data,
+                    signer,
+                    when,
+                    provenance={"rank": rank, "world_size": len(WORLD)},
+                ),
+            )
+        )
     return out
 
 
@@ -73,8 +92,13 @@ def put_plans(state: FaultState, members: list[tuple[str, bytes, bytes]]) -> Non
         state.objects[f"{PREFIX}/{sig_name(fp)}"] = FaultObject(sig)
 
 
-def put_set(state: FaultState, key: Path, members: list[tuple[str, bytes, bytes]], when: datetime,
-            *replicas: int) -> str:
+def put_set(
+    state: FaultState,
+    key: Path,
+    members: list[tuple[str, bytes, bytes]],
+    when: datetime,
+    *replicas: int,
+) -> str:
     """The set of ``members`` signed at ``when`` as the given copies (0: the set itself)."""
     name, data = build_set(members, load_signer(str(key)), when)
     for index in replicas:
@@ -82,19 +106,24 @@ def put_set(state: FaultState, key: Path, members: list[tuple[str, bytes, bytes]
     return name
 
 
-def cli(capsys: pytest.CaptureFixture[str], endpoint: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+def cli(
+    capsys: pytest.CaptureFixture[str], endpoint: str, *argv: str
+) -> tuple[int, dict[str, Any], str]:
     code = main([*argv, "--storage-option", f"endpoint_url={endpoint}", "--json"])
     out, err = capsys.readouterr()
     doc = json.loads(out)
-    jsonschema.validate(doc, SCHEMA)  # the new keys (plan_set_errors, each set's fields) are in the schema
+    jsonschema.validate(
+        doc, SCHEMA
+    )  # the new keys (plan_set_errors, each set's fields) are in the schema
     return code, doc, err
 
 
 # -- one deadline, bounded memory -------------------------------------------------------------
 
 
-def test_verify_keeps_one_deadline_across_plans_and_sets(fault_server: FaultServer, key: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_keeps_one_deadline_across_plans_and_sets(
+    fault_server: FaultServer, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Six set objects that trickle a byte every 0.2 s: each read used to get a fresh 5 s
     budget (30 s in all); one deadline ends the whole audit at 5 s, the rest unread."""
     put_plans(fault_server.state, bake(key, 20 * GIB, utcnow() - timedelta(hours=1)))
@@ -102,16 +131,29 @@ def test_verify_keeps_one_deadline_across_plans_and_sets(fault_server: FaultServ
     for name in names:
         fault_server.state.objects[f"{PREFIX}/{name}"] = FaultObject(b"x" * 100, "trickle")
     started = time.monotonic()
-    code, doc, _ = cli(capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub", "--timeout", "5")
+    code, doc, _ = cli(
+        capsys,
+        fault_server.endpoint,
+        "verify",
+        URL,
+        "--trusted-keys",
+        f"{key}.pub",
+        "--timeout",
+        "5",
+    )
     elapsed = time.monotonic() - started
     assert elapsed < 12, f"verify --timeout 5 took {elapsed:.1f} s"
     assert code == 1 and doc["ok"] is False
     assert sorted(s["name"] for s in doc["plan_sets"]) == names
-    assert all((s["status"], s["reason"]) == ("store-error", "timeout") for s in doc["plan_sets"]), doc["plan_sets"]
+    assert all(
+        (s["status"], s["reason"]) == ("store-error", "timeout") for s in doc["plan_sets"]
+    ), doc["plan_sets"]
     assert all(p["status"] == "valid" for p in doc["plans"])  # the plans were read in time
 
 
-def test_300_junk_sets_are_audited_one_at_a_time(tmp_path: Path, key: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_300_junk_sets_are_audited_one_at_a_time(
+    tmp_path: Path, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """300 sets of 1 MiB of junk (hard links of one file: 1 MiB on disk): the audit's peak
     memory stays far below what holding them all would take (it held 340 MiB)."""
     junk = tmp_path / "junk"
@@ -170,7 +212,8 @@ def guarded() -> Iterator[LoopbackServer]:
 
 @pytest.mark.parametrize("fault", ["error500", "read403", "delete403"])
 def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
-        fault: str, guarded: LoopbackServer, key: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fault: str, guarded: LoopbackServer, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state: FaultState = guarded.httpd.state  # type: ignore[attr-defined]
     members = bake(key, 20 * GIB, utcnow() - timedelta(hours=2))
     put_plans(state, members)
@@ -182,7 +225,9 @@ def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
         chosen = guarded.httpd.denied if fault == "read403" else guarded.httpd.undeletable  # type: ignore[attr-defined]
         chosen.add(where)
     before = sorted(state.objects)
-    code, doc, err = cli(capsys, guarded.endpoint, "prune", URL, "--older-than", "1h", "--unconditional")
+    code, doc, err = cli(
+        capsys, guarded.endpoint, "prune", URL, "--older-than", "1h", "--unconditional"
+    )
     assert code == 2 and doc["ok"] is False and doc["deleted"] == [], doc
     assert [s["name"] for s in doc["plan_set_errors"]] == [name]
     line = [e for e in err.splitlines() if "prune refused" in e]
@@ -193,7 +238,9 @@ def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
     # the set readable and deletable again: it goes first, then the plans
     state.objects[where].mode = "ok"
     guarded.httpd.denied.clear(), guarded.httpd.undeletable.clear()  # type: ignore[attr-defined]
-    code, doc, _ = cli(capsys, guarded.endpoint, "prune", URL, "--older-than", "1h", "--unconditional")
+    code, doc, _ = cli(
+        capsys, guarded.endpoint, "prune", URL, "--older-than", "1h", "--unconditional"
+    )
     assert code == 0 and doc["plan_sets_deleted"] == [name] and doc["plan_set_errors"] == []
     assert sorted(d["fingerprint"] for d in doc["deleted"]) == WORLD and state.objects == {}
     deletes = [path for method, path, _ in state.requests if method == "DELETE"]
@@ -204,15 +251,20 @@ def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
 
 
 def test_verify_fails_a_replica_older_than_the_plans_when_the_set_is_gone(
-        fault_server: FaultServer, key: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fault_server: FaultServer, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     today, yesterday = utcnow() - timedelta(hours=1), utcnow() - timedelta(days=1)
     state = fault_server.state
     put_plans(state, bake(key, 20 * GIB, today))
-    name = put_set(state, key, bake(key, 10 * GIB, yesterday), yesterday, 1)  # no r0: the set is gone
+    name = put_set(
+        state, key, bake(key, 10 * GIB, yesterday), yesterday, 1
+    )  # no r0: the set is gone
     code, doc, _ = cli(capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub")
     assert code == 1 and all(p["status"] == "valid" for p in doc["plans"])
     (replica,) = doc["plan_sets"]
-    assert replica["name"] == replica_name(name, 1) and replica["reason"] == "digest-mismatch", replica
+    assert replica["name"] == replica_name(name, 1) and replica["reason"] == "digest-mismatch", (
+        replica
+    )
     assert "older" in replica["detail"] and replica["status"] == "invalid"
 
     # beside it, a newer replica: that one is fine, the old one is older than it too
@@ -224,17 +276,27 @@ def test_verify_fails_a_replica_older_than_the_plans_when_the_set_is_gone(
 
 
 def test_verify_fails_a_set_and_replica_both_older_than_the_plans(
-        fault_server: FaultServer, key: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fault_server: FaultServer, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     today, yesterday = utcnow() - timedelta(hours=1), utcnow() - timedelta(days=1)
     state = fault_server.state
     current = bake(key, 20 * GIB, today)
     put_plans(state, current)
     name = put_set(state, key, current, today, 0, 1)
     code, doc, _ = cli(capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub")
-    assert code == 0 and [s["status"] for s in doc["plan_sets"]] == ["valid", "valid"], doc["plan_sets"]
+    assert code == 0 and [s["status"] for s in doc["plan_sets"]] == ["valid", "valid"], doc[
+        "plan_sets"
+    ]
 
-    put_set(state, key, bake(key, 10 * GIB, yesterday), yesterday, 0, 1)  # yesterday's bake, both copies
-    code, doc, err = cli(capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub")
+    put_set(
+        state, key, bake(key, 10 * GIB, yesterday), yesterday, 0, 1
+    )  # yesterday's bake, both copies
+    code, doc, err = cli(
+        capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub"
+    )
     assert code == 1 and all(p["status"] == "valid" for p in doc["plans"])
     assert sorted(s["name"] for s in doc["plan_sets"]) == sorted([name, replica_name(name, 1)])
-    assert all(s["reason"] == "digest-mismatch" and plan_name(WORLD[0]) in s["detail"] for s in doc["plan_sets"])
+    assert all(
+        s["reason"] == "digest-mismatch" and plan_name(WORLD[0]) in s["detail"]
+        for s in doc["plan_sets"]
+    )

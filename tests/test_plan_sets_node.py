@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pytest
@@ -30,11 +31,18 @@ from plancache.storage.compile_cache.cachedir import locked
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
-from plancache.trust.plans.plan_set import MAX_SET_BYTES, build_set, replica_name, set_name
+from plancache.trust.plans.plan_set import MAX_SET_BYTES, build_set, replica_name
 from plancache.trust.policy import TrustPolicy
 from plancache.trust.result import PlanResult
 from plancache.trust.signing import sign_plan
-from store_servers import AWS_ENV, FaultObject, FaultState, LoopbackServer, _FaultHandler, s3_read_path  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    FaultObject,
+    FaultState,
+    LoopbackServer,
+    _FaultHandler,
+    s3_read_path,  # noqa: F401  (a fixture, named as a parameter)
+)
 
 BUCKET, PREFIX = "fleet", "plans"
 WORLD = [f"{0x40_0000 + r:016x}" for r in range(4)]
@@ -86,16 +94,36 @@ def store_of(server: LoopbackServer) -> Store:
     return open_store(f"s3://{BUCKET}/{PREFIX}", {"endpoint_url": server.endpoint}, BUDGET)
 
 
-def signed_world(signer: Any, world: list[str], when: datetime, kv: int = 20 << 30) -> list[tuple[str, bytes, bytes]]:
+def signed_world(
+    signer: Any, world: list[str], when: datetime, kv: int = 20 << 30
+) -> list[tuple[str, bytes, bytes]]:
     out = []
     for rank, fp in enumerate(world):
         data = render_plan(Plan(fp, kv, 70 << 30))
-        out.append((fp, data, sign_plan(plan_name(fp), data, signer, when, provenance={"rank": rank, "world_size": len(world)})))
+        out.append(
+            (
+                fp,
+                data,
+                sign_plan(
+                    plan_name(fp),
+                    data,
+                    signer,
+                    when,
+                    provenance={"rank": rank, "world_size": len(world)},
+                ),
+            )
+        )
     return out
 
 
-def serve(server: LoopbackServer, members: list[tuple[str, bytes, bytes]], signer: Any, *, plans: bool = True,
-          with_set: bool = True) -> str:
+def serve(
+    server: LoopbackServer,
+    members: list[tuple[str, bytes, bytes]],
+    signer: Any,
+    *,
+    plans: bool = True,
+    with_set: bool = True,
+) -> str:
     """Put the per-plan objects and the set on the server; the set's name."""
     objects = server.httpd.state.objects
     if plans:
@@ -126,14 +154,26 @@ def resolver(directory: LocalPlanDir, keyring: Any, server: LoopbackServer) -> R
     return Resolver(directory, TrustPolicy.signed(keyring), store_of(server), clock=lambda: NOW)
 
 
-def boot(directory: LocalPlanDir, keyring: Any, server: LoopbackServer, fp: str, world: list[str],
-         replica: int = 0, budget: float = BUDGET) -> PlanResult:
-    return resolve_node(resolver(directory, keyring, server), fp, world, time.monotonic() + budget, replica)
+def boot(
+    directory: LocalPlanDir,
+    keyring: Any,
+    server: LoopbackServer,
+    fp: str,
+    world: list[str],
+    replica: int = 0,
+    budget: float = BUDGET,
+) -> PlanResult:
+    return resolve_node(
+        resolver(directory, keyring, server), fp, world, time.monotonic() + budget, replica
+    )
 
 
 # -- 1. a set never makes a boot worse ---------------------------------------------------------------
 
-def test_no_set_under_403_reads_the_per_plan_objects(s3_read_path: str, s3: LoopbackServer, tmp_path: Path) -> None:
+
+def test_no_set_under_403_reads_the_per_plan_objects(
+    s3_read_path: str, s3: LoopbackServer, tmp_path: Path
+) -> None:
     """A store pushed without a key: the set's GET is a 403, and every rank's plan is still read."""
     signer = make_signer()
     name = serve(s3, signed_world(signer, WORLD, NOW - timedelta(hours=1)), signer, with_set=False)
@@ -143,17 +183,23 @@ def test_no_set_under_403_reads_the_per_plan_objects(s3_read_path: str, s3: Loop
     assert "plan set unread (store-error" in result.note and "AccessDenied" in result.note
     assert directory.fingerprints() == sorted(WORLD)
     asked = dict(gets(s3))
-    assert asked[name] >= 1 and all(asked[plan_name(fp)] == 1 and asked[sig_name(fp)] == 1 for fp in WORLD)
+    assert asked[name] >= 1 and all(
+        asked[plan_name(fp)] == 1 and asked[sig_name(fp)] == 1 for fp in WORLD
+    )
     for fp in WORLD:  # the other ranks: local hits, no request
         before = len(s3.httpd.state.requests)
         assert boot(directory, keyring_of(signer), s3, fp, WORLD).source == "local"
         assert len(s3.httpd.state.requests) == before
 
 
-def test_a_replica_above_those_pushed_reads_the_set_then_the_plans(s3: LoopbackServer, tmp_path: Path) -> None:
+def test_a_replica_above_those_pushed_reads_the_set_then_the_plans(
+    s3: LoopbackServer, tmp_path: Path
+) -> None:
     signer = make_signer()
     members = signed_world(signer, WORLD, NOW - timedelta(hours=1))
-    name = serve(s3, members, signer)  # the set, no replica: PLANCACHE_SET_REPLICAS above those pushed
+    name = serve(
+        s3, members, signer
+    )  # the set, no replica: PLANCACHE_SET_REPLICAS above those pushed
     first = node(tmp_path, "a")
     result = boot(first, keyring_of(signer), s3, WORLD[0], WORLD, replica=3)
     assert result.verified is not None and "plan set replica 3 unread" in result.note, result
@@ -166,10 +212,14 @@ def test_a_replica_above_those_pushed_reads_the_set_then_the_plans(s3: LoopbackS
     result = boot(second, keyring_of(signer), s3, WORLD[1], WORLD, replica=3)
     assert result.verified is not None and "per-plan objects read" in result.note, result
     assert second.fingerprints() == sorted(WORLD)
-    assert {n for n, _ in gets(s3)} == {replica_name(name, 3), name} | {f(fp) for fp in WORLD for f in (plan_name, sig_name)}
+    assert {n for n, _ in gets(s3)} == {replica_name(name, 3), name} | {
+        f(fp) for fp in WORLD for f in (plan_name, sig_name)
+    }
 
 
-def test_a_set_over_the_cap_falls_back_to_the_per_plan_objects(s3: LoopbackServer, tmp_path: Path) -> None:
+def test_a_set_over_the_cap_falls_back_to_the_per_plan_objects(
+    s3: LoopbackServer, tmp_path: Path
+) -> None:
     signer = make_signer()
     name = serve(s3, signed_world(signer, WORLD, NOW - timedelta(hours=1)), signer)
     s3.httpd.state.objects[f"{PREFIX}/{name}"] = FaultObject(b"x" * (MAX_SET_BYTES + 10))
@@ -179,7 +229,9 @@ def test_a_set_over_the_cap_falls_back_to_the_per_plan_objects(s3: LoopbackServe
     assert directory.fingerprints() == sorted(WORLD)
 
 
-def test_a_set_read_that_keeps_failing_falls_back_within_the_budget(s3: LoopbackServer, tmp_path: Path) -> None:
+def test_a_set_read_that_keeps_failing_falls_back_within_the_budget(
+    s3: LoopbackServer, tmp_path: Path
+) -> None:
     """A transient failure (500 on every try) with budget left: the per-plan objects, same deadline."""
     signer = make_signer()
     name = serve(s3, signed_world(signer, WORLD, NOW - timedelta(hours=1)), signer)
@@ -192,6 +244,7 @@ def test_a_set_read_that_keeps_failing_falls_back_within_the_budget(s3: Loopback
 
 # -- 2. ranks never wait on a fetch that is not theirs -----------------------------------------------
 
+
 def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: Path) -> None:
     """Two worlds on one node (as ranks that fell back to their own one-member sets): world A's
     set read is held at the server; world B's rank reads its own set meanwhile."""
@@ -203,7 +256,11 @@ def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: 
     s3.httpd.holds[f"{PREFIX}/{name_a}"] = release  # type: ignore[attr-defined]
     directory = node(tmp_path)
     outcome: dict[str, PlanResult] = {}
-    rank_a = threading.Thread(target=lambda: outcome.setdefault("a", boot(directory, keyring, s3, WORLD[0], WORLD, budget=60)))
+    rank_a = threading.Thread(
+        target=lambda: outcome.setdefault(
+            "a", boot(directory, keyring, s3, WORLD[0], WORLD, budget=60)
+        )
+    )
     rank_a.start()
     try:
         until = time.monotonic() + 30
@@ -216,13 +273,21 @@ def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: 
     finally:
         release.set()
         rank_a.join(60)
-    assert outcome["a"].verified is not None and sorted(directory.fingerprints()) == sorted(WORLD + OTHER)
-    assert outcome_path(directory.path, name_a).exists() and outcome_path(directory.path, name_b).exists()
+    assert outcome["a"].verified is not None and sorted(directory.fingerprints()) == sorted(
+        WORLD + OTHER
+    )
+    assert (
+        outcome_path(directory.path, name_a).exists()
+        and outcome_path(directory.path, name_b).exists()
+    )
 
 
 # -- 3. a set only fills gaps --------------------------------------------------------------------------
 
-def test_a_newer_local_plan_survives_another_ranks_set_fetch(s3: LoopbackServer, tmp_path: Path) -> None:
+
+def test_a_newer_local_plan_survives_another_ranks_set_fetch(
+    s3: LoopbackServer, tmp_path: Path
+) -> None:
     signer = make_signer()
     keyring = keyring_of(signer)
     serve(s3, signed_world(signer, WORLD, NOW - timedelta(hours=2)), signer)
@@ -234,9 +299,17 @@ def test_a_newer_local_plan_survives_another_ranks_set_fetch(s3: LoopbackServer,
     directory.write(WORLD[3], b"{not a plan", sig_b)  # rank D's local copy does not verify
     result = boot(directory, keyring, s3, WORLD[0], WORLD)  # rank A's miss reads the set
     assert result.verified is not None and "plan set" in result.note
-    assert directory.read(WORLD[1]) == (plan_b, sig_b)  # B's newer plan stays, for this boot and the next
-    assert resolver(directory, keyring, s3).local(WORLD[1]).verified.plan.kv_cache_memory_bytes == 10 << 30  # type: ignore[union-attr]
-    assert resolver(directory, keyring, s3).local(WORLD[3]).verified is not None  # D's gap is filled
+    assert directory.read(WORLD[1]) == (
+        plan_b,
+        sig_b,
+    )  # B's newer plan stays, for this boot and the next
+    assert (
+        resolver(directory, keyring, s3).local(WORLD[1]).verified.plan.kv_cache_memory_bytes
+        == 10 << 30
+    )  # type: ignore[union-attr]
+    assert (
+        resolver(directory, keyring, s3).local(WORLD[3]).verified is not None
+    )  # D's gap is filled
 
     # the per-plan fallback fills gaps too, and does not even read what a rank holds valid
     s3.httpd.state = FaultState()
@@ -251,6 +324,7 @@ def test_a_newer_local_plan_survives_another_ranks_set_fetch(s3: LoopbackServer,
 
 # -- 4. the outcome file is a hint, never a hazard -----------------------------------------------------
 
+
 def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
@@ -259,16 +333,21 @@ OUTCOMES = {
     "nan": lambda doc: json.dumps({**doc, "at": float("nan")}),
     "1e999": lambda doc: json.dumps(doc).replace('"at": 0', '"at": 1e999'),
     "huge-int": lambda doc: json.dumps(doc).replace('"at": 0', '"at": 1' + "0" * 400),
-    "future": lambda doc: json.dumps({**doc, "at": time.time() + 10 ** 6}),
-    "nesting": lambda doc: json.dumps({**doc, "at": time.time()})[:-1] + ', "deep": ' + _nested(1500) + "}",
+    "future": lambda doc: json.dumps({**doc, "at": time.time() + 10**6}),
+    "nesting": lambda doc: (
+        json.dumps({**doc, "at": time.time()})[:-1] + ', "deep": ' + _nested(1500) + "}"
+    ),
     "duplicate-key": lambda doc: '{"set": "another", ' + json.dumps({**doc, "at": time.time()})[1:],
-    "wrong-types": lambda doc: json.dumps({**doc, "at": time.time(), "members": {doc["_fp"]: ["timeout"]}}),
+    "wrong-types": lambda doc: json.dumps(
+        {**doc, "at": time.time(), "members": {doc["_fp"]: ["timeout"]}}
+    ),
 }
 
 
 @pytest.mark.parametrize("content", ["valid", *OUTCOMES])
-def test_a_malformed_outcome_file_is_no_record(content: str, s3: LoopbackServer, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_outcome_file_is_no_record(
+    content: str, s3: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A rank that waited on its set's lock reads the fetching rank's outcome: a well-formed fresh
     one it takes (no request of its own); anything malformed it ignores and reads the store."""
     signer = make_signer()
@@ -290,25 +369,41 @@ def test_a_malformed_outcome_file_is_no_record(content: str, s3: LoopbackServer,
     def rank() -> None:
         try:
             got["result"] = boot(directory, keyring_of(signer), s3, fp, WORLD)
-        except BaseException as exc:  # noqa: BLE001 - the assertion below names it
+        except BaseException as exc:
             got["raised"] = exc
 
-    with ExitStack() as held:  # the "fetching rank": this set's lock (and the single node lock before it)
+    with (
+        ExitStack() as held
+    ):  # the "fetching rank": this set's lock (and the single node lock before it)
         for key in (set_key(directory.path, name), directory.path):
             held.enter_context(locked(key.parent, key, wait=5))
         thread = threading.Thread(target=rank)
         thread.start()
         assert waiting.wait(30), "the rank never waited on the lock"
-        doc = {"set": name, "at": 0, "applied": False, "reason": "timeout", "detail": "held",
-               "members": {fp: {"applied": False, "reason": "timeout", "detail": "held"}}, "_fp": fp}
-        text = (json.dumps({**doc, "at": time.time()}) if content == "valid" else OUTCOMES[content](doc))
-        for path in (outcome_path(directory.path, name), directory.path.with_name("startup_plan.plancache-fetch.json")):
+        doc = {
+            "set": name,
+            "at": 0,
+            "applied": False,
+            "reason": "timeout",
+            "detail": "held",
+            "members": {fp: {"applied": False, "reason": "timeout", "detail": "held"}},
+            "_fp": fp,
+        }
+        text = (
+            json.dumps({**doc, "at": time.time()}) if content == "valid" else OUTCOMES[content](doc)
+        )
+        for path in (
+            outcome_path(directory.path, name),
+            directory.path.with_name("startup_plan.plancache-fetch.json"),
+        ):
             path.write_text(text)
     thread.join(BUDGET + 10)
     assert "raised" not in got, got.get("raised")
     result = got["result"]
     if content == "valid":
-        assert result.error is not None and result.error.reason.value == "timeout" and gets(s3) == []
+        assert (
+            result.error is not None and result.error.reason.value == "timeout" and gets(s3) == []
+        )
     else:
         assert result.verified is not None and result.error is None, result
         assert dict(gets(s3)) == {name: 1}

@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
@@ -33,7 +34,18 @@ from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
-    AWS_ENV, FaultObject, FaultServer, fault_server, fault_server_session, GcsEmulator, LoopbackServer, MotoServer, QuietHTTPServer, azurite, gcs_emulator, moto_server,
+    AWS_ENV,
+    FaultObject,
+    FaultServer,
+    GcsEmulator,
+    LoopbackServer,
+    MotoServer,
+    QuietHTTPServer,
+    azurite,
+    fault_server,
+    fault_server_session,
+    gcs_emulator,
+    moto_server,
 )
 
 FP2 = "fedcba9876543210"
@@ -51,8 +63,12 @@ CONDITIONAL = ("s3", "azure", "gcs-standin")
 
 @dataclass
 class StandInState:
-    objects: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # bucket/key -> (bytes, generation)
-    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path with query) of each
+    objects: dict[str, tuple[bytes, int]] = field(
+        default_factory=dict
+    )  # bucket/key -> (bytes, generation)
+    requests: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (method, path with query) of each
     generations: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -94,13 +110,18 @@ class _StandInHandler(BaseHTTPRequestHandler):
         state = self.server.state
         with state.lock:
             state.requests.append((self.command, self.path))
-        for prefix, kind in ((["", "storage", "v1", "b"], "meta"), (["", "download", "storage", "v1", "b"], "media")):
+        for prefix, kind in (
+            (["", "storage", "v1", "b"], "meta"),
+            (["", "download", "storage", "v1", "b"], "media"),
+        ):
             n = len(prefix)
             if parts[:n] == prefix and len(parts) == n + 3 and parts[n + 1] == "o":
                 return kind, f"{unquote(parts[n])}/{unquote(parts[n + 2])}", parse_qs(url.query)
         return None
 
-    def _current(self, name: str, query: dict[str, list[str]], param: str) -> tuple[bytes, int] | int:
+    def _current(
+        self, name: str, query: dict[str, list[str]], param: str
+    ) -> tuple[bytes, int] | int:
         """The object, or the status to answer: 404 absent, 412 if ``param`` names another generation."""
         with self.server.state.lock:
             found = self.server.state.objects.get(name)
@@ -108,7 +129,9 @@ class _StandInHandler(BaseHTTPRequestHandler):
             return 404
         wanted = query.get(param, [None])[0]
         if wanted is not None and int(wanted) != found[1]:
-            return 404 if param == "generation" else 412  # a pinned read of a replaced generation: gone
+            return (
+                404 if param == "generation" else 412
+            )  # a pinned read of a replaced generation: gone
         return found
 
     def do_GET(self) -> None:
@@ -122,8 +145,13 @@ class _StandInHandler(BaseHTTPRequestHandler):
         data, generation = found
         if kind == "meta":
             bucket, key = name.split("/", 1)
-            meta = {"kind": "storage#object", "bucket": bucket, "name": key, "generation": str(generation),
-                    "size": str(len(data))}
+            meta = {
+                "kind": "storage#object",
+                "bucket": bucket,
+                "name": key,
+                "generation": str(generation),
+                "size": str(len(data)),
+            }
             return self._send(200, json.dumps(meta).encode(), {"Content-Type": "application/json"})
         headers = {"x-goog-generation": str(generation)}
         rng = self.headers.get("Range", "")
@@ -134,7 +162,7 @@ class _StandInHandler(BaseHTTPRequestHandler):
             return self._error(416, "The requested range cannot be satisfied.")
         last = min(int(end), len(data) - 1)
         headers["Content-Range"] = f"bytes {start}-{last}/{len(data)}"
-        return self._send(206, data[int(start): last + 1], headers)
+        return self._send(206, data[int(start) : last + 1], headers)
 
     def do_POST(self) -> None:
         """gcsfs's multipart upload (``pipe_file``: the precondition check's canary)."""
@@ -151,8 +179,13 @@ class _StandInHandler(BaseHTTPRequestHandler):
         bucket, key = unquote(parts[5]), json.loads(meta_text)["name"]
         self.server.state.write(f"{bucket}/{key}", data)
         generation = self.server.state.objects[f"{bucket}/{key}"][1]
-        meta = {"kind": "storage#object", "bucket": bucket, "name": key, "generation": str(generation),
-                "size": str(len(data))}
+        meta = {
+            "kind": "storage#object",
+            "bucket": bucket,
+            "name": key,
+            "generation": str(generation),
+            "size": str(len(data)),
+        }
         return self._send(200, json.dumps(meta).encode(), {"Content-Type": "application/json"})
 
     def do_DELETE(self) -> None:
@@ -212,7 +245,9 @@ class Backend:
 
 
 @pytest.fixture(params=["file", "memory", "s3", "azure", "gcs", "gcs-standin"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
     kind = request.param
     if kind == "file":
         yield Backend(kind, open_store((tmp_path / "plans").as_uri(), None, 30))
@@ -223,7 +258,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         yield Backend(kind, open_store(f"s3://{moto.new_bucket()}/team/plans", moto.options, 30))
     elif kind == "azure":
         server = request.getfixturevalue("azurite")
-        yield Backend(kind, open_store(f"az://{server.new_container()}/team/plans", server.options, 30))
+        yield Backend(
+            kind, open_store(f"az://{server.new_container()}/team/plans", server.options, 30)
+        )
     elif kind == "gcs":
         gcs: GcsEmulator = request.getfixturevalue("gcs_emulator")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
@@ -232,14 +269,20 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         standin = GcsStandIn()
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", standin.endpoint)
         try:
-            yield Backend(kind, open_store("gs://standin/team/plans", {"token": "anon"}, 30), standin)
+            yield Backend(
+                kind, open_store("gs://standin/team/plans", {"token": "anon"}, 30), standin
+            )
         finally:
             standin.stop()
 
 
 def seed(backend: Backend) -> dict[str, str]:
     """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their digests."""
-    plans = {FP: (plan_bytes(), SIG), FP2: (plan_bytes(fp=FP2), b""), FP3: (plan_bytes(fp=FP3), None)}
+    plans = {
+        FP: (plan_bytes(), SIG),
+        FP2: (plan_bytes(fp=FP2), b""),
+        FP3: (plan_bytes(fp=FP3), None),
+    }
     for fp, (plan, sig) in plans.items():
         backend.write(plan_name(fp), plan)
         if sig is not None:
@@ -271,9 +314,15 @@ def test_unchanged_objects_are_deleted(backend: Backend) -> None:
         media = [p for m, p in requests if m == "GET" and "alt=media" in p and "startup_plan_" in p]
         deletes = [p for m, p in requests if m == "DELETE" and "startup_plan_" in p]
         canary = [p for m, p in requests if m == "DELETE" and ".plancache-precondition-check-" in p]
-        assert len(canary) == 2 and "ifGenerationMatch=" in canary[0]  # the wrong one (412), then the cleanup
-        assert not any(".plancache-precondition-check-" in name for name in backend.standin.state.objects)
-        assert len(media) == 6 and all("generation=" in p for p in media)  # the empty sidecar: 416, then whole
+        assert (
+            len(canary) == 2 and "ifGenerationMatch=" in canary[0]
+        )  # the wrong one (412), then the cleanup
+        assert not any(
+            ".plancache-precondition-check-" in name for name in backend.standin.state.objects
+        )
+        assert len(media) == 6 and all(
+            "generation=" in p for p in media
+        )  # the empty sidecar: 416, then whole
         assert len(deletes) == 5 and all("ifGenerationMatch=" in p for p in deletes)
 
 
@@ -288,7 +337,9 @@ def test_changed_before_the_reread_is_kept(backend: Backend) -> None:
 # -- (b) replaced between the re-read and the delete: kept by the precondition ----------------------
 
 
-def replace_in_window(backend: Backend, name: str, data: bytes) -> tuple[list[list[str]], Callable[[list[str]], None]]:
+def replace_in_window(
+    backend: Backend, name: str, data: bytes
+) -> tuple[list[list[str]], Callable[[list[str]], None]]:
     """A ``before_delete`` hook that rewrites ``name``, and the list of the fingerprints it was called with."""
     calls: list[list[str]] = []
 
@@ -320,7 +371,9 @@ def test_sidecar_replaced_after_the_reread_is_kept(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("backend", CONDITIONAL, indirect=True)
-def test_without_the_precondition_the_window_is_real(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_precondition_the_window_is_real(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same race with the delete made unconditional: the check before the first delete
     refuses such a store; with the check skipped, the race deletes the re-pushed plan. What
     keeps it in the tests above is the store's precondition, not the timing."""
@@ -336,7 +389,9 @@ def test_without_the_precondition_the_window_is_real(backend: Backend, monkeypat
         delete_if_unchanged(backend.store, judged, before_delete=hook)
     assert info.value.reason is Reason.CONFIG and "--unconditional" in info.value.detail
     assert backend.read(plan_name(FP)) == plan_bytes()  # nothing judged was deleted
-    monkeypatch.setattr(conditional_deletes, "require_honoured_preconditions", lambda store, deadline: None)
+    monkeypatch.setattr(
+        conditional_deletes, "require_honoured_preconditions", lambda store, deadline: None
+    )
     deleted, changed = delete_if_unchanged(backend.store, judged, before_delete=hook)
     assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(plan_name(FP)) is None
 
@@ -374,16 +429,22 @@ def test_gone_before_the_reread_is_changed_not_an_error(backend: Backend) -> Non
     assert deleted == [FP2, FP3] and changed == [FP] and backend.read(sig_name(FP)) == SIG
 
 
-@pytest.mark.parametrize("etag", [None, "", "x" * 300, '"a\x01b"', '"caf\u00e9"'],
-                         ids=["absent", "empty", "overlong", "control", "non-ascii"])
-def test_a_version_the_store_forged_or_left_out_deletes_nothing(etag: str | None, fault_server: FaultServer,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "etag",
+    [None, "", "x" * 300, '"a\x01b"', '"caf\u00e9"'],
+    ids=["absent", "empty", "overlong", "control", "non-ascii"],
+)
+def test_a_version_the_store_forged_or_left_out_deletes_nothing(
+    etag: str | None, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The version token goes back to the store in a header: one that is absent, empty, overlong
     or not printable ASCII is a store error, and no delete is sent unconditionally instead."""
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     for name in (plan_name(FP), sig_name(FP)):
-        fault_server.state.objects[f"plans/{name}"] = FaultObject(b"{}" if name.endswith(".sig") else plan_bytes())
+        fault_server.state.objects[f"plans/{name}"] = FaultObject(
+            b"{}" if name.endswith(".sig") else plan_bytes()
+        )
     fault_server.state.etag = etag
     store = open_store("s3://faulty/plans", {"endpoint_url": fault_server.endpoint}, 5.0)
     judged = store.fetch(FP)
@@ -397,7 +458,9 @@ def test_a_version_the_store_forged_or_left_out_deletes_nothing(etag: str | None
 # -- (d) a store that ignores the precondition: refused before anything is deleted ----------------
 
 
-def _faulty_store(fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch, listed: int = 1) -> list[str]:
+def _faulty_store(
+    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch, listed: int = 1
+) -> list[str]:
     """Three unsigned plans on the fault server (which ignores ``If-Match`` on DELETE), each
     named ``listed`` times by its listing; the CLI arguments that reach it."""
     for name, value in AWS_ENV.items():
@@ -424,14 +487,25 @@ def test_a_store_that_ignores_if_match_is_refused_before_any_delete(
     where = _faulty_store(fault_server, monkeypatch)
     code = main(["prune", "--unsigned", *where])
     out, err = capsys.readouterr()
-    assert code == 2 and err.count("\n") == 1 and "--unconditional" in err and "conditional deletes" in err, err
-    assert _plan_deletes(fault_server) == [] and len(fault_server.state.objects) == 3  # the canary is gone too
+    assert (
+        code == 2
+        and err.count("\n") == 1
+        and "--unconditional" in err
+        and "conditional deletes" in err
+    ), err
+    assert (
+        _plan_deletes(fault_server) == [] and len(fault_server.state.objects) == 3
+    )  # the canary is gone too
     canary = [p for m, p, _ in fault_server.state.requests if m == "PUT"]
     assert len(canary) == 1 and ".plancache-precondition-check-" in canary[0]
     code = main(["prune", "--unsigned", "--unconditional", "--json", *where])
     out, _ = capsys.readouterr()
-    assert code == 0 and sorted(d["fingerprint"] for d in json.loads(out)["deleted"]) == sorted([FP, FP2, FP3])
-    assert len(_plan_deletes(fault_server)) == 6 and fault_server.state.objects == {}  # plans and sidecars
+    assert code == 0 and sorted(d["fingerprint"] for d in json.loads(out)["deleted"]) == sorted(
+        [FP, FP2, FP3]
+    )
+    assert (
+        len(_plan_deletes(fault_server)) == 6 and fault_server.state.objects == {}
+    )  # plans and sidecars
 
 
 @pytest.mark.parametrize("backend", ["gcs"], indirect=True)
@@ -444,11 +518,15 @@ def test_the_gcs_emulator_ignores_if_generation_match_and_is_refused(backend: Ba
     assert info.value.reason is Reason.CONFIG and "--unconditional" in info.value.detail
     assert all(backend.read(plan_name(fp)) is not None for fp in judged)
     assert backend.store.fs.ls(backend.store.root) != [] and not any(
-        ".plancache-precondition-check-" in p for p in backend.store.fs.ls(backend.store.root))
+        ".plancache-precondition-check-" in p for p in backend.store.fs.ls(backend.store.root)
+    )
 
 
 def test_a_listing_that_names_each_object_three_times_counts_each_once(
-    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    fault_server: FaultServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     """Three plans, each listed three times: verify, ls and pull see three plans, and prune
     reports three deletions (not nine)."""

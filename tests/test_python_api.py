@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from conftest import FP, make_signer, plan_bytes
+from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.keyring.keys import openssh_line
 from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.signing import sign_plan
-from plancache.pipeline.resolver import utcnow
 from store_servers import MotoServer, moto_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +38,20 @@ def test_readme_python_api_example_runs(tmp_path: Path) -> None:
         store.write(fp, data, sign_plan(plan_name(fp), data, signer, utcnow()))
     # an attacker rewrites one plan in the store; its sidecar stays as signed
     store.write(TAMPERED, render_plan(Plan(TAMPERED, 69 * 2**30, 70 * 2**30)), None)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PLANCACHE_URL": store.path.as_uri(),
-           "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-c", readme_example()], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "PLANCACHE_URL": store.path.as_uri(),
+        "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", readme_example()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert any(line.startswith(f"{FP} valid ok {signer.keyid} ") for line in lines), lines
@@ -61,8 +71,13 @@ def test_public_names_resolve_and_import_stays_light() -> None:
         "after = [m for m in heavy if m in sys.modules]\n"
         "print(before, missing, after)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert proc.stdout.strip() == "[] [] []"
     assert (ROOT / "src" / "plancache" / "py.typed").exists()
 
@@ -70,13 +85,24 @@ def test_public_names_resolve_and_import_stays_light() -> None:
 def test_required_exports_are_public() -> None:
     import plancache
 
-    for name in ("verify_plan", "load_trusted_keys", "open_store", "verify_location", "pull", "Resolver",
-                 "TrustPolicy", "PlanReport", "PlanResult"):
+    for name in (
+        "verify_plan",
+        "load_trusted_keys",
+        "open_store",
+        "verify_location",
+        "pull",
+        "Resolver",
+        "TrustPolicy",
+        "PlanReport",
+        "PlanResult",
+    ):
         assert name in plancache.__all__
 
 
 def test_the_api_reads_the_environment_as_the_cli_does_explicit_arguments_winning(
-    tmp_path: Path, moto_server: "MotoServer", monkeypatch: "pytest.MonkeyPatch"  # noqa: F811
+    tmp_path: Path,
+    moto_server: MotoServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import json
 
@@ -90,12 +116,16 @@ def test_the_api_reads_the_environment_as_the_cli_does_explicit_arguments_winnin
     (tmp_path / "trusted-keys").write_text(openssh_line(signer.public, "ci") + "\n")
     url = f"s3://{moto_server.new_bucket()}/plans"
     data = plan_bytes(FP)
-    open_store(url, moto_server.options, 30).put(FP, data, sign_plan(plan_name(FP), data, signer, utcnow()))
+    open_store(url, moto_server.options, 30).put(
+        FP, data, sign_plan(plan_name(FP), data, signer, utcnow())
+    )
     for key, value in AWS_ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(tmp_path / "trusted-keys"))
-    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", json.dumps({"endpoint_url": moto_server.endpoint}))
+    monkeypatch.setenv(
+        "PLANCACHE_STORAGE_OPTIONS", json.dumps({"endpoint_url": moto_server.endpoint})
+    )
     # no trust, no storage options given: both come from the environment, as for `plancache verify`
     (report,) = plancache.verify_location(url)
     assert report.status == "valid" and report.signer_ids == [signer.keyid]
@@ -103,14 +133,18 @@ def test_the_api_reads_the_environment_as_the_cli_does_explicit_arguments_winnin
     assert result.verified is not None and (tmp_path / "node" / plan_name(FP)).read_bytes() == data
     # an explicit option wins over the environment's, key by key
     monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", "endpoint_url=http://127.0.0.1:1")
-    (report,) = plancache.verify_location(url, storage_options={"endpoint_url": moto_server.endpoint})
+    (report,) = plancache.verify_location(
+        url, storage_options={"endpoint_url": moto_server.endpoint}
+    )
     assert report.status == "valid"
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS")
     with pytest.raises(plancache.ConfigError, match="PLANCACHE_TRUSTED_KEYS"):
         plancache.verify_location(url)
 
 
-def test_pull_counts_the_store_opening_inside_its_budget(tmp_path: Path, monkeypatch: "pytest.MonkeyPatch") -> None:
+def test_pull_counts_the_store_opening_inside_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One budget from the call, as in the CLI: a store that takes most of the budget to open
     (credential discovery, an SDK import) leaves the fetches only what is left, never a fresh
     budget of their own (which made a pull take up to twice its timeout)."""

@@ -29,7 +29,9 @@ from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "journeys.md"
 """The page the README's recipes moved to."""
-SPOT_BOOT_DOC = Path(__file__).resolve().parent.parent / "src" / "plancache" / "journeys" / "spot-boot.sh"
+SPOT_BOOT_DOC = (
+    Path(__file__).resolve().parent.parent / "src" / "plancache" / "journeys" / "spot-boot.sh"
+)
 
 
 def block(kind: str, containing: str) -> str:
@@ -59,20 +61,26 @@ def bin_dir(tmp: Path) -> Path:
     bindir.mkdir()
     for name in ("ci-bake", "spot-boot", "offline-audit"):
         exe = bindir / f"plancache-{name}"
-        exe.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
-                       f"'import sys; from plancache.journeys import run; run(\"{name}\", sys.argv[1:])' \"$@\"\n")
+        exe.write_text(
+            f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
+            f'\'import sys; from plancache.journeys import run; run("{name}", sys.argv[1:])\' "$@"\n'
+        )
         exe.chmod(0o755)
     return bindir
 
 
-def test_dockerfile_bake_stage_and_init_container(moto_server: MotoServer, tmp_path: Path) -> None:  # noqa: F811
+def test_dockerfile_bake_stage_and_init_container(moto_server: MotoServer, tmp_path: Path) -> None:
     moto_server.client().create_bucket(Bucket="acme-plans")
     context, root = tmp_path / "context", tmp_path / "root"
     signer = generate_keypair(context / "secrets" / "ci-signer", force=False, comment="ci-signer")
     LocalPlanDir(context / "build" / "vllm-cache" / "startup_plan").write(FP, plan_bytes(), None)
-    env = {**os.environ, **AWS_ENV, "AWS_ENDPOINT_URL": moto_server.endpoint,
-           "PATH": f"{bin_dir(tmp_path)}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {
+        **os.environ,
+        **AWS_ENV,
+        "AWS_ENDPOINT_URL": moto_server.endpoint,
+        "PATH": f"{bin_dir(tmp_path)}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
     env.pop("PLANCACHE", None)
 
     def in_root(path: str) -> str:
@@ -92,45 +100,80 @@ def test_dockerfile_bake_stage_and_init_container(moto_server: MotoServer, tmp_p
             continue  # stood in for by the test environment
         elif word == "RUN":
             secret = re.match(r"--mount=type=secret,id=[\w-]+,target=(\S+)\s+", args)
-            command = args[secret.end():] if secret else args
+            command = args[secret.end() :] if secret else args
             if secret:
                 command = command.replace(secret.group(1), str(context / "secrets" / "ci-signer"))
-            command = re.sub(r"(?<=[=\s])/(bake|opt|etc)/", lambda m: f"{root}/{m.group(1)}/", command)
-            done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=120)
+            command = re.sub(
+                r"(?<=[=\s])/(bake|opt|etc)/", lambda m: f"{root}/{m.group(1)}/", command
+            )
+            done = subprocess.run(
+                ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=120
+            )
             assert done.returncode == 0, done.stderr
             ran.append(command)
         else:
             raise AssertionError(f"the test does not know how to run {word}")
     assert ran and "plancache-ci-bake" in ran[-1]
     image = root / "bake" / "image"
-    assert sorted(p.name for p in image.iterdir()) == [plan_name(FP), sig_name(FP)]  # what COPY --from=bake takes
-    shown = subprocess.run([sys.executable, "-m", "plancache.cli.main", "inspect", "--json", "--trusted-keys",
-                            str(root / "bake" / "ci-signer.pub"), str(image / sig_name(FP))],
-                           env=env, capture_output=True, text=True, timeout=60)
+    assert sorted(p.name for p in image.iterdir()) == [
+        plan_name(FP),
+        sig_name(FP),
+    ]  # what COPY --from=bake takes
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plancache.cli.main",
+            "inspect",
+            "--json",
+            "--trusted-keys",
+            str(root / "bake" / "ci-signer.pub"),
+            str(image / sig_name(FP)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     info = json.loads(shown.stdout)
     assert info["status"] == "valid" and info["signed_by"][0]["keyid"] == signer.keyid
-    assert set(info["statement"]["provenance"]) == {"gpu_memory_utilization", "device_name", "device_total_memory"}
+    assert set(info["statement"]["provenance"]) == {
+        "gpu_memory_utilization",
+        "device_name",
+        "device_total_memory",
+    }
 
     pod = yaml.safe_load(block("yaml", "initContainers"))
     [init] = pod["spec"]["initContainers"]
     [vllm] = pod["spec"]["containers"]
     assert init["command"] == ["plancache-spot-boot"]
     init_env = {e["name"]: e["value"] for e in init["env"]}
-    documented = set(re.findall(r"\b(PLANCACHE_[A-Z_]+|VLLM_CACHE_ROOT)\b", SPOT_BOOT_DOC.read_text()))
+    documented = set(
+        re.findall(r"\b(PLANCACHE_[A-Z_]+|VLLM_CACHE_ROOT)\b", SPOT_BOOT_DOC.read_text())
+    )
     assert set(init_env) <= documented | {"VLLM_CACHE_ROOT"}
     vllm_env = {e["name"]: e["value"] for e in vllm["env"]}
-    assert vllm_env["VLLM_ENABLE_STARTUP_PLAN"] == "1" and vllm_env["VLLM_CACHE_ROOT"] == init_env["VLLM_CACHE_ROOT"]
-    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in (init, vllm)}
+    assert (
+        vllm_env["VLLM_ENABLE_STARTUP_PLAN"] == "1"
+        and vllm_env["VLLM_CACHE_ROOT"] == init_env["VLLM_CACHE_ROOT"]
+    )
+    mounts = {
+        c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in (init, vllm)
+    }
     assert mounts[init["name"]] == mounts[vllm["name"]] == {"plans": init_env["VLLM_CACHE_ROOT"]}
 
     # run the init container's command with its environment (image paths mapped into the temp root)
     keys_path = root / init_env["PLANCACHE_TRUSTED_KEYS"].lstrip("/")
     keys_path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(root / "bake" / "ci-signer.pub", keys_path)
-    node_env = {**env, **{k: (in_root(v) if v.startswith("/") else v) for k, v in init_env.items()},
-                "PLANCACHE_STRICT": "1"}
-    boot = subprocess.run(init["command"], env=node_env, capture_output=True, text=True, timeout=120)
+    node_env = {
+        **env,
+        **{k: (in_root(v) if v.startswith("/") else v) for k, v in init_env.items()},
+        "PLANCACHE_STRICT": "1",
+    }
+    boot = subprocess.run(
+        init["command"], env=node_env, capture_output=True, text=True, timeout=120
+    )
     assert boot.returncode == 0, boot.stderr
     pulled = Path(node_env["VLLM_CACHE_ROOT"]) / "startup_plan"
     assert sorted(p.name for p in pulled.iterdir()) == [plan_name(FP), sig_name(FP)]
-

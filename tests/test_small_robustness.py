@@ -10,9 +10,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -27,10 +27,14 @@ class _Throttled(Exception):
 
     def __init__(self, retry_after: str) -> None:
         super().__init__("SlowDown")
-        self.response = {"ResponseMetadata": {"HTTPStatusCode": 503, "HTTPHeaders": {"retry-after": retry_after}}}
+        self.response = {
+            "ResponseMetadata": {"HTTPStatusCode": 503, "HTTPHeaders": {"retry-after": retry_after}}
+        }
 
 
-@pytest.mark.parametrize("value", ["²", "١٢", "-1", "1e3", "1.5", "+3", "", " ", "3 s", "0x10", "Ⅻ", "𝟗"])
+@pytest.mark.parametrize(
+    "value", ["²", "١٢", "-1", "1e3", "1.5", "+3", "", " ", "3 s", "0x10", "Ⅻ", "𝟗"]
+)
 def test_a_retry_after_that_is_not_ascii_digits_is_absent(value: str) -> None:
     assert deadline.retry_after(_Throttled(value)) is None
 
@@ -38,7 +42,9 @@ def test_a_retry_after_that_is_not_ascii_digits_is_absent(value: str) -> None:
 def test_ascii_digits_are_read_and_huge_ones_capped() -> None:
     assert deadline.retry_after(_Throttled(" 7 ")) == 7.0
     assert deadline.retry_after(_Throttled("0")) == 0.0
-    assert deadline.retry_after(_Throttled("9" * 5000)) == deadline.RETRY_AFTER_CAP  # no int/float of 5000 digits
+    assert (
+        deadline.retry_after(_Throttled("9" * 5000)) == deadline.RETRY_AFTER_CAP
+    )  # no int/float of 5000 digits
     assert deadline.retry_after(_Throttled("99999999999999999999")) == deadline.RETRY_AFTER_CAP
     odd = _Throttled("1")
     odd.response = {"ResponseMetadata": "not a dict"}  # type: ignore[assignment]
@@ -52,7 +58,9 @@ def test_a_non_ascii_retry_after_is_retried_with_the_usual_backoff(value: str) -
     def attempt() -> str:
         calls.append(time.monotonic())
         if len(calls) == 1:
-            raise _Throttled(value)  # before: int('²') raised ValueError; '١٢' asked 12 s and gave up
+            raise _Throttled(
+                value
+            )  # before: int('²') raised ValueError; '١٢' asked 12 s and gave up
         return "ok"
 
     async def async_attempt() -> str:
@@ -60,7 +68,10 @@ def test_a_non_ascii_retry_after_is_retried_with_the_usual_backoff(value: str) -
 
     assert deadline.retrying(attempt, time.monotonic() + 5) == "ok" and len(calls) == 2
     calls.clear()
-    assert asyncio.run(deadline.with_retries(async_attempt, time.monotonic() + 5)) == "ok" and len(calls) == 2
+    assert (
+        asyncio.run(deadline.with_retries(async_attempt, time.monotonic() + 5)) == "ok"
+        and len(calls) == 2
+    )
 
 
 def test_a_huge_retry_after_gives_up_at_once_never_sleeping_past_the_deadline() -> None:
@@ -85,8 +96,12 @@ def test_a_set_but_empty_expiry_is_a_configuration_error(raw: str) -> None:
 
 @pytest.mark.parametrize("raw,signs", [(" ", False), (None, True)])
 def test_the_plugin_logs_one_error_and_signs_nothing_when_the_expiry_is_set_empty(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str | None,
-        signs: bool) -> None:
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    raw: str | None,
+    signs: bool,
+) -> None:
     from plancache.cli.main import main
 
     assert main(["keygen", str(tmp_path / "key")]) == 0
@@ -115,7 +130,9 @@ def test_the_plugin_logs_one_error_and_signs_nothing_when_the_expiry_is_set_empt
 
 def _bench() -> object:
     """scripts/bench_compile_cache.py as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_compile_cache", REPO / "scripts" / "bench_compile_cache.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_compile_cache", REPO / "scripts" / "bench_compile_cache.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -124,11 +141,11 @@ def _bench() -> object:
 
 
 def test_the_compile_cache_benchmark_counts_the_reads_a_pull_makes(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import make_signer
     from plancache.pipeline.compile_cache import flows as cc
     from plancache.trust.keyring.keys import signer_keyring
-
-    from conftest import make_signer
 
     bench = _bench()
     root = cc.CacheRoot(tmp_path / "built")
@@ -140,11 +157,11 @@ def test_the_compile_cache_benchmark_counts_the_reads_a_pull_makes(
 
 
 def test_a_benchmark_that_counted_nothing_says_so_and_fails(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import make_signer
     from plancache.pipeline.compile_cache import flows as cc
     from plancache.trust.keyring.keys import signer_keyring
-
-    from conftest import make_signer
 
     bench = _bench()
 
@@ -161,7 +178,9 @@ def test_a_benchmark_that_counted_nothing_says_so_and_fails(
     out = capsys.readouterr().out
     assert "not measured: counter saw no reads" in out and "0 object reads" not in out
     monkeypatch.setattr(bench, "bench_verify", lambda work, rounds: 0)
-    monkeypatch.setattr(sys, "argv", ["bench_compile_cache.py", "--skip-vllm", "--work", str(tmp_path / "w")])
+    monkeypatch.setattr(
+        sys, "argv", ["bench_compile_cache.py", "--skip-vllm", "--work", str(tmp_path / "w")]
+    )
     with pytest.raises(SystemExit) as exited:
         bench.main()  # type: ignore[attr-defined]
     assert exited.value.code == 1

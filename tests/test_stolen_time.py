@@ -36,10 +36,17 @@ print(f"{wall:.3f} {stolen:.3f}")
 
 def _child_under_contention() -> tuple[float, float]:
     cpu = min(os.sched_getaffinity(0))
-    competitor = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    competitor = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent), str(cpu)],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(Path(__file__).parent), str(cpu)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
     finally:
         competitor.kill()
         competitor.wait()
@@ -47,7 +54,9 @@ def _child_under_contention() -> tuple[float, float]:
     return wall, stolen
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's per-thread schedstat")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/task"), reason="needs Linux's per-thread schedstat"
+)
 def test_an_ended_threads_run_queue_wait_is_counted() -> None:
     wall, stolen = _child_under_contention()
     # sharing one CPU with a busy process, the 0.8 s busy thread waited for about half of it
@@ -82,8 +91,13 @@ print(f"{wall:.3f} {stolen:.3f} {paused:.3f} {clock.collecting - counted:.3f}")
 
 def test_a_full_collection_inside_the_interval_is_counted() -> None:
     """A full collection stops every thread; its length is the heap's, not the code's under test."""
-    out = subprocess.run([sys.executable, "-c", GC_CHILD, str(Path(__file__).parent)],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", GC_CHILD, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     wall, stolen, paused, after_read = (float(x) for x in out.split())
     assert paused >= 0.05, out  # the heap made the collection long enough to tell
     # at most wall time, plus what the collection itself queued for a CPU (counted twice: bounded by its length)

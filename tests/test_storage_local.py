@@ -18,13 +18,20 @@ def test_plan_dir_resolution_follows_vllm() -> None:
     assert default_plan_dir({"VLLM_CACHE_ROOT": "/x/cache"}) == Path("/x/cache/startup_plan")
     assert default_plan_dir({"XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/vllm/startup_plan")
     assert default_plan_dir({}) == Path(os.path.expanduser("~/.cache/vllm/startup_plan"))
-    assert default_plan_dir({"VLLM_CACHE_ROOT": "~/c"}) == Path(os.path.expanduser("~/c/startup_plan"))
+    assert default_plan_dir({"VLLM_CACHE_ROOT": "~/c"}) == Path(
+        os.path.expanduser("~/c/startup_plan")
+    )
 
 
 def test_write_then_read_and_listing_ignores_other_names(plan_dir: Path) -> None:
     local = LocalPlanDir(plan_dir)
     local.write(FP, plan_bytes(), b"sig\n")
-    for junk in ("startup_plan_XYZ.json", "startup_plan_0123456789abcdef.json.tmp", "notes.txt", ".startup_plan_0123456789abcdef.json.1.tmp"):
+    for junk in (
+        "startup_plan_XYZ.json",
+        "startup_plan_0123456789abcdef.json.tmp",
+        "notes.txt",
+        ".startup_plan_0123456789abcdef.json.1.tmp",
+    ):
         (plan_dir / junk).write_text("x")
     assert local.fingerprints() == [FP]
     assert local.read(FP) == (plan_bytes(), b"sig\n")
@@ -69,7 +76,9 @@ def test_read_only_directory_is_reported_and_left_empty() -> None:
     target.rmdir()
 
 
-def test_failed_write_leaves_nothing_under_a_final_name(plan_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_leaves_nothing_under_a_final_name(
+    plan_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A full disk (ENOSPC on fsync) must not leave a plan or a temp file behind."""
 
     def full_disk(fd: int) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import store_servers
 from azurite_server import azure_connection_string
 from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
@@ -22,10 +23,18 @@ from plancache.storage.azure.blob import BoundedAzureBlobFileSystem, CappedTrans
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
-import store_servers
+from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name
 from store_servers import (  # noqa: F401 (fixtures)
-    nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, azurite, black_hole, closed_port, fault_server, fault_server_session,
+    BlackHole,
+    FaultObject,
+    FaultServer,
+    azurite,
+    black_hole,
+    closed_port,
+    fault_server,
+    fault_server_session,
+    nothing_written,
+    pull_fingerprint,
 )
 
 SLACK = 2.0
@@ -59,28 +68,43 @@ ROOMY = ("--timeout", "30")
 timed out there while the SDK client was still being built)."""
 
 
-def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str) -> tuple[int, str, str, float]:
-    return pull_fingerprint(capsys, URL, f"connection_string={azure_connection_string(endpoint)}", keys, dest, *extra)
+def pull(
+    capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str
+) -> tuple[int, str, str, float]:
+    return pull_fingerprint(
+        capsys, URL, f"connection_string={azure_connection_string(endpoint)}", keys, dest, *extra
+    )
 
 
 # -- faults -----------------------------------------------------------------------------------
 
 
-def test_one_fetch_is_two_ranged_gets(fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_fetch_is_two_ranged_gets(
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys)
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     requests = [(m, r) for m, _, r in fault_server.state.requests]
-    assert requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")] * 2  # plan and sidecar caps are both 64 KiB
+    assert (
+        requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")] * 2
+    )  # plan and sidecar caps are both 64 KiB
     assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
 
 
-def test_connection_refused_fails_fast(keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_connection_refused_fails_fast(
+    keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     endpoint = f"http://127.0.0.1:{closed_port()}"
-    for operation in (lambda s: raw(s.fetch(FP)), lambda s: s.fingerprints(), lambda s: s.put(FP, b"{}", None)):
+    for operation in (
+        lambda s: raw(s.fetch(FP)),
+        lambda s: s.fingerprints(),
+        lambda s: s.put(FP, b"{}", None),
+    ):
         store = az_store(endpoint, timeout=3.0)
-        store.fetch(FP)  # the first call also builds the SDK client (slow on a busy machine): not timed
+        store.fetch(
+            FP
+        )  # the first call also builds the SDK client (slow on a busy machine): not timed
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:
             operation(store)
@@ -91,20 +115,28 @@ def test_connection_refused_fails_fast(keys: Path, tmp_path: Path, capsys: pytes
     assert nothing_written(tmp_path / "d")
 
 
-def test_black_hole_ends_at_the_budget(black_hole: BlackHole, keys: Path, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
-    for operation in (lambda s: raw(s.fetch(FP)), lambda s: s.fingerprints(), lambda s: s.put(FP, b"{}", None)):
+def test_black_hole_ends_at_the_budget(
+    black_hole: BlackHole, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for operation in (
+        lambda s: raw(s.fetch(FP)),
+        lambda s: s.fingerprints(),
+        lambda s: s.put(FP, b"{}", None),
+    ):
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:
             operation(az_store(black_hole.endpoint, timeout=1.0))
         assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK
-    code, out, _, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")  # the 3 s default
+    code, out, _, elapsed = pull(
+        capsys, black_hole.endpoint, keys, tmp_path / "d"
+    )  # the 3 s default
     assert code == 2 and elapsed < 3.0 + SLACK and "timeout" in out
     assert nothing_written(tmp_path / "d")
 
 
 def test_http_500_forever_is_a_store_error_after_plancaches_retries_only(
-        fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys, mode="error500")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK and "store-error" in out
@@ -113,24 +145,27 @@ def test_http_500_forever_is_a_store_error_after_plancaches_retries_only(
     assert nothing_written(tmp_path / "d")
 
 
-def test_one_http_500_is_retried(fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_http_500_is_retried(
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys, mode="error500-once")
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     assert (tmp_path / "d" / plan_name(FP)).exists()
 
 
-def test_truncated_body_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_body_is_a_store_error(
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys, sig_mode="truncate")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK and "store-error" in out
     assert nothing_written(tmp_path / "d")
 
 
-def test_huge_body_that_ignores_the_range_is_not_downloaded(fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_huge_body_that_ignores_the_range_is_not_downloaded(
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys, mode="huge")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 1 and "too-large" in out and elapsed < 3.0 + SLACK
@@ -158,7 +193,9 @@ def test_redirect_to_another_host_is_not_followed(fault_server: FaultServer, key
             raw(az_store(fault_server.endpoint).fetch(FP))
         assert err.value.reason is Reason.STORE_ERROR and "not followed" in err.value.detail
         assert other.state.requests == []  # not one byte went to the other host
-        assert len(fault_server.state.requests) == 2  # one per object: a refused redirect is not retried
+        assert (
+            len(fault_server.state.requests) == 2
+        )  # one per object: a refused redirect is not retried
     finally:
         other.stop()
 
@@ -172,17 +209,31 @@ def test_budget_defaults_and_their_overrides() -> None:
     assert type(fs) is BoundedAzureBlobFileSystem
     transport = fs.service_client._pipeline._transport
     assert isinstance(transport, CappedTransport)
-    assert (transport.connection_config.timeout, transport.connection_config.read_timeout) == (1.0, 1.5)
+    assert (transport.connection_config.timeout, transport.connection_config.read_timeout) == (
+        1.0,
+        1.5,
+    )
     assert fs.service_client._config.retry_policy.total_retries == 0
     fs = open_store(URL, {**options, "read_timeout": 9, "retry_total": 2}, 3.0).fs
     assert fs.service_client._pipeline._transport.connection_config.read_timeout == 9
     assert fs.service_client._config.retry_policy.total_retries == 2
 
 
-@pytest.mark.parametrize("url", ["abfs://plans/fleet", "az://plans/fleet", "abfss://plans@acct.dfs.core.windows.net/fleet"])
-def test_url_forms_and_credentials_as_adlfs_reads_them(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-                 "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_ID", "AZURE_STORAGE_ANON"):
+@pytest.mark.parametrize(
+    "url",
+    ["abfs://plans/fleet", "az://plans/fleet", "abfss://plans@acct.dfs.core.windows.net/fleet"],
+)
+def test_url_forms_and_credentials_as_adlfs_reads_them(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in (
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_STORAGE_CLIENT_ID",
+        "AZURE_STORAGE_ANON",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
     with warnings.catch_warnings():
@@ -200,25 +251,44 @@ def test_url_forms_and_credentials_as_adlfs_reads_them(url: str, monkeypatch: py
     assert "sig=x" in sas_fs.service_client.url and sas_fs.service_client.credential is None
 
 
-def test_missing_credentials_are_one_config_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_credentials_are_one_config_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME"):
         monkeypatch.delenv(name, raising=False)
     generate_keypair(tmp_path / "k", force=False, comment="k")
-    code = main(["pull", "--trusted-keys", str(tmp_path / "k.pub"), "az://plans/fleet", str(tmp_path / "d")])
+    code = main(
+        ["pull", "--trusted-keys", str(tmp_path / "k.pub"), "az://plans/fleet", str(tmp_path / "d")]
+    )
     _, err = capsys.readouterr()
-    assert code == 2 and err.startswith("plancache: error:") and err.count("\n") == 1 and "account" in err
+    assert (
+        code == 2
+        and err.startswith("plancache: error:")
+        and err.count("\n") == 1
+        and "account" in err
+    )
 
 
 def test_cli_round_trip_with_the_connection_string_from_the_environment(
-        azurite, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    azurite, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
     url = f"abfs://{azurite.new_container()}/fleet"
     generate_keypair(tmp_path / "ci", force=False, comment="ci")
     LocalPlanDir(tmp_path / "ci-plans").write(FP, plan_bytes(), None)
     assert main(["push", "--key", str(tmp_path / "ci"), str(tmp_path / "ci-plans"), url]) == 0
     assert main(["verify", "--trusted-keys", str(tmp_path / "ci.pub"), url]) == 0
-    code = main(["pull", "--trusted-keys", str(tmp_path / "ci.pub"), "--fingerprint", FP, url, str(tmp_path / "spot")])
+    code = main(
+        [
+            "pull",
+            "--trusted-keys",
+            str(tmp_path / "ci.pub"),
+            "--fingerprint",
+            FP,
+            url,
+            str(tmp_path / "spot"),
+        ]
+    )
     assert code == 0, capsys.readouterr()
     capsys.readouterr()
     assert (tmp_path / "spot" / plan_name(FP)).read_bytes() == plan_bytes()
@@ -228,13 +298,16 @@ def test_cli_round_trip_with_the_connection_string_from_the_environment(
 
 
 def test_a_process_exits_promptly_and_stays_small_whatever_the_store_did(
-        black_hole: BlackHole, fault_server: FaultServer, keys: Path) -> None:
+    black_hole: BlackHole, fault_server: FaultServer, keys: Path
+) -> None:
     from test_store_bounds import GRACE, NOISE, RSS_LIMIT, probe
 
     options = {"connection_string": azure_connection_string(black_hole.endpoint)}
     report = probe(URL, 1.0, options)
     assert report["reason"] == "timeout" and report["elapsed"] < 1.0 + GRACE + NOISE
-    assert report["exit_lag"] < 1.0  # adlfs's exit-time client close does not wait on the black hole
+    assert (
+        report["exit_lag"] < 1.0
+    )  # adlfs's exit-time client close does not wait on the black hole
     serve_signed(fault_server, keys, mode="huge")
     report = probe(URL, 3.0, {"connection_string": azure_connection_string(fault_server.endpoint)})
     assert report["reason"] == "too-large" and report["peak"] < RSS_LIMIT

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,9 @@ class Backend:
         return open_store(self.url, self.options, timeout)
 
     def cli_options(self) -> list[str]:
-        return [x for k, v in self.options.items() for x in ("--storage-option", f"{k}={json.dumps(v)}")]
+        return [
+            x for k, v in self.options.items() for x in ("--storage-option", f"{k}={json.dumps(v)}")
+        ]
 
     def plant(self, name: str, data: bytes) -> None:
         """Write an object behind the store's back (a hostile or careless bucket writer)."""
@@ -51,10 +54,14 @@ class Backend:
 
 
 @pytest.fixture(params=["file", "memory", "s3", "gcs", "azure"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
     kind = request.param
     if kind == "file":
-        (tmp_path / "bucket").mkdir()  # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
+        (
+            tmp_path / "bucket"
+        ).mkdir()  # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
         yield Backend(kind, (tmp_path / "bucket" / "plans").as_uri())
     elif kind == "memory":
         yield Backend(kind, f"memory://plancache-{uuid.uuid4().hex}/plans")
@@ -85,8 +92,15 @@ def test_round_trip_fetch_list_delete(backend: Backend) -> None:
     assert store.fingerprints() == [FP, FP2]
     assert raw(store.fetch(FP)) == (b"plan-bytes", b"sig-bytes")
     assert raw(store.fetch(FP2)) == (b"unsigned-plan", None)
-    items = [(r.fingerprint, r.plan_bytes, r.sig_bytes, r.error) for r in store.fetch_many([FP2, FP3, FP])]
-    assert items == [(FP2, b"unsigned-plan", None, None), (FP3, None, None, None), (FP, b"plan-bytes", b"sig-bytes", None)]
+    items = [
+        (r.fingerprint, r.plan_bytes, r.sig_bytes, r.error)
+        for r in store.fetch_many([FP2, FP3, FP])
+    ]
+    assert items == [
+        (FP2, b"unsigned-plan", None, None),
+        (FP3, None, None, None),
+        (FP, b"plan-bytes", b"sig-bytes", None),
+    ]
     listing = store.list_objects()
     assert set(listing) == {plan_name(FP), sig_name(FP), plan_name(FP2)}
     assert listing[plan_name(FP)].size == len(b"plan-bytes")
@@ -116,8 +130,8 @@ def test_oversized_objects_are_refused_not_downloaded(backend: Backend) -> None:
 
 def test_hostile_names_in_a_listing_are_ignored(backend: Backend) -> None:
     for name in (
-        "startup_plan_0123456789ABCDEF.json",      # upper case
-        "startup_plan_0123456789abcde.json",       # 15 hex
+        "startup_plan_0123456789ABCDEF.json",  # upper case
+        "startup_plan_0123456789abcde.json",  # 15 hex
         "startup_plan_0123456789abcdef.json.tmp",
         "startup_plan_0123456789abcdef.jsonx",
         "sub/startup_plan_fedcba9876543210.json",  # one level down
@@ -147,19 +161,30 @@ def test_cli_journey(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFix
     code, out, err = run(capsys, "push", *opts, str(ci.path), backend.url)
     assert code == 1 and "0 uploaded" in out and "unsigned" in err  # refused without a key
 
-    code, out, _ = run(capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url)
+    code, out, _ = run(
+        capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url
+    )
     report = json.loads(out)
     assert code == 0 and report["uploaded"] == 2 and report["objects_uploaded"] == 4
-    code, out, _ = run(capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url)
-    assert code == 0 and json.loads(out)["unchanged"] == 2 and json.loads(out)["objects_uploaded"] == 0
+    code, out, _ = run(
+        capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url
+    )
+    assert (
+        code == 0 and json.loads(out)["unchanged"] == 2 and json.loads(out)["objects_uploaded"] == 0
+    )
 
     code, out, _ = run(capsys, "verify", "--trusted-keys", keys, *opts, backend.url)
     assert code == 0 and out.count("valid") == 2
     code, out, _ = run(capsys, "ls", "--json", *opts, backend.url)
-    assert code == 0 and {p["kv_cache_memory_bytes"] for p in json.loads(out)["plans"]} == {20 * GIB, GIB}
+    assert code == 0 and {p["kv_cache_memory_bytes"] for p in json.loads(out)["plans"]} == {
+        20 * GIB,
+        GIB,
+    }
 
     spot = tmp_path / "spot"
-    code, out, _ = run(capsys, "pull", "--trusted-keys", keys, "--fingerprint", FP, *opts, backend.url, str(spot))
+    code, out, _ = run(
+        capsys, "pull", "--trusted-keys", keys, "--fingerprint", FP, *opts, backend.url, str(spot)
+    )
     assert code == 0 and (spot / plan_name(FP)).read_bytes() == plan_bytes()
     assert sorted(p.name for p in spot.iterdir()) == [plan_name(FP), sig_name(FP)]
 
@@ -168,7 +193,9 @@ def test_cli_journey(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFix
     backend.plant(sig_name(FP), b"{}")
     backend.plant(plan_name(FP3), plan_bytes(fp=FP3))
     fresh = tmp_path / "fresh"
-    code, out, _ = run(capsys, "pull", "--json", "--trusted-keys", keys, *opts, backend.url, str(fresh))
+    code, out, _ = run(
+        capsys, "pull", "--json", "--trusted-keys", keys, *opts, backend.url, str(fresh)
+    )
     plans = {p["fingerprint"]: p for p in json.loads(out)["plans"]}
     assert code == 1
     assert plans[FP]["reason"] == "malformed" and plans[FP2]["reason"] == "digest-mismatch"
@@ -187,19 +214,39 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
     run(capsys, "push", "--key", str(tmp_path / "old"), *opts, str(ci.path), backend.url)
     ci2 = LocalPlanDir(tmp_path / "ci2")
     ci2.write(FP2, plan_bytes(fp=FP2), None)
-    assert run(capsys, "push", "--key", str(tmp_path / "new"), *opts, str(ci2.path), backend.url)[0] == 0
+    assert (
+        run(capsys, "push", "--key", str(tmp_path / "new"), *opts, str(ci2.path), backend.url)[0]
+        == 0
+    )
 
     old_pub = (tmp_path / "old.pub").read_text()
     trusted = tmp_path / "trusted"
     trusted.write_text((tmp_path / "new.pub").read_text() + "@revoked " + old_pub)
-    code, out, _ = run(capsys, "prune", "--revoked", "--dry-run", "--trusted-keys", str(trusted), *opts, backend.url)
+    code, out, _ = run(
+        capsys,
+        "prune",
+        "--revoked",
+        "--dry-run",
+        "--trusted-keys",
+        str(trusted),
+        *opts,
+        backend.url,
+    )
     assert code == 0 and FP in out and FP2 not in out
     assert backend.store().fingerprints() == [FP, FP2]
-    if backend.name == "gcs":  # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
-        code, out, err = run(capsys, "prune", "--revoked", "--trusted-keys", str(trusted), *opts, backend.url)
-        assert code == 2 and "--unconditional" in err and backend.store().fingerprints() == [FP, FP2], err
+    if (
+        backend.name == "gcs"
+    ):  # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
+        code, out, err = run(
+            capsys, "prune", "--revoked", "--trusted-keys", str(trusted), *opts, backend.url
+        )
+        assert (
+            code == 2 and "--unconditional" in err and backend.store().fingerprints() == [FP, FP2]
+        ), err
         opts.append("--unconditional")
-    code, out, _ = run(capsys, "prune", "--revoked", "--json", "--trusted-keys", str(trusted), *opts, backend.url)
+    code, out, _ = run(
+        capsys, "prune", "--revoked", "--json", "--trusted-keys", str(trusted), *opts, backend.url
+    )
     assert code == 0 and [d["fingerprint"] for d in json.loads(out)["deleted"]] == [FP]
     assert backend.store().fingerprints() == [FP2]
     assert sig_name(FP) not in backend.store().list_objects()
@@ -208,7 +255,9 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0 and backend.store().fingerprints() == [FP2]  # signed just now: kept
     signer = load_signer(str(tmp_path / "new"))
     old = plan_bytes(fp=FP3)
-    backend.store().put(FP3, old, sign_plan(plan_name(FP3), old, signer, utcnow() - timedelta(days=45)))
+    backend.store().put(
+        FP3, old, sign_plan(plan_name(FP3), old, signer, utcnow() - timedelta(days=45))
+    )
     code, out, _ = run(capsys, "prune", "--older-than", "30d", *opts, backend.url)
     assert code == 0 and FP3 in out and backend.store().fingerprints() == [FP2]
     assert run(capsys, "prune", "--revoked", *opts, backend.url)[0] == 2  # needs trusted keys
@@ -220,8 +269,9 @@ def test_empty_object_reads_as_empty(backend: Backend) -> None:
     assert raw(backend.store().fetch(FP)) == (b"", None)
 
 
-def test_missing_locations_fail_and_empty_ones_say_so(backend: Backend, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_locations_fail_and_empty_ones_say_so(
+    backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A typo in the bucket (or directory) is exit 2 on every backend; an empty prefix fails verify."""
     opts = backend.cli_options()
     run(capsys, "keygen", str(tmp_path / "k"))
@@ -241,15 +291,25 @@ def test_missing_locations_fail_and_empty_ones_say_so(backend: Backend, tmp_path
     assert run(capsys, "verify", "--allow-empty", *keys, *opts, empty)[0] == 0
 
 
-def test_an_empty_prefix_names_the_deeper_prefixes_that_hold_plans(backend: Backend, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_empty_prefix_names_the_deeper_prefixes_that_hold_plans(
+    backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The walk below an empty prefix, page by page on S3, GCS and Azure (sub-prefixes from the
     listing's CommonPrefixes / prefixes / blob prefixes), a directory walk elsewhere."""
     run(capsys, "keygen", str(tmp_path / "k"))
     for below in ("llama/h100", "llama/a100", "mistral/l4/old"):
         backend.plant(f"{below}/{plan_name(FP)}", plan_bytes())
     backend.plant("llama/notes.txt", b"not a plan")
-    code, _, err = run(capsys, "verify", "--trusted-keys", str(tmp_path / "k.pub"), *backend.cli_options(), backend.url)
+    code, _, err = run(
+        capsys,
+        "verify",
+        "--trusted-keys",
+        str(tmp_path / "k.pub"),
+        *backend.cli_options(),
+        backend.url,
+    )
     assert code == 1 and f"no plans in {backend.url}" in err, err
     named = err.split("plans found below it in: ", 1)[1].strip().split(", ")
-    assert sorted(named) == sorted(f"{backend.url}/{b}" for b in ("llama/h100", "llama/a100", "mistral/l4/old")), err
+    assert sorted(named) == sorted(
+        f"{backend.url}/{b}" for b in ("llama/h100", "llama/a100", "mistral/l4/old")
+    ), err

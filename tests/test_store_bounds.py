@@ -25,8 +25,16 @@ from plancache.storage.store import Store, open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import (  # noqa: F401 (fixtures)
-    AWS_ENV, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
-    s3_read_path, synthetic_fp,
+    AWS_ENV,
+    BlackHole,
+    FaultObject,
+    FaultServer,
+    black_hole,
+    closed_port,
+    fault_server,
+    fault_server_session,
+    s3_read_path,
+    synthetic_fp,
 )
 
 FP2 = "fedcba9876543210"
@@ -46,10 +54,18 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
-def probe(url: str, timeout: float, options: dict[str, Any] | None = None, fp: str = FP,
-          env: dict[str, str] | None = None, limit: float = 30.0) -> dict[str, Any]:
+def probe(
+    url: str,
+    timeout: float,
+    options: dict[str, Any] | None = None,
+    fp: str = FP,
+    env: dict[str, str] | None = None,
+    limit: float = 30.0,
+) -> dict[str, Any]:
     """Run one fetch in a child process: its report, stderr, wall time and peak RSS."""
-    argv = [sys.executable, PROBE, url, fp, str(timeout)] + ([json.dumps(options)] if options is not None else [])
+    argv = [sys.executable, PROBE, url, fp, str(timeout)] + (
+        [json.dumps(options)] if options is not None else []
+    )
     child_env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC, **(env or {})}
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -61,8 +77,13 @@ def probe(url: str, timeout: float, options: dict[str, Any] | None = None, fp: s
         raise AssertionError(f"the process did not exit within {limit} s") from None
     exited = time.monotonic()
     report = json.loads(out.decode().strip().splitlines()[-1])
-    return {**report, "wall": exited - started, "exit_lag": exited - report["done_at"], "stderr": err.decode(),
-            "code": proc.returncode}
+    return {
+        **report,
+        "wall": exited - started,
+        "exit_lag": exited - report["done_at"],
+        "stderr": err.decode(),
+        "code": proc.returncode,
+    }
 
 
 def s3(server: FaultServer, timeout: float = 2.0) -> Store:
@@ -105,8 +126,13 @@ def test_a_thread_blocked_on_a_fifo_does_not_hold_exit(tmp_path: Path) -> None:
         "t = time.monotonic(); r = s.fetch(sys.argv[1])\n"
         "print(r.error.reason.value, time.monotonic() - t, time.monotonic(), flush=True)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, FP], env={**os.environ, "PYTHONPATH": SRC},
-                          capture_output=True, text=True, timeout=20)
+    done = subprocess.run(
+        [sys.executable, "-c", code, FP],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     exited = time.monotonic()
     reason, elapsed, done_at = done.stdout.split()
     assert reason == "timeout" and float(elapsed) < 1.0 + GRACE + NOISE
@@ -131,7 +157,10 @@ def test_s3_listing_with_a_huge_error_body_or_page_is_bounded(fault_server: Faul
     started = time.monotonic()
     with pytest.raises(Exception) as err:
         s3(fault_server, 3.0).fingerprints()
-    assert getattr(err.value, "reason", None) is Reason.STORE_ERROR and time.monotonic() - started < 3.0 + GRACE + NOISE
+    assert (
+        getattr(err.value, "reason", None) is Reason.STORE_ERROR
+        and time.monotonic() - started < 3.0 + GRACE + NOISE
+    )
     fault_server.reset()
     fault_server.state.listing_mode = "huge-page"
     with pytest.raises(Exception) as err:
@@ -140,8 +169,9 @@ def test_s3_listing_with_a_huge_error_body_or_page_is_bounded(fault_server: Faul
     assert fault_server.state.bytes_sent < 48 * MIB  # the 64 MiB page was cut off, never parsed
 
 
-def test_s3_listing_that_never_ends_stops_at_the_page_cap(fault_server: FaultServer,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_listing_that_never_ends_stops_at_the_page_cap(
+    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(store_module, "MAX_PAGES", 20)
     fault_server.state.listing_mode = "truncated-forever"
     with pytest.raises(Exception) as err:
@@ -150,8 +180,9 @@ def test_s3_listing_that_never_ends_stops_at_the_page_cap(fault_server: FaultSer
     assert len(fault_server.state.requests) == 20
 
 
-def test_whole_store_work_streams_in_pages_and_batches(fault_server: FaultServer,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whole_store_work_streams_in_pages_and_batches(
+    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from plancache.storage.s3 import reads as s3_reads
 
     monkeypatch.setattr(s3_reads, "PAGE_SIZE", 200)
@@ -177,7 +208,9 @@ def test_whole_store_work_streams_in_pages_and_batches(fault_server: FaultServer
     assert len(listings) == 6  # 1200 keys, 200 per page, each page asked for when needed
 
 
-def test_redirect_to_another_host_is_not_followed(s3_read_path: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redirect_to_another_host_is_not_followed(
+    s3_read_path: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     other = FaultServer()
     try:
         serve(other)
@@ -193,7 +226,9 @@ def test_redirect_to_another_host_is_not_followed(s3_read_path: str, fault_serve
         other.stop()
 
 
-def test_gcs_takes_no_3xx_for_an_object(fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gcs_takes_no_3xx_for_an_object(
+    fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A 3xx without a Location is left to botocore on S3 (its region redirector reads it); on
     GCS it is refused: gcsfs would otherwise hand the 3xx's body on as the object's bytes."""
     serve(fault_server)
@@ -205,12 +240,15 @@ def test_gcs_takes_no_3xx_for_an_object(fault_server: FaultServer, monkeypatch: 
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
-def test_a_range_over_an_empty_object_reads_as_empty(kind: str, fault_server: FaultServer,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_range_over_an_empty_object_reads_as_empty(
+    kind: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """S3 and GCS answer 416 to a range over an empty object; a read from byte 0 cannot be
     unsatisfiable for another reason. An empty sidecar is then ``malformed`` to the verifier,
     never a store error (which ``prune --invalid`` would skip and ``pull`` would exit 2 on)."""
-    prefix = "plans" if kind == "s3" else "storage/v1/b/faulty/o/plans"  # GCS's media path, as the server parses it
+    prefix = (
+        "plans" if kind == "s3" else "storage/v1/b/faulty/o/plans"
+    )  # GCS's media path, as the server parses it
     fault_server.state.objects[f"{prefix}/{plan_name(FP)}"] = FaultObject(plan_bytes(FP))
     fault_server.state.objects[f"{prefix}/{sig_name(FP)}"] = FaultObject(b"", "range416")
     if kind == "s3":
@@ -219,31 +257,47 @@ def test_a_range_over_an_empty_object_reads_as_empty(kind: str, fault_server: Fa
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", fault_server.endpoint)
         store = open_store("gs://faulty/plans", {"token": "anon"}, 2.0)
     result = store.fetch(FP)
-    assert result.error is None and result.plan_bytes == plan_bytes(FP) and result.sig_bytes == b"", result
+    assert (
+        result.error is None and result.plan_bytes == plan_bytes(FP) and result.sig_bytes == b""
+    ), result
 
 
 # -- deadlines: SDK calls and credential discovery inside; one right reason -------------------
 
 
-def test_gcs_credential_discovery_runs_inside_the_deadline(black_hole: BlackHole, tmp_path: Path) -> None:
+def test_gcs_credential_discovery_runs_inside_the_deadline(
+    black_hole: BlackHole, tmp_path: Path
+) -> None:
     """No token option: google-auth looks for the GCE metadata server, here a black hole."""
     host = f"127.0.0.1:{black_hole.port}"
-    env = {"GCE_METADATA_HOST": host, "GCE_METADATA_IP": host, "HOME": str(tmp_path),
-           "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "GOOGLE_APPLICATION_CREDENTIALS": "",
-           "STORAGE_EMULATOR_HOST": ""}
-    report = probe("gs://bucket/plans", 1.0, {"endpoint_url": f"http://127.0.0.1:{closed_port()}"}, env=env)
+    env = {
+        "GCE_METADATA_HOST": host,
+        "GCE_METADATA_IP": host,
+        "HOME": str(tmp_path),
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+        "GOOGLE_APPLICATION_CREDENTIALS": "",
+        "STORAGE_EMULATOR_HOST": "",
+    }
+    report = probe(
+        "gs://bucket/plans", 1.0, {"endpoint_url": f"http://127.0.0.1:{closed_port()}"}, env=env
+    )
     assert report["reason"] == "timeout" and report["elapsed"] < 1.0 + GRACE + NOISE
-    assert report["exit_lag"] < 1.0  # the discovery thread, still waiting on the black hole, does not hold exit
+    assert (
+        report["exit_lag"] < 1.0
+    )  # the discovery thread, still waiting on the black hole, does not hold exit
     assert report["stderr"].count("\n") == 1
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
-def test_black_hole_is_a_timeout_and_refused_a_store_error(kind: str, black_hole: BlackHole,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_black_hole_is_a_timeout_and_refused_a_store_error(
+    kind: str, black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One right reason each. The refused case gets a roomy budget so that a slow first client
     setup on a loaded machine cannot turn it into a timeout: it must fail fast anyway."""
-    for endpoint, budget, expected in ((black_hole.endpoint, 1.0, Reason.TIMEOUT),
-                                       (f"http://127.0.0.1:{closed_port()}", 5.0, Reason.STORE_ERROR)):
+    for endpoint, budget, expected in (
+        (black_hole.endpoint, 1.0, Reason.TIMEOUT),
+        (f"http://127.0.0.1:{closed_port()}", 5.0, Reason.STORE_ERROR),
+    ):
         if kind == "s3":
             store = open_store("s3://b/plans", {"endpoint_url": endpoint}, budget)
         else:
@@ -252,7 +306,9 @@ def test_black_hole_is_a_timeout_and_refused_a_store_error(kind: str, black_hole
         started = time.monotonic()
         result = store.fetch(FP)
         assert result.error is not None and result.error.reason is expected, result.error
-        assert time.monotonic() - started < (1.0 + GRACE + NOISE if expected is Reason.TIMEOUT else 2.0)
+        assert time.monotonic() - started < (
+            1.0 + GRACE + NOISE if expected is Reason.TIMEOUT else 2.0
+        )
 
 
 def test_deadline_keeps_what_was_fetched(s3_read_path: str, fault_server: FaultServer) -> None:
@@ -282,14 +338,35 @@ def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listin
     generate_keypair(tmp_path / "k", force=False, comment="k")
     peak_file = tmp_path / "peak"
     option = f"endpoint_url={fault_server.endpoint}" if url.startswith("s3") else "token=anon"
-    argv = [sys.executable, PROBE, "--cli", str(peak_file), "verify", "--trusted-keys", str(tmp_path / "k.pub"),
-            "--timeout", "10", "--storage-option", option, url]
-    env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC, "STORAGE_EMULATOR_HOST": fault_server.endpoint,
-           "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
-           "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-           f"BlobEndpoint={fault_server.endpoint}/devstoreaccount1;"}
+    argv = [
+        sys.executable,
+        PROBE,
+        "--cli",
+        str(peak_file),
+        "verify",
+        "--trusted-keys",
+        str(tmp_path / "k.pub"),
+        "--timeout",
+        "10",
+        "--storage-option",
+        option,
+        url,
+    ]
+    env = {
+        **os.environ,
+        **AWS_ENV,
+        "PYTHONPATH": SRC,
+        "STORAGE_EMULATOR_HOST": fault_server.endpoint,
+        "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+        f"BlobEndpoint={fault_server.endpoint}/devstoreaccount1;",
+    }
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"no plans in {url}" in result.stderr, result.stderr
-    hostile = [p for m, p, _ in fault_server.state.requests if m == "GET" and "prefix=plans/deep/&" in unquote(p)]
+    hostile = [
+        p
+        for m, p, _ in fault_server.state.requests
+        if m == "GET" and "prefix=plans/deep/&" in unquote(p)
+    ]
     assert 0 < len(hostile) <= MAX_LISTINGS, len(hostile)
     assert int(peak_file.read_text()) < 160 * MIB, int(peak_file.read_text()) >> 20

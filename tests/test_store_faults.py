@@ -16,15 +16,24 @@ from pathlib import Path
 
 import pytest
 
+import store_servers
 from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
-import store_servers
 from store_servers import (  # noqa: F401 (fixtures)
-    AWS_ENV, nothing_written, pull_fingerprint, BlackHole, FaultObject, FaultServer, black_hole, closed_port, fault_server, fault_server_session,
+    AWS_ENV,
+    BlackHole,
+    FaultObject,
+    FaultServer,
+    black_hole,
+    closed_port,
+    fault_server,
+    fault_server_session,
+    nothing_written,
+    pull_fingerprint,
     s3_read_path,
 )
 
@@ -63,12 +72,21 @@ ROOMY = ("--timeout", "30")
 timed out there while the SDK client was still being built)."""
 
 
-def pull(capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str) -> tuple[int, str, str, float]:
-    return pull_fingerprint(capsys, f"s3://{BUCKET}/{PREFIX}", f"endpoint_url={endpoint}", keys, dest, *extra)
+def pull(
+    capsys: pytest.CaptureFixture[str], endpoint: str, keys: Path, dest: Path, *extra: str
+) -> tuple[int, str, str, float]:
+    return pull_fingerprint(
+        capsys, f"s3://{BUCKET}/{PREFIX}", f"endpoint_url={endpoint}", keys, dest, *extra
+    )
 
 
-def test_one_fetch_is_two_ranged_gets_no_head(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_fetch_is_two_ranged_gets_no_head(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys)
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
@@ -77,10 +95,14 @@ def test_one_fetch_is_two_ranged_gets_no_head(s3_read_path: str, fault_server: F
     assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
 
 
-def test_connection_refused_fails_fast(s3_read_path: str, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_connection_refused_fails_fast(
+    s3_read_path: str, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     endpoint = f"http://127.0.0.1:{closed_port()}"
     store = s3_store(endpoint, timeout=3.0)
-    store.fetch(FP)  # the first call also builds the SDK client: imports, service model (slow on a busy machine)
+    store.fetch(
+        FP
+    )  # the first call also builds the SDK client: imports, service model (slow on a busy machine)
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
         raw(store.fetch(FP))
@@ -91,8 +113,13 @@ def test_connection_refused_fails_fast(s3_read_path: str, keys: Path, tmp_path: 
     assert nothing_written(tmp_path / "d")
 
 
-def test_black_hole_ends_at_the_budget(s3_read_path: str, black_hole: BlackHole, keys: Path, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_black_hole_ends_at_the_budget(
+    s3_read_path: str,
+    black_hole: BlackHole,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
         raw(s3_store(black_hole.endpoint, timeout=1.0).fetch(FP))
@@ -104,8 +131,9 @@ def test_black_hole_ends_at_the_budget(s3_read_path: str, black_hole: BlackHole,
     assert nothing_written(tmp_path / "d")
 
 
-def test_black_hole_listing_and_push_end_at_the_budget(black_hole: BlackHole, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_black_hole_listing_and_push_end_at_the_budget(
+    black_hole: BlackHole, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
         s3_store(black_hole.endpoint, timeout=1.0).fingerprints()
@@ -116,8 +144,13 @@ def test_black_hole_listing_and_push_end_at_the_budget(black_hole: BlackHole, tm
     assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK
 
 
-def test_http_500_forever_is_a_store_error(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_http_500_forever_is_a_store_error(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys, mode="error500")
     code, out, err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK
@@ -126,32 +159,54 @@ def test_http_500_forever_is_a_store_error(s3_read_path: str, fault_server: Faul
     assert 1 < len(plan_gets) <= 3  # plancache's retries, and only those (no SDK layers)
 
 
-def test_one_http_500_is_retried(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_http_500_is_retried(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys, mode="error500-once")
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     assert (tmp_path / "d" / plan_name(FP)).exists()
 
 
-def test_truncated_body_is_a_store_error(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_body_is_a_store_error(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys, sig_mode="truncate")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK and "store-error" in out
     assert nothing_written(tmp_path / "d")
 
 
-def test_trickling_body_hits_the_deadline(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_trickling_body_hits_the_deadline(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys, mode="trickle")  # ~100 bytes at 5 bytes/s: 20 s if waited for
-    code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", "--timeout", "1.5")
+    code, out, _, elapsed = pull(
+        capsys, fault_server.endpoint, keys, tmp_path / "d", "--timeout", "1.5"
+    )
     assert code == 2 and elapsed < 1.5 + SLACK and "timeout" in out
     assert nothing_written(tmp_path / "d")
 
 
-def test_huge_body_that_ignores_range_is_not_downloaded(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_huge_body_that_ignores_range_is_not_downloaded(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys, mode="huge")
     code, out, _, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 1 and "too-large" in out and elapsed < 3.0 + SLACK
@@ -162,23 +217,31 @@ def test_huge_body_that_ignores_range_is_not_downloaded(s3_read_path: str, fault
 
 def test_oversized_honest_range_is_capped(s3_read_path: str, fault_server: FaultServer) -> None:
     fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES * 4))
-    with pytest.raises(PlanCacheError) as err:  # a cap, not a deadline: a budget a loaded machine meets
+    with pytest.raises(
+        PlanCacheError
+    ) as err:  # a cap, not a deadline: a budget a loaded machine meets
         raw(s3_store(fault_server.endpoint, timeout=15).fetch(FP))
     assert err.value.reason is Reason.TOO_LARGE
     plan_requests = [(m, r) for m, p, r in fault_server.state.requests if p.endswith(".json")]
     assert plan_requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")]
 
 
-def test_missing_sidecar_is_unsigned(s3_read_path: str, fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_sidecar_is_unsigned(
+    s3_read_path: str,
+    fault_server: FaultServer,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     serve_signed(fault_server, keys)
     del fault_server.state.objects[key(sig_name(FP))]
     code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 1 and "unsigned" in out and nothing_written(tmp_path / "d")
 
 
-def test_hostile_listing_cannot_write_outside_dir(fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_hostile_listing_cannot_write_outside_dir(
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys)
     good = [key(plan_name(FP)), key(sig_name(FP))]
     fault_server.state.listing = good + [
@@ -193,18 +256,31 @@ def test_hostile_listing_cannot_write_outside_dir(fault_server: FaultServer, key
     store = s3_store(fault_server.endpoint)
     assert store.fingerprints() == [FP]
     dest = tmp_path / "deep" / "d"
-    code = main(["pull", "--trusted-keys", f"{keys}.pub", "--storage-option", f"endpoint_url={fault_server.endpoint}",
-                 f"s3://{BUCKET}/{PREFIX}", str(dest)])
+    code = main(
+        [
+            "pull",
+            "--trusted-keys",
+            f"{keys}.pub",
+            "--storage-option",
+            f"endpoint_url={fault_server.endpoint}",
+            f"s3://{BUCKET}/{PREFIX}",
+            str(dest),
+        ]
+    )
     capsys.readouterr()
     assert code == 0
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == sorted(["ci", "ci.pub", f"deep/d/{plan_name(FP)}", f"deep/d/{sig_name(FP)}"])
 
 
-def test_gcs_black_hole_and_refused_end_within_budget(black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gcs_black_hole_and_refused_end_within_budget(
+    black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # gcsfs alone has no request timeout and retries six times with backoff, a refused connection too.
-    for endpoint, budget, reason in ((black_hole.endpoint, 1.0, Reason.TIMEOUT),
-                                     (f"http://127.0.0.1:{closed_port()}", 15.0, Reason.STORE_ERROR)):  # room: gcsfs's first client
+    for endpoint, budget, reason in (
+        (black_hole.endpoint, 1.0, Reason.TIMEOUT),
+        (f"http://127.0.0.1:{closed_port()}", 15.0, Reason.STORE_ERROR),
+    ):  # room: gcsfs's first client
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:
@@ -222,10 +298,20 @@ def test_plancache_defaults_and_their_overrides(monkeypatch: pytest.MonkeyPatch)
     assert store.fs.config_kwargs["connect_timeout"] == 1.0
     # explicit options win key by key; fsspec's own configuration (FSSPEC_S3_*) sits in between
     monkeypatch.setitem(conf, "s3", {"config_kwargs": {"read_timeout": 9}, "max_concurrency": 4})
-    store = open_store("s3://bucket/p", {"endpoint_url": "http://127.0.0.1:1", "retries": 3,
-                                         "config_kwargs": {"connect_timeout": 7}}, 3.0)
+    store = open_store(
+        "s3://bucket/p",
+        {
+            "endpoint_url": "http://127.0.0.1:1",
+            "retries": 3,
+            "config_kwargs": {"connect_timeout": 7},
+        },
+        3.0,
+    )
     assert store.fs.retries == 3 and store.fs.max_concurrency == 4
-    assert store.fs.config_kwargs["connect_timeout"] == 7 and store.fs.config_kwargs["read_timeout"] == 9
+    assert (
+        store.fs.config_kwargs["connect_timeout"] == 7
+        and store.fs.config_kwargs["read_timeout"] == 9
+    )
     assert store.fs.config_kwargs["retries"]["total_max_attempts"] == 1
     gcs = open_store("gs://bucket/p", {"token": "anon"}, 3.0)
     assert type(gcs.fs).__name__ == "GCSFileSystem" and type(gcs.fs).__module__ == "gcsfs.core"
@@ -237,14 +323,25 @@ def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     generate_keypair(tmp_path / "k", force=False, comment="k")
     for argv in (
         ["pull", "--trusted-keys", str(pub), "nope://x", str(tmp_path / "d")],
-        ["pull", "--trusted-keys", str(pub), "--fingerprint", "../../x", "memory://x", str(tmp_path / "d")],
+        [
+            "pull",
+            "--trusted-keys",
+            str(pub),
+            "--fingerprint",
+            "../../x",
+            "memory://x",
+            str(tmp_path / "d"),
+        ],
         ["pull", "memory://x", str(tmp_path / "d")],
         ["pull", "--trusted-keys", str(pub), "memory://x", str(tmp_path / "d"), "--timeout", "-1"],
         ["push", str(tmp_path), "not-a-url"],
     ):
         code = main(argv)
         _, err = capsys.readouterr()
-        assert code == 2 and err.startswith("plancache: error:") and err.count("\n") == 1, (argv, err)
+        assert code == 2 and err.startswith("plancache: error:") and err.count("\n") == 1, (
+            argv,
+            err,
+        )
 
 
 def test_import_plancache_stays_light() -> None:
@@ -254,25 +351,31 @@ def test_import_plancache_stays_light() -> None:
         "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"})
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"}
+    )
 
 
-def test_unwritable_destination_is_a_store_error(fault_server: FaultServer, keys: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_unwritable_destination_is_a_store_error(
+    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     serve_signed(fault_server, keys)
     (tmp_path / "file").write_text("not a directory")
     code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "file" / "d", *ROOMY)
     assert code == 2 and "store-error" in out
 
 
-def test_each_store_has_its_own_filesystem(fault_server: FaultServer, keys: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_store_has_its_own_filesystem(
+    fault_server: FaultServer, keys: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """fsspec caches filesystem instances by their options; an endpoint or credentials taken
     from the environment are not among them, so a cached instance would keep talking to the
     old endpoint. plancache opens its own per store."""
     serve_signed(fault_server, keys)
     monkeypatch.setenv("AWS_ENDPOINT_URL", fault_server.endpoint)
-    assert raw(open_store("s3://bucket/plans", timeout=15.0).fetch(FP))[0] is not None  # room for a loaded machine
+    assert (
+        raw(open_store("s3://bucket/plans", timeout=15.0).fetch(FP))[0] is not None
+    )  # room for a loaded machine
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
     second = open_store("s3://bucket/plans", timeout=15.0).fetch(FP)
     assert second.error is not None and second.error.reason is Reason.STORE_ERROR
@@ -287,13 +390,17 @@ def compile_store(path: str, endpoint: str, timeout: float = 2.0):  # type: igno
     return store
 
 
-def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(s3_read_path: str, fault_server: FaultServer) -> None:
+def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(
+    s3_read_path: str, fault_server: FaultServer
+) -> None:
     """Archives go through a capped read, as plans do: the cap is the size the verified
     signature states, and a server that ignores Range sends a socket buffer, not 1 GiB."""
     from plancache.storage.compile_cache import archives
 
     subject = "torch_aot_compile/" + "ab" * 32
-    fault_server.state.objects[key(archives.archive_name(subject))] = FaultObject(b"x" * 4096, "huge")
+    fault_server.state.objects[key(archives.archive_name(subject))] = FaultObject(
+        b"x" * 4096, "huge"
+    )
     store = compile_store(s3_read_path, fault_server.endpoint)
     started = time.monotonic()
     with pytest.raises(PlanCacheError) as err:
@@ -304,10 +411,19 @@ def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(s3_read_pa
     assert fault_server.state.bytes_sent < 64 * 2**20
 
 
-@pytest.mark.parametrize("mode,reason", [("ok", None), ("error500-once", None), ("truncate", Reason.STORE_ERROR),
-                                         ("trickle", Reason.TIMEOUT), ("error500", Reason.STORE_ERROR)])
-def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(s3_read_path: str, fault_server: FaultServer,
-                                                                    mode: str, reason: Reason | None) -> None:
+@pytest.mark.parametrize(
+    "mode,reason",
+    [
+        ("ok", None),
+        ("error500-once", None),
+        ("truncate", Reason.STORE_ERROR),
+        ("trickle", Reason.TIMEOUT),
+        ("error500", Reason.STORE_ERROR),
+    ],
+)
+def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(
+    s3_read_path: str, fault_server: FaultServer, mode: str, reason: Reason | None
+) -> None:
     """The guard's and the header fetch's GETs: the same bytes, one transient 500 retried,
     a short body or a server past the deadline a typed error, a missing object None; never
     more than the cap, and within the budget."""
@@ -331,10 +447,19 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(s3_read_path
     assert (store._fs is None) == (s3_read_path == "direct")  # a boot's reads never build s3fs
 
 
-@pytest.mark.parametrize("mode,reason", [("ok", None), ("error500-once", None), ("huge", Reason.TOO_LARGE),
-                                         ("trickle", Reason.TIMEOUT), ("truncate", Reason.STORE_ERROR)])
-def test_a_plan_set_reads_and_fails_alike_on_both_paths(s3_read_path: str, fault_server: FaultServer,
-                                                        mode: str, reason: Reason | None) -> None:
+@pytest.mark.parametrize(
+    "mode,reason",
+    [
+        ("ok", None),
+        ("error500-once", None),
+        ("huge", Reason.TOO_LARGE),
+        ("trickle", Reason.TIMEOUT),
+        ("truncate", Reason.STORE_ERROR),
+    ],
+)
+def test_a_plan_set_reads_and_fails_alike_on_both_paths(
+    s3_read_path: str, fault_server: FaultServer, mode: str, reason: Reason | None
+) -> None:
     """A rank's plan-set read (storage.plansets.read_set, the boot's first GET): the same bytes,
     a transient 500 retried, a server that ignores Range or trickles or cuts the body a typed
     one-line error within the budget, never more than the set's cap downloaded."""
@@ -345,7 +470,9 @@ def test_a_plan_set_reads_and_fails_alike_on_both_paths(s3_read_path: str, fault
     data = b"s" * 4096
     fault_server.state.objects[key(name)] = FaultObject(data, mode)
     store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
-    assert read_set(store, set_name([FP])) is None  # absent; first: the SDK's client is made before the clock
+    assert (
+        read_set(store, set_name([FP])) is None
+    )  # absent; first: the SDK's client is made before the clock
     started = time.monotonic()
     if reason is None:
         assert read_set(store, name) == data
@@ -357,21 +484,36 @@ def test_a_plan_set_reads_and_fails_alike_on_both_paths(s3_read_path: str, fault
     assert time.monotonic() - started < 2.0 + SLACK
     assert (store._fs is None) == (s3_read_path == "direct")
     time.sleep(0.2)
-    assert fault_server.state.bytes_sent < 64 << 20  # the 1 GiB a Range-ignoring server offers, cut near the cap
+    assert (
+        fault_server.state.bytes_sent < 64 << 20
+    )  # the 1 GiB a Range-ignoring server offers, cut near the cap
 
 
-def test_an_informational_answer_before_the_real_one_is_skipped(s3_read_path: str, fault_server: FaultServer) -> None:
+def test_an_informational_answer_before_the_real_one_is_skipped(
+    s3_read_path: str, fault_server: FaultServer
+) -> None:
     """A ``103 Early Hints`` ahead of the real 206: botocore's http.client took it for the final,
     empty answer (a plan of no bytes); aiohttp reads on to the real one. Both paths do now."""
     fault_server.state.objects[key(plan_name(FP))] = FaultObject(plan_bytes(), "early-hints")
     fault_server.state.objects[key(sig_name(FP))] = FaultObject(b"sig-bytes", "early-hints")
-    assert raw(s3_store(fault_server.endpoint, timeout=15).fetch(FP)) == (plan_bytes(), b"sig-bytes")
+    assert raw(s3_store(fault_server.endpoint, timeout=15).fetch(FP)) == (
+        plan_bytes(),
+        b"sig-bytes",
+    )
 
 
-@pytest.mark.parametrize("declared, reason", [
-    ("-1", Reason.STORE_ERROR), ("+5", Reason.STORE_ERROR), ("5, 5", Reason.STORE_ERROR), ("abc", Reason.STORE_ERROR),
-    (str(1 << 64), Reason.STORE_ERROR), (str((1 << 64) - 1), Reason.TOO_LARGE),
-], ids=["minus-one", "plus-sign", "two-values", "not-a-number", "2**64", "2**64-1"])
+@pytest.mark.parametrize(
+    "declared, reason",
+    [
+        ("-1", Reason.STORE_ERROR),
+        ("+5", Reason.STORE_ERROR),
+        ("5, 5", Reason.STORE_ERROR),
+        ("abc", Reason.STORE_ERROR),
+        (str(1 << 64), Reason.STORE_ERROR),
+        (str((1 << 64) - 1), Reason.TOO_LARGE),
+    ],
+    ids=["minus-one", "plus-sign", "two-values", "not-a-number", "2**64", "2**64-1"],
+)
 def test_an_impossible_length_is_the_same_answer_on_both_read_paths(
     s3_read_path: str, fault_server: FaultServer, declared: str, reason: Reason
 ) -> None:
@@ -379,7 +521,9 @@ def test_an_impossible_length_is_the_same_answer_on_both_read_paths(
     (botocore) read ``-1`` as "until the connection closes" (too-large past the cap, a plan
     otherwise), ``+5`` as 5 bytes of the plan. Now a store error on both; a length that parses
     but exceeds the cap stays too-large on both. The body is larger than a plan's cap."""
-    fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES + 10), f"length={declared}")
+    fault_server.state.objects[key(plan_name(FP))] = FaultObject(
+        b"x" * (MAX_PLAN_BYTES + 10), f"length={declared}"
+    )
     [result] = s3_store(fault_server.endpoint, timeout=15).fetch_many([FP])
     assert result.error is not None and result.error.reason is reason, (s3_read_path, result)
 
@@ -396,14 +540,35 @@ print(json.dumps({"code": code, "elapsed": time.monotonic() - started}), file=sy
 """
 
 
-@pytest.mark.parametrize("argv", [
-    ["pull", "--fingerprint", FP, "--storage-option", "config_kwargs={}", "s3://bucket/plans", "DEST"],
-    ["ls", "--storage-option", "config_kwargs={}", "s3://bucket/plans"],
-    ["pull", "--fingerprint", FP, "--storage-option", "token=anon", "gs://bucket/plans", "DEST"],
-    ["ls", "az://container/plans"],
-], ids=["pull-s3fs", "ls-s3fs", "pull-gcs", "ls-azure"])
-def test_the_sdks_import_is_inside_the_budget(argv: list[str], black_hole: BlackHole, keys: Path,
-                                              tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "pull",
+            "--fingerprint",
+            FP,
+            "--storage-option",
+            "config_kwargs={}",
+            "s3://bucket/plans",
+            "DEST",
+        ],
+        ["ls", "--storage-option", "config_kwargs={}", "s3://bucket/plans"],
+        [
+            "pull",
+            "--fingerprint",
+            FP,
+            "--storage-option",
+            "token=anon",
+            "gs://bucket/plans",
+            "DEST",
+        ],
+        ["ls", "az://container/plans"],
+    ],
+    ids=["pull-s3fs", "ls-s3fs", "pull-gcs", "ls-azure"],
+)
+def test_the_sdks_import_is_inside_the_budget(
+    argv: list[str], black_hole: BlackHole, keys: Path, tmp_path: Path
+) -> None:
     """The SDK is imported when a store is opened (s3fs with aiobotocore and aiohttp, gcsfs,
     adlfs): that import ran before the deadline started, so ``--timeout 0.5`` took 0.94-1.71 s
     on a busy machine. It now runs in a daemon thread waited for until the deadline: made to
@@ -417,17 +582,27 @@ def test_the_sdks_import_is_inside_the_budget(argv: list[str], black_hole: Black
         "    def find_spec(self, name, path=None, target=None):\n"
         f"        if name in ('s3fs', 'gcsfs', 'adlfs'):\n            time.sleep({SLOW_IMPORT})\n"
         "        return None\n"
-        "sys.meta_path.insert(0, Slow())\n")
+        "sys.meta_path.insert(0, Slow())\n"
+    )
     argv = [str(tmp_path / "dest") if a == "DEST" else a for a in argv]
     if argv[0] == "pull":
         argv[1:1] = ["--trusted-keys", f"{keys}.pub"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
-           "AWS_ENDPOINT_URL": black_hole.endpoint, "STORAGE_EMULATOR_HOST": black_hole.endpoint,
-           "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
-           "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-           f"BlobEndpoint={black_hole.endpoint}/devstoreaccount1;"}
-    result = subprocess.run([sys.executable, "-c", _MAIN_TIMED, *argv[:1], "--timeout", "0.5", *argv[1:]],
-                            env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+        "AWS_ENDPOINT_URL": black_hole.endpoint,
+        "STORAGE_EMULATOR_HOST": black_hole.endpoint,
+        "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+        f"BlobEndpoint={black_hole.endpoint}/devstoreaccount1;",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _MAIN_TIMED, *argv[:1], "--timeout", "0.5", *argv[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     *lines, timing = result.stderr.strip().splitlines()
     outcome = json.loads(timing)
     assert outcome["code"] == 2 and len(lines) == 1 and "0.5 s budget" in lines[0], result.stderr

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -36,8 +36,13 @@ busy 2-core machine (measured ~1 s idle; 3 s was exceeded with the suite on 4 xd
 other load, load 7); the fetch itself is bounded by BUDGET + GRACE."""
 RSS_LIMIT = 256 << 20
 
-draws = st.builds(Draw, st.sampled_from(STATUSES), st.sampled_from(LENGTHS), st.sampled_from(sorted(BODIES)),
-                  st.sampled_from(TIMINGS))
+draws = st.builds(
+    Draw,
+    st.sampled_from(STATUSES),
+    st.sampled_from(LENGTHS),
+    st.sampled_from(sorted(BODIES)),
+    st.sampled_from(TIMINGS),
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,26 +61,58 @@ def pubkey(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(f"{base}.pub")
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(draw=draws)
-@example(draw=Draw(500, "honest", "200MiB", "fast"))  # the reported case: botocore read error bodies whole
-@example(draw=Draw(200, "chunked", "200MiB", "fast"))  # a success body that ignores the Range header
+@example(
+    draw=Draw(500, "honest", "200MiB", "fast")
+)  # the reported case: botocore read error bodies whole
+@example(
+    draw=Draw(200, "chunked", "200MiB", "fast")
+)  # a success body that ignores the Range header
 @example(draw=Draw(307, "honest", "small", "fast"))  # a redirect to another host
-@pytest.mark.parametrize("read_path", [[], ["--storage-option", "config_kwargs={}"]], ids=["direct", "s3fs"])
-def test_any_answer_is_bounded(read_path: list[str], draw: Draw, endpoint: tuple[HostileServer, Canary],
-                               pubkey: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize(
+    "read_path", [[], ["--storage-option", "config_kwargs={}"]], ids=["direct", "s3fs"]
+)
+def test_any_answer_is_bounded(
+    read_path: list[str],
+    draw: Draw,
+    endpoint: tuple[HostileServer, Canary],
+    pubkey: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """Both read paths: plain botocore (the default for a few fingerprints) and s3fs (an
     option the botocore path does not take, ``config_kwargs``, sends the reads there)."""
     server, canary = endpoint
     server.set(draw)
     dest = tmp_path_factory.mktemp("dest")
     peak_file = dest.parent / f"{dest.name}.peak"
-    argv = [sys.executable, PROBE, "--cli", str(peak_file), "pull", "--trusted-keys", str(pubkey), "--fingerprint", FP,
-            "--timeout", str(BUDGET), "--storage-option", f"endpoint_url={server.endpoint}", *read_path,
-            "s3://hostile/plans", str(dest)]
+    argv = [
+        sys.executable,
+        PROBE,
+        "--cli",
+        str(peak_file),
+        "pull",
+        "--trusted-keys",
+        str(pubkey),
+        "--fingerprint",
+        FP,
+        "--timeout",
+        str(BUDGET),
+        "--storage-option",
+        f"endpoint_url={server.endpoint}",
+        *read_path,
+        "s3://hostile/plans",
+        str(dest),
+    ]
     started = time.monotonic()
-    proc = subprocess.Popen(argv, env={**os.environ, **AWS_ENV, "PYTHONPATH": SRC},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, **AWS_ENV, "PYTHONPATH": SRC},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     killer = threading.Timer(30, proc.kill)
     killer.start()
     assert proc.stderr is not None
@@ -98,4 +135,6 @@ def _record(draw: Draw, wall: float, rss: int) -> None:
     path = os.environ.get("PLANCACHE_HOSTILE_LOG")
     if path:
         with open(path, "a") as log:
-            log.write(f"{draw.status} {draw.length} {draw.body} {draw.timing} {wall:.2f} {rss >> 20}\n")
+            log.write(
+                f"{draw.status} {draw.length} {draw.body} {draw.timing} {wall:.2f} {rss >> 20}\n"
+            )

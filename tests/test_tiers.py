@@ -5,10 +5,10 @@ prerequisite is missing fails instead of skipping."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import conftest
 from conftest import DEADLINE_FILES, FILE_TIERS, TIERS, VLLM_FILES
@@ -16,14 +16,18 @@ from conftest import DEADLINE_FILES, FILE_TIERS, TIERS, VLLM_FILES
 TESTS = Path(__file__).resolve().parent
 NOT_UNIT = re.compile(
     r"^\s*(?:from|import)\s+(?:vllm\b|torch\b|store_servers|azurite_server|kms_standins|hostile_server|stolen_time"
-    r"|compile_boots|compile_zygote|compile_attacks|engine_boot|vllm_rank)", re.M)
+    r"|compile_boots|compile_zygote|compile_attacks|engine_boot|vllm_rank)",
+    re.M,
+)
 """A module-level or lazy import that puts a file outside the unit tier: vLLM or torch, a server or
 stand-in, the wall-clock tools, a boot (the engine harness's and the scheduler's own rules are unit)."""
 
 
 def test_every_test_file_has_a_tier_and_every_tier_a_file() -> None:
     files = {path.name for path in TESTS.glob("test_*.py")}
-    assert sorted(files - FILE_TIERS.keys()) == [], "classify these in FILE_TIERS (tests/conftest.py)"
+    assert sorted(files - FILE_TIERS.keys()) == [], (
+        "classify these in FILE_TIERS (tests/conftest.py)"
+    )
     assert sorted(FILE_TIERS.keys() - files) == [], "FILE_TIERS names files that are gone"
     assert {tier for tiers in FILE_TIERS.values() for tier in tiers} == set(TIERS)
     for name, tiers in FILE_TIERS.items():
@@ -32,7 +36,9 @@ def test_every_test_file_has_a_tier_and_every_tier_a_file() -> None:
 
 
 def test_the_tiers_are_the_registered_markers() -> None:
-    ini = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    ini = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"
+    ]
     assert [line.split(":")[0] for line in ini["markers"]] == list(TIERS)
     assert "--strict-markers" in ini["addopts"].split()
 
@@ -51,30 +57,46 @@ def test_unit_files_import_no_vllm_server_or_clock() -> None:
 
 
 def _skip_report(reason: str, *, xfail: bool = False) -> pytest.TestReport:
-    report = pytest.TestReport("tests/test_x.py::test_x", ("tests/test_x.py", 1, "test_x"), {}, "skipped",
-                               ("tests/test_x.py", 1, f"Skipped: {reason}"), "setup")
+    report = pytest.TestReport(
+        "tests/test_x.py::test_x",
+        ("tests/test_x.py", 1, "test_x"),
+        {},
+        "skipped",
+        ("tests/test_x.py", 1, f"Skipped: {reason}"),
+        "setup",
+    )
     if xfail:
         report.wasxfail = reason  # type: ignore[attr-defined]
     return report
 
 
-@pytest.mark.parametrize(("reason", "tier"), [
-    ("vLLM is not installed", "vllm"),
-    ("could not import 'vllm': No module named 'vllm'", "vllm"),
-    ("Azurite not installed: scripts/bootstrap-test-env.sh installs it", "emulator"),
-    ("SoftHSM2/OpenSC not installed (softhsm2-util)", "emulator"),
-    ("could not import 'boto3': No module named 'boto3'", "emulator"),
-    ("could not import 'xdist': No module named 'xdist'", "unit"),
-])
-def test_under_ci_a_missing_tier_prerequisite_fails(monkeypatch: pytest.MonkeyPatch, reason: str, tier: str) -> None:
+@pytest.mark.parametrize(
+    ("reason", "tier"),
+    [
+        ("vLLM is not installed", "vllm"),
+        ("could not import 'vllm': No module named 'vllm'", "vllm"),
+        ("Azurite not installed: scripts/bootstrap-test-env.sh installs it", "emulator"),
+        ("SoftHSM2/OpenSC not installed (softhsm2-util)", "emulator"),
+        ("could not import 'boto3': No module named 'boto3'", "emulator"),
+        ("could not import 'xdist': No module named 'xdist'", "unit"),
+    ],
+)
+def test_under_ci_a_missing_tier_prerequisite_fails(
+    monkeypatch: pytest.MonkeyPatch, reason: str, tier: str
+) -> None:
     monkeypatch.setenv("CI", "true")
     report = _skip_report(reason)
     conftest.fail_missing_prerequisite(report)
-    assert report.failed and report.longrepr == f"the {tier} tier cannot run under CI=true: Skipped: {reason}"
+    assert (
+        report.failed
+        and report.longrepr == f"the {tier} tier cannot run under CI=true: Skipped: {reason}"
+    )
 
 
 @pytest.mark.parametrize("ci", [None, "", "false", "0"])
-def test_elsewhere_a_missing_tier_prerequisite_skips(monkeypatch: pytest.MonkeyPatch, ci: str | None) -> None:
+def test_elsewhere_a_missing_tier_prerequisite_skips(
+    monkeypatch: pytest.MonkeyPatch, ci: str | None
+) -> None:
     if ci is None:
         monkeypatch.delenv("CI", raising=False)
     else:
@@ -84,12 +106,17 @@ def test_elsewhere_a_missing_tier_prerequisite_skips(monkeypatch: pytest.MonkeyP
     assert report.skipped
 
 
-@pytest.mark.parametrize(("reason", "xfail"), [
-    ("the configured package index cannot be reached", False),  # the machine's, not a tier's
-    ("one CPU: nothing to move to", False),
-    ("vLLM is not installed", True),  # an expected failure is no skip
-])
-def test_under_ci_other_skips_and_xfails_stay(monkeypatch: pytest.MonkeyPatch, reason: str, xfail: bool) -> None:
+@pytest.mark.parametrize(
+    ("reason", "xfail"),
+    [
+        ("the configured package index cannot be reached", False),  # the machine's, not a tier's
+        ("one CPU: nothing to move to", False),
+        ("vLLM is not installed", True),  # an expected failure is no skip
+    ],
+)
+def test_under_ci_other_skips_and_xfails_stay(
+    monkeypatch: pytest.MonkeyPatch, reason: str, xfail: bool
+) -> None:
     monkeypatch.setenv("CI", "true")
     report = _skip_report(reason, xfail=xfail)
     conftest.fail_missing_prerequisite(report)
@@ -99,8 +126,12 @@ def test_under_ci_other_skips_and_xfails_stay(monkeypatch: pytest.MonkeyPatch, r
 def test_a_skipped_collection_fails_under_ci_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """``pytest.importorskip`` at module level skips the file's collection, not a test."""
     monkeypatch.setenv("CI", "1")
-    report = pytest.CollectReport("tests/test_x.py", "skipped",
-                                  ("tests/test_x.py", 35, "Skipped: could not import 'vllm': No module named 'vllm'"), [])
+    report = pytest.CollectReport(
+        "tests/test_x.py",
+        "skipped",
+        ("tests/test_x.py", 35, "Skipped: could not import 'vllm': No module named 'vllm'"),
+        [],
+    )
     conftest.fail_missing_prerequisite(report)
     assert report.failed and "the vllm tier cannot run under CI=true" in str(report.longrepr)
 
@@ -114,15 +145,24 @@ class _Config:
         return self.markexpr
 
 
-@pytest.mark.parametrize(("markexpr", "name", "ignored"), [
-    ("unit", "test_compile_cache_vllm.py", True),  # importing it imports vLLM
-    ("unit", "test_trust_plan.py", None),
-    ("not vllm and not engine", "test_vllm_plugin.py", True),
-    ("not vllm and not engine", "test_store_faults.py", None),
-    ("emulator and not realtime", "test_store_faults.py", True),
-    ("unit", "test_not_classified.py", None),  # collected: test_tiers fails for it instead
-    ("", "test_compile_cache_vllm.py", None),
-    ("unit or parametrize", "test_compile_cache_vllm.py", None),  # not tiers only: pytest deselects
-])
-def test_a_tier_expression_leaves_files_that_cannot_match_uncollected(markexpr: str, name: str, ignored: bool | None) -> None:
+@pytest.mark.parametrize(
+    ("markexpr", "name", "ignored"),
+    [
+        ("unit", "test_compile_cache_vllm.py", True),  # importing it imports vLLM
+        ("unit", "test_trust_plan.py", None),
+        ("not vllm and not engine", "test_vllm_plugin.py", True),
+        ("not vllm and not engine", "test_store_faults.py", None),
+        ("emulator and not realtime", "test_store_faults.py", True),
+        ("unit", "test_not_classified.py", None),  # collected: test_tiers fails for it instead
+        ("", "test_compile_cache_vllm.py", None),
+        (
+            "unit or parametrize",
+            "test_compile_cache_vllm.py",
+            None,
+        ),  # not tiers only: pytest deselects
+    ],
+)
+def test_a_tier_expression_leaves_files_that_cannot_match_uncollected(
+    markexpr: str, name: str, ignored: bool | None
+) -> None:
     assert conftest.pytest_ignore_collect(TESTS / name, _Config(markexpr)) is ignored  # type: ignore[arg-type]

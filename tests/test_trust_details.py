@@ -32,7 +32,9 @@ def assert_safe(exc: PlanCacheError) -> None:
     for text in (exc.detail, str(exc)):
         assert len(text) <= MAX_DETAIL, len(text)
         assert text.splitlines() == [text]
-        assert not any(unicodedata.category(c) in {"Cc", "Cf", "Cs", "Zl", "Zp"} for c in text), ascii(text)
+        assert not any(unicodedata.category(c) in {"Cc", "Cf", "Cs", "Zl", "Zp"} for c in text), (
+            ascii(text)
+        )
         text.encode("utf-8")
 
 
@@ -42,9 +44,13 @@ def raised(func, *args) -> PlanCacheError:  # type: ignore[no-untyped-def]
     return info.value
 
 
-def envelope(signer: Ed25519Signer, payload: bytes, keyids: list[str], payload_type: str = dsse.PAYLOAD_TYPE) -> bytes:
+def envelope(
+    signer: Ed25519Signer, payload: bytes, keyids: list[str], payload_type: str = dsse.PAYLOAD_TYPE
+) -> bytes:
     sig = signer.sign(dsse.pae(payload_type, payload))
-    return dsse.encode(dsse.Envelope(payload_type, payload, tuple(dsse.Signature(k, sig) for k in keyids)))
+    return dsse.encode(
+        dsse.Envelope(payload_type, payload, tuple(dsse.Signature(k, sig) for k in keyids))
+    )
 
 
 def statement_payload(**changes: object) -> bytes:
@@ -73,7 +79,16 @@ def test_revoked_detail_with_hostile_neighbours() -> None:
 def test_hostile_payload_type_and_subject_name() -> None:
     signer = make_signer()
     odd_type = "x\u2028" * 3000
-    assert_safe(raised(verify_plan, NAME, plan_bytes(), envelope(signer, b"{}", [signer.keyid], odd_type), keyring_of(signer), NOW))
+    assert_safe(
+        raised(
+            verify_plan,
+            NAME,
+            plan_bytes(),
+            envelope(signer, b"{}", [signer.keyid], odd_type),
+            keyring_of(signer),
+            NOW,
+        )
+    )
     data = plan_bytes()
     long_name = "startup_plan_" + "\n" * 5000
     payload = Statement(long_name, hashlib.sha256(data).hexdigest(), FP, NOW).to_json_bytes()
@@ -85,13 +100,22 @@ def test_hostile_provenance_keys_and_plan_values() -> None:
     assert_safe(raised(parse_statement, statement_payload(provenance={"\u202e" * 4000: 1})))
     assert_safe(raised(parse_plan, json.dumps({"schema": "\u2029" * 8000}).encode(), NAME))
     assert_safe(raised(parse_plan, plan_bytes(), "startup_plan_\x1b[2J" + "x" * 3000 + ".json"))
-    too_big = {"schema": 1, "fingerprint": FP, "kv_cache_memory_bytes": 10**4000, "free_memory_baseline": 1}
+    too_big = {
+        "schema": 1,
+        "fingerprint": FP,
+        "kv_cache_memory_bytes": 10**4000,
+        "free_memory_baseline": 1,
+    }
     assert_safe(raised(parse_plan, json.dumps(too_big).encode(), NAME))
 
 
 def test_trusted_keys_file_names_and_lines() -> None:
     assert_safe(raised(parse_trusted_keys, "ssh-ed25519 AAAA\n", "keys.d/evil\nname\ud800.pub"))
-    assert_safe(raised(parse_trusted_keys, "colour=\u202e\x1b[31m" + "x" * 4000 + " ssh-ed25519 AAAA\n", "k"))
+    assert_safe(
+        raised(
+            parse_trusted_keys, "colour=\u202e\x1b[31m" + "x" * 4000 + " ssh-ed25519 AAAA\n", "k"
+        )
+    )
     assert_safe(raised(parse_trusted_keys, "ssh-" + "\x85" * 4000 + " AAAA\n", "k"))
 
 

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from plancache.trust.display import ELLIPSIS, safe_text
 
 _FORBIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
-_CHARS = st.characters(exclude_categories=()) | st.sampled_from("\n\r\x00\x1b\x7f\x85\u2028\u2029\u202e\ud800\udfff\\")
+_CHARS = st.characters(exclude_categories=()) | st.sampled_from(
+    "\n\r\x00\x1b\x7f\x85\u2028\u2029\u202e\ud800\udfff\\"
+)
 """Every code point, lone surrogates included, with the dangerous ones drawn often."""
 
 
@@ -36,7 +38,9 @@ def test_escaping_is_reversible_when_nothing_is_cut(value: str) -> None:
     """Injective: the shown text decodes back to the original, so no two values look alike."""
     out = safe_text(value, 1000)
     assert not out.endswith(ELLIPSIS) or value.endswith(ELLIPSIS)
-    assert out.encode("ascii", "backslashreplace").decode("unicode_escape", "surrogatepass") == value
+    assert (
+        out.encode("ascii", "backslashreplace").decode("unicode_escape", "surrogatepass") == value
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,9 @@ NAME = plan_name(FP)
 def verified(**provenance: object):  # type: ignore[no-untyped-def]
     signer = make_signer()
     data = plan_bytes(kv=20 * GIB, baseline=70 * GIB)
-    sig = sign_plan(NAME, data, signer, NOW, expires_at=NOW + timedelta(days=1), provenance=provenance)
+    sig = sign_plan(
+        NAME, data, signer, NOW, expires_at=NOW + timedelta(days=1), provenance=provenance
+    )
     return verify_plan(NAME, data, sig, keyring_of(signer), NOW)
 
 
@@ -42,10 +44,22 @@ def test_free_memory_must_be_a_byte_count() -> None:
 
 
 def test_conditions_must_match_when_both_sides_know_them() -> None:
-    vp = verified(gpu_memory_utilization=0.9, device_name="NVIDIA H100 80GB HBM3", device_total_memory=80 * GIB)
-    same = {"gpu_memory_utilization": 0.9, "device_name": "NVIDIA H100 80GB HBM3", "device_total_memory": 80 * GIB}
+    vp = verified(
+        gpu_memory_utilization=0.9,
+        device_name="NVIDIA H100 80GB HBM3",
+        device_total_memory=80 * GIB,
+    )
+    same = {
+        "gpu_memory_utilization": 0.9,
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "device_total_memory": 80 * GIB,
+    }
     assert decide(vp, 80 * GIB, same).applied
-    for key, other in (("gpu_memory_utilization", 0.8), ("device_name", "NVIDIA A100"), ("device_total_memory", 40 * GIB)):
+    for key, other in (
+        ("gpu_memory_utilization", 0.8),
+        ("device_name", "NVIDIA A100"),
+        ("device_total_memory", 40 * GIB),
+    ):
         d = decide(vp, 80 * GIB, {**same, key: other})
         assert (d.applied, d.reason) == (False, Verdict.CONDITION_MISMATCH) and key in d.detail
     assert decide(vp, 80 * GIB, {"gpu_memory_utilization": None}).applied

@@ -17,7 +17,13 @@ from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.trust_config import keys_source, load_trusted_keys
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
-from plancache.trust.keyring.keys import Keyring, canonical_keyid, key_id, openssh_line, parse_trusted_keys
+from plancache.trust.keyring.keys import (
+    Keyring,
+    canonical_keyid,
+    key_id,
+    openssh_line,
+    parse_trusted_keys,
+)
 
 
 def config_error(func, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
@@ -47,7 +53,10 @@ def test_keygen_never_overwrites_without_force(tmp_path: Path) -> None:
     assert "--force" in config_error(generate_keypair, tmp_path / "k", False, "", {})
     assert load_signer(str(tmp_path / "k"), env={}).keyid == first.keyid
     second = generate_keypair(tmp_path / "k", force=True, comment="", env={})
-    assert second.keyid != first.keyid and load_signer(str(tmp_path / "k"), env={}).keyid == second.keyid
+    assert (
+        second.keyid != first.keyid
+        and load_signer(str(tmp_path / "k"), env={}).keyid == second.keyid
+    )
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o666])
@@ -70,7 +79,11 @@ def test_openssh_private_keys_load(tmp_path: Path) -> None:
     private = Ed25519PrivateKey.generate()
     path = tmp_path / "id_ed25519"
     path.write_bytes(
-        private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
     )
     path.chmod(0o600)
     assert load_signer(str(path), env={}).keyid == key_id(private.public_key())
@@ -82,7 +95,13 @@ def test_missing_and_non_ed25519_keys(tmp_path: Path) -> None:
 
     other = ec.generate_private_key(ec.SECP256R1())
     path = tmp_path / "ec"
-    path.write_bytes(other.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    path.write_bytes(
+        other.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     path.chmod(0o600)
     assert "Ed25519" in config_error(load_signer, str(path), {})
     assert "unsupported" in config_error(load_signer, "kms://projects/x", {})
@@ -90,7 +109,9 @@ def test_missing_and_non_ed25519_keys(tmp_path: Path) -> None:
 
 def test_public_keys_from_pem_openssh_and_directory(tmp_path: Path) -> None:
     a, b, c = make_signer(), make_signer(), make_signer()
-    pem = a.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = a.public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "a.pub").write_bytes(pem)
     (tmp_path / "keys" / "b.pub").write_text(openssh_line(b.public, "bee") + "\n")
@@ -127,9 +148,12 @@ def test_trusted_keys_file_options_and_revocation() -> None:
 
 
 _KEY = make_signer()
-_UNUSED_BIT = _KEY.keyid[:-1] + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".index(_KEY.keyid[-1]) ^ 1
-]
+_UNUSED_BIT = (
+    _KEY.keyid[:-1]
+    + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".index(_KEY.keyid[-1]) ^ 1
+    ]
+)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +186,16 @@ def test_bad_trusted_key_lines_are_config_errors_naming_the_line(line: str) -> N
 def test_canonical_key_ids() -> None:
     kid = _KEY.keyid
     assert canonical_keyid(kid) == kid and canonical_keyid(kid + "=") == kid
-    for bogus in (kid + "==", kid[:-1], _UNUSED_BIT, "sha256:" + kid[7:], "MD5:" + kid[7:], kid + "\n", None, 7):
+    for bogus in (
+        kid + "==",
+        kid[:-1],
+        _UNUSED_BIT,
+        "sha256:" + kid[7:],
+        "MD5:" + kid[7:],
+        kid + "\n",
+        None,
+        7,
+    ):
         assert canonical_keyid(bogus) is None, bogus
     with pytest.raises(ConfigError):
         Keyring(revoked=frozenset({kid + "="}))
@@ -177,7 +210,9 @@ def test_revoked_ids_with_padding_or_a_comment_revoke() -> None:
 
 def test_a_file_that_starts_with_a_pem_key_parses_the_rest() -> None:
     a, b, c = make_signer(), make_signer(), make_signer()
-    pem = a.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    pem = a.public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
     keyring = parse_trusted_keys(f"{pem}{openssh_line(b.public, 'bee')}\n@revoked {c.keyid}\n", "k")
     assert set(keyring.keys) == {a.keyid, b.keyid} and keyring.revoked == {c.keyid}
     detail = config_error(parse_trusted_keys, f"{pem}not a key line\n", "k")
@@ -188,7 +223,10 @@ def test_a_file_that_starts_with_a_pem_key_parses_the_rest() -> None:
 def test_a_key_listed_twice_is_a_config_error(tmp_path: Path) -> None:
     a = make_signer()
     text = f"name=first {openssh_line(a.public)}\n# later\nvalid-before=2027-01-01T00:00:00Z {openssh_line(a.public)}\n"
-    assert config_error(parse_trusted_keys, text, "k") == f"k:3: key {a.keyid} is already listed at line 1"
+    assert (
+        config_error(parse_trusted_keys, text, "k")
+        == f"k:3: key {a.keyid} is already listed at line 1"
+    )
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "a.pub").write_text(openssh_line(a.public) + "\n")
     (tmp_path / "keys" / "b.pub").write_text(openssh_line(a.public, "again") + "\n")
@@ -233,28 +271,36 @@ def test_key_files_mounted_as_symlinks_load(tmp_path: Path) -> None:
 _K = make_signer()
 
 
-@pytest.mark.parametrize("line", [
-    f"@revoke {openssh_line(_K.public)} leaked-laptop",
-    f"@REVOKED {openssh_line(_K.public)}",
-    f"@Revoked {_K.keyid}",
-    f"@revoked: {openssh_line(_K.public)}",
-    f"@cert-authority {openssh_line(_K.public)}",
-    f"revoked {openssh_line(_K.public)}",  # an allowed_signers principal spelled like the marker
-    f"REVOKE {openssh_line(_K.public)}",
-    f'"alice,revoked" {openssh_line(_K.public)}',
-    f'ci@acme,!Revoked namespaces="plancache" {openssh_line(_K.public)}',
-    f"{openssh_line(_K.public)} revoked",  # a key named like it by its comment
-    f"{openssh_line(_K.public)} old laptop, REVOKED 2026-05",
-    f"name=@revoked {openssh_line(_K.public)}",
-], ids=lambda line: re.sub(r"AAAAC3\S+|SHA256:\S{40,}", "<key>", line))
-def test_a_misspelled_revocation_is_a_config_error_not_a_trusted_key(line: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"@revoke {openssh_line(_K.public)} leaked-laptop",
+        f"@REVOKED {openssh_line(_K.public)}",
+        f"@Revoked {_K.keyid}",
+        f"@revoked: {openssh_line(_K.public)}",
+        f"@cert-authority {openssh_line(_K.public)}",
+        f"revoked {openssh_line(_K.public)}",  # an allowed_signers principal spelled like the marker
+        f"REVOKE {openssh_line(_K.public)}",
+        f'"alice,revoked" {openssh_line(_K.public)}',
+        f'ci@acme,!Revoked namespaces="plancache" {openssh_line(_K.public)}',
+        f"{openssh_line(_K.public)} revoked",  # a key named like it by its comment
+        f"{openssh_line(_K.public)} old laptop, REVOKED 2026-05",
+        f"name=@revoked {openssh_line(_K.public)}",
+    ],
+    ids=lambda line: re.sub(r"AAAAC3\S+|SHA256:\S{40,}", "<key>", line),
+)
+def test_a_misspelled_revocation_is_a_config_error_not_a_trusted_key(
+    line: str, tmp_path: Path
+) -> None:
     """Each of these once *trusted* the key its author meant to revoke (named '@revoke' & co.)."""
     text = f"{openssh_line(make_signer().public, 'ci')}\n{line}\n"
     detail = config_error(parse_trusted_keys, text, "trusted-keys")
     assert detail.startswith("trusted-keys:2: ") and "\n" not in detail, detail
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "ci.pub").write_text(text)  # in a directory of .pub files alike
-    assert config_error(load_keyring, tmp_path / "keys").startswith(f"{tmp_path / 'keys' / 'ci.pub'}:2: ")
+    assert config_error(load_keyring, tmp_path / "keys").startswith(
+        f"{tmp_path / 'keys' / 'ci.pub'}:2: "
+    )
 
 
 def test_revocation_works_the_same_in_every_key_line_format() -> None:
@@ -270,12 +316,15 @@ def test_revocation_works_the_same_in_every_key_line_format() -> None:
     keyring = parse_trusted_keys("\n".join(lines + revocations) + "\n", "k")
     assert keyring.keys == {} and keyring.revoked == {k.keyid for k in keys}
     fine = parse_trusted_keys(f"{openssh_line(keys[0].public, 'revoked-certs-tester')}\n", "k")
-    assert list(fine.keys) == [keys[0].keyid]  # a name merely containing the word in a longer one is fine
+    assert list(fine.keys) == [
+        keys[0].keyid
+    ]  # a name merely containing the word in a longer one is fine
 
 
 @pytest.mark.parametrize("comment", ["José", "ci 2026 (rotated)", "用户", "ops@acme"])
-def test_keygen_takes_any_printable_comment_and_the_pub_reads_back(tmp_path: Path, comment: str,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_keygen_takes_any_printable_comment_and_the_pub_reads_back(
+    tmp_path: Path, comment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from plancache.cli.main import main
 
     assert main(["keygen", "--comment", comment, str(tmp_path / "k")]) == 0
@@ -283,10 +332,22 @@ def test_keygen_takes_any_printable_comment_and_the_pub_reads_back(tmp_path: Pat
     assert [k.name for k in keyring.keys.values()] == [comment]
 
 
-@pytest.mark.parametrize("comment", ["two\nlines", "tab\tinside", " padded", "revoked", "REVOKE", "\x1b[31mred",
-                                     "bidi\u202e", "sep\u2028"])
-def test_keygen_refuses_a_comment_it_cannot_write_and_leaves_nothing(tmp_path: Path, comment: str,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "two\nlines",
+        "tab\tinside",
+        " padded",
+        "revoked",
+        "REVOKE",
+        "\x1b[31mred",
+        "bidi\u202e",
+        "sep\u2028",
+    ],
+)
+def test_keygen_refuses_a_comment_it_cannot_write_and_leaves_nothing(
+    tmp_path: Path, comment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from plancache.cli.main import main
 
     assert main(["keygen", "--comment", comment, str(tmp_path / "k")]) == 2

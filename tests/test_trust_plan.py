@@ -25,7 +25,12 @@ NAME = plan_name(FP)
 
 
 def obj(**changes: object) -> dict[str, object]:
-    base: dict[str, object] = {"schema": 1, "fingerprint": FP, "kv_cache_memory_bytes": 10, "free_memory_baseline": 20}
+    base: dict[str, object] = {
+        "schema": 1,
+        "fingerprint": FP,
+        "kv_cache_memory_bytes": 10,
+        "free_memory_baseline": 20,
+    }
     base.update(changes)
     return {k: v for k, v in base.items() if v is not ...}
 
@@ -69,16 +74,19 @@ def test_round_trip_keeps_unknown_fields() -> None:
         json.dumps(obj(free_memory_baseline=0)),
         json.dumps(obj(kv_cache_memory_bytes=21)),
         json.dumps(obj(kv_cache_memory_bytes=2**63, free_memory_baseline=2**64)),
-        '{"schema": 1, "schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": 2}' % FP,
-        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": 2, "x": NaN}' % FP,
-        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": Infinity}' % FP,
+        '{"schema": 1, "schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": 2}'
+        % FP,
+        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": 2, "x": NaN}'
+        % FP,
+        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": Infinity}'
+        % FP,
         "{" * 100_000,
         "1" * 5000,
         '{"schema": 1',
     ],
 )
 def test_rejects_malformed(document: str) -> None:
-    reject(document.encode()[: MAX_PLAN_BYTES])
+    reject(document.encode()[:MAX_PLAN_BYTES])
 
 
 def test_rejects_invalid_utf8() -> None:
@@ -89,7 +97,10 @@ def test_rejects_fingerprint_other_than_file_name() -> None:
     reject(plan_bytes(fp="fedcba9876543210"), Reason.FINGERPRINT_MISMATCH)
 
 
-@pytest.mark.parametrize("name", ["plan.json", "startup_plan_0123456789abcdef.json\n", "../startup_plan_0123456789abcdef.json"])
+@pytest.mark.parametrize(
+    "name",
+    ["plan.json", "startup_plan_0123456789abcdef.json\n", "../startup_plan_0123456789abcdef.json"],
+)
 def test_rejects_bad_file_names(name: str) -> None:
     reject(plan_bytes(), name=name)
 
@@ -115,10 +126,21 @@ def test_plan_bytes_helper_is_vllm_shaped() -> None:
 
 
 _extras = st.dictionaries(
-    st.text(max_size=12).filter(lambda k: k not in {"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"}),
+    st.text(max_size=12).filter(
+        lambda k: (
+            k not in {"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"}
+        )
+    ),
     st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
-        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=12),
+        lambda children: (
+            st.lists(children, max_size=3)
+            | st.dictionaries(st.text(max_size=8), children, max_size=3)
+        ),
         max_leaves=10,
     ),
     max_size=4,
@@ -127,7 +149,9 @@ _extras = st.dictionaries(
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, MAX_INT), st.integers(1, MAX_INT), _extras)
-def test_every_valid_plan_survives_render_and_parse(a: int, b: int, extra: dict[str, object]) -> None:
+def test_every_valid_plan_survives_render_and_parse(
+    a: int, b: int, extra: dict[str, object]
+) -> None:
     """What plancache writes (the demo, tests, the plugin's re-render) the strict parser takes
     back unchanged. Byte equality with vLLM's own writer is checked against the real vLLM in
     tests/test_vllm_plugin.py::test_plan_bytes_are_exactly_what_vllm_writes."""

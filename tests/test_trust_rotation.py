@@ -53,14 +53,23 @@ def test_a_key_counts_only_once_its_window_opened_and_only_for_what_it_signed_in
     key = make_signer()
     name, data = plan_name(FPS[0]), plan_bytes(FPS[0])
     sig = sign_plan(name, data, key, NOW)
-    assert reason(name, data, sig, keyring_of(key, valid_after=NOW + timedelta(days=1)), NOW) is Reason.EXPIRED
+    assert (
+        reason(name, data, sig, keyring_of(key, valid_after=NOW + timedelta(days=1)), NOW)
+        is Reason.EXPIRED
+    )
     opened_later = keyring_of(key, valid_after=NOW + timedelta(seconds=1))
-    assert reason(name, data, sig, opened_later, NOW + timedelta(days=1)) is Reason.EXPIRED  # signed before it opened
+    assert (
+        reason(name, data, sig, opened_later, NOW + timedelta(days=1)) is Reason.EXPIRED
+    )  # signed before it opened
 
 
 def trusted_keys(old: Ed25519Signer, new: Ed25519Signer | None, retire_at: str | None) -> Keyring:
     """The trusted-keys file of each rotation step, as an operator writes it."""
-    lines = [f"valid-before={retire_at} {openssh_line(old.public, 'ci-old')}" if retire_at else openssh_line(old.public, "ci-old")]
+    lines = [
+        f"valid-before={retire_at} {openssh_line(old.public, 'ci-old')}"
+        if retire_at
+        else openssh_line(old.public, "ci-old")
+    ]
     if new is not None:
         lines.append(openssh_line(new.public, "ci-new"))
     return parse_trusted_keys("\n".join(lines) + "\n", "trusted-keys")
@@ -70,10 +79,15 @@ def test_rotating_a_stores_plans_to_a_new_key_never_makes_a_boot_profile() -> No
     old, new = make_signer(), make_signer()
     t0, t1, t2 = NOW, NOW + timedelta(days=10), NOW + timedelta(days=20)
     store = {plan_name(fp): plan_bytes(fp) for fp in FPS}
-    sigs = {name: sign_plan(name, data, old, t0, expires_at=t0 + timedelta(days=90), provenance=FACTS) for name, data in store.items()}
+    sigs = {
+        name: sign_plan(name, data, old, t0, expires_at=t0 + timedelta(days=90), provenance=FACTS)
+        for name, data in store.items()
+    }
     leftover = plan_name("2222222222222222")  # a plan nobody co-signed
     store[leftover] = plan_bytes("2222222222222222")
-    sigs[leftover] = sign_plan(leftover, store[leftover], old, t0, expires_at=t0 + timedelta(days=90))
+    sigs[leftover] = sign_plan(
+        leftover, store[leftover], old, t0, expires_at=t0 + timedelta(days=90)
+    )
 
     step1 = trusted_keys(old, new, None)  # 1. trust both keys (workers roll out at their pace)
     for name in map(plan_name, FPS):
@@ -84,12 +98,24 @@ def test_rotating_a_stores_plans_to_a_new_key_never_makes_a_boot_profile() -> No
     # Every worker, whichever keyring it has booted with, verifies every co-signed plan at
     # every moment of the rotation: no boot profiles.
     after = t2 + timedelta(days=1)
-    rollout = [(trusted_keys(old, None, None), t1), (step1, t1), (step1, after), (step3, t1), (step3, after)]
+    rollout = [
+        (trusted_keys(old, None, None), t1),
+        (step1, t1),
+        (step1, after),
+        (step3, t1),
+        (step3, after),
+    ]
     for keyring, moment in rollout:
         for name in map(plan_name, FPS):
             assert reason(name, store[name], sigs[name], keyring, moment) is None, (name, moment)
-    vp = verify_plan(plan_name(FPS[0]), store[plan_name(FPS[0])], sigs[plan_name(FPS[0])], step3, after)
-    assert vp.signers == ("ci-new",) and vp.statement is not None and dict(vp.statement.provenance) == FACTS
+    vp = verify_plan(
+        plan_name(FPS[0]), store[plan_name(FPS[0])], sigs[plan_name(FPS[0])], step3, after
+    )
+    assert (
+        vp.signers == ("ci-new",)
+        and vp.statement is not None
+        and dict(vp.statement.provenance) == FACTS
+    )
     # A plan left signed by the old key alone stops counting once the old key is retired.
     assert reason(leftover, store[leftover], sigs[leftover], step3, t1) is None
     assert reason(leftover, store[leftover], sigs[leftover], step3, after) is Reason.EXPIRED
@@ -101,7 +127,9 @@ def test_the_new_key_must_not_start_after_the_plans_it_co_signs() -> None:
     old, new = make_signer(), make_signer()
     name, data = plan_name(FPS[0]), plan_bytes(FPS[0])
     sig = sign_plan(name, data, old, NOW)
-    _, cosigned = sign_or_cosign(name, data, sig, new, NOW + timedelta(days=1), keyring=keyring_of(old))
+    _, cosigned = sign_or_cosign(
+        name, data, sig, new, NOW + timedelta(days=1), keyring=keyring_of(old)
+    )
     late_new = Keyring({**keyring_of(new, valid_after=NOW + timedelta(days=1)).keys})
     with pytest.raises(PlanCacheError) as info:
         verify_plan(name, data, cosigned, late_new, NOW + timedelta(days=2))

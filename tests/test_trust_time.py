@@ -41,10 +41,19 @@ def sidecar(signer: Ed25519Signer, signed_at: str, expires_at: str | None) -> by
     return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
 
 
-def outcome(signed_at: str, expires_at: str | None, now: datetime = NOW, **kwargs: object) -> Reason | None:
+def outcome(
+    signed_at: str, expires_at: str | None, now: datetime = NOW, **kwargs: object
+) -> Reason | None:
     signer = make_signer()
     try:
-        verify_plan(NAME, plan_bytes(), sidecar(signer, signed_at, expires_at), keyring_of(signer), now, **kwargs)  # type: ignore[arg-type]
+        verify_plan(
+            NAME,
+            plan_bytes(),
+            sidecar(signer, signed_at, expires_at),
+            keyring_of(signer),
+            now,
+            **kwargs,
+        )  # type: ignore[arg-type]
     except PlanCacheError as exc:
         return exc.reason
     return None
@@ -77,13 +86,24 @@ def test_clock_skew_as_large_as_timedelta_goes() -> None:
 def test_key_windows_at_the_ends_of_the_calendar() -> None:
     signer = make_signer()
     sig = sidecar(signer, format_time(NOW), None)
-    wide = parse_trusted_keys(f"valid-after={FIRST},valid-before={LAST} {openssh_line(signer.public)}\n", "k")
+    wide = parse_trusted_keys(
+        f"valid-after={FIRST},valid-before={LAST} {openssh_line(signer.public)}\n", "k"
+    )
     verify_plan(NAME, plan_bytes(), sig, wide, NOW)
-    ended = parse_trusted_keys(f"valid-after={FIRST},valid-before=0001-01-01T00:00:01Z {openssh_line(signer.public)}\n", "k")
+    ended = parse_trusted_keys(
+        f"valid-after={FIRST},valid-before=0001-01-01T00:00:01Z {openssh_line(signer.public)}\n",
+        "k",
+    )
     with pytest.raises(PlanCacheError) as info:
         verify_plan(NAME, plan_bytes(), sig, ended, NOW)
     assert info.value.reason is Reason.EXPIRED
-    verify_plan(NAME, plan_bytes(), sig, keyring_of(signer, valid_after=FIRST_DT, valid_before=LAST_DT), LAST_DT - timedelta(seconds=1))
+    verify_plan(
+        NAME,
+        plan_bytes(),
+        sig,
+        keyring_of(signer, valid_after=FIRST_DT, valid_before=LAST_DT),
+        LAST_DT - timedelta(seconds=1),
+    )
 
 
 def test_signing_at_the_ends_of_the_calendar_round_trips() -> None:
@@ -91,14 +111,23 @@ def test_signing_at_the_ends_of_the_calendar_round_trips() -> None:
     signer = make_signer()
     sig = sign_plan(NAME, plan_bytes(), signer, FIRST_DT, expires_at=LAST_DT)
     vp = verify_plan(NAME, plan_bytes(), sig, keyring_of(signer), FIRST_DT)
-    assert vp.statement is not None and (vp.statement.signed_at, vp.statement.expires_at) == (FIRST_DT, LAST_DT)
+    assert vp.statement is not None and (vp.statement.signed_at, vp.statement.expires_at) == (
+        FIRST_DT,
+        LAST_DT,
+    )
     assert format_time(FIRST_DT) == FIRST and format_time(LAST_DT) == LAST
 
 
 def test_a_time_that_leaves_the_calendar_in_utc_is_a_config_error() -> None:
     west = timezone(timedelta(hours=-5))
     with pytest.raises(ConfigError):
-        sign_plan(NAME, plan_bytes(), make_signer(), NOW, expires_at=datetime(9999, 12, 31, 23, 0, tzinfo=west))
+        sign_plan(
+            NAME,
+            plan_bytes(),
+            make_signer(),
+            NOW,
+            expires_at=datetime(9999, 12, 31, 23, 0, tzinfo=west),
+        )
     assert format_time(datetime(2026, 1, 1, 0, 0, tzinfo=west)) == "2026-01-01T05:00:00Z"
 
 
@@ -110,11 +139,20 @@ _moments = st.datetimes(min_value=datetime.min, max_value=datetime.max, timezone
 @settings(max_examples=300, deadline=None)
 @given(_moments, st.none() | _moments, _moments, st.none() | _moments, st.none() | _moments)
 def test_fuzz_dates_never_escape_as_anything_but_a_reason(
-    signed_at: datetime, expires_at: datetime | None, now: datetime, after: datetime | None, before: datetime | None
+    signed_at: datetime,
+    expires_at: datetime | None,
+    now: datetime,
+    after: datetime | None,
+    before: datetime | None,
 ) -> None:
     signer = make_signer()
-    sig = sidecar(signer, format_time(signed_at), None if expires_at is None else format_time(expires_at))
-    keyring = keyring_of(signer, **{k: v for k, v in (("valid_after", after), ("valid_before", before)) if v is not None})
+    sig = sidecar(
+        signer, format_time(signed_at), None if expires_at is None else format_time(expires_at)
+    )
+    keyring = keyring_of(
+        signer,
+        **{k: v for k, v in (("valid_after", after), ("valid_before", before)) if v is not None},
+    )
     try:
         vp = verify_plan(NAME, plan_bytes(), sig, keyring, now)
     except PlanCacheError as exc:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Iterable, Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -47,7 +47,9 @@ def single_byte_changes(data: bytes) -> Iterator[bytes]:
                 yield data[:position] + bytes([value]) + data[position + 1 :]
 
 
-def rejection_reasons(changes: Iterable[tuple[bytes, bytes]], name: str, keyring: Keyring) -> set[Reason]:
+def rejection_reasons(
+    changes: Iterable[tuple[bytes, bytes]], name: str, keyring: Keyring
+) -> set[Reason]:
     """Verify every (plan, sidecar) pair; each must be rejected. Returns the reasons seen."""
     reasons = set()
     for plan, sig in changes:
@@ -75,15 +77,21 @@ def test_every_single_byte_change_of_the_sidecar_is_rejected(
     assert Reason.BAD_SIGNATURE in reasons  # payload or sig bits flipped, still well-formed
 
 
-def test_truncated_or_extended_sidecar_is_rejected(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_truncated_or_extended_sidecar_is_rejected(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     name, data, sig = signed
     for altered in (sig[:-1], sig + b"\n", b" " + sig, sig.replace(b",", b", ", 1)):
         rejected(Reason.MALFORMED, name, data, altered, keyring_of(signer), NOW)
 
 
-def test_plan_renamed_to_another_fingerprint_is_rejected(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_plan_renamed_to_another_fingerprint_is_rejected(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     _, data, sig = signed
-    rejected(Reason.NAME_MISMATCH, plan_name("fedcba9876543210"), data, sig, keyring_of(signer), NOW)
+    rejected(
+        Reason.NAME_MISMATCH, plan_name("fedcba9876543210"), data, sig, keyring_of(signer), NOW
+    )
 
 
 def test_statement_for_other_fingerprint_is_rejected(signer: Ed25519Signer) -> None:
@@ -93,7 +101,11 @@ def test_statement_for_other_fingerprint_is_rejected(signer: Ed25519Signer) -> N
 
     statement = Statement(NAME, hashlib.sha256(data).hexdigest(), "fedcba9876543210", NOW)
     payload = statement.to_json_bytes()
-    env = dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload))),))
+    env = dsse.Envelope(
+        dsse.PAYLOAD_TYPE,
+        payload,
+        (dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload))),),
+    )
     rejected(Reason.FINGERPRINT_MISMATCH, NAME, data, dsse.encode(env), keyring_of(signer), NOW)
 
 
@@ -108,7 +120,9 @@ def test_keyid_alone_grants_nothing(signer: Ed25519Signer) -> None:
     impostor = make_signer()
     sig = sign_plan(NAME, data, impostor, NOW)
     env = dsse.decode(sig)
-    forged = dsse.Envelope(env.payload_type, env.payload, (dsse.Signature(signer.keyid, env.signatures[0].sig),))
+    forged = dsse.Envelope(
+        env.payload_type, env.payload, (dsse.Signature(signer.keyid, env.signatures[0].sig),)
+    )
     rejected(Reason.BAD_SIGNATURE, NAME, data, dsse.encode(forged), keyring_of(signer), NOW)
 
 
@@ -123,7 +137,9 @@ def test_expired_and_clock_skew(signer: Ed25519Signer, signed: tuple[str, bytes,
     name, data, sig = signed
     keyring = keyring_of(signer)
     expiry = NOW + timedelta(days=30)
-    verify_plan(name, data, sig, keyring, expiry + timedelta(minutes=4))  # within the default 5 min skew
+    verify_plan(
+        name, data, sig, keyring, expiry + timedelta(minutes=4)
+    )  # within the default 5 min skew
     err = rejected(Reason.EXPIRED, name, data, sig, keyring, expiry + timedelta(minutes=6))
     assert "expired" in err.detail
     rejected(Reason.EXPIRED, name, data, sig, keyring, expiry, clock_skew=timedelta(0))
@@ -135,7 +151,9 @@ def test_not_yet_valid(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) 
     verify_plan(name, data, sig, keyring_of(signer), NOW - timedelta(minutes=4))
 
 
-def test_key_validity_window_covers_now_and_signed_at(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_key_validity_window_covers_now_and_signed_at(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     """After valid-before a key vouches for nothing, even for what it signed while current
     (tests/test_trust_rotation.py shows how plans move to a new key first)."""
     name, data, sig = signed
@@ -144,27 +162,52 @@ def test_key_validity_window_covers_now_and_signed_at(signer: Ed25519Signer, sig
     rotated_out_later = keyring_of(signer, valid_before=NOW + timedelta(days=2))
     verify_plan(name, data, sig, rotated_out_later, NOW + timedelta(days=1))
     rejected(Reason.EXPIRED, name, data, sig, rotated_out_later, NOW + timedelta(days=2))
-    rejected(Reason.EXPIRED, name, data, sig, keyring_of(signer, valid_after=NOW + timedelta(days=1)), NOW)
+    rejected(
+        Reason.EXPIRED,
+        name,
+        data,
+        sig,
+        keyring_of(signer, valid_after=NOW + timedelta(days=1)),
+        NOW,
+    )
 
 
-def test_key_ids_compare_with_or_without_base64_padding(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_key_ids_compare_with_or_without_base64_padding(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     name, data, sig = signed
     env = dsse.decode(sig)
-    padded = dsse.encode(dsse.Envelope(env.payload_type, env.payload, (dsse.Signature(signer.keyid + "=", env.signatures[0].sig),)))
+    padded = dsse.encode(
+        dsse.Envelope(
+            env.payload_type,
+            env.payload,
+            (dsse.Signature(signer.keyid + "=", env.signatures[0].sig),),
+        )
+    )
     assert verify_plan(name, data, padded, keyring_of(signer), NOW).signers == ("key0",)
     revoked = keyring_of(signer).merged(Keyring(revoked=frozenset({signer.keyid})))
     rejected(Reason.REVOKED, name, data, padded, revoked, NOW)
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-    alias = signer.keyid[:-1] + alphabet[alphabet.index(signer.keyid[-1]) ^ 1]  # an unused low bit set
-    aliased = dsse.encode(dsse.Envelope(env.payload_type, env.payload, (dsse.Signature(alias, env.signatures[0].sig),)))
+    alias = (
+        signer.keyid[:-1] + alphabet[alphabet.index(signer.keyid[-1]) ^ 1]
+    )  # an unused low bit set
+    aliased = dsse.encode(
+        dsse.Envelope(
+            env.payload_type, env.payload, (dsse.Signature(alias, env.signatures[0].sig),)
+        )
+    )
     rejected(Reason.UNTRUSTED_KEY, name, data, aliased, keyring_of(signer), NOW)
 
 
-def test_at_most_sixteen_signatures(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_at_most_sixteen_signatures(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     """The bound holds even when every signature is valid: 17 is refused before any is checked."""
     name, data, sig = signed
     env = dsse.decode(sig)
-    sixteen = dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures * dsse.MAX_SIGNATURES))
+    sixteen = dsse.encode(
+        dsse.Envelope(env.payload_type, env.payload, env.signatures * dsse.MAX_SIGNATURES)
+    )
     verify_plan(name, data, sixteen, keyring_of(signer), NOW)
     seventeen = dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures * 17))
     assert dsse.MAX_SIGNATURES == 16
@@ -176,7 +219,9 @@ def test_unsigned(signer: Ed25519Signer) -> None:
     rejected(Reason.UNSIGNED, NAME, plan_bytes(), None, keyring_of(signer), NOW)
 
 
-def test_one_key_signing_twice_does_not_meet_threshold_two(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_one_key_signing_twice_does_not_meet_threshold_two(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     name, data, sig = signed
     env = dsse.decode(sig)
     twice = dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures * 2))
@@ -189,33 +234,52 @@ def test_one_key_signing_twice_does_not_meet_threshold_two(signer: Ed25519Signer
     assert len(vp.signers) == 2
 
 
-def test_co_signing_refuses_a_sidecar_for_other_bytes(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_co_signing_refuses_a_sidecar_for_other_bytes(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     name, _, sig = signed
     with pytest.raises(PlanCacheError) as info:
         add_signature(name, plan_bytes(kv=1), sig, make_signer())
     assert info.value.reason is Reason.DIGEST_MISMATCH
 
 
-def test_co_signing_replaces_an_own_entry_that_does_not_verify(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_co_signing_replaces_an_own_entry_that_does_not_verify(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     """A sidecar already naming the co-signer's key id beside garbage bytes is not 'done'."""
     name, data, sig = signed
     second = make_signer()
     env = dsse.decode(sig)
-    planted = dsse.encode(dsse.Envelope(env.payload_type, env.payload, env.signatures + (dsse.Signature(second.keyid, b"\0" * 64),)))
+    planted = dsse.encode(
+        dsse.Envelope(
+            env.payload_type,
+            env.payload,
+            env.signatures + (dsse.Signature(second.keyid, b"\0" * 64),),
+        )
+    )
     cosigned = add_signature(name, data, planted, second)
     assert cosigned != planted and len(dsse.decode(cosigned).signatures) == 2
-    assert len(verify_plan(name, data, cosigned, keyring_of(signer, second, threshold=2), NOW).signers) == 2
+    assert (
+        len(verify_plan(name, data, cosigned, keyring_of(signer, second, threshold=2), NOW).signers)
+        == 2
+    )
 
 
 def test_wrong_payload_type(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
     name, data, sig = signed
     env = dsse.decode(sig)
     other = "application/json"
-    resigned = dsse.Envelope(other, env.payload, (dsse.Signature(signer.keyid, signer.sign(dsse.pae(other, env.payload))),))
+    resigned = dsse.Envelope(
+        other,
+        env.payload,
+        (dsse.Signature(signer.keyid, signer.sign(dsse.pae(other, env.payload))),),
+    )
     rejected(Reason.MALFORMED, name, data, dsse.encode(resigned), keyring_of(signer), NOW)
 
 
-def test_oversized_inputs_are_refused_before_parsing(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_oversized_inputs_are_refused_before_parsing(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     name, data, sig = signed
     rejected(Reason.TOO_LARGE, name, data + b" " * 70_000, sig, keyring_of(signer), NOW)
     rejected(Reason.TOO_LARGE, name, data, sig + b" " * 70_000, keyring_of(signer), NOW)
@@ -237,7 +301,9 @@ def test_verified_plan_cannot_be_forged_by_callers() -> None:
     assert admit_unsigned(NAME, plan_bytes()).signers == ()
 
 
-def test_keyring_and_errors_pickle_for_process_pools(signer: Ed25519Signer, signed: tuple[str, bytes, bytes]) -> None:
+def test_keyring_and_errors_pickle_for_process_pools(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
     name, data, sig = signed
     keyring = pickle.loads(pickle.dumps(keyring_of(signer)))
     assert verify_plan(name, data, sig, keyring, NOW).signers == ("key0",)
@@ -247,13 +313,19 @@ def test_keyring_and_errors_pickle_for_process_pools(signer: Ed25519Signer, sign
 
 def test_statement_round_trip(signed: tuple[str, bytes, bytes]) -> None:
     st_ = parse_statement(dsse.decode(signed[2]).payload)
-    assert st_.subject_name == NAME and st_.fingerprint == FP and st_.expires_at == NOW + timedelta(days=30)
+    assert (
+        st_.subject_name == NAME
+        and st_.fingerprint == FP
+        and st_.expires_at == NOW + timedelta(days=30)
+    )
 
 
 # Fuzzing: hostile bytes only ever produce Rejected, with a reason that parser may give.
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
     max_leaves=20,
 )
 _PLAN_REASONS = {Reason.MALFORMED, Reason.TOO_LARGE, Reason.FINGERPRINT_MISMATCH}
@@ -273,18 +345,35 @@ def test_fuzz_plan_parser(data: bytes) -> None:
 
 _envelopes = st.fixed_dictionaries(
     {
-        "payload": st.one_of(st.text(max_size=40), st.binary(max_size=60).map(lambda b: base64.b64encode(b).decode()), _json_values),
+        "payload": st.one_of(
+            st.text(max_size=40),
+            st.binary(max_size=60).map(lambda b: base64.b64encode(b).decode()),
+            _json_values,
+        ),
         "payloadType": st.one_of(st.just(dsse.PAYLOAD_TYPE), st.text(max_size=10), _json_values),
         "signatures": st.one_of(
             _json_values,
-            st.lists(st.fixed_dictionaries({"keyid": st.text(max_size=10), "sig": st.binary(max_size=70).map(lambda b: base64.b64encode(b).decode())}), max_size=3),
+            st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "keyid": st.text(max_size=10),
+                        "sig": st.binary(max_size=70).map(lambda b: base64.b64encode(b).decode()),
+                    }
+                ),
+                max_size=3,
+            ),
         ),
     }
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=400) | _envelopes.map(lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")).encode() + b"\n"))
+@given(
+    st.binary(max_size=400)
+    | _envelopes.map(
+        lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    )
+)
 def test_fuzz_envelope_and_verifier(sig: bytes) -> None:
     keyring = keyring_of(make_signer())
     try:

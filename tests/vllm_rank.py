@@ -31,10 +31,11 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import Client
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import vllm_cpu
 from stolen_time import StolenClock
@@ -44,8 +45,16 @@ PROFILED_NON_KV = 3 * vllm_cpu.GIB
 PRELOAD = (
     # vLLM's and torch's own modules that main() imports (python -X importtime): never plancache's
     # (the plugin is loaded by each rank, as a worker loads it), nothing initialised
-    "torch", "torch.distributed", "vllm.plugins", "vllm.platforms", "vllm.config", "vllm.engine.arg_utils",
-    "vllm.distributed.parallel_state", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.startup_plan", "tokenizers",
+    "torch",
+    "torch.distributed",
+    "vllm.plugins",
+    "vllm.platforms",
+    "vllm.config",
+    "vllm.engine.arg_utils",
+    "vllm.distributed.parallel_state",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.startup_plan",
+    "tokenizers",
 )
 """What the ranks' zygote imports before it forks them (a module missing here costs time only)."""
 
@@ -63,8 +72,10 @@ def _profiling_with_collective(timeout_s: float, outcome: dict[str, Any]) -> Any
         try:
             work = dist.all_reduce(t, group=get_world_group().cpu_group, async_op=True)
             work.wait(timeout=timedelta(seconds=timeout_s))
-            outcome["collective"] = "ok" if int(t.item()) == get_world_group().world_size else f"sum {t.item()}"
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+            outcome["collective"] = (
+                "ok" if int(t.item()) == get_world_group().world_size else f"sum {t.item()}"
+            )
+        except Exception as exc:
             outcome["collective"] = f"{type(exc).__name__}: {str(exc)[:120]}"
         yield SimpleNamespace(
             total_consumed=2 * vllm_cpu.GIB,
@@ -116,7 +127,10 @@ def main() -> None:
         os.environ["VLLM_ENABLE_STARTUP_PLAN"] = "1"
         vllm_cpu.load_plugins_like_vllm()
         from vllm.config import set_current_vllm_config
-        from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.distributed.parallel_state import (
+            ensure_model_parallel_initialized,
+            init_distributed_environment,
+        )
         from vllm.v1.worker import gpu_worker, startup_plan
 
         vllm_cpu.pin_device()
@@ -126,14 +140,17 @@ def main() -> None:
         cfg.parallel_config.world_size = world
         with set_current_vllm_config(cfg):
             init_distributed_environment(
-                world_size=world, rank=rank_i, local_rank=rank_i,
-                distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo",
+                world_size=world,
+                rank=rank_i,
+                local_rank=rank_i,
+                distributed_init_method=f"tcp://127.0.0.1:{port}",
+                backend="gloo",
             )
             ensure_model_parallel_initialized(tp_i, pp_i)
         fp = startup_plan.compute_plan_fingerprint(cfg, rank_i, world)
         hooked = gpu_worker.maybe_apply_startup_plan.__module__ == "plancache.vllm_plugin.hooks"
         conn.send({"rank": rank_i, "fingerprint": fp, "pid": os.getpid(), "hooked": hooked})
-    except Exception:  # noqa: BLE001
+    except Exception:
         conn.send({"rank": rank_i, "error": traceback.format_exc()})
         return
 
@@ -147,7 +164,9 @@ def main() -> None:
             return
         if cmd["op"] == "die":
             os._exit(3)
-        if cmd["op"] == "quit":  # the test's teardown: the log flushed, no orderly shutdown to wait for
+        if (
+            cmd["op"] == "quit"
+        ):  # the test's teardown: the log flushed, no orderly shutdown to wait for
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
@@ -155,18 +174,29 @@ def main() -> None:
             from plancache.vllm_plugin.vote import agree
 
             vote = agree(cmd["mine"], cmd["budget"])
-            conn.send({"rank": rank_i, "all_yes": vote.all_yes, "noes": list(vote.noes), "error": vote.error,
-                       "world_size": vote.world_size})
+            conn.send(
+                {
+                    "rank": rank_i,
+                    "all_yes": vote.all_yes,
+                    "noes": list(vote.noes),
+                    "error": vote.error,
+                    "world_size": vote.world_size,
+                }
+            )
             continue
         try:
             for name in [n for n in os.environ if n.startswith("PLANCACHE_")]:
                 del os.environ[name]
             os.environ.update(cmd["env"])
             outcome: dict[str, Any] = {"collective": None}
-            gpu_worker.memory_profiling = _profiling_with_collective(cmd.get("collective_s", 10.0), outcome)
+            gpu_worker.memory_profiling = _profiling_with_collective(
+                cmd.get("collective_s", 10.0), outcome
+            )
             keep.lines.clear()
             voted.clear()
-            worker = vllm_cpu.make_worker(gpu_worker.Worker, cfg, free=cmd.get("free", vllm_cpu.FREE))
+            worker = vllm_cpu.make_worker(
+                gpu_worker.Worker, cfg, free=cmd.get("free", vllm_cpu.FREE)
+            )
             worker.rank = worker.local_rank = rank_i
             if cmd.get("prefetch"):
                 worker.load_model()
@@ -184,7 +214,7 @@ def main() -> None:
                 outcome["push"] = boot.push_result
             outcome["lines"] = list(keep.lines)
             conn.send(outcome)
-        except Exception:  # noqa: BLE001
+        except Exception:
             conn.send({"rank": rank_i, "error": traceback.format_exc()})
 
 

@@ -51,6 +51,7 @@ __all__ = sorted(_EXPORTS)
 """(Their types are in ``__init__.pyi``: a stub costs the many processes that import this
 package nothing.)"""
 
+
 def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:

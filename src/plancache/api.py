@@ -22,8 +22,9 @@ cannot be listed, a bad URL) and report each plan's own outcome in its result.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .pipeline.audit import PlanReport, audit_location
 from .pipeline.locations import BULK_TIMEOUT, local_dir, open_url, storage_options_for
@@ -55,8 +56,14 @@ def verify_location(
     jobs: int | None = None,
 ) -> list[PlanReport]:
     """One report per plan in a directory (default: vLLM's plan directory) or store URL."""
-    _, reports = audit_location(location, _policy(trust), utcnow(), storage_options=storage_options_for(storage_options),
-                                timeout=timeout, jobs=jobs)
+    _, reports = audit_location(
+        location,
+        _policy(trust),
+        utcnow(),
+        storage_options=storage_options_for(storage_options),
+        timeout=timeout,
+        jobs=jobs,
+    )
     return reports
 
 
@@ -71,6 +78,8 @@ def pull(
     """Fetch, verify and write (atomically, only verified bytes) the store's plans into
     ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints."""
     deadline = time.monotonic() + (budget := checked_budget(timeout, BULK_TIMEOUT))
-    store = open_url(url, storage_options_for(storage_options), budget, deadline)  # opening counts, as in the CLI
+    store = open_url(
+        url, storage_options_for(storage_options), budget, deadline
+    )  # opening counts, as in the CLI
     resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), store)
     return list(resolver.pull(fingerprints, deadline))

@@ -76,15 +76,19 @@ def compile_cache_switch(value: str | None) -> tuple[bool, str]:
     if word in SWITCH_ON or word in SWITCH_OFF:
         return word in SWITCH_ON, ""
     shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
-    return True, (f"{COMPILE_CACHE_ENV}={shown} is not one of {'/'.join(SWITCH_ON + SWITCH_OFF)}: "
-                  "the compile-cache guard stays on")
+    return True, (
+        f"{COMPILE_CACHE_ENV}={shown} is not one of {'/'.join(SWITCH_ON + SWITCH_OFF)}: "
+        "the compile-cache guard stays on"
+    )
 
 
 def parse_key_value(item: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""
     key, sep, raw = item.partition("=")
     if not sep or not key:  # the item itself is not shown: it may be a credential
-        raise ValueError(f"an item of {len(item)} characters is not KEY=VALUE (not shown: it may hold a secret)")
+        raise ValueError(
+            f"an item of {len(item)} characters is not KEY=VALUE (not shown: it may hold a secret)"
+        )
     try:
         return key, json.loads(raw)
     except RecursionError:

@@ -56,16 +56,22 @@ def _report() -> None:
     counter_module = sys.modules.get("vllm.compilation.counter")
     counters = {}
     if counter_module is not None:
-        counters = {k: v for k, v in vars(counter_module.compilation_counter).items() if isinstance(v, int)}
+        counters = {
+            k: v for k, v in vars(counter_module.compilation_counter).items() if isinstance(v, int)
+        }
     codecache = sys.modules.get("torch._inductor.codecache")
     report = {
         "pid": os.getpid(),
         "argv": sys.argv[:3],
         "counters": counters,
-        "plancache_modules": sorted(m for m in sys.modules if m == "plancache" or m.startswith("plancache.")),
+        "plancache_modules": sorted(
+            m for m in sys.modules if m == "plancache" or m.startswith("plancache.")
+        ),
         "patched": {
             "aot_load": _patched("vllm.compilation.decorators", "_try_load_aot_compiled_fn"),
-            "initialize_cache": _patched("vllm.compilation.backends", "CompilerManager.initialize_cache"),
+            "initialize_cache": _patched(
+                "vllm.compilation.backends", "CompilerManager.initialize_cache"
+            ),
             "apply_plan": _patched("vllm.v1.worker.startup_plan", "maybe_apply_startup_plan"),
             "save_plan": _patched("vllm.v1.worker.startup_plan", "maybe_save_startup_plan"),
         },
@@ -88,7 +94,7 @@ def _every_half_second() -> None:
         time.sleep(0.5)
         try:
             _report()
-        except Exception:  # noqa: BLE001 - a probe never disturbs the engine
+        except Exception:
             pass
 
 

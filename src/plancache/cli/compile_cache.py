@@ -31,9 +31,9 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from ..pipeline.compile_cache import flows
 from ..pipeline.locations import BULK_TIMEOUT, require_push_target
@@ -50,8 +50,10 @@ from .output import print_table, report
 
 EXIT_REJECTED, EXIT_CONFIG = 1, 2
 HEADERS = ("cache", "action", "files", "MiB", "signers", "reason", "detail")
-DEBUG_DETAIL = ("vLLM's debug dump beside the AOT cache (computation_graph.py, cache_key_factors.json): "
-                "vLLM never reads it; unsigned, not pushed, still guarded at boot")
+DEBUG_DETAIL = (
+    "vLLM's debug dump beside the AOT cache (computation_graph.py, cache_key_factors.json): "
+    "vLLM never reads it; unsigned, not pushed, still guarded at boot"
+)
 STOPPED = frozenset({Reason.TIMEOUT, Reason.LOCK_UNAVAILABLE, Reason.UNSAFE_DIRECTORY})
 """Reasons that also get one line on stderr: a wait that ran out or a lock that cannot be taken
 safely is the node's state, not the cache's, and a script reading only stderr must see it."""
@@ -68,7 +70,9 @@ def _places(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if second is not None:
         root, url = (first, second) if command == "push" else (second, first)
         if "://" not in url:
-            raise ConfigError(f"'{safe_text(url, 200)}' is not a store URL (e.g. s3://bucket/prefix)")
+            raise ConfigError(
+                f"'{safe_text(url, 200)}' is not a store URL (e.g. s3://bucket/prefix)"
+            )
     elif first is not None:
         url, root = (first, None) if "://" in first else (None, first)
     if args.url and url and args.url != url:
@@ -98,7 +102,9 @@ def _debug_dump(root: flows.CacheRoot, subject: str) -> flows.CacheOutcome | Non
     except PlanCacheError:
         return None
     files = {path: size for path, size in listing.items() if size is not None}
-    if not files or any(not p.startswith("rank_") or p.rsplit("/", 1)[-1] not in cachedir.DEBUG_FILES for p in files):
+    if not files or any(
+        not p.startswith("rank_") or p.rsplit("/", 1)[-1] not in cachedir.DEBUG_FILES for p in files
+    ):
         return None
     return flows.CacheOutcome(subject, "debug", "", DEBUG_DETAIL, len(files), sum(files.values()))
 
@@ -117,11 +123,16 @@ def _store(args: argparse.Namespace) -> Store:
     url = _places(args)[1] or os.environ.get(URL_ENV)
     if not url or "://" not in url:
         raise ConfigError(f"no store URL: pass URL (or --url) s3://bucket/prefix, or set {URL_ENV}")
-    return open_store(url, storage_options(args), timeout=BULK_TIMEOUT if args.timeout is None else args.timeout)
+    return open_store(
+        url, storage_options(args), timeout=BULK_TIMEOUT if args.timeout is None else args.timeout
+    )
 
 
-def _each(subjects: list[str], flow: Callable[[str], flows.CacheOutcome],
-          root: flows.CacheRoot | None = None) -> list[flows.CacheOutcome]:
+def _each(
+    subjects: list[str],
+    flow: Callable[[str], flows.CacheOutcome],
+    root: flows.CacheRoot | None = None,
+) -> list[flows.CacheOutcome]:
     """Run ``flow`` per cache; a rejection is a row, a store error a row that makes exit 2.
     With ``root``, vLLM's debug dump is a ``debug`` row and ``flow`` does not run on it."""
     outcomes = []
@@ -131,39 +142,93 @@ def _each(subjects: list[str], flow: Callable[[str], flows.CacheOutcome],
             outcomes.append(dump or flow(subject))
         except PlanCacheError as exc:
             if exc.reason in STOPPED and not isinstance(exc, Rejected):
-                print(f"plancache: error: {safe_text(subject, 200)}: {exc.reason.value}: {safe_text(exc.detail, 500)}",
-                      file=sys.stderr)
-            outcomes.append(flows.CacheOutcome(subject, "rejected" if isinstance(exc, Rejected) else "error",
-                                               exc.reason.value, exc.detail))
+                print(
+                    f"plancache: error: {safe_text(subject, 200)}: {exc.reason.value}: {safe_text(exc.detail, 500)}",
+                    file=sys.stderr,
+                )
+            outcomes.append(
+                flows.CacheOutcome(
+                    subject,
+                    "rejected" if isinstance(exc, Rejected) else "error",
+                    exc.reason.value,
+                    exc.detail,
+                )
+            )
     return outcomes
 
 
-def _report(args: argparse.Namespace, outcomes: list[flows.CacheOutcome], listing: bool = False) -> int:
+def _report(
+    args: argparse.Namespace, outcomes: list[flows.CacheOutcome], listing: bool = False
+) -> int:
     """Print the rows (or the JSON report) and return the exit code; ``ls`` without keys only
     describes, so an unverified cache is no failure there."""
-    code = EXIT_CONFIG if any(o.action == "error" for o in outcomes) else (
-        EXIT_REJECTED if not listing and any(not o.ok for o in outcomes) else 0)
+    code = (
+        EXIT_CONFIG
+        if any(o.action == "error" for o in outcomes)
+        else (EXIT_REJECTED if not listing and any(not o.ok for o in outcomes) else 0)
+    )
     if args.json:
-        report(args, code == 0, action=args.compile_command, caches=[{
-            "cache": o.subject, "action": o.action, "ok": o.ok and o.action != "error", "reason": o.reason or None,
-            "detail": o.detail or None, "files": o.files, "bytes": o.size, "signers": list(o.signers),
-        } for o in outcomes])
+        report(
+            args,
+            code == 0,
+            action=args.compile_command,
+            caches=[
+                {
+                    "cache": o.subject,
+                    "action": o.action,
+                    "ok": o.ok and o.action != "error",
+                    "reason": o.reason or None,
+                    "detail": o.detail or None,
+                    "files": o.files,
+                    "bytes": o.size,
+                    "signers": list(o.signers),
+                }
+                for o in outcomes
+            ],
+        )
     else:
-        print_table([(o.subject, o.action, o.files or "", f"{o.size / 2**20:.1f}" if o.size else "",
-                      ", ".join(o.signers), o.reason, o.detail) for o in outcomes], HEADERS)
+        print_table(
+            [
+                (
+                    o.subject,
+                    o.action,
+                    o.files or "",
+                    f"{o.size / 2**20:.1f}" if o.size else "",
+                    ", ".join(o.signers),
+                    o.reason,
+                    o.detail,
+                )
+                for o in outcomes
+            ],
+            HEADERS,
+        )
     return code
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
     root, signer, now = _root(args), required_signer(args), utcnow()
     wait = cachedir.LOCK_WAIT if args.timeout is None else args.timeout
-    return _report(args, _each(_subjects(args, root.subjects()), lambda s: flows.sign_cache(
-        root, s, signer, now, expires_in=args.expires_in, comment=args.comment, wait=wait)))
+    return _report(
+        args,
+        _each(
+            _subjects(args, root.subjects()),
+            lambda s: flows.sign_cache(
+                root, s, signer, now, expires_in=args.expires_in, comment=args.comment, wait=wait
+            ),
+        ),
+    )
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     root, keyring, now = _root(args), _keyring(args), utcnow()
-    return _report(args, _each(_subjects(args, root.subjects()), lambda s: flows.verify_cache(root, s, keyring, now), root))
+    return _report(
+        args,
+        _each(
+            _subjects(args, root.subjects()),
+            lambda s: flows.verify_cache(root, s, keyring, now),
+            root,
+        ),
+    )
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -171,7 +236,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.trusted_keys or os.environ.get("PLANCACHE_TRUSTED_KEYS"):
         return cmd_verify(args)
 
-    outcomes = _each(_subjects(args, root.subjects()), lambda s: flows.describe_cache(root, s), root)
+    outcomes = _each(
+        _subjects(args, root.subjects()), lambda s: flows.describe_cache(root, s), root
+    )
     return _report(args, outcomes, listing=True)
 
 
@@ -181,9 +248,16 @@ def cmd_push(args: argparse.Namespace) -> int:
     store = _store(args)
     require_push_target(store)
     deadline = time.monotonic() + store.timeout
-    return _report(args, _each(_subjects(args, root.subjects()),
-                               lambda s: flows.push_cache(store, root, s, keyring, now, deadline=deadline,
-                                                          wait=store.timeout), root))
+    return _report(
+        args,
+        _each(
+            _subjects(args, root.subjects()),
+            lambda s: flows.push_cache(
+                store, root, s, keyring, now, deadline=deadline, wait=store.timeout
+            ),
+            root,
+        ),
+    )
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -193,13 +267,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])
 
     def pull(subject: str) -> flows.CacheOutcome:
-        outcome = flows.pull_cache(store, root, subject, keyring, now, deadline=deadline, wait=store.timeout)
-        return _with_headers(outcome, store, root, keyring) if outcome.action in ("pulled", "kept") else outcome
+        outcome = flows.pull_cache(
+            store, root, subject, keyring, now, deadline=deadline, wait=store.timeout
+        )
+        return (
+            _with_headers(outcome, store, root, keyring)
+            if outcome.action in ("pulled", "kept")
+            else outcome
+        )
 
     return _report(args, _each(subjects, pull))
 
 
-def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRoot, keyring: Keyring) -> flows.CacheOutcome:
+def _with_headers(
+    outcome: flows.CacheOutcome, store: Store, root: flows.CacheRoot, keyring: Keyring
+) -> flows.CacheOutcome:
     """A pulled (or kept) cache's precompiled headers into the node's private headers directory,
     within their own budget; what happened is noted in the row's detail (torch builds what is
     not installed, so it is never a failure of the pull). Bound to the cache now on disk: a pull
@@ -215,10 +297,25 @@ def _with_headers(outcome: flows.CacheOutcome, store: Store, root: flows.CacheRo
     except StoreError as exc:
         note = f"headers: none (no private directory: {exc.detail})"
         return replace(outcome, detail=f"{outcome.detail}; {note}" if outcome.detail else note)
-    got = pull_headers(store, outcome.subject, keyring, utcnow(), private.parent, private / HEADERS_SUBDIR,
-                       cache_archive_sha256=outcome.archive_sha256 or None,
-                       deadline=time.monotonic() + max(store.timeout, HEADERS_TIMEOUT))
-    note = f"headers: {got.action}" + (f" {len(got.installed)} ({got.size} bytes)" if got.installed else "") + (
-        f" ({got.reason}: {got.detail})" if got.reason else f" ({got.detail})" if got.detail else "")
+    got = pull_headers(
+        store,
+        outcome.subject,
+        keyring,
+        utcnow(),
+        private.parent,
+        private / HEADERS_SUBDIR,
+        cache_archive_sha256=outcome.archive_sha256 or None,
+        deadline=time.monotonic() + max(store.timeout, HEADERS_TIMEOUT),
+    )
+    note = (
+        f"headers: {got.action}"
+        + (f" {len(got.installed)} ({got.size} bytes)" if got.installed else "")
+        + (
+            f" ({got.reason}: {got.detail})"
+            if got.reason
+            else f" ({got.detail})"
+            if got.detail
+            else ""
+        )
+    )
     return replace(outcome, detail=f"{outcome.detail}; {note}" if outcome.detail else note)
-

@@ -54,32 +54,65 @@ def run(args: argparse.Namespace) -> int:
 
         ci_plans = LocalPlanDir(root / "ci" / "vllm-cache" / "startup_plan")
         good = Plan(DEMO_FINGERPRINT, kv_cache_memory_bytes=38 * GIB, free_memory_baseline=70 * GIB)
-        other = Plan(TAMPERED_FINGERPRINT, kv_cache_memory_bytes=12 * GIB, free_memory_baseline=70 * GIB)
+        other = Plan(
+            TAMPERED_FINGERPRINT, kv_cache_memory_bytes=12 * GIB, free_memory_baseline=70 * GIB
+        )
         for plan in (good, other):
             ci_plans.write(plan.fingerprint, render_plan(plan), None)
-        step(f"CI bake: a profiling boot wrote {ci_plans.path / plan_name(good.fingerprint)} (as vLLM 0.33 writes it)")
+        step(
+            f"CI bake: a profiling boot wrote {ci_plans.path / plan_name(good.fingerprint)} (as vLLM 0.33 writes it)"
+        )
         print(f"    {render_plan(good).decode()}")
 
         step(f"CI bake: sign with the CI key and push to {store_url}")
-        code = _plancache("push", "--key", str(root / "ci-key"), "--fact", "gpu_memory_utilization=0.9",
-                          "--fact", "device_name=NVIDIA H100 80GB HBM3", "--fact", f"device_total_memory={80 * GIB}",
-                          *options, str(ci_plans.path), store_url)
+        code = _plancache(
+            "push",
+            "--key",
+            str(root / "ci-key"),
+            "--fact",
+            "gpu_memory_utilization=0.9",
+            "--fact",
+            "device_name=NVIDIA H100 80GB HBM3",
+            "--fact",
+            f"device_total_memory={80 * GIB}",
+            *options,
+            str(ci_plans.path),
+            store_url,
+        )
         if code != 0:
             return code
 
         from ..storage.store import open_store
 
         store = open_store(store_url, dict(key_value(o) for o in args.storage_option), timeout=30)
-        hostile = Plan(TAMPERED_FINGERPRINT, kv_cache_memory_bytes=69 * GIB, free_memory_baseline=70 * GIB)
+        hostile = Plan(
+            TAMPERED_FINGERPRINT, kv_cache_memory_bytes=69 * GIB, free_memory_baseline=70 * GIB
+        )
         store.put_many({plan_name(TAMPERED_FINGERPRINT): render_plan(hostile)})
-        step(f"attacker: rewrote {plan_name(TAMPERED_FINGERPRINT)} in the store with kv_cache_memory_bytes=69 GiB")
+        step(
+            f"attacker: rewrote {plan_name(TAMPERED_FINGERPRINT)} in the store with kv_cache_memory_bytes=69 GiB"
+        )
 
         spot = LocalPlanDir(root / "spot" / "vllm-cache" / "startup_plan")
-        step("spot boot: pull the node's fingerprints, verified, into its plan directory (3 s budget)")
-        code = _plancache("pull", "--trusted-keys", str(root / "ci-key.pub"), "--fingerprint", DEMO_FINGERPRINT,
-                          "--fingerprint", TAMPERED_FINGERPRINT, *options, store_url, str(spot.path))
-        print(f"    exit code {code} (1: a plan was rejected); spot directory holds: "
-              f"{', '.join(sorted(p.name for p in spot.path.iterdir()))}")
+        step(
+            "spot boot: pull the node's fingerprints, verified, into its plan directory (3 s budget)"
+        )
+        code = _plancache(
+            "pull",
+            "--trusted-keys",
+            str(root / "ci-key.pub"),
+            "--fingerprint",
+            DEMO_FINGERPRINT,
+            "--fingerprint",
+            TAMPERED_FINGERPRINT,
+            *options,
+            store_url,
+            str(spot.path),
+        )
+        print(
+            f"    exit code {code} (1: a plan was rejected); spot directory holds: "
+            f"{', '.join(sorted(p.name for p in spot.path.iterdir()))}"
+        )
 
         found = Resolver(spot, trust_policy(str(root / "ci-key.pub"))).local(DEMO_FINGERPRINT)
         verified = found.verified
@@ -89,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
         step(f"vLLM worker boot: the local plan verifies, signed by {', '.join(verified.signers)}")
         for free in (80 * GIB, 60 * GIB):
             d = decide(verified, free_memory=free, conditions={"gpu_memory_utilization": 0.9})
-            verdict = f"apply kv_cache_memory_bytes={d.kv_cache_memory_bytes}" if d.applied else "profile as usual"
+            verdict = (
+                f"apply kv_cache_memory_bytes={d.kv_cache_memory_bytes}"
+                if d.applied
+                else "profile as usual"
+            )
             step(f"gate at {free // GIB} GiB free: {d.reason} -> {verdict}")
             if d.detail:
                 print(f"    {d.detail}")

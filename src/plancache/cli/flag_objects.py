@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, STORAGE_OPTIONS_ENV, TRUSTED_KEYS_ENV
 from ..trust.errors import ConfigError
@@ -25,23 +26,29 @@ if TYPE_CHECKING:
 
 def add_trust_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--trusted-keys", metavar="PATH",
+        "--trusted-keys",
+        metavar="PATH",
         help=f"trusted-keys file or directory of .pub files (default: ${TRUSTED_KEYS_ENV})",
     )
     parser.add_argument(
-        "--threshold", type=positive_int, default=1, help="distinct trusted keys that must sign (default 1)"
+        "--threshold",
+        type=positive_int,
+        default=1,
+        help="distinct trusted keys that must sign (default 1)",
     )
 
 
 def add_cosign_options(parser: argparse.ArgumentParser) -> None:
     """What signing needs to co-sign safely: shared by ``sign`` and ``push --key``."""
     parser.add_argument(
-        "--trusted-keys", metavar="PATH",
+        "--trusted-keys",
+        metavar="PATH",
         help="an existing signature is co-signed only if it verifies under these keys and says what this "
         f"command would sign (default: ${TRUSTED_KEYS_ENV})",
     )
     parser.add_argument(
-        "--replace", action="store_true",
+        "--replace",
+        action="store_true",
         help="sign anew with this key alone where an existing signature cannot be adopted",
     )
 
@@ -49,20 +56,32 @@ def add_cosign_options(parser: argparse.ArgumentParser) -> None:
 def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:
     """``--storage-option`` and ``--timeout``: shared by every command that takes a URL."""
     parser.add_argument(
-        "--storage-option", type=key_value, action="append", metavar="KEY=VALUE",
+        "--storage-option",
+        type=key_value,
+        action="append",
+        metavar="KEY=VALUE",
         help="fsspec storage option, VALUE parsed as JSON where it parses, e.g. "
         f"endpoint_url=http://127.0.0.1:9000 or anon=true (repeatable; wins over ${STORAGE_OPTIONS_ENV} "
         "and plancache's defaults)",
     )
     parser.add_argument(
-        "--timeout", type=float, metavar="SECONDS",
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
         help=timeout_help or f"overall budget of each store operation (default {BULK_TIMEOUT:g} s)",
     )
     s3 = parser.add_argument_group("S3 (as aws-cli names them; shorthands for storage options)")
-    s3.add_argument("--endpoint-url", metavar="URL", help="S3-compatible endpoint, e.g. http://minio:9000 "
-                    "(storage option endpoint_url)")
-    s3.add_argument("--profile", metavar="NAME", help="AWS profile of ~/.aws/config (storage option profile)")
-    s3.add_argument("--region", metavar="REGION", help="AWS region (storage option client_kwargs.region_name)")
+    s3.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        help="S3-compatible endpoint, e.g. http://minio:9000 (storage option endpoint_url)",
+    )
+    s3.add_argument(
+        "--profile", metavar="NAME", help="AWS profile of ~/.aws/config (storage option profile)"
+    )
+    s3.add_argument(
+        "--region", metavar="REGION", help="AWS region (storage option client_kwargs.region_name)"
+    )
 
 
 PLACES = {"push": ("dir", "url"), "pull": ("url", "dir"), "sign": ("dir",)}
@@ -77,15 +96,25 @@ def check_places(args: argparse.Namespace) -> None:
     order = PLACES[args.command]
     usage = f"plancache {args.command} {' '.join(n.upper() for n in order)}"
     values = {name: getattr(args, name) for name in order}
-    wrong = [name for name, value in values.items() if value is not None and is_url(value) != (name == "url")]
+    wrong = [
+        name
+        for name, value in values.items()
+        if value is not None and is_url(value) != (name == "url")
+    ]
     if len(wrong) == 2:
-        raise ConfigError(f"DIR and URL are swapped: {usage} (got the store URL {values['dir']!r} as DIR and "
-                          f"{values['url']!r} as URL)")
+        raise ConfigError(
+            f"DIR and URL are swapped: {usage} (got the store URL {values['dir']!r} as DIR and "
+            f"{values['url']!r} as URL)"
+        )
     if wrong == ["dir"]:
-        raise ConfigError(f"DIR {values['dir']!r} is a store URL, not a local plan directory ({usage})")
+        raise ConfigError(
+            f"DIR {values['dir']!r} is a store URL, not a local plan directory ({usage})"
+        )
     if wrong == ["url"]:
-        raise ConfigError(f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, gs://bucket/prefix "
-                          f"or file:///path ({usage})")
+        raise ConfigError(
+            f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, gs://bucket/prefix "
+            f"or file:///path ({usage})"
+        )
 
 
 def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
@@ -99,7 +128,7 @@ def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
     return wanted
 
 
-def required_policy(args: argparse.Namespace) -> "TrustPolicy":
+def required_policy(args: argparse.Namespace) -> TrustPolicy:
     """The signed policy the command needs; one line when no trusted keys are named."""
     from ..pipeline.trust_config import keys_source, trust_policy
 
@@ -109,7 +138,7 @@ def required_policy(args: argparse.Namespace) -> "TrustPolicy":
     return trust_policy(source, args.threshold)
 
 
-def optional_policy(args: argparse.Namespace) -> "TrustPolicy | None":
+def optional_policy(args: argparse.Namespace) -> TrustPolicy | None:
     """The signed policy when trusted keys are named, else None (values shown unverified)."""
     from ..pipeline.trust_config import keys_source, trust_policy
 
@@ -117,9 +146,8 @@ def optional_policy(args: argparse.Namespace) -> "TrustPolicy | None":
     return trust_policy(source, getattr(args, "threshold", 1)) if source else None
 
 
-def required_signer(args: argparse.Namespace) -> "Signer":
+def required_signer(args: argparse.Namespace) -> Signer:
     from ..pipeline.trust_config import signer_for
-
     from .keys_cmd import terminal_prompt
 
     signer = signer_for(args.key, prompt=terminal_prompt())
@@ -128,7 +156,7 @@ def required_signer(args: argparse.Namespace) -> "Signer":
     return signer
 
 
-def signing_request(args: argparse.Namespace) -> "SigningRequest":
+def signing_request(args: argparse.Namespace) -> SigningRequest:
     """What ``sign``/``push --key`` would sign; absent flags are "not asked" (None)."""
     from ..pipeline.directory_signing import SigningRequest
     from ..pipeline.trust_config import keys_source, load_trusted_keys
@@ -137,8 +165,12 @@ def signing_request(args: argparse.Namespace) -> "SigningRequest":
     keyring = load_trusted_keys(source) if source else None
     facts = dict(args.fact) if args.fact else None
     _check_fact_names(facts or {})
-    inputs, parts = fingerprint_inputs_file(args.inputs) if getattr(args, "inputs", None) else (None, None)
-    return SigningRequest(args.expires_in, args.comment, facts, keyring, args.replace, inputs, parts)
+    inputs, parts = (
+        fingerprint_inputs_file(args.inputs) if getattr(args, "inputs", None) else (None, None)
+    )
+    return SigningRequest(
+        args.expires_in, args.comment, facts, keyring, args.replace, inputs, parts
+    )
 
 
 MAX_INPUTS_FILE = 4 * 2**20
@@ -160,15 +192,23 @@ def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[
         doc = strictjson.loads(data, path) if data is not None else None
         ranks = doc.get("ranks") if isinstance(doc, dict) else None
         if not isinstance(ranks, list) or not ranks:
-            raise ConfigError(f"--inputs {path}: not the JSON of plancache fingerprint --json (no ranks)")
+            raise ConfigError(
+                f"--inputs {path}: not the JSON of plancache fingerprint --json (no ranks)"
+            )
         found = {}
         for entry in ranks:
-            factors = check_inputs(entry.get("factors") if isinstance(entry, dict) else None, "--inputs factors")
+            factors = check_inputs(
+                entry.get("factors") if isinstance(entry, dict) else None, "--inputs factors"
+            )
             if fingerprint_of_inputs(factors) != entry.get("fingerprint"):
-                raise ConfigError(f"--inputs {path}: the factors of rank {entry.get('rank')} do not hash to its fingerprint")
+                raise ConfigError(
+                    f"--inputs {path}: the factors of rank {entry.get('rank')} do not hash to its fingerprint"
+                )
             found[entry["fingerprint"]] = factors
         parts = doc.get("config_parts")
-        return found, check_inputs(parts, "--inputs config_parts") if isinstance(parts, dict) else None
+        return found, check_inputs(parts, "--inputs config_parts") if isinstance(
+            parts, dict
+        ) else None
     except ConfigError:
         raise
     except PlanCacheError as exc:
@@ -182,11 +222,15 @@ def _check_fact_names(facts: Mapping[str, Any]) -> None:
 
     for key in facts:
         if key not in PROVENANCE_KEYS:
-            raise ConfigError(f"unknown --fact {key!r}{did_you_mean(key, PROVENANCE_KEYS)} "
-                              f"(known facts: {', '.join(sorted(PROVENANCE_KEYS))})")
+            raise ConfigError(
+                f"unknown --fact {key!r}{did_you_mean(key, PROVENANCE_KEYS)} "
+                f"(known facts: {', '.join(sorted(PROVENANCE_KEYS))})"
+            )
 
 
-def storage_options(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def storage_options(
+    args: argparse.Namespace, env: Mapping[str, str] = os.environ
+) -> dict[str, Any]:
     """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags."""
     from ..pipeline.locations import storage_options_for
 
@@ -202,12 +246,16 @@ def _s3_shorthands(args: argparse.Namespace, options: Mapping[str, Any]) -> dict
     given = {flag: getattr(args, flag, None) for flag in ("endpoint_url", "profile", "region")}
     if not any(given.values()):
         return {}
-    url = next((v for v in (getattr(args, a, None) for a in ("url", "location", "file")) if is_url(v)), "")
+    url = next(
+        (v for v in (getattr(args, a, None) for a in ("url", "location", "file")) if is_url(v)), ""
+    )
     scheme = str(url).partition("://")[0].lower()
     for flag in ("profile", "region"):
         if given[flag] and scheme not in ("s3", "s3a"):
-            raise ConfigError(f"--{flag} is for s3:// URLs, not {scheme or 'a local directory'} "
-                              "(use --storage-option for other stores)")
+            raise ConfigError(
+                f"--{flag} is for s3:// URLs, not {scheme or 'a local directory'} "
+                "(use --storage-option for other stores)"
+            )
     extra: dict[str, Any] = {}
     if given["endpoint_url"]:
         extra["endpoint_url"] = given["endpoint_url"]
@@ -215,5 +263,8 @@ def _s3_shorthands(args: argparse.Namespace, options: Mapping[str, Any]) -> dict
         extra["profile"] = given["profile"]
     if given["region"]:
         client = options.get("client_kwargs")
-        extra["client_kwargs"] = {**(client if isinstance(client, Mapping) else {}), "region_name": given["region"]}
+        extra["client_kwargs"] = {
+            **(client if isinstance(client, Mapping) else {}),
+            "region_name": given["region"],
+        }
     return extra

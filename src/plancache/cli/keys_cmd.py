@@ -19,6 +19,7 @@ from ..trust.keyring.keyformat import openssh_line
 from ..trust.keyring.keys import check_key_name
 from .output import report
 
+
 def terminal_prompt() -> Prompt | None:
     """``getpass`` when a person is at a terminal; None in CI (no stdin), so nothing waits."""
     return getpass.getpass if sys.stdin is not None and sys.stdin.isatty() else None

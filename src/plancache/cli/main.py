@@ -14,7 +14,8 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..trust.display import safe_text
@@ -35,7 +36,9 @@ class Parser(argparse.ArgumentParser):
     json_requested = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)  # ``--trusted-key`` is a typo, never a prefix taken silently
+        kwargs.setdefault(
+            "allow_abbrev", False
+        )  # ``--trusted-key`` is a typo, never a prefix taken silently
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
@@ -52,7 +55,11 @@ class Parser(argparse.ArgumentParser):
             from .output import document, print_json
 
             command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
-            print_json(document(command, False, error=("usage-error", f"{message} (see {self.prog} --help)")))
+            print_json(
+                document(
+                    command, False, error=("usage-error", f"{message} (see {self.prog} --help)")
+                )
+            )
         # One line, like every other error (argparse would print the whole usage first).
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -99,7 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict); every line on stderr is redacted (no credential from a URL or key reference,
     whoever wrote the line: argparse, an SDK's message, a summary)."""
     stdout, stderr = sys.stdout, sys.stderr
-    own = private_stdout(stdout, stderr) if argv is None else stdout  # the process's CLI: native writes to stderr
+    own = (
+        private_stdout(stdout, stderr) if argv is None else stdout
+    )  # the process's CLI: native writes to stderr
     sys.stdout = ClosedPipeSafe(own)  # type: ignore[assignment]
     sys.stderr = RedactedLines(stderr)  # type: ignore[assignment]
     try:
@@ -120,14 +129,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         return parser.parse_args(argv)
     except SystemExit:
         raise
-    except Exception as exc:  # noqa: BLE001 - a value argparse did not anticipate
+    except Exception as exc:
         parser.error(f"invalid argument ({type(exc).__name__}: {safe_text(exc, 120)})")
 
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    complete(parser)  # the shell asking for completions (plancache completion bash|zsh): answers and exits
+    complete(
+        parser
+    )  # the shell asking for completions (plancache completion bash|zsh): answers and exits
     if not argv:
         parser.print_help()
         return 0
@@ -163,9 +174,21 @@ def _main(argv: Sequence[str] | None) -> int:
         return _internal(exc, fail)
 
 
-OPTIONAL_EXTRAS = {"PyKCS11": "pkcs11", "s3fs": "s3", "aiobotocore": "s3", "botocore": "s3", "boto3": "s3",
-                   "gcsfs": "gcs", "google.cloud.storage": "gcs", "google.cloud.kms": "gcpkms",
-                   "google.cloud.kms_v1": "gcpkms", "adlfs": "azure", "azure": "azure", "vllm": "vllm", "torch": "vllm"}
+OPTIONAL_EXTRAS = {
+    "PyKCS11": "pkcs11",
+    "s3fs": "s3",
+    "aiobotocore": "s3",
+    "botocore": "s3",
+    "boto3": "s3",
+    "gcsfs": "gcs",
+    "google.cloud.storage": "gcs",
+    "google.cloud.kms": "gcpkms",
+    "google.cloud.kms_v1": "gcpkms",
+    "adlfs": "azure",
+    "azure": "azure",
+    "vllm": "vllm",
+    "torch": "vllm",
+}
 """Each optional dependency, by the module a missing one is reported as, and the extra that
 installs it (pyproject.toml). boto3 is in ``[s3]`` and ``[awskms]``; ``[s3]`` is named."""
 
@@ -186,7 +209,11 @@ def _internal(exc: BaseException, fail: Callable[..., None]) -> int:
         import traceback
 
         traceback.print_exception(exc)
-    fail("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)", "internal error")
+    fail(
+        "internal-error",
+        f"{type(exc).__name__}: {safe_text(exc, 300)} (PLANCACHE_DEBUG=1 shows more)",
+        "internal error",
+    )
     return EXIT_CONFIG
 
 

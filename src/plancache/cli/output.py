@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 from ..trust.display import redact, safe_text
 
@@ -56,8 +57,12 @@ def print_json(obj: Any, out: TextIO | None = None) -> None:
     out.flush()
 
 
-def document(command: str | None, ok: bool, body: dict[str, Any] | None = None,
-             error: tuple[str, str] | None = None) -> dict[str, Any]:
+def document(
+    command: str | None,
+    ok: bool,
+    body: dict[str, Any] | None = None,
+    error: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """The report: shared top level first, the command's own keys beside it."""
     doc: dict[str, Any] = {"schema": SCHEMA, "command": command or "", "ok": ok, **(body or {})}
     if error is not None:
@@ -65,14 +70,20 @@ def document(command: str | None, ok: bool, body: dict[str, Any] | None = None,
     return doc
 
 
-def report(args: argparse.Namespace, ok: bool, error: tuple[str, str] | None = None, **body: Any) -> None:
+def report(
+    args: argparse.Namespace, ok: bool, error: tuple[str, str] | None = None, **body: Any
+) -> None:
     """Print the command's report (``args.command`` names the command)."""
     print_json(document(getattr(args, "command", None), ok, body, error))
 
 
-def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None) -> None:
+def print_table(
+    rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None
+) -> None:
     out = out or sys.stdout
-    cells = [list(headers)] + [["" if c is None else safe_text(c, CELL_LIMIT) for c in row] for row in rows]
+    cells = [list(headers)] + [
+        ["" if c is None else safe_text(c, CELL_LIMIT) for c in row] for row in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
@@ -101,10 +112,18 @@ class Progress:
             return
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total or None, desc=self.label, unit="plan", file=self.stream, leave=False,
-                         mininterval=0.2, delay=0.5, dynamic_ncols=True,
-                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} plans "
-                         "[{elapsed}<{remaining}, {rate_fmt}]")
+        self._bar = tqdm(
+            total=total or None,
+            desc=self.label,
+            unit="plan",
+            file=self.stream,
+            leave=False,
+            mininterval=0.2,
+            delay=0.5,
+            dynamic_ncols=True,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} plans "
+            "[{elapsed}<{remaining}, {rate_fmt}]",
+        )
 
     def advance(self, count: float = 1) -> None:
         if self._bar is None:
@@ -117,7 +136,7 @@ class Progress:
             self._bar.close()
             self._bar = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -34,8 +34,12 @@ def private_stdout(stdout: TextIO, stderr: TextIO) -> TextIO:
         os.dup2(stderr.fileno(), stdout.fileno())
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         return stdout
-    return io.TextIOWrapper(io.FileIO(fd, "w"), encoding=stdout.encoding, errors=stdout.errors,
-                            line_buffering=getattr(stdout, "line_buffering", False))
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w"),
+        encoding=stdout.encoding,
+        errors=stdout.errors,
+        line_buffering=getattr(stdout, "line_buffering", False),
+    )
 
 
 class ClosedPipeSafe(io.TextIOBase):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
@@ -29,7 +29,9 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {match!r}?" if match else ""
 
 
-def leaf_parser(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> argparse.ArgumentParser:
+def leaf_parser(
+    parser: argparse.ArgumentParser, namespace: argparse.Namespace
+) -> argparse.ArgumentParser:
     """The (sub)parser of the command that was parsed, e.g. ``plancache compile-cache sign``'s."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -44,13 +46,21 @@ def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
     options = [a for a in extras if a.startswith("-") and a != "-"]
     if options:
         name = options[0].split("=", 1)[0]
-        known = [o for o in parser._option_string_actions if o.startswith("--")] if name.startswith("--") \
+        known = (
+            [o for o in parser._option_string_actions if o.startswith("--")]
+            if name.startswith("--")
             else list(parser._option_string_actions)
-        if name in parser._option_string_actions:  # given before the command, where only --version is taken
+        )
+        if (
+            name in parser._option_string_actions
+        ):  # given before the command, where only --version is taken
             return f"{name} goes after the command: {parser.prog} {name} ..."
         prefixed = [o for o in known if o.startswith(name)] if name.startswith("--") else []
-        hint = f"; did you mean {prefixed[0]!r}? (options are not abbreviated)" if len(prefixed) == 1 \
+        hint = (
+            f"; did you mean {prefixed[0]!r}? (options are not abbreviated)"
+            if len(prefixed) == 1
             else did_you_mean(name, known)
+        )
         return f"unknown option {name!r}{hint}"
     return f"unexpected argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
 

@@ -35,7 +35,10 @@ def parse_awskms_uri(ref: str) -> tuple[str | None, str]:
     """(endpoint host[:port] or None, key id / alias / ARN)."""
     rest = ref[len(SCHEME) :] if ref.startswith(SCHEME) else ""
     host, _, key = rest.partition("/")
-    if not _KEY.fullmatch(key) or (host and not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", host)):
+    if not _KEY.fullmatch(key) or (
+        host
+        and not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", host)
+    ):
         raise ConfigError(
             f"'{safe_text(ref, 80)}' is not awskms:///KEY-ID, awskms:///alias/NAME, awskms:///arn:… or awskms://HOST:PORT/KEY"
         )
@@ -50,7 +53,11 @@ def _client(endpoint: str | None, key: str, budget: float) -> Any:
     except ImportError:
         raise missing_extra("awskms://", "boto3", "awskms") from None
     arn_region = _ARN_REGION.match(key)
-    config = Config(connect_timeout=budget, read_timeout=budget, retries={"mode": "standard", "total_max_attempts": 2})
+    config = Config(
+        connect_timeout=budget,
+        read_timeout=budget,
+        retries={"mode": "standard", "total_max_attempts": 2},
+    )
     try:
         return boto3.session.Session().client(
             "kms",
@@ -59,7 +66,9 @@ def _client(endpoint: str | None, key: str, budget: float) -> Any:
             config=config,
         )
     except NoRegionError:
-        raise ConfigError(f"{SCHEME}: no AWS region: set AWS_REGION, or name the key by its ARN") from None
+        raise ConfigError(
+            f"{SCHEME}: no AWS region: set AWS_REGION, or name the key by its ARN"
+        ) from None
 
 
 def _call(source: str, what: str, call: Any) -> Any:
@@ -78,11 +87,15 @@ def _call(source: str, what: str, call: Any) -> Any:
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code, message = error.get("Code", "error"), error.get("Message", "")
-        raise ConfigError(f"{source}: AWS KMS refused {what}: {safe_text(code, 60)}: {safe_text(message, 160)}") from None
+        raise ConfigError(
+            f"{source}: AWS KMS refused {what}: {safe_text(code, 60)}: {safe_text(message, 160)}"
+        ) from None
     except (ConnectTimeoutError, ReadTimeoutError) as exc:
         raise StoreTimeout(f"{source}: AWS KMS {what}: {one_line(exc)}") from None
     except NoCredentialsError:
-        raise ConfigError(f"{source}: no AWS credentials (environment, profile or instance role)") from None
+        raise ConfigError(
+            f"{source}: no AWS credentials (environment, profile or instance role)"
+        ) from None
     except BotoCoreError as exc:
         raise ConfigError(f"{source}: AWS KMS {what} failed: {one_line(exc)}") from None
 
@@ -110,8 +123,13 @@ def awskms_signer(ref: str, budget: float) -> RemoteSigner:
         raise ConfigError(f"{source}: {exc.detail}") from None
 
     def raw_sign(data: bytes) -> bytes:
-        reply = _call(source, "Sign", lambda: client.sign(
-            KeyId=key, Message=data, MessageType="RAW", SigningAlgorithm=ALGORITHM))
+        reply = _call(
+            source,
+            "Sign",
+            lambda: client.sign(
+                KeyId=key, Message=data, MessageType="RAW", SigningAlgorithm=ALGORITHM
+            ),
+        )
         return reply.get("Signature")  # type: ignore[no-any-return]
 
     return RemoteSigner(source, public, raw_sign, budget)

@@ -5,7 +5,7 @@ variable, so that a CI secret never touches the disk; read as a key file's text 
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError
@@ -20,8 +20,12 @@ def env_signer(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed255
     """``env://VAR``'s key; ConfigError when VAR is no variable name or is not set."""
     name = ref[len(ENV_SCHEME) :]
     if not _ENV_NAME.fullmatch(name):
-        raise ConfigError(f"'{ENV_SCHEME}{safe_text(name, 60)}' does not name an environment variable")
+        raise ConfigError(
+            f"'{ENV_SCHEME}{safe_text(name, 60)}' does not name an environment variable"
+        )
     text = env.get(name)
     if not text:
         raise ConfigError(f"{ENV_SCHEME}{name}: the environment variable {name} is not set")
-    return private_key_signer(text.encode("utf-8", "replace"), f"environment variable {name}", env, prompt)
+    return private_key_signer(
+        text.encode("utf-8", "replace"), f"environment variable {name}", env, prompt
+    )

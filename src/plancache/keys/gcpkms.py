@@ -14,7 +14,8 @@ budget as its deadline, no SDK retries, and the budget thread around it.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
@@ -23,7 +24,9 @@ from .remote_signer import RemoteSigner, missing_extra, one_line, within
 
 SCHEME = "gcpkms://"
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDKMS"
-_NAME = re.compile(r"projects/[^/\s]+/locations/[^/\s]+/keyRings/[^/\s]+/cryptoKeys/[^/\s]+/cryptoKeyVersions/[^/\s]+")
+_NAME = re.compile(
+    r"projects/[^/\s]+/locations/[^/\s]+/keyRings/[^/\s]+/cryptoKeys/[^/\s]+/cryptoKeyVersions/[^/\s]+"
+)
 
 
 def parse_gcpkms_uri(ref: str) -> str:
@@ -45,10 +48,13 @@ def _client(env: Mapping[str, str]) -> Any:
     endpoint = (env.get(ENDPOINT_ENV) or "").rstrip("/")
     try:
         return kms_v1.KeyManagementServiceClient(
-            transport="rest", client_options=ClientOptions(api_endpoint=endpoint) if endpoint else None
+            transport="rest",
+            client_options=ClientOptions(api_endpoint=endpoint) if endpoint else None,
         )
     except DefaultCredentialsError:
-        raise ConfigError(f"{SCHEME}: no Google credentials (GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login)") from None
+        raise ConfigError(
+            f"{SCHEME}: no Google credentials (GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login)"
+        ) from None
 
 
 def _call(source: str, what: str, call: Any) -> Any:
@@ -73,7 +79,7 @@ def _status(exc: Any) -> str:
     try:
         error = exc.response.json()["error"]
         return safe_text(f"{error['code']} {error['status']}: {error['message']}", 200)
-    except Exception:  # noqa: BLE001 - not a JSON error body: the exception's class is what is known
+    except Exception:
         return safe_text(f"{type(exc).__name__}: {exc.message}", 200)
 
 
@@ -84,22 +90,32 @@ def gcpkms_signer(ref: str, env: Mapping[str, str], budget: float) -> RemoteSign
 
     def load() -> tuple[Any, Any]:
         client = _client(env)
-        return client, _call(source, "GetPublicKey", lambda: client.get_public_key(
-            request={"name": name}, timeout=budget, retry=None))
+        return client, _call(
+            source,
+            "GetPublicKey",
+            lambda: client.get_public_key(request={"name": name}, timeout=budget, retry=None),
+        )
 
     client, answer = within(budget, f"reading the public key of {source}", load)
     from google.cloud import kms_v1
 
     if answer.algorithm != kms_v1.CryptoKeyVersion.CryptoKeyVersionAlgorithm.EC_SIGN_ED25519:
-        raise ConfigError(f"{source}: the key version is {safe_text(getattr(answer.algorithm, 'name', answer.algorithm), 40)}, not EC_SIGN_ED25519")
+        raise ConfigError(
+            f"{source}: the key version is {safe_text(getattr(answer.algorithm, 'name', answer.algorithm), 40)}, not EC_SIGN_ED25519"
+        )
     try:
         public = parse_pem_public(answer.pem.encode("ascii", "replace"))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.detail}") from None
 
     def raw_sign(data: bytes) -> bytes:
-        reply = _call(source, "AsymmetricSign", lambda: client.asymmetric_sign(
-            request={"name": name, "data": data}, timeout=budget, retry=None))
+        reply = _call(
+            source,
+            "AsymmetricSign",
+            lambda: client.asymmetric_sign(
+                request={"name": name, "data": data}, timeout=budget, retry=None
+            ),
+        )
         return bytes(reply.signature)
 
     return RemoteSigner(source, public, raw_sign, budget)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -87,15 +87,21 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
         keyring = Keyring()
         listed_in: dict[str, Path] = {}
         for file in files:
-            part = parse_trusted_keys(_public_text(read_key_file(file, "trusted key"), file), str(file))
+            part = parse_trusted_keys(
+                _public_text(read_key_file(file, "trusted key"), file), str(file)
+            )
             for kid in part.keys:
                 if kid in listed_in:
-                    raise ConfigError(f"{safe_text(file)}: key {kid} is already listed in {safe_text(listed_in[kid])}")
+                    raise ConfigError(
+                        f"{safe_text(file)}: key {kid} is already listed in {safe_text(listed_in[kid])}"
+                    )
                 listed_in[kid] = file
             keyring = keyring.merged(part)
         what = f"trusted-keys directory {safe_text(path)}"
     else:
-        keyring = parse_trusted_keys(_public_text(read_key_file(path, "trusted-keys file"), path), str(path))
+        keyring = parse_trusted_keys(
+            _public_text(read_key_file(path, "trusted-keys file"), path), str(path)
+        )
         what = f"trusted-keys file {safe_text(path)}"
     if not keyring.keys and not (allow_revocations_only and keyring.revoked):
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
@@ -115,7 +121,9 @@ def _passphrase(env: Mapping[str, str], prompt: Prompt | None, what: str) -> Pas
     return ask
 
 
-def private_key_signer(data: bytes, what: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
+def private_key_signer(
+    data: bytes, what: str, env: Mapping[str, str], prompt: Prompt | None
+) -> Ed25519Signer:
     """A signer from private key text (a file's or :mod:`.env`'s); a public key here is a
     ConfigError that says which half a signing key reference names."""
     if is_public_material(data):
@@ -146,7 +154,11 @@ def file_signer(path: Path, env: Mapping[str, str], prompt: Prompt | None) -> Ed
 
 
 def generate_keypair(
-    path: Path, force: bool, comment: str, env: Mapping[str, str] = os.environ, openssh: bool = False
+    path: Path,
+    force: bool,
+    comment: str,
+    env: Mapping[str, str] = os.environ,
+    openssh: bool = False,
 ) -> Ed25519Signer:
     """Write a new private key (mode 0600) to ``path`` and its public line to ``path.pub``.
 
@@ -163,11 +175,19 @@ def generate_keypair(
     passphrase = env.get(PASSPHRASE_ENV)
     private = Ed25519PrivateKey.generate()
     # Both files' bytes first: a comment that cannot be written fails before anything is.
-    public_line = (openssh_line(private.public_key(), check_key_name(comment, "the comment")) + "\n").encode("utf-8")
-    write_atomic(path, private_key_bytes(private, passphrase.encode() if passphrase else None, openssh), mode=0o600)
+    public_line = (
+        openssh_line(private.public_key(), check_key_name(comment, "the comment")) + "\n"
+    ).encode("utf-8")
+    write_atomic(
+        path,
+        private_key_bytes(private, passphrase.encode() if passphrase else None, openssh),
+        mode=0o600,
+    )
     try:
         write_atomic(pub, public_line, mode=0o644)
     except BaseException:
-        path.unlink(missing_ok=True)  # never a private key without its public line (a rerun would refuse)
+        path.unlink(
+            missing_ok=True
+        )  # never a private key without its public line (a rerun would refuse)
         raise
     return Ed25519Signer(private)

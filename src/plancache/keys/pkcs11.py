@@ -20,10 +20,11 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -57,7 +58,11 @@ class Pkcs11Ref:
     @property
     def source(self) -> str:
         """The reference without its query: never show a PIN."""
-        shown = ";".join(f"{k}={safe_text(v.decode('utf-8', 'replace'), 40)}" for k, v in self.path.items() if k != "id")
+        shown = ";".join(
+            f"{k}={safe_text(v.decode('utf-8', 'replace'), 40)}"
+            for k, v in self.path.items()
+            if k != "id"
+        )
         if "id" in self.path:
             shown += (";" if shown else "") + "id=" + "".join(f"%{b:02x}" for b in self.path["id"])
         return f"pkcs11:{shown}"
@@ -68,7 +73,9 @@ def _attributes(text: str, sep: str, allowed: tuple[str, ...], where: str) -> di
     for part in filter(None, text.split(sep)):
         name, eq, value = part.partition("=")
         if not eq or name not in allowed or name in found:
-            raise ConfigError(f"pkcs11 URI: unknown or repeated {where} attribute '{safe_text(name, 30)}' (use {', '.join(allowed)})")
+            raise ConfigError(
+                f"pkcs11 URI: unknown or repeated {where} attribute '{safe_text(name, 30)}' (use {', '.join(allowed)})"
+            )
         found[name] = unquote_to_bytes(value)
     return found
 
@@ -88,11 +95,16 @@ def _read_pin(source: str) -> str:
     if stat.S_IMODE(mode) & 0o077:
         raise ConfigError(f"PIN file {path} is readable by others; run: chmod 600 {path}")
     try:
-        data = read_capped(path, MAX_PIN_FILE_BYTES, follow_symlinks=True)  # secrets are often mounted as links
+        data = read_capped(
+            path, MAX_PIN_FILE_BYTES, follow_symlinks=True
+        )  # secrets are often mounted as links
     except PlanCacheError as exc:
         detail = exc.detail
-        raise ConfigError(f"PIN file {detail}" if detail.startswith(str(path))
-                          else detail.replace(f"read {path}", f"read PIN file {path}")) from None
+        raise ConfigError(
+            f"PIN file {detail}"
+            if detail.startswith(str(path))
+            else detail.replace(f"read {path}", f"read PIN file {path}")
+        ) from None
     if data is None:
         raise ConfigError(f"cannot read PIN file {path}: No such file or directory")
     return data.decode("utf-8", "replace").rstrip("\r\n")
@@ -103,7 +115,10 @@ def parse_pkcs11_uri(ref: str) -> Pkcs11Ref:
         raise ConfigError("not a pkcs11: URI")
     path_text, _, query_text = ref[len(SCHEME) :].partition("?")
     path = _attributes(path_text, ";", _PATH_ATTRS, "path")
-    query = {k: v.decode("utf-8", "replace") for k, v in _attributes(query_text, "&", _QUERY_ATTRS, "query").items()}
+    query = {
+        k: v.decode("utf-8", "replace")
+        for k, v in _attributes(query_text, "&", _QUERY_ATTRS, "query").items()
+    }
     if path.get("type", b"private") != b"private":
         raise ConfigError("pkcs11 URI: type must be 'private' (the signing key)")
     path.pop("type", None)
@@ -129,9 +144,13 @@ def _loadable(module: str) -> None:
     try:
         handle = ctypes.CDLL(module)
     except OSError as exc:
-        raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}") from None
+        raise ConfigError(
+            f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}"
+        ) from None
     if not hasattr(handle, "C_GetFunctionList"):
-        raise ConfigError(f"{safe_text(module, 120)} is not a PKCS#11 module (it exports no C_GetFunctionList)")
+        raise ConfigError(
+            f"{safe_text(module, 120)} is not a PKCS#11 module (it exports no C_GetFunctionList)"
+        )
 
 
 def _library(module: str) -> Any:
@@ -146,13 +165,20 @@ def _library(module: str) -> Any:
         try:
             lib.load(module)
         except PyKCS11.PyKCS11Error as exc:
-            raise ConfigError(f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}") from None
+            raise ConfigError(
+                f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}"
+            ) from None
         _libs[module] = lib
     return lib
 
 
 def _slot(lib: Any, ref: Pkcs11Ref) -> Any:
-    fields = {"token": "label", "serial": "serialNumber", "manufacturer": "manufacturerID", "model": "model"}
+    fields = {
+        "token": "label",
+        "serial": "serialNumber",
+        "manufacturer": "manufacturerID",
+        "model": "model",
+    }
     matches, labels = [], []
     import PyKCS11
 
@@ -161,7 +187,9 @@ def _slot(lib: Any, ref: Pkcs11Ref) -> Any:
         if not info.flags & PyKCS11.CKF_TOKEN_INITIALIZED:
             continue  # an empty slot (SoftHSM always offers one) holds no key
         labels.append(info.label.strip())
-        wanted = {attr: ref.path[attr].decode("utf-8", "replace") for attr in fields if attr in ref.path}
+        wanted = {
+            attr: ref.path[attr].decode("utf-8", "replace") for attr in fields if attr in ref.path
+        }
         if all(getattr(info, fields[attr]).strip() == value for attr, value in wanted.items()) and (
             "slot-id" not in ref.path or ref.path["slot-id"] == str(slot).encode()
         ):
@@ -204,7 +232,11 @@ def _template(ref: Pkcs11Ref, cls: int) -> list[tuple[int, Any]]:
 def _one(session: Any, ref: Pkcs11Ref, cls: int, what: str) -> Any:
     found = session.findObjects(_template(ref, cls))
     if len(found) != 1:
-        hint = "log in: add pin-value= or pin-source=" if ref.pin is None and what == "private key" else "name it with object= or id="
+        hint = (
+            "log in: add pin-value= or pin-source="
+            if ref.pin is None and what == "private key"
+            else "name it with object= or id="
+        )
         raise ConfigError(f"{ref.source}: {len(found)} {what} objects match ({hint})")
     return found[0]
 
@@ -219,7 +251,10 @@ def _public_key(session: Any, ref: Pkcs11Ref) -> Ed25519PublicKey:
     if key_type != PyKCS11.CKK_EC_EDWARDS:
         raise ConfigError(f"{ref.source}: the key is not an Ed25519 (CKK_EC_EDWARDS) key")
     public = _one(session, ref, PyKCS11.CKO_PUBLIC_KEY, "public key")
-    point, params = (bytes(v) for v in session.getAttributeValue(public, [PyKCS11.CKA_EC_POINT, PyKCS11.CKA_EC_PARAMS]))
+    point, params = (
+        bytes(v)
+        for v in session.getAttributeValue(public, [PyKCS11.CKA_EC_POINT, PyKCS11.CKA_EC_PARAMS])
+    )
     if params not in _ED25519_PARAMS:
         raise ConfigError(f"{ref.source}: the key's curve is not edwards25519")
     if len(point) == 34 and point[:2] == b"\x04\x20":
@@ -242,7 +277,11 @@ def pkcs11_signer(ref_text: str, budget: float) -> RemoteSigner:
     parsed = parse_pkcs11_uri(ref_text)
 
     def load() -> tuple[Pkcs11Ref, Any, Any, Ed25519PublicKey]:
-        ref = parsed if parsed.pin_source is None else replace(parsed, pin=_read_pin(parsed.pin_source))
+        ref = (
+            parsed
+            if parsed.pin_source is None
+            else replace(parsed, pin=_read_pin(parsed.pin_source))
+        )
         with _lock:
             lib = _library(ref.module)  # first: it names the extra when PyKCS11 is missing
             import PyKCS11

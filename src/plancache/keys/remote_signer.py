@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, TypeVar
+from typing import TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..settings import TIMEOUT_ENV
+from ..storage.deadline import checked_budget
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, StoreTimeout
 from ..trust.keyring.keyformat import key_id
-from ..storage.deadline import checked_budget
 
 T = TypeVar("T")
 
@@ -47,7 +48,7 @@ def within(budget: float, what: str, call: Callable[[], T]) -> T:
     def run() -> None:
         try:
             future.set_result(call())
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+        except BaseException as exc:
             future.set_exception(exc)
 
     threading.Thread(target=run, name="plancache-key", daemon=True).start()
@@ -83,7 +84,9 @@ class RemoteSigner:
         try:
             self.public.verify(signature, data)
         except InvalidSignature:
-            raise ConfigError(f"{self.source} returned a signature that its own public key does not verify") from None
+            raise ConfigError(
+                f"{self.source} returned a signature that its own public key does not verify"
+            ) from None
         return signature
 
 

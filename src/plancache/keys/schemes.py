@@ -23,8 +23,8 @@ Each kind's module is imported only when a reference names it, so the core insta
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError
@@ -65,12 +65,17 @@ def _gcpkms(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
 
 
 SCHEMES: tuple[tuple[str, Loader], ...] = (
-    ("env://", _env), ("pkcs11:", _pkcs11), ("awskms://", _awskms), ("gcpkms://", _gcpkms),
+    ("env://", _env),
+    ("pkcs11:", _pkcs11),
+    ("awskms://", _awskms),
+    ("gcpkms://", _gcpkms),
 )
 """Reference prefix -> its kind's loader; anything else without ``://`` is a key file's path."""
 
 
-def load_signer(ref: str, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None) -> Signer:
+def load_signer(
+    ref: str, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None
+) -> Signer:
     """Resolve a key reference (table in the module docstring) to a signer."""
     for prefix, load in SCHEMES:
         if ref.startswith(prefix):

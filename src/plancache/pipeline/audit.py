@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..storage.local.localdir import LocalPlanDir
 from ..trust import envelope as dsse
@@ -40,7 +41,6 @@ INVALID = "invalid"
 UNSIGNED = "unsigned"
 UNVERIFIED = "unverified"
 MISSING = "missing"
-
 
 
 class Tally(Protocol):
@@ -171,7 +171,9 @@ def check(result: PlanResult, policy: TrustPolicy | None, now: datetime) -> Plan
     return report_of(verify_result(result, policy, now))
 
 
-def _check_chunk(args: tuple[Sequence[Any], LocalPlanDir | None, TrustPolicy | None, datetime]) -> list[PlanReport]:
+def _check_chunk(
+    args: tuple[Sequence[Any], LocalPlanDir | None, TrustPolicy | None, datetime],
+) -> list[PlanReport]:
     work, directory, policy, now = args
     results: Sequence[PlanResult] = directory.fetch_many(work) if directory is not None else work
     return [check(result, policy, now) for result in results]
@@ -181,7 +183,8 @@ def check_many(
     work: Sequence[PlanResult] | Sequence[str],
     policy: TrustPolicy | None,
     now: datetime,
-    *, jobs: int | None = None,
+    *,
+    jobs: int | None = None,
     directory: LocalPlanDir | None = None,
     progress: Tally | None = None,
 ) -> list[PlanReport]:
@@ -202,7 +205,11 @@ def check_many(
     size = max(32, min(1000, len(work) // (jobs * 8) or 1))
     chunks = [work[i : i + size] for i in range(0, len(work), size)]
     reports = []
-    context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    context = (
+        multiprocessing.get_context("fork")
+        if "fork" in multiprocessing.get_all_start_methods()
+        else None
+    )
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         for chunk_reports in pool.map(_check_chunk, [(c, directory, policy, now) for c in chunks]):
             reports.extend(chunk_reports)
@@ -219,7 +226,8 @@ def audit_location(
     location: str | Location | None,
     policy: TrustPolicy | None,
     now: datetime,
-    *, storage_options: Mapping[str, Any] | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     jobs: int | None = None,
     progress: Tally | None = None,
@@ -233,9 +241,13 @@ def audit_location(
     opened = location is None or isinstance(location, (str, os.PathLike))
     source = open_location(location, storage_options, timeout) if opened else location
     if isinstance(source, LocalPlanDir):
-        return source, audit_plans(source, list_plans(source), policy, now, jobs=jobs, progress=progress)
+        return source, audit_plans(
+            source, list_plans(source), policy, now, jobs=jobs, progress=progress
+        )
     deadline = source._deadline(None)  # the opening's own: one budget for the whole audit
-    reports = audit_store(source, None, policy, now, jobs=jobs, progress=progress, deadline=deadline)
+    reports = audit_store(
+        source, None, policy, now, jobs=jobs, progress=progress, deadline=deadline
+    )
     if not reports:
         require_existing(source, deadline)
     return source, reports
@@ -258,7 +270,8 @@ def audit_plans(
     fingerprints: Sequence[str],
     policy: TrustPolicy | None,
     now: datetime,
-    *, jobs: int | None = None,
+    *,
+    jobs: int | None = None,
     progress: Tally | None = None,
     deadline: float | None = None,
     digests: dict[str, str] | None = None,
@@ -270,8 +283,16 @@ def audit_plans(
         progress.start(len(fingerprints))
     if isinstance(source, LocalPlanDir):  # local files: the pool's workers read their own share
         return check_many(fingerprints, policy, now, jobs=jobs, directory=source, progress=progress)
-    return audit_store(source, fingerprints, policy, now, jobs=jobs, progress=progress, deadline=deadline,
-                       digests=digests)
+    return audit_store(
+        source,
+        fingerprints,
+        policy,
+        now,
+        jobs=jobs,
+        progress=progress,
+        deadline=deadline,
+        digests=digests,
+    )
 
 
 def audit_store(
@@ -279,7 +300,8 @@ def audit_store(
     fingerprints: Iterable[str] | None,
     policy: TrustPolicy | None,
     now: datetime,
-    *, jobs: int | None = None,
+    *,
+    jobs: int | None = None,
     progress: Tally | None = None,
     deadline: float | None = None,
     digests: dict[str, str] | None = None,
@@ -295,7 +317,10 @@ def audit_store(
     reports: list[PlanReport] = []
     while chunk := list(itertools.islice(stream, STREAM_CHUNK)):
         if digests is not None:
-            digests.update((r.fingerprint, hashlib.sha256(r.plan_bytes).hexdigest())
-                           for r in chunk if r.plan_bytes is not None)
+            digests.update(
+                (r.fingerprint, hashlib.sha256(r.plan_bytes).hexdigest())
+                for r in chunk
+                if r.plan_bytes is not None
+            )
         reports.extend(check_many(chunk, policy, now, jobs=jobs))
     return reports

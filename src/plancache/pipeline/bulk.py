@@ -9,17 +9,22 @@ render the outcome. Both can be dry runs that change nothing, local or remote.
 from __future__ import annotations
 
 import itertools
-
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..storage.local.localdir import LocalPlanDir
 from ..storage.store import Store, md5_hex
 from ..trust.errors import ConfigError, PlanCacheError, Reason
-from ..trust.plans.gate import Verdict
 from ..trust.keyring.keys import Signer
-from ..trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name, sig_name
+from ..trust.plans.gate import Verdict
+from ..trust.plans.plan import (
+    fingerprint_of_plan_name,
+    fingerprint_of_sig_name,
+    plan_name,
+    sig_name,
+)
 from ..trust.policy import TrustPolicy
 from ..trust.statement import parse_time
 from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
@@ -28,7 +33,7 @@ from .directory_signing import SigningRequest, sign_one
 if TYPE_CHECKING:
     from .plan_sets.set_audit import SetPrune
 
-__all__ = ["STORE_REASONS", "PushEntry", "PushRequest", "PruneOutcome", "push_plans", "prune_plans"]
+__all__ = ["STORE_REASONS", "PruneOutcome", "PushEntry", "PushRequest", "prune_plans", "push_plans"]
 
 
 @dataclass
@@ -75,7 +80,10 @@ def _unchanged(store: Store, objects: dict[str, bytes], deadline: float) -> set[
             to_compare.add(name)
     fps = sorted({_fp_of(n) for n in to_compare})
     for remote in store.fetch_many(fps, deadline):
-        for name, data in ((plan_name(remote.fingerprint), remote.plan_bytes), (sig_name(remote.fingerprint), remote.sig_bytes)):
+        for name, data in (
+            (plan_name(remote.fingerprint), remote.plan_bytes),
+            (sig_name(remote.fingerprint), remote.sig_bytes),
+        ):
             if name in to_compare and data is not None and data == objects[name]:
                 same.add(name)
     return same
@@ -96,7 +104,8 @@ def push_plans(
     store: Store,
     deadline: float,
     now: datetime,
-    *, push: PushRequest = PushRequest(),
+    *,
+    push: PushRequest = PushRequest(),
     progress: Tally | None = None,
 ) -> tuple[list[PushEntry], int]:
     """Sign (with ``push.signer``) and upload every plan and sidecar the store lacks byte for byte.
@@ -106,7 +115,12 @@ def push_plans(
     would be).
     """
     signer, request, allow_unsigned, fingerprints, dry_run = (
-        push.signer, push.signing, push.allow_unsigned, push.fingerprints, push.dry_run)
+        push.signer,
+        push.signing,
+        push.allow_unsigned,
+        push.fingerprints,
+        push.dry_run,
+    )
     entries: list[PushEntry] = []
     objects: dict[str, bytes] = {}
     names: dict[str, list[str]] = {}
@@ -117,7 +131,10 @@ def push_plans(
         entry = PushEntry(fp)
         entries.append(entry)
         if fp not in present:
-            entry.action, entry.detail = "refused", f"{Verdict.NO_PLAN}: no plan file {plan_name(fp)} in {directory}"
+            entry.action, entry.detail = (
+                "refused",
+                f"{Verdict.NO_PLAN}: no plan file {plan_name(fp)} in {directory}",
+            )
             continue
         try:
             if signer is not None:
@@ -141,7 +158,10 @@ def push_plans(
             objects[plan_name(fp)] = plan
             continue  # its sidecar does not exist yet: it is certainly uploaded
         if sig is None and not allow_unsigned:
-            entry.action, entry.detail = "refused", "unsigned (sign it: --key KEY, or --allow-unsigned)"
+            entry.action, entry.detail = (
+                "refused",
+                "unsigned (sign it: --key KEY, or --allow-unsigned)",
+            )
             continue
         names[fp] = [plan_name(fp)] + ([sig_name(fp)] if sig is not None else [])
         objects[plan_name(fp)] = plan
@@ -156,9 +176,15 @@ def push_plans(
         if entry.fingerprint in names:
             mine = names[entry.fingerprint]
             entry.action = "uploaded" if any(n in upload_names for n in mine) else "unchanged"
-            entry.detail = ("signed first" if entry.fingerprint in would_sign
-                            else "signed" if entry.fingerprint in signed
-                            else "unsigned" if len(mine) == 1 else "")
+            entry.detail = (
+                "signed first"
+                if entry.fingerprint in would_sign
+                else "signed"
+                if entry.fingerprint in signed
+                else "unsigned"
+                if len(mine) == 1
+                else ""
+            )
     return entries, len(upload_names)
 
 
@@ -190,7 +216,9 @@ class PruneOutcome:
         return [(r, why) for r, why in self.doomed if r.fingerprint not in self.changed]
 
 
-def _prune_reason(report: PlanReport, now: datetime, older_than: timedelta | None, criterion: str) -> str | None:
+def _prune_reason(
+    report: PlanReport, now: datetime, older_than: timedelta | None, criterion: str
+) -> str | None:
     if report.reason in STORE_REASONS or report.reason == Verdict.NO_PLAN.value:
         return None  # unreadable or gone: nothing was judged
     if criterion == "revoked":
@@ -210,7 +238,8 @@ def prune_plans(
     deadline: float,
     now: datetime,
     policy: TrustPolicy | None,
-    *, older_than: timedelta | None = None,
+    *,
+    older_than: timedelta | None = None,
     criterion: str = "older-than",
     dry_run: bool = False,
     progress: Tally | None = None,
@@ -243,12 +272,15 @@ def prune_plans(
 
     if progress:
         progress.start(0)  # the store's size is not known before it is listed
-    stream = store.fetch_stream(store.iter_fingerprints(deadline), deadline,
-                                on_done=progress.advance if progress else None)
+    stream = store.fetch_stream(
+        store.iter_fingerprints(deadline), deadline, on_done=progress.advance if progress else None
+    )
     reports: list[PlanReport] = []
     outcome = PruneOutcome()
     judged: dict[str, str] = {}
-    while chunk := list(itertools.islice(stream, STREAM_CHUNK)):  # streamed: digests kept, not bytes
+    while chunk := list(
+        itertools.islice(stream, STREAM_CHUNK)
+    ):  # streamed: digests kept, not bytes
         chunk_reports = check_many(chunk, policy if needs_policy else None, now)
         for result, report in zip(chunk, chunk_reports):
             why = _prune_reason(report, now, older_than, criterion)
@@ -262,8 +294,11 @@ def prune_plans(
         require_existing(store, deadline)
     outcome.seen = len(reports)
     outcome.failed = [r for r in reports if r.reason in STORE_REASONS]
-    if criterion == "invalid" and reports and not any(r.ok for r in reports) and any(
-        r.reason == Reason.UNTRUSTED_KEY.value for r in reports
+    if (
+        criterion == "invalid"
+        and reports
+        and not any(r.ok for r in reports)
+        and any(r.reason == Reason.UNTRUSTED_KEY.value for r in reports)
     ):
         raise ConfigError(
             f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys not in the "
@@ -272,9 +307,13 @@ def prune_plans(
     from .plan_sets.set_audit import prune_sets
 
     present = [r.fingerprint for r in reports if r.reason != Verdict.NO_PLAN.value]
-    outcome.sets = prune_sets(store, [r.fingerprint for r, _ in outcome.doomed], present, deadline, dry_run=dry_run)
+    outcome.sets = prune_sets(
+        store, [r.fingerprint for r, _ in outcome.doomed], present, deadline, dry_run=dry_run
+    )
     if judged and not dry_run and not outcome.refused:
         from ..storage.conditional_deletes import delete_if_unchanged
 
-        _, outcome.changed = delete_if_unchanged(store, judged, deadline, unconditional=unconditional)
+        _, outcome.changed = delete_if_unchanged(
+            store, judged, deadline, unconditional=unconditional
+        )
     return outcome

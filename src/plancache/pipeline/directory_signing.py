@@ -10,14 +10,15 @@ old or the new one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import PlanCacheError
-from ..trust.plans.gate import Verdict
 from ..trust.keyring.keys import Keyring, Signer
+from ..trust.plans.gate import Verdict
 from ..trust.plans.plan import plan_name
 from ..trust.signing import sign_or_cosign
 
@@ -61,7 +62,13 @@ class SignOutcome:
 
 
 def sign_one(
-    directory: LocalPlanDir, fp: str, signer: Signer, now: datetime, request: SigningRequest, *, write: bool = True
+    directory: LocalPlanDir,
+    fp: str,
+    signer: Signer,
+    now: datetime,
+    request: SigningRequest,
+    *,
+    write: bool = True,
 ) -> SignOutcome:
     """Sign one plan in place (see the module docstring); raises a typed error when refused.
 
@@ -71,9 +78,18 @@ def sign_one(
         return SignOutcome(fp, "refused", "plan file vanished", Verdict.NO_PLAN.value)
     expires_at = now + request.expires_in if request.expires_in else None
     action, new_sig = sign_or_cosign(
-        plan_name(fp), plan_bytes, sig_bytes, signer, now, keyring=request.keyring, expires_at=expires_at,
-        comment=request.comment, provenance=request.facts, replace=request.replace,
-        inputs=(request.inputs or {}).get(fp), config_parts=request.config_parts,
+        plan_name(fp),
+        plan_bytes,
+        sig_bytes,
+        signer,
+        now,
+        keyring=request.keyring,
+        expires_at=expires_at,
+        comment=request.comment,
+        provenance=request.facts,
+        replace=request.replace,
+        inputs=(request.inputs or {}).get(fp),
+        config_parts=request.config_parts,
     )
     if action == "kept":
         return SignOutcome(fp, action, "already signed by this key")
@@ -83,7 +99,11 @@ def sign_one(
 
 
 def sign_directory(
-    directory: LocalPlanDir, signer: Signer, now: datetime, request: SigningRequest, fps: list[str] | None = None
+    directory: LocalPlanDir,
+    signer: Signer,
+    now: datetime,
+    request: SigningRequest,
+    fps: list[str] | None = None,
 ) -> list[SignOutcome]:
     """Sign every plan in ``directory`` (or the given fingerprints); refusals are outcomes, not errors."""
     outcomes = []

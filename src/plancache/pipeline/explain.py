@@ -13,16 +13,17 @@ store's bytes through the shared audit and the compile-cache signature reads, th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..storage.compile_cache import archives
 from ..storage.store import Store
+from ..trust.compile_cache.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
 from ..trust.errors import PlanCacheError
 from ..trust.inputs import SALT_KEY, differences
 from ..trust.keyring.keys import Keyring
-from ..trust.compile_cache.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
 from ..trust.statement import CONDITION_KEYS
 from .audit import VALID, PlanReport
 from .compile_cache.flows import CacheRoot, read_sidecar
@@ -54,57 +55,110 @@ class CacheCandidate:
     detail: str = ""
 
 
-def _condition_differences(provenance: Mapping[str, Any] | None, here: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _condition_differences(
+    provenance: Mapping[str, Any] | None, here: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """The gate's conditions the signed plan records and this node differs in (both known)."""
     signed = {k: v for k, v in (provenance or {}).items() if k in CONDITION_KEYS}
-    return [{"input": k, "signed": signed[k], "here": here[k]} for k in sorted(signed)
-            if k in here and here[k] is not None and signed[k] != here[k]]
+    return [
+        {"input": k, "signed": signed[k], "here": here[k]}
+        for k in sorted(signed)
+        if k in here and here[k] is not None and signed[k] != here[k]
+    ]
 
 
 def _input_differences(report: PlanReport, rank: NodeRank) -> list[dict[str, Any]]:
     """The inputs that differ; a differing ``vllm_config`` is followed by the configuration parts
     that differ (``vllm_config.cache_config``), when both sides recorded them."""
     found = differences(report.inputs or {}, rank.inputs)
-    if report.config_parts and rank.config_parts and any(d["input"] == "vllm_config" for d in found):
-        found += differences({"vllm_config": report.config_parts}, {"vllm_config": rank.config_parts})
+    if (
+        report.config_parts
+        and rank.config_parts
+        and any(d["input"] == "vllm_config" for d in found)
+    ):
+        found += differences(
+            {"vllm_config": report.config_parts}, {"vllm_config": rank.config_parts}
+        )
     return found
 
 
-def _plan_candidates(rank: NodeRank, reports: Sequence[PlanReport], nearest: int) -> list[dict[str, Any]]:
+def _plan_candidates(
+    rank: NodeRank, reports: Sequence[PlanReport], nearest: int
+) -> list[dict[str, Any]]:
     rows = []
     for report in reports:
         if report.status != VALID or not report.inputs or report.fingerprint == rank.fingerprint:
             continue
-        rows.append({"fingerprint": report.fingerprint, "differs": _input_differences(report, rank),
-                     "signers": list(report.signers), "signed_at": report.signed_at})
-    rows.sort(key=lambda r: (sum("." not in d["input"] for d in r["differs"]), len(r["differs"]), r["fingerprint"]))
+        rows.append(
+            {
+                "fingerprint": report.fingerprint,
+                "differs": _input_differences(report, rank),
+                "signers": list(report.signers),
+                "signed_at": report.signed_at,
+            }
+        )
+    rows.sort(
+        key=lambda r: (
+            sum("." not in d["input"] for d in r["differs"]),
+            len(r["differs"]),
+            r["fingerprint"],
+        )
+    )
     return rows[:nearest]
 
 
-def explain_plan(rank: NodeRank, reports: Sequence[PlanReport], nearest: int = NEAREST) -> dict[str, Any]:
+def explain_plan(
+    rank: NodeRank, reports: Sequence[PlanReport], nearest: int = NEAREST
+) -> dict[str, Any]:
     """Would this rank's worker apply a plan from ``reports``; if not, the nearest verified ones."""
     hit = next((r for r in reports if r.fingerprint == rank.fingerprint), None)
-    not_compared = {"unverified": sum(r.status != VALID for r in reports if r.fingerprint != rank.fingerprint),
-                    "without_inputs": sum(r.status == VALID and not r.inputs for r in reports)}
-    out: dict[str, Any] = {"fingerprint": rank.fingerprint, "candidates": [], "not_compared": not_compared}
+    not_compared = {
+        "unverified": sum(r.status != VALID for r in reports if r.fingerprint != rank.fingerprint),
+        "without_inputs": sum(r.status == VALID and not r.inputs for r in reports),
+    }
+    out: dict[str, Any] = {
+        "fingerprint": rank.fingerprint,
+        "candidates": [],
+        "not_compared": not_compared,
+    }
     if hit is not None and hit.status == VALID:
         conditions = _condition_differences(hit.provenance, rank.conditions)
         if conditions:
-            out.update(decision="profile", reason="condition-mismatch", differs=conditions,
-                       detail="the plan verifies, but the gate's signed conditions differ from this node's")
+            out.update(
+                decision="profile",
+                reason="condition-mismatch",
+                differs=conditions,
+                detail="the plan verifies, but the gate's signed conditions differ from this node's",
+            )
         else:
-            out.update(decision="apply", reason="applied", differs=[],
-                       detail=f"verified; applies with at least {hit.free_memory_baseline} B free")
+            out.update(
+                decision="apply",
+                reason="applied",
+                differs=[],
+                detail=f"verified; applies with at least {hit.free_memory_baseline} B free",
+            )
         return out
     if hit is not None:
-        out.update(decision="profile", reason=hit.reason, differs=[], detail=f"the plan does not verify: {hit.detail}")
+        out.update(
+            decision="profile",
+            reason=hit.reason,
+            differs=[],
+            detail=f"the plan does not verify: {hit.detail}",
+        )
     else:
-        out.update(decision="profile", reason="no-plan", differs=[], detail="no plan under this fingerprint")
+        out.update(
+            decision="profile",
+            reason="no-plan",
+            differs=[],
+            detail="no plan under this fingerprint",
+        )
     out["candidates"] = _plan_candidates(rank, reports, nearest)
     return out
 
 
-def caches_in_store(store: Store, keyring: Keyring, now: datetime, deadline: float) -> list[CacheCandidate]:
+def caches_in_store(
+    store: Store, keyring: Keyring, now: datetime, deadline: float
+) -> list[CacheCandidate]:
     """Every compile cache the store lists (at most :data:`MAX_CACHES`), its signature verified."""
     found = []
     for subject in archives.list_subjects(store, deadline)[:MAX_CACHES]:
@@ -136,33 +190,63 @@ def _has_rank(manifest: Manifest, rank: int) -> bool:
     return any(d.split("/")[0].startswith(f"rank_{rank}_") for d in manifest.dirs)
 
 
-def explain_compile(rank: int, here: Mapping[str, Any], caches: Sequence[CacheCandidate],
-                    nearest: int = NEAREST) -> dict[str, Any]:
+def explain_compile(
+    rank: int, here: Mapping[str, Any], caches: Sequence[CacheCandidate], nearest: int = NEAREST
+) -> dict[str, Any]:
     """Would this rank load a stored compile cache: one whose signed key factors equal this
     node's in every factor known here before a compile (``here``: ``env``, ``config_hash``;
     vLLM compares the traced code's hash itself at load) and that holds this rank's artifacts."""
     compared = [c for c in caches if c.manifest is not None and c.manifest.key_factors is not None]
-    not_compared = {"unverified": sum(c.manifest is None for c in caches),
-                    "without_factors": sum(c.manifest is not None and c.manifest.key_factors is None for c in caches)}
+    not_compared = {
+        "unverified": sum(c.manifest is None for c in caches),
+        "without_factors": sum(
+            c.manifest is not None and c.manifest.key_factors is None for c in caches
+        ),
+    }
     rows = []
     for cache in compared:
-        signed = {k: v for k, v in (cache.manifest.key_factors or {}).items()  # type: ignore[union-attr]
-                  if k in here or k == SALT_KEY}  # keyed values compare under their salt
-        rows.append({"cache": cache.subject, "differs": differences(signed, here), "signers": list(cache.signers),
-                     "has_rank": _has_rank(cache.manifest, rank)})  # type: ignore[arg-type]
+        signed = {
+            k: v
+            for k, v in (cache.manifest.key_factors or {}).items()  # type: ignore[union-attr]
+            if k in here or k == SALT_KEY
+        }  # keyed values compare under their salt
+        rows.append(
+            {
+                "cache": cache.subject,
+                "differs": differences(signed, here),
+                "signers": list(cache.signers),
+                "has_rank": _has_rank(cache.manifest, rank),
+            }
+        )  # type: ignore[arg-type]
     rows.sort(key=lambda r: (len(r["differs"]), not r["has_rank"], r["cache"]))
     match = next((r for r in rows if not r["differs"] and r["has_rank"]), None)
     out: dict[str, Any] = {"not_compared": not_compared}
     if match is not None:
-        out.update(decision="load", reason="verified", cache=match["cache"], differs=[], candidates=[],
-                   detail="signed factors equal this node's (vLLM compares the traced code's hash at load)")
+        out.update(
+            decision="load",
+            reason="verified",
+            cache=match["cache"],
+            differs=[],
+            candidates=[],
+            detail="signed factors equal this node's (vLLM compares the traced code's hash at load)",
+        )
         return out
     same = next((r for r in rows if not r["differs"]), None)
     if same is not None:
-        out.update(decision="compile", reason="no-rank-artifacts", cache=same["cache"], differs=[],
-                   detail=f"the matching cache holds no artifacts for rank {rank}")
+        out.update(
+            decision="compile",
+            reason="no-rank-artifacts",
+            cache=same["cache"],
+            differs=[],
+            detail=f"the matching cache holds no artifacts for rank {rank}",
+        )
     else:
-        out.update(decision="compile", reason="no-cache", cache=None, differs=[],
-                   detail="no verified compile cache with this node's factors")
+        out.update(
+            decision="compile",
+            reason="no-cache",
+            cache=None,
+            differs=[],
+            detail="no verified compile cache with this node's factors",
+        )
     out["candidates"] = rows[:nearest]
     return out

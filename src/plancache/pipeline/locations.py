@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from ..settings import BULK_TIMEOUT
 from ..storage.local.localdir import LocalPlanDir, default_plan_dir
@@ -32,9 +33,21 @@ SIBLINGS_SEEN = 50
 
 Location = Union[LocalPlanDir, "Store"]
 
-__all__ = ["BULK_TIMEOUT", "Location", "deeper", "is_url", "local_dir", "no_plans_message", "normalise_url",
-           "open_location", "open_url", "require_existing", "require_push_target", "require_url",
-           "storage_options_for"]
+__all__ = [
+    "BULK_TIMEOUT",
+    "Location",
+    "deeper",
+    "is_url",
+    "local_dir",
+    "no_plans_message",
+    "normalise_url",
+    "open_location",
+    "open_url",
+    "require_existing",
+    "require_push_target",
+    "require_url",
+    "storage_options_for",
+]
 
 
 def is_url(location: str | None) -> bool:
@@ -53,7 +66,9 @@ def require_url(url: str) -> str:
     return normalise_url(url)
 
 
-def storage_options_for(explicit: Mapping[str, Any] | None, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def storage_options_for(
+    explicit: Mapping[str, Any] | None, env: Mapping[str, str] = os.environ
+) -> dict[str, Any]:
     """``$PLANCACHE_STORAGE_OPTIONS`` overridden, key by key, by the options a caller names
     (``--storage-option`` flags, the Python API's ``storage_options``): the CLI and the API
     read the same environment, and what is said explicitly wins."""
@@ -70,8 +85,12 @@ def storage_options_for(explicit: Mapping[str, Any] | None, env: Mapping[str, st
     return options
 
 
-def open_url(url: str, storage_options: Mapping[str, Any] | None, timeout: float,
-             deadline: float | None = None) -> "Store":
+def open_url(
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    timeout: float,
+    deadline: float | None = None,
+) -> Store:
     """The store at ``url``, after checking that its backend takes every storage option given
     (both within ``deadline``, default now + ``timeout``: see :func:`~..storage.store.open_store`)."""
     started = time.monotonic()  # before importing the storage machinery: it counts too
@@ -81,26 +100,37 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None, timeout: float
 
     url = require_url(url)
     deadline = started + checked_budget(timeout) if deadline is None else deadline
-    return open_store(url, storage_options, timeout, deadline=deadline,
-                      check=lambda: check_options(url, storage_options or {}))
+    return open_store(
+        url,
+        storage_options,
+        timeout,
+        deadline=deadline,
+        check=lambda: check_options(url, storage_options or {}),
+    )
 
 
 def local_dir(location: str | Path | None, must_exist: bool = True) -> LocalPlanDir:
     """A plan directory (default: vLLM's, resolved as vLLM resolves it)."""
     path = Path(location).expanduser() if location else default_plan_dir()
     if path.is_file():
-        raise ConfigError(f"{path} is a file, not a plan directory (plancache inspect {path} shows one plan)")
+        raise ConfigError(
+            f"{path} is a file, not a plan directory (plancache inspect {path} shows one plan)"
+        )
     if must_exist and not path.is_dir():
         raise ConfigError(f"plan directory {path} does not exist")
     return LocalPlanDir(path)
 
 
 def open_location(
-    location: str | Path | None, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None
+    location: str | Path | None,
+    storage_options: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
 ) -> Location:
     """A directory, or for a URL the store itself (the same ``fingerprints``/``fetch_many``)."""
     if is_url(str(location) if location else None):
-        return open_url(str(location), storage_options, BULK_TIMEOUT if timeout is None else timeout)
+        return open_url(
+            str(location), storage_options, BULK_TIMEOUT if timeout is None else timeout
+        )
     return local_dir(location)
 
 
@@ -123,7 +153,7 @@ def require_existing(source: Location, deadline: float | None = None) -> None:
         raise ConfigError(f"{source.url} does not exist")
 
 
-def require_push_target(store: "Store") -> None:
+def require_push_target(store: Store) -> None:
     """ConfigError when a ``file://`` store's parent directory does not exist. A push creates
     the store's own directory (a new store), but a whole missing tree is a mistyped mount path
     (``file:///mnt/plnas/fleet``), and creating it would hide every plan from the nodes that
@@ -132,8 +162,10 @@ def require_push_target(store: "Store") -> None:
         return
     parent = Path(store.root or "/").parent
     if not parent.is_dir():
-        raise ConfigError(f"{store.url}: {parent} does not exist (a push creates the store's own directory, "
-                          "not a whole missing tree: is the mount path right?)")
+        raise ConfigError(
+            f"{store.url}: {parent} does not exist (a push creates the store's own directory, "
+            "not a whole missing tree: is the mount path right?)"
+        )
 
 
 def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
@@ -146,7 +178,7 @@ def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
 
 
 def no_plans_message(source: Location) -> str:
-    """"no plans in X", naming the prefixes below X that hold some, else a sibling whose name is
+    """ "no plans in X", naming the prefixes below X that hold some, else a sibling whose name is
     close to X's (``…/h10`` when ``…/h100`` holds plans)."""
     from ..trust.display import safe_text  # the names below come from the store: hostile text
 
@@ -154,7 +186,9 @@ def no_plans_message(source: Location) -> str:
     if below:
         return f"no plans in {source}; plans found below it in: {', '.join(safe_text(b, 300) for b in below)}"
     near = near_miss(source)
-    return f"no plans in {source}" + (f"; did you mean {safe_text(near, 300)} (it holds plans)?" if near else "")
+    return f"no plans in {source}" + (
+        f"; did you mean {safe_text(near, 300)} (it holds plans)?" if near else ""
+    )
 
 
 def near_miss(source: Location) -> str | None:
@@ -163,7 +197,10 @@ def near_miss(source: Location) -> str | None:
     import difflib
 
     if isinstance(source, LocalPlanDir):
-        leaf, holding = source.path.name, _deeper_dirs(source.path.parent, SIBLINGS_SEEN, max_depth=1)
+        leaf, holding = (
+            source.path.name,
+            _deeper_dirs(source.path.parent, SIBLINGS_SEEN, max_depth=1),
+        )
     else:
         from ..storage.checks import deeper_prefixes
         from ..storage.store import Store
@@ -176,7 +213,9 @@ def near_miss(source: Location) -> str | None:
             parent = Store(source.fs, parent_url, parent_root, source.timeout)
         except Exception:  # best effort: the filesystem could not be made in time
             return None
-        holding = deeper_prefixes(parent, time.monotonic() + min(source.timeout, 10.0), SIBLINGS_SEEN, max_depth=1)
+        holding = deeper_prefixes(
+            parent, time.monotonic() + min(source.timeout, 10.0), SIBLINGS_SEEN, max_depth=1
+        )
     by_name = {str(h).rstrip("/").rsplit("/", 1)[-1]: str(h) for h in holding}
     match = difflib.get_close_matches(leaf, [n for n in by_name if n != leaf], n=1, cutoff=0.6)
     return by_name[match[0]] if match else None

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError
@@ -47,7 +48,9 @@ def verify_result(result: PlanResult, policy: TrustPolicy, now: datetime) -> Pla
         return result
     source = "store" if result.source == "store" else "local"
     try:
-        verified = policy.verify(plan_name(result.fingerprint), result.plan_bytes, result.sig_bytes, source, now)
+        verified = policy.verify(
+            plan_name(result.fingerprint), result.plan_bytes, result.sig_bytes, source, now
+        )
     except PlanCacheError as exc:
         return replace(result, error=exc)
     return replace(result, verified=verified)
@@ -78,7 +81,7 @@ class Resolver:
         self,
         directory: LocalPlanDir,
         policy: TrustPolicy,
-        store: "Store | Callable[[], Store] | None" = None,
+        store: Store | Callable[[], Store] | None = None,
         clock: Clock = utcnow,
     ) -> None:
         self.directory = directory
@@ -91,7 +94,7 @@ class Resolver:
         return self._store is not None and self.policy.reads_store
 
     @property
-    def store(self) -> "Store":
+    def store(self) -> Store:
         """The store, opened now if it was given as an opener; ConfigError without one."""
         if self._store is None or not self.policy.reads_store:
             raise ConfigError("no trusted keys: plans from a store are never used unverified")
@@ -113,11 +116,16 @@ class Resolver:
         except PlanCacheError as exc:  # the store cannot even be opened (a bad URL, no SDK)
             remote = PlanResult(fp, "store", error=exc)
         if local.error is not None:
-            return remote.with_note(f"local plan rejected ({local.error.reason}: {local.error.detail})")
+            return remote.with_note(
+                f"local plan rejected ({local.error.reason}: {local.error.detail})"
+            )
         return remote
 
     def pull(
-        self, fps: Iterable[str] | None, deadline: float | None = None, on_done: Callable[[int], None] | None = None
+        self,
+        fps: Iterable[str] | None,
+        deadline: float | None = None,
+        on_done: Callable[[int], None] | None = None,
     ) -> Iterator[PlanResult]:
         """Store -> verify -> persist for each fingerprint (every plan the store lists when
         ``fps`` is None); the store is authoritative here.
@@ -149,7 +157,9 @@ class Resolver:
         if len(todo) <= 1:
             return [self._write(r, sync=True) if r.verified is not None else r for r in results]
         with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
-            written = dict(zip((id(r) for r in todo), pool.map(lambda r: self._write(r, sync=False), todo)))
+            written = dict(
+                zip((id(r) for r in todo), pool.map(lambda r: self._write(r, sync=False), todo))
+            )
         if any(w.written for w in written.values()):
             self.directory.sync()  # one directory fsync for the batch; each file was fsynced
         return [written.get(id(r), r) for r in results]
@@ -165,7 +175,9 @@ class Resolver:
             if r.verified is not None:
                 local = self.local(r.fingerprint)
                 if local.verified is not None:
-                    kept[id(r)] = local.with_note("a valid local plan kept; the store's copy not written")
+                    kept[id(r)] = local.with_note(
+                        "a valid local plan kept; the store's copy not written"
+                    )
         written = iter(self._persist([r for r in results if id(r) not in kept]))
         return [kept[id(r)] if id(r) in kept else next(written) for r in results]
 

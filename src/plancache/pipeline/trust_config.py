@@ -8,8 +8,8 @@ means the same thing wherever it is read.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..keys.keyfile import Prompt, load_keyring
 from ..keys.schemes import load_signer
@@ -19,18 +19,24 @@ from ..trust.keyring.keys import Keyring, Signer
 from ..trust.policy import TrustPolicy
 
 
-def load_trusted_keys(path: str | Path, threshold: int = 1, revocations_only: bool = False) -> Keyring:
+def load_trusted_keys(
+    path: str | Path, threshold: int = 1, revocations_only: bool = False
+) -> Keyring:
     """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted.
 
     ``revocations_only`` accepts a file that lists only ``@revoked`` entries, for callers
     that only ask "is this revoked?" (``prune --revoked``).
     """
     if threshold < 1:
-        raise ConfigError(f"the signature threshold must be a whole number of at least 1, got {threshold}")
+        raise ConfigError(
+            f"the signature threshold must be a whole number of at least 1, got {threshold}"
+        )
     return load_keyring(Path(path).expanduser(), revocations_only).with_threshold(threshold)
 
 
-def trust_policy(source: str | None, threshold: int = 1, revocations_only: bool = False) -> TrustPolicy:
+def trust_policy(
+    source: str | None, threshold: int = 1, revocations_only: bool = False
+) -> TrustPolicy:
     """``signed`` with the keys at ``source``; ``unsigned-local`` when no keys are named.
 
     Keys that are named but unusable raise ConfigError: the CLI prints one line; the plugin
@@ -55,7 +61,9 @@ def keys_source(option: str | None, env: Mapping[str, str] = os.environ) -> str 
     return option or env.get(TRUSTED_KEYS_ENV) or None
 
 
-def signer_for(option: str | None, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None) -> Signer | None:
+def signer_for(
+    option: str | None, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None
+) -> Signer | None:
     """The signer named by ``--key``, else ``PLANCACHE_SIGNING_KEY``; None if neither.
 
     ``prompt`` asks for an encrypted key's passphrase: the CLI passes one on a terminal, the

@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 import types
 import warnings
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..trust.errors import ConfigError, PlanCacheError
 from .deadline import one_line
@@ -100,13 +101,17 @@ def _filesystem_class(protocol: str, url: str) -> type:
                 warnings.simplefilter("ignore", FutureWarning)
                 from gcsfs.core import GCSFileSystem  # the plain class: no gRPC bucket probe
         except ImportError:
-            raise ConfigError(f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')") from None
+            raise ConfigError(
+                f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')"
+            ) from None
         return GCSFileSystem  # type: ignore[no-any-return]
     if protocol in AZURE_PROTOCOLS:
         try:
             from .azure.blob import BoundedAzureBlobFileSystem
         except ImportError:
-            raise ConfigError(f"{url}: adlfs is not installed (pip install 'plancache[azure]')") from None
+            raise ConfigError(
+                f"{url}: adlfs is not installed (pip install 'plancache[azure]')"
+            ) from None
         return BoundedAzureBlobFileSystem
     try:
         return fsspec.get_filesystem_class(protocol)  # type: ignore[no-any-return]
@@ -118,8 +123,9 @@ def _filesystem_class(protocol: str, url: str) -> type:
         raise ConfigError(f"{url}: {one_line(exc)}") from None
 
 
-def _opener(cls: type, protocol: str, url: str, defaults: Mapping[str, Any],
-            options: Mapping[str, Any]) -> Callable[[], Any]:
+def _opener(
+    cls: type, protocol: str, url: str, defaults: Mapping[str, Any], options: Mapping[str, Any]
+) -> Callable[[], Any]:
     """A function instantiating the filesystem, mapping every setup failure to one CONFIG line.
 
     The options are merged now (bad ones fail at open); the instance is made by the caller,
@@ -199,8 +205,13 @@ def _aiohttp_timeout(value: Any) -> Any:
 def kind_of(cls: type) -> str:
     """Which read and listing path a filesystem class gets (see :class:`.store.Store`)."""
     module = cls.__module__
-    for prefix, kind in (("s3fs", "s3"), ("gcsfs", "gcs"), ("adlfs", "azure"), ("plancache.storage.azure", "azure"),
-                         ("fsspec.implementations.local", "local")):
+    for prefix, kind in (
+        ("s3fs", "s3"),
+        ("gcsfs", "gcs"),
+        ("adlfs", "azure"),
+        ("plancache.storage.azure", "azure"),
+        ("fsspec.implementations.local", "local"),
+    ):
         if module.startswith(prefix):
             return kind
     return "async" if getattr(cls, "async_impl", False) else "sync"
@@ -238,8 +249,9 @@ async def list_page(store: Any, token: str | None, root: str | None = None) -> P
         return Page([], None)
 
 
-def filesystem_opener(url: str, storage_options: Mapping[str, Any] | None,
-                      budget: float) -> tuple[type, Callable[[], Any], str]:
+def filesystem_opener(
+    url: str, storage_options: Mapping[str, Any] | None, budget: float
+) -> tuple[type, Callable[[], Any], str]:
     """(filesystem class, a function making the instance, root path); ConfigError on bad setup.
 
     Everything that can be checked without a network call is checked here.
@@ -254,13 +266,21 @@ def filesystem_opener(url: str, storage_options: Mapping[str, Any] | None,
         from_url = cls._get_kwargs_from_urls(url)
     except (ImportError, ValueError):
         from_url = {}
-    make = _opener(cls, protocol, url, backend_defaults(protocol, budget), merge_options(from_url, storage_options))
+    make = _opener(
+        cls,
+        protocol,
+        url,
+        backend_defaults(protocol, budget),
+        merge_options(from_url, storage_options),
+    )
     root = cls._strip_protocol(url)
     root = root.rstrip("/") if root not in ("/", "") else root
     return cls, make, root
 
 
-def open_filesystem(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> tuple[Any, str]:
+def open_filesystem(
+    url: str, storage_options: Mapping[str, Any] | None, budget: float
+) -> tuple[Any, str]:
     """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup failure."""
     _, make, root = filesystem_opener(url, storage_options, budget)
     return make(), root

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from ..trust.errors import PlanCacheError
 from .deadline import store_error

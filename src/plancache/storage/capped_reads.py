@@ -19,15 +19,17 @@ from typing import TYPE_CHECKING
 
 from ..trust.errors import Reason, Rejected
 from .deadline import http_status, store_error, with_retries
-from .local.files import read_capped
 from .listing import cap_for
+from .local.files import read_capped
 from .threads import in_thread
 
 if TYPE_CHECKING:
     from .store import Store
 
 
-async def read_object(store: "Store", name: str, deadline: float, cap: int | None = None) -> bytes | None:
+async def read_object(
+    store: Store, name: str, deadline: float, cap: int | None = None
+) -> bytes | None:
     """One object's bytes (None if absent), at most ``cap`` (a plan's or sidecar's by its name);
     retried while transient, inside ``deadline``; TOO_LARGE beyond the cap."""
     cap = cap_for(name) if cap is None else cap
@@ -56,7 +58,9 @@ async def read_object(store: "Store", name: str, deadline: float, cap: int | Non
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        if http_status(exc) == 416:  # a range from byte 0 is unsatisfiable only over an empty object
+        if (
+            http_status(exc) == 416
+        ):  # a range from byte 0 is unsatisfiable only over an empty object
             return b""
         raise store_error(f"cannot read {name}", exc) from None
     if data is not None and len(data) > cap:
@@ -64,10 +68,12 @@ async def read_object(store: "Store", name: str, deadline: float, cap: int | Non
     return data
 
 
-def read_now(store: "Store", name: str, deadline: float, cap: int | None = None) -> bytes | None:
+def read_now(store: Store, name: str, deadline: float, cap: int | None = None) -> bytes | None:
     """:func:`read_object` from a synchronous caller, waited for until ``deadline``; on ``s3://``
     whose s3fs is not made yet, through :meth:`.s3.direct.S3Direct.get` (no s3fs import)."""
     direct = store._direct if store._fs is None else None
     if direct is not None:
         return direct.get(name, cap, deadline)
-    return store._run(lambda: read_object(store, name, deadline, cap), deadline, f"cannot read {name} from")
+    return store._run(
+        lambda: read_object(store, name, deadline, cap), deadline, f"cannot read {name} from"
+    )

@@ -21,7 +21,8 @@ import asyncio
 import inspect
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plans.plan import fingerprint_of_plan_name
@@ -35,9 +36,24 @@ T = TypeVar("T")
 BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 """Protocols whose first path component is a bucket (an Azure container) that must exist on its own."""
 
-_CHECKED = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "file": "file", "local": "file", "memory": "memory"}
-_FSSPEC_COMMON = {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache",
-                  "asynchronous", "loop", "batch_size"}
+_CHECKED = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "file": "file",
+    "local": "file",
+    "memory": "memory",
+}
+_FSSPEC_COMMON = {
+    "use_listings_cache",
+    "listings_expiry_time",
+    "max_paths",
+    "skip_instance_cache",
+    "asynchronous",
+    "loop",
+    "batch_size",
+}
 _PLANCACHE_OWN = {"s3": {"retries"}}
 """Options plancache itself consumes before the SDK sees them (see storage.backends)."""
 
@@ -58,7 +74,11 @@ def _named_parameters(cls: type) -> set[str]:
             params = inspect.signature(init).parameters.values()
         except (TypeError, ValueError):
             continue
-        names.update(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
+        names.update(
+            p.name
+            for p in params
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"
+        )
     return names
 
 
@@ -110,7 +130,7 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 # -- existence and deeper prefixes ------------------------------------------------------------
 
 
-def _loop(store: "Store") -> asyncio.AbstractEventLoop:
+def _loop(store: Store) -> asyncio.AbstractEventLoop:
     if getattr(store.fs, "async_impl", False):
         return store.fs.loop  # type: ignore[no-any-return]
     from fsspec.asyn import get_loop
@@ -118,21 +138,21 @@ def _loop(store: "Store") -> asyncio.AbstractEventLoop:
     return get_loop()
 
 
-async def _call(store: "Store", name: str, *args: Any, **kwargs: Any) -> Any:
+async def _call(store: Store, name: str, *args: Any, **kwargs: Any) -> Any:
     if getattr(store.fs, "async_impl", False):
         return await getattr(store.fs, f"_{name}")(*args, **kwargs)
     return await asyncio.to_thread(getattr(store.fs, name), *args, **kwargs)
 
 
-def _run(store: "Store", make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
+def _run(store: Store, make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
     return run_by(_loop(store), make, deadline, f"{what} {store.url}", store.timeout)
 
 
-def protocol_of(store: "Store") -> str:
+def protocol_of(store: Store) -> str:
     return store.url.split("://", 1)[0].lower()
 
 
-def location_exists(store: "Store", deadline: float | None = None) -> bool | None:
+def location_exists(store: Store, deadline: float | None = None) -> bool | None:
     """True or False; None when the store will not say (access to the bucket itself denied).
 
     For bucketed protocols the bucket is asked about, since a prefix "exists" only while an
@@ -158,13 +178,18 @@ def location_exists(store: "Store", deadline: float | None = None) -> bool | Non
         return False
     if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") != "directory":
         if found.get("type") == "file":
-            raise ConfigError(f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)")
-        raise ConfigError(f"{store.url} is not a directory of plans (a FIFO, socket or device)")  # never opened
+            raise ConfigError(
+                f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)"
+            )
+        raise ConfigError(
+            f"{store.url} is not a directory of plans (a FIFO, socket or device)"
+        )  # never opened
     return True
 
 
-def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 5,
-                    max_depth: int = MAX_DEPTH) -> list[str]:
+def deeper_prefixes(
+    store: Store, deadline: float | None = None, limit: int = 5, max_depth: int = MAX_DEPTH
+) -> list[str]:
     """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
 
     Breadth first, at most ``max_depth`` levels and MAX_LISTINGS listing requests, inside the
@@ -181,7 +206,7 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
     found: list[str] = []
 
     def shown(path: str) -> str:
-        return base + path[len(store.root.rstrip("/")):]
+        return base + path[len(store.root.rstrip("/")) :]
 
     async def paged() -> None:
         from .backends import list_page
@@ -198,12 +223,16 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
                     page = await list_page(store, token, path)
                 except (OSError, ValueError, PlanCacheError):
                     break
-                holds_plans = holds_plans or any(fingerprint_of_plan_name(e.name) for e in page.entries)
+                holds_plans = holds_plans or any(
+                    fingerprint_of_plan_name(e.name) for e in page.entries
+                )
                 for below in page.prefixes if depth < max_depth else ():
                     if queued < MAX_QUEUED:
                         queue.append((below, depth + 1))
                         queued += 1
-                if page.token is None or (holds_plans and (queued >= MAX_QUEUED or depth >= max_depth)):
+                if page.token is None or (
+                    holds_plans and (queued >= MAX_QUEUED or depth >= max_depth)
+                ):
                     break  # nothing more this prefix could tell
                 token = page.token
             if depth > 0 and holds_plans:
@@ -225,7 +254,11 @@ def deeper_prefixes(store: "Store", deadline: float | None = None, limit: int = 
                     continue
                 full = store.fs._strip_protocol(entry["name"]).rstrip("/")
                 leaf = full.rsplit("/", 1)[-1]
-                if entry.get("type") == "directory" and depth < max_depth and full != path.rstrip("/"):
+                if (
+                    entry.get("type") == "directory"
+                    and depth < max_depth
+                    and full != path.rstrip("/")
+                ):
                     queue.append((full, depth + 1))
                 names.append(leaf)
             if depth > 0 and any(fingerprint_of_plan_name(n) for n in names):

@@ -34,7 +34,8 @@ import hashlib
 import itertools
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import plan_name, sig_name
@@ -49,10 +50,14 @@ if TYPE_CHECKING:
     from .store import Store
 
 READS: dict[str, Callable[[Any, str, int], Awaitable[Versioned]]] = {
-    "s3": s3_versions.read, "gcs": gcs_versions.read, "azure": azure_versions.read,
+    "s3": s3_versions.read,
+    "gcs": gcs_versions.read,
+    "azure": azure_versions.read,
 }
 DELETES: dict[str, Callable[[Any, str, str], Awaitable[None]]] = {
-    "s3": s3_versions.delete, "gcs": gcs_versions.delete, "azure": azure_versions.delete,
+    "s3": s3_versions.delete,
+    "gcs": gcs_versions.delete,
+    "azure": azure_versions.delete,
 }
 """Backends with a precondition on deletes, by :attr:`.store.Store.kind`: each one's read with
 its version and its conditional delete are in its own room."""
@@ -80,8 +85,11 @@ def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
 
 
 def delete_if_unchanged(
-    store: "Store", judged: Mapping[str, str], deadline: float | None = None,
-    before_delete: BeforeDelete | None = None, unconditional: bool = False,
+    store: Store,
+    judged: Mapping[str, str],
+    deadline: float | None = None,
+    before_delete: BeforeDelete | None = None,
+    unconditional: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Delete each fingerprint's plan and sidecar only if both are still what was judged
     (``judged`` maps a fingerprint to its :func:`content_digest`); returns (deleted, changed).
@@ -100,28 +108,44 @@ def delete_if_unchanged(
     changed: list[str] = []
     source = iter(judged)
     while batch := list(itertools.islice(source, BATCH)):
-        seen = _each(store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline)
-        same = [fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]]
+        seen = _each(
+            store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline
+        )
+        same = [
+            fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]
+        ]
         changed += [fp for fp in batch if fp not in same]
         if same and before_delete is not None:
             before_delete(same)
-        gone = _each(store, same, lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline), "delete", deadline)
+        gone = _each(
+            store,
+            same,
+            lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline),
+            "delete",
+            deadline,
+        )
         deleted += [fp for fp in same if gone[fp]]
         changed += [fp for fp in same if not gone[fp]]
     return deleted, changed
 
 
-def require_honoured_preconditions(store: "Store", deadline: float) -> None:
+def require_honoured_preconditions(store: Store, deadline: float) -> None:
     """ConfigError (naming :data:`UNCONDITIONAL_FLAG`) unless the store refuses a delete whose
     precondition does not hold: checked on a canary object, written and removed here."""
     fs = store.fs
     path = store.path(f"{CANARY_PREFIX}{uuid.uuid4().hex}")
 
     async def check() -> str | None:
-        await with_retries(lambda: store._call("pipe_file", path, b"plancache precondition check\n"), deadline)
+        await with_retries(
+            lambda: store._call("pipe_file", path, b"plancache precondition check\n"), deadline
+        )
         try:
-            token = (await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)).token or ""
-            wrong = str(int(token) + 1) if token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'  # never the canary's
+            token = (
+                await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)
+            ).token or ""
+            wrong = (
+                str(int(token) + 1) if token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'
+            )  # never the canary's
             try:
                 await DELETES[store.kind](fs, path, wrong)
             except Exception as exc:
@@ -138,7 +162,9 @@ def require_honoured_preconditions(store: "Store", deadline: float) -> None:
             except FileNotFoundError:
                 pass
 
-    failed = store._run(check, deadline, "cannot check conditional deletes on")  # failures typed there
+    failed = store._run(
+        check, deadline, "cannot check conditional deletes on"
+    )  # failures typed there
     if failed is not None:
         raise ConfigError(
             f"{store.url} does not honour conditional deletes (it {failed}), so a plan replaced after it was judged "
@@ -147,7 +173,7 @@ def require_honoured_preconditions(store: "Store", deadline: float) -> None:
 
 
 def _reread_then_delete(
-    store: "Store", judged: Mapping[str, str], deadline: float, before_delete: BeforeDelete | None
+    store: Store, judged: Mapping[str, str], deadline: float, before_delete: BeforeDelete | None
 ) -> tuple[list[str], list[str]]:
     """No precondition: re-read, compare, delete what is the same (the window stays)."""
     deleted: list[str] = []
@@ -157,7 +183,11 @@ def _reread_then_delete(
         for r in batch:
             if r.error is not None:
                 raise r.error
-        same = [r.fingerprint for r in batch if content_digest(r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]]
+        same = [
+            r.fingerprint
+            for r in batch
+            if content_digest(r.plan_bytes, r.sig_bytes) == judged[r.fingerprint]
+        ]
         if same:
             if before_delete is not None:
                 before_delete(same)
@@ -167,8 +197,13 @@ def _reread_then_delete(
     return deleted, changed
 
 
-def _each(store: "Store", keys: Sequence[str], action: Callable[[str], Awaitable[T]], what: str,
-          deadline: float) -> dict[str, T]:
+def _each(
+    store: Store,
+    keys: Sequence[str],
+    action: Callable[[str], Awaitable[T]],
+    what: str,
+    deadline: float,
+) -> dict[str, T]:
     """``action`` on every key through the store's own bounded batch runner; raises the first failure."""
     results = store._each_by(keys, action, f"{what} plans in", deadline)
     for outcome in results.values():
@@ -177,9 +212,12 @@ def _each(store: "Store", keys: Sequence[str], action: Callable[[str], Awaitable
     return results  # type: ignore[return-value]
 
 
-async def _read_pair(store: "Store", fs: Any, fp: str, deadline: float) -> tuple[Versioned, Versioned]:
+async def _read_pair(
+    store: Store, fs: Any, fp: str, deadline: float
+) -> tuple[Versioned, Versioned]:
     plan, sig = await asyncio.gather(
-        _read_one(store, fs, plan_name(fp), deadline), _read_one(store, fs, sig_name(fp), deadline),
+        _read_one(store, fs, plan_name(fp), deadline),
+        _read_one(store, fs, sig_name(fp), deadline),
         return_exceptions=True,  # both collected: neither exception is left unretrieved
     )
     for outcome in (plan, sig):
@@ -188,7 +226,7 @@ async def _read_pair(store: "Store", fs: Any, fp: str, deadline: float) -> tuple
     return plan, sig  # type: ignore[return-value]
 
 
-async def _read_one(store: "Store", fs: Any, name: str, deadline: float) -> Versioned:
+async def _read_one(store: Store, fs: Any, name: str, deadline: float) -> Versioned:
     cap = cap_for(name)
     read = READS[store.kind]
     try:
@@ -202,7 +240,9 @@ async def _read_one(store: "Store", fs: Any, name: str, deadline: float) -> Vers
     return got
 
 
-async def _delete_pair(store: "Store", fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: float) -> bool:
+async def _delete_pair(
+    store: Store, fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: float
+) -> bool:
     """False if the plan is no longer the version re-read (then its sidecar stays too)."""
     plan, sig = seen
     if not await _delete_one(store, fs, plan_name(fp), plan.token, deadline):
@@ -211,7 +251,7 @@ async def _delete_pair(store: "Store", fs: Any, fp: str, seen: tuple[Versioned, 
     return True
 
 
-async def _delete_one(store: "Store", fs: Any, name: str, token: str | None, deadline: float) -> bool:
+async def _delete_one(store: Store, fs: Any, name: str, token: str | None, deadline: float) -> bool:
     """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if changed."""
     if token is None:
         return True  # absent at the re-read: nothing judged to delete

@@ -22,9 +22,10 @@ import errno
 import random
 import re
 import time
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
-from ..settings import DEFAULT_TIMEOUT  # noqa: F401 (re-exported: the budget's home is the settings)
+from ..settings import DEFAULT_TIMEOUT
 from ..trust.errors import PlanCacheError, StoreError, StoreTimeout
 
 T = TypeVar("T")
@@ -152,7 +153,9 @@ def retry_after(exc: BaseException) -> float | None:
                 continue
             value = headers.get("retry-after") or headers.get("Retry-After")
             text = value.strip(" \t") if isinstance(value, str) else ""
-            if _DELTA_SECONDS.fullmatch(text):  # never str.isdigit: it takes '²', which float() refuses
+            if _DELTA_SECONDS.fullmatch(
+                text
+            ):  # never str.isdigit: it takes '²', which float() refuses
                 return min(float(text), RETRY_AFTER_CAP) if len(text) <= 16 else RETRY_AFTER_CAP
     return None
 
@@ -180,7 +183,11 @@ def _give_up(number: int, exc: Exception, pause: float, deadline: float) -> bool
     """No retry past the attempts, of a failure that would fail again, or whose pause (a
     Retry-After included) would end after the deadline: a try that cannot finish in time only
     adds load to a store that is already refusing."""
-    return number >= _attempts(exc) - 1 or not is_transient(exc) or time.monotonic() + pause >= deadline
+    return (
+        number >= _attempts(exc) - 1
+        or not is_transient(exc)
+        or time.monotonic() + pause >= deadline
+    )
 
 
 async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> T:
@@ -239,7 +246,11 @@ def store_error(what: str, exc: BaseException) -> PlanCacheError:
 
 
 def run_by(
-    loop: asyncio.AbstractEventLoop, make: Callable[[], Awaitable[T]], deadline: float, what: str, budget: float
+    loop: asyncio.AbstractEventLoop,
+    make: Callable[[], Awaitable[T]],
+    deadline: float,
+    what: str,
+    budget: float,
 ) -> T:
     """Run ``make()`` on ``loop`` from this thread; cancel it and raise StoreTimeout at the deadline."""
     remaining = deadline - time.monotonic()
@@ -269,5 +280,7 @@ def checked_budget(value: Any, default: float = DEFAULT_TIMEOUT) -> float:
     except (TypeError, ValueError):
         raise ConfigError(f"the timeout must be a number of seconds, got {value!r}") from None
     if not (0 < budget < 1e6):
-        raise ConfigError(f"the timeout must be a positive number of seconds below 1e6, got {value}")
+        raise ConfigError(
+            f"the timeout must be a positive number of seconds below 1e6, got {value}"
+        )
     return budget

@@ -20,8 +20,9 @@ import binascii
 import hashlib
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..trust.envelope import MAX_SIG_BYTES
 from ..trust.errors import Reason, Rejected
@@ -110,7 +111,7 @@ def entries_under(items: Any, prefix: str, name_key: str, size_key: str) -> list
     for item in items if isinstance(items, list) else []:
         name = item.get(name_key) if isinstance(item, dict) else None
         if isinstance(name, str) and name.startswith(prefix):
-            info = entry_info(name[len(prefix):], item.get(size_key), item)
+            info = entry_info(name[len(prefix) :], item.get(size_key), item)
             if info is not None:
                 entries.append(info)
     return entries
@@ -126,7 +127,7 @@ def prefixes_under(names: Any, bucket: str, prefix: str) -> tuple[str, ...]:
             break
         if not isinstance(name, str) or len(name) > 1024 or not name.startswith(prefix):
             continue
-        segment = name[len(prefix):].removesuffix("/")
+        segment = name[len(prefix) :].removesuffix("/")
         if segment and segment not in (".", "..") and "/" not in segment and segment.isprintable():
             kept.append(f"{bucket}/{prefix}{segment}")
     return tuple(kept)
@@ -162,7 +163,11 @@ def fsspec_entries(fs: Any, prefix: str, listed: list[Any], limit: int) -> list[
         if not isinstance(full, str):
             continue
         full = fs._strip_protocol(full)
-        info = entry_info(full[len(prefix):], entry.get("size"), entry) if full.startswith(prefix) else None
+        info = (
+            entry_info(full[len(prefix) :], entry.get("size"), entry)
+            if full.startswith(prefix)
+            else None
+        )
         if info is not None:
             found.append(info)
             if len(found) >= limit:

@@ -9,7 +9,8 @@ inside the caller's deadline and with the shared retries (:mod:`.deadline`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..trust.plans.plan_set import set_object_id
 from .capped_reads import read_now
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 
-def read_set(store: "Store", name: str, deadline: float | None = None) -> bytes | None:
+def read_set(store: Store, name: str, deadline: float | None = None) -> bytes | None:
     """A set (or replica) object's bytes, capped (None if absent); raw and unverified."""
     set_object_id(name) or _not_a_set(name)
     return read_now(store, name, store._deadline(deadline))
@@ -33,12 +34,14 @@ def throttled(exc: BaseException) -> bool:
     return http_status(exc) in THROTTLED
 
 
-def set_names(store: "Store", deadline: float | None = None) -> list[str]:
+def set_names(store: Store, deadline: float | None = None) -> list[str]:
     """The set and replica objects directly under the prefix, sorted (one listing, the plans' own)."""
     return sorted(info.name for info in store.iter_objects(deadline) if set_object_id(info.name))
 
 
-def delete_sets(store: "Store", names: Iterable[str], deadline: float | None = None) -> dict[str, "PlanCacheError"]:
+def delete_sets(
+    store: Store, names: Iterable[str], deadline: float | None = None
+) -> dict[str, PlanCacheError]:
     """Delete set objects; one already gone is not an error. Returns those that could not be
     deleted, each with its error: prune must name every set left behind (it would go on serving
     what prune deletes), so after a failed batch each set is retried alone to learn which."""
@@ -61,7 +64,7 @@ def delete_sets(store: "Store", names: Iterable[str], deadline: float | None = N
 
 
 def _not_a_set(name: str) -> bool:
-    from ..trust.errors import Reason, Rejected
     from ..trust.display import safe_text
+    from ..trust.errors import Reason, Rejected
 
     raise Rejected(Reason.MALFORMED, f"not a plan set name: '{safe_text(name, 80)}'")

@@ -21,8 +21,9 @@ import contextlib
 import itertools
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import fingerprint_of_plan_name, plan_name, sig_name
@@ -31,8 +32,8 @@ from .backends import CONCURRENCY, filesystem_opener, kind_of, list_page
 from .batches import each
 from .capped_reads import read_object
 from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
-from .local.files import write_atomic
 from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, md5_hex  # noqa: F401 (re-exported)
+from .local.files import write_atomic
 from .s3.direct import MAX_FINGERPRINTS, S3Direct, direct_settings
 from .threads import Pending, in_thread, use_daemon_executor
 
@@ -41,8 +42,14 @@ T = TypeVar("T")
 SYNC_CONCURRENCY = 8  # threads in flight for filesystems without an async implementation
 
 
-def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None, *,
-               deadline: float | None = None, check: Callable[[], None] | None = None) -> "Store":
+def open_store(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    *,
+    deadline: float | None = None,
+    check: Callable[[], None] | None = None,
+) -> Store:
     """Open the store at ``url``; ``timeout`` is the overall budget of each remote operation.
 
     Options: plancache's defaults for the protocol, overridden by fsspec's configuration for
@@ -67,11 +74,18 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, timeo
     return store
 
 
-def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> "Store":
+def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> Store:
     direct = direct_settings(url, storage_options or {})
     if direct is not None:  # s3fs is imported only when more than a boot's few reads are asked for
-        return Store(None, url.rstrip("/"), direct.root, budget, kind="s3", direct=S3Direct(direct, budget),
-                     opener=lambda: filesystem_opener(url, storage_options, budget)[1]())
+        return Store(
+            None,
+            url.rstrip("/"),
+            direct.root,
+            budget,
+            kind="s3",
+            direct=S3Direct(direct, budget),
+            opener=lambda: filesystem_opener(url, storage_options, budget)[1](),
+        )
     cls, make, root = filesystem_opener(url, storage_options, budget)
     if kind_of(cls) == "gcs":
         return Store(None, url.rstrip("/"), root, budget, opener=make, kind="gcs")
@@ -86,8 +100,17 @@ class Store:
     ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed (:mod:`.s3.direct`).
     """
 
-    def __init__(self, fs: Any, url: str, root: str, timeout: float = DEFAULT_TIMEOUT, *,
-                 opener: Callable[[], Any] | None = None, kind: str | None = None, direct: Any = None) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        url: str,
+        root: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        opener: Callable[[], Any] | None = None,
+        kind: str | None = None,
+        direct: Any = None,
+    ) -> None:
         self._fs = fs
         self._direct = direct
         self._opener = opener
@@ -134,7 +157,11 @@ class Store:
         return fs
 
     def path(self, name: str) -> str:
-        return f"{self.root}/{name}" if self.root not in ("", "/") else f"{self.root.rstrip('/')}/{name}"
+        return (
+            f"{self.root}/{name}"
+            if self.root not in ("", "/")
+            else f"{self.root.rstrip('/')}/{name}"
+        )
 
     def _deadline(self, deadline: float | None) -> float:
         if deadline is not None:
@@ -160,7 +187,9 @@ class Store:
             return await getattr(self._fs, f"_{name}")(*args, **kwargs)
         return await in_thread(getattr(self._fs, name), *args, **kwargs)
 
-    async def _read_capped(self, name: str, deadline: float, cap: int | None = None) -> bytes | None:
+    async def _read_capped(
+        self, name: str, deadline: float, cap: int | None = None
+    ) -> bytes | None:
         """One object's bytes (None if absent), at most ``cap`` (see :func:`.capped_reads.read_object`)."""
         return await read_object(self, name, deadline, cap)
 
@@ -204,18 +233,26 @@ class Store:
             names = 0
             seen: set[str] = set()  # at most MAX_NAMES short names
             for _ in range(MAX_PAGES):
-                page = self._run(lambda: with_retries(lambda: list_page(self, token), deadline), deadline, "cannot list")
+                page = self._run(
+                    lambda: with_retries(lambda: list_page(self, token), deadline),
+                    deadline,
+                    "cannot list",
+                )
                 for info in page.entries:
                     names += 1
                     if names > MAX_NAMES:
-                        raise Rejected(Reason.TOO_LARGE, f"{self.url} lists more than {MAX_NAMES} plan objects")
+                        raise Rejected(
+                            Reason.TOO_LARGE, f"{self.url} lists more than {MAX_NAMES} plan objects"
+                        )
                     if info.name not in seen:  # a listing naming an object twice names it once here
                         seen.add(info.name)
                         yield info
                 if page.token is None:
                     return
                 token = page.token
-            raise Rejected(Reason.TOO_LARGE, f"the listing of {self.url} runs past {MAX_PAGES} pages")
+            raise Rejected(
+                Reason.TOO_LARGE, f"the listing of {self.url} runs past {MAX_PAGES} pages"
+            )
 
         return pages()
 
@@ -226,7 +263,9 @@ class Store:
     def iter_fingerprints(self, deadline: float | None = None) -> Iterator[str]:
         """Fingerprints of the plans under the prefix as listed, page by page (not sorted)."""
         objects = self.iter_objects(deadline)
-        return (fp for fp in (fingerprint_of_plan_name(info.name) for info in objects) if fp is not None)
+        return (
+            fp for fp in (fingerprint_of_plan_name(info.name) for info in objects) if fp is not None
+        )
 
     def fingerprints(self, deadline: float | None = None) -> list[str]:
         """Fingerprints of the plans under the prefix, sorted; hostile names are ignored."""
@@ -274,7 +313,8 @@ class Store:
             # both outcomes are collected: a failure of one read must not leave the other's
             # exception unretrieved (asyncio would print its traceback at exit)
             plan, sig = await asyncio.gather(
-                self._read_capped(plan_name(fp), deadline), self._read_capped(sig_name(fp), deadline),
+                self._read_capped(plan_name(fp), deadline),
+                self._read_capped(sig_name(fp), deadline),
                 return_exceptions=True,
             )
             for outcome in (plan, sig):
@@ -287,9 +327,12 @@ class Store:
             got = self._direct.fetch_pairs(unique, deadline, on_done)
         else:
             got = self._each_by(unique, pair, "fetch", deadline, on_done)
-        return [PlanResult(fp, "store", error=got[fp]) if isinstance(got[fp], PlanCacheError)
-                else PlanResult(fp, "store", plan_bytes=got[fp][0], sig_bytes=got[fp][1])  # type: ignore[index]
-                for fp in fingerprints]
+        return [
+            PlanResult(fp, "store", error=got[fp])
+            if isinstance(got[fp], PlanCacheError)
+            else PlanResult(fp, "store", plan_bytes=got[fp][0], sig_bytes=got[fp][1])  # type: ignore[index]
+            for fp in fingerprints
+        ]
 
     def fetch(self, fp: str, deadline: float | None = None) -> PlanResult:
         """One fingerprint's plan and sidecar in one round trip (see :meth:`fetch_many`)."""
@@ -315,13 +358,21 @@ class Store:
         deadline = self._deadline(deadline)
 
         async def upload(name: str) -> None:
-            if self.kind == "local":  # temp file and rename: a FIFO planted at the name is replaced, never opened
+            if (
+                self.kind == "local"
+            ):  # temp file and rename: a FIFO planted at the name is replaced, never opened
                 return await in_thread(write_atomic, Path(self.path(name)), objects[name])
-            await with_retries(lambda: self._call("pipe_file", self.path(name), objects[name]), deadline)
+            await with_retries(
+                lambda: self._call("pipe_file", self.path(name), objects[name]), deadline
+            )
 
-        _raise_first(self._each_by(list(objects), upload, f"upload to {self.url}", deadline, on_done))
+        _raise_first(
+            self._each_by(list(objects), upload, f"upload to {self.url}", deadline, on_done)
+        )
 
-    def put(self, fp: str, plan_bytes: bytes, sig_bytes: bytes | None, deadline: float | None = None) -> None:
+    def put(
+        self, fp: str, plan_bytes: bytes, sig_bytes: bytes | None, deadline: float | None = None
+    ) -> None:
         """Upload one plan and, when given, its sidecar (concurrently)."""
         objects = {plan_name(fp): plan_bytes}
         if sig_bytes is not None:
@@ -330,7 +381,9 @@ class Store:
 
     def delete(self, fingerprints: Iterable[str], deadline: float | None = None) -> None:
         """Delete plans and their sidecars; objects already gone are not an error."""
-        self.delete_objects([n for fp in fingerprints for n in (plan_name(fp), sig_name(fp))], deadline)
+        self.delete_objects(
+            [n for fp in fingerprints for n in (plan_name(fp), sig_name(fp))], deadline
+        )
 
     def delete_objects(self, names: list[str], deadline: float | None = None) -> None:
         """Delete these objects under the prefix (plans, sidecars, plan sets); gone is not an error."""

@@ -15,7 +15,8 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..trust.errors import StoreTimeout
 
@@ -93,7 +94,9 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
     short-lived (one per new connection), so no pool is needed.
     """
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> "concurrent.futures.Future[T]":
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
@@ -115,4 +118,4 @@ def use_daemon_executor(loop: asyncio.AbstractEventLoop) -> None:
     """Make ``loop``'s default executor a :class:`DaemonExecutor` (once; idempotent)."""
     if not getattr(loop, "_plancache_daemon_executor", False):
         loop.call_soon_threadsafe(loop.set_default_executor, DaemonExecutor())
-        setattr(loop, "_plancache_daemon_executor", True)
+        loop._plancache_daemon_executor = True

@@ -23,8 +23,9 @@ here are only what they share: the versioned bytes, the token check and the rang
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ..trust.errors import StoreError
 from .deadline import causes, http_status
@@ -50,9 +51,16 @@ def version_token(value: Any, path: str) -> str:
     """A version token fit to send back in a header; StoreError if the store stated none."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    if isinstance(value, str) and 0 < len(value) <= MAX_TOKEN and value.isascii() and value.isprintable():
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_TOKEN
+        and value.isascii()
+        and value.isprintable()
+    ):
         return value
-    raise StoreError(f"{path}: the store states no usable version (ETag or generation), so no conditional delete")
+    raise StoreError(
+        f"{path}: the store states no usable version (ETag or generation), so no conditional delete"
+    )
 
 
 async def ranged_or_whole(read: Callable[[str | None], Awaitable[T]], cap: int) -> T:

@@ -45,21 +45,27 @@ _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#@\s]*@")
 _BARE_USERINFO = re.compile(r"(?<![\w.+\-/:@])[^\s\"'/@:=?&;,]+:[^\s\"'/@]+@")
 """``user:password@host`` without its scheme, as an SDK echoes a URL's "bucket name"."""
 _ENCODED_USERINFO = re.compile(r"(?i)(%3A%2F%2F)(?:(?!%2F|%40)[^/?#@\s\"'])*%40")
-_ENCODED_PARAM = re.compile(r"(?i)(%3F|%26|%3B)([a-z0-9_.\-]+)%3D((?:(?!%26|%3B|%23)[^&;#\s,\"'\\])*)")
+_ENCODED_PARAM = re.compile(
+    r"(?i)(%3F|%26|%3B)([a-z0-9_.\-]+)%3D((?:(?!%26|%3B|%23)[^&;#\s,\"'\\])*)"
+)
 """The same, percent-encoded once, as an SDK quotes a whole URL into another one's query."""
 _CUT_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#@\s]*:[^/?#@\s]*$")
 _PIN = re.compile(r"(?i)\b(pin-(?:value|source))(?:[=:]|%3D|%3A)[^&;#\s]+")
 """``pin-value=…``, also malformed (``pin-value:…``) or percent-encoded: a separator and a value
 are needed, so a harmless word such as ``PIN-VALUE`` is shown as it is."""
-_HEADER = re.compile(r"(?i)(?<![\w-])((?:proxy-)?authorization|x-amz-security-token|x-api-key|client[_-]secret)"
-                     r"(\s*[:=]\s*)(?:(bearer|basic|digest|negotiate|token|aws4-hmac-sha256)\s+)?[^\s,;\"'&]+")
+_HEADER = re.compile(
+    r"(?i)(?<![\w-])((?:proxy-)?authorization|x-amz-security-token|x-api-key|client[_-]secret)"
+    r"(\s*[:=]\s*)(?:(bearer|basic|digest|negotiate|token|aws4-hmac-sha256)\s+)?[^\s,;\"'&]+"
+)
 """A credential header as an SDK or a proxy echoes it (``Authorization: Bearer …``, ``Basic …``,
 ``x-amz-security-token: …``, ``client_secret: …``): the scheme stays, the value goes. The quoted
 (JSON-ish) and ``name=value`` query forms are :data:`_QUOTED_PARAM`'s and :data:`_PARAM`'s."""
 _PARAM = re.compile(r"(?i)(^|[?&;,\s])([a-z0-9_.\-]+)=([^&;#\s,\"'\\]*)")
 _QUOTED_PARAM = re.compile(r"""(?i)(["'])([a-z0-9_.\-]+)\1(\s*:\s*)(["'])(?:(?!\4).)*\4""")
-_SECRET_NAME = re.compile(r"(?i)token|secret|passw|pwd|credential|session|auth|^x-(?:amz|goog|ms)-|^pin-|sig$|"
-                          r"signature$|key$")
+_SECRET_NAME = re.compile(
+    r"(?i)token|secret|passw|pwd|credential|session|auth|^x-(?:amz|goog|ms)-|^pin-|sig$|"
+    r"signature$|key$"
+)
 """A parameter whose name looks like it carries a credential: SAS ``sig``, ``token``,
 ``secret``, ``password``, AWS/GCS/Azure signed-URL ``X-Amz-*``/``X-Goog-*``/``x-ms-*``,
 ``AccountKey``/``access_key``/``api_key``, PKCS#11 ``pin-*``. Over-masking is harmless."""
@@ -70,13 +76,21 @@ masked whole before the text is cut."""
 
 def _masked_param(match: re.Match[str]) -> str:
     lead, name, value = match.groups()
-    equals = "=" if match.group(0)[len(lead) + len(name)] == "=" else match.group(0)[len(lead) + len(name):][:3]
+    equals = (
+        "="
+        if match.group(0)[len(lead) + len(name)] == "="
+        else match.group(0)[len(lead) + len(name) :][:3]
+    )
     return f"{lead}{name}{equals}{MASK}" if value and _SECRET_NAME.search(name) else match.group(0)
 
 
 def _masked_quoted(match: re.Match[str]) -> str:
     quote, name, colon, vquote = match.groups()
-    return f"{quote}{name}{quote}{colon}{vquote}{MASK}{vquote}" if _SECRET_NAME.search(name) else match.group(0)
+    return (
+        f"{quote}{name}{quote}{colon}{vquote}{MASK}{vquote}"
+        if _SECRET_NAME.search(name)
+        else match.group(0)
+    )
 
 
 def _masked_header(match: re.Match[str]) -> str:
@@ -138,7 +152,9 @@ def _cut(escaped: str, limit: int) -> str:
     """An escaped, redacted text cut to ``limit`` characters at an escape boundary, with "…"."""
     pieces: list[str] = []
     length = 0
-    for piece in re.findall(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|\\)|.", escaped, re.DOTALL):
+    for piece in re.findall(
+        r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|\\)|.", escaped, re.DOTALL
+    ):
         if length + len(piece) > limit:
             while length > limit - len(ELLIPSIS):  # make room for the ellipsis
                 length -= len(pieces.pop())

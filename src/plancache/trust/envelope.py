@@ -52,7 +52,9 @@ def encode(envelope: Envelope) -> bytes:
         "payloadType": envelope.payload_type,
         "signatures": [{"keyid": s.keyid, "sig": _b64(s.sig)} for s in envelope.signatures],
     }
-    return (json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n").encode("ascii")
+    return (
+        json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n"
+    ).encode("ascii")
 
 
 def _unb64(value: object, what: str) -> bytes:
@@ -70,18 +72,29 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
         raise Rejected(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {cap}")
     obj = strictjson.loads(data, "signature envelope")
     if not isinstance(obj, dict) or set(obj) != {"payload", "payloadType", "signatures"}:
-        raise Rejected(Reason.MALFORMED, "signature envelope must have exactly payload, payloadType, signatures")
+        raise Rejected(
+            Reason.MALFORMED,
+            "signature envelope must have exactly payload, payloadType, signatures",
+        )
     payload_type = obj["payloadType"]
     if not isinstance(payload_type, str):
         raise Rejected(Reason.MALFORMED, "signature envelope: payloadType is not a string")
     payload = _unb64(obj["payload"], "payload")
     raw_sigs = obj["signatures"]
     if not isinstance(raw_sigs, list) or not 1 <= len(raw_sigs) <= MAX_SIGNATURES:
-        raise Rejected(Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures")
+        raise Rejected(
+            Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures"
+        )
     signatures = []
     for raw in raw_sigs:
-        if not isinstance(raw, dict) or set(raw) != {"keyid", "sig"} or not isinstance(raw["keyid"], str):
-            raise Rejected(Reason.MALFORMED, "signature envelope: each signature needs exactly keyid and sig")
+        if (
+            not isinstance(raw, dict)
+            or set(raw) != {"keyid", "sig"}
+            or not isinstance(raw["keyid"], str)
+        ):
+            raise Rejected(
+                Reason.MALFORMED, "signature envelope: each signature needs exactly keyid and sig"
+            )
         signatures.append(Signature(raw["keyid"], _unb64(raw["sig"], "sig")))
     envelope = Envelope(payload_type, payload, tuple(signatures))
     if encode(envelope) != data:

@@ -75,7 +75,9 @@ class Rejected(PlanCacheError):
 class StoreError(PlanCacheError):
     """Bytes could not be read or written. ``transient``: worth another try in the deadline."""
 
-    def __init__(self, detail: str, transient: bool = False, reason: Reason = Reason.STORE_ERROR) -> None:
+    def __init__(
+        self, detail: str, transient: bool = False, reason: Reason = Reason.STORE_ERROR
+    ) -> None:
         super().__init__(reason, detail)
         self.transient = transient
 

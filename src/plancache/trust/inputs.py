@@ -33,7 +33,8 @@ import json
 import math
 import re
 import secrets
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .display import redact, safe_text
 from .errors import Reason, Rejected
@@ -49,8 +50,18 @@ signed before keyed hashes did (``…_KEY``, ``…_TOKEN``, ``…SECRET…``; ``
 ``…_TOKEN_THRESHOLD`` are counts). A pattern can only guess: what is signed now is an allow-list."""
 _HASHED = re.compile(r"sha256:[0-9a-f]{64}")
 
-PLAN_INPUT_KEYS = ("schema", "vllm", "vllm_config", "device_name", "device_total_memory", "device_capability",
-                   "torch", "cuda", "rank", "world_size")
+PLAN_INPUT_KEYS = (
+    "schema",
+    "vllm",
+    "vllm_config",
+    "device_name",
+    "device_total_memory",
+    "device_capability",
+    "torch",
+    "cuda",
+    "rank",
+    "world_size",
+)
 """vLLM 0.33's ``compute_plan_fingerprint`` factors, in its order."""
 
 SALT_KEY = "hmac_salt"
@@ -116,7 +127,9 @@ def _check(value: Any, what: str, depth: int, budget: list[int]) -> Any:
         return value
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
-            raise Rejected(Reason.TOO_LARGE, f"{what}: a value is longer than {MAX_TEXT} characters")
+            raise Rejected(
+                Reason.TOO_LARGE, f"{what}: a value is longer than {MAX_TEXT} characters"
+            )
         return value
     if isinstance(value, list) and depth < MAX_DEPTH:
         return [_check(v, what, depth + 1, budget) for v in value]
@@ -124,10 +137,15 @@ def _check(value: Any, what: str, depth: int, budget: list[int]) -> Any:
         out = {}
         for key, item in value.items():
             if not isinstance(key, str) or not _NAME.fullmatch(key):
-                raise Rejected(Reason.MALFORMED, f"{what}: '{safe_text(key, 60)}' is not a plain name")
+                raise Rejected(
+                    Reason.MALFORMED, f"{what}: '{safe_text(key, 60)}' is not a plain name"
+                )
             out[key] = _check(item, what, depth + 1, budget)
         return out
-    raise Rejected(Reason.MALFORMED, f"{what}: a value is not a JSON scalar, list or object (or nests too deep)")
+    raise Rejected(
+        Reason.MALFORMED,
+        f"{what}: a value is not a JSON scalar, list or object (or nests too deep)",
+    )
 
 
 def check_inputs(inputs: object, what: str = "inputs") -> dict[str, Any]:
@@ -160,8 +178,11 @@ def without_secrets(factors: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in factors.items():
         if isinstance(value, dict):
             out[key] = without_secrets(value)
-        elif _SECRET.search(key) and value not in (None, "", False) and not (
-                isinstance(value, str) and _HASHED.fullmatch(value)):  # hashed once, never twice
+        elif (
+            _SECRET.search(key)
+            and value not in (None, "", False)
+            and not (isinstance(value, str) and _HASHED.fullmatch(value))
+        ):  # hashed once, never twice
             out[key] = "sha256:" + hashlib.sha256(str(value).encode()).hexdigest()
         else:
             out[key] = _redacted(value)
@@ -191,12 +212,18 @@ def _plain(value: Any) -> bool:
         return True
     if isinstance(value, str):
         return _PLAIN.fullmatch(value) is not None
-    return isinstance(value, list) and len(value) <= 64 and all(not isinstance(v, list) and _plain(v) for v in value)
+    return (
+        isinstance(value, list)
+        and len(value) <= 64
+        and all(not isinstance(v, list) and _plain(v) for v in value)
+    )
 
 
 def _keyed_tree(value: Any, salt: str, clear: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, dict):
-        return {k: v if k in clear and _plain(v) else _keyed_tree(v, salt) for k, v in value.items()}
+        return {
+            k: v if k in clear and _plain(v) else _keyed_tree(v, salt) for k, v in value.items()
+        }
     return None if value is None else keyed(value, salt)
 
 
@@ -241,7 +268,14 @@ def differences(signed: Mapping[str, Any], mine: Mapping[str, Any]) -> list[dict
     a.pop(SALT_KEY, None)
     b.pop(SALT_KEY, None)
     if salt is not None:
-        b = {name: keyed(value, salt) if value is not None and isinstance(a.get(name), str)
-             and a[name].startswith(KEYED) else value for name, value in b.items()}
-    return [{"input": name, "signed": a.get(name), "here": b.get(name)}
-            for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]
+        b = {
+            name: keyed(value, salt)
+            if value is not None and isinstance(a.get(name), str) and a[name].startswith(KEYED)
+            else value
+            for name, value in b.items()
+        }
+    return [
+        {"input": name, "signed": a.get(name), "here": b.get(name)}
+        for name in sorted(set(a) | set(b))
+        if a.get(name) != b.get(name)
+    ]

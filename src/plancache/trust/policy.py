@@ -35,15 +35,15 @@ class TrustPolicy:
     """Why an ``unusable`` policy is unusable (shown in the decision's detail)."""
 
     @classmethod
-    def signed(cls, keyring: Keyring) -> "TrustPolicy":
+    def signed(cls, keyring: Keyring) -> TrustPolicy:
         return cls("signed", keyring)
 
     @classmethod
-    def unsigned_local(cls) -> "TrustPolicy":
+    def unsigned_local(cls) -> TrustPolicy:
         return cls("unsigned-local")
 
     @classmethod
-    def unusable(cls, problem: str) -> "TrustPolicy":
+    def unusable(cls, problem: str) -> TrustPolicy:
         return cls("unusable", None, problem)
 
     @property
@@ -51,7 +51,9 @@ class TrustPolicy:
         """Only signed plans may come from a store."""
         return self.kind == "signed"
 
-    def verify(self, name: str, plan_bytes: bytes, sig_bytes: bytes | None, source: Source, now: datetime) -> VerifiedPlan:
+    def verify(
+        self, name: str, plan_bytes: bytes, sig_bytes: bytes | None, source: Source, now: datetime
+    ) -> VerifiedPlan:
         """Bytes from ``source`` in, a :class:`VerifiedPlan` out, or a typed error."""
         if self.kind == "signed" and self.keyring is not None:
             return verify_plan(name, plan_bytes, sig_bytes, self.keyring, now)

@@ -37,7 +37,7 @@ class PlanResult:
         """No plan here, and nothing went wrong looking: a miss, not an error."""
         return self.error is None and self.verified is None and self.plan_bytes is None
 
-    def with_note(self, note: str) -> "PlanResult":
+    def with_note(self, note: str) -> PlanResult:
         if not note:
             return self
         return replace(self, note=f"{self.note}; {note}" if self.note else note)

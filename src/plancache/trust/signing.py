@@ -13,14 +13,15 @@ says what a fresh signature would say; and nothing leaves it that does not verif
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from . import envelope as dsse
 from .errors import ConfigError, Reason, Rejected
+from .inputs import check_inputs, fingerprint_of_inputs
 from .keyring.keys import Keyring, Signer, canonical_keyid, signer_keyring
 from .plans.plan import parse_plan
-from .inputs import check_inputs, fingerprint_of_inputs
 from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
 from .verify import VerifiedPlan, verify_plan
 
@@ -46,7 +47,8 @@ def sign_plan(
     plan_bytes: bytes,
     signer: Signer,
     now: datetime,
-    *, expires_at: datetime | None = None,
+    *,
+    expires_at: datetime | None = None,
     comment: str = "",
     provenance: Mapping[str, Any] | None = None,
     inputs: Mapping[str, Any] | None = None,
@@ -69,8 +71,10 @@ def sign_plan(
     except Rejected as exc:  # the caller's values, not a file's bytes
         raise ConfigError(exc.detail) from None
     if checked_inputs and fingerprint_of_inputs(checked_inputs) != plan.fingerprint:
-        raise ConfigError(f"the fingerprint inputs hash to {fingerprint_of_inputs(checked_inputs)}, not to the "
-                          f"plan's {plan.fingerprint}: not signed as its inputs")
+        raise ConfigError(
+            f"the fingerprint inputs hash to {fingerprint_of_inputs(checked_inputs)}, not to the "
+            f"plan's {plan.fingerprint}: not signed as its inputs"
+        )
     statement = Statement(
         subject_name=name,
         subject_sha256=hashlib.sha256(plan_bytes).hexdigest(),
@@ -104,18 +108,26 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     """
     env = dsse.decode(sig_bytes)
     statement = parse_statement(env.payload)
-    if statement.subject_name != name or statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
+    if (
+        statement.subject_name != name
+        or statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest()
+    ):
         raise Rejected(Reason.DIGEST_MISMATCH, "the existing signature is not for these plan bytes")
     parse_plan(plan_bytes, name)
     data = _signable(env.payload_type, env.payload)
     if data is None:
-        raise Rejected(Reason.TOO_LARGE, f"the existing statement is over the {MAX_SIGNED_BYTES}-byte signing cap (--replace signs anew)")
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"the existing statement is over the {MAX_SIGNED_BYTES}-byte signing cap (--replace signs anew)",
+        )
     mine = [s for s in env.signatures if canonical_keyid(s.keyid) == signer.keyid]
     if any(_verifies(signer, s.sig, data) for s in mine):
         return sig_bytes
     others = tuple(s for s in env.signatures if s not in mine)
     if len(others) >= dsse.MAX_SIGNATURES:
-        raise Rejected(Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures")
+        raise Rejected(
+            Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures"
+        )
     signature = dsse.Signature(signer.keyid, signer.sign(data))
     return dsse.encode(dsse.Envelope(env.payload_type, env.payload, others + (signature,)))
 
@@ -125,13 +137,22 @@ def _verifies(signer: Signer, signature: bytes, data: bytes) -> bool:
 
 
 def _differences(
-    statement: Statement | None, expires_at: datetime | None, comment: str | None, provenance: Mapping[str, Any] | None
+    statement: Statement | None,
+    expires_at: datetime | None,
+    comment: str | None,
+    provenance: Mapping[str, Any] | None,
 ) -> str:
     """How ``statement`` differs from what this command would sign; "" if it does not."""
     if statement is None:  # only unsigned admission makes these, never verify_plan
         return "it carries no statement"
-    if expires_at is not None and (statement.expires_at is None or statement.expires_at > expires_at):
-        held = "no expiry" if statement.expires_at is None else f"expiry {format_time(statement.expires_at)}"
+    if expires_at is not None and (
+        statement.expires_at is None or statement.expires_at > expires_at
+    ):
+        held = (
+            "no expiry"
+            if statement.expires_at is None
+            else f"expiry {format_time(statement.expires_at)}"
+        )
         return f"it has {held}, later than the requested {format_time(expires_at)}"
     if comment is not None and statement.comment != comment:
         return "its comment differs from the requested one"
@@ -184,15 +205,35 @@ def sign_or_cosign(
         raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
 
     def fresh() -> bytes:
-        return sign_plan(name, plan_bytes, signer, now, expires_at=expires_at, comment=comment or "",
-                         provenance=provenance, inputs=inputs, config_parts=config_parts)
+        return sign_plan(
+            name,
+            plan_bytes,
+            signer,
+            now,
+            expires_at=expires_at,
+            comment=comment or "",
+            provenance=provenance,
+            inputs=inputs,
+            config_parts=config_parts,
+        )
 
     action: Action
     if sig_bytes is None:
         action, result = "signed", fresh()
     else:
         try:
-            action, result = _adopt(name, plan_bytes, sig_bytes, signer, own, now, keyring, expires_at, comment, provenance)
+            action, result = _adopt(
+                name,
+                plan_bytes,
+                sig_bytes,
+                signer,
+                own,
+                now,
+                keyring,
+                expires_at,
+                comment,
+                provenance,
+            )
         except Rejected:
             if not replace:
                 raise
@@ -200,7 +241,9 @@ def sign_or_cosign(
     try:
         verify_plan(name, plan_bytes, result, own, now)
     except Rejected as exc:
-        raise Rejected(exc.reason, f"the new signature does not verify with the signer's own key: {exc.detail}") from None
+        raise Rejected(
+            exc.reason, f"the new signature does not verify with the signer's own key: {exc.detail}"
+        ) from None
     return action, result
 
 
@@ -220,25 +263,37 @@ def _adopt(
     try:
         mine: VerifiedPlan | None = verify_plan(name, plan_bytes, sig_bytes, own, now)
     except Rejected as exc:
-        if exc.reason is Reason.DIGEST_MISMATCH:  # this key's own signature, verified, over other bytes
-            raise Rejected(Reason.DIGEST_MISMATCH, f"this key signed other bytes: {REWRITTEN}") from None
+        if (
+            exc.reason is Reason.DIGEST_MISMATCH
+        ):  # this key's own signature, verified, over other bytes
+            raise Rejected(
+                Reason.DIGEST_MISMATCH, f"this key signed other bytes: {REWRITTEN}"
+            ) from None
         mine = None
     if mine is not None:
         difference = _differences(mine.statement, expires_at, comment, provenance)
         if difference:
-            raise Rejected(Reason.STATEMENT_MISMATCH, f"cannot keep the existing signature: {difference} (--replace signs anew)")
+            raise Rejected(
+                Reason.STATEMENT_MISMATCH,
+                f"cannot keep the existing signature: {difference} (--replace signs anew)",
+            )
         return "kept", sig_bytes
     if keyring is None:
         raise Rejected(
-            Reason.UNTRUSTED_KEY, "no valid signature by this key: give the trusted keys to co-sign the sidecar, or --replace"
+            Reason.UNTRUSTED_KEY,
+            "no valid signature by this key: give the trusted keys to co-sign the sidecar, or --replace",
         )
     try:
         vouched = verify_plan(name, plan_bytes, sig_bytes, keyring.with_threshold(1), now)
     except Rejected as exc:
         if exc.reason is Reason.DIGEST_MISMATCH:
-            raise Rejected(exc.reason, f"the trusted signature is for other bytes: {REWRITTEN}") from None
+            raise Rejected(
+                exc.reason, f"the trusted signature is for other bytes: {REWRITTEN}"
+            ) from None
         raise Rejected(exc.reason, f"cannot co-sign: {exc.detail} (--replace signs anew)") from None
     difference = _differences(vouched.statement, expires_at, comment, provenance)
     if difference:
-        raise Rejected(Reason.STATEMENT_MISMATCH, f"cannot co-sign: {difference} (--replace signs anew)")
+        raise Rejected(
+            Reason.STATEMENT_MISMATCH, f"cannot co-sign: {difference} (--replace signs anew)"
+        )
     return "co-signed", add_signature(name, plan_bytes, sig_bytes, signer)

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from typing import Any
 
 from . import strictjson
 from .display import safe_text
@@ -66,17 +67,26 @@ def format_time(moment: datetime) -> str:
     try:
         utc = moment if moment.utcoffset() == timedelta(0) else moment.astimezone(timezone.utc)
     except OverflowError:
-        raise ConfigError(f"time {safe_text(moment, 40)} is outside the years 1 to 9999 in UTC") from None
+        raise ConfigError(
+            f"time {safe_text(moment, 40)} is outside the years 1 to 9999 in UTC"
+        ) from None
     return f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z"
 
 
 def parse_time(value: object, what: str) -> datetime:
     if not isinstance(value, str) or not _TIME.fullmatch(value):
-        raise Rejected(Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z")
+        raise Rejected(
+            Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z"
+        )
     try:  # the pattern fixed every position; int() slices are ~10x cheaper than strptime
         return datetime(
-            int(value[0:4]), int(value[5:7]), int(value[8:10]),
-            int(value[11:13]), int(value[14:16]), int(value[17:19]), tzinfo=timezone.utc,
+            int(value[0:4]),
+            int(value[5:7]),
+            int(value[8:10]),
+            int(value[11:13]),
+            int(value[14:16]),
+            int(value[17:19]),
+            tzinfo=timezone.utc,
         )
     except ValueError:
         raise Rejected(Reason.MALFORMED, f"statement: {what} is not a valid date") from None
@@ -115,7 +125,9 @@ class Statement:
         return render_statement(self.subject_name, self.subject_sha256, PREDICATE_TYPE, predicate)
 
 
-def render_statement(name: str, sha256: str, predicate_type: str, predicate: Mapping[str, Any]) -> bytes:
+def render_statement(
+    name: str, sha256: str, predicate_type: str, predicate: Mapping[str, Any]
+) -> bytes:
     """An in-toto Statement v1 with one subject, in the one canonical form every kind signs
     (plans, plan sets, compile-cache manifests, their headers): sorted keys, no spaces."""
     obj = {
@@ -130,24 +142,38 @@ def render_statement(name: str, sha256: str, predicate_type: str, predicate: Map
 _SHELL_KEYS = {"_type", "subject", "predicateType", "predicate"}
 
 
-def statement_shell(payload: bytes, what: str, predicate_type: str, exact: bool = True) -> tuple[str, str, dict[str, Any]]:
+def statement_shell(
+    payload: bytes, what: str, predicate_type: str, exact: bool = True
+) -> tuple[str, str, dict[str, Any]]:
     """(subject name, subject sha256, predicate) of a (signature-verified) statement of
     ``predicate_type`` with exactly one subject; ``Rejected(MALFORMED)`` on any deviation.
     ``exact`` also refuses keys beyond the in-toto ones, at the top and in the subject; plan
     statements are read with ``exact=False``, as they always were (signed plans in the field)."""
     obj = strictjson.loads(payload, what)
     if not isinstance(obj, dict) or (exact and set(obj) != _SHELL_KEYS):
-        raise Rejected(Reason.MALFORMED, f"{what} must have exactly _type, subject, predicateType, predicate")
+        raise Rejected(
+            Reason.MALFORMED, f"{what} must have exactly _type, subject, predicateType, predicate"
+        )
     if obj.get("_type") != STATEMENT_TYPE or obj.get("predicateType") != predicate_type:
-        raise Rejected(Reason.MALFORMED, f"{what} is not an in-toto Statement v1 of predicateType {predicate_type}")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"{what} is not an in-toto Statement v1 of predicateType {predicate_type}",
+        )
     subjects = obj.get("subject")
     subject = subjects[0] if isinstance(subjects, list) and len(subjects) == 1 else None
     digest = subject.get("digest") if isinstance(subject, dict) else None
     name = subject.get("name") if isinstance(subject, dict) else None
     sha256 = digest.get("sha256") if isinstance(digest, dict) else None
-    if (not isinstance(name, str) or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256)
-            or (exact and (set(subject) != {"name", "digest"} or set(digest) != {"sha256"}))):  # type: ignore[arg-type]
-        raise Rejected(Reason.MALFORMED, f"{what} must have exactly one subject with a name and a sha256 digest")
+    if (
+        not isinstance(name, str)
+        or not isinstance(sha256, str)
+        or not _SHA256.fullmatch(sha256)
+        or (exact and (set(subject) != {"name", "digest"} or set(digest) != {"sha256"}))
+    ):  # type: ignore[arg-type]
+        raise Rejected(
+            Reason.MALFORMED,
+            f"{what} must have exactly one subject with a name and a sha256 digest",
+        )
     predicate = obj.get("predicate")
     if not isinstance(predicate, dict):
         raise Rejected(Reason.MALFORMED, f"{what} has no predicate object")
@@ -160,15 +186,22 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in provenance.items():
         types = PROVENANCE_KEYS.get(key)
         if types is None:
-            raise Rejected(Reason.MALFORMED, f"statement: unknown provenance fact '{safe_text(key, 40)}'")
+            raise Rejected(
+                Reason.MALFORMED, f"statement: unknown provenance fact '{safe_text(key, 40)}'"
+            )
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' has the wrong type")
         if isinstance(value, (int, float)) and not 0 <= value < math.inf:
-            raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' is not a finite, non-negative number")
+            raise Rejected(
+                Reason.MALFORMED,
+                f"statement: provenance '{key}' is not a finite, non-negative number",
+            )
         if key == "gpu_memory_utilization" and not 0 < value <= 1:
-            raise Rejected(Reason.MALFORMED, "statement: provenance 'gpu_memory_utilization' is not in (0, 1]")
+            raise Rejected(
+                Reason.MALFORMED, "statement: provenance 'gpu_memory_utilization' is not in (0, 1]"
+            )
         out[key] = value
     return out
 
@@ -184,10 +217,19 @@ def check_measurements(measurements: Mapping[str, Any], strict: bool = True) -> 
     for key, value in measurements.items():
         if key not in MEASUREMENT_KEYS:
             if strict:
-                raise Rejected(Reason.MALFORMED, f"statement: unknown measurement '{safe_text(key, 40)}'")
+                raise Rejected(
+                    Reason.MALFORMED, f"statement: unknown measurement '{safe_text(key, 40)}'"
+                )
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-            raise Rejected(Reason.MALFORMED, f"statement: measurement '{key}' is not a finite, non-negative number")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 <= value < math.inf
+        ):
+            raise Rejected(
+                Reason.MALFORMED,
+                f"statement: measurement '{key}' is not a finite, non-negative number",
+            )
         out[key] = value
     return out
 

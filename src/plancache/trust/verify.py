@@ -103,35 +103,56 @@ def verify_plan(
 ) -> VerifiedPlan:
     """Verify a plan file and its sidecar; return the trusted plan or raise ``PlanCacheError``."""
     if len(plan_bytes) > MAX_PLAN_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}")
+        raise Rejected(
+            Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}"
+        )
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no signature sidecar (.sig) beside the plan")
     payload, keys = open_envelope(sig_bytes, keyring)
     statement = parse_statement(payload)
     if statement.subject_name != name:
         raise Rejected(
-            Reason.NAME_MISMATCH, f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'"
+            Reason.NAME_MISMATCH,
+            f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'",
         )
     if statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
-        raise Rejected(Reason.DIGEST_MISMATCH, "plan bytes do not match the signed sha256 (altered plan?)")
+        raise Rejected(
+            Reason.DIGEST_MISMATCH, "plan bytes do not match the signed sha256 (altered plan?)"
+        )
     name_fp = fingerprint_of_plan_name(name)
     if statement.fingerprint != name_fp:
-        raise Rejected(Reason.FINGERPRINT_MISMATCH, f"signed for fingerprint {statement.fingerprint}, file is {name_fp}"
+        raise Rejected(
+            Reason.FINGERPRINT_MISMATCH,
+            f"signed for fingerprint {statement.fingerprint}, file is {name_fp}",
         )
-    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew)
+    current = current_signers(
+        keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew
+    )
     plan = parse_plan(plan_bytes, name)
     return VerifiedPlan(
-        name, plan, plan_bytes, sig_bytes, statement, tuple(k.name for k in current), _SEAL, tuple(k.keyid for k in current)
+        name,
+        plan,
+        plan_bytes,
+        sig_bytes,
+        statement,
+        tuple(k.name for k in current),
+        _SEAL,
+        tuple(k.keyid for k in current),
     )
 
 
-def open_envelope(sig_bytes: bytes, keyring: Keyring, cap: int = dsse.MAX_SIG_BYTES) -> tuple[bytes, list[TrustedKey]]:
+def open_envelope(
+    sig_bytes: bytes, keyring: Keyring, cap: int = dsse.MAX_SIG_BYTES
+) -> tuple[bytes, list[TrustedKey]]:
     """A signature's payload and the trusted keys whose signatures over it verify, before
     anything of the payload is parsed: capped, canonical DSSE, our payload type. The first step
     of every verifier (plans, plan sets, compile-cache manifests, their headers)."""
     env = dsse.decode(sig_bytes, cap)
     if env.payload_type != dsse.PAYLOAD_TYPE:
-        raise Rejected(Reason.MALFORMED, f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}",
+        )
     return env.payload, trusted_signers(env, keyring)
 
 
@@ -145,8 +166,15 @@ def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
     return keys
 
 
-def current_signers(keys: list[TrustedKey], keyring: Keyring, signed_at: datetime, expires_at: datetime | None,
-                    now: datetime, *, clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> list[TrustedKey]:
+def current_signers(
+    keys: list[TrustedKey],
+    keyring: Keyring,
+    signed_at: datetime,
+    expires_at: datetime | None,
+    now: datetime,
+    *,
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+) -> list[TrustedKey]:
     """The signing keys whose validity windows cover both now and ``signed_at`` (a key vouches
     only for what it signed while valid), enough of them for the threshold, and a signature
     neither from the future nor expired; else Rejected. Shared by plans and manifests."""
@@ -154,7 +182,9 @@ def current_signers(keys: list[TrustedKey], keyring: Keyring, signed_at: datetim
     if not current:
         raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
     if len(current) < keyring.threshold:
-        raise Rejected(Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required")
+        raise Rejected(
+            Reason.THRESHOLD, f"{len(current)} trusted key(s) signed, {keyring.threshold} required"
+        )
     if signed_at - now > clock_skew:
         raise Rejected(Reason.NOT_YET_VALID, f"signed_at {format_time(signed_at)} is in the future")
     if expires_at is not None and now - expires_at >= clock_skew:

@@ -12,10 +12,9 @@ weights load. See :mod:`plancache.vllm_plugin.config` for the environment variab
 This module is imported in every vLLM process: it imports nothing but ``os`` at module level.
 """
 
-
 import os
 
-__all__ = ["register", "unregister", "startup_plan_enabled"]
+__all__ = ["register", "startup_plan_enabled", "unregister"]
 
 
 def startup_plan_enabled() -> bool:
@@ -68,10 +67,12 @@ def register() -> None:
         from . import hooks
 
         hooks.install()
-    except Exception:  # noqa: BLE001 - a plugin must never break vLLM's start
+    except Exception:
         import logging
 
-        logging.getLogger("vllm.plancache").exception("plancache: plugin not installed; vLLM runs unchanged")
+        logging.getLogger("vllm.plancache").exception(
+            "plancache: plugin not installed; vLLM runs unchanged"
+        )
 
 
 def unregister() -> None:

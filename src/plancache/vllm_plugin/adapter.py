@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import numbers
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..storage.local.localdir import LocalPlanDir
 from . import vllm_modules
@@ -34,7 +35,7 @@ def vllm_release() -> str | None:
     try:
         backends = importlib.import_module("vllm.compilation.backends")
         params = inspect.signature(backends.CompilerManager.__init__).parameters
-    except Exception:  # noqa: BLE001 - not importable, or not shaped like either
+    except Exception:
         return None
     if list(params)[:2] != ["self", "compilation_config"]:
         return None
@@ -84,7 +85,7 @@ def world_of(worker: Any, fingerprint: Fingerprint, fp: str) -> list[str]:
         return [fp]
     try:
         world = [fingerprint(worker.vllm_config, rank, size) for rank in range(size)]
-    except Exception:  # noqa: BLE001 - vLLM's function for another rank: not worth a failed boot
+    except Exception:
         return [fp]
     return world if fp in world else [fp]
 
@@ -121,13 +122,17 @@ def config_parts(vllm_config: Any) -> dict[str, Any]:
     import dataclasses
 
     parts: dict[str, Any] = {}
-    names = [f.name for f in dataclasses.fields(vllm_config)] if dataclasses.is_dataclass(vllm_config) else []
+    names = (
+        [f.name for f in dataclasses.fields(vllm_config)]
+        if dataclasses.is_dataclass(vllm_config)
+        else []
+    )
     for name in names:
         part = getattr(vllm_config, name, None)
         if callable(getattr(part, "compute_hash", None)):
             try:
                 value = part.compute_hash()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             if isinstance(value, str):
                 parts[name] = value[:16]  # enough to tell two apart; statements are capped
@@ -150,7 +155,9 @@ def compile_factors(vllm_config: Any) -> dict[str, Any]:
 
 def byte_count(value: Any) -> int | None:
     """An integral byte count (int, numpy or torch integer), never a bool."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+    return (
+        int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+    )
 
 
 def free_memory(worker: Any) -> int | None:
@@ -181,13 +188,13 @@ def worker_conditions(worker: Any) -> dict[str, Any]:
         name = current_platform.get_device_name(index)
         if isinstance(name, str) and name:
             facts["device_name"] = name
-    except Exception:  # noqa: BLE001 - a platform that cannot tell: not compared
+    except Exception:
         pass
     try:
         total = byte_count(current_platform.get_device_total_memory(index))
         if total:
             facts["device_total_memory"] = total
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return facts
 

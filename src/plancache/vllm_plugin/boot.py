@@ -31,8 +31,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..pipeline.resolver import Resolver
@@ -41,15 +42,26 @@ from ..storage.deadline import DEFAULT_TIMEOUT
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Reason, StoreTimeout
-from ..trust.plans.gate import Decision, Verdict, decide
+from ..trust.inputs import fingerprint_of_inputs
 from ..trust.keyring.keys import Signer
+from ..trust.plans.gate import Decision, Verdict, decide
 from ..trust.plans.plan import plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
-from ..trust.inputs import fingerprint_of_inputs
 from . import record, vote
-from .adapter import (Fingerprint, config_parts, enabled, fingerprint_inputs, fingerprint_of, free_memory, plan_dir,
-                      uses_startup_plans, vllm_release, worker_conditions, world_of)
+from .adapter import (
+    Fingerprint,
+    config_parts,
+    enabled,
+    fingerprint_inputs,
+    fingerprint_of,
+    free_memory,
+    plan_dir,
+    uses_startup_plans,
+    vllm_release,
+    worker_conditions,
+    world_of,
+)
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
 
@@ -75,7 +87,7 @@ class Boot:
     prefetch: Prefetch[PlanResult] | None = None
     push_thread: threading.Thread | None = None
     push_result: str | None = None
-    _signer: "Signer | None | bool" = False  # False: not loaded yet
+    _signer: Signer | bool | None = False  # False: not loaded yet
 
     @property
     def signer(self) -> Signer | None:
@@ -87,8 +99,11 @@ class Boot:
                 self._signer = signer_for(self.config.signing_key, self.env)
             except PlanCacheError as exc:
                 self._signer = None
-                LOG.error("plancache: configuration: PLANCACHE_SIGNING_KEY: %s; plans will be saved unsigned, "
-                          "not pushed", safe_text(exc.detail, 300))
+                LOG.error(
+                    "plancache: configuration: PLANCACHE_SIGNING_KEY: %s; plans will be saved unsigned, "
+                    "not pushed",
+                    safe_text(exc.detail, 300),
+                )
         return self._signer  # type: ignore[return-value]
 
     @property
@@ -102,19 +117,29 @@ class Boot:
     def open_store(self, deadline: float | None = None) -> Store:
         """The store, opened (the SDK imported) by ``deadline``: the caller's, so that opening and
         the reads after it share one budget (default: a budget of its own from now)."""
-        return open_store(self.config.url or "", self.config.storage_options, timeout=self.config.timeout,
-                          deadline=deadline)
+        return open_store(
+            self.config.url or "",
+            self.config.storage_options,
+            timeout=self.config.timeout,
+            deadline=deadline,
+        )
 
     def resolver(self, deadline: float | None = None) -> Resolver:
         """The shared pipeline over vLLM's plan directory; the store is opened on a local miss,
         by ``deadline`` (the lookup's: the store's import is part of the budget, not before it)."""
-        return Resolver(plan_dir(), self.policy, (lambda: self.open_store(deadline)) if self.store_reads else None)
+        return Resolver(
+            plan_dir(),
+            self.policy,
+            (lambda: self.open_store(deadline)) if self.store_reads else None,
+        )
 
 
 def _load_boot(env: Any = os.environ) -> Boot:
     config = parse_config(env)
     errors = list(config.errors)
-    policy = worker_policy(config.trusted_keys, config.threshold)  # a bad threshold: unusable, never weaker
+    policy = worker_policy(
+        config.trusted_keys, config.threshold
+    )  # a bad threshold: unusable, never weaker
     if policy.kind == "unusable":
         errors.append(f"PLANCACHE_TRUSTED_KEYS: {policy.problem}; no plan will be applied")
     boot = Boot(config, policy, env)
@@ -124,7 +149,9 @@ def _load_boot(env: Any = os.environ) -> Boot:
             "applied unverified, and without PLANCACHE_SIGNING_KEY nothing is pushed; store ignored"
         )
     if errors:
-        LOG.error("plancache: configuration: %s; vLLM profiles as usual where needed", "; ".join(errors))
+        LOG.error(
+            "plancache: configuration: %s; vLLM profiles as usual where needed", "; ".join(errors)
+        )
     return boot
 
 
@@ -136,12 +163,14 @@ def boot_for(worker: Any) -> Boot:
     boot = _load_boot()
     try:
         setattr(worker, STATE_ATTR, boot)
-    except Exception:  # noqa: BLE001 - a worker that refuses attributes just reloads config
+    except Exception:
         pass
     return boot
 
 
-def _resolve(boot: Boot, fp: str, deadline: float, world: Callable[[], list[str] | None] | None = None) -> PlanResult:
+def _resolve(
+    boot: Boot, fp: str, deadline: float, world: Callable[[], list[str] | None] | None = None
+) -> PlanResult:
     """Local first, then the store, verified; runs in the prefetch thread or inline. With the
     world's fingerprints, one rank per node reads the world's plan set (:mod:`..pipeline.node_plans`).
     ``world`` is asked only after a local miss: a warm node never computes the other ranks' keys."""
@@ -179,8 +208,12 @@ def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
     if os.path.lexists(plan_dir().path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
     deadline = time.monotonic() + boot.config.timeout
-    members = world_of(worker, fingerprint, fp)  # on this thread: the configuration is vLLM's to change
-    boot.prefetch = Prefetch(fp, deadline, lambda: _resolve(boot, fp, deadline, lambda: members)).start()
+    members = world_of(
+        worker, fingerprint, fp
+    )  # on this thread: the configuration is vLLM's to change
+    boot.prefetch = Prefetch(
+        fp, deadline, lambda: _resolve(boot, fp, deadline, lambda: members)
+    ).start()
 
 
 def _without_plans(worker: Any) -> None:
@@ -190,13 +223,21 @@ def _without_plans(worker: Any) -> None:
         return
     try:
         setattr(worker, WITHOUT_PLANS_ATTR, True)
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     cls = type(worker)
     owner = next((k for k in cls.__mro__ if "determine_available_memory" in vars(k)), cls)
-    detail = (f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} ({owner.__module__}.{owner.__name__}."
-              "determine_available_memory) never applies or saves a startup plan; plancache does nothing for this worker")
-    log_decision(Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail), "none", None, time.monotonic(), worker=worker)
+    detail = (
+        f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} ({owner.__module__}.{owner.__name__}."
+        "determine_available_memory) never applies or saves a startup plan; plancache does nothing for this worker"
+    )
+    log_decision(
+        Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail),
+        "none",
+        None,
+        time.monotonic(),
+        worker=worker,
+    )
 
 
 def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = None) -> PlanResult:
@@ -210,19 +251,31 @@ def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = 
         finished, got = pending.result()
         took = (pending.finished or time.monotonic()) - pending.started
         if not finished or got is None:
-            error = StoreTimeout(f"store gave no answer within the {boot.config.timeout:g} s budget")
+            error = StoreTimeout(
+                f"store gave no answer within the {boot.config.timeout:g} s budget"
+            )
             return PlanResult(fp, "store", error=error, note=f"prefetch {took * 1000:.0f} ms")
         result, how = got, "prefetch"
     return result.with_note(f"{how} {took * 1000:.0f} ms") if result.source == "store" else result
 
 
-def decide_plan(worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | None = None) -> tuple[Decision, str]:
+def decide_plan(
+    worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | None = None
+) -> tuple[Decision, str]:
     """The decision for this worker and fingerprint, and where the plan came from."""
-    world = (lambda: world_of(worker, fingerprint, fp)) if fingerprint is not None and boot.store_reads else None
-    result = _lookup(boot, fp, world)  # computed only if nothing was prefetched and the local plan misses
+    world = (
+        (lambda: world_of(worker, fingerprint, fp))
+        if fingerprint is not None and boot.store_reads
+        else None
+    )
+    result = _lookup(
+        boot, fp, world
+    )  # computed only if nothing was prefetched and the local plan misses
     if result.verified is not None:
         statement = result.verified.statement
-        boot.signed_profile_ms = statement.measurements.get("profile_ms") if statement is not None else None
+        boot.signed_profile_ms = (
+            statement.measurements.get("profile_ms") if statement is not None else None
+        )
         free = free_memory(worker)
         if free is None:
             decision = Decision(False, Reason.INTERNAL, "free memory is unknown", None, fp)
@@ -231,11 +284,17 @@ def decide_plan(worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | Non
         return decision.noted(result.note), result.source
     if result.error is not None:
         if result.source == "store" and isinstance(result.error, ConfigError):
-            LOG.error("plancache: store %s: %s; vLLM profiles as usual", boot.config.url, result.error.detail)
+            LOG.error(
+                "plancache: store %s: %s; vLLM profiles as usual",
+                boot.config.url,
+                result.error.detail,
+            )
         return Decision.rejected(result.error, fp).noted(result.note), result.source
     where = "in the store" if result.source == "store" else "in the local directory"
     unread = " (store not read)" if boot.config.url is not None and not boot.store_reads else ""
-    return Decision(False, Verdict.NO_PLAN, f"no plan {where}{unread}", None, fp).noted(result.note), "none"
+    return Decision(False, Verdict.NO_PLAN, f"no plan {where}{unread}", None, fp).noted(
+        result.note
+    ), "none"
 
 
 def _quoted(text: str) -> str:
@@ -244,8 +303,15 @@ def _quoted(text: str) -> str:
     return safe_text(text, 500).replace('"', "\\x22").replace("=", "\\x3d")
 
 
-def log_decision(decision: Decision, source: str, fp: str | None, started: float, *, worker: Any = None,
-                 boot: "Boot | None" = None) -> None:
+def log_decision(
+    decision: Decision,
+    source: str,
+    fp: str | None,
+    started: float,
+    *,
+    worker: Any = None,
+    boot: Boot | None = None,
+) -> None:
     """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`)."""
     elapsed = (time.monotonic() - started) * 1000
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
@@ -262,9 +328,19 @@ def log_decision(decision: Decision, source: str, fp: str | None, started: float
     )
     if worker is not None:
         try:
-            record.note_plan(worker, verdict, decision.reason.value, source, fp, decision.detail, elapsed,
-                             signed_profile_ms=boot.signed_profile_ms if boot is not None and decision.applied else None)
-        except Exception:  # noqa: BLE001 - the record is diagnostics; the boot goes on
+            record.note_plan(
+                worker,
+                verdict,
+                decision.reason.value,
+                source,
+                fp,
+                decision.detail,
+                elapsed,
+                signed_profile_ms=boot.signed_profile_ms
+                if boot is not None and decision.applied
+                else None,
+            )
+        except Exception:
             LOG.debug("plancache: boot record not updated", exc_info=True)
 
 
@@ -272,8 +348,10 @@ def _inputs(worker: Any, fp: str) -> dict[str, Any] | None:
     """The fingerprint's inputs as vLLM hashed them, or None when they do not reproduce ``fp``
     (a vLLM that hashes otherwise: nothing is signed that is not what was hashed)."""
     try:
-        inputs = fingerprint_inputs(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
-    except Exception:  # noqa: BLE001 - not readable: not recorded
+        inputs = fingerprint_inputs(
+            worker.vllm_config, worker.rank, worker.parallel_config.world_size
+        )
+    except Exception:
         return None
     return inputs if fingerprint_of_inputs(inputs) == fp else None
 
@@ -286,15 +364,17 @@ def after_profiling(worker: Any, elapsed_ms: float) -> None:
         if isinstance(boot, Boot) and enabled():
             profiled = record.note_profiling(worker, elapsed_ms)
             boot.profile_ms = round(profiled, 1) if profiled is not None else None
-    except Exception:  # noqa: BLE001
+    except Exception:
         LOG.debug("plancache: boot record not updated", exc_info=True)
 
 
 def after_warm_up(worker: Any) -> None:
     """``compile_or_warm_up_model`` returned: the boot is over, its record final. Never raises."""
     try:
-        record.finish(worker)  # its own record, or the compile guard's of this process; else nothing
-    except Exception:  # noqa: BLE001
+        record.finish(
+            worker
+        )  # its own record, or the compile guard's of this process; else nothing
+    except Exception:
         LOG.debug("plancache: boot record not finished", exc_info=True)
 
 
@@ -304,7 +384,11 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
     if not enabled():
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
-        decision = Decision(False, Verdict.ALREADY_SET, "kv_cache_memory_bytes was set explicitly; plan not consulted")
+        decision = Decision(
+            False,
+            Verdict.ALREADY_SET,
+            "kv_cache_memory_bytes was set explicitly; plan not consulted",
+        )
         log_decision(decision, "none", None, started, worker=worker)
         return decision
     fp: str | None = None
@@ -317,7 +401,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
         decision, source = decide_plan(worker, boot, fp, fingerprint)
-    except Exception as exc:  # noqa: BLE001 - whatever it was, vLLM profiles
+    except Exception as exc:
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
     # Every rank votes once, whatever it decided (gloo pairs collectives by order, so a rank
@@ -332,6 +416,6 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         boot.apply_inputs = _inputs(worker, fp)
         try:
             boot.apply_parts = config_parts(worker.vllm_config) if boot.apply_inputs else None
-        except Exception:  # noqa: BLE001 - not readable: not signed
+        except Exception:
             boot.apply_parts = None
     return decision

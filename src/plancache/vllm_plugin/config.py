@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..settings import (
     DEFAULT_TIMEOUT,
@@ -71,7 +72,9 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
     errors: list[str] = []
     url = _nonempty(env, URL_ENV)
     if url is not None and "://" not in url:
-        errors.append(f"{URL_ENV}={url!r} is not a store URL (expected s3://bucket/prefix, gs://…, file://…); store disabled")
+        errors.append(
+            f"{URL_ENV}={url!r} is not a store URL (expected s3://bucket/prefix, gs://…, file://…); store disabled"
+        )
         url = None
 
     timeout = DEFAULT_TIMEOUT
@@ -82,7 +85,9 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
             if not math.isfinite(timeout) or timeout <= 0:
                 raise ValueError
         except ValueError:
-            errors.append(f"{TIMEOUT_ENV}={raw_timeout!r} is not a positive number of seconds; using {DEFAULT_TIMEOUT}")
+            errors.append(
+                f"{TIMEOUT_ENV}={raw_timeout!r} is not a positive number of seconds; using {DEFAULT_TIMEOUT}"
+            )
             timeout = DEFAULT_TIMEOUT
 
     threshold = 1
@@ -94,7 +99,9 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
                 raise ValueError
         except ValueError:
             # Falling back to 1 would weaken a policy someone asked for: refuse plans instead.
-            errors.append(f"{THRESHOLD_ENV}={raw_threshold!r} is not a positive integer; no plan will be trusted")
+            errors.append(
+                f"{THRESHOLD_ENV}={raw_threshold!r} is not a positive integer; no plan will be trusted"
+            )
             threshold = 0
 
     options: dict[str, Any] = {}
@@ -114,7 +121,9 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
             if not 1 <= replicas <= 64:
                 raise ValueError
         except ValueError:
-            errors.append(f"{SET_REPLICAS_ENV}={raw_replicas!r} is not 1 to 64; reading the plan set itself")
+            errors.append(
+                f"{SET_REPLICAS_ENV}={raw_replicas!r} is not 1 to 64; reading the plan set itself"
+            )
             replicas = 1
 
     return PluginConfig(

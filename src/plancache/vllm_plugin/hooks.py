@@ -33,8 +33,9 @@ import inspect
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from . import vllm_modules
 from .vllm_modules import STARTUP_PLAN, WORKER_MODULES
@@ -48,7 +49,7 @@ _originals: dict[str, Callable[..., Any]] = {}
 """vLLM's functions that the hooks replaced: 'apply', 'save', 'fingerprint'."""
 _patched: list[tuple[Any, str, Any]] = []
 """(object, attribute, original) for every replacement made, in order: what uninstall undoes."""
-_finder: "_WorkerFinder | None" = None
+_finder: _WorkerFinder | None = None
 _warned = False
 
 
@@ -65,13 +66,20 @@ def _params(func: Callable[..., Any]) -> list[str]:
 
 def _check_startup_plan(module: ModuleType) -> str | None:
     """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.32's and 0.33's."""
-    for name in ("compute_plan_fingerprint", "maybe_apply_startup_plan", "maybe_save_startup_plan", "_plan_path"):
+    for name in (
+        "compute_plan_fingerprint",
+        "maybe_apply_startup_plan",
+        "maybe_save_startup_plan",
+        "_plan_path",
+    ):
         if not callable(getattr(module, name, None)):
             return f"{STARTUP_PLAN}.{name} not found"
     if not hasattr(getattr(module, "envs", None), "VLLM_ENABLE_STARTUP_PLAN"):
         return f"{STARTUP_PLAN}.envs (vLLM's envs as that module imports them) not found"
     if not callable(getattr(getattr(module, "current_platform", None), "get_device_name", None)):
-        return f"{STARTUP_PLAN}.current_platform (vLLM's platform as that module imports it) not found"
+        return (
+            f"{STARTUP_PLAN}.current_platform (vLLM's platform as that module imports it) not found"
+        )
     if getattr(module, "PLAN_SCHEMA_VERSION", None) != 1:
         return f"{STARTUP_PLAN}.PLAN_SCHEMA_VERSION is {getattr(module, 'PLAN_SCHEMA_VERSION', None)!r}, not 1"
     expected = {
@@ -94,7 +102,7 @@ def apply_hook(worker: Any) -> None:
         from . import boot
 
         boot.apply(worker, _originals["fingerprint"])
-    except Exception:  # noqa: BLE001 - never into vLLM; it profiles as usual
+    except Exception:
         LOG.exception("plancache: unexpected error while applying a plan; vLLM profiles as usual")
 
 
@@ -104,7 +112,7 @@ def save_hook(worker: Any, kv_cache_memory_bytes: int) -> None:
         from . import save
 
         save.save(worker, kv_cache_memory_bytes, _originals["fingerprint"], _originals["save"])
-    except Exception:  # noqa: BLE001
+    except Exception:
         LOG.exception("plancache: unexpected error while saving a plan")
 
 
@@ -117,12 +125,12 @@ def _prefetch(worker: Any) -> None:
         from . import boot
 
         boot.prefetch(worker, _originals["fingerprint"])
-    except Exception:  # noqa: BLE001
+    except Exception:
         LOG.debug("plancache: prefetch not started", exc_info=True)
     try:
         with _lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
             hook_warm_up(type(worker), _patched)
-    except Exception:  # noqa: BLE001 - diagnostics only
+    except Exception:
         LOG.debug("plancache: compile_or_warm_up_model not hooked", exc_info=True)
 
 
@@ -133,7 +141,7 @@ def hook_warm_up(cls: type, patched: list[tuple[Any, str, Any]]) -> None:
     method = vars(owner)["compile_or_warm_up_model"] if owner is not None else None
     if callable(method) and not getattr(method, "__plancache__", False):
         patched.append((owner, "compile_or_warm_up_model", method))
-        setattr(owner, "compile_or_warm_up_model", wrap_warm_up(method))
+        owner.compile_or_warm_up_model = wrap_warm_up(method)
 
 
 def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -148,6 +156,7 @@ def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
     """``determine_available_memory`` timed: the profiling a plan skips, or what it costs (the boot record)."""
+
     @functools.wraps(original)
     def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
         import time
@@ -158,7 +167,7 @@ def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
             from . import boot
 
             boot.after_profiling(self, (time.monotonic() - started) * 1000)
-        except Exception:  # noqa: BLE001
+        except Exception:
             LOG.debug("plancache: profiling time not recorded", exc_info=True)
         return result
 
@@ -168,6 +177,7 @@ def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
     """``compile_or_warm_up_model`` returning ends the worker's boot: its record is made final."""
+
     @functools.wraps(original)
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
@@ -175,7 +185,7 @@ def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
             from . import boot
 
             boot.after_warm_up(self)
-        except Exception:  # noqa: BLE001
+        except Exception:
             LOG.debug("plancache: boot record not finished", exc_info=True)
         return result
 
@@ -204,12 +214,19 @@ def _patch_worker_module(module: ModuleType) -> None:
                 if not any(t is module and n == name for t, n, _ in _patched):
                     _patched.append((module, name, _originals[key]))
             else:
-                LOG.warning("plancache: %s.%s is not vLLM's (another plugin?); left as it is", module.__name__, name)
+                LOG.warning(
+                    "plancache: %s.%s is not vLLM's (another plugin?); left as it is",
+                    module.__name__,
+                    name,
+                )
         worker_cls = getattr(module, WORKER_MODULES.get(module.__name__, "Worker"), None)
         load_model = getattr(worker_cls, "load_model", None) if worker_cls is not None else None
         if callable(load_model) and not getattr(load_model, "__plancache__", False):
             _replace(worker_cls, "load_model", _wrap_load_model(load_model))
-        for name, wrap in (("determine_available_memory", _wrap_timed), ("compile_or_warm_up_model", wrap_warm_up)):
+        for name, wrap in (
+            ("determine_available_memory", _wrap_timed),
+            ("compile_or_warm_up_model", wrap_warm_up),
+        ):
             method = worker_cls.__dict__.get(name) if worker_cls is not None else None
             if callable(method) and not getattr(method, "__plancache__", False):
                 _replace(worker_cls, name, wrap(method))
@@ -228,7 +245,7 @@ class _PatchingLoader(importlib.abc.Loader):
         self._loader.exec_module(module)
         try:
             _patch_worker_module(module)
-        except Exception:  # noqa: BLE001
+        except Exception:
             LOG.warning("plancache: could not hook %s; no prefetch", module.__name__, exc_info=True)
 
     def __getattr__(self, name: str) -> Any:
@@ -241,7 +258,9 @@ class _WorkerFinder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self._busy = threading.local()
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in WORKER_MODULES or getattr(self._busy, "on", False):
             return None  # not ours, or re-entered by another finder that also asks around
         self._busy.on = True
@@ -275,7 +294,7 @@ def install() -> bool:
             return True
         try:
             module = importlib.import_module(STARTUP_PLAN)
-        except Exception as exc:  # noqa: BLE001 - ImportError, or vLLM failing to import
+        except Exception as exc:
             _warn_once("cannot import %s (%s: %s)", STARTUP_PLAN, type(exc).__name__, exc)
             return False
         problem = _check_startup_plan(module)
@@ -311,8 +330,14 @@ def uninstall() -> None:
             _finder = None
         while _patched:
             target, name, original = _patched.pop()
-            current = target.__dict__.get(name) if isinstance(target, type) else getattr(target, name, None)
-            if getattr(current, "__plancache__", False):  # still ours (a later plugin's patch stays)
+            current = (
+                target.__dict__.get(name)
+                if isinstance(target, type)
+                else getattr(target, name, None)
+            )
+            if getattr(
+                current, "__plancache__", False
+            ):  # still ours (a later plugin's patch stays)
                 setattr(target, name, original)
         _originals.clear()
         vllm_modules.remember(None)

@@ -21,7 +21,7 @@ class RedactFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken format string: let logging report it
+        except Exception:
             return True
         record.msg, record.args = redact(message), None
         if record.exc_info and not record.exc_text:

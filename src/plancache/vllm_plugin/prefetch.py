@@ -25,7 +25,8 @@ import os
 import re
 import threading
 import time
-from typing import Callable, Generic, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -48,14 +49,22 @@ def omp_cpus(environ: Mapping[str, str]) -> frozenset[int]:
         value = environ.get(name, "")
         if name == "KMP_AFFINITY":
             value = value.partition("proclist=")[2].partition("]")[0]
-        cpus = {c for lo, hi in _RANGE.findall(value) for c in range(int(lo), min(int(hi or lo), MAX_CPU) + 1)}
+        cpus = {
+            c
+            for lo, hi in _RANGE.findall(value)
+            for c in range(int(lo), min(int(hi or lo), MAX_CPU) + 1)
+        }
         if cpus:
             return frozenset(cpus)
     return frozenset()
 
 
-def spare_cpus(own: frozenset[int], started_with: frozenset[int], compute: frozenset[int],
-               siblings: Callable[[], frozenset[int]] = frozenset) -> frozenset[int]:
+def spare_cpus(
+    own: frozenset[int],
+    started_with: frozenset[int],
+    compute: frozenset[int],
+    siblings: Callable[[], frozenset[int]] = frozenset,
+) -> frozenset[int]:
     """Where a background thread should run: ``started_with`` minus ``compute`` and the CPUs
     ``siblings()`` (the other ranks of the node) are pinned to, if ``own`` is vLLM's OpenMP pin
     (exactly ``compute``); else empty (stay). ``siblings`` is asked only then: a GPU worker's
@@ -93,10 +102,15 @@ def off_compute_cores() -> None:
     try:
         parent = os.getppid()
         started_with = _affinity(parent)
-        spare = spare_cpus(_affinity(0), started_with, omp_cpus(os.environ), lambda: _sibling_pins(parent, started_with))
+        spare = spare_cpus(
+            _affinity(0),
+            started_with,
+            omp_cpus(os.environ),
+            lambda: _sibling_pins(parent, started_with),
+        )
         if spare:
             os.sched_setaffinity(0, spare)
-    except Exception:  # noqa: BLE001 - an optimisation: the fetch runs either way
+    except Exception:
         pass
 
 
@@ -112,9 +126,11 @@ class Prefetch(Generic[T]):
         self._done = threading.Event()
         self._value: T | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"plancache-prefetch-{key}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"plancache-prefetch-{key}", daemon=True
+        )
 
-    def start(self) -> "Prefetch[T]":
+    def start(self) -> Prefetch[T]:
         self._thread.start()
         return self
 
@@ -122,7 +138,7 @@ class Prefetch(Generic[T]):
         try:
             off_compute_cores()
             self._value = self._task()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+        except BaseException as exc:
             self._error = exc
         finally:
             self.finished = time.monotonic()

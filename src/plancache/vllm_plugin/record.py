@@ -28,9 +28,10 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..storage.local import records
 from ..trust.display import safe_text
@@ -53,7 +54,9 @@ class BootRecord:
     plan: dict[str, Any] | None = None
     compile_cache: list[dict[str, Any]] = field(default_factory=list)
     plugin_ms: float = 0.0
-    saved_ms: dict[str, float | None] = field(default_factory=lambda: {"profiling": None, "compile": None})
+    saved_ms: dict[str, float | None] = field(
+        default_factory=lambda: {"profiling": None, "compile": None}
+    )
     final: bool = False
     signed_factors: dict[str, Any] = field(default_factory=dict)
     """Cache -> the verified manifest's key factors (compared at the end, never written whole)."""
@@ -63,13 +66,31 @@ class BootRecord:
         self.name = f"{stamp}-{os.getpid()}-r{max(self.rank, 0)}-{secrets.token_hex(4)}.json"
 
     def document(self) -> dict[str, Any]:
-        warnings = [f"compile cache {c['cache']} was verified but vLLM did not use it"
-                    + (f" (differs in {', '.join(d['input'] for d in c['differing_factors'])})" if c.get("differing_factors") else "")
-                    for c in self.compile_cache if c.get("used") is False]
-        return {"schema": SCHEMA, "time": self.started, "pid": os.getpid(), "rank": self.rank,
-                "world_size": self.world_size, "final": self.final, "plan": self.plan,
-                "compile_cache": [{k: v for k, v in c.items() if not k.startswith("_")} for c in self.compile_cache], "plugin_ms": round(self.plugin_ms, 1),
-                "saved_ms": self.saved_ms, "warnings": warnings}
+        warnings = [
+            f"compile cache {c['cache']} was verified but vLLM did not use it"
+            + (
+                f" (differs in {', '.join(d['input'] for d in c['differing_factors'])})"
+                if c.get("differing_factors")
+                else ""
+            )
+            for c in self.compile_cache
+            if c.get("used") is False
+        ]
+        return {
+            "schema": SCHEMA,
+            "time": self.started,
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "final": self.final,
+            "plan": self.plan,
+            "compile_cache": [
+                {k: v for k, v in c.items() if not k.startswith("_")} for c in self.compile_cache
+            ],
+            "plugin_ms": round(self.plugin_ms, 1),
+            "saved_ms": self.saved_ms,
+            "warnings": warnings,
+        }
 
 
 _lock = threading.RLock()
@@ -113,7 +134,7 @@ def for_worker(worker: Any) -> BootRecord:
         record.world_size = world if isinstance(world, int) else None
         try:
             setattr(worker, ATTR, record)
-        except Exception:  # noqa: BLE001 - a worker that refuses attributes: one record per event
+        except Exception:
             pass
         _current = record
         return record
@@ -129,18 +150,37 @@ def _process_record(rank: int) -> BootRecord:
 
 def _write(record: BootRecord) -> None:
     try:
-        records.write(record.root, record.name, json.dumps(record.document(), sort_keys=True).encode())
-    except Exception as exc:  # noqa: BLE001 - a record that cannot be written costs nothing but itself
-        LOG.debug("plancache: boot record not written: %s", safe_text(getattr(exc, "detail", exc), 200))
+        records.write(
+            record.root, record.name, json.dumps(record.document(), sort_keys=True).encode()
+        )
+    except Exception as exc:
+        LOG.debug(
+            "plancache: boot record not written: %s", safe_text(getattr(exc, "detail", exc), 200)
+        )
 
 
-def note_plan(worker: Any, decision: str, reason: str, source: str, fp: str | None, detail: str, elapsed_ms: float,
-              *, signed_profile_ms: float | None = None) -> None:
+def note_plan(
+    worker: Any,
+    decision: str,
+    reason: str,
+    source: str,
+    fp: str | None,
+    detail: str,
+    elapsed_ms: float,
+    *,
+    signed_profile_ms: float | None = None,
+) -> None:
     """The plan side's decision (the decision line's fields), written at once."""
     record = for_worker(worker)
     with _lock:
-        record.plan = {"decision": decision, "reason": reason, "source": source, "fingerprint": fp,
-                       "detail": safe_text(detail, 300), "signed_profile_ms": signed_profile_ms}
+        record.plan = {
+            "decision": decision,
+            "reason": reason,
+            "source": source,
+            "fingerprint": fp,
+            "detail": safe_text(detail, 300),
+            "signed_profile_ms": signed_profile_ms,
+        }
         record.plugin_ms += elapsed_ms
         _write(record)
 
@@ -153,14 +193,21 @@ def note_profiling(worker: Any, determine_ms: float) -> float | None:
     with _lock:
         plan = record.plan or {}
         if plan.get("decision") == "apply" and plan.get("signed_profile_ms") is not None:
-            record.saved_ms["profiling"] = round(max(0.0, plan["signed_profile_ms"] - determine_ms), 1)
+            record.saved_ms["profiling"] = round(
+                max(0.0, plan["signed_profile_ms"] - determine_ms), 1
+            )
         if record.plan is not None:
             record.plan["determine_ms"] = round(determine_ms, 1)
         _write(record)
     return determine_ms if plan.get("decision") == "profile" else None
 
 
-COUNTERS = ("num_inductor_compiles", "num_aot_compiles", "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded")
+COUNTERS = (
+    "num_inductor_compiles",
+    "num_aot_compiles",
+    "num_compiled_artifacts_loaded",
+    "num_aot_artifacts_loaded",
+)
 
 
 def _counters() -> dict[str, int]:
@@ -169,13 +216,16 @@ def _counters() -> dict[str, int]:
         from vllm.compilation.counter import compilation_counter
 
         return {name: int(getattr(compilation_counter, name)) for name in COUNTERS}
-    except Exception:  # noqa: BLE001 - not that vLLM: whether it was used stays unknown
+    except Exception:
         return {}
 
 
 def _grew(before: Mapping[str, int], now: Mapping[str, int], *names: str) -> bool:
     """A counter rose since ``before`` (vLLM resets them between compiles: a lower value is a reset)."""
-    return any(now.get(n, 0) > (before.get(n, 0) if now.get(n, 0) >= before.get(n, 0) else 0) for n in names)
+    return any(
+        now.get(n, 0) > (before.get(n, 0) if now.get(n, 0) >= before.get(n, 0) else 0)
+        for n in names
+    )
 
 
 def _used_by_counters(item: dict[str, Any]) -> bool | None:
@@ -186,16 +236,30 @@ def _used_by_counters(item: dict[str, Any]) -> bool | None:
         return None
     if _grew(before, now, "num_inductor_compiles", "num_aot_compiles"):
         return False
-    return True if _grew(before, now, "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded") else None
+    return (
+        True
+        if _grew(before, now, "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded")
+        else None
+    )
 
 
-def note_compile(rank: int, entry: Mapping[str, Any], elapsed_ms: float, key_factors: Mapping[str, Any] | None,
-                 compile_ms: float | None = None) -> None:
+def note_compile(
+    rank: int,
+    entry: Mapping[str, Any],
+    elapsed_ms: float,
+    key_factors: Mapping[str, Any] | None,
+    compile_ms: float | None = None,
+) -> None:
     """A compile-cache decision (``entry``: cache, decision, reason, detail), written at once."""
     record = _process_record(rank)
     with _lock:
-        item = {**entry, "used": None, "elapsed_ms": round(elapsed_ms, 1), "signed_compile_ms": compile_ms,
-                "_counters": _counters() if entry.get("decision") == "load" else {}}
+        item = {
+            **entry,
+            "used": None,
+            "elapsed_ms": round(elapsed_ms, 1),
+            "signed_compile_ms": compile_ms,
+            "_counters": _counters() if entry.get("decision") == "load" else {},
+        }
         record.compile_cache.append(item)
         if key_factors is not None:
             record.signed_factors[str(entry.get("cache"))] = dict(key_factors)
@@ -213,8 +277,12 @@ def note_used(cache: str, used: bool, load_ms: float | None = None) -> None:
             if item.get("cache") == cache and item.get("decision") == "load":
                 item["used"] = used
                 if used and load_ms is not None and item.get("signed_compile_ms") is not None:
-                    saved = max(0.0, item["signed_compile_ms"] - load_ms - item.get("elapsed_ms", 0.0))
-                    record.saved_ms["compile"] = round((record.saved_ms["compile"] or 0.0) + saved, 1)
+                    saved = max(
+                        0.0, item["signed_compile_ms"] - load_ms - item.get("elapsed_ms", 0.0)
+                    )
+                    record.saved_ms["compile"] = round(
+                        (record.saved_ms["compile"] or 0.0) + saved, 1
+                    )
         _write(record)
 
 
@@ -235,7 +303,11 @@ def finish(worker: Any) -> dict[str, Any] | None:
     """The boot is over: differing factors filled in, the file final, one log line."""
     with _lock:
         record = getattr(worker, ATTR, None)
-        if not isinstance(record, BootRecord) and _current is not None and _current.worker_id is None:
+        if (
+            not isinstance(record, BootRecord)
+            and _current is not None
+            and _current.worker_id is None
+        ):
             record = _current  # compile-cache decisions only (no plan side): this process's boot
         if not isinstance(record, BootRecord) or record.final:
             return None
@@ -244,8 +316,10 @@ def finish(worker: Any) -> dict[str, Any] | None:
                 item["used"] = _used_by_counters(item)
             signed = record.signed_factors.get(str(item.get("cache")))
             if item.get("used") is False and signed is not None and _last_factors is not None:
-                item["differing_factors"] = [{k: safe_text(v, 200) if isinstance(v, str) else v for k, v in d.items()}
-                                             for d in differences(signed, _last_factors)[:20]]
+                item["differing_factors"] = [
+                    {k: safe_text(v, 200) if isinstance(v, str) else v for k, v in d.items()}
+                    for d in differences(signed, _last_factors)[:20]
+                ]
         record.final = True
         document = record.document()
         _write(record)

@@ -88,7 +88,9 @@ def _gather(world: Any, value: float, wait_s: float | None) -> list[float]:
     import torch.distributed as dist
 
     gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world.world_size)]
-    work = dist.all_gather(gathered, torch.tensor([value], dtype=torch.float64), group=world.cpu_group, async_op=True)
+    work = dist.all_gather(
+        gathered, torch.tensor([value], dtype=torch.float64), group=world.cpu_group, async_op=True
+    )
     if wait_s is None:
         return []
     # gloo counts whole milliseconds and reads 0 as "no timeout": never hand it less than 1 ms.
@@ -108,9 +110,11 @@ def _spent(world: Any) -> Vote:
     try:
         _gather(world, 0.0, None)
         _gather(world, 0.0, None)
-    except Exception as exc:  # noqa: BLE001 - profiling needs no vote
+    except Exception as exc:
         return Vote(False, (), f"budget spent; {_error(exc)}", world.world_size)
-    return Vote(False, (), "budget spent before the vote: voted profile without waiting", world.world_size)
+    return Vote(
+        False, (), "budget spent before the vote: voted profile without waiting", world.world_size
+    )
 
 
 def agree(mine: bool, budget_s: float) -> Vote:
@@ -123,19 +127,21 @@ def agree(mine: bool, budget_s: float) -> Vote:
     ``error`` set and ``all_yes`` False (the caller profiles)."""
     try:
         world = _world()
-    except Exception as exc:  # noqa: BLE001 - no usable torch/vLLM: nothing to vote with
+    except Exception as exc:
         return Vote(False, (), _error(exc), 0)
     if world is None or world.world_size == 1:
         return Vote(mine, () if mine else (0,), None, 1)
     started = time.monotonic()
-    if budget_s <= 0:  # spent: gloo's wait(0) would mean *no* timeout; vote "profile" and never wait
+    if (
+        budget_s <= 0
+    ):  # spent: gloo's wait(0) would mean *no* timeout; vote "profile" and never wait
         return _spent(world)
     try:
         votes = _gather(world, 1.0 if mine else 0.0, budget_s)
-    except Exception as exc:  # noqa: BLE001 - timeout, a dead peer: say no in round 2, profile
+    except Exception as exc:
         try:
             _gather(world, 0.0, None)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return Vote(False, (), _error(exc), 0)
     noes = tuple(r for r, v in enumerate(votes) if v != 1.0)
@@ -144,7 +150,7 @@ def agree(mine: bool, budget_s: float) -> Vote:
             _gather(world, 0.0, None)
             return Vote(False, noes, None, world.world_size)
         acks = _gather(world, 1.0, max(budget_s - (time.monotonic() - started), ROUND2_S))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return Vote(False, noes, f"round 2: {_error(exc)}", world.world_size)
     unsure = tuple(r for r, a in enumerate(acks) if a != 1.0)
     if unsure:
@@ -162,7 +168,9 @@ def settle(decision: Decision, budget_s: float) -> Decision:
     vote = agree(decision.applied, budget_s)
     if vote.error is None and (vote.world_size == 1 or vote.all_yes):
         return decision
-    own = f"this rank: {decision.reason.value}" + (f" ({decision.detail})" if decision.detail else "")
+    own = f"this rank: {decision.reason.value}" + (
+        f" ({decision.detail})" if decision.detail else ""
+    )
     if vote.error is not None:
         why = f"vote failed: {vote.error}"
         if not decision.applied:

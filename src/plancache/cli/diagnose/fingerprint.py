@@ -20,7 +20,8 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ...trust.errors import ConfigError
 
@@ -28,7 +29,8 @@ EXIT_CONFIG = 2
 NO_PLATFORM = (
     "; vLLM finds no GPU here. VLLM_TARGET_DEVICE=cpu lets it build the configuration, but the fingerprint then "
     "hashes this machine's CPU platform and torch build, so it cannot match a GPU node's: run this where the "
-    "fleet's image runs (a node of its kind)")
+    "fleet's image runs (a node of its kind)"
+)
 """Why a CPU box cannot stand in for a GPU node (issue 21 item 1): said, not papered over."""
 NEEDS_VLLM = "plancache: fingerprint needs the [vllm] extra (pip install 'plancache[vllm]')"
 
@@ -36,7 +38,11 @@ NEEDS_VLLM = "plancache: fingerprint needs the [vllm] extra (pip install 'planca
 @contextlib.contextmanager
 def _pinned(platform: Any, name: str | None, total: int | None) -> Iterator[None]:
     """Pin the device facts on the very platform object vLLM's fingerprint asks, then restore."""
-    saved = {k: platform.__dict__[k] for k in ("get_device_name", "get_device_total_memory") if k in platform.__dict__}
+    saved = {
+        k: platform.__dict__[k]
+        for k in ("get_device_name", "get_device_total_memory")
+        if k in platform.__dict__
+    }
     try:
         if name is not None:
             platform.get_device_name = lambda device_id=0: name
@@ -67,17 +73,23 @@ def _engine_config(serve_args: list[str]) -> tuple[Any, list[str]]:
     return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER), unused
 
 
-def fingerprints(serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None) -> dict[str, Any]:
+def fingerprints(
+    serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None
+) -> dict[str, Any]:
     """Fingerprint and factors for every rank; raises ImportError without vLLM."""
     return node_config(serve_args, device_name, device_total_memory)[0]
 
 
-def node_config(serve_args: list[str], device_name: str | None = None,
-                device_total_memory: int | None = None) -> tuple[dict[str, Any], Any]:
+def node_config(
+    serve_args: list[str], device_name: str | None = None, device_total_memory: int | None = None
+) -> tuple[dict[str, Any], Any]:
     """:func:`fingerprints`, and the VllmConfig they were computed from (``plancache explain``)."""
     from vllm.v1.worker import startup_plan
 
-    from ...vllm_plugin.adapter import config_parts, fingerprint_inputs  # the plugin's reading of the same factors
+    from ...vllm_plugin.adapter import (
+        config_parts,
+        fingerprint_inputs,
+    )  # the plugin's reading of the same factors
 
     cfg, unused = _engine_config(serve_args)
     world_size = int(cfg.parallel_config.world_size)
@@ -110,8 +122,10 @@ def configure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     if serve[:1] == ["--"]:
         serve = serve[1:]
     if not serve:
-        raise ConfigError("fingerprint: give the vllm serve arguments after --, e.g. -- MODEL "
-                          "--tensor-parallel-size 2")
+        raise ConfigError(
+            "fingerprint: give the vllm serve arguments after --, e.g. -- MODEL "
+            "--tensor-parallel-size 2"
+        )
     # vLLM logs to stdout by default; the fingerprints are this command's stdout (--json).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
@@ -121,23 +135,38 @@ def configure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     try:
         result, cfg = node_config(serve, args.device_name, args.device_total_memory)
     except (NotImplementedError, RuntimeError) as exc:
-        hint = "" if args.device_name and args.device_total_memory else (
-            "; without a local GPU give --device-name and --device-total-memory")
-        if "infer device type" in str(exc):  # no GPU here, and vLLM was not told which platform to build for
+        hint = (
+            ""
+            if args.device_name and args.device_total_memory
+            else ("; without a local GPU give --device-name and --device-total-memory")
+        )
+        if "infer device type" in str(
+            exc
+        ):  # no GPU here, and vLLM was not told which platform to build for
             hint = NO_PLATFORM
-        raise ConfigError(
-            f"fingerprint: {type(exc).__name__}: {_first_line(exc)}{hint}") from None
-    except OSError as exc:  # the model's files: a hub id not in the local cache while offline, a bad path
-        hub_offline = type(exc).__name__ == "LocalEntryNotFoundError" or os.environ.get("HF_HUB_OFFLINE")
+        raise ConfigError(f"fingerprint: {type(exc).__name__}: {_first_line(exc)}{hint}") from None
+    except (
+        OSError
+    ) as exc:  # the model's files: a hub id not in the local cache while offline, a bad path
+        hub_offline = type(exc).__name__ == "LocalEntryNotFoundError" or os.environ.get(
+            "HF_HUB_OFFLINE"
+        )
         offline = "offline, " if hub_offline else ""
-        raise ConfigError(f"fingerprint: cannot read the model's configuration ({_first_line(exc)}): {offline}a hub "
-                          "model id must be in the local Hugging Face cache ($HF_HOME); or give the model's "
-                          "local directory") from None
+        raise ConfigError(
+            f"fingerprint: cannot read the model's configuration ({_first_line(exc)}): {offline}a hub "
+            "model id must be in the local Hugging Face cache ($HF_HOME); or give the model's "
+            "local directory"
+        ) from None
     except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
-        raise ConfigError(f"fingerprint: invalid vllm serve arguments: {_first_line(exc)}") from None
+        raise ConfigError(
+            f"fingerprint: invalid vllm serve arguments: {_first_line(exc)}"
+        ) from None
     if result["ignored_arguments"]:
-        print(f"plancache: {args.command}: not engine arguments, ignored: " + " ".join(result["ignored_arguments"]),
-              file=sys.stderr)
+        print(
+            f"plancache: {args.command}: not engine arguments, ignored: "
+            + " ".join(result["ignored_arguments"]),
+            file=sys.stderr,
+        )
     return result, cfg
 
 
@@ -149,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
         report(args, True, **result)
         return 0
     for entry in result["ranks"]:
-        print(f"rank {entry['rank']}/{result['world_size']}  {entry['fingerprint']}  startup_plan_{entry['fingerprint']}.json")
+        print(
+            f"rank {entry['rank']}/{result['world_size']}  {entry['fingerprint']}  startup_plan_{entry['fingerprint']}.json"
+        )
         if args.explain:
             for key, value in entry["factors"].items():
                 print(f"    {key:<20} {value}")

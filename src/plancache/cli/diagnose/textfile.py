@@ -16,21 +16,40 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ...trust.errors import Reason
 from ...trust.plans.gate import Verdict
 
 METRICS = (
     ("plancache_boot_timestamp_seconds", "Unix time of the last boot record of this rank."),
-    ("plancache_boot_plan_applied", "1 when the last boot of this rank applied a verified plan, else 0."),
-    ("plancache_boot_compile_cache_loaded", "Compile caches the last boot of this rank verified and vLLM loaded."),
-    ("plancache_boot_compile_cache_unused", "Compile caches verified but not used by vLLM in the last boot (it compiled)."),
-    ("plancache_boot_compile_cache_missed", "Compile-cache reads in the last boot that found no usable cache."),
+    (
+        "plancache_boot_plan_applied",
+        "1 when the last boot of this rank applied a verified plan, else 0.",
+    ),
+    (
+        "plancache_boot_compile_cache_loaded",
+        "Compile caches the last boot of this rank verified and vLLM loaded.",
+    ),
+    (
+        "plancache_boot_compile_cache_unused",
+        "Compile caches verified but not used by vLLM in the last boot (it compiled).",
+    ),
+    (
+        "plancache_boot_compile_cache_missed",
+        "Compile-cache reads in the last boot that found no usable cache.",
+    ),
     ("plancache_boot_plugin_seconds", "Time plancache spent in the last boot of this rank."),
-    ("plancache_boot_saved_seconds", "Boot time saved in the last boot of this rank, by what was skipped."),
-    ("plancache_boot_decision", "The last boot's decisions of this rank (always 1; the labels say which)."),
+    (
+        "plancache_boot_saved_seconds",
+        "Boot time saved in the last boot of this rank, by what was skipped.",
+    ),
+    (
+        "plancache_boot_decision",
+        "The last boot's decisions of this rank (always 1; the labels say which).",
+    ),
 )
 
 
@@ -41,7 +60,15 @@ PLAN_REASONS = frozenset(r.value for r in Reason) | frozenset(v.value for v in V
 COMPILE_DECISIONS = frozenset({"load", "compile", "quarantined", "refuse"})
 """The compile-cache guard's decisions (docs/compile-cache.md; ``refuse`` from older versions)."""
 COMPILE_REASONS = frozenset(r.value for r in Reason) | frozenset(
-    {"verified", "no-cache", "store-rejected", "vllm-cache-disabled", "unmanaged-directory", "no-trusted-keys"})
+    {
+        "verified",
+        "no-cache",
+        "store-rejected",
+        "vllm-cache-disabled",
+        "unmanaged-directory",
+        "no-trusted-keys",
+    }
+)
 """Rejection reasons and the guard's own outcomes (the table of docs/compile-cache.md)."""
 OTHER = "other"
 
@@ -85,15 +112,45 @@ def _shape(doc: object) -> str:
 
 
 _STR, _NUM, _BOOL, _INT, _DICT, _LIST = "string", "number", "boolean", "integer", "object", "list"
-_TYPES: dict[str, Callable[[object], bool]] = {_STR: lambda v: isinstance(v, str), _NUM: _number, _BOOL: lambda v: isinstance(v, bool),
-          _INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and _number(v),
-          _DICT: lambda v: isinstance(v, dict), _LIST: lambda v: isinstance(v, list)}
-_RECORD = {"schema": _STR, "time": _STR, "pid": _INT, "world_size": _INT, "final": _BOOL, "plan": _DICT,
-           "compile_cache": _LIST, "plugin_ms": _NUM, "saved_ms": _DICT, "warnings": _LIST}
-_PLAN = {"decision": _STR, "reason": _STR, "source": _STR, "fingerprint": _STR, "detail": _STR,
-         "signed_profile_ms": _NUM, "determine_ms": _NUM}
-_CACHE = {"cache": _STR, "decision": _STR, "reason": _STR, "detail": _STR, "used": _BOOL, "elapsed_ms": _NUM,
-          "signed_compile_ms": _NUM, "differing_factors": _LIST}
+_TYPES: dict[str, Callable[[object], bool]] = {
+    _STR: lambda v: isinstance(v, str),
+    _NUM: _number,
+    _BOOL: lambda v: isinstance(v, bool),
+    _INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and _number(v),
+    _DICT: lambda v: isinstance(v, dict),
+    _LIST: lambda v: isinstance(v, list),
+}
+_RECORD = {
+    "schema": _STR,
+    "time": _STR,
+    "pid": _INT,
+    "world_size": _INT,
+    "final": _BOOL,
+    "plan": _DICT,
+    "compile_cache": _LIST,
+    "plugin_ms": _NUM,
+    "saved_ms": _DICT,
+    "warnings": _LIST,
+}
+_PLAN = {
+    "decision": _STR,
+    "reason": _STR,
+    "source": _STR,
+    "fingerprint": _STR,
+    "detail": _STR,
+    "signed_profile_ms": _NUM,
+    "determine_ms": _NUM,
+}
+_CACHE = {
+    "cache": _STR,
+    "decision": _STR,
+    "reason": _STR,
+    "detail": _STR,
+    "used": _BOOL,
+    "elapsed_ms": _NUM,
+    "signed_compile_ms": _NUM,
+    "differing_factors": _LIST,
+}
 """The boot record's fields (``vllm_plugin/record.py``) and their types; each may be null."""
 
 
@@ -117,19 +174,39 @@ def problem(doc: object) -> str:
     if why:  # the types below hold only now
         return why
     for item in doc.get("compile_cache") or []:
-        why = why or ("compile_cache holds a non-object" if not isinstance(item, dict) else
-                      _fields("compile_cache[].", item, _CACHE))
+        why = why or (
+            "compile_cache holds a non-object"
+            if not isinstance(item, dict)
+            else _fields("compile_cache[].", item, _CACHE)
+        )
     saved = doc.get("saved_ms") or {}
-    why = why or next((f"saved_ms.{k} is not a number" for k in ("profiling", "compile")
-                       if saved.get(k) is not None and not _number(saved[k])), "")
-    return why or next(("warnings holds a non-string" for w in doc.get("warnings") or [] if not isinstance(w, str)), "")
+    why = why or next(
+        (
+            f"saved_ms.{k} is not a number"
+            for k in ("profiling", "compile")
+            if saved.get(k) is not None and not _number(saved[k])
+        ),
+        "",
+    )
+    return why or next(
+        (
+            "warnings holds a non-string"
+            for w in doc.get("warnings") or []
+            if not isinstance(w, str)
+        ),
+        "",
+    )
 
 
 def _epoch(stamp: object) -> float | None:
     from datetime import datetime, timezone
 
     try:
-        return datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+        return (
+            datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ")
+            .replace(tzinfo=timezone.utc)
+            .timestamp()
+        )
     except ValueError:
         return None
 
@@ -150,28 +227,37 @@ def render(records: Iterable[dict[str, Any]]) -> str:
         when = _epoch(doc.get("time"))
         if when is not None:
             samples["plancache_boot_timestamp_seconds"].append(f"{{{base}}} {when:.0f}")
-        samples["plancache_boot_plan_applied"].append(f"{{{base}}} {1 if plan.get('decision') == 'apply' else 0}")
+        samples["plancache_boot_plan_applied"].append(
+            f"{{{base}}} {1 if plan.get('decision') == 'apply' else 0}"
+        )
         loaded = sum(c.get("decision") == "load" and c.get("used") is not False for c in caches)
         unused = sum(c.get("decision") == "load" and c.get("used") is False for c in caches)
         samples["plancache_boot_compile_cache_loaded"].append(f"{{{base}}} {loaded}")
         samples["plancache_boot_compile_cache_unused"].append(f"{{{base}}} {unused}")
-        samples["plancache_boot_compile_cache_missed"].append(f"{{{base}}} {sum(c.get('decision') != 'load' for c in caches)}")
+        samples["plancache_boot_compile_cache_missed"].append(
+            f"{{{base}}} {sum(c.get('decision') != 'load' for c in caches)}"
+        )
         plugin_ms = doc.get("plugin_ms")
         if isinstance(plugin_ms, (int, float)):
             samples["plancache_boot_plugin_seconds"].append(f"{{{base}}} {plugin_ms / 1000:.3f}")
         for kind in ("profiling", "compile"):
             value = saved.get(kind)
             if isinstance(value, (int, float)):
-                samples["plancache_boot_saved_seconds"].append(f'{{{base},kind="{kind}"}} {value / 1000:.3f}')
+                samples["plancache_boot_saved_seconds"].append(
+                    f'{{{base},kind="{kind}"}} {value / 1000:.3f}'
+                )
         first = caches[0] if caches else {}
         samples["plancache_boot_decision"].append(
             f'{{{base},plan_decision="{_label(plan.get("decision"), PLAN_DECISIONS)}",'
             f'plan_reason="{_label(plan.get("reason"), PLAN_REASONS)}",'
             f'compile_decision="{_label(first.get("decision"), COMPILE_DECISIONS)}",'
-            f'compile_reason="{_label(first.get("reason"), COMPILE_REASONS)}"}} 1')
+            f'compile_reason="{_label(first.get("reason"), COMPILE_REASONS)}"}} 1'
+        )
     lines = []
     for name, help_text in METRICS:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"] + [name + s for s in samples[name]]
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"] + [
+            name + s for s in samples[name]
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -12,25 +12,50 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ...pipeline.audit import PlanReport, all_valid, audit_plans, check, list_plans
-from ...pipeline.locations import (BULK_TIMEOUT, Location, is_url, local_dir, no_plans_message, open_location,
-                                   open_url, require_existing)
+from ...pipeline.directory_signing import sign_directory
+from ...pipeline.locations import (
+    BULK_TIMEOUT,
+    Location,
+    is_url,
+    local_dir,
+    no_plans_message,
+    open_location,
+    open_url,
+    require_existing,
+)
 from ...pipeline.resolver import utcnow
 from ...storage.local.localdir import LocalPlanDir
-from ...pipeline.directory_signing import sign_directory
 from ...trust import envelope as dsse
 from ...trust.display import safe_text
 from ...trust.errors import ConfigError, PlanCacheError
 from ...trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ...trust.result import PlanResult
 from ...trust.statement import CONDITION_KEYS, format_time, parse_statement
-from ..flag_objects import (check_places, optional_policy, required_policy, required_signer, signing_request, storage_options,
-                     wanted_fingerprints)
-from ..output import Progress, document, gib, print_json, print_table, render_json, report, status_text
+from ..flag_objects import (
+    check_places,
+    optional_policy,
+    required_policy,
+    required_signer,
+    signing_request,
+    storage_options,
+    wanted_fingerprints,
+)
+from ..output import (
+    Progress,
+    document,
+    gib,
+    print_json,
+    print_table,
+    render_json,
+    report,
+    status_text,
+)
 
 NO_PLANS = "no-plans"
 
@@ -38,19 +63,33 @@ NO_PLANS = "no-plans"
 def _name_of(path: Path) -> str:
     """The default comment: the file name, with what a key line cannot hold (blanks at either
     end, control characters, a lone surrogate) made ``_``. An explicit --comment is never changed."""
-    name = "".join("_" if not c.isprintable() or "\ud800" <= c <= "\udfff" else c for c in path.name)
+    name = "".join(
+        "_" if not c.isprintable() or "\ud800" <= c <= "\udfff" else c for c in path.name
+    )
     return name.strip() or "key"
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from ...keys.keyfile import generate_keypair
 
-    signer = generate_keypair(Path(args.path), args.force, args.comment or _name_of(Path(args.path)),
-                              openssh=args.format == "openssh")
+    signer = generate_keypair(
+        Path(args.path),
+        args.force,
+        args.comment or _name_of(Path(args.path)),
+        openssh=args.format == "openssh",
+    )
     if args.json:
-        report(args, True, private_key=str(args.path), public_key=f"{args.path}.pub", keyid=signer.keyid)
+        report(
+            args,
+            True,
+            private_key=str(args.path),
+            public_key=f"{args.path}.pub",
+            keyid=signer.keyid,
+        )
     else:
-        print(f"wrote {safe_text(args.path, 500)} (private, mode 0600) and {safe_text(args.path, 500)}.pub")
+        print(
+            f"wrote {safe_text(args.path, 500)} (private, mode 0600) and {safe_text(args.path, 500)}.pub"
+        )
         print(f"key id {signer.keyid}")
     return 0
 
@@ -65,8 +104,10 @@ _EXAMPLE = {"gpu_memory_utilization": "0.9", "device_name": "...", "device_total
 
 def conditions_warning(missing: list[str]) -> str:
     record = " ".join(f"--fact {key}={_EXAMPLE.get(key, '...')}" for key in missing)
-    return (f"signed without {', '.join(missing)}: the gate cannot compare them, so these plans apply on "
-            f"workers at any setting (record them: {record})")
+    return (
+        f"signed without {', '.join(missing)}: the gate cannot compare them, so these plans apply on "
+        f"workers at any setting (record them: {record})"
+    )
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
@@ -82,15 +123,27 @@ def cmd_sign(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"plancache: warning: {warning}", file=sys.stderr)
     if args.json:
-        report(args, not refused, key=signer.keyid, warnings=warnings, plans=[
-            {"fingerprint": o.fingerprint, "action": o.label, "detail": o.detail} for o in outcomes])
+        report(
+            args,
+            not refused,
+            key=signer.keyid,
+            warnings=warnings,
+            plans=[
+                {"fingerprint": o.fingerprint, "action": o.label, "detail": o.detail}
+                for o in outcomes
+            ],
+        )
     else:
-        print_table([(o.fingerprint, o.label, o.detail) for o in outcomes], ["PLAN", "ACTION", "DETAIL"])
+        print_table(
+            [(o.fingerprint, o.label, o.detail) for o in outcomes], ["PLAN", "ACTION", "DETAIL"]
+        )
         counts = {a: sum(o.action == a for o in outcomes) for a in ("signed", "co-signed", "kept")}
         if not args.quiet:
-            print(f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} "
-                  f"co-signed, {counts['kept']} already signed, {refused} refused (key {signer.keyid})",
-                  file=sys.stderr)
+            print(
+                f"{len(outcomes)} plan(s) in {directory}: {counts['signed']} signed, {counts['co-signed']} "
+                f"co-signed, {counts['kept']} already signed, {refused} refused (key {signer.keyid})",
+                file=sys.stderr,
+            )
     return 1 if refused else 0
 
 
@@ -125,10 +178,20 @@ def _audit(args: argparse.Namespace, policy: Any) -> Audit:
     audit = Audit(source, [], deadline)
     fingerprints = wanted or list_plans(source, deadline)
     with Progress("verify" if isinstance(source, LocalPlanDir) else "fetch", args.quiet) as bar:
-        audit.reports = audit_plans(source, fingerprints, policy, utcnow(), jobs=args.jobs, progress=bar,
-                                    deadline=deadline, digests=audit.digests)
+        audit.reports = audit_plans(
+            source,
+            fingerprints,
+            policy,
+            utcnow(),
+            jobs=args.jobs,
+            progress=bar,
+            deadline=deadline,
+            digests=audit.digests,
+        )
     if wanted and all(r.outcome == "missing" for r in audit.reports):
-        require_existing(source, deadline)  # a mistyped bucket is a configuration error, not two misses
+        require_existing(
+            source, deadline
+        )  # a mistyped bucket is a configuration error, not two misses
     return audit
 
 
@@ -138,7 +201,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         return _verify(args)
     except BaseException as exc:
-        if args.report and not isinstance(exc, SystemExit):  # never a stale success, whatever failed
+        if args.report and not isinstance(
+            exc, SystemExit
+        ):  # never a stale success, whatever failed
             if isinstance(exc, PlanCacheError):
                 error = (exc.reason.value, exc.detail)
             elif isinstance(exc, KeyboardInterrupt):
@@ -146,7 +211,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             else:
                 error = ("internal-error", f"{type(exc).__name__}: {safe_text(exc, 300)}")
             try:
-                _write_report(args.report, document("verify", False, {"location": args.location or ""}, error))
+                _write_report(
+                    args.report, document("verify", False, {"location": args.location or ""}, error)
+                )
             except PlanCacheError:
                 pass  # the report cannot be written: the first failure is the one to tell
         raise
@@ -162,7 +229,9 @@ def _check_report_target(path: str) -> None:
     except OSError as exc:
         raise ConfigError(f"--report {safe_text(path, 200)}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"--report {safe_text(path, 200)} exists and is not a regular file: refusing to replace it")
+        raise ConfigError(
+            f"--report {safe_text(path, 200)} exists and is not a regular file: refusing to replace it"
+        )
 
 
 def _write_report(path: str, doc: dict[str, Any]) -> None:
@@ -185,9 +254,19 @@ def _sets(args: argparse.Namespace, audit: Audit, policy: Any) -> list[Any]:
 
 def _print_sets(sets: list[Any]) -> None:
     if sets:
-        print_table([(s.name, ", ".join(s.signers), s.status, s.reason if s.reason not in ("ok", s.status) else "",
-                      f"{len(s.fingerprints)} rank(s)" + (f"; {s.detail}" if s.detail else "")) for s in sets],
-                    ["PLAN SET", "SIGNER", "STATUS", "REASON", "DETAIL"])
+        print_table(
+            [
+                (
+                    s.name,
+                    ", ".join(s.signers),
+                    s.status,
+                    s.reason if s.reason not in ("ok", s.status) else "",
+                    f"{len(s.fingerprints)} rank(s)" + (f"; {s.detail}" if s.detail else ""),
+                )
+                for s in sets
+            ],
+            ["PLAN SET", "SIGNER", "STATUS", "REASON", "DETAIL"],
+        )
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -204,22 +283,44 @@ def _verify(args: argparse.Namespace) -> int:
         forgiven = " (--allow-empty: not a failure)" if args.allow_empty else ""
         print(f"plancache: {message}{forgiven}", file=sys.stderr)
     if args.report or args.json:
-        doc = document("verify", ok, {"location": str(source), "plans": [r.to_json() for r in reports],
-                                      "plan_sets": [s.to_json() for s in sets]}, error)
+        doc = document(
+            "verify",
+            ok,
+            {
+                "location": str(source),
+                "plans": [r.to_json() for r in reports],
+                "plan_sets": [s.to_json() for s in sets],
+            },
+            error,
+        )
         if args.report:
             _write_report(args.report, doc)
         if args.json:
             print_json(doc)
     if not args.json and reports:
-        rows = [(r.fingerprint, ", ".join(r.signers), r.outcome, r.reason if r.reason not in ("ok", r.outcome) else "",
-                 r.detail) for r in reports]
+        rows = [
+            (
+                r.fingerprint,
+                ", ".join(r.signers),
+                r.outcome,
+                r.reason if r.reason not in ("ok", r.outcome) else "",
+                r.detail,
+            )
+            for r in reports
+        ]
         print_table(rows, ["PLAN", "SIGNER", "STATUS", "REASON", "DETAIL"])
         bad = sum(not r.ok for r in reports)
-        print(f"{len(reports)} plan(s) in {source}: {len(reports) - bad} valid, {bad} not", file=sys.stderr)
+        print(
+            f"{len(reports)} plan(s) in {source}: {len(reports) - bad} valid, {bad} not",
+            file=sys.stderr,
+        )
     if not args.json and sets:
         _print_sets(sets)
         bad = sum(not s.ok for s in sets)
-        print(f"{len(sets)} plan set(s) in {source}: {len(sets) - bad} valid, {bad} not", file=sys.stderr)
+        print(
+            f"{len(sets)} plan set(s) in {source}: {len(sets) - bad} valid, {bad} not",
+            file=sys.stderr,
+        )
     return 0 if ok else 1
 
 
@@ -231,17 +332,35 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not reports:
         print(f"plancache: {no_plans_message(source)}", file=sys.stderr)
     if args.json:
-        report(args, True, location=str(source), plans=[r.to_json() for r in reports], plan_sets=[s.to_json() for s in sets])
+        report(
+            args,
+            True,
+            location=str(source),
+            plans=[r.to_json() for r in reports],
+            plan_sets=[s.to_json() for s in sets],
+        )
         return 0
     rows = [
-        (r.fingerprint, gib(r.kv_cache_memory_bytes), gib(r.free_memory_baseline), ", ".join(r.signers),
-         r.signed_at, r.expires_at, status_text(r.outcome, r.reason))
+        (
+            r.fingerprint,
+            gib(r.kv_cache_memory_bytes),
+            gib(r.free_memory_baseline),
+            ", ".join(r.signers),
+            r.signed_at,
+            r.expires_at,
+            status_text(r.outcome, r.reason),
+        )
         for r in reports
     ]
-    print_table(rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"])
+    print_table(
+        rows, ["PLAN", "KV_GIB", "BASELINE_GIB", "SIGNER", "SIGNED_AT", "EXPIRES", "STATUS"]
+    )
     _print_sets(sets)
     if policy is None:
-        print("no trusted keys given: values are shown unverified (--trusted-keys to verify)", file=sys.stderr)
+        print(
+            "no trusted keys given: values are shown unverified (--trusted-keys to verify)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -257,11 +376,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if fp is None:
         raise ConfigError(f"{name} is not named startup_plan_<16 hex>.json or .json.sig")
     if parent:  # a store URL: the plan and its sidecar, fetched as pull fetches them
-        store = open_url(parent, storage_options(args), DEFAULT_TIMEOUT if args.timeout is None else args.timeout)
+        store = open_url(
+            parent, storage_options(args), DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+        )
         fetched = store.fetch(fp)
         if fetched.error is not None:
             raise fetched.error
-        plan_bytes, sig_bytes, where = fetched.plan_bytes, fetched.sig_bytes, f"{store.url}/{plan_name(fp)}"
+        plan_bytes, sig_bytes, where = (
+            fetched.plan_bytes,
+            fetched.sig_bytes,
+            f"{store.url}/{plan_name(fp)}",
+        )
         if plan_bytes is None and sig_bytes is None:
             raise ConfigError(f"{args.file} does not exist")
     else:
@@ -272,12 +397,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if plan_bytes is None and read_capped(path, MAX_PLAN_BYTES) is None:
             raise ConfigError(f"{path} does not exist")
     policy = optional_policy(args)
-    result = check(PlanResult(fp, "store" if parent else "local", plan_bytes, sig_bytes), policy, utcnow())
+    result = check(
+        PlanResult(fp, "store" if parent else "local", plan_bytes, sig_bytes), policy, utcnow()
+    )
     info: dict[str, Any] = {"file": where, **result.to_json()}
     if sig_bytes is not None:
         try:
             env = dsse.decode(sig_bytes)
-            info["envelope"] = {"payloadType": env.payload_type, "keyids": [s.keyid for s in env.signatures]}
+            info["envelope"] = {
+                "payloadType": env.payload_type,
+                "keyids": [s.keyid for s in env.signatures],
+            }
             info["statement"] = _statement_json(env.payload)
         except PlanCacheError as exc:
             info["envelope"] = {"error": f"{exc.reason.value}: {exc.detail}"}
@@ -302,7 +432,10 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
         else:
             yield prefix, ", ".join(str(v) for v in value)
     else:
-        yield prefix, "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        yield (
+            prefix,
+            "" if value is None else str(value).lower() if isinstance(value, bool) else str(value),
+        )
 
 
 def _statement_json(payload: bytes) -> Any:

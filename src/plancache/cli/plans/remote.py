@@ -17,7 +17,13 @@ import time
 from typing import Any
 
 from ...pipeline.audit import STORE_REASONS, all_valid, report_of
-from ...pipeline.locations import BULK_TIMEOUT, local_dir, open_url, require_existing, require_push_target
+from ...pipeline.locations import (
+    BULK_TIMEOUT,
+    local_dir,
+    open_url,
+    require_existing,
+    require_push_target,
+)
 from ...pipeline.resolver import Resolver, utcnow
 from ...settings import BOOT_TIMEOUT
 from ...storage.deadline import DEFAULT_TIMEOUT, checked_budget
@@ -51,13 +57,24 @@ def cmd_push(args: argparse.Namespace) -> int:
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
     started = time.monotonic()
-    store = open_url(args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout)
+    store = open_url(
+        args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout
+    )
     require_push_target(store)
     with Progress("push", args.quiet) as bar:
-        push = PushRequest(signer=signer, signing=request, allow_unsigned=args.allow_unsigned,
-                           fingerprints=wanted or None, dry_run=args.dry_run)
-        entries, uploaded = push_plans(directory, store, started + store.timeout, utcnow(), push=push, progress=bar)
-    sets, set_problems = _push_sets(args, directory, store, started + store.timeout, signer, entries)
+        push = PushRequest(
+            signer=signer,
+            signing=request,
+            allow_unsigned=args.allow_unsigned,
+            fingerprints=wanted or None,
+            dry_run=args.dry_run,
+        )
+        entries, uploaded = push_plans(
+            directory, store, started + store.timeout, utcnow(), push=push, progress=bar
+        )
+    sets, set_problems = _push_sets(
+        args, directory, store, started + store.timeout, signer, entries
+    )
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
     missing = unrecorded_conditions(dict(request.facts or {})) if signs else []
@@ -65,26 +82,45 @@ def cmd_push(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"plancache: warning: {warning}", file=sys.stderr)
     if args.json:
-        report(args, not counts["refused"], url=store.url, key=signer.keyid if signer else None,
-               objects_uploaded=uploaded, plans=[vars(e) for e in entries], dry_run=args.dry_run,
-               warnings=warnings, plan_sets=[vars(s) for s in sets], **counts)
+        report(
+            args,
+            not counts["refused"],
+            url=store.url,
+            key=signer.keyid if signer else None,
+            objects_uploaded=uploaded,
+            plans=[vars(e) for e in entries],
+            dry_run=args.dry_run,
+            warnings=warnings,
+            plan_sets=[vars(s) for s in sets],
+            **counts,
+        )
     else:
         for e in entries:
             if e.action == "refused":
                 print(f"plancache: refused {e.fingerprint}: {e.detail}", file=sys.stderr)
         if args.dry_run:
-            print_table([(e.fingerprint, DRY_RUN_WORDS.get(e.action, e.action), e.detail) for e in entries],
-                        ["PLAN", "ACTION", "DETAIL"])
+            print_table(
+                [(e.fingerprint, DRY_RUN_WORDS.get(e.action, e.action), e.detail) for e in entries],
+                ["PLAN", "ACTION", "DETAIL"],
+            )
         verb = "would be uploaded" if args.dry_run else "uploaded"
-        print(f"{len(entries)} plan(s) from {directory} to {store.url}: {counts['uploaded']} {verb}, "
-              f"{counts['unchanged']} already in the store, {counts['refused']} refused")
+        print(
+            f"{len(entries)} plan(s) from {directory} to {store.url}: {counts['uploaded']} {verb}, "
+            f"{counts['unchanged']} already in the store, {counts['refused']} refused"
+        )
         if sets:
             print(f"{len(sets)} plan set(s) {verb}: {', '.join(s.name for s in sets)}")
     return 1 if counts["refused"] else 0
 
 
-def _push_sets(args: argparse.Namespace, directory: Any, store: Any, deadline: float, signer: Any,
-               entries: list[Any]) -> tuple[list[Any], list[str]]:
+def _push_sets(
+    args: argparse.Namespace,
+    directory: Any,
+    store: Any,
+    deadline: float,
+    signer: Any,
+    entries: list[Any],
+) -> tuple[list[Any], list[str]]:
     """With a signing key: one signed plan set per complete world among the pushed plans
     (docs/boot-storm.md); without one, none (a set is signed as one, by the key)."""
     from ...pipeline.plan_sets.push import push_sets
@@ -92,8 +128,17 @@ def _push_sets(args: argparse.Namespace, directory: Any, store: Any, deadline: f
     if signer is None or any(e.action == "refused" for e in entries):
         return [], []
     fps = [e.fingerprint for e in entries]
-    return push_sets(directory, store, deadline, utcnow(), signer, fingerprints=fps, replicas=args.set_replicas,
-                     expires_in=getattr(args, "expires_in", None), dry_run=args.dry_run)
+    return push_sets(
+        directory,
+        store,
+        deadline,
+        utcnow(),
+        signer,
+        fingerprints=fps,
+        replicas=args.set_replicas,
+        expires_in=getattr(args, "expires_in", None),
+        dry_run=args.dry_run,
+    )
 
 
 # -- pull ---------------------------------------------------------------------------------------
@@ -104,7 +149,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     check_places(args)
     policy = required_policy(args)
     wanted = wanted_fingerprints(args)
-    budget = checked_budget(args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT)
+    budget = checked_budget(
+        args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT
+    )
     directory = local_dir(args.dir, must_exist=False)
     deadline = started + budget
     store = open_url(args.url, storage_options(args), budget, deadline)  # the SDK's import counts
@@ -113,28 +160,52 @@ def cmd_pull(args: argparse.Namespace) -> int:
     with Progress("pull", args.quiet or len(wanted) == 1) as bar:
         bar.start(len(wanted))  # 0: the store's size is not known before it is listed
         # Streamed: one report row per plan is kept, never the plans' bytes.
-        reports = [(report_of(result), actions[result.written])
-                   for result in resolver.pull(wanted or None, deadline, bar.advance)]
+        reports = [
+            (report_of(result), actions[result.written])
+            for result in resolver.pull(wanted or None, deadline, bar.advance)
+        ]
     if all(r.reason == Verdict.NO_PLAN.value for r, _ in reports):
-        require_existing(store)  # nothing found: a missing bucket is a configuration error, not a miss
+        require_existing(
+            store
+        )  # nothing found: a missing bucket is a configuration error, not a miss
     store_failed = any(r.reason in STORE_REASONS for r, _ in reports)
     written = sum(a == "written" for _, a in reports)
     rejected = sum(not r.ok for r, _ in reports)
     if args.json:
         plans = [{**r.to_json(), "action": action} for r, action in reports]
-        report(args, not rejected, url=store.url, dir=str(directory), plans=plans, written=written,
-               budget_seconds=budget)
+        report(
+            args,
+            not rejected,
+            url=store.url,
+            dir=str(directory),
+            plans=plans,
+            written=written,
+            budget_seconds=budget,
+        )
     else:
         if rejected or len(reports) <= 50:
-            rows = [(r.fingerprint, r.outcome, action, r.reason if r.reason not in ("ok", r.outcome) else "", r.detail)
-                    for r, action in reports]
+            rows = [
+                (
+                    r.fingerprint,
+                    r.outcome,
+                    action,
+                    r.reason if r.reason not in ("ok", r.outcome) else "",
+                    r.detail,
+                )
+                for r, action in reports
+            ]
             print_table(rows, ["PLAN", "STATUS", "ACTION", "REASON", "DETAIL"])
         missing = sum(r.outcome == "missing" for r, _ in reports)
         unread = sum(r.reason in STORE_REASONS for r, _ in reports)
-        notes = [f"{missing} not in the store"] * bool(missing) + [f"{unread} could not be read"] * bool(unread)
-        print(f"{len(reports)} plan(s) from {store.url} into {directory}: {len(reports) - rejected} verified "
-              f"({written} written), {rejected} rejected" + (f" ({', '.join(notes)})" if notes else ""),
-              file=sys.stderr)
+        notes = [f"{missing} not in the store"] * bool(missing) + [
+            f"{unread} could not be read"
+        ] * bool(unread)
+        print(
+            f"{len(reports)} plan(s) from {store.url} into {directory}: {len(reports) - rejected} verified "
+            f"({written} written), {rejected} rejected"
+            + (f" ({', '.join(notes)})" if notes else ""),
+            file=sys.stderr,
+        )
     if store_failed:
         return EXIT_STORE
     return 0 if all_valid(r for r, _ in reports) else 1
@@ -146,38 +217,76 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     from ...pipeline.bulk import prune_plans
 
-    criterion = next(c for c in ("revoked", "unsigned", "invalid") if getattr(args, c)) if args.older_than is None \
+    criterion = (
+        next(c for c in ("revoked", "unsigned", "invalid") if getattr(args, c))
+        if args.older_than is None
         else "older-than"
+    )
     policy = required_policy(args) if criterion in ("revoked", "invalid") else None
     started = time.monotonic()
     budget = checked_budget(args.timeout, BULK_TIMEOUT)
     deadline = started + budget  # once: the listing, every read and delete, plans and sets share it
     store = open_url(args.url, storage_options(args), budget, deadline)
     with Progress("prune", args.quiet) as bar:
-        outcome = prune_plans(store, deadline, utcnow(), policy, older_than=args.older_than, criterion=criterion,
-                              dry_run=args.dry_run, progress=bar, unconditional=args.unconditional)
+        outcome = prune_plans(
+            store,
+            deadline,
+            utcnow(),
+            policy,
+            older_than=args.older_than,
+            criterion=criterion,
+            dry_run=args.dry_run,
+            progress=bar,
+            unconditional=args.unconditional,
+        )
     deleted = outcome.deleted
     sets = outcome.sets.deleted if outcome.sets else []
     set_errors = outcome.sets.errors if outcome.sets else []
     verb = "would delete" if args.dry_run else "deleted"
     if args.json:
-        report(args, not outcome.failed and not set_errors, url=store.url, dry_run=args.dry_run, criterion=criterion,
-               deleted=[{"fingerprint": r.fingerprint, "why": why, "signers": r.signers, "signer_ids": r.signer_ids,
-                         "signed_by": r.to_json()["signed_by"]} for r, why in deleted],
-               changed=outcome.changed, kept=outcome.seen - len(deleted),
-               errors=[r.to_json() for r in outcome.failed],
-               plan_sets_deleted=sets, plan_set_errors=[s.to_json() for s in set_errors])
+        report(
+            args,
+            not outcome.failed and not set_errors,
+            url=store.url,
+            dry_run=args.dry_run,
+            criterion=criterion,
+            deleted=[
+                {
+                    "fingerprint": r.fingerprint,
+                    "why": why,
+                    "signers": r.signers,
+                    "signer_ids": r.signer_ids,
+                    "signed_by": r.to_json()["signed_by"],
+                }
+                for r, why in deleted
+            ],
+            changed=outcome.changed,
+            kept=outcome.seen - len(deleted),
+            errors=[r.to_json() for r in outcome.failed],
+            plan_sets_deleted=sets,
+            plan_set_errors=[s.to_json() for s in set_errors],
+        )
     else:
-        print_table([(r.fingerprint, verb, why, ", ".join(r.signers)) for r, why in deleted],
-                    ["PLAN", "ACTION", "WHY", "SIGNER"])
+        print_table(
+            [(r.fingerprint, verb, why, ", ".join(r.signers)) for r, why in deleted],
+            ["PLAN", "ACTION", "WHY", "SIGNER"],
+        )
         for fp in outcome.changed:
-            print(f"plancache: kept {fp}: it changed in the store after it was judged", file=sys.stderr)
+            print(
+                f"plancache: kept {fp}: it changed in the store after it was judged",
+                file=sys.stderr,
+            )
         for r in outcome.failed:
             print(f"plancache: could not read {r.fingerprint}: {r.detail}", file=sys.stderr)
-        print(f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept {outcome.seen - len(deleted)}",
-              file=sys.stderr)
+        print(
+            f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept {outcome.seen - len(deleted)}",
+            file=sys.stderr,
+        )
         if sets:
-            print(f"plan set(s) holding them or a plan no longer in the store: {verb} {', '.join(sets)}", file=sys.stderr)
+            print(
+                f"plan set(s) holding them or a plan no longer in the store: {verb} {', '.join(sets)}",
+                file=sys.stderr,
+            )
     if set_errors:
         print(_set_errors_line(set_errors, args.dry_run), file=sys.stderr)
     return EXIT_STORE if outcome.failed or set_errors else 0
@@ -189,5 +298,7 @@ def _set_errors_line(errors: list[Any], dry_run: bool) -> str:
     what = "could not be read" if unread else "could not be deleted"
     first = (unread or errors)[0]
     kept = "no plan would be deleted" if dry_run else "no plan was deleted"
-    return (f"plancache: prune refused: plan set(s) {', '.join(e.name for e in unread or errors)} {what} "
-            f"({first.reason}: {first.detail}); {kept}, so no set goes on serving a pruned plan")
+    return (
+        f"plancache: prune refused: plan set(s) {', '.join(e.name for e in unread or errors)} {what} "
+        f"({first.reason}: {first.detail}); {kept}, so no set goes on serving a pruned plan"
+    )

@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from ...storage.local import dirfds
 from ...storage.compile_cache import archives, cachedir, placement
+from ...storage.local import dirfds
 from ...storage.local.files import read_capped
 from ...storage.store import Store
 from ...trust import strictjson
-from ...trust.display import safe_text
-from ...trust.inputs import check_inputs, keyed_factors, new_salt, without_secrets
-from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
-from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ...trust.compile_cache.manifest import (
     MAX_SIG_BYTES,
     FileEntry,
@@ -43,6 +40,10 @@ from ...trust.compile_cache.manifest import (
     sign_manifest,
     verify_manifest,
 )
+from ...trust.display import safe_text
+from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
+from ...trust.inputs import check_inputs, keyed_factors, new_salt, without_secrets
+from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ...trust.statement import format_time
 
 
@@ -85,13 +86,20 @@ class CacheRoot:
 
     def directory(self, subject: str) -> Path:
         if not is_subject(subject):
-            raise Rejected(Reason.MALFORMED, f"'{safe_text(subject, 80)}' is not a compile-cache directory name")
+            raise Rejected(
+                Reason.MALFORMED,
+                f"'{safe_text(subject, 80)}' is not a compile-cache directory name",
+            )
         return self.compile_root / subject
 
     def subject_of(self, directory: Path) -> str | None:
         """The subject of a cache directory vLLM named, or None if it is not under this root."""
         try:
-            subject = Path(os.path.abspath(directory)).relative_to(os.path.abspath(self.compile_root)).as_posix()
+            subject = (
+                Path(os.path.abspath(directory))
+                .relative_to(os.path.abspath(self.compile_root))
+                .as_posix()
+            )
         except ValueError:
             return None
         return subject if is_subject(subject) else None
@@ -99,7 +107,10 @@ class CacheRoot:
     def subjects(self) -> list[str]:
         """Cache directories present locally (either layout), sorted; other names are ignored."""
         found = []
-        for folder, nested in ((self.compile_root, ""), (self.compile_root / "torch_aot_compile", "torch_aot_compile/")):
+        for folder, nested in (
+            (self.compile_root, ""),
+            (self.compile_root / "torch_aot_compile", "torch_aot_compile/"),
+        ):
             try:
                 names = os.listdir(folder)
             except (FileNotFoundError, NotADirectoryError):
@@ -120,8 +131,11 @@ def check_names(directory: Path, verified: VerifiedManifest) -> None:
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
     listed = {f.path for f in verified.manifest.files}
-    listing = {path: size for path, size in cachedir.walk(directory).items()
-               if size is None or path in listed or path.rpartition("/")[2] not in cachedir.DEBUG_FILES}
+    listing = {
+        path: size
+        for path, size in cachedir.walk(directory).items()
+        if size is None or path in listed or path.rpartition("/")[2] not in cachedir.DEBUG_FILES
+    }
     difference = closed_world_difference(verified.manifest, listing)
     if difference:
         raise Rejected(Reason.DIGEST_MISMATCH, difference)
@@ -136,7 +150,9 @@ def _check_tree(directory: Path, verified: VerifiedManifest) -> None:
         raise Rejected(Reason.DIGEST_MISMATCH, difference)
 
 
-def verify_directory(root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> VerifiedManifest:
+def verify_directory(
+    root: CacheRoot, subject: str, keyring: Keyring, now: datetime
+) -> VerifiedManifest:
     """Signature, then closed world, then every file's sha256; the verified manifest or a typed error."""
     directory = root.directory(subject)
     verified = verify_manifest(subject, read_sidecar(directory), keyring, now)
@@ -144,10 +160,21 @@ def verify_directory(root: CacheRoot, subject: str, keyring: Keyring, now: datet
     return verified
 
 
-def outcome_of(subject: str, action: str, verified: VerifiedManifest, detail: str = "") -> CacheOutcome:
+def outcome_of(
+    subject: str, action: str, verified: VerifiedManifest, detail: str = ""
+) -> CacheOutcome:
     m = verified.manifest
-    return CacheOutcome(subject, action, detail=detail, files=len(m.files), size=m.total_size, signers=verified.signers,
-                        key_factors=m.key_factors, measurements=m.measurements, archive_sha256=m.archive_sha256)
+    return CacheOutcome(
+        subject,
+        action,
+        detail=detail,
+        files=len(m.files),
+        size=m.total_size,
+        signers=verified.signers,
+        key_factors=m.key_factors,
+        measurements=m.measurements,
+        archive_sha256=m.archive_sha256,
+    )
 
 
 def verify_cache(root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> CacheOutcome:
@@ -200,7 +227,11 @@ def factors_of(data: bytes | None) -> dict[str, Any] | None:
 def key_factors_in(directory: Path, listing: Mapping[str, int | None]) -> dict[str, Any] | None:
     """The factors vLLM wrote into a ``<10 hex>`` directory (``rank_<r>_<dp>/<prefix>/``; the
     first in name order). An AOT directory holds none: the caller passes what the boot saw."""
-    for path in sorted(p for p, size in listing.items() if size is not None and p.rpartition("/")[2] == FACTORS_FILE):
+    for path in sorted(
+        p
+        for p, size in listing.items()
+        if size is not None and p.rpartition("/")[2] == FACTORS_FILE
+    ):
         try:
             found = factors_of(read_capped(directory / path, MAX_FACTORS_BYTES))
         except PlanCacheError:  # too large, unreadable: the manifest records no factors
@@ -210,9 +241,16 @@ def key_factors_in(directory: Path, listing: Mapping[str, int | None]) -> dict[s
     return None
 
 
-def build_manifest(directory: Path, subject: str, now: datetime, expires_at: datetime | None, comment: str,
-                   *, key_factors: Mapping[str, Any] | None = None,
-                   measurements: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
+def build_manifest(
+    directory: Path,
+    subject: str,
+    now: datetime,
+    expires_at: datetime | None,
+    comment: str,
+    *,
+    key_factors: Mapping[str, Any] | None = None,
+    measurements: Mapping[str, Any] | None = None,
+) -> tuple[Manifest, bytes]:
     """The manifest of a directory as it is now (a build node's private copy, or one signed in
     place), and its deterministic archive; with vLLM's cache-key factors (given, else found
     inside) and the build's measurements, when known. vLLM's debug files are neither listed nor
@@ -221,22 +259,46 @@ def build_manifest(directory: Path, subject: str, now: datetime, expires_at: dat
     (:func:`~plancache.trust.inputs.keyed_factors`), or left out if they would not fit."""
     listing = cachedir.walk(directory)
     dirs = tuple(sorted(p for p, size in listing.items() if size is None))
-    kept = {p: size for p, size in listing.items() if size is not None and p.rpartition("/")[2] not in cachedir.DEBUG_FILES}
+    kept = {
+        p: size
+        for p, size in listing.items()
+        if size is not None and p.rpartition("/")[2] not in cachedir.DEBUG_FILES
+    }
     sums = cachedir.digests(directory, kept)
     files = tuple(FileEntry(p, size, sums[p]) for p, size in sorted(kept.items()))
     data = cachedir.archive_bytes(directory, files, dirs)
     found = dict(key_factors) if key_factors is not None else key_factors_in(directory, listing)
     try:
-        factors = None if found is None else check_inputs(keyed_factors(found, new_salt()), "key factors")
+        factors = (
+            None if found is None else check_inputs(keyed_factors(found, new_salt()), "key factors")
+        )
     except PlanCacheError:
         factors = None
-    manifest = Manifest(subject, files, dirs, hashlib.sha256(data).hexdigest(), len(data), now, expires_at, comment,
-                        factors, dict(measurements) if measurements else None)
+    manifest = Manifest(
+        subject,
+        files,
+        dirs,
+        hashlib.sha256(data).hexdigest(),
+        len(data),
+        now,
+        expires_at,
+        comment,
+        factors,
+        dict(measurements) if measurements else None,
+    )
     return manifest, data
 
 
-def sign_cache(root: CacheRoot, subject: str, signer: Signer, now: datetime, *, expires_in: timedelta | None = None,
-               comment: str = "", wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
+def sign_cache(
+    root: CacheRoot,
+    subject: str,
+    signer: Signer,
+    now: datetime,
+    *,
+    expires_in: timedelta | None = None,
+    comment: str = "",
+    wait: float = cachedir.LOCK_WAIT,
+) -> CacheOutcome:
     """Sign the directory as it is (this signer alone) and write the sidecar beside it atomically.
     Signing vouches for bytes this process did not check: run it only where the cache was built."""
     directory = root.directory(subject)
@@ -244,25 +306,44 @@ def sign_cache(root: CacheRoot, subject: str, signer: Signer, now: datetime, *, 
         return _sign_locked(root, subject, signer, now, expires_in, comment)
 
 
-def _sign_locked(root: CacheRoot, subject: str, signer: Signer, now: datetime, expires_in: timedelta | None,
-                 comment: str) -> CacheOutcome:
+def _sign_locked(
+    root: CacheRoot,
+    subject: str,
+    signer: Signer,
+    now: datetime,
+    expires_in: timedelta | None,
+    comment: str,
+) -> CacheOutcome:
     directory = root.directory(subject)
     if directory.is_symlink() or not directory.is_dir():
         raise Rejected(Reason.MALFORMED, f"{directory} is not a plain directory")
-    manifest, _ = build_manifest(directory, subject, now, now + expires_in if expires_in else None, comment)
+    manifest, _ = build_manifest(
+        directory, subject, now, now + expires_in if expires_in else None, comment
+    )
     sig = sign_manifest(manifest, signer)
     verified = verify_manifest(subject, sig, signer_keyring(signer), now)
     try:
         with dirfds.opened_dir(root.root, directory.parent) as parent:
             dirfds.write_new(parent, cachedir.sidecar_path(directory).name, sig)
     except OSError as exc:
-        raise StoreError(f"cannot write the signature of {directory}: {exc.strerror or exc}") from None
+        raise StoreError(
+            f"cannot write the signature of {directory}: {exc.strerror or exc}"
+        ) from None
     return outcome_of(subject, "signed", verified)
 
 
-def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, now: datetime,
-                  *, expires_in: timedelta | None = None, key_factors: Mapping[str, Any] | None = None,
-                  measurements: Mapping[str, Any] | None = None, wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
+def publish_cache(
+    root: CacheRoot,
+    subject: str,
+    private: Path,
+    signer: Signer,
+    now: datetime,
+    *,
+    expires_in: timedelta | None = None,
+    key_factors: Mapping[str, Any] | None = None,
+    measurements: Mapping[str, Any] | None = None,
+    wait: float = cachedir.LOCK_WAIT,
+) -> CacheOutcome:
     """A build node's cache, compiled by vLLM into this boot's private copy ``private`` (this
     process's own 0700 directory), is signed as hashed there, and exactly those bytes go into
     place: the manifest and archive are built from ``private``, the archive is extracted into a
@@ -275,17 +356,47 @@ def publish_cache(root: CacheRoot, subject: str, private: Path, signer: Signer, 
     with cachedir.locked(root.root, directory, wait, write=True):
         aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
         if has_files(directory):
-            return CacheOutcome(subject, "kept", "", "the cache directory changed since this boot's guard; not signed")
-        manifest, data = build_manifest(private, subject, now, now + expires_in if expires_in else None, "",
-                                        key_factors=key_factors, measurements=measurements)
-        verified = verify_manifest(subject, sign_manifest(manifest, signer), signer_keyring(signer), now)
-        placement.install_archive(root.root, data, manifest, directory, verified.sig_bytes, root.quarantine_root,
-                                  lambda staged: _check_tree(staged, verified), "publish")
+            return CacheOutcome(
+                subject,
+                "kept",
+                "",
+                "the cache directory changed since this boot's guard; not signed",
+            )
+        manifest, data = build_manifest(
+            private,
+            subject,
+            now,
+            now + expires_in if expires_in else None,
+            "",
+            key_factors=key_factors,
+            measurements=measurements,
+        )
+        verified = verify_manifest(
+            subject, sign_manifest(manifest, signer), signer_keyring(signer), now
+        )
+        placement.install_archive(
+            root.root,
+            data,
+            manifest,
+            directory,
+            verified.sig_bytes,
+            root.quarantine_root,
+            lambda staged: _check_tree(staged, verified),
+            "publish",
+        )
     return outcome_of(subject, "signed", verified, aside)
 
 
-def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *,
-               deadline: float | None = None, wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
+def push_cache(
+    store: Store,
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
+    *,
+    deadline: float | None = None,
+    wait: float = cachedir.LOCK_WAIT,
+) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature."""
     directory = root.directory(subject)
     with cachedir.locked(root.root, directory, wait):
@@ -293,21 +404,38 @@ def push_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, no
         m = verified.manifest
         data = cachedir.archive_bytes(directory, m.files, m.dirs)
     if hashlib.sha256(data).hexdigest() != m.archive_sha256 or len(data) != m.archive_size:
-        raise Rejected(Reason.DIGEST_MISMATCH, "the rebuilt archive differs from the signed one (another tar writer?); sign again")
+        raise Rejected(
+            Reason.DIGEST_MISMATCH,
+            "the rebuilt archive differs from the signed one (another tar writer?); sign again",
+        )
     archives.put_object(store, archives.archive_name(subject), data, deadline)
     archives.put_object(store, archives.sig_name(subject), verified.sig_bytes, deadline)
     return outcome_of(subject, "pushed", verified, f"{m.archive_size} bytes, {len(m.files)} files")
 
 
-def pull_cache(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime, *,
-               deadline: float | None = None, wait: float = cachedir.LOCK_WAIT) -> CacheOutcome:
+def pull_cache(
+    store: Store,
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
+    *,
+    deadline: float | None = None,
+    wait: float = cachedir.LOCK_WAIT,
+) -> CacheOutcome:
     """:func:`_pull_locked` under the node's lock for ``subject``."""
     with cachedir.locked(root.root, root.directory(subject), wait, write=True):
         return pull_locked(store, root, subject, keyring, now, deadline)
 
 
-def pull_locked(store: Store, root: CacheRoot, subject: str, keyring: Keyring, now: datetime,
-                 deadline: float | None) -> CacheOutcome:
+def pull_locked(
+    store: Store,
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
+    deadline: float | None,
+) -> CacheOutcome:
     """Signature GET -> verify -> (a local cache that verifies and was signed at the same time
     or later is kept: no rollback) -> archive GET capped at the signed size -> sha256 -> extract
     into a staging directory beside the target -> closed world and every sha256 -> rename
@@ -326,13 +454,25 @@ def pull_locked(store: Store, root: CacheRoot, subject: str, keyring: Keyring, n
     if data is None:
         raise StoreError(f"the archive of {subject} is missing from {store.url}")
     if len(data) != m.archive_size or hashlib.sha256(data).hexdigest() != m.archive_sha256:
-        raise Rejected(Reason.DIGEST_MISMATCH, "the archive does not match its signed sha256 (altered?)")
-    placement.install_archive(root.root, data, m, directory, sig, root.quarantine_root,
-                              lambda staged: _check_tree(staged, verified), "pull")
+        raise Rejected(
+            Reason.DIGEST_MISMATCH, "the archive does not match its signed sha256 (altered?)"
+        )
+    placement.install_archive(
+        root.root,
+        data,
+        m,
+        directory,
+        sig,
+        root.quarantine_root,
+        lambda staged: _check_tree(staged, verified),
+        "pull",
+    )
     return outcome_of(subject, "pulled", verified, aside)
 
 
-def _kept_local(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, offered: Manifest) -> CacheOutcome | None:
+def _kept_local(
+    root: CacheRoot, subject: str, keyring: Keyring, now: datetime, offered: Manifest
+) -> CacheOutcome | None:
     """The local cache, when it verifies and the store's is not strictly newer: a bucket writer
     who puts back an older signed cache never replaces a newer one a node holds."""
     try:
@@ -342,6 +482,11 @@ def _kept_local(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, 
     if local.manifest == offered:
         return outcome_of(subject, "kept", local, "already present and verified")
     if local.manifest.signed_at >= offered.signed_at:
-        return outcome_of(subject, "kept", local, f"the local cache verifies and was signed {format_time(local.manifest.signed_at)}, "
-                        f"the store's {format_time(offered.signed_at)}: not replaced by an older one")
+        return outcome_of(
+            subject,
+            "kept",
+            local,
+            f"the local cache verifies and was signed {format_time(local.manifest.signed_at)}, "
+            f"the store's {format_time(offered.signed_at)}: not replaced by an older one",
+        )
     return None

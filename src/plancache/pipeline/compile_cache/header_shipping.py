@@ -28,18 +28,25 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Iterator
 
 from ...storage.compile_cache import archives
 from ...storage.compile_cache import header_files as files
 from ...storage.store import Store
+from ...trust.compile_cache.header_statement import (
+    MAX_SIG_BYTES,
+    HeaderEntry,
+    HeaderSet,
+    check_binding,
+    is_header_name,
+    sign_headers,
+    verify_headers,
+)
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
-from ...trust.compile_cache.header_statement import (MAX_SIG_BYTES, HeaderEntry, HeaderSet, check_binding, is_header_name,
-                                            sign_headers, verify_headers)
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 
 
@@ -60,8 +67,10 @@ class HeadersOutcome:
 
     def line(self) -> str:
         """``key=value`` fields for a log line."""
-        return (f"headers={self.action} reason={self.reason or 'verified'} installed={len(self.installed)} "
-                f"present={len(self.present)} bytes={self.size}")
+        return (
+            f"headers={self.action} reason={self.reason or 'verified'} installed={len(self.installed)} "
+            f"present={len(self.present)} bytes={self.size}"
+        )
 
 
 class Cancel:
@@ -80,8 +89,11 @@ class Cancel:
         """From now on nothing is installed; the fetch ends as ``outcome`` (default: timeout)."""
         with self._cond:
             if self._cancelled is None:
-                self._cancelled = outcome or HeadersOutcome("failed", Reason.TIMEOUT.value,
-                                                            "past its budget: torch builds the header itself")
+                self._cancelled = outcome or HeadersOutcome(
+                    "failed",
+                    Reason.TIMEOUT.value,
+                    "past its budget: torch builds the header itself",
+                )
             self._cond.notify_all()
 
     def release(self, archive_sha256: str | None = None) -> None:
@@ -117,8 +129,11 @@ class Cancel:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._cond.wait_for(lambda: self._cancelled is not None or not self._held, left)
             if self._cancelled is None and self._held:
-                self._cancelled = HeadersOutcome("failed", Reason.TIMEOUT.value,
-                                                 "the cache's guard did not decide within the headers' budget")
+                self._cancelled = HeadersOutcome(
+                    "failed",
+                    Reason.TIMEOUT.value,
+                    "the cache's guard did not decide within the headers' budget",
+                )
             yield self._cancelled is None
 
 
@@ -130,7 +145,9 @@ class Cancelled(Exception):
         self.outcome = outcome
 
 
-def pack_headers(base: Path, directory: Path, names: list[str]) -> tuple[bytes, list[tuple[str, int, str]]]:
+def pack_headers(
+    base: Path, directory: Path, names: list[str]
+) -> tuple[bytes, list[tuple[str, int, str]]]:
     """Compress the named headers of ``directory`` (this build node's own: ~3.5 s for 149 MiB,
     which the plugin does as soon as gcc built the header, not at exit)."""
     names = sorted(n for n in set(names) if is_header_name(n))
@@ -143,10 +160,20 @@ def pack_headers(base: Path, directory: Path, names: list[str]) -> tuple[bytes, 
         os.close(fd)
 
 
-def push_headers(store: Store, subject: str, base: Path, directory: Path, names: list[str], signer: Signer,
-                 now: datetime, *, cache_archive_sha256: str, expires_in: timedelta | None = None,
-                 deadline: float | None = None,
-                 packed: tuple[bytes, list[tuple[str, int, str]]] | None = None) -> HeadersOutcome:
+def push_headers(
+    store: Store,
+    subject: str,
+    base: Path,
+    directory: Path,
+    names: list[str],
+    signer: Signer,
+    now: datetime,
+    *,
+    cache_archive_sha256: str,
+    expires_in: timedelta | None = None,
+    deadline: float | None = None,
+    packed: tuple[bytes, list[tuple[str, int, str]]] | None = None,
+) -> HeadersOutcome:
     """Sign what the named headers of ``directory`` are (``packed``: compressed already), bound to
     the cache signature they were built beside (its manifest's ``cache_archive_sha256``: the one
     this node just pushed), upload the stream, then its signature (a node never sees a signature
@@ -154,20 +181,42 @@ def push_headers(store: Store, subject: str, base: Path, directory: Path, names:
     data, entries = packed if packed is not None else pack_headers(base, directory, names)
     if not entries:
         return HeadersOutcome("none", detail="no precompiled header was used")
-    hset = HeaderSet(subject, tuple(HeaderEntry(*e) for e in entries), hashlib.sha256(data).hexdigest(), len(data),
-                     now, now + expires_in if expires_in else None, cache_archive_sha256=cache_archive_sha256)
+    hset = HeaderSet(
+        subject,
+        tuple(HeaderEntry(*e) for e in entries),
+        hashlib.sha256(data).hexdigest(),
+        len(data),
+        now,
+        now + expires_in if expires_in else None,
+        cache_archive_sha256=cache_archive_sha256,
+    )
     sig = sign_headers(hset, signer)
-    verify_headers(subject, sig, signer_keyring(signer), now, cache_archive_sha256=cache_archive_sha256)
+    verify_headers(
+        subject, sig, signer_keyring(signer), now, cache_archive_sha256=cache_archive_sha256
+    )
     archives.put_object(store, archives.headers_name(subject), data, deadline)
     archives.put_object(store, archives.headers_sig_name(subject), sig, deadline)
     names = tuple(e[0] for e in entries)
-    return HeadersOutcome("pushed", detail=f"{len(names)} header(s), {hset.total_size} bytes as {len(data)}",
-                          installed=names, size=len(data))
+    return HeadersOutcome(
+        "pushed",
+        detail=f"{len(names)} header(s), {hset.total_size} bytes as {len(data)}",
+        installed=names,
+        size=len(data),
+    )
 
 
-def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
-                 *, cache_archive_sha256: str | None, deadline: float | None = None,
-                 cancel: Cancel | None = None) -> HeadersOutcome:
+def pull_headers(
+    store: Store,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
+    base: Path,
+    directory: Path,
+    *,
+    cache_archive_sha256: str | None,
+    deadline: float | None = None,
+    cancel: Cancel | None = None,
+) -> HeadersOutcome:
     """Install the store's verified headers for ``subject`` into ``directory`` (see the module),
     only if they were made for the cache this node holds: ``cache_archive_sha256``, its verified
     manifest's (a pull that kept a newer local cache names that one, so the store's older header
@@ -175,22 +224,39 @@ def pull_headers(store: Store, subject: str, keyring: Keyring, now: datetime, ba
     failing store: the outcome says what torch must build."""
     cancel = cancel or Cancel()
     try:
-        return _pull(store, subject, keyring, now, base, directory, deadline, cancel, cache_archive_sha256)
+        return _pull(
+            store, subject, keyring, now, base, directory, deadline, cancel, cache_archive_sha256
+        )
     except Cancelled as exc:
         return exc.outcome
     except Rejected as exc:  # an alert even once cancelled: the store's header was refused
         return HeadersOutcome("rejected", exc.reason.value, exc.detail)
-    except PlanCacheError as exc:  # a GET that timed out or failed after the cancel: the cancel ended it
+    except (
+        PlanCacheError
+    ) as exc:  # a GET that timed out or failed after the cancel: the cancel ended it
         return cancel.outcome() or HeadersOutcome("failed", exc.reason.value, exc.detail)
-    except Exception as exc:  # noqa: BLE001 - a store client's own failure: torch builds the header
-        return cancel.outcome() or HeadersOutcome("failed", Reason.STORE_ERROR.value, safe_text(exc, 200))
+    except Exception as exc:
+        return cancel.outcome() or HeadersOutcome(
+            "failed", Reason.STORE_ERROR.value, safe_text(exc, 200)
+        )
 
 
-def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Path, directory: Path,
-          deadline: float | None, cancel: Cancel, bound: str | None) -> HeadersOutcome:
+def _pull(
+    store: Store,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
+    base: Path,
+    directory: Path,
+    deadline: float | None,
+    cancel: Cancel,
+    bound: str | None,
+) -> HeadersOutcome:
     sig = archives.get_object(store, archives.headers_sig_name(subject), MAX_SIG_BYTES, deadline)
     if sig is None:
-        return HeadersOutcome("none", "no-headers", "the store holds no precompiled headers for this cache")
+        return HeadersOutcome(
+            "none", "no-headers", "the store holds no precompiled headers for this cache"
+        )
     hset = verify_headers(subject, sig, keyring, now, cache_archive_sha256=bound).headers
     cancel.check()
     fd = files.open_private_dir(base, directory)
@@ -200,19 +266,33 @@ def _pull(store: Store, subject: str, keyring: Keyring, now: datetime, base: Pat
         if len(taken) == len(hset.headers):
             return _outcome((), taken, there, 0)
         cancel.check()
-        data = archives.get_object(store, archives.headers_name(subject), hset.object_size, deadline)
+        data = archives.get_object(
+            store, archives.headers_name(subject), hset.object_size, deadline
+        )
         cancel.check()
         if data is None:
-            return HeadersOutcome("failed", Reason.STORE_ERROR.value, "the headers' object is missing from the store")
+            return HeadersOutcome(
+                "failed", Reason.STORE_ERROR.value, "the headers' object is missing from the store"
+            )
         if len(data) != hset.object_size or hashlib.sha256(data).hexdigest() != hset.object_sha256:
-            raise Rejected(Reason.DIGEST_MISMATCH, "the headers' object does not match its signed sha256 (altered?)")
+            raise Rejected(
+                Reason.DIGEST_MISMATCH,
+                "the headers' object does not match its signed sha256 (altered?)",
+            )
         return _inflate(fd, files.Inflater(data), hset, there, cancel, deadline, bound)
     finally:
         os.close(fd)
 
 
-def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str, str], cancel: Cancel,
-             deadline: float | None, bound: str | None) -> HeadersOutcome:
+def _inflate(
+    fd: int,
+    inflater: files.Inflater,
+    hset: HeaderSet,
+    there: dict[str, str],
+    cancel: Cancel,
+    deadline: float | None,
+    bound: str | None,
+) -> HeadersOutcome:
     """Every header is inflated and checked (the stream is one), then, once the guard loaded the
     cache (``cancel`` released) and only if the statement binds the cache loaded, the free names
     linked."""
@@ -222,13 +302,18 @@ def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str
             tmp, digest = inflater.write_into(fd, entry.name, entry.size, cancel.check)
             staged.append((tmp, entry.name))
             if digest != entry.sha256:
-                raise Rejected(Reason.DIGEST_MISMATCH, f"the header {entry.name} does not match its signed sha256")
+                raise Rejected(
+                    Reason.DIGEST_MISMATCH,
+                    f"the header {entry.name} does not match its signed sha256",
+                )
         inflater.finish()
         installed, size = [], 0
         with cancel.unless_cancelled(deadline) as going_on:
             if not going_on:
                 cancel.check()
-            check_binding(hset, bound if bound is not None else cancel.released())  # None: unknown, refused
+            check_binding(
+                hset, bound if bound is not None else cancel.released()
+            )  # None: unknown, refused
             for (tmp, name), entry in zip(staged, hset.headers):
                 if not there[name] and files.link(fd, tmp, name):
                     installed.append(name)
@@ -240,7 +325,9 @@ def _inflate(fd: int, inflater: files.Inflater, hset: HeaderSet, there: dict[str
             files.discard(fd, tmp)
 
 
-def _outcome(installed: tuple[str, ...], taken: tuple[str, ...], there: dict[str, str], size: int) -> HeadersOutcome:
+def _outcome(
+    installed: tuple[str, ...], taken: tuple[str, ...], there: dict[str, str], size: int
+) -> HeadersOutcome:
     odd = [f"'{n}' is a {there[n]}, left alone" for n in taken if there[n] not in ("", "file")]
     action = "installed" if installed else "present"
     detail = "; ".join(odd) or ("already on this node" if not installed else "")

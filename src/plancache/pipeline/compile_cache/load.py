@@ -15,26 +15,42 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from ...storage.compile_cache import cachedir, placement, private_copy
 from ...storage.store import Store
+from ...trust.compile_cache.manifest import verify_manifest
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring
-from ...trust.compile_cache.manifest import verify_manifest
-from .flows import CacheOutcome, CacheRoot, check_names, has_files, outcome_of, pull_locked, read_sidecar
-
+from .flows import (
+    CacheOutcome,
+    CacheRoot,
+    check_names,
+    has_files,
+    outcome_of,
+    pull_locked,
+    read_sidecar,
+)
 
 Fetch = Callable[[], "tuple[Store, float]"]
 """Opens the store a missing or rejected cache is pulled from, and the pull's deadline."""
 
 
-def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, *, problem: str = "",
-          fetch: Fetch | None = None, wait: float | None = None) -> CacheOutcome:
+def guard(
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring | None,
+    now: datetime,
+    into: Path,
+    *,
+    problem: str = "",
+    fetch: Fetch | None = None,
+    wait: float | None = None,
+) -> CacheOutcome:
     """Before vLLM reads ``subject``, under the node's lock for it (waiting at most ``wait``):
     pull it if it is missing and ``fetch`` is given, verify its signature and closed world, then
     copy it into ``into`` hashing every byte written (:mod:`plancache.storage.compile_cache.private_copy`):
@@ -55,10 +71,19 @@ def guard(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime,
             into.mkdir(mode=0o700, exist_ok=True)
 
 
-def _guard_locked(root: CacheRoot, subject: str, keyring: Keyring | None, now: datetime, into: Path, problem: str,
-                  fetch: Fetch | None) -> CacheOutcome:
+def _guard_locked(
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring | None,
+    now: datetime,
+    into: Path,
+    problem: str,
+    fetch: Fetch | None,
+) -> CacheOutcome:
     directory = root.directory(subject)
-    aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)  # then: a missing cache
+    aside = placement.set_aside_lone_sidecar(
+        root.root, directory, root.quarantine_root
+    )  # then: a missing cache
     note = f"{aside}; " if aside else ""
     if not has_files(directory):
         if fetch is None or keyring is None:
@@ -74,33 +99,66 @@ def _guard_locked(root: CacheRoot, subject: str, keyring: Keyring | None, now: d
     except Rejected as exc:
         rejected = CacheOutcome(subject, "quarantined", exc.reason.value, exc.detail)
     except StoreError as exc:  # a full disk, a permission, a name taken: not a verdict on the cache
-        return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, f"{exc.detail}; the signed cache is kept"))
+        return _empty(
+            into,
+            CacheOutcome(
+                subject, "compile", exc.reason.value, f"{exc.detail}; the signed cache is kept"
+            ),
+        )
     try:
-        target = str(cachedir.quarantine(root.root, directory, root.quarantine_root, rejected.reason))
+        target = str(
+            cachedir.quarantine(root.root, directory, root.quarantine_root, rejected.reason)
+        )
     except StoreError as exc:
-        return _empty(into, replace(rejected, detail=f"{rejected.detail}; not moved aside, not loaded ({exc.detail})"))
+        return _empty(
+            into,
+            replace(
+                rejected, detail=f"{rejected.detail}; not moved aside, not loaded ({exc.detail})"
+            ),
+        )
     rejected = replace(rejected, quarantined_to=target)
     if fetch is None or keyring is None:
         return rejected
     missed = _fetch(fetch, root, subject, keyring, now)
     if missed is not None:
         return replace(rejected, detail=f"{rejected.detail}; {missed.detail}")
-    pulled = _load_pulled(root, subject, keyring, now, into, f"local cache quarantined ({rejected.reason}); store: pulled")
+    pulled = _load_pulled(
+        root,
+        subject,
+        keyring,
+        now,
+        into,
+        f"local cache quarantined ({rejected.reason}); store: pulled",
+    )
     return replace(pulled, quarantined_to=target)
 
 
-def _load_pulled(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str) -> CacheOutcome:
+def _load_pulled(
+    root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, detail: str
+) -> CacheOutcome:
     """What a pull just installed (verified on extraction), verified again while it is copied;
     should even that fail, nothing is loaded and the pulled directory is left to the next boot."""
     try:
         return _load_into(root, subject, keyring, now, into, detail=detail)
     except StoreError as exc:  # the copy failed locally: the pulled cache stays for a later boot
-        return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, f"{detail}, then {exc.detail}"))
+        return _empty(
+            into, CacheOutcome(subject, "compile", exc.reason.value, f"{detail}, then {exc.detail}")
+        )
     except PlanCacheError as exc:
-        return _empty(into, CacheOutcome(subject, "compile", "store-rejected", f"{detail}, then {exc.reason.value}: {exc.detail}"))
+        return _empty(
+            into,
+            CacheOutcome(
+                subject,
+                "compile",
+                "store-rejected",
+                f"{detail}, then {exc.reason.value}: {exc.detail}",
+            ),
+        )
 
 
-def _load_into(root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, *, detail: str = "") -> CacheOutcome:
+def _load_into(
+    root: CacheRoot, subject: str, keyring: Keyring, now: datetime, into: Path, *, detail: str = ""
+) -> CacheOutcome:
     directory = root.directory(subject)
     verified = verify_manifest(subject, read_sidecar(directory), keyring, now)
     check_names(directory, verified)
@@ -113,7 +171,9 @@ def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
     return outcome
 
 
-def _fetch(fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: datetime) -> CacheOutcome | None:
+def _fetch(
+    fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: datetime
+) -> CacheOutcome | None:
     """Pull into place (the caller holds the lock); None when a verified cache was installed,
     else why not: the store has none (``no-cache``), refused what it has (``store-rejected``:
     an alert, not a miss), or failed (``store-error``, ``timeout``)."""
@@ -126,5 +186,7 @@ def _fetch(fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: d
         return CacheOutcome(subject, "compile", reason, f"store: {exc.reason.value}: {exc.detail}")
     except PlanCacheError as exc:
         return CacheOutcome(subject, "compile", exc.reason.value, f"store: {exc.detail}")
-    except Exception as exc:  # noqa: BLE001 - a store client's own failure costs a compile, nothing more
-        return CacheOutcome(subject, "compile", Reason.STORE_ERROR.value, f"store: {safe_text(exc, 200)}")
+    except Exception as exc:
+        return CacheOutcome(
+            subject, "compile", Reason.STORE_ERROR.value, f"store: {safe_text(exc, 200)}"
+        )

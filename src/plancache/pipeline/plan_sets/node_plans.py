@@ -38,9 +38,10 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ...storage.compile_cache.cachedir import locked
 from ...storage.deadline import JOIN_GRACE, store_error
@@ -79,7 +80,10 @@ def replica_of(node: str, replicas: int) -> int:
     a fleet spreads evenly over the copies and a node reads the same copy every boot."""
     if replicas <= 1:
         return 0
-    return int.from_bytes(hashlib.sha256(node.encode("utf-8", "replace")).digest()[:8], "big") % replicas
+    return (
+        int.from_bytes(hashlib.sha256(node.encode("utf-8", "replace")).digest()[:8], "big")
+        % replicas
+    )
 
 
 def set_key(directory: Path, name: str) -> Path:
@@ -88,7 +92,9 @@ def set_key(directory: Path, name: str) -> Path:
     return directory.with_name(f"{directory.name}.{set_id_of_name(name) or 'invalid'}")
 
 
-def resolve_node(resolver: "Resolver", fp: str, world: Sequence[str], deadline: float, replica: int = 0) -> PlanResult:
+def resolve_node(
+    resolver: Resolver, fp: str, world: Sequence[str], deadline: float, replica: int = 0
+) -> PlanResult:
     """This rank's verified plan, the store read at most once per node for ``world``'s plans.
 
     ``world`` is every rank's fingerprint in rank order (``fp`` among them); ``replica`` the copy
@@ -107,9 +113,14 @@ def resolve_node(resolver: "Resolver", fp: str, world: Sequence[str], deadline: 
             directory.mkdir(parents=True, exist_ok=True)
             waited = _lock(stack, key, deadline)
         except StoreTimeout as exc:
-            return PlanResult(fp, "store", error=exc, note="waited for the node's fetching rank of this plan set")
+            return PlanResult(
+                fp, "store", error=exc, note="waited for the node's fetching rank of this plan set"
+            )
         except (OSError, StoreError) as exc:  # no lock to be had safely: this rank reads for itself
-            waited, alone = False, f"node lock not taken ({_why(exc)}); the store read by this rank alone"
+            waited, alone = (
+                False,
+                f"node lock not taken ({_why(exc)}); the store read by this rank alone",
+            )
         again = resolver.local(fp)
         if again.verified is not None:
             return again.with_note("fetched by another rank of this node") if waited else again
@@ -119,11 +130,15 @@ def resolve_node(resolver: "Resolver", fp: str, world: Sequence[str], deadline: 
                 return recorded
         try:
             results, note = _fetch(resolver, fp, world, name, deadline, replica)
-        except Exception as exc:  # noqa: BLE001 - whatever it was, the waiting ranks hear of it
+        except Exception as exc:
             results, note = {}, ""
-            results[fp] = PlanResult(fp, "store", error=store_error("cannot fetch the plan set", exc))
+            results[fp] = PlanResult(
+                fp, "store", error=store_error("cannot fetch the plan set", exc)
+            )
         _record(key, name, results)
-    result = results.get(fp) or PlanResult(fp, "store", error=StoreError("the node fetch did not cover this rank"))
+    result = results.get(fp) or PlanResult(
+        fp, "store", error=StoreError("the node fetch did not cover this rank")
+    )
     result = result.with_note(alone).with_note(note)
     if local.error is not None:
         return result.with_note(f"local plan rejected ({local.error.reason}: {local.error.detail})")
@@ -131,7 +146,11 @@ def resolve_node(resolver: "Resolver", fp: str, world: Sequence[str], deadline: 
 
 
 def _why(exc: BaseException) -> str:
-    return f"{exc.reason}: {exc.detail}" if isinstance(exc, PlanCacheError) else safe_text(str(exc), 200)
+    return (
+        f"{exc.reason}: {exc.detail}"
+        if isinstance(exc, PlanCacheError)
+        else safe_text(str(exc), 200)
+    )
 
 
 def _lock(stack: ExitStack, key: Path, deadline: float) -> bool:
@@ -151,15 +170,21 @@ def _lock(stack: ExitStack, key: Path, deadline: float) -> bool:
     return True
 
 
-def _fetch(resolver: "Resolver", fp: str, world: Sequence[str], name: str, deadline: float,
-           replica: int) -> tuple[dict[str, PlanResult], str]:
+def _fetch(
+    resolver: Resolver, fp: str, world: Sequence[str], name: str, deadline: float, replica: int
+) -> tuple[dict[str, PlanResult], str]:
     """Each fetched member's result (the set's gaps filled, else the per-plan objects of the
     ranks missing locally), and a note on the set for this rank's decision."""
     members = list(dict.fromkeys(world))
     verified, notes, stop = _read_set(resolver, name, deadline, replica)
     if verified is not None:
-        wanted = [PlanResult(vp.fingerprint, "store", vp.plan_bytes, vp.sig_bytes, verified=vp) for vp in verified.plans]
-        return {r.fingerprint: r for r in resolver.fill_gaps(wanted)}, "; ".join([*notes, f"plan set {verified.statement.set_id}"])
+        wanted = [
+            PlanResult(vp.fingerprint, "store", vp.plan_bytes, vp.sig_bytes, verified=vp)
+            for vp in verified.plans
+        ]
+        return {r.fingerprint: r for r in resolver.fill_gaps(wanted)}, "; ".join(
+            [*notes, f"plan set {verified.statement.set_id}"]
+        )
     note = "; ".join(notes)
     if stop is not None:  # throttled, or no time left: the store is asked for nothing more
         return {m: PlanResult(m, "store", error=stop) for m in members}, note
@@ -170,11 +195,15 @@ def _fetch(resolver: "Resolver", fp: str, world: Sequence[str], name: str, deadl
     except PlanCacheError as exc:
         return {m: PlanResult(m, "store", error=exc) for m in gaps}, note
     now = resolver.clock()
-    return {r.fingerprint: r for r in resolver.fill_gaps([verify_result(r, resolver.policy, now) for r in fetched])}, note
+    return {
+        r.fingerprint: r
+        for r in resolver.fill_gaps([verify_result(r, resolver.policy, now) for r in fetched])
+    }, note
 
 
-def _read_set(resolver: "Resolver", name: str, deadline: float,
-              replica: int) -> tuple[VerifiedSet | None, list[str], PlanCacheError | None]:
+def _read_set(
+    resolver: Resolver, name: str, deadline: float, replica: int
+) -> tuple[VerifiedSet | None, list[str], PlanCacheError | None]:
     """The verified set (this node's replica, else the set itself), else None with a note per
     copy that failed; the error, too, when the store must not be asked again in this budget."""
     notes: list[str] = []
@@ -184,7 +213,11 @@ def _read_set(resolver: "Resolver", name: str, deadline: float,
             if data is not None:
                 return resolver.policy.verify_set(name, data, resolver.clock()), notes, None
         except PlanCacheError as exc:
-            what = "rejected" if exc.reason not in (Reason.STORE_ERROR, Reason.TIMEOUT, Reason.CONFIG) else "unread"
+            what = (
+                "rejected"
+                if exc.reason not in (Reason.STORE_ERROR, Reason.TIMEOUT, Reason.CONFIG)
+                else "unread"
+            )
             label = "plan set" if obj == name else f"plan set replica {replica}"
             notes.append(f"{label} {what} ({exc.reason}: {safe_text(exc.detail, 300)})")
             if throttled(exc) or time.monotonic() >= deadline:
@@ -211,12 +244,21 @@ def _mtime(path: Path) -> float:
 
 def _record(key: Path, name: str, results: dict[str, PlanResult]) -> None:
     """What this rank's fetch came to for each member, for the ranks waiting on the lock (best effort)."""
-    members = {fp: {"applied": r.verified is not None, "reason": r.error.reason.value if r.error is not None else "",
-                    "detail": safe_text(r.error.detail, DETAIL_CHARS) if r.error is not None else ""}
-               for fp, r in results.items()}
+    members = {
+        fp: {
+            "applied": r.verified is not None,
+            "reason": r.error.reason.value if r.error is not None else "",
+            "detail": safe_text(r.error.detail, DETAIL_CHARS) if r.error is not None else "",
+        }
+        for fp, r in results.items()
+    }
     outcome = {"set": name, "at": time.time(), "members": members}
     try:
-        write_atomic(key.with_name(key.name + OUTCOME_SUFFIX), json.dumps(outcome).encode("utf-8"), sync_dir=False)
+        write_atomic(
+            key.with_name(key.name + OUTCOME_SUFFIX),
+            json.dumps(outcome).encode("utf-8"),
+            sync_dir=False,
+        )
     except (OSError, PlanCacheError):
         pass
 
@@ -229,7 +271,11 @@ def _recorded(key: Path, name: str, since: float, fp: str) -> PlanResult | None:
     more than no record: it is parsed strictly and nothing of it raises."""
     try:
         raw = read_capped(key.with_name(key.name + OUTCOME_SUFFIX), MAX_OUTCOME_BYTES)
-        entry = _entry(strictjson.loads(raw, "the node fetch's outcome"), name, since, fp) if raw else None
+        entry = (
+            _entry(strictjson.loads(raw, "the node fetch's outcome"), name, since, fp)
+            if raw
+            else None
+        )
     except (OSError, PlanCacheError, ValueError, TypeError, OverflowError, RecursionError):
         return None
     if entry is None:

@@ -14,9 +14,9 @@ its own fingerprint.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Sequence
 
 from ...storage.local.localdir import LocalPlanDir
 from ...storage.store import Store
@@ -36,8 +36,9 @@ class SetEntry:
     detail: str = ""
 
 
-def worlds(directory: LocalPlanDir, fingerprints: Sequence[str], signer: Signer, now: datetime
-           ) -> tuple[list[list[tuple[str, bytes, bytes]]], list[str]]:
+def worlds(
+    directory: LocalPlanDir, fingerprints: Sequence[str], signer: Signer, now: datetime
+) -> tuple[list[list[tuple[str, bytes, bytes]]], list[str]]:
     """Complete worlds (members in rank order) among ``fingerprints``, and why others are not."""
     keyring = signer_keyring(signer)
     groups: dict[str, dict[int, list[tuple[str, bytes, bytes]]]] = {}
@@ -52,7 +53,11 @@ def worlds(directory: LocalPlanDir, fingerprints: Sequence[str], signer: Signer,
             continue  # not the signer's own: never put into a set
         facts = dict(statement.provenance) if statement is not None else {}
         rank, size = facts.pop("rank", None), facts.get("world_size")
-        if not isinstance(rank, int) or not isinstance(size, int) or not 0 <= rank < size <= MAX_MEMBERS:
+        if (
+            not isinstance(rank, int)
+            or not isinstance(size, int)
+            or not 0 <= rank < size <= MAX_MEMBERS
+        ):
             continue
         key = json.dumps(facts, sort_keys=True)
         sizes[key] = size
@@ -61,15 +66,26 @@ def worlds(directory: LocalPlanDir, fingerprints: Sequence[str], signer: Signer,
     for key, ranks in groups.items():
         if sorted(ranks) != list(range(sizes[key])) or any(len(v) != 1 for v in ranks.values()):
             held = ", ".join(f"{r}x{len(v)}" for r, v in sorted(ranks.items()))
-            problems.append(f"world of {sizes[key]} rank(s) with ranks {held}: no plan set (each rank once needed)")
+            problems.append(
+                f"world of {sizes[key]} rank(s) with ranks {held}: no plan set (each rank once needed)"
+            )
             continue
         complete.append([ranks[r][0] for r in range(sizes[key])])
     return complete, problems
 
 
-def push_sets(directory: LocalPlanDir, store: Store, deadline: float, now: datetime, signer: Signer,
-              *, fingerprints: Sequence[str] | None = None, replicas: int = 1, expires_in: timedelta | None = None,
-              dry_run: bool = False) -> tuple[list[SetEntry], list[str]]:
+def push_sets(
+    directory: LocalPlanDir,
+    store: Store,
+    deadline: float,
+    now: datetime,
+    signer: Signer,
+    *,
+    fingerprints: Sequence[str] | None = None,
+    replicas: int = 1,
+    expires_in: timedelta | None = None,
+    dry_run: bool = False,
+) -> tuple[list[SetEntry], list[str]]:
     """Sign and upload one set (and ``replicas - 1`` copies) per complete world in ``directory``.
 
     Called after the per-plan objects are uploaded, so a reader that finds a set finds its
@@ -81,7 +97,14 @@ def push_sets(directory: LocalPlanDir, store: Store, deadline: float, now: datet
     expires_at = now + expires_in if expires_in is not None else None
     for members in complete:
         name, data = build_set(members, signer, now, expires_at)
-        entries.append(SetEntry(name, [fp for fp, _, _ in members], "uploaded", f"{len(members)} rank(s), {replicas} cop(ies)"))
+        entries.append(
+            SetEntry(
+                name,
+                [fp for fp, _, _ in members],
+                "uploaded",
+                f"{len(members)} rank(s), {replicas} cop(ies)",
+            )
+        )
         for index in range(replicas):
             objects[replica_name(name, index)] = data
     if objects and not dry_run:

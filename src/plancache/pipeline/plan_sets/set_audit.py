@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ...storage.plan_set_objects import delete_sets, read_set, set_names
 from ...storage.store import Store
@@ -79,15 +80,26 @@ class _Copy:
     """(fingerprint, sha256 of its plan bytes, its own statement's signed_at) per member."""
 
 
-def plan_facts(reports: Iterable["PlanReport"], digests: Mapping[str, str]) -> dict[str, tuple[str, datetime]]:
+def plan_facts(
+    reports: Iterable[PlanReport], digests: Mapping[str, str]
+) -> dict[str, tuple[str, datetime]]:
     """:data:`PlanFacts` of the per-plan objects that verified (an unverified claim is no
     evidence that a set is older); ``digests`` are the plan bytes' sha256 as fetched."""
-    return {r.fingerprint: (digests[r.fingerprint], parse_time(r.signed_at, "signed_at"))
-            for r in reports if r.ok and r.signed_at and r.fingerprint in digests}
+    return {
+        r.fingerprint: (digests[r.fingerprint], parse_time(r.signed_at, "signed_at"))
+        for r in reports
+        if r.ok and r.signed_at and r.fingerprint in digests
+    }
 
 
-def audit_sets(store: Store, policy: TrustPolicy | None, now: datetime, deadline: float | None = None,
-               *, plans: PlanFacts | None = None) -> list[SetReport]:
+def audit_sets(
+    store: Store,
+    policy: TrustPolicy | None,
+    now: datetime,
+    deadline: float | None = None,
+    *,
+    plans: PlanFacts | None = None,
+) -> list[SetReport]:
     """A report per set or replica object the store lists (one listing, one read each, all
     inside one deadline), copies of one set compared with each other and with ``plans``."""
     deadline = store._deadline(deadline)
@@ -104,8 +116,9 @@ def audit_sets(store: Store, policy: TrustPolicy | None, now: datetime, deadline
     return reports
 
 
-def _audit_one(store: Store, name: str, policy: TrustPolicy | None, now: datetime,
-               deadline: float) -> tuple[SetReport, _Copy | None]:
+def _audit_one(
+    store: Store, name: str, policy: TrustPolicy | None, now: datetime, deadline: float
+) -> tuple[SetReport, _Copy | None]:
     """One object read, verified and reduced to its report (and, verified, its digests); its
     bytes are dropped on return."""
     ident, replica = set_object_id(name)  # type: ignore[misc]
@@ -131,16 +144,26 @@ def _audit_one(store: Store, name: str, policy: TrustPolicy | None, now: datetim
             report.status, report.reason = "unverified", "unverified"
             return report, None
         verified = policy.verify_set(report.set, data, now)
-    except PlanCacheError as exc:  # with keys, a set that fails shows no members: a claim is no evidence
+    except (
+        PlanCacheError
+    ) as exc:  # with keys, a set that fails shows no members: a claim is no evidence
         report.reason, report.detail = exc.reason.value, exc.detail
         return report, None
     report.fingerprints = [plan.fingerprint for plan in verified.plans]
     report.signers = list(verified.signers)
     report.signed_at = format_time(verified.statement.signed_at)
     report.status, report.reason = "valid", "ok"
-    members = tuple((p.fingerprint, hashlib.sha256(p.plan_bytes).hexdigest(),
-                     p.statement.signed_at if p.statement else None) for p in verified.plans)
-    return report, _Copy(report, hashlib.sha256(data).hexdigest(), verified.statement.signed_at, members)
+    members = tuple(
+        (
+            p.fingerprint,
+            hashlib.sha256(p.plan_bytes).hexdigest(),
+            p.statement.signed_at if p.statement else None,
+        )
+        for p in verified.plans
+    )
+    return report, _Copy(
+        report, hashlib.sha256(data).hexdigest(), verified.statement.signed_at, members
+    )
 
 
 def _compare(copies: list[_Copy], plans: PlanFacts) -> None:
@@ -154,24 +177,43 @@ def _compare(copies: list[_Copy], plans: PlanFacts) -> None:
             continue
         when = f"signed {format_time(copy.signed_at)}; {newest.report.name} signed {format_time(newest.signed_at)}"
         if copy.report.replica and newest.report.replica == 0:
-            _older(copy.report, f"replica bytes differ from {newest.report.name} ({when}): an older bake")
+            _older(
+                copy.report,
+                f"replica bytes differ from {newest.report.name} ({when}): an older bake",
+            )
         else:
-            _older(copy.report, f"bytes differ from the newest copy {newest.report.name} ({when}): a rollback "
-                                "for the nodes reading this copy")
+            _older(
+                copy.report,
+                f"bytes differ from the newest copy {newest.report.name} ({when}): a rollback "
+                "for the nodes reading this copy",
+            )
     for copy in copies:
         for fp, sha, signed in copy.members:
             held = plans.get(fp)
-            if held is None or signed is None or signed > held[1] or (signed == held[1] and sha == held[0]):
+            if (
+                held is None
+                or signed is None
+                or signed > held[1]
+                or (signed == held[1] and sha == held[0])
+            ):
                 continue
-            _older(copy.report, f"holds {fp} signed {format_time(signed)}, but {plan_name(fp)} in the store is "
-                                f"signed {format_time(held[1])}" + (" with other bytes" if signed == held[1] else "")
-                                + ": an older bake, a rollback for the nodes reading this copy")
+            _older(
+                copy.report,
+                f"holds {fp} signed {format_time(signed)}, but {plan_name(fp)} in the store is "
+                f"signed {format_time(held[1])}"
+                + (" with other bytes" if signed == held[1] else "")
+                + ": an older bake, a rollback for the nodes reading this copy",
+            )
             break
 
 
 def _older(report: SetReport, detail: str) -> None:
     if report.status == "valid":  # the first reason found is the one told
-        report.status, report.reason, report.detail = "invalid", Reason.DIGEST_MISMATCH.value, detail
+        report.status, report.reason, report.detail = (
+            "invalid",
+            Reason.DIGEST_MISMATCH.value,
+            detail,
+        )
 
 
 @dataclass
@@ -184,8 +226,14 @@ class SetPrune:
     """Sets that could not be read (then nothing was deleted) or deleted (then no plan may be)."""
 
 
-def prune_sets(store: Store, deleted: Iterable[str], present: Iterable[str], deadline: float | None = None,
-               *, dry_run: bool = False) -> SetPrune:
+def prune_sets(
+    store: Store,
+    deleted: Iterable[str],
+    present: Iterable[str],
+    deadline: float | None = None,
+    *,
+    dry_run: bool = False,
+) -> SetPrune:
     """Delete (or name, in a dry run) the set objects holding a plan about to be deleted or one
     the store no longer lists (``present``). Called before the plans are deleted, and the
     plans may be deleted only if ``errors`` is empty: a set that cannot be read may hold any
@@ -200,7 +248,9 @@ def prune_sets(store: Store, deleted: Iterable[str], present: Iterable[str], dea
         if report.status == STORE_ERROR:
             outcome.errors.append(report)
         elif report.reason != "missing" and (
-                not report.fingerprints or any(fp in gone or fp not in listed for fp in report.fingerprints)):
+            not report.fingerprints
+            or any(fp in gone or fp not in listed for fp in report.fingerprints)
+        ):
             doomed.append(report.name)
     if outcome.errors:
         return outcome
@@ -208,6 +258,14 @@ def prune_sets(store: Store, deleted: Iterable[str], present: Iterable[str], dea
     outcome.deleted = [name for name in doomed if name not in failed]
     for name, exc in failed.items():
         ident, replica = set_object_id(name)  # type: ignore[misc]
-        outcome.errors.append(SetReport(name, f"{SET_PREFIX}{ident}{SET_SUFFIX}", replica, STORE_ERROR,
-                                        exc.reason.value, f"not deleted: {exc.detail}"))
+        outcome.errors.append(
+            SetReport(
+                name,
+                f"{SET_PREFIX}{ident}{SET_SUFFIX}",
+                replica,
+                STORE_ERROR,
+                exc.reason.value,
+                f"not deleted: {exc.detail}",
+            )
+        )
     return outcome

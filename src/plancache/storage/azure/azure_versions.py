@@ -12,7 +12,9 @@ async def read(fs: Any, path: str, cap: int) -> Versioned:
     """:func:`.blob.azure_get`, and the answer's ETag."""
     from .blob import azure_get
 
-    data, headers = await ranged_or_whole(lambda byte_range: azure_get(fs, path, cap, byte_range), cap)
+    data, headers = await ranged_or_whole(
+        lambda byte_range: azure_get(fs, path, cap, byte_range), cap
+    )
     return Versioned(data, version_token(headers.get("ETag"), path))
 
 

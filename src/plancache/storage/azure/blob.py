@@ -26,7 +26,8 @@ and its ``_ls`` walks every page before returning.
 from __future__ import annotations
 
 import base64
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 from adlfs import AzureBlobFileSystem
@@ -50,7 +51,9 @@ class CappedTransport(AioHttpTransport):  # type: ignore[misc]
     async def open(self) -> None:
         if self.session is None and self._session_owner and not self._has_been_opened:
             self.session = aiohttp.ClientSession(
-                trust_env=self._use_env_settings, cookie_jar=aiohttp.DummyCookieJar(), **session_kwargs()
+                trust_env=self._use_env_settings,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                **session_kwargs(),
             )
         await super().open()
 
@@ -60,7 +63,9 @@ class CappedTransport(AioHttpTransport):  # type: ignore[misc]
             target = str(response.headers.get("Location", ""))[:200]
             host = response.internal_response.url.host
             response.internal_response.close()  # never read: the connection goes
-            raise StoreError(f"{host} answered {response.status_code} redirecting to {target!r}: not followed")
+            raise StoreError(
+                f"{host} answered {response.status_code} redirecting to {target!r}: not followed"
+            )
         return response
 
 
@@ -76,7 +81,11 @@ class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
 
     def _client_options(self) -> dict[str, Any]:
-        timeouts = {k: self._timeout_kwargs[k] for k in ("connection_timeout", "read_timeout") if k in self._timeout_kwargs}
+        timeouts = {
+            k: self._timeout_kwargs[k]
+            for k in ("connection_timeout", "read_timeout")
+            if k in self._timeout_kwargs
+        }
         return {
             "transport": CappedTransport(**timeouts),
             "retry_total": self._retry_total,
@@ -89,10 +98,14 @@ class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
         account name with a credential or account key, a SAS token, or anonymous access."""
         options = self._client_options()
         if self.connection_string is not None:
-            self.service_client = BlobServiceClient.from_connection_string(self.connection_string, **options)
+            self.service_client = BlobServiceClient.from_connection_string(
+                self.connection_string, **options
+            )
             return
         if self.account_name is None:
-            raise ValueError("an Azure store needs a connection string or an account name (account_name=...)")
+            raise ValueError(
+                "an Azure store needs a connection string or an account name (account_name=...)"
+            )
         host = getattr(self, "account_host", None) or f"{self.account_name}.blob.core.windows.net"
         self.account_url = f"https://{host}"
         credential = self.credential if self.credential is not None else self.account_key
@@ -116,7 +129,9 @@ class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
         ), None
 
 
-async def azure_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
+async def azure_get(
+    fs: Any, path: str, cap: int, byte_range: str | None
+) -> tuple[bytes, Mapping[str, Any]]:
     """A download (of ``byte_range``, or whole) through the generated call, which hands back a
     stream (adlfs's ``cat_file`` would join the whole body): declared length checked before a
     byte of the body is read, body read at most to ``cap + 1``; with the answer's headers."""
@@ -124,14 +139,17 @@ async def azure_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tup
     async with fs.service_client.get_blob_client(container, blob) as client:
         try:
             response = await client._client.blob.download(
-                decompress=False, cls=lambda pipeline, body, headers: pipeline.http_response,
+                decompress=False,
+                cls=lambda pipeline, body, headers: pipeline.http_response,
                 **({"range": byte_range} if byte_range else {}),
             )
         except ResourceNotFoundError:
             raise FileNotFoundError(path) from None
         raw = response.internal_response
         try:
-            data = await read_declared(raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length)
+            data = await read_declared(
+                raw.content.read, blob.rsplit("/", 1)[-1], cap, raw.content_length
+            )
         finally:
             raw.close()
         return data, response.headers
@@ -153,7 +171,9 @@ async def azure_page(fs: Any, root: str, token: str | None) -> Page:
     container, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
     async with fs.service_client.get_container_client(container) as client:
-        pages = client.walk_blobs(name_starts_with=prefix or None, delimiter="/", results_per_page=PAGE_SIZE)
+        pages = client.walk_blobs(
+            name_starts_with=prefix or None, delimiter="/", results_per_page=PAGE_SIZE
+        )
         pager = pages.by_page(continuation_token=token)
         entries = []
         below: list[str] = []
@@ -162,13 +182,20 @@ async def azure_page(fs: Any, root: str, token: str | None) -> Page:
                 async for item in page:
                     if isinstance(item, BlobPrefix) and len(below) < MAX_PAGE_PREFIXES:
                         below.append(item.name)
-                    elif isinstance(item, BlobProperties) and isinstance(item.name, str) and item.name.startswith(prefix):
-                        info = entry_info(item.name[len(prefix):], item.size, _md5_hash(item))
+                    elif (
+                        isinstance(item, BlobProperties)
+                        and isinstance(item.name, str)
+                        and item.name.startswith(prefix)
+                    ):
+                        info = entry_info(item.name[len(prefix) :], item.size, _md5_hash(item))
                         if info is not None:
                             entries.append(info)
                 break  # one page per call
         except ResourceNotFoundError:
             raise FileNotFoundError(root) from None
         following = pager.continuation_token
-    return Page(entries, following if isinstance(following, str) and following and following != token else None,
-                prefixes_under(below, container, prefix))
+    return Page(
+        entries,
+        following if isinstance(following, str) and following and following != token else None,
+        prefixes_under(below, container, prefix),
+    )

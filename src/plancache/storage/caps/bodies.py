@@ -7,7 +7,8 @@ the checks are one set of rules whichever client carried the bytes.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...trust.errors import Reason, Rejected, StoreError
 
@@ -23,7 +24,9 @@ CHUNK = 1 << 16
 def check_declared(name: str, cap: int, declared: Any) -> None:
     """TOO_LARGE before a byte is read when the server itself declares more than ``cap``."""
     if isinstance(declared, int) and declared > cap:
-        raise Rejected(Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}")
+        raise Rejected(
+            Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}"
+        )
 
 
 MAX_DECLARED = 1 << 64

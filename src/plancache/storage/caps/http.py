@@ -23,14 +23,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Any, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import aiohttp
 
 from ...trust.errors import Reason, Rejected, StoreError
 from .bodies import BODY_CAP, CHUNK, ERROR_BODY_CAP, check_complete, check_declared
 
-_task_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar("plancache_body_cap", default=None)
+_task_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "plancache_body_cap", default=None
+)
 
 
 @contextlib.contextmanager
@@ -66,7 +69,10 @@ class CappedResponse(aiohttp.ClientResponse):
             if len(data) > cap:
                 self.close()  # the rest is never read: the connection goes, not back to the pool
                 if not error:
-                    raise Rejected(Reason.TOO_LARGE, f"a response from {self.url.host} is larger than {cap} bytes")
+                    raise Rejected(
+                        Reason.TOO_LARGE,
+                        f"a response from {self.url.host} is larger than {cap} bytes",
+                    )
                 self._body = bytes(data[:cap])
                 return self._body
             self._body = bytes(data)
@@ -76,14 +82,22 @@ class CappedResponse(aiohttp.ClientResponse):
 async def _refuse(params: aiohttp.TraceRequestRedirectParams, target: str) -> None:
     response = params.response
     response.close()
-    raise StoreError(f"{params.url.host} answered {response.status} redirecting to {target[:200]!r}: not followed")
+    raise StoreError(
+        f"{params.url.host} answered {response.status} redirecting to {target[:200]!r}: not followed"
+    )
 
 
-async def _refuse_redirect(session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
-    await _refuse(params, params.response.headers.get("Location") or params.response.headers.get("URI") or "")
+async def _refuse_redirect(
+    session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams
+) -> None:
+    await _refuse(
+        params, params.response.headers.get("Location") or params.response.headers.get("URI") or ""
+    )
 
 
-async def _refuse_located_redirect(session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
+async def _refuse_located_redirect(
+    session: Any, context: Any, params: aiohttp.TraceRequestRedirectParams
+) -> None:
     """For botocore: a 3xx without a Location (S3's 301 PermanentRedirect for a bucket in another
     region, named in ``x-amz-bucket-region``) goes on to botocore, whose region redirector re-signs
     for that region; aiohttp itself follows nothing without a Location."""
@@ -92,12 +106,14 @@ async def _refuse_located_redirect(session: Any, context: Any, params: aiohttp.T
         await _refuse(params, target)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def redirect_refusal(for_botocore: bool = False) -> aiohttp.TraceConfig:
     """A trace config that raises StoreError where aiohttp would follow a redirect (and, unless
     ``for_botocore``, on any 3xx: gcsfs would take a 3xx's body for the object's bytes)."""
     config = aiohttp.TraceConfig()
-    config.on_request_redirect.append(_refuse_located_redirect if for_botocore else _refuse_redirect)
+    config.on_request_redirect.append(
+        _refuse_located_redirect if for_botocore else _refuse_redirect
+    )
     return config
 
 
@@ -116,7 +132,7 @@ def session_kwargs(for_botocore: bool = False) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def capped_aiobotocore_session() -> type:
     """aiobotocore's HTTP session class with :func:`session_kwargs` applied to its aiohttp session.
 
@@ -128,8 +144,12 @@ def capped_aiobotocore_session() -> type:
 
     from ...trust.errors import ConfigError
 
-    if not hasattr(AIOHTTPSession, "_get_session") or not hasattr(AIOHTTPSession, "_create_connector"):
-        raise ConfigError("this aiobotocore has no per-session hook: plancache needs a newer aiobotocore")
+    if not hasattr(AIOHTTPSession, "_get_session") or not hasattr(
+        AIOHTTPSession, "_create_connector"
+    ):
+        raise ConfigError(
+            "this aiobotocore has no per-session hook: plancache needs a newer aiobotocore"
+        )
 
     class CappedAIOHTTPSession(AIOHTTPSession):  # type: ignore[misc, valid-type]
         async def _get_session(self, proxy_url: str | None) -> aiohttp.ClientSession:
@@ -140,16 +160,22 @@ def capped_aiobotocore_session() -> type:
                     if session is None:
                         connector = await self._create_connector(proxy_url)
                         session = aiohttp.ClientSession(
-                            connector=connector, timeout=self._timeout, skip_auto_headers={"CONTENT-TYPE"},
+                            connector=connector,
+                            timeout=self._timeout,
+                            skip_auto_headers={"CONTENT-TYPE"},
                             **session_kwargs(for_botocore=True),
                         )
-                        self._sessions[proxy_url] = await self._exit_stack.enter_async_context(session)
+                        self._sessions[proxy_url] = await self._exit_stack.enter_async_context(
+                            session
+                        )
             return session
 
     return CappedAIOHTTPSession
 
 
-async def read_declared(read: Callable[[int], Awaitable[bytes]], name: str, cap: int, declared: Any) -> bytes:
+async def read_declared(
+    read: Callable[[int], Awaitable[bytes]], name: str, cap: int, declared: Any
+) -> bytes:
     """A ranged read's body: its declared length checked against ``cap`` before a byte is read,
     then at most ``cap + 1`` bytes however much the server sends (it may ignore the range).
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...trust.errors import Reason, Rejected
 from ...trust.compile_cache.manifest import is_subject
+from ...trust.errors import Reason, Rejected
 from ..capped_reads import read_now
 from ..deadline import with_retries
 from ..store import Store
@@ -53,7 +53,9 @@ def get_object(store: Store, name: str, cap: int, deadline: float | None = None)
     ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
     non-blocking open on local stores), retried and bounded like a plan's. On ``s3://`` before
     s3fs is made (a boot's pull), through plain botocore (:mod:`..s3.direct`), capped the same."""
-    return read_now(store, name, time.monotonic() + store.timeout if deadline is None else deadline, cap)
+    return read_now(
+        store, name, time.monotonic() + store.timeout if deadline is None else deadline, cap
+    )
 
 
 def put_object(store: Store, name: str, data: bytes, deadline: float | None = None) -> None:
@@ -79,7 +81,9 @@ def list_subjects(store: Store, deadline: float | None = None) -> list[str]:
 
         async def listing(base: str = base) -> list[Any]:
             try:
-                return list(await with_retries(lambda: store._call("ls", base, detail=False), deadline))
+                return list(
+                    await with_retries(lambda: store._call("ls", base, detail=False), deadline)
+                )
             except FileNotFoundError:
                 return []
 

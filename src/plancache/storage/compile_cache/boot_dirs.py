@@ -42,9 +42,10 @@ import secrets
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import TypeVar
 
 from ...trust.errors import Reason, StoreError
 from ..local import dirfds
@@ -73,7 +74,10 @@ class BootDir:
         """Remove the directory and its lock (at exit, by the process that made it only)."""
         if os.getpid() != self.pid:
             return
-        with contextlib.suppress(OSError), dirfds.opened_dir(self.root.parent, self.root, False) as fd:
+        with (
+            contextlib.suppress(OSError),
+            dirfds.opened_dir(self.root.parent, self.root, False) as fd,
+        ):
             shutil.rmtree(self.path.name, ignore_errors=True, dir_fd=fd)
             os.unlink(self.path.name + LOCK_SUFFIX, dir_fd=fd)
         with contextlib.suppress(OSError):
@@ -110,6 +114,7 @@ def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> B
 def private_root(cache_root: Path, environ: Mapping[str, str] = os.environ) -> Path:
     """The private root a worker of this user would use on this node (the CLI installs the
     node's precompiled headers into its ``headers/``); ``StoreError`` as :func:`new_boot_dir`."""
+
     def resolved(candidate: Path) -> Path:
         where, fd = open_private_root(candidate)
         os.close(fd)
@@ -127,9 +132,12 @@ def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[P
             problems.append(exc.detail)
         except OSError as exc:
             problems.append(f"{candidate}: {exc.strerror or exc}")
-    raise StoreError("no private directory for compile-cache copies: " + "; ".join(problems)
-                     + f"; set {PRIVATE_DIR_ENV} to a directory of this user's on an exec-capable filesystem",
-                     reason=Reason.NO_PRIVATE_DIR)
+    raise StoreError(
+        "no private directory for compile-cache copies: "
+        + "; ".join(problems)
+        + f"; set {PRIVATE_DIR_ENV} to a directory of this user's on an exec-capable filesystem",
+        reason=Reason.NO_PRIVATE_DIR,
+    )
 
 
 def new_scratch_dir() -> BootDir:
@@ -137,9 +145,13 @@ def new_scratch_dir() -> BootDir:
     ``<tempdir>/plancache-cold-<uid>``, held and swept like any other, ``noexec`` allowed (nothing
     verified is ever handed over from it). ``StoreError`` when even that cannot be had."""
     try:
-        return _make_in(Path(tempfile.gettempdir()) / f"plancache-cold-{os.geteuid()}", need_exec=False)
+        return _make_in(
+            Path(tempfile.gettempdir()) / f"plancache-cold-{os.geteuid()}", need_exec=False
+        )
     except OSError as exc:
-        raise StoreError(f"no scratch directory: {exc.strerror or exc}", reason=Reason.NO_PRIVATE_DIR) from None
+        raise StoreError(
+            f"no scratch directory: {exc.strerror or exc}", reason=Reason.NO_PRIVATE_DIR
+        ) from None
 
 
 def check_chain(directory: Path) -> Path:
@@ -152,8 +164,15 @@ def check_chain(directory: Path) -> Path:
         st = os.lstat(step)
         loose = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
         if st.st_uid not in (0, me) or loose:
-            owner = f"uid {st.st_uid}'s" if st.st_uid not in (0, me) else f"mode {stat.S_IMODE(st.st_mode):04o}"
-            raise StoreError(f"{step} ({owner}) lets another user replace what lies below it", reason=Reason.UNSAFE_DIRECTORY)
+            owner = (
+                f"uid {st.st_uid}'s"
+                if st.st_uid not in (0, me)
+                else f"mode {stat.S_IMODE(st.st_mode):04o}"
+            )
+            raise StoreError(
+                f"{step} ({owner}) lets another user replace what lies below it",
+                reason=Reason.UNSAFE_DIRECTORY,
+            )
     return real
 
 
@@ -172,8 +191,10 @@ def open_private_root(private_root: Path, *, need_exec: bool = True) -> tuple[Pa
         if flags & os.ST_RDONLY:
             raise StoreError(f"{where}: read-only filesystem", reason=Reason.NO_PRIVATE_DIR)
         if flags & os.ST_NOEXEC and need_exec:
-            raise StoreError(f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
-                             reason=Reason.NO_PRIVATE_DIR)
+            raise StoreError(
+                f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
+                reason=Reason.NO_PRIVATE_DIR,
+            )
         return where, fd
     except BaseException:
         os.close(fd)
@@ -221,7 +242,9 @@ def is_alive(dir_fd: int, boot_name: str, *, missing: bool = True) -> bool:
     be in use), and so does a missing one unless ``missing`` is False: a temporary's name carries
     a boot only once that boot's lock exists, so there a missing lock means a finished boot."""
     try:
-        fd = os.open(boot_name + LOCK_SUFFIX, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(
+            boot_name + LOCK_SUFFIX, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd
+        )
     except FileNotFoundError:
         return missing
     except OSError:

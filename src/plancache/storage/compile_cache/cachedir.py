@@ -27,13 +27,23 @@ import shutil
 import stat
 import tarfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from ...settings import BULK_TIMEOUT
+from ...trust.compile_cache.manifest import (
+    MAX_DEPTH,
+    MAX_DIRS,
+    MAX_FILE_BYTES,
+    MAX_FILES,
+    MAX_TOTAL_BYTES,
+    FileEntry,
+    Listing,
+    Manifest,
+)
 from ...trust.errors import Reason, Rejected, StoreError, StoreTimeout
-from ...trust.compile_cache.manifest import MAX_DEPTH, MAX_DIRS, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, FileEntry, Listing, Manifest
 from ..local import dirfds
 
 CHUNK = 1 << 20
@@ -70,18 +80,26 @@ def walk(root: Path) -> dict[str, int | None]:
             st = item.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
                 if depth + 1 >= MAX_DEPTH or len(found) - files >= MAX_DIRS:
-                    raise Rejected(Reason.TOO_LARGE, f"'{path}': the cache nests too deep or holds too many directories")
+                    raise Rejected(
+                        Reason.TOO_LARGE,
+                        f"'{path}': the cache nests too deep or holds too many directories",
+                    )
                 found[path] = None
                 stack.append((path, depth + 1))
             elif stat.S_ISREG(st.st_mode):
                 files += 1
                 total += st.st_size
                 if files > MAX_FILES or st.st_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
-                    raise Rejected(Reason.TOO_LARGE, f"'{path}': the cache exceeds the caps ({MAX_FILES} files, "
-                                   f"{MAX_FILE_BYTES} bytes a file, {MAX_TOTAL_BYTES} in all)")
+                    raise Rejected(
+                        Reason.TOO_LARGE,
+                        f"'{path}': the cache exceeds the caps ({MAX_FILES} files, "
+                        f"{MAX_FILE_BYTES} bytes a file, {MAX_TOTAL_BYTES} in all)",
+                    )
                 found[path] = st.st_size
             else:
-                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file or directory"
+                kind = (
+                    "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file or directory"
+                )
                 raise Rejected(Reason.MALFORMED, f"'{path}' is {kind}")
     return found
 
@@ -91,7 +109,9 @@ def sha256_file(path: Path, size: int) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise Rejected(Reason.MALFORMED, f"cannot open '{path}' as a plain file ({exc.strerror})") from None
+        raise Rejected(
+            Reason.MALFORMED, f"cannot open '{path}' as a plain file ({exc.strerror})"
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
@@ -120,7 +140,9 @@ def digests(root: Path, listing: Listing) -> dict[str, str]:
     files = sorted((path, size) for path, size in listing.items() if size is not None)
     shares = [files[i::HASH_THREADS] for i in range(HASH_THREADS)]
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        done = pool.map(lambda share: [(p, sha256_file(root / p, size)) for p, size in share], shares)
+        done = pool.map(
+            lambda share: [(p, sha256_file(root / p, size)) for p, size in share], shares
+        )
         return dict(pair for share in done for pair in share)
 
 
@@ -134,7 +156,9 @@ def _info(name: str, size: int | None) -> tarfile.TarInfo:
     return info
 
 
-def write_archive(root: Path, files: tuple[FileEntry, ...], dirs: tuple[str, ...], out: IO[bytes]) -> None:
+def write_archive(
+    root: Path, files: tuple[FileEntry, ...], dirs: tuple[str, ...], out: IO[bytes]
+) -> None:
     """The deterministic tar of ``root``'s listed entries (directories first, then files, each sorted)."""
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
         for d in dirs:
@@ -164,7 +188,9 @@ class _Exact(io.RawIOBase):
         return data
 
 
-def archive_bytes(root: Path, manifest_files: tuple[FileEntry, ...], dirs: tuple[str, ...]) -> bytes:
+def archive_bytes(
+    root: Path, manifest_files: tuple[FileEntry, ...], dirs: tuple[str, ...]
+) -> bytes:
     buffer = io.BytesIO()
     write_archive(root, manifest_files, dirs, buffer)
     return buffer.getvalue()
@@ -180,11 +206,16 @@ def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r|", encoding="utf-8") as tar:
         for member in tar:
             if position >= len(expected):
-                raise Rejected(Reason.MALFORMED, "the archive holds more entries than the manifest lists")
+                raise Rejected(
+                    Reason.MALFORMED, "the archive holds more entries than the manifest lists"
+                )
             name, size = expected[position]
             position += 1
             if member.name != name:
-                raise Rejected(Reason.MALFORMED, f"archive entry '{member.name[:120]}' is not the signed '{name}'")
+                raise Rejected(
+                    Reason.MALFORMED,
+                    f"archive entry '{member.name[:120]}' is not the signed '{name}'",
+                )
             target = dest / name
             if size is None:
                 if not member.isdir():
@@ -192,17 +223,29 @@ def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
                 target.mkdir(mode=0o755)
                 continue
             if not member.isreg() or member.size != size:
-                raise Rejected(Reason.MALFORMED, f"archive entry '{name}' is not a regular file of {size} bytes")
+                raise Rejected(
+                    Reason.MALFORMED,
+                    f"archive entry '{name}' is not a regular file of {size} bytes",
+                )
             source = tar.extractfile(member)
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as out:
                 shutil.copyfileobj(source, out, CHUNK)  # type: ignore[misc]
     if position != len(expected):
-        raise Rejected(Reason.MALFORMED, f"the archive holds {position} of the {len(expected)} signed entries")
+        raise Rejected(
+            Reason.MALFORMED, f"the archive holds {position} of the {len(expected)} signed entries"
+        )
 
 
-def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarantine_root: Path,
-            *, reason: str = "replaced-by-pull") -> None:
+def install(
+    base: Path,
+    staged: Path,
+    directory: Path,
+    sig_bytes: bytes,
+    quarantine_root: Path,
+    *,
+    reason: str = "replaced-by-pull",
+) -> None:
     """Rename a verified staging directory (beside ``directory``) into place, then its sidecar.
     An existing directory is moved aside first (``reason``), unless it holds only what vLLM leaves
     itself (:func:`leftovers_only`: removed, no evidence, and a quarantine entry on every node that
@@ -210,7 +253,10 @@ def install(base: Path, staged: Path, directory: Path, sig_bytes: bytes, quarant
     if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
         quarantine(base, directory, quarantine_root, reason)
     try:
-        with dirfds.opened_dir(base, directory.parent) as parent, dirfds.opened_dir(base, staged.parent, False) as stage:
+        with (
+            dirfds.opened_dir(base, directory.parent) as parent,
+            dirfds.opened_dir(base, staged.parent, False) as stage,
+        ):
             os.rename(staged.name, directory.name, src_dir_fd=stage, dst_dir_fd=parent)
             dirfds.write_new(parent, sidecar_path(directory).name, sig_bytes)
     except OSError as exc:
@@ -228,7 +274,9 @@ def leftovers_only(directory: Path) -> bool:
         listing = walk(directory)
     except (Rejected, StoreError):
         return False
-    return all(size is None or path.rpartition("/")[2] in DEBUG_FILES for path, size in listing.items())
+    return all(
+        size is None or path.rpartition("/")[2] in DEBUG_FILES for path, size in listing.items()
+    )
 
 
 def _remove_empty_tree(directory: Path) -> bool:
@@ -263,8 +311,10 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
     problems = []
     for target_root in quarantine_roots(base, directory, quarantine_root):
         try:
-            with dirfds.opened_dir(base, directory.parent, False) as parent, \
-                    dirfds.opened_dir(base, target_root, True, 0o700) as target:
+            with (
+                dirfds.opened_dir(base, directory.parent, False) as parent,
+                dirfds.opened_dir(base, target_root, True, 0o700) as target,
+            ):
                 dirfds.require_owned(target, target_root)  # another user's: never theirs to hold
                 moved = name
                 try:
@@ -272,7 +322,12 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
                 except FileNotFoundError:  # no directory: the sidecar alone (none either: an error)
                     moved = name + SIDECAR_SUFFIX
                 with contextlib.suppress(FileNotFoundError if moved == name else ()):
-                    os.rename(sidecar_path(directory).name, name + SIDECAR_SUFFIX, src_dir_fd=parent, dst_dir_fd=target)
+                    os.rename(
+                        sidecar_path(directory).name,
+                        name + SIDECAR_SUFFIX,
+                        src_dir_fd=parent,
+                        dst_dir_fd=target,
+                    )
                 with contextlib.suppress(OSError):
                     os.fsync(parent)
             return target_root / moved
@@ -291,7 +346,9 @@ def lock_path(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def locked(base: Path, directory: Path, wait: float | None = None, *, write: bool = False) -> Iterator[bool]:
+def locked(
+    base: Path, directory: Path, wait: float | None = None, *, write: bool = False
+) -> Iterator[bool]:
     """An exclusive lock for one cache directory, shared by every rank on the node: one of them
     pulls, verifies, quarantines or installs while the others wait (``<hash>.plancache.lock``
     beside it, opened without following a link, this user's and closed to others' writes).
@@ -305,8 +362,10 @@ def locked(base: Path, directory: Path, wait: float | None = None, *, write: boo
     fd = _open_lock(base, directory, lock)
     if fd is None:
         if write:
-            raise StoreError(f"{directory.parent} is on a read-only filesystem; nothing can be written there",
-                             reason=Reason.LOCAL_ERROR)
+            raise StoreError(
+                f"{directory.parent} is on a read-only filesystem; nothing can be written there",
+                reason=Reason.LOCAL_ERROR,
+            )
         yield False
         return
     try:
@@ -323,14 +382,22 @@ def _open_lock(base: Path, directory: Path, lock: Path) -> int | None:
             try:
                 return dirfds.open_shared_file(parent, lock.name)
             except OSError:
-                return None  # it re-raises an OSError only when the lock's own filesystem is read-only
+                return (
+                    None  # it re-raises an OSError only when the lock's own filesystem is read-only
+                )
     except StoreError as exc:
         raise StoreError(f"the lock {lock} is not taken: {exc.detail}", reason=exc.reason) from None
     except OSError as exc:  # reaching the directory: a missing one cannot be made
         if exc.errno == errno.EROFS:
             return None
-        reason = Reason.LOCK_UNAVAILABLE if exc.errno in (errno.EACCES, errno.EPERM) else Reason.STORE_ERROR
-        raise StoreError(f"cannot lock {directory} ({lock}: {exc.strerror or exc})", reason=reason) from None
+        reason = (
+            Reason.LOCK_UNAVAILABLE
+            if exc.errno in (errno.EACCES, errno.EPERM)
+            else Reason.STORE_ERROR
+        )
+        raise StoreError(
+            f"cannot lock {directory} ({lock}: {exc.strerror or exc})", reason=reason
+        ) from None
 
 
 def _acquire(fd: int, lock: Path, wait: float) -> None:
@@ -344,5 +411,7 @@ def _acquire(fd: int, lock: Path, wait: float) -> None:
         except BlockingIOError:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StoreTimeout(f"another process has held the lock {lock} for over {wait:g} s; nothing done") from None
+                raise StoreTimeout(
+                    f"another process has held the lock {lock} for over {wait:g} s; nothing done"
+                ) from None
             time.sleep(min(0.05, left))

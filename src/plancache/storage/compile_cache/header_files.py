@@ -19,9 +19,9 @@ import hashlib
 import os
 import stat
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from ...trust.errors import Reason, Rejected, StoreError
 from ..local import dirfds
@@ -54,19 +54,25 @@ def private_dir(private_root: Path) -> Path | None:
     headers = private_root / HEADERS_SUBDIR
     try:
         os.close(open_private_dir(private_root.parent, headers))
-    except Exception:  # noqa: BLE001 - a link, a file, another owner: not ours to use
+    except Exception:
         return None
     return headers
 
 
 def present(dir_fd: int, name: str) -> str:
-    """"" if nothing is named ``name``; "file" for a regular file; else what is there (a link
+    """ "" if nothing is named ``name``; "file" for a regular file; else what is there (a link
     or anything else: never followed, never replaced)."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return ""
-    return "file" if stat.S_ISREG(st.st_mode) else "link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+    return (
+        "file"
+        if stat.S_ISREG(st.st_mode)
+        else "link"
+        if stat.S_ISLNK(st.st_mode)
+        else "not a regular file"
+    )
 
 
 def compress(dir_fd: int, names: list[str]) -> tuple[bytes, list[tuple[str, int, str]]]:
@@ -109,7 +115,7 @@ class Inflater:
         while not self._z.eof:
             source = self._z.unconsumed_tail
             if not source:
-                source = self._data[self._offset:self._offset + CHUNK]
+                source = self._data[self._offset : self._offset + CHUNK]
                 self._offset += len(source)
                 if not source:
                     raise Rejected(Reason.MALFORMED, "the headers' gzip stream is truncated")
@@ -118,7 +124,9 @@ class Inflater:
                 return out
         return b""
 
-    def write_into(self, dir_fd: int, name: str, size: int, check: Callable[[], None] | None = None) -> tuple[str, str]:
+    def write_into(
+        self, dir_fd: int, name: str, size: int, check: Callable[[], None] | None = None
+    ) -> tuple[str, str]:
         """The next ``size`` inflated bytes, hashed as they are written into a new temporary in
         ``dir_fd``: (temporary name, sha256). The caller compares, then :func:`link` or :func:`discard`.
         ``check`` runs before each piece (the caller's way to stop: it raises)."""
@@ -132,8 +140,10 @@ class Inflater:
             # fsync that must end before the header is linked finds little left to write. The
             # executors' exits wait for what is in flight, so fd is closed only after it.
             try:
-                with ThreadPoolExecutor(1, "plancache-header-write") as sink, \
-                        ThreadPoolExecutor(1, "plancache-header-flush") as flusher:
+                with (
+                    ThreadPoolExecutor(1, "plancache-header-write") as sink,
+                    ThreadPoolExecutor(1, "plancache-header-flush") as flusher,
+                ):
                     pending: Future[None] | None = None
                     flushing: Future[None] | None = None
                     written = flushed = 0
@@ -142,11 +152,20 @@ class Inflater:
                             check()
                         piece = self._held or self._piece()
                         if not piece:
-                            raise Rejected(Reason.DIGEST_MISMATCH, f"the headers' stream ends before {name}'s signed size")
-                        part, self._held = (piece, b"") if len(piece) <= remaining else (piece[:remaining], piece[remaining:])
+                            raise Rejected(
+                                Reason.DIGEST_MISMATCH,
+                                f"the headers' stream ends before {name}'s signed size",
+                            )
+                        part, self._held = (
+                            (piece, b"")
+                            if len(piece) <= remaining
+                            else (piece[:remaining], piece[remaining:])
+                        )
                         if pending is not None:
                             pending.result()
-                            if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
+                            if written - flushed >= FLUSH_EVERY and (
+                                flushing is None or flushing.done()
+                            ):
                                 if flushing is not None:
                                     flushing.result()  # a writeback error is this file's: never left for fsync to forget
                                 flushing, flushed = flusher.submit(os.fdatasync, fd), written
@@ -167,16 +186,19 @@ class Inflater:
     def finish(self) -> None:
         """The stream must end exactly after the last header: more output is a bomb or a lie."""
         if self._held or self._piece():
-            raise Rejected(Reason.TOO_LARGE, "the headers' stream inflates beyond its signed size (a gzip bomb?)")
+            raise Rejected(
+                Reason.TOO_LARGE,
+                "the headers' stream inflates beyond its signed size (a gzip bomb?)",
+            )
         if self._z.unused_data or self._offset < len(self._data):
             raise Rejected(Reason.MALFORMED, "the headers' object holds data after its gzip stream")
 
 
-def _hash_and_write(digest: "hashlib._Hash", fd: int, part: bytes) -> None:
+def _hash_and_write(digest: hashlib._Hash, fd: int, part: bytes) -> None:
     digest.update(part)
     view = memoryview(part)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def link(dir_fd: int, tmp: str, name: str) -> bool:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ...trust.compile_cache.manifest import Manifest
 from ...trust.errors import Reason, StoreError
@@ -50,8 +50,16 @@ def sweep_staging(base: Path, directory: Path) -> None:
         pass
 
 
-def install_archive(base: Path, data: bytes, manifest: Manifest, directory: Path, sig_bytes: bytes,
-                    quarantine_root: Path, check: Callable[[Path], None], kind: str) -> None:
+def install_archive(
+    base: Path,
+    data: bytes,
+    manifest: Manifest,
+    directory: Path,
+    sig_bytes: bytes,
+    quarantine_root: Path,
+    check: Callable[[Path], None],
+    kind: str,
+) -> None:
     """Extract ``data`` (an archive whose sha256 the caller checked against ``manifest``) into a
     fresh staging directory beside ``directory``, ``check`` it (closed world and every sha256),
     then rename it into place with its sidecar; the staging directory goes whatever happens."""
@@ -59,15 +67,25 @@ def install_archive(base: Path, data: bytes, manifest: Manifest, directory: Path
         with dirfds.opened_dir(base, directory.parent):
             pass
         sweep_staging(base, directory)
-        staged = Path(tempfile.mkdtemp(prefix=staging_prefix(kind, directory), dir=directory.parent))
+        staged = Path(
+            tempfile.mkdtemp(prefix=staging_prefix(kind, directory), dir=directory.parent)
+        )
     except OSError as exc:
-        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR) from None
+        raise StoreError(
+            f"cannot extract into {directory.parent}: {exc.strerror or exc}",
+            reason=Reason.LOCAL_ERROR,
+        ) from None
     try:
         cachedir.extract_archive(data, manifest, staged / "x")
         check(staged / "x")
-        cachedir.install(base, staged / "x", directory, sig_bytes, quarantine_root, reason=f"replaced-by-{kind}")
+        cachedir.install(
+            base, staged / "x", directory, sig_bytes, quarantine_root, reason=f"replaced-by-{kind}"
+        )
     except OSError as exc:
-        raise StoreError(f"cannot extract into {directory.parent}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR) from None
+        raise StoreError(
+            f"cannot extract into {directory.parent}: {exc.strerror or exc}",
+            reason=Reason.LOCAL_ERROR,
+        ) from None
     finally:
         shutil.rmtree(staged, ignore_errors=True)
 

@@ -25,8 +25,8 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ...trust.errors import Reason, Rejected, StoreError
 from ...trust.compile_cache.manifest import FileEntry, Manifest
+from ...trust.errors import Reason, Rejected, StoreError
 from ..local import dirfds
 
 CHUNK = 1 << 20
@@ -45,11 +45,15 @@ def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
             os.mkdir(dest / d, 0o700)
         shares = [manifest.files[i::COPY_THREADS] for i in range(COPY_THREADS)]
         with ThreadPoolExecutor(max_workers=COPY_THREADS) as pool:
-            for _ in pool.map(lambda share: [_copy_one(src, dest, entry) for entry in share], shares):
+            for _ in pool.map(
+                lambda share: [_copy_one(src, dest, entry) for entry in share], shares
+            ):
                 pass
     except OSError as exc:  # disk full, a directory vLLM made meanwhile: nothing is handed over
         shutil.rmtree(dest, ignore_errors=True)
-        raise StoreError(f"cannot copy the cache into {dest}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR) from None
+        raise StoreError(
+            f"cannot copy the cache into {dest}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR
+        ) from None
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -59,7 +63,9 @@ def _copy_one(src: Path, dest: Path, entry: FileEntry) -> None:
     try:
         fd = os.open(src / entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise Rejected(Reason.MALFORMED, f"cannot open '{entry.path}' as a plain file ({exc.strerror})") from None
+        raise Rejected(
+            Reason.MALFORMED, f"cannot open '{entry.path}' as a plain file ({exc.strerror})"
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
@@ -84,4 +90,7 @@ def _copy_one(src: Path, dest: Path, entry: FileEntry) -> None:
     finally:
         os.close(fd)
     if left != 0 or digest.hexdigest() != entry.sha256:
-        raise Rejected(Reason.DIGEST_MISMATCH, f"'{entry.path}' is not the signed content (sha256 or size differs)")
+        raise Rejected(
+            Reason.DIGEST_MISMATCH,
+            f"'{entry.path}' is not the signed content (sha256 or size differs)",
+        )

@@ -15,7 +15,9 @@ async def read(fs: Any, path: str, cap: int) -> Versioned:
     """The generation from the object's metadata, then the bytes of that generation: one the
     store replaced in between is absent (404) rather than read as the new bytes."""
     bucket, key, _ = fs.split_path(path)
-    meta = await fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True)  # body capped by ..caps.http
+    meta = await fs._call(
+        "GET", "b/{}/o/{}", bucket, key, json_out=True
+    )  # body capped by ..caps.http
     token = version_token(meta.get("generation") if isinstance(meta, dict) else None, path)
     if not token.isdigit():
         raise StoreError(f"{path}: the store states a generation that is not a number")
@@ -23,7 +25,9 @@ async def read(fs: Any, path: str, cap: int) -> Versioned:
 
     async def get(byte_range: str | None) -> bytes:
         with body_cap(cap + 1):
-            _, data = await fs._call("GET", url, headers={"Range": byte_range} if byte_range else {})
+            _, data = await fs._call(
+                "GET", url, headers={"Range": byte_range} if byte_range else {}
+            )
         return bytes(data)
 
     return Versioned(await ranged_or_whole(get, cap), token)

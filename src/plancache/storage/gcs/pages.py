@@ -15,11 +15,20 @@ async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
     bucket, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
     resp = await fs._call(
-        "GET", "b/{}/o", bucket, json_out=True, prefix=prefix or None, delimiter="/",
-        maxResults=PAGE_SIZE, pageToken=token,
+        "GET",
+        "b/{}/o",
+        bucket,
+        json_out=True,
+        prefix=prefix or None,
+        delimiter="/",
+        maxResults=PAGE_SIZE,
+        pageToken=token,
     )
     answer = resp if isinstance(resp, dict) else {}
     entries = entries_under(answer.get("items"), prefix, "name", "size")
     following = answer.get("nextPageToken")
-    return Page(entries, following if isinstance(following, str) and following != token else None,
-                prefixes_under(answer.get("prefixes"), bucket, prefix))
+    return Page(
+        entries,
+        following if isinstance(following, str) and following != token else None,
+        prefixes_under(answer.get("prefixes"), bucket, prefix),
+    )

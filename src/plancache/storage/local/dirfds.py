@@ -18,8 +18,8 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Iterator
 
 from ...trust.errors import Reason, StoreError
 
@@ -74,7 +74,9 @@ def _open_child(fd: int, part: str, directory: Path) -> int:
 
 
 def _not_a_dir(directory: Path, part: str, exc: OSError) -> StoreError:
-    return StoreError(f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); not followed")
+    return StoreError(
+        f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); not followed"
+    )
 
 
 def require_owned(fd: int, where: Path | str, *, private: bool = False) -> None:
@@ -94,7 +96,9 @@ def require_owned(fd: int, where: Path | str, *, private: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def opened_dir(base: Path, directory: Path, create: bool = True, mode: int = 0o755) -> Iterator[int]:
+def opened_dir(
+    base: Path, directory: Path, create: bool = True, mode: int = 0o755
+) -> Iterator[int]:
     fd = open_dir(base, directory, create, mode)
     try:
         yield fd
@@ -121,7 +125,12 @@ def temp_name(name: str) -> str:
 def temp_owner(temporary: str) -> str:
     """The boot directory named in a temporary's name by :func:`temp_name` ("" if none)."""
     parts = temporary.rsplit(".", 3)
-    if len(parts) == 4 and parts[3] == "tmp" and parts[0].startswith(".") and _OWNER.fullmatch(parts[1]):
+    if (
+        len(parts) == 4
+        and parts[3] == "tmp"
+        and parts[0].startswith(".")
+        and _OWNER.fullmatch(parts[1])
+    ):
         return parts[1]
     return ""
 
@@ -139,8 +148,15 @@ def opened_dir_at(dir_fd: int, name: str) -> Iterator[int]:
         os.close(fd)
 
 
-def write_new(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, sync_dir: bool = True,
-              sync_file: bool = True) -> None:
+def write_new(
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    sync_dir: bool = True,
+    sync_file: bool = True,
+) -> None:
     """Write ``data`` under ``name`` in the directory ``dir_fd``: a fresh unpredictable
     temporary (``O_EXCL | O_NOFOLLOW``), fsynced, renamed over ``name`` (a link planted there is
     replaced, never written through), the directory fsynced. Nothing half-written remains.
@@ -153,7 +169,7 @@ def write_new(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, sync_di
             os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if sync_file:
                 os.fsync(fd)
         finally:
@@ -198,7 +214,9 @@ def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
         raise _open_failure(dir_fd, name, exc) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StoreError(f"'{name}' is not a regular file; not used", reason=Reason.UNSAFE_DIRECTORY)
+            raise StoreError(
+                f"'{name}' is not a regular file; not used", reason=Reason.UNSAFE_DIRECTORY
+            )
         require_owned(fd, f"'{name}'")
     except BaseException:
         os.close(fd)
@@ -220,9 +238,14 @@ def _open_failure(dir_fd: int, name: str, exc: OSError) -> Exception:
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and read_only(dir_fd):
         return exc
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return StoreError(f"'{name}' cannot be opened or made by this user ({exc.strerror or exc}); no lock, "
-                          "so nothing is done", reason=Reason.LOCK_UNAVAILABLE)
-    return StoreError(f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed")
+        return StoreError(
+            f"'{name}' cannot be opened or made by this user ({exc.strerror or exc}); no lock, "
+            "so nothing is done",
+            reason=Reason.LOCK_UNAVAILABLE,
+        )
+    return StoreError(
+        f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed"
+    )
 
 
 def read_only(dir_fd: int) -> bool:

@@ -9,8 +9,8 @@ verification, which costs a profiling run, never a wrong plan.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from ...trust.envelope import MAX_SIG_BYTES
 from ...trust.errors import PlanCacheError
@@ -58,7 +58,9 @@ class LocalPlanDir:
             return None, None
         return plan, read_capped(self.path / sig_name(fingerprint), MAX_SIG_BYTES)
 
-    def write(self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True) -> None:
+    def write(
+        self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True
+    ) -> None:
         """Write the plan, then its sidecar, each atomically.
 
         ``sync=False`` is for batches (a bulk pull): the caller calls :meth:`sync` once after

@@ -41,7 +41,9 @@ def write(root: Path, name: str, data: bytes, keep: int = KEEP) -> Path:
     if not is_record_name(name):
         raise ValueError(f"not a boot record name: {name!r}")
     with dirfds.opened_dir(root, directory(root), True, 0o755) as fd:
-        dirfds.write_new(fd, name, data, mode=0o644, sync_dir=False, sync_file=False)  # no fsync on a boot's path
+        dirfds.write_new(
+            fd, name, data, mode=0o644, sync_dir=False, sync_file=False
+        )  # no fsync on a boot's path
         names = sorted(n for n in os.listdir(fd) if is_record_name(n))
         for old in names[: max(0, len(names) - keep)]:
             with contextlib.suppress(OSError):
@@ -77,7 +79,9 @@ def read_last(root: Path, limit: int) -> list[tuple[str, bytes]]:
     return read_newest(root, limit).records
 
 
-def read_newest(root: Path, limit: int = READ_FILES, max_bytes: int = READ_BYTES, files: int | None = None) -> Found:
+def read_newest(
+    root: Path, limit: int = READ_FILES, max_bytes: int = READ_BYTES, files: int | None = None
+) -> Found:
     """The newest ``limit`` records, newest first, looking at ``files`` names (default: the
     larger of ``limit`` and :data:`READ_FILES`) and taking in ``max_bytes`` at most (see
     :class:`Found`). Nothing there: all empty."""
@@ -124,7 +128,11 @@ def _read(dir_fd: int, name: str) -> tuple[bytes | None, str]:
             return None, f"larger than {MAX_RECORD_BYTES} bytes"
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_RECORD_BYTES + 1)
-        return (data, "") if len(data) <= MAX_RECORD_BYTES else (None, f"larger than {MAX_RECORD_BYTES} bytes")
+        return (
+            (data, "")
+            if len(data) <= MAX_RECORD_BYTES
+            else (None, f"larger than {MAX_RECORD_BYTES} bytes")
+        )
     except OSError as exc:
         return None, f"cannot read ({exc.strerror or exc})"
     finally:

@@ -26,13 +26,21 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ...trust.errors import ConfigError, Reason, Rejected, StoreError
 from ...trust.plans.plan import plan_name, sig_name
 from ..backends import request_timeouts
-from ..caps.bodies import BODY_CAP, ERROR_BODY_CAP, check_complete, check_declared, check_length_header, read_upto
+from ..caps.bodies import (
+    BODY_CAP,
+    ERROR_BODY_CAP,
+    check_complete,
+    check_declared,
+    check_length_header,
+    read_upto,
+)
 from ..deadline import http_status, one_line, retrying, store_error
 from ..listing import cap_for
 from ..threads import Pending
@@ -40,13 +48,21 @@ from ..threads import Pending
 MAX_FINGERPRINTS = 8
 """Fingerprints one fetch may read here (two GETs each, all at once); more go through s3fs."""
 
-OPTIONS = frozenset({"endpoint_url", "key", "secret", "token", "anon", "profile", "use_ssl", "client_kwargs"})
+OPTIONS = frozenset(
+    {"endpoint_url", "key", "secret", "token", "anon", "profile", "use_ssl", "client_kwargs"}
+)
 """Storage options this path understands, each exactly as s3fs does."""
 
 CLIENT_KWARGS = frozenset({"endpoint_url", "region_name", "verify", "use_ssl"})
 
-_AS_BOTOCORE = (("key", "aws_access_key_id"), ("secret", "aws_secret_access_key"),
-                ("token", "aws_session_token"), ("endpoint_url", "endpoint_url"), ("use_ssl", "use_ssl"))
+_AS_BOTOCORE = (
+    ("key", "aws_access_key_id"),
+    ("secret", "aws_secret_access_key"),
+    ("token", "aws_session_token"),
+    ("endpoint_url", "endpoint_url"),
+    ("use_ssl", "use_ssl"),
+)
+
 
 @dataclass(frozen=True)
 class DirectSettings:
@@ -79,19 +95,36 @@ def _fsspec_configures_anything(env: Mapping[str, str]) -> bool:
         return False
 
 
-def direct_settings(url: str, options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> DirectSettings | None:
+def direct_settings(
+    url: str, options: Mapping[str, Any], env: Mapping[str, str] = os.environ
+) -> DirectSettings | None:
     """The settings to read ``url`` here, or None when s3fs must (see the module docstring)."""
     scheme, _, rest = url.partition("://")
-    if scheme not in ("s3", "s3a") or any(c in url for c in "?#") or rest.startswith("/") or "//" in rest:
+    if (
+        scheme not in ("s3", "s3a")
+        or any(c in url for c in "?#")
+        or rest.startswith("/")
+        or "//" in rest
+    ):
         return None
     root = rest.rstrip("/")
     client = options.get("client_kwargs") or {}
-    if (not root or not set(options) <= OPTIONS or not isinstance(client, Mapping) or not set(client) <= CLIENT_KWARGS
-            or options.get("anon", False) not in (True, False) or _fsspec_configures_anything(env)):
+    if (
+        not root
+        or not set(options) <= OPTIONS
+        or not isinstance(client, Mapping)
+        or not set(client) <= CLIENT_KWARGS
+        or options.get("anon", False) not in (True, False)
+        or _fsspec_configures_anything(env)
+    ):
         return None
-    kwargs = {theirs: options[ours] for ours, theirs in _AS_BOTOCORE if options.get(ours) is not None}
+    kwargs = {
+        theirs: options[ours] for ours, theirs in _AS_BOTOCORE if options.get(ours) is not None
+    }
     profile = options.get("profile")
-    return DirectSettings(root, {**kwargs, **client}, options.get("anon", False), profile if profile else None)
+    return DirectSettings(
+        root, {**kwargs, **client}, options.get("anon", False), profile if profile else None
+    )
 
 
 class _Buffered:
@@ -104,7 +137,9 @@ class _Buffered:
         yield self._data
 
     def read(self, amt: int | None = None) -> bytes:
-        data, self._data = (self._data, b"") if amt is None else (self._data[:amt], self._data[amt:])
+        data, self._data = (
+            (self._data, b"") if amt is None else (self._data[:amt], self._data[amt:])
+        )
         return data
 
     def close(self) -> None:
@@ -135,7 +170,9 @@ def _capped_send(http: Any, request: Any, **_: Any) -> Any:
     # names the bucket's region in a header), botocore's own region redirector decides.
     if 300 <= status < 400 and target is not None:
         raw.close()
-        raise StoreError(f"the store answered {status} redirecting to {str(target)[:200]!r}: not followed")
+        raise StoreError(
+            f"the store answered {status} redirecting to {str(target)[:200]!r}: not followed"
+        )
     if streaming and status < 300:
         return response  # a GET body: read by S3Direct.read, capped
     cap = ERROR_BODY_CAP if status >= 300 else BODY_CAP
@@ -143,7 +180,9 @@ def _capped_send(http: Any, request: Any, **_: Any) -> Any:
     if len(data) > cap:
         raw.close()  # the rest is never read: the connection goes, not back to the pool
         if status < 300:
-            raise Rejected(Reason.TOO_LARGE, f"a response from the store is larger than {cap} bytes")
+            raise Rejected(
+                Reason.TOO_LARGE, f"a response from the store is larger than {cap} bytes"
+            )
         data = data[:cap]
     else:
         raw.release_conn()
@@ -154,7 +193,7 @@ MAX_INFORMATIONAL = 16
 """Informational answers (``103 Early Hints``, ...) skipped before one request's final answer."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pools() -> dict[str, type] | None:
     """botocore's connection pools, whose responses skip informational answers as aiohttp does
     (every 1xx but 101); None if http.client has no status reader to extend.
@@ -165,9 +204,16 @@ def _pools() -> dict[str, type] | None:
     """
     import http.client
 
-    from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool
+    from botocore.awsrequest import (
+        AWSHTTPConnection,
+        AWSHTTPConnectionPool,
+        AWSHTTPSConnection,
+        AWSHTTPSConnectionPool,
+    )
 
-    if not callable(getattr(http.client.HTTPResponse, "_read_status", None)) or not hasattr(http.client, "_read_headers"):
+    if not callable(getattr(http.client.HTTPResponse, "_read_status", None)) or not hasattr(
+        http.client, "_read_headers"
+    ):
         return None
 
     class FinalResponse(http.client.HTTPResponse):
@@ -181,8 +227,10 @@ def _pools() -> dict[str, type] | None:
 
     plain = type("Connection", (AWSHTTPConnection,), {"response_class": FinalResponse})
     tls = type("TLSConnection", (AWSHTTPSConnection,), {"response_class": FinalResponse})
-    return {"http": type("Pool", (AWSHTTPConnectionPool,), {"ConnectionCls": plain}),
-            "https": type("TLSPool", (AWSHTTPSConnectionPool,), {"ConnectionCls": tls})}
+    return {
+        "http": type("Pool", (AWSHTTPConnectionPool,), {"ConnectionCls": plain}),
+        "https": type("TLSPool", (AWSHTTPSConnectionPool,), {"ConnectionCls": tls}),
+    }
 
 
 def _skip_informational(http: Any) -> None:
@@ -191,7 +239,11 @@ def _skip_informational(http: Any) -> None:
     final answer is still refused, in :func:`_capped_send`)."""
     pools = _pools()
     manager = getattr(http, "_manager", None)
-    if pools is None or manager is None or not isinstance(getattr(http, "_pool_classes_by_scheme", None), dict):
+    if (
+        pools is None
+        or manager is None
+        or not isinstance(getattr(http, "_pool_classes_by_scheme", None), dict)
+    ):
         return
     http._pool_classes_by_scheme = pools
     manager.pool_classes_by_scheme = pools
@@ -218,12 +270,18 @@ class S3Direct:
             from botocore import UNSIGNED
             from botocore.config import Config
         except ImportError:
-            raise ConfigError(f"s3://{self.settings.root}: botocore is not installed (pip install 'plancache[s3]')") from None
+            raise ConfigError(
+                f"s3://{self.settings.root}: botocore is not installed (pip install 'plancache[s3]')"
+            ) from None
 
         connect, read = request_timeouts(self.budget)
-        config = Config(connect_timeout=connect, read_timeout=read, max_pool_connections=2 * MAX_FINGERPRINTS,
-                        retries={"total_max_attempts": 1, "mode": "standard"},
-                        **({"signature_version": UNSIGNED} if self.settings.anon else {}))
+        config = Config(
+            connect_timeout=connect,
+            read_timeout=read,
+            max_pool_connections=2 * MAX_FINGERPRINTS,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            **({"signature_version": UNSIGNED} if self.settings.anon else {}),
+        )
         try:
             session = botocore.session.Session(profile=self.settings.profile)
             client = session.create_client("s3", config=config, **self.settings.client_kwargs)
@@ -231,7 +289,9 @@ class S3Direct:
             raise ConfigError(f"cannot open s3://{self.settings.root}: {one_line(exc)}") from None
         http = getattr(getattr(client, "_endpoint", None), "http_session", None)
         if not callable(getattr(http, "send", None)):  # botocore moved it: never read uncapped
-            raise ConfigError("this botocore has no endpoint HTTP session: plancache needs a supported botocore")
+            raise ConfigError(
+                "this botocore has no endpoint HTTP session: plancache needs a supported botocore"
+            )
         _skip_informational(http)
         client.meta.events.register_first("before-send.s3", functools.partial(_capped_send, http))
         return client
@@ -244,13 +304,19 @@ class S3Direct:
 
         def attempt() -> bytes | None:
             try:
-                resp = client.get_object(Bucket=self.settings.bucket, Key=self.settings.key(name),
-                                         Range=f"bytes=0-{cap}")
+                resp = client.get_object(
+                    Bucket=self.settings.bucket, Key=self.settings.key(name), Range=f"bytes=0-{cap}"
+                )
             except Exception as exc:
                 status = http_status(exc)
-                if status in (404, 416):  # absent; or empty (S3 answers 416 to a range over nothing)
+                if status in (
+                    404,
+                    416,
+                ):  # absent; or empty (S3 answers 416 to a range over nothing)
                     return None if status == 404 else b""
-                if type(exc).__name__ == "ParamValidationError":  # e.g. a bucket name S3 cannot have
+                if (
+                    type(exc).__name__ == "ParamValidationError"
+                ):  # e.g. a bucket name S3 cannot have
                     raise ConfigError(f"s3://{self.settings.root}: {one_line(exc)}") from None
                 raise
             body, declared = resp["Body"], resp.get("ContentLength")
@@ -273,14 +339,21 @@ class S3Direct:
         deadline; errors typed."""
         what = f"cannot read {name} from s3://{self.settings.root}"
         try:
-            return Pending(lambda: self.read(name, deadline, cap), "plancache-s3-get").result(deadline, what, self.budget)
+            return Pending(lambda: self.read(name, deadline, cap), "plancache-s3-get").result(
+                deadline, what, self.budget
+            )
         except Exception as exc:
             raise store_error(what, exc) from None
 
-    def fetch_pairs(self, fingerprints: Sequence[str], deadline: float,
-                    on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
+    def fetch_pairs(
+        self,
+        fingerprints: Sequence[str],
+        deadline: float,
+        on_done: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
         """``{fp: (plan, sig) or the typed error}``, every GET at once, each in a daemon thread;
         those without an answer at the deadline get StoreTimeout."""
+
         def reading(name: str) -> Pending:
             return Pending(lambda: self.read(name, deadline), "plancache-s3-get")
 
@@ -288,8 +361,12 @@ class S3Direct:
         out: dict[str, Any] = {}
         for fp, reads in pending.items():
             try:
-                plan, sig = (r.result(deadline, f"cannot read {fp} from s3://{self.settings.root}", self.budget)
-                             for r in reads)
+                plan, sig = (
+                    r.result(
+                        deadline, f"cannot read {fp} from s3://{self.settings.root}", self.budget
+                    )
+                    for r in reads
+                )
                 out[fp] = (None, None) if plan is None else (plan, sig)
             except Exception as exc:
                 out[fp] = store_error(f"cannot read {fp}", exc)

@@ -8,21 +8,28 @@ by :mod:`..caps.http`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..caps.http import read_declared
 from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
 
 
-async def s3_get(fs: Any, path: str, cap: int, byte_range: str | None) -> tuple[bytes, Mapping[str, Any]]:
+async def s3_get(
+    fs: Any, path: str, cap: int, byte_range: str | None
+) -> tuple[bytes, Mapping[str, Any]]:
     """A GET (of ``byte_range``, or whole) whose declared length is checked before a byte of the
     body is read, and whose body is read at most to ``cap + 1`` even if the server ignores the
     range; with the answer's other fields (its ETag: see :mod:`.versions`)."""
     bucket, key, _ = fs.split_path(path)
-    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))
+    resp = await fs._call_s3(
+        "get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {})
+    )
     body = resp["Body"]
     try:
-        return await read_declared(body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength")), resp
+        return await read_declared(
+            body.read, key.rsplit("/", 1)[-1], cap, resp.get("ContentLength")
+        ), resp
     finally:
         body.close()
 
@@ -37,7 +44,12 @@ async def s3_page(fs: Any, root: str, token: str | None) -> Page:
     and of the sub-prefixes it names."""
     bucket, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE_SIZE}
+    kwargs: dict[str, Any] = {
+        "Bucket": bucket,
+        "Prefix": prefix,
+        "Delimiter": "/",
+        "MaxKeys": PAGE_SIZE,
+    }
     if token:
         kwargs["ContinuationToken"] = token
     resp = await fs._call_s3("list_objects_v2", **kwargs)

@@ -32,9 +32,9 @@ from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
-from .manifest import is_subject
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
+from .manifest import is_subject
 
 PREDICATE_TYPE = "https://plancache.dev/compile-headers/v1"
 MAX_HEADERS = 8
@@ -102,38 +102,64 @@ class VerifiedHeaders:
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
-            raise TypeError("VerifiedHeaders is created by plancache.trust.compile_cache.header_statement only")
+            raise TypeError(
+                "VerifiedHeaders is created by plancache.trust.compile_cache.header_statement only"
+            )
 
 
 def _int(value: object, what: str, low: int, cap: int) -> int:
     if type(value) is not int or not low <= value <= cap:
-        raise Rejected(Reason.MALFORMED, f"headers statement: {what} is not a whole number in {low}…{cap}")
+        raise Rejected(
+            Reason.MALFORMED, f"headers statement: {what} is not a whole number in {low}…{cap}"
+        )
     return value
 
 
 def check_headers(hset: HeaderSet) -> HeaderSet:
     """The rules every headers statement obeys, signing and verifying alike."""
     if not is_subject(hset.subject):
-        raise Rejected(Reason.MALFORMED, f"headers subject '{safe_text(hset.subject, 100)}' is not a cache directory name")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"headers subject '{safe_text(hset.subject, 100)}' is not a cache directory name",
+        )
     if not 1 <= len(hset.headers) <= MAX_HEADERS:
-        raise Rejected(Reason.TOO_LARGE, f"a headers statement lists 1…{MAX_HEADERS} headers, not {len(hset.headers)}")
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"a headers statement lists 1…{MAX_HEADERS} headers, not {len(hset.headers)}",
+        )
     names = [h.name for h in hset.headers]
     if not all(map(is_header_name, names)) or len(set(names)) != len(names):
-        raise Rejected(Reason.MALFORMED, "headers statement: a header name is not torch's, or repeated")
+        raise Rejected(
+            Reason.MALFORMED, "headers statement: a header name is not torch's, or repeated"
+        )
     for entry in hset.headers:
         _int(entry.size, "a header size", 1, MAX_HEADER_BYTES)
         if not _HEX64.fullmatch(entry.sha256):
-            raise Rejected(Reason.MALFORMED, "headers statement: a sha256 is not 64 lowercase hex digits")
+            raise Rejected(
+                Reason.MALFORMED, "headers statement: a sha256 is not 64 lowercase hex digits"
+            )
     if not _HEX64.fullmatch(hset.object_sha256):
-        raise Rejected(Reason.MALFORMED, "headers statement: the object sha256 is not 64 lowercase hex digits")
-    if not isinstance(hset.cache_archive_sha256, str) or not _HEX64.fullmatch(hset.cache_archive_sha256):
-        raise Rejected(Reason.MALFORMED, "headers statement: the cache's archive sha256 is not 64 lowercase hex digits")
+        raise Rejected(
+            Reason.MALFORMED, "headers statement: the object sha256 is not 64 lowercase hex digits"
+        )
+    if not isinstance(hset.cache_archive_sha256, str) or not _HEX64.fullmatch(
+        hset.cache_archive_sha256
+    ):
+        raise Rejected(
+            Reason.MALFORMED,
+            "headers statement: the cache's archive sha256 is not 64 lowercase hex digits",
+        )
     _int(hset.object_size, "the object size", 1, MAX_TOTAL_BYTES)
     if hset.total_size > MAX_TOTAL_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"headers total {hset.total_size} bytes, the cap is {MAX_TOTAL_BYTES}")
+        raise Rejected(
+            Reason.TOO_LARGE, f"headers total {hset.total_size} bytes, the cap is {MAX_TOTAL_BYTES}"
+        )
     if hset.total_size > MAX_RATIO * hset.object_size:
-        raise Rejected(Reason.TOO_LARGE, f"headers inflate {hset.total_size} bytes from {hset.object_size}: "
-                       f"more than {MAX_RATIO}x (a gzip bomb?)")
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"headers inflate {hset.total_size} bytes from {hset.object_size}: "
+            f"more than {MAX_RATIO}x (a gzip bomb?)",
+        )
     return hset
 
 
@@ -158,31 +184,55 @@ def parse_headers(payload: bytes) -> HeaderSet:
     """Parse a (signature-verified) statement strictly: exact keys, exact types."""
     name, sha256, pred = statement_shell(payload, "headers statement", PREDICATE_TYPE)
     if set(pred) == _UNBOUND_KEYS:
-        raise Rejected(Reason.STATEMENT_MISMATCH, "the headers statement binds no cache signature (an older "
-                       "plancache's): not installed, torch builds the header")
+        raise Rejected(
+            Reason.STATEMENT_MISMATCH,
+            "the headers statement binds no cache signature (an older "
+            "plancache's): not installed, torch builds the header",
+        )
     if set(pred) != _KEYS:
-        raise Rejected(Reason.MALFORMED, "headers predicate must have exactly cache_archive_sha256, expires_at, "
-                       "headers, object, signed_at")
+        raise Rejected(
+            Reason.MALFORMED,
+            "headers predicate must have exactly cache_archive_sha256, expires_at, "
+            "headers, object, signed_at",
+        )
     target, items = pred["object"], pred["headers"]
-    if not isinstance(target, dict) or set(target) != {"sha256", "size"} or target["sha256"] != sha256:
-        raise Rejected(Reason.MALFORMED, "headers object must have exactly sha256 (the subject's digest) and size")
+    if (
+        not isinstance(target, dict)
+        or set(target) != {"sha256", "size"}
+        or target["sha256"] != sha256
+    ):
+        raise Rejected(
+            Reason.MALFORMED,
+            "headers object must have exactly sha256 (the subject's digest) and size",
+        )
     if not isinstance(items, list) or len(items) > MAX_HEADERS:
         raise Rejected(Reason.TOO_LARGE, f"a headers statement lists at most {MAX_HEADERS} headers")
     entries = []
     for item in items:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[2], str)):
-            raise Rejected(Reason.MALFORMED, "headers statement: each header is [name, size, sha256]")
-        entries.append(HeaderEntry(item[0], _int(item[1], "a header size", 1, MAX_HEADER_BYTES), item[2]))
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and isinstance(item[2], str)
+        ):
+            raise Rejected(
+                Reason.MALFORMED, "headers statement: each header is [name, size, sha256]"
+            )
+        entries.append(
+            HeaderEntry(item[0], _int(item[1], "a header size", 1, MAX_HEADER_BYTES), item[2])
+        )
     expires = pred["expires_at"]
-    return check_headers(HeaderSet(
-        subject=name,
-        headers=tuple(entries),
-        object_sha256=sha256,
-        object_size=_int(target["size"], "the object size", 1, MAX_TOTAL_BYTES),
-        signed_at=parse_time(pred["signed_at"], "signed_at"),
-        expires_at=None if expires is None else parse_time(expires, "expires_at"),
-        cache_archive_sha256=pred["cache_archive_sha256"],
-    ))
+    return check_headers(
+        HeaderSet(
+            subject=name,
+            headers=tuple(entries),
+            object_sha256=sha256,
+            object_size=_int(target["size"], "the object size", 1, MAX_TOTAL_BYTES),
+            signed_at=parse_time(pred["signed_at"], "signed_at"),
+            expires_at=None if expires is None else parse_time(expires, "expires_at"),
+            cache_archive_sha256=pred["cache_archive_sha256"],
+        )
+    )
 
 
 def check_binding(hset: HeaderSet, cache_archive_sha256: str | None) -> None:
@@ -191,14 +241,27 @@ def check_binding(hset: HeaderSet, cache_archive_sha256: str | None) -> None:
     beside a newer cache, a newer one beside an older cache kept on the node) or none known.
     Not ``digest-mismatch``: no byte was altered; the statement, intact, is about another cache."""
     if cache_archive_sha256 is None or hset.cache_archive_sha256 != cache_archive_sha256:
-        this = f"this node's ({cache_archive_sha256[:16]}…)" if cache_archive_sha256 else "an unnamed one"
-        raise Rejected(Reason.STATEMENT_MISMATCH, f"the headers were made for the cache signed as archive "
-                       f"{hset.cache_archive_sha256[:16]}…, not for {this}: not installed")
+        this = (
+            f"this node's ({cache_archive_sha256[:16]}…)"
+            if cache_archive_sha256
+            else "an unnamed one"
+        )
+        raise Rejected(
+            Reason.STATEMENT_MISMATCH,
+            f"the headers were made for the cache signed as archive "
+            f"{hset.cache_archive_sha256[:16]}…, not for {this}: not installed",
+        )
 
 
-def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now: datetime,
-                   *, cache_archive_sha256: str | None,
-                   clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedHeaders:
+def verify_headers(
+    subject: str,
+    sig_bytes: bytes | None,
+    keyring: Keyring,
+    now: datetime,
+    *,
+    cache_archive_sha256: str | None,
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+) -> VerifiedHeaders:
     """Verify the headers signature for cache ``subject`` and the cache signature they are bound
     to (:func:`check_binding`); the verified statement or a typed error. ``cache_archive_sha256``
     None (named, never defaulted): the cache is not decided yet (a fetch beside the guard's pull),
@@ -208,9 +271,13 @@ def verify_headers(subject: str, sig_bytes: bytes | None, keyring: Keyring, now:
     payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
     hset = parse_headers(payload)
     if hset.subject != subject:
-        raise Rejected(Reason.NAME_MISMATCH,
-                       f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'")
-    current = current_signers(keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew=clock_skew)
+        raise Rejected(
+            Reason.NAME_MISMATCH,
+            f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'",
+        )
+    current = current_signers(
+        keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew=clock_skew
+    )
     if cache_archive_sha256 is not None:
         check_binding(hset, cache_archive_sha256)
     return VerifiedHeaders(hset, tuple(k.name for k in current), _SEAL)

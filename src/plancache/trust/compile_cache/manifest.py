@@ -31,9 +31,10 @@ are :mod:`plancache.storage.compile_cache.cachedir`'s. No IO here.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from .. import envelope as dsse
 from ..display import safe_text
@@ -80,7 +81,9 @@ def check_relpath(path: object) -> str:
         raise Rejected(Reason.MALFORMED, f"cache path {safe_text(path, 80)!s} is empty or too long")
     parts = path.split("/")
     if len(parts) > MAX_DEPTH or not all(_COMPONENT.fullmatch(p) for p in parts):
-        raise Rejected(Reason.MALFORMED, f"cache path '{safe_text(path, 120)}' is not a plain relative path")
+        raise Rejected(
+            Reason.MALFORMED, f"cache path '{safe_text(path, 120)}' is not a plain relative path"
+        )
     return path
 
 
@@ -146,7 +149,9 @@ class VerifiedManifest:
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
-            raise TypeError("VerifiedManifest is created by plancache.trust.compile_cache.manifest only")
+            raise TypeError(
+                "VerifiedManifest is created by plancache.trust.compile_cache.manifest only"
+            )
 
 
 def _int(value: object, what: str, cap: int) -> int:
@@ -159,11 +164,19 @@ def check_manifest(manifest: Manifest) -> Manifest:
     """The structural rules every manifest obeys, for signing and verifying alike: caps, plain
     paths, sorted unique entries, every file's parent listed as a directory."""
     if not is_subject(manifest.subject):
-        raise Rejected(Reason.MALFORMED, f"manifest subject '{safe_text(manifest.subject, 100)}' is not a cache directory name")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"manifest subject '{safe_text(manifest.subject, 100)}' is not a cache directory name",
+        )
     if len(manifest.files) > MAX_FILES or len(manifest.dirs) > MAX_DIRS:
-        raise Rejected(Reason.TOO_LARGE, f"manifest lists more than {MAX_FILES} files or {MAX_DIRS} directories")
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"manifest lists more than {MAX_FILES} files or {MAX_DIRS} directories",
+        )
     if not _HEX64.fullmatch(manifest.archive_sha256):
-        raise Rejected(Reason.MALFORMED, "manifest: the archive sha256 is not 64 lowercase hex digits")
+        raise Rejected(
+            Reason.MALFORMED, "manifest: the archive sha256 is not 64 lowercase hex digits"
+        )
     dirs = set(map(check_relpath, manifest.dirs))
     paths = [check_relpath(f.path) for f in manifest.files]
     if list(manifest.dirs) != sorted(dirs) or paths != sorted(set(paths)) or dirs & set(paths):
@@ -171,18 +184,31 @@ def check_manifest(manifest: Manifest) -> Manifest:
     for entry in manifest.files:
         _int(entry.size, "a file size", MAX_FILE_BYTES)
         if not _HEX64.fullmatch(entry.sha256):
-            raise Rejected(Reason.MALFORMED, "manifest: a file sha256 is not 64 lowercase hex digits")
+            raise Rejected(
+                Reason.MALFORMED, "manifest: a file sha256 is not 64 lowercase hex digits"
+            )
     for path in paths + sorted(dirs):
         parent = path.rpartition("/")[0]
         if parent and parent not in dirs:
-            raise Rejected(Reason.MALFORMED, f"manifest: the parent of '{safe_text(path, 120)}' is not listed")
+            raise Rejected(
+                Reason.MALFORMED, f"manifest: the parent of '{safe_text(path, 120)}' is not listed"
+            )
     if manifest.total_size > MAX_TOTAL_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"manifest totals {manifest.total_size} bytes, the cap is {MAX_TOTAL_BYTES}")
-    _int(manifest.archive_size, "the archive size", MAX_TOTAL_BYTES + 512 * (MAX_FILES + MAX_DIRS) * 4)
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"manifest totals {manifest.total_size} bytes, the cap is {MAX_TOTAL_BYTES}",
+        )
+    _int(
+        manifest.archive_size,
+        "the archive size",
+        MAX_TOTAL_BYTES + 512 * (MAX_FILES + MAX_DIRS) * 4,
+    )
     if manifest.key_factors is not None:
         check_inputs(dict(manifest.key_factors), "manifest key_factors")
         if SALT_KEY in manifest.key_factors and manifest.factors_salt is None:
-            raise Rejected(Reason.MALFORMED, f"manifest key_factors: {SALT_KEY} is not 32 lowercase hex digits")
+            raise Rejected(
+                Reason.MALFORMED, f"manifest key_factors: {SALT_KEY} is not 32 lowercase hex digits"
+            )
     if manifest.measurements:
         check_measurements(dict(manifest.measurements))
     return manifest
@@ -197,7 +223,10 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
     signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
     sig = dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
     if len(sig) > MAX_SIG_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"the manifest signature would be {len(sig)} bytes, the cap is {MAX_SIG_BYTES}")
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"the manifest signature would be {len(sig)} bytes, the cap is {MAX_SIG_BYTES}",
+        )
     return sig
 
 
@@ -206,37 +235,62 @@ def parse_manifest(payload: bytes) -> Manifest:
     name, sha256, pred = statement_shell(payload, "manifest statement", PREDICATE_TYPE)
     keys = {"archive", "comment", "dirs", "expires_at", "files", "signed_at"}
     if not keys <= set(pred) <= keys | OPTIONAL_KEYS:
-        raise Rejected(Reason.MALFORMED, f"manifest predicate must have exactly {', '.join(sorted(keys))} "
-                       f"(and optionally {', '.join(sorted(OPTIONAL_KEYS))})")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"manifest predicate must have exactly {', '.join(sorted(keys))} "
+            f"(and optionally {', '.join(sorted(OPTIONAL_KEYS))})",
+        )
     archive, files, dirs = pred["archive"], pred["files"], pred["dirs"]
-    if not isinstance(archive, dict) or set(archive) != {"sha256", "size"} or not isinstance(archive["sha256"], str):
+    if (
+        not isinstance(archive, dict)
+        or set(archive) != {"sha256", "size"}
+        or not isinstance(archive["sha256"], str)
+    ):
         raise Rejected(Reason.MALFORMED, "manifest archive must have exactly sha256 and size")
     if archive["sha256"] != sha256:
         raise Rejected(Reason.MALFORMED, "manifest subject digest differs from the archive's")
-    if not isinstance(files, list) or not isinstance(dirs, list) or not isinstance(pred["comment"], str):
+    if (
+        not isinstance(files, list)
+        or not isinstance(dirs, list)
+        or not isinstance(pred["comment"], str)
+    ):
         raise Rejected(Reason.MALFORMED, "manifest files, dirs or comment have the wrong type")
     if len(files) > MAX_FILES or len(dirs) > MAX_DIRS:
-        raise Rejected(Reason.TOO_LARGE, f"manifest lists more than {MAX_FILES} files or {MAX_DIRS} directories")
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"manifest lists more than {MAX_FILES} files or {MAX_DIRS} directories",
+        )
     entries = []
     for item in files:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[2], str)):
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and isinstance(item[2], str)
+        ):
             raise Rejected(Reason.MALFORMED, "manifest: each file is [path, size, sha256]")
         entries.append(FileEntry(item[0], _int(item[1], "a file size", MAX_FILE_BYTES), item[2]))
     if not all(isinstance(d, str) for d in dirs):
         raise Rejected(Reason.MALFORMED, "manifest: each directory is a path")
     expires = pred["expires_at"]
-    return check_manifest(Manifest(
-        subject=name,
-        files=tuple(entries),
-        dirs=tuple(dirs),
-        archive_sha256=archive["sha256"],
-        archive_size=_int(archive["size"], "the archive size", 2**62),
-        signed_at=parse_time(pred["signed_at"], "signed_at"),
-        expires_at=None if expires is None else parse_time(expires, "expires_at"),
-        comment=pred["comment"],
-        key_factors=None if "key_factors" not in pred else check_inputs(pred["key_factors"], "manifest key_factors"),
-        measurements=None if "measurements" not in pred else check_measurements(pred["measurements"]),
-    ))
+    return check_manifest(
+        Manifest(
+            subject=name,
+            files=tuple(entries),
+            dirs=tuple(dirs),
+            archive_sha256=archive["sha256"],
+            archive_size=_int(archive["size"], "the archive size", 2**62),
+            signed_at=parse_time(pred["signed_at"], "signed_at"),
+            expires_at=None if expires is None else parse_time(expires, "expires_at"),
+            comment=pred["comment"],
+            key_factors=None
+            if "key_factors" not in pred
+            else check_inputs(pred["key_factors"], "manifest key_factors"),
+            measurements=None
+            if "measurements" not in pred
+            else check_measurements(pred["measurements"]),
+        )
+    )
 
 
 def check_measurements(measurements: object) -> dict[str, Any]:
@@ -247,14 +301,25 @@ def check_measurements(measurements: object) -> dict[str, Any]:
     for key, value in measurements.items():
         if key != "compile_ms":
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-            raise Rejected(Reason.MALFORMED, f"manifest measurement '{key}' is not a finite, non-negative number")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 <= value < float("inf")
+        ):
+            raise Rejected(
+                Reason.MALFORMED,
+                f"manifest measurement '{key}' is not a finite, non-negative number",
+            )
         out[key] = value
     return out
 
 
 def verify_manifest(
-    subject: str, sig_bytes: bytes | None, keyring: Keyring, now: datetime, clock_skew: timedelta = DEFAULT_CLOCK_SKEW
+    subject: str,
+    sig_bytes: bytes | None,
+    keyring: Keyring,
+    now: datetime,
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
 ) -> VerifiedManifest:
     """Verify the sidecar of cache directory ``subject``; the verified manifest or a typed error."""
     if sig_bytes is None:
@@ -262,9 +327,13 @@ def verify_manifest(
     payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
     manifest = parse_manifest(payload)
     if manifest.subject != subject:
-        raise Rejected(Reason.NAME_MISMATCH,
-                       f"manifest is for '{safe_text(manifest.subject, 100)}', not for '{safe_text(subject, 100)}'")
-    current = current_signers(keys, keyring, manifest.signed_at, manifest.expires_at, now, clock_skew=clock_skew)
+        raise Rejected(
+            Reason.NAME_MISMATCH,
+            f"manifest is for '{safe_text(manifest.subject, 100)}', not for '{safe_text(subject, 100)}'",
+        )
+    current = current_signers(
+        keys, keyring, manifest.signed_at, manifest.expires_at, now, clock_skew=clock_skew
+    )
     return VerifiedManifest(manifest, sig_bytes, tuple(k.name for k in current), _SEAL)
 
 
@@ -279,14 +348,20 @@ def closed_world_difference(manifest: Manifest, listing: Listing) -> str:
     wanted.update(dict.fromkeys(manifest.dirs))
     extra = sorted(set(listing) - set(wanted))
     if extra:
-        return f"'{safe_text(extra[0], 160)}' is not in the signed manifest" + (f" (+{len(extra) - 1} more)" if len(extra) > 1 else "")
+        return f"'{safe_text(extra[0], 160)}' is not in the signed manifest" + (
+            f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
+        )
     missing = sorted(set(wanted) - set(listing))
     if missing:
-        return f"'{safe_text(missing[0], 160)}' is missing" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+        return f"'{safe_text(missing[0], 160)}' is missing" + (
+            f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+        )
     for path, size in listing.items():
         if size != wanted[path]:
-            return f"'{safe_text(path, 160)}' is {'a directory' if size is None else f'{size} bytes'}, signed as " + (
-                "a directory" if wanted[path] is None else f"{wanted[path]} bytes")
+            return (
+                f"'{safe_text(path, 160)}' is {'a directory' if size is None else f'{size} bytes'}, signed as "
+                + ("a directory" if wanted[path] is None else f"{wanted[path]} bytes")
+            )
     return ""
 
 

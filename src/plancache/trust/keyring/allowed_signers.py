@@ -87,7 +87,9 @@ def _split_options(text: str) -> dict[str, str | None]:
         key, sep, value = part.partition("=")
         key = key.lower()
         if key not in _OPTIONS or key in options:
-            raise ConfigError(f"unknown or repeated allowed_signers option '{safe_text(part, 40)}' (use {', '.join(_OPTIONS)})")
+            raise ConfigError(
+                f"unknown or repeated allowed_signers option '{safe_text(part, 40)}' (use {', '.join(_OPTIONS)})"
+            )
         options[key] = value.strip('"') if sep else None
     return options
 
@@ -100,11 +102,18 @@ def parse_openssh_time(value: str, what: str) -> datetime:
         raise ConfigError(f"{what}='{safe_text(value, 30)}' is not YYYYMMDD[HHMM[SS]]Z")
     date, hhmm, ss, zulu = match.groups()
     if not zulu:
-        raise ConfigError(f"{what}={safe_text(value, 30)} has no Z: OpenSSH would read it in local time; write {value}Z for UTC")
+        raise ConfigError(
+            f"{what}={safe_text(value, 30)} has no Z: OpenSSH would read it in local time; write {value}Z for UTC"
+        )
     try:
         return datetime(
-            int(date[:4]), int(date[4:6]), int(date[6:8]),
-            int(hhmm[:2]) if hhmm else 0, int(hhmm[2:]) if hhmm else 0, int(ss) if ss else 0, tzinfo=timezone.utc,
+            int(date[:4]),
+            int(date[4:6]),
+            int(date[6:8]),
+            int(hhmm[:2]) if hhmm else 0,
+            int(hhmm[2:]) if hhmm else 0,
+            int(ss) if ss else 0,
+            tzinfo=timezone.utc,
         )
     except ValueError:
         raise ConfigError(f"{what}={safe_text(value, 30)} is not a valid date") from None
@@ -147,12 +156,22 @@ def parse_allowed_signer(line: str, any_namespace: bool = False) -> AllowedSigne
     elif len(fields) >= 4 and fields[2] in SSH_KEY_TYPES:
         principals, options, key_fields = fields[0], _split_options(fields[1]), fields[2:]
     else:
-        raise ConfigError("expected 'ssh-ed25519 AAAA… [name]' or an allowed_signers line 'principals [options] ssh-ed25519 AAAA…'")
+        raise ConfigError(
+            "expected 'ssh-ed25519 AAAA… [name]' or an allowed_signers line 'principals [options] ssh-ed25519 AAAA…'"
+        )
     if "cert-authority" in options:
         raise ConfigError("cert-authority lines are not supported: list each signing key itself")
     public = parse_openssh_public(key_fields[0], key_fields[1])
-    after = parse_openssh_time(options["valid-after"] or "", "valid-after") if "valid-after" in options else None
-    before = parse_openssh_time(options["valid-before"] or "", "valid-before") if "valid-before" in options else None
+    after = (
+        parse_openssh_time(options["valid-after"] or "", "valid-after")
+        if "valid-after" in options
+        else None
+    )
+    before = (
+        parse_openssh_time(options["valid-before"] or "", "valid-before")
+        if "valid-before" in options
+        else None
+    )
     if after is not None and before is not None and after >= before:
         raise ConfigError("valid-after is not before valid-before: the key would never count")
     namespaces = options.get("namespaces", "*")

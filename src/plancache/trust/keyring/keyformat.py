@@ -17,7 +17,7 @@ import binascii
 import codecs
 import hashlib
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -32,10 +32,18 @@ PEM_PUBLIC_BEGIN = "-----BEGIN PUBLIC KEY-----"
 PEM_PUBLIC_END = "-----END PUBLIC KEY-----"
 OPENSSH_PRIVATE_BEGIN = b"-----BEGIN OPENSSH PRIVATE KEY-----"
 
-SSH_KEY_TYPES = frozenset({
-    "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
-    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
-})
+SSH_KEY_TYPES = frozenset(
+    {
+        "ssh-ed25519",
+        "ssh-rsa",
+        "ssh-dss",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+    }
+)
 """Key types OpenSSH writes in ``.pub``, ``authorized_keys`` and ``allowed_signers`` lines: a
 line holding one of these is a public key line, even where only ssh-ed25519 is accepted."""
 
@@ -134,7 +142,9 @@ def parse_private_key(data: bytes, passphrase: Passphrase | None = None) -> Ed25
     except TypeError:  # encrypted: cryptography wants a password
         password = passphrase() if passphrase is not None else None
         if not password:
-            raise ConfigError("the private key is encrypted: set PLANCACHE_KEY_PASSPHRASE") from None
+            raise ConfigError(
+                "the private key is encrypted: set PLANCACHE_KEY_PASSPHRASE"
+            ) from None
         try:
             key = _load_private(data, password)
         except (ValueError, UnsupportedAlgorithm, TypeError):
@@ -146,10 +156,14 @@ def parse_private_key(data: bytes, passphrase: Passphrase | None = None) -> Ed25
     return key
 
 
-def private_key_bytes(key: Ed25519PrivateKey, passphrase: bytes | None, openssh: bool = False) -> bytes:
+def private_key_bytes(
+    key: Ed25519PrivateKey, passphrase: bytes | None, openssh: bool = False
+) -> bytes:
     """PEM PKCS#8 (the default), or OpenSSH's format, which ``ssh-keygen -y`` reads."""
     encryption: serialization.KeySerializationEncryption = (
-        serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
+        serialization.BestAvailableEncryption(passphrase)
+        if passphrase
+        else serialization.NoEncryption()
     )
     layout = serialization.PrivateFormat.OpenSSH if openssh else serialization.PrivateFormat.PKCS8
     return key.private_bytes(serialization.Encoding.PEM, layout, encryption)

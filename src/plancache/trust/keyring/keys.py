@@ -34,17 +34,19 @@ files lives in :mod:`plancache.keys`.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .allowed_signers import parse_allowed_signer, spelled_like_marker
 from ..display import safe_text
 from ..errors import ConfigError, PlanCacheError
+from ..statement import parse_time
+from .allowed_signers import parse_allowed_signer, spelled_like_marker
 from .keyformat import (  # noqa: F401 - re-exported: callers name these from here
     KEYID_PREFIX,
     PEM_PUBLIC_BEGIN,
@@ -58,7 +60,6 @@ from .keyformat import (  # noqa: F401 - re-exported: callers name these from he
     parse_pem_public,
     parse_private_key,
 )
-from ..statement import parse_time
 
 MAX_KEYS = 1024
 
@@ -116,7 +117,10 @@ class TrustedKey:
         # cryptography's key objects do not pickle; a process pool verifying in parallel needs
         # to ship the keyring to its workers, so travel as raw public bytes.
         raw = self.public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        return (_trusted_key_from_raw, (self.keyid, self.name, raw, self.valid_after, self.valid_before))
+        return (
+            _trusted_key_from_raw,
+            (self.keyid, self.name, raw, self.valid_after, self.valid_before),
+        )
 
     def window_covers(self, moment: datetime) -> bool:
         """Whether ``moment`` lies in ``[valid_after, valid_before)``: comparisons only, so
@@ -149,15 +153,17 @@ class Keyring:
             raise ConfigError("the signature threshold must be at least 1")
         for kid, key in self.keys.items():
             if canonical_keyid(kid) != kid or key.keyid != kid:
-                raise ConfigError(f"keyring entry {safe_text(kid, 60)} is not the normal key id of its key")
+                raise ConfigError(
+                    f"keyring entry {safe_text(kid, 60)} is not the normal key id of its key"
+                )
         for kid in self.revoked:
             if canonical_keyid(kid) != kid:
                 raise ConfigError(f"revoked id {safe_text(kid, 60)} is not a key id in normal form")
 
-    def with_threshold(self, threshold: int) -> "Keyring":
+    def with_threshold(self, threshold: int) -> Keyring:
         return Keyring(self.keys, self.revoked, threshold)
 
-    def merged(self, other: "Keyring") -> "Keyring":
+    def merged(self, other: Keyring) -> Keyring:
         revoked = self.revoked | other.revoked
         keys = {k: v for k, v in {**self.keys, **other.keys}.items() if k not in revoked}
         return Keyring(keys, revoked, max(self.threshold, other.threshold))
@@ -167,7 +173,9 @@ def signer_keyring(signer: Signer) -> Keyring:
     """A keyring trusting only ``signer``: "does this sidecar carry my valid signature?"."""
     public = signer.public
     if key_id(public) != signer.keyid:
-        raise ConfigError(f"the signer's key id {safe_text(signer.keyid, 60)} does not match its public key")
+        raise ConfigError(
+            f"the signer's key id {safe_text(signer.keyid, 60)} does not match its public key"
+        )
     return Keyring({signer.keyid: TrustedKey(signer.keyid, "self", public)})
 
 
@@ -179,7 +187,9 @@ def _parse_options(text: str) -> dict[str, str]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep or key not in _OPTIONS or key in options:
-            raise ConfigError(f"unknown or repeated option '{safe_text(part, 40)}' (use {', '.join(_OPTIONS)})")
+            raise ConfigError(
+                f"unknown or repeated option '{safe_text(part, 40)}' (use {', '.join(_OPTIONS)})"
+            )
         options[key] = value.strip('"')
     return options
 
@@ -192,7 +202,9 @@ def _revoked_id(rest: str) -> str:
     if fields and fields[0].startswith(KEYID_PREFIX):
         kid = canonical_keyid(fields[0])
         if kid is None:
-            raise ConfigError(f"'{safe_text(fields[0], 60)}' is not a key id (SHA256: and 43 base64 characters)")
+            raise ConfigError(
+                f"'{safe_text(fields[0], 60)}' is not a key id (SHA256: and 43 base64 characters)"
+            )
         return kid
     if len(fields) < 2:
         raise ConfigError("@revoked takes a key id (SHA256:…) or a key line")
@@ -211,10 +223,14 @@ def check_key_name(name: str, what: str = "the key's name") -> str:
     printable text (UTF-8 is fine) without surrounding spaces, and not spelled like the
     revocation marker, so the line it ends reads back as the same trusted key, named so."""
     if name != name.strip() or any(unicodedata.category(c) in _UNPRINTABLE for c in name):
-        raise ConfigError(f"{what} must be one line of printable text without leading or trailing spaces")
+        raise ConfigError(
+            f"{what} must be one line of printable text without leading or trailing spaces"
+        )
     if spelled_like_marker(name):
-        raise ConfigError(f"{what} '{safe_text(name, 60)}' is spelled like the revocation marker (revoke, revoked): "
-                          "a trusted-keys file would refuse the line; choose another")
+        raise ConfigError(
+            f"{what} '{safe_text(name, 60)}' is spelled like the revocation marker (revoke, revoked): "
+            "a trusted-keys file would refuse the line; choose another"
+        )
     return name
 
 
@@ -228,7 +244,9 @@ def _key_line(fields: list[str]) -> TrustedKey:
     kid = key_id(public)
     name = options.get("name") or " ".join(fields[2:]) or kid[:15]
     after = parse_time(options["valid-after"], "valid-after") if "valid-after" in options else None
-    before = parse_time(options["valid-before"], "valid-before") if "valid-before" in options else None
+    before = (
+        parse_time(options["valid-before"], "valid-before") if "valid-before" in options else None
+    )
     if after is not None and before is not None and after >= before:
         raise ConfigError("valid-after is not before valid-before: the key would never count")
     return TrustedKey(kid, name, public, after, before)
@@ -265,16 +283,26 @@ def _entry(lines: list[str], index: int) -> tuple[TrustedKey | str | None, int]:
     if line == PEM_PUBLIC_BEGIN:
         return _pem_key(lines, index)
     if line.startswith("-----BEGIN "):
-        raise ConfigError(f"'{safe_text(line, 60)}' is not a public key (a private key does not belong here)")
+        raise ConfigError(
+            f"'{safe_text(line, 60)}' is not a public key (a private key does not belong here)"
+        )
     fields = line.split()
     if fields[0] == "@revoked":
-        return _revoked_id(line[len("@revoked"):]), index
+        return _revoked_id(line[len("@revoked") :]), index
     if fields[0].startswith("@"):
-        raise ConfigError(f"'{safe_text(fields[0], 40)}' is not a marker: only '@revoked' (exactly so) revokes a key")
-    key = _key_line(fields) if fields[0] in SSH_KEY_TYPES or "=" in fields[0] else _allowed_signer(line)
+        raise ConfigError(
+            f"'{safe_text(fields[0], 40)}' is not a marker: only '@revoked' (exactly so) revokes a key"
+        )
+    key = (
+        _key_line(fields)
+        if fields[0] in SSH_KEY_TYPES or "=" in fields[0]
+        else _allowed_signer(line)
+    )
     if key is not None and spelled_like_marker(key.name):
-        raise ConfigError(f"key name '{safe_text(key.name, 60)}' is spelled like the revocation marker: to revoke "
-                          "the key, start the line with '@revoked'; to trust it, name it otherwise")
+        raise ConfigError(
+            f"key name '{safe_text(key.name, 60)}' is spelled like the revocation marker: to revoke "
+            "the key, start the line with '@revoked'; to trust it, name it otherwise"
+        )
     return key, index
 
 
@@ -300,7 +328,9 @@ def parse_trusted_keys(text: str, source: str) -> Keyring:
             revoked.add(entry)
         elif entry is not None:
             if entry.keyid in keys:
-                raise ConfigError(f"{where}: key {entry.keyid} is already listed at line {listed_at[entry.keyid]}")
+                raise ConfigError(
+                    f"{where}: key {entry.keyid} is already listed at line {listed_at[entry.keyid]}"
+                )
             keys[entry.keyid] = entry
             listed_at[entry.keyid] = index + 1
             if len(keys) > MAX_KEYS:

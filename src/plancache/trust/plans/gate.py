@@ -13,9 +13,10 @@ The gate also checks the *conditions* the fingerprint misses (see
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from ..display import safe_text
 from ..errors import PlanCacheError, Reason
@@ -54,10 +55,10 @@ class Decision:
     fingerprint: str | None = None
 
     @classmethod
-    def rejected(cls, error: PlanCacheError, fingerprint: str | None = None) -> "Decision":
+    def rejected(cls, error: PlanCacheError, fingerprint: str | None = None) -> Decision:
         return cls(False, error.reason, error.detail, None, fingerprint)
 
-    def noted(self, note: str) -> "Decision":
+    def noted(self, note: str) -> Decision:
         """The same decision with ``note`` (where the plan came from, how long it took) first."""
         if not note:
             return self
@@ -70,7 +71,9 @@ def _same(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
-def decide(plan: VerifiedPlan, free_memory: int, conditions: Mapping[str, Any] | None = None) -> Decision:
+def decide(
+    plan: VerifiedPlan, free_memory: int, conditions: Mapping[str, Any] | None = None
+) -> Decision:
     """Apply ``plan`` only if free memory meets its baseline and the signed conditions hold.
 
     ``conditions`` are this worker's facts (keys from ``CONDITION_KEYS``); a fact the plan's
@@ -78,14 +81,20 @@ def decide(plan: VerifiedPlan, free_memory: int, conditions: Mapping[str, Any] |
     """
     fp = plan.fingerprint
     if type(free_memory) is not int or free_memory < 0:
-        return Decision(False, Reason.INTERNAL, f"free memory is not a byte count: {free_memory!r}", None, fp)
+        return Decision(
+            False, Reason.INTERNAL, f"free memory is not a byte count: {free_memory!r}", None, fp
+        )
     recorded = plan.statement.provenance if plan.statement else {}
     for key in CONDITION_KEYS:
         mine = (conditions or {}).get(key)
         theirs = recorded.get(key)
         if mine is not None and theirs is not None and not _same(theirs, mine):
             return Decision(
-                False, Verdict.CONDITION_MISMATCH, f"{key} is {safe_text(repr(mine))} here, the plan was made at {safe_text(repr(theirs))}", None, fp
+                False,
+                Verdict.CONDITION_MISMATCH,
+                f"{key} is {safe_text(repr(mine))} here, the plan was made at {safe_text(repr(theirs))}",
+                None,
+                fp,
             )
     baseline = plan.plan.free_memory_baseline
     if free_memory < baseline:

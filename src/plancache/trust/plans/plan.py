@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .. import strictjson
 from ..display import safe_text
@@ -80,9 +81,14 @@ def _positive_int(obj: Mapping[str, Any], key: str) -> int:
     value = obj[key]
     # bool is a subclass of int: vLLM would take `true` as 1 byte. We do not.
     if type(value) is not int:
-        raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be an integer, got {type(value).__name__}")
+        raise Rejected(
+            Reason.MALFORMED, f"plan field {key!r} must be an integer, got {type(value).__name__}"
+        )
     if not 0 < value <= MAX_INT:
-        raise Rejected(Reason.MALFORMED, f"plan field {key!r} must be between 1 and 2**63-1, got {safe_text(value, 40)}")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"plan field {key!r} must be between 1 and 2**63-1, got {safe_text(value, 40)}",
+        )
     return value
 
 
@@ -92,23 +98,31 @@ def parse_plan(data: bytes, name: str) -> Plan:
         raise Rejected(Reason.TOO_LARGE, f"plan is {len(data)} bytes, the cap is {MAX_PLAN_BYTES}")
     name_fp = fingerprint_of_plan_name(name)
     if name_fp is None:
-        raise Rejected(Reason.MALFORMED, f"'{safe_text(name, 80)}' is not a plan file name (startup_plan_<16 hex>.json)")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"'{safe_text(name, 80)}' is not a plan file name (startup_plan_<16 hex>.json)",
+        )
     obj = strictjson.loads(data, "plan")
     if not isinstance(obj, dict):
         raise Rejected(Reason.MALFORMED, "plan is not a JSON object")
     schema = obj.get("schema")
     if type(schema) is not int or schema != SCHEMA:
-        raise Rejected(Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {safe_text(schema, 40)}")
+        raise Rejected(
+            Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {safe_text(schema, 40)}"
+        )
     fingerprint = obj.get("fingerprint")
     if not is_fingerprint(fingerprint):
         raise Rejected(Reason.MALFORMED, "plan fingerprint is not 16 lowercase hex digits")
     if fingerprint != name_fp:
-        raise Rejected(Reason.FINGERPRINT_MISMATCH, f"plan says fingerprint {fingerprint} but is named for {name_fp}"
+        raise Rejected(
+            Reason.FINGERPRINT_MISMATCH,
+            f"plan says fingerprint {fingerprint} but is named for {name_fp}",
         )
     kv = _positive_int(obj, "kv_cache_memory_bytes")
     baseline = _positive_int(obj, "free_memory_baseline")
     if kv > baseline:
-        raise Rejected(Reason.MALFORMED, f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
+        raise Rejected(
+            Reason.MALFORMED, f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
         )
     known = {"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"}
     extra = {k: v for k, v in obj.items() if k not in known}

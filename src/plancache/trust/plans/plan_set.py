@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Sequence
 
 from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
-from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
 from ..signing import MAX_SIGNED_BYTES
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, open_envelope, verify_plan
+from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
 
 SET_PREDICATE = "https://plancache.dev/startup-plan-set/v1"
 SET_PREFIX = "startup_planset_"
@@ -90,7 +90,9 @@ def replica_name(name: str, index: int) -> str:
     and is verified under the set's own name, so a copy that differs is refused as tampered."""
     ident = set_id_of_name(name)
     if ident is None or not 0 <= index < MAX_REPLICAS:
-        raise ConfigError(f"no replica {index} of '{safe_text(name, 80)}' (0 to {MAX_REPLICAS - 1})")
+        raise ConfigError(
+            f"no replica {index} of '{safe_text(name, 80)}' (0 to {MAX_REPLICAS - 1})"
+        )
     return name if index == 0 else f"{SET_PREFIX}{ident}.r{index}{SET_SUFFIX}"
 
 
@@ -125,7 +127,10 @@ class SetStatement:
     def to_json_bytes(self) -> bytes:
         predicate = {
             "set": self.set_id,
-            "members": [{"fingerprint": m.fingerprint, "plan": m.plan_size, "sig": m.sig_size} for m in self.members],
+            "members": [
+                {"fingerprint": m.fingerprint, "plan": m.plan_size, "sig": m.sig_size}
+                for m in self.members
+            ],
             "signed_at": format_time(self.signed_at),
             "expires_at": format_time(self.expires_at) if self.expires_at else None,
             "comment": self.comment,
@@ -148,7 +153,9 @@ class VerifiedSet:
 
 def _size(value: object, cap: int) -> int:
     if type(value) is not int or not 0 < value <= cap:
-        raise Rejected(Reason.MALFORMED, "plan set: a member's size is not a positive integer within its cap")
+        raise Rejected(
+            Reason.MALFORMED, "plan set: a member's size is not a positive integer within its cap"
+        )
     return value
 
 
@@ -156,18 +163,41 @@ def parse_set_statement(payload: bytes) -> SetStatement:
     """Parse a (signature-verified) set statement; ``Rejected(MALFORMED)`` on any deviation."""
     name, sha256, predicate = statement_shell(payload, "plan set statement", SET_PREDICATE)
     raw = predicate.get("members")
-    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS or not all(isinstance(m, dict) for m in raw):
+    if (
+        not isinstance(raw, list)
+        or not 1 <= len(raw) <= MAX_MEMBERS
+        or not all(isinstance(m, dict) for m in raw)
+    ):
         raise Rejected(Reason.MALFORMED, f"plan set statement needs 1 to {MAX_MEMBERS} members")
     members = []
     for m in raw:
         if not is_fingerprint(m.get("fingerprint")):
-            raise Rejected(Reason.MALFORMED, "plan set: a member's fingerprint is not 16 lowercase hex digits")
-        members.append(Member(m["fingerprint"], _size(m.get("plan"), MAX_PLAN_BYTES), _size(m.get("sig"), dsse.MAX_SIG_BYTES)))
-    ident, comment, expires = predicate.get("set"), predicate.get("comment", ""), predicate.get("expires_at")
+            raise Rejected(
+                Reason.MALFORMED, "plan set: a member's fingerprint is not 16 lowercase hex digits"
+            )
+        members.append(
+            Member(
+                m["fingerprint"],
+                _size(m.get("plan"), MAX_PLAN_BYTES),
+                _size(m.get("sig"), dsse.MAX_SIG_BYTES),
+            )
+        )
+    ident, comment, expires = (
+        predicate.get("set"),
+        predicate.get("comment", ""),
+        predicate.get("expires_at"),
+    )
     if not is_fingerprint(ident) or not isinstance(comment, str):
         raise Rejected(Reason.MALFORMED, "plan set statement: set id or comment has the wrong type")
-    return SetStatement(name, sha256, ident, tuple(members), parse_time(predicate.get("signed_at"), "signed_at"),
-                        None if expires is None else parse_time(expires, "expires_at"), comment)
+    return SetStatement(
+        name,
+        sha256,
+        ident,
+        tuple(members),
+        parse_time(predicate.get("signed_at"), "signed_at"),
+        None if expires is None else parse_time(expires, "expires_at"),
+        comment,
+    )
 
 
 def split_set(data: bytes) -> tuple[bytes, bytes]:
@@ -183,13 +213,20 @@ def claimed_members(data: bytes) -> list[str]:
     for ``prune``, which deletes sets whose members it deletes (deleting needs no trust). Never
     a reason to use anything in the set."""
     if len(data) > MAX_SET_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}")
+        raise Rejected(
+            Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}"
+        )
     head, _ = split_set(data)
     return [m.fingerprint for m in parse_set_statement(dsse.decode(head).payload).members]
 
 
-def verify_set(name: str, data: bytes, keyring: Keyring, now: datetime,
-               clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedSet:
+def verify_set(
+    name: str,
+    data: bytes,
+    keyring: Keyring,
+    now: datetime,
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+) -> VerifiedSet:
     """A set object's bytes in, every member verified out, or ``PlanCacheError`` with a reason.
 
     Order: size cap; the name; the envelope (canonical) and its signatures by trusted keys; the
@@ -197,35 +234,59 @@ def verify_set(name: str, data: bytes, keyring: Keyring, now: datetime,
     the body's length; the signers' windows and threshold; then each member, sliced by the
     signed lengths, through :func:`verify_plan` (the first failure rejects the whole set)."""
     if len(data) > MAX_SET_BYTES:
-        raise Rejected(Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}")
+        raise Rejected(
+            Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}"
+        )
     ident = set_id_of_name(name)
     if ident is None:
-        raise Rejected(Reason.MALFORMED, f"'{safe_text(name, 80)}' is not a plan set name (startup_planset_<16 hex>.set)")
+        raise Rejected(
+            Reason.MALFORMED,
+            f"'{safe_text(name, 80)}' is not a plan set name (startup_planset_<16 hex>.set)",
+        )
     head, body = split_set(data)
     payload, keys = open_envelope(head, keyring)
     statement = parse_set_statement(payload)
     if statement.subject_name != name:
-        raise Rejected(Reason.NAME_MISMATCH,
-                       f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'")
+        raise Rejected(
+            Reason.NAME_MISMATCH,
+            f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'",
+        )
     if statement.subject_sha256 != hashlib.sha256(body).hexdigest():
-        raise Rejected(Reason.DIGEST_MISMATCH, "plan set bytes do not match the signed sha256 (altered or mixed set?)")
+        raise Rejected(
+            Reason.DIGEST_MISMATCH,
+            "plan set bytes do not match the signed sha256 (altered or mixed set?)",
+        )
     fps = [m.fingerprint for m in statement.members]
     if statement.set_id != ident or members_of(fps) != fps or set_id(fps) != ident:
-        raise Rejected(Reason.FINGERPRINT_MISMATCH, f"plan set {ident}: its signed member list is for another set")
+        raise Rejected(
+            Reason.FINGERPRINT_MISMATCH,
+            f"plan set {ident}: its signed member list is for another set",
+        )
     if sum(m.plan_size + m.sig_size for m in statement.members) != len(body):
-        raise Rejected(Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body")
-    current = current_signers(keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew)
+        raise Rejected(
+            Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body"
+        )
+    current = current_signers(
+        keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew
+    )
     plans, offset = [], 0
     for m in statement.members:
         plan_bytes = body[offset : offset + m.plan_size]
         sig_bytes = body[offset + m.plan_size : offset + m.plan_size + m.sig_size]
         offset += m.plan_size + m.sig_size
-        plans.append(verify_plan(plan_name(m.fingerprint), plan_bytes, sig_bytes, keyring, now, clock_skew))
+        plans.append(
+            verify_plan(plan_name(m.fingerprint), plan_bytes, sig_bytes, keyring, now, clock_skew)
+        )
     return VerifiedSet(name, statement, tuple(plans), tuple(k.name for k in current))
 
 
-def build_set(members: Sequence[tuple[str, bytes, bytes]], signer: Signer, now: datetime,
-              expires_at: datetime | None = None, comment: str = "") -> tuple[str, bytes]:
+def build_set(
+    members: Sequence[tuple[str, bytes, bytes]],
+    signer: Signer,
+    now: datetime,
+    expires_at: datetime | None = None,
+    comment: str = "",
+) -> tuple[str, bytes]:
     """(name, bytes) of a set over ``(fingerprint, plan bytes, sidecar bytes)`` in rank order,
     signed by ``signer``. The caller hands verified members (push verifies them first)."""
     fps = [fp for fp, _, _ in members]
@@ -233,11 +294,24 @@ def build_set(members: Sequence[tuple[str, bytes, bytes]], signer: Signer, now: 
         raise ConfigError("a plan set needs 1 to 64 distinct fingerprints")
     name = set_name(fps)
     body = b"".join(plan + sig for _, plan, sig in members)
-    statement = SetStatement(name, hashlib.sha256(body).hexdigest(), set_id(fps),
-                             tuple(Member(fp, len(p), len(s)) for fp, p, s in members), now, expires_at, comment)
+    statement = SetStatement(
+        name,
+        hashlib.sha256(body).hexdigest(),
+        set_id(fps),
+        tuple(Member(fp, len(p), len(s)) for fp, p, s in members),
+        now,
+        expires_at,
+        comment,
+    )
     payload = statement.to_json_bytes()
     data = dsse.pae(dsse.PAYLOAD_TYPE, payload)
     if len(data) > MAX_SIGNED_BYTES:
-        raise ConfigError(f"the plan set's statement is {len(payload)} bytes, over the {MAX_SIGNED_BYTES}-byte signing cap")
-    head = dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (dsse.Signature(signer.keyid, signer.sign(data)),)))
+        raise ConfigError(
+            f"the plan set's statement is {len(payload)} bytes, over the {MAX_SIGNED_BYTES}-byte signing cap"
+        )
+    head = dsse.encode(
+        dsse.Envelope(
+            dsse.PAYLOAD_TYPE, payload, (dsse.Signature(signer.keyid, signer.sign(data)),)
+        )
+    )
     return name, head + body

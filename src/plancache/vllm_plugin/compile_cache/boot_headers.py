@@ -25,8 +25,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...settings import HEADERS_TIMEOUT
 from ...trust.display import safe_text
@@ -94,7 +95,9 @@ def _names(folder: Path | None) -> set[str]:
 
 def _note(path: str, before: set[str], folder: Path | None, waited_ms: float) -> None:
     base = os.path.basename(path)
-    name = next((base + ext for ext in (".gch", ".pch") if os.path.exists(path + ext)), base + ".gch")
+    name = next(
+        (base + ext for ext in (".gch", ".pch") if os.path.exists(path + ext)), base + ".gch"
+    )
     if folder is None or os.path.abspath(os.path.dirname(path)) != os.path.abspath(folder):
         return
     with _lock:
@@ -102,7 +105,12 @@ def _note(path: str, before: set[str], folder: Path | None, waited_ms: float) ->
             return
         _used.append(name)
         source = "store" if name in _installed else "node" if name in before else "built"
-    LOG.info("plancache: compile-cache header=%s source=%s waited_ms=%.0f", safe_text(name, 200), source, waited_ms)
+    LOG.info(
+        "plancache: compile-cache header=%s source=%s waited_ms=%.0f",
+        safe_text(name, 200),
+        source,
+        waited_ms,
+    )
     if source == "built":
         _pack_early()
 
@@ -119,10 +127,17 @@ def _pack_early() -> None:
         return
     names = used()
     with _lock:
-        _packing = (names, Prefetch("pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)).start())
+        _packing = (
+            names,
+            Prefetch(
+                "pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)
+            ).start(),
+        )
 
 
-def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False, archive_sha256: str | None = None) -> None:
+def start_fetch(
+    config: Any, subject: str, store: Any, *, held: bool = False, archive_sha256: str | None = None
+) -> None:
     """Fetch ``subject``'s headers in the background (once a boot), from ``store``: the guard's
     own, already open (a second client would make its filesystem, and its connection, again).
     ``held``: started as soon as the guard knows it pulls, alongside the cache's own pull; it
@@ -143,14 +158,30 @@ def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False, ar
     def task() -> Any:
         started = time.monotonic()
         try:
-            outcome = pull_headers(store, subject, config.keyring, utcnow(), at[0], at[1],
-                                   cache_archive_sha256=archive_sha256, deadline=deadline, cancel=cancel)
-        except Exception as exc:  # noqa: BLE001 - plancache's own failure: torch builds the header
-            outcome = HeadersOutcome("failed", "store-error", safe_text(getattr(exc, "detail", exc), 200))
+            outcome = pull_headers(
+                store,
+                subject,
+                config.keyring,
+                utcnow(),
+                at[0],
+                at[1],
+                cache_archive_sha256=archive_sha256,
+                deadline=deadline,
+                cancel=cancel,
+            )
+        except Exception as exc:
+            outcome = HeadersOutcome(
+                "failed", "store-error", safe_text(getattr(exc, "detail", exc), 200)
+            )
         with _lock:
             _installed.update(outcome.installed)
-        LOG.info('plancache: compile-cache %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), safe_text(subject, 200),
-                 (time.monotonic() - started) * 1000, safe_text(outcome.detail, 300))
+        LOG.info(
+            'plancache: compile-cache %s cache=%s elapsed_ms=%.0f detail="%s"',
+            outcome.line(),
+            safe_text(subject, 200),
+            (time.monotonic() - started) * 1000,
+            safe_text(outcome.detail, 300),
+        )
         return outcome
 
     with _lock:
@@ -158,11 +189,13 @@ def start_fetch(config: Any, subject: str, store: Any, *, held: bool = False, ar
             return
         try:
             _fetch = (Prefetch(subject, deadline, task).start(), cancel)
-        except Exception:  # noqa: BLE001 - no thread to be had: torch builds the header, the cache is untouched
+        except Exception:
             LOG.debug("plancache: header fetch not started", exc_info=True)
 
 
-def decided(subject: str, loaded: bool, reason: str = "", *, archive_sha256: str | None = None) -> None:
+def decided(
+    subject: str, loaded: bool, reason: str = "", *, archive_sha256: str | None = None
+) -> None:
     """The guard's decision on the cache whose pull a held fetch runs beside: loaded, the fetch
     may link what it verified if its statement binds ``archive_sha256``, the loaded cache's
     verified manifest's (None, unknown: it links nothing, ``statement-mismatch``); anything else (refused, missing, a store error, a timeout) and it
@@ -180,8 +213,13 @@ def decided(subject: str, loaded: bool, reason: str = "", *, archive_sha256: str
     if loaded:
         pending[1].release(archive_sha256)
     else:
-        pending[1].set(HeadersOutcome("cancelled", reason or "not-loaded",
-                                      f"the cache was not loaded ({reason or 'no decision'}): no header installed"))
+        pending[1].set(
+            HeadersOutcome(
+                "cancelled",
+                reason or "not-loaded",
+                f"the cache was not loaded ({reason or 'no decision'}): no header installed",
+            )
+        )
 
 
 def wait() -> None:
@@ -196,7 +234,7 @@ def wait() -> None:
     fetch, cancel = pending
     try:
         finished, _ = fetch.result()
-    except Exception:  # noqa: BLE001 - the task logs its own outcome; any crash: torch builds
+    except Exception:
         finished = True
     with _lock:
         first = _fetch is pending
@@ -205,9 +243,13 @@ def wait() -> None:
     if not finished:
         cancel.set()
         if first:
-            LOG.info("plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
-                     'detail="no header within the %.0f s budget: torch builds it"', safe_text(fetch.key, 200),
-                     (time.monotonic() - fetch.started) * 1000, fetch.deadline - fetch.started)
+            LOG.info(
+                "plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
+                'detail="no header within the %.0f s budget: torch builds it"',
+                safe_text(fetch.key, 200),
+                (time.monotonic() - fetch.started) * 1000,
+                fetch.deadline - fetch.started,
+            )
 
 
 def push(store: Any, subject: str, signer: Any, expires_in: Any, archive_sha256: str) -> Any:
@@ -224,8 +266,18 @@ def push(store: Any, subject: str, signer: Any, expires_in: Any, archive_sha256:
     if packing is not None and packing[0] == names:
         finished, packed = packing[1].result()
         packed = packed if finished else None
-    return push_headers(store, subject, at[0], at[1], names, signer, utcnow(), cache_archive_sha256=archive_sha256,
-                        expires_in=expires_in, packed=packed)
+    return push_headers(
+        store,
+        subject,
+        at[0],
+        at[1],
+        names,
+        signer,
+        utcnow(),
+        cache_archive_sha256=archive_sha256,
+        expires_in=expires_in,
+        packed=packed,
+    )
 
 
 def reset() -> None:

@@ -26,9 +26,18 @@ hooked: list[tuple[Any, str, Any]] = []
 _lock = threading.Lock()
 
 
-def log(action: str, reason: str, cache: str, started: float, *, detail: str = "", extra: str = "") -> None:
-    LOG.info('plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"', action, reason,
-             safe_text(cache, 200), (time.monotonic() - started) * 1000, extra, safe_text(detail, 300))
+def log(
+    action: str, reason: str, cache: str, started: float, *, detail: str = "", extra: str = ""
+) -> None:
+    LOG.info(
+        'plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"',
+        action,
+        reason,
+        safe_text(cache, 200),
+        (time.monotonic() - started) * 1000,
+        extra,
+        safe_text(detail, 300),
+    )
 
 
 def rank_of(directory: Path) -> int:
@@ -41,18 +50,28 @@ def rank_of(directory: Path) -> int:
     return 0
 
 
-def record(directory: Path, action: str, reason: str, cache: str, started: float, detail: str, outcome: Any) -> None:
+def record(
+    directory: Path, action: str, reason: str, cache: str, started: float, detail: str, outcome: Any
+) -> None:
     """The decision into this boot's record (with the verified manifest's factors and build time)."""
     try:
         from .. import record
 
         measured = getattr(outcome, "measurements", None) or {}
-        record.note_compile(rank_of(directory), {"cache": cache, "decision": action, "reason": reason,
-                                                  "detail": safe_text(detail, 300)},
-                            (time.monotonic() - started) * 1000, getattr(outcome, "key_factors", None),
-                            measured.get("compile_ms"))
+        record.note_compile(
+            rank_of(directory),
+            {
+                "cache": cache,
+                "decision": action,
+                "reason": reason,
+                "detail": safe_text(detail, 300),
+            },
+            (time.monotonic() - started) * 1000,
+            getattr(outcome, "key_factors", None),
+            measured.get("compile_ms"),
+        )
         finish_with_warm_up()
-    except Exception:  # noqa: BLE001 - diagnostics only: never the guard's decision
+    except Exception:
         LOG.debug("plancache: boot record not updated", exc_info=True)
 
 
@@ -83,6 +102,8 @@ def note_factors(local_cache_dir: Any) -> None:
         from .. import record
 
         if local_cache_dir:
-            record.note_factors(factors_of(read_capped(Path(local_cache_dir) / FACTORS_FILE, MAX_FACTORS_BYTES)))
-    except Exception:  # noqa: BLE001 - diagnostics only
+            record.note_factors(
+                factors_of(read_capped(Path(local_cache_dir) / FACTORS_FILE, MAX_FACTORS_BYTES))
+            )
+    except Exception:
         LOG.debug("plancache: cache-key factors not read", exc_info=True)

@@ -34,8 +34,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
@@ -63,10 +64,18 @@ def private_for(directory: Path, disabled: bool = False) -> tuple[Path | None, A
             _decided_at[key] = time.monotonic()
             try:
                 _guarded[key] = _check(directory, disabled)
-            except Exception as exc:  # noqa: BLE001 - plancache's own failure: load nothing, never stop vLLM
+            except Exception as exc:
                 into = _empty_private(f"c{len(_guarded)}")
-                decisions.log("compile", "internal-error", str(directory), time.monotonic(), detail="nothing loaded: "
-                     + safe_text(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200))
+                decisions.log(
+                    "compile",
+                    "internal-error",
+                    str(directory),
+                    time.monotonic(),
+                    detail="nothing loaded: "
+                    + safe_text(
+                        getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200
+                    ),
+                )
                 _guarded[key] = (into, None)
         return _guarded[key]
 
@@ -98,39 +107,98 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
         from ...pipeline.compile_cache.flows import CacheOutcome
 
         _, subject = root_and_subject(directory)
-        cold = CacheOutcome(subject or str(directory), "compile", exc.reason.value, f"vLLM compiles cold; {exc.detail}")
+        cold = CacheOutcome(
+            subject or str(directory),
+            "compile",
+            exc.reason.value,
+            f"vLLM compiles cold; {exc.detail}",
+        )
         decisions.log("compile", cold.reason, cold.subject, started, detail=cold.detail)
-        decisions.record(directory, "compile", cold.reason, cold.subject, started, cold.detail, cold)
+        decisions.record(
+            directory, "compile", cold.reason, cold.subject, started, cold.detail, cold
+        )
         return _empty_private(name), cold
     config = settings()
     root, subject = root_and_subject(directory)
-    why = ("vllm-cache-disabled" if disabled else "unmanaged-directory" if subject is None
-           else "no-trusted-keys" if config is None or (config.keyring is None and config.problem == "no trusted keys")
-           else "")
+    why = (
+        "vllm-cache-disabled"
+        if disabled
+        else "unmanaged-directory"
+        if subject is None
+        else "no-trusted-keys"
+        if config is None or (config.keyring is None and config.problem == "no trusted keys")
+        else ""
+    )
     if why:
         into.mkdir(mode=0o700)
-        decisions.log("compile", why, subject or str(directory), started, detail="vLLM gets an empty private directory")
-        decisions.record(directory, "compile", why, subject or str(directory), started, "vLLM gets an empty private directory", None)
+        decisions.log(
+            "compile",
+            why,
+            subject or str(directory),
+            started,
+            detail="vLLM gets an empty private directory",
+        )
+        decisions.record(
+            directory,
+            "compile",
+            why,
+            subject or str(directory),
+            started,
+            "vLLM gets an empty private directory",
+            None,
+        )
         return into, None
     pulled: list[bool] = []
     fetch = _fetcher(config, subject, pulled) if config.url and config.keyring is not None else None
     outcome = None
     try:
-        outcome = guard(root, subject, config.keyring, utcnow(), into, problem=config.problem, fetch=fetch,
-                        wait=config.timeout + LOCK_WAIT_EXTRA)
+        outcome = guard(
+            root,
+            subject,
+            config.keyring,
+            utcnow(),
+            into,
+            problem=config.problem,
+            fetch=fetch,
+            wait=config.timeout + LOCK_WAIT_EXTRA,
+        )
     finally:
         if pulled:  # the header fetch started beside the pull: link it, or cancel it
-            boot_headers.decided(subject, outcome is not None and outcome.action == "load", getattr(outcome, "reason", "internal-error"),
-                            archive_sha256=getattr(outcome, "archive_sha256", None) or None)
-    extra = f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"' if outcome.quarantined_to else ""
-    decisions.log(outcome.action, outcome.reason or "verified", subject, started, detail=outcome.detail, extra=extra)
-    decisions.record(directory, outcome.action, outcome.reason or "verified", subject, started, outcome.detail, outcome)
+            boot_headers.decided(
+                subject,
+                outcome is not None and outcome.action == "load",
+                getattr(outcome, "reason", "internal-error"),
+                archive_sha256=getattr(outcome, "archive_sha256", None) or None,
+            )
+    extra = (
+        f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"'
+        if outcome.quarantined_to
+        else ""
+    )
+    decisions.log(
+        outcome.action,
+        outcome.reason or "verified",
+        subject,
+        started,
+        detail=outcome.detail,
+        extra=extra,
+    )
+    decisions.record(
+        directory,
+        outcome.action,
+        outcome.reason or "verified",
+        subject,
+        started,
+        outcome.detail,
+        outcome,
+    )
     return into, outcome
 
 
 def _fetcher(config: Any, subject: str, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
     """Opens the store for the guard's pull and starts the header fetch on it at once, beside
     the pull (held: it links nothing before the guard's decision, :func:`boot_headers.decided`)."""
+
     def fetch() -> tuple[Any, float]:
         from ...storage.store import open_store
 
@@ -163,7 +231,7 @@ def _vllm_cache_disabled() -> bool:
         from vllm import envs
 
         return bool(envs.VLLM_DISABLE_COMPILE_CACHE)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 
@@ -173,7 +241,9 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
         signed_rank = Path(aot_compilation_path).parent
         directory = signed_rank.parent
         private, outcome = private_for(directory)
-        if private is None:  # nothing can be written: no cache is read, vLLM compiles and saves nothing
+        if (
+            private is None
+        ):  # nothing can be written: no cache is read, vLLM compiles and saves nothing
             model.__dict__["save_aot_compiled_function"] = lambda: None
             return None
         torch_caches.redirect(directory / "inductor_cache", private / "inductor_cache")
@@ -184,16 +254,23 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 from .. import record
 
-                record.note_used(outcome.subject, loaded is not None, (time.monotonic() - began) * 1000)
-            except Exception:  # noqa: BLE001 - diagnostics only, never into vLLM's load
+                record.note_used(
+                    outcome.subject, loaded is not None, (time.monotonic() - began) * 1000
+                )
+            except Exception:
                 LOG.debug("plancache: boot record not updated", exc_info=True)
         if loaded is None:  # vLLM compiles next, then saves: into the private copy, then published
             save = model.save_aot_compiled_function
 
             def save_privately() -> None:
-                model._aot_compilation_path, model._aot_cache_dir = str(private_path), str(private_path.parent)
+                model._aot_compilation_path, model._aot_cache_dir = (
+                    str(private_path),
+                    str(private_path.parent),
+                )
                 save()
-                if (outcome is None or outcome.action != "load") and torch_caches.has_private_place():
+                if (
+                    outcome is None or outcome.action != "load"
+                ) and torch_caches.has_private_place():
                     publish(directory, private, _since(directory))
 
             model.__dict__["save_aot_compiled_function"] = save_privately
@@ -213,10 +290,14 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
     reads, still go to the shared directory: never signed, never copied, never loaded)."""
 
     @functools.wraps(original)
-    def initialize_cache(self: Any, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
+    def initialize_cache(
+        self: Any, cache_dir: str, disable_cache: bool = False, prefix: str = ""
+    ) -> None:
         local = Path(cache_dir)
         rank_dir = local.parent if prefix else local
-        if disable_cache:  # nothing read from cache_dir (also vLLM's own ``dummy_cache`` at AOT loads)
+        if (
+            disable_cache
+        ):  # nothing read from cache_dir (also vLLM's own ``dummy_cache`` at AOT loads)
             if _vllm_cache_disabled():
                 private_for(rank_dir.parent, disabled=True)  # its decision line
             torch_caches.ensure_private()
@@ -224,7 +305,9 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
         private, _ = private_for(rank_dir.parent)
         if private is None:  # nothing can be written: vLLM reads no cache
             return original(self, cache_dir, True, prefix)
-        local.mkdir(parents=True, exist_ok=True)  # vLLM made it (for its debug files); a quarantine took it
+        local.mkdir(
+            parents=True, exist_ok=True
+        )  # vLLM made it (for its debug files); a quarantine took it
         private_local = private / local.relative_to(rank_dir.parent)
         private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
         result = original(self, str(private_local), disable_cache, prefix)
@@ -250,10 +333,21 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
         manager = getattr(self, "compiler_manager", None)
         path = getattr(manager, "cache_file_path", None)
         directory = self.compilation_config.cache_dir
-        if (manager is not None and not getattr(manager, "disable_cache", True) and manager.is_cache_updated
-                and path and os.path.exists(path) and directory):
+        if (
+            manager is not None
+            and not getattr(manager, "disable_cache", True)
+            and manager.is_cache_updated
+            and path
+            and os.path.exists(path)
+            and directory
+        ):
             private, outcome = private_for(Path(directory))
-            if outcome is not None and outcome.action != "load" and private is not None and torch_caches.has_private_place():
+            if (
+                outcome is not None
+                and outcome.action != "load"
+                and private is not None
+                and torch_caches.has_private_place()
+            ):
                 publish(Path(directory), private, _since(Path(directory)))
         return result
 
@@ -286,30 +380,39 @@ def install() -> bool:
             decorators = importlib.import_module(DECORATORS)
             backends = importlib.import_module(BACKENDS)
             wrapper = importlib.import_module(WRAPPER).TorchCompileWithNoGuardsWrapper
-            targets = ((decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
-                       (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
-                       (backends.VllmBackend, "__call__", _publishing_backend_call),
-                       (wrapper, "aot_compile", _private_entry),
-                       (wrapper, "__call__", _private_entry))
+            targets = (
+                (decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
+                (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
+                (backends.VllmBackend, "__call__", _publishing_backend_call),
+                (wrapper, "aot_compile", _private_entry),
+                (wrapper, "__call__", _private_entry),
+            )
             for target, name, _ in targets:
                 if not callable(getattr(target, name, None)):
-                    raise AttributeError(f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)")
+                    raise AttributeError(
+                        f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)"
+                    )
             boot_headers.on_build_node(_signs_and_pushes)
             try:
                 torch_caches.boot_dir()
             except StoreError as exc:  # guarded all the same: every cache is then a cold compile
-                LOG.warning("plancache: compile-cache: %s; vLLM compiles cold", safe_text(exc.detail, 600))
+                LOG.warning(
+                    "plancache: compile-cache: %s; vLLM compiles cold", safe_text(exc.detail, 600)
+                )
             os.register_at_fork(after_in_child=_forget_in_child)
             for target, name, wrap in targets:
                 current = getattr(target, name)
                 if not getattr(current, "__plancache__", False):
                     _patched.append((target, name, current))
                     setattr(target, name, wrap(current))
-        except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM's start
+        except Exception as exc:
             os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
             torch_caches.switch_off_torch_caches()
-            LOG.error("plancache: compile-cache guard not installed (%s); vLLM's compile cache is switched off "
-                      "(VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold", safe_text(exc, 300))
+            LOG.error(
+                "plancache: compile-cache guard not installed (%s); vLLM's compile cache is switched off "
+                "(VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold",
+                safe_text(exc, 300),
+            )
             return False
     return True
 

@@ -106,8 +106,11 @@ def signer() -> Any:
 
     try:
         return signer_for(config.signing_key)
-    except Exception as exc:  # noqa: BLE001 - one ERROR line; caches are then left unsigned
-        LOG.error("plancache: compile-cache: signing key unusable (%s); new caches stay unsigned", safe_text(exc, 200))
+    except Exception as exc:
+        LOG.error(
+            "plancache: compile-cache: signing key unusable (%s); new caches stay unsigned",
+            safe_text(exc, 200),
+        )
         return None
 
 
@@ -130,6 +133,7 @@ def publish(directory: Path, private: Path, compile_ms: float | None = None) -> 
         return
     from ...pipeline.compile_cache.flows import publish_cache
     from ...pipeline.resolver import utcnow
+
     root, subject = root_and_subject(directory)
     if subject is None:
         return
@@ -142,16 +146,37 @@ def publish(directory: Path, private: Path, compile_ms: float | None = None) -> 
         # keeps the signed factors equal to the boot record's (they are diagnostics, not trust).
         factors = record.last_factors()
         measured = {"compile_ms": round(compile_ms, 1)} if compile_ms is not None else None
-        outcome = publish_cache(root, subject, private, key, utcnow(), expires_in=config.expires_in,
-                                key_factors=factors, measurements=measured, wait=config.timeout + LOCK_WAIT_EXTRA)
-    except Exception as exc:  # noqa: BLE001
-        LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
+        outcome = publish_cache(
+            root,
+            subject,
+            private,
+            key,
+            utcnow(),
+            expires_in=config.expires_in,
+            key_factors=factors,
+            measurements=measured,
+            wait=config.timeout + LOCK_WAIT_EXTRA,
+        )
+    except Exception as exc:
+        LOG.warning(
+            "plancache: compile cache %s not signed: %s",
+            subject,
+            safe_text(getattr(exc, "detail", exc), 300),
+        )
         return
     if outcome.action != "signed":
-        LOG.warning("plancache: compile cache %s not signed: %s", subject, safe_text(outcome.detail, 300))
+        LOG.warning(
+            "plancache: compile cache %s not signed: %s", subject, safe_text(outcome.detail, 300)
+        )
         return
     expiry = f" expires_in={os.environ.get(EXPIRES_ENV, '').strip()}" if config.expires_in else ""
-    LOG.info("plancache: compile-cache signed cache=%s files=%d bytes=%d%s", subject, outcome.files, outcome.size, expiry)
+    LOG.info(
+        "plancache: compile-cache signed cache=%s files=%d bytes=%d%s",
+        subject,
+        outcome.files,
+        outcome.size,
+        expiry,
+    )
     if config.url:
         _push_in_background(config, root, subject, key)
 
@@ -168,12 +193,25 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
         off_compute_cores()
         started = time.monotonic()
         try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
-            store = open_store(config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT))
-            outcome = push_cache(store, root, subject, signer_keyring(key), utcnow(), wait=store.timeout)
-            LOG.info("plancache: compile-cache pushed cache=%s url=%s detail=\"%s\" elapsed_ms=%.0f", subject,
-                     safe_text(config.url, 200), safe_text(outcome.detail, 200), (time.monotonic() - started) * 1000)
-        except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a compile
-            LOG.warning("plancache: push of compile cache %s failed: %s", subject, safe_text(getattr(exc, "detail", exc), 300))
+            store = open_store(
+                config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT)
+            )
+            outcome = push_cache(
+                store, root, subject, signer_keyring(key), utcnow(), wait=store.timeout
+            )
+            LOG.info(
+                'plancache: compile-cache pushed cache=%s url=%s detail="%s" elapsed_ms=%.0f',
+                subject,
+                safe_text(config.url, 200),
+                safe_text(outcome.detail, 200),
+                (time.monotonic() - started) * 1000,
+            )
+        except Exception as exc:
+            LOG.warning(
+                "plancache: push of compile cache %s failed: %s",
+                subject,
+                safe_text(getattr(exc, "detail", exc), 300),
+            )
             return
         _push_headers(store, subject, key, config, outcome.archive_sha256)
 
@@ -188,7 +226,9 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
     thread.start()
 
 
-def _push_headers(store: Any, subject: str, key: Any, config: Settings, archive_sha256: str) -> None:
+def _push_headers(
+    store: Any, subject: str, key: Any, config: Settings, archive_sha256: str
+) -> None:
     """After the cache: the precompiled headers its compile used, so a new node need not build them,
     bound to the cache just pushed (``archive_sha256``: a node installs them beside that one only)."""
     from . import boot_headers
@@ -196,12 +236,20 @@ def _push_headers(store: Any, subject: str, key: Any, config: Settings, archive_
     started = time.monotonic()
     try:
         outcome = boot_headers.push(store, subject, key, config.expires_in, archive_sha256)
-    except Exception as exc:  # noqa: BLE001 - a failed push costs the next node a header build
-        LOG.warning("plancache: push of the precompiled headers of %s failed: %s", subject,
-                    safe_text(getattr(exc, "detail", exc), 300))
+    except Exception as exc:
+        LOG.warning(
+            "plancache: push of the precompiled headers of %s failed: %s",
+            subject,
+            safe_text(getattr(exc, "detail", exc), 300),
+        )
         return
-    LOG.info('plancache: compile-cache pushed %s cache=%s elapsed_ms=%.0f detail="%s"', outcome.line(), subject,
-             (time.monotonic() - started) * 1000, safe_text(outcome.detail, 200))
+    LOG.info(
+        'plancache: compile-cache pushed %s cache=%s elapsed_ms=%.0f detail="%s"',
+        outcome.line(),
+        subject,
+        (time.monotonic() - started) * 1000,
+        safe_text(outcome.detail, 200),
+    )
 
 
 def _finish_pushes() -> None:

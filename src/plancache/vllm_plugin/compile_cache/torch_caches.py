@@ -37,8 +37,9 @@ import logging
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...storage.compile_cache.boot_dirs import BootDir
 from ...trust.errors import StoreError
@@ -91,8 +92,11 @@ def boot_dir() -> Path:
         set_temp_owner(place.boot.path.name)
         atexit.register(place.boot.close)
         if place.boot.passed_over:  # an operator should know why the cache root's own was not used
-            LOG.info('plancache: compile-cache private directory=%s detail="not used: %s"', place.boot.path,
-                     "; ".join(place.boot.passed_over))
+            LOG.info(
+                'plancache: compile-cache private directory=%s detail="not used: %s"',
+                place.boot.path,
+                "; ".join(place.boot.passed_over),
+            )
         else:
             LOG.debug("plancache: compile-cache private directory %s", place.boot.path)
         _pin(place.boot)
@@ -151,7 +155,7 @@ def switch_off_torch_caches() -> None:
         from torch._functorch import config as functorch_config
 
         functorch_config.enable_autograd_cache = False
-    except Exception:  # noqa: BLE001 - a torch without them has nothing to switch off
+    except Exception:
         LOG.debug("plancache: torch's caches not switched off", exc_info=True)
 
 
@@ -171,13 +175,21 @@ def _mine() -> Path | None:
 def is_private(path: str | None) -> bool:
     """Inside this process's boot directory (or, with none to be had, its cold scratch)."""
     mine = _mine()
-    return path is not None and mine is not None and os.path.abspath(path).startswith(str(mine) + os.sep)
+    return (
+        path is not None
+        and mine is not None
+        and os.path.abspath(path).startswith(str(mine) + os.sep)
+    )
 
 
 def in_a_copy(path: str | None) -> bool:
     """Inside the boot directory, and not its default ``inductor/`` (a guarded cache's copy)."""
     mine = _mine()
-    return is_private(path) and mine is not None and not os.path.abspath(path or "").startswith(str(mine / "inductor"))
+    return (
+        is_private(path)
+        and mine is not None
+        and not os.path.abspath(path or "").startswith(str(mine / "inductor"))
+    )
 
 
 def redirect(signed_inductor: Path, private_inductor: Path) -> None:
@@ -216,12 +228,19 @@ def _pin(boot: BootDir) -> None:
         from torch._inductor import codecache
         from torch._inductor.runtime import cache_dir_utils
 
-        original = getattr(cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir)
+        original = getattr(
+            cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir
+        )
         for name, module in list(sys.modules.items()):
-            if not name.startswith("torch"):  # another package's lazy attribute may import (and fail)
+            if not name.startswith(
+                "torch"
+            ):  # another package's lazy attribute may import (and fail)
                 continue
             bound = getattr(module, "default_cache_dir", None)
-            ours = isinstance(bound, types.FunctionType) and getattr(bound, "__wrapped__", None) is original
+            ours = (
+                isinstance(bound, types.FunctionType)
+                and getattr(bound, "__wrapped__", None) is original
+            )
             if bound is original or ours:
                 module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]
         shared = node_headers(boot.root)
@@ -233,13 +252,14 @@ def _pin(boot: BootDir) -> None:
         if shared is not None:
             pch.place(boot.root.parent, shared)
         codecache._precompile_header = pch.wrap(codecache._precompile_header)
-    except Exception:  # noqa: BLE001 - a torch without them has nothing to pin
+    except Exception:
         LOG.debug("plancache: torch's default cache directory not pinned", exc_info=True)
 
 
 def _private_default(original: Callable[[], str]) -> Callable[[], str]:
     """torch's ``default_cache_dir``, answered from the calling process's own boot directory
     (a forked worker's, not its parent's)."""
+
     def default_cache_dir() -> str:
         mine = _mine()
         return str(mine / "default") if mine is not None else original()
@@ -262,7 +282,9 @@ def node_headers(private_root: Path) -> Path | None:
     return private_dir(private_root)
 
 
-def guarded_call(original: Callable[..., Any], on_outside: Callable[[str], None]) -> Callable[..., Any]:
+def guarded_call(
+    original: Callable[..., Any], on_outside: Callable[[str], None]
+) -> Callable[..., Any]:
     """Wrap a vLLM entry into torch (compile, or a compiled call) with :func:`ensure_private`;
     ``on_outside`` hears of each outside path found (once it was re-pointed)."""
     import functools
