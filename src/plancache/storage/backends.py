@@ -211,6 +211,7 @@ def kind_of(cls: type) -> str:
         ("adlfs", "azure"),
         ("plancache.storage.azure", "azure"),
         ("fsspec.implementations.local", "local"),
+        ("plancache.storage.oci", "oci"),
     ):
         if module.startswith(prefix):
             return kind
@@ -243,6 +244,10 @@ async def list_page(store: Any, token: str | None, root: str | None = None) -> P
             return await azure_page(fs, under, token)
         if store.kind == "local":
             return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
+        if store.kind == "oci":
+            from .oci.oci_versions import oci_page
+
+            return await oci_page(fs, token)
         listed = await store._call("ls", store.root, detail=True)
         return Page(fsspec_entries(fs, store.path(""), listed, MAX_NAMES + 1), None)
     except FileNotFoundError:
@@ -261,6 +266,10 @@ def filesystem_opener(
     if "::" in url:
         raise ConfigError(f"chained URLs are not supported: {url}")
     protocol = url.split("://", 1)[0].lower()
+    if protocol == "oci" and "@" not in url.split("://", 1)[1].split("/", 1)[0]:
+        from .oci.registry_open import registry_opener  # a registry; ocifs URLs hold bucket@ns
+
+        return registry_opener(url, storage_options or {}, request_timeouts(budget))
     cls = _filesystem_class(protocol, url)
     try:
         from_url = cls._get_kwargs_from_urls(url)

@@ -42,6 +42,7 @@ from ..trust.plans.plan import plan_name, sig_name
 from .azure import azure_versions
 from .deadline import http_status, store_error, with_retries
 from .gcs import gcs_versions
+from .oci import oci_versions
 from .listing import cap_for
 from .s3 import s3_versions
 from .versioned import ABSENT, Versioned, precondition_failed
@@ -53,11 +54,13 @@ READS: dict[str, Callable[[Any, str, int], Awaitable[Versioned]]] = {
     "s3": s3_versions.read,
     "gcs": gcs_versions.read,
     "azure": azure_versions.read,
+    "oci": oci_versions.read,
 }
 DELETES: dict[str, Callable[[Any, str, str], Awaitable[None]]] = {
     "s3": s3_versions.delete,
     "gcs": gcs_versions.delete,
     "azure": azure_versions.delete,
+    "oci": oci_versions.delete,
 }
 """Backends with a precondition on deletes, by :attr:`.store.Store.kind`: each one's read with
 its version and its conditional delete are in its own room."""

@@ -120,7 +120,7 @@ class Store:
         self.root = root
         self.timeout = timeout
         self.kind = kind or kind_of(type(fs))
-        self._async = self.kind in ("s3", "gcs", "azure", "async")
+        self._async = self.kind in ("s3", "gcs", "azure", "async", "oci")
         self._first_deadline: float | None = None
         """The deadline :func:`open_store` waited for: an operation without a deadline of its own
         that starts before it ends by it (the open and that operation share one budget)."""

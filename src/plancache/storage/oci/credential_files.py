@@ -1,0 +1,190 @@
+"""Registry credentials where registries keep them, read as hostile files and never printed.
+
+Looked up for one registry authority, first match wins:
+
+1. the ``auth_file`` storage option (a docker ``config.json`` or a podman ``auth.json``);
+2. ``$REGISTRY_AUTH_FILE`` (podman, skopeo, buildah);
+3. docker's ``config.json`` in ``$DOCKER_CONFIG`` (default ``~/.docker``);
+4. ``$XDG_RUNTIME_DIR/containers/auth.json`` (podman's default).
+
+In a file: ``credHelpers[authority]``, else an ``auths`` entry for the authority (keys as docker
+writes them: ``host``, ``https://host``, ``http://host/v2/``, ...) with ``auth`` (base64
+``user:password``) or ``username``/``password`` or ``identitytoken``, else ``credsStore``. A
+helper is ``docker-credential-<name> get``, the server URL on stdin, run with a timeout and
+its output capped; its stderr is dropped and nothing it says is shown (it may echo secrets).
+Anonymous when nothing matches: public registries and mirrors need nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...trust.errors import ConfigError, StoreError
+
+MAX_FILE = 1024 * 1024
+MAX_HELPER_OUTPUT = 64 * 1024
+HELPER_TIMEOUT = 5.0
+_HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A username and password, or an identity (refresh) token; ``repr`` shows neither."""
+
+    username: str = ""
+    password: str = field(default="", repr=False)
+    identity_token: str = field(default="", repr=False)
+    source: str = ""
+    """Where they came from (a file path or helper name), for messages: never the values."""
+
+    @property
+    def basic(self) -> str:
+        raw = f"{self.username}:{self.password}".encode()
+        return "Basic " + base64.b64encode(raw).decode()
+
+
+ANONYMOUS = Credentials(source="anonymous")
+
+
+def candidate_files(auth_file: str | None) -> list[Path]:
+    env = os.environ
+    docker = Path(env["DOCKER_CONFIG"]) if env.get("DOCKER_CONFIG") else Path.home() / ".docker"
+    files = [
+        Path(auth_file).expanduser() if auth_file else None,
+        Path(env["REGISTRY_AUTH_FILE"]) if env.get("REGISTRY_AUTH_FILE") else None,
+        docker / "config.json",
+        Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json"
+        if env.get("XDG_RUNTIME_DIR")
+        else None,
+    ]
+    return [f for f in files if f is not None]
+
+
+def _read_json(path: Path, explicit: bool) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_FILE + 1)
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"registry auth file {path} does not exist") from None
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read registry auth file {path}: {exc.strerror}") from None
+    if len(raw) > MAX_FILE:
+        raise ConfigError(f"registry auth file {path} is larger than {MAX_FILE} bytes")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"registry auth file {path} is not JSON") from None  # no excerpt: secrets
+    return data if isinstance(data, dict) else None
+
+
+def _keys_for(authority: str) -> set[str]:
+    keys = {authority}
+    for scheme in ("https://", "http://"):
+        for suffix in ("", "/", "/v1/", "/v2/", "/v2"):
+            keys.add(f"{scheme}{authority}{suffix}")
+    if authority in ("docker.io", "registry-1.docker.io", "index.docker.io"):
+        keys.add("https://index.docker.io/v1/")
+    return keys
+
+
+def _from_entry(entry: Any, source: str) -> Credentials | None:
+    if not isinstance(entry, dict):
+        return None
+    token = entry.get("identitytoken")
+    if isinstance(token, str) and token:
+        return Credentials(identity_token=token, source=source)
+    auth = entry.get("auth")
+    if isinstance(auth, str) and auth:
+        try:
+            user, sep, password = base64.b64decode(auth, validate=True).decode().partition(":")
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{source}: an auths entry is not base64 user:password") from None
+        if sep:
+            return Credentials(user, password, source=source)
+    user, password = entry.get("username"), entry.get("password")
+    if isinstance(user, str) and isinstance(password, str) and user:
+        return Credentials(user, password, source=source)
+    return None
+
+
+def run_helper(helper: str, authority: str) -> Credentials | None:
+    """``docker-credential-<helper> get`` for ``authority``; None when it has nothing for it.
+
+    Raises:
+        ConfigError: the helper is missing, fails, or answers what is not a credential.
+    """
+    if not isinstance(helper, str) or not _HELPER_NAME.fullmatch(helper):
+        raise ConfigError("a credential helper name in the registry auth file is not a name")
+    program = shutil.which(f"docker-credential-{helper}")
+    if program is None:
+        raise ConfigError(f"credential helper docker-credential-{helper} is not on PATH")
+    try:
+        done = subprocess.run(
+            [program, "get"],
+            input=authority.encode(),
+            capture_output=True,
+            timeout=HELPER_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise StoreError(
+            f"credential helper docker-credential-{helper} did not answer in {HELPER_TIMEOUT:g} s"
+        ) from None
+    out = done.stdout[: MAX_HELPER_OUTPUT + 1]
+    if done.returncode != 0:
+        if b"credentials not found" in out.lower() or b"credentials not found" in done.stderr:
+            return None
+        raise ConfigError(
+            f"credential helper docker-credential-{helper} failed (exit {done.returncode})"
+        )
+    try:
+        answer = json.loads(out) if len(out) <= MAX_HELPER_OUTPUT else None
+    except ValueError:
+        answer = None
+    user = answer.get("Username") if isinstance(answer, dict) else None
+    secret = answer.get("Secret") if isinstance(answer, dict) else None
+    if not (isinstance(user, str) and isinstance(secret, str)):
+        raise ConfigError(f"credential helper docker-credential-{helper} answered no credential")
+    source = f"docker-credential-{helper}"
+    if user == "<token>":
+        return Credentials(identity_token=secret, source=source)
+    return Credentials(user, secret, source=source)
+
+
+def find_credentials(authority: str, auth_file: str | None = None) -> Credentials:
+    """The credentials for ``authority`` (see the module docstring); anonymous if none.
+
+    Raises:
+        ConfigError: an explicit auth file is missing, a file or helper is unusable.
+    """
+    keys = _keys_for(authority)
+    for index, path in enumerate(candidate_files(auth_file)):
+        data = _read_json(path, explicit=index == 0 and auth_file is not None)
+        if data is None:
+            continue
+        helpers = data.get("credHelpers")
+        if isinstance(helpers, dict) and authority in helpers:
+            return run_helper(helpers[authority], authority) or ANONYMOUS
+        auths = data.get("auths")
+        if isinstance(auths, dict):
+            for key in sorted(keys & set(auths)):
+                found = _from_entry(auths[key], str(path))
+                if found is not None:
+                    return found
+        store = data.get("credsStore")
+        if isinstance(store, str) and store:
+            found = run_helper(store, authority)
+            if found is not None:
+                return found
+    return ANONYMOUS

@@ -1,0 +1,196 @@
+"""Artifacts attached to an image (OCI 1.1 ``subject``): pushed, listed, read and forgotten.
+
+``push --subject IMAGE`` (the storage option ``subject``) writes every manifest with the
+image's descriptor as its ``subject``. A registry with the referrers API indexes it itself
+and says so (``OCI-Subject`` in the PUT's answer); one without (distribution 2.8, Debian's
+``docker-registry``) gets the referrers tag schema: an image index at the tag
+``sha256-<hex of the image digest>`` that plancache keeps, adding the new manifest and
+dropping the one it replaced. Deleting a manifest drops it from that index first, so the
+index never points at what was deleted (wherever it exists, whatever the registry said).
+The index is updated read-modify-write: distribution 2.8 ignores ``If-Match`` on a manifest
+PUT, so two writers attaching to one image at the same instant can lose an entry (in one
+process a lock orders them).
+
+Reads and listings with a subject go through the image's referrers (the API, else the tag
+schema's index): only what is attached to that image is listed, and each object is read by
+the digest its referrer names, not by tag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ...trust.errors import StoreError
+from .artifacts import ARTIFACT_TYPES, INDEX_TYPE, names_of_tag
+from .oci_manifests import Descriptor, Manifest, build_index, parse_index
+from .registry_urls import parse_image_reference
+
+if TYPE_CHECKING:
+    from .registry_fs import RegistryFileSystem
+
+IMAGE_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+@dataclass
+class SubjectState:
+    """What one store learned about its subject: resolved once, attached objects once."""
+
+    lock: asyncio.Lock | None = None
+    descriptor: Descriptor | None = None
+    attached: dict[str, str] | None = None
+    index_lock: asyncio.Lock | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _lock(state: SubjectState, attr: str) -> asyncio.Lock:
+    lock = getattr(state, attr)
+    if lock is None:
+        lock = asyncio.Lock()
+        setattr(state, attr, lock)
+    return lock
+
+
+async def subject_descriptor(fs: RegistryFileSystem) -> Descriptor | None:
+    """The subject image's descriptor, its tag resolved to a digest once (None without one).
+
+    Raises:
+        StoreError: the image is not in the repository.
+    """
+    if fs.subject_text is None:
+        return None
+    state = fs.subject_state
+    async with _lock(state, "lock"):
+        if state.descriptor is None:
+            ref = parse_image_reference(fs.subject_text, fs.origin.registry, fs.repository)
+            got = await _image_manifest(fs, ref.digest or ref.tag or "")
+            if got is None:
+                raise StoreError(f"--subject {ref}: no such image in {fs.repository}")
+            state.descriptor = got
+        return state.descriptor
+
+
+async def _image_manifest(fs: RegistryFileSystem, reference: str) -> Descriptor | None:
+    response = await fs.reader.send(
+        "GET",
+        f"/v2/{fs.repository}/manifests/{reference}",
+        headers={"Accept": ", ".join(IMAGE_TYPES)},
+    )
+    from .registry_http import MAX_MANIFEST, expect, read_capped, sha256_digest
+
+    async with response:
+        if response.status == 404:
+            return None
+        await expect(response, (200,), f"image {reference}")
+        media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+        body = await read_capped(response, MAX_MANIFEST, f"image {reference}")
+    digest = sha256_digest(body)
+    if media_type not in IMAGE_TYPES or (reference.startswith("sha256:") and digest != reference):
+        raise StoreError(
+            f"--subject: {reference} is not an image manifest the registry vouches for"
+        )
+    return Descriptor(media_type, digest, len(body))
+
+
+def fallback_tag(digest: str) -> str:
+    return "sha256-" + digest.split(":", 1)[1]
+
+
+async def _index(
+    fs: RegistryFileSystem, subject_digest: str, origin: bool
+) -> list[Descriptor] | None:
+    client = fs.origin if origin else fs.reader
+    got = await client.manifest(fallback_tag(subject_digest), (INDEX_TYPE,))
+    return None if got is None else parse_index(got[0], "the referrers index")
+
+
+async def _rewrite(
+    fs: RegistryFileSystem, subject_digest: str, drop: set[str], add: Descriptor | None
+) -> None:
+    async with _lock(fs.subject_state, "index_lock"):
+        entries = await _index(fs, subject_digest, origin=True)
+        if entries is None and add is None:
+            return
+        kept = [
+            e
+            for e in entries or []
+            if e.digest not in drop and (add is None or e.digest != add.digest)
+        ]
+        if add is not None:
+            kept.append(add)
+        if entries is not None and [e.digest for e in kept] == [e.digest for e in entries]:
+            return
+        await fs.origin.put_manifest(fallback_tag(subject_digest), build_index(kept), INDEX_TYPE)
+
+
+async def after_put(
+    fs: RegistryFileSystem,
+    subject: Descriptor | None,
+    headers: Mapping[str, str],
+    new: Descriptor,
+    replaced: Manifest | None,
+) -> None:
+    """Index a manifest just put with ``subject`` in the tag schema, unless the registry's own
+    referrers API took it (``OCI-Subject``); the manifest it replaced for the same image leaves
+    the index (one attached to another image stays attached to that one)."""
+    fs.subject_state.attached = None
+    if subject is None or headers.get("OCI-Subject") == subject.digest:
+        return
+    old = {replaced.digest} if same_subject(replaced, subject) and replaced is not None else set()
+    await _rewrite(fs, subject.digest, old, new)
+
+
+def same_subject(manifest: Manifest | None, subject: Descriptor | None) -> bool:
+    """Whether ``manifest`` is attached to ``subject`` (both to none counts)."""
+    if manifest is None:
+        return False
+    mine = manifest.subject.digest if manifest.subject is not None else None
+    return mine == (subject.digest if subject is not None else None)
+
+
+async def forget(fs: RegistryFileSystem, manifest: Manifest) -> None:
+    """Drop ``manifest`` from its subject's tag-schema index, before it is deleted."""
+    fs.subject_state.attached = None
+    if manifest.subject is not None:
+        await _rewrite(fs, manifest.subject.digest, {manifest.digest}, None)
+
+
+async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
+    """Name -> manifest digest of the plancache artifacts attached to the subject."""
+    state = fs.subject_state
+    subject = await subject_descriptor(fs)
+    assert subject is not None
+    async with _lock(state, "index_lock"):
+        if state.attached is None:
+            body = await fs.reader.referrers(subject.digest)
+            entries = (
+                parse_index(body, "the referrers of the image")
+                if body is not None
+                else await _index(fs, subject.digest, origin=False) or []
+            )
+            attached: dict[str, str] = {}
+            for entry in entries:
+                if entry.artifact_type in ARTIFACT_TYPES and entry.title:
+                    tag = entry.title.replace("/", "--")
+                    if names_of_tag(tag):
+                        attached[entry.title] = entry.digest
+            state.attached = attached
+        return state.attached
+
+
+async def attached_digest(fs: RegistryFileSystem, artifact: str) -> str | None:
+    return (await _attached(fs)).get(artifact)
+
+
+async def attached_names(fs: RegistryFileSystem) -> list[str]:
+    names: list[str] = []
+    for artifact in await _attached(fs):
+        names += names_of_tag(artifact.replace("/", "--"))
+    return names

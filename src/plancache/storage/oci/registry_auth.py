@@ -1,0 +1,133 @@
+"""Answering a registry's ``401``: the ``WWW-Authenticate`` challenge, basic or bearer token.
+
+A registry says what it wants on the first request it refuses (distribution's auth spec):
+
+* ``Basic realm="…"``: the username and password, base64, in every request (over TLS, or to
+  a loopback registry: never over plain HTTP to another host);
+* ``Bearer realm="https://auth…",service="…",scope="…"``: a token from the realm, asked for
+  with the credentials (basic), with an identity token (OAuth2 ``refresh_token`` grant), or
+  anonymously; the token then goes in ``Authorization: Bearer`` until it expires.
+
+What the registry sends here is hostile too: the challenge is parsed by a strict grammar,
+the realm must be ``https`` (or loopback, or plain HTTP allowed by the operator), and the
+token answer is read capped and taken only if it is a short printable token. Secrets never
+appear in an error: messages name the realm's host and the credentials' source, not values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode, urlsplit
+
+from ...trust.display import safe_text
+from ...trust.errors import StoreError
+from .credential_files import Credentials
+from .registry_urls import check_authority
+
+if TYPE_CHECKING:
+    from .registry_http import RegistryClient
+
+MAX_TOKEN_ANSWER = 64 * 1024
+MAX_TOKEN = 16 * 1024
+DEFAULT_TOKEN_LIFE = 60.0
+_PARAM = re.compile(r'\s*([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))\s*,?')
+
+
+@dataclass(frozen=True)
+class Challenge:
+    scheme: str
+    """``basic`` or ``bearer`` (lowercase)."""
+    params: dict[str, str]
+
+
+def parse_challenge(header: str | None) -> Challenge | None:
+    """The first challenge of a ``WWW-Authenticate`` header, or None if it is not one."""
+    if not header or len(header) > 4096:
+        return None
+    scheme, _, rest = header.strip().partition(" ")
+    params: dict[str, str] = {}
+    pos = 0
+    while pos < len(rest):
+        match = _PARAM.match(rest, pos)
+        if match is None:
+            break
+        params[match.group(1).lower()] = (
+            match.group(2).replace('\\"', '"') if match.group(2) is not None else match.group(3)
+        )
+        pos = match.end()
+    if scheme.lower() not in ("basic", "bearer"):
+        return None
+    return Challenge(scheme.lower(), params)
+
+
+def scope_for(repository: str, write: bool, delete: bool) -> str:
+    actions = "pull" + (",push" if write else "") + (",delete" if delete else "")
+    return f"repository:{repository}:{actions}"
+
+
+@dataclass
+class Token:
+    value: str
+    expires: float
+
+
+def _token_from(answer: Any, realm_host: str) -> Token:
+    value = None
+    if isinstance(answer, dict):
+        value = answer.get("token") or answer.get("access_token")
+    if not (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_TOKEN
+        and value.isascii()
+        and value.isprintable()
+    ):
+        raise StoreError(f"the token service at {realm_host} answered no usable token")
+    life = answer.get("expires_in") if isinstance(answer, dict) else None
+    life = float(life) if isinstance(life, int) and 0 < life < 86400 else DEFAULT_TOKEN_LIFE
+    return Token(value, time.monotonic() + max(life - 5.0, 1.0))
+
+
+async def fetch_token(
+    client: RegistryClient, challenge: Challenge, scope: str, credentials: Credentials
+) -> Token:
+    """A bearer token from the challenge's realm for ``scope``.
+
+    Raises:
+        StoreError: the realm is not acceptable, refuses, or answers no token.
+    """
+    realm = challenge.params.get("realm", "")
+    parts = urlsplit(realm)
+    if parts.scheme not in ("https", "http") or not parts.netloc or "@" in parts.netloc:
+        raise StoreError(f"the registry named an unusable token realm {safe_text(realm, 80)!r}")
+    realm_host = check_authority(parts.netloc, "token realm")
+    if parts.scheme == "http" and not (realm_host.loopback or client.plain_http_allowed):
+        raise StoreError(
+            f"the token realm {realm_host.authority} is plain HTTP: not used "
+            "(storage option plain_http=true allows it)"
+        )
+    query = {"scope": challenge.params.get("scope") or scope}
+    if "service" in challenge.params:
+        query["service"] = challenge.params["service"]
+    headers: dict[str, str] = {}
+    if credentials.identity_token:
+        form = {
+            "grant_type": "refresh_token",
+            "refresh_token": credentials.identity_token,
+            "client_id": "plancache",
+            **query,
+        }
+        answer = await client.token_request("POST", realm, headers, form, realm_host.authority)
+    else:
+        if credentials.username:
+            headers["Authorization"] = credentials.basic
+        url = realm + ("&" if parts.query else "?") + urlencode(query)
+        answer = await client.token_request("GET", url, headers, None, realm_host.authority)
+    try:
+        parsed = json.loads(answer)
+    except ValueError:
+        parsed = None
+    return _token_from(parsed, realm_host.authority)

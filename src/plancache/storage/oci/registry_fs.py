@@ -1,0 +1,286 @@
+"""A registry repository as the few filesystem calls :class:`~plancache.storage.store.Store` makes.
+
+The store names objects (``startup_plan_<fp>.json``, its ``.sig``, plan sets, compile caches);
+this class maps each name to its slot in an artifact (:mod:`.artifacts`) and moves the bytes
+with :class:`.registry_http.RegistryClient`, so every command and the plugin reach a registry
+through the same bounded paths as any store (deadlines, retries, caps, reports):
+
+* ``_cat_file``: the artifact's manifest by tag, checked, then the layer: embedded (a
+  signature) or one blob by digest. A plan and its signature read at once share one manifest
+  request (in flight, never cached: a later read asks again);
+* ``_pipe_file``: read the artifact's manifest, upload the blob, put the manifest with this
+  layer replaced, all under one lock per tag in this process;
+* ``_rm_file``: a content object deletes its manifest by digest (the tag goes with it), a
+  signature is dropped from its manifest;
+* a listing is the repository's tags (``tags/list``, page by page), each tag mapped back to
+  the names it holds; with a ``subject``, the image's referrers instead (:mod:`.referrers`).
+
+Reads go to the mirror when one is set (``mirror=HOST[:PORT]``), writes and deletes to the
+registry itself. Nothing here decides about trust: the bytes go to the trust core as from any
+other store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fsspec.asyn import AsyncFileSystem
+
+from ...trust.errors import Reason, Rejected
+from . import referrers
+from .artifacts import (
+    DSSE_TYPE,
+    EMPTY_CONFIG,
+    MANIFEST_TYPE,
+    MAX_EMBEDDED,
+    Slot,
+    names_of_tag,
+    slot_of,
+)
+from .oci_manifests import Descriptor, Manifest, build_manifest, parse_manifest
+from .registry_http import RegistryClient, sha256_digest
+from .registry_urls import TAG
+
+TAGS_PAGE = 1000
+MAX_TAG_PAGES = 1000
+
+
+class RegistryFileSystem(AsyncFileSystem):
+    """One repository of one registry; made by :func:`.registry_open.registry_opener`."""
+
+    protocol = ("plancache-oci",)
+    async_impl = True
+    cachable = False
+
+    def __init__(
+        self,
+        origin: RegistryClient,
+        mirror: RegistryClient | None,
+        subject: str | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.origin = origin
+        self.reader = mirror or origin
+        self.repository = origin.repository
+        self.subject_text = subject
+        self._inflight: dict[str, asyncio.Future[Manifest | None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._config_uploaded = False
+        self.subject_state = referrers.SubjectState()
+
+    # -- names -----------------------------------------------------------------------------------
+    def name_of(self, path: str) -> str:
+        prefix = self.repository + "/"
+        if not path.startswith(prefix):
+            raise FileNotFoundError(path)
+        return path[len(prefix) :]
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    # -- manifests -------------------------------------------------------------------------------
+    async def fetch_manifest(
+        self, slot: Slot, client: RegistryClient | None = None
+    ) -> Manifest | None:
+        """The slot's manifest, checked (None if absent): at its tag, or, for reads with a
+        subject, by the digest the image's referrers name (only what is attached is read)."""
+        reference = slot.tag
+        if client is None and self.subject_text is not None:
+            found = await referrers.attached_digest(self, slot.artifact)
+            if found is None:
+                return None
+            reference = found
+        got = await (client or self.reader).manifest(reference, (MANIFEST_TYPE,))
+        if got is None:
+            return None
+        body, digest = got
+        return parse_manifest(body, digest, slot.kind, f"manifest {slot.tag}")
+
+    async def shared_manifest(self, slot: Slot) -> Manifest | None:
+        """:meth:`fetch_manifest`, one request for every reader of the tag at this moment."""
+        task = self._inflight.get(slot.tag)
+        if task is None:
+            task = asyncio.ensure_future(self.fetch_manifest(slot))
+            self._inflight[slot.tag] = task
+
+            def forget(done: asyncio.Future[Manifest | None], tag: str = slot.tag) -> None:
+                if self._inflight.get(tag) is done:
+                    del self._inflight[tag]
+
+            task.add_done_callback(forget)
+        return await task
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def _cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        name = self.name_of(path)
+        slot = slot_of(name)
+        manifest = await self.shared_manifest(slot)
+        layer = manifest.layer(slot.media_type) if manifest is not None else None
+        if layer is None:
+            raise FileNotFoundError(name)
+        if end is not None and layer.size > end - 1:
+            raise Rejected(
+                Reason.TOO_LARGE,
+                f"{name} in the registry is {layer.size} bytes, the cap is {end - 1}",
+            )
+        if layer.data is not None:
+            return layer.data
+        return await self.reader.blob(layer.digest, layer.size, layer.size)
+
+    # -- writes -----------------------------------------------------------------------------------
+    async def _ensure_config(self) -> None:
+        if not self._config_uploaded:
+            await self.origin.put_blob(EMPTY_CONFIG)
+            self._config_uploaded = True
+
+    async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
+        slot = slot_of(self.name_of(path))
+        async with self._lock(slot.tag):
+            current = await self.fetch_manifest(slot, self.origin)
+            digest = await self.origin.put_blob(bytes(value))
+            await self._ensure_config()
+            layer = Descriptor(
+                slot.media_type,
+                digest,
+                len(value),
+                bytes(value) if slot.signature and len(value) <= MAX_EMBEDDED else None,
+                title=self.name_of(path),
+            )
+            kept = [
+                d for d in (current.layers if current else ()) if d.media_type != layer.media_type
+            ]
+            await self._put(slot, current, [*kept, layer])
+
+    async def _put(self, slot: Slot, current: Manifest | None, layers: list[Descriptor]) -> None:
+        """PUT the slot's manifest with ``layers`` (content first), attached to the subject; the
+        manifest it replaces is deleted when attached to the same image (or both to none)."""
+        layers.sort(key=lambda d: d.media_type == DSSE_TYPE)
+        subject = await referrers.subject_descriptor(self)
+        body = build_manifest(
+            slot.kind,
+            slot.artifact,
+            layers,
+            subject,
+            {d.digest for d in layers if d.data is not None},
+        )
+        headers = await self.origin.put_manifest(slot.tag, body, MANIFEST_TYPE)
+        new = Descriptor(
+            MANIFEST_TYPE,
+            sha256_digest(body),
+            len(body),
+            None,
+            slot.kind.artifact_type,
+            slot.artifact,
+        )
+        await referrers.after_put(self, subject, headers, new, current)
+        replaced = current is not None and current.digest != new.digest
+        if replaced and referrers.same_subject(current, subject):
+            assert current is not None
+            await self.delete_manifest(current)
+
+    async def _rm_file(self, path: str, expected: str | None = None, **kwargs: Any) -> None:
+        """Delete the object; with ``expected``, only while its tag names that manifest
+        (:class:`.oci_versions.Moved` otherwise)."""
+        name = self.name_of(path)
+        slot = slot_of(name)
+        async with self._lock(slot.tag):
+            current = await self.fetch_manifest(slot, self.origin)
+            if current is None or current.layer(slot.media_type) is None:
+                raise FileNotFoundError(name)
+            if expected is not None and current.digest != expected:
+                from .oci_versions import Moved
+
+                raise Moved(f"{slot.tag} names another manifest than the one judged")
+            if slot.signature and current.layer(slot.kind.content_type) is not None:
+                kept = [d for d in current.layers if d.media_type != DSSE_TYPE]
+                await self._put(slot, current, kept)  # the old manifest goes in _put
+            else:
+                await self.delete_manifest(current)
+
+    async def delete_manifest(self, manifest: Manifest) -> None:
+        """Delete one manifest by digest, and its entry in the subject's referrers index first
+        (an index must never point at what is gone)."""
+        await referrers.forget(self, manifest)
+        try:
+            await self.origin.delete_manifest(manifest.digest)
+        except FileNotFoundError:
+            pass
+
+    # -- listings ---------------------------------------------------------------------------------
+    async def tag_names(
+        self, start: str | None = None, pages: int = MAX_TAG_PAGES
+    ) -> tuple[list[str], str | None]:
+        """Object names of ``tags/list`` pages from ``start``, and where the next page starts."""
+        last = start
+        names: list[str] = []
+        for _ in range(pages):
+            body, more = await self.reader.tags_page(last, TAGS_PAGE)
+            try:
+                tags = json.loads(body).get("tags") or []
+            except (ValueError, AttributeError):
+                raise Rejected(Reason.MALFORMED, "the registry's tag list is not JSON") from None
+            tags = (
+                [t for t in tags if isinstance(t, str) and TAG.fullmatch(t)]
+                if isinstance(tags, list)
+                else []
+            )
+            for tag in tags:
+                names += names_of_tag(tag)
+            if not more or not tags or tags[-1] == last:
+                return names, None
+            last = tags[-1]
+        return names, last
+
+    async def all_names(self) -> list[str]:
+        if self.subject_text is not None:
+            return await referrers.attached_names(self)
+        names, more = await self.tag_names()
+        if more is not None:
+            raise Rejected(
+                Reason.TOO_LARGE,
+                f"the tag list of {self.repository} runs past {MAX_TAG_PAGES} pages",
+            )
+        return names
+
+    async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        """Entries directly under ``path`` (folders made of the names' ``/``)."""
+        base = path.rstrip("/")
+        under = "" if base == self.repository else self.name_of(base) + "/"
+        entries: dict[str, dict[str, Any]] = {}
+        for name in await self.all_names():
+            if not name.startswith(under):
+                continue
+            head, sep, _ = name[len(under) :].partition("/")
+            full = f"{self.repository}/{under}{head}"
+            entries[full] = {"name": full, "type": "directory" if sep else "file", "size": None}
+        if not entries and under:
+            raise FileNotFoundError(path)
+        return list(entries.values()) if detail else sorted(entries)
+
+    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        if path.rstrip("/") == self.repository:
+            body, _ = await self.reader.tags_page(None, 1)
+            if json.loads(body).get("tags") in (None, []) and await self._absent():
+                raise FileNotFoundError(path)
+            return {"name": self.repository, "type": "directory", "size": None}
+        raise FileNotFoundError(path)
+
+    async def _absent(self) -> bool:
+        response = await self.reader.send("GET", f"/v2/{self.repository}/tags/list?n=1")
+        async with response:
+            return response.status == 404
+
+
+def run(fs: RegistryFileSystem, make: Callable[[], Awaitable[Any]]) -> Any:  # for tests and tools
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, make)

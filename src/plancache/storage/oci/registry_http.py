@@ -1,0 +1,390 @@
+"""One registry repository over HTTP: capped, digest-checked reads, uploads and deletes.
+
+Plain aiohttp (the stack's HTTP client, on the store's event loop and deadline) rather than an
+OCI client library: oras-py 0.2.43 does not check blob digests on pull, reads non-chunked
+uploads whole, mistakes a ``Basic`` challenge for a token URL (two minutes of backoff), has no
+``artifactType``, referrers or tag-schema support, and is synchronous (``requests``), which
+the deadlines here would have to wrap in threads. The registry API plancache needs is seven
+requests; each is checked here:
+
+* every body is read capped (its declared length first, then at most ``cap + 1`` bytes, so an
+  endless body costs the cap), never inflated (``Accept-Encoding: identity``);
+* a manifest is checked against the digest it was asked by, and against the registry's
+  ``Docker-Content-Digest`` when read by tag, and must be the media type asked for; a blob must
+  be exactly the size its descriptor states and hash to its digest (``digest-mismatch``);
+* no redirect is followed, except a blob download's (registries hand out signed storage URLs),
+  which is followed at most three times to an ``https`` URL (or loopback) *without* the
+  registry's credentials;
+* credentials (:mod:`.credential_files`) answer the registry's challenge (:mod:`.registry_auth`)
+  and are never sent over plain HTTP to a host that is not loopback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+
+from ...trust.display import safe_text
+from ...trust.errors import Reason, Rejected, StoreError
+from ..caps.bodies import ERROR_BODY_CAP, check_declared
+from .credential_files import ANONYMOUS, Credentials
+from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
+from .registry_urls import Registry, check_authority
+
+MAX_MANIFEST = 4 * 1024 * 1024
+"""distribution's own limit on a manifest PUT; no plancache manifest comes near it."""
+MAX_REDIRECTS = 3
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class RegistryAnswer(Exception):
+    """A status the request did not want; ``status`` and ``headers`` for the shared retry rules
+    (5xx, 408 and 429 are retried inside the deadline, ``Retry-After`` honoured)."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.headers = headers
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _media_type(headers: Mapping[str, str]) -> str:
+    return headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+
+
+class RegistryClient:
+    """Requests to one repository of one registry (and, for reads, its mirror)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        repository: str,
+        *,
+        plain_http: bool,
+        plain_http_allowed: bool,
+        ssl_context: ssl.SSLContext | None,
+        credentials: Callable[[str], Credentials],
+        timeouts: tuple[float, float],
+    ) -> None:
+        self.registry = registry
+        self.repository = repository
+        self.base = f"{'http' if plain_http else 'https'}://{registry.authority}"
+        self.plain_http = plain_http
+        self.plain_http_allowed = plain_http_allowed
+        self._ssl = ssl_context
+        self._credentials_for = credentials
+        self._credentials: Credentials | None = None
+        self._challenge: Challenge | None = None
+        self._tokens: dict[str, Token] = {}
+        self._timeouts = timeouts
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connect, read = self._timeouts
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read),
+                auto_decompress=False,
+                headers={"Accept-Encoding": "identity", "User-Agent": "plancache"},
+                cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl if self._ssl else True),
+            )
+            weakref.finalize(self, _close_quietly, self._session)
+        return self._session
+
+    @property
+    def credentials(self) -> Credentials:
+        if self._credentials is None:
+            self._credentials = self._credentials_for(self.registry.authority)
+        return self._credentials
+
+    def _can_send_secrets(self) -> bool:
+        return not self.plain_http or self.registry.loopback
+
+    async def _authorization(self, scope: str) -> str | None:
+        challenge = self._challenge
+        if challenge is None:
+            return None
+        creds = self.credentials
+        if challenge.scheme == "basic":
+            if creds is ANONYMOUS or not creds.username:
+                raise StoreError(
+                    f"{self.registry.authority} asks for a login and no credentials were found "
+                    "for it (docker config.json, $REGISTRY_AUTH_FILE, a credential helper)"
+                )
+            if not self._can_send_secrets():
+                raise StoreError(
+                    f"{self.registry.authority} asks for a password over plain HTTP: not sent"
+                )
+            return creds.basic
+        token = self._tokens.get(scope)
+        if token is None or token.expires <= time.monotonic():
+            token = await fetch_token(self, challenge, scope, creds)
+            self._tokens[scope] = token
+        return f"Bearer {token.value}"
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        write: bool = False,
+        delete: bool = False,
+    ) -> aiohttp.ClientResponse:
+        """The response (body unread) of one request to the registry, a 401 answered once."""
+        scope = scope_for(self.repository, write, delete)
+        url = path if path.startswith(self.base + "/") else self.base + path
+        for attempt in range(2):
+            sent = dict(headers or {})
+            auth = await self._authorization(scope)
+            if auth is not None:
+                sent["Authorization"] = auth
+            response = await self.session().request(
+                method, url, headers=sent, data=data, allow_redirects=False
+            )
+            if response.status != 401 or attempt:
+                return response
+            challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
+            response.release()
+            if challenge is None:
+                break
+            self._challenge = challenge
+            self._tokens.pop(scope, None)
+        creds = self.credentials
+        raise StoreError(
+            f"{self.registry.authority} refused the credentials "
+            f"({'anonymous' if creds is ANONYMOUS else 'from ' + safe_text(creds.source, 120)})"
+        )
+
+    async def token_request(
+        self, method: str, url: str, headers: dict[str, str], form: dict[str, str] | None, host: str
+    ) -> bytes:
+        response = await self.session().request(
+            method, url, headers=headers, data=form, allow_redirects=False
+        )
+        async with response:
+            if response.status != 200:
+                raise RegistryAnswer(
+                    response.status,
+                    response.headers,
+                    f"the token service at {host} answered {response.status}",
+                )
+            return await read_capped(response, MAX_TOKEN_ANSWER_CAP, f"the token from {host}")
+
+    # -- reads ---------------------------------------------------------------------------------
+    async def manifest(
+        self, reference: str, media_types: tuple[str, ...]
+    ) -> tuple[bytes, str] | None:
+        """(bytes, digest) of the manifest at a tag or digest, checked; None if absent."""
+        path = f"/v2/{self.repository}/manifests/{reference}"
+        response = await self.send("GET", path, headers={"Accept": ", ".join(media_types)})
+        async with response:
+            if response.status == 404:
+                return None
+            await expect(response, (200,), f"manifest {reference}")
+            got_type = _media_type(response.headers)
+            if got_type not in media_types:
+                raise Rejected(
+                    Reason.MALFORMED,
+                    f"{reference} in {self.repository} is a {safe_text(got_type, 80)!r}, "
+                    f"not a {media_types[0]}",
+                )
+            body = await read_capped(response, MAX_MANIFEST, f"manifest {reference}")
+            stated = response.headers.get("Docker-Content-Digest")
+        digest = sha256_digest(body)
+        expected = reference if reference.startswith("sha256:") else stated
+        if expected is not None and expected != digest:
+            raise Rejected(
+                Reason.DIGEST_MISMATCH,
+                f"the registry answered manifest {safe_text(reference, 80)} with other bytes "
+                f"({digest[:19]}…, not {safe_text(expected, 24)}…)",
+            )
+        return body, digest
+
+    async def blob(self, digest: str, size: int, cap: int) -> bytes:
+        """A blob's bytes, exactly ``size`` of them hashing to ``digest``; FileNotFoundError if
+        absent; TOO_LARGE before a byte is read when ``size`` exceeds ``cap``."""
+        if size > cap:
+            raise Rejected(
+                Reason.TOO_LARGE, f"blob {digest[:19]}… is {size} bytes, the cap is {cap}"
+            )
+        response = await self.send("GET", f"/v2/{self.repository}/blobs/{digest}")
+        hops = 0
+        while response.status in REDIRECTS and hops < MAX_REDIRECTS:
+            target = urljoin(str(response.url), response.headers.get("Location", ""))
+            response.release()
+            response = await self._follow(target)
+            hops += 1
+        async with response:
+            if response.status == 404:
+                raise FileNotFoundError(digest)
+            await expect(response, (200,), f"blob {digest[:19]}…")
+            body = await read_capped(response, size, f"blob {digest[:19]}…")
+        if len(body) != size or sha256_digest(body) != digest:
+            raise Rejected(
+                Reason.DIGEST_MISMATCH,
+                f"the registry answered blob {digest[:19]}… with other bytes "
+                f"({len(body)} bytes, {size} stated)",
+            )
+        return body
+
+    async def _follow(self, target: str) -> aiohttp.ClientResponse:
+        """A redirected blob download: a fresh request carrying no credentials, to https or
+        loopback only (a signed storage URL carries its own authorisation)."""
+        parts = urlsplit(target)
+        if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
+            raise StoreError(
+                f"a blob download redirected to {safe_text(target, 80)!r}: not followed"
+            )
+        host = check_authority(parts.netloc, "blob redirect")
+        if parts.scheme == "http" and not (host.loopback or self.plain_http_allowed):
+            raise StoreError(
+                f"a blob download redirected to plain HTTP at {host.authority}: not followed"
+            )
+        return await self.session().request("GET", target, allow_redirects=False)
+
+    async def tags_page(self, last: str | None, n: int) -> tuple[bytes, bool]:
+        """One ``tags/list`` page (capped) and whether the registry says more follow."""
+        query = f"?n={n}" + (f"&last={last}" if last else "")
+        response = await self.send("GET", f"/v2/{self.repository}/tags/list{query}")
+        async with response:
+            if response.status == 404:
+                return b'{"tags": []}', False
+            await expect(response, (200,), "the tag list")
+            body = await read_capped(response, TAGS_CAP, "the tag list")
+            return body, 'rel="next"' in response.headers.get("Link", "")
+
+    async def referrers(self, digest: str) -> bytes | None:
+        """The referrers API's index for ``digest``; None where the registry has no such API."""
+        response = await self.send(
+            "GET",
+            f"/v2/{self.repository}/referrers/{digest}",
+            headers={"Accept": "application/vnd.oci.image.index.v1+json"},
+        )
+        async with response:
+            if response.status in (404, 405, 400) or _media_type(response.headers) != (
+                "application/vnd.oci.image.index.v1+json"
+            ):
+                return None
+            await expect(response, (200,), "the referrers of the image")
+            return await read_capped(response, MAX_MANIFEST, "the referrers index")
+
+    # -- writes --------------------------------------------------------------------------------
+    async def has_blob(self, digest: str) -> bool:
+        response = await self.send("HEAD", f"/v2/{self.repository}/blobs/{digest}", write=True)
+        async with response:
+            if response.status == 404:
+                return False
+            await expect(response, (200,), f"blob {digest[:19]}…")
+            return True
+
+    async def put_blob(self, data: bytes) -> str:
+        """Upload ``data`` (unless the repository has it); returns its digest."""
+        digest = sha256_digest(data)
+        if await self.has_blob(digest):
+            return digest
+        response = await self.send("POST", f"/v2/{self.repository}/blobs/uploads/", write=True)
+        async with response:
+            await expect(response, (202,), "a blob upload")
+            location = urljoin(self.base + "/", response.headers.get("Location", ""))
+        if not location.startswith(self.base + "/"):
+            raise StoreError(f"{self.registry.authority} sent the upload to another host: refused")
+        location += ("&" if "?" in location else "?") + f"digest={digest}"
+        response = await self.send(
+            "PUT",
+            location,
+            headers={"Content-Type": "application/octet-stream"},
+            data=data,
+            write=True,
+        )
+        async with response:
+            await expect(response, (201,), "a blob upload")
+        return digest
+
+    async def put_manifest(self, reference: str, body: bytes, media_type: str) -> Mapping[str, str]:
+        """PUT a manifest or index at a tag or digest; the answer's headers (``OCI-Subject``)."""
+        response = await self.send(
+            "PUT",
+            f"/v2/{self.repository}/manifests/{reference}",
+            headers={"Content-Type": media_type},
+            data=body,
+            write=True,
+        )
+        async with response:
+            await expect(response, (201, 200), f"manifest {reference}")
+            return response.headers
+
+    async def delete_manifest(self, digest: str) -> None:
+        """Delete a manifest by digest (distribution untags every tag on it too)."""
+        response = await self.send(
+            "DELETE", f"/v2/{self.repository}/manifests/{digest}", write=True, delete=True
+        )
+        async with response:
+            if response.status == 404:
+                raise FileNotFoundError(digest)
+            await expect(response, (202, 200), f"the delete of {digest[:19]}…")
+
+
+TAGS_CAP = 8 * 1024 * 1024
+MAX_TOKEN_ANSWER_CAP = 64 * 1024
+
+
+async def read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> bytes:
+    """At most ``cap`` bytes of a body (TOO_LARGE beyond), its declared length checked first."""
+    declared = response.content_length
+    check_declared(what, cap, declared)
+    data = bytearray()
+    while len(data) <= cap:
+        chunk = await response.content.read(min(1 << 16, cap + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    if len(data) > cap:
+        response.close()
+        raise Rejected(Reason.TOO_LARGE, f"{what} in the registry is larger than {cap} bytes")
+    if declared is not None and len(data) < declared:
+        raise StoreError(
+            f"{what}: truncated body ({len(data)} of {declared} bytes)", transient=True
+        )
+    return bytes(data)
+
+
+async def expect(response: aiohttp.ClientResponse, wanted: tuple[int, ...], what: str) -> None:
+    """RegistryAnswer naming the registry's error codes unless the status is one wanted."""
+    if response.status in wanted:
+        return
+    codes = ""
+    try:
+        body = await read_capped(response, ERROR_BODY_CAP, "an error")
+        import json
+
+        errors = json.loads(body).get("errors")
+        codes = ", ".join(
+            safe_text(str(e.get("code")), 40) for e in errors[:3] if isinstance(e, dict)
+        )
+    except Exception:  # an error body is decoration: the status is the answer
+        pass
+    detail = f"{what}: the registry answered {response.status}" + (f" ({codes})" if codes else "")
+    if response.status in (401, 403):
+        raise StoreError(f"{detail}: access denied")
+    raise RegistryAnswer(response.status, response.headers, detail)
+
+
+def _close_quietly(session: aiohttp.ClientSession) -> None:
+    """At exit or collection: drop the connections without a loop (no 'Unclosed' warnings)."""
+    connector = session.connector
+    if connector is not None:
+        connector._close()
+    session.detach()
