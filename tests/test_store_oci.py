@@ -23,7 +23,7 @@ from plancache.trust.plans.plan import plan_name, sig_name
 from registry_server import DockerRegistry
 from store_servers import registry  # noqa: F401 (fixture)
 
-FP2 = "0123456789abcdef"
+FP2 = "fedcba9876543210"
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ cache's archive and signature, its precompiled headers and their signature) live
 1.1 image manifest found by a tag derived from the object's name; the name itself where the
 tag grammar allows it (``startup_plan_<fp>.json``, ``startup_planset_<id>.set``), with ``/``
 written ``--`` for the compile caches (``torch_compile_cache--torch_aot_compile--<hex>.tar``).
-A signature shares its object's manifest, as a second layer whose bytes ride in the
+A signature shares its object's manifest (tagged a second time, ``<tag>.sig``, so a listing
+of tags says which objects are signed), as a second layer whose bytes ride in the
 descriptor's ``data`` field (OCI 1.1: embedded content, checked against the descriptor's
 digest like a blob): a plan is then **one manifest read and one blob read**, the fewest round
 trips a registry allows for a name (the tag has to be resolved by the registry before any
@@ -37,6 +38,8 @@ EMPTY_CONFIG = b"{}"
 EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 DSSE_TYPE = "application/vnd.dsse.envelope.v1+json"
 TITLE = "org.opencontainers.image.title"
+SIGNED = "dev.plancache.signed"
+"""Annotation ``"true"`` on a manifest (and its referrer entry) that holds a signature."""
 MAX_EMBEDDED = 64 * 1024
 """Largest signature carried inside its manifest (base64: a manifest stays far below the 4 MiB
 most registries accept)."""
@@ -143,13 +146,15 @@ def slot_of(name: str) -> Slot:
 
 
 def names_of_tag(tag: str) -> list[str]:
-    """The object names a tag may hold (a content object and its signature), or none for a tag
-    plancache did not make: the listing's names, derived and checked, never taken as given."""
-    artifact = tag.replace("--", "/")
+    """The object name a tag stands for, or none for a tag plancache did not make: the
+    listing's names, derived and checked, never taken as given. A signature's tag
+    (``<artifact tag>.sig``) names the same manifest as its object's, and exists only while that
+    manifest holds the signature: a listing says which plans are signed without a read."""
+    name = tag.replace("--", "/")
     try:
-        slot = slot_of(artifact)
+        slot = slot_of(name)
     except Rejected:
         return []
-    if slot.signature or slot.kind is CANARY or slot.tag != tag:
+    if slot.kind is CANARY or slot.tag + (".sig" if slot.signature else "") != tag:
         return []
-    return [artifact, f"{artifact}.sig"] if slot.kind.signed else [artifact]
+    return [name]

@@ -18,7 +18,7 @@ from typing import Any
 from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected
 from ...trust.strictjson import loads
-from .artifacts import EMPTY_DIGEST, EMPTY_TYPE, INDEX_TYPE, MANIFEST_TYPE, TITLE, Kind
+from .artifacts import DSSE_TYPE, EMPTY_DIGEST, EMPTY_TYPE, INDEX_TYPE, MANIFEST_TYPE, SIGNED, TITLE, Kind
 from .registry_http import sha256_digest
 from .registry_urls import DIGEST
 
@@ -35,6 +35,7 @@ class Descriptor:
     data: bytes | None = None
     artifact_type: str | None = None
     title: str | None = None
+    signed: bool = False
 
     def as_json(self, *, embed: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -47,7 +48,7 @@ class Descriptor:
         if self.artifact_type:
             out["artifactType"] = self.artifact_type
         if self.title:
-            out["annotations"] = {TITLE: self.title}
+            out["annotations"] = {TITLE: self.title, **({SIGNED: "true"} if self.signed else {})}
         return out
 
 
@@ -98,8 +99,16 @@ def descriptor(value: Any, what: str) -> Descriptor:
                 Reason.DIGEST_MISMATCH, f"{what}: embedded data that is not the descriptor's bytes"
             )
     annotations = value.get("annotations")
-    title = _text(annotations.get(TITLE)) if isinstance(annotations, dict) else None
-    return Descriptor(media_type, digest, size, data, _text(value.get("artifactType")), title)
+    notes = annotations if isinstance(annotations, dict) else {}
+    return Descriptor(
+        media_type,
+        digest,
+        size,
+        data,
+        _text(value.get("artifactType")),
+        _text(notes.get(TITLE)),
+        notes.get(SIGNED) == "true",
+    )
 
 
 def parse_manifest(body: bytes, digest: str, kind: Kind, what: str) -> Manifest:
@@ -151,6 +160,8 @@ def build_manifest(
         "layers": [d.as_json(embed=d.digest in embed) for d in layers],
         "annotations": {TITLE: title},
     }
+    if any(d.media_type == DSSE_TYPE for d in layers):
+        doc["annotations"][SIGNED] = "true"
     if subject is not None:
         doc["subject"] = subject.as_json()
     return _dump(doc)

@@ -178,9 +178,10 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
             attached: dict[str, str] = {}
             for entry in entries:
                 if entry.artifact_type in ARTIFACT_TYPES and entry.title:
-                    tag = entry.title.replace("/", "--")
-                    if names_of_tag(tag):
+                    if names_of_tag(entry.title.replace("/", "--")):
                         attached[entry.title] = entry.digest
+                        if entry.signed:
+                            attached[entry.title + ".sig"] = entry.digest
             state.attached = attached
         return state.attached
 
@@ -190,7 +191,5 @@ async def attached_digest(fs: RegistryFileSystem, artifact: str) -> str | None:
 
 
 async def attached_names(fs: RegistryFileSystem) -> list[str]:
-    names: list[str] = []
-    for artifact in await _attached(fs):
-        names += names_of_tag(artifact.replace("/", "--"))
-    return names
+    """The object names attached to the subject (a signature's when its entry says signed)."""
+    return list(await _attached(fs))

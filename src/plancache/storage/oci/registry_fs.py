@@ -172,7 +172,10 @@ class RegistryFileSystem(AsyncFileSystem):
             subject,
             {d.digest for d in layers if d.data is not None},
         )
+        signed = any(d.media_type == DSSE_TYPE for d in layers)
         headers = await self.origin.put_manifest(slot.tag, body, MANIFEST_TYPE)
+        if signed:  # the signature's own tag
+            await self.origin.put_manifest(slot.tag + ".sig", body, MANIFEST_TYPE)
         new = Descriptor(
             MANIFEST_TYPE,
             sha256_digest(body),
@@ -180,6 +183,7 @@ class RegistryFileSystem(AsyncFileSystem):
             None,
             slot.kind.artifact_type,
             slot.artifact,
+            signed,
         )
         await referrers.after_put(self, subject, headers, new, current)
         replaced = current is not None and current.digest != new.digest
