@@ -1,0 +1,117 @@
+"""A registry that lies, floods or stalls: every answer bounded, one clear line, nothing written.
+
+The misbehaving registry is tests/registry_stub.py (docker-registry cannot be made to lie);
+the black hole is store_servers.BlackHole. Budgets are asserted with a generous slack.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import FP, plan_bytes, raw
+from plancache.cli.main import main
+from plancache.keys.keyfile import generate_keypair
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.storage.store import open_store
+from plancache.trust.errors import PlanCacheError, Reason
+from plancache.trust.plans.plan import plan_name
+from registry_stub import RegistryStub
+from store_servers import BlackHole, black_hole, nothing_written, pull_fingerprint  # noqa: F401
+
+SLACK = 2.0
+REPO = "plancache/hostile"
+
+
+@pytest.fixture
+def stub() -> Iterator[RegistryStub]:
+    server = RegistryStub()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    return tmp_path / "ci"
+
+
+def pushed(stub: RegistryStub, keys: Path, tmp_path: Path) -> str:
+    url = stub.url(REPO)
+    LocalPlanDir(tmp_path / "ci-plans").write(FP, plan_bytes(), None)
+    assert main(["push", "--key", str(keys), str(tmp_path / "ci-plans"), url]) == 0
+    return url
+
+
+def pull(
+    capsys: pytest.CaptureFixture[str], url: str, keys: Path, dest: Path
+) -> tuple[int, str, str, float]:
+    capsys.readouterr()
+    return pull_fingerprint(capsys, url, "read_timeout=2", keys, dest)
+
+
+@pytest.mark.parametrize(
+    ("target", "mode", "code", "reason"),
+    [
+        (plan_name(FP), "other-bytes", 1, "digest-mismatch"),
+        (plan_name(FP), "wrong-type", 1, "malformed"),
+        (plan_name(FP), "oversized", 1, "too-large"),
+        (plan_name(FP), "endless", 1, "too-large"),
+        ("/blobs/", "other-bytes", 1, "digest-mismatch"),
+    ],
+)
+def test_a_lying_registry_is_one_line_and_nothing_is_written(
+    stub: RegistryStub,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    target: str,
+    mode: str,
+    code: int,
+    reason: str,
+) -> None:
+    url = pushed(stub, keys, tmp_path)
+    if target == "/blobs/":
+        plan_blob = next(d for d, b in stub.state.blobs.items() if b == plan_bytes())
+        target = plan_blob
+    stub.state.faults[target] = mode
+    got, out, err, elapsed = pull(capsys, url, keys, tmp_path / "d")
+    assert got == code and reason in out, (out, err)
+    assert elapsed < 3.0 + SLACK
+    assert "Traceback" not in err
+    assert nothing_written(tmp_path / "d")
+
+
+def test_a_redirected_blob_is_followed_without_credentials(
+    stub: RegistryStub, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = pushed(stub, keys, tmp_path)
+    other = RegistryStub()
+    try:
+        other.state.blobs.update(stub.state.blobs)
+        plan_blob = next(d for d, b in stub.state.blobs.items() if b == plan_bytes())
+        stub.state.redirect_to = f"http://{other.host}/v2/x/blobs"
+        stub.state.faults[plan_blob] = "redirect"
+        code, _, err, _ = pull(capsys, url, keys, tmp_path / "d")
+        assert code == 0, err
+        assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
+        followed = [h for m, p, h in other.state.requests if plan_blob in p]
+        assert followed and all("Authorization" not in h for h in followed)
+    finally:
+        other.stop()
+
+
+def test_a_black_hole_ends_at_the_budget(
+    black_hole: BlackHole, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"oci://127.0.0.1:{black_hole.port}/{REPO}"
+    started = time.monotonic()
+    with pytest.raises(PlanCacheError) as err:
+        raw(open_store(url, timeout=1.0).fetch(FP))
+    assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK
+    code, out, _, elapsed = pull(capsys, url, keys, tmp_path / "d")
+    assert code == 2 and "timeout" in out and elapsed < 3.0 + SLACK
+    assert nothing_written(tmp_path / "d")
