@@ -272,6 +272,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_faults.py": ("emulator", "realtime"),
     "test_store_hostile.py": ("emulator", "realtime"),
     "test_store_oci.py": ("emulator",),
+    "test_store_oci_auth.py": ("emulator",),
     "test_store_oci_flows.py": ("emulator",),
     "test_store_oci_hostile.py": ("emulator", "realtime"),
     "test_store_scripts.py": ("emulator", "realtime", "system"),

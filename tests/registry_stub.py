@@ -36,6 +36,9 @@ class StubState:
         self.blobs: dict[str, bytes] = {}
         self.faults: dict[str, str] = {}
         self.redirect_to: str = ""
+        self.bearer: str | None = None
+        """When set, the Basic credentials (``user:password``, base64) the token service wants;
+        ``""``: anonymous tokens. Every /v2/ request then needs ``Bearer stub-token``."""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
 
@@ -77,6 +80,12 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "black-hole":
             time.sleep(3600)
         path = self.path.split("?")[0]
+        if path == "/token":
+            return self._token()
+        if self.state.bearer is not None and self.headers.get("Authorization") != "Bearer stub-token":
+            realm = f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/token"
+            challenge = f'Bearer realm="{realm}",service="stub",scope="repository:x:pull"'
+            return self._send(401, b"{}", {"WWW-Authenticate": challenge})
         if path == "/v2/":
             return self._send(200, b"{}")
         match = re.fullmatch(r"/v2/(.+)/(manifests|blobs|referrers|tags)/(.*)", path)
@@ -93,6 +102,13 @@ class _Handler(BaseHTTPRequestHandler):
             tags = json.dumps({"tags": sorted(self.state.tags)}).encode()
             return self._send(200, tags, {"Content-Type": "application/json"})
         return self._send(404)
+
+    def _token(self) -> None:
+        wanted = self.state.bearer
+        given = self.headers.get("Authorization", "")
+        if wanted and given != f"Basic {wanted}":
+            return self._send(401, b"{}")
+        self._send(200, json.dumps({"token": "stub-token", "expires_in": 300}).encode())
 
     def _manifest(self, ref: str, mode: str) -> None:
         state = self.state

@@ -154,11 +154,11 @@ class RegistryClient:
             response = await self.session().request(
                 method, url, headers=sent, data=data, allow_redirects=False
             )
-            if response.status != 401 or attempt:
+            if response.status != 401:
                 return response
             challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
             response.release()
-            if challenge is None:
+            if challenge is None or attempt:
                 break
             self._challenge = challenge
             self._tokens.pop(scope, None)
