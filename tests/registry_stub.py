@@ -82,7 +82,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if path == "/token":
             return self._token()
-        if self.state.bearer is not None and self.headers.get("Authorization") != "Bearer stub-token":
+        if (
+            self.state.bearer is not None
+            and self.headers.get("Authorization") != "Bearer stub-token"
+        ):
             realm = f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/token"
             challenge = f'Bearer realm="{realm}",service="stub",scope="repository:x:pull"'
             return self._send(401, b"{}", {"WWW-Authenticate": challenge})
@@ -107,7 +110,8 @@ class _Handler(BaseHTTPRequestHandler):
         wanted = self.state.bearer
         given = self.headers.get("Authorization", "")
         if wanted and given != f"Basic {wanted}":
-            return self._send(401, b"{}")
+            self._send(401, b"{}")
+            return
         self._send(200, json.dumps({"token": "stub-token", "expires_in": 300}).encode())
 
     def _manifest(self, ref: str, mode: str) -> None:

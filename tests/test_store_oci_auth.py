@@ -95,8 +95,10 @@ def test_wrong_or_missing_credentials_are_one_line_without_the_secret(
     wrong = base64.b64encode(f"{USER}:not-{PASSWORD}".encode()).decode()
     config = write_config(tmp_path / "wrong.json", tls_registry.host, auth=wrong)
     code = main(
-        ["ls", url, "--storage-option", f"ca_file={tls_registry.ca}"]
-        + ["--storage-option", f"auth_file={config}"]
+        [
+            *("ls", url, "--storage-option", f"ca_file={tls_registry.ca}"),
+            *("--storage-option", f"auth_file={config}"),
+        ]
     )
     out, err_text = capsys.readouterr()
     assert code != 0 and "refused the credentials" in out + err_text

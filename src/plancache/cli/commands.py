@@ -34,6 +34,11 @@ def _json(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _subject(p: argparse.ArgumentParser, text: str) -> None:
+    """``--subject IMAGE``: an ``oci://`` store's storage option ``subject`` (docs/stores.md)."""
+    p.add_argument("--subject", metavar="IMAGE", help=f"{text}: TAG, @sha256:..., or HOST/REPO:TAG")
+
+
 def _quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -162,6 +167,8 @@ def add_parsers(sub: Sub) -> None:
         p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
         add_store_options(p)
         _quiet(p)
+        if name == "ls":
+            _subject(p, "list only what is attached to this image (oci:// stores)")
         if name == "verify":
             p.add_argument(
                 "--fingerprint",
@@ -238,6 +245,7 @@ def add_parsers(sub: Sub) -> None:
     _signing(p)
     add_cosign_options(p)
     add_store_options(p)
+    _subject(p, "attach what is pushed to this image (oci:// stores: referrers API or tag schema)")
     _json(p)
     _quiet(p)
     p.add_argument(

@@ -235,6 +235,9 @@ def storage_options(
     from ..pipeline.locations import storage_options_for
 
     options = storage_options_for(dict(getattr(args, "storage_option", None) or []), env)
+    subject = getattr(args, "subject", None)
+    if subject:  # push/ls --subject IMAGE: a registry store's option (storage/oci/referrers.py)
+        options["subject"] = subject
     return {**options, **_s3_shorthands(args, options)}
 
 

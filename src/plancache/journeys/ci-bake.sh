@@ -27,6 +27,10 @@
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
 #   PLANCACHE                  the plancache command (default: this installation's)
+#   PLANCACHE_IMAGE            with an oci:// PLANCACHE_URL: the image the plans are baked for (TAG,
+#                              @sha256:…, or HOST/REPO:TAG in the store's repository); the push
+#                              attaches them to it (`push --subject`), so `plancache ls --subject` and
+#                              `oras discover` list them with the image
 #
 # The signed plans are verified before the push: no plan to bake is a failure (exit 1; a profiling
 # boot that wrote nothing is a broken bake), unless --allow-empty.
@@ -73,7 +77,9 @@ echo "ci-bake: signing plans in ${PLAN_DIR:-the vLLM plan directory}" >&2
 echo "ci-bake: verifying the signed plans" >&2
 "${PLANCACHE_CMD[@]}" verify "${allow_empty[@]}" "${dir[@]}"
 echo "ci-bake: pushing to the store (PLANCACHE_URL)" >&2
-"${PLANCACHE_CMD[@]}" push "${dir[@]}" "$PLANCACHE_URL"
+subject=()
+[ -n "${PLANCACHE_IMAGE:-}" ] && subject=(--subject "$PLANCACHE_IMAGE")
+"${PLANCACHE_CMD[@]}" push "${subject[@]}" "${dir[@]}" "$PLANCACHE_URL"
 echo "ci-bake: pulling verified plans into $IMAGE_PLAN_DIR" >&2
 mkdir -p "$IMAGE_PLAN_DIR"
 "${PLANCACHE_CMD[@]}" pull "$PLANCACHE_URL" "$IMAGE_PLAN_DIR"

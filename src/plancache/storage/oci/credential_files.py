@@ -112,13 +112,13 @@ def _from_entry(entry: Any, source: str) -> Credentials | None:
             raise ConfigError(f"{source}: an auths entry is not base64 user:password") from None
         if sep:
             return Credentials(user, password, source=source)
-    user, password = entry.get("username"), entry.get("password")
-    if isinstance(user, str) and isinstance(password, str) and user:
-        return Credentials(user, password, source=source)
+    name, secret = entry.get("username"), entry.get("password")
+    if isinstance(name, str) and isinstance(secret, str) and name:
+        return Credentials(name, secret, source=source)
     return None
 
 
-def run_helper(helper: str, authority: str) -> Credentials | None:
+def run_helper(helper: object, authority: str) -> Credentials | None:
     """``docker-credential-<helper> get`` for ``authority``; None when it has nothing for it.
 
     Raises:

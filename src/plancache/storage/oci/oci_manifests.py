@@ -18,7 +18,16 @@ from typing import Any
 from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected
 from ...trust.strictjson import loads
-from .artifacts import DSSE_TYPE, EMPTY_DIGEST, EMPTY_TYPE, INDEX_TYPE, MANIFEST_TYPE, SIGNED, TITLE, Kind
+from .artifacts import (
+    DSSE_TYPE,
+    EMPTY_DIGEST,
+    EMPTY_TYPE,
+    INDEX_TYPE,
+    MANIFEST_TYPE,
+    SIGNED,
+    TITLE,
+    Kind,
+)
 from .registry_http import sha256_digest
 from .registry_urls import DIGEST
 

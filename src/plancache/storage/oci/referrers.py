@@ -177,11 +177,11 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
             )
             attached: dict[str, str] = {}
             for entry in entries:
-                if entry.artifact_type in ARTIFACT_TYPES and entry.title:
-                    if names_of_tag(entry.title.replace("/", "--")):
-                        attached[entry.title] = entry.digest
-                        if entry.signed:
-                            attached[entry.title + ".sig"] = entry.digest
+                title = entry.title or ""
+                if entry.artifact_type in ARTIFACT_TYPES and names_of_tag(title.replace("/", "--")):
+                    attached[title] = entry.digest
+                    if entry.signed:
+                        attached[title + ".sig"] = entry.digest
             state.attached = attached
         return state.attached
 
