@@ -275,6 +275,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_auth.py": ("emulator",),
     "test_store_oci_flows.py": ("emulator",),
     "test_store_oci_hostile.py": ("emulator", "realtime"),
+    "test_store_oci_mirror.py": ("emulator",),
     "test_store_oci_referrers.py": ("emulator",),
     "test_store_scripts.py": ("emulator", "realtime", "system"),
     "test_textfile.py": UNIT,
