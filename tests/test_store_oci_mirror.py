@@ -49,4 +49,4 @@ def test_a_storm_through_one_mirror_reaches_the_origin_once_per_blob_not_per_nod
     assert 1 <= len(blob_gets) <= 2, seen
     assert len(manifest_gets) <= 1, seen
     heads = [u for m, u in seen if m == "HEAD"]
-    assert len(heads) <= NODES and len(seen) - len(heads) <= 4, seen  # content: once or twice
+    assert len(heads) <= NODES + 2 and len(seen) - len(heads) <= 4, seen  # content: once or twice
