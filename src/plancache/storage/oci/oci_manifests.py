@@ -28,7 +28,7 @@ from .artifacts import (
     TITLE,
     Kind,
 )
-from .registry_http import sha256_digest
+from .registry_answers import sha256_digest
 from .registry_urls import DIGEST
 
 MAX_LAYERS = 4

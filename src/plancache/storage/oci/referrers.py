@@ -83,7 +83,7 @@ async def _image_manifest(fs: RegistryFileSystem, reference: str) -> Descriptor 
         f"/v2/{fs.repository}/manifests/{reference}",
         headers={"Accept": ", ".join(IMAGE_TYPES)},
     )
-    from .registry_http import MAX_MANIFEST, expect, read_capped, sha256_digest
+    from .registry_answers import MAX_MANIFEST, expect, read_capped, sha256_digest
 
     async with response:
         if response.status == 404:

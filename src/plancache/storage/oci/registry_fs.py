@@ -41,7 +41,8 @@ from .artifacts import (
     slot_of,
 )
 from .oci_manifests import Descriptor, Manifest, build_manifest, parse_manifest
-from .registry_http import RegistryClient, sha256_digest
+from .registry_answers import sha256_digest
+from .registry_http import RegistryClient
 from .registry_urls import TAG
 
 TAGS_PAGE = 1000

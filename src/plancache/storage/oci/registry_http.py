@@ -21,7 +21,6 @@ requests; each is checked here:
 
 from __future__ import annotations
 
-import hashlib
 import ssl
 import time
 import weakref
@@ -32,33 +31,23 @@ import aiohttp
 
 from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected, StoreError
-from ..caps.bodies import ERROR_BODY_CAP, check_declared
 from .credential_files import ANONYMOUS, Credentials
+from .registry_answers import (
+    MAX_MANIFEST,
+    MAX_TOKEN_ANSWER_CAP,
+    TAGS_CAP,
+    RegistryAnswer,
+    close_quietly,
+    expect,
+    media_type_of,
+    read_capped,
+    sha256_digest,
+)
 from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
 from .registry_urls import Registry, check_authority
 
-MAX_MANIFEST = 4 * 1024 * 1024
-"""distribution's own limit on a manifest PUT; no plancache manifest comes near it."""
 MAX_REDIRECTS = 3
 REDIRECTS = (301, 302, 303, 307, 308)
-
-
-class RegistryAnswer(Exception):
-    """A status the request did not want; ``status`` and ``headers`` for the shared retry rules
-    (5xx, 408 and 429 are retried inside the deadline, ``Retry-After`` honoured)."""
-
-    def __init__(self, status: int, headers: Mapping[str, str], detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.headers = headers
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _media_type(headers: Mapping[str, str]) -> str:
-    return headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
 
 
 class RegistryClient:
@@ -99,7 +88,7 @@ class RegistryClient:
                 cookie_jar=aiohttp.DummyCookieJar(),
                 connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl if self._ssl else True),
             )
-            weakref.finalize(self, _close_quietly, self._session)
+            weakref.finalize(self, close_quietly, self._session)
         return self._session
 
     @property
@@ -194,7 +183,7 @@ class RegistryClient:
             if response.status == 404:
                 return None
             await expect(response, (200,), f"manifest {reference}")
-            got_type = _media_type(response.headers)
+            got_type = media_type_of(response.headers)
             if got_type not in media_types:
                 raise Rejected(
                     Reason.MALFORMED,
@@ -274,7 +263,7 @@ class RegistryClient:
             headers={"Accept": "application/vnd.oci.image.index.v1+json"},
         )
         async with response:
-            if response.status in (404, 405, 400) or _media_type(response.headers) != (
+            if response.status in (404, 405, 400) or media_type_of(response.headers) != (
                 "application/vnd.oci.image.index.v1+json"
             ):
                 return None
@@ -335,56 +324,3 @@ class RegistryClient:
             if response.status == 404:
                 raise FileNotFoundError(digest)
             await expect(response, (202, 200), f"the delete of {digest[:19]}…")
-
-
-TAGS_CAP = 8 * 1024 * 1024
-MAX_TOKEN_ANSWER_CAP = 64 * 1024
-
-
-async def read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> bytes:
-    """At most ``cap`` bytes of a body (TOO_LARGE beyond), its declared length checked first."""
-    declared = response.content_length
-    check_declared(what, cap, declared)
-    data = bytearray()
-    while len(data) <= cap:
-        chunk = await response.content.read(min(1 << 16, cap + 1 - len(data)))
-        if not chunk:
-            break
-        data += chunk
-    if len(data) > cap:
-        response.close()
-        raise Rejected(Reason.TOO_LARGE, f"{what} in the registry is larger than {cap} bytes")
-    if declared is not None and len(data) < declared:
-        raise StoreError(
-            f"{what}: truncated body ({len(data)} of {declared} bytes)", transient=True
-        )
-    return bytes(data)
-
-
-async def expect(response: aiohttp.ClientResponse, wanted: tuple[int, ...], what: str) -> None:
-    """RegistryAnswer naming the registry's error codes unless the status is one wanted."""
-    if response.status in wanted:
-        return
-    codes = ""
-    try:
-        body = await read_capped(response, ERROR_BODY_CAP, "an error")
-        import json
-
-        errors = json.loads(body).get("errors")
-        codes = ", ".join(
-            safe_text(str(e.get("code")), 40) for e in errors[:3] if isinstance(e, dict)
-        )
-    except Exception:  # an error body is decoration: the status is the answer
-        pass
-    detail = f"{what}: the registry answered {response.status}" + (f" ({codes})" if codes else "")
-    if response.status in (401, 403):
-        raise StoreError(f"{detail}: access denied")
-    raise RegistryAnswer(response.status, response.headers, detail)
-
-
-def _close_quietly(session: aiohttp.ClientSession) -> None:
-    """At exit or collection: drop the connections without a loop (no 'Unclosed' warnings)."""
-    connector = session.connector
-    if connector is not None:
-        connector._close()
-    session.detach()

@@ -1,0 +1,90 @@
+"""What a registry answers, read safely: capped bodies, statuses as typed errors, digests.
+
+Split from :mod:`.registry_http` (the requests) because every reader of an answer shares it:
+the client's reads, the token service's answer (:mod:`.registry_auth`), the subject's image
+manifest (:mod:`.referrers`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+import aiohttp
+
+from ...trust.display import safe_text
+from ...trust.errors import Reason, Rejected, StoreError
+from ..caps.bodies import ERROR_BODY_CAP, check_declared
+
+MAX_MANIFEST = 4 * 1024 * 1024
+"""distribution's own limit on a manifest PUT; no plancache manifest comes near it."""
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def media_type_of(headers: Mapping[str, str]) -> str:
+    return headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+
+
+class RegistryAnswer(Exception):
+    """A status the request did not want; ``status`` and ``headers`` for the shared retry rules
+    (5xx, 408 and 429 are retried inside the deadline, ``Retry-After`` honoured)."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.headers = headers
+
+
+TAGS_CAP = 8 * 1024 * 1024
+MAX_TOKEN_ANSWER_CAP = 64 * 1024
+
+
+async def read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> bytes:
+    """At most ``cap`` bytes of a body (TOO_LARGE beyond), its declared length checked first."""
+    declared = response.content_length
+    check_declared(what, cap, declared)
+    data = bytearray()
+    while len(data) <= cap:
+        chunk = await response.content.read(min(1 << 16, cap + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    if len(data) > cap:
+        response.close()
+        raise Rejected(Reason.TOO_LARGE, f"{what} in the registry is larger than {cap} bytes")
+    if declared is not None and len(data) < declared:
+        raise StoreError(
+            f"{what}: truncated body ({len(data)} of {declared} bytes)", transient=True
+        )
+    return bytes(data)
+
+
+async def expect(response: aiohttp.ClientResponse, wanted: tuple[int, ...], what: str) -> None:
+    """RegistryAnswer naming the registry's error codes unless the status is one wanted."""
+    if response.status in wanted:
+        return
+    codes = ""
+    try:
+        body = await read_capped(response, ERROR_BODY_CAP, "an error")
+        errors = json.loads(body).get("errors")
+        codes = ", ".join(
+            safe_text(str(e.get("code")), 40) for e in errors[:3] if isinstance(e, dict)
+        )
+    except Exception:  # an error body is decoration: the status is the answer
+        pass
+    detail = f"{what}: the registry answered {response.status}" + (f" ({codes})" if codes else "")
+    if response.status in (401, 403):
+        raise StoreError(f"{detail}: access denied")
+    raise RegistryAnswer(response.status, response.headers, detail)
+
+
+def close_quietly(session: aiohttp.ClientSession) -> None:
+    """At exit or collection: drop the connections without a loop (no 'Unclosed' warnings)."""
+    connector = session.connector
+    if connector is not None:
+        connector._close()
+    session.detach()
