@@ -431,7 +431,7 @@ def _explain(sub: Sub) -> None:
     p = _add(
         sub,
         "explain",
-        "diagnose.explain:run",
+        "diagnose.explain_command:run",
         "per rank: would this node use a stored plan and compile cache, and if not which inputs differ",
         "For the vllm serve configuration after -- (taken as plancache fingerprint takes it) and a store URL or "
         "plan directory: verify what is stored, then say per rank whether a worker would apply a plan and load "
