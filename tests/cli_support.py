@@ -1,4 +1,5 @@
-"""What the CLI test files share: run the CLI in-process, an S3 endpoint in the environment, a CI key."""
+"""What the CLI test files share: run the CLI in-process, an S3 endpoint in the environment, a CI
+key."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ import bench_storm
 
 NODES, RANKS = 4, 6
 BUDGET_S = 10.0
-"""The throttled storm's budget: past a throttled read's tries, so the tries end it, not the clock."""
+"""The throttled storm's budget: past a throttled read's tries, so the tries end it, not the
+clock."""
 
 
 @pytest.fixture(params=["s3", "azure"])

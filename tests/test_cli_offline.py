@@ -94,7 +94,8 @@ def test_co_signing_for_a_threshold(
     both.write_text((tmp_path / "ci.pub").read_text() + (tmp_path / "second.pub").read_text())
     run(capsys, "sign", "--key", str(keys), str(plans))
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 1
-    # without trusted keys the second signer cannot check what it would adopt: refused, nothing written
+    # without trusted keys the second signer cannot check what it would adopt: refused, nothing
+    # written
     before = {p.name: p.read_bytes() for p in plans.iterdir()}
     code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), "--json", str(plans))
     assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {
@@ -152,8 +153,8 @@ def test_sign_refuses_malformed_plans(
     capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path
 ) -> None:
     (plan_dir / plan_name(FP)).write_text(
-        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": true, "free_memory_baseline": 2}'
-        % FP
+        '{"schema": 1, "fingerprint": "' + FP + '", "kv_cache_memory_bytes": true, '
+        '"free_memory_baseline": 2}'
     )
     code, out, _ = run(capsys, "sign", "--key", str(keys), "--json", str(plan_dir))
     assert code == 1 and json.loads(out)["plans"][0]["action"] == "refused (malformed)"

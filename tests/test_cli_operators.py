@@ -137,7 +137,7 @@ def test_a_fifo_named_as_a_file_store_is_exit_2_without_blocking(
     ), err
 
 
-# -- bulk -------------------------------------------------------------------------------------------
+# -- bulk ------------------------------------------------------------------------------------------
 
 
 def test_push_dry_run_and_fingerprints(
@@ -283,11 +283,12 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
     assert main(["push", str(signed.path), url]) == 0
     code = (
         "import sys; from plancache.cli.main import main; "
-        f"rc = main(['pull', '--trusted-keys', {str(keys) + '.pub'!r}, '--fingerprint', {FP!r}, {url!r}, "
-        f"{str(tmp_path / 'node')!r}]); "
-        "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', 'plancache.pipeline.bulk', "
-        "'plancache.cli.plans.offline', 'plancache.pipeline.directory_signing', 'tqdm', 'jsonschema', 'concurrent.futures.process') "
-        "if m in sys.modules))"
+        f"rc = main(['pull', '--trusted-keys', {str(keys) + '.pub'!r}, '--fingerprint', {FP!r}, "
+        f"{url!r}, {str(tmp_path / 'node')!r}]); "
+        "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', "
+        "'plancache.pipeline.bulk', 'plancache.cli.plans.offline', "
+        "'plancache.pipeline.directory_signing', 'tqdm', 'jsonschema', "
+        "'concurrent.futures.process') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(
@@ -303,8 +304,8 @@ def test_verify_of_a_directory_imports_no_store_machinery(tmp_path: Path, keys: 
     code = (
         "import sys; from plancache.cli.main import main; "
         f"rc = main(['verify', '--trusted-keys', {str(keys) + '.pub'!r}, {str(signed.path)!r}]); "
-        "print(rc, sorted(m for m in ('asyncio', 'fsspec', 'botocore', 'aiohttp', 'plancache.storage.store', "
-        "'plancache.storage.deadline') if m in sys.modules))"
+        "print(rc, sorted(m for m in ('asyncio', 'fsspec', 'botocore', 'aiohttp', "
+        "'plancache.storage.store', 'plancache.storage.deadline') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(

@@ -185,10 +185,12 @@ def test_every_argument_error_is_one_line_and_one_report(
 
 
 def test_a_native_library_never_writes_before_the_report(audit: dict[str, str]) -> None:
-    """PyKCS11's C layer prints its dlopen error on fd 1 itself: stdout must still be one document."""
+    """PyKCS11's C layer prints its dlopen error on fd 1 itself: stdout must still be one
+    document."""
     pytest.importorskip("PyKCS11")
     key = "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=1234"
-    code = "import sys; from plancache.cli.main import main; sys.exit(main())"  # as the console script runs it
+    # as the console script runs it
+    code = "import sys; from plancache.cli.main import main; sys.exit(main())"
     done = subprocess.run(
         [sys.executable, "-c", code, "sign", "--json", "--key", key, audit["dir"]],
         capture_output=True,

@@ -33,7 +33,8 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The plancache modules ``path`` imports: ``from M import x`` is M.x when that is a module, else M."""
+    """The plancache modules ``path`` imports: ``from M import x`` is M.x when that is a module,
+    else M."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: set[str] = set()
     for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):

@@ -30,8 +30,8 @@ MODULE = "/usr/lib/softhsm/libsofthsm2.so"
 _missing = [tool for tool in ("softhsm2-util", "pkcs11-tool") if shutil.which(tool) is None]
 if _missing or not os.path.exists(MODULE):
     pytest.skip(
-        f"SoftHSM2/OpenSC not installed ({', '.join(_missing) or MODULE}): scripts/bootstrap-test-env.sh "
-        "installs softhsm2 and opensc with apt-get",
+        f"SoftHSM2/OpenSC not installed ({', '.join(_missing) or MODULE}): "
+        "scripts/bootstrap-test-env.sh installs softhsm2 and opensc with apt-get",
         allow_module_level=True,
     )
 pytest.importorskip("PyKCS11", reason="PyKCS11 missing: pip install 'plancache[pkcs11]'")

@@ -1,4 +1,5 @@
-"""Plan sets in ``verify``, ``ls`` and ``prune`` of a store: bounded, all or nothing, rollbacks seen.
+"""Plan sets in ``verify``, ``ls`` and ``prune`` of a store: bounded, all or nothing, rollbacks
+seen.
 
 Against real parts: the loopback S3-wire :class:`FaultServer` (objects that trickle, or a
 handler here that answers 403 to chosen objects) and a ``file://`` store, through the CLI.
@@ -189,7 +190,10 @@ class _Guarded(_FaultHandler):
         return unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
 
     def _deny(self) -> None:
-        body = b"<?xml version='1.0'?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        body = (
+            b"<?xml version='1.0'?><Error><Code>AccessDenied</Code>"
+            b"<Message>Access Denied</Message></Error>"
+        )
         self._send(403, body, {"Content-Type": "application/xml"})
 
     def do_GET(self) -> None:

@@ -82,8 +82,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
     """A STAND-IN for GCS's JSON API, because gcp-storage-emulator does not implement
     ``ifGenerationMatch``: exactly the calls the conditional prune makes (a multipart upload of
     the precondition check's canary, object metadata, media read, optionally pinned with
-    ``generation=``, delete, optionally with ``ifGenerationMatch``), answered as GCS documents them (404 absent, 412 condition not met,
-    416 for a range over an empty object)."""
+    ``generation=``, delete, optionally with ``ifGenerationMatch``), answered as GCS documents them
+    (404 absent, 412 condition not met, 416 for a range over an empty object)."""
 
     protocol_version = "HTTP/1.1"
     server: QuietHTTPServer
@@ -104,7 +104,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
         self._send(status, body, {"Content-Type": "application/json"})
 
     def _target(self) -> tuple[str, str, dict[str, list[str]]] | None:
-        """(kind, bucket/key, query) for ``/storage/v1/b/B/o/K`` (meta) or ``/download/...`` (media)."""
+        """(kind, bucket/key, query) for ``/storage/v1/b/B/o/K`` (meta) or ``/download/...``
+        (media)."""
         url = urlparse(self.path)
         parts = url.path.split("/")  # the key is one quoted segment: gcsfs quotes its slashes
         state = self.server.state
@@ -122,7 +123,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
     def _current(
         self, name: str, query: dict[str, list[str]], param: str
     ) -> tuple[bytes, int] | int:
-        """The object, or the status to answer: 404 absent, 412 if ``param`` names another generation."""
+        """The object, or the status to answer: 404 absent, 412 if ``param`` names another
+        generation."""
         with self.server.state.lock:
             found = self.server.state.objects.get(name)
         if found is None:
@@ -277,7 +279,8 @@ def backend(
 
 
 def seed(backend: Backend) -> dict[str, str]:
-    """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their digests."""
+    """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their
+    digests."""
     plans = {
         FP: (plan_bytes(), SIG),
         FP2: (plan_bytes(fp=FP2), b""),
@@ -301,7 +304,7 @@ def names(fp: str) -> tuple[str, str]:
     return plan_name(fp), sig_name(fp)
 
 
-# -- (a) unchanged: deleted -------------------------------------------------------------------------
+# -- (a) unchanged: deleted ------------------------------------------------------------------------
 
 
 def test_unchanged_objects_are_deleted(backend: Backend) -> None:
@@ -334,13 +337,14 @@ def test_changed_before_the_reread_is_kept(backend: Backend) -> None:
     assert backend.read(plan_name(FP)) == NEW_PLAN and backend.read(sig_name(FP)) == SIG
 
 
-# -- (b) replaced between the re-read and the delete: kept by the precondition ----------------------
+# -- (b) replaced between the re-read and the delete: kept by the precondition ---------------------
 
 
 def replace_in_window(
     backend: Backend, name: str, data: bytes
 ) -> tuple[list[list[str]], Callable[[list[str]], None]]:
-    """A ``before_delete`` hook that rewrites ``name``, and the list of the fingerprints it was called with."""
+    """A ``before_delete`` hook that rewrites ``name``, and the list of the fingerprints it was
+    called with."""
     calls: list[list[str]] = []
 
     def hook(fps: list[str]) -> None:
@@ -406,7 +410,7 @@ def test_without_a_precondition_the_window_remains(backend: Backend) -> None:
     assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(plan_name(FP)) is None
 
 
-# -- (c) gone before the delete: fine ---------------------------------------------------------------
+# -- (c) gone before the delete: fine --------------------------------------------------------------
 
 
 def test_objects_gone_before_the_delete_are_fine(backend: Backend) -> None:

@@ -1,4 +1,5 @@
-"""The public Python API: the example in docs/python-api.md runs as written, and the root stays light."""
+"""The public Python API: the example in docs/python-api.md runs as written, and the root stays
+light."""
 
 from __future__ import annotations
 

@@ -59,9 +59,8 @@ def backend(
 ) -> Iterator[Backend]:
     kind = request.param
     if kind == "file":
-        (
-            tmp_path / "bucket"
-        ).mkdir()  # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
+        # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
+        (tmp_path / "bucket").mkdir()
         yield Backend(kind, (tmp_path / "bucket" / "plans").as_uri())
     elif kind == "memory":
         yield Backend(kind, f"memory://plancache-{uuid.uuid4().hex}/plans")
@@ -272,7 +271,8 @@ def test_empty_object_reads_as_empty(backend: Backend) -> None:
 def test_missing_locations_fail_and_empty_ones_say_so(
     backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A typo in the bucket (or directory) is exit 2 on every backend; an empty prefix fails verify."""
+    """A typo in the bucket (or directory) is exit 2 on every backend; an empty prefix fails
+    verify."""
     opts = backend.cli_options()
     run(capsys, "keygen", str(tmp_path / "k"))
     keys = ["--trusted-keys", str(tmp_path / "k.pub")]

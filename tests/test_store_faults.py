@@ -276,7 +276,8 @@ def test_hostile_listing_cannot_write_outside_dir(
 def test_gcs_black_hole_and_refused_end_within_budget(
     black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # gcsfs alone has no request timeout and retries six times with backoff, a refused connection too.
+    # gcsfs alone has no request timeout and retries six times with backoff, a refused connection
+    # too.
     for endpoint, budget, reason in (
         (black_hole.endpoint, 1.0, Reason.TIMEOUT),
         (f"http://127.0.0.1:{closed_port()}", 15.0, Reason.STORE_ERROR),
@@ -346,9 +347,10 @@ def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_import_plancache_stays_light() -> None:
     code = (
-        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, plancache.cli.main, "
-        "plancache.storage.store\n"
-        "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') if m in sys.modules]\n"
+        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, "
+        "plancache.cli.main, plancache.storage.store\n"
+        "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') "
+        "if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run(
@@ -433,7 +435,8 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(
     data = os.urandom(3 << 20)
     fault_server.state.objects[key(archives.headers_name(subject))] = FaultObject(data, mode)
     store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
-    # absent; first, so that the SDK's client (service models: CPU a starved worker lacks) is made before the clock
+    # absent; first, so that the SDK's client (service models: CPU a starved worker lacks) is made
+    # before the clock
     assert archives.get_object(store, archives.headers_sig_name(subject), cap=4096) is None
     started = time.monotonic()
     if reason is None:
@@ -592,9 +595,11 @@ def test_the_sdks_import_is_inside_the_budget(
         "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
         "AWS_ENDPOINT_URL": black_hole.endpoint,
         "STORAGE_EMULATOR_HOST": black_hole.endpoint,
-        "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
-        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-        f"BlobEndpoint={black_hole.endpoint}/devstoreaccount1;",
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+            "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+            f"BlobEndpoint={black_hole.endpoint}/devstoreaccount1;"
+        ),
     }
     result = subprocess.run(
         [sys.executable, "-c", _MAIN_TIMED, *argv[:1], "--timeout", "0.5", *argv[1:]],

@@ -1,4 +1,5 @@
-"""The fleet view: boot records as a node_exporter textfile, parsed back by Prometheus's own parser (issue 20)."""
+"""The fleet view: boot records as a node_exporter textfile, parsed back by Prometheus's own parser
+(issue 20)."""
 
 from __future__ import annotations
 

@@ -225,9 +225,10 @@ def held(outcome: dict[str, Any]) -> float:
 def hold_split(outcome: dict[str, Any]) -> str:
     """A failure message: the hold, the vote's share of it and the budget the vote was given."""
     return (
-        f"rank {outcome.get('rank')} held {held(outcome):.2f} s net of {outcome.get('stolen_s', 0.0):.2f} s waiting "
-        f"for a CPU or the collector, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
-        f"budget: {decision_line(outcome)}"
+        f"rank {outcome.get('rank')} held {held(outcome):.2f} s "
+        f"net of {outcome.get('stolen_s', 0.0):.2f} s waiting for a CPU or the collector, "
+        f"the vote {outcome.get('vote_s', -1):.2f} s "
+        f"of a {outcome.get('vote_budget_s', -1):.2f} s budget: {decision_line(outcome)}"
     )
 
 
@@ -254,9 +255,8 @@ def _local_boot(
                 )
         if kind == "below-baseline":
             cmd["free"] = 55 * GIB
-        if (
-            kind == "late"
-        ):  # past the others' bound by 2 s: a rank that waited for it cannot pass for one that did not
+        # past the others' bound by 2 s: a rank that waited for it cannot pass for one that did not
+        if kind == "late":
             cmd["delay"] = timeout + MARGIN_S + SLACK_S + 2.0
         cmds[rank] = cmd
     return world.boot(cmds)
@@ -354,8 +354,9 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
         line = decision_line(o)
         assert "reason=rank-disagreement" in line, line
         if f"ranks that said no: {last}" not in line:
-            # a rank starved past the margin (its lookup was on time, above) may reach the vote after the
-            # others gave up: then every rank profiles on the timed-out vote, each having waited all it was given
+            # a rank starved past the margin (its lookup was on time, above) may reach the vote
+            # after the others gave up: then every rank profiles on the timed-out vote, each having
+            # waited all it was given
             assert "vote failed" in line and "timed out" in line.lower(), hold_split(o)
             assert rank == last or o["vote_s"] >= o["vote_budget_s"] - 0.05, hold_split(o)
         assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)
@@ -368,7 +369,8 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
 def test_a_rank_that_votes_after_the_others_gave_up_profiles_too(
     worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str
 ) -> None:
-    """The timed-out all_gather stays posted: the late rank completes it at once and must not apply."""
+    """The timed-out all_gather stays posted: the late rank completes it at once and must not
+    apply."""
     world = worlds[name]
     budget = 0.5
     out = _local_boot(world, keys, tmp_path, "late", timeout=budget)
