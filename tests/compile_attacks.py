@@ -130,7 +130,7 @@ def signed_cache_on_tmpfs(top: Path, base: Path, *remount: str) -> Iterator[str 
         )
         if remount:
             done = subprocess.run(
-                ["mount", "-o", ",".join(("remount",) + remount), str(mount)],
+                ["mount", "-o", ",".join(("remount", *remount)), str(mount)],
                 capture_output=True,
                 text=True,
             )

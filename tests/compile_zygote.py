@@ -272,7 +272,7 @@ class Zygote:
             (directory / name).mkdir(parents=True, exist_ok=True)
         if own_home:
             env = {**env, "HOME": str(directory / "home"), "TMPDIR": str(directory / "tmp")}
-        self._log = open(directory / "zygote.log", "w")
+        self._log = open(directory / "zygote.log", "w")  # noqa: SIM115 - the server's life; stop()
         self.proc = subprocess.Popen(
             [python, __file__, *preload],
             env=env,

@@ -454,6 +454,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
             f"{contents}</ListBucketResult>"
         ).encode()
         self._send(200, body, {"Content-Type": "application/xml"})
+        return None
 
     def _hostile_page(self, bucket: str, prefix: str, query: dict[str, list[str]]) -> None:
         """A page under ``hostile_prefix``: 3,500 keys of ~1 KB, truncated forever; above it, the

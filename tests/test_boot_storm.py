@@ -21,7 +21,11 @@ import pytest
 
 from plancache.storage import deadline
 from plancache.storage.store import open_store
-from store_servers import AWS_ENV, azurite, moto_server  # noqa: F401 (fixtures)
+from store_servers import (
+    AWS_ENV,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_storm

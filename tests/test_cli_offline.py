@@ -80,7 +80,7 @@ def test_verify_reports_each_bad_plan(
 ) -> None:
     run(capsys, "sign", "--key", str(keys), str(plans))
     (plans / plan_name(FP)).write_bytes(plan_bytes(kv=30 * GIB))
-    code, out, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", str(plans))
+    code, out, _err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", str(plans))
     by_fp = {p["fingerprint"]: p for p in json.loads(out)["plans"]}
     assert code == 1
     assert by_fp[FP]["reason"] == "digest-mismatch" and by_fp[FP2]["status"] == "valid"
@@ -173,7 +173,7 @@ def test_inspect(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) ->
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    ("argv", "message"),
     [
         (["verify", "/nonexistent/dir"], "no trusted keys"),
         (["verify", "--trusted-keys=/nonexistent/keys", "."], "does not exist"),
@@ -190,7 +190,7 @@ def test_user_errors_are_one_line_exit_2(
 ) -> None:
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
     monkeypatch.delenv("PLANCACHE_SIGNING_KEY", raising=False)
-    code, out, err = run(capsys, *argv)
+    code, _out, err = run(capsys, *argv)
     assert (
         code == 2
         and message in err

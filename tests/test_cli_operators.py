@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import keys, run, s3  # noqa: F401 - fixtures
+from cli_support import (
+    keys,  # noqa: F401 - a fixture, named as a parameter
+    run,
+    s3,  # noqa: F401 - a fixture, named as a parameter
+)
 from conftest import FP, GIB, plan_bytes
 from plancache.cli.main import main
 from plancache.cli.output import Progress
@@ -22,7 +26,10 @@ from plancache.storage.conditional_deletes import content_digest, delete_if_unch
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"

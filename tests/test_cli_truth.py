@@ -101,7 +101,7 @@ def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
     code = main(
         ["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]]
     )
-    out, err = capsys.readouterr()
+    out, _err = capsys.readouterr()
     assert code == 2 and json.loads(out)["error"]["reason"] == "internal-error"
     after = _report(report)
     assert after["ok"] is False and after["error"]["reason"] == "internal-error", after
@@ -205,7 +205,7 @@ def test_a_native_library_never_writes_before_the_report(audit: dict[str, str]) 
 
 
 @pytest.mark.parametrize(
-    "blocked, argv, extra",
+    ("blocked", "argv", "extra"),
     [
         (
             "PyKCS11",

@@ -37,7 +37,7 @@ from test_compile_headers import (
     NAME,
     SIGNER,
     SUBJECT,
-    build,  # noqa: F401  (a fixture, named as a parameter)
+    build,  # noqa: F401 - a fixture, named as a parameter
     header_bytes,
     leftovers,
     node,

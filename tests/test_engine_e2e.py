@@ -42,7 +42,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import compile_payloads as P
 import engine_harness as H
 from compile_tampers import cli
-from store_servers import AWS_ENV, BlackHole, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    BlackHole,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 PREFIX = "fleet"
 TAMPERED_PREFIX = "tampered"
@@ -233,9 +238,10 @@ def fleet(
         """The store's good signature beside an archive whose ``rank_0_0/model`` is a payload."""
         client = fleet.moto.client()
         for name, data in fleet.objects().items():
+            body = data
             if name.endswith(".tar"):
-                data = _tampered_archive(data, fleet.top / "tampered-store" / "marker")
-            client.put_object(Bucket=fleet.bucket, Key=f"{TAMPERED_PREFIX}/{name}", Body=data)
+                body = _tampered_archive(data, fleet.top / "tampered-store" / "marker")
+            client.put_object(Bucket=fleet.bucket, Key=f"{TAMPERED_PREFIX}/{name}", Body=body)
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:

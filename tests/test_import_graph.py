@@ -65,7 +65,7 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (found := visit(nxt)) is not None:
                 return found
         path.pop()

@@ -54,7 +54,7 @@ def test_allowed_signers_lines_mix_with_plancache_lines() -> None:
 
 
 @pytest.mark.parametrize(
-    "options, expected",
+    ("options", "expected"),
     [
         ("cert-authority", "cert-authority lines are not supported"),
         ('valid-after="20260101"', "has no Z: OpenSSH would read it in local time"),

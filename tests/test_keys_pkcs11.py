@@ -182,7 +182,7 @@ def test_pin_from_a_file_that_only_the_owner_reads(
 
 
 @pytest.mark.parametrize(
-    "ref, expected",
+    ("ref", "expected"),
     [
         (uri(query="pin-value=9999"), "CKR_PIN_INCORRECT"),
         (uri(query=""), "0 private key objects match (log in"),

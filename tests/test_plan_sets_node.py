@@ -41,7 +41,7 @@ from store_servers import (
     FaultState,
     LoopbackServer,
     _FaultHandler,
-    s3_read_path,  # noqa: F401  (a fixture, named as a parameter)
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
 )
 
 BUCKET, PREFIX = "fleet", "plans"

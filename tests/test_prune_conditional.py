@@ -33,7 +33,7 @@ from plancache.storage.conditional_deletes import content_digest, delete_if_unch
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     FaultObject,
     FaultServer,
@@ -41,11 +41,11 @@ from store_servers import (  # noqa: F401 (fixtures)
     LoopbackServer,
     MotoServer,
     QuietHTTPServer,
-    azurite,
-    fault_server,
-    fault_server_session,
-    gcs_emulator,
-    moto_server,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
+    gcs_emulator,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
 )
 
 FP2 = "fedcba9876543210"
@@ -175,7 +175,7 @@ class _StandInHandler(BaseHTTPRequestHandler):
             self.server.state.requests.append(("POST", self.path))
         if parts[:5] != ["", "upload", "storage", "v1", "b"] or len(parts) != 7 or parts[6] != "o":
             return self._error(501, "not part of the stand-in")
-        head, _, rest = body.partition(b"\n\n")
+        _head, _, rest = body.partition(b"\n\n")
         meta_text, _, rest = rest.partition(b"\n--==0==")
         data = rest.partition(b"\n\n")[2].removesuffix(b"\n--==0==--")
         bucket, key = unquote(parts[5]), json.loads(meta_text)["name"]
@@ -201,6 +201,7 @@ class _StandInHandler(BaseHTTPRequestHandler):
         with self.server.state.lock:
             del self.server.state.objects[name]
         self._send(204)
+        return None
 
 
 class GcsStandIn(LoopbackServer):
@@ -228,6 +229,7 @@ class Backend:
         if self.standin is not None:
             return self.standin.state.write(self.store.path(name), data)
         self.store.fs.pipe_file(self.store.path(name), data)
+        return None
 
     def remove(self, name: str) -> None:
         if self.standin is not None:
@@ -470,7 +472,7 @@ def _faulty_store(
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     keys = [f"plans/{plan_name(fp)}" for fp in (FP, FP2, FP3)]
-    for key, fp in zip(keys, (FP, FP2, FP3)):
+    for key, fp in zip(keys, (FP, FP2, FP3), strict=True):
         fault_server.state.objects[key] = FaultObject(plan_bytes(fp=fp))
     fault_server.state.listing = [k for k in keys for _ in range(listed)]
     return ["--storage-option", f"endpoint_url={fault_server.endpoint}", "s3://faulty/plans"]

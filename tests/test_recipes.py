@@ -26,7 +26,11 @@ from conftest import FP, plan_bytes
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "journeys.md"
 """The page the README's recipes moved to."""

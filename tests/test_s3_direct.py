@@ -21,14 +21,14 @@ from plancache.storage.s3.direct import MAX_FINGERPRINTS, direct_settings
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     FaultObject,
     FaultServer,
     MotoServer,
-    fault_server,
-    fault_server_session,
-    s3_read_path,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
 )
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

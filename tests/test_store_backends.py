@@ -27,7 +27,13 @@ from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
 from plancache.trust.signing import sign_plan
-from store_servers import GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
+from store_servers import (
+    GcsEmulator,
+    MotoServer,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    gcs_emulator,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"
@@ -276,7 +282,7 @@ def test_missing_locations_fail_and_empty_ones_say_so(
     opts = backend.cli_options()
     run(capsys, "keygen", str(tmp_path / "k"))
     keys = ["--trusted-keys", str(tmp_path / "k.pub")]
-    scheme, rest = backend.url.split("://", 1)
+    scheme, _rest = backend.url.split("://", 1)
     missing = f"{scheme}://{'/' if scheme == 'file' else ''}no-such-{uuid.uuid4().hex[:8]}/plans"
     code, out, err = run(capsys, "verify", *keys, *opts, missing)
     assert code == 2 and "does not exist" in err and out == ""

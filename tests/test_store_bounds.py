@@ -24,16 +24,16 @@ from plancache.storage.backends import CONCURRENCY
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     BlackHole,
     FaultObject,
     FaultServer,
-    black_hole,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
     closed_port,
-    fault_server,
-    fault_server_session,
-    s3_read_path,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
     synthetic_fp,
 )
 

@@ -23,18 +23,18 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     BlackHole,
     FaultObject,
     FaultServer,
-    black_hole,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
     closed_port,
-    fault_server,
-    fault_server_session,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
     nothing_written,
     pull_fingerprint,
-    s3_read_path,
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
 )
 
 SLACK = 2.0
@@ -108,7 +108,7 @@ def test_connection_refused_fails_fast(
         raw(store.fetch(FP))
     assert time.monotonic() - started < 1.0  # no retries, no backoff: nobody is listening
     assert err.value.reason is Reason.STORE_ERROR and "connection refused" in err.value.detail
-    code, out, err_text, _ = pull(capsys, endpoint, keys, tmp_path / "d")
+    code, _out, err_text, _ = pull(capsys, endpoint, keys, tmp_path / "d")
     assert code == 2 and err_text.count("\n") == 1 and "Traceback" not in err_text
     assert nothing_written(tmp_path / "d")
 
@@ -126,7 +126,7 @@ def test_black_hole_ends_at_the_budget(
     assert time.monotonic() - started < 1.0 + SLACK
     assert err.value.reason is Reason.TIMEOUT  # a silent store is a timeout, on every Python
     # the CLI's default single-fingerprint budget is 3 s end to end
-    code, out, err_text, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
+    code, out, _err_text, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK and "timeout" in out
     assert nothing_written(tmp_path / "d")
 
@@ -152,7 +152,7 @@ def test_http_500_forever_is_a_store_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     serve_signed(fault_server, keys, mode="error500")
-    code, out, err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    code, out, _err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK
     assert "store-error" in out and nothing_written(tmp_path / "d")
     plan_gets = [p for m, p, _ in fault_server.state.requests if p.endswith(".json")]
@@ -244,7 +244,8 @@ def test_hostile_listing_cannot_write_outside_dir(
 ) -> None:
     serve_signed(fault_server, keys)
     good = [key(plan_name(FP)), key(sig_name(FP))]
-    fault_server.state.listing = good + [
+    fault_server.state.listing = [
+        *good,
         f"{PREFIX}/../../evil/{plan_name('fedcba9876543210')}",
         f"{PREFIX}/{plan_name(FP)}/../../../x/{plan_name('1111111111111111')}",
         f"{PREFIX}/sub/{plan_name('2222222222222222')}",
@@ -414,7 +415,7 @@ def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(
 
 
 @pytest.mark.parametrize(
-    "mode,reason",
+    ("mode", "reason"),
     [
         ("ok", None),
         ("error500-once", None),
@@ -451,7 +452,7 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(
 
 
 @pytest.mark.parametrize(
-    "mode,reason",
+    ("mode", "reason"),
     [
         ("ok", None),
         ("error500-once", None),
@@ -506,7 +507,7 @@ def test_an_informational_answer_before_the_real_one_is_skipped(
 
 
 @pytest.mark.parametrize(
-    "declared, reason",
+    ("declared", "reason"),
     [
         ("-1", Reason.STORE_ERROR),
         ("+5", Reason.STORE_ERROR),

@@ -40,7 +40,14 @@ from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan,
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from stolen_time import StolenClock
-from store_servers import AWS_ENV, BlackHole, MotoServer, azurite, black_hole, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    BlackHole,
+    MotoServer,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 from vllm_cpu import (
     DEVICE_TOTAL,
     FREE,

@@ -38,7 +38,13 @@ from plancache.storage.deadline import JOIN_GRACE
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S
-from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    BlackHole,
+    MotoServer,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 from vllm_cpu import DEVICE_TOTAL, GIB, PLANNED_KV, UTIL, conditions, cpu_environ, write_tiny_model
 from vllm_rank import PRELOAD
 
@@ -140,7 +146,7 @@ class World:
     def close(self) -> None:
         """Every rank ends at once ("quit"): nothing is asserted after this, and a rank's orderly
         interpreter exit (gloo's and vLLM's shutdown) took 2.5-5 s of the module's teardown."""
-        for rank, conn in self.conns.items():
+        for conn in self.conns.values():
             try:
                 conn.send({"op": "quit"})
             except OSError:
@@ -288,7 +294,7 @@ def test_all_valid_all_apply_the_same(
 
 
 @pytest.mark.parametrize(
-    "odd, own_reason",
+    ("odd", "own_reason"),
     [
         ("altered", "digest-mismatch"),
         ("below-baseline", "below-baseline"),
@@ -374,7 +380,7 @@ def test_a_rank_that_votes_after_the_others_gave_up_profiles_too(
     world = worlds[name]
     budget = 0.5
     out = _local_boot(world, keys, tmp_path, "late", timeout=budget)
-    for rank, o in out.items():
+    for o in out.values():
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
         line = decision_line(o)
         assert "reason=rank-disagreement" in line and "vote failed" in line, line
@@ -420,7 +426,7 @@ def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
     first = world.boot(
         {r: {"env": env("first", r), "save": True, "prefetch": True} for r in range(world.size)}
     )
-    for rank, o in first.items():
+    for o in first.values():
         assert (o["applied"], o["kv"], o["collective"], o["push"]) == (
             False,
             PROFILED,
@@ -499,7 +505,7 @@ def test_a_rank_killed_before_the_vote_the_others_profile_within_budget_and_marg
             "collective_s": 1.0,
         }
     out = world.boot(cmds)
-    for rank, o in out.items():
+    for o in out.values():
         assert (o["applied"], o["kv"]) == (False, PROFILED), o
         line = decision_line(o)
         assert "decision=profile reason=rank-disagreement" in line and "vote failed" in line, line
