@@ -267,6 +267,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_s3_direct.py": ("emulator", "realtime"),
     "test_small_robustness.py": ("realtime",),
     "test_stolen_time.py": ("realtime",),
+    "test_static_rules.py": UNIT,
     "test_storage_local.py": UNIT,
     "test_store_azure.py": ("emulator", "realtime"),
     "test_store_backends.py": ("emulator",),
