@@ -384,9 +384,8 @@ def test_a_rank_that_votes_after_the_others_gave_up_profiles_too(
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
         line = decision_line(o)
         assert "reason=rank-disagreement" in line and "vote failed" in line, line
-        assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(
-            o
-        )  # the profiling collective then waits for the late rank
+        # the profiling collective then waits for the late rank
+        assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)
     assert "did not see every vote in time" in decision_line(out[world.size - 1])
 
 
