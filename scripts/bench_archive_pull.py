@@ -7,7 +7,8 @@ S3 with ``plancache compile-cache push``, then pulls it into fresh roots with
 verification), interleaving the roots, and prints the archive size and the pull's median wall
 time, including the CLI's own start.
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_archive_pull.py --cache ROOT KEY.pub [--cache ROOT KEY.pub ...] [--rounds 5]
+    PYTHONPATH=src .venv/bin/python scripts/bench_archive_pull.py
+        --cache ROOT KEY.pub [--cache ROOT KEY.pub ...] [--rounds 5]
 """
 
 from __future__ import annotations

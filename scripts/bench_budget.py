@@ -96,8 +96,10 @@ def main() -> int:
         "AWS_EC2_METADATA_DISABLED": "true",
         "AWS_ENDPOINT_URL": endpoint,
         "STORAGE_EMULATOR_HOST": endpoint,
-        "AZURE_STORAGE_CONNECTION_STRING": f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURE_KEY};"
-        f"BlobEndpoint={endpoint}/devstoreaccount1;",
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURE_KEY};"
+            f"BlobEndpoint={endpoint}/devstoreaccount1;"
+        ),
     }
     budget = ["--timeout", str(args.budget)]
     print(f"budget {args.budget} s, {args.reps} reps, medians; wall from main() called to returned")
@@ -125,7 +127,8 @@ def main() -> int:
             for tree, times in walls.items():
                 wall = statistics.median(times)
                 print(
-                    f"{tree:5} {name:14} {label:18} wall {wall:.2f} s = budget + {wall - args.budget:.2f} s "
+                    f"{tree:5} {name:14} {label:18} wall {wall:.2f} s = budget + "
+                    f"{wall - args.budget:.2f} s "
                     f"(ratio {wall / args.budget:.2f}); bare `import {module}` {imports:.2f} s"
                 )
     return 0

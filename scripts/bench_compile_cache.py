@@ -99,7 +99,8 @@ def bench_verify(work: Path, rounds: int) -> int:
         times.append(time.perf_counter() - started)
     best, median = min(times) * 1000, statistics.median(times) * 1000
     print(
-        f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {median:.1f} ms (target: median <= 50 ms)"
+        f"1. verify a signed 30 MiB cache (300 files): best {best:.1f} ms, median {median:.1f} ms "
+        "(target: median <= 50 ms)"
     )
     bare = []
     for _ in range(rounds * 5):
@@ -118,7 +119,8 @@ def bench_verify(work: Path, rounds: int) -> int:
         guarded.append(time.perf_counter() - started)
         shutil.rmtree(work / f"private-{i}")
     print(
-        f"   the guard (verify + copy into a private directory): best {min(guarded) * 1000:.1f} ms, median "
+        "   the guard (verify + copy into a private directory): "
+        f"best {min(guarded) * 1000:.1f} ms, median "
         f"{statistics.median(guarded) * 1000:.1f} ms; ratio guard / verify (medians) "
         f"{statistics.median(guarded) / statistics.median(times):.2f}"
     )
@@ -139,7 +141,8 @@ def pull_reads(work: Path, root: cc.CacheRoot, keyring: Any, now: datetime) -> i
         print("3. pull of one cache: not measured: counter saw no reads")
     else:
         print(
-            f"3. pull of one cache: {len(reads)} object reads ({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)"
+            f"3. pull of one cache: {len(reads)} object reads "
+            f"({', '.join(Path(r).name[-12:] for r in reads)}) (target 2)"
         )
     return len(reads)
 
@@ -203,8 +206,9 @@ def bench_warm(work: Path, rounds: int) -> None:
     )
     print(
         f"2. warm load of a real signed cache ({size / 2**20:.1f} MiB), medians of {rounds}: "
-        f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; the guard's own time (copy incl.) "
-        f"{guard:.0f} ms = {guard / 1000 / plain * 100:.1f} % of the warm load (target <= 10 %)"
+        f"first forward without guard {plain:.2f} s, with guard {guarded_first:.2f} s; "
+        f"the guard's own time (copy incl.) {guard:.0f} ms "
+        f"= {guard / 1000 / plain * 100:.1f} % of the warm load (target <= 10 %)"
     )
 
 

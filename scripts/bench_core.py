@@ -73,8 +73,8 @@ def bench_single(rounds: int) -> None:
         base_t = min(base_t, best_of(baseline, 1, number))
         full_t = min(full_t, best_of(full, 1, number))
     print(
-        f"1. verify one plan: {full_t * 1e6:.1f} us; bare Ed25519 verify + parse: {base_t * 1e6:.1f} us; "
-        f"ratio {full_t / base_t:.2f} (target <= 1.5)"
+        f"1. verify one plan: {full_t * 1e6:.1f} us; bare Ed25519 verify + parse: "
+        f"{base_t * 1e6:.1f} us; ratio {full_t / base_t:.2f} (target <= 1.5)"
     )
 
 
@@ -128,9 +128,9 @@ def bench_many(plans: int, rounds: int) -> None:
             subprocess.run(cmd, check=True, capture_output=True, env=env)
             many = min(many, time.perf_counter() - start)
         print(
-            f"2b. whole `plancache verify --json DIR` over {plans} plans, including interpreter start-up and "
-            f"the JSON report (serial parts): --jobs 1 {one:.2f} s, {cores} cores {many:.2f} s; "
-            f"speed-up {one / many:.2f}x"
+            f"2b. whole `plancache verify --json DIR` over {plans} plans, including interpreter "
+            f"start-up and the JSON report (serial parts): --jobs 1 {one:.2f} s, "
+            f"{cores} cores {many:.2f} s; speed-up {one / many:.2f}x"
         )
 
 
@@ -162,7 +162,8 @@ if __name__ == "__main__":
     jobs = os.cpu_count() or 1
     size = max(1, len(names) // (jobs * 8))
     with ProcessPoolExecutor(jobs) as pool:
-        assert sum(pool.map(check, [names[i:i + size] for i in range(0, len(names), size)])) == len(names)
+        chunks = [names[i:i + size] for i in range(0, len(names), size)]
+        assert sum(pool.map(check, chunks)) == len(names)
 """
 
 
@@ -201,15 +202,17 @@ def bench_floor(plans: int, rounds: int) -> None:
         finally:
             keyfile.unlink()
         print(
-            f"2c. whole `plancache verify DIR` over {plans} plans {cmd_t:.2f} s; all-cores floor (bare read + "
-            f"Ed25519 over the PAE + digest + plan parse, process pool) {floor_t:.2f} s; "
+            f"2c. whole `plancache verify DIR` over {plans} plans {cmd_t:.2f} s; all-cores floor "
+            "(bare read + Ed25519 over the PAE + digest + plan parse, process pool) "
+            f"{floor_t:.2f} s; "
             f"ratio {cmd_t / floor_t:.2f} (target <= 1.25)"
         )
 
 
 def bench_imports() -> None:
     code = (
-        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, plancache.cli.main;"
+        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, "
+        "plancache.cli.main;"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -217,7 +220,8 @@ def bench_imports() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     print(
-        f"3. heavy modules imported by plancache, its trust core and CLI: {out.stdout.strip()} (target: none)"
+        f"3. heavy modules imported by plancache, its trust core and CLI: {out.stdout.strip()} "
+        "(target: none)"
     )
 
 

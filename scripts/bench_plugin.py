@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """vLLM plugin benchmarks: ratios measured side by side in one run, on the real vLLM 0.33 code.
 
-    .venv/bin/python scripts/bench_plugin.py [--reps 300] [--load-seconds 2] [--boots 5] [--rtt-ms 20]
+    .venv/bin/python scripts/bench_plugin.py
+        [--reps 300] [--load-seconds 2] [--boots 5] [--rtt-ms 20]
 
 Needs the test venv (scripts/bootstrap-test-env.sh: torch CPU + vllm 0.33 + moto[server] + s3fs).
 Runs vLLM's worker code on CPU as the tests do (a real ``VllmConfig`` for a tiny generated model,
@@ -11,7 +12,8 @@ scripts/bench_store.py (real buckets are not on loopback). The store figures are
 through the proxy and bare.
 
 Targets (issue "vLLM worker plugin", Performance):
-  1. local signed hit inside the plugin      <= 1.5 x (one Ed25519 verify + vLLM's own unsigned load and gate)
+  1. local signed hit inside the plugin      <= 1.5 x (one Ed25519 verify
+                                                + vLLM's own unsigned load and gate)
   2. store hit with prefetch, 2 s weights    adds <= 5 ms to the critical path
   3. importing the plugin with the feature off  <= 5 ms
 """
@@ -98,7 +100,7 @@ def bench_import(runs: int) -> tuple[float, str]:
     return median_ms(times), heavy
 
 
-# -- vLLM on CPU: a tiny model, a real config, a Worker stand-in (tests/vllm_cpu.py) ----------------
+# -- vLLM on CPU: a tiny model, a real config, a Worker stand-in (tests/vllm_cpu.py) ---------------
 
 
 class Vllm:
@@ -172,7 +174,8 @@ def bench_local_hit(v: Vllm, work: Path, keys: SimpleNamespace, reps: int) -> di
 
         plugin_t, vllm_t, fp_t = [], [], []
         gc.collect()
-        gc.disable()  # as timeit does: the deepcopied configs' garbage would land on either side at random
+        # as timeit does: the deepcopied configs' garbage would land on either side at random
+        gc.disable()
         for i in range(reps):
             for side in (0, 1) if i % 2 else (1, 0):  # interleaved, alternating order
                 worker = v.worker()
@@ -265,7 +268,6 @@ def boot_once(
                 worker.load_model()  # the wrapped Worker.load_model: starts the prefetch
             else:
                 type(worker).load_model.__wrapped__(worker)
-            t1 = time.perf_counter()
             v.gpu_worker.maybe_apply_startup_plan(worker)
             t2 = time.perf_counter()
             assert worker.cache_config.kv_cache_memory_bytes == PLANNED_KV, lines
@@ -371,7 +373,8 @@ def main() -> int:
     import_ms, heavy = bench_import(args.import_runs)
     print(
         f"3. import plancache.vllm_plugin + register(), feature off: {import_ms:.2f} ms "
-        f"(median of {args.import_runs} fresh interpreters); heavy modules: {heavy}   target <= 5 ms",
+        f"(median of {args.import_runs} fresh interpreters); heavy modules: {heavy}   "
+        "target <= 5 ms",
         flush=True,
     )
 
@@ -392,8 +395,9 @@ def main() -> int:
         local = bench_local_hit(v, work, keys, args.reps)
         ratio = local["plugin"] / local["baseline"]
         print(
-            f"1. local signed hit in the plugin: {local['plugin'] * 1000:.0f} us; Ed25519 verify + vLLM's own "
-            f"unsigned load and gate: {local['baseline'] * 1000:.0f} us; ratio {ratio:.2f}   target <= 1.5 "
+            f"1. local signed hit in the plugin: {local['plugin'] * 1000:.0f} us; "
+            "Ed25519 verify + vLLM's own unsigned load and gate: "
+            f"{local['baseline'] * 1000:.0f} us; ratio {ratio:.2f}   target <= 1.5 "
             f"(both include vLLM's fingerprint, {local['fingerprint'] * 1000:.0f} us)",
             flush=True,
         )
@@ -410,16 +414,20 @@ def main() -> int:
             for label, endpoint in targets:
                 r = bench_store_hit(v, work, keys, endpoint, label, args.boots, args.load_seconds)
                 print(
-                    f"2. [{label}] store hit with prefetch, {args.load_seconds:g} s weight load: adds "
-                    f"{r['added_ms']:+.2f} ms to the critical path (plugin time on it, load_model hook + apply: "
-                    f"{r['store_apply_ms']:.2f} ms vs {r['local_apply_ms']:.2f} ms for a local signed hit; whole boot "
-                    f"{r['store_cp_ms']:.1f} vs {r['local_cp_ms']:.1f} ms, {r['wall_added_ms']:+.1f} ms)   "
-                    f"target <= 5 ms",
+                    f"2. [{label}] store hit with prefetch, {args.load_seconds:g} s weight load: "
+                    f"adds {r['added_ms']:+.2f} ms to the critical path "
+                    "(plugin time on it, load_model hook + apply: "
+                    f"{r['store_apply_ms']:.2f} ms vs {r['local_apply_ms']:.2f} ms "
+                    "for a local signed hit; whole boot "
+                    f"{r['store_cp_ms']:.1f} vs {r['local_cp_ms']:.1f} ms, "
+                    f"{r['wall_added_ms']:+.1f} ms)   target <= 5 ms",
                     flush=True,
                 )
                 print(
-                    f"   [{label}] first boot (s3fs {'not yet imported' if r['cold_s3fs'] else 'already imported'}, "
-                    f"one sample): adds {r['cold_added_ms']:+.2f} ms; without prefetch (inline fetch) the plugin "
+                    f"   [{label}] first boot (s3fs "
+                    f"{'not yet imported' if r['cold_s3fs'] else 'already imported'}, "
+                    f"one sample): adds {r['cold_added_ms']:+.2f} ms; "
+                    "without prefetch (inline fetch) the plugin "
                     f"takes {r['inline_apply_ms']:.1f} ms on the critical path",
                     flush=True,
                 )

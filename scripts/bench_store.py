@@ -19,11 +19,12 @@ nothing; s3rver, with node >= 16 and npm, from the repository root:
 It is looked up as ``$S3RVER``, then ``.bench-tools/node_modules/.bin/s3rver``, then on PATH.
 
 Targets (issue "object-store mirror", Performance):
-  pull of one fingerprint (plan + sidecar, verified, written)   <= 1.3 x one boto3 get_object
-  push of N signed plans (plancache push)                       <= 0.5 x aws s3 sync (same dir, same server)
-  pull of N plans with verification (plancache pull)            <= 0.5 x aws s3 sync the other way
-  black-holed store                                             <= budget + 10 %
-  refused connection                                            <= 50 ms
+  pull of one fingerprint (plan + sidecar, verified, written)  <= 1.3 x one boto3 get_object
+  push of N signed plans (plancache push)                      <= 0.5 x aws s3 sync
+                                                                  (same dir, same server)
+  pull of N plans with verification (plancache pull)           <= 0.5 x aws s3 sync the other way
+  black-holed store                                            <= budget + 10 %
+  refused connection                                           <= 50 ms
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plancache.storage.local.localdir import LocalPlanDir
+    from plancache.trust.keyring.keys import Keyring
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -159,7 +165,8 @@ def start_server(kind: str, port: int, data: Path) -> tuple[subprocess.Popen[byt
         )
         if not exe:
             raise SystemExit(
-                "s3rver not found: npm install --prefix .bench-tools --no-audit --no-fund s3rver@3.7.1"
+                "s3rver not found: npm install --prefix .bench-tools --no-audit --no-fund "
+                "s3rver@3.7.1"
             )
         version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
         data.mkdir()
@@ -180,6 +187,157 @@ def start_server(kind: str, port: int, data: Path) -> tuple[subprocess.Popen[byt
     return subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     ), label
+
+
+def bench_endpoint(
+    label: str,
+    endpoint: str,
+    slug: str,
+    args: argparse.Namespace,
+    local: LocalPlanDir,
+    one: str,
+    keyring: Keyring,
+    tmp: Path,
+    aws: list[str] | None,
+) -> None:
+    """One endpoint's figures (bare loopback, or through the RTT proxy): one plan, then bulk.
+
+    A function of its own so that the closures timed below bind this endpoint's values."""
+    import boto3
+
+    from plancache.pipeline.resolver import Resolver
+    from plancache.storage.local.localdir import LocalPlanDir
+    from plancache.storage.store import open_store
+    from plancache.trust.plans.plan import plan_name
+    from plancache.trust.policy import TrustPolicy
+
+    cli = [sys.executable, "-m", "plancache.cli.main"]
+    print(f"\n== {label} ({endpoint})")
+    opts = {"endpoint_url": endpoint}
+    prefix = f"single-{slug}"
+    store = open_store(f"s3://bench/{prefix}", opts, 30)
+    store.put(one, *local.read(one))  # type: ignore[arg-type]  # both written just before
+    client = boto3.client("s3", endpoint_url=endpoint)
+
+    def get_object() -> bytes:
+        return client.get_object(Bucket="bench", Key=f"{prefix}/{plan_name(one)}")["Body"].read()
+
+    dest = LocalPlanDir(tmp / f"pull-one-{prefix}")
+
+    resolver = Resolver(dest, TrustPolicy.signed(keyring), store)
+
+    def pull_one() -> None:  # the pipeline pull uses: fetch, verify, atomic write
+        dest.path.mkdir(parents=True, exist_ok=True)
+        for name in os.listdir(dest.path):  # each rep writes afresh, as a first pull does
+            os.unlink(dest.path / name)
+        [result] = resolver.pull([one])
+        assert result.written, result
+
+    for _ in range(3):  # warm connection pools on both sides
+        get_object()
+        pull_one()
+    t_get = median_time(get_object, args.reps * 4)
+    t_pull = median_time(pull_one, args.reps * 4)
+    print(f"pull one fingerprint (fetch plan+sig, verify, atomic write): {t_pull * 1000:7.1f} ms")
+    print(f"boto3 get_object of one object (warm client):                {t_get * 1000:7.1f} ms")
+    print(f"  ratio pull / get_object = {t_pull / t_get:.2f}   (target <= 1.3)")
+
+    env = {**os.environ, **AWS_ENV}
+    counter = iter(range(10**6))
+    state: dict[str, str] = {}
+
+    def fresh_prefix() -> None:
+        state["prefix"] = f"bulk-{slug}-{next(counter)}"
+
+    def push_cli() -> None:
+        subprocess.run(
+            [
+                *cli,
+                "push",
+                "--storage-option",
+                f"endpoint_url={endpoint}",
+                str(local.path),
+                f"s3://bench/{state['prefix']}",
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+
+    def aws_push() -> None:
+        assert aws
+        subprocess.run(
+            [
+                *aws,
+                "s3",
+                "sync",
+                "--only-show-errors",
+                "--endpoint-url",
+                endpoint,
+                str(local.path),
+                f"s3://bench/{state['prefix']}",
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+
+    t_push = median_time(push_cli, args.bulk_reps, fresh_prefix)
+    print(f"plancache push of {args.plans} plans ({2 * args.plans} objects):   {t_push:7.2f} s")
+    seeded = state["prefix"]
+    if aws:
+        t_aws_push = median_time(aws_push, args.bulk_reps, fresh_prefix)
+        print(f"aws s3 sync DIR -> bucket:                          {t_aws_push:7.2f} s")
+        print(f"  ratio push / aws s3 sync = {t_push / t_aws_push:.2f}   (target <= 0.5)")
+
+    def fresh_dir() -> None:
+        state["dir"] = str(tmp / f"pulled-{slug}-{next(counter)}")
+
+    def pull_cli() -> None:
+        subprocess.run(
+            [
+                *cli,
+                "pull",
+                "--trusted-keys",
+                str(tmp / "key.pub"),
+                "--storage-option",
+                f"endpoint_url={endpoint}",
+                f"s3://bench/{seeded}",
+                state["dir"],
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        assert len(os.listdir(state["dir"])) == 2 * args.plans
+
+    def aws_pull() -> None:
+        assert aws
+        subprocess.run(
+            [
+                *aws,
+                "s3",
+                "sync",
+                "--only-show-errors",
+                "--endpoint-url",
+                endpoint,
+                f"s3://bench/{seeded}",
+                state["dir"],
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        assert len(os.listdir(state["dir"])) == 2 * args.plans, len(os.listdir(state["dir"]))
+
+    t_pull_all = median_time(pull_cli, args.bulk_reps, fresh_dir)
+    print(f"plancache pull of {args.plans} plans, verified:          {t_pull_all:7.2f} s")
+    if aws:
+        t_aws_pull = median_time(aws_pull, args.bulk_reps, fresh_dir)
+        print(f"aws s3 sync bucket -> DIR (no verification):        {t_aws_pull:7.2f} s")
+        print(f"  ratio pull / aws s3 sync = {t_pull_all / t_aws_pull:.2f}   (target <= 0.5)")
+    else:
+        print("aws s3 sync: awscli not installed (pip install awscli) -- comparison skipped")
 
 
 def main() -> int:
@@ -209,11 +367,9 @@ def main() -> int:
     import boto3
 
     from plancache.keys.keyfile import generate_keypair, load_keyring
-    from plancache.pipeline.resolver import Resolver
     from plancache.storage.local.localdir import LocalPlanDir
     from plancache.storage.store import open_store
     from plancache.trust.plans.plan import Plan, plan_name, render_plan
-    from plancache.trust.policy import TrustPolicy
     from plancache.trust.signing import sign_plan
 
     aws = aws_cmd()
@@ -258,151 +414,11 @@ def main() -> int:
 
         print(
             f"plancache store benchmark: {args.plans} plans, {server_label}, medians "
-            f"({args.reps} reps single, {args.bulk_reps} reps bulk), python {sys.version.split()[0]}, "
-            f"{os.cpu_count()} cpus"
+            f"({args.reps} reps single, {args.bulk_reps} reps bulk), "
+            f"python {sys.version.split()[0]}, {os.cpu_count()} cpus"
         )
-        cli = [sys.executable, "-m", "plancache.cli.main"]
         for label, (endpoint, slug) in endpoints.items():
-            print(f"\n== {label} ({endpoint})")
-            opts = {"endpoint_url": endpoint}
-            prefix = f"single-{slug}"
-            store = open_store(f"s3://bench/{prefix}", opts, 30)
-            store.put(one, *local.read(one))  # type: ignore[arg-type]
-            client = boto3.client("s3", endpoint_url=endpoint)
-
-            def get_object() -> bytes:
-                return client.get_object(Bucket="bench", Key=f"{prefix}/{plan_name(one)}")[
-                    "Body"
-                ].read()
-
-            dest = LocalPlanDir(tmp / f"pull-one-{prefix}")
-
-            resolver = Resolver(dest, TrustPolicy.signed(keyring), store)
-
-            def pull_one() -> None:  # the pipeline pull uses: fetch, verify, atomic write
-                dest.path.mkdir(parents=True, exist_ok=True)
-                for name in os.listdir(dest.path):  # each rep writes afresh, as a first pull does
-                    os.unlink(dest.path / name)
-                [result] = resolver.pull([one])
-                assert result.written, result
-
-            for _ in range(3):  # warm connection pools on both sides
-                get_object()
-                pull_one()
-            t_get = median_time(get_object, args.reps * 4)
-            t_pull = median_time(pull_one, args.reps * 4)
-            print(
-                f"pull one fingerprint (fetch plan+sig, verify, atomic write): {t_pull * 1000:7.1f} ms"
-            )
-            print(
-                f"boto3 get_object of one object (warm client):                {t_get * 1000:7.1f} ms"
-            )
-            print(f"  ratio pull / get_object = {t_pull / t_get:.2f}   (target <= 1.3)")
-
-            env = {**os.environ, **AWS_ENV}
-            counter = iter(range(10**6))
-            state: dict[str, str] = {}
-
-            def fresh_prefix() -> None:
-                state["prefix"] = f"bulk-{slug}-{next(counter)}"
-
-            def push_cli() -> None:
-                subprocess.run(
-                    [
-                        *cli,
-                        "push",
-                        "--storage-option",
-                        f"endpoint_url={endpoint}",
-                        str(local.path),
-                        f"s3://bench/{state['prefix']}",
-                    ],
-                    check=True,
-                    env=env,
-                    capture_output=True,
-                )
-
-            def aws_push() -> None:
-                assert aws
-                subprocess.run(
-                    [
-                        *aws,
-                        "s3",
-                        "sync",
-                        "--only-show-errors",
-                        "--endpoint-url",
-                        endpoint,
-                        str(local.path),
-                        f"s3://bench/{state['prefix']}",
-                    ],
-                    check=True,
-                    env=env,
-                    capture_output=True,
-                )
-
-            t_push = median_time(push_cli, args.bulk_reps, fresh_prefix)
-            print(
-                f"plancache push of {args.plans} plans ({2 * args.plans} objects):   {t_push:7.2f} s"
-            )
-            seeded = state["prefix"]
-            if aws:
-                t_aws_push = median_time(aws_push, args.bulk_reps, fresh_prefix)
-                print(f"aws s3 sync DIR -> bucket:                          {t_aws_push:7.2f} s")
-                print(f"  ratio push / aws s3 sync = {t_push / t_aws_push:.2f}   (target <= 0.5)")
-
-            def fresh_dir() -> None:
-                state["dir"] = str(tmp / f"pulled-{slug}-{next(counter)}")
-
-            def pull_cli() -> None:
-                subprocess.run(
-                    [
-                        *cli,
-                        "pull",
-                        "--trusted-keys",
-                        str(tmp / "key.pub"),
-                        "--storage-option",
-                        f"endpoint_url={endpoint}",
-                        f"s3://bench/{seeded}",
-                        state["dir"],
-                    ],
-                    check=True,
-                    env=env,
-                    capture_output=True,
-                )
-                assert len(os.listdir(state["dir"])) == 2 * args.plans
-
-            def aws_pull() -> None:
-                assert aws
-                subprocess.run(
-                    [
-                        *aws,
-                        "s3",
-                        "sync",
-                        "--only-show-errors",
-                        "--endpoint-url",
-                        endpoint,
-                        f"s3://bench/{seeded}",
-                        state["dir"],
-                    ],
-                    check=True,
-                    env=env,
-                    capture_output=True,
-                )
-                assert len(os.listdir(state["dir"])) == 2 * args.plans, len(
-                    os.listdir(state["dir"])
-                )
-
-            t_pull_all = median_time(pull_cli, args.bulk_reps, fresh_dir)
-            print(f"plancache pull of {args.plans} plans, verified:          {t_pull_all:7.2f} s")
-            if aws:
-                t_aws_pull = median_time(aws_pull, args.bulk_reps, fresh_dir)
-                print(f"aws s3 sync bucket -> DIR (no verification):        {t_aws_pull:7.2f} s")
-                print(
-                    f"  ratio pull / aws s3 sync = {t_pull_all / t_aws_pull:.2f}   (target <= 0.5)"
-                )
-            else:
-                print(
-                    "aws s3 sync: awscli not installed (pip install awscli) -- comparison skipped"
-                )
+            bench_endpoint(label, endpoint, slug, args, local, one, keyring, tmp, aws)
 
         print("\n== failures")
         hole = socket.socket()
@@ -417,8 +433,8 @@ def main() -> int:
         kind = error.reason.value if error is not None else "no error"
         t_hole = time.perf_counter() - t0
         print(
-            f"black-holed store, {budget:g} s budget: {t_hole:.3f} s ({kind}); ratio {t_hole / budget:.3f} "
-            f"(target <= 1.10)"
+            f"black-holed store, {budget:g} s budget: {t_hole:.3f} s ({kind}); "
+            f"ratio {t_hole / budget:.3f} (target <= 1.10)"
         )
         hole.close()
         refused = open_store(

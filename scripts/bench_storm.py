@@ -8,8 +8,8 @@ resolution with its own store client and a ``--budget`` deadline:
 
 * ``today``: :meth:`Resolver.resolve` per rank (plan + sidecar, 2 GETs), the retries before
   this work (``deadline.LEGACY_RETRIES``: 3 tries, 50-200 ms);
-* ``new``: :func:`~plancache.pipeline.plan_sets.node_plans.resolve_node` (one rank per node reads the
-  world's plan set, the others wait on the node lock), full-jitter backoff with Retry-After.
+* ``new``: :func:`~plancache.pipeline.plan_sets.node_plans.resolve_node` (one rank per node reads
+  the world's plan set, the others wait on the node lock), full-jitter backoff with Retry-After.
 
 Scaling: ``--nodes N`` stands for 10,000 nodes by multiplying every limit by N / 10,000
 (S3 5,500/s per prefix, Azure 500/s per blob), so offered load / limit is the real one.
@@ -18,8 +18,9 @@ hold hundreds of processes, and one process would put every simulated rank behin
 interpreter lock and one fsspec event loop, which real ranks never share. Every rank has its own
 store client and its node its own plan directory and node lock (``flock`` between threads holds
 as between processes: each rank opens the lock file itself). Each rank's client is made before
-the storm starts, as a worker's prefetch makes it while the weights load. Prints, per store and mode: ranks applied within the budget, p50/p99 time to a decision,
-requests per node, total requests (and against the minimum), throttled answers.
+the storm starts, as a worker's prefetch makes it while the weights load. Prints, per store and
+mode: ranks applied within the budget, p50/p99 time to a decision, requests per node, total requests
+(and against the minimum), throttled answers.
 
     python scripts/bench_storm.py --nodes 20 --rounds 3 --spread 10
 """
@@ -51,7 +52,8 @@ REAL_NODES = 10_000
 S3_PREFIX_RATE = 5_500.0
 AZURE_BLOB_RATE = 500.0
 BURST_SECONDS = 1.0
-"""Tokens a bucket holds: one second of its rate (the stores publish no burst; see BENCHMARKS.md)."""
+"""Tokens a bucket holds: one second of its rate (the stores publish no burst; see
+BENCHMARKS.md)."""
 
 
 @dataclass
@@ -77,9 +79,10 @@ class Tally:
         times = sorted(o.seconds for o in self.outcomes) or [0.0]
         p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
         return (
-            f"{label:<14} applied {100 * applied:6.2f} %  p50 {statistics.median(times):5.2f} s  p99 {p99:5.2f} s  "
-            f"req/node {self.requests / max(1, self.nodes):5.2f}  total {self.requests:5d} "
-            f"({self.requests / max(1, self.minimum):4.2f}x min {self.minimum})  throttled {self.throttled}"
+            f"{label:<14} applied {100 * applied:6.2f} %  p50 {statistics.median(times):5.2f} s  "
+            f"p99 {p99:5.2f} s  req/node {self.requests / max(1, self.nodes):5.2f}  "
+            f"total {self.requests:5d} ({self.requests / max(1, self.minimum):4.2f}x "
+            f"min {self.minimum})  throttled {self.throttled}"
         )
 
 
@@ -87,7 +90,8 @@ class Tally:
 
 
 class Proxy:
-    """``scripts/storm_proxy.py`` in a subprocess of its own (its threads off this process's GIL)."""
+    """``scripts/storm_proxy.py`` in a subprocess of its own (its threads off this process's
+    GIL)."""
 
     def __init__(self, kind: str, upstream_port: int, retry_after: int | None) -> None:
         from store_servers import free_port, wait_for_port
@@ -175,7 +179,7 @@ def bake(
     return world, worker_policy(str(work / "ci.pub"), 1)
 
 
-# -- the storm --------------------------------------------------------------------------------------
+# -- the storm -------------------------------------------------------------------------------------
 
 
 def storm(
@@ -303,7 +307,7 @@ def _prime(store: Any) -> None:
     if store._direct is not None:
         store._direct.client()
     else:
-        store.fs
+        _ = store.fs  # the property makes the filesystem client
 
 
 def _run_nodes(
@@ -318,7 +322,8 @@ def _run_nodes(
     root: Path,
     nodes: list[int] | None = None,
 ) -> list[Outcome]:
-    """Every rank of ``nodes`` (default: all) in a thread of its own, arriving at its node's offset."""
+    """Every rank of ``nodes`` (default: all) in a thread of its own, arriving at its node's
+    offset."""
     from plancache.pipeline.plan_sets import node_plans
     from plancache.pipeline.resolver import Resolver
     from plancache.storage import deadline as retries
@@ -414,9 +419,10 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
         for store in stores:  # each rank's own client, made before the storm (as a prefetch would)
             _prime(store)
         lines.append(
-            f"{kind}: {args.nodes} nodes x {args.ranks} ranks standing for {REAL_NODES} nodes; limit "
-            f"{rate:.2f}/s per {'prefix' if kind == 's3' else 'blob'} (scale {scale:g}), spread {args.spread:g} s, "
-            f"budget {args.budget:g} s, {args.rounds} round(s), {args.schedule} arrivals, {args.processes} process(es)"
+            f"{kind}: {args.nodes} nodes x {args.ranks} ranks standing for {REAL_NODES} nodes; "
+            f"limit {rate:.2f}/s per {'prefix' if kind == 's3' else 'blob'} (scale {scale:g}), "
+            f"spread {args.spread:g} s, budget {args.budget:g} s, {args.rounds} round(s), "
+            f"{args.schedule} arrivals, {args.processes} process(es)"
             + (
                 f", {args.replicas} set replica(s), Retry-After {args.retry_after}"
                 if kind == "azure"

@@ -14,7 +14,9 @@
 #   3. -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'
 #                             the project and its test extras, with the vLLM pins, torch/vllm
 #                             and requirements/test-pins.txt as constraints, so nothing step 2
-#                             installed can be moved.
+#                             installed can be moved. [test] brings the static gate's ruff and
+#                             mypy (scripts/static-gate.sh), pinned there and in the test pins;
+#                             the bootstrap checks that both run.
 #
 # Before the venv: Debian's softhsm2, opensc and zsh (SoftHSM2 and pkcs11-tool, the real PKCS#11
 # token the key-custody tests sign with), installed with apt-get when missing. Checked on
@@ -222,6 +224,13 @@ pip_install -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'
 log "checking imports"
 if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, adlfs, azure.identity.aio, moto, fsspec, hypothesis, pytest, bcrypt, PyKCS11, google.cloud.kms_v1' >>"$PIPLOG" 2>&1; then
     log "ERROR: import check failed; last lines of $PIPLOG:"
+    tail -n 20 "$PIPLOG" >&2
+    exit 1
+fi
+
+log "checking the static gate's tools"
+if ! { "$VENV/bin/ruff" --version && "$VENV/bin/mypy" --version; } >>"$PIPLOG" 2>&1; then
+    log "ERROR: ruff or mypy missing from $VENV (the [test] extra pins both); last lines of $PIPLOG:"
     tail -n 20 "$PIPLOG" >&2
     exit 1
 fi

@@ -15,12 +15,27 @@
 # Tiers: `-m unit` runs the quick tier alone (under a minute; PLANCACHE_NO_ENGINE=1 spares a fresh
 # checkout the engine venv it never uses); any `-m` that names tiers only leaves the files that
 # cannot match uncollected (tests/conftest.py, docs/test-suite.md#tiers).
+# The static gate (scripts/static-gate.sh: ruff check, ruff format --check, mypy) runs after the
+# bootstrap and before pytest, whatever the arguments: a finding stops the run there, with the
+# gate's own FAILED line and exit code, before any test. PLANCACHE_SKIP_GATE=1 skips it for a
+# quick local rerun (CI never sets it: .ci/run runs the gate).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 VENV="${PLANCACHE_VENV:-$REPO_ROOT/.venv}"
 export PLANCACHE_VENV="$VENV"
 bash "$REPO_ROOT/scripts/bootstrap-test-env.sh"
+if [ "${PLANCACHE_SKIP_GATE:-}" = 1 ]; then
+    echo "static gate: skipped (PLANCACHE_SKIP_GATE=1)" >&2
+else
+    gate=0
+    bash "$REPO_ROOT/scripts/static-gate.sh" || gate=$?
+    if [ "$gate" != 0 ]; then
+        echo "run-tests: stopped before pytest: the static gate failed (exit $gate);" \
+            "PLANCACHE_SKIP_GATE=1 skips it for a local rerun" >&2
+        exit "$gate"
+    fi
+fi
 WORKERS="${PLANCACHE_TEST_WORKERS:-3}"
 if [ "$WORKERS" = "0" ]; then
     exec "$VENV/bin/python" -m pytest "$@"

@@ -40,7 +40,8 @@ HOP = {
 
 
 class Buckets:
-    """Token buckets by key: ``rate`` tokens per second, at most ``burst`` held; rate 0 = unlimited."""
+    """Token buckets by key: ``rate`` tokens per second, at most ``burst`` held; rate 0 =
+    unlimited."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -119,7 +120,8 @@ def make_handler(kind: str, upstream: str, buckets: Buckets, retry_after: int | 
                 return
             body = (
                 b'\xef\xbb\xbf<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
-                b"<Message>The server is currently unable to receive requests. Please retry your request."
+                b"<Message>The server is currently unable to receive requests. Please retry your "
+                b"request."
                 b"</Message></Error>"
             )
             headers = {"Content-Type": "application/xml", "x-ms-error-code": "ServerBusy"}

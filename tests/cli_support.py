@@ -1,4 +1,5 @@
-"""What the CLI test files share: run the CLI in-process, an S3 endpoint in the environment, a CI key."""
+"""What the CLI test files share: run the CLI in-process, an S3 endpoint in the environment, a CI
+key."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import pytest
 
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401 - the fixture s3 builds on
+from store_servers import (
+    AWS_ENV,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -130,7 +130,7 @@ def signed_cache_on_tmpfs(top: Path, base: Path, *remount: str) -> Iterator[str 
         )
         if remount:
             done = subprocess.run(
-                ["mount", "-o", ",".join(("remount",) + remount), str(mount)],
+                ["mount", "-o", ",".join(("remount", *remount)), str(mount)],
                 capture_output=True,
                 text=True,
             )
@@ -168,7 +168,8 @@ def read_only_mount(top: Path, base: Path, store: dict[str, str]) -> dict[str, A
 def private_dir_setting(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any]:
     """A read-only root's node: ``torch_compile_cache/`` a read-only mount, ``$TMPDIR`` a ``noexec``
     tmpfs, ``plancache-private`` another user's; ``PLANCACHE_PRIVATE_DIR`` names an exec-capable
-    directory of the worker's: the verified copy goes there, where its ``.so`` files can be mapped."""
+    directory of the worker's: the verified copy goes there, where its ``.so`` files can be
+    mapped."""
     with signed_cache_on_tmpfs(top, base, "ro") as why_not:
         if why_not:
             return {"skipped": why_not}

@@ -90,7 +90,8 @@ def boot(base: Path, guard: bool = True, **extra: str) -> dict[str, Any]:
 
 
 def cache_dir(base: Path, aot: bool = True) -> Path:
-    """The AOT layout's ``torch_aot_compile/<64 hex>``, or the ``VLLM_USE_AOT_COMPILE=0`` ``<10 hex>``."""
+    """The AOT layout's ``torch_aot_compile/<64 hex>``, or the ``VLLM_USE_AOT_COMPILE=0`` ``<10
+    hex>``."""
     pattern = "torch_aot_compile/" + "[0-9a-f]" * 64 if aot else "[0-9a-f]" * 10
     found = glob.glob(str(base / ROOT_NAME / "torch_compile_cache" / pattern))
     return Path(sorted(d for d in found if os.path.isdir(d))[0])

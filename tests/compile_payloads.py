@@ -60,7 +60,8 @@ def append(path: Path, data: bytes) -> None:
 
 
 def link_copy(src: Path, dst: Path) -> None:
-    """A copy of a cache tree made of hard links (156 MiB of precompiled header, copied per case)."""
+    """A copy of a cache tree made of hard links (156 MiB of precompiled header, copied per
+    case)."""
     shutil.copytree(src, dst, copy_function=os.link, symlinks=True)
 
 

@@ -48,7 +48,8 @@ def t_shared_object(d: Path, marker: Path) -> None:
 
 
 def t_extra_aotautograd(d: Path, marker: Path) -> None:
-    """An added pickle beside the real aotautograd entry, and the rank file gone so vLLM recompiles."""
+    """An added pickle beside the real aotautograd entry, and the rank file gone so vLLM
+    recompiles."""
     (d / "rank_0_0" / "model").unlink()
     entry = Path(glob.glob(str(d / "inductor_cache" / "aotautograd" / "*"))[0])
     (entry / "zz-payload").write_bytes(P.pickle_payload(marker))
@@ -116,7 +117,8 @@ def t_oversize(d: Path, marker: Path) -> None:
 
 
 def t0_generated_py(d: Path, marker: Path) -> None:
-    """``VLLM_USE_AOT_COMPILE=0``: a line appended to the generated module in the rank's inductor cache."""
+    """``VLLM_USE_AOT_COMPILE=0``: a line appended to the generated module in the rank's inductor
+    cache."""
     for f in glob.glob(str(d / "rank_0_0" / "inductor_cache" / "*" / "*.py")):
         P.append(Path(f), P.py_line(marker))
 

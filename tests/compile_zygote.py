@@ -1,4 +1,5 @@
-"""A fork server for tests/compile_toy.py (and tests/vllm_rank.py): vLLM 0.33's modules imported once, every boot a fork.
+"""A fork server for tests/compile_toy.py (and tests/vllm_rank.py): vLLM 0.33's modules imported
+once, every boot a fork.
 
 Why: importing torch and vLLM's compile modules costs 12-15 s of CPU per interpreter on this
 machine, against 2 s for a warm load and ~20 s for a compile; the compile-cache fixture boots
@@ -271,7 +272,7 @@ class Zygote:
             (directory / name).mkdir(parents=True, exist_ok=True)
         if own_home:
             env = {**env, "HOME": str(directory / "home"), "TMPDIR": str(directory / "tmp")}
-        self._log = open(directory / "zygote.log", "w")
+        self._log = open(directory / "zygote.log", "w")  # noqa: SIM115 - the server's life; stop()
         self.proc = subprocess.Popen(
             [python, __file__, *preload],
             env=env,
@@ -303,8 +304,9 @@ class Zygote:
         stderr: str | None = None,
         script: str = TOY,
     ) -> Forked:
-        """Fork one process running ``script`` with ``argv``, like ``subprocess.Popen([python, script, *argv])``;
-        its output goes to the files given (default: ``boots/<n>.out`` and ``.err``)."""
+        """Fork one process running ``script`` with ``argv``, like ``subprocess.Popen([python,
+        script, *argv])``; its output goes to the files given (default: ``boots/<n>.out`` and
+        ``.err``)."""
         with self._lock:
             self._count += 1
             stem = self.directory / "boots" / str(self._count)

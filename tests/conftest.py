@@ -39,7 +39,8 @@ def keyring_of(*signers: Ed25519Signer, threshold: int = 1, **windows: datetime)
 
 
 def raw(result: PlanResult) -> tuple[bytes | None, bytes | None]:
-    """A store's result as (plan bytes, sidecar bytes); its error raised, as a caller would see it."""
+    """A store's result as (plan bytes, sidecar bytes); its error raised, as a caller would see
+    it."""
     if result.error is not None:
         raise result.error
     return result.plan_bytes, result.sig_bytes
@@ -77,10 +78,10 @@ WriteSigned = Callable[..., tuple[bytes, bytes]]
 
 @pytest.fixture(scope="session")
 def compile_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One fork server for every boot of tests/compile_toy.py in this process (tests/compile_zygote.py),
-    started by the first test that asks for it: test_compile_cache_vllm's 35 boots, test_boot_records'
-    two and test_compile_cache_cli's one then pay for importing torch and vLLM once, not once per
-    file. None under ``COMPILE_TOY_FRESH=1`` (fresh interpreters)."""
+    """One fork server for every boot of tests/compile_toy.py in this process
+    (tests/compile_zygote.py), started by the first test that asks for it: test_compile_cache_vllm's
+    35 boots, test_boot_records' two and test_compile_cache_cli's one then pay for importing torch
+    and vLLM once, not once per file. None under ``COMPILE_TOY_FRESH=1`` (fresh interpreters)."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:  # not imported here: the zygote imports it
@@ -129,7 +130,7 @@ def _deadline_file_starts_frozen(request: pytest.FixtureRequest) -> None:
         _freeze_heap()
 
 
-# -- scheduling: the longest files first ------------------------------------------------------------
+# -- scheduling: the longest files first -----------------------------------------------------------
 
 VLLM_FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py")
 """The files that boot vLLM for minutes (module fixtures): first in :data:`FIRST`, on their own
@@ -168,7 +169,8 @@ DEADLINE_FILES = (
 
 
 BASE_WORKERS = 2
-"""Workers that start at once; the others (``-n 3`` and more) wait for the vLLM files (tests/held_workers.py)."""
+"""Workers that start at once; the others (``-n 3`` and more) wait for the vLLM files
+(tests/held_workers.py)."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -189,13 +191,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by ``-m``
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test marked with its file's tiers (:data:`FILE_TIERS`; a file with none gets no mark,
-    and tests/test_tiers.py fails). Files in :data:`FIRST`'s order, then :data:`DEADLINE_FILES`, then the others as collected.
-    Under ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands files
-    to workers in this order (but for a third deadline file at once, which waits behind the
-    quick files), so the files that boot vLLM for minutes start first instead of last, and the
-    quick files fill the cores beside the deadline files; in one process it only changes the
-    order of files, never of a file's tests. Deterministic, as xdist requires (every worker must
-    collect the same order)."""
+    and tests/test_tiers.py fails). Files in :data:`FIRST`'s order, then :data:`DEADLINE_FILES`,
+    then the others as collected. Under ``--dist loadfile --no-loadscope-reorder``
+    (scripts/run-tests.sh) pytest-xdist hands files to workers in this order (but for a third
+    deadline file at once, which waits behind the quick files), so the files that boot vLLM for
+    minutes start first instead of last, and the quick files fill the cores beside the deadline
+    files; in one process it only changes the order of files, never of a file's tests.
+    Deterministic, as xdist requires (every worker must collect the same order)."""
     for item in items:
         for tier in FILE_TIERS.get(item.path.name, ()):
             item.add_marker(tier)
@@ -206,7 +208,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )  # stable: a file's own order is kept
 
 
-# -- tiers: what each test file needs (docs/test-suite.md#tiers) ------------------------------------
+# -- tiers: what each test file needs (docs/test-suite.md#tiers) -----------------------------------
 
 TIERS = ("unit", "emulator", "vllm", "engine", "realtime", "system")
 """The markers, registered in pyproject.toml. ``unit``: no server, no vLLM or torch import, no boot
@@ -265,6 +267,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_s3_direct.py": ("emulator", "realtime"),
     "test_small_robustness.py": ("realtime",),
     "test_stolen_time.py": ("realtime",),
+    "test_static_rules.py": UNIT,
     "test_storage_local.py": UNIT,
     "test_store_azure.py": ("emulator", "realtime"),
     "test_store_backends.py": ("emulator",),
@@ -302,7 +305,8 @@ be classified. Read from its imports and fixtures, and checked: ``-m unit`` impo
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With a ``-m`` that names tiers only (``-m unit``, ``-m "emulator and not realtime"``), a file
     whose tiers cannot match is not even imported: collecting test_compile_cache_vllm.py alone
-    imports vLLM (5 s), which ``-m unit`` must not. Any other expression: pytest deselects as usual."""
+    imports vLLM (5 s), which ``-m unit`` must not. Any other expression: pytest deselects as
+    usual."""
     tiers = FILE_TIERS.get(collection_path.name)
     expression = config.getoption("markexpr", "") or ""
     if (
@@ -374,7 +378,8 @@ def missing_prerequisite(report: pytest.CollectReport | pytest.TestReport) -> st
 
 
 def fail_missing_prerequisite(report: pytest.CollectReport | pytest.TestReport) -> None:
-    """Under ``CI=true``, a skip for a missing tier prerequisite becomes a failure: CI runs every tier."""
+    """Under ``CI=true``, a skip for a missing tier prerequisite becomes a failure: CI runs every
+    tier."""
     tier = missing_prerequisite(report)
     if tier is not None and in_ci():
         longrepr = report.longrepr

@@ -57,12 +57,16 @@ def engine_missing() -> str | None:
     if not ENGINE_PY.exists():
         return f"no engine venv at {ENGINE_VENV} (scripts/bootstrap-test-env.sh makes it)"
     if not (ENGINE_VENV / ".plancache-engine.stamp").exists():
-        return f"engine venv {ENGINE_VENV} is incomplete (no .plancache-engine.stamp; rerun the bootstrap)"
+        return (
+            f"engine venv {ENGINE_VENV} is incomplete "
+            "(no .plancache-engine.stamp; rerun the bootstrap)"
+        )
     return None
 
 
 def require_engine() -> None:
-    """Skip without the engine venv, except in CI (``CI`` set): there a missing engine fails the run."""
+    """Skip without the engine venv, except in CI (``CI`` set): there a missing engine fails the
+    run."""
     problem = engine_missing()
     if problem is None:
         return
@@ -121,9 +125,10 @@ _slot = ZygoteSlot("ENGINE_BOOT_FRESH")
 def start_zygote(directory: Path) -> Zygote | None:
     """``LLM()`` boots fork their front process from one zygote from now on (tests/compile_zygote.py
     run by the engine venv's interpreter, having imported ``engine_boot.PRELOAD``: 12 s of CPU that
-    every boot's front process spent again); None under ``ENGINE_BOOT_FRESH=1`` (fresh interpreters).
-    The engine core and its worker are vLLM's own spawned interpreters either way. The zygote runs in
-    :func:`_engine_env` with a HOME and TMPDIR of its own, which its ``leaked()`` checks stay empty."""
+    every boot's front process spent again); None under ``ENGINE_BOOT_FRESH=1`` (fresh
+    interpreters). The engine core and its worker are vLLM's own spawned interpreters either way.
+    The zygote runs in :func:`_engine_env` with a HOME and TMPDIR of its own, which its ``leaked()``
+    checks stay empty."""
     preload = tuple(engine_args()["preload"])
     return _slot.start(
         lambda: Zygote(directory, _engine_env(), preload=preload, python=str(ENGINE_PY))
@@ -208,7 +213,8 @@ class Boot:
 
     @property
     def counters(self) -> dict[str, int]:
-        """vLLM's compilation counters, summed over the boot's processes (only the worker counts)."""
+        """vLLM's compilation counters, summed over the boot's processes (only the worker
+        counts)."""
         total: dict[str, int] = {}
         for probe in self.probes:
             for name, value in probe["counters"].items():
@@ -273,7 +279,8 @@ def _healthy(url: str) -> bool:
 
 
 def serve_flags(model: Path, port: int) -> list[str]:
-    """``vllm serve`` flags for ENGINE_ARGS (the same engine as tests/engine_boot.py's ``LLM()``)."""
+    """``vllm serve`` flags for ENGINE_ARGS (the same engine as tests/engine_boot.py's
+    ``LLM()``)."""
     args = engine_args()["args"]
     flags = ["--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
     for name, value in args.items():

@@ -1,4 +1,5 @@
-"""pytest-xdist's ``--dist loadfile`` with the extra workers held back until vLLM's fixtures are done.
+"""pytest-xdist's ``--dist loadfile`` with the extra workers held back until vLLM's fixtures are
+done.
 
 Why: on a 2-core machine the files that boot vLLM (:data:`conftest.VLLM_FILES`) keep both
 cores busy for their first minutes. A third worker started beside them only slows them down by as
@@ -25,10 +26,10 @@ from xdist.scheduler import LoadFileScheduling
 
 
 class HeldBackLoadFile(LoadFileScheduling):
-    """``--dist loadfile`` (a file's tests on one worker, the files in the queue's order), except that
-    only the ``base`` lowest-numbered workers are handed files while a file named in ``heavy`` is
-    queued or still running. Every other rule is xdist's own: with no heavy file in the run, every
-    worker starts at once."""
+    """``--dist loadfile`` (a file's tests on one worker, the files in the queue's order), except
+    that only the ``base`` lowest-numbered workers are handed files while a file named in ``heavy``
+    is queued or still running. Every other rule is xdist's own: with no heavy file in the run,
+    every worker starts at once."""
 
     def __init__(
         self,
@@ -94,7 +95,8 @@ class HeldBackLoadFile(LoadFileScheduling):
         super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
-        """xdist's, then a held worker gets a file if it may now (or is shut down when none is left)."""
+        """xdist's, then a held worker gets a file if it may now (or is shut down when none is
+        left)."""
         super().mark_test_complete(node, item_index, duration)
         for other in list(self.waiting):
             if other is not node and (not self.workqueue or self._pick(other) is not None):

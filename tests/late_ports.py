@@ -1,4 +1,5 @@
-"""A port for a listener that binds late: below the kernel's ephemeral range, so nothing takes it first.
+"""A port for a listener that binds late: below the kernel's ephemeral range, so nothing takes it
+first.
 
 Why: ``free_port()`` (bind to port 0, close) hands out a port from the ephemeral range, the same
 range from which every outgoing connection and every other ``bind(("", 0))`` on the machine gets

@@ -55,7 +55,8 @@ SAMPLE_S = 0.02
 
 @dataclass
 class StolenClock:
-    """Started at creation: :attr:`wall` and :attr:`stolen` (run-queue seconds since), read together by :meth:`read`."""
+    """Started at creation: :attr:`wall` and :attr:`stolen` (run-queue seconds since), read together
+    by :meth:`read`."""
 
     pid: str = "self"
     started: float = field(default_factory=time.monotonic)

@@ -54,7 +54,8 @@ def free_port() -> int:
 
 def closed_port() -> int:
     """A port nobody listens on, so connecting to it is refused: one below the kernel's ephemeral
-    range (tests/late_ports.py), where no server of the suite that binds port 0 can land meanwhile."""
+    range (tests/late_ports.py), where no server of the suite that binds port 0 can land
+    meanwhile."""
     from late_ports import late_port
 
     return late_port()
@@ -331,7 +332,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             "Authorization", ""
         ):
             body = (
-                b"<?xml version='1.0'?><Error><Code>PermanentRedirect</Code><Message>use the region's "
+                b"<?xml version='1.0'?><Error><Code>PermanentRedirect</Code><Message>use the "
+                b"region's "
                 b"endpoint</Message></Error>"
             )
             return self._send(
@@ -438,7 +440,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
         following = f"<NextContinuationToken>{start + size}</NextContinuationToken>" if more else ""
         contents = "".join(
             f"<Contents><Key>{escape(k)}</Key><LastModified>2026-11-29T12:00:00.000Z</LastModified>"
-            f"<ETag>&quot;00000000000000000000000000000000&quot;</ETag><Size>{len(state.objects.get(k, FaultObject()).body)}</Size>"
+            "<ETag>&quot;00000000000000000000000000000000&quot;</ETag><Size>"
+            f"{len(state.objects.get(k, FaultObject()).body)}</Size>"
             f"<StorageClass>STANDARD</StorageClass></Contents>"
             for k in page
         )
@@ -446,10 +449,12 @@ class _FaultHandler(BaseHTTPRequestHandler):
             "<?xml version='1.0' encoding='UTF-8'?>"
             "<ListBucketResult xmlns='http://s3.amazonaws.com/doc/2006-03-01/'>"
             f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>"
-            f"<MaxKeys>{size}</MaxKeys><IsTruncated>{'true' if more else 'false'}</IsTruncated>{following}"
+            f"<MaxKeys>{size}</MaxKeys><IsTruncated>{'true' if more else 'false'}</IsTruncated>"
+            f"{following}"
             f"{contents}</ListBucketResult>"
         ).encode()
         self._send(200, body, {"Content-Type": "application/xml"})
+        return None
 
     def _hostile_page(self, bucket: str, prefix: str, query: dict[str, list[str]]) -> None:
         """A page under ``hostile_prefix``: 3,500 keys of ~1 KB, truncated forever; above it, the
@@ -463,7 +468,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             below = state.hostile_prefix[len(prefix) :].split("/", 1)[0]
             body = (
                 f"{head}<KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
-                f"<CommonPrefixes><Prefix>{escape(prefix + below)}/</Prefix></CommonPrefixes></ListBucketResult>"
+                f"<CommonPrefixes><Prefix>{escape(prefix + below)}/</Prefix></CommonPrefixes>"
+                "</ListBucketResult>"
             )
             return self._send(200, body.encode(), {"Content-Type": "application/xml"})
         page = int(query.get("continuation-token", ["0"])[0])
@@ -474,13 +480,15 @@ class _FaultHandler(BaseHTTPRequestHandler):
         )
         body = (
             f"{head}<KeyCount>{HOSTILE_PAGE_KEYS}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
-            f"<NextContinuationToken>{page + 1}</NextContinuationToken>{contents}</ListBucketResult>"
+            f"<NextContinuationToken>{page + 1}</NextContinuationToken>"
+            f"{contents}</ListBucketResult>"
         )
         return self._send(200, body.encode(), {"Content-Type": "application/xml"})
 
     def _gcs_hostile(self, path: list[str], query: dict[str, list[str]]) -> None:
         """GCS's JSON API for the same walk as :meth:`_hostile_page`: the bucket's metadata, and
-        listings (``prefixes`` above ``hostile_prefix``, endless 3.5 MiB pages of ``items`` at it)."""
+        listings (``prefixes`` above ``hostile_prefix``, endless 3.5 MiB pages of ``items`` at
+        it)."""
         import json
 
         state = self.server.state
@@ -510,20 +518,27 @@ class _FaultHandler(BaseHTTPRequestHandler):
         state = self.server.state
         prefix = query.get("prefix", [""])[0]
         head = (
-            f"<?xml version='1.0' encoding='utf-8'?><EnumerationResults ServiceEndpoint='{self.server.endpoint}/' "
-            f"ContainerName='faulty'><Prefix>{escape(prefix)}</Prefix><Delimiter>/</Delimiter>"
+            "<?xml version='1.0' encoding='utf-8'?><EnumerationResults "
+            f"ServiceEndpoint='{self.server.endpoint}/' ContainerName='faulty'>"
+            f"<Prefix>{escape(prefix)}</Prefix><Delimiter>/</Delimiter>"
         )
         if prefix != state.hostile_prefix:
             below = state.hostile_prefix[len(prefix) :].split("/", 1)[0]
-            body = f"{head}<Blobs><BlobPrefix><Name>{escape(prefix + below)}/</Name></BlobPrefix></Blobs><NextMarker /></EnumerationResults>"
+            body = (
+                f"{head}<Blobs><BlobPrefix><Name>{escape(prefix + below)}/</Name></BlobPrefix>"
+                "</Blobs><NextMarker /></EnumerationResults>"
+            )
         else:
             page = int(query.get("marker", ["0"])[0])
             blobs = "".join(
-                f"<Blob><Name>{escape(prefix)}{'j' * 900}-{page}-{i}</Name><Properties><Content-Length>1</Content-Length>"
-                "<BlobType>BlockBlob</BlobType></Properties></Blob>"
+                f"<Blob><Name>{escape(prefix)}{'j' * 900}-{page}-{i}</Name><Properties>"
+                "<Content-Length>1</Content-Length><BlobType>BlockBlob</BlobType></Properties></Blob>"
                 for i in range(HOSTILE_PAGE_KEYS)
             )
-            body = f"{head}<Blobs>{blobs}</Blobs><NextMarker>{page + 1}</NextMarker></EnumerationResults>"
+            body = (
+                f"{head}<Blobs>{blobs}</Blobs><NextMarker>{page + 1}</NextMarker>"
+                "</EnumerationResults>"
+            )
         self._send(
             200, body.encode(), {"Content-Type": "application/xml", "x-ms-version": "2021-08-06"}
         )
@@ -628,7 +643,8 @@ def azurite() -> Iterator[Azurite]:
     binary = azurite_binary()
     if binary is None:
         pytest.skip(
-            "Azurite not installed: scripts/bootstrap-test-env.sh installs it into .test-tools/ with npm"
+            "Azurite not installed: scripts/bootstrap-test-env.sh installs it into .test-tools/ "
+            "with npm"
         )
     server = Azurite(binary)
     yield server
@@ -698,7 +714,7 @@ def s3_read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return str(request.param)
 
 
-# -- one signed plan on the fault server, pulled through the CLI ------------------------------------
+# -- one signed plan on the fault server, pulled through the CLI -----------------------------------
 
 
 def serve_signed(

@@ -30,7 +30,8 @@ from plancache.vllm_plugin.prefetch import Prefetch
 def task():
     seen = {{}}
     helper = threading.Thread(target=lambda: seen.update(helper=sorted(os.sched_getaffinity(0))))
-    helper.start(); helper.join()  # a thread the fetch starts (the header's inflate pool) inherits it
+    # a thread the fetch starts (the header's inflate pool) inherits it
+    helper.start(); helper.join()
     return {{"fetch": sorted(os.sched_getaffinity(0)), **seen}}
 
 done, value = Prefetch("k", time.monotonic() + 30, task).start().result()
@@ -41,13 +42,17 @@ print(json.dumps({{**value, "main": sorted(os.sched_getaffinity(0))}}))
 LAUNCHER = """
 import json, os, subprocess, sys
 siblings = []
-for pin in {siblings}:  # the node's other ranks (pinned) or vLLM's helpers (not), started by the same parent
+# the node's other ranks (pinned) or vLLM's helpers (not), started by the same parent
+for pin in {siblings}:
     code = ("import os, time; " + (f"os.sched_setaffinity(0, {{pin}}); " if pin else "")
             + "print('ready', flush=True); time.sleep(60)")
-    siblings.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
+    siblings.append(
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    )
     assert siblings[-1].stdout.readline().strip() == "ready"
 try:
-    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[1]], env={{**os.environ, **json.loads(sys.argv[2])}}))
+    env = {{**os.environ, **json.loads(sys.argv[2])}}
+    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[1]], env=env))
 finally:
     for sibling in siblings:
         sibling.kill()

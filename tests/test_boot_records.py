@@ -6,7 +6,8 @@ signed cache whose artifact vLLM's own ``_try_load_aot_compiled_fn`` cannot load
 was built by another torch) is handed over verified, vLLM falls back to compiling, and the record
 says "verified but unused" with the factor that differs (the code hash vLLM wrote for the graph
 it compiled instead). With only the compile-cache guard on, the guard itself hooks vLLM's real
-``Worker.compile_or_warm_up_model`` to end the record. The plan-side paths (apply, profile, store down) are in test_vllm_plugin.py.
+``Worker.compile_or_warm_up_model`` to end the record. The plan-side paths (apply, profile, store
+down) are in test_vllm_plugin.py.
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ from vllm.config import DeviceConfig, VllmConfig
 root = cc.CacheRoot(Path(os.environ["VLLM_CACHE_ROOT"]))
 signer = file_signer(Path(sys.argv[1]), {}, None)
 now = datetime.now(timezone.utc)
-factors = {"env": {"VLLM_PLUGINS": None}, "config_hash": "abcdef0123", "code_hash": "1" * 64, "compiler_hash": "2" * 64}
+factors = {
+    "env": {"VLLM_PLUGINS": None},
+    "config_hash": "abcdef0123",
+    "code_hash": "1" * 64,
+    "compiler_hash": "2" * 64,
+}
 
 def cache(subject, model_bytes):
     private = root.root / ("private-" + subject[-6:])
@@ -57,7 +63,10 @@ def cache(subject, model_bytes):
     (private / "rank_0_0" / "model").write_bytes(model_bytes)
     (private / "inductor_cache").mkdir()
     (private / "inductor_cache" / "entry").write_bytes(b"kernel")
-    out = cc.publish_cache(root, subject, private, signer, now, key_factors=factors, measurements={"compile_ms": 20000.0})
+    out = cc.publish_cache(
+        root, subject, private, signer, now,
+        key_factors=factors, measurements={"compile_ms": 20000.0},
+    )
     assert out.action == "signed", out
     return root.directory(subject)
 
@@ -69,8 +78,10 @@ compile_guard.private_for(bad)
 # (2) verified, handed over, and vLLM's own loader fails on it: it compiles anyway
 good = cache("torch_aot_compile/" + "b" * 64, b"not a torch artifact")
 vc = VllmConfig(device_config=DeviceConfig(device="cpu"))
-model = SimpleNamespace(vllm_config=vc, compilation_config=vc.compilation_config, _is_encoder=False, _compile_tag="",
-                        forward=lambda *a: None, save_aot_compiled_function=lambda: None)
+model = SimpleNamespace(
+    vllm_config=vc, compilation_config=vc.compilation_config, _is_encoder=False, _compile_tag="",
+    forward=lambda *a: None, save_aot_compiled_function=lambda: None,
+)
 loaded = decorators._try_load_aot_compiled_fn(model, str(good / "rank_0_0" / "model"))
 assert loaded is None
 # the recompile's VllmBackend writes its factors; the guard reads them after the backend returns
@@ -78,7 +89,8 @@ debug = root.root / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbon
 debug.mkdir(parents=True)
 (debug / "cache_key_factors.json").write_text(json.dumps({**factors, "code_hash": "3" * 64}))
 compile_decisions.note_factors(str(debug))
-# the boot ends: vLLM's real Worker.compile_or_warm_up_model, wrapped by the guard (no plan side here)
+# the boot ends: vLLM's real Worker.compile_or_warm_up_model, wrapped by the guard (no plan
+# side here)
 worker = object.__new__(gpu_worker.Worker)
 worker.use_v2_model_runner = False
 worker._compile_or_warm_up_model = lambda: None
@@ -120,7 +132,8 @@ def test_quarantine_and_a_verified_cache_vllm_did_not_use_are_recorded(tmp_path:
         {"input": "code_hash", "signed": "1" * 64, "here": "3" * 64}
     ]
     assert level == "WARNING" and doc["warnings"] == [
-        f"compile cache {unused['cache']} was verified but vLLM did not use it (differs in code_hash)"
+        f"compile cache {unused['cache']} was verified but vLLM did not use it (differs in "
+        "code_hash)"
     ]
     assert doc["saved_ms"]["compile"] is None  # nothing was saved: it compiled
 

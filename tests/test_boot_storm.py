@@ -21,14 +21,19 @@ import pytest
 
 from plancache.storage import deadline
 from plancache.storage.store import open_store
-from store_servers import AWS_ENV, azurite, moto_server  # noqa: F401 (fixtures)
+from store_servers import (
+    AWS_ENV,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_storm
 
 NODES, RANKS = 4, 6
 BUDGET_S = 10.0
-"""The throttled storm's budget: past a throttled read's tries, so the tries end it, not the clock."""
+"""The throttled storm's budget: past a throttled read's tries, so the tries end it, not the
+clock."""
 
 
 @pytest.fixture(params=["s3", "azure"])

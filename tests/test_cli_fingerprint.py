@@ -1,4 +1,5 @@
-"""``plancache fingerprint``: vLLM's own fingerprints for every rank, as the plugin computes them in a worker.
+"""``plancache fingerprint``: vLLM's own fingerprints for every rank, as the plugin computes them in
+a worker.
 
 On CPU with pinned device facts (tests/vllm_cpu.py). The command's fingerprints are compared
 with the ones the plugin's apply path logs for Worker stand-ins of the same configuration, and
@@ -199,7 +200,8 @@ def test_explain_prints_the_factors_and_the_model_as_hashed(
 def test_the_model_path_is_hashed_as_given(
     vllm_cfg: SimpleNamespace, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """Measured: the same directory named another way is another fingerprint (docs/vllm-plugin.md: same path on every node)."""
+    """Measured: the same directory named another way is another fingerprint (docs/vllm-plugin.md:
+    same path on every node)."""
     link = tmp_path / "same-model"
     link.symlink_to(vllm_cfg.model)
 

@@ -11,12 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import keys, run, s3  # noqa: F401 - fixtures
+from cli_support import (
+    keys,  # noqa: F401 - a fixture, named as a parameter
+    run,
+    s3,  # noqa: F401 - a fixture, named as a parameter
+)
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.plans.plan import plan_name
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FACTS = (
     "--fact",
@@ -82,7 +90,7 @@ def test_a_nested_command_reports_its_own_options(capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.parametrize(
-    "argv, meant, help_of",
+    ("argv", "meant", "help_of"),
     [
         (("verfy", "x"), "verify", "plancache"),
         (("compile-cache", "sgn"), "sign", "plancache compile-cache"),
@@ -136,7 +144,7 @@ def test_push_with_url_and_dir_swapped_says_so_and_writes_nothing(
 
 
 @pytest.mark.parametrize(
-    "argv, said",
+    ("argv", "said"),
     [
         (
             ("pull", "plans", "s3://bucket/prefix"),
@@ -427,7 +435,7 @@ def test_a_whole_store_pull_on_a_boot_path_has_a_boot_sized_budget(
     assert run(capsys, "push", str(tmp_path / "plans"), url)[0] == 0
     budgets = {}
     for extra in ((), ("--boot",), ("--boot", "--fingerprint", FP), ("--boot", "--timeout", "4")):
-        code, out, _ = run(
+        _code, out, _ = run(
             capsys,
             "pull",
             "--json",

@@ -80,7 +80,7 @@ def test_verify_reports_each_bad_plan(
 ) -> None:
     run(capsys, "sign", "--key", str(keys), str(plans))
     (plans / plan_name(FP)).write_bytes(plan_bytes(kv=30 * GIB))
-    code, out, err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", str(plans))
+    code, out, _err = run(capsys, "verify", f"--trusted-keys={keys}.pub", "--json", str(plans))
     by_fp = {p["fingerprint"]: p for p in json.loads(out)["plans"]}
     assert code == 1
     assert by_fp[FP]["reason"] == "digest-mismatch" and by_fp[FP2]["status"] == "valid"
@@ -94,7 +94,8 @@ def test_co_signing_for_a_threshold(
     both.write_text((tmp_path / "ci.pub").read_text() + (tmp_path / "second.pub").read_text())
     run(capsys, "sign", "--key", str(keys), str(plans))
     assert run(capsys, "verify", f"--trusted-keys={both}", "--threshold", "2", str(plans))[0] == 1
-    # without trusted keys the second signer cannot check what it would adopt: refused, nothing written
+    # without trusted keys the second signer cannot check what it would adopt: refused, nothing
+    # written
     before = {p.name: p.read_bytes() for p in plans.iterdir()}
     code, out, _ = run(capsys, "sign", "--key", str(tmp_path / "second"), "--json", str(plans))
     assert code == 1 and {p["action"] for p in json.loads(out)["plans"]} == {
@@ -152,8 +153,8 @@ def test_sign_refuses_malformed_plans(
     capsys: pytest.CaptureFixture[str], keys: Path, plan_dir: Path
 ) -> None:
     (plan_dir / plan_name(FP)).write_text(
-        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": true, "free_memory_baseline": 2}'
-        % FP
+        '{"schema": 1, "fingerprint": "' + FP + '", "kv_cache_memory_bytes": true, '
+        '"free_memory_baseline": 2}'
     )
     code, out, _ = run(capsys, "sign", "--key", str(keys), "--json", str(plan_dir))
     assert code == 1 and json.loads(out)["plans"][0]["action"] == "refused (malformed)"
@@ -172,7 +173,7 @@ def test_inspect(capsys: pytest.CaptureFixture[str], keys: Path, plans: Path) ->
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    ("argv", "message"),
     [
         (["verify", "/nonexistent/dir"], "no trusted keys"),
         (["verify", "--trusted-keys=/nonexistent/keys", "."], "does not exist"),
@@ -189,7 +190,7 @@ def test_user_errors_are_one_line_exit_2(
 ) -> None:
     monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
     monkeypatch.delenv("PLANCACHE_SIGNING_KEY", raising=False)
-    code, out, err = run(capsys, *argv)
+    code, _out, err = run(capsys, *argv)
     assert (
         code == 2
         and message in err

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import keys, run, s3  # noqa: F401 - fixtures
+from cli_support import (
+    keys,  # noqa: F401 - a fixture, named as a parameter
+    run,
+    s3,  # noqa: F401 - a fixture, named as a parameter
+)
 from conftest import FP, GIB, plan_bytes
 from plancache.cli.main import main
 from plancache.cli.output import Progress
@@ -22,7 +26,10 @@ from plancache.storage.conditional_deletes import content_digest, delete_if_unch
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"
@@ -137,7 +144,7 @@ def test_a_fifo_named_as_a_file_store_is_exit_2_without_blocking(
     ), err
 
 
-# -- bulk -------------------------------------------------------------------------------------------
+# -- bulk ------------------------------------------------------------------------------------------
 
 
 def test_push_dry_run_and_fingerprints(
@@ -283,11 +290,12 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
     assert main(["push", str(signed.path), url]) == 0
     code = (
         "import sys; from plancache.cli.main import main; "
-        f"rc = main(['pull', '--trusted-keys', {str(keys) + '.pub'!r}, '--fingerprint', {FP!r}, {url!r}, "
-        f"{str(tmp_path / 'node')!r}]); "
-        "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', 'plancache.pipeline.bulk', "
-        "'plancache.cli.plans.offline', 'plancache.pipeline.directory_signing', 'tqdm', 'jsonschema', 'concurrent.futures.process') "
-        "if m in sys.modules))"
+        f"rc = main(['pull', '--trusted-keys', {str(keys) + '.pub'!r}, '--fingerprint', {FP!r}, "
+        f"{url!r}, {str(tmp_path / 'node')!r}]); "
+        "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', "
+        "'plancache.pipeline.bulk', 'plancache.cli.plans.offline', "
+        "'plancache.pipeline.directory_signing', 'tqdm', 'jsonschema', "
+        "'concurrent.futures.process') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(
@@ -303,8 +311,8 @@ def test_verify_of_a_directory_imports_no_store_machinery(tmp_path: Path, keys: 
     code = (
         "import sys; from plancache.cli.main import main; "
         f"rc = main(['verify', '--trusted-keys', {str(keys) + '.pub'!r}, {str(signed.path)!r}]); "
-        "print(rc, sorted(m for m in ('asyncio', 'fsspec', 'botocore', 'aiohttp', 'plancache.storage.store', "
-        "'plancache.storage.deadline') if m in sys.modules))"
+        "print(rc, sorted(m for m in ('asyncio', 'fsspec', 'botocore', 'aiohttp', "
+        "'plancache.storage.store', 'plancache.storage.deadline') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(

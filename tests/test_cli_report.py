@@ -97,7 +97,7 @@ def test_every_command_validates(
 
 
 @pytest.mark.parametrize(
-    "argv, reason",
+    ("argv", "reason"),
     [
         (["verify", "@json", "--threshold", "0", "."], "usage-error"),
         (["prune", "@json", "file:///tmp"], "usage-error"),

@@ -101,7 +101,7 @@ def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
     code = main(
         ["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"], audit["dir"]]
     )
-    out, err = capsys.readouterr()
+    out, _err = capsys.readouterr()
     assert code == 2 and json.loads(out)["error"]["reason"] == "internal-error"
     after = _report(report)
     assert after["ok"] is False and after["error"]["reason"] == "internal-error", after
@@ -185,10 +185,12 @@ def test_every_argument_error_is_one_line_and_one_report(
 
 
 def test_a_native_library_never_writes_before_the_report(audit: dict[str, str]) -> None:
-    """PyKCS11's C layer prints its dlopen error on fd 1 itself: stdout must still be one document."""
+    """PyKCS11's C layer prints its dlopen error on fd 1 itself: stdout must still be one
+    document."""
     pytest.importorskip("PyKCS11")
     key = "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=1234"
-    code = "import sys; from plancache.cli.main import main; sys.exit(main())"  # as the console script runs it
+    # as the console script runs it
+    code = "import sys; from plancache.cli.main import main; sys.exit(main())"
     done = subprocess.run(
         [sys.executable, "-c", code, "sign", "--json", "--key", key, audit["dir"]],
         capture_output=True,
@@ -203,7 +205,7 @@ def test_a_native_library_never_writes_before_the_report(audit: dict[str, str]) 
 
 
 @pytest.mark.parametrize(
-    "blocked, argv, extra",
+    ("blocked", "argv", "extra"),
     [
         (
             "PyKCS11",

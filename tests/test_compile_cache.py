@@ -73,7 +73,7 @@ def test_signed_cache_verifies_and_binds_every_file(signed: cc.CacheRoot) -> Non
 
 
 @pytest.mark.parametrize(
-    "tamper, reason",
+    ("tamper", "reason"),
     [
         (lambda d: (d / "inductor_cache" / "triton").mkdir(), "digest-mismatch"),
         (

@@ -28,7 +28,14 @@ from plancache.storage.local.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError
 from plancache.vllm_plugin.compile_cache import publish as compile_publish
-from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
+from test_compile_cache import (
+    KEYRING,
+    SIGNER,
+    SUBJECT,
+    into,
+    root,  # noqa: F401 - a fixture, named as a parameter
+    signed,  # noqa: F401 - a fixture, named as a parameter
+)
 
 
 def _files(directory: Path) -> dict[str, bytes]:

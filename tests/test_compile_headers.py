@@ -1,4 +1,5 @@
-"""A pulled cache's precompiled headers: shipped signed and compressed, installed verified (no torch: fast).
+"""A pulled cache's precompiled headers: shipped signed and compressed, installed verified (no
+torch: fast).
 
 Each rule on its own, on synthetic headers: the round trip, tampering, gzip bombs and
 oversize claims, links at the install path, an older store without header objects, the
@@ -38,7 +39,8 @@ NAME = "cabcdefghijklmnop0123456789.h.gch"
 SIGNER = make_signer()
 KEYRING = keyring_of(SIGNER)
 ARCHIVE = "ab" * 32
-"""The archive sha256 of the cache the synthetic headers are bound to (a real one where a cache is made)."""
+"""The archive sha256 of the cache the synthetic headers are bound to (a real one where a cache is
+made)."""
 
 
 def header_bytes(size: int = 3 << 20) -> bytes:
@@ -499,7 +501,8 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
 def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(
     plugin: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inductor compiles on a thread pool: a second thread must not have gcc build the header meanwhile."""
+    """Inductor compiles on a thread pool: a second thread must not have gcc build the header
+    meanwhile."""
     import threading
 
     base, _ = node(tmp_path, "pool")
@@ -630,7 +633,8 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
     boot: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refusal: str
 ) -> None:
     """The header verifies on its own signature and is inflated, held, while the guard still pulls;
-    the guard then refuses the cache: the header is cancelled, never linked, its temporary removed."""
+    the guard then refuses the cache: the header is cancelled, never linked, its temporary
+    removed."""
     archive = boot.store / archives.archive_name(SUBJECT)
     if refusal == "tampered-archive":
         data = bytearray(archive.read_bytes())
@@ -754,7 +758,8 @@ def test_a_held_fetch_links_only_once_released_and_nothing_when_never_decided(
 def test_a_header_is_on_disk_before_its_name_and_a_writeback_error_installs_nothing(
     build: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The early writeback (fdatasync while inflating) must not replace the fsync before the link."""
+    """The early writeback (fdatasync while inflating) must not replace the fsync before the
+    link."""
     store = pushed(build, tmp_path)
     monkeypatch.setattr(files, "FLUSH_EVERY", 1 << 20)  # the 3 MiB header: early writebacks too
     calls: list[tuple[str, str]] = []

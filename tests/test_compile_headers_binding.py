@@ -37,7 +37,7 @@ from test_compile_headers import (
     NAME,
     SIGNER,
     SUBJECT,
-    build,  # noqa: F401  (a fixture, named as a parameter)
+    build,  # noqa: F401 - a fixture, named as a parameter
     header_bytes,
     leftovers,
     node,
@@ -106,7 +106,8 @@ def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(
 
 
 def _unbound_statement(store: Any) -> None:
-    """The headers as an older plancache signed them: the same statement, no ``cache_archive_sha256``."""
+    """The headers as an older plancache signed them: the same statement, no
+    ``cache_archive_sha256``."""
     data = zlib.compress(header_bytes(), 1, wbits=31)
     digest = hashlib.sha256(data).hexdigest()
     predicate = {
@@ -194,7 +195,8 @@ def test_a_header_bound_to_another_cache_signature_is_refused_before_its_object_
 
 @pytest.fixture
 def plugin(build: tuple[Path, Path], tmp_path: Path) -> Any:
-    """The plugin's held fetch beside the guard's pull, against a store with ``ARCHIVE``'s header."""
+    """The plugin's held fetch beside the guard's pull, against a store with ``ARCHIVE``'s
+    header."""
     plugin_headers.reset()
     store = open_store(f"file://{tmp_path}/store")
     ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=ARCHIVE)

@@ -1,4 +1,5 @@
-"""The node lock of a compile cache: every wait bounded, a lock never taken unsafely (no vLLM: fast).
+"""The node lock of a compile cache: every wait bounded, a lock never taken unsafely (no vLLM:
+fast).
 
 Real parts throughout: the holder is another process holding ``flock``, the foreign user is
 uid 1000 through a setuid child, the read-only filesystem a read-only bind mount. Each case

@@ -28,7 +28,14 @@ from plancache.storage.compile_cache import cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.errors import PlanCacheError
-from test_compile_cache import KEYRING, SIGNER, SUBJECT, into, root, signed  # noqa: F401 - fixtures
+from test_compile_cache import (
+    KEYRING,
+    SIGNER,
+    SUBJECT,
+    into,
+    root,  # noqa: F401 - a fixture, named as a parameter
+    signed,  # noqa: F401 - a fixture, named as a parameter
+)
 
 MODEL = b"\x80\x04compiled-by-this-boot" * 200
 PLANTED = b"\x80\x04planted-by-a-writer!!" * 200

@@ -175,8 +175,8 @@ def test_forked_workers_each_copy_into_their_own_directory_and_never_touch_each_
 
 
 def _hold(top: Path, root: cc.CacheRoot) -> tuple[subprocess.Popen[str], Path]:
-    """A pod's live worker: its own PID namespace (``unshare -p``), where the worker's pid (12, after
-    ten short-lived processes) is one no process has in the other pod's namespace."""
+    """A pod's live worker: its own PID namespace (``unshare -p``), where the worker's pid (12,
+    after ten short-lived processes) is one no process has in the other pod's namespace."""
     script = f'for i in 1 2 3 4 5 6 7 8 9 10; do true & done; wait; "$0" {WORKER} hold; :'
     command = ["unshare", "-p", "-f", "sh", "-c", script, sys.executable]
     held = subprocess.Popen(

@@ -104,7 +104,7 @@ def test_register_installs_the_guard_for_every_on_word_and_every_unknown_value(
 
 
 @pytest.mark.parametrize(
-    "value, status", [(None, "skip"), ("off", "skip"), ("Yes", "ok"), ("ture", "warn")]
+    ("value", "status"), [(None, "skip"), ("off", "skip"), ("Yes", "ok"), ("ture", "warn")]
 )
 def test_doctor_reads_the_switch_with_the_same_parser(
     value: str | None,

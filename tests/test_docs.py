@@ -70,7 +70,8 @@ def config() -> dict:
 
 
 def built_page(site: Path, page: str) -> Path:
-    """Where mkdocs (use_directory_urls) writes a docs page: index.md -> index.html, x.md -> x/index.html."""
+    """Where mkdocs (use_directory_urls) writes a docs page: index.md -> index.html, x.md ->
+    x/index.html."""
     stem = page[: -len(".md")]
     return site / "index.html" if stem == "index" else site / stem / "index.html"
 

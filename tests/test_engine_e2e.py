@@ -42,7 +42,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import compile_payloads as P
 import engine_harness as H
 from compile_tampers import cli
-from store_servers import AWS_ENV, BlackHole, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    BlackHole,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 PREFIX = "fleet"
 TAMPERED_PREFIX = "tampered"
@@ -105,7 +110,8 @@ class Fleet:
     def serving_env(
         self, node: H.Node, name: str, prefix: str = PREFIX, **extra: str
     ) -> dict[str, str]:
-        """A serving node: the guard, the public key only, the store through its own counting proxy."""
+        """A serving node: the guard, the public key only, the store through its own counting
+        proxy."""
         proxy = self.proxies.setdefault(name, H.CountingProxy(self.moto.port))
         extra = {
             "PLANCACHE_TIMEOUT": "30",
@@ -165,7 +171,8 @@ def fleet(
     def disabled() -> H.Boot:
         node = fleet.node("disabled")
         P.link_copy(fleet.node("build").root, node.root)
-        # torch's own header, as a node that ran vLLM before has it (gcc's 149 MiB build is not the point here)
+        # torch's own header, as a node that ran vLLM before has it (gcc's 149 MiB build is not the
+        # point here)
         P.seed_torch_headers(
             fleet.node("build").root / "plancache-private" / "headers", node.base / "tmp"
         )
@@ -231,9 +238,10 @@ def fleet(
         """The store's good signature beside an archive whose ``rank_0_0/model`` is a payload."""
         client = fleet.moto.client()
         for name, data in fleet.objects().items():
+            body = data
             if name.endswith(".tar"):
-                data = _tampered_archive(data, fleet.top / "tampered-store" / "marker")
-            client.put_object(Bucket=fleet.bucket, Key=f"{TAMPERED_PREFIX}/{name}", Body=data)
+                body = _tampered_archive(data, fleet.top / "tampered-store" / "marker")
+            client.put_object(Bucket=fleet.bucket, Key=f"{TAMPERED_PREFIX}/{name}", Body=body)
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -288,7 +296,8 @@ def test_build_node_compiles_signs_and_pushes(fleet: dict[str, Any]) -> None:
     # Sign and push at INFO, saying what was pushed.
     assert f"plancache: compile-cache signed cache={subject}" in build.log, build.tail()
     assert f"plancache: compile-cache pushed cache={subject}" in build.log, build.tail()
-    # The build node's own cache verifies after its boot (nothing vLLM wrote after signing landed in it).
+    # The build node's own cache verifies after its boot (nothing vLLM wrote after signing landed in
+    # it).
     assert fleet["build-verify"].returncode == 0, (
         fleet["build-verify"].stdout + fleet["build-verify"].stderr
     )
@@ -306,7 +315,8 @@ def test_cpu_worker_plan_side_is_one_line_and_nothing_else(fleet: dict[str, Any]
         assert not (
             fleet["fleet"].node(name if name != "restart" else "serving").root / "startup_plan"
         ).exists()
-    # No plan object was asked of the store: the serving node's only requests are the compile cache's.
+    # No plan object was asked of the store: the serving node's only requests are the compile
+    # cache's.
     assert all("/torch_compile_cache/" in path for _, path in fleet["serving-requests"])
 
 

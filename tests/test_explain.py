@@ -1,4 +1,5 @@
-"""``plancache explain`` on vLLM 0.33's real configuration code (CPU, pinned device facts; issue 20).
+"""``plancache explain`` on vLLM 0.33's real configuration code (CPU, pinned device facts; issue
+20).
 
 The store holds plans signed the way the plugin signs them (with the fingerprint's inputs in the
 clear) but made under one differing factor; explain must name exactly that factor. Only verified
@@ -75,7 +76,8 @@ def keys(tmp_path: Path) -> SimpleNamespace:
 def _plan(
     directory: Path, inputs: dict[str, Any] | None, signer: Any, fp: str | None = None
 ) -> str:
-    """A plan as the plugin saves it: signed with the gate's conditions and, when given, the inputs."""
+    """A plan as the plugin saves it: signed with the gate's conditions and, when given, the
+    inputs."""
     fp = fp or fingerprint_of_inputs(inputs or {})
     directory.mkdir(parents=True, exist_ok=True)
     data = render_plan(Plan(fp, 50 * GIB, 60 * GIB))

@@ -1,4 +1,5 @@
-"""The suite's own scheduler (tests/held_workers.py): a third worker waits for the vLLM files, then works.
+"""The suite's own scheduler (tests/held_workers.py): a third worker waits for the vLLM files, then
+works.
 
 Driven as xdist's controller drives it (collections in, ``schedule()``, one ``mark_test_complete``
 per report), with workers that record what they are sent.

@@ -1,7 +1,8 @@
-"""plancache's modules import one another without a circle: trust at the bottom, then keys and
-storage, the pipeline, the CLI and the plugin on top. Every import counts, a function's lazy
-one too (a circle through a lazy import still ties two rooms into one); only imports for type
-checkers (``if TYPE_CHECKING:``) do not, since they never run."""
+"""plancache's modules import one another down the rings and without a circle: trust at the
+bottom, then storage and keys, the pipeline, the CLI and the plugin on top (RINGS says what each
+folder may import). Every import counts, a function's lazy one too (a circle through a lazy
+import still ties two rooms into one); only imports for type checkers (``if TYPE_CHECKING:``) do
+not, since they never run."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The plancache modules ``path`` imports: ``from M import x`` is M.x when that is a module, else M."""
+    """The plancache modules ``path`` imports: ``from M import x`` is M.x when that is a module,
+    else M."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: set[str] = set()
     for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
@@ -64,7 +66,7 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (found := visit(nxt)) is not None:
                 return found
         path.pop()
@@ -97,6 +99,63 @@ def test_a_lazy_import_counts_and_a_circle_through_it_is_found() -> None:
     assert found is not None and found[0] == found[-1] and "plancache.trust.errors" in found
 
 
+RINGS = {
+    "trust": set(),
+    "settings": set(),
+    "storage": {"trust", "settings"},
+    "keys": {"trust", "settings", "storage"},
+    "pipeline": {"trust", "settings", "storage", "keys"},
+    "api": {"trust", "settings", "storage", "keys", "pipeline"},
+    "cli": {"trust", "settings", "storage", "keys", "pipeline", "vllm_plugin", "plancache"},
+    "vllm_plugin": {"trust", "settings", "storage", "keys", "pipeline", "cli", "plancache"},
+    "journeys": {"trust", "settings", "storage", "keys", "pipeline", "cli", "vllm_plugin"},
+    "plancache": set(),
+}
+"""What each ring (a folder of plancache, or a module at its root) may import besides itself:
+trust at the bottom (it imports nothing of plancache, so it does no IO of plancache's), then
+storage, then keys (key files are read through storage's capped reads), the pipeline, and the
+integrations on top (the CLI and the plugin may use each other's leaves: doctor reads the
+plugin's settings, the plugin parses durations as the CLI does). ``plancache`` is the package's
+own ``__init__`` (its version, its lazy exports); ``settings`` the environment variables' names."""
+
+
+def _ring(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def ring_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for each import that goes up or sideways between rings, or out of a ring that
+    RINGS does not know (a new folder must be given its place)."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, imported in graph.items()
+        for b in imported
+        if _ring(a) != _ring(b) and _ring(b) not in RINGS.get(_ring(a), {"(a ring of its own)"})
+    )
+
+
+def test_every_import_goes_down_the_rings() -> None:
+    """The folder listing says where trust is decided because nothing below the pipeline reaches
+    up into it: a module imports its own ring and the rings below, never above."""
+    graph = import_graph()
+    assert {_ring(m) for m in graph} <= set(RINGS), {_ring(m) for m in graph} - set(RINGS)
+    violations = ring_violations(graph)
+    assert not violations, "imports against the rings:\n" + "\n".join(violations)
+
+
+def test_an_import_up_the_rings_is_found() -> None:
+    graph = import_graph()
+    graph["plancache.trust.verify"] = graph["plancache.trust.verify"] | {"plancache.storage.store"}
+    graph["plancache.storage.store"] = graph["plancache.storage.store"] | {
+        "plancache.pipeline.resolver"
+    }
+    assert ring_violations(graph) == [
+        "plancache.storage.store -> plancache.pipeline.resolver",
+        "plancache.trust.verify -> plancache.storage.store",
+    ]
+
+
 def test_no_folder_holds_more_than_twelve_modules() -> None:
     """A room that grows past a dozen modules is split by what its modules share, so that the
     folder listing still says where a thing lives (docs/layout.md)."""
@@ -115,27 +174,6 @@ def test_every_room_stays_under_350_lines() -> None:
         if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 350
     }
     assert not long, long
-
-
-def test_long_signatures_take_their_options_by_keyword() -> None:
-    """A call that hands over six or more values says which option is which: a function that
-    takes that many has its defaulted parameters keyword-only (the public API's functions keep
-    the positions users' scripts already call them with, as does the public Store's constructor)."""
-    public = set(plancache.__all__)
-    positional: list[str] = []
-    for path in ROOT.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(
-                node, (ast.FunctionDef, ast.AsyncFunctionDef)
-            ) and node.name not in public | {"__init__"}:
-                args = [
-                    a
-                    for a in node.args.posonlyargs + node.args.args
-                    if a.arg not in ("self", "cls")
-                ]
-                if len(args) + len(node.args.kwonlyargs) >= 6 and node.args.defaults:
-                    positional.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
-    assert not positional, positional
 
 
 def test_no_two_modules_share_a_name() -> None:

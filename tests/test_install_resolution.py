@@ -66,7 +66,8 @@ def extra_requirements(extra: str) -> list[Requirement]:
 def pip_resolve(
     *args: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> tuple[int, dict, str]:
-    """``pip install --dry-run --report`` of ``args`` from the repository root: (rc, report, log)."""
+    """``pip install --dry-run --report`` of ``args`` from the repository root: (rc, report,
+    log)."""
     report = ROOT / ".pytest_cache" / "pip-report.json"
     report.parent.mkdir(exist_ok=True)
     report.unlink(missing_ok=True)
@@ -109,8 +110,8 @@ def test_s3_bounds_boto3_to_aiobotocores_botocore_window() -> None:
         if Requirement(r).name == "botocore"
     ]
     assert boto3.specifier == botocore.specifier, (
-        f"[s3] bounds boto3 to {boto3.specifier}, aiobotocore {metadata.version('aiobotocore')} pins botocore to "
-        f"{botocore.specifier}: move the bound in pyproject.toml with aiobotocore"
+        f"[s3] bounds boto3 to {boto3.specifier}, aiobotocore {metadata.version('aiobotocore')} "
+        f"pins botocore to {botocore.specifier}: move the bound in pyproject.toml with aiobotocore"
     )
     assert metadata.version("boto3") in boto3.specifier
 
@@ -198,7 +199,8 @@ def resolve_against_index(
     spent = time.monotonic() - started
     if probe.returncode != 0:
         pytest.skip(
-            f"the configured package index cannot be reached: {probe.stderr.strip().splitlines()[-1:]}"
+            "the configured package index cannot be reached: "
+            f"{probe.stderr.strip().splitlines()[-1:]}"
         )
     if any(marker in probe.stderr for marker in NO_NETWORK):
         pytest.skip(

@@ -29,7 +29,8 @@ def test_allowed_signers_lines_mix_with_plancache_lines() -> None:
         [
             "# OpenSSH allowed_signers, with plancache's own lines",
             f"ci@acme.example {openssh_line(a.public, 'ci key')}",
-            f'"alice@acme.example,bob@*" namespaces="git,plancache",valid-after="20260101Z",valid-before="202701011230Z" {openssh_line(b.public)}',
+            '"alice@acme.example,bob@*" namespaces="git,plancache",valid-after="20260101Z",'
+            f'valid-before="202701011230Z" {openssh_line(b.public)}',
             f'git-only@acme.example namespaces="git" {openssh_line(c.public)}',
             f'not-here@acme.example namespaces="*,!plancache" {openssh_line(d.public)}',
             f"name=legacy,valid-after=2026-01-01T00:00:00Z {openssh_line(e.public)}",
@@ -53,7 +54,7 @@ def test_allowed_signers_lines_mix_with_plancache_lines() -> None:
 
 
 @pytest.mark.parametrize(
-    "options, expected",
+    ("options", "expected"),
     [
         ("cert-authority", "cert-authority lines are not supported"),
         ('valid-after="20260101"', "has no Z: OpenSSH would read it in local time"),

@@ -59,7 +59,7 @@ def one_line_error(func, *args) -> PlanCacheError:  # type: ignore[no-untyped-de
 
 
 @pytest.mark.parametrize(
-    "ref, region",
+    ("ref", "region"),
     [
         ("awskms:///alias/plancache-ci", "eu-west-2"),
         ("awskms:///1234abcd-12ab-34cd-56ef-1234567890ab", "eu-west-2"),
@@ -134,7 +134,7 @@ def test_endpoint_in_the_uri_is_https(
 
 
 @pytest.mark.parametrize(
-    "ref, expected",
+    ("ref", "expected"),
     [
         ("awskms:///denied-key", "AccessDeniedException"),
         ("awskms:///alias/nope", "NotFoundException"),

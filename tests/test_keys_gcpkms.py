@@ -89,7 +89,7 @@ def test_cli_signs_with_cloud_kms_and_verify_accepts_it(
 
 
 @pytest.mark.parametrize(
-    "ref, expected",
+    ("ref", "expected"),
     [
         (REF.replace("plans", "denied"), "403 PERMISSION_DENIED"),
         (REF.replace("cryptoKeyVersions/1", "cryptoKeyVersions/9"), "404 NOT_FOUND"),

@@ -30,8 +30,8 @@ MODULE = "/usr/lib/softhsm/libsofthsm2.so"
 _missing = [tool for tool in ("softhsm2-util", "pkcs11-tool") if shutil.which(tool) is None]
 if _missing or not os.path.exists(MODULE):
     pytest.skip(
-        f"SoftHSM2/OpenSC not installed ({', '.join(_missing) or MODULE}): scripts/bootstrap-test-env.sh "
-        "installs softhsm2 and opensc with apt-get",
+        f"SoftHSM2/OpenSC not installed ({', '.join(_missing) or MODULE}): "
+        "scripts/bootstrap-test-env.sh installs softhsm2 and opensc with apt-get",
         allow_module_level=True,
     )
 pytest.importorskip("PyKCS11", reason="PyKCS11 missing: pip install 'plancache[pkcs11]'")
@@ -182,7 +182,7 @@ def test_pin_from_a_file_that_only_the_owner_reads(
 
 
 @pytest.mark.parametrize(
-    "ref, expected",
+    ("ref", "expected"),
     [
         (uri(query="pin-value=9999"), "CKR_PIN_INCORRECT"),
         (uri(query=""), "0 private key objects match (log in"),

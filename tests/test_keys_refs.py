@@ -289,7 +289,7 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(
 
 
 @pytest.mark.parametrize(
-    "module, argv, extra",
+    ("module", "argv", "extra"),
     [
         ("PyKCS11", ["pubkey", "pkcs11:token=ci;object=k?module-path=/x.so&pin-value=1"], "pkcs11"),
         ("boto3", ["pubkey", "awskms:///alias/ci"], "awskms"),

@@ -67,9 +67,16 @@ def planted(
         "pub": str(tmp_path / "ci.pub"),
         "key": str(tmp_path / "ci"),
         "tmp": str(tmp_path),
-        "pkcs11": "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so&pin-value=PINSECRET6",
-        "pkcs11_bad": "pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-value:PINSECRET7",
-        "pkcs11_file": f"pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-source=file:{pin}",
+        "pkcs11": (
+            "pkcs11:token=ci;object=signer?module-path=/nonexistent/libsofthsm2.so"
+            "&pin-value=PINSECRET6"
+        ),
+        "pkcs11_bad": (
+            "pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-value:PINSECRET7"
+        ),
+        "pkcs11_file": (
+            f"pkcs11:token=ci;object=signer?module-path=/nonexistent.so&pin-source=file:{pin}"
+        ),
     }
 
 

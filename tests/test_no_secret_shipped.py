@@ -132,7 +132,8 @@ def _signed_manifest(blobs: list[tuple[str, bytes]]) -> Manifest:
 
 
 def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> None:
-    """Without vLLM: vLLM's debug files in a ``<10 hex>`` directory, twenty spellings in its factors."""
+    """Without vLLM: vLLM's debug files in a ``<10 hex>`` directory, twenty spellings in its
+    factors."""
     root = cc.CacheRoot(tmp_path / "vllm-cache")
     inside = root.directory(SUBJECT) / "rank_0_0" / "backbone"
     inside.mkdir(parents=True)
@@ -283,12 +284,13 @@ def test_a_credential_name_without_a_separator_and_value_is_shown_as_it_is(
     assert safe_text(name + tail, 1000) == name + tail  # no '=' or ':' after it: nothing to mask
 
 
-# --- vLLM 0.33's real compile path, VLLM_USE_AOT_COMPILE=0 -------------------------------------------
+# --- vLLM 0.33's real compile path, VLLM_USE_AOT_COMPILE=0 ----------------------------------------
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict[str, Any]:
-    """One cold boot that compiles, signs and pushes the ``<10 hex>`` layout with secrets planted."""
+    """One cold boot that compiles, signs and pushes the ``<10 hex>`` layout with secrets
+    planted."""
     sys.path.insert(0, str(Path(__file__).parent))
     from compile_boots import AOT0, boot, cache_dir
     from compile_tampers import cli

@@ -32,7 +32,11 @@ from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.plans.plan_set import build_set, replica_name, set_name, split_set, verify_set
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
-from store_servers import azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
+from store_servers import (
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    gcs_emulator,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 WORLD = [f"{0x5E7_0000 + r:016x}" for r in range(4)]
 
@@ -94,7 +98,7 @@ def test_tampered_mixed_and_foreign_sets_are_refused() -> None:
         members(signer, kv=10 << 30, when=NOW - timedelta(days=1)), signer, NOW - timedelta(days=1)
     )
     head_a, body_a = split_set(data)
-    head_b, body_b = split_set(other)
+    head_b, _body_b = split_set(other)
     assert refused(name, head_b + body_a, keyring) == "digest-mismatch"
     a, b = members(signer), members(signer, kv=10 << 30)
     mixed = [b[0], b[1], a[2], b[3]]  # one rank rolled back to the other bake
@@ -244,7 +248,7 @@ def test_round_trip_push_ls_verify_resolve_prune(
     code, doc = cli(capsys, options, "prune", url, "--older-than", "1h", *emulated)
     assert code == 0 and len(doc["deleted"]) == 4, doc
     assert sorted(doc["plan_sets_deleted"]) == sorted([name, replica_name(name, 1)])
-    assert [i for i in open_store(url, options, 30).iter_objects()] == []
+    assert list(open_store(url, options, 30).iter_objects()) == []
 
 
 def test_a_store_without_sets_still_serves_a_node(

@@ -1,4 +1,5 @@
-"""Plan sets in ``verify``, ``ls`` and ``prune`` of a store: bounded, all or nothing, rollbacks seen.
+"""Plan sets in ``verify``, ``ls`` and ``prune`` of a store: bounded, all or nothing, rollbacks
+seen.
 
 Against real parts: the loopback S3-wire :class:`FaultServer` (objects that trickle, or a
 handler here that answers 403 to chosen objects) and a ``file://`` store, through the CLI.
@@ -34,15 +35,15 @@ from plancache.pipeline.resolver import utcnow
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.plans.plan_set import build_set, replica_name
 from plancache.trust.signing import sign_plan
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     FaultObject,
     FaultServer,
     FaultState,
     LoopbackServer,
     _FaultHandler,
-    fault_server,
-    fault_server_session,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
 )
 
 WORLD = [f"{0xA0D17_0000 + r:016x}" for r in range(2)]
@@ -189,7 +190,10 @@ class _Guarded(_FaultHandler):
         return unquote(urlparse(self.path).path).lstrip("/").split("/", 1)[-1]
 
     def _deny(self) -> None:
-        body = b"<?xml version='1.0'?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        body = (
+            b"<?xml version='1.0'?><Error><Code>AccessDenied</Code>"
+            b"<Message>Access Denied</Message></Error>"
+        )
         self._send(403, body, {"Content-Type": "application/xml"})
 
     def do_GET(self) -> None:
@@ -291,7 +295,7 @@ def test_verify_fails_a_set_and_replica_both_older_than_the_plans(
     put_set(
         state, key, bake(key, 10 * GIB, yesterday), yesterday, 0, 1
     )  # yesterday's bake, both copies
-    code, doc, err = cli(
+    code, doc, _err = cli(
         capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub"
     )
     assert code == 1 and all(p["status"] == "valid" for p in doc["plans"])

@@ -41,7 +41,7 @@ from store_servers import (
     FaultState,
     LoopbackServer,
     _FaultHandler,
-    s3_read_path,  # noqa: F401  (a fixture, named as a parameter)
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
 )
 
 BUCKET, PREFIX = "fleet", "plans"
@@ -50,7 +50,10 @@ OTHER = [f"{0x41_0000 + r:016x}" for r in range(2)]
 BUDGET = 30.0
 """Generous: these tests check what was read and decided, not how fast (a shared machine)."""
 
-DENIED = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+DENIED = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
+    b"<Message>Access Denied</Message></Error>"
+)
 
 
 class _Denying(_FaultHandler):
@@ -168,7 +171,7 @@ def boot(
     )
 
 
-# -- 1. a set never makes a boot worse ---------------------------------------------------------------
+# -- 1. a set never makes a boot worse -------------------------------------------------------------
 
 
 def test_no_set_under_403_reads_the_per_plan_objects(
@@ -232,7 +235,8 @@ def test_a_set_over_the_cap_falls_back_to_the_per_plan_objects(
 def test_a_set_read_that_keeps_failing_falls_back_within_the_budget(
     s3: LoopbackServer, tmp_path: Path
 ) -> None:
-    """A transient failure (500 on every try) with budget left: the per-plan objects, same deadline."""
+    """A transient failure (500 on every try) with budget left: the per-plan objects, same
+    deadline."""
     signer = make_signer()
     name = serve(s3, signed_world(signer, WORLD, NOW - timedelta(hours=1)), signer)
     s3.httpd.state.objects[f"{PREFIX}/{name}"].mode = "error500"
@@ -242,7 +246,7 @@ def test_a_set_read_that_keeps_failing_falls_back_within_the_budget(
     assert dict(gets(s3))[name] >= 2 and directory.fingerprints() == sorted(WORLD)
 
 
-# -- 2. ranks never wait on a fetch that is not theirs -----------------------------------------------
+# -- 2. ranks never wait on a fetch that is not theirs ---------------------------------------------
 
 
 def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: Path) -> None:
@@ -282,7 +286,7 @@ def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: 
     )
 
 
-# -- 3. a set only fills gaps --------------------------------------------------------------------------
+# -- 3. a set only fills gaps ----------------------------------------------------------------------
 
 
 def test_a_newer_local_plan_survives_another_ranks_set_fetch(
@@ -322,7 +326,7 @@ def test_a_newer_local_plan_survives_another_ranks_set_fetch(
     assert plan_name(WORLD[1]) not in dict(gets(s3))
 
 
-# -- 4. the outcome file is a hint, never a hazard -----------------------------------------------------
+# -- 4. the outcome file is a hint, never a hazard -------------------------------------------------
 
 
 def _nested(depth: int) -> str:

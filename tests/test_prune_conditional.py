@@ -33,7 +33,7 @@ from plancache.storage.conditional_deletes import content_digest, delete_if_unch
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     FaultObject,
     FaultServer,
@@ -41,11 +41,11 @@ from store_servers import (  # noqa: F401 (fixtures)
     LoopbackServer,
     MotoServer,
     QuietHTTPServer,
-    azurite,
-    fault_server,
-    fault_server_session,
-    gcs_emulator,
-    moto_server,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
+    gcs_emulator,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
 )
 
 FP2 = "fedcba9876543210"
@@ -82,8 +82,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
     """A STAND-IN for GCS's JSON API, because gcp-storage-emulator does not implement
     ``ifGenerationMatch``: exactly the calls the conditional prune makes (a multipart upload of
     the precondition check's canary, object metadata, media read, optionally pinned with
-    ``generation=``, delete, optionally with ``ifGenerationMatch``), answered as GCS documents them (404 absent, 412 condition not met,
-    416 for a range over an empty object)."""
+    ``generation=``, delete, optionally with ``ifGenerationMatch``), answered as GCS documents them
+    (404 absent, 412 condition not met, 416 for a range over an empty object)."""
 
     protocol_version = "HTTP/1.1"
     server: QuietHTTPServer
@@ -104,7 +104,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
         self._send(status, body, {"Content-Type": "application/json"})
 
     def _target(self) -> tuple[str, str, dict[str, list[str]]] | None:
-        """(kind, bucket/key, query) for ``/storage/v1/b/B/o/K`` (meta) or ``/download/...`` (media)."""
+        """(kind, bucket/key, query) for ``/storage/v1/b/B/o/K`` (meta) or ``/download/...``
+        (media)."""
         url = urlparse(self.path)
         parts = url.path.split("/")  # the key is one quoted segment: gcsfs quotes its slashes
         state = self.server.state
@@ -122,7 +123,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
     def _current(
         self, name: str, query: dict[str, list[str]], param: str
     ) -> tuple[bytes, int] | int:
-        """The object, or the status to answer: 404 absent, 412 if ``param`` names another generation."""
+        """The object, or the status to answer: 404 absent, 412 if ``param`` names another
+        generation."""
         with self.server.state.lock:
             found = self.server.state.objects.get(name)
         if found is None:
@@ -173,7 +175,7 @@ class _StandInHandler(BaseHTTPRequestHandler):
             self.server.state.requests.append(("POST", self.path))
         if parts[:5] != ["", "upload", "storage", "v1", "b"] or len(parts) != 7 or parts[6] != "o":
             return self._error(501, "not part of the stand-in")
-        head, _, rest = body.partition(b"\n\n")
+        _head, _, rest = body.partition(b"\n\n")
         meta_text, _, rest = rest.partition(b"\n--==0==")
         data = rest.partition(b"\n\n")[2].removesuffix(b"\n--==0==--")
         bucket, key = unquote(parts[5]), json.loads(meta_text)["name"]
@@ -199,6 +201,7 @@ class _StandInHandler(BaseHTTPRequestHandler):
         with self.server.state.lock:
             del self.server.state.objects[name]
         self._send(204)
+        return None
 
 
 class GcsStandIn(LoopbackServer):
@@ -226,6 +229,7 @@ class Backend:
         if self.standin is not None:
             return self.standin.state.write(self.store.path(name), data)
         self.store.fs.pipe_file(self.store.path(name), data)
+        return None
 
     def remove(self, name: str) -> None:
         if self.standin is not None:
@@ -277,7 +281,8 @@ def backend(
 
 
 def seed(backend: Backend) -> dict[str, str]:
-    """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their digests."""
+    """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their
+    digests."""
     plans = {
         FP: (plan_bytes(), SIG),
         FP2: (plan_bytes(fp=FP2), b""),
@@ -301,7 +306,7 @@ def names(fp: str) -> tuple[str, str]:
     return plan_name(fp), sig_name(fp)
 
 
-# -- (a) unchanged: deleted -------------------------------------------------------------------------
+# -- (a) unchanged: deleted ------------------------------------------------------------------------
 
 
 def test_unchanged_objects_are_deleted(backend: Backend) -> None:
@@ -334,13 +339,14 @@ def test_changed_before_the_reread_is_kept(backend: Backend) -> None:
     assert backend.read(plan_name(FP)) == NEW_PLAN and backend.read(sig_name(FP)) == SIG
 
 
-# -- (b) replaced between the re-read and the delete: kept by the precondition ----------------------
+# -- (b) replaced between the re-read and the delete: kept by the precondition ---------------------
 
 
 def replace_in_window(
     backend: Backend, name: str, data: bytes
 ) -> tuple[list[list[str]], Callable[[list[str]], None]]:
-    """A ``before_delete`` hook that rewrites ``name``, and the list of the fingerprints it was called with."""
+    """A ``before_delete`` hook that rewrites ``name``, and the list of the fingerprints it was
+    called with."""
     calls: list[list[str]] = []
 
     def hook(fps: list[str]) -> None:
@@ -406,7 +412,7 @@ def test_without_a_precondition_the_window_remains(backend: Backend) -> None:
     assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(plan_name(FP)) is None
 
 
-# -- (c) gone before the delete: fine ---------------------------------------------------------------
+# -- (c) gone before the delete: fine --------------------------------------------------------------
 
 
 def test_objects_gone_before_the_delete_are_fine(backend: Backend) -> None:
@@ -466,7 +472,7 @@ def _faulty_store(
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     keys = [f"plans/{plan_name(fp)}" for fp in (FP, FP2, FP3)]
-    for key, fp in zip(keys, (FP, FP2, FP3)):
+    for key, fp in zip(keys, (FP, FP2, FP3), strict=True):
         fault_server.state.objects[key] = FaultObject(plan_bytes(fp=fp))
     fault_server.state.listing = [k for k in keys for _ in range(listed)]
     return ["--storage-option", f"endpoint_url={fault_server.endpoint}", "s3://faulty/plans"]

@@ -1,4 +1,5 @@
-"""The public Python API: the example in docs/python-api.md runs as written, and the root stays light."""
+"""The public Python API: the example in docs/python-api.md runs as written, and the root stays
+light."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import FP, make_signer, plan_bytes
 from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.keyring.keys import openssh_line
 from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.signing import sign_plan
-from store_servers import MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TAMPERED = "fedcba9876543210"

@@ -1,4 +1,5 @@
-"""The recipes of docs/journeys.md, run: the Dockerfile's bake stage and the Kubernetes init container.
+"""The recipes of docs/journeys.md, run: the Dockerfile's bake stage and the Kubernetes init
+container.
 
 Docker cannot run here (no daemon in CI), so what a build would do is stood in for, and said:
 ``pip install`` by this test environment; ``plancache-ci-bake`` / ``plancache-spot-boot`` by the
@@ -25,7 +26,11 @@ from conftest import FP, plan_bytes
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "journeys.md"
 """The page the README's recipes moved to."""
@@ -63,7 +68,8 @@ def bin_dir(tmp: Path) -> Path:
         exe = bindir / f"plancache-{name}"
         exe.write_text(
             f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
-            f'\'import sys; from plancache.journeys import run; run("{name}", sys.argv[1:])\' "$@"\n'
+            f"'import sys; from plancache.journeys import run; run(\"{name}\", sys.argv[1:])' "
+            '"$@"\n'
         )
         exe.chmod(0o755)
     return bindir

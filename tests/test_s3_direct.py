@@ -21,14 +21,14 @@ from plancache.storage.s3.direct import MAX_FINGERPRINTS, direct_settings
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     FaultObject,
     FaultServer,
     MotoServer,
-    fault_server,
-    fault_server_session,
-    s3_read_path,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
 )
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -113,8 +113,10 @@ def test_a_boot_pull_imports_no_s3fs_and_a_bulk_one_uses_it(
     code = (
         "import sys; from plancache.storage.store import open_store; "
         "s = open_store('s3://faulty/plans', {'endpoint_url': sys.argv[1]}, 10.0); "
-        "r = s.fetch_many(sys.argv[2:]); assert all(x.plan_bytes and x.error is None for x in r), r; "
-        "print(' '.join(sorted(m for m in ('s3fs', 'aiobotocore', 'aiohttp', 'fsspec') if m in sys.modules)))"
+        "r = s.fetch_many(sys.argv[2:]); "
+        "assert all(x.plan_bytes and x.error is None for x in r), r; "
+        "print(' '.join(sorted(m for m in ('s3fs', 'aiobotocore', 'aiohttp', 'fsspec') "
+        "if m in sys.modules)))"
     )
     env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC}
     few = subprocess.run(
@@ -224,7 +226,8 @@ def test_a_body_botocore_would_read_whole_is_capped(fault_server: FaultServer) -
     "options", [[], ["--storage-option", "config_kwargs={}"]], ids=["direct", "s3fs"]
 )
 def test_without_the_s3_extra_a_pull_says_which_extra(options: list[str], tmp_path: Path) -> None:
-    """A core-only install (no botocore, no s3fs): one configuration line naming the extra, exit 2."""
+    """A core-only install (no botocore, no s3fs): one configuration line naming the extra, exit
+    2."""
     code = (
         "import sys\n"
         "for name in ('botocore', 'boto3', 's3fs', 'aiobotocore'): sys.modules[name] = None\n"

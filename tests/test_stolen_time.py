@@ -100,8 +100,10 @@ def test_a_full_collection_inside_the_interval_is_counted() -> None:
     ).stdout
     wall, stolen, paused, after_read = (float(x) for x in out.split())
     assert paused >= 0.05, out  # the heap made the collection long enough to tell
-    # at most wall time, plus what the collection itself queued for a CPU (counted twice: bounded by its length)
+    # at most wall time, plus what the collection itself queued for a CPU (counted twice: bounded by
+    # its length)
     assert 0.8 * paused <= stolen <= wall + paused + 0.05, out
     # the callback ended with the read: the second collection adds nothing (the run-queue part of
-    # ``stolen`` is read live from /proc and may still grow on a loaded machine; it is not the point)
+    # ``stolen`` is read live from /proc and may still grow on a loaded machine; it is not the
+    # point)
     assert after_read == 0.0, out

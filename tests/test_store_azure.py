@@ -24,15 +24,14 @@ from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     BlackHole,
-    FaultObject,
     FaultServer,
-    azurite,
-    black_hole,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
     closed_port,
-    fault_server,
-    fault_server_session,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
     nothing_written,
     pull_fingerprint,
 )
@@ -110,7 +109,7 @@ def test_connection_refused_fails_fast(
             operation(store)
         assert time.monotonic() - started < 1.0  # no SDK retries, no backoff: nobody is listening
         assert err.value.reason is Reason.STORE_ERROR and "connection refused" in err.value.detail
-    code, out, err_text, elapsed = pull(capsys, endpoint, keys, tmp_path / "d")
+    code, _out, err_text, elapsed = pull(capsys, endpoint, keys, tmp_path / "d")
     assert code == 2 and err_text.count("\n") == 1 and "Traceback" not in err_text and elapsed < 1.5
     assert nothing_written(tmp_path / "d")
 

@@ -27,7 +27,13 @@ from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
 from plancache.trust.signing import sign_plan
-from store_servers import GcsEmulator, MotoServer, azurite, gcs_emulator, moto_server  # noqa: F401 (fixtures)
+from store_servers import (
+    GcsEmulator,
+    MotoServer,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    gcs_emulator,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FP2 = "fedcba9876543210"
 FP3 = "00000000deadbeef"
@@ -59,9 +65,8 @@ def backend(
 ) -> Iterator[Backend]:
     kind = request.param
     if kind == "file":
-        (
-            tmp_path / "bucket"
-        ).mkdir()  # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
+        # the store's parent exists, as a mounted volume's does (a push refuses a missing one)
+        (tmp_path / "bucket").mkdir()
         yield Backend(kind, (tmp_path / "bucket" / "plans").as_uri())
     elif kind == "memory":
         yield Backend(kind, f"memory://plancache-{uuid.uuid4().hex}/plans")
@@ -272,11 +277,12 @@ def test_empty_object_reads_as_empty(backend: Backend) -> None:
 def test_missing_locations_fail_and_empty_ones_say_so(
     backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A typo in the bucket (or directory) is exit 2 on every backend; an empty prefix fails verify."""
+    """A typo in the bucket (or directory) is exit 2 on every backend; an empty prefix fails
+    verify."""
     opts = backend.cli_options()
     run(capsys, "keygen", str(tmp_path / "k"))
     keys = ["--trusted-keys", str(tmp_path / "k.pub")]
-    scheme, rest = backend.url.split("://", 1)
+    scheme, _rest = backend.url.split("://", 1)
     missing = f"{scheme}://{'/' if scheme == 'file' else ''}no-such-{uuid.uuid4().hex[:8]}/plans"
     code, out, err = run(capsys, "verify", *keys, *opts, missing)
     assert code == 2 and "does not exist" in err and out == ""

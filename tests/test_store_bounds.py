@@ -24,16 +24,16 @@ from plancache.storage.backends import CONCURRENCY
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import Reason
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     BlackHole,
     FaultObject,
     FaultServer,
-    black_hole,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
     closed_port,
-    fault_server,
-    fault_server_session,
-    s3_read_path,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
     synthetic_fp,
 )
 
@@ -327,8 +327,8 @@ def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listin
 ) -> None:
     """``verify`` of a prefix with no plans names the prefixes below it that hold some. Below
     this one, a listing that never ends: 3.5 MiB pages of keys, each saying there is another
-    (S3's ListObjectsV2, GCS's JSON API and Azure's List Blobs from the fault server). The walk used the SDK's
-    ``ls``, which gathers every page before returning (289 MiB after 10 s through s3fs,
+    (S3's ListObjectsV2, GCS's JSON API and Azure's List Blobs from the fault server). The walk used
+    the SDK's ``ls``, which gathers every page before returning (289 MiB after 10 s through s3fs,
     growing); it now asks for one page at a time, keeps none of it, and stops at MAX_LISTINGS
     requests (the near-miss walk from its parent looks only one level down, at the siblings)."""
     from plancache.keys.keyfile import generate_keypair
@@ -357,9 +357,11 @@ def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listin
         **AWS_ENV,
         "PYTHONPATH": SRC,
         "STORAGE_EMULATOR_HOST": fault_server.endpoint,
-        "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
-        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-        f"BlobEndpoint={fault_server.endpoint}/devstoreaccount1;",
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+            "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+            f"BlobEndpoint={fault_server.endpoint}/devstoreaccount1;"
+        ),
     }
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"no plans in {url}" in result.stderr, result.stderr

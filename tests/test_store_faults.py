@@ -23,18 +23,18 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
-from store_servers import (  # noqa: F401 (fixtures)
+from store_servers import (
     AWS_ENV,
     BlackHole,
     FaultObject,
     FaultServer,
-    black_hole,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
     closed_port,
-    fault_server,
-    fault_server_session,
+    fault_server,  # noqa: F401 - a fixture, named as a parameter
+    fault_server_session,  # noqa: F401 - a fixture, named as a parameter
     nothing_written,
     pull_fingerprint,
-    s3_read_path,
+    s3_read_path,  # noqa: F401 - a fixture, named as a parameter
 )
 
 SLACK = 2.0
@@ -108,7 +108,7 @@ def test_connection_refused_fails_fast(
         raw(store.fetch(FP))
     assert time.monotonic() - started < 1.0  # no retries, no backoff: nobody is listening
     assert err.value.reason is Reason.STORE_ERROR and "connection refused" in err.value.detail
-    code, out, err_text, _ = pull(capsys, endpoint, keys, tmp_path / "d")
+    code, _out, err_text, _ = pull(capsys, endpoint, keys, tmp_path / "d")
     assert code == 2 and err_text.count("\n") == 1 and "Traceback" not in err_text
     assert nothing_written(tmp_path / "d")
 
@@ -126,7 +126,7 @@ def test_black_hole_ends_at_the_budget(
     assert time.monotonic() - started < 1.0 + SLACK
     assert err.value.reason is Reason.TIMEOUT  # a silent store is a timeout, on every Python
     # the CLI's default single-fingerprint budget is 3 s end to end
-    code, out, err_text, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
+    code, out, _err_text, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK and "timeout" in out
     assert nothing_written(tmp_path / "d")
 
@@ -152,7 +152,7 @@ def test_http_500_forever_is_a_store_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     serve_signed(fault_server, keys, mode="error500")
-    code, out, err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
+    code, out, _err, elapsed = pull(capsys, fault_server.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK
     assert "store-error" in out and nothing_written(tmp_path / "d")
     plan_gets = [p for m, p, _ in fault_server.state.requests if p.endswith(".json")]
@@ -244,7 +244,8 @@ def test_hostile_listing_cannot_write_outside_dir(
 ) -> None:
     serve_signed(fault_server, keys)
     good = [key(plan_name(FP)), key(sig_name(FP))]
-    fault_server.state.listing = good + [
+    fault_server.state.listing = [
+        *good,
         f"{PREFIX}/../../evil/{plan_name('fedcba9876543210')}",
         f"{PREFIX}/{plan_name(FP)}/../../../x/{plan_name('1111111111111111')}",
         f"{PREFIX}/sub/{plan_name('2222222222222222')}",
@@ -276,7 +277,8 @@ def test_hostile_listing_cannot_write_outside_dir(
 def test_gcs_black_hole_and_refused_end_within_budget(
     black_hole: BlackHole, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # gcsfs alone has no request timeout and retries six times with backoff, a refused connection too.
+    # gcsfs alone has no request timeout and retries six times with backoff, a refused connection
+    # too.
     for endpoint, budget, reason in (
         (black_hole.endpoint, 1.0, Reason.TIMEOUT),
         (f"http://127.0.0.1:{closed_port()}", 15.0, Reason.STORE_ERROR),
@@ -346,9 +348,10 @@ def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_import_plancache_stays_light() -> None:
     code = (
-        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, plancache.cli.main, "
-        "plancache.storage.store\n"
-        "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') if m in sys.modules]\n"
+        "import sys, plancache, plancache.trust.verify, plancache.trust.plans.gate, "
+        "plancache.cli.main, plancache.storage.store\n"
+        "heavy = [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiobotocore', 'botocore') "
+        "if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run(
@@ -412,7 +415,7 @@ def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(
 
 
 @pytest.mark.parametrize(
-    "mode,reason",
+    ("mode", "reason"),
     [
         ("ok", None),
         ("error500-once", None),
@@ -433,7 +436,8 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(
     data = os.urandom(3 << 20)
     fault_server.state.objects[key(archives.headers_name(subject))] = FaultObject(data, mode)
     store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
-    # absent; first, so that the SDK's client (service models: CPU a starved worker lacks) is made before the clock
+    # absent; first, so that the SDK's client (service models: CPU a starved worker lacks) is made
+    # before the clock
     assert archives.get_object(store, archives.headers_sig_name(subject), cap=4096) is None
     started = time.monotonic()
     if reason is None:
@@ -448,7 +452,7 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(
 
 
 @pytest.mark.parametrize(
-    "mode,reason",
+    ("mode", "reason"),
     [
         ("ok", None),
         ("error500-once", None),
@@ -503,7 +507,7 @@ def test_an_informational_answer_before_the_real_one_is_skipped(
 
 
 @pytest.mark.parametrize(
-    "declared, reason",
+    ("declared", "reason"),
     [
         ("-1", Reason.STORE_ERROR),
         ("+5", Reason.STORE_ERROR),
@@ -592,9 +596,11 @@ def test_the_sdks_import_is_inside_the_budget(
         "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
         "AWS_ENDPOINT_URL": black_hole.endpoint,
         "STORAGE_EMULATOR_HOST": black_hole.endpoint,
-        "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
-        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-        f"BlobEndpoint={black_hole.endpoint}/devstoreaccount1;",
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+            "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+            f"BlobEndpoint={black_hole.endpoint}/devstoreaccount1;"
+        ),
     }
     result = subprocess.run(
         [sys.executable, "-c", _MAIN_TIMED, *argv[:1], "--timeout", "0.5", *argv[1:]],

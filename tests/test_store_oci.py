@@ -21,7 +21,9 @@ from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError
 from plancache.trust.plans.plan import plan_name, sig_name
 from registry_server import DockerRegistry
-from store_servers import registry  # noqa: F401 (fixture)
+from store_servers import (
+    registry,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FP2 = "fedcba9876543210"
 

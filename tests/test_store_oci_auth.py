@@ -24,7 +24,9 @@ from plancache.trust.errors import ConfigError, PlanCacheError
 from plancache.trust.plans.plan import plan_name, sig_name
 from registry_server import PASSWORD, USER, DockerRegistry
 from registry_stub import RegistryStub
-from store_servers import tls_registry  # noqa: F401 (fixture)
+from store_servers import (
+    tls_registry,  # noqa: F401 - a fixture, named as a parameter
+)
 
 AUTH = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 

@@ -22,7 +22,9 @@ from plancache.storage.plan_set_objects import read_set, set_names
 from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name
 from registry_server import DockerRegistry
-from store_servers import registry  # noqa: F401 (fixture)
+from store_servers import (
+    registry,  # noqa: F401 - a fixture, named as a parameter
+)
 
 FP2 = "fedcba9876543210"
 SUBJECT = "torch_aot_compile/" + "ab" * 32

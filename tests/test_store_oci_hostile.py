@@ -20,7 +20,12 @@ from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import plan_name
 from registry_stub import RegistryStub
-from store_servers import BlackHole, black_hole, nothing_written, pull_fingerprint  # noqa: F401
+from store_servers import (
+    BlackHole,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
+    nothing_written,
+    pull_fingerprint,
+)
 
 SLACK = 2.0
 REPO = "plancache/hostile"

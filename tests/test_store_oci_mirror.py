@@ -15,7 +15,9 @@ from conftest import FP, plan_bytes
 from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name, sig_name
 from registry_server import DockerRegistry, registry_binary
-from store_servers import registry  # noqa: F401 (fixture)
+from store_servers import (
+    registry,  # noqa: F401 - a fixture, named as a parameter
+)
 
 NODES = 8
 

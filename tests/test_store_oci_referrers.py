@@ -23,7 +23,9 @@ from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name
 from registry_server import DockerRegistry
 from registry_stub import RegistryStub
-from store_servers import registry  # noqa: F401 (fixture)
+from store_servers import (
+    registry,  # noqa: F401 - a fixture, named as a parameter
+)
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 

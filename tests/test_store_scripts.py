@@ -19,7 +19,11 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name, sig_name
-from store_servers import AWS_ENV, MotoServer, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    MotoServer,
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 FP2 = "fedcba9876543210"

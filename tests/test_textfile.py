@@ -1,4 +1,5 @@
-"""The fleet view: boot records as a node_exporter textfile, parsed back by Prometheus's own parser (issue 20)."""
+"""The fleet view: boot records as a node_exporter textfile, parsed back by Prometheus's own parser
+(issue 20)."""
 
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def test_malformed_records_are_skipped_with_a_warning_and_the_textfile_still_rew
     captured = capsys.readouterr()
     skipped = [line for line in captured.err.splitlines() if "boot record skipped" in line]
     assert len(skipped) == len(BAD) + 1 and all(
-        n in captured.err for n in names + [newest_bad_rank0]
+        n in captured.err for n in [*names, newest_bad_rank0]
     )
     assert "WARN" in captured.out and "\ud800" not in captured.out
     if textfile:

@@ -20,7 +20,8 @@ NOT_UNIT = re.compile(
     re.M,
 )
 """A module-level or lazy import that puts a file outside the unit tier: vLLM or torch, a server or
-stand-in, the wall-clock tools, a boot (the engine harness's and the scheduler's own rules are unit)."""
+stand-in, the wall-clock tools, a boot (the engine harness's and the scheduler's own rules are
+unit)."""
 
 
 def test_every_test_file_has_a_tier_and_every_tier_a_file() -> None:

@@ -131,7 +131,8 @@ def test_trusted_keys_file_options_and_revocation() -> None:
         [
             "# fleet signers",
             "",
-            f"name=ci-2026,valid-after=2026-01-01T00:00:00Z,valid-before=2027-01-01T00:00:00Z {openssh_line(a.public)}",
+            "name=ci-2026,valid-after=2026-01-01T00:00:00Z,valid-before=2027-01-01T00:00:00Z "
+            f"{openssh_line(a.public)}",
             openssh_line(b.public, "laptop of bob"),
             openssh_line(c.public, "old"),
             f"@revoked {openssh_line(c.public)}",
@@ -171,7 +172,8 @@ _UNUSED_BIT = (
         f"@revoked {_UNUSED_BIT}",
         "@revoked ssh-ed25519 not-base64!",
         f"valid-after=2026-13-01T00:00:00Z {openssh_line(_KEY.public)}",
-        f"valid-after=2027-01-01T00:00:00Z,valid-before=2026-01-01T00:00:00Z {openssh_line(_KEY.public)}",
+        "valid-after=2027-01-01T00:00:00Z,valid-before=2026-01-01T00:00:00Z "
+        f"{openssh_line(_KEY.public)}",
         "-----BEGIN PUBLIC KEY-----",
         "-----BEGIN PRIVATE KEY-----",
     ],
@@ -203,7 +205,10 @@ def test_canonical_key_ids() -> None:
 
 def test_revoked_ids_with_padding_or_a_comment_revoke() -> None:
     a, b = make_signer(), make_signer()
-    text = f"{openssh_line(a.public)}\n{openssh_line(b.public)}\n@revoked {a.keyid}=\n@revoked {b.keyid} lost laptop\n"
+    text = (
+        f"{openssh_line(a.public)}\n{openssh_line(b.public)}\n"
+        f"@revoked {a.keyid}=\n@revoked {b.keyid} lost laptop\n"
+    )
     keyring = parse_trusted_keys(text, "k")
     assert keyring.keys == {} and keyring.revoked == {a.keyid, b.keyid}
 
@@ -222,7 +227,10 @@ def test_a_file_that_starts_with_a_pem_key_parses_the_rest() -> None:
 
 def test_a_key_listed_twice_is_a_config_error(tmp_path: Path) -> None:
     a = make_signer()
-    text = f"name=first {openssh_line(a.public)}\n# later\nvalid-before=2027-01-01T00:00:00Z {openssh_line(a.public)}\n"
+    text = (
+        f"name=first {openssh_line(a.public)}\n# later\n"
+        f"valid-before=2027-01-01T00:00:00Z {openssh_line(a.public)}\n"
+    )
     assert (
         config_error(parse_trusted_keys, text, "k")
         == f"k:3: key {a.keyid} is already listed at line 1"
@@ -279,7 +287,8 @@ _K = make_signer()
         f"@Revoked {_K.keyid}",
         f"@revoked: {openssh_line(_K.public)}",
         f"@cert-authority {openssh_line(_K.public)}",
-        f"revoked {openssh_line(_K.public)}",  # an allowed_signers principal spelled like the marker
+        # an allowed_signers principal spelled like the marker
+        f"revoked {openssh_line(_K.public)}",
         f"REVOKE {openssh_line(_K.public)}",
         f'"alice,revoked" {openssh_line(_K.public)}',
         f'ci@acme,!Revoked namespaces="plancache" {openssh_line(_K.public)}',
@@ -311,7 +320,8 @@ def test_revocation_works_the_same_in_every_key_line_format() -> None:
         f"@revoked {openssh_line(keys[1].public)}",
         f"@revoked name=ci-2026,valid-before=2027-01-01T00:00:00Z {openssh_line(keys[2].public)}",
         f'@revoked ci@acme namespaces="plancache" {openssh_line(keys[3].public)} laptop',
-        f'@revoked\tgit@acme namespaces="git" {openssh_line(keys[4].public)}',  # any namespace: the key is void
+        # any namespace: the key is void
+        f'@revoked\tgit@acme namespaces="git" {openssh_line(keys[4].public)}',
     ]
     keyring = parse_trusted_keys("\n".join(lines + revocations) + "\n", "k")
     assert keyring.keys == {} and keyring.revoked == {k.keyid for k in keys}

@@ -74,12 +74,12 @@ def test_round_trip_keeps_unknown_fields() -> None:
         json.dumps(obj(free_memory_baseline=0)),
         json.dumps(obj(kv_cache_memory_bytes=21)),
         json.dumps(obj(kv_cache_memory_bytes=2**63, free_memory_baseline=2**64)),
-        '{"schema": 1, "schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": 2}'
-        % FP,
-        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": 2, "x": NaN}'
-        % FP,
-        '{"schema": 1, "fingerprint": "%s", "kv_cache_memory_bytes": 1, "free_memory_baseline": Infinity}'
-        % FP,
+        '{"schema": 1, "schema": 1, "fingerprint": "' + FP + '", "kv_cache_memory_bytes": 1, '
+        '"free_memory_baseline": 2}',
+        '{"schema": 1, "fingerprint": "' + FP + '", "kv_cache_memory_bytes": 1, '
+        '"free_memory_baseline": 2, "x": NaN}',
+        '{"schema": 1, "fingerprint": "' + FP + '", "kv_cache_memory_bytes": 1, '
+        '"free_memory_baseline": Infinity}',
         "{" * 100_000,
         "1" * 5000,
         '{"schema": 1',

@@ -55,7 +55,7 @@ def test_tables_keep_one_row_per_plan(
     directory, keys = hostile_dir
     extra = [f"--trusted-keys={keys}"] if command == "verify" else []
     code = main([command, *extra, str(directory)])
-    out, err = capsys.readouterr()
+    out, _err = capsys.readouterr()
     assert code == (1 if command == "verify" else 0)
     rows = out.splitlines()
     assert len(rows) == 3, rows  # header + one row per plan, whatever the keyids hold

@@ -237,12 +237,16 @@ def shim_layout(root: Path, startup_plan_source: str, with_envs: bool = True) ->
             # a compatibility package: attributes delegate, the submodule is a sys.modules alias
             "shimvllm/worker/__init__.py": """
             import importlib, sys
-            sys.modules[__name__ + ".startup_plan"] = importlib.import_module("shimvllm.v1.worker.startup_plan")
+            sys.modules[__name__ + ".startup_plan"] = importlib.import_module(
+                "shimvllm.v1.worker.startup_plan"
+            )
             def __getattr__(name):
                 return getattr(importlib.import_module("shimvllm.v1.worker"), name)
         """,
             "shimvllm/v1/worker/gpu_worker.py": """
-            from shimvllm.worker.startup_plan import maybe_apply_startup_plan, maybe_save_startup_plan
+            from shimvllm.worker.startup_plan import (
+                maybe_apply_startup_plan, maybe_save_startup_plan,
+            )
 
             class Worker:
                 def load_model(self):

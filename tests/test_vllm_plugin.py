@@ -40,7 +40,14 @@ from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan,
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from stolen_time import StolenClock
-from store_servers import AWS_ENV, BlackHole, MotoServer, azurite, black_hole, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    BlackHole,
+    MotoServer,
+    azurite,  # noqa: F401 - a fixture, named as a parameter
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 from vllm_cpu import (
     DEVICE_TOTAL,
     FREE,
@@ -334,7 +341,8 @@ def test_entry_point_is_installed_and_registering_twice_is_idempotent(
 def test_feature_off_leaves_vllm_byte_for_byte_unchanged(
     env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
 ) -> None:
-    """Plugin installed, VLLM_ENABLE_STARTUP_PLAN unset: vLLM's own functions, the same results, the same files."""
+    """Plugin installed, VLLM_ENABLE_STARTUP_PLAN unset: vLLM's own functions, the same results, the
+    same files."""
     monkeypatch.delenv("VLLM_ENABLE_STARTUP_PLAN", raising=False)
 
     def boot(cache: Path) -> tuple[int, int, list[str]]:
@@ -531,7 +539,8 @@ def test_unsigned_local_plan_with_trusted_keys_is_profiled(
 def test_no_trusted_keys_admits_local_plans_unsigned_but_strictly(
     plugin: SimpleNamespace, lines: list
 ) -> None:
-    """The no-keys policy: vLLM's behaviour (trust the cache dir), with plancache's strict parser."""
+    """The no-keys policy: vLLM's behaviour (trust the cache dir), with plancache's strict
+    parser."""
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
     write_plan(plugin.plan_dir, fp)
@@ -755,7 +764,7 @@ def test_save_with_unusable_signing_key_writes_vllms_plan_unsigned(
     assert "PLANCACHE_SIGNING_KEY" in error
 
 
-# --------------------------------------------------------------------------- store (file://) and prefetch
+# --------------------------------------------------------------------- store (file://) and prefetch
 
 
 def _store_env(
@@ -921,7 +930,8 @@ def test_store_hit_on_loopback_s3_is_applied_and_written_locally(
     worker.load_model()  # prefetch overlaps the (simulated) weight load
     assert worker.determine_available_memory() == PLANNED_KV
     (line,) = infos(lines)
-    # the plan came from the prefetch that overlapped the weight load (no timing asserted: shared machines)
+    # the plan came from the prefetch that overlapped the weight load (no timing asserted: shared
+    # machines)
     assert (
         f"decision=apply reason=applied source=store fingerprint={fp}" in line
         and "prefetch " in line
@@ -974,7 +984,8 @@ def test_black_holed_store_is_profiled_within_the_budget(
     assert "reason=timeout" in line or "reason=store-error" in line
     # net of the time the machine kept this process waiting for a CPU (tests/stolen_time.py)
     assert elapsed - stolen <= budget * 1.1 + 0.3, (
-        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU or the garbage collector) against a {budget} s budget: {line}"
+        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU or the garbage "
+        f"collector) against a {budget} s budget: {line}"
     )
 
 
@@ -1020,7 +1031,8 @@ def test_save_pushes_to_loopback_s3_and_a_spot_boot_applies_it(
     monkeypatch: pytest.MonkeyPatch,
     lines: list,
 ) -> None:
-    """CI bake then spot boot, through the plugin alone: vLLM's saved plan, signed, pushed, pulled, applied."""
+    """CI bake then spot boot, through the plugin alone: vLLM's saved plan, signed, pushed, pulled,
+    applied."""
     bucket = moto_server.new_bucket()
     _s3_env(monkeypatch, keys, moto_server.options, f"s3://{bucket}/plans", 3.0)
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
@@ -1069,7 +1081,7 @@ def test_black_holed_store_never_delays_save(
     ).exists()  # signed locally all the same
 
 
-# --------------------------------------------------------------------------- configuration (no vLLM needed)
+# ------------------------------------------------------------------- configuration (no vLLM needed)
 
 
 def test_config_parsing_never_raises_and_names_each_problem() -> None:
@@ -1079,7 +1091,9 @@ def test_config_parsing_never_raises_and_names_each_problem() -> None:
         {
             "PLANCACHE_URL": "s3://bucket/plans",
             "PLANCACHE_TIMEOUT": "1.5",
-            "PLANCACHE_STORAGE_OPTIONS": '{"endpoint_url": "http://127.0.0.1:9000", "client_kwargs": {"region_name": "x"}}',
+            "PLANCACHE_STORAGE_OPTIONS": (
+                '{"endpoint_url": "http://127.0.0.1:9000", "client_kwargs": {"region_name": "x"}}'
+            ),
             "PLANCACHE_THRESHOLD": "2",
         }
     )
@@ -1122,7 +1136,8 @@ def test_plugin_module_import_with_feature_off_imports_nothing_heavy(tmp_path: P
     import subprocess
 
     probe = (
-        "import sys, os; os.environ.pop('VLLM_ENABLE_STARTUP_PLAN', None); before = set(sys.modules)\n"
+        "import sys, os; os.environ.pop('VLLM_ENABLE_STARTUP_PLAN', None); "
+        "before = set(sys.modules)\n"
         "import plancache.vllm_plugin as p; p.register()\n"
         "print(sorted(set(sys.modules) - before))"
     )
@@ -1169,7 +1184,8 @@ def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
     monkeypatch: pytest.MonkeyPatch,
     lines: list,
 ) -> None:
-    """The plugin reads az:// through the same Store: a hit within the budget, credentials from the env."""
+    """The plugin reads az:// through the same Store: a hit within the budget, credentials from the
+    env."""
     from azure.storage.blob import BlobServiceClient
 
     container = azurite.new_container()
@@ -1191,7 +1207,8 @@ def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
 
 
 def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> None:
-    """Never a downgrade: PLANCACHE_THRESHOLD=0 beside good keys is the unusable policy, not unsigned admission."""
+    """Never a downgrade: PLANCACHE_THRESHOLD=0 beside good keys is the unusable policy, not
+    unsigned admission."""
     from plancache.vllm_plugin.boot import _load_boot
 
     generate_keypair(tmp_path / "k", force=False, comment="k")
@@ -1205,7 +1222,7 @@ def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> No
     )  # no keys named at all
 
 
-# --------------------------------------------------------------------------- workers without plans, vLLM releases
+# ------------------------------------------------------------- workers without plans, vLLM releases
 
 
 def test_cpu_worker_gets_one_decision_line_and_nothing_else(
@@ -1291,7 +1308,7 @@ def test_vllm_release_is_told_by_the_modules_shape_not_the_distribution(
     assert vllm_release() is None
 
 
-# --------------------------------------------------------------------------- boot records (issue 20)
+# -------------------------------------------------------------------------- boot records (issue 20)
 
 
 def _records(env: SimpleNamespace) -> list[dict[str, Any]]:

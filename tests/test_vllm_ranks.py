@@ -38,7 +38,13 @@ from plancache.storage.deadline import JOIN_GRACE
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S
-from store_servers import AWS_ENV, BlackHole, MotoServer, black_hole, moto_server  # noqa: F401
+from store_servers import (
+    AWS_ENV,
+    BlackHole,
+    MotoServer,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
+    moto_server,  # noqa: F401 - a fixture, named as a parameter
+)
 from vllm_cpu import DEVICE_TOTAL, GIB, PLANNED_KV, UTIL, conditions, cpu_environ, write_tiny_model
 from vllm_rank import PRELOAD
 
@@ -140,7 +146,7 @@ class World:
     def close(self) -> None:
         """Every rank ends at once ("quit"): nothing is asserted after this, and a rank's orderly
         interpreter exit (gloo's and vLLM's shutdown) took 2.5-5 s of the module's teardown."""
-        for rank, conn in self.conns.items():
+        for conn in self.conns.values():
             try:
                 conn.send({"op": "quit"})
             except OSError:
@@ -225,9 +231,10 @@ def held(outcome: dict[str, Any]) -> float:
 def hold_split(outcome: dict[str, Any]) -> str:
     """A failure message: the hold, the vote's share of it and the budget the vote was given."""
     return (
-        f"rank {outcome.get('rank')} held {held(outcome):.2f} s net of {outcome.get('stolen_s', 0.0):.2f} s waiting "
-        f"for a CPU or the collector, the vote {outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
-        f"budget: {decision_line(outcome)}"
+        f"rank {outcome.get('rank')} held {held(outcome):.2f} s "
+        f"net of {outcome.get('stolen_s', 0.0):.2f} s waiting for a CPU or the collector, "
+        f"the vote {outcome.get('vote_s', -1):.2f} s "
+        f"of a {outcome.get('vote_budget_s', -1):.2f} s budget: {decision_line(outcome)}"
     )
 
 
@@ -254,9 +261,8 @@ def _local_boot(
                 )
         if kind == "below-baseline":
             cmd["free"] = 55 * GIB
-        if (
-            kind == "late"
-        ):  # past the others' bound by 2 s: a rank that waited for it cannot pass for one that did not
+        # past the others' bound by 2 s: a rank that waited for it cannot pass for one that did not
+        if kind == "late":
             cmd["delay"] = timeout + MARGIN_S + SLACK_S + 2.0
         cmds[rank] = cmd
     return world.boot(cmds)
@@ -288,7 +294,7 @@ def test_all_valid_all_apply_the_same(
 
 
 @pytest.mark.parametrize(
-    "odd, own_reason",
+    ("odd", "own_reason"),
     [
         ("altered", "digest-mismatch"),
         ("below-baseline", "below-baseline"),
@@ -354,8 +360,9 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
         line = decision_line(o)
         assert "reason=rank-disagreement" in line, line
         if f"ranks that said no: {last}" not in line:
-            # a rank starved past the margin (its lookup was on time, above) may reach the vote after the
-            # others gave up: then every rank profiles on the timed-out vote, each having waited all it was given
+            # a rank starved past the margin (its lookup was on time, above) may reach the vote
+            # after the others gave up: then every rank profiles on the timed-out vote, each having
+            # waited all it was given
             assert "vote failed" in line and "timed out" in line.lower(), hold_split(o)
             assert rank == last or o["vote_s"] >= o["vote_budget_s"] - 0.05, hold_split(o)
         assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)
@@ -368,17 +375,17 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
 def test_a_rank_that_votes_after_the_others_gave_up_profiles_too(
     worlds: dict[str, World], keys: SimpleNamespace, tmp_path: Path, name: str
 ) -> None:
-    """The timed-out all_gather stays posted: the late rank completes it at once and must not apply."""
+    """The timed-out all_gather stays posted: the late rank completes it at once and must not
+    apply."""
     world = worlds[name]
     budget = 0.5
     out = _local_boot(world, keys, tmp_path, "late", timeout=budget)
-    for rank, o in out.items():
+    for o in out.values():
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o
         line = decision_line(o)
         assert "reason=rank-disagreement" in line and "vote failed" in line, line
-        assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(
-            o
-        )  # the profiling collective then waits for the late rank
+        # the profiling collective then waits for the late rank
+        assert held(o) < budget + MARGIN_S + SLACK_S, hold_split(o)
     assert "did not see every vote in time" in decision_line(out[world.size - 1])
 
 
@@ -418,7 +425,7 @@ def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
     first = world.boot(
         {r: {"env": env("first", r), "save": True, "prefetch": True} for r in range(world.size)}
     )
-    for rank, o in first.items():
+    for o in first.values():
         assert (o["applied"], o["kv"], o["collective"], o["push"]) == (
             False,
             PROFILED,
@@ -497,7 +504,7 @@ def test_a_rank_killed_before_the_vote_the_others_profile_within_budget_and_marg
             "collective_s": 1.0,
         }
     out = world.boot(cmds)
-    for rank, o in out.items():
+    for o in out.values():
         assert (o["applied"], o["kv"]) == (False, PROFILED), o
         line = decision_line(o)
         assert "decision=profile reason=rank-disagreement" in line and "vote failed" in line, line

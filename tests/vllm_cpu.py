@@ -42,12 +42,14 @@ PLANNED_KV = 50 * GIB
 
 
 def cpu_environ(cache_root: Path) -> dict[str, str]:
-    """The environment vLLM must see before it is imported: CPU platform, no hub, a private cache."""
+    """The environment vLLM must see before it is imported: CPU platform, no hub, a private
+    cache."""
     return {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(cache_root)}
 
 
 def write_tiny_model(directory: Path) -> None:
-    """A model directory vLLM's config code accepts offline: 2 layers, hidden size 64, 128 tokens."""
+    """A model directory vLLM's config code accepts offline: 2 layers, hidden size 64, 128
+    tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -93,7 +95,8 @@ def load_plugins_like_vllm() -> None:
 
 
 def pin_device(set_attr: Callable[[Any, str, Any], Any] = setattr) -> None:
-    """Make ``current_platform`` report the H100 the plans are for (the CPU platform has no such facts).
+    """Make ``current_platform`` report the H100 the plans are for (the CPU platform has no such
+    facts).
 
     ``set_attr`` is ``setattr`` for a process that keeps the pins (the bench), or a pytest
     monkeypatch's ``setattr`` (with ``raising=False``) for one test."""
@@ -104,7 +107,8 @@ def pin_device(set_attr: Callable[[Any, str, Any], Any] = setattr) -> None:
 
 
 class FakeRunner:
-    """The model runner's GPU work: counts profile runs, loads no weights but sleeps ``load_seconds``."""
+    """The model runner's GPU work: counts profile runs, loads no weights but sleeps
+    ``load_seconds``."""
 
     model_memory_usage = 1 * GIB
 
@@ -131,7 +135,8 @@ def make_worker(
     kv: int | None = None,
     load_seconds: float = 0.0,
 ) -> Any:
-    """A ``Worker`` without ``__init__`` (which needs CUDA): a deep copy of ``config`` and the fields vLLM reads."""
+    """A ``Worker`` without ``__init__`` (which needs CUDA): a deep copy of ``config`` and the
+    fields vLLM reads."""
     config = copy.deepcopy(config)
     config.cache_config.gpu_memory_utilization = util
     config.cache_config.kv_cache_memory_bytes = kv

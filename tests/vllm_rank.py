@@ -10,9 +10,11 @@ worker does, reports its fingerprint, then serves commands:
   stand-in (tests/vllm_cpu.py) with this rank, the given environment, the real
   ``Worker.determine_available_memory()``; optionally vLLM's save hook after it. Answers the
   result, the plugin's INFO line, the elapsed time and whether the profiling collective passed.
-* ``{"op": "vote", "mine": bool, "budget": S}``: plancache's vote alone (``vote.agree``), its result.
+* ``{"op": "vote", "mine": bool, "budget": S}``: plancache's vote alone (``vote.agree``), its
+  result.
 * ``{"op": "die"}``: the process ends at once (a rank lost before the vote).
-* ``{"op": "exit"}``: an orderly exit; ``{"op": "quit"}``: the log flushed, then ends at once (teardown).
+* ``{"op": "exit"}``: an orderly exit; ``{"op": "quit"}``: the log flushed, then ends at once
+  (teardown).
 
 The profiling path stands in for the GPU work with a real world-group ``all_reduce`` (the
 collectives ``profile_cudagraph_memory`` runs on a GPU): in a world whose ranks disagree,

@@ -108,7 +108,7 @@ def _install_finalize_shim() -> None:
 
     @functools.wraps(original)
     def load_compiled_function(*args: Any, **kwargs: Any) -> Any:
-        global _shim_calls
+        global _shim_calls  # noqa: PLW0603 - one count per engine process, read by _report
         loaded = original(*args, **kwargs)
         compiled = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
         if compiled is not None and not hasattr(compiled, "finalize_loading"):
@@ -122,7 +122,7 @@ def _install_finalize_shim() -> None:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (called several times per process)."""
-    global _registered
+    global _registered  # noqa: PLW0603 - vLLM calls the entry point more than once a process
     if _registered:
         return
     _registered = True

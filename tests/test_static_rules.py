@@ -1,0 +1,319 @@
+"""The static gate's own rules, the ones ruff and mypy cannot say (docs/adr/0009-a-static-gate.md).
+
+* Every ``noqa`` and ``type: ignore`` in src/ says why, after its codes, in one form:
+  ``# noqa: PLW0603 - the boot's one state object`` and
+  ``# type: ignore[attr-defined]  # vLLM's module attribute, set by its hooks``.
+* A function of four or more parameters (``self``/``cls`` not counted) takes its optional
+  (defaulted) ones by keyword: a call that hands over that many values says which option is
+  which. The public API (``plancache.__all__``: its functions, and the methods of its classes)
+  keeps its positions, since users' scripts call it that way.
+* A public function or method that raises says what, in a Google-style ``Raises:`` section.
+
+Each rule is a function of one module's source, run over the live tree and over small planted
+modules (one offender, then the same code fixed), so a rule that stopped catching anything
+fails here too. A failure lists every offender as ``path:line name``.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import plancache
+
+ROOT = Path(plancache.__file__).parent
+REPO = ROOT.parents[1]
+
+NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)", re.IGNORECASE)
+NOQA_WITH_REASON = re.compile(r":\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*\s+-\s+\S")
+TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore\b(?P<rest>.*)")
+TYPE_IGNORE_WITH_REASON = re.compile(r"\[[a-z-]+(\s*,\s*[a-z-]+)*\]\s+#\s*\S")
+
+
+def _sources() -> Iterator[tuple[str, str]]:
+    """(path from the repository root, source) of every module in src/plancache."""
+    for path in sorted(ROOT.rglob("*.py")):
+        yield str(path.relative_to(REPO)), path.read_text(encoding="utf-8")
+
+
+def _live(check: Callable[[str, str], list[str]]) -> list[str]:
+    return [offence for path, source in _sources() for offence in check(source, path)]
+
+
+# -- a reason on every suppression ----------------------------------------------------------------
+
+
+def suppressions_without_reason(source: str, path: str) -> list[str]:
+    """``path:line noqa`` or ``path:line type: ignore`` for each suppression in a comment of
+    ``source`` that names no code or gives no reason after its codes (text in strings is not a
+    comment, and is not read)."""
+    found: list[str] = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type != tokenize.COMMENT:
+            continue
+        line = token.start[0]
+        for match in NOQA.finditer(token.string):
+            if not NOQA_WITH_REASON.match(match.group("rest")):
+                found.append(f"{path}:{line} noqa")
+        for match in TYPE_IGNORE.finditer(token.string):
+            if not TYPE_IGNORE_WITH_REASON.match(match.group("rest")):
+                found.append(f"{path}:{line} type: ignore")
+    return found
+
+
+def test_every_suppression_in_src_says_why() -> None:
+    offenders = _live(suppressions_without_reason)
+    assert not offenders, (
+        f"{len(offenders)} suppressions without a reason after their codes (`# noqa: CODE - why`, "
+        "`# type: ignore[code]  # why`):\n" + "\n".join(offenders)
+    )
+
+
+def test_a_suppression_without_its_reason_is_caught_and_one_with_it_passes() -> None:
+    bare = (
+        "import os  # noqa\n"
+        "import re  # noqa: F401\n"
+        "import io  # noqa: F401 -\n"
+        "x = f()  # type: ignore\n"
+        "y = g()  # type: ignore[attr-defined]\n"
+        "z = h()  # type: ignore[attr-defined]  #\n"
+        "w = k()  # a comment, then  # type: ignore[no-any-return]\n"
+    )
+    assert suppressions_without_reason(bare, "m.py") == [
+        "m.py:1 noqa",
+        "m.py:2 noqa",
+        "m.py:3 noqa",
+        "m.py:4 type: ignore",
+        "m.py:5 type: ignore",
+        "m.py:6 type: ignore",
+        "m.py:7 type: ignore",
+    ]
+    fixed = (
+        "import os  # noqa: F401 - imported for its side effect\n"
+        "import re  # noqa: F401,E402 - after sys.path is set\n"
+        "x = f()  # type: ignore[attr-defined]  # vLLM's module attribute, set by its hooks\n"
+        "y = g()  # type: ignore[arg-type, union-attr]  # the caller checked\n"
+        's = "# noqa and # type: ignore in a string are not comments"\n'
+    )
+    assert suppressions_without_reason(fixed, "m.py") == []
+
+
+# -- options by keyword ---------------------------------------------------------------------------
+
+
+def public_api() -> dict[str, set[str]]:
+    """What ``plancache.__all__`` reaches, by module path: its functions' names and, for its
+    classes, ``Class.method`` for every method defined in the class body."""
+    reached: dict[str, set[str]] = {}
+    for name, module in plancache._EXPORTS.items():
+        path = ROOT.parent.joinpath(*module.split(".")).with_suffix(".py")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = reached.setdefault(str(path.relative_to(REPO)), set())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                names.add(name)
+            elif isinstance(node, ast.ClassDef) and node.name == name:
+                names.update(
+                    f"{name}.{item.name}"
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                )
+    return reached
+
+
+def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+    """(qualified name, node) of every function and method, nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+            yield from _functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from _functions(node, prefix)
+
+
+def positional_options(source: str, path: str, exempt: frozenset[str] = frozenset()) -> list[str]:
+    """``path:line name`` for each function of four or more parameters (``self``/``cls`` not
+    counted) that takes a defaulted parameter by position; ``exempt`` holds qualified names."""
+    found: list[str] = []
+    for qualname, node in _functions(ast.parse(source)):
+        assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        positional = [
+            a for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")
+        ]
+        if (
+            len(positional) + len(node.args.kwonlyargs) >= 4
+            and node.args.defaults
+            and qualname not in exempt
+        ):
+            found.append(f"{path}:{node.lineno} {qualname}")
+    return found
+
+
+def test_long_signatures_take_their_options_by_keyword() -> None:
+    """A call that hands over four or more values says which option is which: a function that
+    takes that many has its defaulted parameters keyword-only (``*,``). The public API keeps the
+    positions users' scripts already call it with."""
+    api = public_api()
+    assert "Store.__init__" in api["src/plancache/storage/store.py"]
+    assert "pull" in api["src/plancache/api.py"]
+    offenders = [
+        offence
+        for path, source in _sources()
+        for offence in positional_options(source, path, frozenset(api.get(path, ())))
+    ]
+    assert not offenders, (
+        f"{len(offenders)} functions of four or more parameters take an option by position "
+        "(make the defaulted ones keyword-only, `*,`, and update the callers):\n"
+        + "\n".join(offenders)
+    )
+
+
+def test_a_positional_option_is_caught_and_a_keyword_one_passes() -> None:
+    planted = (
+        "def adopt(envelope, keyring, trusted, now=None):\n    pass\n"
+        "class Signer:\n"
+        "    def sign(self, payload, keyid, scheme, comment=''):\n        pass\n"
+        "    def short(self, a, b, c=1):\n        pass\n"  # three: not counted
+        "def outer():\n"
+        "    def inner(a, b, c, d=0):\n        pass\n"
+    )
+    assert positional_options(planted, "m.py") == [
+        "m.py:1 adopt",
+        "m.py:4 Signer.sign",
+        "m.py:9 outer.inner",
+    ]
+    assert positional_options(planted, "m.py", frozenset({"adopt", "Signer.sign"})) == [
+        "m.py:9 outer.inner"
+    ]
+    fixed = (
+        "def adopt(envelope, keyring, trusted, *, now=None):\n    pass\n"
+        "class Signer:\n"
+        "    def sign(self, payload, keyid, scheme, *, comment=''):\n        pass\n"
+        "    def all_required(self, a, b, c, d):\n        pass\n"
+    )
+    assert positional_options(fixed, "m.py") == []
+
+
+# -- what a public function raises ----------------------------------------------------------------
+
+
+def _own_raises(function: ast.AST) -> Iterator[ast.Raise]:
+    """The ``raise`` statements of ``function`` itself: not those of a nested function or class,
+    not a bare ``raise``, not ``raise exc`` of the exception an ``except ... as exc`` caught."""
+    caught: set[str] = set()
+    stack = list(ast.iter_child_nodes(function))
+    raises: list[ast.Raise] = []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            caught.add(node.name)
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            raises.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    for node in raises:
+        if not (isinstance(node.exc, ast.Name) and node.exc.id in caught):
+            yield node
+
+
+def _public(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+    """(qualified name, node) of the public functions and methods: names without a leading
+    underscore, in classes whose names have none either; a function's nested ones are its own."""
+    for node in ast.iter_child_nodes(tree):
+        if (getattr(node, "name", None) or "").startswith("_"):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+        elif isinstance(node, ast.ClassDef):
+            yield from _public(node, f"{prefix}{node.name}.")
+        elif not isinstance(node, ast.Lambda):
+            yield from _public(node, prefix)
+
+
+RAISES_SECTION = re.compile(r"^\s*Raises:\s*$", re.MULTILINE)
+
+
+def raises_undocumented(source: str, path: str) -> list[str]:
+    """``path:line name`` for each public function or method that raises of its own and whose
+    docstring has no ``Raises:`` section."""
+    found: list[str] = []
+    for qualname, node in _public(ast.parse(source)):
+        assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if next(_own_raises(node), None) is None:
+            continue
+        if not RAISES_SECTION.search(ast.get_docstring(node) or ""):
+            found.append(f"{path}:{node.lineno} {qualname}")
+    return found
+
+
+def test_public_functions_say_what_they_raise() -> None:
+    offenders = _live(raises_undocumented)
+    assert not offenders, (
+        f"{len(offenders)} public functions raise without a `Raises:` section in their docstring "
+        "(`Raises:\\n    Rejected: the bytes are not a plan (reason ``malformed``).`):\n"
+        + "\n".join(offenders)
+    )
+
+
+def test_an_undocumented_raise_is_caught_and_a_documented_one_passes() -> None:
+    planted = '''
+def parse(data):
+    """Parse."""
+    if not data:
+        raise ValueError("empty")
+
+class Store:
+    def fetch(self, name):
+        raise KeyError(name)
+
+    def _helper(self):
+        raise KeyError("private: not public")
+
+def passes_on(data):
+    """Re-raises only: nothing of its own to document."""
+    try:
+        parse(data)
+    except ValueError as exc:
+        log(exc)
+        raise
+    except KeyError as exc:
+        raise exc
+
+def outer():
+    """Its nested function raises, not outer itself."""
+    def inner():
+        raise RuntimeError("inner")
+    return inner
+
+class _Private:
+    def method(self):
+        raise RuntimeError("a private class's method is not public")
+'''
+    assert raises_undocumented(planted, "m.py") == ["m.py:2 parse", "m.py:8 Store.fetch"]
+    fixed = '''
+def parse(data):
+    """Parse.
+
+    Raises:
+        ValueError: ``data`` is empty.
+    """
+    if not data:
+        raise ValueError("empty")
+
+class Store:
+    def fetch(self, name):
+        """Fetch.
+
+        Raises:
+            KeyError: no object is named ``name``.
+        """
+        raise KeyError(name)
+'''
+    assert raises_undocumented(fixed, "m.py") == []
