@@ -298,6 +298,6 @@ def _classify(message: str) -> tuple[Reason, str]:
             Reason.BAD_SIGNATURE,
             "the bundle's DSSE signature does not verify (altered payload?)",
         )
-    if "verified time" in message:
-        return Reason.NO_LOG_PROOF, f"no trusted time for the signature: {text}"
+    if "verified time" in message:  # its timestamps verify under no authority of the root
+        return Reason.FOREIGN_TRUST_ROOT, f"no timestamp the pinned root trusts: {text}"
     return Reason.BAD_BUNDLE, f"the Sigstore bundle does not verify: {text}"
