@@ -78,22 +78,37 @@ def _split(n: int) -> int:
     return k
 
 
-def merkle_root(leaves: list[bytes]) -> bytes:
-    """RFC 6962 MTH over leaf hashes."""
-    if len(leaves) == 1:
-        return leaves[0]
-    k = _split(len(leaves))
-    return _node(merkle_root(leaves[:k]), merkle_root(leaves[k:]))
+class MerkleTree:
+    """RFC 6962 over an append-only list of leaf hashes; a complete subtree's root is kept once
+    computed (it never changes), so a root or an audit path costs O(log^2 n), not O(n)."""
 
+    def __init__(self, leaves: list[bytes]) -> None:
+        self.leaves = leaves
+        self._complete: dict[tuple[int, int], bytes] = {}
 
-def audit_path(m: int, leaves: list[bytes]) -> list[bytes]:
-    """RFC 6962 PATH(m, D[n]), bottom-up."""
-    if len(leaves) == 1:
-        return []
-    k = _split(len(leaves))
-    if m < k:
-        return [*audit_path(m, leaves[:k]), merkle_root(leaves[k:])]
-    return [*audit_path(m - k, leaves[k:]), merkle_root(leaves[:k])]
+    def root(self, lo: int = 0, hi: int | None = None) -> bytes:
+        """MTH(D[lo:hi])."""
+        hi = len(self.leaves) if hi is None else hi
+        n = hi - lo
+        if n == 1:
+            return self.leaves[lo]
+        if (lo, hi) in self._complete:
+            return self._complete[(lo, hi)]
+        k = _split(n)
+        value = _node(self.root(lo, lo + k), self.root(lo + k, hi))
+        if n & (n - 1) == 0:
+            self._complete[(lo, hi)] = value
+        return value
+
+    def path(self, m: int, lo: int = 0, hi: int | None = None) -> list[bytes]:
+        """PATH(m, D[lo:hi]), bottom-up."""
+        hi = len(self.leaves) if hi is None else hi
+        if hi - lo == 1:
+            return []
+        k = _split(hi - lo)
+        if m < k:
+            return [*self.path(m, lo, lo + k), self.root(lo + k, hi)]
+        return [*self.path(m - k, lo + k, hi), self.root(lo, lo + k)]
 
 
 class SigstoreStack:
@@ -108,7 +123,7 @@ class SigstoreStack:
         self.ct_id = hashlib.sha256(_der(self.ct_key)).digest()
         self.log_time_shift = timedelta(0)
         self.cert_validity = timedelta(minutes=10)
-        self.leaves: list[bytes] = [_leaf(b"prefill %d" % i) for i in range(prefill)]
+        self.tree = MerkleTree([_leaf(b"prefill %d" % i) for i in range(prefill)])
         self.lock = threading.Lock()
         self.fulcio_requests = 0
         self.rekor_requests = 0
@@ -330,11 +345,12 @@ class SigstoreStack:
             }
         )
         with self.lock:
-            index = len(self.leaves)
-            self.leaves.append(_leaf(body))
-            leaves = list(self.leaves)
+            index = len(self.tree.leaves)
+            self.tree.leaves.append(_leaf(body))
+            size = index + 1
+            root = self.tree.root(0, size)
+            proof = self.tree.path(index, 0, size)
         integrated = int((datetime.now(timezone.utc) + self.log_time_shift).timestamp())
-        root = merkle_root(leaves)
         set_payload = rfc8785.dumps(
             {
                 "body": _b64(body),
@@ -351,11 +367,11 @@ class SigstoreStack:
                 "logIndex": index,
                 "verification": {
                     "inclusionProof": {
-                        "checkpoint": self._checkpoint(len(leaves), root),
-                        "hashes": [h.hex() for h in audit_path(index, leaves)],
+                        "checkpoint": self._checkpoint(size, root),
+                        "hashes": [h.hex() for h in proof],
                         "logIndex": index,
                         "rootHash": root.hex(),
-                        "treeSize": len(leaves),
+                        "treeSize": size,
                     },
                     "signedEntryTimestamp": _b64(
                         self.log_key.sign(set_payload, ec.ECDSA(hashes.SHA256()))
