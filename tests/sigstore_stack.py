@@ -220,10 +220,12 @@ class SigstoreStack:
         key: ec.EllipticCurvePrivateKey | None = None,
         audience: str = AUDIENCE,
         lifetime: int = 300,
+        **extra: str,
     ) -> str:
+        """A token of this issuer; ``job_workflow_ref=`` makes it GitHub-shaped (below)."""
         now = int(time.time())
-        claims = {"iss": self.issuer, "sub": sub, "aud": audience, "iat": now, "nbf": now}
-        claims["exp"] = now + lifetime
+        claims: dict[str, Any] = {"iss": self.issuer, "sub": sub, "aud": audience, "iat": now}
+        claims.update(nbf=now, exp=now + lifetime, **extra)
         return jwt.encode(claims, key or self.oidc_key, algorithm="ES256", headers={"kid": "test"})
 
     def _check_token(self, token: str) -> dict[str, Any]:
@@ -249,6 +251,8 @@ class SigstoreStack:
         if not csr.is_signature_valid:
             raise ValueError("the CSR's signature does not verify")
         sub = claims["sub"]
+        if "job_workflow_ref" in claims:  # as Fulcio certifies GitHub Actions: not the sub
+            sub = "https://github.com/" + claims["job_workflow_ref"]
         san: x509.GeneralName = (
             x509.UniformResourceIdentifier(sub) if "://" in sub else x509.RFC822Name(sub)
         )

@@ -301,6 +301,22 @@ def test_a_forged_or_missing_token_is_a_config_error(
     assert "no OIDC token" in caught.value.detail
 
 
+def test_the_signers_own_check_trusts_the_certified_identity_not_the_tokens_claim(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """GitHub's tokens name ``repo:…`` in ``sub`` while Fulcio certifies the workflow's URL:
+    signing checks its result against what the certificate says."""
+    token = stack.token(
+        "repo:acme/serving:ref:refs/heads/main",
+        job_workflow_ref="acme/serving/.github/workflows/bake.yml@refs/heads/main",
+    )
+    signer = load_signer("sigstore", {**env, "SIGSTORE_ID_TOKEN": token})
+    action, sidecar = sign_or_cosign(NAME, plan_bytes(), None, signer, NOW, keyring=None)
+    assert action == "signed"
+    verified = verify_plan(NAME, plan_bytes(), sidecar, trusting(stack, line(stack.issuer)), NOW)
+    assert verified.identities[0].identity == IDENTITY
+
+
 def test_the_identity_token_file_is_read(
     stack: SigstoreStack, env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -1,10 +1,10 @@
 """The ``sigstore`` key reference: keyless signing with a CI job's OIDC identity.
 
 Instead of a long-lived key, each signing run trades an OIDC token for a ten-minute Fulcio
-certificate bound to a throwaway P-256 key, and every signature is logged in Rekor; the
-result is a Sigstore bundle (:mod:`plancache.trust.keyless.sigstore_bundle`) holding the same in-toto
-statement a key would sign. sigstore-python does the protocol; this module finds the token and
-the instance:
+certificate bound to a throwaway P-256 key, and every signature is logged in Rekor;
+the result is a Sigstore bundle (:mod:`plancache.trust.keyless.sigstore_bundle`) holding
+the same in-toto statement a key would sign. sigstore-python does the protocol; this module
+finds the token and the instance:
 
 - the token: ``SIGSTORE_ID_TOKEN``, else the file ``--identity-token FILE`` names (the CLI puts
   the path in ``PLANCACHE_SIGSTORE_IDENTITY_TOKEN_FILE``), else the CI's ambient credential
@@ -81,9 +81,44 @@ class KeylessSigner:
         raise ConfigError("a keyless signer signs statements into Sigstore bundles, not bytes")
 
     def own_keyring(self) -> Keyring:
-        """A keyring trusting exactly this signer's identity under its instance's root."""
-        line = TrustedIdentity(self.issuer, self.identity, name=self.identity)
-        return Keyring(identities=IdentityPolicy((line,), (), self._trusted_root))
+        """A keyring trusting exactly the identity Fulcio certified for this signer, under its
+        instance's root. Read from the certificate, not the token: Fulcio chooses the SAN (for
+        GitHub Actions the workflow's ``job_workflow_ref`` URL, while the token's identity claim
+        is its ``sub``), so only the certificate says what a verifier will see.
+
+        Raises:
+            ConfigError: no certificate could be had (as :meth:`sign_statement`).
+        """
+        from ..trust.keyless.sigstore_bundle import certificate_identity
+
+        issuer, sans = certificate_identity(self._certificate())
+        lines = tuple(TrustedIdentity(issuer, san, name=san) for san in sans)
+        return Keyring(identities=IdentityPolicy(lines, (), self._trusted_root))
+
+    def _fresh_signer(self) -> Any:
+        from sigstore.sign import SigningContext
+
+        context = SigningContext.from_trust_config(self._config)
+        with context.signer(self._token) as signer:  # requests the certificate now
+            return signer
+
+    def _certificate(self) -> Any:
+        from sigstore.sign import ExpiredCertificate
+
+        with self._lock:
+            try:
+                for _ in range(2):
+                    if self._signer is None:
+                        self._signer = self._fresh_signer()
+                    try:
+                        return self._signer._signing_cert()
+                    except ExpiredCertificate:
+                        self._signer = None
+                raise ConfigError("sigstore: the signing certificate expired")  # pragma: no cover
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(f"sigstore signing failed: {_one_line(exc)}") from None
 
     def sign_statement(self, payload: bytes) -> bytes:
         """A Sigstore bundle (v0.3 JSON) whose DSSE envelope carries ``payload`` unchanged.
@@ -92,16 +127,14 @@ class KeylessSigner:
             ConfigError: Fulcio or Rekor refused or could not be reached, or the token expired.
         """
         from sigstore.dsse import Statement
-        from sigstore.sign import ExpiredCertificate, SigningContext
+        from sigstore.sign import ExpiredCertificate
 
         with self._lock:
             try:
                 statement = Statement(payload)
                 for _ in range(2):
                     if self._signer is None:
-                        context = SigningContext.from_trust_config(self._config)
-                        with context.signer(self._token) as signer:
-                            self._signer = signer
+                        self._signer = self._fresh_signer()
                     try:
                         bundle = self._signer.sign_dsse(statement)
                         break
