@@ -2,24 +2,25 @@
 payload is parsed.
 
 A signature object (a plan's sidecar, a plan set's head, a compile-cache manifest's or header
-archive's signature) holds either plancache's DSSE envelope (:mod:`plancache.trust.envelope`) or a Sigstore
-bundle v0.3 whose ``dsseEnvelope`` carries exactly the in-toto statement and payload type a key
-would sign. :func:`open_bundle` is the bundle half of :func:`plancache.trust.verify.open_envelope`:
-bytes, a keyring and its pinned trust root in; the verified payload and who signed out.
+archive's signature) holds either plancache's DSSE envelope (:mod:`plancache.trust.envelope`)
+or a Sigstore bundle v0.3 whose ``dsseEnvelope`` carries exactly the in-toto statement and
+payload type a key would sign. :func:`open_bundle` is the bundle half of
+:func:`plancache.trust.verify.open_envelope`: bytes, a keyring's identities and its pinned
+trust root in; the verified payload and who signed out.
 
 sigstore-python's :class:`~sigstore.verify.Verifier` does the cryptography (the certificate
 chain to the root's Fulcio CA at the logged time, the SCT, the Merkle inclusion proof and its
 signed checkpoint, the SET or an RFC 3161 timestamp, the DSSE signature, the log entry against
 the envelope); it is handed the root's bytes and the bundle's bytes and makes no network call.
-The identity policy is plancache's (:mod:`plancache.trust.keyring.identities`): which line matched says who
-signed, and a near miss says why not (``wrong-issuer``, ``wrong-identity``,
+The identity policy is plancache's (:mod:`plancache.trust.keyring.identities`): which line
+matched says who signed, and a near miss says why not (``wrong-issuer``, ``wrong-identity``,
 ``unanchored-identity``). Each failure leaves as ``Rejected`` with its own reason; hostile
 bytes that make sigstore-python raise anything else are ``bad-bundle``, never a crash.
 
 A bundle is not re-encoded and compared as an envelope is: it is another ecosystem's format
-(cosign and sigstore-python write it their own way), so the bytes are read as strict JSON
-(no duplicate key, :mod:`plancache.trust.strictjson`) and only what was verified is used. sigstore-python is
-imported on the first bundle, never for a keyring of keys alone.
+(cosign and sigstore-python write it their own way), so the bytes are read as strict JSON (no
+duplicate key, :mod:`plancache.trust.strictjson`) and only what was verified is used.
+sigstore-python is imported on the first bundle, never for a keyring of keys alone.
 """
 
 from __future__ import annotations
