@@ -317,6 +317,14 @@ def test_the_signers_own_check_trusts_the_certified_identity_not_the_tokens_clai
     assert verified.identities[0].identity == IDENTITY
 
 
+def test_an_identity_token_is_never_shown(stack: SigstoreStack) -> None:
+    from plancache.trust.display import safe_text
+
+    token = stack.token(IDENTITY)
+    shown = safe_text(f"Fulcio said: bad token {token} (Authorization: Bearer {token})", 1000)
+    assert token not in shown and token.split(".")[1] not in shown and "***" in shown
+
+
 def test_the_identity_token_file_is_read(
     stack: SigstoreStack, env: dict[str, str], tmp_path: Path
 ) -> None:
