@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..pipeline.keyless_report import plan_signers
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..pipeline.resolver import Resolver
-from ..pipeline.keyless_report import plan_signers
 from ..pipeline.trust_config import signer_for, worker_policy
 from ..storage.deadline import DEFAULT_TIMEOUT
 from ..storage.store import Store, open_store
