@@ -21,6 +21,13 @@ runs the plugin), so a variable means the same thing wherever it is read:
                                pushes) caches vLLM saves; off: ``0``, ``false``, ``no``, ``off`` or
                                unset. Any other value is an error and the guard stays **on**
                                (:func:`compile_cache_switch`).
+``PLANCACHE_SIGSTORE_TRUSTED_ROOT``  the Sigstore ``trusted_root.json`` bundles are verified
+                               against (CLI: ``--trusted-root``); default: the public-good root
+                               shipped with sigstore-python. Read only if an identity is trusted.
+``PLANCACHE_SIGSTORE_TRUST_CONFIG``  keyless signing's ``ClientTrustConfig`` JSON (Fulcio, Rekor,
+                               their trust root); default: Sigstore's public-good instance.
+``SIGSTORE_ID_TOKEN``          the OIDC token keyless signing uses (else ``--identity-token FILE``,
+                               else the CI's ambient token: GitHub Actions, GitLab CI).
 =============================  ==================================================================
 """
 
@@ -39,6 +46,11 @@ STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
 SET_REPLICAS_ENV = "PLANCACHE_SET_REPLICAS"
 """Copies of each plan set in the store (``push --set-replicas``): a node reads one, by its host name."""
 COMPILE_CACHE_ENV = "PLANCACHE_COMPILE_CACHE"
+SIGSTORE_TRUSTED_ROOT_ENV = "PLANCACHE_SIGSTORE_TRUSTED_ROOT"
+SIGSTORE_TRUST_CONFIG_ENV = "PLANCACHE_SIGSTORE_TRUST_CONFIG"
+SIGSTORE_ID_TOKEN_ENV = "SIGSTORE_ID_TOKEN"
+SIGSTORE_ID_TOKEN_FILE_ENV = "PLANCACHE_SIGSTORE_IDENTITY_TOKEN_FILE"
+"""Where ``--identity-token FILE`` puts its path for the signer (the token stays in the file)."""
 
 DEFAULT_TIMEOUT = 3.0
 """Overall budget in seconds of a remote operation when the caller names none: a boot-time

@@ -19,11 +19,18 @@ from ..settings import (
     URL_ENV,
 )
 from .args import byte_count, duration, key_value, positive_int
-from .flag_objects import add_cosign_options, add_store_options, add_trust_options
+from .flag_objects import (
+    add_cosign_options,
+    add_identity_token,
+    add_store_options,
+    add_trust_options,
+)
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 
-KEYREF_HELP = "key reference: a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"
+KEYREF_HELP = (
+    "key reference: a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…, sigstore"
+)
 
 
 def _json(p: argparse.ArgumentParser) -> None:
@@ -133,6 +140,7 @@ def add_parsers(sub: Sub) -> None:
         "made at one setting is applied at another.",
     )
     p.add_argument("--key", metavar="KEYREF", help=f"{KEYREF_HELP} (default: ${SIGNING_KEY_ENV})")
+    add_identity_token(p)
     _signing(p)
     add_cosign_options(p)
     _json(p)
@@ -224,6 +232,7 @@ def add_parsers(sub: Sub) -> None:
         metavar="KEYREF",
         help=f"sign first with this {KEYREF_HELP} (default: ${SIGNING_KEY_ENV})",
     )
+    add_identity_token(p)
     p.add_argument(
         "--allow-unsigned", action="store_true", help="push plans without a signature too"
     )
@@ -481,6 +490,7 @@ def _compile_cache(sub: Sub) -> None:
     p.add_argument(
         "--key", metavar="KEY", help=f"private key reference (default: ${SIGNING_KEY_ENV})"
     )
+    add_identity_token(p)
     p.add_argument(
         "--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d"
     )

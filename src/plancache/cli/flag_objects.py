@@ -14,7 +14,14 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..settings import BULK_TIMEOUT, SIGNING_KEY_ENV, STORAGE_OPTIONS_ENV, TRUSTED_KEYS_ENV
+from ..settings import (
+    BULK_TIMEOUT,
+    SIGNING_KEY_ENV,
+    SIGSTORE_ID_TOKEN_FILE_ENV,
+    SIGSTORE_TRUSTED_ROOT_ENV,
+    STORAGE_OPTIONS_ENV,
+    TRUSTED_KEYS_ENV,
+)
 from ..trust.errors import ConfigError
 from .args import key_value, positive_int
 
@@ -36,6 +43,36 @@ def add_trust_options(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="distinct trusted keys that must sign (default 1)",
     )
+    add_trusted_root(parser)
+
+
+def add_identity_token(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--identity-token",
+        metavar="FILE",
+        help="with --key sigstore: the OIDC token to sign with (default: $SIGSTORE_ID_TOKEN, "
+        "else the CI's ambient token)",
+    )
+
+
+def add_trusted_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trusted-root",
+        metavar="FILE",
+        help=f"Sigstore trusted_root.json for sigstore identities (default: "
+        f"${SIGSTORE_TRUSTED_ROOT_ENV}, else Sigstore's public-good root)",
+    )
+
+
+def apply_keyless_flags(args: argparse.Namespace) -> None:
+    """Put the keyless flags given in this run into the environment the library reads (the
+    plugin has no flags): flags, then environment. The token's path travels, never the token."""
+    token_file = getattr(args, "identity_token", None)
+    if token_file:
+        os.environ[SIGSTORE_ID_TOKEN_FILE_ENV] = str(token_file)
+    root = getattr(args, "trusted_root", None)
+    if root:
+        os.environ[SIGSTORE_TRUSTED_ROOT_ENV] = str(root)
 
 
 def add_cosign_options(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +88,7 @@ def add_cosign_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="sign anew with this key alone where an existing signature cannot be adopted",
     )
+    add_trusted_root(parser)
 
 
 def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:

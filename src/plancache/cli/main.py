@@ -22,6 +22,7 @@ from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from . import commands
 from .completion import complete
+from .flag_objects import apply_keyless_flags
 from .streams import ClosedPipeSafe, RedactedLines, private_stdout
 from .suggest import leaf_parser, unrecognized, with_suggestion
 
@@ -147,6 +148,7 @@ def _main(argv: Sequence[str] | None) -> int:
     json_out = bool(getattr(args, "json", False))
     if args.debug:
         os.environ["PLANCACHE_DEBUG"] = "1"
+    apply_keyless_flags(args)
     _quiet_libraries()
 
     def fail(reason: str, detail: str, label: str = "error") -> None:

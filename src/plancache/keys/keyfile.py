@@ -103,6 +103,10 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
             _public_text(read_key_file(path, "trusted-keys file"), path), str(path)
         )
         what = f"trusted-keys file {safe_text(path)}"
+    if keyring.identities is not None and keyring.identities.trusted:
+        from .sigstore_root import pin_trusted_root
+
+        return pin_trusted_root(keyring)
     if not keyring.keys and not (allow_revocations_only and keyring.revoked):
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
         raise ConfigError(f"{what} lists {wanted}")

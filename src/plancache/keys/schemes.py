@@ -13,6 +13,9 @@ signer by URI scheme.
                                   (:mod:`.awskms`)
 ``gcpkms://projects/…/V``         a Cloud KMS ``EC_SIGN_ED25519`` key version, extra ``[gcpkms]``
                                   (:mod:`.gcpkms`)
+``sigstore``                      keyless: the CI's OIDC identity, a Fulcio certificate and a
+                                  Rekor entry; signatures are Sigstore bundles, extra
+                                  ``[sigstore]`` (:mod:`.sigstore_signer`)
 ================================  ===========================================================
 
 Each kind's module is imported only when a reference names it, so the core install
@@ -31,7 +34,7 @@ from ..trust.errors import ConfigError
 from ..trust.keyring.keys import Signer
 from .keyfile import Prompt, file_signer
 
-KEY_REF_FORMS = "a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…"
+KEY_REF_FORMS = "a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…, sigstore"
 
 Loader = Callable[[str, Mapping[str, str], "Prompt | None"], Signer]
 """(reference, environment, prompt) -> the signer it names."""
@@ -64,11 +67,20 @@ def _gcpkms(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
     return gcpkms_signer(ref, env, budget_from(env))
 
 
+def _sigstore(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Signer:
+    if ref != "sigstore":  # a key file whose path starts so (sigstore-ci.pem)
+        return file_signer(Path(ref).expanduser(), env, prompt)
+    from .sigstore_signer import keyless_signer
+
+    return keyless_signer(ref, env)
+
+
 SCHEMES: tuple[tuple[str, Loader], ...] = (
     ("env://", _env),
     ("pkcs11:", _pkcs11),
     ("awskms://", _awskms),
     ("gcpkms://", _gcpkms),
+    ("sigstore", _sigstore),
 )
 """Reference prefix -> its kind's loader; anything else without ``://`` is a key file's path."""
 

@@ -17,13 +17,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..storage.local.localdir import LocalPlanDir
-from ..trust import envelope as dsse
 from ..trust.errors import PlanCacheError, Reason
 from ..trust.plans.gate import Verdict
 from ..trust.plans.plan import parse_plan, plan_name
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from ..trust.statement import format_time, parse_statement
+from .keyless_report import claimed, keyless_facts, signed_by
 from .locations import Location, open_location, require_existing
 from .resolver import verify_result
 
@@ -81,6 +81,8 @@ class PlanReport:
     unverified claim is never shown as evidence; None when not verified or not recorded."""
     config_parts: dict[str, Any] | None = None
     """Beside ``inputs``: each part of vLLM's configuration, hashed (a valid plan's, signed)."""
+    keyless: list[dict[str, Any]] = field(default_factory=list)
+    """Keyless signers of a valid plan: identity, issuer, log index and time (keyless_report)."""
 
     @property
     def ok(self) -> bool:
@@ -99,7 +101,7 @@ class PlanReport:
     def to_json(self) -> dict[str, object]:
         """The report as JSON: every field, plus ``signed_by`` pairing each signer's name with its
         key id and ``outcome``."""
-        pairs = [{"name": n, "keyid": k} for n, k in zip(self.signers, self.signer_ids)]
+        pairs = signed_by(self.signers, self.signer_ids, self.keyless)
         # flat fields: no deep copy (asdict costs 90 us a plan)
         return {**vars(self), "signed_by": pairs, "outcome": self.outcome}
 
@@ -121,6 +123,7 @@ def report_of(result: PlanResult) -> PlanReport:
         reason="ok",
         signers=list(vp.signers),
         signer_ids=list(vp.key_ids),
+        keyless=keyless_facts(vp.identities),
         signed_at=format_time(st.signed_at) if st else None,
         expires_at=format_time(st.expires_at) if st and st.expires_at else None,
         comment=st.comment if st else "",
@@ -151,10 +154,9 @@ def describe_unverified(result: PlanResult) -> PlanReport:
         if result.sig_bytes is None:
             report.status, report.reason = UNSIGNED, Reason.UNSIGNED.value
             return report
-        env = dsse.decode(result.sig_bytes)
-        report.signer_ids = [s.keyid for s in env.signatures]
+        report.signer_ids, payload = claimed(result.sig_bytes)
         report.signers = list(report.signer_ids)
-        st = parse_statement(env.payload)
+        st = parse_statement(payload)
         report.signed_at = format_time(st.signed_at)
         report.expires_at = format_time(st.expires_at) if st.expires_at else None
         report.comment = st.comment

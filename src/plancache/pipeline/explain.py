@@ -27,6 +27,7 @@ from ..trust.keyring.keys import Keyring
 from ..trust.statement import CONDITION_KEYS
 from .audit import VALID, PlanReport
 from .compile_cache.flows import CacheRoot, read_sidecar
+from .keyless_report import signed_by
 
 NEAREST = 3
 MAX_CACHES = 500
@@ -94,6 +95,7 @@ def _plan_candidates(
                 "fingerprint": report.fingerprint,
                 "differs": _input_differences(report, rank),
                 "signers": list(report.signers),
+                "signed_by": signed_by(report.signers, report.signer_ids, report.keyless),
                 "signed_at": report.signed_at,
             }
         )

@@ -69,6 +69,9 @@ _SECRET_NAME = re.compile(
 """A parameter whose name looks like it carries a credential: SAS ``sig``, ``token``,
 ``secret``, ``password``, AWS/GCS/Azure signed-URL ``X-Amz-*``/``X-Goog-*``/``x-ms-*``,
 ``AccountKey``/``access_key``/``api_key``, PKCS#11 ``pin-*``. Over-masking is harmless."""
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
+"""A JSON Web Token (header and claims both base64url JSON objects): an OIDC identity token that
+signs keylessly for its minutes (``SIGSTORE_ID_TOKEN``), wherever an SDK's message echoes it."""
 _WINDOW = 4096
 """Input characters looked at beyond ``limit``: far more than any credential, so a secret is
 masked whole before the text is cut."""
@@ -103,8 +106,11 @@ def redact(text: str) -> str:
     ``name=value`` parameter whose name looks secret (after ``?``, ``&``, ``;``, ``,`` or a
     space), and whatever follows ``pin-value``/``pin-source`` and a separator, even malformed
     (``&pin-value:1234``), quoted ``'name': 'value'`` pairs with such names, and credential
-    headers (``Authorization: Bearer …``, ``x-amz-security-token: …``). Idempotent.
+    headers (``Authorization: Bearer …``, ``x-amz-security-token: …``), and JSON Web Tokens
+    (an OIDC token). Idempotent.
     Applied by :func:`safe_text`; call it directly only where text is shown unescaped."""
+    if "eyJ" in text:
+        text = _JWT.sub(MASK, text)
     quoted = ":" in text and ('"' in text or "'" in text)
     if "=" not in text and "@" not in text and ":" not in text and "pin-" not in text.lower():
         return text

@@ -22,6 +22,7 @@ from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs, fingerprint_of_inputs
 from .keyring.keys import Keyring, Signer, canonical_keyid, signer_keyring
 from .plans.plan import parse_plan
+from .sealing import refuse_cosign, seal
 from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
 from .verify import VerifiedPlan, verify_plan
 
@@ -94,8 +95,7 @@ def sign_plan(
             f"the statement to sign is {len(payload)} bytes; signed messages are capped at {MAX_SIGNED_BYTES} "
             "bytes (what a KMS signs): shorten the comment or the provenance facts"
         )
-    signature = dsse.Signature(signer.keyid, signer.sign(data))
-    return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
+    return seal(payload, signer)
 
 
 def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer) -> bytes:
@@ -106,6 +106,7 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     (otherwise it is replaced, never reported as done). Whether the statement deserves the
     signature is :func:`sign_or_cosign`'s question.
     """
+    refuse_cosign(sig_bytes, signer)
     env = dsse.decode(sig_bytes)
     statement = parse_statement(env.payload)
     if (

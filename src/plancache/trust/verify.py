@@ -28,6 +28,7 @@ the skew to a date: a statement dated 9999-12-31 is a rejection or a pass, never
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,11 +36,16 @@ from typing import Any
 from . import envelope as dsse
 from .display import safe_text
 from .errors import Reason, Rejected
+from .keyless.sigstore_bundle import is_bundle, open_bundle
+from .keyring.identities import IdentitySigner
 from .keyring.keys import Keyring, TrustedKey, canonical_keyid
 from .plans.plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
 from .statement import Statement, format_time, parse_statement
 
 DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
+
+Signatory = TrustedKey | IdentitySigner
+"""Who a signature object's valid signature counts for: a trusted key or a keyless identity."""
 
 _SEAL = object()
 
@@ -61,6 +67,8 @@ class VerifiedPlan:
     _seal: Any = None
     key_ids: tuple[str, ...] = ()
     """Key ids (``SHA256:…``) of the signing keys, in the order of ``signers``."""
+    identities: tuple[IdentitySigner, ...] = ()
+    """Keyless signers (a Sigstore bundle's identity, issuer, log index), among ``signers``."""
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
@@ -138,22 +146,27 @@ def verify_plan(
         tuple(k.name for k in current),
         _SEAL,
         tuple(k.keyid for k in current),
+        tuple(k for k in current if isinstance(k, IdentitySigner)),
     )
 
 
 def open_envelope(
     sig_bytes: bytes, keyring: Keyring, cap: int = dsse.MAX_SIG_BYTES
-) -> tuple[bytes, list[TrustedKey]]:
+) -> tuple[bytes, list[Signatory]]:
     """A signature's payload and the trusted keys whose signatures over it verify, before
     anything of the payload is parsed: capped, canonical DSSE, our payload type. The first step
-    of every verifier (plans, plan sets, compile-cache manifests, their headers)."""
+    of every verifier (plans, plan sets, compile-cache manifests, their headers). A Sigstore
+    bundle in its place is verified by :func:`.keyless.sigstore_bundle.open_bundle` (same cap)."""
+    if is_bundle(sig_bytes):
+        payload, identities = open_bundle(sig_bytes, keyring.identities, cap)
+        return payload, [*identities]
     env = dsse.decode(sig_bytes, cap)
     if env.payload_type != dsse.PAYLOAD_TYPE:
         raise Rejected(
             Reason.MALFORMED,
             f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}",
         )
-    return env.payload, trusted_signers(env, keyring)
+    return env.payload, [*trusted_signers(env, keyring)]
 
 
 def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
@@ -167,14 +180,14 @@ def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
 
 
 def current_signers(
-    keys: list[TrustedKey],
+    keys: Sequence[Signatory],
     keyring: Keyring,
     signed_at: datetime,
     expires_at: datetime | None,
     now: datetime,
     *,
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
-) -> list[TrustedKey]:
+) -> list[Signatory]:
     """The signing keys whose validity windows cover both now and ``signed_at`` (a key vouches
     only for what it signed while valid), enough of them for the threshold, and a signature
     neither from the future nor expired; else Rejected. Shared by plans and manifests."""
@@ -192,7 +205,7 @@ def current_signers(
     return current
 
 
-def _window_detail(keys: list[TrustedKey], now: datetime) -> str:
+def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:
     names = ", ".join(safe_text(k.name, 40) for k in keys)
     if not any(k.window_covers(now) for k in keys):
         return f"the signing key's validity window does not cover now ({names}): it vouches for nothing today"

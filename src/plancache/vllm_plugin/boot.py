@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..pipeline.keyless_report import plan_signers
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
@@ -82,6 +83,8 @@ class Boot:
     """The apply-time configuration's parts, hashed (:func:`.adapter.config_parts`), signed beside the inputs."""
     signed_profile_ms: float | None = None
     """The applied plan's signed profiling time (what skipping it saves), when it carries one."""
+    signed_by: list[dict[str, Any]] | None = None
+    """Who signed the verified plan: names, key ids, a keyless signer's identity and issuer."""
     profile_ms: float | None = None
     """This boot's profiling time, when it profiled: signed with the plan it saves."""
     prefetch: Prefetch[PlanResult] | None = None
@@ -273,6 +276,7 @@ def decide_plan(
     )  # computed only if nothing was prefetched and the local plan misses
     if result.verified is not None:
         statement = result.verified.statement
+        boot.signed_by = plan_signers(result.verified)
         boot.signed_profile_ms = (
             statement.measurements.get("profile_ms") if statement is not None else None
         )
@@ -339,6 +343,7 @@ def log_decision(
                 signed_profile_ms=boot.signed_profile_ms
                 if boot is not None and decision.applied
                 else None,
+                signed_by=boot.signed_by if boot is not None and decision.applied else None,
             )
         except Exception:
             LOG.debug("plancache: boot record not updated", exc_info=True)

@@ -169,6 +169,7 @@ def note_plan(
     elapsed_ms: float,
     *,
     signed_profile_ms: float | None = None,
+    signed_by: list[dict[str, Any]] | None = None,
 ) -> None:
     """The plan side's decision (the decision line's fields), written at once."""
     record = for_worker(worker)
@@ -180,6 +181,7 @@ def note_plan(
             "fingerprint": fp,
             "detail": safe_text(detail, 300),
             "signed_profile_ms": signed_profile_ms,
+            "signed_by": signed_by,  # names and key ids; a keyless signer's identity and issuer
         }
         record.plugin_ms += elapsed_ms
         _write(record)

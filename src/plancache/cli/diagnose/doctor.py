@@ -28,6 +28,7 @@ from ...trust.policy import TrustPolicy
 from ...vllm_plugin import startup_plan_enabled
 from ...vllm_plugin.config import PluginConfig, parse_config
 from ..output import print_table, report
+from .trust_root_check import check_trust_root
 
 PLUGIN = "plancache"
 
@@ -179,7 +180,7 @@ def _keys(checks: Checks, config: PluginConfig) -> TrustPolicy:
     names = sorted(k.name for k in ring.keys.values())
     checks.add(
         "trusted-keys",
-        "ok" if ring.keys else "fail",
+        "ok" if ring.keys or ring.identities else "fail",
         f"{len(ring.keys)} trusted key(s) from {config.trusted_keys}: {', '.join(names) or 'none'}; "
         f"{len(ring.revoked)} revoked; threshold {ring.threshold}",
         count=len(ring.keys),
@@ -376,6 +377,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     directory = _plan_dir(checks)
     config = parse_config(os.environ)
     policy = _keys(checks, config)
+    check_trust_root(checks, policy.keyring)
     _signing_key(checks, config)
     store = _store(checks, config, policy)
     _local_plans(checks, directory, policy, args.free_memory, store)

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
+from ..sealing import seal
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
 from .manifest import is_subject
@@ -169,8 +169,7 @@ def sign_headers(hset: HeaderSet, signer: Signer) -> bytes:
     if hset.expires_at is not None and hset.expires_at <= hset.signed_at:
         raise ConfigError("the expiry must lie in the future")
     payload = hset.to_json_bytes()
-    signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
-    return dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
+    return seal(payload, signer)
 
 
 _KEYS = {"cache_archive_sha256", "expires_at", "headers", "object", "signed_at"}

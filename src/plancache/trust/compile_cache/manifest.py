@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
 from ..inputs import SALT_KEY, check_inputs, salt_of
 from ..keyring.keys import Keyring, Signer
+from ..sealing import seal
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
 
@@ -220,8 +220,7 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
     if manifest.expires_at is not None and manifest.expires_at <= manifest.signed_at:
         raise ConfigError("the expiry must lie in the future")
     payload = manifest.to_json_bytes()
-    signature = dsse.Signature(signer.keyid, signer.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
-    sig = dsse.encode(dsse.Envelope(dsse.PAYLOAD_TYPE, payload, (signature,)))
+    sig = seal(payload, signer)
     if len(sig) > MAX_SIG_BYTES:
         raise Rejected(
             Reason.TOO_LARGE,

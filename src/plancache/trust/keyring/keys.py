@@ -14,6 +14,7 @@ Trusted-keys files are ``authorized_keys``-shaped, one key per line::
     -----END PUBLIC KEY-----
     ci@acme namespaces="plancache" ssh-ed25519 AAAA…        (OpenSSH allowed_signers lines,
                                                              see :mod:`.allowed_signers`)
+    sigstore issuer=URL identity=SAN                         (keyless signers: :mod:`.identities`)
 
 A key's validity window works as in OpenSSH's ``allowed_signers``: a signature counts only
 while the *verifier's* clock is inside the window, and only if the statement's ``signed_at``
@@ -47,6 +48,7 @@ from ..display import safe_text
 from ..errors import ConfigError, PlanCacheError
 from ..statement import parse_time
 from .allowed_signers import parse_allowed_signer, spelled_like_marker
+from .identities import BundleSigner, IdentityPolicy, identity_entry
 from .keyformat import (  # noqa: F401 - re-exported: callers name these from here
     KEYID_PREFIX,
     PEM_PUBLIC_BEGIN,
@@ -146,6 +148,8 @@ class Keyring:
     keys: Mapping[str, TrustedKey] = field(default_factory=dict)
     revoked: frozenset[str] = frozenset()
     threshold: int = 1
+    identities: IdentityPolicy | None = None
+    """Trusted Sigstore identities and their trust root (None: keys only, as before them)."""
 
     def __post_init__(self) -> None:
         """Key ids are stored in normal form only, so a lookup is one dict access."""
@@ -161,16 +165,19 @@ class Keyring:
                 raise ConfigError(f"revoked id {safe_text(kid, 60)} is not a key id in normal form")
 
     def with_threshold(self, threshold: int) -> Keyring:
-        return Keyring(self.keys, self.revoked, threshold)
+        return Keyring(self.keys, self.revoked, threshold, self.identities)
 
     def merged(self, other: Keyring) -> Keyring:
         revoked = self.revoked | other.revoked
         keys = {k: v for k, v in {**self.keys, **other.keys}.items() if k not in revoked}
-        return Keyring(keys, revoked, max(self.threshold, other.threshold))
+        ids = other.identities if self.identities is None else self.identities.merged(other)
+        return Keyring(keys, revoked, max(self.threshold, other.threshold), ids)
 
 
 def signer_keyring(signer: Signer) -> Keyring:
     """A keyring trusting only ``signer``: "does this sidecar carry my valid signature?"."""
+    if isinstance(signer, BundleSigner):  # keyless: its identity under its instance's root
+        return signer.own_keyring()
     public = signer.public
     if key_id(public) != signer.keyid:
         raise ConfigError(
@@ -317,11 +324,13 @@ def parse_trusted_keys(text: str, source: str) -> Keyring:
     keys: dict[str, TrustedKey] = {}
     listed_at: dict[str, int] = {}
     revoked: set[str] = set()
+    ids: IdentityPolicy | None = None
     index = 0
     while index < len(lines):
         where = f"{source}:{index + 1}"
         try:
-            entry, last = _entry(lines, index)
+            ids, is_identity = identity_entry(lines[index], ids, _parse_options)
+            entry, last = (None, index) if is_identity else _entry(lines, index)
         except PlanCacheError as exc:
             raise ConfigError(f"{where}: {exc.detail.removeprefix('statement: ')}") from None
         if isinstance(entry, str):
@@ -336,4 +345,4 @@ def parse_trusted_keys(text: str, source: str) -> Keyring:
             if len(keys) > MAX_KEYS:
                 raise ConfigError(f"{source}: more than {MAX_KEYS} keys")
         index = last + 1
-    return Keyring({k: v for k, v in keys.items() if k not in revoked}, frozenset(revoked))
+    return Keyring({k: v for k, v in keys.items() if k not in revoked}, frozenset(revoked), 1, ids)

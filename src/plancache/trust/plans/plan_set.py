@@ -36,6 +36,7 @@ from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
+from ..sealing import claimed_payload, seal
 from ..signing import MAX_SIGNED_BYTES
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, open_envelope, verify_plan
@@ -217,7 +218,7 @@ def claimed_members(data: bytes) -> list[str]:
             Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}"
         )
     head, _ = split_set(data)
-    return [m.fingerprint for m in parse_set_statement(dsse.decode(head).payload).members]
+    return [m.fingerprint for m in parse_set_statement(claimed_payload(head)).members]
 
 
 def verify_set(
@@ -309,9 +310,5 @@ def build_set(
         raise ConfigError(
             f"the plan set's statement is {len(payload)} bytes, over the {MAX_SIGNED_BYTES}-byte signing cap"
         )
-    head = dsse.encode(
-        dsse.Envelope(
-            dsse.PAYLOAD_TYPE, payload, (dsse.Signature(signer.keyid, signer.sign(data)),)
-        )
-    )
+    head = seal(payload, signer)
     return name, head + body

@@ -1,0 +1,100 @@
+"""``doctor``'s check of the Sigstore trust root that keyless signatures verify against:
+present, parses, not expired. Run only when the trusted keys name a ``sigstore`` identity.
+
+"Not expired" means what an offline node needs to verify a bundle signed today: at least one
+Fulcio CA, one transparency log key and one CT log key whose validity has no end or ends in
+the future, and a CA certificate not past its notAfter. A root due to expire within
+:data:`WARN_DAYS` is a warning: refresh it (a newer plancache pin, or a newer pinned file)
+before the fleet's nodes start refusing new caches and plans.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ...settings import SIGSTORE_TRUSTED_ROOT_ENV
+from ...trust.errors import PlanCacheError
+from ...trust.keyring.keys import Keyring
+
+WARN_DAYS = 30
+
+
+def _end(valid_for: Any) -> datetime | None:
+    text = (valid_for or {}).get("end") if isinstance(valid_for, dict) else None
+    if not text:
+        return None
+    return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+
+
+def _latest(ends: list[datetime | None]) -> datetime | None:
+    """The latest end among parts (None: one part never ends); ``datetime.min`` if no part."""
+    if not ends:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    if any(e is None for e in ends):
+        return None
+    return max(e for e in ends if e is not None)
+
+
+def root_expiry(data: bytes) -> datetime | None:
+    """When the root stops verifying new signatures (None: never, as far as it says).
+
+    Raises:
+        ValueError: it is not a trusted root (not JSON, no CA, no log).
+    """
+    from cryptography import x509
+
+    root = json.loads(data)
+    if not isinstance(root, dict) or not root.get("certificateAuthorities"):
+        raise ValueError("no certificateAuthorities")
+    cas: list[datetime | None] = []
+    for ca in root["certificateAuthorities"]:
+        certs = ca.get("certChain", {}).get("certificates", [])
+        not_after = min(
+            x509.load_der_x509_certificate(base64.b64decode(c["rawBytes"])).not_valid_after_utc
+            for c in certs
+        )
+        end = _end(ca.get("validFor"))
+        cas.append(not_after if end is None else min(end, not_after))
+    logs = [_end(t.get("publicKey", {}).get("validFor")) for t in root.get("tlogs", [])]
+    cts = [_end(t.get("publicKey", {}).get("validFor")) for t in root.get("ctlogs", [])]
+    if not logs or not cts:
+        raise ValueError("no transparency log or no CT log")
+    ends = [e for e in (_latest(cas), _latest(logs), _latest(cts)) if e is not None]
+    return min(ends) if ends else None
+
+
+def check_trust_root(checks: Any, keyring: Keyring | None, now: datetime | None = None) -> None:
+    """Add the ``sigstore-trust-root`` check when ``keyring`` trusts an identity."""
+    if keyring is None or keyring.identities is None or not keyring.identities.trusted:
+        return
+    from ...keys.sigstore_root import check_trusted_root, trusted_root_bytes
+
+    now = now or datetime.now(timezone.utc)
+    where = os.environ.get(SIGSTORE_TRUSTED_ROOT_ENV) or "Sigstore public-good (shipped)"
+    try:
+        data, where = trusted_root_bytes()
+        check_trusted_root(data, where)
+        expiry = root_expiry(data)
+    except (PlanCacheError, ValueError, KeyError, TypeError) as exc:
+        detail = exc.detail if isinstance(exc, PlanCacheError) else f"{where}: {exc}"
+        checks.add("sigstore-trust-root", "fail", f"{detail}; no bundle will verify")
+        return
+    ids = len(keyring.identities.trusted)
+    if expiry is not None and expiry <= now:
+        checks.add("sigstore-trust-root", "fail", f"{where} expired at {expiry:%Y-%m-%d}")
+    elif expiry is not None and expiry - now < timedelta(days=WARN_DAYS):
+        checks.add("sigstore-trust-root", "warn", f"{where} expires {expiry:%Y-%m-%d}: refresh it")
+    else:
+        until = f"valid until {expiry:%Y-%m-%d}" if expiry else "no end date"
+        checks.add(
+            "sigstore-trust-root",
+            "ok",
+            f"{where}: parses, {until}; {ids} sigstore identit{'y' if ids == 1 else 'ies'} trusted",
+            source=where,
+            expires=expiry.isoformat() if expiry else None,
+            identities=[i.line for i in keyring.identities.trusted],
+        )

@@ -1,0 +1,231 @@
+"""The ``sigstore`` key reference: keyless signing with a CI job's OIDC identity.
+
+Instead of a long-lived key, each signing run trades an OIDC token for a ten-minute Fulcio
+certificate bound to a throwaway P-256 key, and every signature is logged in Rekor;
+the result is a Sigstore bundle (:mod:`plancache.trust.keyless.sigstore_bundle`) holding
+the same in-toto statement a key would sign. sigstore-python does the protocol; this module
+finds the token and the instance:
+
+- the token: ``SIGSTORE_ID_TOKEN``, else the file ``--identity-token FILE`` names (the CLI puts
+  the path in ``PLANCACHE_SIGSTORE_IDENTITY_TOKEN_FILE``), else the CI's ambient credential
+  (GitHub Actions with ``id-token: write``; GitLab CI's ``id_tokens`` with ``aud: sigstore``,
+  which GitLab exports as ``SIGSTORE_ID_TOKEN``), found by sigstore-python's ``detect_credential``;
+- the instance: ``PLANCACHE_SIGSTORE_TRUST_CONFIG`` (a ``ClientTrustConfig`` JSON: Fulcio, Rekor,
+  TSA URLs and their trust root), else Sigstore's public-good instance.
+
+The token is a secret for its few minutes: it never appears in a message (errors name where
+it came from, never its text). One certificate serves every signature of a run while it is
+valid (sigstore-python's cache); an expired one is replaced while the token lasts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..settings import (
+    SIGSTORE_ID_TOKEN_ENV,
+    SIGSTORE_ID_TOKEN_FILE_ENV,
+    SIGSTORE_TRUST_CONFIG_ENV,
+)
+from ..storage.local.files import read_capped
+from ..trust.display import safe_text
+from ..trust.errors import ConfigError
+from ..trust.keyring.identities import KEYID_PREFIX, IdentityPolicy, TrustedIdentity
+from ..trust.keyring.keys import Keyring
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+SCHEME = "sigstore"
+MAX_TOKEN_BYTES = 64 * 1024
+MAX_TRUST_CONFIG_BYTES = 1024 * 1024
+MISSING = "the 'sigstore' key reference needs sigstore-python: pip install 'plancache[sigstore]'"
+
+
+class KeylessSigner:
+    """A :class:`~plancache.trust.keyring.keys.Signer` whose signatures are Sigstore bundles.
+
+    ``sign`` (raw bytes) has no meaning here: signing code asks :func:`is_keyless` and calls
+    :meth:`sign_statement` instead, and checks the result with :meth:`own_keyring`.
+    """
+
+    def __init__(self, token: Any, trust_config: Any, trusted_root: bytes) -> None:
+        self._token = token
+        self._config = trust_config
+        self._trusted_root = trusted_root
+        self._signer: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def identity(self) -> str:
+        """The SAN Fulcio will certify (the token's identity claim)."""
+        return str(self._token.identity)
+
+    @property
+    def issuer(self) -> str:
+        return str(self._token.federated_issuer)
+
+    @property
+    def keyid(self) -> str:
+        return KEYID_PREFIX + self.identity
+
+    @property
+    def public(self) -> Ed25519PublicKey:
+        raise ConfigError("a keyless signer has no long-lived public key (sigstore)")
+
+    def sign(self, data: bytes) -> bytes:
+        raise ConfigError("a keyless signer signs statements into Sigstore bundles, not bytes")
+
+    def own_keyring(self) -> Keyring:
+        """A keyring trusting exactly the identity Fulcio certified for this signer, under its
+        instance's root. Read from the certificate, not the token: Fulcio chooses the SAN (for
+        GitHub Actions the workflow's ``job_workflow_ref`` URL, while the token's identity claim
+        is its ``sub``), so only the certificate says what a verifier will see.
+
+        Raises:
+            ConfigError: no certificate could be had (as :meth:`sign_statement`).
+        """
+        from ..trust.keyless.sigstore_bundle import certificate_identity
+
+        issuer, sans = certificate_identity(self._certificate())
+        lines = tuple(TrustedIdentity(issuer, san, name=san) for san in sans)
+        return Keyring(identities=IdentityPolicy(lines, (), self._trusted_root))
+
+    def _fresh_signer(self) -> Any:
+        from sigstore.sign import SigningContext
+
+        context = SigningContext.from_trust_config(self._config)
+        with context.signer(self._token) as signer:  # requests the certificate now
+            return signer
+
+    def _certificate(self) -> Any:
+        from sigstore.sign import ExpiredCertificate
+
+        with self._lock:
+            try:
+                for _ in range(2):
+                    if self._signer is None:
+                        self._signer = self._fresh_signer()
+                    try:
+                        return self._signer._signing_cert()
+                    except ExpiredCertificate:
+                        self._signer = None
+                raise ConfigError("sigstore: the signing certificate expired")  # pragma: no cover
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(f"sigstore signing failed: {_one_line(exc)}") from None
+
+    def sign_statement(self, payload: bytes) -> bytes:
+        """A Sigstore bundle (v0.3 JSON) whose DSSE envelope carries ``payload`` unchanged.
+
+        Raises:
+            ConfigError: Fulcio or Rekor refused or could not be reached, or the token expired.
+        """
+        from sigstore.dsse import Statement
+        from sigstore.sign import ExpiredCertificate
+
+        with self._lock:
+            try:
+                statement = Statement(payload)
+                for _ in range(2):
+                    if self._signer is None:
+                        self._signer = self._fresh_signer()
+                    try:
+                        bundle = self._signer.sign_dsse(statement)
+                        break
+                    except ExpiredCertificate:
+                        self._signer = None
+                else:  # pragma: no cover - a fresh certificate expired at once
+                    raise ConfigError("sigstore: the signing certificate expired")
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(f"sigstore signing failed: {_one_line(exc)}") from None
+        return str(bundle.to_json()).encode("utf-8")
+
+
+def is_keyless(signer: object) -> bool:
+    """Whether a signer signs into bundles (:class:`KeylessSigner`)."""
+    return isinstance(signer, KeylessSigner)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {safe_text(text, 200)}" if text else type(exc).__name__
+
+
+def _read(path: str, cap: int, what: str) -> bytes:
+    try:
+        data = read_capped(Path(path).expanduser(), cap, follow_symlinks=True)
+    except Exception as exc:
+        raise ConfigError(f"{what} {safe_text(path)}: {_one_line(exc)}") from None
+    if data is None:
+        raise ConfigError(f"{what} {safe_text(path)}: no such file")
+    return data
+
+
+def _raw_token(env: Mapping[str, str]) -> tuple[str, str]:
+    """The token's text and where it came from."""
+    token = env.get(SIGSTORE_ID_TOKEN_ENV, "").strip()
+    if token:
+        return token, SIGSTORE_ID_TOKEN_ENV
+    path = env.get(SIGSTORE_ID_TOKEN_FILE_ENV)
+    if path:
+        data = _read(path, MAX_TOKEN_BYTES, "--identity-token")
+        return data.decode("utf-8", "replace").strip(), f"--identity-token {safe_text(path)}"
+    from sigstore.oidc import detect_credential
+
+    try:
+        ambient = detect_credential()
+    except Exception as exc:
+        raise ConfigError(f"sigstore: the CI's OIDC token: {_one_line(exc)}") from None
+    if not ambient:
+        raise ConfigError(
+            f"sigstore: no OIDC token: set {SIGSTORE_ID_TOKEN_ENV}, pass --identity-token FILE, "
+            "or run in GitHub Actions (permissions: id-token: write) or GitLab CI (id_tokens)"
+        )
+    return ambient, "the CI's ambient OIDC token"
+
+
+def _trust_config(env: Mapping[str, str]) -> Any:
+    from sigstore.models import ClientTrustConfig
+
+    path = env.get(SIGSTORE_TRUST_CONFIG_ENV)
+    try:
+        if not path:
+            return ClientTrustConfig.production()
+        text = _read(path, MAX_TRUST_CONFIG_BYTES, SIGSTORE_TRUST_CONFIG_ENV)
+        return ClientTrustConfig.from_json(text.decode("utf-8", "replace"))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        where = safe_text(path) if path else "Sigstore public-good"
+        raise ConfigError(f"sigstore trust config ({where}): {_one_line(exc)}") from None
+
+
+def keyless_signer(ref: str, env: Mapping[str, str] = os.environ) -> KeylessSigner:
+    """The signer the ``sigstore`` reference names, its token read and checked now.
+
+    Raises:
+        ConfigError: sigstore-python missing, no token or an unusable one (expired, wrong
+            audience), or an unusable trust configuration.
+    """
+    if ref != SCHEME:
+        raise ConfigError(f"'{safe_text(ref, 60)}': the keyless reference is exactly 'sigstore'")
+    try:
+        from sigstore.oidc import IdentityToken
+    except ModuleNotFoundError:
+        raise ConfigError(MISSING) from None
+    raw, source = _raw_token(env)
+    try:
+        token = IdentityToken(raw)
+    except Exception as exc:
+        raise ConfigError(f"sigstore: the OIDC token from {source}: {_one_line(exc)}") from None
+    config = _trust_config(env)
+    trusted_root = config._inner.trusted_root.to_json().encode("utf-8")
+    return KeylessSigner(token, config, trusted_root)

@@ -1,0 +1,64 @@
+"""Keyless signers in reports: who signed a bundle (identity, issuer) and where the
+transparency log recorded it (index, time), for ``verify --json``, ``ls --json``, ``explain``
+and the boot records. Only a verified bundle's facts are shown; an unverified one is described
+by its claimed statement alone, never by the certificate it carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..trust import envelope as dsse
+from ..trust.keyless.sigstore_bundle import is_bundle
+from ..trust.keyring.identities import IdentitySigner
+from ..trust.sealing import claimed_payload
+from ..trust.statement import format_time
+from ..trust.verify import VerifiedPlan
+
+
+def keyless_facts(identities: Sequence[IdentitySigner]) -> list[dict[str, Any]]:
+    """One object per keyless signer of a verified signature."""
+    return [
+        {
+            "keyid": s.keyid,
+            "name": s.name,
+            "identity": s.identity,
+            "issuer": s.issuer,
+            "log_index": s.log_index,
+            "log_time": format_time(s.log_time) if s.log_time else None,
+        }
+        for s in identities
+    ]
+
+
+def signed_by(
+    names: Sequence[str], ids: Sequence[str], keyless: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``{"name", "keyid"}`` per signer, with ``identity``, ``issuer`` and ``log_index`` for a
+    keyless one."""
+    facts = {f["keyid"]: f for f in keyless}
+    pairs: list[dict[str, Any]] = []
+    for name, kid in zip(names, ids, strict=False):
+        pair: dict[str, Any] = {"name": name, "keyid": kid}
+        if kid in facts:
+            fact = facts[kid]
+            pair.update(
+                identity=fact["identity"], issuer=fact["issuer"], log_index=fact["log_index"]
+            )
+        pairs.append(pair)
+    return pairs
+
+
+def plan_signers(verified: VerifiedPlan) -> list[dict[str, Any]]:
+    """A verified plan's :func:`signed_by` (the boot records name who signed what applied)."""
+    return signed_by(verified.signers, verified.key_ids, keyless_facts(verified.identities))
+
+
+def claimed(sig_bytes: bytes) -> tuple[list[str], bytes]:
+    """(key ids the signature object claims, its claimed payload), unverified: a bundle claims
+    no key id (its signer is known only once verified)."""
+    if is_bundle(sig_bytes):
+        return ["sigstore bundle (unverified)"], claimed_payload(sig_bytes)
+    env = dsse.decode(sig_bytes)
+    return [s.keyid for s in env.signatures], env.payload

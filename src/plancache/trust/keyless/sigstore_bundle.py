@@ -1,0 +1,304 @@
+"""Sigstore bundles as signature objects: a keyless signature verified offline, before its
+payload is parsed.
+
+A signature object (a plan's sidecar, a plan set's head, a compile-cache manifest's or header
+archive's signature) holds either plancache's DSSE envelope (:mod:`plancache.trust.envelope`)
+or a Sigstore bundle v0.3 whose ``dsseEnvelope`` carries exactly the in-toto statement and
+payload type a key would sign. :func:`open_bundle` is the bundle half of
+:func:`plancache.trust.verify.open_envelope`: bytes, a keyring's identities and its pinned
+trust root in; the verified payload and who signed out.
+
+sigstore-python's :class:`~sigstore.verify.Verifier` does the cryptography (the certificate
+chain to the root's Fulcio CA at the logged time, the SCT, the Merkle inclusion proof and its
+signed checkpoint, the SET or an RFC 3161 timestamp, the DSSE signature, the log entry against
+the envelope); it is handed the root's bytes and the bundle's bytes and makes no network call.
+The identity policy is plancache's (:mod:`plancache.trust.keyring.identities`): which line
+matched says who signed, and a near miss says why not (``wrong-issuer``, ``wrong-identity``,
+``unanchored-identity``). Each failure leaves as ``Rejected`` with its own reason; hostile
+bytes that make sigstore-python raise anything else are ``bad-bundle``, never a crash.
+
+A bundle is not re-encoded and compared as an envelope is: it is another ecosystem's format
+(cosign and sigstore-python write it their own way), so the bytes are read as strict JSON (no
+duplicate key, :mod:`plancache.trust.strictjson`) and only what was verified is used.
+sigstore-python is imported on the first bundle, never for a keyring of keys alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from .. import envelope as dsse
+from .. import strictjson
+from ..display import safe_text
+from ..errors import Reason, Rejected
+from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
+
+if TYPE_CHECKING:
+    from cryptography.x509 import Certificate
+    from sigstore.verify import Verifier
+
+BUNDLE_MEDIA_TYPES = (
+    "application/vnd.dev.sigstore.bundle.v0.3+json",
+    "application/vnd.dev.sigstore.bundle+json;version=0.3",
+)
+_ISSUER_V2_OID = "1.3.6.1.4.1.57264.1.8"
+_ISSUER_V1_OID = "1.3.6.1.4.1.57264.1.1"
+_OTHERNAME_OID = "1.3.6.1.4.1.57264.1.7"
+
+
+def is_bundle(sig_bytes: bytes) -> bool:
+    """Whether a signature object is a Sigstore bundle rather than a DSSE envelope: a canonical
+    envelope starts with its ``payload`` key, a bundle names its ``mediaType``. Cheap, parses
+    nothing: what it says is only which verifier runs."""
+    return not sig_bytes.startswith(b'{"payload":') and b'"mediaType"' in sig_bytes[:4096]
+
+
+def open_bundle(
+    sig_bytes: bytes, policy: IdentityPolicy | None, cap: int
+) -> tuple[bytes, list[IdentitySigner]]:
+    """The verified payload of a bundle and the trusted identity that signed it.
+
+    Raises:
+        Rejected: ``too-large``; ``malformed`` (not a v0.3 DSSE bundle of our payload type);
+            ``untrusted-key`` (no identity is trusted); ``no-log-proof``; ``bad-log-proof``;
+            ``foreign-trust-root``; ``certificate-outside-validity``; ``bad-signature``;
+            ``wrong-issuer``, ``wrong-identity``, ``unanchored-identity``; ``revoked``;
+            ``bad-bundle`` (anything else the verifier refuses).
+    """
+    if len(sig_bytes) > cap:
+        raise Rejected(Reason.TOO_LARGE, f"signature is {len(sig_bytes)} bytes, the cap is {cap}")
+    _check_shape(strictjson.loads(sig_bytes, "Sigstore bundle"))
+    if policy is None or not policy.trusted:
+        raise Rejected(
+            Reason.UNTRUSTED_KEY,
+            "signed keylessly (a Sigstore bundle), and the trusted keys name no sigstore identity",
+        )
+    if policy.trusted_root is None:
+        raise Rejected(Reason.FOREIGN_TRUST_ROOT, "no Sigstore trust root is pinned")
+    matcher = _IdentityMatch(policy)
+    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher)
+    assert matcher.signer is not None  # the verifier ran the policy, or raised
+    entry = bundle.log_entry._inner
+    logged = _logged_time(bundle)
+    signer = IdentitySigner(
+        keyid=KEYID_PREFIX + matcher.signer[1],
+        name=matcher.signer[0].name or matcher.signer[1],
+        identity=matcher.signer[1],
+        issuer=matcher.signer[2],
+        log_index=int(entry.log_index),
+        log_time=logged,
+        line=matcher.signer[0],
+    )
+    return payload, [signer]
+
+
+def _check_shape(obj: object) -> None:
+    """What plancache accepts of a bundle, checked before sigstore-python reads it."""
+    if not isinstance(obj, dict) or obj.get("mediaType") not in BUNDLE_MEDIA_TYPES:
+        raise Rejected(Reason.MALFORMED, "not a Sigstore bundle v0.3 (mediaType)")
+    envelope, material = obj.get("dsseEnvelope"), obj.get("verificationMaterial")
+    if not isinstance(envelope, dict) or "messageSignature" in obj:
+        raise Rejected(Reason.MALFORMED, "the Sigstore bundle carries no DSSE envelope")
+    if envelope.get("payloadType") != dsse.PAYLOAD_TYPE:
+        raise Rejected(
+            Reason.MALFORMED,
+            f"payloadType is '{safe_text(envelope.get('payloadType'), 60)}', "
+            f"expected {dsse.PAYLOAD_TYPE}",
+        )
+    signatures = envelope.get("signatures")
+    if not isinstance(signatures, list) or len(signatures) != 1:
+        raise Rejected(Reason.MALFORMED, "a bundle's DSSE envelope holds exactly one signature")
+    entries = material.get("tlogEntries") if isinstance(material, dict) else None
+    if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], dict):
+        raise Rejected(Reason.NO_LOG_PROOF, "the bundle holds no transparency-log entry")
+    proof = entries[0].get("inclusionProof")
+    if not isinstance(proof, dict) or not proof.get("checkpoint"):
+        raise Rejected(
+            Reason.NO_LOG_PROOF, "the log entry has no inclusion proof with a checkpoint"
+        )
+    timestamps = material.get("timestampVerificationData") if isinstance(material, dict) else None
+    if not entries[0].get("inclusionPromise") and not (
+        isinstance(timestamps, dict) and timestamps.get("rfc3161Timestamps")
+    ):
+        raise Rejected(
+            Reason.NO_LOG_PROOF,
+            "the log entry has no signed entry timestamp and no RFC 3161 timestamp",
+        )
+
+
+@functools.lru_cache(maxsize=4)
+def _verifier(trusted_root: bytes) -> Verifier:
+    """One verifier per pinned root (parsing a root costs milliseconds; a store has thousands
+    of bundles). Keyed by the root's bytes: a different root is a different verifier."""
+    from sigstore.models import TrustedRoot
+    from sigstore.verify import Verifier
+    from sigstore_models.trustroot import v1
+
+    return Verifier(trusted_root=TrustedRoot(v1.TrustedRoot.from_json(trusted_root)))
+
+
+def parse_trusted_root(data: bytes) -> Verifier:
+    """A ``trusted_root.json``'s verifier (cached): what ``doctor`` and the keys layer check.
+
+    Raises:
+        ValueError: the bytes are not a Sigstore trusted root sigstore-python can use.
+    """
+    try:
+        return _verifier(data)
+    except Exception as exc:
+        raise ValueError(f"{type(exc).__name__}: {safe_text(str(exc), 160)}") from None
+
+
+class _IdentityMatch:
+    """sigstore-python's ``VerificationPolicy``, run by its verifier on the certificate after
+    the chain and the SCT: which trusted line the SAN and issuer match, or why none does."""
+
+    def __init__(self, policy: IdentityPolicy) -> None:
+        self.policy = policy
+        self.signer: tuple[TrustedIdentity, str, str] | None = None
+
+    def verify(self, cert: Certificate) -> None:
+        issuer, sans = certificate_identity(cert)
+        for san in sans:
+            if self.policy.is_revoked(issuer, san):
+                raise _Refused(
+                    Reason.REVOKED, f"signed by a revoked identity ({_who(issuer, san)})"
+                )
+        for line in self.policy.trusted:
+            for san in sans:
+                if line.issuer == issuer and line.matches(san):
+                    self.signer = (line, san, issuer)
+                    return
+        who = _who(issuer, sans[0] if sans else "<no SAN>")
+        if any(line.matches(san) for line in self.policy.trusted for san in sans):
+            raise _Refused(
+                Reason.WRONG_ISSUER, f"the identity is trusted from another issuer ({who})"
+            )
+        if any(
+            line.issuer == issuer and line.matches_unanchored(san)
+            for line in self.policy.trusted
+            for san in sans
+        ):
+            raise _Refused(
+                Reason.UNANCHORED_IDENTITY,
+                f"a trusted identity matches only inside the certificate's, not all of it ({who})",
+            )
+        raise _Refused(Reason.WRONG_IDENTITY, f"no trusted identity signed it (signed by {who})")
+
+
+class _Refused(Exception):
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _who(issuer: str, san: str) -> str:
+    return f"{safe_text(san, 120)} from {safe_text(issuer, 80)}"
+
+
+def certificate_identity(cert: Certificate) -> tuple[str, list[str]]:
+    """A Fulcio certificate's OIDC issuer and SANs (email, URI, Sigstore's otherName), read as
+    sigstore-python's ``Identity`` policy reads them; the issuer from the v2 extension (DER
+    UTF8String), else the v1 one (raw bytes)."""
+    from cryptography import x509
+    from cryptography.hazmat import asn1
+
+    issuer = ""
+    for ext in cert.extensions:
+        value = ext.value
+        if not isinstance(value, x509.UnrecognizedExtension):
+            continue
+        if ext.oid.dotted_string == _ISSUER_V2_OID:
+            issuer = str(asn1.decode_der(str, value.value))
+        elif ext.oid.dotted_string == _ISSUER_V1_OID and not issuer:
+            issuer = value.value.decode("utf-8", "replace")
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return issuer, []
+    sans: list[str] = list(san.get_values_for_type(x509.RFC822Name))
+    sans += san.get_values_for_type(x509.UniformResourceIdentifier)
+    sans += [
+        o.value.decode("utf-8", "replace")
+        for o in san.get_values_for_type(x509.OtherName)
+        if o.type_id.dotted_string == _OTHERNAME_OID
+    ]
+    return issuer, sans
+
+
+def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> tuple[bytes, Any]:
+    """sigstore-python's verification, its errors mapped to reasons."""
+    from sigstore.errors import CertValidationError
+    from sigstore.models import Bundle
+
+    try:
+        verifier = _verifier(trusted_root)
+    except Exception as exc:
+        raise Rejected(
+            Reason.FOREIGN_TRUST_ROOT,
+            f"the pinned Sigstore trust root is unusable ({type(exc).__name__})",
+        ) from None
+    try:
+        bundle = Bundle.from_json(sig_bytes)
+    except Exception as exc:
+        raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {safe_text(str(exc), 160)}") from None
+    try:
+        payload_type, payload = verifier.verify_dsse(bundle, matcher)
+    except _Refused as exc:
+        raise Rejected(exc.reason, exc.detail) from None
+    except CertValidationError as exc:
+        if _outside_validity(bundle):
+            raise Rejected(
+                Reason.CERT_OUTSIDE_VALIDITY,
+                "the signing certificate was not valid at the logged time",
+            ) from None
+        raise Rejected(
+            Reason.FOREIGN_TRUST_ROOT,
+            f"the certificate does not chain to the pinned trust root ({safe_text(str(exc), 120)})",
+        ) from None
+    except Exception as exc:
+        raise Rejected(*_classify(str(exc))) from None
+    if payload_type != dsse.PAYLOAD_TYPE:  # checked before, by _check_shape: belt and braces
+        raise Rejected(Reason.MALFORMED, "the bundle's payloadType is not in-toto")
+    return bytes(payload), bundle
+
+
+def _logged_time(bundle: Any) -> datetime | None:
+    """When the log (Rekor v1's integrated time) or else a TSA (Rekor v2) says it was signed."""
+    entry = bundle.log_entry._inner
+    if entry.integrated_time:
+        return datetime.fromtimestamp(entry.integrated_time, timezone.utc)
+    data = bundle.verification_material.timestamp_verification_data
+    stamps = data.rfc3161_timestamps if data is not None else []
+    return stamps[0].tst_info.gen_time if stamps else None
+
+
+def _outside_validity(bundle: Any) -> bool:
+    cert = bundle.signing_certificate
+    moment = _logged_time(bundle)
+    if moment is None:
+        return False
+    return bool(moment < cert.not_valid_before_utc or moment > cert.not_valid_after_utc)
+
+
+def _classify(message: str) -> tuple[Reason, str]:
+    """sigstore-python's ``VerificationError`` texts (pinned version) to reasons."""
+    text = safe_text(message, 200)
+    if message.startswith("invalid log entry") or "log entry" in message:
+        return Reason.BAD_LOG_PROOF, f"the transparency-log proof does not verify: {text}"
+    if "expired at time of signing" in message:
+        return (
+            Reason.CERT_OUTSIDE_VALIDITY,
+            "the signing certificate was not valid at the logged time",
+        )
+    if message.startswith("DSSE: invalid signature"):
+        return (
+            Reason.BAD_SIGNATURE,
+            "the bundle's DSSE signature does not verify (altered payload?)",
+        )
+    if "verified time" in message:  # its timestamps verify under no authority of the root
+        return Reason.FOREIGN_TRUST_ROOT, f"no timestamp the pinned root trusts: {text}"
+    return Reason.BAD_BUNDLE, f"the Sigstore bundle does not verify: {text}"
