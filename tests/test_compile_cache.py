@@ -20,7 +20,7 @@ from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
-from plancache.storage.compile_cache import archives, cachedir
+from plancache.storage.compile_cache import archive_format, archives, cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.errors import Reason, Rejected
@@ -200,7 +200,7 @@ def _member(
 def test_extraction_takes_only_the_signed_regular_files(tmp_path: Path, members: list) -> None:  # type: ignore[type-arg]
     manifest = mf.Manifest(SUBJECT, (mf.FileEntry("a", 1, "0" * 64),), (), "0" * 64, 1, NOW)
     with pytest.raises(Rejected):
-        cachedir.extract_archive(_tar(*members), manifest, tmp_path / "dest")
+        archive_format.extract_archive(_tar(*members), manifest, tmp_path / "dest")
     assert not (tmp_path / "a").exists() and not Path("/tmp/a").exists()
 
 

@@ -24,6 +24,7 @@ from conftest import NOW
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
 from plancache.storage.compile_cache import archives, boot_dirs, cachedir
+from plancache.storage.local import directory_lock
 from plancache.storage.local.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError
@@ -204,7 +205,7 @@ def test_pull_writes_its_sidecar_through_no_link(signed: cc.CacheRoot, tmp_path:
 
 def test_a_lock_held_beyond_the_budget_compiles_instead(signed: cc.CacheRoot) -> None:
     directory = signed.directory(SUBJECT)
-    with cachedir.locked(signed.root, directory):
+    with directory_lock.locked(signed.root, directory):
         fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):

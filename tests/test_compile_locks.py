@@ -30,6 +30,7 @@ from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
 from plancache.storage.compile_cache import cachedir
+from plancache.storage.local import directory_lock
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason, StoreError, StoreTimeout
 from plancache.vllm_plugin.compile_cache import publish as compile_publish
@@ -63,7 +64,7 @@ def root(tmp_path: Path) -> cc.CacheRoot:
 
 
 def lock_of(root: cc.CacheRoot) -> Path:
-    return cachedir.lock_path(root.directory(SUBJECT))
+    return directory_lock.lock_path(root.directory(SUBJECT))
 
 
 @contextlib.contextmanager
@@ -291,7 +292,7 @@ def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(
             "model",
             "rank_0_0",
         ]
-        with cachedir.locked(ro.root, ro.directory(SUBJECT), 0) as holding:
+        with directory_lock.locked(ro.root, ro.directory(SUBJECT), wait=0) as holding:
             assert holding is False
         for write in (
             lambda: cc.sign_cache(ro, SUBJECT, SIGNER, NOW, wait=0),

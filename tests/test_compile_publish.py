@@ -24,7 +24,7 @@ from conftest import NOW
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
-from plancache.storage.compile_cache import cachedir
+from plancache.storage.compile_cache import archive_format, cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.errors import PlanCacheError
@@ -239,7 +239,7 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     sums = cachedir.digests(old_dir, listing)
     files = tuple(mf.FileEntry(p, n, sums[p]) for p, n in sorted(listing.items()) if n is not None)
     dirs = tuple(sorted(p for p, n in listing.items() if n is None))
-    data = cachedir.archive_bytes(old_dir, files, dirs)
+    data = archive_format.archive_bytes(old_dir, files, dirs)
     older = mf.Manifest(SHORT, files, dirs, hashlib.sha256(data).hexdigest(), len(data), NOW)
     cachedir.sidecar_path(old_dir).write_bytes(mf.sign_manifest(older, SIGNER))
     assert "rank_0_0/backbone/computation_graph.py" in {

@@ -27,7 +27,7 @@ from conftest import NOW, keyring_of, make_signer
 from plancache.pipeline.plan_sets import node_plans
 from plancache.pipeline.plan_sets.node_plans import outcome_path, resolve_node, set_key
 from plancache.pipeline.resolver import Resolver
-from plancache.storage.compile_cache.cachedir import locked
+from plancache.storage.local.directory_lock import locked
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name

@@ -40,6 +40,7 @@ from ..pipeline.locations import BULK_TIMEOUT, require_push_target
 from ..pipeline.resolver import utcnow
 from ..settings import URL_ENV
 from ..storage.compile_cache import archives, cachedir
+from ..storage.local import directory_lock
 from ..storage.local.localdir import vllm_cache_root
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text
@@ -207,7 +208,7 @@ def _report(
 
 def cmd_sign(args: argparse.Namespace) -> int:
     root, signer, now = _root(args), required_signer(args), utcnow()
-    wait = cachedir.LOCK_WAIT if args.timeout is None else args.timeout
+    wait = directory_lock.LOCK_WAIT if args.timeout is None else args.timeout
     return _report(
         args,
         _each(

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..storage.listing import md5_hex
 from ..storage.local.localdir import LocalPlanDir
-from ..storage.store import Store, md5_hex
+from ..storage.store import Store
 from ..trust.errors import ConfigError, PlanCacheError, Reason
 from ..trust.keyring.keys import Signer
 from ..trust.plans.gate import Verdict
@@ -314,6 +315,6 @@ def prune_plans(
         from ..storage.conditional_deletes import delete_if_unchanged
 
         _, outcome.changed = delete_if_unchanged(
-            store, judged, deadline, unconditional=unconditional
+            store, judged, deadline=deadline, unconditional=unconditional
         )
     return outcome

@@ -165,7 +165,9 @@ def caches_in_store(
     found = []
     for subject in archives.list_subjects(store, deadline)[:MAX_CACHES]:
         try:
-            sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline)
+            sig = archives.get_object(
+                store, archives.sig_name(subject), MAX_SIG_BYTES, deadline=deadline
+            )
             found.append(_verified(subject, sig, keyring, now))
         except PlanCacheError as exc:
             found.append(CacheCandidate(subject, None, (), exc.reason.value, exc.detail))

@@ -174,7 +174,9 @@ def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
         return _deeper_dirs(source.path, limit)
     from ..storage.checks import deeper_prefixes
 
-    return deeper_prefixes(source, time.monotonic() + min(source.timeout, 10.0), limit)
+    return deeper_prefixes(
+        source, deadline=time.monotonic() + min(source.timeout, 10.0), limit=limit
+    )
 
 
 def no_plans_message(source: Location) -> str:
@@ -214,7 +216,10 @@ def near_miss(source: Location) -> str | None:
         except Exception:  # best effort: the filesystem could not be made in time
             return None
         holding = deeper_prefixes(
-            parent, time.monotonic() + min(source.timeout, 10.0), SIBLINGS_SEEN, max_depth=1
+            parent,
+            deadline=time.monotonic() + min(source.timeout, 10.0),
+            limit=SIBLINGS_SEEN,
+            max_depth=1,
         )
     by_name = {str(h).rstrip("/").rsplit("/", 1)[-1]: str(h) for h in holding}
     match = difflib.get_close_matches(leaf, [n for n in by_name if n != leaf], n=1, cutoff=0.6)

@@ -1,4 +1,4 @@
-"""Opening fsspec filesystems with plancache's defaults for each SDK, and which listing path each takes.
+"""Opening fsspec filesystems with plancache's defaults for each SDK, and each one's listing path.
 
 The SDKs' defaults would make a booting worker wait for minutes: s3fs retries at two layers
 of its own on top of botocore's retries (a black-holed endpoint took 423 s), gcsfs sets no
@@ -28,11 +28,14 @@ import os
 import types
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..trust.errors import ConfigError, PlanCacheError
 from .deadline import one_line
 from .listing import MAX_NAMES, Page, fsspec_entries, local_entries
+
+if TYPE_CHECKING:
+    from .store_calls import StoreCalls
 
 CONCURRENCY = 64
 """Requests in flight per operation; also the connection pool size plancache asks for."""
@@ -40,6 +43,19 @@ CONCURRENCY = 64
 GCS_HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+
+
+class FilesystemClass(Protocol):
+    """An fsspec filesystem class, as plancache reads it before making the filesystem (fsspec
+    ships no types; an instance is ``Any``, see :mod:`.store_calls`)."""
+
+    protocol: str | tuple[str, ...]
+
+    def __call__(self, **options: Any) -> Any: ...
+
+    def _get_kwargs_from_urls(self, path: str) -> dict[str, Any]: ...
+
+    def _strip_protocol(self, path: str) -> str: ...
 
 
 def request_timeouts(budget: float) -> tuple[float, float]:
@@ -91,7 +107,7 @@ def merge_options(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def _filesystem_class(protocol: str, url: str) -> type:
+def _filesystem_class(protocol: str, url: str) -> FilesystemClass:
     """The fsspec filesystem class for ``protocol``; ConfigError if it cannot be had."""
     import fsspec  # lazy: see the module docstring
 
@@ -104,7 +120,7 @@ def _filesystem_class(protocol: str, url: str) -> type:
             raise ConfigError(
                 f"{url}: gcsfs is not installed (pip install 'plancache[gcs]')"
             ) from None
-        return GCSFileSystem  # type: ignore[no-any-return]
+        return GCSFileSystem
     if protocol in AZURE_PROTOCOLS:
         try:
             from .azure.blob import BoundedAzureBlobFileSystem
@@ -114,7 +130,7 @@ def _filesystem_class(protocol: str, url: str) -> type:
             ) from None
         return BoundedAzureBlobFileSystem
     try:
-        return fsspec.get_filesystem_class(protocol)  # type: ignore[no-any-return]
+        return fsspec.get_filesystem_class(protocol)
     except ImportError as exc:
         hint = {"s3": "s3", "s3a": "s3"}.get(protocol)
         extra = f" (pip install 'plancache[{hint}]')" if hint else ""
@@ -124,7 +140,11 @@ def _filesystem_class(protocol: str, url: str) -> type:
 
 
 def _opener(
-    cls: type, protocol: str, url: str, defaults: Mapping[str, Any], options: Mapping[str, Any]
+    cls: FilesystemClass,
+    protocol: str,
+    url: str,
+    defaults: Mapping[str, Any],
+    options: Mapping[str, Any],
 ) -> Callable[[], Any]:
     """A function instantiating the filesystem, mapping every setup failure to one CONFIG line.
 
@@ -202,7 +222,7 @@ def _aiohttp_timeout(value: Any) -> Any:
     return value
 
 
-def kind_of(cls: type) -> str:
+def kind_of(cls: type | FilesystemClass) -> str:
     """Which read and listing path a filesystem class gets (see :class:`.store.Store`)."""
     module = cls.__module__
     for prefix, kind in (
@@ -219,10 +239,11 @@ def kind_of(cls: type) -> str:
 
 
 PAGED = ("s3", "gcs", "azure")
-"""Store kinds whose listings come one page per request, sub-prefixes named (:class:`.listing.Page`)."""
+"""Store kinds whose listings come one page per request, sub-prefixes named
+(:class:`.listing.Page`)."""
 
 
-async def list_page(store: Any, token: str | None, root: str | None = None) -> Page:
+async def list_page(store: StoreCalls, token: str | None, root: str | None = None) -> Page:
     """One listing page under ``store``'s prefix (or, on the :data:`PAGED` kinds, under ``root``,
     a path of the same filesystem), by the store's kind; an absent prefix lists nothing."""
     from .threads import in_thread
@@ -256,10 +277,15 @@ async def list_page(store: Any, token: str | None, root: str | None = None) -> P
 
 def filesystem_opener(
     url: str, storage_options: Mapping[str, Any] | None, budget: float
-) -> tuple[type, Callable[[], Any], str]:
-    """(filesystem class, a function making the instance, root path); ConfigError on bad setup.
+) -> tuple[FilesystemClass, Callable[[], Any], str]:
+    """(filesystem class, a function making the instance, root path).
 
-    Everything that can be checked without a network call is checked here.
+    Everything that can be checked without a network call is checked here; the function fails
+    with ConfigError too (bad option names or values, missing credentials files).
+
+    Raises:
+        ConfigError: not a store URL, a chained URL, or a backend that is not installed or does
+            not take the protocol (reason ``config-error``).
     """
     if "://" not in url:
         raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
@@ -290,6 +316,7 @@ def filesystem_opener(
 def open_filesystem(
     url: str, storage_options: Mapping[str, Any] | None, budget: float
 ) -> tuple[Any, str]:
-    """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup failure."""
+    """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup
+    failure (see :func:`filesystem_opener`)."""
     _, make, root = filesystem_opener(url, storage_options, budget)
     return make(), root

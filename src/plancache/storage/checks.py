@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
-"""Protocols whose first path component is a bucket (an Azure container) that must exist on its own."""
+"""Protocols whose first path component is a bucket (an Azure container) that must exist on its
+own."""
 
 _CHECKED = {
     "s3": "s3",
@@ -58,7 +59,8 @@ _PLANCACHE_OWN = {"s3": {"retries"}}
 """Options plancache itself consumes before the SDK sees them (see storage.backends)."""
 
 MAX_LISTINGS = 25
-"""Listing requests (directory listings; on S3, GCS and Azure, pages) a deeper-prefix walk makes, at most."""
+"""Listing requests (directory listings; on S3, GCS and Azure, pages) a deeper-prefix walk
+makes, at most."""
 MAX_DEPTH = 3
 MAX_QUEUED = 100
 """Sub-prefixes a paged deeper-prefix walk keeps to visit, at most."""
@@ -95,7 +97,12 @@ def _accepted(kind: str, cls: type) -> set[str]:
 
 
 def check_options(url: str, options: Mapping[str, Any]) -> None:
-    """ConfigError naming the first option the backend of ``url`` does not take (with a guess)."""
+    """Check ``options`` against what the backend of ``url`` takes (see the module).
+
+    Raises:
+        ConfigError: naming the first option the backend does not take, with the nearest name it
+            does (reason ``config-error``).
+    """
     protocol = url.split("://", 1)[0].lower()
     kind = _CHECKED.get(protocol)
     if kind is None or not options:
@@ -122,9 +129,8 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 
         guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)
         hint = f"; did you mean {guess[0]!r}?" if guess else ""
-        raise ConfigError(
-            f"unknown storage option {key!r} for {protocol}:// ({cls.__module__}.{cls.__name__}){hint}"
-        )
+        backend = f"{cls.__module__}.{cls.__name__}"
+        raise ConfigError(f"unknown storage option {key!r} for {protocol}:// ({backend}){hint}")
 
 
 # -- existence and deeper prefixes ------------------------------------------------------------
@@ -132,7 +138,7 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 
 def _loop(store: Store) -> asyncio.AbstractEventLoop:
     if getattr(store.fs, "async_impl", False):
-        return store.fs.loop  # type: ignore[no-any-return]
+        return store.fs.loop
     from fsspec.asyn import get_loop
 
     return get_loop()
@@ -156,8 +162,12 @@ def location_exists(store: Store, deadline: float | None = None) -> bool | None:
     """True or False; None when the store will not say (access to the bucket itself denied).
 
     For bucketed protocols the bucket is asked about, since a prefix "exists" only while an
-    object is under it; elsewhere the directory itself. A file, FIFO, socket or device where the
-    directory should be is a ConfigError that says so (looked up, never opened).
+    object is under it; elsewhere the directory itself.
+
+    Raises:
+        ConfigError: a file, FIFO, socket or device where the directory should be, looked up,
+            never opened (reason ``config-error``).
+        StoreError: the store could not be asked (``StoreTimeout`` at the deadline).
     """
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
     protocol = protocol_of(store)
@@ -179,7 +189,8 @@ def location_exists(store: Store, deadline: float | None = None) -> bool | None:
     if protocol not in BUCKETED and isinstance(found, Mapping) and found.get("type") != "directory":
         if found.get("type") == "file":
             raise ConfigError(
-                f"{store.url} is a file, not a directory of plans (plancache inspect FILE shows one plan)"
+                f"{store.url} is a file, not a directory of plans "
+                "(plancache inspect FILE shows one plan)"
             )
         raise ConfigError(
             f"{store.url} is not a directory of plans (a FIFO, socket or device)"
@@ -188,7 +199,7 @@ def location_exists(store: Store, deadline: float | None = None) -> bool | None:
 
 
 def deeper_prefixes(
-    store: Store, deadline: float | None = None, limit: int = 5, max_depth: int = MAX_DEPTH
+    store: Store, *, deadline: float | None = None, limit: int = 5, max_depth: int = MAX_DEPTH
 ) -> list[str]:
     """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
 

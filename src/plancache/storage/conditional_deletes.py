@@ -76,11 +76,13 @@ CANARY_PREFIX = ".plancache-precondition-check-"
 UNCONDITIONAL_FLAG = "--unconditional"
 
 BeforeDelete = Callable[[list[str]], None]
-"""Called with the fingerprints about to be deleted, after their re-read (tests race a writer here)."""
+"""Called with the fingerprints about to be deleted, after their re-read (tests race a writer
+here)."""
 
 
 def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
-    """What a plan and its sidecar held, as one sha256 (an absent sidecar differs from an empty one)."""
+    """What a plan and its sidecar held, as one sha256 (an absent sidecar differs from an empty
+    one)."""
     digest = hashlib.sha256()
     for part in (plan_bytes, sig_bytes):
         digest.update(b"-" if part is None else b"%d:" % len(part) + part)
@@ -90,6 +92,7 @@ def content_digest(plan_bytes: bytes | None, sig_bytes: bytes | None) -> str:
 def delete_if_unchanged(
     store: Store,
     judged: Mapping[str, str],
+    *,
     deadline: float | None = None,
     before_delete: BeforeDelete | None = None,
     unconditional: bool = False,
@@ -100,7 +103,10 @@ def delete_if_unchanged(
     Re-reads one batch at a time and compares; on S3, GCS and Azure each delete is then
     conditional on the version re-read (see the module docs), once the store has shown that it
     honours that precondition; elsewhere, or with ``unconditional``, it follows the re-read.
-    A read or delete that fails raises its typed error (what was deleted before stays deleted).
+    A read or delete that fails raises its typed error (what was deleted before stays deleted):
+    a ``StoreError`` (``StoreTimeout`` at the deadline), or ``Rejected`` (reason ``too-large``)
+    for an object re-read over its cap; a store that does not honour the precondition is
+    :func:`require_honoured_preconditions`' ConfigError.
     """
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
     if store.kind not in READS or unconditional:
@@ -111,30 +117,47 @@ def delete_if_unchanged(
     changed: list[str] = []
     source = iter(judged)
     while batch := list(itertools.islice(source, BATCH)):
-        seen = _each(
-            store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline
-        )
-        same = [
-            fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]
-        ]
-        changed += [fp for fp in batch if fp not in same]
-        if same and before_delete is not None:
-            before_delete(same)
-        gone = _each(
-            store,
-            same,
-            lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline),
-            "delete",
-            deadline,
-        )
-        deleted += [fp for fp in same if gone[fp]]
-        changed += [fp for fp in same if not gone[fp]]
+        done, kept = _delete_batch(store, fs, batch, judged, deadline, before_delete)
+        deleted += done
+        changed += kept
     return deleted, changed
 
 
+def _delete_batch(
+    store: Store,
+    fs: Any,
+    batch: list[str],
+    judged: Mapping[str, str],
+    deadline: float,
+    before_delete: BeforeDelete | None,
+) -> tuple[list[str], list[str]]:
+    """One batch of :func:`delete_if_unchanged` on a store with preconditions: re-read, compare,
+    delete conditionally; (deleted, changed)."""
+    seen = _each(store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline)
+    same = [fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]]
+    changed = [fp for fp in batch if fp not in same]
+    if same and before_delete is not None:
+        before_delete(same)
+    gone = _each(
+        store,
+        same,
+        lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline),
+        "delete",
+        deadline,
+    )
+    changed += [fp for fp in same if not gone[fp]]
+    return [fp for fp in same if gone[fp]], changed
+
+
 def require_honoured_preconditions(store: Store, deadline: float) -> None:
-    """ConfigError (naming :data:`UNCONDITIONAL_FLAG`) unless the store refuses a delete whose
-    precondition does not hold: checked on a canary object, written and removed here."""
+    """Require the store to refuse a delete whose precondition does not hold: checked on a
+    canary object, written and removed here.
+
+    Raises:
+        ConfigError: the store deleted the canary anyway, or refused the precondition itself,
+            naming :data:`UNCONDITIONAL_FLAG` (reason ``config-error``).
+        StoreError: the store failed the check itself (``StoreTimeout`` at the deadline).
+    """
     fs = store.fs
     path = store.path(f"{CANARY_PREFIX}{uuid.uuid4().hex}")
 
@@ -165,13 +188,12 @@ def require_honoured_preconditions(store: Store, deadline: float) -> None:
             except FileNotFoundError:
                 pass
 
-    failed = store._run(
-        check, deadline, "cannot check conditional deletes on"
-    )  # failures typed there
+    failed = store._run(check, deadline, "cannot check conditional deletes on")  # typed there
     if failed is not None:
         raise ConfigError(
-            f"{store.url} does not honour conditional deletes (it {failed}), so a plan replaced after it was judged "
-            f"could be deleted; nothing deleted (prune {UNCONDITIONAL_FLAG} deletes anyway, after a re-read)"
+            f"{store.url} does not honour conditional deletes (it {failed}), so a plan replaced "
+            f"after it was judged could be deleted; nothing deleted (prune {UNCONDITIONAL_FLAG} "
+            "deletes anyway, after a re-read)"
         )
 
 
@@ -207,12 +229,15 @@ def _each(
     what: str,
     deadline: float,
 ) -> dict[str, T]:
-    """``action`` on every key through the store's own bounded batch runner; raises the first failure."""
+    """``action`` on every key through the store's own bounded batch runner; raises the first
+    failure."""
     results = store._each_by(keys, action, f"{what} plans in", deadline)
-    for outcome in results.values():
+    done: dict[str, T] = {}
+    for key, outcome in results.items():
         if isinstance(outcome, PlanCacheError):
             raise outcome
-    return results  # type: ignore[return-value]
+        done[key] = outcome
+    return done
 
 
 async def _read_pair(
@@ -223,10 +248,11 @@ async def _read_pair(
         _read_one(store, fs, sig_name(fp), deadline),
         return_exceptions=True,  # both collected: neither exception is left unretrieved
     )
-    for outcome in (plan, sig):
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return plan, sig  # type: ignore[return-value]
+    if isinstance(plan, BaseException):
+        raise plan
+    if isinstance(sig, BaseException):
+        raise sig
+    return plan, sig
 
 
 async def _read_one(store: Store, fs: Any, name: str, deadline: float) -> Versioned:
@@ -255,7 +281,8 @@ async def _delete_pair(
 
 
 async def _delete_one(store: Store, fs: Any, name: str, token: str | None, deadline: float) -> bool:
-    """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if changed."""
+    """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if
+    changed."""
     if token is None:
         return True  # absent at the re-read: nothing judged to delete
     delete = DELETES[store.kind]

@@ -65,7 +65,11 @@ class Page:
 
 
 def cap_for(name: str) -> int:
-    """The read cap of a store object by its name: the trust core's own size limits."""
+    """The read cap of a store object by its name: the trust core's own size limits.
+
+    Raises:
+        Rejected: ``name`` is not a plan's, sidecar's or plan set's (reason ``malformed``).
+    """
     if fingerprint_of_sig_name(name):
         return MAX_SIG_BYTES
     if fingerprint_of_plan_name(name):
@@ -76,10 +80,14 @@ def cap_for(name: str) -> int:
 
 
 def md5_hex(data: bytes) -> str:
+    """The hex MD5 of ``data``, to compare with a listing's (:attr:`ObjectInfo.md5`); no
+    security rests on it."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def md5_of(info: Mapping[str, Any]) -> str | None:
+    """The hex MD5 a listed object's fields state for free (S3's single-part ETag, GCS's and
+    Azure's base64 ``md5Hash``), else None."""
     etag = info.get("ETag") or info.get("etag")
     if isinstance(etag, str):
         etag = etag.strip('"')
@@ -96,7 +104,8 @@ def md5_of(info: Mapping[str, Any]) -> str | None:
 
 
 def entry_info(name: str, size: Any, info: Mapping[str, Any]) -> ObjectInfo | None:
-    """An ObjectInfo for ``name`` (relative to the prefix) if it is a plan, sidecar or plan set name."""
+    """An ObjectInfo for ``name`` (relative to the prefix) if it is a plan, sidecar or plan set
+    name."""
     if not (fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name) or set_object_id(name)):
         return None  # hostile or foreign: never a path we act on
     if isinstance(size, str) and size.isdigit():

@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
 
 def read_set(store: Store, name: str, deadline: float | None = None) -> bytes | None:
-    """A set (or replica) object's bytes, capped (None if absent); raw and unverified."""
+    """A set (or replica) object's bytes, capped (None if absent); raw and unverified; the
+    read's errors are :func:`.capped_reads.read_now`'s.
+
+    Raises:
+        Rejected: ``name`` is not a plan set's (reason ``malformed``).
+    """
     set_object_id(name) or _not_a_set(name)
     return read_now(store, name, store._deadline(deadline))
 
@@ -30,12 +35,14 @@ def read_set(store: Store, name: str, deadline: float | None = None) -> bytes | 
 def throttled(exc: BaseException) -> bool:
     """A read the store refused for load (429, 503) after its tries, by the SDK's status kept in
     the typed error's chain: a node then asks that store for nothing more in this budget (a
-    fallback to the per-plan objects would be 2 reads per rank against a store asking for fewer)."""
+    fallback to the per-plan objects would be 2 reads per rank against a store asking for
+    fewer)."""
     return http_status(exc) in THROTTLED
 
 
 def set_names(store: Store, deadline: float | None = None) -> list[str]:
-    """The set and replica objects directly under the prefix, sorted (one listing, the plans' own)."""
+    """The set and replica objects directly under the prefix, sorted (one listing, the plans'
+    own)."""
     return sorted(info.name for info in store.iter_objects(deadline) if set_object_id(info.name))
 
 
@@ -44,7 +51,12 @@ def delete_sets(
 ) -> dict[str, PlanCacheError]:
     """Delete set objects; one already gone is not an error. Returns those that could not be
     deleted, each with its error: prune must name every set left behind (it would go on serving
-    what prune deletes), so after a failed batch each set is retried alone to learn which."""
+    what prune deletes), so after a failed batch each set is retried alone to learn which.
+
+    Raises:
+        Rejected: a name that is not a plan set's, before anything is deleted (reason
+            ``malformed``).
+    """
     from ..trust.errors import PlanCacheError
 
     wanted = [n for n in names if set_object_id(n) or _not_a_set(n)]

@@ -1,8 +1,9 @@
 """A plan mirror on any fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``, ...).
 
 The store moves bytes and decides nothing: :meth:`Store.fetch_many` returns raw plan and
-sidecar bytes for the trust core to verify, :meth:`Store.put_many` uploads what the caller hands it.
-The remote layout mirrors vLLM's directory: ``<prefix>/startup_plan_<fp>.json`` and its ``.sig``.
+sidecar bytes for the trust core to verify, :meth:`Store.put_many` uploads what the caller
+hands it. The remote layout mirrors vLLM's directory: ``<prefix>/startup_plan_<fp>.json`` and
+its ``.sig``.
 
 What it does guarantee is bounded cost, whatever the store does:
 
@@ -12,6 +13,9 @@ What it does guarantee is bounded cost, whatever the store does:
   work streams (:meth:`Store.iter_fingerprints`, :meth:`Store.fetch_stream`);
 * every operation runs under one deadline (:mod:`.deadline`), opening a GCS filesystem
   (credential discovery) included; blocking calls run in daemon threads (:mod:`.threads`).
+
+The calls every operation goes through (the filesystem, its loop, bounded batches) are
+:mod:`.store_calls`, shared with the modules that move a store's other objects.
 """
 
 from __future__ import annotations
@@ -19,27 +23,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
 from .backends import CONCURRENCY, filesystem_opener, kind_of, list_page
-from .batches import each
 from .capped_reads import read_object
-from .deadline import DEFAULT_TIMEOUT, checked_budget, run_by, store_error, with_retries
-from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for, md5_hex  # noqa: F401 (re-exported)
+from .deadline import checked_budget, with_retries
+from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, Page, cap_for
 from .local.files import write_atomic
 from .s3.direct import MAX_FINGERPRINTS, S3Direct, direct_settings
-from .threads import Pending, in_thread, use_daemon_executor
+from .store_calls import SYNC_CONCURRENCY, StoreCalls
+from .threads import Pending, in_thread
 
-T = TypeVar("T")
-
-SYNC_CONCURRENCY = 8  # threads in flight for filesystems without an async implementation
+FetchedPair = tuple[bytes | None, bytes | None]
+"""A fingerprint's plan and sidecar bytes as fetched (``(None, None)``: no plan)."""
 
 
 def open_store(
@@ -60,6 +62,11 @@ def open_store(
     caller's look at the options, which imports them too) run in a daemon thread waited for
     until ``deadline`` (default: now + the budget); the first operation without a deadline of its
     own ends by it too, so ``--timeout`` holds for the import, not just the requests after it.
+
+    Raises:
+        ConfigError: a budget that is not a positive number of seconds, a URL or options the
+            backend cannot take, a backend not installed (reason ``config-error``).
+        StoreTimeout: the import or ``check`` did not end by ``deadline`` (reason ``timeout``).
     """
     budget = checked_budget(timeout)
     deadline = time.monotonic() + budget if deadline is None else deadline
@@ -69,14 +76,18 @@ def open_store(
             check()
         return _opened(url, storage_options, budget)
 
-    store: Store = Pending(opening, "plancache-open").result(deadline, f"cannot open {url}", budget)
+    store = Pending(opening, "plancache-open").result(deadline, f"cannot open {url}", budget)
     store._first_deadline = deadline
     return store
 
 
 def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> Store:
     direct = direct_settings(url, storage_options or {})
-    if direct is not None:  # s3fs is imported only when more than a boot's few reads are asked for
+    if direct is not None:
+
+        def make_s3fs() -> Any:  # s3fs is imported only when more than a boot's few reads ask
+            return filesystem_opener(url, storage_options, budget)[1]()
+
         return Store(
             None,
             url.rstrip("/"),
@@ -84,7 +95,7 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) 
             budget,
             kind="s3",
             direct=S3Direct(direct, budget),
-            opener=lambda: filesystem_opener(url, storage_options, budget)[1](),
+            opener=make_s3fs,
         )
     cls, make, root = filesystem_opener(url, storage_options, budget)
     if kind_of(cls) == "gcs":
@@ -92,38 +103,16 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) 
     return Store(make(), url.rstrip("/"), root, budget)
 
 
-class Store:
+class Store(StoreCalls):
     """Plans and sidecars under one prefix of an fsspec filesystem, with bounded operations.
 
-    ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``azure``, ``local`` (``file://``, read
-    without fsspec), ``async`` or ``sync`` (other fsspec filesystems; sync in daemon threads).
-    ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed (:mod:`.s3.direct`).
+    ``fs`` is the filesystem, or None when ``opener`` makes it at first use; ``url`` the store's
+    URL and ``root`` its prefix as a path of the filesystem; ``timeout`` the budget of each
+    operation. ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``azure``, ``oci``
+    (registries), ``local`` (``file://``, read without fsspec), ``async`` or ``sync`` (other
+    fsspec filesystems; sync in daemon threads). ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed
+    (:mod:`.s3.direct`). How each call is bounded: :mod:`.store_calls`.
     """
-
-    def __init__(
-        self,
-        fs: Any,
-        url: str,
-        root: str,
-        timeout: float = DEFAULT_TIMEOUT,
-        *,
-        opener: Callable[[], Any] | None = None,
-        kind: str | None = None,
-        direct: Any = None,
-    ) -> None:
-        self._fs = fs
-        self._direct = direct
-        self._opener = opener
-        self._opening: Pending | None = None
-        self._lock = threading.Lock()
-        self.url = url
-        self.root = root
-        self.timeout = timeout
-        self.kind = kind or kind_of(type(fs))
-        self._async = self.kind in ("s3", "gcs", "azure", "async", "oci")
-        self._first_deadline: float | None = None
-        """The deadline :func:`open_store` waited for: an operation without a deadline of its own
-        that starts before it ends by it (the open and that operation share one budget)."""
 
     def __str__(self) -> str:
         return self.url
@@ -131,91 +120,20 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r}, timeout={self.timeout})"
 
-    # -- plumbing ---------------------------------------------------------------------------
-    @property
-    def fs(self) -> Any:  # made now, within one budget, if not made yet
-        return self._filesystem(time.monotonic() + self.timeout)
-
-    def _filesystem(self, deadline: float) -> Any:
-        """The filesystem, made at most once, in a daemon thread, waited for until ``deadline``."""
-        if self._fs is None:
-            with self._lock:
-                if self._opening is None:
-                    self._opening = Pending(self._open, f"plancache-open-{self.kind}")
-            self._fs = self._opening.result(deadline, f"cannot open {self.url}", self.timeout)
-        return self._fs
-
-    def _open(self) -> Any:
-        assert self._opener is not None
-        fs = self._opener()
-        credentials = getattr(fs, "credentials", None)
-        if hasattr(credentials, "maybe_refresh"):
-            try:  # gcsfs would otherwise fetch the first token synchronously on the event loop
-                credentials.maybe_refresh()
-            except Exception as exc:
-                raise store_error(f"cannot get credentials for {self.url}", exc) from None
-        return fs
-
-    def path(self, name: str) -> str:
-        return (
-            f"{self.root}/{name}"
-            if self.root not in ("", "/")
-            else f"{self.root.rstrip('/')}/{name}"
-        )
-
-    def _deadline(self, deadline: float | None) -> float:
-        if deadline is not None:
-            return deadline
-        now, first = time.monotonic(), self._first_deadline
-        self._first_deadline = None
-        return first if first is not None and first > now else now + self.timeout
-
-    def _run(self, make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
-        fs = self._filesystem(deadline)
-        if self._async:
-            loop = fs.loop
-        else:
-            from fsspec.asyn import get_loop
-
-            loop = get_loop()
-        use_daemon_executor(loop)
-        return run_by(loop, make, deadline, f"{what} {self.url}", self.timeout)
-
-    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """``fs._name(...)`` on async filesystems, ``fs.name(...)`` in a daemon thread otherwise."""
-        if self._async:
-            return await getattr(self._fs, f"_{name}")(*args, **kwargs)
-        return await in_thread(getattr(self._fs, name), *args, **kwargs)
-
     async def _read_capped(
         self, name: str, deadline: float, cap: int | None = None
     ) -> bytes | None:
-        """One object's bytes (None if absent), at most ``cap`` (see :func:`.capped_reads.read_object`)."""
-        return await read_object(self, name, deadline, cap)
+        """One object's bytes (None if absent), at most ``cap`` (see
+        :func:`.capped_reads.read_object`)."""
+        return await read_object(self, name, deadline, cap=cap)
 
-    def _each_by(
-        self,
-        keys: Sequence[str],
-        action: Callable[[str], Awaitable[T]],
-        what: str,
-        deadline: float,
-        on_done: Callable[[int], None] | None = None,
-    ) -> dict[str, T | PlanCacheError]:
-        """:func:`.batches.each` from a synchronous caller; keys not done at the deadline get its StoreTimeout."""
-        if not keys:
-            return {}
-        done: dict[str, T | PlanCacheError] = {}
-
-        limit = CONCURRENCY if self._async else SYNC_CONCURRENCY
-
-        async def everything() -> None:
-            await each(keys, action, what, limit, on_done, done)
-
-        try:
-            self._run(everything, deadline, f"cannot {what}")
-        except PlanCacheError as exc:
-            return {key: done.get(key, exc) for key in keys}
-        return done
+    def _list_page(self, token: str | None, deadline: float) -> Page:
+        """One page of the listing, from ``token`` (None: the first), retried inside ``deadline``."""
+        return self._run(
+            lambda: with_retries(lambda: list_page(self, token), deadline),
+            deadline,
+            "cannot list",
+        )
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -223,8 +141,13 @@ class Store:
         """Plan and sidecar objects directly under the prefix, one page requested at a time.
 
         Every other name is dropped, and so is a name listed again (each object counts once
-        everywhere: verify, ls, pull, prune). TOO_LARGE past MAX_NAMES names or MAX_PAGES pages; the
-        deadline bounds the whole listing (it starts now, not at the first item).
+        everywhere: verify, ls, pull, prune). The deadline bounds the whole listing (it starts
+        now, not at the first item).
+
+        Raises:
+            Rejected: past MAX_NAMES names or MAX_PAGES pages, while iterating (reason
+                ``too-large``).
+            StoreError: a page could not be listed (``StoreTimeout`` at the deadline).
         """
         deadline = self._deadline(deadline)
 
@@ -233,18 +156,14 @@ class Store:
             names = 0
             seen: set[str] = set()  # at most MAX_NAMES short names
             for _ in range(MAX_PAGES):
-                page = self._run(
-                    lambda: with_retries(lambda: list_page(self, token), deadline),
-                    deadline,
-                    "cannot list",
-                )
+                page = self._list_page(token, deadline)
                 for info in page.entries:
                     names += 1
                     if names > MAX_NAMES:
                         raise Rejected(
                             Reason.TOO_LARGE, f"{self.url} lists more than {MAX_NAMES} plan objects"
                         )
-                    if info.name not in seen:  # a listing naming an object twice names it once here
+                    if info.name not in seen:  # a listing naming an object twice names it once
                         seen.add(info.name)
                         yield info
                 if page.token is None:
@@ -304,12 +223,16 @@ class Store:
         Raw and unverified. A plan that is absent is a result with no bytes and no error; one
         that failed carries its typed error; at the deadline, those not yet fetched carry
         StoreTimeout and those already fetched are kept.
+
+        Raises:
+            Rejected: a fingerprint that is not 16 hex digits, before any request (reason
+                ``malformed``).
         """
         for fp in fingerprints:
             plan_name(fp)  # validates every fingerprint before anything touches the network
         deadline = self._deadline(deadline)
 
-        async def pair(fp: str) -> tuple[bytes | None, bytes | None]:
+        async def pair(fp: str) -> FetchedPair:
             # both outcomes are collected: a failure of one read must not leave the other's
             # exception unretrieved (asyncio would print its traceback at exit)
             plan, sig = await asyncio.gather(
@@ -317,22 +240,19 @@ class Store:
                 self._read_capped(sig_name(fp), deadline),
                 return_exceptions=True,
             )
-            for outcome in (plan, sig):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-            return (None, None) if plan is None else (plan, sig)  # type: ignore[return-value]
+            if isinstance(plan, BaseException):
+                raise plan
+            if isinstance(sig, BaseException):
+                raise sig
+            return (None, None) if plan is None else (plan, sig)
 
         unique = list(dict.fromkeys(fingerprints))
+        got: Mapping[str, FetchedPair | PlanCacheError]
         if self._direct is not None and self._fs is None and len(unique) <= MAX_FINGERPRINTS:
             got = self._direct.fetch_pairs(unique, deadline, on_done)
         else:
-            got = self._each_by(unique, pair, "fetch", deadline, on_done)
-        return [
-            PlanResult(fp, "store", error=got[fp])
-            if isinstance(got[fp], PlanCacheError)
-            else PlanResult(fp, "store", plan_bytes=got[fp][0], sig_bytes=got[fp][1])  # type: ignore[index]
-            for fp in fingerprints
-        ]
+            got = self._each_by(unique, pair, "fetch", deadline, on_done=on_done)
+        return [_result(fp, got[fp]) for fp in fingerprints]
 
     def fetch(self, fp: str, deadline: float | None = None) -> PlanResult:
         """One fingerprint's plan and sidecar in one round trip (see :meth:`fetch_many`)."""
@@ -346,10 +266,15 @@ class Store:
         deadline: float | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> None:
-        """Upload ``{name: bytes}`` (plan and sidecar names only) concurrently; raises the first failure.
+        """Upload ``{name: bytes}`` (plan and sidecar names only) concurrently.
 
         Order among objects is not guaranteed: a reader racing a push may see a new plan with
         an old sidecar, which fails verification (costs a profiling run, never a wrong plan).
+
+        Raises:
+            Rejected: a name that is not a plan's or sidecar's (reason ``malformed``), or bytes
+                over its cap (reason ``too-large``), before anything is uploaded.
+            StoreError: the first upload that failed (``StoreTimeout`` at the deadline).
         """
         for name in objects:
             cap = cap_for(name)
@@ -358,16 +283,16 @@ class Store:
         deadline = self._deadline(deadline)
 
         async def upload(name: str) -> None:
-            if (
-                self.kind == "local"
-            ):  # temp file and rename: a FIFO planted at the name is replaced, never opened
-                return await in_thread(write_atomic, Path(self.path(name)), objects[name])
+            if self.kind == "local":
+                # temp file and rename: a FIFO planted at the name is replaced, never opened
+                await in_thread(write_atomic, Path(self.path(name)), objects[name])
+                return
             await with_retries(
                 lambda: self._call("pipe_file", self.path(name), objects[name]), deadline
             )
 
         _raise_first(
-            self._each_by(list(objects), upload, f"upload to {self.url}", deadline, on_done)
+            self._each_by(list(objects), upload, f"upload to {self.url}", deadline, on_done=on_done)
         )
 
     def put(
@@ -386,7 +311,8 @@ class Store:
         )
 
     def delete_objects(self, names: list[str], deadline: float | None = None) -> None:
-        """Delete these objects under the prefix (plans, sidecars, plan sets); gone is not an error."""
+        """Delete these objects under the prefix (plans, sidecars, plan sets); gone is not an
+        error."""
         deadline = self._deadline(deadline)
 
         async def remove(name: str) -> None:
@@ -394,6 +320,12 @@ class Store:
                 await with_retries(lambda: self._call("rm_file", self.path(name)), deadline)
 
         _raise_first(self._each_by(names, remove, f"delete from {self.url}", deadline))
+
+
+def _result(fp: str, outcome: FetchedPair | PlanCacheError) -> PlanResult:
+    if isinstance(outcome, PlanCacheError):
+        return PlanResult(fp, "store", error=outcome)
+    return PlanResult(fp, "store", plan_bytes=outcome[0], sig_bytes=outcome[1])
 
 
 def _raise_first(results: Mapping[str, object]) -> None:

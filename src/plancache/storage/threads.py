@@ -16,7 +16,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..trust.errors import StoreTimeout
 
@@ -54,7 +54,7 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await future
 
 
-class Pending:
+class Pending(Generic[T]):
     """A blocking call started once in a daemon thread, waited for by callers with deadlines.
 
     Used for work whose result is worth keeping after one caller gave up on it (opening a GCS
@@ -62,9 +62,11 @@ class Pending:
     starting a second one.
     """
 
+    _value: T
+    """Set by the call when it returns (read only after it did, by :meth:`result`)."""
+
     def __init__(self, fn: Callable[[], T], name: str) -> None:
         self._done = threading.Event()
-        self._value: Any = None
         self._error: BaseException | None = None
 
         def run() -> None:
@@ -77,8 +79,14 @@ class Pending:
 
         _spawn(run, name)
 
-    def result(self, deadline: float, what: str, budget: float) -> Any:
-        """The call's value (or its exception, re-raised); StoreTimeout at the deadline."""
+    def result(self, deadline: float, what: str, budget: float) -> T:
+        """The call's value (or its exception, re-raised).
+
+        Raises:
+            StoreTimeout: no value by ``deadline``, named by ``what`` and ``budget`` (reason
+                ``timeout``); the call goes on in its thread, for the next caller to wait on.
+            BaseException: whatever the call raised, as it is.
+        """
         if not self._done.wait(max(0.0, deadline - time.monotonic())):
             raise StoreTimeout(f"{what}: no answer within the {budget:g} s budget")
         if self._error is not None:
@@ -114,8 +122,13 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         pass  # nothing pooled: running calls are daemon threads nobody joins
 
 
+_MARK = "_plancache_daemon_executor"
+"""Set on a loop whose default executor is a :class:`DaemonExecutor` (the loop is fsspec's or
+the store's, kept for the process's life: a mark on it lives exactly as long)."""
+
+
 def use_daemon_executor(loop: asyncio.AbstractEventLoop) -> None:
     """Make ``loop``'s default executor a :class:`DaemonExecutor` (once; idempotent)."""
-    if not getattr(loop, "_plancache_daemon_executor", False):
+    if not getattr(loop, _MARK, False):
         loop.call_soon_threadsafe(loop.set_default_executor, DaemonExecutor())
-        loop._plancache_daemon_executor = True
+        setattr(loop, _MARK, True)

@@ -13,12 +13,13 @@ a later request could be a newer object's):
 * Azure Blob: the download's ``ETag``; ``Delete Blob`` with ``If-Match``.
 
 The reads are the store's own capped reads: S3 and Azure through :func:`.s3.reads.s3_get` and
-:func:`.azure.blob.azure_get` (declared length checked first, at most ``cap + 1`` bytes), which also
-hand back the answer's ETag; gcsfs's whole-body reads are capped by :func:`.caps.http.body_cap`. A store that states no
-usable version is a StoreError: nothing is deleted unconditionally on these backends.
-:mod:`.conditional_deletes` uses these to delete only what ``prune`` judged. Each backend's read
-and delete is in its own room (:mod:`.s3.versions`, :mod:`.gcs.versions`, :mod:`.azure.versions`);
-here are only what they share: the versioned bytes, the token check and the ranged read.
+:func:`.azure.blob.azure_get` (declared length checked first, at most ``cap + 1`` bytes), which
+also hand back the answer's ETag; gcsfs's whole-body reads are capped by
+:func:`.caps.http.body_cap`. A store that states no usable version is a StoreError: nothing is
+deleted unconditionally on these backends. :mod:`.conditional_deletes` uses these to delete only
+what ``prune`` judged. Each backend's read and delete is in its own room
+(:mod:`.s3.s3_versions`, :mod:`.gcs.gcs_versions`, :mod:`.azure.azure_versions`); here are only
+what they share: the versioned bytes, the token check and the ranged read.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ ABSENT = Versioned(None, None)
 
 
 def version_token(value: Any, path: str) -> str:
-    """A version token fit to send back in a header; StoreError if the store stated none."""
+    """A version token fit to send back in a header (an int is stated as its digits).
+
+    Raises:
+        StoreError: ``value`` is no usable token: missing, empty, longer than MAX_TOKEN or not
+            printable ASCII (reason ``store-error``).
+    """
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if (
@@ -65,7 +71,11 @@ def version_token(value: Any, path: str) -> str:
 
 async def ranged_or_whole(read: Callable[[str | None], Awaitable[T]], cap: int) -> T:
     """``read`` with the range ``bytes=0-cap``; without one for an empty object (S3, GCS and
-    Azure answer 416 to any range over it), whose body every reader still reads capped."""
+    Azure answer 416 to any range over it), whose body every reader still reads capped.
+
+    Raises:
+        Exception: whatever ``read`` raised but a 416, as it is (an SDK's error, a typed one).
+    """
     try:
         return await read(f"bytes=0-{cap}")
     except Exception as exc:

@@ -24,8 +24,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ...storage.compile_cache import archives, cachedir, placement
-from ...storage.local import dirfds
+from ...storage.compile_cache import archive_format, archives, cachedir, placement
+from ...storage.local import directory_lock, dirfds
 from ...storage.local.files import read_capped
 from ...storage.store import Store
 from ...trust import strictjson
@@ -266,7 +266,7 @@ def build_manifest(
     }
     sums = cachedir.digests(directory, kept)
     files = tuple(FileEntry(p, size, sums[p]) for p, size in sorted(kept.items()))
-    data = cachedir.archive_bytes(directory, files, dirs)
+    data = archive_format.archive_bytes(directory, files, dirs)
     found = dict(key_factors) if key_factors is not None else key_factors_in(directory, listing)
     try:
         factors = (
@@ -297,12 +297,12 @@ def sign_cache(
     *,
     expires_in: timedelta | None = None,
     comment: str = "",
-    wait: float = cachedir.LOCK_WAIT,
+    wait: float = directory_lock.LOCK_WAIT,
 ) -> CacheOutcome:
     """Sign the directory as it is (this signer alone) and write the sidecar beside it atomically.
     Signing vouches for bytes this process did not check: run it only where the cache was built."""
     directory = root.directory(subject)
-    with cachedir.locked(root.root, directory, wait, write=True):
+    with directory_lock.locked(root.root, directory, wait=wait, write=True):
         return _sign_locked(root, subject, signer, now, expires_in, comment)
 
 
@@ -342,7 +342,7 @@ def publish_cache(
     expires_in: timedelta | None = None,
     key_factors: Mapping[str, Any] | None = None,
     measurements: Mapping[str, Any] | None = None,
-    wait: float = cachedir.LOCK_WAIT,
+    wait: float = directory_lock.LOCK_WAIT,
 ) -> CacheOutcome:
     """A build node's cache, compiled by vLLM into this boot's private copy ``private`` (this
     process's own 0700 directory), is signed as hashed there, and exactly those bytes go into
@@ -353,7 +353,7 @@ def publish_cache(
     empty directories and debug files aside; a lone sidecar is moved aside first) when the lock
     is held; else ``kept`` (the directory is left to the next boot's guard)."""
     directory = root.directory(subject)
-    with cachedir.locked(root.root, directory, wait, write=True):
+    with directory_lock.locked(root.root, directory, wait=wait, write=True):
         aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
         if has_files(directory):
             return CacheOutcome(
@@ -395,21 +395,21 @@ def push_cache(
     now: datetime,
     *,
     deadline: float | None = None,
-    wait: float = cachedir.LOCK_WAIT,
+    wait: float = directory_lock.LOCK_WAIT,
 ) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature."""
     directory = root.directory(subject)
-    with cachedir.locked(root.root, directory, wait):
+    with directory_lock.locked(root.root, directory, wait=wait):
         verified = verify_directory(root, subject, keyring, now)
         m = verified.manifest
-        data = cachedir.archive_bytes(directory, m.files, m.dirs)
+        data = archive_format.archive_bytes(directory, m.files, m.dirs)
     if hashlib.sha256(data).hexdigest() != m.archive_sha256 or len(data) != m.archive_size:
         raise Rejected(
             Reason.DIGEST_MISMATCH,
             "the rebuilt archive differs from the signed one (another tar writer?); sign again",
         )
-    archives.put_object(store, archives.archive_name(subject), data, deadline)
-    archives.put_object(store, archives.sig_name(subject), verified.sig_bytes, deadline)
+    archives.put_object(store, archives.archive_name(subject), data, deadline=deadline)
+    archives.put_object(store, archives.sig_name(subject), verified.sig_bytes, deadline=deadline)
     return outcome_of(subject, "pushed", verified, f"{m.archive_size} bytes, {len(m.files)} files")
 
 
@@ -421,10 +421,10 @@ def pull_cache(
     now: datetime,
     *,
     deadline: float | None = None,
-    wait: float = cachedir.LOCK_WAIT,
+    wait: float = directory_lock.LOCK_WAIT,
 ) -> CacheOutcome:
     """:func:`_pull_locked` under the node's lock for ``subject``."""
-    with cachedir.locked(root.root, root.directory(subject), wait, write=True):
+    with directory_lock.locked(root.root, root.directory(subject), wait=wait, write=True):
         return pull_locked(store, root, subject, keyring, now, deadline)
 
 
@@ -442,7 +442,7 @@ def pull_locked(
     (:mod:`~plancache.storage.compile_cache.placement`). A lone sidecar is moved aside first."""
     directory = root.directory(subject)
     aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
-    sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline)
+    sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline=deadline)
     if sig is None:
         raise Rejected(Reason.UNSIGNED, f"no signed compile cache {subject} in {store.url}")
     verified = verify_manifest(subject, sig, keyring, now)
@@ -450,7 +450,9 @@ def pull_locked(
     kept = _kept_local(root, subject, keyring, now, m)
     if kept is not None:
         return kept
-    data = archives.get_object(store, archives.archive_name(subject), m.archive_size, deadline)
+    data = archives.get_object(
+        store, archives.archive_name(subject), m.archive_size, deadline=deadline
+    )
     if data is None:
         raise StoreError(f"the archive of {subject} is missing from {store.url}")
     if len(data) != m.archive_size or hashlib.sha256(data).hexdigest() != m.archive_sha256:

@@ -194,8 +194,8 @@ def push_headers(
     verify_headers(
         subject, sig, signer_keyring(signer), now, cache_archive_sha256=cache_archive_sha256
     )
-    archives.put_object(store, archives.headers_name(subject), data, deadline)
-    archives.put_object(store, archives.headers_sig_name(subject), sig, deadline)
+    archives.put_object(store, archives.headers_name(subject), data, deadline=deadline)
+    archives.put_object(store, archives.headers_sig_name(subject), sig, deadline=deadline)
     names = tuple(e[0] for e in entries)
     return HeadersOutcome(
         "pushed",
@@ -252,7 +252,9 @@ def _pull(
     cancel: Cancel,
     bound: str | None,
 ) -> HeadersOutcome:
-    sig = archives.get_object(store, archives.headers_sig_name(subject), MAX_SIG_BYTES, deadline)
+    sig = archives.get_object(
+        store, archives.headers_sig_name(subject), MAX_SIG_BYTES, deadline=deadline
+    )
     if sig is None:
         return HeadersOutcome(
             "none", "no-headers", "the store holds no precompiled headers for this cache"
@@ -267,7 +269,7 @@ def _pull(
             return _outcome((), taken, there, 0)
         cancel.check()
         data = archives.get_object(
-            store, archives.headers_name(subject), hset.object_size, deadline
+            store, archives.headers_name(subject), hset.object_size, deadline=deadline
         )
         cancel.check()
         if data is None:

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ...storage.compile_cache import cachedir, placement, private_copy
+from ...storage.local import directory_lock
 from ...storage.store import Store
 from ...trust.compile_cache.manifest import verify_manifest
 from ...trust.display import safe_text
@@ -62,7 +63,7 @@ def guard(
     Never raises for a hostile cache or store: not loading is always the fallback."""
     directory = root.directory(subject)
     try:
-        with cachedir.locked(root.root, directory, wait):
+        with directory_lock.locked(root.root, directory, wait=wait):
             return _guard_locked(root, subject, keyring, now, into, problem, fetch)
     except StoreError as exc:  # the lock: held too long by another rank, or not to be had
         return _empty(into, CacheOutcome(subject, "compile", exc.reason.value, exc.detail))

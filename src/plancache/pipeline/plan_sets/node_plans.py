@@ -2,7 +2,7 @@
 
 Every rank of a world computes every rank's fingerprint, hence the name of their plan set
 (:mod:`plancache.trust.plans.plan_set`). So on a local miss, a rank takes that set's node lock
-(the compile cache's :func:`plancache.storage.compile_cache.cachedir.locked`, on
+(the node's :func:`plancache.storage.local.directory_lock.locked`, on
 ``startup_plan.<set id>`` beside vLLM's plan directory: one lock per set name, so ranks of other
 worlds, or ranks that fell back to their own one-member set, never wait on a fetch that is not
 theirs), looks locally again, and only then reads the store once for the world:
@@ -43,7 +43,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...storage.compile_cache.cachedir import locked
+from ...storage.local.directory_lock import locked
 from ...storage.deadline import JOIN_GRACE, store_error
 from ...storage.local.files import read_capped, write_atomic
 from ...storage.plan_set_objects import read_set, throttled

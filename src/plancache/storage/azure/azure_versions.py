@@ -3,12 +3,15 @@ download ``ETag``, and ``Delete Blob`` with ``If-Match`` (what they share: :mod:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..versioned import Versioned, ranged_or_whole, version_token
 
+if TYPE_CHECKING:
+    from .blob import BoundedAzureBlobFileSystem
 
-async def read(fs: Any, path: str, cap: int) -> Versioned:
+
+async def read(fs: BoundedAzureBlobFileSystem, path: str, cap: int) -> Versioned:
     """:func:`.blob.azure_get`, and the answer's ETag."""
     from .blob import azure_get
 
@@ -18,7 +21,14 @@ async def read(fs: Any, path: str, cap: int) -> Versioned:
     return Versioned(data, version_token(headers.get("ETag"), path))
 
 
-async def delete(fs: Any, path: str, token: str) -> None:
+async def delete(fs: BoundedAzureBlobFileSystem, path: str, token: str) -> None:
+    """Delete the blob at ``path`` only while its ETag is ``token``.
+
+    Raises:
+        FileNotFoundError: the blob is gone (a 404, or a 412 over a blob that no longer exists).
+        HttpResponseError: azure-core's, as it is: 412 for a blob that changed (see
+            :func:`..versioned.precondition_failed`), any other refusal.
+    """
     from azure.core import MatchConditions
     from azure.core.exceptions import HttpResponseError
 
@@ -27,7 +37,8 @@ async def delete(fs: Any, path: str, token: str) -> None:
         try:
             await client.delete_blob(etag=token, match_condition=MatchConditions.IfNotModified)
         except HttpResponseError as exc:
-            # an absent blob fails If-Match too (412, as RFC 9110 has it; Azurite does): gone is not changed
+            # an absent blob fails If-Match too (412, as RFC 9110 has it; Azurite does): gone is
+            # not changed
             if exc.status_code == 404 or (exc.status_code == 412 and not await client.exists()):
                 raise FileNotFoundError(path) from None
             raise

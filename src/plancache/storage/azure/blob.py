@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 from adlfs import AzureBlobFileSystem
@@ -41,12 +41,15 @@ from ..caps.http import read_declared, session_kwargs
 from ..listing import MAX_PAGE_PREFIXES, PAGE_SIZE, Page, entry_info, prefixes_under
 
 
-class CappedTransport(AioHttpTransport):  # type: ignore[misc]
+class CappedTransport(AioHttpTransport):
     """azure-core's aiohttp transport with plancache's session and a refusal of every redirect.
 
     Azure Blob answers API calls directly, never with a 3xx an SDK should follow; azure-core's
     redirect policy would follow one to any host (with the request's signed headers).
     """
+
+    session: aiohttp.ClientSession | None
+    """azure-core's, set in its constructor: declared here because mypy cannot infer it there."""
 
     async def open(self) -> None:
         if self.session is None and self._session_owner and not self._has_been_opened:
@@ -58,6 +61,12 @@ class CappedTransport(AioHttpTransport):  # type: ignore[misc]
         await super().open()
 
     async def send(self, request: Any, **config: Any) -> Any:
+        """azure-core's send (its overloads take either request type), then a 3xx refused.
+
+        Raises:
+            StoreError: the answer is a redirect (any 3xx), never read nor followed (reason
+                ``store-error``).
+        """
         response = await super().send(request, **config)
         if 300 <= response.status_code < 400:
             target = str(response.headers.get("Location", ""))[:200]
@@ -69,12 +78,15 @@ class CappedTransport(AioHttpTransport):  # type: ignore[misc]
         return response
 
 
-class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
+class BoundedAzureBlobFileSystem(AzureBlobFileSystem):
     """adlfs's filesystem whose service client has plancache's transport and retries.
 
     Takes every adlfs option; ``connection_timeout`` and ``read_timeout`` (seconds) become the
     transport's, ``retry_total`` is the SDK's own retry count (0 unless set).
     """
+
+    protocol: ClassVar[str | tuple[str, ...]]
+    """adlfs's protocols, set by adlfs: declared here for the type checker only."""
 
     def __init__(self, *args: Any, retry_total: int = 0, **kwargs: Any) -> None:
         self._retry_total = int(retry_total)
@@ -95,7 +107,12 @@ class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
 
     def do_connect(self) -> None:
         """The service client, by the same precedence as adlfs: connection string, then an
-        account name with a credential or account key, a SAS token, or anonymous access."""
+        account name with a credential or account key, a SAS token, or anonymous access.
+
+        Raises:
+            ValueError: neither a connection string nor an account name (adlfs's own kind of
+                error here, which :mod:`..backends` turns into a ConfigError).
+        """
         options = self._client_options()
         if self.connection_string is not None:
             self.service_client = BlobServiceClient.from_connection_string(
@@ -130,11 +147,15 @@ class BoundedAzureBlobFileSystem(AzureBlobFileSystem):  # type: ignore[misc]
 
 
 async def azure_get(
-    fs: Any, path: str, cap: int, byte_range: str | None
+    fs: BoundedAzureBlobFileSystem, path: str, cap: int, byte_range: str | None
 ) -> tuple[bytes, Mapping[str, Any]]:
     """A download (of ``byte_range``, or whole) through the generated call, which hands back a
     stream (adlfs's ``cat_file`` would join the whole body): declared length checked before a
-    byte of the body is read, body read at most to ``cap + 1``; with the answer's headers."""
+    byte of the body is read, body read at most to ``cap + 1``; with the answer's headers.
+
+    Raises:
+        FileNotFoundError: no such blob (or container).
+    """
     container, blob, _ = fs.split_path(path)
     async with fs.service_client.get_blob_client(container, blob) as client:
         try:
@@ -155,8 +176,9 @@ async def azure_get(
         return data, response.headers
 
 
-async def azure_read(fs: Any, path: str, cap: int) -> bytes:
-    """One blob's bytes, from a download of ``bytes=0-cap`` (a 416 over an empty blob: see Store)."""
+async def azure_read(fs: BoundedAzureBlobFileSystem, path: str, cap: int) -> bytes:
+    """One blob's bytes, from a download of ``bytes=0-cap`` (a 416 over an empty blob: see
+    :func:`..capped_reads.read_object`)."""
     return (await azure_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 
@@ -166,8 +188,20 @@ def _md5_hash(item: BlobProperties) -> dict[str, str]:
     return {"md5Hash": base64.b64encode(bytes(md5)).decode()} if md5 else {}
 
 
-async def azure_page(fs: Any, root: str, token: str | None) -> Page:
-    """One page of the blobs directly under ``root`` (``delimiter='/'``), and of the sub-prefixes it names."""
+def _named_under(item: BlobProperties, prefix: str) -> bool:
+    """Whether the blob's name, as the service sent it (typed ``str``, never assumed), is a
+    string under ``prefix``."""
+    name: object = item.name
+    return isinstance(name, str) and name.startswith(prefix)
+
+
+async def azure_page(fs: BoundedAzureBlobFileSystem, root: str, token: str | None) -> Page:
+    """One page of the blobs directly under ``root`` (``delimiter='/'``), and of the sub-prefixes
+    it names.
+
+    Raises:
+        FileNotFoundError: no such container.
+    """
     container, key, _ = fs.split_path(root)
     prefix = f"{key.rstrip('/')}/" if key else ""
     async with fs.service_client.get_container_client(container) as client:
@@ -182,18 +216,14 @@ async def azure_page(fs: Any, root: str, token: str | None) -> Page:
                 async for item in page:
                     if isinstance(item, BlobPrefix) and len(below) < MAX_PAGE_PREFIXES:
                         below.append(item.name)
-                    elif (
-                        isinstance(item, BlobProperties)
-                        and isinstance(item.name, str)
-                        and item.name.startswith(prefix)
-                    ):
+                    elif isinstance(item, BlobProperties) and _named_under(item, prefix):
                         info = entry_info(item.name[len(prefix) :], item.size, _md5_hash(item))
                         if info is not None:
                             entries.append(info)
                 break  # one page per call
         except ResourceNotFoundError:
             raise FileNotFoundError(root) from None
-        following = pager.continuation_token
+        following = pager.continuation_token  # type: ignore[attr-defined]  # typed as an AsyncIterator; azure-core's AsyncPageIterator holds it
     return Page(
         entries,
         following if isinstance(following, str) and following and following != token else None,

@@ -151,7 +151,7 @@ def capped_aiobotocore_session() -> type:
             "this aiobotocore has no per-session hook: plancache needs a newer aiobotocore"
         )
 
-    class CappedAIOHTTPSession(AIOHTTPSession):  # type: ignore[misc, valid-type]
+    class CappedAIOHTTPSession(AIOHTTPSession):
         async def _get_session(self, proxy_url: str | None) -> aiohttp.ClientSession:
             session = self._sessions.get(proxy_url)
             if session is None:

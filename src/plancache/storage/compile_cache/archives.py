@@ -5,10 +5,10 @@ names. A compile cache travels as one archive per cache directory (one GET), bes
 signature, under ``<prefix>/torch_compile_cache/<subject>.tar`` and ``….tar.sig``, where the
 subject is ``torch_aot_compile/<64 hex>`` or ``<10 hex>``; its build node's precompiled headers
 beside it as ``<subject>.pch.gz`` and ``….pch.gz.sig`` (signed on their own, optional). The
-same guarantees hold here, through the store's own capped read, daemon-thread calls and deadline: every read is capped (the caller
-passes the cap: the signature's size limit, or the archive size the *verified* signature
-states), every operation runs under one deadline with bounded retries, and listings yield
-subjects, never paths.
+same guarantees hold here, through the store's own capped read, daemon-thread calls and
+deadline: every read is capped (the caller passes the cap: the signature's size limit, or the
+archive size the *verified* signature states), every operation runs under one deadline with
+bounded retries, and listings yield subjects, never paths.
 """
 
 from __future__ import annotations
@@ -29,12 +29,18 @@ PREFIX = "torch_compile_cache"
 
 
 def archive_name(subject: str) -> str:
+    """The archive's object name under the store's prefix.
+
+    Raises:
+        Rejected: ``subject`` is not a compile cache's name (reason ``malformed``).
+    """
     if not is_subject(subject):
         raise Rejected(Reason.MALFORMED, f"not a compile-cache name: {subject[:80]!r}")
     return f"{PREFIX}/{subject}{ARCHIVE_SUFFIX}"
 
 
 def sig_name(subject: str) -> str:
+    """The archive's signature object name (:func:`archive_name`'s errors)."""
     return archive_name(subject) + ".sig"
 
 
@@ -45,21 +51,24 @@ def headers_name(subject: str) -> str:
 
 
 def headers_sig_name(subject: str) -> str:
+    """The headers' signature object name (:func:`archive_name`'s errors)."""
     return headers_name(subject) + ".sig"
 
 
-def get_object(store: Store, name: str, cap: int, deadline: float | None = None) -> bytes | None:
+def get_object(store: Store, name: str, cap: int, *, deadline: float | None = None) -> bytes | None:
     """The object's bytes (None if absent), at most ``cap``: the store's own capped read (a
     ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
-    non-blocking open on local stores), retried and bounded like a plan's. On ``s3://`` before
-    s3fs is made (a boot's pull), through plain botocore (:mod:`..s3.direct`), capped the same."""
+    non-blocking open on local stores), retried and bounded like a plan's, with its errors
+    (:func:`..capped_reads.read_now`). On ``s3://`` before s3fs is made (a boot's pull), through
+    plain botocore (:mod:`..s3.direct`), capped the same."""
     return read_now(
-        store, name, time.monotonic() + store.timeout if deadline is None else deadline, cap
+        store, name, time.monotonic() + store.timeout if deadline is None else deadline, cap=cap
     )
 
 
-def put_object(store: Store, name: str, data: bytes, deadline: float | None = None) -> None:
-    """Upload one object within the deadline (retrying transient failures)."""
+def put_object(store: Store, name: str, data: bytes, *, deadline: float | None = None) -> None:
+    """Upload one object within the deadline (retrying transient failures); a failure is a
+    ``StoreError`` (``StoreTimeout`` at the deadline)."""
     deadline = time.monotonic() + store.timeout if deadline is None else deadline
     path = store.path(name)
 

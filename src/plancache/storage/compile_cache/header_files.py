@@ -113,7 +113,7 @@ class Inflater:
     def _piece(self) -> bytes:
         """The next at most CHUNK inflated bytes; b"" at the stream's end."""
         while not self._z.eof:
-            source = self._z.unconsumed_tail
+            source: bytes | memoryview = self._z.unconsumed_tail
             if not source:
                 source = self._data[self._offset : self._offset + CHUNK]
                 self._offset += len(source)

@@ -26,7 +26,7 @@ from pathlib import Path
 from ...trust.compile_cache.manifest import Manifest
 from ...trust.errors import Reason, StoreError
 from ..local import dirfds
-from . import cachedir
+from . import archive_format, cachedir
 
 KINDS = ("pull", "publish")
 LONE_SIDECAR = "lone-sidecar"
@@ -76,7 +76,7 @@ def install_archive(
             reason=Reason.LOCAL_ERROR,
         ) from None
     try:
-        cachedir.extract_archive(data, manifest, staged / "x")
+        archive_format.extract_archive(data, manifest, staged / "x")
         check(staged / "x")
         cachedir.install(
             base, staged / "x", directory, sig_bytes, quarantine_root, reason=f"replaced-by-{kind}"

@@ -45,9 +45,7 @@ def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
             os.mkdir(dest / d, 0o700)
         shares = [manifest.files[i::COPY_THREADS] for i in range(COPY_THREADS)]
         with ThreadPoolExecutor(max_workers=COPY_THREADS) as pool:
-            for _ in pool.map(
-                lambda share: [_copy_one(src, dest, entry) for entry in share], shares
-            ):
+            for _ in pool.map(lambda share: _copy_share(src, dest, share), shares):
                 pass
     except OSError as exc:  # disk full, a directory vLLM made meanwhile: nothing is handed over
         shutil.rmtree(dest, ignore_errors=True)
@@ -57,6 +55,12 @@ def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+
+
+def _copy_share(src: Path, dest: Path, share: tuple[FileEntry, ...]) -> None:
+    """One thread's share of the files, one after the other (the first failure ends it)."""
+    for entry in share:
+        _copy_one(src, dest, entry)
 
 
 def _copy_one(src: Path, dest: Path, entry: FileEntry) -> None:

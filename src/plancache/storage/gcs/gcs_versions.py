@@ -4,16 +4,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...trust.errors import StoreError
 from ..caps.http import body_cap
 from ..versioned import Versioned, ranged_or_whole, version_token
 
+if TYPE_CHECKING:
+    from .pages import GCSFilesystem
 
-async def read(fs: Any, path: str, cap: int) -> Versioned:
+
+async def read(fs: GCSFilesystem, path: str, cap: int) -> Versioned:
     """The generation from the object's metadata, then the bytes of that generation: one the
-    store replaced in between is absent (404) rather than read as the new bytes."""
+    store replaced in between is absent (404) rather than read as the new bytes.
+
+    Raises:
+        StoreError: the metadata states no usable generation, or one that is not a number
+            (reason ``store-error``): nothing is deleted unconditionally.
+    """
     bucket, key, _ = fs.split_path(path)
     meta = await fs._call(
         "GET", "b/{}/o/{}", bucket, key, json_out=True
@@ -33,6 +41,8 @@ async def read(fs: Any, path: str, cap: int) -> Versioned:
     return Versioned(await ranged_or_whole(get, cap), token)
 
 
-async def delete(fs: Any, path: str, token: str) -> None:
+async def delete(fs: GCSFilesystem, path: str, token: str) -> None:
+    """Delete the object at ``path`` only while its generation is ``token`` (gcsfs raises
+    FileExistsError otherwise: :func:`..versioned.precondition_failed`)."""
     bucket, key, _ = fs.split_path(path)
     await fs._call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=token)

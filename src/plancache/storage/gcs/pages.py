@@ -4,12 +4,23 @@ every page of a listing into one list before returning; the page's body is cappe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
 
 
-async def gcs_page(fs: Any, root: str, token: str | None) -> Page:
+class GCSFilesystem(Protocol):
+    """What plancache calls on gcsfs's ``GCSFileSystem`` (gcsfs ships no types): its JSON API
+    call, whose answer is the parsed JSON (``json_out``) or the headers and body."""
+
+    def split_path(self, path: str) -> tuple[str, str, str | None]: ...
+
+    def url(self, path: str, generation: str | None = None) -> str: ...
+
+    async def _call(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+async def gcs_page(fs: GCSFilesystem, root: str, token: str | None) -> Page:
     """One page of GCS's object listing directly under ``root`` (``delimiter='/'``), and of the
     sub-prefixes it names."""
     bucket, key, _ = fs.split_path(root)

@@ -10,8 +10,7 @@ worker, s3fs's import and client cost 0.5 s of CPU beside the engine's start); l
 reads and every write stay with s3fs.
 
 The guarantees of the s3fs path hold here too, placed on botocore's HTTP layer through its
-``before-send`` event (:func:`_capped_send`): an error body is read to ERROR_BODY_CAP at most
-and a body botocore would read whole to BODY_CAP (else TOO_LARGE); a redirect is refused; a
+``before-send`` event (:mod:`.botocore_caps`: bodies botocore reads capped, no redirect); a
 GET asks for ``cap + 1`` bytes, its declared length is checked before a byte of the body is
 read, and the body is read to ``cap + 1`` bytes at most. botocore's retries are off; transient
 failures are retried inside the deadline, classified as everywhere else (:mod:`..deadline`);
@@ -28,22 +27,16 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ...trust.errors import ConfigError, Reason, Rejected, StoreError
+from ...trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ...trust.plans.plan import plan_name, sig_name
 from ..backends import request_timeouts
-from ..caps.bodies import (
-    BODY_CAP,
-    ERROR_BODY_CAP,
-    check_complete,
-    check_declared,
-    check_length_header,
-    read_upto,
-)
+from ..caps.bodies import check_complete, check_declared, read_upto
 from ..deadline import http_status, one_line, retrying, store_error
 from ..listing import cap_for
 from ..threads import Pending
+from .botocore_caps import HttpSession, capped_send, skip_informational
 
 MAX_FINGERPRINTS = 8
 """Fingerprints one fetch may read here (two GETs each, all at once); more go through s3fs."""
@@ -127,126 +120,10 @@ def direct_settings(
     )
 
 
-class _Buffered:
-    """A body already read (capped), in the shape botocore reads responses from."""
+class S3Client(Protocol):
+    """What this path calls on botocore's S3 client (botocore ships no types)."""
 
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def stream(self, **_: Any) -> Any:
-        yield self._data
-
-    def read(self, amt: int | None = None) -> bytes:
-        data, self._data = (
-            (self._data, b"") if amt is None else (self._data[:amt], self._data[amt:])
-        )
-        return data
-
-    def close(self) -> None:
-        pass
-
-
-def _capped_send(http: Any, request: Any, **_: Any) -> Any:
-    """Send ``request`` with botocore's own HTTP session (its proxies, TLS and timeouts), then
-    bound what botocore will read of the answer (see the module docstring)."""
-    from botocore.awsrequest import AWSResponse
-
-    streaming, request.stream_output = request.stream_output, True
-    try:
-        response = http.send(request)
-    finally:
-        request.stream_output = streaming
-    raw, status = response.raw, response.status_code
-    if status < 200:  # an informational answer reached botocore as the final one: never empty bytes
-        raw.close()
-        raise StoreError(f"the store answered {status} and no final answer", transient=True)
-    try:
-        check_length_header(response.headers.get("Content-Length"))
-    except StoreError:
-        raw.close()
-        raise
-    target = response.headers.get("Location")
-    # A 3xx naming a Location is a redirect: refused. Without one (S3's 301 PermanentRedirect
-    # names the bucket's region in a header), botocore's own region redirector decides.
-    if 300 <= status < 400 and target is not None:
-        raw.close()
-        raise StoreError(
-            f"the store answered {status} redirecting to {str(target)[:200]!r}: not followed"
-        )
-    if streaming and status < 300:
-        return response  # a GET body: read by S3Direct.read, capped
-    cap = ERROR_BODY_CAP if status >= 300 else BODY_CAP
-    data = read_upto(raw.read, cap)
-    if len(data) > cap:
-        raw.close()  # the rest is never read: the connection goes, not back to the pool
-        if status < 300:
-            raise Rejected(
-                Reason.TOO_LARGE, f"a response from the store is larger than {cap} bytes"
-            )
-        data = data[:cap]
-    else:
-        raw.release_conn()
-    return AWSResponse(response.url, status, response.headers, _Buffered(data))
-
-
-MAX_INFORMATIONAL = 16
-"""Informational answers (``103 Early Hints``, ...) skipped before one request's final answer."""
-
-
-@functools.cache
-def _pools() -> dict[str, type] | None:
-    """botocore's connection pools, whose responses skip informational answers as aiohttp does
-    (every 1xx but 101); None if http.client has no status reader to extend.
-
-    http.client only skips ``100 Continue``: a ``103 Early Hints`` before the real answer became
-    botocore's final, empty answer, and the real one was left on the connection. aiohttp (the
-    s3fs path) reads past it to the final answer; so this path does too.
-    """
-    import http.client
-
-    from botocore.awsrequest import (
-        AWSHTTPConnection,
-        AWSHTTPConnectionPool,
-        AWSHTTPSConnection,
-        AWSHTTPSConnectionPool,
-    )
-
-    if not callable(getattr(http.client.HTTPResponse, "_read_status", None)) or not hasattr(
-        http.client, "_read_headers"
-    ):
-        return None
-
-    class FinalResponse(http.client.HTTPResponse):
-        def _read_status(self) -> tuple[str, int, str]:
-            for _ in range(MAX_INFORMATIONAL):
-                version, status, reason = super()._read_status()  # type: ignore[misc]
-                if not 100 < status < 200 or status == 101:  # 100 itself: http.client skips it
-                    return version, status, reason
-                http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # capped there
-            raise http.client.HTTPException(f"more than {MAX_INFORMATIONAL} informational answers")
-
-    plain = type("Connection", (AWSHTTPConnection,), {"response_class": FinalResponse})
-    tls = type("TLSConnection", (AWSHTTPSConnection,), {"response_class": FinalResponse})
-    return {
-        "http": type("Pool", (AWSHTTPConnectionPool,), {"ConnectionCls": plain}),
-        "https": type("TLSPool", (AWSHTTPSConnectionPool,), {"ConnectionCls": tls}),
-    }
-
-
-def _skip_informational(http: Any) -> None:
-    """Use :func:`_pools` in botocore's URLLib3Session ``http`` (its pool manager and the proxy
-    managers it makes later); left as it is where botocore moved them (then an informational
-    final answer is still refused, in :func:`_capped_send`)."""
-    pools = _pools()
-    manager = getattr(http, "_manager", None)
-    if (
-        pools is None
-        or manager is None
-        or not isinstance(getattr(http, "_pool_classes_by_scheme", None), dict)
-    ):
-        return
-    http._pool_classes_by_scheme = pools
-    manager.pool_classes_by_scheme = pools
+    def get_object(self, *, Bucket: str, Key: str, Range: str) -> dict[str, Any]: ...
 
 
 class S3Direct:
@@ -255,23 +132,26 @@ class S3Direct:
     def __init__(self, settings: DirectSettings, budget: float) -> None:
         self.settings = settings
         self.budget = budget
-        self._client: Any = None
+        self._client: S3Client | None = None
         self._lock = threading.Lock()
 
-    def client(self) -> Any:
+    def client(self) -> S3Client:
+        """botocore's S3 client for the settings, made at the first call (see
+        :meth:`_make_client`)."""
         with self._lock:
             if self._client is None:
                 self._client = self._make_client()
             return self._client
 
-    def _make_client(self) -> Any:
+    def _make_client(self) -> S3Client:
         try:
             import botocore.session
             from botocore import UNSIGNED
             from botocore.config import Config
         except ImportError:
             raise ConfigError(
-                f"s3://{self.settings.root}: botocore is not installed (pip install 'plancache[s3]')"
+                f"s3://{self.settings.root}: botocore is not installed "
+                "(pip install 'plancache[s3]')"
             ) from None
 
         connect, read = request_timeouts(self.budget)
@@ -287,18 +167,26 @@ class S3Direct:
             client = session.create_client("s3", config=config, **self.settings.client_kwargs)
         except Exception as exc:  # a missing profile, a malformed endpoint, ...
             raise ConfigError(f"cannot open s3://{self.settings.root}: {one_line(exc)}") from None
-        http = getattr(getattr(client, "_endpoint", None), "http_session", None)
-        if not callable(getattr(http, "send", None)):  # botocore moved it: never read uncapped
+        http: HttpSession | None = getattr(getattr(client, "_endpoint", None), "http_session", None)
+        if http is None or not callable(getattr(http, "send", None)):  # moved: never uncapped
             raise ConfigError(
                 "this botocore has no endpoint HTTP session: plancache needs a supported botocore"
             )
-        _skip_informational(http)
-        client.meta.events.register_first("before-send.s3", functools.partial(_capped_send, http))
+        skip_informational(http)
+        client.meta.events.register_first("before-send.s3", functools.partial(capped_send, http))
         return client
 
     def read(self, name: str, deadline: float, cap: int | None = None) -> bytes | None:
         """One object's bytes, at most ``cap`` (a plan's or sidecar's by its name; None if
-        absent); retried while transient."""
+        absent); retried while transient, blocking (a caller's daemon thread).
+
+        Raises:
+            ConfigError: botocore is missing or refuses the settings, or the request's
+                parameters (a bucket name S3 cannot have) (reason ``config-error``).
+            Rejected: the object is larger than ``cap`` (reason ``too-large``).
+            StoreError: a truncated body or a refused answer, after its tries; botocore's own
+                errors (``ClientError``, connection errors) pass through as they are.
+        """
         cap = cap_for(name) if cap is None else cap
         client = self.client()
 
@@ -309,14 +197,9 @@ class S3Direct:
                 )
             except Exception as exc:
                 status = http_status(exc)
-                if status in (
-                    404,
-                    416,
-                ):  # absent; or empty (S3 answers 416 to a range over nothing)
+                if status in (404, 416):  # absent; or empty (S3 answers 416 to a range over none)
                     return None if status == 404 else b""
-                if (
-                    type(exc).__name__ == "ParamValidationError"
-                ):  # e.g. a bucket name S3 cannot have
+                if type(exc).__name__ == "ParamValidationError":  # a bucket name S3 cannot have
                     raise ConfigError(f"s3://{self.settings.root}: {one_line(exc)}") from None
                 raise
             body, declared = resp["Body"], resp.get("ContentLength")
@@ -336,7 +219,13 @@ class S3Direct:
     def get(self, name: str, cap: int | None, deadline: float) -> bytes | None:
         """One object of a boot (a plan set; a compile cache's archive or headers, or their
         signatures) at most ``cap`` (None: by its name), in a daemon thread waited for until the
-        deadline; errors typed."""
+        deadline.
+
+        Raises:
+            PlanCacheError: every failure typed (:func:`..deadline.store_error`): ``StoreTimeout``
+                at the deadline, ``StoreError`` for the store's, and :meth:`read`'s own
+                ``Rejected`` and ``ConfigError`` as they are.
+        """
         what = f"cannot read {name} from s3://{self.settings.root}"
         try:
             return Pending(lambda: self.read(name, deadline, cap), "plancache-s3-get").result(
@@ -350,15 +239,15 @@ class S3Direct:
         fingerprints: Sequence[str],
         deadline: float,
         on_done: Callable[[int], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, tuple[bytes | None, bytes | None] | PlanCacheError]:
         """``{fp: (plan, sig) or the typed error}``, every GET at once, each in a daemon thread;
         those without an answer at the deadline get StoreTimeout."""
 
-        def reading(name: str) -> Pending:
+        def reading(name: str) -> Pending[bytes | None]:
             return Pending(lambda: self.read(name, deadline), "plancache-s3-get")
 
         pending = {fp: (reading(plan_name(fp)), reading(sig_name(fp))) for fp in fingerprints}
-        out: dict[str, Any] = {}
+        out: dict[str, tuple[bytes | None, bytes | None] | PlanCacheError] = {}
         for fp, reads in pending.items():
             try:
                 plan, sig = (

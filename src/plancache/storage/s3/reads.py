@@ -9,18 +9,26 @@ by :mod:`..caps.http`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..caps.http import read_declared
 from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
 
 
+class S3Filesystem(Protocol):
+    """What plancache calls on s3fs's ``S3FileSystem`` (s3fs ships no types)."""
+
+    def split_path(self, path: str) -> tuple[str, str, str | None]: ...
+
+    async def _call_s3(self, method: str, **kwargs: Any) -> dict[str, Any]: ...
+
+
 async def s3_get(
-    fs: Any, path: str, cap: int, byte_range: str | None
+    fs: S3Filesystem, path: str, cap: int, byte_range: str | None
 ) -> tuple[bytes, Mapping[str, Any]]:
     """A GET (of ``byte_range``, or whole) whose declared length is checked before a byte of the
     body is read, and whose body is read at most to ``cap + 1`` even if the server ignores the
-    range; with the answer's other fields (its ETag: see :mod:`.versions`)."""
+    range; with the answer's other fields (its ETag: see :mod:`.s3_versions`)."""
     bucket, key, _ = fs.split_path(path)
     resp = await fs._call_s3(
         "get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {})
@@ -34,12 +42,13 @@ async def s3_get(
         body.close()
 
 
-async def s3_read(fs: Any, path: str, cap: int) -> bytes:
-    """One object's bytes, from a GET of ``bytes=0-cap`` (a 416 over an empty object: see Store)."""
+async def s3_read(fs: S3Filesystem, path: str, cap: int) -> bytes:
+    """One object's bytes, from a GET of ``bytes=0-cap`` (a 416 over an empty object: see
+    :func:`..capped_reads.read_object`)."""
     return (await s3_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 
-async def s3_page(fs: Any, root: str, token: str | None) -> Page:
+async def s3_page(fs: S3Filesystem, root: str, token: str | None) -> Page:
     """One ``ListObjectsV2`` page of the objects directly under ``root`` (``Delimiter='/'``),
     and of the sub-prefixes it names."""
     bucket, key, _ = fs.split_path(root)
