@@ -128,7 +128,8 @@ class Store(StoreCalls):
         return await read_object(self, name, deadline, cap=cap)
 
     def _list_page(self, token: str | None, deadline: float) -> Page:
-        """One page of the listing, from ``token`` (None: the first), retried inside ``deadline``."""
+        """One page of the listing, from ``token`` (None: the first), retried inside
+        ``deadline``."""
         return self._run(
             lambda: with_retries(lambda: list_page(self, token), deadline),
             deadline,
@@ -272,8 +273,8 @@ class Store(StoreCalls):
         an old sidecar, which fails verification (costs a profiling run, never a wrong plan).
 
         Raises:
-            Rejected: a name that is not a plan's or sidecar's (reason ``malformed``), or bytes
-                over its cap (reason ``too-large``), before anything is uploaded.
+            Rejected: a name that is not a plan's, sidecar's or plan set's (reason
+                ``malformed``), or bytes over its cap (``too-large``), before any upload.
             StoreError: the first upload that failed (``StoreTimeout`` at the deadline).
         """
         for name in objects:

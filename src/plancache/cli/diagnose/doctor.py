@@ -309,7 +309,7 @@ def _boot_records(checks: Checks, limit: int, fleet: bool = False) -> list[dict[
 
     root = vllm_cache_root()
     try:
-        found = records.read_newest(root, records.READ_FILES if fleet else limit)
+        found = records.read_newest(root, limit=records.READ_FILES if fleet else limit)
     except PlanCacheError as exc:
         checks.add("boot-records", "warn", f"{records.directory(root)}: {exc.detail}")
         return []

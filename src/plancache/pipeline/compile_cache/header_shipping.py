@@ -301,7 +301,7 @@ def _inflate(
     staged: list[tuple[str, str]] = []
     try:
         for entry in hset.headers:
-            tmp, digest = inflater.write_into(fd, entry.name, entry.size, cancel.check)
+            tmp, digest = inflater.write_into(fd, entry.name, entry.size, check=cancel.check)
             staged.append((tmp, entry.name))
             if digest != entry.sha256:
                 raise Rejected(

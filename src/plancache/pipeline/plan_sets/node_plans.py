@@ -43,8 +43,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...storage.local.directory_lock import locked
 from ...storage.deadline import JOIN_GRACE, store_error
+from ...storage.local.directory_lock import locked
 from ...storage.local.files import read_capped, write_atomic
 from ...storage.plan_set_objects import read_set, throttled
 from ...trust import strictjson

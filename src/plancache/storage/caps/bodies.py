@@ -22,7 +22,11 @@ CHUNK = 1 << 16
 
 
 def check_declared(name: str, cap: int, declared: Any) -> None:
-    """TOO_LARGE before a byte is read when the server itself declares more than ``cap``."""
+    """Check a declared length before a byte is read.
+
+    Raises:
+        Rejected: the server itself declares more than ``cap`` bytes (reason ``too-large``).
+    """
     if isinstance(declared, int) and declared > cap:
         raise Rejected(
             Reason.TOO_LARGE, f"{name} in the store is {declared} bytes, the cap is {cap}"
@@ -31,15 +35,21 @@ def check_declared(name: str, cap: int, declared: Any) -> None:
 
 MAX_DECLARED = 1 << 64
 """A Content-Length this large cannot be represented by aiohttp's parser (llhttp keeps an
-unsigned 64-bit count): the s3fs path refuses it as a malformed answer, so the botocore path does."""
+unsigned 64-bit count): the s3fs path refuses it as a malformed answer, so the botocore path
+does."""
 
 
 def check_length_header(value: Any) -> None:
-    """A transport-level StoreError for a Content-Length no HTTP parser should accept: anything
-    but one decimal number (``-1``, ``+5``, ``5, 5`` from two headers, ``abc``), or one past
-    :data:`MAX_DECLARED`. aiohttp (s3fs, gcsfs, Azure) refuses these before plancache sees the
-    answer; http.client (botocore) would read ``-1`` as "until the connection closes", ``+5``
-    as 5, and hand botocore a length it cannot parse. Both paths now answer the same."""
+    """Refuse a Content-Length no HTTP parser should accept: anything but one decimal number
+    (``-1``, ``+5``, ``5, 5`` from two headers, ``abc``), or one past :data:`MAX_DECLARED`.
+    aiohttp (s3fs, gcsfs, Azure) refuses these before plancache sees the answer; http.client
+    (botocore) would read ``-1`` as "until the connection closes", ``+5`` as 5, and hand
+    botocore a length it cannot parse. Both paths now answer the same.
+
+    Raises:
+        StoreError: the header is such a length, a transport-level failure (reason
+            ``store-error``).
+    """
     if value is None:
         return
     text = str(value)
@@ -48,7 +58,11 @@ def check_length_header(value: Any) -> None:
 
 
 def check_complete(got: int, declared: Any) -> None:
-    """A body shorter than declared is a dropped connection: a transient StoreError, retried."""
+    """A body shorter than declared is a dropped connection, retried.
+
+    Raises:
+        StoreError: ``got`` is below ``declared`` (transient; reason ``store-error``).
+    """
     if isinstance(declared, int) and got < declared:
         raise StoreError(f"truncated body: {got} of {declared} bytes", transient=True)
 

@@ -53,6 +53,12 @@ class CappedResponse(aiohttp.ClientResponse):
     """
 
     async def read(self) -> bytes:
+        """The body, read at most to the cap (an error body cut to it, see the module).
+
+        Raises:
+            Rejected: a success body larger than the cap (reason ``too-large``); the connection
+                is closed, never returned to the pool.
+        """
         if self._body is None:
             error = self.status >= 300
             cap = ERROR_BODY_CAP if error else (_task_cap.get() or BODY_CAP)
@@ -83,7 +89,8 @@ async def _refuse(params: aiohttp.TraceRequestRedirectParams, target: str) -> No
     response = params.response
     response.close()
     raise StoreError(
-        f"{params.url.host} answered {response.status} redirecting to {target[:200]!r}: not followed"
+        f"{params.url.host} answered {response.status} redirecting to {target[:200]!r}: "
+        "not followed"
     )
 
 
@@ -137,8 +144,11 @@ def capped_aiobotocore_session() -> type:
     """aiobotocore's HTTP session class with :func:`session_kwargs` applied to its aiohttp session.
 
     aiobotocore offers no hook for the aiohttp session's arguments, so this overrides
-    ``_get_session`` (aiobotocore >= 2.20); ConfigError if the installed version has none,
-    rather than running uncapped.
+    ``_get_session`` (aiobotocore >= 2.20).
+
+    Raises:
+        ConfigError: the installed aiobotocore has no such hook: plancache refuses to run
+            uncapped (reason ``config-error``).
     """
     from aiobotocore.httpsession import AIOHTTPSession
 

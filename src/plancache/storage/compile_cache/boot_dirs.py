@@ -76,7 +76,7 @@ class BootDir:
             return
         with (
             contextlib.suppress(OSError),
-            dirfds.opened_dir(self.root.parent, self.root, False) as fd,
+            dirfds.opened_dir(self.root.parent, self.root, create=False) as fd,
         ):
             shutil.rmtree(self.path.name, ignore_errors=True, dir_fd=fd)
             os.unlink(self.path.name + LOCK_SUFFIX, dir_fd=fd)
@@ -94,8 +94,8 @@ def candidates(cache_root: Path, environ: Mapping[str, str] = os.environ) -> lis
 
 def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> BootDir:
     """A fresh boot directory in the first usable private root (with the candidates passed over
-    before it, and why). Raises ``StoreError`` (``no-private-dir``) naming every candidate and why
-    it was not used."""
+    before it, and why): raises :func:`private_root`'s ``StoreError`` (``no-private-dir``)
+    naming every candidate and why it was not used."""
     problems: list[str] = []
 
     def make(candidate: Path) -> BootDir:
@@ -113,7 +113,11 @@ def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> B
 
 def private_root(cache_root: Path, environ: Mapping[str, str] = os.environ) -> Path:
     """The private root a worker of this user would use on this node (the CLI installs the
-    node's precompiled headers into its ``headers/``); ``StoreError`` as :func:`new_boot_dir`."""
+    node's precompiled headers into its ``headers/``).
+
+    Raises:
+        StoreError: no candidate is usable, each named with why (reason ``no-private-dir``).
+    """
 
     def resolved(candidate: Path) -> Path:
         where, fd = open_private_root(candidate)
@@ -142,8 +146,13 @@ def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[P
 
 def new_scratch_dir() -> BootDir:
     """Where vLLM compiles cold when no private root is usable: a boot directory in
-    ``<tempdir>/plancache-cold-<uid>``, held and swept like any other, ``noexec`` allowed (nothing
-    verified is ever handed over from it). ``StoreError`` when even that cannot be had."""
+    ``<tempdir>/plancache-cold-<uid>``, held and swept like any other, ``noexec`` allowed
+    (nothing verified is ever handed over from it).
+
+    Raises:
+        StoreError: even that cannot be had (reason ``no-private-dir``; an unsafe directory on
+            the way: ``unsafe-directory``).
+    """
     try:
         return _make_in(
             Path(tempfile.gettempdir()) / f"plancache-cold-{os.geteuid()}", need_exec=False
@@ -156,8 +165,12 @@ def new_scratch_dir() -> BootDir:
 
 def check_chain(directory: Path) -> Path:
     """``directory`` with its links resolved, once every directory from ``/`` down to it is
-    root's or this user's and closed to group and world writes (or sticky). ``StoreError``
-    (``unsafe-directory``) naming the first that is not."""
+    root's or this user's and closed to group and world writes (or sticky).
+
+    Raises:
+        StoreError: naming the first directory that is not (reason ``unsafe-directory``).
+        OSError: a directory on the way cannot be looked up.
+    """
     real = Path(os.path.realpath(directory))
     me = os.geteuid()
     for step in [real, *real.parents][::-1]:
@@ -178,12 +191,19 @@ def check_chain(directory: Path) -> Path:
 
 def open_private_root(private_root: Path, *, need_exec: bool = True) -> tuple[Path, int]:
     """(the private root's resolved path, a descriptor of it), made 0700 if missing, once its
-    parent's chain, its owner and mode, and its filesystem pass (see the module)."""
+    parent's chain, its owner and mode, and its filesystem pass (see the module).
+
+    Raises:
+        StoreError: an unsafe directory on the way or the root itself another user's or open to
+            others (reason ``unsafe-directory``); a link on the way (``store-error``); a
+            read-only or, with ``need_exec``, ``noexec`` filesystem (``no-private-dir``).
+        OSError: the root or its parent cannot be made or opened.
+    """
     parent = private_root.parent
     with contextlib.suppress(FileExistsError):
         os.makedirs(parent, exist_ok=True)
     real_parent = check_chain(parent)
-    fd = dirfds.open_dir(real_parent, real_parent / private_root.name, True, 0o700)
+    fd = dirfds.open_dir(real_parent, real_parent / private_root.name, create=True, mode=0o700)
     try:
         where = real_parent / private_root.name
         dirfds.require_owned(fd, where, private=True)
@@ -303,7 +323,8 @@ def _sweep_header_temporaries(dir_fd: int) -> list[str]:
 
 
 def sweep(private_root: Path) -> list[str]:
-    """:func:`sweep_fd` of a private root given by path (opened as :func:`open_private_root` does)."""
+    """:func:`sweep_fd` of a private root given by path (opened as :func:`open_private_root`
+    does, with its errors)."""
     _, fd = open_private_root(private_root)
     try:
         return sweep_fd(fd)

@@ -39,8 +39,15 @@ READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 
 def open_private_dir(base: Path, directory: Path) -> int:
     """A descriptor of ``directory`` (made 0700 if missing), reached from ``base`` without
-    following links; ``StoreError`` unless it is this user's and closed to group and world."""
-    fd = dirfds.open_dir(base, directory, True, 0o700)
+    following links.
+
+    Raises:
+        StoreError: a link or not a directory on the way (reason ``store-error``), or a
+            directory that is not this user's or is open to group or world
+            (``unsafe-directory``).
+        OSError: the directory cannot be made or opened.
+    """
+    fd = dirfds.open_dir(base, directory, create=True, mode=0o700)
     try:
         dirfds.require_owned(fd, directory, private=True)
     except StoreError:
@@ -77,7 +84,12 @@ def present(dir_fd: int, name: str) -> str:
 
 def compress(dir_fd: int, names: list[str]) -> tuple[bytes, list[tuple[str, int, str]]]:
     """One gzip stream of the named files, in order, and each file's (name, size, sha256),
-    read once through an ``O_NOFOLLOW`` descriptor that must be a regular file."""
+    read once through an ``O_NOFOLLOW`` descriptor that must be a regular file.
+
+    Raises:
+        StoreError: a header cannot be opened (a link, gone) or is not a regular file (reason
+            ``store-error``).
+    """
     packer = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
     parts: list[bytes] = []
     entries = []
@@ -125,11 +137,17 @@ class Inflater:
         return b""
 
     def write_into(
-        self, dir_fd: int, name: str, size: int, check: Callable[[], None] | None = None
+        self, dir_fd: int, name: str, size: int, *, check: Callable[[], None] | None = None
     ) -> tuple[str, str]:
         """The next ``size`` inflated bytes, hashed as they are written into a new temporary in
-        ``dir_fd``: (temporary name, sha256). The caller compares, then :func:`link` or :func:`discard`.
-        ``check`` runs before each piece (the caller's way to stop: it raises)."""
+        ``dir_fd``: (temporary name, sha256). The caller compares, then :func:`link` or
+        :func:`discard`. ``check`` runs before each piece (the caller's way to stop: it raises).
+
+        Raises:
+            Rejected: the stream is truncated (reason ``malformed``) or ends before ``size``
+                bytes (``digest-mismatch``); the temporary is removed.
+            OSError: the temporary cannot be made, written or synced; ``check``'s error as it is.
+        """
         tmp = dirfds.temp_name(name)
         fd = os.open(tmp, dirfds.NEW_FILE, 0o600, dir_fd=dir_fd)
         digest, remaining = hashlib.sha256(), size
@@ -167,7 +185,9 @@ class Inflater:
                                 flushing is None or flushing.done()
                             ):
                                 if flushing is not None:
-                                    flushing.result()  # a writeback error is this file's: never left for fsync to forget
+                                    # a writeback error is this file's: never left for fsync
+                                    # to forget
+                                    flushing.result()
                                 flushing, flushed = flusher.submit(os.fdatasync, fd), written
                         pending = sink.submit(_hash_and_write, digest, fd, part)
                         remaining -= len(part)
@@ -184,7 +204,12 @@ class Inflater:
         return tmp, digest.hexdigest()
 
     def finish(self) -> None:
-        """The stream must end exactly after the last header: more output is a bomb or a lie."""
+        """The stream must end exactly after the last header: more output is a bomb or a lie.
+
+        Raises:
+            Rejected: the stream inflates beyond the last header (reason ``too-large``), or
+                data follows the gzip stream (``malformed``).
+        """
         if self._held or self._piece():
             raise Rejected(
                 Reason.TOO_LARGE,
@@ -216,5 +241,6 @@ def link(dir_fd: int, tmp: str, name: str) -> bool:
 
 
 def discard(dir_fd: int, tmp: str) -> None:
+    """Remove the temporary ``tmp`` (gone already: nothing to do)."""
     with contextlib.suppress(OSError):
         os.unlink(tmp, dir_fd=dir_fd)

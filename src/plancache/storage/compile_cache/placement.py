@@ -42,7 +42,7 @@ def sweep_staging(base: Path, directory: Path) -> None:
     removal relative to the parent's descriptor follows no link; a link so named is left alone."""
     prefixes = tuple(staging_prefix(kind, directory) for kind in KINDS)
     try:
-        with dirfds.opened_dir(base, directory.parent, False) as parent:
+        with dirfds.opened_dir(base, directory.parent, create=False) as parent:
             for name in os.listdir(parent):
                 if name.startswith(prefixes):
                     shutil.rmtree(name, dir_fd=parent, ignore_errors=True)
@@ -62,7 +62,14 @@ def install_archive(
 ) -> None:
     """Extract ``data`` (an archive whose sha256 the caller checked against ``manifest``) into a
     fresh staging directory beside ``directory``, ``check`` it (closed world and every sha256),
-    then rename it into place with its sidecar; the staging directory goes whatever happens."""
+    then rename it into place with its sidecar; the staging directory goes whatever happens.
+
+    Raises:
+        StoreError: the staging directory cannot be made or filled (reason ``local-error``), a
+            link on the way, or the install's own (:func:`.cachedir.install`).
+        Rejected: the archive is not the manifest's entries
+            (:func:`.archive_format.extract_archive`), or ``check``'s verdict.
+    """
     try:
         with dirfds.opened_dir(base, directory.parent):
             pass

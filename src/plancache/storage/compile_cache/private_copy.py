@@ -36,9 +36,15 @@ COPY_THREADS = 4
 
 def copy_verified(src: Path, dest: Path, manifest: Manifest) -> None:
     """Copy the manifest's directories and files from ``src`` into ``dest`` (a directory this
-    creates, inside a private boot directory), each file hashed as it is written. Raises
-    ``Rejected`` (``digest-mismatch``, ``malformed``) if any file is not the signed bytes; the
-    partial copy is then removed, and nothing of it is ever handed to vLLM."""
+    creates, inside a private boot directory), each file hashed as it is written. On any
+    failure the partial copy is removed, and nothing of it is ever handed to vLLM.
+
+    Raises:
+        Rejected: a file is not the signed bytes (reason ``digest-mismatch``) or cannot be
+            opened as a plain file (``malformed``).
+        StoreError: the copy fails for a local reason (a full disk, a name taken: reason
+            ``local-error``), never a verdict on the cache.
+    """
     try:
         os.mkdir(dest, 0o700)
         for d in sorted(manifest.dirs, key=lambda p: p.count("/")):

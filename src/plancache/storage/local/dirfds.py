@@ -28,7 +28,11 @@ NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
 def relative_parts(base: Path, directory: Path) -> tuple[str, ...]:
-    """``directory``'s components below ``base`` (both made absolute without resolving links)."""
+    """``directory``'s components below ``base`` (both made absolute without resolving links).
+
+    Raises:
+        StoreError: ``directory`` is not under ``base`` (reason ``store-error``).
+    """
     try:
         rel = PurePosixPath(os.path.abspath(directory)).relative_to(os.path.abspath(base))
     except ValueError:
@@ -38,11 +42,17 @@ def relative_parts(base: Path, directory: Path) -> tuple[str, ...]:
     return rel.parts
 
 
-def open_dir(base: Path, directory: Path, create: bool = True, mode: int = 0o755) -> int:
+def open_dir(base: Path, directory: Path, *, create: bool = True, mode: int = 0o755) -> int:
     """A descriptor of ``directory``, reached from ``base`` one component at a time without
-    following a link (missing components are made when ``create``). Raises ``StoreError``
-    naming the component that is a link or not a directory, ``FileNotFoundError`` when absent.
-    ``base`` itself is the operator's (followed as given, made when missing and ``create``)."""
+    following a link (missing components are made, with ``mode``, when ``create``). ``base``
+    itself is the operator's (followed as given, made when missing and ``create``).
+
+    Raises:
+        StoreError: ``directory`` is not under ``base``, or a component is a link or not a
+            directory, named (reason ``store-error``).
+        FileNotFoundError: a component is absent and not ``create``.
+        OSError: ``base`` cannot be made or opened.
+    """
     if create:
         os.makedirs(base, exist_ok=True)
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
@@ -75,15 +85,20 @@ def _open_child(fd: int, part: str, directory: Path) -> int:
 
 def _not_a_dir(directory: Path, part: str, exc: OSError) -> StoreError:
     return StoreError(
-        f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); not followed"
+        f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); "
+        "not followed"
     )
 
 
 def require_owned(fd: int, where: Path | str, *, private: bool = False) -> None:
     """The directory or file open at ``fd`` belongs to this process's user and is closed to
     group and world writes (``private``: to any group or world access). Anyone else who can
-    write it can swap what lies inside between a check and a use, so it is never used:
-    ``StoreError`` reason ``unsafe-directory`` naming ``where`` and what is wrong."""
+    write it can swap what lies inside between a check and a use, so it is never used.
+
+    Raises:
+        StoreError: another user's, or open to others, naming ``where`` and what is wrong
+            (reason ``unsafe-directory``).
+    """
     st = os.fstat(fd)
     mask = 0o077 if private else 0o022
     if st.st_uid != os.geteuid():
@@ -97,9 +112,10 @@ def require_owned(fd: int, where: Path | str, *, private: bool = False) -> None:
 
 @contextlib.contextmanager
 def opened_dir(
-    base: Path, directory: Path, create: bool = True, mode: int = 0o755
+    base: Path, directory: Path, *, create: bool = True, mode: int = 0o755
 ) -> Iterator[int]:
-    fd = open_dir(base, directory, create, mode)
+    """:func:`open_dir` (its errors) as a context: the descriptor is closed at its end."""
+    fd = open_dir(base, directory, create=create, mode=mode)
     try:
         yield fd
     finally:
@@ -112,7 +128,8 @@ name carries it, so a sweep can tell a dead process's leftovers from a live one'
 
 
 def set_temp_owner(boot_name: str) -> None:
-    global _temp_owner
+    """Name this process's boot directory in every temporary made from now on."""
+    global _temp_owner  # noqa: PLW0603 - one boot directory per process, named in its temporaries
     _temp_owner = boot_name
 
 
@@ -194,7 +211,14 @@ def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
     regular); one that cannot be opened or made (EACCES, EPERM) is ``StoreError`` reason
     ``lock-unavailable``: the caller stops, it never goes on unlocked. Only when the directory
     lies on a read-only filesystem (``fstatvfs``, not the errno alone: EACCES is no proof) is the
-    ``OSError`` re-raised, for the caller to read without a lock (nobody writes there)."""
+    ``OSError`` re-raised, for the caller to read without a lock (nobody writes there).
+
+    Raises:
+        StoreError: a file another user's, open to others' writes, or not regular (reason
+            ``unsafe-directory``); one this user cannot open or make (``lock-unavailable``); a
+            link or any other failure (``store-error``).
+        OSError: only on a read-only filesystem, as it is.
+    """
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
@@ -249,7 +273,8 @@ def _open_failure(dir_fd: int, name: str, exc: OSError) -> Exception:
 
 
 def read_only(dir_fd: int) -> bool:
-    """Whether the filesystem holding the directory ``dir_fd`` is mounted read-only (``ST_RDONLY``)."""
+    """Whether the filesystem holding the directory ``dir_fd`` is mounted read-only
+    (``ST_RDONLY``)."""
     try:
         return bool(os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY)
     except OSError:

@@ -25,6 +25,12 @@ def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | 
 
     ``follow_symlinks`` is for operator-supplied configuration such as key files, which
     Kubernetes mounts as symlinks; data directories are read without following links.
+
+    Raises:
+        Rejected: not a regular file (reason ``malformed``), or larger than ``cap``
+            (``too-large``).
+        StoreError: the file cannot be opened or read (a link, unless followed; reason
+            ``store-error``).
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
     if not follow_symlinks:
@@ -71,7 +77,7 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync_dir: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` atomically; on failure nothing is left under any final name.
 
     The directory is opened without following a link at its last component, and the file is
@@ -79,6 +85,10 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync_dir: bool = Tr
     O_NOFOLLOW`` temporary renamed over the name). ``sync_dir=False`` leaves the directory
     fsync to the caller, who writes many files and then calls :func:`fsync_dir` once: each
     file is still complete before its rename.
+
+    Raises:
+        StoreError: the directory cannot be made or opened, or the write fails (reason
+            ``store-error``).
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

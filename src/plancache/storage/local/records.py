@@ -28,22 +28,29 @@ _NAME = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9]+-r[0-9]+-[0-9a-f]{8}\.json")
 
 
 def directory(root: Path) -> Path:
+    """Where the boot records of cache root ``root`` live."""
     return root.joinpath(*SUBDIR)
 
 
 def is_record_name(name: str) -> bool:
+    """Whether ``name`` is a boot record's (``<UTC time>-<pid>-r<rank>-<random>.json``)."""
     return _NAME.fullmatch(name) is not None
 
 
-def write(root: Path, name: str, data: bytes, keep: int = KEEP) -> Path:
-    """Replace record ``name`` atomically, then remove the oldest beyond ``keep``. OSError or
-    StoreError (a link on the way) propagate: the caller logs and goes on."""
+def write(root: Path, name: str, data: bytes, *, keep: int = KEEP) -> Path:
+    """Replace record ``name`` atomically, then remove the oldest beyond ``keep``.
+
+    Raises:
+        ValueError: ``name`` is not a boot record's (:func:`is_record_name`).
+        StoreError: a link or not a directory on the way (reason ``store-error``).
+        OSError: the directory or the file cannot be made or written: the caller logs and goes
+            on.
+    """
     if not is_record_name(name):
         raise ValueError(f"not a boot record name: {name!r}")
-    with dirfds.opened_dir(root, directory(root), True, 0o755) as fd:
-        dirfds.write_new(
-            fd, name, data, mode=0o644, sync_dir=False, sync_file=False
-        )  # no fsync on a boot's path
+    with dirfds.opened_dir(root, directory(root), create=True, mode=0o755) as fd:
+        # no fsync on a boot's path
+        dirfds.write_new(fd, name, data, mode=0o644, sync_dir=False, sync_file=False)
         names = sorted(n for n in os.listdir(fd) if is_record_name(n))
         for old in names[: max(0, len(names) - keep)]:
             with contextlib.suppress(OSError):
@@ -76,11 +83,11 @@ class Found(NamedTuple):
 def read_last(root: Path, limit: int) -> list[tuple[str, bytes]]:
     """The newest ``limit`` records (newest first) as (name, bytes); a record that is not a
     regular file, or is over the cap, is skipped. Nothing there: an empty list."""
-    return read_newest(root, limit).records
+    return read_newest(root, limit=limit).records
 
 
 def read_newest(
-    root: Path, limit: int = READ_FILES, max_bytes: int = READ_BYTES, files: int | None = None
+    root: Path, *, limit: int = READ_FILES, max_bytes: int = READ_BYTES, files: int | None = None
 ) -> Found:
     """The newest ``limit`` records, newest first, looking at ``files`` names (default: the
     larger of ``limit`` and :data:`READ_FILES`) and taking in ``max_bytes`` at most (see
@@ -115,7 +122,8 @@ def read_newest(
 
 
 def _read(dir_fd: int, name: str) -> tuple[bytes | None, str]:
-    """The record's bytes, or None and why not (never following a link, never blocking on a FIFO)."""
+    """The record's bytes, or None and why not (never following a link, never blocking on a
+    FIFO)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as exc:
