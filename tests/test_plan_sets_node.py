@@ -362,10 +362,10 @@ def test_a_malformed_outcome_file_is_no_record(
     waiting = threading.Event()
     real = node_plans.locked
 
-    def watched(base: Path, key: Path, wait: float | None = None, **kw: Any) -> Any:
+    def watched(base: Path, key: Path, *, wait: float | None = None, **kw: Any) -> Any:
         if wait:
             waiting.set()
-        return real(base, key, wait, **kw)
+        return real(base, key, wait=wait, **kw)
 
     monkeypatch.setattr(node_plans, "locked", watched)
     got: dict[str, Any] = {}

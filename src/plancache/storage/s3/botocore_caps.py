@@ -156,7 +156,7 @@ def _pools() -> dict[str, type] | None:
                 version, status, reason = super()._read_status()  # type: ignore[misc]  # http.client's private reader, absent from typeshed
                 if not 100 < status < 200 or status == 101:  # 100 itself: http.client skips it
                     return version, status, reason
-                http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # private, capped there
+                http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # http.client's private reader (it caps the headers), absent from typeshed
             raise http.client.HTTPException(f"more than {MAX_INFORMATIONAL} informational answers")
 
     plain = type("Connection", (AWSHTTPConnection,), {"response_class": FinalResponse})
