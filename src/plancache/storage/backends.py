@@ -277,7 +277,7 @@ async def list_page(store: StoreCalls, token: str | None, root: str | None = Non
 
 def filesystem_opener(
     url: str, storage_options: Mapping[str, Any] | None, budget: float
-) -> tuple[FilesystemClass, Callable[[], Any], str]:
+) -> tuple[type | FilesystemClass, Callable[[], Any], str]:
     """(filesystem class, a function making the instance, root path).
 
     Everything that can be checked without a network call is checked here; the function fails

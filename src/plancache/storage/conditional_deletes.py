@@ -42,8 +42,8 @@ from ..trust.plans.plan import plan_name, sig_name
 from .azure import azure_versions
 from .deadline import http_status, store_error, with_retries
 from .gcs import gcs_versions
-from .oci import oci_versions
 from .listing import cap_for
+from .oci import oci_versions
 from .s3 import s3_versions
 from .versioned import ABSENT, Versioned, precondition_failed
 

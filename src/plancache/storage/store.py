@@ -110,8 +110,9 @@ class Store(StoreCalls):
     URL and ``root`` its prefix as a path of the filesystem; ``timeout`` the budget of each
     operation. ``kind`` picks the read and listing path: ``s3``, ``gcs``, ``azure``, ``oci``
     (registries), ``local`` (``file://``, read without fsspec), ``async`` or ``sync`` (other
-    fsspec filesystems; sync in daemon threads). ``direct`` reads a few fingerprints on ``s3://`` before s3fs is needed
-    (:mod:`.s3.direct`). How each call is bounded: :mod:`.store_calls`.
+    fsspec filesystems; sync in daemon threads). ``direct`` reads a few fingerprints on
+    ``s3://`` before s3fs is needed (:mod:`.s3.direct`). How each call is bounded:
+    :mod:`.store_calls`.
     """
 
     def __str__(self) -> str:

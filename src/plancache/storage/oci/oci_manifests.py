@@ -86,7 +86,13 @@ def _text(value: Any, limit: int = 255) -> str | None:
 
 
 def descriptor(value: Any, what: str) -> Descriptor:
-    """A descriptor checked field by field; an embedded ``data`` checked against it."""
+    """A descriptor checked field by field; an embedded ``data`` checked against it.
+
+    Raises:
+        Rejected: not an object, or without a media type, sha256 digest or size (reason
+            ``malformed``); embedded data that is not the descriptor's bytes
+            (``digest-mismatch``).
+    """
     if not isinstance(value, dict):
         raise Rejected(Reason.MALFORMED, f"{what}: a descriptor is not an object")
     media_type, digest, size = _text(value.get("mediaType")), value.get("digest"), value.get("size")
@@ -178,7 +184,12 @@ def build_manifest(
 
 def parse_index(body: bytes, what: str) -> list[Descriptor]:
     """The manifests an index (a referrers answer or tag-schema index) lists, each checked;
-    entries that are not descriptors are dropped (another tool's are not ours to judge)."""
+    entries that are not descriptors are dropped (another tool's are not ours to judge).
+
+    Raises:
+        Rejected: not strict JSON, not an OCI index, or without a manifests list or with a too
+            long one (reason ``malformed``).
+    """
     doc = loads(body, what)
     if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
         raise Rejected(Reason.MALFORMED, f"{what} is not an OCI index")

@@ -29,7 +29,13 @@ class Moved(Exception):
 
 
 async def read(fs: RegistryFileSystem, path: str, cap: int) -> Versioned:
-    """The object's bytes (at most ``cap``) and its manifest's digest, from the registry."""
+    """The object's bytes (at most ``cap``) and its manifest's digest, from the registry.
+
+    Raises:
+        FileNotFoundError: no manifest at the object's tag, or none of the object's kind in it.
+        Rejected: the object is larger than ``cap`` (reason ``too-large``), or the registry's
+            answers fail their checks (:meth:`.registry_http.RegistryClient.blob`).
+    """
     from ...trust.errors import Reason, Rejected
     from .artifacts import slot_of
 

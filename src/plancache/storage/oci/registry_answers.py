@@ -44,7 +44,12 @@ MAX_TOKEN_ANSWER_CAP = 64 * 1024
 
 
 async def read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> bytes:
-    """At most ``cap`` bytes of a body (TOO_LARGE beyond), its declared length checked first."""
+    """At most ``cap`` bytes of a body, its declared length checked first.
+
+    Raises:
+        Rejected: the body is, or is declared, larger than ``cap`` (reason ``too-large``).
+        StoreError: a body shorter than declared (transient; reason ``store-error``).
+    """
     declared = response.content_length
     check_declared(what, cap, declared)
     data = bytearray()
@@ -64,7 +69,12 @@ async def read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> 
 
 
 async def expect(response: aiohttp.ClientResponse, wanted: tuple[int, ...], what: str) -> None:
-    """RegistryAnswer naming the registry's error codes unless the status is one wanted."""
+    """Nothing if the status is one ``wanted``; else an error naming the registry's codes.
+
+    Raises:
+        StoreError: 401 or 403, access denied (reason ``store-error``).
+        RegistryAnswer: any other unwanted status, with its headers for the retry rules.
+    """
     if response.status in wanted:
         return
     codes = ""

@@ -26,6 +26,7 @@ from urllib.parse import urlencode, urlsplit
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
 from .credential_files import Credentials
+from .registry_answers import MAX_TOKEN_ANSWER_CAP, RegistryAnswer, read_capped
 from .registry_urls import check_authority
 
 if TYPE_CHECKING:
@@ -120,14 +121,37 @@ async def fetch_token(
             "client_id": "plancache",
             **query,
         }
-        answer = await client.token_request("POST", realm, headers, form, realm_host.authority)
+        answer = await _token_answer(client, "POST", realm, headers, form, realm_host.authority)
     else:
         if credentials.username:
             headers["Authorization"] = credentials.basic
         url = realm + ("&" if parts.query else "?") + urlencode(query)
-        answer = await client.token_request("GET", url, headers, None, realm_host.authority)
+        answer = await _token_answer(client, "GET", url, headers, None, realm_host.authority)
     try:
         parsed = json.loads(answer)
     except ValueError:
         parsed = None
     return _token_from(parsed, realm_host.authority)
+
+
+async def _token_answer(
+    client: RegistryClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    form: dict[str, str] | None,
+    host: str,
+) -> bytes:
+    """The token service's answer (capped) to one request, on the client's session; a status
+    but 200 is a RegistryAnswer (retried as the registry's own are)."""
+    response = await client.session().request(
+        method, url, headers=headers, data=form, allow_redirects=False
+    )
+    async with response:
+        if response.status != 200:
+            raise RegistryAnswer(
+                response.status,
+                response.headers,
+                f"the token service at {host} answered {response.status}",
+            )
+        return await read_capped(response, MAX_TOKEN_ANSWER_CAP, f"the token from {host}")

@@ -75,6 +75,11 @@ class RegistryFileSystem(AsyncFileSystem):
 
     # -- names -----------------------------------------------------------------------------------
     def name_of(self, path: str) -> str:
+        """The object name of ``path`` under the repository.
+
+        Raises:
+            FileNotFoundError: ``path`` is not under the repository.
+        """
         prefix = self.repository + "/"
         if not path.startswith(prefix):
             raise FileNotFoundError(path)
@@ -224,7 +229,11 @@ class RegistryFileSystem(AsyncFileSystem):
     async def tag_names(
         self, start: str | None = None, pages: int = MAX_TAG_PAGES
     ) -> tuple[list[str], str | None]:
-        """Object names of ``tags/list`` pages from ``start``, and where the next page starts."""
+        """Object names of ``tags/list`` pages from ``start``, and where the next page starts.
+
+        Raises:
+            Rejected: a page that is not JSON (reason ``malformed``).
+        """
         last = start
         names: list[str] = []
         for _ in range(pages):
@@ -246,6 +255,11 @@ class RegistryFileSystem(AsyncFileSystem):
         return names, last
 
     async def all_names(self) -> list[str]:
+        """Every object name: the subject's attached ones, else the whole tag list.
+
+        Raises:
+            Rejected: the tag list runs past MAX_TAG_PAGES pages (reason ``too-large``).
+        """
         if self.subject_text is not None:
             return await referrers.attached_names(self)
         names, more = await self.tag_names()

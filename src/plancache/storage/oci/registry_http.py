@@ -34,9 +34,7 @@ from ...trust.errors import Reason, Rejected, StoreError
 from .credential_files import ANONYMOUS, Credentials
 from .registry_answers import (
     MAX_MANIFEST,
-    MAX_TOKEN_ANSWER_CAP,
     TAGS_CAP,
-    RegistryAnswer,
     close_quietly,
     expect,
     media_type_of,
@@ -132,7 +130,11 @@ class RegistryClient:
         write: bool = False,
         delete: bool = False,
     ) -> aiohttp.ClientResponse:
-        """The response (body unread) of one request to the registry, a 401 answered once."""
+        """The response (body unread) of one request to the registry, a 401 answered once.
+
+        Raises:
+            StoreError: a second 401, naming the credentials' source, never them.
+        """
         scope = scope_for(self.repository, write, delete)
         url = path if path.startswith(self.base + "/") else self.base + path
         for attempt in range(2):
@@ -157,26 +159,18 @@ class RegistryClient:
             f"({'anonymous' if creds is ANONYMOUS else 'from ' + safe_text(creds.source, 120)})"
         )
 
-    async def token_request(
-        self, method: str, url: str, headers: dict[str, str], form: dict[str, str] | None, host: str
-    ) -> bytes:
-        response = await self.session().request(
-            method, url, headers=headers, data=form, allow_redirects=False
-        )
-        async with response:
-            if response.status != 200:
-                raise RegistryAnswer(
-                    response.status,
-                    response.headers,
-                    f"the token service at {host} answered {response.status}",
-                )
-            return await read_capped(response, MAX_TOKEN_ANSWER_CAP, f"the token from {host}")
-
     # -- reads ---------------------------------------------------------------------------------
     async def manifest(
         self, reference: str, media_types: tuple[str, ...]
     ) -> tuple[bytes, str] | None:
-        """(bytes, digest) of the manifest at a tag or digest, checked; None if absent."""
+        """(bytes, digest) of the manifest at a tag or digest, checked; None if absent.
+
+        Raises:
+            Rejected: another media type than asked (reason ``malformed``), or bytes that are
+                not the digest asked for or stated (``digest-mismatch``).
+            StoreError: access denied (401, 403).
+            RegistryAnswer: another status than wanted (retried by the shared rules).
+        """
         path = f"/v2/{self.repository}/manifests/{reference}"
         response = await self.send("GET", path, headers={"Accept": ", ".join(media_types)})
         async with response:
@@ -203,8 +197,15 @@ class RegistryClient:
         return body, digest
 
     async def blob(self, digest: str, size: int, cap: int) -> bytes:
-        """A blob's bytes, exactly ``size`` of them hashing to ``digest``; FileNotFoundError if
-        absent; TOO_LARGE before a byte is read when ``size`` exceeds ``cap``."""
+        """A blob's bytes, exactly ``size`` of them hashing to ``digest``.
+
+        Raises:
+            FileNotFoundError: no such blob.
+            Rejected: ``size`` over ``cap``, before a byte is read (reason ``too-large``), or
+                other bytes than stated (``digest-mismatch``).
+            StoreError: a redirect that is not followed, or access denied (401, 403).
+            RegistryAnswer: another status than wanted.
+        """
         if size > cap:
             raise Rejected(
                 Reason.TOO_LARGE, f"blob {digest[:19]}… is {size} bytes, the cap is {cap}"
@@ -280,7 +281,13 @@ class RegistryClient:
             return True
 
     async def put_blob(self, data: bytes) -> str:
-        """Upload ``data`` (unless the repository has it); returns its digest."""
+        """Upload ``data`` (unless the repository has it); returns its digest.
+
+        Raises:
+            StoreError: the registry sends the upload to another host (refused), or access
+                denied (401, 403).
+            RegistryAnswer: another status than wanted.
+        """
         digest = sha256_digest(data)
         if await self.has_blob(digest):
             return digest
@@ -316,7 +323,13 @@ class RegistryClient:
             return response.headers
 
     async def delete_manifest(self, digest: str) -> None:
-        """Delete a manifest by digest (distribution untags every tag on it too)."""
+        """Delete a manifest by digest (distribution untags every tag on it too).
+
+        Raises:
+            FileNotFoundError: no such manifest.
+            StoreError: access denied (401, 403).
+            RegistryAnswer: another status than wanted.
+        """
         response = await self.send(
             "DELETE", f"/v2/{self.repository}/manifests/{digest}", write=True, delete=True
         )

@@ -64,7 +64,11 @@ class Registry:
 
 
 def check_authority(authority: str, where: str) -> Registry:
-    """``HOST[:PORT]`` checked; ConfigError naming ``where`` otherwise."""
+    """``HOST[:PORT]`` checked.
+
+    Raises:
+        ConfigError: a bad port or host, naming ``where`` (reason ``config-error``).
+    """
     host, _, port = (
         authority.rpartition(":") if not authority.endswith("]") else (authority, "", "")
     )
@@ -78,6 +82,11 @@ def check_authority(authority: str, where: str) -> Registry:
 
 
 def check_repository(repository: str, where: str) -> str:
+    """``repository`` checked as a distribution repository name.
+
+    Raises:
+        ConfigError: not such a name, naming ``where`` (reason ``config-error``).
+    """
     if len(repository) > MAX_REPOSITORY or not _REPOSITORY.fullmatch(repository):
         raise ConfigError(
             f"{where}: not a repository name: {safe_text(repository, 80)!r} (lowercase "
