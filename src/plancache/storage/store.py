@@ -31,10 +31,10 @@ from typing import Any
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
-from .backends import CONCURRENCY, filesystem_opener, kind_of, list_page
+from .backends import CONCURRENCY, filesystem_opener, kind_of
 from .capped_reads import read_object
-from .deadline import checked_budget, with_retries
-from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, Page, cap_for
+from .deadline import DEFAULT_TIMEOUT, checked_budget, with_retries
+from .listing import MAX_NAMES, MAX_PAGES, ObjectInfo, cap_for
 from .local.files import write_atomic
 from .s3.direct import MAX_FINGERPRINTS, S3Direct, direct_settings
 from .store_calls import SYNC_CONCURRENCY, StoreCalls
@@ -115,6 +115,19 @@ class Store(StoreCalls):
     :mod:`.store_calls`.
     """
 
+    def __init__(
+        self,
+        fs: Any,
+        url: str,
+        root: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        opener: Callable[[], Any] | None = None,
+        kind: str | None = None,
+        direct: S3Direct | None = None,
+    ) -> None:
+        super().__init__(fs, url, root, timeout=timeout, opener=opener, kind=kind, direct=direct)
+
     def __str__(self) -> str:
         return self.url
 
@@ -127,15 +140,6 @@ class Store(StoreCalls):
         """One object's bytes (None if absent), at most ``cap`` (see
         :func:`.capped_reads.read_object`)."""
         return await read_object(self, name, deadline, cap=cap)
-
-    def _list_page(self, token: str | None, deadline: float) -> Page:
-        """One page of the listing, from ``token`` (None: the first), retried inside
-        ``deadline``."""
-        return self._run(
-            lambda: with_retries(lambda: list_page(self, token), deadline),
-            deadline,
-            "cannot list",
-        )
 
     # -- reads ------------------------------------------------------------------------------
 

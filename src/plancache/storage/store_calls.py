@@ -27,8 +27,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..trust.errors import PlanCacheError
-from .backends import CONCURRENCY, kind_of
-from .deadline import DEFAULT_TIMEOUT, run_by, store_error
+from .backends import CONCURRENCY, kind_of, list_page
+from .deadline import run_by, store_error, with_retries
+from .listing import Page
 from .threads import Pending, in_thread, use_daemon_executor
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ async def each(
 class StoreCalls:
     """One prefix of an fsspec filesystem, and the bounded calls made on it (see the module).
 
-    The constructor's parameters are :class:`~.store.Store`'s, which documents them.
+    The constructor's parameters are :class:`~.store.Store`'s, which documents them and keeps
+    their positions (the public API's).
     """
 
     def __init__(
@@ -81,11 +83,11 @@ class StoreCalls:
         fs: Any,
         url: str,
         root: str,
-        timeout: float = DEFAULT_TIMEOUT,
         *,
-        opener: Callable[[], Any] | None = None,
-        kind: str | None = None,
-        direct: S3Direct | None = None,
+        timeout: float,
+        opener: Callable[[], Any] | None,
+        kind: str | None,
+        direct: S3Direct | None,
     ) -> None:
         self._fs = fs
         self._direct = direct
@@ -151,6 +153,15 @@ class StoreCalls:
             loop = get_loop()
         use_daemon_executor(loop)
         return run_by(loop, make, deadline, f"{what} {self.url}", self.timeout)
+
+    def _list_page(self, token: str | None, deadline: float) -> Page:
+        """One page of the listing, from ``token`` (None: the first), retried inside
+        ``deadline``."""
+        return self._run(
+            lambda: with_retries(lambda: list_page(self, token), deadline),
+            deadline,
+            "cannot list",
+        )
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``fs._name(...)`` on async filesystems, ``fs.name(...)`` in a daemon thread otherwise."""
