@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache.load import guard
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.store import open_store
 from plancache.trust.keyring.keys import Ed25519Signer, signer_keyring
 
@@ -77,7 +78,7 @@ def counting_reads() -> Iterator[list[str]]:
         direct.S3Direct.read = direct_read  # type: ignore[method-assign]
 
 
-def synthetic(root: cc.CacheRoot, mib: int = 30, files: int = 300) -> None:
+def synthetic(root: CacheRoot, mib: int = 30, files: int = 300) -> None:
     directory = root.directory(SUBJECT)
     for i in range(files):
         sub = directory / "inductor_cache" / f"{i % 32:02x}"
@@ -86,7 +87,7 @@ def synthetic(root: cc.CacheRoot, mib: int = 30, files: int = 300) -> None:
 
 
 def bench_verify(work: Path, rounds: int) -> int:
-    root = cc.CacheRoot(work / "synthetic")
+    root = CacheRoot(work / "synthetic")
     synthetic(root)
     signer = Ed25519Signer(Ed25519PrivateKey.generate())
     now = datetime.now(timezone.utc)
@@ -95,7 +96,7 @@ def bench_verify(work: Path, rounds: int) -> int:
     times = []
     for _ in range(rounds * 5):
         started = time.perf_counter()
-        assert cc.verify_cache(root, SUBJECT, keyring, now).action == "verified"
+        assert verify_cache(root, SUBJECT, keyring, now).action == "verified"
         times.append(time.perf_counter() - started)
     best, median = min(times) * 1000, statistics.median(times) * 1000
     print(
@@ -127,14 +128,14 @@ def bench_verify(work: Path, rounds: int) -> int:
     return pull_reads(work, root, keyring, now)
 
 
-def pull_reads(work: Path, root: cc.CacheRoot, keyring: Any, now: datetime) -> int:
+def pull_reads(work: Path, root: CacheRoot, keyring: Any, now: datetime) -> int:
     """Push the signed cache to a file:// store, pull it into an empty root, print the reads
     counted (or "not measured" when none were: a counter that saw nothing measured nothing)."""
     store = open_store(f"file://{work}/store")
     cc.push_cache(store, root, SUBJECT, keyring, now)
     with counting_reads() as reads:
         assert (
-            cc.pull_cache(store, cc.CacheRoot(work / "pulled"), SUBJECT, keyring, now).action
+            cc.pull_cache(store, CacheRoot(work / "pulled"), SUBJECT, keyring, now).action
             == "pulled"
         )
     if not reads:

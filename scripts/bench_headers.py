@@ -135,13 +135,14 @@ def seed(work: Path, gch: Path, moto: object) -> Path:
     from plancache.cli.main import main as cli
     from plancache.pipeline.compile_cache import flows as cc
     from plancache.pipeline.compile_cache import header_shipping as ch
+    from plancache.pipeline.compile_cache.local_caches import CacheRoot
     from plancache.pipeline.resolver import utcnow
     from plancache.pipeline.trust_config import signer_for
     from plancache.storage.compile_cache import header_files as files
     from plancache.storage.store import open_store
 
     assert cli(["keygen", str(work / "key")]) == 0
-    build = cc.CacheRoot(work / "build")
+    build = CacheRoot(work / "build")
     directory = build.directory(SUBJECT)
     noise = random.Random(1)
     (directory / "rank_0_0").mkdir(parents=True)
@@ -199,7 +200,7 @@ def child(mode: str, root: str, setup_file: str, *, gap_ms: float) -> int:
 
 def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
     """The plugin's guard, then torch's ask for the header, as a pulling node's first boot does."""
-    from plancache.pipeline.compile_cache.flows import CacheRoot
+    from plancache.pipeline.compile_cache.local_caches import CacheRoot
     from plancache.vllm_plugin.compile_cache import boot_headers as headers
     from plancache.vllm_plugin.compile_cache import guard, torch_caches
 

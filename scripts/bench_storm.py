@@ -344,7 +344,9 @@ def _run_nodes(
                 result = resolver.resolve(world[rank], deadline)
             else:
                 replica = node_plans.replica_of(f"node-{node}", replicas)
-                result = node_plans.resolve_node(resolver, world[rank], world, deadline, replica)
+                result = node_plans.resolve_node(
+                    resolver, world[rank], world, deadline, replica=replica
+                )
             took = time.monotonic() - began
             applied = (
                 result.verified is not None and took <= budget + 0.5

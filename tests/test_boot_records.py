@@ -38,6 +38,7 @@ logging.getLogger("vllm.plancache").setLevel(logging.INFO)
 
 from plancache.keys.keyfile import file_signer
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.vllm_plugin import record
 from plancache.vllm_plugin.compile_cache import decisions as compile_decisions
 from plancache.vllm_plugin.compile_cache import guard as compile_guard
@@ -47,7 +48,7 @@ from vllm.compilation import decorators
 from vllm.v1.worker import gpu_worker  # a worker process has its worker class imported by now
 from vllm.config import DeviceConfig, VllmConfig
 
-root = cc.CacheRoot(Path(os.environ["VLLM_CACHE_ROOT"]))
+root = CacheRoot(Path(os.environ["VLLM_CACHE_ROOT"]))
 signer = file_signer(Path(sys.argv[1]), {}, None)
 now = datetime.now(timezone.utc)
 factors = {
@@ -149,7 +150,7 @@ def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compil
     from datetime import datetime, timezone
 
     from compile_boots import ROOT_NAME, boot, cache_dir
-    from plancache.pipeline.compile_cache.flows import read_sidecar
+    from plancache.pipeline.compile_cache.local_caches import read_sidecar
     from plancache.pipeline.trust_config import worker_policy
     from plancache.trust.compile_cache.manifest import verify_manifest
 

@@ -20,6 +20,7 @@ from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import archive_format, archives, cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
@@ -29,7 +30,7 @@ SUBJECT = "torch_aot_compile/" + "ab" * 32
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> cc.CacheRoot:
+def root(tmp_path: Path) -> CacheRoot:
     """A cache shaped like vLLM's AOT layout, signed by ``signer``."""
     d = tmp_path / "vllm" / "torch_compile_cache" / SUBJECT
     (d / "rank_0_0").mkdir(parents=True)
@@ -40,10 +41,10 @@ def root(tmp_path: Path) -> cc.CacheRoot:
     (d / "inductor_cache" / "bn" / "cbn.py").write_text("x = 1\n")
     (d / "inductor_cache" / "locks").mkdir()
     (d / "inductor_cache" / "locks" / "cbn.lock").write_bytes(b"")
-    return cc.CacheRoot(tmp_path / "vllm")
+    return CacheRoot(tmp_path / "vllm")
 
 
-def into(root: cc.CacheRoot) -> Path:
+def into(root: CacheRoot) -> Path:
     """A fresh path for the guard's private copy (beside the root, as the plugin's boot dir is)."""
     return root.root.parent / f"private-{len(os.listdir(root.root.parent))}"
 
@@ -53,13 +54,13 @@ KEYRING = keyring_of(SIGNER)
 
 
 @pytest.fixture
-def signed(root: cc.CacheRoot) -> cc.CacheRoot:
+def signed(root: CacheRoot) -> CacheRoot:
     assert cc.sign_cache(root, SUBJECT, SIGNER, NOW).action == "signed"
     return root
 
 
-def test_signed_cache_verifies_and_binds_every_file(signed: cc.CacheRoot) -> None:
-    outcome = cc.verify_cache(signed, SUBJECT, KEYRING, NOW)
+def test_signed_cache_verifies_and_binds_every_file(signed: CacheRoot) -> None:
+    outcome = verify_cache(signed, SUBJECT, KEYRING, NOW)
     assert outcome.action == "verified" and outcome.files == 4
     sig = cachedir.sidecar_path(signed.directory(SUBJECT)).read_bytes()
     m = mf.verify_manifest(SUBJECT, sig, KEYRING, NOW).manifest
@@ -97,7 +98,7 @@ def test_signed_cache_verifies_and_binds_every_file(signed: cc.CacheRoot) -> Non
         ),
     ],
 )
-def test_guard_quarantines_every_deviation(signed: cc.CacheRoot, tamper, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_guard_quarantines_every_deviation(signed: CacheRoot, tamper, reason: str) -> None:  # type: ignore[no-untyped-def]
     directory = signed.directory(SUBJECT)
     tamper(directory)
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
@@ -110,20 +111,18 @@ def test_guard_quarantines_every_deviation(signed: cc.CacheRoot, tamper, reason:
 
 
 def test_guard_accepts_verified_and_leaves_an_empty_cache_alone(
-    signed: cc.CacheRoot, tmp_path: Path
+    signed: CacheRoot, tmp_path: Path
 ) -> None:
     assert cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed)).action == "load"
-    empty = cc.CacheRoot(tmp_path / "empty")
+    empty = CacheRoot(tmp_path / "empty")
     (empty.directory(SUBJECT) / "inductor_cache").mkdir(
         parents=True
     )  # what vLLM creates before it looks
     assert cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty)).reason == "no-cache"
 
 
-def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: cc.CacheRoot) -> None:
-    assert (
-        cc.verify_cache(signed, SUBJECT, keyring_of(make_signer()), NOW).reason == "untrusted-key"
-    )
+def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: CacheRoot) -> None:
+    assert verify_cache(signed, SUBJECT, keyring_of(make_signer()), NOW).reason == "untrusted-key"
     sig = cachedir.sidecar_path(signed.directory(SUBJECT)).read_bytes()
     with pytest.raises(Rejected) as info:
         mf.verify_manifest("torch_aot_compile/" + "cd" * 32, sig, KEYRING, NOW)
@@ -156,7 +155,7 @@ def test_manifest_needs_listed_parents_and_sorted_entries() -> None:
             mf.check_manifest(bad)
 
 
-def test_walk_caps_the_directory(root: cc.CacheRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_walk_caps_the_directory(root: CacheRoot, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cachedir, "MAX_FILE_BYTES", 100)
     with pytest.raises(Rejected) as info:
         cachedir.walk(root.directory(SUBJECT))
@@ -204,17 +203,17 @@ def test_extraction_takes_only_the_signed_regular_files(tmp_path: Path, members:
     assert not (tmp_path / "a").exists() and not Path("/tmp/a").exists()
 
 
-def test_push_pull_round_trip_and_a_tampered_archive(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_push_pull_round_trip_and_a_tampered_archive(signed: CacheRoot, tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}/store")
     assert cc.push_cache(store, signed, SUBJECT, KEYRING, NOW).action == "pushed"
     assert archives.list_subjects(store) == [SUBJECT]
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     assert cc.pull_cache(store, fresh, SUBJECT, KEYRING, NOW).action == "pulled"
-    assert cc.verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
+    assert verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
     archive = tmp_path / "store" / archives.archive_name(SUBJECT)
     data = archive.read_bytes()
     archive.write_bytes(data.replace(b"x = 1", b"x = 9"))
-    other = cc.CacheRoot(tmp_path / "other")
+    other = CacheRoot(tmp_path / "other")
     with pytest.raises(Rejected) as info:
         cc.pull_cache(store, other, SUBJECT, KEYRING, NOW)
     assert (
@@ -226,11 +225,11 @@ def test_push_pull_round_trip_and_a_tampered_archive(signed: cc.CacheRoot, tmp_p
 
 
 def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(
-    signed: cc.CacheRoot, tmp_path: Path
+    signed: CacheRoot, tmp_path: Path
 ) -> None:
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
-    empty, stray = cc.CacheRoot(tmp_path / "empty"), cc.CacheRoot(tmp_path / "stray")
+    empty, stray = CacheRoot(tmp_path / "empty"), CacheRoot(tmp_path / "stray")
     (empty.directory(SUBJECT) / "inductor_cache").mkdir(
         parents=True
     )  # what vLLM creates before its first read
@@ -238,13 +237,13 @@ def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(
     (stray.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
     for root in (empty, stray):
         assert cc.pull_cache(store, root, SUBJECT, KEYRING, NOW).action == "pulled"
-        assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+        assert verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
     assert not empty.quarantine_root.exists()
     assert [p.name.endswith("-replaced-by-pull") for p in stray.quarantine_root.iterdir()] == [True]
 
 
 def test_cli_sign_verify_ls_json_and_exit_codes(
-    root: cc.CacheRoot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    root: CacheRoot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["keygen", str(tmp_path / "k")]) == 0
     capsys.readouterr()

@@ -23,6 +23,7 @@ import pytest
 from conftest import NOW
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import archives, boot_dirs, cachedir
 from plancache.storage.local import directory_lock
 from plancache.storage.local.files import write_atomic
@@ -48,7 +49,7 @@ def _files(directory: Path) -> dict[str, bytes]:
 
 
 def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(
-    signed: cc.CacheRoot, tmp_path: Path
+    signed: CacheRoot, tmp_path: Path
 ) -> None:
     directory = signed.directory(SUBJECT)
     model = directory / "rank_0_0" / "model"
@@ -67,11 +68,11 @@ def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(
     with open(outside, "r+b") as f:  # the owner rewrites the shared inode after the check
         f.write(b"PAYLOAD")
     assert _files(copy) == before and _files(directory) != before
-    assert cc.verify_cache(signed, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
+    assert verify_cache(signed, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
 
 
 def test_a_file_changed_at_the_same_size_is_quarantined_and_nothing_is_handed_over(
-    signed: cc.CacheRoot,
+    signed: CacheRoot,
 ) -> None:
     model = signed.directory(SUBJECT) / "rank_0_0" / "model"
     data = model.read_bytes()
@@ -84,7 +85,7 @@ def test_a_file_changed_at_the_same_size_is_quarantined_and_nothing_is_handed_ov
 
 
 def test_vllms_debug_directory_alone_is_no_cache(tmp_path: Path) -> None:
-    root = cc.CacheRoot(tmp_path / "vllm")
+    root = CacheRoot(tmp_path / "vllm")
     debug = root.directory("41179440fa") / "rank_0_0" / "backbone"
     debug.mkdir(parents=True)
     (debug / "computation_graph.py").write_text("# for people\n")
@@ -96,7 +97,7 @@ def test_vllms_debug_directory_alone_is_no_cache(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def tmpfs(root: cc.CacheRoot) -> Iterator[Path]:
+def tmpfs(root: CacheRoot) -> Iterator[Path]:
     """``root``'s ``torch_compile_cache/`` moved onto a tmpfs of its own."""
     mount = root.compile_root
     os.rename(mount, mount.with_name("on-disk"))
@@ -115,7 +116,7 @@ def tmpfs(root: cc.CacheRoot) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_quarantine_stays_on_a_cache_volume_of_its_own(root: cc.CacheRoot, tmpfs: Path) -> None:
+def test_quarantine_stays_on_a_cache_volume_of_its_own(root: CacheRoot, tmpfs: Path) -> None:
     assert cc.sign_cache(root, SUBJECT, SIGNER, NOW).action == "signed"
     (root.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
     outcome = cl.guard(root, SUBJECT, KEYRING, NOW, into(root))
@@ -130,7 +131,7 @@ def test_quarantine_stays_on_a_cache_volume_of_its_own(root: cc.CacheRoot, tmpfs
 
 
 def test_a_cache_that_cannot_be_moved_aside_is_not_loaded_and_the_boot_goes_on(
-    signed: cc.CacheRoot,
+    signed: CacheRoot,
 ) -> None:
     directory = signed.directory(SUBJECT)
     (directory / "inductor_cache" / "planted.py").write_text("x = 1\n")
@@ -149,7 +150,7 @@ def test_a_cache_that_cannot_be_moved_aside_is_not_loaded_and_the_boot_goes_on(
     )
 
 
-def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_no_write_follows_a_planted_link(signed: CacheRoot, tmp_path: Path) -> None:
     victim, outside = tmp_path / "victim", tmp_path / "outside"
     victim.write_bytes(b"victim")
     outside.mkdir()
@@ -188,10 +189,10 @@ def test_no_write_follows_a_planted_link(signed: cc.CacheRoot, tmp_path: Path) -
     )
 
 
-def test_pull_writes_its_sidecar_through_no_link(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_pull_writes_its_sidecar_through_no_link(signed: CacheRoot, tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     victim = tmp_path / "victim"
     victim.write_bytes(b"victim")
     sidecar = cachedir.sidecar_path(fresh.directory(SUBJECT))
@@ -200,10 +201,10 @@ def test_pull_writes_its_sidecar_through_no_link(signed: cc.CacheRoot, tmp_path:
         sidecar.with_name(f".{fresh.directory(SUBJECT).name}.sig.{pid}.tmp").symlink_to(victim)
     assert cc.pull_cache(store, fresh, SUBJECT, KEYRING, NOW).action == "pulled"
     assert victim.read_bytes() == b"victim" and not sidecar.is_symlink()
-    assert cc.verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
+    assert verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
 
 
-def test_a_lock_held_beyond_the_budget_compiles_instead(signed: cc.CacheRoot) -> None:
+def test_a_lock_held_beyond_the_budget_compiles_instead(signed: CacheRoot) -> None:
     directory = signed.directory(SUBJECT)
     with directory_lock.locked(signed.root, directory):
         fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR)
@@ -219,9 +220,9 @@ def test_a_lock_held_beyond_the_budget_compiles_instead(signed: cc.CacheRoot) ->
     assert cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed), wait=0.2).action == "load"
 
 
-def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_a_pull_never_rolls_back_a_newer_local_cache(signed: CacheRoot, tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}/store")
-    older = cc.CacheRoot(tmp_path / "older")
+    older = CacheRoot(tmp_path / "older")
     (older.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (older.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"an older compile")
     cc.sign_cache(older, SUBJECT, SIGNER, NOW - timedelta(days=3), expires_in=timedelta(days=30))
@@ -232,7 +233,7 @@ def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_p
     outcome = cc.pull_cache(store, signed, SUBJECT, KEYRING, NOW)
     assert outcome.action == "kept" and "not replaced by an older one" in outcome.detail
     assert _files(signed.directory(SUBJECT)) == before and not signed.quarantine_root.exists()
-    newer = cc.CacheRoot(tmp_path / "newer")  # a node holding the older one takes a newer one
+    newer = CacheRoot(tmp_path / "newer")  # a node holding the older one takes a newer one
     older_copy = cc.pull_cache(store, newer, SUBJECT, KEYRING, NOW)
     assert older_copy.action == "pulled"
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
@@ -241,12 +242,12 @@ def test_a_pull_never_rolls_back_a_newer_local_cache(signed: cc.CacheRoot, tmp_p
     )
 
 
-def test_a_rejected_store_object_has_its_own_reason(signed: cc.CacheRoot, tmp_path: Path) -> None:
+def test_a_rejected_store_object_has_its_own_reason(signed: CacheRoot, tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
     archive = tmp_path / "store" / archives.archive_name(SUBJECT)
     archive.write_bytes(archive.read_bytes().replace(b"x = 1", b"x = 9"))
-    empty = cc.CacheRoot(tmp_path / "empty")
+    empty = CacheRoot(tmp_path / "empty")
     outcome = cl.guard(
         empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (store, time.monotonic() + 30)
     )

@@ -27,6 +27,7 @@ from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import header_shipping as ch
+from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.storage.compile_cache import archives
 from plancache.storage.compile_cache import header_files as files
 from plancache.storage.store import open_store
@@ -278,7 +279,7 @@ def test_an_older_store_without_header_objects_still_pulls(
     store = open_store(f"file://{tmp_path}/store")
     outcome = pull(store, node(tmp_path, "serving"))
     assert outcome.action == "none" and outcome.reason == "no-headers"
-    built = cc.CacheRoot(tmp_path / "vllm")
+    built = CacheRoot(tmp_path / "vllm")
     (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
     assert main(["keygen", str(tmp_path / "k")]) == 0
@@ -321,7 +322,7 @@ def test_cli_pull_installs_the_headers_beside_the_cache(
 ) -> None:
     from plancache.trust.keyring.keyformat import openssh_line
 
-    built = cc.CacheRoot(build[0])
+    built = CacheRoot(build[0])
     (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
     store = open_store(f"file://{tmp_path}/store")
@@ -463,7 +464,7 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
     from plancache.vllm_plugin.compile_cache import publish as compile_publish
 
     base, directory = build
-    root = cc.CacheRoot(base)
+    root = CacheRoot(base)
     (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
     digest = cc.sign_cache(root, SUBJECT, SIGNER, NOW).archive_sha256
@@ -542,7 +543,7 @@ def boot(
     from plancache.vllm_plugin.compile_cache import publish as compile_publish
     from plancache.vllm_plugin.compile_cache import torch_caches
 
-    built = cc.CacheRoot(build[0])
+    built = CacheRoot(build[0])
     (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model" * 1000)
     store = open_store(f"file://{tmp_path}/store")
@@ -565,7 +566,7 @@ def boot(
     )
     return SimpleNamespace(
         guard=plugin_guard,
-        directory=cc.CacheRoot(base).directory(SUBJECT),
+        directory=CacheRoot(base).directory(SUBJECT),
         headers=directory,
         store=tmp_path / "store",
         opened=opened,
@@ -641,7 +642,7 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
         data[len(data) // 2] ^= 1
         archive.write_bytes(bytes(data))
     else:  # a cache signed to expire before now, beside a header whose statement does not
-        old = cc.CacheRoot(boot.store.parent / "build")
+        old = CacheRoot(boot.store.parent / "build")
         cc.sign_cache(old, SUBJECT, SIGNER, NOW - timedelta(days=2), expires_in=timedelta(days=1))
         cc.push_cache(
             open_store(f"file://{boot.store}"), old, SUBJECT, KEYRING, NOW - timedelta(days=2)

@@ -23,6 +23,7 @@ from conftest import NOW
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import header_shipping as ch
+from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.storage.compile_cache import archives
 from plancache.storage.compile_cache import header_files as files
 from plancache.storage.store import open_store
@@ -48,7 +49,7 @@ OTHER = "cd" * 32
 """The archive sha256 of another signature of the same cache (a newer build, or an older one)."""
 
 
-def _cache(root: cc.CacheRoot, content: bytes, signed_at: Any) -> str:
+def _cache(root: CacheRoot, content: bytes, signed_at: Any) -> str:
     """A signed cache ``SUBJECT`` under ``root`` holding ``content``; its archive sha256."""
     (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True, exist_ok=True)
     (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(content)
@@ -80,7 +81,7 @@ def _cli_pull(tmp_path: Path, into: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(
     build: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    built, store = cc.CacheRoot(build[0]), open_store(f"file://{tmp_path}/store")
+    built, store = CacheRoot(build[0]), open_store(f"file://{tmp_path}/store")
     older = _cache(
         built, b"cache A", NOW - timedelta(days=1)
     )  # the store's cache and the header made beside it
@@ -88,7 +89,7 @@ def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(
     ch.push_headers(
         store, SUBJECT, *build, [NAME], SIGNER, NOW - timedelta(days=1), cache_archive_sha256=older
     )
-    serving = cc.CacheRoot(tmp_path / "serving")
+    serving = CacheRoot(tmp_path / "serving")
     newer = _cache(serving, b"cache B", NOW)  # this node's own, signed later: kept
     assert newer != older
     row = _cli_pull(tmp_path, serving.root, capsys)

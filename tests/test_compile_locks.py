@@ -29,6 +29,7 @@ from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
+from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.storage.compile_cache import cachedir
 from plancache.storage.local import directory_lock
 from plancache.storage.store import open_store
@@ -49,21 +50,21 @@ HOLD = (
 )
 
 
-def make_cache(base: Path) -> cc.CacheRoot:
+def make_cache(base: Path) -> CacheRoot:
     directory = base / "vllm" / "torch_compile_cache" / SUBJECT
     (directory / "rank_0_0").mkdir(parents=True)
     (directory / "rank_0_0" / "model").write_bytes(b"\x80\x04model" * 100)
     (directory / "inductor_cache").mkdir()
     (directory / "inductor_cache" / "cbn.py").write_text("x = 1\n")
-    return cc.CacheRoot(base / "vllm")
+    return CacheRoot(base / "vllm")
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> cc.CacheRoot:
+def root(tmp_path: Path) -> CacheRoot:
     return make_cache(tmp_path)
 
 
-def lock_of(root: cc.CacheRoot) -> Path:
+def lock_of(root: CacheRoot) -> Path:
     return directory_lock.lock_path(root.directory(SUBJECT))
 
 
@@ -98,13 +99,13 @@ def one_error_line(err: str, lock: Path, reason: str) -> None:
 
 @pytest.mark.parametrize("command", ["sign", "push", "pull"])
 def test_cli_waits_for_a_held_lock_at_most_its_timeout(
-    root: cc.CacheRoot, tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+    root: CacheRoot, tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key, pub = keys(tmp_path, capsys)
     store = f"file://{tmp_path}/store"
     assert main(["compile-cache", "sign", "--key", key, str(root.root)]) == 0
     assert main(["compile-cache", "push", "--trusted-keys", pub, str(root.root), store]) == 0
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     argv = {
         "sign": ["sign", "--key", key, str(root.root)],
         "push": ["push", "--json", "--trusted-keys", pub, str(root.root), store],
@@ -138,7 +139,7 @@ def test_cli_waits_for_a_held_lock_at_most_its_timeout(
 
 
 def test_publish_and_sign_with_a_short_wait_raise_a_timeout_naming_the_lock(
-    root: cc.CacheRoot, tmp_path: Path
+    root: CacheRoot, tmp_path: Path
 ) -> None:
     private = tmp_path / "private"
     shutil.copytree(root.directory(SUBJECT), private)
@@ -159,7 +160,7 @@ def test_publish_and_sign_with_a_short_wait_raise_a_timeout_naming_the_lock(
 
 @pytest.mark.parametrize("loose", ["another user's", "mode 0666"])
 def test_a_foreign_or_loose_lock_file_is_never_used(
-    root: cc.CacheRoot, tmp_path: Path, loose: str
+    root: CacheRoot, tmp_path: Path, loose: str
 ) -> None:
     lock = lock_of(root)
     lock.touch(mode=0o600)
@@ -175,7 +176,7 @@ def test_a_foreign_or_loose_lock_file_is_never_used(
     cc.sign_cache(signed, SUBJECT, SIGNER, NOW)
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     fresh.directory(SUBJECT).parent.mkdir(parents=True)
     shutil.copy2(lock, lock_of(fresh))
     os.chown(lock_of(fresh), os.stat(lock).st_uid, os.stat(lock).st_gid)
@@ -273,13 +274,13 @@ def read_only_view(source: Path, target: Path) -> Iterator[Path]:
 
 
 def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(
-    root: cc.CacheRoot, tmp_path: Path
+    root: CacheRoot, tmp_path: Path
 ) -> None:
     cc.sign_cache(root, SUBJECT, SIGNER, NOW)
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, root, SUBJECT, KEYRING, NOW)
     with read_only_view(root.root, tmp_path / "ro") as view, held(lock_of(root)):
-        ro = cc.CacheRoot(view)
+        ro = CacheRoot(view)
         started = time.monotonic()
         outcome = cl.guard(
             ro, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=5
@@ -310,7 +311,7 @@ def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(
 
 
 def test_the_plugins_publish_inside_vllms_save_costs_at_most_the_budget(
-    root: cc.CacheRoot,
+    root: CacheRoot,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

@@ -24,6 +24,7 @@ from conftest import NOW
 from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import archive_format, cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
@@ -56,7 +57,7 @@ def private_copy(tmp_path: Path, name: str = "boot") -> Path:
     return private
 
 
-def signed_manifest(root: cc.CacheRoot, subject: str) -> mf.Manifest:
+def signed_manifest(root: CacheRoot, subject: str) -> mf.Manifest:
     sig = cachedir.sidecar_path(root.directory(subject)).read_bytes()
     return mf.verify_manifest(subject, sig, KEYRING, NOW).manifest
 
@@ -65,7 +66,7 @@ def digest_of(manifest: mf.Manifest, path: str) -> str:
     return next(f.sha256 for f in manifest.files if f.path == path)
 
 
-def quarantined(root: cc.CacheRoot) -> list[str]:
+def quarantined(root: CacheRoot) -> list[str]:
     return sorted(os.listdir(root.quarantine_root)) if root.quarantine_root.exists() else []
 
 
@@ -75,7 +76,7 @@ def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(
     """A real thread renames a same-size pickle into the shared ``rank_0_0/model`` as soon as that
     directory exists, in a loop; the publish's every hash waits until it did so once. The old
     publish copied into the shared directory and hashed there: it signed the planted bytes."""
-    root = cc.CacheRoot(tmp_path / "vllm")
+    root = CacheRoot(tmp_path / "vllm")
     directory = root.directory(SUBJECT)
     private = private_copy(tmp_path)
     stop, planted = threading.Event(), threading.Event()
@@ -124,7 +125,7 @@ def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(
     assert (
         directory / "rank_0_0" / "model"
     ).read_bytes() == PLANTED  # the writer's last word, unsigned
-    assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
+    assert verify_cache(root, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
     copy = into(root)
     guarded = cl.guard(root, SUBJECT, KEYRING, NOW, copy)
     assert (guarded.action, guarded.reason) == ("quarantined", "digest-mismatch") and list(
@@ -138,7 +139,7 @@ def test_bytes_planted_before_the_install_are_moved_aside_not_signed(
     """The writer plants while the publish hashes (after its ``kept`` check): the old publish
     hashed the shared directory and signed the planted pickle; now the planted directory is
     moved aside and the private bytes installed in its place."""
-    root = cc.CacheRoot(tmp_path / "vllm")
+    root = CacheRoot(tmp_path / "vllm")
     directory = root.directory(SUBJECT)
     private = private_copy(tmp_path)
     real_digests = cachedir.digests
@@ -158,7 +159,7 @@ def test_bytes_planted_before_the_install_are_moved_aside_not_signed(
         == hashlib.sha256(MODEL).hexdigest()
     )
     assert (directory / "rank_0_0" / "model").read_bytes() == MODEL
-    assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+    assert verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
     (aside,) = quarantined(root)
     assert aside.endswith("-replaced-by-publish")
     assert (root.quarantine_root / aside / "rank_0_0" / "model").read_bytes() == PLANTED
@@ -176,7 +177,7 @@ def _debug_files(directory: Path, text: str) -> Path:
 
 
 def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_path: Path) -> None:
-    root = cc.CacheRoot(tmp_path / "vllm")
+    root = CacheRoot(tmp_path / "vllm")
     directory = root.directory(SHORT)
     _debug_files(directory, "written by vLLM into the shared directory")
     private = tmp_path / "boot"
@@ -200,7 +201,7 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     ]
     assert quarantined(root) == []  # vLLM's leftovers were removed, not kept as evidence
     debug = _debug_files(directory, "rewritten at the next boot, other content")
-    assert cc.verify_cache(root, SHORT, KEYRING, NOW).action == "verified"
+    assert verify_cache(root, SHORT, KEYRING, NOW).action == "verified"
     copy = into(root)
     assert cl.guard(root, SHORT, KEYRING, NOW, copy).action == "load"
     assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == [
@@ -211,24 +212,21 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     (debug / "computation_graph.py").symlink_to(
         "/etc/hostname"
     )  # a debug file's name grants nothing else
-    assert cc.verify_cache(root, SHORT, KEYRING, NOW).reason == "malformed"
+    assert verify_cache(root, SHORT, KEYRING, NOW).reason == "malformed"
     (debug / "computation_graph.py").unlink()
 
     store = open_store(
         f"file://{tmp_path}/store"
     )  # a node that holds only vLLM's debug dump pulls it in place
     assert cc.push_cache(store, root, SHORT, KEYRING, NOW).action == "pushed"
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     _debug_files(fresh.directory(SHORT), "a serving node's")
     assert cc.pull_cache(store, fresh, SHORT, KEYRING, NOW).action == "pulled"
     assert (
-        quarantined(fresh) == []
-        and cc.verify_cache(fresh, SHORT, KEYRING, NOW).action == "verified"
+        quarantined(fresh) == [] and verify_cache(fresh, SHORT, KEYRING, NOW).action == "verified"
     )
 
-    old = cc.CacheRoot(
-        tmp_path / "old"
-    )  # an old-style signature lists the debug files: still checked
+    old = CacheRoot(tmp_path / "old")  # an old-style signature lists the debug files: still checked
     old_dir = old.directory(SHORT)
     old_dir.parent.mkdir(parents=True)
     os.rename(private, old_dir)
@@ -250,7 +248,7 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     assert (outcome.action, outcome.reason) == ("quarantined", "digest-mismatch"), outcome
 
 
-def _half_quarantined(root: cc.CacheRoot, keep_empty: bool = False) -> Path:
+def _half_quarantined(root: CacheRoot, keep_empty: bool = False) -> Path:
     """The directory renamed aside, its sidecar not (a quarantine killed between its renames)."""
     directory = root.directory(SUBJECT)
     os.rename(directory, root.root / f"moved-by-hand-{len(os.listdir(root.root))}")
@@ -260,7 +258,7 @@ def _half_quarantined(root: cc.CacheRoot, keep_empty: bool = False) -> Path:
 
 
 def test_a_signature_without_its_cache_is_moved_aside_and_the_cache_pulled(
-    signed: cc.CacheRoot, tmp_path: Path
+    signed: CacheRoot, tmp_path: Path
 ) -> None:
     store = open_store(f"file://{tmp_path}/store")
     assert cc.push_cache(store, signed, SUBJECT, KEYRING, NOW).action == "pushed"
@@ -304,7 +302,7 @@ def test_a_signature_without_its_cache_is_moved_aside_and_the_cache_pulled(
 def test_the_cli_pulls_and_a_build_node_publishes_over_a_lone_sidecar(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = cc.CacheRoot(tmp_path / "vllm")
+    root = CacheRoot(tmp_path / "vllm")
     private = private_copy(tmp_path)
     assert main(["keygen", str(tmp_path / "k")]) == 0
     (root.directory(SUBJECT)).parent.mkdir(parents=True)
@@ -371,16 +369,16 @@ def test_the_cli_pulls_and_a_build_node_publishes_over_a_lone_sidecar(
     assert outcome.action == "signed" and "moved aside" in outcome.detail, outcome
     assert (
         len(quarantined(root)) == 2
-        and cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+        and verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
     )
 
 
 def test_leftover_staging_of_this_subject_is_swept_another_subjects_left_alone(
-    signed: cc.CacheRoot, tmp_path: Path
+    signed: CacheRoot, tmp_path: Path
 ) -> None:
     store = open_store(f"file://{tmp_path}/store")
     assert cc.push_cache(store, signed, SUBJECT, KEYRING, NOW).action == "pushed"
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     directory = fresh.directory(SUBJECT)
     other = "torch_aot_compile/" + "ef" * 32
     mine = [
@@ -402,7 +400,7 @@ def test_leftover_staging_of_this_subject_is_swept_another_subjects_left_alone(
     )
     assert (
         fresh.subjects() == [SUBJECT]
-        and cc.verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
+        and verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
     )
 
     (

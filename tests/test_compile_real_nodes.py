@@ -26,6 +26,7 @@ import pytest
 from conftest import NOW
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import boot_dirs
 from plancache.storage.compile_cache.header_files import HEADERS_SUBDIR
 from plancache.storage.local import dirfds
@@ -80,12 +81,12 @@ def base() -> Iterator[Path]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def _signed_root(top: Path, owner: int = 0) -> cc.CacheRoot:
+def _signed_root(top: Path, owner: int = 0) -> CacheRoot:
     """A signed AOT-layout cache under ``top/vllm-cache``, with the key pair in ``top/keys``."""
     (top / "keys").mkdir(mode=0o755)
     generate_keypair(top / "keys" / "ci", force=False, comment="ci", env={})
     (top / "keys" / "ci.pub").chmod(0o644)
-    root = cc.CacheRoot(top / "vllm-cache")
+    root = CacheRoot(top / "vllm-cache")
     directory = root.directory(SUBJECT)
     (directory / "rank_0_0").mkdir(parents=True)
     (directory / "rank_0_0" / "model").write_bytes(MODEL)
@@ -101,7 +102,7 @@ def _signed_root(top: Path, owner: int = 0) -> cc.CacheRoot:
     return root
 
 
-def _env(top: Path, root: cc.CacheRoot, **extra: str) -> dict[str, str]:
+def _env(top: Path, root: CacheRoot, **extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -147,7 +148,7 @@ def _home(top: Path, user: int) -> Path:
     return home
 
 
-def _quarantine(root: cc.CacheRoot) -> list[str]:
+def _quarantine(root: CacheRoot) -> list[str]:
     return sorted(os.listdir(root.quarantine_root)) if root.quarantine_root.exists() else []
 
 
@@ -174,7 +175,7 @@ def test_forked_workers_each_copy_into_their_own_directory_and_never_touch_each_
     assert _quarantine(root) == []
 
 
-def _hold(top: Path, root: cc.CacheRoot) -> tuple[subprocess.Popen[str], Path]:
+def _hold(top: Path, root: CacheRoot) -> tuple[subprocess.Popen[str], Path]:
     """A pod's live worker: its own PID namespace (``unshare -p``), where the worker's pid (12,
     after ten short-lived processes) is one no process has in the other pod's namespace."""
     script = f'for i in 1 2 3 4 5 6 7 8 9 10; do true & done; wait; "$0" {WORKER} hold; :'
@@ -280,7 +281,7 @@ def test_a_full_disk_is_no_verdict_and_a_later_boot_with_room_loads_verified(bas
     assert (
         "No space left" in full["detail"] and _quarantine(root) == []
     )  # the old code quarantined it
-    assert cc.verify_cache(root, SUBJECT, boot_dirs_keyring(base), NOW).action == "verified"
+    assert verify_cache(root, SUBJECT, boot_dirs_keyring(base), NOW).action == "verified"
     later = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
     assert later["action"] == "load" and later["digest"] is not None
 

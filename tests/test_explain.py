@@ -25,6 +25,7 @@ import pytest
 
 from plancache.keys.keyfile import generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.trust import envelope as dsse
 from plancache.trust.inputs import fingerprint_of_inputs
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
@@ -224,7 +225,7 @@ def test_a_compile_cache_missed_by_one_environment_variable_is_explained_by_it(
     inside.mkdir(parents=True)
     (inside / "cache_key_factors.json").write_text(json.dumps(factors))
     (inside / "vllm_compile_cache.py").write_text("{}")
-    signed = cc.sign_cache(cc.CacheRoot(root), subject, keys.signer, datetime.now(timezone.utc))
+    signed = cc.sign_cache(CacheRoot(root), subject, keys.signer, datetime.now(timezone.utc))
     assert (
         signed.key_factors is not None
         and signed.key_factors["env"]["VLLM_PP_LAYER_PARTITION"] == "pod-7"
@@ -241,7 +242,7 @@ def test_a_compile_cache_missed_by_one_environment_variable_is_explained_by_it(
     factors["env"]["VLLM_PP_LAYER_PARTITION"] = here
     (inside / "cache_key_factors.json").write_text(json.dumps(factors))
     (root / "torch_compile_cache" / f"{subject}.plancache.sig").unlink()
-    cc.sign_cache(cc.CacheRoot(root), subject, keys.signer, datetime.now(timezone.utc))
+    cc.sign_cache(CacheRoot(root), subject, keys.signer, datetime.now(timezone.utc))
     code, doc = _explain(capsys, node, plans, "--trusted-keys", str(keys.trusted))
     assert code == 0 and doc["ranks"][0]["compile_cache"]["decision"] == "load"
 
@@ -363,7 +364,7 @@ def test_a_store_url_is_explained_with_its_plans_and_compile_caches(
 
     bucket = tmp_path / "bucket"
     _plan(bucket, dict(node.rank0["factors"]), keys.signer)
-    root = cc.CacheRoot(tmp_path / "build")
+    root = CacheRoot(tmp_path / "build")
     subject = "0123456789"
     inside = root.directory(subject) / "rank_0_0" / "backbone"
     inside.mkdir(parents=True)

@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 
 from conftest import NOW, keyring_of, make_signer
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
+from plancache.pipeline.compile_cache.manifest_building import factors_of
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache.manifest import (
     Manifest,
@@ -134,7 +136,7 @@ def _signed_manifest(blobs: list[tuple[str, bytes]]) -> Manifest:
 def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> None:
     """Without vLLM: vLLM's debug files in a ``<10 hex>`` directory, twenty spellings in its
     factors."""
-    root = cc.CacheRoot(tmp_path / "vllm-cache")
+    root = CacheRoot(tmp_path / "vllm-cache")
     inside = root.directory(SUBJECT) / "rank_0_0" / "backbone"
     inside.mkdir(parents=True)
     env = {
@@ -173,7 +175,7 @@ def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> N
     assert factors["code_hash"] == "c" * 64 and len(factors[SALT_KEY]) == 32
     assert all(factors["env"][name].startswith(KEYED) for name in [*PLANTED, "VLLM_TARGET_DEVICE"])
     # a node holding the same values compares equal; one that differs is told which, as two hashes
-    mine = cc.factors_of(json.dumps(raw).encode())
+    mine = factors_of(json.dumps(raw).encode())
     assert mine is not None and differences(factors, mine) == []
     mine["env"]["VLLM_EC_SIDE_CHANNEL_HOST"] = "another-host"
     (row,) = differences(factors, mine)
@@ -183,7 +185,7 @@ def test_a_signed_and_pushed_cache_carries_no_planted_value(tmp_path: Path) -> N
         and row["here"].startswith(KEYED)
     )
     # the shared directory still verifies with vLLM's debug files beside the signed files
-    assert cc.verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
+    assert verify_cache(root, SUBJECT, KEYRING, NOW).action == "verified"
 
 
 def test_keyed_values_need_the_value_and_the_salt() -> None:

@@ -167,7 +167,7 @@ def boot(
     budget: float = BUDGET,
 ) -> PlanResult:
     return resolve_node(
-        resolver(directory, keyring, server), fp, world, time.monotonic() + budget, replica
+        resolver(directory, keyring, server), fp, world, time.monotonic() + budget, replica=replica
     )
 
 

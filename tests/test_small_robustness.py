@@ -145,10 +145,11 @@ def test_the_compile_cache_benchmark_counts_the_reads_a_pull_makes(
 ) -> None:
     from conftest import make_signer
     from plancache.pipeline.compile_cache import flows as cc
+    from plancache.pipeline.compile_cache.local_caches import CacheRoot
     from plancache.trust.keyring.keys import signer_keyring
 
     bench = _bench()
-    root = cc.CacheRoot(tmp_path / "built")
+    root = CacheRoot(tmp_path / "built")
     bench.synthetic(root, mib=1, files=4)  # type: ignore[attr-defined]
     signer, now = make_signer(), datetime.now(timezone.utc)
     cc.sign_cache(root, bench.SUBJECT, signer, now)  # type: ignore[attr-defined]
@@ -161,6 +162,7 @@ def test_a_benchmark_that_counted_nothing_says_so_and_fails(
 ) -> None:
     from conftest import make_signer
     from plancache.pipeline.compile_cache import flows as cc
+    from plancache.pipeline.compile_cache.local_caches import CacheRoot
     from plancache.trust.keyring.keys import signer_keyring
 
     bench = _bench()
@@ -170,7 +172,7 @@ def test_a_benchmark_that_counted_nothing_says_so_and_fails(
         yield []  # a counter on a path the reads do not take
 
     monkeypatch.setattr(bench, "counting_reads", blind)
-    root = cc.CacheRoot(tmp_path / "built")
+    root = CacheRoot(tmp_path / "built")
     bench.synthetic(root, mib=1, files=2)  # type: ignore[attr-defined]
     signer, now = make_signer(), datetime.now(timezone.utc)
     cc.sign_cache(root, bench.SUBJECT, signer, now)  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import archives
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.plan_set_objects import read_set, set_names
@@ -67,16 +68,16 @@ def test_compile_cache_round_trip(registry: DockerRegistry, tmp_path: Path) -> N
     (d / "rank_0_0" / "model").write_bytes(b"\x80\x04model-pickle" * 100)
     (d / "inductor_cache" / "bn").mkdir(parents=True)
     (d / "inductor_cache" / "bn" / "cbn.py").write_text("x = 1\n")
-    root = cc.CacheRoot(tmp_path / "vllm")
+    root = CacheRoot(tmp_path / "vllm")
     assert cc.sign_cache(root, SUBJECT, SIGNER, NOW).action == "signed"
     repo = registry.new_repository("caches")
     store = open_store(registry.url(repo), timeout=30)
     keyring = keyring_of(SIGNER)
     assert cc.push_cache(store, root, SUBJECT, keyring, NOW).action == "pushed"
     assert archives.list_subjects(store) == [SUBJECT]
-    fresh = cc.CacheRoot(tmp_path / "fresh")
+    fresh = CacheRoot(tmp_path / "fresh")
     assert cc.pull_cache(store, fresh, SUBJECT, keyring, NOW).action == "pulled"
-    assert cc.verify_cache(fresh, SUBJECT, keyring, NOW).action == "verified"
+    assert verify_cache(fresh, SUBJECT, keyring, NOW).action == "verified"
     tag = archives.archive_name(SUBJECT).replace("/", "--")
     body = json.loads(registry.get(f"/v2/{repo}/manifests/{tag}")[1])
     assert body["artifactType"] == "application/vnd.plancache.compile-cache.v1"

@@ -79,7 +79,7 @@ def pull(
     ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints."""
     deadline = time.monotonic() + (budget := checked_budget(timeout, BULK_TIMEOUT))
     store = open_url(
-        url, storage_options_for(storage_options), budget, deadline
+        url, storage_options_for(storage_options), budget, deadline=deadline
     )  # opening counts, as in the CLI
     resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), store)
     return list(resolver.pull(fingerprints, deadline))

@@ -18,7 +18,12 @@ MAX_DURATION = timedelta(days=100 * 366)
 
 
 def duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta, up to 100 years (argparse type)."""
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta, up to 100 years (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive whole number and a unit, or longer than 100
+            years.
+    """
     match = _DURATION.fullmatch(text.strip())
     if not match or int(match.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 90m, 2w")
@@ -32,7 +37,11 @@ def duration(text: str) -> timedelta:
 
 
 def key_value(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` with VALUE parsed as JSON where it parses (argparse type)."""
+    """``KEY=VALUE`` with VALUE parsed as JSON where it parses (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: no ``=`` or an empty KEY, or a VALUE nested too deeply.
+    """
     try:
         return parse_key_value(text)
     except ValueError as exc:
@@ -40,6 +49,11 @@ def key_value(text: str) -> tuple[str, Any]:
 
 
 def positive_int(text: str) -> int:
+    """A whole number of at least 1 (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or below 1.
+    """
     try:
         value = int(text)
     except ValueError:
@@ -73,7 +87,12 @@ _SIZE_UNITS = {
 
 
 def byte_count(text: str) -> int:
-    """``85899345920`` or ``80GiB`` / ``80G`` (whole numbers; GiB = 2**30, GB = 10**9) -> bytes (argparse type)."""
+    """``85899345920`` or ``80GiB`` / ``80G`` (whole numbers; GiB = 2**30, GB = 10**9) -> bytes
+    (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number with an optional known unit.
+    """
     match = _SIZE.fullmatch(text.strip())
     unit = (match.group(2) or "").lower() if match else ""
     if not match or unit not in _SIZE_UNITS:

@@ -1,389 +1,48 @@
-"""Every built-in subcommand's flags and help, and where its code lives.
+"""Every built-in subcommand, in the order ``plancache --help`` lists them, and where its code
+lives.
 
 Declarations only: a command's module is imported when that command runs (``handler`` is
 ``"module:function"`` under :mod:`plancache.cli`), so ``plancache pull`` does not import what
-``verify``, ``push`` or ``demo`` need (process pools, signing, temp dirs). Keep this module's
-imports to argparse and the light argument types.
+``verify``, ``push`` or ``demo`` need (process pools, signing, temp dirs). The flags of each
+family of commands are in :mod:`plancache.cli.flags`; ``demo`` and ``completion``, a few flags
+each, are here. Keep these modules' imports to argparse and the light argument types.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from ..settings import (
-    BOOT_TIMEOUT,
-    BULK_TIMEOUT,
-    DEFAULT_TIMEOUT,
-    SIGNING_KEY_ENV,
-    TRUSTED_KEYS_ENV,
-    URL_ENV,
-)
-from .args import byte_count, duration, key_value, positive_int
-from .flag_objects import (
-    add_cosign_options,
-    add_identity_token,
-    add_store_options,
-    add_trust_options,
-)
+from .flags.audit_flags import add_audit_commands
+from .flags.compile_cache_flags import add_compile_cache_commands
+from .flags.diagnose_flags import add_doctor, add_explain, add_fingerprint
+from .flags.shared_flags import add_command
+from .flags.signing_flags import add_signing_commands
+from .flags.store_flags import add_store_commands
 
-Sub = argparse._SubParsersAction  # type: ignore[type-arg]
-
-KEYREF_HELP = (
-    "key reference: a private key file, env://VAR, pkcs11:…, awskms://…, gcpkms://…, sigstore"
-)
-
-
-def _json(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON report on stdout (schema plancache.report/v1), errors included",
-    )
-
-
-def _subject(p: argparse.ArgumentParser, text: str) -> None:
-    """``--subject IMAGE``: an ``oci://`` store's storage option ``subject`` (docs/stores.md)."""
-    p.add_argument("--subject", metavar="IMAGE", help=f"{text}: TAG, @sha256:..., or HOST/REPO:TAG")
-
-
-def _quiet(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-
-
-def _signing(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--expires-in",
-        type=duration,
-        metavar="DURATION",
-        help="lifetime of new signatures, e.g. 30d, 12h",
-    )
-    p.add_argument("--comment", help="free text recorded in new signatures")
-    p.add_argument(
-        "--fact",
-        type=key_value,
-        action="append",
-        metavar="KEY=VALUE",
-        help="provenance fact recorded in new signatures, e.g. gpu_memory_utilization=0.9 (repeatable); "
-        "gpu_memory_utilization, device_name and device_total_memory are the gate's conditions",
-    )
-    p.add_argument(
-        "--inputs",
-        metavar="FILE",
-        help="plancache fingerprint --json's output: each plan whose fingerprint "
-        "it lists gets that rank's fingerprint inputs in its new signature, in the clear (plancache explain)",
-    )
-
-
-def _add(
-    sub: Sub, name: str, handler: str, summary: str, description: str | None
-) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=summary, description=description)
-    p.set_defaults(handler=handler)
-    debug(p, argparse.SUPPRESS)
-    return p
-
-
-def debug(p: argparse.ArgumentParser, default: object = False) -> None:
-    """``--debug``, before or after the command: PLANCACHE_DEBUG=1 for this run (tracebacks of
-    internal errors, the SDKs' own warnings; never their request logs, which carry tokens)."""
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        default=default,
-        help="show tracebacks of internal errors and the SDKs' warnings (as PLANCACHE_DEBUG=1)",
-    )
+if TYPE_CHECKING:
+    from .flags.shared_flags import Sub
 
 
 def add_parsers(sub: Sub) -> None:
-    p = _add(
-        sub,
-        "keygen",
-        "plans.offline:cmd_keygen",
-        "create an Ed25519 signing key (PATH) and its public key (PATH.pub)",
-        "Write a new Ed25519 private key to PATH (PEM PKCS#8, mode 0600; encrypted when PLANCACHE_KEY_PASSPHRASE "
-        "is set) and its OpenSSH public line to PATH.pub, which is itself a valid trusted-keys file.",
-    )
-    p.add_argument("path", metavar="PATH")
-    p.add_argument("--force", action="store_true", help="overwrite existing files")
-    p.add_argument("--comment", help="name recorded in PATH.pub (default: the file name)")
-    p.add_argument(
-        "--format",
-        choices=("pem", "openssh"),
-        default="pem",
-        help="private key format: PEM PKCS#8 (default) or OpenSSH's, which ssh-keygen reads",
-    )
-    _json(p)
-
-    p = _add(
-        sub,
-        "pubkey",
-        "keys_cmd:cmd_pubkey",
-        "print the OpenSSH public key line of a key reference",
-        "Print the ssh-ed25519 line of KEYREF's public key, ready for a trusted-keys file (or an allowed_signers "
-        f"file after a principal). KEYREF is any --key form ({KEYREF_HELP}). The key id goes to stderr.",
-    )
-    p.add_argument(
-        "keyref", metavar="KEYREF", nargs="?", help=f"{KEYREF_HELP} (default: ${SIGNING_KEY_ENV})"
-    )
-    p.add_argument("--name", help="name written after the key (the key's name in verify reports)")
-    _json(p)
-
-    p = _add(
-        sub,
-        "sign",
-        "plans.offline:cmd_sign",
-        "sign every plan in DIR that lacks a valid signature by the key",
-        "Sign each plan in DIR that lacks a valid signature by KEY. A plan already signed by other keys is "
-        "co-signed (same statement, one more signature) only if that statement verifies under --trusted-keys and "
-        "says what this command would sign; otherwise it is refused (exit 1) unless --replace. Warns when the gate's conditions "
-        "(gpu_memory_utilization, device_name, device_total_memory) are not recorded: without them a plan "
-        "made at one setting is applied at another.",
-    )
-    p.add_argument("--key", metavar="KEYREF", help=f"{KEYREF_HELP} (default: ${SIGNING_KEY_ENV})")
-    add_identity_token(p)
-    _signing(p)
-    add_cosign_options(p)
-    _json(p)
-    p.add_argument(
-        "-q",
-        "--quiet",
-        action="store_true",
-        help="no summary line on stderr (the table or JSON and warnings stay)",
-    )
-    p.add_argument(
-        "dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)"
-    )
-
-    for name, summary, description in (
-        (
-            "verify",
-            "verify every plan and signature (exit 1 if any is bad, or if there are none)",
-            "Verify each plan against the trusted keys and print a table (or --json). Exit 0 if all are valid; 1 if "
-            "any is invalid or unsigned, or if the location holds no plans (unless --allow-empty); 2 on errors, "
-            "including a bucket or directory that does not exist.",
-        ),
-        (
-            "ls",
-            "list plans with their sizes, signers and status",
-            "List plans: fingerprint, KV cache GiB, baseline GiB, signer, signed at, expiry, status. Without trusted "
-            "keys, values are shown unverified. Exit 2 if the bucket or directory does not exist.",
-        ),
-    ):
-        p = _add(sub, name, f"plans.offline:cmd_{name}", summary, description)
-        add_trust_options(p)
-        _json(p)
-        p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
-        add_store_options(p)
-        _quiet(p)
-        if name == "ls":
-            _subject(p, "list only what is attached to this image (oci:// stores)")
-        if name == "verify":
-            p.add_argument(
-                "--fingerprint",
-                action="append",
-                metavar="FP",
-                help="verify only this plan (repeatable; one absent is a failure: missing)",
-            )
-            p.add_argument(
-                "--allow-empty",
-                action="store_true",
-                help="a location without plans is not a failure",
-            )
-            p.add_argument(
-                "--report",
-                metavar="FILE",
-                help="also write the JSON report to FILE, atomically "
-                "(a failure report when the audit cannot run)",
-            )
-        p.add_argument(
-            "location",
-            nargs="?",
-            metavar="DIR|URL",
-            help="plan directory or store URL (default: vLLM's plan directory, $VLLM_CACHE_ROOT/startup_plan)",
-        )
-
-    p = _add(
-        sub,
-        "inspect",
-        "plans.offline:cmd_inspect",
-        "show one plan file and its signature in detail",
-        "Show a plan (or its .sig) in detail: fields, envelope, statement, and, with trusted keys, the "
-        "verification result. FILE may be a store URL, e.g. s3://bucket/prefix/startup_plan_<fp>.json.",
-    )
-    p.add_argument("file", metavar="FILE|URL")
-    p.add_argument(
-        "--trusted-keys", metavar="PATH", help=f"verify as well (default: ${TRUSTED_KEYS_ENV})"
-    )
-    add_store_options(p, f"budget of the fetch for a URL (default {DEFAULT_TIMEOUT:g} s)")
-    _json(p)
-
-    p = _add(
-        sub,
-        "push",
-        "plans.remote:cmd_push",
-        "sign (with --key) and upload plans to a store",
-        "Upload the plans in DIR (or the --fingerprint ones) and their signatures to URL. With --key, plans "
-        "lacking a valid signature by that key are signed first. Unsigned plans are refused unless "
-        "--allow-unsigned. Objects the store already holds byte-identical are skipped. --dry-run signs and "
-        "uploads nothing and says what would be.",
-    )
-    p.add_argument(
-        "--key",
-        metavar="KEYREF",
-        help=f"sign first with this {KEYREF_HELP} (default: ${SIGNING_KEY_ENV})",
-    )
-    add_identity_token(p)
-    p.add_argument(
-        "--allow-unsigned", action="store_true", help="push plans without a signature too"
-    )
-    p.add_argument(
-        "--fingerprint", action="append", metavar="FP", help="push only this plan (repeatable)"
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="show what would be signed and uploaded; change nothing",
-    )
-    p.add_argument(
-        "--set-replicas",
-        type=int,
-        default=1,
-        metavar="N",
-        help="with --key: copies of each plan set to write (a boot storm on Azure: see docs/boot-storm.md)",
-    )
-    _signing(p)
-    add_cosign_options(p)
-    add_store_options(p)
-    _subject(p, "attach what is pushed to this image (oci:// stores: referrers API or tag schema)")
-    _json(p)
-    _quiet(p)
-    p.add_argument(
-        "dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)"
-    )
-    p.add_argument(
-        "url",
-        metavar="URL",
-        help="store URL, e.g. s3://bucket/prefix, gs://bucket/prefix, file:///path",
-    )
-
-    p = _add(
-        sub,
-        "pull",
-        "plans.remote:cmd_pull",
-        "fetch plans from a store, verify them, write the valid ones into DIR",
-        "Fetch each plan (or the --fingerprint ones) and its signature, verify them against the trusted keys, "
-        "and write only verified plans into DIR, atomically. Exit 0 all verified, 1 any rejected or missing, "
-        "2 usage, configuration or store error (including a bucket that does not exist).",
-    )
-    add_trust_options(p)
-    p.add_argument(
-        "--fingerprint", action="append", metavar="FP", help="pull only this plan (repeatable)"
-    )
-    add_store_options(
-        p,
-        f"end-to-end budget (default {DEFAULT_TIMEOUT:g} s with --fingerprint, else "
-        f"{BULK_TIMEOUT:g} s, or {BOOT_TIMEOUT:g} s with --boot)",
-    )
-    p.add_argument(
-        "--boot",
-        action="store_true",
-        help=f"on a boot's critical path: a whole-store pull's budget defaults to {BOOT_TIMEOUT:g} s",
-    )
-    _json(p)
-    _quiet(p)
-    p.add_argument("url", metavar="URL", help="store URL")
-    p.add_argument(
-        "dir", nargs="?", metavar="DIR", help="plan directory (default: vLLM's plan directory)"
-    )
-
-    p = _add(
-        sub,
-        "prune",
-        "plans.remote:cmd_prune",
-        "delete old, unsigned, invalid or revoked plans from a store",
-        "Delete plans (and their signatures) from URL: signed longer ago than --older-than; without a "
-        "signature (--unsigned); that no longer verify because their signing key is revoked (--revoked); or "
-        "that fail verification for any reason but a store error (--invalid). A plan is deleted only if the "
-        "store still holds the bytes that were judged (re-read and compared right before the delete, and on "
-        "S3, GCS and Azure deleted only if still the version re-read: ETag or generation precondition, once "
-        "the store has shown it honours one on a canary object; else refused unless --unconditional).",
-    )
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--older-than",
-        type=duration,
-        metavar="DURATION",
-        help="signed longer ago than this, e.g. 30d",
-    )
-    what.add_argument(
-        "--revoked", action="store_true", help="signed only by keys the trusted-keys file revokes"
-    )
-    what.add_argument("--unsigned", action="store_true", help="plans without a signature sidecar")
-    what.add_argument(
-        "--invalid",
-        action="store_true",
-        help="plans that fail verification under the trusted keys (unsigned, tampered, expired, ...)",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="list what would be deleted, delete nothing"
-    )
-    p.add_argument(
-        "--unconditional",
-        action="store_true",
-        help="delete after the re-read even where the store does not honour conditional deletes "
-        "(checked before the first delete, else refused): a plan re-pushed in between may be deleted",
-    )
-    add_trust_options(p)
-    add_store_options(p)
-    _json(p)
-    _quiet(p)
-    p.add_argument("url", metavar="URL", help="store URL")
-
-    p = _add(
-        sub,
-        "doctor",
-        "diagnose.doctor:cmd_doctor",
-        "would a vLLM worker here apply a plan, and if not why",
-        "Check this machine's set-up as a vLLM worker sees it: the plugin's entry point and VLLM_PLUGINS, "
-        "VLLM_ENABLE_STARTUP_PLAN, vLLM's plan directory, trusted keys, signing key, the store (one listing "
-        "within PLANCACHE_TIMEOUT), and what a worker would do with each local plan. Exit 0 when a worker "
-        "here has all it needs, 1 otherwise, 2 on usage errors.",
-    )
-    p.add_argument(
-        "--free-memory",
-        type=byte_count,
-        metavar="BYTES",
-        help="free GPU memory to judge local plans against (default: only say each plan's baseline)",
-    )
-    p.add_argument(
-        "--records",
-        type=positive_int,
-        default=5,
-        metavar="N",
-        help="show the last N boot records the plugin wrote under the cache root (default 5)",
-    )
-    p.add_argument(
-        "--textfile",
-        metavar="FILE",
-        help="also write the last record of each rank as Prometheus gauges "
-        "to FILE, atomically (node_exporter's textfile collector: DIR/plancache.prom)",
-    )
-    _json(p)
-
-    p = _add(
+    add_signing_commands(sub)
+    add_audit_commands(sub)
+    add_store_commands(sub)
+    add_doctor(sub)
+    p = add_command(
         sub,
         "demo",
         "demo:run",
         "run the whole story in temporary directories",
-        "CI bake (plans written as vLLM writes them, signed, pushed) -> a tampered plan in the store -> spot "
-        "boot pull (verified) -> the gate's decision at two free-memory values. Touches nothing outside a temp "
-        "dir, except the store given with --store.",
+        "CI bake (plans written as vLLM writes them, signed, pushed) -> a tampered plan in the "
+        "store -> spot boot pull (verified) -> the gate's decision at two free-memory values. "
+        "Touches nothing outside a temp dir, except the store given with --store.",
     )
     p.add_argument(
         "--store",
         metavar="URL",
-        help="use this store instead of an embedded file:// one "
-        "(the demo writes and then deletes two plans under it)",
+        help="use this store instead of an embedded file:// one (the demo writes and then deletes "
+        "two plans under it)",
     )
     p.add_argument(
         "--storage-option",
@@ -392,7 +51,7 @@ def add_parsers(sub: Sub) -> None:
         default=[],
         help="storage option for --store (repeatable)",
     )
-    p = _add(
+    p = add_command(
         sub,
         "completion",
         "completion:cmd_completion",
@@ -403,169 +62,6 @@ def add_parsers(sub: Sub) -> None:
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("shell", choices=("bash", "zsh"), metavar="SHELL", help="bash or zsh")
-    _fingerprint(sub)
-    _explain(sub)
-    _compile_cache(sub)
-
-
-def _fingerprint(sub: Sub) -> None:
-    p = _add(
-        sub,
-        "fingerprint",
-        "diagnose.fingerprint:run",
-        "print vLLM's plan fingerprint for every rank of a vllm serve configuration",
-        "Print vLLM's own startup-plan fingerprint (compute_plan_fingerprint) for every rank of the "
-        "configuration given by the vllm serve arguments after --. Needs the [vllm] extra. Device facts come "
-        "from the local GPU unless given; torch/CUDA are this machine's.",
-    )
-    p.epilog = (
-        "example: plancache fingerprint --device-name 'NVIDIA H100 80GB HBM3' "
-        "--device-total-memory 85520809984 -- meta-llama/Llama-3.1-8B --tensor-parallel-size 2"
-    )
-    p.add_argument("--explain", action="store_true", help="print the factors vLLM hashes, per rank")
-    p.add_argument("--json", action="store_true", help="print JSON (fingerprints and factors)")
-    p.add_argument(
-        "--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU"
-    )
-    p.add_argument(
-        "--device-total-memory",
-        type=positive_int,
-        metavar="BYTES",
-        help="device total memory to hash instead of asking the local GPU",
-    )
-    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
-
-
-def _explain(sub: Sub) -> None:
-    p = _add(
-        sub,
-        "explain",
-        "diagnose.explain_command:run",
-        "per rank: would this node use a stored plan and compile cache, and if not which inputs differ",
-        "For the vllm serve configuration after -- (taken as plancache fingerprint takes it) and a store URL or "
-        "plan directory: verify what is stored, then say per rank whether a worker would apply a plan and load "
-        "a compile cache; for a miss, the nearest verified candidates and exactly which inputs differ. Only "
-        "signed, verified statements and manifests are compared. Compile caches: the store's, or for a "
-        "directory those under --compile-root (default: the cache root above a startup_plan directory). Exit 0 "
-        "every rank would use what is stored, 1 a miss, 2 usage, configuration or store error.",
-    )
-    p.epilog = "example: plancache explain s3://bucket/plans --trusted-keys ci.pub -- /models/llama --tensor-parallel-size 2"
-    add_trust_options(p)
-    add_store_options(p)
-    p.add_argument(
-        "--compile-root",
-        metavar="ROOT",
-        help="vLLM cache root whose compile caches to compare (directory locations only)",
-    )
-    p.add_argument(
-        "--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU"
-    )
-    p.add_argument(
-        "--device-total-memory",
-        type=positive_int,
-        metavar="BYTES",
-        help="device total memory to hash instead of asking the local GPU",
-    )
-    _json(p)
-    p.add_argument("location", metavar="DIR|URL", help="plan directory or store URL")
-    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
-
-
-def _compile_cache(sub: Sub) -> None:
-    parser = sub.add_parser(
-        "compile-cache",
-        help="sign, verify, list, push and pull vLLM's torch.compile cache",
-        description="vLLM's torch.compile/AOT cache under ROOT/torch_compile_cache, signed as a closed world "
-        "(every file's path, size and sha256). Exit 0 all fine; 1 a cache rejected; 2 usage, configuration or "
-        "store error.",
-    )
-    actions = parser.add_subparsers(dest="compile_command", metavar="ACTION", required=True)
-    p = _add(
-        actions,
-        "sign",
-        "compile_cache:cmd_sign",
-        "sign every cache directory as it is now (run where it was built)",
-        None,
-    )
-    p.add_argument(
-        "--key", metavar="KEY", help=f"private key reference (default: ${SIGNING_KEY_ENV})"
-    )
-    add_identity_token(p)
-    p.add_argument(
-        "--expires-in", type=duration, metavar="DURATION", help="signature lifetime, e.g. 30d"
-    )
-    p.add_argument("--comment", default="", help="free text recorded in the signed manifest")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"longest wait for each cache's node lock, held by a vLLM worker or another command "
-        f"(default {BULK_TIMEOUT:g} s; past it the cache is an error, exit 2)",
-    )
-    _cache_common(p)
-    p = _add(
-        actions,
-        "verify",
-        "compile_cache:cmd_verify",
-        "verify every cache directory (exit 1 if any is bad)",
-        None,
-    )
-    add_trust_options(p)
-    _cache_common(p)
-    p = _add(
-        actions,
-        "ls",
-        "compile_cache:cmd_ls",
-        "list cache directories (verified with trusted keys, else as found)",
-        None,
-    )
-    add_trust_options(p)
-    _cache_common(p)
-    for name, summary in (
-        ("push", "upload verified caches: one archive and its signature each"),
-        ("pull", "download, verify, extract and install caches"),
-    ):
-        p = _add(
-            actions,
-            name,
-            f"compile_cache:cmd_{name}",
-            summary,
-            f"The store URL is URL, --url or ${URL_ENV}; a lone positional is the URL when it has a scheme "
-            "(s3://, gs://, file://, ...), else ROOT.",
-        )
-        add_trust_options(p)
-        if name == "push":
-            p.add_argument(
-                "--key", metavar="KEY", help="verify with this signing key's own public key instead"
-            )
-        p.add_argument(
-            "--url", metavar="URL", help=f"store URL, e.g. s3://bucket/prefix (default: ${URL_ENV})"
-        )
-        add_store_options(
-            p,
-            f"overall budget of each store operation, and longest wait for each cache's node "
-            f"lock (default {BULK_TIMEOUT:g} s)",
-        )
-        url_help = f"store URL, e.g. s3://bucket/prefix (default: --url, else ${URL_ENV})"
-        if name == "pull":  # the order of plancache pull URL [DIR]
-            p.add_argument("source", nargs="?", metavar="URL", help=url_help)
-        _cache_common(p, name)
-        if name == "push":  # the order of plancache push [DIR] URL
-            p.add_argument("target", nargs="?", metavar="URL", help=url_help)
-
-
-def _cache_common(p: argparse.ArgumentParser, name: str = "") -> None:
-    p.add_argument(
-        "--cache",
-        action="append",
-        metavar="NAME",
-        help="only this cache, e.g. torch_aot_compile/<64 hex> (repeatable; default: all)",
-    )
-    _json(p)
-    exists = "created if missing" if name == "pull" else "must exist"
-    p.add_argument(
-        "root",
-        nargs="?",
-        metavar="ROOT",
-        help=f"vLLM's cache root (default: $VLLM_CACHE_ROOT or ~/.cache/vllm; {exists})",
-    )
+    add_fingerprint(sub)
+    add_explain(sub)
+    add_compile_cache_commands(sub)

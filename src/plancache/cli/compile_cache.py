@@ -18,11 +18,12 @@ directory. The plugin signs only what vLLM loads, so that directory is unsigned:
 other file in it, or a sidecar beside it, makes it an ordinary cache again. The guard at boot
 is unchanged: it still verifies the directory before vLLM's ``initialize_cache`` reads it.
 
-Thin commands over :mod:`plancache.pipeline.compile_cache.flows`; exit codes as ``verify``: 0 every
-cache fine; 1 a cache was rejected; 2 usage, configuration or store error. ``sign``, ``push``
-and ``pull`` wait for each cache's node lock at most ``--timeout`` (default 120 s); a wait that
-runs out, or a lock that cannot be taken safely, is that cache's error row, one line on stderr
-and exit 2: the command never works on a cache unlocked.
+Thin commands over :mod:`plancache.pipeline.compile_cache.flows` (and ``local_caches`` for
+``verify`` and ``ls``); exit codes as ``verify``: 0 every cache fine; 1 a cache was rejected; 2
+usage, configuration or store error. ``sign``, ``push`` and ``pull`` wait for each cache's node lock
+at most ``--timeout`` (default 120 s); a wait that runs out, or a lock that cannot be taken safely,
+is that cache's error row, one line on stderr and exit 2: the command never works on a cache
+unlocked.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..pipeline.compile_cache import flows
+from ..pipeline.compile_cache.local_caches import (
+    CacheOutcome,
+    CacheRoot,
+    describe_cache,
+    verify_cache,
+)
 from ..pipeline.locations import BULK_TIMEOUT, require_push_target
 from ..pipeline.resolver import utcnow
 from ..settings import URL_ENV
@@ -62,7 +69,8 @@ safely is the node's state, not the cache's, and a script reading only stderr mu
 
 def _places(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(ROOT, URL) from the positionals, in ``push [ROOT] [URL]`` / ``pull [URL] [ROOT]`` order;
-    a lone positional is the URL when it names a scheme. ``--url`` must agree with a positional URL."""
+    a lone positional is the URL when it names a scheme. ``--url`` must agree with a positional
+    URL."""
     command = args.compile_command
     if command not in ("push", "pull"):
         return args.root, None
@@ -81,9 +89,9 @@ def _places(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return root, url or args.url
 
 
-def _root(args: argparse.Namespace, must_exist: bool = True) -> flows.CacheRoot:
+def _root(args: argparse.Namespace, must_exist: bool = True) -> CacheRoot:
     given = _places(args)[0]
-    root = flows.CacheRoot(Path(os.path.expanduser(given)) if given else vllm_cache_root())
+    root = CacheRoot(Path(os.path.expanduser(given)) if given else vllm_cache_root())
     if must_exist and not root.root.is_dir():
         what = "does not exist" if not os.path.lexists(root.root) else "is not a directory"
         where = "" if given else " (the default root: $VLLM_CACHE_ROOT, else ~/.cache/vllm)"
@@ -91,7 +99,7 @@ def _root(args: argparse.Namespace, must_exist: bool = True) -> flows.CacheRoot:
     return root
 
 
-def _debug_dump(root: flows.CacheRoot, subject: str) -> flows.CacheOutcome | None:
+def _debug_dump(root: CacheRoot, subject: str) -> CacheOutcome | None:
     """A ``debug`` row when ``subject`` is vLLM's unsigned debug dump (see the module docstring)."""
     if "/" in subject:
         return None
@@ -107,7 +115,7 @@ def _debug_dump(root: flows.CacheRoot, subject: str) -> flows.CacheOutcome | Non
         not p.startswith("rank_") or p.rsplit("/", 1)[-1] not in cachedir.DEBUG_FILES for p in files
     ):
         return None
-    return flows.CacheOutcome(subject, "debug", "", DEBUG_DETAIL, len(files), sum(files.values()))
+    return CacheOutcome(subject, "debug", "", DEBUG_DETAIL, len(files), sum(files.values()))
 
 
 def _subjects(args: argparse.Namespace, found: list[str]) -> list[str]:
@@ -131,9 +139,9 @@ def _store(args: argparse.Namespace) -> Store:
 
 def _each(
     subjects: list[str],
-    flow: Callable[[str], flows.CacheOutcome],
-    root: flows.CacheRoot | None = None,
-) -> list[flows.CacheOutcome]:
+    flow: Callable[[str], CacheOutcome],
+    root: CacheRoot | None = None,
+) -> list[CacheOutcome]:
     """Run ``flow`` per cache; a rejection is a row, a store error a row that makes exit 2.
     With ``root``, vLLM's debug dump is a ``debug`` row and ``flow`` does not run on it."""
     outcomes = []
@@ -144,11 +152,12 @@ def _each(
         except PlanCacheError as exc:
             if exc.reason in STOPPED and not isinstance(exc, Rejected):
                 print(
-                    f"plancache: error: {safe_text(subject, 200)}: {exc.reason.value}: {safe_text(exc.detail, 500)}",
+                    f"plancache: error: {safe_text(subject, 200)}: {exc.reason.value}: "
+                    f"{safe_text(exc.detail, 500)}",
                     file=sys.stderr,
                 )
             outcomes.append(
-                flows.CacheOutcome(
+                CacheOutcome(
                     subject,
                     "rejected" if isinstance(exc, Rejected) else "error",
                     exc.reason.value,
@@ -158,9 +167,7 @@ def _each(
     return outcomes
 
 
-def _report(
-    args: argparse.Namespace, outcomes: list[flows.CacheOutcome], listing: bool = False
-) -> int:
+def _report(args: argparse.Namespace, outcomes: list[CacheOutcome], listing: bool = False) -> int:
     """Print the rows (or the JSON report) and return the exit code; ``ls`` without keys only
     describes, so an unverified cache is no failure there."""
     code = (
@@ -226,7 +233,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         args,
         _each(
             _subjects(args, root.subjects()),
-            lambda s: flows.verify_cache(root, s, keyring, now),
+            lambda s: verify_cache(root, s, keyring, now),
             root,
         ),
     )
@@ -237,9 +244,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.trusted_keys or os.environ.get("PLANCACHE_TRUSTED_KEYS"):
         return cmd_verify(args)
 
-    outcomes = _each(
-        _subjects(args, root.subjects()), lambda s: flows.describe_cache(root, s), root
-    )
+    outcomes = _each(_subjects(args, root.subjects()), lambda s: describe_cache(root, s), root)
     return _report(args, outcomes, listing=True)
 
 
@@ -267,7 +272,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + store.timeout
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])
 
-    def pull(subject: str) -> flows.CacheOutcome:
+    def pull(subject: str) -> CacheOutcome:
         outcome = flows.pull_cache(
             store, root, subject, keyring, now, deadline=deadline, wait=store.timeout
         )
@@ -281,8 +286,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def _with_headers(
-    outcome: flows.CacheOutcome, store: Store, root: flows.CacheRoot, keyring: Keyring
-) -> flows.CacheOutcome:
+    outcome: CacheOutcome, store: Store, root: CacheRoot, keyring: Keyring
+) -> CacheOutcome:
     """A pulled (or kept) cache's precompiled headers into the node's private headers directory,
     within their own budget; what happened is noted in the row's detail (torch builds what is
     not installed, so it is never a failure of the pull). Bound to the cache now on disk: a pull

@@ -19,6 +19,11 @@ INSTALL_HINT = "shell completion needs argcomplete: pip install 'plancache[compl
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
+    """Print the shell code that completes plancache in ``args.shell``.
+
+    Raises:
+        ConfigError: argcomplete is not installed (``config-error``, naming the extra).
+    """
     try:
         import argcomplete
     except ImportError:

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         for plan in (good, other):
             ci_plans.write(plan.fingerprint, render_plan(plan), None)
         step(
-            f"CI bake: a profiling boot wrote {ci_plans.path / plan_name(good.fingerprint)} (as vLLM 0.33 writes it)"
+            f"CI bake: a profiling boot wrote {ci_plans.path / plan_name(good.fingerprint)} (as "
+            "vLLM 0.33 writes it)"
         )
         print(f"    {render_plan(good).decode()}")
 
@@ -90,12 +91,14 @@ def run(args: argparse.Namespace) -> int:
         )
         store.put_many({plan_name(TAMPERED_FINGERPRINT): render_plan(hostile)})
         step(
-            f"attacker: rewrote {plan_name(TAMPERED_FINGERPRINT)} in the store with kv_cache_memory_bytes=69 GiB"
+            f"attacker: rewrote {plan_name(TAMPERED_FINGERPRINT)} in the store with "
+            "kv_cache_memory_bytes=69 GiB"
         )
 
         spot = LocalPlanDir(root / "spot" / "vllm-cache" / "startup_plan")
         step(
-            "spot boot: pull the node's fingerprints, verified, into its plan directory (3 s budget)"
+            "spot boot: pull the node's fingerprints, verified, into its plan directory (3 s "
+            "budget)"
         )
         code = _plancache(
             "pull",

@@ -80,8 +80,8 @@ def add_cosign_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trusted-keys",
         metavar="PATH",
-        help="an existing signature is co-signed only if it verifies under these keys and says what this "
-        f"command would sign (default: ${TRUSTED_KEYS_ENV})",
+        help="an existing signature is co-signed only if it verifies under these keys and says "
+        f"what this command would sign (default: ${TRUSTED_KEYS_ENV})",
     )
     parser.add_argument(
         "--replace",
@@ -99,8 +99,8 @@ def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -
         action="append",
         metavar="KEY=VALUE",
         help="fsspec storage option, VALUE parsed as JSON where it parses, e.g. "
-        f"endpoint_url=http://127.0.0.1:9000 or anon=true (repeatable; wins over ${STORAGE_OPTIONS_ENV} "
-        "and plancache's defaults)",
+        "endpoint_url=http://127.0.0.1:9000 or anon=true (repeatable; wins over "
+        f"${STORAGE_OPTIONS_ENV} and plancache's defaults)",
     )
     parser.add_argument(
         "--timeout",
@@ -128,7 +128,12 @@ PLACES = {"push": ("dir", "url"), "pull": ("url", "dir"), "sign": ("dir",)}
 
 def check_places(args: argparse.Namespace) -> None:
     """A store URL where a directory goes (or the reverse) is named as such, never mangled into a
-    path: ``push s3://b/p plans`` says the two are swapped instead of uploading to ``./plans``."""
+    path: ``push s3://b/p plans`` says the two are swapped instead of uploading to ``./plans``.
+
+    Raises:
+        ConfigError: DIR and URL swapped, a URL given as DIR, or a URL without a scheme
+            (``config-error``).
+    """
     from ..pipeline.locations import is_url
 
     order = PLACES[args.command]
@@ -150,13 +155,17 @@ def check_places(args: argparse.Namespace) -> None:
         )
     if wrong == ["url"]:
         raise ConfigError(
-            f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, gs://bucket/prefix "
-            f"or file:///path ({usage})"
+            f"URL {values['url']!r} is not a store URL such as s3://bucket/prefix, "
+            f"gs://bucket/prefix or file:///path ({usage})"
         )
 
 
 def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
-    """``--fingerprint`` values, each once, each 16 lowercase hex (else one line)."""
+    """``--fingerprint`` values, each once, each 16 lowercase hex (else one line).
+
+    Raises:
+        ConfigError: a value is not 16 lowercase hex (``config-error``).
+    """
     from ..trust.plans.plan import is_fingerprint
 
     wanted = list(dict.fromkeys(args.fingerprint or []))
@@ -167,7 +176,12 @@ def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
 
 
 def required_policy(args: argparse.Namespace) -> TrustPolicy:
-    """The signed policy the command needs; one line when no trusted keys are named."""
+    """The signed policy the command needs; one line when no trusted keys are named.
+
+    Raises:
+        ConfigError: no trusted keys named (``--trusted-keys``, ``$PLANCACHE_TRUSTED_KEYS``), or
+            the keys cannot be used (``config-error``).
+    """
     from ..pipeline.trust_config import keys_source, trust_policy
 
     source = keys_source(args.trusted_keys)
@@ -185,6 +199,11 @@ def optional_policy(args: argparse.Namespace) -> TrustPolicy | None:
 
 
 def required_signer(args: argparse.Namespace) -> Signer:
+    """The signer ``--key`` (else ``$PLANCACHE_SIGNING_KEY``) names.
+
+    Raises:
+        ConfigError: no key named, or the key cannot be loaded (``config-error``).
+    """
     from ..pipeline.trust_config import signer_for
     from .keys_cmd import terminal_prompt
 
@@ -217,7 +236,13 @@ MAX_INPUTS_FILE = 4 * 2**20
 def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """``--inputs FILE``: ``plancache fingerprint --json``'s report -> (fingerprint -> its inputs,
     the configuration's parts); every rank's inputs must reproduce its fingerprint (vLLM's
-    digest), else one line."""
+    digest), else one line.
+
+    Raises:
+        ConfigError: the file cannot be read, is not ``plancache fingerprint --json``'s report
+            (no ranks), a rank's factors do not hash to its fingerprint, or its inputs are not
+            well formed (``config-error``).
+    """
     from pathlib import Path
 
     from ..storage.local.files import read_capped
@@ -229,7 +254,7 @@ def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[
         data = read_capped(Path(path), MAX_INPUTS_FILE, follow_symlinks=True)
         doc = strictjson.loads(data, path) if data is not None else None
         ranks = doc.get("ranks") if isinstance(doc, dict) else None
-        if not isinstance(ranks, list) or not ranks:
+        if not isinstance(doc, dict) or not isinstance(ranks, list) or not ranks:
             raise ConfigError(
                 f"--inputs {path}: not the JSON of plancache fingerprint --json (no ranks)"
             )
@@ -240,13 +265,13 @@ def fingerprint_inputs_file(path: str) -> tuple[dict[str, dict[str, Any]], dict[
             )
             if fingerprint_of_inputs(factors) != entry.get("fingerprint"):
                 raise ConfigError(
-                    f"--inputs {path}: the factors of rank {entry.get('rank')} do not hash to its fingerprint"
+                    f"--inputs {path}: the factors of rank {entry.get('rank')} do not hash to "
+                    "its fingerprint"
                 )
             found[entry["fingerprint"]] = factors
         parts = doc.get("config_parts")
-        return found, check_inputs(parts, "--inputs config_parts") if isinstance(
-            parts, dict
-        ) else None
+        checked = check_inputs(parts, "--inputs config_parts") if isinstance(parts, dict) else None
+        return found, checked
     except ConfigError:
         raise
     except PlanCacheError as exc:

@@ -26,6 +26,12 @@ def terminal_prompt() -> Prompt | None:
 
 
 def cmd_pubkey(args: argparse.Namespace) -> int:
+    """Print the OpenSSH public line of KEYREF (the key id on stderr).
+
+    Raises:
+        ConfigError: neither KEYREF nor ``$PLANCACHE_SIGNING_KEY`` names a key
+            (``config-error``).
+    """
     name = check_key_name(args.name or "", "--name")
     signer = signer_for(args.keyref, prompt=terminal_prompt())
     if signer is None:

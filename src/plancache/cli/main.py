@@ -1,4 +1,5 @@
-"""``plancache`` entry point: the parser, and the one place failures become one line (or one JSON report).
+"""``plancache`` entry point: the parser, and the one place failures become one line (or one JSON
+report).
 
 Exit codes: 0 success; 1 some plan is invalid, unsigned or was refused; 2 usage or
 configuration error (argparse uses 2 as well); 130 interrupted. With ``--json``, stdout
@@ -23,6 +24,7 @@ from ..trust.errors import PlanCacheError
 from . import commands
 from .completion import complete
 from .flag_objects import apply_keyless_flags
+from .flags.shared_flags import debug
 from .streams import ClosedPipeSafe, RedactedLines, private_stdout
 from .suggest import leaf_parser, unrecognized, with_suggestion
 
@@ -43,7 +45,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
-        """Leftover arguments are reported by the subcommand that was parsed, with the nearest option."""
+        """Leftover arguments are reported by the subcommand that was parsed, with the nearest
+        option."""
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
             leaf = leaf_parser(self, namespace)
@@ -70,11 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="plancache",
         description="Signed, shareable vLLM startup plans. Sign plans in CI, pull them verified "
         "on boot, audit them offline.",
-        epilog="Exit codes: 0 ok; 1 a plan is invalid, unsigned or refused; 2 usage or configuration error. "
-        "Every command explains itself with --help; --json prints one report (schema plancache.report/v1).",
+        epilog="Exit codes: 0 ok; 1 a plan is invalid, unsigned or refused; 2 usage or "
+        "configuration error. "
+        "Every command explains itself with --help; --json prints one report (schema "
+        "plancache.report/v1).",
     )
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
-    commands.debug(parser)
+    debug(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parsers(sub)
     return parser
@@ -83,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _handler(args: argparse.Namespace) -> Command:
     """The command's function, imported now from its ``handler`` (``"module:function"``)."""
     module, _, name = args.handler.partition(":")
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 def _quiet_libraries() -> None:
@@ -110,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = (
         private_stdout(stdout, stderr) if argv is None else stdout
     )  # the process's CLI: native writes to stderr
-    sys.stdout = ClosedPipeSafe(own)  # type: ignore[assignment]
-    sys.stderr = RedactedLines(stderr)  # type: ignore[assignment]
+    sys.stdout = ClosedPipeSafe(own)
+    sys.stderr = RedactedLines(stderr)
     try:
         return _main(argv)
     finally:

@@ -47,7 +47,8 @@ def _redacted(value: Any) -> Any:
 
 
 def render_json(obj: Any) -> str:
-    """A report as the text printed on stdout and written by ``--report``: redacted, one document."""
+    """A report as the text printed on stdout and written by ``--report``: redacted, one
+    document."""
     return json.dumps(_redacted(obj), indent=2, sort_keys=True, default=_json_default) + "\n"
 
 
@@ -60,6 +61,7 @@ def print_json(obj: Any, out: TextIO | None = None) -> None:
 def document(
     command: str | None,
     ok: bool,
+    *,
     body: dict[str, Any] | None = None,
     error: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -74,7 +76,7 @@ def report(
     args: argparse.Namespace, ok: bool, error: tuple[str, str] | None = None, **body: Any
 ) -> None:
     """Print the command's report (``args.command`` names the command)."""
-    print_json(document(getattr(args, "command", None), ok, body, error))
+    print_json(document(getattr(args, "command", None), ok, body=body, error=error))
 
 
 def print_table(
@@ -86,7 +88,7 @@ def print_table(
     ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() + "\n")
 
 
 def status_text(status: str, reason: str) -> str:

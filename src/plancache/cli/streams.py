@@ -54,7 +54,8 @@ class ClosedPipeSafe(io.TextIOBase):
             os.dup2(devnull, self.inner.fileno())
             os.close(devnull)
         except (OSError, ValueError, io.UnsupportedOperation):
-            self.inner = open(os.devnull, "w")  # not a real fd (a capture): drop what follows
+            # Not a real fd (a capture): drop what follows.
+            self.inner = open(os.devnull, "w")  # noqa: SIM115 - kept open: every later write goes there
 
     def write(self, text: str) -> int:
         try:

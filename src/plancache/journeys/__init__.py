@@ -20,7 +20,11 @@ JOURNEYS = ("ci-bake", "spot-boot", "offline-audit")
 
 
 def script_path(name: str) -> Path:
-    """The packaged script of a journey."""
+    """The packaged script of a journey.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`JOURNEYS`.
+    """
     if name not in JOURNEYS:
         raise ValueError(f"no journey {name!r}")
     return Path(__file__).with_name(f"{name}.sh")

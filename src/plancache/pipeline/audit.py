@@ -143,9 +143,11 @@ def describe_unverified(result: PlanResult) -> PlanReport:
     """
     fp = result.fingerprint
     report = PlanReport(fp, UNVERIFIED, "no-trusted-keys")
+    if result.error is not None:  # the bytes could not be read: reported as a parse failure is
+        error = result.error
+        report.status, report.reason, report.detail = INVALID, error.reason.value, error.detail
+        return report
     try:
-        if result.error is not None:
-            raise result.error
         if result.plan_bytes is None:
             return PlanReport(fp, INVALID, Verdict.NO_PLAN.value, "plan file is missing")
         plan = parse_plan(result.plan_bytes, plan_name(fp))
@@ -225,7 +227,7 @@ def all_valid(reports: Iterable[PlanReport]) -> bool:
 
 
 def audit_location(
-    location: str | Location | None,
+    location: str | os.PathLike[str] | Location | None,
     policy: TrustPolicy | None,
     now: datetime,
     *,
@@ -240,8 +242,11 @@ def audit_location(
     A location that lists no plans is checked for existence: a missing bucket or directory
     raises ConfigError rather than passing as an empty audit.
     """
-    opened = location is None or isinstance(location, (str, os.PathLike))
-    source = open_location(location, storage_options, timeout) if opened else location
+    source: Location
+    if location is None or isinstance(location, (str, os.PathLike)):
+        source = open_location(location, storage_options, timeout)
+    else:
+        source = location
     if isinstance(source, LocalPlanDir):
         return source, audit_plans(
             source, list_plans(source), policy, now, jobs=jobs, progress=progress

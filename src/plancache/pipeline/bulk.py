@@ -43,7 +43,8 @@ class PushEntry:
     action: str = ""
     """``uploaded``, ``unchanged`` or ``refused`` (in a dry run: what would happen)."""
     detail: str = ""
-    """Why refused; or ``signed`` (a new signature was made), ``signed first`` (dry run: would be), ``unsigned``."""
+    """Why refused; or ``signed`` (a new signature was made), ``signed first`` (dry run: would
+    be), ``unsigned``."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class PushRequest:
 
     signer: Signer | None = None
     """Signs plans that lack a current signature first; None uploads what is already signed."""
-    signing: SigningRequest = SigningRequest()
+    signing: SigningRequest = field(default_factory=SigningRequest)
     allow_unsigned: bool = False
     fingerprints: Sequence[str] | None = None
     """Only these plans (a missing one is refused); None: every plan in the directory."""
@@ -81,11 +82,11 @@ def _unchanged(store: Store, objects: dict[str, bytes], deadline: float) -> set[
             to_compare.add(name)
     fps = sorted({_fp_of(n) for n in to_compare})
     for remote in store.fetch_many(fps, deadline):
-        for name, data in (
+        for name, held in (
             (plan_name(remote.fingerprint), remote.plan_bytes),
             (sig_name(remote.fingerprint), remote.sig_bytes),
         ):
-            if name in to_compare and data is not None and data == objects[name]:
+            if name in to_compare and held is not None and held == objects[name]:
                 same.add(name)
     return same
 
@@ -109,7 +110,8 @@ def push_plans(
     push: PushRequest = PushRequest(),
     progress: Tally | None = None,
 ) -> tuple[list[PushEntry], int]:
-    """Sign (with ``push.signer``) and upload every plan and sidecar the store lacks byte for byte.
+    """Sign (with ``push.signer``) and upload every plan and sidecar the store lacks byte for
+    byte.
 
     A dry run's entries say what would happen (a plan that would be signed first counts as
     one to upload). Returns one entry per plan and the number of objects uploaded (or that
@@ -260,10 +262,16 @@ def prune_plans(
     ``invalid`` refuses to delete anything when no plan verifies and some are signed by keys
     the policy does not know: the trusted keys are more likely wrong than the whole store.
 
-    Plan sets go first (:func:`.plan_sets.audit.prune_sets`): those holding a plan to delete (or
+    Plan sets go first (:func:`.plan_sets.set_audit.prune_sets`): those holding a plan to delete (or
     one the store no longer holds) are deleted before any plan, so a failure leaves plans that
     a set still serves, never a set serving a deleted plan; a set that cannot be read (it may
     hold any plan) or deleted keeps every plan (``outcome.refused``; the command fails).
+
+    Raises:
+        ConfigError: ``revoked`` or ``invalid`` without a ``policy`` (``needs trusted keys``);
+            ``invalid`` where no plan verifies and some are signed by keys the policy does not
+            know (nothing deleted); a store that does not exist
+            (:func:`.locations.require_existing`); all ``config-error``.
     """
     needs_policy = criterion in ("revoked", "invalid")
     if needs_policy and policy is None:
@@ -279,11 +287,10 @@ def prune_plans(
     reports: list[PlanReport] = []
     outcome = PruneOutcome()
     judged: dict[str, str] = {}
-    while chunk := list(
-        itertools.islice(stream, STREAM_CHUNK)
-    ):  # streamed: digests kept, not bytes
+    # Streamed: digests kept, not bytes.
+    while chunk := list(itertools.islice(stream, STREAM_CHUNK)):
         chunk_reports = check_many(chunk, policy if needs_policy else None, now)
-        for result, report in zip(chunk, chunk_reports):
+        for result, report in zip(chunk, chunk_reports, strict=True):
             why = _prune_reason(report, now, older_than, criterion)
             if why:
                 outcome.doomed.append((report, why))
@@ -302,14 +309,18 @@ def prune_plans(
         and any(r.reason == Reason.UNTRUSTED_KEY.value for r in reports)
     ):
         raise ConfigError(
-            f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys not in the "
-            "trusted keys: check --trusted-keys; nothing deleted"
+            f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys "
+            "not in the trusted keys: check --trusted-keys; nothing deleted"
         )
     from .plan_sets.set_audit import prune_sets
 
     present = [r.fingerprint for r in reports if r.reason != Verdict.NO_PLAN.value]
     outcome.sets = prune_sets(
-        store, [r.fingerprint for r, _ in outcome.doomed], present, deadline, dry_run=dry_run
+        store,
+        [r.fingerprint for r, _ in outcome.doomed],
+        present,
+        deadline=deadline,
+        dry_run=dry_run,
     )
     if judged and not dry_run and not outcome.refused:
         from ..storage.conditional_deletes import delete_if_unchanged

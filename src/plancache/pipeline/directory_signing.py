@@ -103,9 +103,11 @@ def sign_directory(
     signer: Signer,
     now: datetime,
     request: SigningRequest,
+    *,
     fps: list[str] | None = None,
 ) -> list[SignOutcome]:
-    """Sign every plan in ``directory`` (or the given fingerprints); refusals are outcomes, not errors."""
+    """Sign every plan in ``directory`` (or the given fingerprints); refusals are outcomes, not
+    errors."""
     outcomes = []
     for fp in directory.fingerprints() if fps is None else fps:
         try:

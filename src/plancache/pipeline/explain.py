@@ -1,4 +1,5 @@
-"""Why a node would miss: this node's keys and inputs against what a store or directory holds, verified.
+"""Why a node would miss: this node's keys and inputs against what a store or directory holds,
+verified.
 
 ``plancache explain`` asks, for every rank of a configuration, whether a worker would use a plan
 and a compile cache, and if not which stored candidates come nearest and exactly which inputs
@@ -26,7 +27,7 @@ from ..trust.inputs import SALT_KEY, differences
 from ..trust.keyring.keys import Keyring
 from ..trust.statement import CONDITION_KEYS
 from .audit import VALID, PlanReport
-from .compile_cache.flows import CacheRoot, read_sidecar
+from .compile_cache.local_caches import CacheRoot, read_sidecar
 from .keyless_report import signed_by
 
 NEAREST = 3
@@ -86,7 +87,7 @@ def _input_differences(report: PlanReport, rank: NodeRank) -> list[dict[str, Any
 def _plan_candidates(
     rank: NodeRank, reports: Sequence[PlanReport], nearest: int
 ) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for report in reports:
         if report.status != VALID or not report.inputs or report.fingerprint == rank.fingerprint:
             continue
@@ -112,7 +113,8 @@ def _plan_candidates(
 def explain_plan(
     rank: NodeRank, reports: Sequence[PlanReport], nearest: int = NEAREST
 ) -> dict[str, Any]:
-    """Would this rank's worker apply a plan from ``reports``; if not, the nearest verified ones."""
+    """Would this rank's worker apply a plan from ``reports``; if not, the nearest verified
+    ones."""
     hit = next((r for r in reports if r.fingerprint == rank.fingerprint), None)
     not_compared = {
         "unverified": sum(r.status != VALID for r in reports if r.fingerprint != rank.fingerprint),
@@ -130,7 +132,8 @@ def explain_plan(
                 decision="profile",
                 reason="condition-mismatch",
                 differs=conditions,
-                detail="the plan verifies, but the gate's signed conditions differ from this node's",
+                detail="the plan verifies, but the gate's signed conditions differ from this "
+                "node's",
             )
         else:
             out.update(
@@ -161,7 +164,8 @@ def explain_plan(
 def caches_in_store(
     store: Store, keyring: Keyring, now: datetime, deadline: float
 ) -> list[CacheCandidate]:
-    """Every compile cache the store lists (at most :data:`MAX_CACHES`), its signature verified."""
+    """Every compile cache the store lists (at most :data:`MAX_CACHES`), its signature
+    verified."""
     found = []
     for subject in archives.list_subjects(store, deadline)[:MAX_CACHES]:
         try:
@@ -175,7 +179,8 @@ def caches_in_store(
 
 
 def caches_in_root(root: CacheRoot, keyring: Keyring, now: datetime) -> list[CacheCandidate]:
-    """Every compile cache under a local cache root, its signature verified (files are the guard's)."""
+    """Every compile cache under a local cache root, its signature verified (files are the
+    guard's)."""
     found = []
     for subject in root.subjects()[:MAX_CACHES]:
         try:
@@ -195,33 +200,37 @@ def _has_rank(manifest: Manifest, rank: int) -> bool:
 
 
 def explain_compile(
-    rank: int, here: Mapping[str, Any], caches: Sequence[CacheCandidate], nearest: int = NEAREST
+    rank: int,
+    here: Mapping[str, Any],
+    caches: Sequence[CacheCandidate],
+    *,
+    nearest: int = NEAREST,
 ) -> dict[str, Any]:
     """Would this rank load a stored compile cache: one whose signed key factors equal this
     node's in every factor known here before a compile (``here``: ``env``, ``config_hash``;
     vLLM compares the traced code's hash itself at load) and that holds this rank's artifacts."""
-    compared = [c for c in caches if c.manifest is not None and c.manifest.key_factors is not None]
     not_compared = {
         "unverified": sum(c.manifest is None for c in caches),
         "without_factors": sum(
             c.manifest is not None and c.manifest.key_factors is None for c in caches
         ),
     }
-    rows = []
-    for cache in compared:
-        signed = {
-            k: v
-            for k, v in (cache.manifest.key_factors or {}).items()  # type: ignore[union-attr]
-            if k in here or k == SALT_KEY
-        }  # keyed values compare under their salt
+    rows: list[dict[str, Any]] = []
+    for cache in caches:
+        manifest = cache.manifest
+        if manifest is None or manifest.key_factors is None:
+            continue  # not compared: counted above
+        signed = {  # keyed values compare under their salt
+            k: v for k, v in manifest.key_factors.items() if k in here or k == SALT_KEY
+        }
         rows.append(
             {
                 "cache": cache.subject,
                 "differs": differences(signed, here),
                 "signers": list(cache.signers),
-                "has_rank": _has_rank(cache.manifest, rank),
+                "has_rank": _has_rank(manifest, rank),
             }
-        )  # type: ignore[arg-type]
+        )
     rows.sort(key=lambda r: (len(r["differs"]), not r["has_rank"], r["cache"]))
     match = next((r for r in rows if not r["differs"] and r["has_rank"]), None)
     out: dict[str, Any] = {"not_compared": not_compared}
@@ -232,7 +241,8 @@ def explain_compile(
             cache=match["cache"],
             differs=[],
             candidates=[],
-            detail="signed factors equal this node's (vLLM compares the traced code's hash at load)",
+            detail="signed factors equal this node's "
+            "(vLLM compares the traced code's hash at load)",
         )
         return out
     same = next((r for r in rows if not r["differs"]), None)

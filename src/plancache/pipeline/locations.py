@@ -55,12 +55,18 @@ def is_url(location: str | None) -> bool:
 
 
 def normalise_url(url: str) -> str:
-    """The URL with its scheme in lower case (``S3://b`` is ``s3://b``; bucket names keep theirs)."""
+    """The URL with its scheme in lower case (``S3://b`` is ``s3://b``; bucket names keep
+    theirs)."""
     scheme, sep, rest = url.partition("://")
     return f"{scheme.lower()}{sep}{rest}" if sep else url
 
 
 def require_url(url: str) -> str:
+    """``url`` with its scheme normalised, once it is known to be a store URL.
+
+    Raises:
+        ConfigError: ``url`` has no scheme (``not a store URL``; ``config-error``).
+    """
     if not is_url(url):
         raise ConfigError(f"not a store URL: {url!r} (expected e.g. s3://bucket/prefix)")
     return normalise_url(url)
@@ -71,7 +77,11 @@ def storage_options_for(
 ) -> dict[str, Any]:
     """``$PLANCACHE_STORAGE_OPTIONS`` overridden, key by key, by the options a caller names
     (``--storage-option`` flags, the Python API's ``storage_options``): the CLI and the API
-    read the same environment, and what is said explicitly wins."""
+    read the same environment, and what is said explicitly wins.
+
+    Raises:
+        ConfigError: ``$PLANCACHE_STORAGE_OPTIONS`` does not parse (``config-error``).
+    """
     from ..settings import STORAGE_OPTIONS_ENV, parse_storage_options
 
     options: dict[str, Any] = {}
@@ -89,10 +99,17 @@ def open_url(
     url: str,
     storage_options: Mapping[str, Any] | None,
     timeout: float,
+    *,
     deadline: float | None = None,
 ) -> Store:
     """The store at ``url``, after checking that its backend takes every storage option given
-    (both within ``deadline``, default now + ``timeout``: see :func:`~..storage.store.open_store`)."""
+    (both within ``deadline``, default now + ``timeout``: see
+    :func:`~..storage.store.open_store`).
+
+    Raises:
+        ConfigError: ``url`` is not a store URL, or its backend refuses a storage option
+            (raised by :func:`require_url` and the store's checks; ``config-error``).
+    """
     started = time.monotonic()  # before importing the storage machinery: it counts too
     from ..storage.checks import check_options
     from ..storage.deadline import checked_budget
@@ -109,8 +126,13 @@ def open_url(
     )
 
 
-def local_dir(location: str | Path | None, must_exist: bool = True) -> LocalPlanDir:
-    """A plan directory (default: vLLM's, resolved as vLLM resolves it)."""
+def local_dir(location: str | os.PathLike[str] | None, must_exist: bool = True) -> LocalPlanDir:
+    """A plan directory (default: vLLM's, resolved as vLLM resolves it).
+
+    Raises:
+        ConfigError: the path is a file, or (with ``must_exist``) not a directory
+            (``config-error``).
+    """
     path = Path(location).expanduser() if location else default_plan_dir()
     if path.is_file():
         raise ConfigError(
@@ -122,7 +144,7 @@ def local_dir(location: str | Path | None, must_exist: bool = True) -> LocalPlan
 
 
 def open_location(
-    location: str | Path | None,
+    location: str | os.PathLike[str] | None,
     storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
 ) -> Location:
@@ -139,6 +161,10 @@ def require_existing(source: Location, deadline: float | None = None) -> None:
 
     Called after a listing came back empty: fsspec lists a missing bucket as empty, and a
     mistyped bucket must not pass an audit.
+
+    Raises:
+        ConfigError: the plan directory, the bucket or the store's location does not exist
+            (``config-error``).
     """
     if isinstance(source, LocalPlanDir):
         if not source.path.is_dir():
@@ -157,7 +183,12 @@ def require_push_target(store: Store) -> None:
     """ConfigError when a ``file://`` store's parent directory does not exist. A push creates
     the store's own directory (a new store), but a whole missing tree is a mistyped mount path
     (``file:///mnt/plnas/fleet``), and creating it would hide every plan from the nodes that
-    read the real one."""
+    read the real one.
+
+    Raises:
+        ConfigError: the parent directory of a ``file://`` store does not exist
+            (``config-error``).
+    """
     if store.url.split("://", 1)[0].lower() not in ("file", "local"):
         return
     parent = Path(store.root or "/").parent
@@ -186,7 +217,8 @@ def no_plans_message(source: Location) -> str:
 
     below = deeper(source)
     if below:
-        return f"no plans in {source}; plans found below it in: {', '.join(safe_text(b, 300) for b in below)}"
+        shown = ", ".join(safe_text(b, 300) for b in below)
+        return f"no plans in {source}; plans found below it in: {shown}"
     near = near_miss(source)
     return f"no plans in {source}" + (
         f"; did you mean {safe_text(near, 300)} (it holds plans)?" if near else ""
@@ -226,11 +258,9 @@ def near_miss(source: Location) -> str | None:
     return by_name[match[0]] if match else None
 
 
-def _deeper_dirs(root: Path, limit: int, max_depth: int = 3, max_dirs: int = 500) -> list[str]:
+def _deeper_dirs(root: Path, limit: int, *, max_depth: int = 3, max_dirs: int = 500) -> list[str]:
     found: list[str] = []
-    visited = 0
-    for current, dirs, files in os.walk(root):
-        visited += 1
+    for visited, (current, dirs, files) in enumerate(os.walk(root), start=1):
         depth = len(Path(current).relative_to(root).parts)
         if depth >= max_depth:
             dirs[:] = []

@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plans.plan import plan_name
-from ..trust.policy import TrustPolicy
+from ..trust.policy import Source, TrustPolicy
 from ..trust.result import PlanResult
 
 if TYPE_CHECKING:
     from ..storage.store import Store
 
 PERSIST_BATCH = 64
-"""Verified plans written (and the directory fsynced) together: one batch of the store's concurrency."""
+"""Verified plans written (and the directory fsynced) together: one batch of the store's
+concurrency."""
 
 WRITE_THREADS = 8
 """Local writes in flight for a bulk pull: each fsync releases the GIL, threads overlap them."""
@@ -46,7 +47,7 @@ def verify_result(result: PlanResult, policy: TrustPolicy, now: datetime) -> Pla
     """Raw bytes in a result -> the same result with its VerifiedPlan, or the typed rejection."""
     if result.error is not None or result.plan_bytes is None or result.verified is not None:
         return result
-    source = "store" if result.source == "store" else "local"
+    source: Source = "store" if result.source == "store" else "local"
     try:
         verified = policy.verify(
             plan_name(result.fingerprint), result.plan_bytes, result.sig_bytes, source, now
@@ -95,12 +96,17 @@ class Resolver:
 
     @property
     def store(self) -> Store:
-        """The store, opened now if it was given as an opener; ConfigError without one."""
+        """The store, opened now if it was given as an opener.
+
+        Raises:
+            ConfigError: no store was given, or the policy reads none (no trusted keys: a
+                store's plans are never used unverified; ``config-error``).
+        """
         if self._store is None or not self.policy.reads_store:
             raise ConfigError("no trusted keys: plans from a store are never used unverified")
         if callable(self._store):
             self._store = self._store()
-        return self._store  # type: ignore[return-value]
+        return self._store
 
     def local(self, fp: str) -> PlanResult:
         """The local plan, verified under the policy; no plan file is a miss, not an error."""
@@ -158,7 +164,11 @@ class Resolver:
             return [self._write(r, sync=True) if r.verified is not None else r for r in results]
         with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
             written = dict(
-                zip((id(r) for r in todo), pool.map(lambda r: self._write(r, sync=False), todo))
+                zip(
+                    (id(r) for r in todo),
+                    pool.map(lambda r: self._write(r, sync=False), todo),
+                    strict=True,
+                )
             )
         if any(w.written for w in written.values()):
             self.directory.sync()  # one directory fsync for the batch; each file was fsynced

@@ -1,4 +1,5 @@
-"""From settings to trust objects, once: the policy (trusted keys) and the signer (key reference).
+"""From settings to trust objects, once: the policy (trusted keys) and the signer (key
+reference).
 
 The CLI (flags, then environment) and the plugin (environment) name keys the same way; both
 build their :class:`~plancache.trust.policy.TrustPolicy` here, so a trusted-keys setting
@@ -26,6 +27,10 @@ def load_trusted_keys(
 
     ``revocations_only`` accepts a file that lists only ``@revoked`` entries, for callers
     that only ask "is this revoked?" (``prune --revoked``).
+
+    Raises:
+        ConfigError: ``threshold`` is below 1, or the keys cannot be read or parsed (from
+            :func:`~plancache.keys.keyfile.load_keyring`); ``config-error``.
     """
     if threshold < 1:
         raise ConfigError(

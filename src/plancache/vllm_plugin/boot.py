@@ -188,7 +188,7 @@ def _resolve(
                 import socket
 
                 replica = replica_of(socket.gethostname(), boot.config.set_replicas)
-                return resolve_node(resolver, fp, members, deadline, replica)
+                return resolve_node(resolver, fp, members, deadline, replica=replica)
         return resolver.resolve(fp, deadline)
     except PlanCacheError as exc:
         return PlanResult(fp, "local", error=exc)

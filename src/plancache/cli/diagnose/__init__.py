@@ -1,1 +1,2 @@
-"""The subcommands that explain a node: ``doctor``, ``explain``, ``fingerprint`` and the node_exporter textfile."""
+"""The subcommands that explain a node: ``doctor``, ``explain``, ``fingerprint`` and the
+node_exporter textfile."""

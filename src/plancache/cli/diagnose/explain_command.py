@@ -1,4 +1,5 @@
-"""``plancache explain``: per rank, would this node use a stored plan and compile cache, and if not, why.
+"""``plancache explain``: per rank, would this node use a stored plan and compile cache, and if
+not, why.
 
 Why: a fleet whose nodes all miss the shared cache pays for it and saves nothing, and a miss
 looks like any boot. This command takes this node's vLLM configuration exactly as
@@ -15,13 +16,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...trust.display import safe_text
 from ...trust.errors import ConfigError
 from ..flag_objects import required_policy, storage_options
 from ..output import print_table, report
+
+if TYPE_CHECKING:
+    from ...pipeline.explain import CacheCandidate
+    from ...pipeline.locations import Location
+    from ...trust.keyring.keys import Keyring
 
 EXIT_MISS = 1
 
@@ -36,16 +43,15 @@ def _compile_root(args: argparse.Namespace) -> Path | None:
 
 
 def _caches(
-    args: argparse.Namespace, source: Any, keyring: Any, now: Any
-) -> tuple[list[Any] | None, str | None]:
-    from ...pipeline.compile_cache.flows import CacheRoot
+    args: argparse.Namespace, source: Location, keyring: Keyring, now: datetime
+) -> tuple[list[CacheCandidate] | None, str | None]:
+    from ...pipeline.compile_cache.local_caches import CacheRoot
     from ...pipeline.explain import caches_in_root, caches_in_store
     from ...storage.local.localdir import LocalPlanDir
 
     if not isinstance(source, LocalPlanDir):
-        return caches_in_store(source, keyring, now, time.monotonic() + source.timeout), str(
-            args.location
-        )
+        deadline = time.monotonic() + source.timeout
+        return caches_in_store(source, keyring, now, deadline), str(args.location)
     root = _compile_root(args)
     if root is None:
         return None, None
@@ -81,14 +87,16 @@ def _print(result: dict[str, Any]) -> None:
             + (f"; differs: {_differs(plan['differs'])}" if plan["differs"] else "")
         )
         for c in plan["candidates"]:
+            signers = ", ".join(c["signers"]) or "?"
             print(
-                f"    nearest plan {c['fingerprint']} (signed by {', '.join(c['signers']) or '?'}): {_differs(c['differs'])}"
+                f"    nearest plan {c['fingerprint']} (signed by {signers}): "
+                f"{_differs(c['differs'])}"
             )
         skipped = plan["not_compared"]
         if any(skipped.values()):
             print(
-                f"    not compared: {skipped['unverified']} plan(s) that do not verify, {skipped['without_inputs']} "
-                "verified without signed inputs"
+                f"    not compared: {skipped['unverified']} plan(s) that do not verify, "
+                f"{skipped['without_inputs']} verified without signed inputs"
             )
         if cache:
             print(
@@ -103,8 +111,8 @@ def _print(result: dict[str, Any]) -> None:
             skipped = cache["not_compared"]
             if any(skipped.values()):
                 print(
-                    f"    not compared: {skipped['unverified']} cache(s) that do not verify, {skipped['without_factors']} "
-                    "verified without signed factors"
+                    f"    not compared: {skipped['unverified']} cache(s) that do not verify, "
+                    f"{skipped['without_factors']} verified without signed factors"
                 )
 
 
@@ -136,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
     source, reports = audit_location(
         args.location, policy, now, storage_options=storage_options(args), timeout=args.timeout
     )
-    caches, cache_location = _caches(args, source, policy.keyring, now)
-    ranks = []
+    keyring = policy.keyring
+    assert keyring is not None  # required_policy's policy is the signed one, keys and all
+    caches, cache_location = _caches(args, source, keyring, now)
+    ranks: list[dict[str, Any]] = []
     for entry in node["ranks"]:
         factors = entry["factors"]
         conditions = {
@@ -172,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
         report(args, ok, **result)
     else:
         _print(result)
-        print(
-            f"explain: {'every rank would use what is stored' if ok else 'a worker here would miss (see above)'}",
-            file=sys.stderr,
+        verdict = (
+            "every rank would use what is stored" if ok else "a worker here would miss (see above)"
         )
+        print(f"explain: {verdict}", file=sys.stderr)
     return 0 if ok else EXIT_MISS

@@ -27,9 +27,9 @@ from ...trust.errors import ConfigError
 
 EXIT_CONFIG = 2
 NO_PLATFORM = (
-    "; vLLM finds no GPU here. VLLM_TARGET_DEVICE=cpu lets it build the configuration, but the fingerprint then "
-    "hashes this machine's CPU platform and torch build, so it cannot match a GPU node's: run this where the "
-    "fleet's image runs (a node of its kind)"
+    "; vLLM finds no GPU here. VLLM_TARGET_DEVICE=cpu lets it build the configuration, but the "
+    "fingerprint then hashes this machine's CPU platform and torch build, so it cannot match a "
+    "GPU node's: run this where the fleet's image runs (a node of its kind)"
 )
 """Why a CPU box cannot stand in for a GPU node (issue 21 item 1): said, not papered over."""
 NEEDS_VLLM = "plancache: fingerprint needs the [vllm] extra (pip install 'plancache[vllm]')"
@@ -117,7 +117,12 @@ def _first_line(exc: BaseException) -> str:
 
 def configure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """The serve arguments after ``--`` -> (fingerprints of every rank, the VllmConfig), every
-    failure one ConfigError line (shared by ``fingerprint`` and ``explain``)."""
+    failure one ConfigError line (shared by ``fingerprint`` and ``explain``).
+
+    Raises:
+        ConfigError: no serve arguments, vLLM not installed, no device to hash, the model's
+            configuration unreadable, or arguments vLLM refuses (``config-error``).
+    """
     serve = list(args.serve_args)
     if serve[:1] == ["--"]:
         serve = serve[1:]
@@ -153,8 +158,8 @@ def configure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         )
         offline = "offline, " if hub_offline else ""
         raise ConfigError(
-            f"fingerprint: cannot read the model's configuration ({_first_line(exc)}): {offline}a hub "
-            "model id must be in the local Hugging Face cache ($HF_HOME); or give the model's "
+            f"fingerprint: cannot read the model's configuration ({_first_line(exc)}): {offline}a "
+            "hub model id must be in the local Hugging Face cache ($HF_HOME); or give the model's "
             "local directory"
         ) from None
     except (ValueError, SystemExit) as exc:  # vLLM's own argument/config validation
@@ -179,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for entry in result["ranks"]:
         print(
-            f"rank {entry['rank']}/{result['world_size']}  {entry['fingerprint']}  startup_plan_{entry['fingerprint']}.json"
+            f"rank {entry['rank']}/{result['world_size']}  {entry['fingerprint']}  "
+            f"startup_plan_{entry['fingerprint']}.json"
         )
         if args.explain:
             for key, value in entry["factors"].items():

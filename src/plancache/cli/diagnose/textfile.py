@@ -221,9 +221,9 @@ def render(records: Iterable[dict[str, Any]]) -> str:
     samples: dict[str, list[str]] = {name: [] for name, _ in METRICS}
     for rank, doc in sorted(latest.items()):
         base = f'rank="{rank}"'
-        plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else {}
+        plan = found if isinstance(found := doc.get("plan"), dict) else {}
         caches = [c for c in doc.get("compile_cache") or [] if isinstance(c, dict)]
-        saved = doc.get("saved_ms") if isinstance(doc.get("saved_ms"), dict) else {}
+        saved = found if isinstance(found := doc.get("saved_ms"), dict) else {}
         when = _epoch(doc.get("time"))
         if when is not None:
             samples["plancache_boot_timestamp_seconds"].append(f"{{{base}}} {when:.0f}")

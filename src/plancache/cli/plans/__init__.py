@@ -1,1 +1,2 @@
-"""The plan subcommands: the local ones (keygen, sign, verify, ls, inspect) and the store ones (push, pull, prune)."""
+"""The plan subcommands: keys and signatures (keygen, sign), the offline audit (verify, ls), one
+file in detail (inspect), and the store ones (push, pull, prune)."""

@@ -41,11 +41,17 @@ DRY_RUN_WORDS = {"uploaded": "would upload", "unchanged": "already in the store 
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    """Sign (with ``--key``) and upload a directory's plans, then their plan sets.
+
+    Raises:
+        ConfigError: ``--set-replicas`` out of range, or a bad DIR, URL or key
+            (``config-error``).
+    """
     from ...pipeline.bulk import PushRequest, push_plans
     from ...pipeline.trust_config import signer_for
     from ..flag_objects import signing_request
     from ..keys_cmd import terminal_prompt
-    from .offline import conditions_warning, unrecorded_conditions
+    from .signing_commands import conditions_warning, unrecorded_conditions
 
     check_places(args)
     from ...trust.plans.plan_set import MAX_REPLICAS
@@ -92,7 +98,9 @@ def cmd_push(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             warnings=warnings,
             plan_sets=[vars(s) for s in sets],
-            **counts,
+            uploaded=counts["uploaded"],
+            unchanged=counts["unchanged"],
+            refused=counts["refused"],
         )
     else:
         for e in entries:
@@ -154,7 +162,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     )
     directory = local_dir(args.dir, must_exist=False)
     deadline = started + budget
-    store = open_url(args.url, storage_options(args), budget, deadline)  # the SDK's import counts
+    store = open_url(
+        args.url, storage_options(args), budget, deadline=deadline
+    )  # the SDK's import counts
     resolver = Resolver(directory, policy, store)
     actions = {True: "written", False: "unchanged", None: "rejected"}
     with Progress("pull", args.quiet or len(wanted) == 1) as bar:
@@ -201,8 +211,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
             f"{unread} could not be read"
         ] * bool(unread)
         print(
-            f"{len(reports)} plan(s) from {store.url} into {directory}: {len(reports) - rejected} verified "
-            f"({written} written), {rejected} rejected"
+            f"{len(reports)} plan(s) from {store.url} into {directory}: {len(reports) - rejected} "
+            f"verified ({written} written), {rejected} rejected"
             + (f" ({', '.join(notes)})" if notes else ""),
             file=sys.stderr,
         )
@@ -226,7 +236,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     started = time.monotonic()
     budget = checked_budget(args.timeout, BULK_TIMEOUT)
     deadline = started + budget  # once: the listing, every read and delete, plans and sets share it
-    store = open_url(args.url, storage_options(args), budget, deadline)
+    store = open_url(args.url, storage_options(args), budget, deadline=deadline)
     with Progress("prune", args.quiet) as bar:
         outcome = prune_plans(
             store,
@@ -279,12 +289,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
         for r in outcome.failed:
             print(f"plancache: could not read {r.fingerprint}: {r.detail}", file=sys.stderr)
         print(
-            f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept {outcome.seen - len(deleted)}",
+            f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept "
+            f"{outcome.seen - len(deleted)}",
             file=sys.stderr,
         )
         if sets:
             print(
-                f"plan set(s) holding them or a plan no longer in the store: {verb} {', '.join(sets)}",
+                f"plan set(s) holding them or a plan no longer in the store: {verb} "
+                f"{', '.join(sets)}",
                 file=sys.stderr,
             )
     if set_errors:
@@ -299,6 +311,6 @@ def _set_errors_line(errors: list[Any], dry_run: bool) -> str:
     first = (unread or errors)[0]
     kept = "no plan would be deleted" if dry_run else "no plan was deleted"
     return (
-        f"plancache: prune refused: plan set(s) {', '.join(e.name for e in unread or errors)} {what} "
-        f"({first.reason}: {first.detail}); {kept}, so no set goes on serving a pruned plan"
+        f"plancache: prune refused: plan set(s) {', '.join(e.name for e in unread or errors)} "
+        f"{what} ({first.reason}: {first.detail}); {kept}, so no set goes on serving a pruned plan"
     )

@@ -1,11 +1,12 @@
-"""A cache's precompiled headers: shipped signed by its build node, installed verified by a new node.
+"""A cache's precompiled headers: shipped signed by its build node, installed verified by a new
+node.
 
 Inductor builds its precompiled header (``<hash>.h.gch``, 149 MiB, 11-60 s of gcc) before it
 loads even a warm cache; a node that pulled its cache would otherwise build it on its first
 boot. So the build node pushes the header(s) its compile used beside the cache
 (:func:`push_headers`: one gzip stream and a statement signed on its own,
-:mod:`plancache.trust.compile_cache.header_statement`), and a node that pulled the cache installs them
-(:func:`pull_headers`) into its private headers directory, where torch looks for them by name,
+:mod:`plancache.trust.compile_cache.header_statement`), and a node that pulled the cache installs
+them (:func:`pull_headers`) into its private headers directory, where torch looks for them by name,
 only beside the cache signature they were made for (the statement binds that cache's
 ``archive_sha256``; the node names the one it holds: at once, or for a fetch beside the guard's
 pull, in :meth:`Cancel.release`):
@@ -68,8 +69,8 @@ class HeadersOutcome:
     def line(self) -> str:
         """``key=value`` fields for a log line."""
         return (
-            f"headers={self.action} reason={self.reason or 'verified'} installed={len(self.installed)} "
-            f"present={len(self.present)} bytes={self.size}"
+            f"headers={self.action} reason={self.reason or 'verified'} "
+            f"installed={len(self.installed)} present={len(self.present)} bytes={self.size}"
         )
 
 
@@ -77,7 +78,8 @@ class Cancel:
     """Whether the fetch may still install. ``set`` by a waiter that stopped waiting (torch is
     building that header now, and a link must not race gcc's own write) or by the guard when
     the cache pulled beside it is not loaded; ``held`` (a fetch started while the guard still
-    pulls its cache) links nothing until :meth:`release` (the cache was loaded: which one) or ``set``."""
+    pulls its cache) links nothing until :meth:`release` (the cache was loaded: which one) or
+    ``set``."""
 
     def __init__(self, *, held: bool = False) -> None:
         self._cond = threading.Condition()
@@ -115,8 +117,12 @@ class Cancel:
             return self._cancelled
 
     def check(self) -> None:
-        """Raise :class:`Cancelled` once set: the fetch stops at its next step, GETs and inflating
-        included, so a cache that was not loaded costs its header at most one piece more."""
+        """Stop the fetch once set: it stops at its next step, GETs and inflating included, so a
+        cache that was not loaded costs its header at most one piece more.
+
+        Raises:
+            Cancelled: :meth:`set` was called; it carries the outcome the fetch ends as.
+        """
         with self._cond:
             if self._cancelled is not None:
                 raise Cancelled(self._cancelled)
@@ -196,11 +202,11 @@ def push_headers(
     )
     archives.put_object(store, archives.headers_name(subject), data, deadline=deadline)
     archives.put_object(store, archives.headers_sig_name(subject), sig, deadline=deadline)
-    names = tuple(e[0] for e in entries)
+    shipped = tuple(e[0] for e in entries)
     return HeadersOutcome(
         "pushed",
-        detail=f"{len(names)} header(s), {hset.total_size} bytes as {len(data)}",
-        installed=names,
+        detail=f"{len(shipped)} header(s), {hset.total_size} bytes as {len(data)}",
+        installed=shipped,
         size=len(data),
     )
 
@@ -231,9 +237,8 @@ def pull_headers(
         return exc.outcome
     except Rejected as exc:  # an alert even once cancelled: the store's header was refused
         return HeadersOutcome("rejected", exc.reason.value, exc.detail)
-    except (
-        PlanCacheError
-    ) as exc:  # a GET that timed out or failed after the cancel: the cancel ended it
+    except PlanCacheError as exc:
+        # A GET that timed out or failed after the cancel: the cancel ended it.
         return cancel.outcome() or HeadersOutcome("failed", exc.reason.value, exc.detail)
     except Exception as exc:
         return cancel.outcome() or HeadersOutcome(
@@ -313,10 +318,9 @@ def _inflate(
         with cancel.unless_cancelled(deadline) as going_on:
             if not going_on:
                 cancel.check()
-            check_binding(
-                hset, bound if bound is not None else cancel.released()
-            )  # None: unknown, refused
-            for (tmp, name), entry in zip(staged, hset.headers):
+            # The cache loaded (None: unknown, refused).
+            check_binding(hset, bound if bound is not None else cancel.released())
+            for (tmp, name), entry in zip(staged, hset.headers, strict=True):
                 if not there[name] and files.link(fd, tmp, name):
                     installed.append(name)
                     size += entry.size

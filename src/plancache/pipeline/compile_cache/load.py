@@ -1,14 +1,14 @@
 """What the plugin runs before vLLM's first read of a compile cache: pull, verify, copy, or not.
 
-:func:`guard` is the one entry point. Under the node's lock for the directory (so ranks never
-race: one pulls, the others wait and then verify what it installed) it pulls a missing cache,
-verifies a present one and copies it into the boot's private directory, hashing every byte it
-writes (:mod:`plancache.storage.compile_cache.private_copy`). vLLM is then pointed at the copy only: the
-signed directory is never read by torch, and never written by it either, so a verified cache
-stays verified across restarts. A cache that fails verification is moved aside beside it, on its
-own mount; if it cannot be moved, it is simply not loaded. A local failure (a full disk, a
-permission, a name already taken, a lock that cannot be had) is no verdict: the cache stays in
-place and vLLM compiles, with the reason in the outcome. Every outcome is a :class:`CacheOutcome`.
+:func:`guard` is the one entry point. Under the node's lock for the directory (so ranks never race:
+one pulls, the others wait and then verify what it installed) it pulls a missing cache, verifies a
+present one and copies it into the boot's private directory, hashing every byte it writes
+(:mod:`plancache.storage.compile_cache.private_copy`). vLLM is then pointed at the copy only: the
+signed directory is never read by torch, and never written by it either, so a verified cache stays
+verified across restarts. A cache that fails verification is moved aside beside it, on its own
+mount; if it cannot be moved, it is simply not loaded. A local failure (a full disk, a permission, a
+name already taken, a lock that cannot be had) is no verdict: the cache stays in place and vLLM
+compiles, with the reason in the outcome. Every outcome is a :class:`CacheOutcome`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from ...trust.compile_cache.manifest import verify_manifest
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring
-from .flows import (
+from .flows import pull_locked
+from .local_caches import (
     CacheOutcome,
     CacheRoot,
     check_names,
     has_files,
     outcome_of,
-    pull_locked,
     read_sidecar,
 )
 
@@ -54,8 +54,9 @@ def guard(
 ) -> CacheOutcome:
     """Before vLLM reads ``subject``, under the node's lock for it (waiting at most ``wait``):
     pull it if it is missing and ``fetch`` is given, verify its signature and closed world, then
-    copy it into ``into`` hashing every byte written (:mod:`plancache.storage.compile_cache.private_copy`):
-    ``load`` means vLLM must read ``into``, and only ``into``. Otherwise ``into`` is left an
+    copy it into ``into`` hashing every byte written
+    (:mod:`plancache.storage.compile_cache.private_copy`): ``load`` means vLLM must read ``into``,
+    and only ``into``. Otherwise ``into`` is left an
     empty directory, and the outcome says why: ``compile`` (``no-cache``, ``store-rejected``, a
     store error, ``timeout`` of the lock) or ``quarantined`` (the local cache was moved aside,
     beside it on its own mount; a store then gets one chance to replace it). ``keyring`` None
@@ -164,7 +165,7 @@ def _load_into(
     verified = verify_manifest(subject, read_sidecar(directory), keyring, now)
     check_names(directory, verified)
     private_copy.copy_verified(directory, into, verified.manifest)
-    return outcome_of(subject, "load", verified, detail)
+    return outcome_of(subject, "load", verified, detail=detail)
 
 
 def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:

@@ -1,4 +1,5 @@
-"""One store read per node for each of its worlds: the boot-storm path beside :class:`Resolver.resolve`.
+"""One store read per node for each of its worlds: the boot-storm path beside
+:class:`Resolver.resolve`.
 
 Every rank of a world computes every rank's fingerprint, hence the name of their plan set
 (:mod:`plancache.trust.plans.plan_set`). So on a local miss, a rank takes that set's node lock
@@ -93,13 +94,14 @@ def set_key(directory: Path, name: str) -> Path:
 
 
 def resolve_node(
-    resolver: Resolver, fp: str, world: Sequence[str], deadline: float, replica: int = 0
+    resolver: Resolver, fp: str, world: Sequence[str], deadline: float, *, replica: int = 0
 ) -> PlanResult:
     """This rank's verified plan, the store read at most once per node for ``world``'s plans.
 
     ``world`` is every rank's fingerprint in rank order (``fp`` among them); ``replica`` the copy
     of the set to read (:func:`replica_of`; a copy that cannot be read falls back to the set
-    itself). Local first, as :meth:`Resolver.resolve`; a policy that reads no store never gets here."""
+    itself). Local first, as :meth:`Resolver.resolve`; a policy that reads no store never gets
+    here."""
     local = resolver.local(fp)
     if local.verified is not None or not resolver.reads_store:
         return local
@@ -243,7 +245,8 @@ def _mtime(path: Path) -> float:
 
 
 def _record(key: Path, name: str, results: dict[str, PlanResult]) -> None:
-    """What this rank's fetch came to for each member, for the ranks waiting on the lock (best effort)."""
+    """What this rank's fetch came to for each member, for the ranks waiting on the lock (best
+    effort)."""
     members = {
         fp: {
             "applied": r.verified is not None,

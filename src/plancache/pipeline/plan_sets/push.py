@@ -67,7 +67,8 @@ def worlds(
         if sorted(ranks) != list(range(sizes[key])) or any(len(v) != 1 for v in ranks.values()):
             held = ", ".join(f"{r}x{len(v)}" for r, v in sorted(ranks.items()))
             problems.append(
-                f"world of {sizes[key]} rank(s) with ranks {held}: no plan set (each rank once needed)"
+                f"world of {sizes[key]} rank(s) with ranks {held}: "
+                "no plan set (each rank once needed)"
             )
             continue
         complete.append([ranks[r][0] for r in range(sizes[key])])

@@ -92,12 +92,20 @@ def plan_facts(
     }
 
 
+def _listed_id(name: str) -> tuple[str, int]:
+    """(set id, replica index) of a name :func:`set_names` listed: it lists only the names that
+    have one."""
+    found = set_object_id(name)
+    assert found is not None, name
+    return found
+
+
 def audit_sets(
     store: Store,
     policy: TrustPolicy | None,
     now: datetime,
-    deadline: float | None = None,
     *,
+    deadline: float | None = None,
     plans: PlanFacts | None = None,
 ) -> list[SetReport]:
     """A report per set or replica object the store lists (one listing, one read each, all
@@ -105,9 +113,9 @@ def audit_sets(
     deadline = store._deadline(deadline)
     reports: list[SetReport] = []
     names = set_names(store, deadline)  # sorted: the copies of one set are adjacent
-    for _, group in itertools.groupby(names, key=lambda n: set_object_id(n)[0]):  # type: ignore[index]
+    for _, group in itertools.groupby(names, key=lambda n: _listed_id(n)[0]):
         copies = []
-        for name in sorted(group, key=lambda n: set_object_id(n)[1]):  # type: ignore[index]
+        for name in sorted(group, key=lambda n: _listed_id(n)[1]):
             report, copy = _audit_one(store, name, policy, now, deadline)
             reports.append(report)
             if copy is not None:
@@ -121,7 +129,7 @@ def _audit_one(
 ) -> tuple[SetReport, _Copy | None]:
     """One object read, verified and reduced to its report (and, verified, its digests); its
     bytes are dropped on return."""
-    ident, replica = set_object_id(name)  # type: ignore[misc]
+    ident, replica = _listed_id(name)
     report = SetReport(name, f"{SET_PREFIX}{ident}{SET_SUFFIX}", replica)
     if time.monotonic() >= deadline:  # no read is started that cannot finish in the budget
         report.status, report.reason = STORE_ERROR, Reason.TIMEOUT.value
@@ -175,7 +183,10 @@ def _compare(copies: list[_Copy], plans: PlanFacts) -> None:
     for copy in copies:
         if copy.digest == newest.digest:
             continue
-        when = f"signed {format_time(copy.signed_at)}; {newest.report.name} signed {format_time(newest.signed_at)}"
+        when = (
+            f"signed {format_time(copy.signed_at)}; "
+            f"{newest.report.name} signed {format_time(newest.signed_at)}"
+        )
         if copy.report.replica and newest.report.replica == 0:
             _older(
                 copy.report,
@@ -230,8 +241,8 @@ def prune_sets(
     store: Store,
     deleted: Iterable[str],
     present: Iterable[str],
-    deadline: float | None = None,
     *,
+    deadline: float | None = None,
     dry_run: bool = False,
 ) -> SetPrune:
     """Delete (or name, in a dry run) the set objects holding a plan about to be deleted or one
@@ -244,7 +255,7 @@ def prune_sets(
     gone, listed = set(deleted), set(present)
     outcome, doomed = SetPrune(), []
     deadline = store._deadline(deadline)  # one budget for the listing, the reads and the deletes
-    for report in audit_sets(store, None, datetime.now(), deadline):
+    for report in audit_sets(store, None, datetime.now(), deadline=deadline):
         if report.status == STORE_ERROR:
             outcome.errors.append(report)
         elif report.reason != "missing" and (
@@ -257,7 +268,7 @@ def prune_sets(
     failed = delete_sets(store, doomed, deadline) if doomed and not dry_run else {}
     outcome.deleted = [name for name in doomed if name not in failed]
     for name, exc in failed.items():
-        ident, replica = set_object_id(name)  # type: ignore[misc]
+        ident, replica = _listed_id(name)
         outcome.errors.append(
             SetReport(
                 name,

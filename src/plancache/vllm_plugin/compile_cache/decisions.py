@@ -97,7 +97,11 @@ def note_factors(local_cache_dir: Any) -> None:
     """What vLLM wrote to ``cache_key_factors.json`` for the graph it just compiled: signed with
     an AOT cache (which holds none itself), compared with a verified cache that went unused."""
     try:
-        from ...pipeline.compile_cache.flows import FACTORS_FILE, MAX_FACTORS_BYTES, factors_of
+        from ...pipeline.compile_cache.manifest_building import (
+            FACTORS_FILE,
+            MAX_FACTORS_BYTES,
+            factors_of,
+        )
         from ...storage.local.files import read_capped
         from .. import record
 

@@ -104,7 +104,7 @@ def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
     try:
         into = torch_caches.private_dir(name)
     except StoreError as exc:  # nowhere to hand over a verified copy: vLLM compiles cold
-        from ...pipeline.compile_cache.flows import CacheOutcome
+        from ...pipeline.compile_cache.local_caches import CacheOutcome
 
         _, subject = root_and_subject(directory)
         cold = CacheOutcome(

@@ -116,7 +116,7 @@ def signer() -> Any:
 
 def root_and_subject(directory: Path) -> tuple[Any, str | None]:
     """vLLM's cache root above a cache directory, and the directory's subject (None: not under it)."""
-    from ...pipeline.compile_cache.flows import CacheRoot
+    from ...pipeline.compile_cache.local_caches import CacheRoot
 
     parts = directory.parts
     base = Path(*parts[: -3 if directory.parent.name == "torch_aot_compile" else -2])
