@@ -14,11 +14,14 @@ import base64
 import json
 import os
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...settings import SIGSTORE_TRUSTED_ROOT_ENV
 from ...trust.errors import PlanCacheError
 from ...trust.keyring.keys import Keyring
+
+if TYPE_CHECKING:
+    from .setup_checks import Checks
 
 WARN_DAYS = 30
 
@@ -67,7 +70,7 @@ def root_expiry(data: bytes) -> datetime | None:
     return min(ends) if ends else None
 
 
-def check_trust_root(checks: Any, keyring: Keyring | None, now: datetime | None = None) -> None:
+def check_trust_root(checks: Checks, keyring: Keyring | None, now: datetime | None = None) -> None:
     """Add the ``sigstore-trust-root`` check when ``keyring`` trusts an identity."""
     if keyring is None or keyring.identities is None or not keyring.identities.trusted:
         return
