@@ -11,6 +11,11 @@ resolution with its own store client and a ``--budget`` deadline:
 * ``new``: :func:`~plancache.pipeline.plan_sets.node_plans.resolve_node` (one rank per node reads
   the world's plan set, the others wait on the node lock), full-jitter backoff with Retry-After.
 
+``--store registry``: Debian's docker-registry (distribution 2.8) on loopback, unthrottled (a
+registry publishes no per-object limit), stormed directly and through a second one in proxy mode
+(a pull-through mirror, cold in the first round, warm after): requests counted from each one's
+log, per node as the nodes sent them, and what reached the origin.
+
 Scaling: ``--nodes N`` stands for 10,000 nodes by multiplying every limit by N / 10,000
 (S3 5,500/s per prefix, Azure 500/s per blob), so offered load / limit is the real one.
 Ranks are threads, spread over ``--processes`` processes (default 4): two shared cores cannot
@@ -467,9 +472,67 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
     return lines
 
 
+def run_registry(args: argparse.Namespace, work: Path) -> list[str]:
+    """The storm against a registry directly and through a mirror; the printed lines."""
+    from plancache.storage.store import open_store
+    from registry_server import DockerRegistry, registry_binary
+
+    binary = registry_binary()
+    if binary is None:
+        return ["registry: docker-registry not found (set DOCKER_REGISTRY_BIN)"]
+    origin = DockerRegistry(binary)
+    mirror = DockerRegistry(binary, remote=origin.endpoint)
+    lines = [
+        f"registry: {args.nodes} nodes x {args.ranks} ranks, spread {args.spread:g} s, budget "
+        f"{args.budget:g} s, {args.rounds} round(s) (the mirror cold in the first), "
+        f"{args.schedule} arrivals, {args.processes} process(es); docker-registry 2.8, unthrottled"
+    ]
+    try:
+        repo = origin.new_repository("fleet")
+        url = origin.url(repo)
+        (work / "registry").mkdir()
+        world, policy = bake(work / "registry", url, {}, args.ranks, 1)
+        keys = str(work / "registry" / "ci.pub")
+        for target, options in (
+            ("direct", {"mirror_config": "none"}),
+            ("mirror", {"mirror": mirror.host, "mirror_config": "none"}),
+        ):
+            for mode in ("today", "new"):
+                tally, reached, rounds = Tally(), 0, []
+                for _ in range(args.rounds):
+                    sent_before = len(
+                        (mirror if target == "mirror" else origin).settled_requests(repo)
+                    )
+                    origin_before = len(origin.settled_requests(repo))
+                    opener = lambda o=options: open_store(url, o, timeout=args.budget)  # noqa: E731
+                    stores = (
+                        []
+                        if args.processes > 1
+                        else [opener() for _ in range(args.nodes * args.ranks)]
+                    )
+                    for store in stores:
+                        _prime(store)
+                    tally.outcomes += storm(
+                        opener, policy, world, args.nodes, args.spread, args.budget, mode, 1, work,
+                        stores or None, args.schedule, args.processes, (url, options, keys),
+                    )  # fmt: skip
+                    sent = (mirror if target == "mirror" else origin).settled_requests(repo)
+                    tally.requests += len(sent) - sent_before
+                    rounds.append(len(origin.settled_requests(repo)) - origin_before)
+                    reached += rounds[-1]
+                    tally.nodes += args.nodes
+                    tally.minimum += args.nodes * (args.ranks if mode == "today" else 1)
+                lines.append("  " + tally.line(f"{target} {mode}"))
+                lines.append(f"  {'':<14} origin requests {reached} (per round {rounds})")
+    finally:
+        mirror.stop()
+        origin.stop()
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--store", choices=["s3", "azure", "both"], default="both")
+    ap.add_argument("--store", choices=["s3", "azure", "both", "registry"], default="both")
     ap.add_argument("--nodes", type=int, default=20, help="simulated nodes (standing for 10,000)")
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
@@ -504,7 +567,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="plancache-storm-"))
     try:
         for kind in ["s3", "azure"] if args.store == "both" else [args.store]:
-            for line in run_store(kind, args, work):
+            run = run_registry if kind == "registry" else lambda a, w, k=kind: run_store(k, a, w)
+            for line in run(args, work):
                 print(line, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

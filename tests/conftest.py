@@ -277,6 +277,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_bounds.py": ("emulator", "realtime"),
     "test_store_faults.py": ("emulator", "realtime"),
     "test_store_hostile.py": ("emulator", "realtime"),
+    "test_oci_mirror_files.py": UNIT,
     "test_store_oci.py": ("emulator",),
     "test_store_oci_auth.py": ("emulator",),
     "test_store_oci_flows.py": ("emulator",),

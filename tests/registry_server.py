@@ -121,6 +121,7 @@ class DockerRegistry:
             )
         wait_for_port(self.port, self.proc, timeout=30)
         self._repos = 0
+        self._settled = 0
 
     def url(self, repository: str) -> str:
         """The plancache store URL of ``repository`` on this registry."""
@@ -151,6 +152,15 @@ class DockerRegistry:
         end = time.monotonic() + timeout
         while len(self.requests(pattern)) < count and time.monotonic() < end:
             time.sleep(0.02)
+
+    def settled_requests(self, pattern: str = "") -> list[tuple[str, str]]:
+        """:meth:`requests`, once everything answered before this call is in the log: a
+        request of the test's own (``GET /v2/?settled=N``), answered after them, is logged."""
+        self._settled += 1
+        marker = f"settled={self._settled}"
+        self.get(f"/v2/?{marker}")
+        self.wait_logged(1, re.escape(marker), timeout=30)
+        return self.requests(pattern)
 
     def get(self, path: str, accept: str = OCI_TYPES) -> tuple[int, bytes]:
         """A plain GET on the plain-HTTP registry (tests inspect what plancache stored)."""

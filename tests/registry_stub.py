@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import parse_qsl
 
 from store_servers import LOOPBACK, QuietHTTPServer
 
@@ -39,6 +40,10 @@ class StubState:
         self.bearer: str | None = None
         """When set, the Basic credentials (``user:password``, base64) the token service wants;
         ``""``: anonymous tokens. Every /v2/ request then needs ``Bearer stub-token``."""
+        self.refresh_token: str | None = None
+        """When set, the token service wants an OAuth2 ``refresh_token`` grant (a POST, as for
+        docker's ``identitytoken``) carrying this token instead of Basic credentials."""
+        self.token_forms: list[dict[str, str]] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
 
@@ -107,7 +112,18 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(404)
 
     def _token(self) -> None:
-        wanted = self.state.bearer
+        state = self.state
+        if state.refresh_token is not None:
+            form = dict(parse_qsl(self._body().decode())) if self.command == "POST" else {}
+            state.token_forms.append(form)
+            if form.get("grant_type") != "refresh_token" or (
+                form.get("refresh_token") != state.refresh_token
+            ):
+                self._send(401, b'{"error": "invalid_grant"}')
+                return
+            self._send(200, json.dumps({"access_token": "stub-token", "expires_in": 300}).encode())
+            return
+        wanted = state.bearer
         given = self.headers.get("Authorization", "")
         if wanted and given != f"Basic {wanted}":
             self._send(401, b"{}")

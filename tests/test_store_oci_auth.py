@@ -133,3 +133,30 @@ def test_bearer_token_dance(
     tokens = [h for m, p, h in bearer_stub.state.requests if p.startswith("/token")]
     assert tokens and all(h.get("Authorization") == f"Basic {AUTH}" for h in tokens)
     assert len(tokens) <= 3  # one per scope (pull; pull,push), reused while valid
+
+
+def test_an_identity_token_is_an_oauth2_refresh_grant_and_never_shown(
+    bearer_stub: RegistryStub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docker's ``identitytoken`` (what ``docker login`` keeps for OAuth registries: ACR, GAR):
+    a POST to the realm with ``grant_type=refresh_token``, never Basic credentials."""
+    refresh = "refresh-4711-not-a-real-token"
+    bearer_stub.state.refresh_token = refresh
+    config = write_config(
+        tmp_path / "docker" / "config.json", bearer_stub.host, identitytoken=refresh
+    )
+    monkeypatch.setenv("DOCKER_CONFIG", str(config.parent))
+    round_trip(bearer_stub.url("team/plans"), None)
+    tokens = [(m, h) for m, p, h in bearer_stub.state.requests if p.startswith("/token")]
+    assert tokens and all(m == "POST" and "Authorization" not in h for m, h in tokens)
+    form = bearer_stub.state.token_forms[0]
+    assert form["grant_type"] == "refresh_token" and form["refresh_token"] == refresh
+    assert form["service"] == "stub" and form["scope"].startswith("repository:")
+    write_config(config, bearer_stub.host, identitytoken="expired-" + refresh)
+    code = main(["ls", bearer_stub.url("team/plans")])
+    out, err = capsys.readouterr()
+    assert code != 0 and "token service" in out + err and "answered 401" in out + err
+    assert refresh not in out + err and "Traceback" not in err

@@ -16,9 +16,12 @@ from conftest import FP, plan_bytes, raw
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.local.localdir import LocalPlanDir
-from plancache.storage.store import open_store
+from plancache.storage.oci.artifacts import MAX_EMBEDDED
+from plancache.storage.plan_set_objects import read_set
+from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import plan_name
+from plancache.trust.plans.plan_set import set_name
 from registry_stub import RegistryStub
 from store_servers import (
     BlackHole,
@@ -65,7 +68,6 @@ def pull(
         (plan_name(FP), "wrong-type", 1, "malformed"),
         (plan_name(FP), "oversized", 1, "too-large"),
         (plan_name(FP), "endless", 1, "too-large"),
-        ("/blobs/", "other-bytes", 1, "digest-mismatch"),
     ],
 )
 def test_a_lying_registry_is_one_line_and_nothing_is_written(
@@ -79,9 +81,6 @@ def test_a_lying_registry_is_one_line_and_nothing_is_written(
     reason: str,
 ) -> None:
     url = pushed(stub, keys, tmp_path)
-    if target == "/blobs/":
-        plan_blob = next(d for d, b in stub.state.blobs.items() if b == plan_bytes())
-        target = plan_blob
     stub.state.faults[target] = mode
     got, out, err, elapsed = pull(capsys, url, keys, tmp_path / "d")
     assert got == code and reason in out, (out, err)
@@ -90,20 +89,37 @@ def test_a_lying_registry_is_one_line_and_nothing_is_written(
     assert nothing_written(tmp_path / "d")
 
 
-def test_a_redirected_blob_is_followed_without_credentials(
-    stub: RegistryStub, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    url = pushed(stub, keys, tmp_path)
+SET = set_name([FP, "fedcba9876543210"])
+LARGE = bytes(range(256)) * 300
+"""Past what rides inside a manifest (MAX_EMBEDDED): a blob of its own, read by digest."""
+
+
+def large_object(stub: RegistryStub) -> tuple[Store, str]:
+    """A store holding a plan set too large to ride inline, and its blob's digest."""
+    assert len(LARGE) > MAX_EMBEDDED
+    store = open_store(stub.url(REPO), {"read_timeout": 2}, timeout=5)
+    store.put_many({SET: LARGE})
+    return store, next(d for d, b in stub.state.blobs.items() if b == LARGE)
+
+
+def test_a_blob_of_other_bytes_is_a_digest_mismatch(stub: RegistryStub) -> None:
+    store, blob = large_object(stub)
+    assert read_set(store, SET) == LARGE
+    stub.state.faults[blob] = "other-bytes"
+    with pytest.raises(PlanCacheError) as err:
+        read_set(store, SET)
+    assert err.value.reason is Reason.DIGEST_MISMATCH
+
+
+def test_a_redirected_blob_is_followed_without_credentials(stub: RegistryStub) -> None:
+    store, blob = large_object(stub)
     other = RegistryStub()
     try:
         other.state.blobs.update(stub.state.blobs)
-        plan_blob = next(d for d, b in stub.state.blobs.items() if b == plan_bytes())
         stub.state.redirect_to = f"http://{other.host}/v2/x/blobs"
-        stub.state.faults[plan_blob] = "redirect"
-        code, _, err, _ = pull(capsys, url, keys, tmp_path / "d")
-        assert code == 0, err
-        assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
-        followed = [h for m, p, h in other.state.requests if plan_blob in p]
+        stub.state.faults[blob] = "redirect"
+        assert read_set(store, SET) == LARGE
+        followed = [h for m, p, h in other.state.requests if blob in p]
         assert followed and all("Authorization" not in h for h in followed)
     finally:
         other.stop()

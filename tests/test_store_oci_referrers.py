@@ -102,7 +102,9 @@ def test_push_subject_through_the_native_referrers_api(
         url = stub.url("team/app")
         plans = str(tmp_path / "ci-plans")
         assert main(["push", "--key", str(keys), "--subject", "v1", plans, url]) == 0
-        assert not any(t.startswith("sha256-") for t in stub.state.tags)  # the API took it
+        index = stub.state.tags["sha256-" + image.split(":")[1]]  # the API took it, and the
+        entries = json.loads(stub.state.manifests[index][0])["manifests"]  # tag schema has it
+        assert [e["artifactType"] for e in entries] == ["application/vnd.plancache.plan.v1"]
         capsys.readouterr()
         assert main(["ls", "--json", "--subject", f"@{image}", url]) == 0
         assert FP in capsys.readouterr().out

@@ -124,3 +124,14 @@ def parse_storage_options(text: str) -> dict[str, Any]:
             raise ValueError("not a JSON object")
         return parsed
     return dict(parse_key_value(item) for item in text.split())
+
+
+def unknown_option(key: object, protocol: str, backend: str, accepted: set[str]) -> str:
+    """The message for a storage option ``backend`` does not take, with the closest name it
+    does (``-`` read as ``_``): one wording for every store, whether the option is caught before
+    the open (:func:`plancache.storage.checks.check_options`) or by the opener itself."""
+    import difflib
+
+    guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)
+    hint = f"; did you mean {guess[0]!r}?" if guess else ""
+    return f"unknown storage option {key!r} for {protocol}:// ({backend}){hint}"

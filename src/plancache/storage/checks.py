@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..settings import unknown_option
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plans.plan import fingerprint_of_plan_name
 from .deadline import run_by
@@ -104,6 +105,15 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
             does (reason ``config-error``).
     """
     protocol = url.split("://", 1)[0].lower()
+    if protocol == "oci" and options:
+        from .oci.registry_urls import is_registry_url
+
+        if is_registry_url(url):  # plancache's own store: its option table is its own
+            from .oci.registry_open import BACKEND as REGISTRY_BACKEND
+            from .oci.registry_open import OPTIONS as REGISTRY
+
+            _refuse_unknown(protocol, REGISTRY_BACKEND, REGISTRY, options)
+            return
     kind = _CHECKED.get(protocol)
     if kind is None or not options:
         return
@@ -121,16 +131,15 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
             cls = fsspec.get_filesystem_class(protocol)
     except ImportError:
         return  # the open itself explains the missing extra
-    accepted = _accepted(kind, cls)
-    for key in options:
-        if key in accepted:
-            continue
-        import difflib
+    _refuse_unknown(protocol, f"{cls.__module__}.{cls.__name__}", _accepted(kind, cls), options)
 
-        guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)
-        hint = f"; did you mean {guess[0]!r}?" if guess else ""
-        backend = f"{cls.__module__}.{cls.__name__}"
-        raise ConfigError(f"unknown storage option {key!r} for {protocol}:// ({backend}){hint}")
+
+def _refuse_unknown(
+    protocol: str, backend: str, accepted: set[str], options: Mapping[str, Any]
+) -> None:
+    for key in options:
+        if key not in accepted:
+            raise ConfigError(unknown_option(key, protocol, backend, accepted))
 
 
 # -- existence and deeper prefixes ------------------------------------------------------------

@@ -6,13 +6,17 @@ cache's archive and signature, its precompiled headers and their signature) live
 tag grammar allows it (``startup_plan_<fp>.json``, ``startup_planset_<id>.set``), with ``/``
 written ``--`` for the compile caches (``torch_compile_cache--torch_aot_compile--<hex>.tar``).
 A signature shares its object's manifest (tagged a second time, ``<tag>.sig``, so a listing
-of tags says which objects are signed), as a second layer whose bytes ride in the
-descriptor's ``data`` field (OCI 1.1: embedded content, checked against the descriptor's
-digest like a blob): a plan is then **one manifest read and one blob read**, the fewest round
-trips a registry allows for a name (the tag has to be resolved by the registry before any
-content-addressed read, and the plan, as a blob, is what makes it content-addressed). A
-signature larger than :data:`MAX_EMBEDDED` (a compile cache's, up to 16 MiB) is a blob of its
-own instead, read by digest.
+of tags says which objects are signed), as a second layer. Every layer of at most
+:data:`MAX_EMBEDDED` bytes rides in its descriptor's ``data`` field too (OCI 1.1 embedded
+content, checked against the descriptor's digest like a blob): every plan and signature, and
+ordinary plan sets. A plan is then **one manifest read**, the fewest round trips a registry
+allows for a name (the tag has to be resolved by the registry before anything
+content-addressed can be read, and the bytes the manifest's digest binds come with it); and
+through a pull-through mirror the object is the manifest, which distribution's proxy stores
+before it answers, where a blob's first read costs the origin two fetches (docs/stores.md,
+Mirrors). Each layer is uploaded as a blob as well (distribution refuses a manifest whose
+layers it lacks; other tools read layers by digest). A larger layer (a compile cache, its
+signature, a large plan set) is a blob only, read by digest.
 
 Each kind of object has its own ``artifactType`` (``oras discover`` and registries' UIs show
 it), its content its own layer media type, and every manifest carries the object's name as
@@ -41,8 +45,8 @@ TITLE = "org.opencontainers.image.title"
 SIGNED = "dev.plancache.signed"
 """Annotation ``"true"`` on a manifest (and its referrer entry) that holds a signature."""
 MAX_EMBEDDED = 64 * 1024
-"""Largest signature carried inside its manifest (base64: a manifest stays far below the 4 MiB
-most registries accept)."""
+"""Largest layer carried inside its manifest (a plan's own cap; base64, two of them keep a
+manifest far below the 4 MiB registries accept)."""
 
 CANARY_PREFIX = ".plancache-precondition-check-"
 _CANARY = re.compile(r"\.plancache-precondition-check-[0-9a-f]{32}")

@@ -5,7 +5,12 @@ image's descriptor as its ``subject``. A registry with the referrers API indexes
 and says so (``OCI-Subject`` in the PUT's answer); one without (distribution 2.8, Debian's
 ``docker-registry``) gets the referrers tag schema: an image index at the tag
 ``sha256-<hex of the image digest>`` that plancache keeps, adding the new manifest and
-dropping the one it replaced. Deleting a manifest drops it from that index first, so the
+dropping the one it replaced. A registry with the API gets that index too, though OCI 1.1's
+distribution-spec asks for it only where ``OCI-Subject`` is missing: a node reading through
+a pull-through mirror finds no referrers API there (distribution's proxy has no such route: a
+404) and, as the spec tells clients on a 404, falls back to the tag schema, which the mirror
+does serve; and tools that copy a repository's tags (``skopeo sync``) carry the index to
+registries without the API. Deleting a manifest drops it from that index first, so the
 index never points at what was deleted (wherever it exists, whatever the registry said).
 The index is updated read-modify-write: distribution 2.8 ignores ``If-Match`` on a manifest
 PUT, so two writers attaching to one image at the same instant can lose an entry (in one
@@ -19,13 +24,13 @@ the digest its referrer names, not by tag.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...trust.errors import StoreError
 from .artifacts import ARTIFACT_TYPES, INDEX_TYPE, names_of_tag
 from .oci_manifests import Descriptor, Manifest, build_index, parse_index
+from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, sha256_digest
 from .registry_urls import parse_image_reference
 
 if TYPE_CHECKING:
@@ -78,13 +83,12 @@ async def subject_descriptor(fs: RegistryFileSystem) -> Descriptor | None:
 
 
 async def _image_manifest(fs: RegistryFileSystem, reference: str) -> Descriptor | None:
-    response = await fs.reader.send(
+    client = fs.reader if reference.startswith("sha256:") else fs.tag_reader
+    response = await client.send(
         "GET",
         f"/v2/{fs.repository}/manifests/{reference}",
         headers={"Accept": ", ".join(IMAGE_TYPES)},
     )
-    from .registry_answers import MAX_MANIFEST, expect, read_capped, sha256_digest
-
     async with response:
         if response.status == 404:
             return None
@@ -106,8 +110,11 @@ def fallback_tag(digest: str) -> str:
 async def _index(
     fs: RegistryFileSystem, subject_digest: str, origin: bool
 ) -> list[Descriptor] | None:
-    client = fs.origin if origin else fs.reader
-    got = await client.manifest(fallback_tag(subject_digest), (INDEX_TYPE,))
+    tag = fallback_tag(subject_digest)
+    if origin:
+        got = await fs.origin.manifest(tag, (INDEX_TYPE,))
+    else:
+        got = await fs.read_manifest(tag, (INDEX_TYPE,))
     return None if got is None else parse_index(got[0], "the referrers index")
 
 
@@ -131,17 +138,14 @@ async def _rewrite(
 
 
 async def after_put(
-    fs: RegistryFileSystem,
-    subject: Descriptor | None,
-    headers: Mapping[str, str],
-    new: Descriptor,
-    replaced: Manifest | None,
+    fs: RegistryFileSystem, subject: Descriptor | None, new: Descriptor, replaced: Manifest | None
 ) -> None:
-    """Index a manifest just put with ``subject`` in the tag schema, unless the registry's own
-    referrers API took it (``OCI-Subject``); the manifest it replaced for the same image leaves
-    the index (one attached to another image stays attached to that one)."""
+    """Index a manifest just put with ``subject`` in the tag schema, also where the registry's
+    own referrers API took it (``OCI-Subject``: see the module docstring); the manifest it
+    replaced for the same image leaves the index (one attached to another image stays attached
+    to that one)."""
     fs.subject_state.attached = None
-    if subject is None or headers.get("OCI-Subject") == subject.digest:
+    if subject is None:
         return
     old = {replaced.digest} if same_subject(replaced, subject) and replaced is not None else set()
     await _rewrite(fs, subject.digest, old, new)
@@ -162,6 +166,20 @@ async def forget(fs: RegistryFileSystem, manifest: Manifest) -> None:
         await _rewrite(fs, manifest.subject.digest, {manifest.digest}, None)
 
 
+async def _api_index(fs: RegistryFileSystem, digest: str) -> bytes | None:
+    """The referrers API's index for ``digest`` (from the content reader: a digest's question);
+    None where there is no such API (distribution 2.8, and its proxy: a 404)."""
+    client = fs.reader
+    response = await client.send(
+        "GET", f"/v2/{client.repository}/referrers/{digest}", headers={"Accept": INDEX_TYPE}
+    )
+    async with response:
+        if response.status in (404, 405, 400) or media_type_of(response.headers) != INDEX_TYPE:
+            return None
+        await expect(response, (200,), "the referrers of the image")
+        return await read_capped(response, MAX_MANIFEST, "the referrers index")
+
+
 async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
     """Name -> manifest digest of the plancache artifacts attached to the subject."""
     state = fs.subject_state
@@ -169,7 +187,7 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
     assert subject is not None
     async with _lock(state, "index_lock"):
         if state.attached is None:
-            body = await fs.reader.referrers(subject.digest)
+            body = await _api_index(fs, subject.digest)
             entries = (
                 parse_index(body, "the referrers of the image")
                 if body is not None

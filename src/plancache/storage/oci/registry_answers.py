@@ -7,6 +7,7 @@ manifest (:mod:`.referrers`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
@@ -92,9 +93,25 @@ async def expect(response: aiohttp.ClientResponse, wanted: tuple[int, ...], what
     raise RegistryAnswer(response.status, response.headers, detail)
 
 
-def close_quietly(session: aiohttp.ClientSession) -> None:
-    """At exit or collection: drop the connections without a loop (no 'Unclosed' warnings)."""
-    connector = session.connector
-    if connector is not None:
-        connector._close()
-    session.detach()
+CLOSE_WAIT = 2.0
+
+
+def close_on_loop(loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
+    """At collection or exit: close ``session`` on the loop it was made on (its connections are
+    that loop's), waiting at most :data:`CLOSE_WAIT`. fsspec's loop runs until the process ends
+    (a daemon thread, still running while ``atexit`` finalizers run); on that loop's own thread
+    the close is scheduled, not waited for. A loop already gone has taken the sockets with it."""
+    if session.closed or loop.is_closed() or not loop.is_running():
+        return
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    if current is loop:
+        loop.create_task(session.close())
+        return
+    done = asyncio.run_coroutine_threadsafe(session.close(), loop)
+    try:
+        done.result(CLOSE_WAIT)
+    except Exception:  # closing is best effort: the process is letting the store go
+        done.cancel()

@@ -5,9 +5,9 @@ this class maps each name to its slot in an artifact (:mod:`.artifacts`) and mov
 with :class:`.registry_http.RegistryClient`, so every command and the plugin reach a registry
 through the same bounded paths as any store (deadlines, retries, caps, reports):
 
-* ``_cat_file``: the artifact's manifest by tag, checked, then the layer: embedded (a
-  signature) or one blob by digest. A plan and its signature read at once share one manifest
-  request (in flight, never cached: a later read asks again);
+* ``_cat_file``: the artifact's manifest by tag, checked, then the layer: embedded (a plan, a
+  signature, a small set) or one blob by digest. A plan and its signature read at once share
+  one manifest request (in flight, never cached: a later read asks again);
 * ``_pipe_file``: read the artifact's manifest, upload the blob, put the manifest with this
   layer replaced, all under one lock per tag in this process;
 * ``_rm_file``: a content object deletes its manifest by digest (the tag goes with it), a
@@ -15,16 +15,18 @@ through the same bounded paths as any store (deadlines, retries, caps, reports):
 * a listing is the repository's tags (``tags/list``, page by page), each tag mapped back to
   the names it holds; with a ``subject``, the image's referrers instead (:mod:`.referrers`).
 
-Reads go to the mirror when one is set (``mirror=HOST[:PORT]``), writes and deletes to the
-registry itself. Nothing here decides about trust: the bytes go to the trust core as from any
-other store.
+Reads go to the mirror when one is set (``mirror=HOST[:PORT]``, or the node's own mirror
+configuration: :mod:`.mirrors`), writes and deletes to the registry itself. A mirror trusted
+with content only (containerd's ``pull`` without ``resolve``, registries.conf's
+``digest-only``) gets no tag read: the registry says what a tag names (a ``HEAD``), the mirror
+serves the manifest by that digest. Nothing here decides about trust: the bytes go to the
+trust core as from any other store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
@@ -43,7 +45,7 @@ from .artifacts import (
 from .oci_manifests import Descriptor, Manifest, build_manifest, parse_manifest
 from .registry_answers import sha256_digest
 from .registry_http import RegistryClient
-from .registry_urls import TAG
+from .registry_urls import DIGEST, TAG
 
 TAGS_PAGE = 1000
 MAX_TAG_PAGES = 1000
@@ -61,11 +63,17 @@ class RegistryFileSystem(AsyncFileSystem):
         origin: RegistryClient,
         mirror: RegistryClient | None,
         subject: str | None,
+        *,
+        mirror_resolves: bool = True,
+        mirror_pulls: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.origin = origin
-        self.reader = mirror or origin
+        self.reader = mirror if mirror is not None and mirror_pulls else origin
+        """Where content is read by digest: manifests, blobs, the referrers API."""
+        self.tag_reader = mirror if mirror is not None and mirror_resolves else origin
+        """Where a tag is read or resolved: manifests by tag, tag lists."""
         self.repository = origin.repository
         self.subject_text = subject
         self._inflight: dict[str, asyncio.Future[Manifest | None]] = {}
@@ -103,11 +111,29 @@ class RegistryFileSystem(AsyncFileSystem):
             if found is None:
                 return None
             reference = found
-        got = await (client or self.reader).manifest(reference, (MANIFEST_TYPE,))
+        if client is not None:
+            got = await client.manifest(reference, (MANIFEST_TYPE,))
+        else:
+            got = await self.read_manifest(reference, (MANIFEST_TYPE,))
         if got is None:
             return None
         body, digest = got
         return parse_manifest(body, digest, slot.kind, f"manifest {slot.tag}")
+
+    async def read_manifest(
+        self, reference: str, media_types: tuple[str, ...]
+    ) -> tuple[bytes, str] | None:
+        """(bytes, digest) of a manifest by digest or tag from the readers (None if absent): a
+        digest from the content reader; a tag from the tag reader, or, when the mirror serves
+        digests only, resolved by the registry (a ``HEAD``) and then read by digest."""
+        if DIGEST.fullmatch(reference) or self.tag_reader is self.reader:
+            return await self.reader.manifest(reference, media_types)
+        stated = await self.tag_reader.resolve(reference, media_types)
+        if stated is None:
+            return None
+        if not stated:  # the registry did not say: read the tag there
+            return await self.tag_reader.manifest(reference, media_types)
+        return await self.reader.manifest(stated, media_types)
 
     async def shared_manifest(self, slot: Slot) -> Manifest | None:
         """:meth:`fetch_manifest`, one request for every reader of the tag at this moment."""
@@ -158,7 +184,7 @@ class RegistryFileSystem(AsyncFileSystem):
                 slot.media_type,
                 digest,
                 len(value),
-                bytes(value) if slot.signature and len(value) <= MAX_EMBEDDED else None,
+                bytes(value) if len(value) <= MAX_EMBEDDED else None,
                 title=self.name_of(path),
             )
             kept = [
@@ -179,7 +205,7 @@ class RegistryFileSystem(AsyncFileSystem):
             {d.digest for d in layers if d.data is not None},
         )
         signed = any(d.media_type == DSSE_TYPE for d in layers)
-        headers = await self.origin.put_manifest(slot.tag, body, MANIFEST_TYPE)
+        await self.origin.put_manifest(slot.tag, body, MANIFEST_TYPE)
         if signed:  # the signature's own tag
             await self.origin.put_manifest(slot.tag + ".sig", body, MANIFEST_TYPE)
         new = Descriptor(
@@ -191,7 +217,7 @@ class RegistryFileSystem(AsyncFileSystem):
             slot.artifact,
             signed,
         )
-        await referrers.after_put(self, subject, headers, new, current)
+        await referrers.after_put(self, subject, new, current)
         replaced = current is not None and current.digest != new.digest
         if replaced and referrers.same_subject(current, subject):
             assert current is not None
@@ -237,7 +263,7 @@ class RegistryFileSystem(AsyncFileSystem):
         last = start
         names: list[str] = []
         for _ in range(pages):
-            body, more = await self.reader.tags_page(last, TAGS_PAGE)
+            body, more = await self.tag_reader.tags_page(last, TAGS_PAGE)
             try:
                 tags = json.loads(body).get("tags") or []
             except (ValueError, AttributeError):
@@ -287,19 +313,13 @@ class RegistryFileSystem(AsyncFileSystem):
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         if path.rstrip("/") == self.repository:
-            body, _ = await self.reader.tags_page(None, 1)
+            body, _ = await self.tag_reader.tags_page(None, 1)
             if json.loads(body).get("tags") in (None, []) and await self._absent():
                 raise FileNotFoundError(path)
             return {"name": self.repository, "type": "directory", "size": None}
         raise FileNotFoundError(path)
 
     async def _absent(self) -> bool:
-        response = await self.reader.send("GET", f"/v2/{self.repository}/tags/list?n=1")
+        response = await self.tag_reader.send("GET", f"/v2/{self.repository}/tags/list?n=1")
         async with response:
             return response.status == 404
-
-
-def run(fs: RegistryFileSystem, make: Callable[[], Awaitable[Any]]) -> Any:  # for tests and tools
-    from fsspec.asyn import sync
-
-    return sync(fs.loop, make)

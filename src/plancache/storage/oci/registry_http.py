@@ -21,11 +21,12 @@ requests; each is checked here:
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlencode, urljoin, urlsplit
 
 import aiohttp
 
@@ -35,14 +36,14 @@ from .credential_files import ANONYMOUS, Credentials
 from .registry_answers import (
     MAX_MANIFEST,
     TAGS_CAP,
-    close_quietly,
+    close_on_loop,
     expect,
     media_type_of,
     read_capped,
     sha256_digest,
 )
 from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
-from .registry_urls import Registry, check_authority
+from .registry_urls import DIGEST, Registry, check_authority
 
 MAX_REDIRECTS = 3
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -61,10 +62,14 @@ class RegistryClient:
         ssl_context: ssl.SSLContext | None,
         credentials: Callable[[str], Credentials],
         timeouts: tuple[float, float],
+        namespace: str | None = None,
     ) -> None:
         self.registry = registry
         self.repository = repository
         self.base = f"{'http' if plain_http else 'https'}://{registry.authority}"
+        self.namespace = namespace
+        """For a mirror: the registry it stands in for, sent as ``?ns=`` (containerd's query, by
+        which a mirror serving several registries knows which one is asked)."""
         self.plain_http = plain_http
         self.plain_http_allowed = plain_http_allowed
         self._ssl = ssl_context
@@ -86,7 +91,7 @@ class RegistryClient:
                 cookie_jar=aiohttp.DummyCookieJar(),
                 connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl if self._ssl else True),
             )
-            weakref.finalize(self, close_quietly, self._session)
+            weakref.finalize(self, close_on_loop, asyncio.get_running_loop(), self._session)
         return self._session
 
     @property
@@ -137,6 +142,8 @@ class RegistryClient:
         """
         scope = scope_for(self.repository, write, delete)
         url = path if path.startswith(self.base + "/") else self.base + path
+        if self.namespace is not None:
+            url += ("&" if "?" in url else "?") + urlencode({"ns": self.namespace})
         for attempt in range(2):
             sent = dict(headers or {})
             auth = await self._authorization(scope)
@@ -195,6 +202,18 @@ class RegistryClient:
                 f"({digest[:19]}…, not {safe_text(expected, 24)}…)",
             )
         return body, digest
+
+    async def resolve(self, tag: str, media_types: tuple[str, ...]) -> str | None:
+        """The digest a tag names (a ``HEAD``: no body; the bytes are checked when read by it):
+        None if absent, ``""`` if the registry does not say (the caller then reads the tag)."""
+        path = f"/v2/{self.repository}/manifests/{tag}"
+        response = await self.send("HEAD", path, headers={"Accept": ", ".join(media_types)})
+        async with response:
+            if response.status == 404:
+                return None
+            await expect(response, (200,), f"manifest {tag}")
+            stated = response.headers.get("Docker-Content-Digest", "")
+        return stated if DIGEST.fullmatch(stated) else ""
 
     async def blob(self, digest: str, size: int, cap: int) -> bytes:
         """A blob's bytes, exactly ``size`` of them hashing to ``digest``.
@@ -255,21 +274,6 @@ class RegistryClient:
             await expect(response, (200,), "the tag list")
             body = await read_capped(response, TAGS_CAP, "the tag list")
             return body, 'rel="next"' in response.headers.get("Link", "")
-
-    async def referrers(self, digest: str) -> bytes | None:
-        """The referrers API's index for ``digest``; None where the registry has no such API."""
-        response = await self.send(
-            "GET",
-            f"/v2/{self.repository}/referrers/{digest}",
-            headers={"Accept": "application/vnd.oci.image.index.v1+json"},
-        )
-        async with response:
-            if response.status in (404, 405, 400) or media_type_of(response.headers) != (
-                "application/vnd.oci.image.index.v1+json"
-            ):
-                return None
-            await expect(response, (200,), "the referrers of the image")
-            return await read_capped(response, MAX_MANIFEST, "the referrers index")
 
     # -- writes --------------------------------------------------------------------------------
     async def has_blob(self, digest: str) -> bool:

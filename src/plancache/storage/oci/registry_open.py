@@ -8,7 +8,10 @@
 * ``auth_file``: a docker ``config.json`` or podman ``auth.json`` read before the usual
   places (:mod:`.credential_files`);
 * ``mirror``: ``HOST[:PORT]`` (or ``https://…``, ``http://…``) of a pull-through mirror every
-  read goes to; writes and deletes go to the registry;
+  read goes to; writes and deletes go to the registry. Without it, the mirror the node's
+  container runtime is configured with, if any (:mod:`.mirrors`);
+* ``mirror_config``: where that configuration is (a containerd hosts directory, a
+  ``hosts.toml`` or a ``registries.conf``), or ``none`` to read none;
 * ``subject``: an image of the repository (``TAG``, ``@sha256:…``, ``HOST/REPO:TAG``): pushes
   attach to it, reads and listings see only what is attached to it;
 * ``connect_timeout``, ``read_timeout``: per-request timeouts (default: from the budget, as
@@ -20,14 +23,16 @@ its deadline.
 
 from __future__ import annotations
 
-import difflib
 import os
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...settings import unknown_option
 from ...trust.errors import ConfigError
 from .credential_files import Credentials, find_credentials
+from .mirrors.mirror_choice import configured_mirror
+from .mirrors.mirror_hosts import MirrorHost
 from .registry_urls import Registry, check_authority, parse_store_url
 
 OPTIONS = {
@@ -35,12 +40,17 @@ OPTIONS = {
     "ca_file",
     "auth_file",
     "mirror",
+    "mirror_config",
     "subject",
     "connect_timeout",
     "read_timeout",
+    "skip_instance_cache",
+    "use_listings_cache",
 }
-IGNORED = {"skip_instance_cache", "use_listings_cache"}
-"""fsspec's own options, which plancache's layers may add: meaningless here."""
+"""What a registry store takes (the last two: fsspec's own, which plancache's layers may add,
+meaningless here). :func:`..checks.check_options` names any other before the open, and the
+opener itself does, in the same words, for a caller that opens without that check."""
+BACKEND = "plancache.storage.oci.registry_fs.RegistryFileSystem"
 
 
 def _flag(options: Mapping[str, Any], key: str) -> bool | None:
@@ -66,16 +76,19 @@ def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def _ssl(ca_file: str | None) -> ssl.SSLContext | None:
-    if ca_file is None:
+def _ssl(*ca_files: str) -> ssl.SSLContext | None:
+    if not ca_files:
         return None
-    path = os.path.expanduser(ca_file)
-    try:
-        return ssl.create_default_context(cafile=path)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"ca_file {path}: not a readable PEM bundle ({exc.__class__.__name__})"
-        ) from None
+    context = ssl.create_default_context()
+    for ca_file in ca_files:
+        path = os.path.expanduser(ca_file)
+        try:
+            context.load_verify_locations(cafile=path)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"ca_file {path}: not a readable PEM bundle ({exc.__class__.__name__})"
+            ) from None
+    return context
 
 
 def _endpoint(text: str, plain_allowed: bool, has_ca: bool, where: str) -> tuple[Registry, bool]:
@@ -110,23 +123,20 @@ def registry_opener(
     from .registry_http import RegistryClient
 
     registry, repository = parse_store_url(url)
-    unknown = sorted(set(options) - OPTIONS - IGNORED)
+    unknown = [key for key in options if key not in OPTIONS]
     if unknown:
-        guess = difflib.get_close_matches(unknown[0], sorted(OPTIONS), n=1)
-        hint = (
-            f"; did you mean {guess[0]!r}?" if guess else f" (known: {', '.join(sorted(OPTIONS))})"
-        )
-        raise ConfigError(f"unknown storage option {unknown[0]!r} for an oci:// registry{hint}")
+        raise ConfigError(unknown_option(unknown[0], "oci", BACKEND, OPTIONS))
     plain_option = _flag(options, "plain_http")
     ca_file = _text(options, "ca_file")
     auth_file = _text(options, "auth_file")
     mirror_text = _text(options, "mirror")
+    mirror_config = _text(options, "mirror_config")
     subject = _text(options, "subject")
     timeouts = (
         _seconds(options, "connect_timeout", timeouts[0]),
         _seconds(options, "read_timeout", timeouts[1]),
     )
-    context = _ssl(ca_file)
+    context = _ssl(*([ca_file] if ca_file else []))
     if plain_option is None:
         plain = registry.loopback and ca_file is None
     else:
@@ -138,26 +148,46 @@ def registry_opener(
     def credentials(authority: str) -> Credentials:
         return find_credentials(authority, auth_file)
 
-    def client(where: Registry, is_plain: bool) -> RegistryClient:
-        return RegistryClient(
-            where,
+    host = (
+        MirrorHost(mirror_text, repository, resolves=True, pulls=True, source="mirror")
+        if mirror_text
+        else configured_mirror(registry, repository, mirror_config, os.environ)
+    )
+    mirror_at = None
+    if host is not None:
+        where = "mirror" if mirror_text else f"the mirror in {host.source}"
+        has_ca = ca_file is not None or bool(host.ca_files)
+        mirror_at = (*_endpoint(host.endpoint, plain_allowed, has_ca, where), _ssl(*host.ca_files))
+
+    def make() -> Any:
+        origin = RegistryClient(
+            registry,
             repository,
-            plain_http=is_plain,
+            plain_http=plain,
             plain_http_allowed=plain_allowed,
             ssl_context=context,
             credentials=credentials,
             timeouts=timeouts,
         )
-
-    mirror_endpoint = (
-        _endpoint(mirror_text, plain_allowed, ca_file is not None, "mirror")
-        if mirror_text
-        else None
-    )
-
-    def make() -> Any:
-        origin = client(registry, plain)
-        mirror = client(*mirror_endpoint) if mirror_endpoint is not None else None
-        return RegistryFileSystem(origin, mirror, subject, skip_instance_cache=True)
+        if host is None or mirror_at is None:
+            return RegistryFileSystem(origin, None, subject, skip_instance_cache=True)
+        mirror = RegistryClient(
+            mirror_at[0],
+            host.repository,
+            plain_http=mirror_at[1],
+            plain_http_allowed=plain_allowed,
+            ssl_context=mirror_at[2] or context,
+            credentials=credentials,
+            timeouts=timeouts,
+            namespace=registry.authority,
+        )
+        return RegistryFileSystem(
+            origin,
+            mirror,
+            subject,
+            mirror_resolves=host.resolves,
+            mirror_pulls=host.pulls,
+            skip_instance_cache=True,
+        )
 
     return RegistryFileSystem, make, repository
