@@ -27,7 +27,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from plancache.pipeline.audit import check_many
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
-from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey, openssh_line
+from plancache.trust.keyring.keyformat import openssh_line
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey
 from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan
 from plancache.trust.policy import TrustPolicy
 from plancache.trust.signing import sign_plan

@@ -152,7 +152,7 @@ def test_a_real_aot_build_signs_vllms_factors_and_a_warm_boot_records_the_compil
     from compile_boots import ROOT_NAME, boot, cache_dir
     from plancache.pipeline.compile_cache.local_caches import read_sidecar
     from plancache.pipeline.trust_config import worker_policy
-    from plancache.trust.compile_cache.manifest import verify_manifest
+    from plancache.trust.compile_cache.manifest_signature import verify_manifest
 
     (tmp_path / "keys").mkdir()
     generate_keypair(tmp_path / "keys" / "key", force=False, comment="ci", env={})

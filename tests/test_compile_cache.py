@@ -24,6 +24,7 @@ from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cach
 from plancache.storage.compile_cache import archive_format, archives, cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
+from plancache.trust.compile_cache.manifest_signature import verify_manifest
 from plancache.trust.errors import Reason, Rejected
 
 SUBJECT = "torch_aot_compile/" + "ab" * 32
@@ -63,7 +64,7 @@ def test_signed_cache_verifies_and_binds_every_file(signed: CacheRoot) -> None:
     outcome = verify_cache(signed, SUBJECT, KEYRING, NOW)
     assert outcome.action == "verified" and outcome.files == 4
     sig = cachedir.sidecar_path(signed.directory(SUBJECT)).read_bytes()
-    m = mf.verify_manifest(SUBJECT, sig, KEYRING, NOW).manifest
+    m = verify_manifest(SUBJECT, sig, KEYRING, NOW).manifest
     assert [f.path for f in m.files] == [
         "inductor_cache/aotautograd/akey/entry",
         "inductor_cache/bn/cbn.py",
@@ -125,10 +126,10 @@ def test_other_keys_wrong_name_and_unusable_keys_are_refused(signed: CacheRoot) 
     assert verify_cache(signed, SUBJECT, keyring_of(make_signer()), NOW).reason == "untrusted-key"
     sig = cachedir.sidecar_path(signed.directory(SUBJECT)).read_bytes()
     with pytest.raises(Rejected) as info:
-        mf.verify_manifest("torch_aot_compile/" + "cd" * 32, sig, KEYRING, NOW)
+        verify_manifest("torch_aot_compile/" + "cd" * 32, sig, KEYRING, NOW)
     assert info.value.reason is Reason.NAME_MISMATCH
     with pytest.raises(Rejected) as info:
-        mf.verify_manifest(SUBJECT, sig, KEYRING, NOW - timedelta(days=1))
+        verify_manifest(SUBJECT, sig, KEYRING, NOW - timedelta(days=1))
     assert info.value.reason is Reason.NOT_YET_VALID
     outcome = cl.guard(signed, SUBJECT, None, NOW, into(signed), problem="keys file missing")
     assert (outcome.action, outcome.reason) == ("quarantined", "config-error")

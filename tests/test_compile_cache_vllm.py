@@ -28,7 +28,7 @@ from compile_boots import AOT0, ROOT_NAME, boot, cache_dir, quarantined, subject
 from compile_tampers import CONTROLS, GUARDED, cli, t0_generated_py, t_rank_pickle
 from plancache.pipeline.resolver import utcnow as mf_now
 from plancache.pipeline.trust_config import worker_policy
-from plancache.trust.compile_cache import manifest as mf
+from plancache.trust.compile_cache.manifest_signature import verify_manifest
 from store_servers import FaultObject, FaultServer
 
 pytest.importorskip("vllm")
@@ -221,9 +221,7 @@ def test_cold_boot_compiles_and_signs_with_pinned_dirs(runs: dict[str, Any]) -> 
     sig = (
         cache_dir(runs["signed"]).parent / (cache_dir(runs["signed"]).name + ".plancache.sig")
     ).read_bytes()
-    manifest = mf.verify_manifest(
-        subject(runs["signed"]), sig, keyring_of_file(runs["top"]), mf_now()
-    )
+    manifest = verify_manifest(subject(runs["signed"]), sig, keyring_of_file(runs["top"]), mf_now())
     assert manifest.manifest.expires_at - manifest.manifest.signed_at == timedelta(days=30)
     assert "plancache: compile-cache signed cache=torch_aot_compile/" in cold["stderr"]
     assert "plancache: compile-cache pushed cache=torch_aot_compile/" in cold["stderr"]

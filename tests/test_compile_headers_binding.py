@@ -117,7 +117,9 @@ def _unbound_statement(store: Any) -> None:
         "object": {"sha256": digest, "size": len(data)},
         "signed_at": format_time(NOW),
     }
-    payload = render_statement(SUBJECT, digest, th.PREDICATE_TYPE, predicate)
+    payload = render_statement(
+        SUBJECT, sha256=digest, predicate_type=th.PREDICATE_TYPE, predicate=predicate
+    )
     signature = dsse.Signature(SIGNER.keyid, SIGNER.sign(dsse.pae(dsse.PAYLOAD_TYPE, payload)))
     archives.put_object(store, archives.headers_name(SUBJECT), data)
     archives.put_object(

@@ -28,6 +28,7 @@ from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cach
 from plancache.storage.compile_cache import archive_format, cachedir
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import manifest as mf
+from plancache.trust.compile_cache.manifest_signature import sign_manifest, verify_manifest
 from plancache.trust.errors import PlanCacheError
 from test_compile_cache import (
     KEYRING,
@@ -59,7 +60,7 @@ def private_copy(tmp_path: Path, name: str = "boot") -> Path:
 
 def signed_manifest(root: CacheRoot, subject: str) -> mf.Manifest:
     sig = cachedir.sidecar_path(root.directory(subject)).read_bytes()
-    return mf.verify_manifest(subject, sig, KEYRING, NOW).manifest
+    return verify_manifest(subject, sig, KEYRING, NOW).manifest
 
 
 def digest_of(manifest: mf.Manifest, path: str) -> str:
@@ -239,7 +240,7 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     dirs = tuple(sorted(p for p, n in listing.items() if n is None))
     data = archive_format.archive_bytes(old_dir, files, dirs)
     older = mf.Manifest(SHORT, files, dirs, hashlib.sha256(data).hexdigest(), len(data), NOW)
-    cachedir.sidecar_path(old_dir).write_bytes(mf.sign_manifest(older, SIGNER))
+    cachedir.sidecar_path(old_dir).write_bytes(sign_manifest(older, SIGNER))
     assert "rank_0_0/backbone/computation_graph.py" in {
         f.path for f in signed_manifest(old, SHORT).files
     }

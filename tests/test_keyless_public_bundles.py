@@ -13,7 +13,7 @@ import pytest
 from plancache.keys.sigstore_root import public_good_root
 from plancache.trust.errors import Reason, Rejected
 from plancache.trust.keyless.sigstore_bundle import open_bundle
-from plancache.trust.keyring.keys import parse_trusted_keys
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 
 DATA = Path(__file__).parent / "data" / "sigstore"
 GITHUB = "https://token.actions.githubusercontent.com"

@@ -24,8 +24,10 @@ from plancache.keys.schemes import load_signer
 from plancache.keys.sigstore_signer import KeylessSigner
 from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.compile_cache import manifest as mf
+from plancache.trust.compile_cache.manifest_signature import sign_manifest, verify_manifest
 from plancache.trust.errors import ConfigError, Reason, Rejected
-from plancache.trust.keyring.keys import Keyring, parse_trusted_keys, signer_keyring
+from plancache.trust.keyring.keys import Keyring, signer_keyring
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.plans.plan_set import build_set, verify_set
 from plancache.trust.signing import sign_or_cosign, sign_plan
@@ -145,9 +147,9 @@ def test_plan_sets_manifests_and_headers_take_bundles_too(
     assert verified.signers == (IDENTITY,)
     subject = "torch_aot_compile/" + "ab" * 32
     manifest = mf.Manifest(subject, (mf.FileEntry("a", 1, "0" * 64),), (), "0" * 64, 1, NOW)
-    sig = mf.sign_manifest(manifest, keyless)
-    assert mf.verify_manifest(subject, sig, keyring, NOW).signers == (IDENTITY,)
-    assert mf.verify_manifest(subject, sig, signer_keyring(keyless), NOW).signers
+    sig = sign_manifest(manifest, keyless)
+    assert verify_manifest(subject, sig, keyring, NOW).signers == (IDENTITY,)
+    assert verify_manifest(subject, sig, signer_keyring(keyless), NOW).signers
     entry = th.HeaderEntry("cabcdefghijklmnop0123456789.h.gch", 10, "1" * 64)
     hset = th.HeaderSet(subject, (entry,), "2" * 64, 1 << 20, NOW, cache_archive_sha256="3" * 64)
     sig = th.sign_headers(hset, keyless)

@@ -14,7 +14,8 @@ import pytest
 from conftest import make_signer
 from plancache.trust.errors import ConfigError
 from plancache.trust.keyring.allowed_signers import matches_pattern_list
-from plancache.trust.keyring.keys import openssh_line, parse_trusted_keys
+from plancache.trust.keyring.keyformat import openssh_line
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 
 
 def error_of(text: str) -> str:

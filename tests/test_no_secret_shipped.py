@@ -31,12 +31,8 @@ from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.pipeline.compile_cache.manifest_building import factors_of
 from plancache.storage.store import open_store
-from plancache.trust.compile_cache.manifest import (
-    Manifest,
-    parse_manifest,
-    sign_manifest,
-    verify_manifest,
-)
+from plancache.trust.compile_cache.manifest import Manifest, parse_manifest
+from plancache.trust.compile_cache.manifest_signature import sign_manifest, verify_manifest
 from plancache.trust.display import redact, safe_text
 from plancache.trust.inputs import (
     CLEAR_ENV,

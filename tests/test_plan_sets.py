@@ -29,7 +29,8 @@ from plancache.storage.store import Store, open_store
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import PlanCacheError, Rejected
 from plancache.trust.plans.plan import Plan, plan_name, render_plan
-from plancache.trust.plans.plan_set import build_set, replica_name, set_name, split_set, verify_set
+from plancache.trust.plans.plan_set import build_set, split_set, verify_set
+from plancache.trust.plans.plan_set_names import replica_name, set_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
 from store_servers import (

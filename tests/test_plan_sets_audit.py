@@ -33,7 +33,8 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
-from plancache.trust.plans.plan_set import build_set, replica_name
+from plancache.trust.plans.plan_set import build_set
+from plancache.trust.plans.plan_set_names import replica_name
 from plancache.trust.signing import sign_plan
 from store_servers import (
     AWS_ENV,

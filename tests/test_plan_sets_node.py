@@ -31,7 +31,8 @@ from plancache.storage.local.directory_lock import locked
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
-from plancache.trust.plans.plan_set import MAX_SET_BYTES, build_set, replica_name
+from plancache.trust.plans.plan_set import MAX_SET_BYTES, build_set
+from plancache.trust.plans.plan_set_names import replica_name
 from plancache.trust.policy import TrustPolicy
 from plancache.trust.result import PlanResult
 from plancache.trust.signing import sign_plan

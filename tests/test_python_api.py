@@ -14,7 +14,7 @@ import pytest
 from conftest import FP, make_signer, plan_bytes
 from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
-from plancache.trust.keyring.keys import openssh_line
+from plancache.trust.keyring.keyformat import openssh_line
 from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.signing import sign_plan
 from store_servers import (

@@ -468,7 +468,7 @@ def test_a_plan_set_reads_and_fails_alike_on_both_paths(
     a transient 500 retried, a server that ignores Range or trickles or cuts the body a typed
     one-line error within the budget, never more than the set's cap downloaded."""
     from plancache.storage.plan_set_objects import read_set
-    from plancache.trust.plans.plan_set import set_name
+    from plancache.trust.plans.plan_set_names import set_name
 
     name = set_name([FP, "fedcba9876543210"])
     data = b"s" * 4096

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import PlanCacheError
-from plancache.trust.keyring.keys import Ed25519Signer, Keyring, parse_trusted_keys
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import parse_plan, plan_name
 from plancache.trust.statement import Statement, parse_statement
 from plancache.trust.verify import verify_plan

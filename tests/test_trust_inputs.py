@@ -10,12 +10,8 @@ import pytest
 
 from conftest import NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
-from plancache.trust.compile_cache.manifest import (
-    Manifest,
-    parse_manifest,
-    sign_manifest,
-    verify_manifest,
-)
+from plancache.trust.compile_cache.manifest import Manifest, parse_manifest
+from plancache.trust.compile_cache.manifest_signature import sign_manifest, verify_manifest
 from plancache.trust.errors import ConfigError, Rejected
 from plancache.trust.inputs import check_inputs, differences, fingerprint_of_inputs, without_secrets
 from plancache.trust.plans.plan import plan_name

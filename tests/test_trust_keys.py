@@ -17,13 +17,9 @@ from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.trust_config import keys_source, load_trusted_keys
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
-from plancache.trust.keyring.keys import (
-    Keyring,
-    canonical_keyid,
-    key_id,
-    openssh_line,
-    parse_trusted_keys,
-)
+from plancache.trust.keyring.keyformat import canonical_keyid, key_id, openssh_line
+from plancache.trust.keyring.keys import Keyring
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 
 
 def config_error(func, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
@@ -50,7 +46,7 @@ def test_keygen_writes_0600_private_and_a_pub_that_is_a_trusted_keys_file(tmp_pa
 
 def test_keygen_never_overwrites_without_force(tmp_path: Path) -> None:
     first = generate_keypair(tmp_path / "k", force=False, comment="", env={})
-    assert "--force" in config_error(generate_keypair, tmp_path / "k", False, "", {})
+    assert "--force" in config_error(generate_keypair, tmp_path / "k", False, "", env={})
     assert load_signer(str(tmp_path / "k"), env={}).keyid == first.keyid
     second = generate_keypair(tmp_path / "k", force=True, comment="", env={})
     assert (

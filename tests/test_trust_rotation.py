@@ -13,7 +13,9 @@ import pytest
 
 from conftest import GIB, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.keyring.keys import Ed25519Signer, Keyring, openssh_line, parse_trusted_keys
+from plancache.trust.keyring.keyformat import openssh_line
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_or_cosign, sign_plan
 from plancache.trust.statement import format_time

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
-from plancache.trust.keyring.keys import Ed25519Signer, openssh_line, parse_trusted_keys
+from plancache.trust.keyring.keyformat import openssh_line
+from plancache.trust.keyring.keys import Ed25519Signer
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.statement import Statement, format_time

@@ -16,7 +16,7 @@ from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import Reason
-from plancache.trust.keyring.keys import openssh_line
+from plancache.trust.keyring.keyformat import openssh_line
 from plancache.trust.plans.gate import Decision
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_plan

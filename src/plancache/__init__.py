@@ -47,7 +47,7 @@ _EXPORTS = {
     "ConfigError": "plancache.trust.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - one list of the names: _EXPORTS' keys, loaded lazily
 """(Their types are in ``__init__.pyi``: a stub costs the many processes that import this
 package nothing.)"""
 

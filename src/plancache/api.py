@@ -55,7 +55,18 @@ def verify_location(
     timeout: float | None = None,
     jobs: int | None = None,
 ) -> list[PlanReport]:
-    """One report per plan in a directory (default: vLLM's plan directory) or store URL."""
+    """One report per plan in a directory (default: vLLM's plan directory) or store URL.
+
+    Each plan's own outcome (verified, rejected and why) is in its report; what raises is a
+    failure of the whole call.
+
+    Raises:
+        ConfigError: no ``trust`` and no trusted keys in the environment, trusted keys that
+            cannot be used, a storage option, timeout or location that is wrong, a directory or
+            bucket that does not exist (reason ``config-error``).
+        StoreError: the store cannot be opened or listed (reason ``store-error``).
+        StoreTimeout: the store did not answer within the budget (reason ``timeout``).
+    """
     _, reports = audit_location(
         location,
         _policy(trust),
@@ -76,10 +87,20 @@ def pull(
     timeout: float | None = None,
 ) -> list[PlanResult]:
     """Fetch, verify and write (atomically, only verified bytes) the store's plans into
-    ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints."""
+    ``directory`` (default: vLLM's plan directory); all of them or the given fingerprints.
+
+    Each plan's own outcome (written, rejected and why, a failed write) is in its result; what
+    raises is a failure of the whole call.
+
+    Raises:
+        ConfigError: no ``trust`` and no trusted keys in the environment, trusted keys that
+            cannot be used, a storage option, timeout, URL or directory that is wrong (reason
+            ``config-error``).
+        StoreError: the store cannot be opened or listed (reason ``store-error``).
+        StoreTimeout: the store did not answer within the budget (reason ``timeout``).
+    """
     deadline = time.monotonic() + (budget := checked_budget(timeout, BULK_TIMEOUT))
-    store = open_url(
-        url, storage_options_for(storage_options), budget, deadline=deadline
-    )  # opening counts, as in the CLI
+    # opening the store counts against the budget, as in the CLI
+    store = open_url(url, storage_options_for(storage_options), budget, deadline=deadline)
     resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), store)
     return list(resolver.pull(fingerprints, deadline))

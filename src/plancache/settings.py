@@ -44,7 +44,8 @@ PASSPHRASE_ENV = "PLANCACHE_KEY_PASSPHRASE"
 TIMEOUT_ENV = "PLANCACHE_TIMEOUT"
 STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
 SET_REPLICAS_ENV = "PLANCACHE_SET_REPLICAS"
-"""Copies of each plan set in the store (``push --set-replicas``): a node reads one, by its host name."""
+"""Copies of each plan set in the store (``push --set-replicas``): a node reads one, by its host
+name."""
 COMPILE_CACHE_ENV = "PLANCACHE_COMPILE_CACHE"
 SIGSTORE_TRUSTED_ROOT_ENV = "PLANCACHE_SIGSTORE_TRUSTED_ROOT"
 SIGSTORE_TRUST_CONFIG_ENV = "PLANCACHE_SIGSTORE_TRUST_CONFIG"
@@ -95,7 +96,12 @@ def compile_cache_switch(value: str | None) -> tuple[bool, str]:
 
 
 def parse_key_value(item: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string."""
+    """``KEY=VALUE`` with VALUE parsed as JSON where it parses, else kept as a string.
+
+    Raises:
+        ValueError: not ``KEY=VALUE`` (the item is not shown: it may hold a secret), or a
+            VALUE nested too deeply to parse.
+    """
     key, sep, raw = item.partition("=")
     if not sep or not key:  # the item itself is not shown: it may be a credential
         raise ValueError(
@@ -111,7 +117,12 @@ def parse_key_value(item: str) -> tuple[str, Any]:
 
 def parse_storage_options(text: str) -> dict[str, Any]:
     """``PLANCACHE_STORAGE_OPTIONS``: a JSON object (needed for nested options such as
-    ``config_kwargs``) or space-separated ``KEY=VALUE`` pairs. Raises ValueError."""
+    ``config_kwargs``) or space-separated ``KEY=VALUE`` pairs.
+
+    Raises:
+        ValueError: text starting with ``{`` that is not a JSON object (or nests too deeply),
+            or a pair that is not ``KEY=VALUE`` (:func:`parse_key_value`).
+    """
     text = text.strip()
     if text.startswith("{"):
         try:

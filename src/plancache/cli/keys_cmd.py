@@ -16,7 +16,7 @@ from ..pipeline.trust_config import signer_for
 from ..settings import SIGNING_KEY_ENV
 from ..trust.errors import ConfigError
 from ..trust.keyring.keyformat import openssh_line
-from ..trust.keyring.keys import check_key_name
+from ..trust.keyring.trusted_keys_file import check_key_name
 from .output import report
 
 

@@ -11,13 +11,14 @@ KMS signs Ed25519 natively over the message itself (``SigningAlgorithm=ED25519_S
 the public key comes from ``GetPublicKey`` as a DER SubjectPublicKeyInfo. Credentials,
 region and ``AWS_ENDPOINT_URL_KMS`` come from boto3's own settings, as for the aws CLI.
 Each call is bounded twice: botocore's connect/read timeouts and at most two attempts, and
-the budget thread around it (:func:`~.remote.within`).
+the budget thread around it (:func:`~.remote_signer.within`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol, TypedDict, TypeVar
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
@@ -29,10 +30,38 @@ KEY_SPEC = "ECC_NIST_EDWARDS25519"
 ALGORITHM = "ED25519_SHA_512"
 _ARN_REGION = re.compile(r"arn:aws[a-z-]*:kms:([a-z0-9-]+):")
 _KEY = re.compile(r"[A-Za-z0-9:/_.+=,@-]{1,2048}")
+T = TypeVar("T")
+
+
+class _PublicKeyAnswer(TypedDict, total=False):
+    """What plancache reads of ``GetPublicKey``'s answer (botocore parses it by the KMS model)."""
+
+    KeySpec: str
+    KeyUsage: str
+    SigningAlgorithms: list[str]
+    PublicKey: bytes
+
+
+class _SignAnswer(TypedDict, total=False):
+    Signature: bytes
+
+
+class _KmsClient(Protocol):
+    """The two calls of boto3's KMS client plancache makes (boto3 ships no types)."""
+
+    def get_public_key(self, *, KeyId: str) -> _PublicKeyAnswer: ...
+
+    def sign(
+        self, *, KeyId: str, Message: bytes, MessageType: str, SigningAlgorithm: str
+    ) -> _SignAnswer: ...
 
 
 def parse_awskms_uri(ref: str) -> tuple[str | None, str]:
-    """(endpoint host[:port] or None, key id / alias / ARN)."""
+    """(endpoint host[:port] or None, key id / alias / ARN).
+
+    Raises:
+        ConfigError: not one of the forms in the module docstring (reason ``config-error``).
+    """
     rest = ref[len(SCHEME) :] if ref.startswith(SCHEME) else ""
     host, _, key = rest.partition("/")
     if not _KEY.fullmatch(key) or (
@@ -40,12 +69,13 @@ def parse_awskms_uri(ref: str) -> tuple[str | None, str]:
         and not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", host)
     ):
         raise ConfigError(
-            f"'{safe_text(ref, 80)}' is not awskms:///KEY-ID, awskms:///alias/NAME, awskms:///arn:… or awskms://HOST:PORT/KEY"
+            f"'{safe_text(ref, 80)}' is not awskms:///KEY-ID, awskms:///alias/NAME, "
+            "awskms:///arn:… or awskms://HOST:PORT/KEY"
         )
     return host or None, key
 
 
-def _client(endpoint: str | None, key: str, budget: float) -> Any:
+def _client(endpoint: str | None, key: str, budget: float) -> _KmsClient:
     try:
         import boto3
         from botocore.config import Config
@@ -59,7 +89,7 @@ def _client(endpoint: str | None, key: str, budget: float) -> Any:
         retries={"mode": "standard", "total_max_attempts": 2},
     )
     try:
-        return boto3.session.Session().client(
+        client: _KmsClient = boto3.session.Session().client(
             "kms",
             region_name=arn_region.group(1) if arn_region else None,
             endpoint_url=f"https://{endpoint}" if endpoint else None,
@@ -69,9 +99,10 @@ def _client(endpoint: str | None, key: str, budget: float) -> Any:
         raise ConfigError(
             f"{SCHEME}: no AWS region: set AWS_REGION, or name the key by its ARN"
         ) from None
+    return client
 
 
-def _call(source: str, what: str, call: Any) -> Any:
+def _call(source: str, what: str, call: Callable[[], T]) -> T:
     """One KMS call with botocore's failures as plancache's: denied, missing, disabled keys and
     unreachable endpoints are ConfigError; the SDK's own timeouts are StoreTimeout."""
     from botocore.exceptions import (
@@ -101,19 +132,26 @@ def _call(source: str, what: str, call: Any) -> Any:
 
 
 def awskms_signer(ref: str, budget: float) -> RemoteSigner:
-    """Check the key's spec and read its public key (``GetPublicKey``), within ``budget``."""
+    """Check the key's spec and read its public key (``GetPublicKey``), within ``budget``.
+
+    Raises:
+        ConfigError: a malformed reference, no region or credentials, a refusal, a key that is
+            not an ``ECC_NIST_EDWARDS25519`` SIGN_VERIFY key offering Ed25519, an unreadable
+            public key, boto3 not installed (reason ``config-error``).
+        StoreTimeout: KMS did not answer within ``budget`` (reason ``timeout``).
+    """
     endpoint, key = parse_awskms_uri(ref)
     source = safe_text(ref, 120)
 
-    def load() -> tuple[Any, Any]:
+    def load() -> tuple[_KmsClient, _PublicKeyAnswer]:
         client = _client(endpoint, key, budget)
         return client, _call(source, "GetPublicKey", lambda: client.get_public_key(KeyId=key))
 
     client, answer = within(budget, f"reading the public key of {source}", load)
     if answer.get("KeySpec") != KEY_SPEC or answer.get("KeyUsage") != "SIGN_VERIFY":
         raise ConfigError(
-            f"{source}: the key is {safe_text(answer.get('KeySpec'), 40)}/{safe_text(answer.get('KeyUsage'), 20)}, "
-            f"not a {KEY_SPEC} SIGN_VERIFY key"
+            f"{source}: the key is {safe_text(answer.get('KeySpec'), 40)}/"
+            f"{safe_text(answer.get('KeyUsage'), 20)}, not a {KEY_SPEC} SIGN_VERIFY key"
         )
     if ALGORITHM not in (answer.get("SigningAlgorithms") or []):
         raise ConfigError(f"{source}: the key does not offer {ALGORITHM}")
@@ -122,7 +160,7 @@ def awskms_signer(ref: str, budget: float) -> RemoteSigner:
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.detail}") from None
 
-    def raw_sign(data: bytes) -> bytes:
+    def raw_sign(data: bytes) -> bytes | None:
         reply = _call(
             source,
             "Sign",
@@ -130,6 +168,6 @@ def awskms_signer(ref: str, budget: float) -> RemoteSigner:
                 KeyId=key, Message=data, MessageType="RAW", SigningAlgorithm=ALGORITHM
             ),
         )
-        return reply.get("Signature")  # type: ignore[no-any-return]
+        return reply.get("Signature")  # RemoteSigner.sign checks what KMS returned
 
     return RemoteSigner(source, public, raw_sign, budget)

@@ -17,7 +17,12 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def env_signer(ref: str, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
-    """``env://VAR``'s key; ConfigError when VAR is no variable name or is not set."""
+    """``env://VAR``'s key, read as a key file's text is.
+
+    Raises:
+        ConfigError: VAR is no variable name or is not set, or its text is refused as a key
+            file's would be (reason ``config-error``).
+    """
     name = ref[len(ENV_SCHEME) :]
     if not _ENV_NAME.fullmatch(name):
         raise ConfigError(

@@ -14,31 +14,43 @@ budget as its deadline, no SDK retries, and the budget thread around it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, StoreTimeout
 from ..trust.keyring.keyformat import parse_pem_public
 from .remote_signer import RemoteSigner, missing_extra, one_line, within
 
+if TYPE_CHECKING:  # imported when a reference names the scheme: the extra is optional
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.cloud.kms_v1 import KeyManagementServiceClient, PublicKey
+
 SCHEME = "gcpkms://"
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDKMS"
 _NAME = re.compile(
-    r"projects/[^/\s]+/locations/[^/\s]+/keyRings/[^/\s]+/cryptoKeys/[^/\s]+/cryptoKeyVersions/[^/\s]+"
+    r"projects/[^/\s]+/locations/[^/\s]+/keyRings/[^/\s]+"
+    r"/cryptoKeys/[^/\s]+/cryptoKeyVersions/[^/\s]+"
 )
+T = TypeVar("T")
 
 
 def parse_gcpkms_uri(ref: str) -> str:
+    """The key version's resource name in a ``gcpkms://`` reference.
+
+    Raises:
+        ConfigError: not ``gcpkms://projects/…/cryptoKeyVersions/V`` (reason ``config-error``).
+    """
     name = ref[len(SCHEME) :] if ref.startswith(SCHEME) else ""
     if not _NAME.fullmatch(name):
         raise ConfigError(
-            f"'{safe_text(ref, 120)}' is not gcpkms://projects/P/locations/L/keyRings/R/cryptoKeys/K/cryptoKeyVersions/V"
+            f"'{safe_text(ref, 120)}' is not "
+            "gcpkms://projects/P/locations/L/keyRings/R/cryptoKeys/K/cryptoKeyVersions/V"
         )
     return name
 
 
-def _client(env: Mapping[str, str]) -> Any:
+def _client(env: Mapping[str, str]) -> KeyManagementServiceClient:
     try:
         from google.api_core.client_options import ClientOptions
         from google.auth.exceptions import DefaultCredentialsError
@@ -53,12 +65,14 @@ def _client(env: Mapping[str, str]) -> Any:
         )
     except DefaultCredentialsError:
         raise ConfigError(
-            f"{SCHEME}: no Google credentials (GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login)"
+            f"{SCHEME}: no Google credentials (GOOGLE_APPLICATION_CREDENTIALS or gcloud auth "
+            "application-default login)"
         ) from None
 
 
-def _call(source: str, what: str, call: Any) -> Any:
-    """One Cloud KMS call; refusals and unreachable endpoints are ConfigError, deadlines StoreTimeout."""
+def _call(source: str, what: str, call: Callable[[], T]) -> T:
+    """One Cloud KMS call; refusals and unreachable endpoints are ConfigError, deadlines
+    StoreTimeout."""
     import requests
     from google.api_core import exceptions as api
     from google.auth.exceptions import GoogleAuthError
@@ -73,7 +87,7 @@ def _call(source: str, what: str, call: Any) -> Any:
         raise ConfigError(f"{source}: Cloud KMS {what} failed: {one_line(exc)}") from None
 
 
-def _status(exc: Any) -> str:
+def _status(exc: GoogleAPICallError) -> str:
     """``403 PERMISSION_DENIED: message`` from the REST error body (the exception's own text
     repeats the whole request URL)."""
     try:
@@ -84,11 +98,18 @@ def _status(exc: Any) -> str:
 
 
 def gcpkms_signer(ref: str, env: Mapping[str, str], budget: float) -> RemoteSigner:
-    """Check the key version's algorithm and read its public key, within ``budget``."""
+    """Check the key version's algorithm and read its public key, within ``budget``.
+
+    Raises:
+        ConfigError: a malformed reference, no credentials, a refusal, a key version that is
+            not ``EC_SIGN_ED25519``, an unreadable public key, google-cloud-kms not installed
+            (reason ``config-error``).
+        StoreTimeout: Cloud KMS did not answer within ``budget`` (reason ``timeout``).
+    """
     name = parse_gcpkms_uri(ref)
     source = safe_text(ref, 160)
 
-    def load() -> tuple[Any, Any]:
+    def load() -> tuple[KeyManagementServiceClient, PublicKey]:
         client = _client(env)
         return client, _call(
             source,
@@ -100,9 +121,8 @@ def gcpkms_signer(ref: str, env: Mapping[str, str], budget: float) -> RemoteSign
     from google.cloud import kms_v1
 
     if answer.algorithm != kms_v1.CryptoKeyVersion.CryptoKeyVersionAlgorithm.EC_SIGN_ED25519:
-        raise ConfigError(
-            f"{source}: the key version is {safe_text(getattr(answer.algorithm, 'name', answer.algorithm), 40)}, not EC_SIGN_ED25519"
-        )
+        shown = safe_text(getattr(answer.algorithm, "name", answer.algorithm), 40)
+        raise ConfigError(f"{source}: the key version is {shown}, not EC_SIGN_ED25519")
     try:
         public = parse_pem_public(answer.pem.encode("ascii", "replace"))
     except ConfigError as exc:

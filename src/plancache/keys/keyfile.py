@@ -31,7 +31,8 @@ from ..trust.keyring.keyformat import (
     parse_private_key,
     private_key_bytes,
 )
-from ..trust.keyring.keys import Ed25519Signer, Keyring, check_key_name, parse_trusted_keys
+from ..trust.keyring.keys import Ed25519Signer, Keyring
+from ..trust.keyring.trusted_keys_file import check_key_name, parse_trusted_keys
 
 MAX_KEY_FILE_BYTES = 1 << 20
 
@@ -40,8 +41,12 @@ Prompt = Callable[[str], str]
 
 
 def read_key_file(path: Path, what: str) -> bytes:
-    """A key file's bytes, capped (symlinks followed: keys are often linked into place);
-    ConfigError naming ``what`` and the file when it is absent or unreadable."""
+    """A key file's bytes, capped (symlinks followed: keys are often linked into place).
+
+    Raises:
+        ConfigError: the file is absent, unreadable or over the cap; the detail names ``what``
+            and the file (reason ``config-error``).
+    """
     try:
         data = read_capped(path, MAX_KEY_FILE_BYTES, follow_symlinks=True)
     except PlanCacheError as exc:
@@ -62,8 +67,9 @@ def _public_text(data: bytes, path: Path) -> str:
     """A trusted-keys file's text, refused whole when it holds a private key or no text."""
     if is_private_material(data):
         raise ConfigError(
-            f"trusted-keys file {safe_text(path)} holds {describe_key_material(data)}: trusted keys are public keys "
-            f"(plancache pubkey {safe_text(path)} prints its public line; treat the private key as exposed)"
+            f"trusted-keys file {safe_text(path)} holds {describe_key_material(data)}: trusted "
+            f"keys are public keys (plancache pubkey {safe_text(path)} prints its public line; "
+            "treat the private key as exposed)"
         )
     if describe_key_material(data) == "binary data, not key text":
         raise ConfigError(f"trusted-keys file {safe_text(path)} holds binary data, not key text")
@@ -76,8 +82,14 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
     A keyring must trust at least one key, since verifying needs one: otherwise every plan
     would be rejected for a typo. ``allow_revocations_only`` is for callers that only ask
     "is this key revoked?" (``prune --revoked``), where a list of revocations is enough. A
-    key listed in two files of a directory is a ``ConfigError``, as within one file: which
-    window would hold is anyone's guess.
+    key listed in two files of a directory is an error, as within one file: which window
+    would hold is anyone's guess.
+
+    Raises:
+        ConfigError: a file absent or unreadable, a directory without ``.pub`` files, a file
+            holding a private key or binary data, a line that does not parse
+            (:func:`~plancache.trust.keyring.trusted_keys_file.parse_trusted_keys`), a key
+            listed in two files, no usable key (reason ``config-error``).
     """
     path = Path(path)
     if path.is_dir():
@@ -93,7 +105,8 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
             for kid in part.keys:
                 if kid in listed_in:
                     raise ConfigError(
-                        f"{safe_text(file)}: key {kid} is already listed in {safe_text(listed_in[kid])}"
+                        f"{safe_text(file)}: key {kid} is already listed in "
+                        f"{safe_text(listed_in[kid])}"
                     )
                 listed_in[kid] = file
             keyring = keyring.merged(part)
@@ -128,12 +141,17 @@ def _passphrase(env: Mapping[str, str], prompt: Prompt | None, what: str) -> Pas
 def private_key_signer(
     data: bytes, what: str, env: Mapping[str, str], prompt: Prompt | None
 ) -> Ed25519Signer:
-    """A signer from private key text (a file's or :mod:`.env`'s); a public key here is a
-    ConfigError that says which half a signing key reference names."""
+    """A signer from private key text (a file's or :mod:`.env`'s).
+
+    Raises:
+        ConfigError: the text holds a public key (the detail says which half a signing key
+            reference names), no private key, an encrypted key without its passphrase, or a key
+            that is not Ed25519 (reason ``config-error``).
+    """
     if is_public_material(data):
         raise ConfigError(
-            f"{what} holds {describe_key_material(data)}, not a private key: a signing key reference names the "
-            "private key (keygen's PATH, not PATH.pub)"
+            f"{what} holds {describe_key_material(data)}, not a private key: a signing key "
+            "reference names the private key (keygen's PATH, not PATH.pub)"
         )
     try:
         return Ed25519Signer(parse_private_key(data, _passphrase(env, prompt, what)))
@@ -142,7 +160,12 @@ def private_key_signer(
 
 
 def file_signer(path: Path, env: Mapping[str, str], prompt: Prompt | None) -> Ed25519Signer:
-    """The ``PATH`` kind of key reference: refused when group or others can read it."""
+    """The ``PATH`` kind of key reference: refused when group or others can read it.
+
+    Raises:
+        ConfigError: the file is absent or unreadable, group or others can read it, or
+            :func:`private_key_signer` refuses its text (reason ``config-error``).
+    """
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -152,7 +175,8 @@ def file_signer(path: Path, env: Mapping[str, str], prompt: Prompt | None) -> Ed
     data = read_key_file(path, "private key")
     if not is_public_material(data) and stat.S_IMODE(mode) & 0o077:
         raise ConfigError(
-            f"private key {path} is readable by others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}",
+            f"private key {path} is readable by others (mode {stat.S_IMODE(mode):04o}); "
+            f"run: chmod 600 {path}",
         )
     return private_key_signer(data, str(path), env, prompt)
 
@@ -161,6 +185,7 @@ def generate_keypair(
     path: Path,
     force: bool,
     comment: str,
+    *,
     env: Mapping[str, str] = os.environ,
     openssh: bool = False,
 ) -> Ed25519Signer:
@@ -169,6 +194,12 @@ def generate_keypair(
     PEM PKCS#8 by default; ``openssh`` writes OpenSSH's format instead, for teams whose
     tooling (``ssh-keygen -y``, ``ssh-keygen -Y sign``) expects it. Either is encrypted when
     ``PLANCACHE_KEY_PASSPHRASE`` is set.
+
+    Raises:
+        ConfigError: without ``force``, a file that exists; a comment that is not one printable
+            line or is spelled like the revocation marker (reason ``config-error``).
+        StoreError: a file cannot be written (reason ``store-error``; the private key is
+            removed when its public line cannot be written).
     """
     path = Path(path).expanduser()
     pub = path.with_name(path.name + ".pub")
@@ -189,9 +220,7 @@ def generate_keypair(
     )
     try:
         write_atomic(pub, public_line, mode=0o644)
-    except BaseException:
-        path.unlink(
-            missing_ok=True
-        )  # never a private key without its public line (a rerun would refuse)
+    except BaseException:  # never a private key without its public line (a rerun would refuse)
+        path.unlink(missing_ok=True)
         raise
     return Ed25519Signer(private)

@@ -1,18 +1,12 @@
-"""``pkcs11:`` key references (RFC 7512): an Ed25519 key inside an HSM or a token, signing with
-``CKM_EDDSA`` through PyKCS11 (extra ``[pkcs11]``).
+"""``pkcs11:`` keys: an Ed25519 key inside an HSM or a token, signing with ``CKM_EDDSA``
+through PyKCS11 (extra ``[pkcs11]``); the reference's syntax is :mod:`.pkcs11_uri`'s.
 
-    pkcs11:token=ci;object=signer?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-value=1234
-    pkcs11:token=ci;id=%01?module-path=…&pin-source=file:/run/secrets/hsm-pin
-
-Path attributes select the token (``token``, ``serial``, ``manufacturer``, ``model``,
-``slot-id``) and the key (``object`` = CKA_LABEL, ``id`` = CKA_ID, ``type=private``); query
-attributes name the module and the PIN. An attribute plancache does not know is refused: a
-selector ignored could pick another key. Exactly one token and one private key must match.
-
-The private key never leaves the token: plancache reads the public key object beside it
-(same CKA_ID, else same label) to compute the key id and check each signature, and asks the
-token for ``C_Sign``. PyKCS11 was chosen over python-pkcs11: no Python dependencies of its
-own, and maintained for two decades by the PC/SC-lite maintainer.
+Exactly one token and one private key must match the reference. The private key never leaves
+the token: plancache reads the public key object beside it (same CKA_ID, else same label) to
+compute the key id and check each signature, and asks the token for ``C_Sign``. PyKCS11 was
+chosen over python-pkcs11: no Python dependencies of its own, and maintained for two decades by
+the PC/SC-lite maintainer. Every token call runs within the key budget
+(:func:`~.remote_signer.within`), one caller at a time.
 """
 
 from __future__ import annotations
@@ -22,62 +16,57 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
-from urllib.parse import unquote_to_bytes
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..storage.local.files import read_capped
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError
+from .pkcs11_uri import Pkcs11Ref, parse_pkcs11_uri
 from .remote_signer import RemoteSigner, missing_extra, one_line, within
 
-SCHEME = "pkcs11:"
-_PATH_ATTRS = ("token", "object", "id", "serial", "manufacturer", "model", "slot-id", "type")
-_QUERY_ATTRS = ("module-path", "pin-value", "pin-source")
 _ED25519_PARAMS = (b"\x06\x03\x2b\x65\x70", b"\x13\x0cedwards25519")
 """CKA_EC_PARAMS of Ed25519: the OID 1.3.101.112, or the printable string SoftHSM writes."""
 MAX_PIN_FILE_BYTES = 4096
 
-_libs: dict[str, Any] = {}
+
+class _TokenInfo(Protocol):
+    """What plancache reads of PyKCS11's ``CK_TOKEN_INFO`` (PyKCS11 ships no types); the
+    selectors' fields (``serialNumber``, ...) are read by name."""
+
+    flags: int
+    label: str
+
+
+class _Session(Protocol):
+    def login(self, pin: str) -> None: ...
+
+    def findObjects(self, template: list[tuple[int, Any]]) -> list[object]: ...
+
+    def getAttributeValue(self, obj: object, attr: list[int]) -> list[Any]: ...  # per attribute
+
+    def sign(self, key: object, data: bytes, mecha: object) -> list[int]: ...
+
+    def closeSession(self) -> None: ...
+
+
+class _Library(Protocol):
+    def load(self, module: str) -> None: ...
+
+    def getSlotList(self, tokenPresent: bool) -> list[int]: ...
+
+    def getTokenInfo(self, slot: int) -> _TokenInfo: ...
+
+    def openSession(self, slot: int, flags: int) -> _Session: ...
+
+
+_libs: dict[str, _Library] = {}
 _lock = threading.Lock()
 """One loaded library per module path (C_Initialize once per process), and one caller at a
 time: PKCS#11 login state is per application and token, not per session."""
-
-
-@dataclass(frozen=True)
-class Pkcs11Ref:
-    path: dict[str, bytes]
-    module: str
-    pin: str | None
-    pin_source: str | None = None
-    """``pin-source``, read by :func:`_read_pin` inside the budget, never at parse time."""
-
-    @property
-    def source(self) -> str:
-        """The reference without its query: never show a PIN."""
-        shown = ";".join(
-            f"{k}={safe_text(v.decode('utf-8', 'replace'), 40)}"
-            for k, v in self.path.items()
-            if k != "id"
-        )
-        if "id" in self.path:
-            shown += (";" if shown else "") + "id=" + "".join(f"%{b:02x}" for b in self.path["id"])
-        return f"pkcs11:{shown}"
-
-
-def _attributes(text: str, sep: str, allowed: tuple[str, ...], where: str) -> dict[str, bytes]:
-    found: dict[str, bytes] = {}
-    for part in filter(None, text.split(sep)):
-        name, eq, value = part.partition("=")
-        if not eq or name not in allowed or name in found:
-            raise ConfigError(
-                f"pkcs11 URI: unknown or repeated {where} attribute '{safe_text(name, 30)}' (use {', '.join(allowed)})"
-            )
-        found[name] = unquote_to_bytes(value)
-    return found
 
 
 def _read_pin(source: str) -> str:
@@ -94,10 +83,8 @@ def _read_pin(source: str) -> str:
         raise ConfigError(f"cannot read PIN file {path}: {exc.strerror}") from None
     if stat.S_IMODE(mode) & 0o077:
         raise ConfigError(f"PIN file {path} is readable by others; run: chmod 600 {path}")
-    try:
-        data = read_capped(
-            path, MAX_PIN_FILE_BYTES, follow_symlinks=True
-        )  # secrets are often mounted as links
+    try:  # links followed: secrets are often mounted as links
+        data = read_capped(path, MAX_PIN_FILE_BYTES, follow_symlinks=True)
     except PlanCacheError as exc:
         detail = exc.detail
         raise ConfigError(
@@ -108,25 +95,6 @@ def _read_pin(source: str) -> str:
     if data is None:
         raise ConfigError(f"cannot read PIN file {path}: No such file or directory")
     return data.decode("utf-8", "replace").rstrip("\r\n")
-
-
-def parse_pkcs11_uri(ref: str) -> Pkcs11Ref:
-    if not ref.startswith(SCHEME):
-        raise ConfigError("not a pkcs11: URI")
-    path_text, _, query_text = ref[len(SCHEME) :].partition("?")
-    path = _attributes(path_text, ";", _PATH_ATTRS, "path")
-    query = {
-        k: v.decode("utf-8", "replace")
-        for k, v in _attributes(query_text, "&", _QUERY_ATTRS, "query").items()
-    }
-    if path.get("type", b"private") != b"private":
-        raise ConfigError("pkcs11 URI: type must be 'private' (the signing key)")
-    path.pop("type", None)
-    if "module-path" not in query:
-        raise ConfigError("pkcs11 URI: add ?module-path=/path/to/the/pkcs11-module.so")
-    if "pin-value" in query and "pin-source" in query:
-        raise ConfigError("pkcs11 URI: give pin-value or pin-source, not both")
-    return Pkcs11Ref(path, query["module-path"], query.get("pin-value"), query.get("pin-source"))
 
 
 def _loadable(module: str) -> None:
@@ -153,7 +121,7 @@ def _loadable(module: str) -> None:
         )
 
 
-def _library(module: str) -> Any:
+def _library(module: str) -> _Library:
     try:
         import PyKCS11
     except ImportError:
@@ -161,18 +129,18 @@ def _library(module: str) -> Any:
     lib = _libs.get(module)
     if lib is None:
         _loadable(module)
-        lib = PyKCS11.PyKCS11Lib()
+        loaded: _Library = PyKCS11.PyKCS11Lib()
         try:
-            lib.load(module)
+            loaded.load(module)
         except PyKCS11.PyKCS11Error as exc:
             raise ConfigError(
                 f"cannot load the PKCS#11 module {safe_text(module, 120)}: {one_line(exc)}"
             ) from None
-        _libs[module] = lib
+        _libs[module] = lib = loaded
     return lib
 
 
-def _slot(lib: Any, ref: Pkcs11Ref) -> Any:
+def _slot(lib: _Library, ref: Pkcs11Ref) -> int:
     fields = {
         "token": "label",
         "serial": "serialNumber",
@@ -202,7 +170,7 @@ def _slot(lib: Any, ref: Pkcs11Ref) -> Any:
 
 
 @contextmanager
-def _session(lib: Any, slot: Any, ref: Pkcs11Ref) -> Iterator[Any]:
+def _session(lib: _Library, slot: int, ref: Pkcs11Ref) -> Iterator[_Session]:
     import PyKCS11
 
     session = lib.openSession(slot, PyKCS11.CKF_SERIAL_SESSION)
@@ -229,7 +197,7 @@ def _template(ref: Pkcs11Ref, cls: int) -> list[tuple[int, Any]]:
     return template
 
 
-def _one(session: Any, ref: Pkcs11Ref, cls: int, what: str) -> Any:
+def _one(session: _Session, ref: Pkcs11Ref, cls: int, what: str) -> object:
     found = session.findObjects(_template(ref, cls))
     if len(found) != 1:
         hint = (
@@ -241,7 +209,7 @@ def _one(session: Any, ref: Pkcs11Ref, cls: int, what: str) -> Any:
     return found[0]
 
 
-def _public_key(session: Any, ref: Pkcs11Ref) -> Ed25519PublicKey:
+def _public_key(session: _Session, ref: Pkcs11Ref) -> Ed25519PublicKey:
     """The public key object beside the private key: Ed25519 params and a 32-byte point
     (bare, or DER-wrapped as OCTET STRING, which SoftHSM writes)."""
     import PyKCS11
@@ -264,7 +232,7 @@ def _public_key(session: Any, ref: Pkcs11Ref) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(point)
 
 
-def _sign(lib: Any, slot: Any, ref: Pkcs11Ref, data: bytes) -> bytes:
+def _sign(lib: _Library, slot: int, ref: Pkcs11Ref, data: bytes) -> bytes:
     import PyKCS11
 
     with _lock, _session(lib, slot, ref) as session:
@@ -273,10 +241,17 @@ def _sign(lib: Any, slot: Any, ref: Pkcs11Ref, data: bytes) -> bytes:
 
 
 def pkcs11_signer(ref_text: str, budget: float) -> RemoteSigner:
-    """Load the module, find the token and the key, read the public key: all within ``budget``."""
+    """Load the module, find the token and the key, read the public key: all within ``budget``.
+
+    Raises:
+        ConfigError: a malformed reference, an unreadable PIN file, a module that does not load,
+            not exactly one token or key matching, a key that is not Ed25519, a refusal of the
+            token, PyKCS11 not installed (reason ``config-error``).
+        StoreTimeout: the token did not answer within ``budget`` (reason ``timeout``).
+    """
     parsed = parse_pkcs11_uri(ref_text)
 
-    def load() -> tuple[Pkcs11Ref, Any, Any, Ed25519PublicKey]:
+    def load() -> tuple[Pkcs11Ref, _Library, int, Ed25519PublicKey]:
         ref = (
             parsed
             if parsed.pin_source is None

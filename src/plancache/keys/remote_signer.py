@@ -42,6 +42,9 @@ def within(budget: float, what: str, call: Callable[[], T]) -> T:
     A daemon thread, not a pool: a backend stuck in a driver or a socket must not keep the
     process from exiting. Exceptions are re-raised as they are (each backend turns its SDK's
     errors into plancache's); only the wait itself becomes :class:`StoreTimeout`.
+
+    Raises:
+        StoreTimeout: no answer within ``budget`` (reason ``timeout``).
     """
     future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
@@ -70,7 +73,8 @@ class RemoteSigner:
 
     source: str
     public: Ed25519PublicKey
-    raw_sign: Callable[[bytes], bytes] = field(repr=False)
+    raw_sign: Callable[[bytes], object] = field(repr=False)
+    """The backend's own call: what it returns is the other party's, checked by :meth:`sign`."""
     budget: float
 
     @property
@@ -78,6 +82,13 @@ class RemoteSigner:
         return key_id(self.public)
 
     def sign(self, data: bytes) -> bytes:
+        """The backend's Ed25519 signature over ``data``, checked with the public key.
+
+        Raises:
+            ConfigError: the backend refused, or returned no 64-byte signature, or one its own
+                public key does not verify (reason ``config-error``).
+            StoreTimeout: no answer within the budget (reason ``timeout``).
+        """
         signature = within(self.budget, f"signing with {self.source}", lambda: self.raw_sign(data))
         if not isinstance(signature, bytes) or len(signature) != ED25519_SIGNATURE_BYTES:
             raise ConfigError(f"{self.source} returned no 64-byte Ed25519 signature")

@@ -20,7 +20,7 @@ signer by URI scheme.
 
 Each kind's module is imported only when a reference names it, so the core install
 (cryptography alone) loads none of the HSM and KMS SDKs; those reach their backend within the
-``PLANCACHE_TIMEOUT`` budget (:mod:`.remote`).
+``PLANCACHE_TIMEOUT`` budget (:mod:`.remote_signer`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,15 @@ SCHEMES: tuple[tuple[str, Loader], ...] = (
 def load_signer(
     ref: str, env: Mapping[str, str] = os.environ, prompt: Prompt | None = None
 ) -> Signer:
-    """Resolve a key reference (table in the module docstring) to a signer."""
+    """Resolve a key reference (table in the module docstring) to a signer.
+
+    Raises:
+        ConfigError: a reference of no supported form, or what its kind's loader refuses (a
+            missing or exposed key file, a token or KMS key that is absent, denied or not
+            Ed25519, a missing extra) (reason ``config-error``).
+        StoreTimeout: an HSM or KMS did not answer within ``PLANCACHE_TIMEOUT`` (reason
+            ``timeout``).
+    """
     for prefix, load in SCHEMES:
         if ref.startswith(prefix):
             return load(ref, env, prompt)

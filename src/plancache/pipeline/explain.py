@@ -21,7 +21,8 @@ from typing import Any
 
 from ..storage.compile_cache import archives
 from ..storage.store import Store
-from ..trust.compile_cache.manifest import MAX_SIG_BYTES, Manifest, verify_manifest
+from ..trust.compile_cache.manifest import Manifest
+from ..trust.compile_cache.manifest_signature import MAX_SIG_BYTES, verify_manifest
 from ..trust.errors import PlanCacheError
 from ..trust.inputs import SALT_KEY, differences
 from ..trust.keyring.keys import Keyring

@@ -27,7 +27,8 @@ from typing import Any
 from ..trust.envelope import MAX_SIG_BYTES
 from ..trust.errors import Reason, Rejected
 from ..trust.plans.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name
-from ..trust.plans.plan_set import MAX_SET_BYTES, set_object_id
+from ..trust.plans.plan_set import MAX_SET_BYTES
+from ..trust.plans.plan_set_names import set_object_id
 
 PAGE_SIZE = 1000
 """Keys asked for per listing request (S3's and GCS's maximum)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..trust.plans.plan_set import set_object_id
+from ..trust.plans.plan_set_names import set_object_id
 from .capped_reads import read_now
 from .deadline import THROTTLED, http_status
 

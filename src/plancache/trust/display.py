@@ -133,7 +133,10 @@ def safe_text(value: object, limit: int = 200) -> str:
     Escapes use Python's backslash forms (``\\x0a``, ``\\u202e``, ``\\ud800``, ``\\\\``), so
     the output is unambiguous and reads like a ``repr`` without quotes. Beyond ``limit`` the
     text is cut at an escape boundary and ends in "…". Other objects are shown as ``str(value)``.
-    Never raises (but for ``limit < 1``): it runs on error paths.
+    Never raises for any ``value`` (a hostile ``__str__`` included): it runs on error paths.
+
+    Raises:
+        ValueError: ``limit`` is below 1 (a caller's bug, never the value's).
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")

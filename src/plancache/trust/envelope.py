@@ -67,7 +67,13 @@ def _unb64(value: object, what: str) -> bytes:
 
 
 def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
-    """Parse a sidecar; raises ``PlanCacheError`` unless it is a canonical DSSE envelope."""
+    """Parse a sidecar: a DSSE envelope, exactly in the canonical form :func:`encode` writes.
+
+    Raises:
+        Rejected: ``too-large`` (over ``cap``), ``malformed`` (not JSON, not exactly the
+            envelope's keys and types, not base64, not 1 to :data:`MAX_SIGNATURES` signatures,
+            not in canonical form).
+    """
     if len(data) > cap:
         raise Rejected(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {cap}")
     obj = strictjson.loads(data, "signature envelope")

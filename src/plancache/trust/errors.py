@@ -46,9 +46,11 @@ class Reason(str, Enum):
     """A directory or lock file plancache would trust is a link, another user's, or open to
     group/world writes: never used."""
     LOCK_UNAVAILABLE = "lock-unavailable"
-    """The node lock cannot be taken safely (not openable, not ours): the work stops, never unlocked."""
+    """The node lock cannot be taken safely (not openable, not ours): the work stops, never
+    unlocked."""
     NO_PRIVATE_DIR = "no-private-dir"
-    """No private place this worker owns, on a filesystem where code can be mapped: vLLM compiles cold."""
+    """No private place this worker owns, on a filesystem where code can be mapped: vLLM compiles
+    cold."""
     WRONG_ISSUER = "wrong-issuer"
     """A Sigstore bundle whose certificate's identity is trusted, but from another OIDC issuer."""
     WRONG_IDENTITY = "wrong-identity"
@@ -113,9 +115,12 @@ class ConfigError(PlanCacheError):
         super().__init__(Reason.CONFIG, detail)
 
 
-def _rebuild(kind: type, reason: Reason, detail: str, transient: bool) -> PlanCacheError:
-    if kind is StoreTimeout or kind is ConfigError:
-        return kind(detail)  # type: ignore[no-any-return]
+def _rebuild(
+    kind: type[PlanCacheError], reason: Reason, detail: str, transient: bool
+) -> PlanCacheError:
+    """The error :meth:`PlanCacheError.__reduce__` pickled, through its kind's own constructor."""
+    if issubclass(kind, (StoreTimeout, ConfigError)):  # these take the detail alone
+        return kind(detail)
     if issubclass(kind, StoreError):
-        return kind(detail, transient, reason)  # type: ignore[no-any-return]
-    return kind(reason, detail)  # type: ignore[no-any-return]
+        return kind(detail, transient, reason)
+    return kind(reason, detail)

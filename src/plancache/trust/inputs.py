@@ -40,7 +40,8 @@ from .display import redact, safe_text
 from .errors import Reason, Rejected
 
 MAX_ITEMS = 512
-"""Entries in one inputs object, nested ones counted (vLLM 0.33 hashes ~120 environment variables)."""
+"""Entries in one inputs object, nested ones counted (vLLM 0.33 hashes ~120 environment
+variables)."""
 MAX_TEXT = 1024
 MAX_DEPTH = 3
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
@@ -75,36 +76,42 @@ _PLAIN = re.compile(r"[A-Za-z0-9_.,+-]{0,64}")
 ``@`` or space, so never a path, a URL or a sentence (those are keyed even under a known name)."""
 _HEX = re.compile(r"[0-9a-f]{1,128}")
 CLEAR_DIGESTS = frozenset({"config_hash", "code_hash", "compiler_hash"})
-"""The top-level digests of ``cache_key_factors.json`` (vLLM's ``VllmBackend.__call__``): hex, shown."""
+"""The top-level digests of ``cache_key_factors.json`` (vLLM's ``VllmBackend.__call__``): hex,
+shown."""
 _COMPILE_SETTINGS = """
 ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE ALLREDUCE_USE_FLASHINFER ALLREDUCE_USE_SYMM_MEM
-B12X_MOE_FP4_FORCE_A16 BATCH_INVARIANT BLOCKSCALE_FP8_GEMM_FLASHINFER COHERE2_ATTN_MOE_DUAL_STREAM_TOKEN_THRESHOLD
-COMPILE_CACHE_SAVE_FORMAT COMPUTE_NANS_IN_LOGITS CPU_ATTN_SPLIT_KV CPU_INT4_W4A8 CPU_NUM_OF_RESERVED_CPU
-CPU_OMP_THREADS_BIND DBO_COMM_SMS DCP_Q_REPLICATE DEEPEPLL_NVFP4_DISPATCH DEEP_GEMM_WARMUP DISABLED_KERNELS
-DISABLE_COMPILE_CACHE DISABLE_DSV4_MEGAMOE_SHARED_EXPERT_FUSION DISABLE_PYNCCL DISABLE_SHARED_EXPERTS_STREAM
-DISTRIBUTED_USE_SPLIT_GROUP ENABLE_CUDAGRAPH_GC ENABLE_FLA_PACKED_RECURRENT_DECODE ENABLE_GEMM_RS ENABLE_HPC_OPS
-ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING ENABLE_INDUCTOR_MAX_AUTOTUNE ENABLE_PREGRAD_PASSES
-FLASHINFER_ALLREDUCE_BACKEND FLASHINFER_MOE_A2A_LOW_PRECISION_COMBINE FLASHINFER_WORKSPACE_BUFFER_SIZE
-FLOAT32_MATMUL_PRECISION GDN_DECODE_KERNEL HAS_FLASHINFER_CUBIN HUMMING_MOE_GEMM_TYPE KIMI_K3_AUX_ATTN_RES_STREAM
-KIMI_K3_GEMM_AR KIMI_K3_SHARD_SP_SHARED_EXPERT KV_CACHE_LAYOUT LORA_ENABLE_DUAL_STREAM MAIN_CUDA_VERSION
-MARLIN_INPUT_DTYPE MARLIN_USE_ATOMIC_ADD MAX_TOKENS_PER_EXPERT_FP4_MOE MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
-MLA_DISABLE MOE_ROUTING_SIMULATION_STRATEGY MOE_SKIP_PADDING MOE_USE_DEEP_GEMM MULTI_STREAM_GEMM_TOKEN_THRESHOLD
-MXFP4_EMULATION_DEQUANT_AT_LOAD MXFP8_EMULATION_DEQUANT_AT_LOAD PP_LAYER_PARTITION RAISE_ON_LOGIT_NANS
-ROCM_AITER_MLA_ASM_PADDING ROCM_AITER_MOE_DISPATCH_POLICY ROCM_FP8_MFMA_PAGE_ATTN ROCM_FP8_PADDING
-ROCM_MOE_PADDING ROCM_MUSE_MOE_ONLINE_QUANT ROCM_MUSE_MOE_REDUCE_DTYPE ROCM_QUICK_REDUCE_CAST_BF16_TO_FP16
-ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB ROCM_QUICK_REDUCE_MIN_SIZE_BYTES_MB ROCM_QUICK_REDUCE_QUANTIZATION
-ROCM_QUICK_REDUCE_QUANTIZATION_MIN_SIZE_KB ROCM_SHUFFLE_KV_CACHE_LAYOUT ROCM_USE_AITER ROCM_USE_AITER_CUSTOM_AR
-ROCM_USE_AITER_FP4BMM ROCM_USE_AITER_FP8BMM ROCM_USE_AITER_FUSION_SHARED_EXPERTS ROCM_USE_AITER_LINEAR
-ROCM_USE_AITER_LINEAR_HIPBMM ROCM_USE_AITER_MHA ROCM_USE_AITER_MLA ROCM_USE_AITER_MOE ROCM_USE_AITER_MOE_A4W4_DSV4
-ROCM_USE_AITER_MOE_SITUV2 ROCM_USE_AITER_RMSNORM ROCM_USE_AITER_TRITON_GEMM ROCM_USE_AITER_TRITON_ROPE
-ROCM_USE_AITER_TRITON_SPARSE_MLA ROCM_USE_AITER_UNIFIED_ATTENTION ROCM_USE_SKINNY_GEMM
-SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD SKIP_PRECOMPILED_VERSION_SUFFIX SSM_CONV_STATE_LAYOUT
-STEP5_SHARD_SP_SHARED_EXPERT TARGET_DEVICE TRITON_FORCE_FIRST_CONFIG TRITON_USE_TD USE_AOT_COMPILE
-USE_BREAKABLE_CUDAGRAPH USE_BYTECODE_HOOK USE_DEEP_GEMM USE_DEEP_GEMM_E8M0 USE_DEEP_GEMM_TMA_ALIGNED_SCALES
-USE_FLASHINFER_MOE_INT4 USE_FLASHINFER_SAMPLER USE_FUSED_MOE_GROUPED_TOPK USE_HW_AGNOSTIC USE_LAYERNAME
-USE_MEGA_AOT_ARTIFACT USE_NCCL_SYMM_MEM USE_OINK_OPS USE_PRECOMPILED USE_PRECOMPILED_RUST USE_SPINLOOP_EXT
-USE_STANDALONE_COMPILE USE_TRITON_AWQ USE_V2_MODEL_RUNNER XLA_USE_SPMD XPU_FORCE_N_CONTIG_WEIGHT
-XPU_INC_WNA16_BACKEND XPU_PP_MICROBATCH XPU_USE_SAMPLER_KERNEL
+B12X_MOE_FP4_FORCE_A16 BATCH_INVARIANT BLOCKSCALE_FP8_GEMM_FLASHINFER
+COHERE2_ATTN_MOE_DUAL_STREAM_TOKEN_THRESHOLD COMPILE_CACHE_SAVE_FORMAT COMPUTE_NANS_IN_LOGITS
+CPU_ATTN_SPLIT_KV CPU_INT4_W4A8 CPU_NUM_OF_RESERVED_CPU CPU_OMP_THREADS_BIND DBO_COMM_SMS
+DCP_Q_REPLICATE DEEPEPLL_NVFP4_DISPATCH DEEP_GEMM_WARMUP DISABLED_KERNELS DISABLE_COMPILE_CACHE
+DISABLE_DSV4_MEGAMOE_SHARED_EXPERT_FUSION DISABLE_PYNCCL DISABLE_SHARED_EXPERTS_STREAM
+DISTRIBUTED_USE_SPLIT_GROUP ENABLE_CUDAGRAPH_GC ENABLE_FLA_PACKED_RECURRENT_DECODE ENABLE_GEMM_RS
+ENABLE_HPC_OPS ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING ENABLE_INDUCTOR_MAX_AUTOTUNE
+ENABLE_PREGRAD_PASSES FLASHINFER_ALLREDUCE_BACKEND FLASHINFER_MOE_A2A_LOW_PRECISION_COMBINE
+FLASHINFER_WORKSPACE_BUFFER_SIZE FLOAT32_MATMUL_PRECISION GDN_DECODE_KERNEL HAS_FLASHINFER_CUBIN
+HUMMING_MOE_GEMM_TYPE KIMI_K3_AUX_ATTN_RES_STREAM KIMI_K3_GEMM_AR KIMI_K3_SHARD_SP_SHARED_EXPERT
+KV_CACHE_LAYOUT LORA_ENABLE_DUAL_STREAM MAIN_CUDA_VERSION MARLIN_INPUT_DTYPE MARLIN_USE_ATOMIC_ADD
+MAX_TOKENS_PER_EXPERT_FP4_MOE MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS MLA_DISABLE
+MOE_ROUTING_SIMULATION_STRATEGY MOE_SKIP_PADDING MOE_USE_DEEP_GEMM MULTI_STREAM_GEMM_TOKEN_THRESHOLD
+MXFP4_EMULATION_DEQUANT_AT_LOAD MXFP8_EMULATION_DEQUANT_AT_LOAD PP_LAYER_PARTITION
+RAISE_ON_LOGIT_NANS ROCM_AITER_MLA_ASM_PADDING ROCM_AITER_MOE_DISPATCH_POLICY
+ROCM_FP8_MFMA_PAGE_ATTN ROCM_FP8_PADDING ROCM_MOE_PADDING ROCM_MUSE_MOE_ONLINE_QUANT
+ROCM_MUSE_MOE_REDUCE_DTYPE ROCM_QUICK_REDUCE_CAST_BF16_TO_FP16 ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB
+ROCM_QUICK_REDUCE_MIN_SIZE_BYTES_MB ROCM_QUICK_REDUCE_QUANTIZATION
+ROCM_QUICK_REDUCE_QUANTIZATION_MIN_SIZE_KB ROCM_SHUFFLE_KV_CACHE_LAYOUT ROCM_USE_AITER
+ROCM_USE_AITER_CUSTOM_AR ROCM_USE_AITER_FP4BMM ROCM_USE_AITER_FP8BMM
+ROCM_USE_AITER_FUSION_SHARED_EXPERTS ROCM_USE_AITER_LINEAR ROCM_USE_AITER_LINEAR_HIPBMM
+ROCM_USE_AITER_MHA ROCM_USE_AITER_MLA ROCM_USE_AITER_MOE ROCM_USE_AITER_MOE_A4W4_DSV4
+ROCM_USE_AITER_MOE_SITUV2 ROCM_USE_AITER_RMSNORM ROCM_USE_AITER_TRITON_GEMM
+ROCM_USE_AITER_TRITON_ROPE ROCM_USE_AITER_TRITON_SPARSE_MLA ROCM_USE_AITER_UNIFIED_ATTENTION
+ROCM_USE_SKINNY_GEMM SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD SKIP_PRECOMPILED_VERSION_SUFFIX
+SSM_CONV_STATE_LAYOUT STEP5_SHARD_SP_SHARED_EXPERT TARGET_DEVICE TRITON_FORCE_FIRST_CONFIG
+TRITON_USE_TD USE_AOT_COMPILE USE_BREAKABLE_CUDAGRAPH USE_BYTECODE_HOOK USE_DEEP_GEMM
+USE_DEEP_GEMM_E8M0 USE_DEEP_GEMM_TMA_ALIGNED_SCALES USE_FLASHINFER_MOE_INT4 USE_FLASHINFER_SAMPLER
+USE_FUSED_MOE_GROUPED_TOPK USE_HW_AGNOSTIC USE_LAYERNAME USE_MEGA_AOT_ARTIFACT USE_NCCL_SYMM_MEM
+USE_OINK_OPS USE_PRECOMPILED USE_PRECOMPILED_RUST USE_SPINLOOP_EXT USE_STANDALONE_COMPILE
+USE_TRITON_AWQ USE_V2_MODEL_RUNNER XLA_USE_SPMD XPU_FORCE_N_CONTIG_WEIGHT XPU_INC_WNA16_BACKEND
+XPU_PP_MICROBATCH XPU_USE_SAMPLER_KERNEL
 """
 CLEAR_ENV = frozenset("VLLM_" + name for name in _COMPILE_SETTINGS.split())
 """The variables of vLLM 0.33's ``envs.compile_factors()`` that select how a graph is compiled
@@ -113,7 +120,8 @@ into flags, numbers and enums, known not to be secret. Hosts, ports, paths, URLs
 metadata, free text and any name a later vLLM adds are keyed instead."""
 
 
-def _check(value: Any, what: str, depth: int, budget: list[int]) -> Any:
+def _check(value: object, what: str, depth: int, budget: list[int]) -> object:
+    """``value`` checked, one entry counted against ``budget`` (shared by the whole object)."""
     budget[0] -= 1
     if budget[0] < 0:
         raise Rejected(Reason.TOO_LARGE, f"{what}: more than {MAX_ITEMS} entries")
@@ -134,26 +142,37 @@ def _check(value: Any, what: str, depth: int, budget: list[int]) -> Any:
     if isinstance(value, list) and depth < MAX_DEPTH:
         return [_check(v, what, depth + 1, budget) for v in value]
     if isinstance(value, dict) and depth < MAX_DEPTH:
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str) or not _NAME.fullmatch(key):
-                raise Rejected(
-                    Reason.MALFORMED, f"{what}: '{safe_text(key, 60)}' is not a plain name"
-                )
-            out[key] = _check(item, what, depth + 1, budget)
-        return out
+        return _check_object(value, what, depth, budget)
     raise Rejected(
         Reason.MALFORMED,
         f"{what}: a value is not a JSON scalar, list or object (or nests too deep)",
     )
 
 
+def _check_object(
+    value: dict[object, object], what: str, depth: int, budget: list[int]
+) -> dict[str, Any]:
+    """An object's entries checked: plain names, values as :func:`_check` takes them."""
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
+            raise Rejected(Reason.MALFORMED, f"{what}: '{safe_text(key, 60)}' is not a plain name")
+        out[key] = _check(item, what, depth + 1, budget)
+    return out
+
+
 def check_inputs(inputs: object, what: str = "inputs") -> dict[str, Any]:
-    """A bounded JSON object of plain names and scalars (lists/objects nested at most 3 deep),
-    or ``Rejected(MALFORMED | TOO_LARGE)``: the same rule for signing and for verifying."""
+    """A bounded JSON object of plain names and scalars (lists/objects nested at most 3 deep):
+    the same rule for signing and for verifying.
+
+    Raises:
+        Rejected: ``malformed`` (not an object, a name not plain, a number not finite, a value
+            not a JSON scalar, list or object, or nested too deep), ``too-large`` (more than
+            :data:`MAX_ITEMS` entries, or a value longer than :data:`MAX_TEXT` characters).
+    """
     if not isinstance(inputs, dict):
         raise Rejected(Reason.MALFORMED, f"{what} is not an object")
-    return _check(inputs, what, 0, [MAX_ITEMS + 1])  # type: ignore[no-any-return]
+    return _check_object(inputs, what, 0, [MAX_ITEMS])  # the object itself is the first entry
 
 
 def fingerprint_of_inputs(inputs: Mapping[str, Any]) -> str:
@@ -161,7 +180,7 @@ def fingerprint_of_inputs(inputs: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(dict(inputs), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _redacted(value: Any) -> Any:
+def _redacted(value: object) -> object:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, list):
@@ -200,14 +219,15 @@ def salt_of(factors: Mapping[str, Any] | None) -> str | None:
     return salt if isinstance(salt, str) and _SALT.fullmatch(salt) else None
 
 
-def keyed(value: Any, salt: str) -> str:
-    """``hmac-sha256:<hex>`` of the value's canonical JSON (credentials masked first) under ``salt``:
-    equal values under one salt compare equal; without the value nothing reads it back."""
+def keyed(value: object, salt: str) -> str:
+    """``hmac-sha256:<hex>`` of the value's canonical JSON (credentials masked first) under
+    ``salt``: equal values under one salt compare equal; without the value nothing reads it
+    back."""
     text = json.dumps(_redacted(value), sort_keys=True, separators=(",", ":"))
     return KEYED + hmac.new(bytes.fromhex(salt), text.encode(), hashlib.sha256).hexdigest()
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     if value is None or isinstance(value, (bool, int, float)):
         return True
     if isinstance(value, str):
@@ -219,7 +239,7 @@ def _plain(value: Any) -> bool:
     )
 
 
-def _keyed_tree(value: Any, salt: str, clear: frozenset[str] = frozenset()) -> Any:
+def _keyed_tree(value: object, salt: str, clear: frozenset[str] = frozenset()) -> object:
     if isinstance(value, dict):
         return {
             k: v if k in clear and _plain(v) else _keyed_tree(v, salt) for k, v in value.items()
@@ -231,7 +251,12 @@ def keyed_factors(factors: Mapping[str, Any], salt: str) -> dict[str, Any]:
     """Compile-cache key factors as a manifest signs them: the digests (:data:`CLEAR_DIGESTS`,
     hex) and the compile settings of :data:`CLEAR_ENV` with plain values in the clear, an unset
     (``None``) value as it is, every other value :func:`keyed` under ``salt``, recorded as
-    :data:`SALT_KEY`. Names stay readable (they are vLLM's), values do not."""
+    :data:`SALT_KEY`. Names stay readable (they are vLLM's), values do not.
+
+    Raises:
+        ValueError: ``salt`` is not 32 lowercase hex digits (a caller's bug: :func:`new_salt`
+            makes them).
+    """
     if not _SALT.fullmatch(salt):
         raise ValueError("a salt is 32 lowercase hex digits")
     out: dict[str, Any] = {}

@@ -54,7 +54,14 @@ class TrustPolicy:
     def verify(
         self, name: str, plan_bytes: bytes, sig_bytes: bytes | None, source: Source, now: datetime
     ) -> VerifiedPlan:
-        """Bytes from ``source`` in, a :class:`VerifiedPlan` out, or a typed error."""
+        """Bytes from ``source`` in, a :class:`VerifiedPlan` out, or a typed error.
+
+        Raises:
+            ConfigError: the policy is ``unusable``, or bytes from a store meet an
+                ``unsigned-local`` policy (reason ``config-error``).
+            Rejected: the bytes fail :func:`~.verify.verify_plan` (a ``signed`` policy) or the
+                strict parser (``unsigned-local``), with that check's reason.
+        """
         if self.kind == "signed" and self.keyring is not None:
             return verify_plan(name, plan_bytes, sig_bytes, self.keyring, now)
         if self.kind == "unusable":
@@ -65,7 +72,13 @@ class TrustPolicy:
 
     def verify_set(self, name: str, data: bytes, now: datetime) -> VerifiedSet:
         """A plan set's bytes (always from a store) in, a :class:`VerifiedSet` out, or a typed
-        error: only a ``signed`` policy reads stores, so only it admits a set."""
+        error: only a ``signed`` policy reads stores, so only it admits a set.
+
+        Raises:
+            ConfigError: the policy is not ``signed`` (reason ``config-error``).
+            Rejected: the set fails :func:`~.plans.plan_set.verify_set`, with that check's
+                reason.
+        """
         if self.kind == "signed" and self.keyring is not None:
             return verify_set(name, data, self.keyring, now)
         if self.kind == "unusable":

@@ -20,7 +20,8 @@ from typing import Any, Literal
 from . import envelope as dsse
 from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs, fingerprint_of_inputs
-from .keyring.keys import Keyring, Signer, canonical_keyid, signer_keyring
+from .keyring.keyformat import canonical_keyid
+from .keyring.keys import Keyring, Signer, signer_keyring
 from .plans.plan import parse_plan
 from .sealing import refuse_cosign, seal
 from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
@@ -60,7 +61,20 @@ def sign_plan(
 
     ``inputs`` (the fingerprint's inputs, :mod:`.inputs`) are signed only if they reproduce the
     plan's fingerprint with vLLM's digest: a signed input is a promise of what was hashed;
-    ``config_parts`` (each configuration part's hash) narrow a differing ``vllm_config`` input."""
+    ``config_parts`` (each configuration part's hash) narrow a differing ``vllm_config`` input.
+
+    Raises:
+        Rejected: the plan bytes fail the strict parser (reason ``malformed``, ``too-large`` or
+            ``fingerprint-mismatch``, from :func:`~.plans.plan.parse_plan`); unknown or
+            mistyped ``provenance`` facts (``malformed``).
+        ConfigError: the caller's values cannot be signed (reason ``config-error``): an expiry
+            not in the future, ``inputs``, ``config_parts`` or ``measurements`` of the wrong
+            shape, inputs that do not hash to the plan's fingerprint, a statement over the
+            :data:`MAX_SIGNED_BYTES` cap, a time outside the calendar in UTC
+            (:func:`~.statement.format_time`); or a remote key that refuses to sign.
+        StoreTimeout: a remote key (HSM, KMS) did not answer within its budget (reason
+            ``timeout``).
+    """
     plan = parse_plan(plan_bytes, name)
     if expires_at is not None and expires_at <= now:
         raise ConfigError("the expiry must lie in the future")
@@ -92,8 +106,9 @@ def sign_plan(
     data = _signable(dsse.PAYLOAD_TYPE, payload)
     if data is None:
         raise ConfigError(
-            f"the statement to sign is {len(payload)} bytes; signed messages are capped at {MAX_SIGNED_BYTES} "
-            "bytes (what a KMS signs): shorten the comment or the provenance facts"
+            f"the statement to sign is {len(payload)} bytes; signed messages are capped at "
+            f"{MAX_SIGNED_BYTES} bytes (what a KMS signs): shorten the comment or the provenance "
+            "facts"
         )
     return seal(payload, signer)
 
@@ -105,6 +120,17 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     plan bytes, and an entry already under the signer's key id is kept only if it verifies
     (otherwise it is replaced, never reported as done). Whether the statement deserves the
     signature is :func:`sign_or_cosign`'s question.
+
+    Raises:
+        Rejected: the sidecar is no canonical envelope or statement (reason ``malformed`` or
+            ``too-large``, from :func:`~.envelope.decode` and
+            :func:`~.statement.parse_statement`); its statement names other bytes (reason
+            ``digest-mismatch``); the plan fails the strict parser (``malformed``, ``too-large``,
+            ``fingerprint-mismatch``); the statement is over the signing cap (``too-large``); the
+            sidecar already holds the most signatures an envelope may (``malformed``).
+        ConfigError: the signer's key id is not its key's, or a remote key refuses to sign
+            (reason ``config-error``).
+        StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
     """
     refuse_cosign(sig_bytes, signer)
     env = dsse.decode(sig_bytes)
@@ -119,7 +145,8 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     if data is None:
         raise Rejected(
             Reason.TOO_LARGE,
-            f"the existing statement is over the {MAX_SIGNED_BYTES}-byte signing cap (--replace signs anew)",
+            f"the existing statement is over the {MAX_SIGNED_BYTES}-byte signing cap "
+            "(--replace signs anew)",
         )
     mine = [s for s in env.signatures if canonical_keyid(s.keyid) == signer.keyid]
     if any(_verifies(signer, s.sig, data) for s in mine):
@@ -130,7 +157,7 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
             Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures"
         )
     signature = dsse.Signature(signer.keyid, signer.sign(data))
-    return dsse.encode(dsse.Envelope(env.payload_type, env.payload, others + (signature,)))
+    return dsse.encode(dsse.Envelope(env.payload_type, env.payload, (*others, signature)))
 
 
 def _verifies(signer: Signer, signature: bytes, data: bytes) -> bool:
@@ -191,9 +218,22 @@ def sign_or_cosign(
     the same ``comment`` and ``provenance`` (each when given; None means this command names
     none, so the trusted statement's are kept, as a key rotation needs). A fresh statement
     uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) go into a fresh
-    statement only (an adopted one keeps its own, signed by others). The result is verified with the signer's public key
-    before it is returned. A past ``expires_at``, unknown or mistyped ``provenance`` facts or
-    a revoked signing key are ``ConfigError``; a plan the strict parser refuses is ``Rejected``.
+    statement only (an adopted one keeps its own, signed by others). The result is verified with
+    the signer's public key before it is returned.
+
+    Raises:
+        ConfigError: the operator's request cannot be signed (reason ``config-error``): a
+            signer whose key id is not its key's, an expiry not in the future, unknown or
+            mistyped ``provenance`` facts, a signing key revoked in ``keyring``, what
+            :func:`sign_plan` refuses of a fresh statement, a remote key that refuses to sign.
+        Rejected: without ``replace``, the sidecar cannot be kept or co-signed, with the
+            reason of what failed: ``statement-mismatch`` (it says something else than asked),
+            ``digest-mismatch`` (it signs other bytes), ``untrusted-key`` (no valid signature of
+            this key and no ``keyring``), or any reason :func:`~.verify.verify_plan` gives under
+            ``keyring`` (``bad-signature``, ``revoked``, ``expired``, ``malformed``, ...); a plan
+            the strict parser refuses (``malformed``, ``too-large``, ``fingerprint-mismatch``);
+            the new sidecar not verifying with the signer's own key (the reason it failed with).
+        StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
     """
     own = signer_keyring(signer)  # a signer whose key id is not its key's is a ConfigError
     if expires_at is not None and expires_at <= now:
@@ -227,13 +267,13 @@ def sign_or_cosign(
                 name,
                 plan_bytes,
                 sig_bytes,
-                signer,
-                own,
-                now,
-                keyring,
-                expires_at,
-                comment,
-                provenance,
+                signer=signer,
+                own=own,
+                keyring=keyring,
+                now=now,
+                expires_at=expires_at,
+                comment=comment,
+                provenance=provenance,
             )
         except Rejected:
             if not replace:
@@ -252,21 +292,23 @@ def _adopt(
     name: str,
     plan_bytes: bytes,
     sig_bytes: bytes,
+    *,
     signer: Signer,
     own: Keyring,
-    now: datetime,
     keyring: Keyring | None,
+    now: datetime,
     expires_at: datetime | None,
     comment: str | None,
     provenance: Mapping[str, Any] | None,
 ) -> tuple[Action, bytes]:
-    """Keep or co-sign the existing sidecar, or raise ``Rejected`` saying why not."""
+    """Keep or co-sign the existing sidecar, or raise ``Rejected`` saying why not.
+
+    Everything after the sidecar is named: ``own`` (the signer's key alone) and ``keyring``
+    (the trusted keys) are both keyrings, and swapped they would still verify something."""
     try:
         mine: VerifiedPlan | None = verify_plan(name, plan_bytes, sig_bytes, own, now)
     except Rejected as exc:
-        if (
-            exc.reason is Reason.DIGEST_MISMATCH
-        ):  # this key's own signature, verified, over other bytes
+        if exc.reason is Reason.DIGEST_MISMATCH:  # this key's own signature, over other bytes
             raise Rejected(
                 Reason.DIGEST_MISMATCH, f"this key signed other bytes: {REWRITTEN}"
             ) from None
@@ -282,7 +324,8 @@ def _adopt(
     if keyring is None:
         raise Rejected(
             Reason.UNTRUSTED_KEY,
-            "no valid signature by this key: give the trusted keys to co-sign the sidecar, or --replace",
+            "no valid signature by this key: give the trusted keys to co-sign the sidecar, or "
+            "--replace",
         )
     try:
         vouched = verify_plan(name, plan_bytes, sig_bytes, keyring.with_threshold(1), now)

@@ -62,7 +62,11 @@ def format_time(moment: datetime) -> str:
 
     Written by hand, not with ``strftime``: glibc prints year 1 as ``1``, not ``0001``, and a
     statement must always parse back. Converting a time near year 1 or 9999 from another
-    zone can leave the calendar: that is the caller's bad input, a ``ConfigError``.
+    zone can leave the calendar: that is the caller's bad input.
+
+    Raises:
+        ConfigError: the moment, in UTC, lies outside the years 1 to 9999 (reason
+            ``config-error``).
     """
     try:
         utc = moment if moment.utcoffset() == timedelta(0) else moment.astimezone(timezone.utc)
@@ -70,10 +74,16 @@ def format_time(moment: datetime) -> str:
         raise ConfigError(
             f"time {safe_text(moment, 40)} is outside the years 1 to 9999 in UTC"
         ) from None
-    return f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z"
+    day = f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}"
+    return f"{day}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z"
 
 
 def parse_time(value: object, what: str) -> datetime:
+    """A statement's time (:func:`format_time`'s form, exactly), ``what`` naming it in errors.
+
+    Raises:
+        Rejected: not that form, or no valid date (reason ``malformed``).
+    """
     if not isinstance(value, str) or not _TIME.fullmatch(value):
         raise Rejected(
             Reason.MALFORMED, f"statement: {what} is not a UTC time like 2026-01-31T12:00:00Z"
@@ -122,14 +132,20 @@ class Statement:
             predicate["config_parts"] = dict(self.config_parts)
         if self.measurements:
             predicate["measurements"] = dict(self.measurements)
-        return render_statement(self.subject_name, self.subject_sha256, PREDICATE_TYPE, predicate)
+        return render_statement(
+            self.subject_name,
+            sha256=self.subject_sha256,
+            predicate_type=PREDICATE_TYPE,
+            predicate=predicate,
+        )
 
 
 def render_statement(
-    name: str, sha256: str, predicate_type: str, predicate: Mapping[str, Any]
+    name: str, *, sha256: str, predicate_type: str, predicate: Mapping[str, Any]
 ) -> bytes:
     """An in-toto Statement v1 with one subject, in the one canonical form every kind signs
-    (plans, plan sets, compile-cache manifests, their headers): sorted keys, no spaces."""
+    (plans, plan sets, compile-cache manifests, their headers): sorted keys, no spaces. All
+    but the subject's name are named: three strings side by side would swap silently."""
     obj = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": name, "digest": {"sha256": sha256}}],
@@ -143,12 +159,18 @@ _SHELL_KEYS = {"_type", "subject", "predicateType", "predicate"}
 
 
 def statement_shell(
-    payload: bytes, what: str, predicate_type: str, exact: bool = True
+    payload: bytes, what: str, *, predicate_type: str, exact: bool = True
 ) -> tuple[str, str, dict[str, Any]]:
     """(subject name, subject sha256, predicate) of a (signature-verified) statement of
-    ``predicate_type`` with exactly one subject; ``Rejected(MALFORMED)`` on any deviation.
-    ``exact`` also refuses keys beyond the in-toto ones, at the top and in the subject; plan
-    statements are read with ``exact=False``, as they always were (signed plans in the field)."""
+    ``predicate_type`` with exactly one subject. ``exact`` also refuses keys beyond the in-toto
+    ones, at the top and in the subject; plan statements are read with ``exact=False``, as they
+    always were (signed plans in the field).
+
+    Raises:
+        Rejected: not JSON, not an in-toto Statement v1 of ``predicate_type``, not exactly one
+            subject with a name and a sha256 digest, or no predicate object (reason
+            ``malformed``).
+    """
     obj = strictjson.loads(payload, what)
     if not isinstance(obj, dict) or (exact and set(obj) != _SHELL_KEYS):
         raise Rejected(
@@ -160,16 +182,17 @@ def statement_shell(
             f"{what} is not an in-toto Statement v1 of predicateType {predicate_type}",
         )
     subjects = obj.get("subject")
-    subject = subjects[0] if isinstance(subjects, list) and len(subjects) == 1 else None
-    digest = subject.get("digest") if isinstance(subject, dict) else None
-    name = subject.get("name") if isinstance(subject, dict) else None
-    sha256 = digest.get("sha256") if isinstance(digest, dict) else None
+    only = subjects[0] if isinstance(subjects, list) and len(subjects) == 1 else None
+    subject: dict[str, Any] = only if isinstance(only, dict) else {}  # {}: no name, refused
+    held = subject.get("digest")
+    digest: dict[str, Any] = held if isinstance(held, dict) else {}  # {}: no sha256, refused
+    name, sha256 = subject.get("name"), digest.get("sha256")
     if (
         not isinstance(name, str)
         or not isinstance(sha256, str)
         or not _SHA256.fullmatch(sha256)
         or (exact and (set(subject) != {"name", "digest"} or set(digest) != {"sha256"}))
-    ):  # type: ignore[arg-type]
+    ):
         raise Rejected(
             Reason.MALFORMED,
             f"{what} must have exactly one subject with a name and a sha256 digest",
@@ -181,7 +204,12 @@ def statement_shell(
 
 
 def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate provenance facts against :data:`PROVENANCE_KEYS` (bools are not numbers)."""
+    """Validate provenance facts against :data:`PROVENANCE_KEYS` (bools are not numbers).
+
+    Raises:
+        Rejected: an unknown fact, a value of the wrong type, a number not finite and
+            non-negative, a ``gpu_memory_utilization`` outside (0, 1] (reason ``malformed``).
+    """
     out: dict[str, Any] = {}
     for key, value in provenance.items():
         types = PROVENANCE_KEYS.get(key)
@@ -193,15 +221,17 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise Rejected(Reason.MALFORMED, f"statement: provenance '{key}' has the wrong type")
-        if isinstance(value, (int, float)) and not 0 <= value < math.inf:
-            raise Rejected(
-                Reason.MALFORMED,
-                f"statement: provenance '{key}' is not a finite, non-negative number",
-            )
-        if key == "gpu_memory_utilization" and not 0 < value <= 1:
-            raise Rejected(
-                Reason.MALFORMED, "statement: provenance 'gpu_memory_utilization' is not in (0, 1]"
-            )
+        if isinstance(value, (int, float)):  # the only facts that can fail the two checks
+            if not 0 <= value < math.inf:
+                raise Rejected(
+                    Reason.MALFORMED,
+                    f"statement: provenance '{key}' is not a finite, non-negative number",
+                )
+            if key == "gpu_memory_utilization" and not 0 < value <= 1:
+                raise Rejected(
+                    Reason.MALFORMED,
+                    "statement: provenance 'gpu_memory_utilization' is not in (0, 1]",
+                )
         out[key] = value
     return out
 
@@ -212,7 +242,12 @@ and ignored when read (a newer version may measure more)."""
 
 
 def check_measurements(measurements: Mapping[str, Any], strict: bool = True) -> dict[str, Any]:
-    """Finite, non-negative numbers under known names (``strict``: an unknown name is rejected)."""
+    """Finite, non-negative numbers under known names (``strict``: an unknown name is rejected).
+
+    Raises:
+        Rejected: a value not a finite, non-negative number; with ``strict``, a name not in
+            :data:`MEASUREMENT_KEYS` (reason ``malformed``).
+    """
     out: dict[str, Any] = {}
     for key, value in measurements.items():
         if key not in MEASUREMENT_KEYS:
@@ -235,8 +270,15 @@ def check_measurements(measurements: Mapping[str, Any], strict: bool = True) -> 
 
 
 def parse_statement(payload: bytes) -> Statement:
-    """Parse a (signature-verified) payload; raises ``Rejected(MALFORMED)`` on any deviation."""
-    name, sha256, predicate = statement_shell(payload, "statement", PREDICATE_TYPE, exact=False)
+    """Parse a (signature-verified) payload, strictly.
+
+    Raises:
+        Rejected: any deviation from the statement's schema (reason ``malformed``); inputs or
+            configuration parts beyond their caps (``too-large``, :func:`.inputs.check_inputs`).
+    """
+    name, sha256, predicate = statement_shell(
+        payload, "statement", predicate_type=PREDICATE_TYPE, exact=False
+    )
     fingerprint = predicate.get("fingerprint")
     if not is_fingerprint(fingerprint):
         raise Rejected(Reason.MALFORMED, "statement fingerprint is not 16 lowercase hex digits")

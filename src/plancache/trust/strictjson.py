@@ -9,7 +9,7 @@ trust core reads goes through :func:`loads`, which raises only ``Rejected(MALFOR
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from .display import safe_text
 from .errors import Reason, Rejected
@@ -24,7 +24,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _no_constants(name: str) -> Any:
+def _no_constants(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -33,7 +33,13 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no
 
 
 def loads(data: bytes, what: str) -> Any:
-    """Parse UTF-8 JSON strictly; ``what`` names the document in the error."""
+    """Parse UTF-8 JSON strictly; ``what`` names the document in the error. The document is
+    ``Any``, as :func:`json.loads`'s: its shape is the caller's to check, with ``isinstance``.
+
+    Raises:
+        Rejected: not UTF-8, not JSON, a duplicate key, ``NaN`` or ``Infinity``, or nested too
+            deep to parse (reason ``malformed``).
+    """
     try:
         return _DECODER.decode(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

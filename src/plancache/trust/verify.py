@@ -31,14 +31,14 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from . import envelope as dsse
 from .display import safe_text
 from .errors import Reason, Rejected
 from .keyless.sigstore_bundle import is_bundle, open_bundle
 from .keyring.identities import IdentitySigner
-from .keyring.keys import Keyring, TrustedKey, canonical_keyid
+from .keyring.keyformat import canonical_keyid
+from .keyring.keys import Keyring, TrustedKey
 from .plans.plan import MAX_PLAN_BYTES, Plan, fingerprint_of_plan_name, parse_plan
 from .statement import Statement, format_time, parse_statement
 
@@ -64,7 +64,7 @@ class VerifiedPlan:
     sig_bytes: bytes | None
     statement: Statement | None
     signers: tuple[str, ...]
-    _seal: Any = None
+    _seal: object = None
     key_ids: tuple[str, ...] = ()
     """Key ids (``SHA256:…``) of the signing keys, in the order of ``signers``."""
     identities: tuple[IdentitySigner, ...] = ()
@@ -109,7 +109,19 @@ def verify_plan(
     now: datetime,
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
 ) -> VerifiedPlan:
-    """Verify a plan file and its sidecar; return the trusted plan or raise ``PlanCacheError``."""
+    """Verify a plan file and its sidecar; return the trusted plan or raise a typed error.
+
+    Raises:
+        Rejected: the bytes fail a check, in the module's order, with its reason:
+            ``too-large`` (plan or sidecar over its cap), ``unsigned`` (no sidecar),
+            ``malformed`` (no canonical envelope, another payloadType, a statement or plan off
+            its schema), ``revoked``, ``bad-signature`` or ``untrusted-key`` (no trusted key
+            signed: why the best signature did not count; a Sigstore bundle's own reasons are
+            :func:`open_envelope`'s), ``name-mismatch``,
+            ``digest-mismatch``, ``fingerprint-mismatch`` (statement, file name and plan
+            disagree), ``expired`` (a key's window or the statement's expiry),
+            ``threshold-not-met``, ``not-yet-valid``.
+    """
     if len(plan_bytes) > MAX_PLAN_BYTES:
         raise Rejected(
             Reason.TOO_LARGE, f"plan is {len(plan_bytes)} bytes, the cap is {MAX_PLAN_BYTES}"
@@ -121,7 +133,8 @@ def verify_plan(
     if statement.subject_name != name:
         raise Rejected(
             Reason.NAME_MISMATCH,
-            f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'",
+            f"signature is for '{safe_text(statement.subject_name, 80)}', "
+            f"not for '{safe_text(name, 80)}'",
         )
     if statement.subject_sha256 != hashlib.sha256(plan_bytes).hexdigest():
         raise Rejected(
@@ -134,7 +147,12 @@ def verify_plan(
             f"signed for fingerprint {statement.fingerprint}, file is {name_fp}",
         )
     current = current_signers(
-        keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew
+        keys,
+        keyring,
+        signed_at=statement.signed_at,
+        expires_at=statement.expires_at,
+        now=now,
+        clock_skew=clock_skew,
     )
     plan = parse_plan(plan_bytes, name)
     return VerifiedPlan(
@@ -156,7 +174,16 @@ def open_envelope(
     """A signature's payload and the trusted keys whose signatures over it verify, before
     anything of the payload is parsed: capped, canonical DSSE, our payload type. The first step
     of every verifier (plans, plan sets, compile-cache manifests, their headers). A Sigstore
-    bundle in its place is verified by :func:`.keyless.sigstore_bundle.open_bundle` (same cap)."""
+    bundle in its place is verified by :func:`.keyless.sigstore_bundle.open_bundle` (same cap).
+
+    Raises:
+        Rejected: ``too-large`` (over ``cap``), ``malformed`` (no canonical DSSE envelope, or
+            another payloadType), or no trusted key's signature verifies (``revoked``,
+            ``bad-signature``, ``untrusted-key``: :func:`trusted_signers`); for a Sigstore
+            bundle, :func:`~.keyless.sigstore_bundle.open_bundle`'s reasons (``wrong-identity``,
+            ``wrong-issuer``, ``unanchored-identity``, ``no-log-proof``, ``bad-log-proof``,
+            ``certificate-outside-validity``, ``foreign-trust-root``, ``bad-bundle``, ...).
+    """
     if is_bundle(sig_bytes):
         payload, identities = open_bundle(sig_bytes, keyring.identities, cap)
         return payload, [*identities]
@@ -170,9 +197,14 @@ def open_envelope(
 
 
 def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
-    """The distinct trusted keys whose signatures over the envelope verify; Rejected with the
-    reason none counts (revoked, bad signature, untrusted). Shared by plans and compile-cache
-    manifests: one signature rule for both."""
+    """The distinct trusted keys whose signatures over the envelope verify. Shared by plans and
+    compile-cache manifests: one signature rule for both.
+
+    Raises:
+        Rejected: no signature counts, with the reason why: ``revoked`` (a revoked key signed),
+            else ``bad-signature`` (a trusted key's signature does not verify), else
+            ``untrusted-key`` (no trusted key signed).
+    """
     keys, failure = _signing_keys(env, keyring)
     if not keys:
         raise Rejected(failure, _no_key_detail(failure, env))
@@ -182,15 +214,22 @@ def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
 def current_signers(
     keys: Sequence[Signatory],
     keyring: Keyring,
+    *,
     signed_at: datetime,
     expires_at: datetime | None,
     now: datetime,
-    *,
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
 ) -> list[Signatory]:
     """The signing keys whose validity windows cover both now and ``signed_at`` (a key vouches
     only for what it signed while valid), enough of them for the threshold, and a signature
-    neither from the future nor expired; else Rejected. Shared by plans and manifests."""
+    neither from the future nor expired. Shared by plans and manifests. The three times are
+    named: swapped, they would still compare.
+
+    Raises:
+        Rejected: ``expired`` (no key's window covers both moments, or the statement expired),
+            ``threshold-not-met`` (fewer such keys than the keyring's threshold),
+            ``not-yet-valid`` (``signed_at`` beyond the clock skew in the future).
+    """
     current = [k for k in keys if k.window_covers(now) and k.window_covers(signed_at)]
     if not current:
         raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
@@ -208,7 +247,10 @@ def current_signers(
 def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:
     names = ", ".join(safe_text(k.name, 40) for k in keys)
     if not any(k.window_covers(now) for k in keys):
-        return f"the signing key's validity window does not cover now ({names}): it vouches for nothing today"
+        return (
+            f"the signing key's validity window does not cover now ({names}): it vouches for "
+            "nothing today"
+        )
     return f"signed outside the signing key's validity window ({names})"
 
 

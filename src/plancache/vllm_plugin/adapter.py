@@ -78,7 +78,7 @@ def world_of(worker: Any, fingerprint: Fingerprint, fp: str) -> list[str]:
     """Every rank's fingerprint in rank order (vLLM's key for each rank of this configuration),
     the name of the world's plan set; ``[fp]`` alone when the world is too large for one set
     or vLLM's function cannot tell (then the set's name is this rank's own one-member set)."""
-    from ..trust.plans.plan_set import MAX_MEMBERS
+    from ..trust.plans.plan_set_names import MAX_MEMBERS
 
     size = getattr(worker.parallel_config, "world_size", 1)
     if not isinstance(size, int) or not 1 <= size <= MAX_MEMBERS:

@@ -54,7 +54,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     from .signing_commands import conditions_warning, unrecorded_conditions
 
     check_places(args)
-    from ...trust.plans.plan_set import MAX_REPLICAS
+    from ...trust.plans.plan_set_names import MAX_REPLICAS
 
     if not 1 <= args.set_replicas <= MAX_REPLICAS:
         raise ConfigError(f"--set-replicas must be 1 to {MAX_REPLICAS}, got {args.set_replicas}")

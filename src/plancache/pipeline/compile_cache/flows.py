@@ -23,9 +23,9 @@ from typing import Any
 from ...storage.compile_cache import archive_format, archives, cachedir, placement
 from ...storage.local import directory_lock, dirfds
 from ...storage.store import Store
-from ...trust.compile_cache.manifest import (
+from ...trust.compile_cache.manifest import Manifest
+from ...trust.compile_cache.manifest_signature import (
     MAX_SIG_BYTES,
-    Manifest,
     sign_manifest,
     verify_manifest,
 )

@@ -23,7 +23,7 @@ from pathlib import Path
 from ...storage.compile_cache import cachedir, placement, private_copy
 from ...storage.local import directory_lock
 from ...storage.store import Store
-from ...trust.compile_cache.manifest import verify_manifest
+from ...trust.compile_cache.manifest_signature import verify_manifest
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring

@@ -25,12 +25,11 @@ from typing import Any
 
 from ...storage.compile_cache import cachedir
 from ...storage.local.files import read_capped
-from ...trust.compile_cache.manifest import (
+from ...trust.compile_cache.closed_world import closed_world_difference, digest_difference
+from ...trust.compile_cache.manifest import is_subject
+from ...trust.compile_cache.manifest_signature import (
     MAX_SIG_BYTES,
     VerifiedManifest,
-    closed_world_difference,
-    digest_difference,
-    is_subject,
     verify_manifest,
 )
 from ...trust.display import safe_text

@@ -51,7 +51,8 @@ from ...storage.plan_set_objects import read_set, throttled
 from ...trust import strictjson
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, StoreError, StoreTimeout
-from ...trust.plans.plan_set import VerifiedSet, replica_name, set_id_of_name, set_name
+from ...trust.plans.plan_set import VerifiedSet
+from ...trust.plans.plan_set_names import replica_name, set_id_of_name, set_name
 from ...trust.result import PlanResult
 from ..resolver import verify_result
 

@@ -23,7 +23,8 @@ from ...storage.store import Store
 from ...trust.errors import PlanCacheError
 from ...trust.keyring.keys import Signer, signer_keyring
 from ...trust.plans.plan import plan_name
-from ...trust.plans.plan_set import MAX_MEMBERS, build_set, replica_name
+from ...trust.plans.plan_set import build_set
+from ...trust.plans.plan_set_names import MAX_MEMBERS, replica_name
 from ...trust.verify import verify_plan
 
 
@@ -97,7 +98,7 @@ def push_sets(
     objects: dict[str, bytes] = {}
     expires_at = now + expires_in if expires_in is not None else None
     for members in complete:
-        name, data = build_set(members, signer, now, expires_at)
+        name, data = build_set(members, signer, now, expires_at=expires_at)
         entries.append(
             SetEntry(
                 name,

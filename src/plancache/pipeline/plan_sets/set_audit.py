@@ -33,7 +33,8 @@ from ...storage.plan_set_objects import delete_sets, read_set, set_names
 from ...storage.store import Store
 from ...trust.errors import PlanCacheError, Reason, StoreError
 from ...trust.plans.plan import plan_name
-from ...trust.plans.plan_set import SET_PREFIX, SET_SUFFIX, claimed_members, set_object_id
+from ...trust.plans.plan_set import claimed_members
+from ...trust.plans.plan_set_names import SET_PREFIX, SET_SUFFIX, set_object_id
 from ...trust.policy import TrustPolicy
 from ...trust.statement import format_time, parse_time
 

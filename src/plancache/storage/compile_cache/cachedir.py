@@ -24,13 +24,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ...trust.compile_cache.closed_world import Listing
 from ...trust.compile_cache.manifest import (
     MAX_DEPTH,
     MAX_DIRS,
     MAX_FILE_BYTES,
     MAX_FILES,
     MAX_TOTAL_BYTES,
-    Listing,
 )
 from ...trust.errors import Reason, Rejected, StoreError
 from ..local import dirfds

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ...trust.compile_cache.manifest import is_subject
 from ...trust.errors import Reason, Rejected
 from ...trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name
-from ...trust.plans.plan_set import set_object_id
+from ...trust.plans.plan_set_names import set_object_id
 from .registry_urls import TAG
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"

@@ -1,1 +1,2 @@
-"""The trust core for compile caches: a cache directory's signed manifest and its shipped precompiled headers."""
+"""The trust core for compile caches: a cache directory's signed manifest and its shipped
+precompiled headers."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeGuard
 
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
@@ -52,7 +52,8 @@ dot first, so a name can only ever land directly inside the headers directory.""
 _SEAL = object()
 
 
-def is_header_name(name: object) -> bool:
+def is_header_name(name: object) -> TypeGuard[str]:
+    """Whether ``name`` is a header name torch asks for (see :data:`_NAME`)."""
     return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
@@ -89,7 +90,12 @@ class HeaderSet:
             "object": {"sha256": self.object_sha256, "size": self.object_size},
             "signed_at": format_time(self.signed_at),
         }
-        return render_statement(self.subject, self.object_sha256, PREDICATE_TYPE, predicate)
+        return render_statement(
+            self.subject,
+            sha256=self.object_sha256,
+            predicate_type=PREDICATE_TYPE,
+            predicate=predicate,
+        )
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ class VerifiedHeaders:
 
     headers: HeaderSet
     signers: tuple[str, ...]
-    _seal: Any = None
+    _seal: object = None
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
@@ -107,7 +113,7 @@ class VerifiedHeaders:
             )
 
 
-def _int(value: object, what: str, low: int, cap: int) -> int:
+def _int(value: object, what: str, *, low: int, cap: int) -> int:
     if type(value) is not int or not low <= value <= cap:
         raise Rejected(
             Reason.MALFORMED, f"headers statement: {what} is not a whole number in {low}…{cap}"
@@ -116,7 +122,14 @@ def _int(value: object, what: str, low: int, cap: int) -> int:
 
 
 def check_headers(hset: HeaderSet) -> HeaderSet:
-    """The rules every headers statement obeys, signing and verifying alike."""
+    """The rules every headers statement obeys, signing and verifying alike.
+
+    Raises:
+        Rejected: ``malformed`` (a subject that is no cache directory name, a header name not
+            torch's or repeated, a size or sha256 off its form), ``too-large`` (not 1 to
+            :data:`MAX_HEADERS` headers, more than :data:`MAX_TOTAL_BYTES` in all, or an
+            inflation ratio over :data:`MAX_RATIO`).
+    """
     if not is_subject(hset.subject):
         raise Rejected(
             Reason.MALFORMED,
@@ -133,7 +146,7 @@ def check_headers(hset: HeaderSet) -> HeaderSet:
             Reason.MALFORMED, "headers statement: a header name is not torch's, or repeated"
         )
     for entry in hset.headers:
-        _int(entry.size, "a header size", 1, MAX_HEADER_BYTES)
+        _int(entry.size, "a header size", low=1, cap=MAX_HEADER_BYTES)
         if not _HEX64.fullmatch(entry.sha256):
             raise Rejected(
                 Reason.MALFORMED, "headers statement: a sha256 is not 64 lowercase hex digits"
@@ -142,14 +155,13 @@ def check_headers(hset: HeaderSet) -> HeaderSet:
         raise Rejected(
             Reason.MALFORMED, "headers statement: the object sha256 is not 64 lowercase hex digits"
         )
-    if not isinstance(hset.cache_archive_sha256, str) or not _HEX64.fullmatch(
-        hset.cache_archive_sha256
-    ):
+    archive: object = hset.cache_archive_sha256  # parse_headers passes what the JSON held
+    if not isinstance(archive, str) or not _HEX64.fullmatch(archive):
         raise Rejected(
             Reason.MALFORMED,
             "headers statement: the cache's archive sha256 is not 64 lowercase hex digits",
         )
-    _int(hset.object_size, "the object size", 1, MAX_TOTAL_BYTES)
+    _int(hset.object_size, "the object size", low=1, cap=MAX_TOTAL_BYTES)
     if hset.total_size > MAX_TOTAL_BYTES:
         raise Rejected(
             Reason.TOO_LARGE, f"headers total {hset.total_size} bytes, the cap is {MAX_TOTAL_BYTES}"
@@ -164,7 +176,15 @@ def check_headers(hset: HeaderSet) -> HeaderSet:
 
 
 def sign_headers(hset: HeaderSet, signer: Signer) -> bytes:
-    """The signature object's bytes: a DSSE envelope over the statement, signed by ``signer``."""
+    """The signature object's bytes: a DSSE envelope over the statement, signed by ``signer``.
+
+    Raises:
+        Rejected: the statement breaks :func:`check_headers`'s rules (``malformed``,
+            ``too-large``).
+        ConfigError: an expiry not after ``signed_at``, a time outside the calendar, or a
+            remote key that refuses to sign (reason ``config-error``).
+        StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
+    """
     check_headers(hset)
     if hset.expires_at is not None and hset.expires_at <= hset.signed_at:
         raise ConfigError("the expiry must lie in the future")
@@ -180,8 +200,16 @@ header beside a newer cache). An older verifier, exact about keys, refuses the n
 
 
 def parse_headers(payload: bytes) -> HeaderSet:
-    """Parse a (signature-verified) statement strictly: exact keys, exact types."""
-    name, sha256, pred = statement_shell(payload, "headers statement", PREDICATE_TYPE)
+    """Parse a (signature-verified) statement strictly: exact keys, exact types.
+
+    Raises:
+        Rejected: ``statement-mismatch`` (an older plancache's statement, bound to no cache
+            signature), ``malformed`` (any other deviation from the schema), ``too-large``
+            (more headers than :data:`MAX_HEADERS`, or :func:`check_headers`'s caps).
+    """
+    name, sha256, pred = statement_shell(
+        payload, "headers statement", predicate_type=PREDICATE_TYPE
+    )
     if set(pred) == _UNBOUND_KEYS:
         raise Rejected(
             Reason.STATEMENT_MISMATCH,
@@ -218,7 +246,9 @@ def parse_headers(payload: bytes) -> HeaderSet:
                 Reason.MALFORMED, "headers statement: each header is [name, size, sha256]"
             )
         entries.append(
-            HeaderEntry(item[0], _int(item[1], "a header size", 1, MAX_HEADER_BYTES), item[2])
+            HeaderEntry(
+                item[0], _int(item[1], "a header size", low=1, cap=MAX_HEADER_BYTES), item[2]
+            )
         )
     expires = pred["expires_at"]
     return check_headers(
@@ -226,7 +256,7 @@ def parse_headers(payload: bytes) -> HeaderSet:
             subject=name,
             headers=tuple(entries),
             object_sha256=sha256,
-            object_size=_int(target["size"], "the object size", 1, MAX_TOTAL_BYTES),
+            object_size=_int(target["size"], "the object size", low=1, cap=MAX_TOTAL_BYTES),
             signed_at=parse_time(pred["signed_at"], "signed_at"),
             expires_at=None if expires is None else parse_time(expires, "expires_at"),
             cache_archive_sha256=pred["cache_archive_sha256"],
@@ -235,10 +265,15 @@ def parse_headers(payload: bytes) -> HeaderSet:
 
 
 def check_binding(hset: HeaderSet, cache_archive_sha256: str | None) -> None:
-    """The headers may go beside the cache whose signed manifest commits to ``cache_archive_sha256``
-    only if they were made for it: ``statement-mismatch`` for any other (an older build's header
-    beside a newer cache, a newer one beside an older cache kept on the node) or none known.
-    Not ``digest-mismatch``: no byte was altered; the statement, intact, is about another cache."""
+    """The headers may go beside the cache whose signed manifest commits to
+    ``cache_archive_sha256`` only if they were made for it. Not ``digest-mismatch`` for any
+    other: no byte was altered; the statement, intact, is about another cache.
+
+    Raises:
+        Rejected: the headers were made for another cache (an older build's header beside a
+            newer cache, a newer one beside an older cache kept on the node), or no cache is
+            named (reason ``statement-mismatch``).
+    """
     if cache_archive_sha256 is None or hset.cache_archive_sha256 != cache_archive_sha256:
         this = (
             f"this node's ({cache_archive_sha256[:16]}…)"
@@ -263,8 +298,17 @@ def verify_headers(
 ) -> VerifiedHeaders:
     """Verify the headers signature for cache ``subject`` and the cache signature they are bound
     to (:func:`check_binding`); the verified statement or a typed error. ``cache_archive_sha256``
-    None (named, never defaulted): the cache is not decided yet (a fetch beside the guard's pull),
-    and the caller must :func:`check_binding` before it installs a byte."""
+    None (named, never defaulted): the cache is not decided yet (a fetch beside the guard's
+    pull), and the caller must :func:`check_binding` before it installs a byte.
+
+    Raises:
+        Rejected: ``unsigned`` (no signature), :func:`~..verify.open_envelope`'s reasons
+            (``too-large``, ``malformed``, ``revoked``, ``bad-signature``, ``untrusted-key``),
+            :func:`parse_headers`'s (``statement-mismatch``, ``malformed``, ``too-large``),
+            ``name-mismatch`` (the headers of another cache directory),
+            :func:`~..verify.current_signers`' (``expired``, ``threshold-not-met``,
+            ``not-yet-valid``), and :func:`check_binding`'s ``statement-mismatch``.
+    """
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no headers signature")
     payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
@@ -272,10 +316,16 @@ def verify_headers(
     if hset.subject != subject:
         raise Rejected(
             Reason.NAME_MISMATCH,
-            f"headers are for '{safe_text(hset.subject, 100)}', not for '{safe_text(subject, 100)}'",
+            f"headers are for '{safe_text(hset.subject, 100)}', "
+            f"not for '{safe_text(subject, 100)}'",
         )
     current = current_signers(
-        keys, keyring, hset.signed_at, hset.expires_at, now, clock_skew=clock_skew
+        keys,
+        keyring,
+        signed_at=hset.signed_at,
+        expires_at=hset.expires_at,
+        now=now,
+        clock_skew=clock_skew,
     )
     if cache_archive_sha256 is not None:
         check_binding(hset, cache_archive_sha256)

@@ -1,4 +1,4 @@
-"""The signed manifest of one vLLM compile-cache directory: bytes in, a verified manifest out.
+"""The signed manifest of one vLLM compile-cache directory: what it says, its rules, its bytes.
 
 A compile cache is code (pickles that ``pickle.load`` runs, generated ``.py`` that inductor
 ``exec``s, ``.so`` it ``dlopen``s), so the signature must cover every byte *and* every name:
@@ -21,11 +21,9 @@ A compile cache is code (pickles that ``pickle.load`` runs, generated ``.py`` th
   (:func:`plancache.trust.inputs.keyed_factors`), under a random salt signed inside them
   (:attr:`Manifest.factors_salt`): older factors, values in the clear, still verify and compare.
 
-Verification keeps :mod:`plancache.trust.verify`'s order: size cap, canonical DSSE envelope,
-payloadType, signatures by distinct trusted keys, then (signed, so now parsed) the statement,
-subject, key windows, threshold, validity window. Comparing the manifest with a directory is
-pure too (:func:`closed_world_difference`, :func:`digest_difference`): the walking and hashing
-are :mod:`plancache.storage.compile_cache.cachedir`'s. No IO here.
+This module is the manifest as a value: its caps and names, its structural rules, its statement
+bytes both ways. Signing and verifying them is :mod:`.manifest_signature`'s (the envelope, the
+trusted keys); comparing one with a directory is :mod:`.closed_world`'s. No IO here.
 """
 
 from __future__ import annotations
@@ -33,16 +31,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeGuard
 
 from ..display import safe_text
-from ..errors import ConfigError, Reason, Rejected
+from ..errors import Reason, Rejected
 from ..inputs import SALT_KEY, check_inputs, salt_of
-from ..keyring.keys import Keyring, Signer
-from ..sealing import seal
 from ..statement import format_time, parse_time, render_statement, statement_shell
-from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
 
 PREDICATE_TYPE = "https://plancache.dev/compile-cache/v1"
 
@@ -52,8 +47,6 @@ MAX_FILE_BYTES = 4 * 2**30
 MAX_TOTAL_BYTES = 16 * 2**30
 """Real caches are tens to hundreds of MiB (thousands of files with Triton kernels); the caps
 bound what a hostile directory or archive can make a verifier read, hash or extract."""
-MAX_SIG_BYTES = 16 * 2**20
-"""~130 bytes per file entry, base64 in the envelope: room for MAX_FILES entries."""
 MAX_PATH = 1024
 MAX_DEPTH = 32
 
@@ -63,20 +56,23 @@ _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=-]{0,254}")
 """Names torch and vLLM write (hex, base32, ``rank_0_0``, ``c…main.cpp``); no leading dot, so
 never ``.`` or ``..``, no separators, no controls."""
 
-_SEAL = object()
 OPTIONAL_KEYS = frozenset({"key_factors", "measurements"})
 """Predicate keys a manifest may carry (issue 20). Versions before it reject a manifest with
 them (their predicate had exactly six keys): upgrade the nodes that load before the builders."""
 
 
-def is_subject(name: object) -> bool:
+def is_subject(name: object) -> TypeGuard[str]:
     """``torch_aot_compile/<64 hex>`` (AOT layout) or ``<10 hex>`` (``VLLM_USE_AOT_COMPILE=0``)."""
     return isinstance(name, str) and _SUBJECT.fullmatch(name) is not None
 
 
 def check_relpath(path: object) -> str:
-    """A relative path inside a cache directory, or ``Rejected(MALFORMED)``: no absolute path,
-    no ``.``/``..``, no empty component, no backslash or control, bounded length and depth."""
+    """A relative path inside a cache directory: no absolute path, no ``.``/``..``, no empty
+    component, no backslash or control, bounded length and depth.
+
+    Raises:
+        Rejected: ``path`` is no such path (reason ``malformed``).
+    """
     if not isinstance(path, str) or not path or len(path) > MAX_PATH:
         raise Rejected(Reason.MALFORMED, f"cache path {safe_text(path, 80)!s} is empty or too long")
     parts = path.split("/")
@@ -135,23 +131,12 @@ class Manifest:
             predicate["key_factors"] = dict(self.key_factors)
         if self.measurements:
             predicate["measurements"] = dict(self.measurements)
-        return render_statement(self.subject, self.archive_sha256, PREDICATE_TYPE, predicate)
-
-
-@dataclass(frozen=True)
-class VerifiedManifest:
-    """A manifest whose signature verified. Only :func:`verify_manifest` makes these."""
-
-    manifest: Manifest
-    sig_bytes: bytes
-    signers: tuple[str, ...]
-    _seal: Any = None
-
-    def __post_init__(self) -> None:
-        if self._seal is not _SEAL:
-            raise TypeError(
-                "VerifiedManifest is created by plancache.trust.compile_cache.manifest only"
-            )
+        return render_statement(
+            self.subject,
+            sha256=self.archive_sha256,
+            predicate_type=PREDICATE_TYPE,
+            predicate=predicate,
+        )
 
 
 def _int(value: object, what: str, cap: int) -> int:
@@ -162,7 +147,15 @@ def _int(value: object, what: str, cap: int) -> int:
 
 def check_manifest(manifest: Manifest) -> Manifest:
     """The structural rules every manifest obeys, for signing and verifying alike: caps, plain
-    paths, sorted unique entries, every file's parent listed as a directory."""
+    paths, sorted unique entries, every file's parent listed as a directory.
+
+    Raises:
+        Rejected: ``malformed`` (a subject that is no cache directory name, a path, size or
+            sha256 off its form, entries not sorted and unique, a parent not listed, key factors
+            or measurements off their form), ``too-large`` (more than :data:`MAX_FILES` files or
+            :data:`MAX_DIRS` directories, more than :data:`MAX_TOTAL_BYTES` in all, key factors
+            over their caps).
+    """
     if not is_subject(manifest.subject):
         raise Rejected(
             Reason.MALFORMED,
@@ -214,24 +207,16 @@ def check_manifest(manifest: Manifest) -> Manifest:
     return manifest
 
 
-def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
-    """The sidecar bytes: a DSSE envelope over the manifest's statement, signed by ``signer``."""
-    check_manifest(manifest)
-    if manifest.expires_at is not None and manifest.expires_at <= manifest.signed_at:
-        raise ConfigError("the expiry must lie in the future")
-    payload = manifest.to_json_bytes()
-    sig = seal(payload, signer)
-    if len(sig) > MAX_SIG_BYTES:
-        raise Rejected(
-            Reason.TOO_LARGE,
-            f"the manifest signature would be {len(sig)} bytes, the cap is {MAX_SIG_BYTES}",
-        )
-    return sig
-
-
 def parse_manifest(payload: bytes) -> Manifest:
-    """Parse a (signature-verified) statement strictly: exact keys, exact types."""
-    name, sha256, pred = statement_shell(payload, "manifest statement", PREDICATE_TYPE)
+    """Parse a (signature-verified) statement strictly: exact keys, exact types.
+
+    Raises:
+        Rejected: ``malformed`` (any deviation from the schema, or :func:`check_manifest`'s
+            rules), ``too-large`` (more entries than the caps allow).
+    """
+    name, sha256, pred = statement_shell(
+        payload, "manifest statement", predicate_type=PREDICATE_TYPE
+    )
     keys = {"archive", "comment", "dirs", "expires_at", "files", "signed_at"}
     if not keys <= set(pred) <= keys | OPTIONAL_KEYS:
         raise Rejected(
@@ -293,7 +278,12 @@ def parse_manifest(payload: bytes) -> Manifest:
 
 
 def check_measurements(measurements: object) -> dict[str, Any]:
-    """``{"compile_ms": <finite, non-negative number>}``; names it does not know are dropped."""
+    """``{"compile_ms": <finite, non-negative number>}``; names it does not know are dropped.
+
+    Raises:
+        Rejected: not an object, or a ``compile_ms`` that is no finite, non-negative number
+            (reason ``malformed``).
+    """
     if not isinstance(measurements, dict):
         raise Rejected(Reason.MALFORMED, "manifest measurements is not an object")
     out = {}
@@ -311,62 +301,3 @@ def check_measurements(measurements: object) -> dict[str, Any]:
             )
         out[key] = value
     return out
-
-
-def verify_manifest(
-    subject: str,
-    sig_bytes: bytes | None,
-    keyring: Keyring,
-    now: datetime,
-    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
-) -> VerifiedManifest:
-    """Verify the sidecar of cache directory ``subject``; the verified manifest or a typed error."""
-    if sig_bytes is None:
-        raise Rejected(Reason.UNSIGNED, "no manifest signature beside the compile cache")
-    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
-    manifest = parse_manifest(payload)
-    if manifest.subject != subject:
-        raise Rejected(
-            Reason.NAME_MISMATCH,
-            f"manifest is for '{safe_text(manifest.subject, 100)}', not for '{safe_text(subject, 100)}'",
-        )
-    current = current_signers(
-        keys, keyring, manifest.signed_at, manifest.expires_at, now, clock_skew=clock_skew
-    )
-    return VerifiedManifest(manifest, sig_bytes, tuple(k.name for k in current), _SEAL)
-
-
-Listing = Mapping[str, int | None]
-"""What a walk found: relative path -> size for a regular file, None for a directory."""
-
-
-def closed_world_difference(manifest: Manifest, listing: Listing) -> str:
-    """How a directory's names, kinds and sizes differ from the manifest ("" if they do not).
-    Checked before any content is hashed: the cheap, structural half of the closed world."""
-    wanted: dict[str, int | None] = {f.path: f.size for f in manifest.files}
-    wanted.update(dict.fromkeys(manifest.dirs))
-    extra = sorted(set(listing) - set(wanted))
-    if extra:
-        return f"'{safe_text(extra[0], 160)}' is not in the signed manifest" + (
-            f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
-        )
-    missing = sorted(set(wanted) - set(listing))
-    if missing:
-        return f"'{safe_text(missing[0], 160)}' is missing" + (
-            f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
-        )
-    for path, size in listing.items():
-        if size != wanted[path]:
-            return (
-                f"'{safe_text(path, 160)}' is {'a directory' if size is None else f'{size} bytes'}, signed as "
-                + ("a directory" if wanted[path] is None else f"{wanted[path]} bytes")
-            )
-    return ""
-
-
-def digest_difference(manifest: Manifest, digests: Mapping[str, str]) -> str:
-    """The first file whose sha256 differs from the signed one ("" if none)."""
-    for entry in manifest.files:
-        if digests.get(entry.path) != entry.sha256:
-            return f"'{safe_text(entry.path, 160)}' does not match its signed sha256 (altered?)"
-    return ""

@@ -1,1 +1,2 @@
-"""The keyring: trusted keys, their file formats and encodings, and the signer interface (pure, no IO)."""
+"""The keyring: trusted keys, their file formats and encodings, and the signer interface (pure,
+no IO)."""

@@ -50,7 +50,11 @@ class AllowedSigner:
 
 
 def tokens(line: str) -> list[str]:
-    """Whitespace-separated fields where double quotes keep spaces (``namespaces="a, b"``)."""
+    """Whitespace-separated fields where double quotes keep spaces (``namespaces="a, b"``).
+
+    Raises:
+        ConfigError: a quote is left open (reason ``config-error``).
+    """
     fields: list[str] = []
     current: list[str] = []
     quoted = False
@@ -73,7 +77,9 @@ def tokens(line: str) -> list[str]:
 def _split_options(text: str) -> dict[str, str | None]:
     """``a="x,y",b`` -> {a: "x,y", b: None}: commas inside quotes do not split."""
     options: dict[str, str | None] = {}
-    parts, current, quoted = [], [], False
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
     for char in text:
         if char == '"':
             quoted = not quoted
@@ -88,7 +94,8 @@ def _split_options(text: str) -> dict[str, str | None]:
         key = key.lower()
         if key not in _OPTIONS or key in options:
             raise ConfigError(
-                f"unknown or repeated allowed_signers option '{safe_text(part, 40)}' (use {', '.join(_OPTIONS)})"
+                f"unknown or repeated allowed_signers option '{safe_text(part, 40)}' "
+                f"(use {', '.join(_OPTIONS)})"
             )
         options[key] = value.strip('"') if sep else None
     return options
@@ -96,14 +103,19 @@ def _split_options(text: str) -> dict[str, str | None]:
 
 def parse_openssh_time(value: str, what: str) -> datetime:
     """``YYYYMMDD[HHMM[SS]]Z`` (UTC) as OpenSSH writes it; see the module docstring for why a
-    time without ``Z`` is refused."""
+    time without ``Z`` is refused.
+
+    Raises:
+        ConfigError: not that form, no ``Z``, or no valid date (reason ``config-error``).
+    """
     match = _TIME.fullmatch(value)
     if not match:
         raise ConfigError(f"{what}='{safe_text(value, 30)}' is not YYYYMMDD[HHMM[SS]]Z")
     date, hhmm, ss, zulu = match.groups()
     if not zulu:
         raise ConfigError(
-            f"{what}={safe_text(value, 30)} has no Z: OpenSSH would read it in local time; write {value}Z for UTC"
+            f"{what}={safe_text(value, 30)} has no Z: OpenSSH would read it in local time; "
+            f"write {value}Z for UTC"
         )
     try:
         return datetime(
@@ -149,7 +161,14 @@ def spelled_like_marker(name: str) -> bool:
 def parse_allowed_signer(line: str, any_namespace: bool = False) -> AllowedSigner | None:
     """One ``principals [options] ssh-ed25519 AAAA… [comment]`` line; None when its
     ``namespaces`` do not include plancache's (the line trusts nothing here), unless
-    ``any_namespace`` (a revocation voids the key whatever it may sign for)."""
+    ``any_namespace`` (a revocation voids the key whatever it may sign for).
+
+    Raises:
+        ConfigError: not a key line nor an allowed_signers line, an unknown or repeated option,
+            a ``cert-authority`` line, a key that is not a valid ssh-ed25519 key, a time not
+            OpenSSH's UTC form, a window that holds no moment, ``namespaces`` without a value
+            (reason ``config-error``).
+    """
     fields = tokens(line)
     if len(fields) >= 3 and fields[1] in SSH_KEY_TYPES:
         principals, options, key_fields = fields[0], {}, fields[1:]
@@ -157,7 +176,8 @@ def parse_allowed_signer(line: str, any_namespace: bool = False) -> AllowedSigne
         principals, options, key_fields = fields[0], _split_options(fields[1]), fields[2:]
     else:
         raise ConfigError(
-            "expected 'ssh-ed25519 AAAA… [name]' or an allowed_signers line 'principals [options] ssh-ed25519 AAAA…'"
+            "expected 'ssh-ed25519 AAAA… [name]' or an allowed_signers line "
+            "'principals [options] ssh-ed25519 AAAA…'"
         )
     if "cert-authority" in options:
         raise ConfigError("cert-authority lines are not supported: list each signing key itself")

@@ -93,6 +93,11 @@ def openssh_line(public: Ed25519PublicKey, comment: str = "") -> str:
 
 
 def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:
+    """The key of an OpenSSH public key line's type and base64 fields.
+
+    Raises:
+        ConfigError: not ssh-ed25519, or not a valid key of that type (reason ``config-error``).
+    """
     if kind != SSH_KEY_TYPE:
         raise ConfigError(f"only ssh-ed25519 keys are supported, got '{safe_text(kind, 40)}'")
     try:
@@ -106,6 +111,11 @@ def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:
 
 
 def parse_pem_public(data: bytes) -> Ed25519PublicKey:
+    """A PEM SubjectPublicKeyInfo (``-----BEGIN PUBLIC KEY-----``), Ed25519 only.
+
+    Raises:
+        ConfigError: not a PEM public key, or not Ed25519 (reason ``config-error``).
+    """
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm):
@@ -116,7 +126,11 @@ def parse_pem_public(data: bytes) -> Ed25519PublicKey:
 
 
 def parse_der_public(data: bytes) -> Ed25519PublicKey:
-    """A DER SubjectPublicKeyInfo, as AWS KMS's ``GetPublicKey`` returns it."""
+    """A DER SubjectPublicKeyInfo, as AWS KMS's ``GetPublicKey`` returns it.
+
+    Raises:
+        ConfigError: not a DER public key, or not Ed25519 (reason ``config-error``).
+    """
     try:
         key = serialization.load_der_public_key(data)
     except (ValueError, UnsupportedAlgorithm):
@@ -136,6 +150,11 @@ def parse_private_key(data: bytes, passphrase: Passphrase | None = None) -> Ed25
     """Load a PEM PKCS#8 or OpenSSH Ed25519 private key, encrypted or not.
 
     ``passphrase`` is called only if the key turns out to be encrypted (see :data:`Passphrase`).
+
+    Raises:
+        ConfigError: an encrypted key without a passphrase, a wrong passphrase, data that holds
+            no private key (the detail says what it holds), a key that is not Ed25519 (reason
+            ``config-error``).
     """
     try:
         key = _load_private(data, None)
@@ -193,7 +212,7 @@ def describe_key_material(data: bytes) -> str:
     if "\x00" in text or "\ufffd" in text:
         return "binary data, not key text"
     first = text.split("\n", 1)[0].strip()
-    if first.startswith("-----BEGIN ") or first.startswith("---- BEGIN "):
+    if first.startswith(("-----BEGIN ", "---- BEGIN ")):
         label = first.strip("- ").removeprefix("BEGIN ").strip()
         return _PEM_LABELS.get(label, f"a PEM block '{safe_text(label, 40)}'")
     for line in text.split("\n"):

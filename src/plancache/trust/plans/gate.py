@@ -92,7 +92,8 @@ def decide(
             return Decision(
                 False,
                 Verdict.CONDITION_MISMATCH,
-                f"{key} is {safe_text(repr(mine))} here, the plan was made at {safe_text(repr(theirs))}",
+                f"{key} is {safe_text(repr(mine))} here, "
+                f"the plan was made at {safe_text(repr(theirs))}",
                 None,
                 fp,
             )

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from .. import strictjson
 from ..display import safe_text
@@ -34,12 +34,17 @@ _PLAN_NAME = re.compile(r"startup_plan_([0-9a-f]{16})\.json")
 _SIG_NAME = re.compile(r"startup_plan_([0-9a-f]{16})\.json\.sig")
 
 
-def is_fingerprint(value: object) -> bool:
+def is_fingerprint(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a plan fingerprint: 16 lowercase hex digits."""
     return isinstance(value, str) and _FINGERPRINT.fullmatch(value) is not None
 
 
 def plan_name(fingerprint: str) -> str:
-    """The file name vLLM uses for a plan (and plancache for its store objects)."""
+    """The file name vLLM uses for a plan (and plancache for its store objects).
+
+    Raises:
+        Rejected: ``fingerprint`` is not 16 lowercase hex digits (reason ``malformed``).
+    """
     if not is_fingerprint(fingerprint):
         raise Rejected(Reason.MALFORMED, f"not a plan fingerprint: '{safe_text(fingerprint, 40)}'")
     return f"{PLAN_PREFIX}{fingerprint}{PLAN_SUFFIX}"
@@ -93,7 +98,14 @@ def _positive_int(obj: Mapping[str, Any], key: str) -> int:
 
 
 def parse_plan(data: bytes, name: str) -> Plan:
-    """Parse plan bytes found under file name ``name``; raise ``PlanCacheError`` on anything off."""
+    """Parse plan bytes found under file name ``name``, strictly.
+
+    Raises:
+        Rejected: ``too-large`` (over :data:`MAX_PLAN_BYTES`), ``malformed`` (not a plan file
+            name, not JSON, another schema, a field missing or not an integer in range, a KV
+            cache larger than the baseline), ``fingerprint-mismatch`` (the plan names another
+            fingerprint than its file name).
+    """
     if len(data) > MAX_PLAN_BYTES:
         raise Rejected(Reason.TOO_LARGE, f"plan is {len(data)} bytes, the cap is {MAX_PLAN_BYTES}")
     name_fp = fingerprint_of_plan_name(name)

@@ -10,9 +10,10 @@ The object ``startup_planset_<id>.set``::
     <DSSE envelope, canonical, one line ending in "\\n"><body>
     body = plan_0 sig_0 plan_1 sig_1 ...       (each member's plan bytes, then its sidecar's)
 
-``<id>`` is :func:`set_id` of the member fingerprints in rank order. The envelope's statement
-(predicate :data:`SET_PREDICATE`) names the object as its one subject with the sha256 of the
-whole body, and lists the members (fingerprint, plan length, sidecar length) in order. So:
+``<id>`` is :func:`.plan_set_names.set_id` of the member fingerprints in rank order. The
+envelope's statement (predicate :data:`SET_PREDICATE`) names the object as its one subject with
+the sha256 of the whole body, and lists the members (fingerprint, plan length, sidecar length)
+in order. So:
 
 * the signature covers every byte of every member (one digest over the body) and their
   order: members of two bakes can never be combined into a set that verifies;
@@ -27,7 +28,6 @@ whole body, and lists the members (fingerprint, plan length, sidecar length) in 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,71 +41,11 @@ from ..signing import MAX_SIGNED_BYTES
 from ..statement import format_time, parse_time, render_statement, statement_shell
 from ..verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, open_envelope, verify_plan
 from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
+from .plan_set_names import MAX_MEMBERS, members_of, set_id, set_id_of_name, set_name
 
 SET_PREDICATE = "https://plancache.dev/startup-plan-set/v1"
-SET_PREFIX = "startup_planset_"
-SET_SUFFIX = ".set"
-MAX_MEMBERS = 64
-"""Ranks one set may hold (a world of 64 GPUs); the signed statement stays under a KMS's 4 KiB."""
 MAX_SET_BYTES = 1024 * 1024
 """Cap on a set object: far above 64 honest members (plans are ~200 bytes, sidecars ~600)."""
-
-MAX_REPLICAS = 64
-"""Copies of one set a push may write (Azure serves about 500 requests per second per blob)."""
-
-_SET_NAME = re.compile(r"startup_planset_([0-9a-f]{16})\.set")
-_REPLICA_NAME = re.compile(r"startup_planset_([0-9a-f]{16})\.r([1-9][0-9]?)\.set")
-_DOMAIN = b"plancache-plan-set/v1\n"
-
-
-def set_id(fingerprints: Sequence[str]) -> str:
-    """The set's id for the member fingerprints in rank order (duplicates kept once, first place).
-
-    Every rank computes the same id from the configuration alone: 16 hex of a domain-separated
-    sha256 over the ordered list, so another order or another member is another name."""
-    members = members_of(fingerprints)
-    return hashlib.sha256(_DOMAIN + "\n".join(members).encode("ascii")).hexdigest()[:16]
-
-
-def members_of(fingerprints: Sequence[str]) -> list[str]:
-    """The distinct fingerprints in first-seen order, each a valid fingerprint; else Rejected."""
-    members = list(dict.fromkeys(fingerprints))
-    if not 1 <= len(members) <= MAX_MEMBERS or not all(is_fingerprint(fp) for fp in members):
-        raise Rejected(Reason.MALFORMED, f"a plan set holds 1 to {MAX_MEMBERS} valid fingerprints")
-    return members
-
-
-def set_name(fingerprints: Sequence[str]) -> str:
-    """The store object's name for these ranks' fingerprints: computable by any rank."""
-    return f"{SET_PREFIX}{set_id(fingerprints)}{SET_SUFFIX}"
-
-
-def set_id_of_name(name: str) -> str | None:
-    """The id in an exact set object name, else None (hostile listings are ignored)."""
-    match = _SET_NAME.fullmatch(name)
-    return match.group(1) if match else None
-
-
-def replica_name(name: str, index: int) -> str:
-    """Copy ``index`` of set ``name`` (0: the set itself). A replica holds the set's exact bytes
-    and is verified under the set's own name, so a copy that differs is refused as tampered."""
-    ident = set_id_of_name(name)
-    if ident is None or not 0 <= index < MAX_REPLICAS:
-        raise ConfigError(
-            f"no replica {index} of '{safe_text(name, 80)}' (0 to {MAX_REPLICAS - 1})"
-        )
-    return name if index == 0 else f"{SET_PREFIX}{ident}.r{index}{SET_SUFFIX}"
-
-
-def set_object_id(name: str) -> tuple[str, int] | None:
-    """(set id, replica index) of a set or replica object name, else None."""
-    ident = set_id_of_name(name)
-    if ident is not None:
-        return ident, 0
-    match = _REPLICA_NAME.fullmatch(name)
-    if match is None or int(match.group(2)) >= MAX_REPLICAS:
-        return None
-    return match.group(1), int(match.group(2))
 
 
 @dataclass(frozen=True)
@@ -136,7 +76,12 @@ class SetStatement:
             "expires_at": format_time(self.expires_at) if self.expires_at else None,
             "comment": self.comment,
         }
-        return render_statement(self.subject_name, self.subject_sha256, SET_PREDICATE, predicate)
+        return render_statement(
+            self.subject_name,
+            sha256=self.subject_sha256,
+            predicate_type=SET_PREDICATE,
+            predicate=predicate,
+        )
 
 
 @dataclass(frozen=True)
@@ -161,8 +106,14 @@ def _size(value: object, cap: int) -> int:
 
 
 def parse_set_statement(payload: bytes) -> SetStatement:
-    """Parse a (signature-verified) set statement; ``Rejected(MALFORMED)`` on any deviation."""
-    name, sha256, predicate = statement_shell(payload, "plan set statement", SET_PREDICATE)
+    """Parse a (signature-verified) set statement, strictly.
+
+    Raises:
+        Rejected: any deviation from the set statement's schema (reason ``malformed``).
+    """
+    name, sha256, predicate = statement_shell(
+        payload, "plan set statement", predicate_type=SET_PREDICATE
+    )
     raw = predicate.get("members")
     if (
         not isinstance(raw, list)
@@ -202,7 +153,11 @@ def parse_set_statement(payload: bytes) -> SetStatement:
 
 
 def split_set(data: bytes) -> tuple[bytes, bytes]:
-    """(envelope line, body) of a set object, before anything of either is parsed."""
+    """(envelope line, body) of a set object, before anything of either is parsed.
+
+    Raises:
+        Rejected: no line end within an envelope's cap (reason ``malformed``).
+    """
     end = data.find(b"\n", 0, dsse.MAX_SIG_BYTES + 1)
     if end < 0:
         raise Rejected(Reason.MALFORMED, "plan set: no signature envelope line at its start")
@@ -212,7 +167,13 @@ def split_set(data: bytes) -> tuple[bytes, bytes]:
 def claimed_members(data: bytes) -> list[str]:
     """The fingerprints a set object *claims* to hold, unverified: for ``ls`` without keys and
     for ``prune``, which deletes sets whose members it deletes (deleting needs no trust). Never
-    a reason to use anything in the set."""
+    a reason to use anything in the set.
+
+    Raises:
+        Rejected: the object is over :data:`MAX_SET_BYTES` or its envelope over its cap
+            (reason ``too-large``), or its envelope or statement is off their schema
+            (``malformed``).
+    """
     if len(data) > MAX_SET_BYTES:
         raise Rejected(
             Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}"
@@ -226,14 +187,25 @@ def verify_set(
     data: bytes,
     keyring: Keyring,
     now: datetime,
+    *,
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
 ) -> VerifiedSet:
-    """A set object's bytes in, every member verified out, or ``PlanCacheError`` with a reason.
+    """A set object's bytes in, every member verified out, or a typed error with a reason.
 
     Order: size cap; the name; the envelope (canonical) and its signatures by trusted keys; the
     statement; subject name and the body's sha256; the member list against the name's id and
     the body's length; the signers' windows and threshold; then each member, sliced by the
-    signed lengths, through :func:`verify_plan` (the first failure rejects the whole set)."""
+    signed lengths, through :func:`verify_plan` (the first failure rejects the whole set).
+
+    Raises:
+        Rejected: in that order, ``too-large`` (over :data:`MAX_SET_BYTES`), ``malformed`` (not
+            a set name, no canonical envelope, a statement off its schema, sizes that do not
+            add up to the body), ``revoked``, ``bad-signature`` or ``untrusted-key`` (no trusted
+            key signed), ``name-mismatch``, ``digest-mismatch`` (the body is not the signed
+            one), ``fingerprint-mismatch`` (the member list is another set's), ``expired``,
+            ``threshold-not-met``, ``not-yet-valid``; then the first member's failure, with
+            :func:`~..verify.verify_plan`'s reason.
+    """
     if len(data) > MAX_SET_BYTES:
         raise Rejected(
             Reason.TOO_LARGE, f"plan set is {len(data)} bytes, the cap is {MAX_SET_BYTES}"
@@ -250,7 +222,8 @@ def verify_set(
     if statement.subject_name != name:
         raise Rejected(
             Reason.NAME_MISMATCH,
-            f"signature is for '{safe_text(statement.subject_name, 80)}', not for '{safe_text(name, 80)}'",
+            f"signature is for '{safe_text(statement.subject_name, 80)}', "
+            f"not for '{safe_text(name, 80)}'",
         )
     if statement.subject_sha256 != hashlib.sha256(body).hexdigest():
         raise Rejected(
@@ -268,7 +241,12 @@ def verify_set(
             Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body"
         )
     current = current_signers(
-        keys, keyring, statement.signed_at, statement.expires_at, now, clock_skew=clock_skew
+        keys,
+        keyring,
+        signed_at=statement.signed_at,
+        expires_at=statement.expires_at,
+        now=now,
+        clock_skew=clock_skew,
     )
     plans, offset = [], 0
     for m in statement.members:
@@ -285,11 +263,20 @@ def build_set(
     members: Sequence[tuple[str, bytes, bytes]],
     signer: Signer,
     now: datetime,
+    *,
     expires_at: datetime | None = None,
     comment: str = "",
 ) -> tuple[str, bytes]:
     """(name, bytes) of a set over ``(fingerprint, plan bytes, sidecar bytes)`` in rank order,
-    signed by ``signer``. The caller hands verified members (push verifies them first)."""
+    signed by ``signer``. The caller hands verified members (push verifies them first).
+
+    Raises:
+        Rejected: not 1 to :data:`MAX_MEMBERS` valid fingerprints (reason ``malformed``).
+        ConfigError: a fingerprint listed twice, a statement over the signing cap, a time
+            outside the calendar, or a remote key that refuses to sign (reason
+            ``config-error``).
+        StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
+    """
     fps = [fp for fp, _, _ in members]
     if members_of(fps) != fps:
         raise ConfigError("a plan set needs 1 to 64 distinct fingerprints")
@@ -308,7 +295,8 @@ def build_set(
     data = dsse.pae(dsse.PAYLOAD_TYPE, payload)
     if len(data) > MAX_SIGNED_BYTES:
         raise ConfigError(
-            f"the plan set's statement is {len(payload)} bytes, over the {MAX_SIGNED_BYTES}-byte signing cap"
+            f"the plan set's statement is {len(payload)} bytes, over the {MAX_SIGNED_BYTES}-byte "
+            "signing cap"
         )
     head = seal(payload, signer)
     return name, head + body

@@ -1,0 +1,105 @@
+"""Signing and verifying a compile cache's manifest: its envelope, its keys, its seal.
+
+Verification keeps :mod:`plancache.trust.verify`'s order: size cap, canonical DSSE envelope,
+payloadType, signatures by distinct trusted keys, then (signed, so now parsed by
+:func:`.manifest.parse_manifest`) the statement, subject, key windows, threshold, validity
+window. Split from :mod:`.manifest` where trust enters: that module is the manifest as a value
+(rules and bytes, what storage needs to write and walk a cache), this one is what makes a value
+a :class:`VerifiedManifest`, the only proof that a cache's bytes may run. No IO here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from ..display import safe_text
+from ..errors import ConfigError, Reason, Rejected
+from ..keyring.keys import Keyring, Signer
+from ..sealing import seal
+from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
+from .manifest import Manifest, check_manifest, parse_manifest
+
+MAX_SIG_BYTES = 16 * 2**20
+"""~130 bytes per file entry, base64 in the envelope: room for MAX_FILES entries."""
+
+_SEAL = object()
+
+
+@dataclass(frozen=True)
+class VerifiedManifest:
+    """A manifest whose signature verified. Only :func:`verify_manifest` makes these."""
+
+    manifest: Manifest
+    sig_bytes: bytes
+    signers: tuple[str, ...]
+    _seal: object = None
+
+    def __post_init__(self) -> None:
+        if self._seal is not _SEAL:
+            raise TypeError(
+                "VerifiedManifest is created by "
+                "plancache.trust.compile_cache.manifest_signature only"
+            )
+
+
+def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
+    """The sidecar bytes: a DSSE envelope over the manifest's statement, signed by ``signer``.
+
+    Raises:
+        Rejected: the manifest breaks :func:`check_manifest`'s rules (``malformed``,
+            ``too-large``), or its signature would be over :data:`MAX_SIG_BYTES`
+            (``too-large``).
+        ConfigError: an expiry not after ``signed_at``, a time outside the calendar, or a
+            remote key that refuses to sign (reason ``config-error``).
+        StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
+    """
+    check_manifest(manifest)
+    if manifest.expires_at is not None and manifest.expires_at <= manifest.signed_at:
+        raise ConfigError("the expiry must lie in the future")
+    payload = manifest.to_json_bytes()
+    sig = seal(payload, signer)
+    if len(sig) > MAX_SIG_BYTES:
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"the manifest signature would be {len(sig)} bytes, the cap is {MAX_SIG_BYTES}",
+        )
+    return sig
+
+
+def verify_manifest(
+    subject: str,
+    sig_bytes: bytes | None,
+    keyring: Keyring,
+    now: datetime,
+    *,
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+) -> VerifiedManifest:
+    """Verify the sidecar of cache directory ``subject``; the verified manifest or a typed error.
+
+    Raises:
+        Rejected: ``unsigned`` (no sidecar), :func:`~..verify.open_envelope`'s reasons
+            (``too-large``, ``malformed``, ``revoked``, ``bad-signature``, ``untrusted-key``),
+            :func:`parse_manifest`'s (``malformed``, ``too-large``), ``name-mismatch`` (the
+            manifest of another cache directory), :func:`~..verify.current_signers`'
+            (``expired``, ``threshold-not-met``, ``not-yet-valid``).
+    """
+    if sig_bytes is None:
+        raise Rejected(Reason.UNSIGNED, "no manifest signature beside the compile cache")
+    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
+    manifest = parse_manifest(payload)
+    if manifest.subject != subject:
+        raise Rejected(
+            Reason.NAME_MISMATCH,
+            f"manifest is for '{safe_text(manifest.subject, 100)}', "
+            f"not for '{safe_text(subject, 100)}'",
+        )
+    current = current_signers(
+        keys,
+        keyring,
+        signed_at=manifest.signed_at,
+        expires_at=manifest.expires_at,
+        now=now,
+        clock_skew=clock_skew,
+    )
+    return VerifiedManifest(manifest, sig_bytes, tuple(k.name for k in current), _SEAL)
