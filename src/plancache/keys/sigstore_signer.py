@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..settings import (
     SIGSTORE_ID_TOKEN_ENV,
@@ -37,8 +37,12 @@ from ..trust.errors import ConfigError
 from ..trust.keyring.identities import KEYID_PREFIX, IdentityPolicy, TrustedIdentity
 from ..trust.keyring.keys import Keyring
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # sigstore-python is the [sigstore] extra, imported when a reference names it
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.x509 import Certificate
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityToken
+    from sigstore.sign import Signer as SigstoreSigner
 
 SCHEME = "sigstore"
 MAX_TOKEN_BYTES = 64 * 1024
@@ -53,11 +57,13 @@ class KeylessSigner:
     :meth:`sign_statement` instead, and checks the result with :meth:`own_keyring`.
     """
 
-    def __init__(self, token: Any, trust_config: Any, trusted_root: bytes) -> None:
+    def __init__(
+        self, token: IdentityToken, trust_config: ClientTrustConfig, trusted_root: bytes
+    ) -> None:
         self._token = token
         self._config = trust_config
         self._trusted_root = trusted_root
-        self._signer: Any = None
+        self._signer: SigstoreSigner | None = None
         self._lock = threading.Lock()
 
     @property
@@ -75,9 +81,19 @@ class KeylessSigner:
 
     @property
     def public(self) -> Ed25519PublicKey:
+        """Never: a keyless signer's key lives for one certificate.
+
+        Raises:
+            ConfigError: always (reason ``config-error``).
+        """
         raise ConfigError("a keyless signer has no long-lived public key (sigstore)")
 
     def sign(self, data: bytes) -> bytes:
+        """Never: signing code calls :meth:`sign_statement` for a keyless signer.
+
+        Raises:
+            ConfigError: always (reason ``config-error``).
+        """
         raise ConfigError("a keyless signer signs statements into Sigstore bundles, not bytes")
 
     def own_keyring(self) -> Keyring:
@@ -95,14 +111,14 @@ class KeylessSigner:
         lines = tuple(TrustedIdentity(issuer, san, name=san) for san in sans)
         return Keyring(identities=IdentityPolicy(lines, (), self._trusted_root))
 
-    def _fresh_signer(self) -> Any:
+    def _fresh_signer(self) -> SigstoreSigner:
         from sigstore.sign import SigningContext
 
         context = SigningContext.from_trust_config(self._config)
         with context.signer(self._token) as signer:  # requests the certificate now
             return signer
 
-    def _certificate(self) -> Any:
+    def _certificate(self) -> Certificate:
         from sigstore.sign import ExpiredCertificate
 
         with self._lock:
@@ -192,7 +208,7 @@ def _raw_token(env: Mapping[str, str]) -> tuple[str, str]:
     return ambient, "the CI's ambient OIDC token"
 
 
-def _trust_config(env: Mapping[str, str]) -> Any:
+def _trust_config(env: Mapping[str, str]) -> ClientTrustConfig:
     from sigstore.models import ClientTrustConfig
 
     path = env.get(SIGSTORE_TRUST_CONFIG_ENV)

@@ -122,8 +122,9 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     signature is :func:`sign_or_cosign`'s question.
 
     Raises:
-        Rejected: the sidecar is no canonical envelope or statement (reason ``malformed`` or
-            ``too-large``, from :func:`~.envelope.decode` and
+        Rejected: the sidecar is a Sigstore bundle or the signer keyless (``statement-mismatch``:
+            a bundle holds one signature); the sidecar is no canonical envelope or statement
+            (reason ``malformed`` or ``too-large``, from :func:`~.envelope.decode` and
             :func:`~.statement.parse_statement`); its statement names other bytes (reason
             ``digest-mismatch``); the plan fails the strict parser (``malformed``, ``too-large``,
             ``fingerprint-mismatch``); the statement is over the signing cap (``too-large``); the

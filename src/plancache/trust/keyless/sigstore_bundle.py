@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import envelope as dsse
 from .. import strictjson
@@ -37,6 +37,7 @@ from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, T
 
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate
+    from sigstore.models import Bundle
     from sigstore.verify import Verifier
 
 BUNDLE_MEDIA_TYPES = (
@@ -229,7 +230,7 @@ def certificate_identity(cert: Certificate) -> tuple[str, list[str]]:
     return issuer, sans
 
 
-def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> tuple[bytes, Any]:
+def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> tuple[bytes, Bundle]:
     """sigstore-python's verification, its errors mapped to reasons."""
     from sigstore.errors import CertValidationError
     from sigstore.models import Bundle
@@ -266,7 +267,7 @@ def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> t
     return bytes(payload), bundle
 
 
-def _logged_time(bundle: Any) -> datetime | None:
+def _logged_time(bundle: Bundle) -> datetime | None:
     """When the log (Rekor v1's integrated time) or else a TSA (Rekor v2) says it was signed."""
     entry = bundle.log_entry._inner
     if entry.integrated_time:
@@ -276,7 +277,7 @@ def _logged_time(bundle: Any) -> datetime | None:
     return stamps[0].tst_info.gen_time if stamps else None
 
 
-def _outside_validity(bundle: Any) -> bool:
+def _outside_validity(bundle: Bundle) -> bool:
     cert = bundle.signing_certificate
     moment = _logged_time(bundle)
     if moment is None:
