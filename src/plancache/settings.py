@@ -137,10 +137,11 @@ def parse_storage_options(text: str) -> dict[str, Any]:
     return dict(parse_key_value(item) for item in text.split())
 
 
-def unknown_option(key: object, protocol: str, backend: str, accepted: set[str]) -> str:
+def unknown_option(key: object, *, protocol: str, backend: str, accepted: set[str]) -> str:
     """The message for a storage option ``backend`` does not take, with the closest name it
     does (``-`` read as ``_``): one wording for every store, whether the option is caught before
-    the open (:func:`plancache.storage.checks.check_options`) or by the opener itself."""
+    the open (:func:`plancache.storage.checks.check_options`) or by the opener itself. Named:
+    ``protocol`` and ``backend`` are both strings, and swapped they would still read."""
     import difflib
 
     guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)

@@ -139,7 +139,9 @@ def _refuse_unknown(
 ) -> None:
     for key in options:
         if key not in accepted:
-            raise ConfigError(unknown_option(key, protocol, backend, accepted))
+            raise ConfigError(
+                unknown_option(key, protocol=protocol, backend=backend, accepted=accepted)
+            )
 
 
 # -- existence and deeper prefixes ------------------------------------------------------------

@@ -125,7 +125,9 @@ def registry_opener(
     registry, repository = parse_store_url(url)
     unknown = [key for key in options if key not in OPTIONS]
     if unknown:
-        raise ConfigError(unknown_option(unknown[0], "oci", BACKEND, OPTIONS))
+        raise ConfigError(
+            unknown_option(unknown[0], protocol="oci", backend=BACKEND, accepted=OPTIONS)
+        )
     plain_option = _flag(options, "plain_http")
     ca_file = _text(options, "ca_file")
     auth_file = _text(options, "auth_file")
