@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from plancache.trust.display import ELLIPSIS, safe_text
@@ -35,8 +35,11 @@ def test_any_text_becomes_one_safe_bounded_line(value: str, limit: int) -> None:
 @example("PIN-VALUE")  # drawn once on a fresh clone: a word, not a credential (issue 40)
 @example("pin-source")
 def test_escaping_is_reversible_when_nothing_is_cut(value: str) -> None:
-    """Injective: the shown text decodes back to the original, so no two values look alike."""
+    """Injective: the shown text decodes back to the original, so no two values look alike.
+    A draw shaped like a credential (``0:0@`` is a URL's user and password, ``KEY=0`` a
+    secret's assignment) is masked on purpose: that is redaction, tested on its own."""
     out = safe_text(value, 1000)
+    assume("***" not in out or "***" in value)
     assert not out.endswith(ELLIPSIS) or value.endswith(ELLIPSIS)
     assert (
         out.encode("ascii", "backslashreplace").decode("unicode_escape", "surrogatepass") == value
