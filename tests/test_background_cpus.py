@@ -128,7 +128,7 @@ def test_spare_cpus_only_undoes_an_openmp_pin() -> None:
     assert (
         spare_cpus(compute, compute, compute) == set()
     )  # started on vLLM's cores only: nowhere to go
-    assert spare_cpus(compute, everything, compute, lambda: frozenset({2})) == {
+    assert spare_cpus(compute, everything, compute, siblings=lambda: frozenset({2})) == {
         3
     }  # rank 1 is pinned to 2
 
@@ -141,9 +141,9 @@ def test_an_unpinned_thread_asks_nothing_about_its_siblings() -> None:
         raise AssertionError("siblings asked for an unpinned thread")
 
     everything, compute = frozenset({0, 1, 2, 3}), frozenset({0, 1})
-    assert spare_cpus(everything, everything, compute, never) == set()
-    assert spare_cpus(frozenset({0}), everything, compute, never) == set()
-    assert spare_cpus(compute, everything, frozenset(), never) == set()
+    assert spare_cpus(everything, everything, compute, siblings=never) == set()
+    assert spare_cpus(frozenset({0}), everything, compute, siblings=never) == set()
+    assert spare_cpus(compute, everything, frozenset(), siblings=never) == set()
 
 
 def test_a_fetch_started_from_vllms_pinned_thread_runs_on_the_other_cpus() -> None:

@@ -29,7 +29,7 @@ from plancache.storage.local import directory_lock
 from plancache.storage.local.files import write_atomic
 from plancache.storage.store import open_store
 from plancache.trust.errors import StoreError
-from plancache.vllm_plugin.compile_cache import publish as compile_publish
+from plancache.vllm_plugin.compile_cache import guard_settings
 from test_compile_cache import (
     KEYRING,
     SIGNER,
@@ -264,10 +264,10 @@ def test_a_rejected_store_object_has_its_own_reason(signed: CacheRoot, tmp_path:
 
 
 def test_the_plugins_expiry_setting_parses_as_expires_in() -> None:
-    assert compile_publish._expiry("30d") == (timedelta(days=30), "")
-    assert compile_publish._expiry(None) == (
+    assert guard_settings._expiry("30d") == (timedelta(days=30), "")
+    assert guard_settings._expiry(None) == (
         None,
         "",
     )  # unset: no expiry; set but empty: tests/test_small_robustness.py
-    value, problem = compile_publish._expiry("soon")
+    value, problem = guard_settings._expiry("soon")
     assert value is None and problem.startswith("PLANCACHE_COMPILE_CACHE_EXPIRES_IN:")

@@ -33,7 +33,9 @@ from plancache.storage.compile_cache import header_files as files
 from plancache.storage.store import open_store
 from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.errors import Rejected
+from plancache.vllm_plugin import plugin_state
 from plancache.vllm_plugin.compile_cache import boot_headers as plugin_headers
+from plancache.vllm_plugin.compile_cache import guard_settings
 
 SUBJECT = "torch_aot_compile/" + "cd" * 32
 NAME = "cabcdefghijklmnop0123456789.h.gch"
@@ -377,11 +379,12 @@ def test_past_the_budget_or_cancelled_nothing_is_installed(
 
 
 @pytest.fixture
-def plugin(tmp_path: Path) -> Any:
-    plugin_headers.reset()
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A boot of its own, as a forked worker starts one; torch's headers pinned nowhere yet."""
+    plugin_state.start_boot()
+    monkeypatch.setattr(plugin_state.current().installed, "headers_at", None)
     yield plugin_headers
-    plugin_headers.reset()
-    plugin_headers._at = None
+    plugin_state.start_boot()
 
 
 def fake_torch(directory: Path, built: list[str]) -> Any:
@@ -468,9 +471,8 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
     (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
     digest = cc.sign_cache(root, SUBJECT, SIGNER, NOW).archive_sha256
-    config = compile_publish.Settings(KEYRING, "", "key", f"file://{tmp_path}/store", {}, 3.0)
-    monkeypatch.setattr(compile_publish, "settings", lambda: config)
-    monkeypatch.setattr(plugin, "_build_node", lambda: True)
+    config = guard_settings.Settings(KEYRING, "", "key", f"file://{tmp_path}/store", {}, 3.0)
+    plugin_state.current().guard.settings = (config,)  # as this boot read them: a build node
     monkeypatch.setattr("plancache.pipeline.resolver.utcnow", lambda: NOW)
     plugin.place(base, directory)
     (directory / NAME).unlink()
@@ -481,7 +483,7 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
         "torch/csrc/inductor/cpp_prefix.h", "g++"
     )  # gcc builds it: packed now
     compile_publish._push_in_background(config, root, SUBJECT, SIGNER)
-    compile_publish._finish_pushes()
+    compile_publish._finish_pushes(plugin_state.current().guard.pushes)
     assert packs == [[NAME]]  # once, when it was built; the push reused it
     names = sorted(
         p.relative_to(tmp_path / "store").as_posix()
@@ -539,9 +541,7 @@ def boot(
 ) -> Any:
     """A build node's signed cache and header in a ``file://`` store, and a new serving node whose
     guard (the plugin's own ``_check``, vLLM's boot directory stood in for) is about to pull it."""
-    from plancache.vllm_plugin.compile_cache import guard as plugin_guard
-    from plancache.vllm_plugin.compile_cache import publish as compile_publish
-    from plancache.vllm_plugin.compile_cache import torch_caches
+    from plancache.vllm_plugin.compile_cache import guarded_dirs, torch_caches
 
     built = CacheRoot(build[0])
     (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
@@ -555,17 +555,16 @@ def boot(
     plugin.place(base, directory)
     (base / "boot").mkdir(mode=0o700)
     monkeypatch.setattr(torch_caches, "private_dir", lambda name: base / "boot" / name)
-    config = compile_publish.Settings(KEYRING, "", None, f"file://{tmp_path}/store", {}, 30.0)
-    monkeypatch.setattr(plugin_guard, "settings", lambda: config)
+    config = guard_settings.Settings(KEYRING, "", None, f"file://{tmp_path}/store", {}, 30.0)
+    plugin_state.current().guard.settings = (config,)  # as this boot read them
     monkeypatch.setattr("plancache.pipeline.resolver.utcnow", lambda: NOW)
-    monkeypatch.setattr(plugin_guard, "_guarded", {})
     opened: list[Any] = []
     real_open = open_store
     monkeypatch.setattr(
         "plancache.storage.store.open_store", lambda *a, **k: opened.append(a) or real_open(*a, **k)
     )
     return SimpleNamespace(
-        guard=plugin_guard,
+        guard=guarded_dirs,
         directory=CacheRoot(base).directory(SUBJECT),
         headers=directory,
         store=tmp_path / "store",
@@ -653,7 +652,7 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
         name: str,
     ) -> None:  # the guard's first GET waits for the header's inflate
         if name == archives.sig_name(SUBJECT):
-            fetches.append(plugin_headers._fetch)
+            fetches.append(plugin_state.current().headers.fetch)
             assert _until(
                 lambda: any(
                     n.endswith(".tmp") and os.stat(boot.headers / n).st_size == len(header_bytes())
@@ -824,7 +823,7 @@ def test_a_guard_that_fails_after_the_fetch_started_cancels_it(
     built: list[str] = []
     with caplog.at_level(logging.INFO, "vllm.plancache"):
         _, outcome = boot.guard.private_for(boot.directory)
-        fetch = plugin_headers._fetch
+        fetch = plugin_state.current().headers.fetch
         started = time.monotonic()
         plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
         assert time.monotonic() - started < 5 and outcome is None and fetch is None

@@ -31,6 +31,7 @@ from plancache.trust import envelope as dsse
 from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.errors import Reason, Rejected
 from plancache.trust.statement import format_time, render_statement
+from plancache.vllm_plugin import plugin_state
 from plancache.vllm_plugin.compile_cache import boot_headers as plugin_headers
 from test_compile_headers import (
     ARCHIVE,
@@ -197,10 +198,12 @@ def test_a_header_bound_to_another_cache_signature_is_refused_before_its_object_
 
 
 @pytest.fixture
-def plugin(build: tuple[Path, Path], tmp_path: Path) -> Any:
+def plugin(build: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The plugin's held fetch beside the guard's pull, against a store with ``ARCHIVE``'s
-    header."""
-    plugin_headers.reset()
+    header (a boot of its own, as a forked worker starts one; torch's headers pinned nowhere
+    yet)."""
+    plugin_state.start_boot()
+    monkeypatch.setattr(plugin_state.current().installed, "headers_at", None)
     store = open_store(f"file://{tmp_path}/store")
     ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=ARCHIVE)
     yield SimpleNamespace(
@@ -209,8 +212,7 @@ def plugin(build: tuple[Path, Path], tmp_path: Path) -> Any:
             url=f"file://{tmp_path}/store", storage_options={}, timeout=10.0, keyring=KEYRING
         ),
     )
-    plugin_headers.reset()
-    plugin_headers._at = None
+    plugin_state.start_boot()
 
 
 @pytest.mark.parametrize("loaded", [ARCHIVE, OTHER, None])
@@ -221,11 +223,11 @@ def test_the_held_fetch_links_only_for_the_cache_the_guard_loaded(
     directory = files.private_dir(base / "plancache-private")
     plugin_headers.place(base, directory)
     plugin_headers.start_fetch(plugin.config, SUBJECT, plugin.store, held=True)
-    fetch = plugin_headers._fetch[0]
+    fetch = plugin_state.current().headers.fetch[0]
     end = time.monotonic() + 10
     while not any(n.endswith(".tmp") for n in leftovers(directory)) and time.monotonic() < end:
         time.sleep(0.01)  # verified and inflated, held for the decision
-    plugin_headers.decided(SUBJECT, True, "", archive_sha256=loaded)
+    plugin_headers.decided(SUBJECT, True, archive_sha256=loaded)
     finished, outcome = fetch.result()
     assert finished
     if loaded == ARCHIVE:

@@ -47,13 +47,14 @@ handler = logging.StreamHandler(stream)
 handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
 logging.getLogger("vllm.plancache").addHandler(handler)
 import plancache.vllm_plugin as plugin
+from plancache.vllm_plugin import plugin_state
 from plancache.vllm_plugin.compile_cache import guard as compile_guard
 out = {}
 for value in json.loads(sys.argv[1]):
     os.environ.pop("PLANCACHE_COMPILE_CACHE", None)
     if value is not None:
         os.environ["PLANCACHE_COMPILE_CACHE"] = value
-    plugin._switch_reported = False
+    plugin_state.start_boot()  # a boot of its own: one ERROR line a boot
     stream.seek(0); stream.truncate()
     plugin.register()
     plugin.register()  # vLLM may call it more than once: still one ERROR line

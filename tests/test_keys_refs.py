@@ -197,7 +197,7 @@ def test_a_remote_signer_is_bounded_and_checked() -> None:
 def test_the_plugin_boots_with_an_unreachable_key_unsigned_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from plancache.vllm_plugin.boot import _load_boot
+    from plancache.vllm_plugin.worker_boot import load_boot
     from store_servers import AWS_ENV, BlackHole
 
     hole = BlackHole()
@@ -212,7 +212,7 @@ def test_the_plugin_boots_with_an_unreachable_key_unsigned_and_says_so(
     try:
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="vllm.plancache"):
-            boot = _load_boot(env)
+            boot = load_boot(env)
             assert (
                 time.monotonic() - started < 2.5
             )  # the boot does not wait for the key (3 s budget)
@@ -253,7 +253,8 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A warm boot checks caches but signs none: an unreachable KMS key must cost it nothing."""
-    from plancache.vllm_plugin.compile_cache import guard as compile_guard
+    from plancache.vllm_plugin import plugin_state
+    from plancache.vllm_plugin.compile_cache import guard_settings
     from store_servers import AWS_ENV, BlackHole
 
     hole = BlackHole()
@@ -266,12 +267,11 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(
         **AWS_ENV,
     }.items():
         monkeypatch.setenv(name, value)
-    compile_guard.settings.cache_clear()
-    compile_guard.signer.cache_clear()
+    plugin_state.start_boot()  # a boot of its own: the settings are read once a boot
     try:
         with caplog.at_level(logging.WARNING, logger="vllm.plancache"):
             started = time.monotonic()
-            config = compile_guard.settings()
+            config = guard_settings.settings()
             assert (
                 config is not None
                 and config.keyring is not None
@@ -279,12 +279,11 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(
             )
             assert hole.held == [] and caplog.text == ""
             assert (
-                compile_guard.signer() is None and compile_guard.signer() is None
+                guard_settings.signer() is None and guard_settings.signer() is None
             )  # tried once, at signing
         assert caplog.text.count("signing key unusable") == 1
     finally:
-        compile_guard.settings.cache_clear()
-        compile_guard.signer.cache_clear()
+        plugin_state.start_boot()
         hole.stop()
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from plancache.storage import deadline
-from plancache.vllm_plugin.compile_cache import publish
+from plancache.vllm_plugin import plugin_state
+from plancache.vllm_plugin.compile_cache import guard_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,9 +90,9 @@ def test_a_huge_retry_after_gives_up_at_once_never_sleeping_past_the_deadline() 
 
 @pytest.mark.parametrize("raw", ["", " ", "\t\n"])
 def test_a_set_but_empty_expiry_is_a_configuration_error(raw: str) -> None:
-    value, problem = publish._expiry(raw)
-    assert value is None and problem.startswith(publish.EXPIRES_ENV) and "empty" in problem
-    assert publish._expiry(None) == (None, "")  # unset: no expiry, no problem
+    value, problem = guard_settings._expiry(raw)
+    assert value is None and problem.startswith(guard_settings.EXPIRES_ENV) and "empty" in problem
+    assert guard_settings._expiry(None) == (None, "")  # unset: no expiry, no problem
 
 
 @pytest.mark.parametrize(("raw", "signs"), [(" ", False), (None, True)])
@@ -109,22 +110,20 @@ def test_the_plugin_logs_one_error_and_signs_nothing_when_the_expiry_is_set_empt
         monkeypatch.delenv(name)
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(tmp_path / "key"))
     if raw is not None:
-        monkeypatch.setenv(publish.EXPIRES_ENV, raw)
-    publish.settings.cache_clear()
-    publish.signer.cache_clear()
+        monkeypatch.setenv(guard_settings.EXPIRES_ENV, raw)
+    plugin_state.start_boot()  # a boot of its own: the settings are read once a boot
     try:
         with caplog.at_level(logging.ERROR, logger="vllm.plancache"):
-            config = publish.settings()
-            signer = publish.signer()
+            config = guard_settings.settings()
+            signer = guard_settings.signer()
     finally:
-        publish.settings.cache_clear()
-        publish.signer.cache_clear()
+        plugin_state.start_boot()
     assert config is not None and config.expires_in is None
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     if signs:
         assert signer is not None and not errors and config.expiry_problem == ""
     else:
-        assert signer is None and len(errors) == 1 and publish.EXPIRES_ENV in errors[0]
+        assert signer is None and len(errors) == 1 and guard_settings.EXPIRES_ENV in errors[0]
         assert "new caches stay unsigned" in errors[0]
 
 

@@ -289,11 +289,12 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
 
     assert hooks.install()
     sp = sys.modules["shimvllm.v1.worker.startup_plan"]
-    originals = (hooks._originals["apply"], hooks._originals["save"])
-    assert sp.maybe_apply_startup_plan is hooks.apply_hook
-    from plancache.vllm_plugin import vllm_modules
+    from plancache.vllm_plugin import adapter, plugin_state
 
-    assert vllm_modules.platform() is sp.current_platform and vllm_modules.vllm_envs() is sp.envs
+    installed = plugin_state.current().installed
+    originals = (installed.originals["apply"], installed.originals["save"])
+    assert sp.maybe_apply_startup_plan is hooks.apply_hook
+    assert adapter.platform() is sp.current_platform and adapter.vllm_envs() is sp.envs
     gpu_worker = importlib.import_module(
         "shimvllm.v1.worker.gpu_worker"
     )  # binds through the compat alias

@@ -622,7 +622,7 @@ def test_an_exception_inside_plancache_is_logged_and_vllm_profiles(
 ) -> None:
     from plancache.vllm_plugin import boot
 
-    def explode(*args: Any) -> None:
+    def explode(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(boot, "decide_plan", explode)
@@ -1209,16 +1209,16 @@ def test_store_hit_on_loopback_azure_is_applied_and_written_locally(
 def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> None:
     """Never a downgrade: PLANCACHE_THRESHOLD=0 beside good keys is the unusable policy, not
     unsigned admission."""
-    from plancache.vllm_plugin.boot import _load_boot
+    from plancache.vllm_plugin.worker_boot import load_boot
 
     generate_keypair(tmp_path / "k", force=False, comment="k")
     for raw, kind in (("0", "unusable"), ("two", "unusable"), ("1", "signed")):
-        boot = _load_boot(
+        boot = load_boot(
             {"PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'k'}.pub", "PLANCACHE_THRESHOLD": raw}
         )
         assert boot.policy.kind == kind, raw
     assert (
-        _load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"
+        load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"
     )  # no keys named at all
 
 

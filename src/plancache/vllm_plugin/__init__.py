@@ -28,26 +28,27 @@ def startup_plan_enabled() -> bool:
         return False
 
 
-_switch_reported = False
-
-
 def compile_cache_wanted() -> bool:
     """``PLANCACHE_COMPILE_CACHE`` through the one strict parser (:func:`plancache.settings.
     compile_cache_switch`, which ``doctor`` uses too); imported only when the variable is set,
-    so a vLLM process without it pays for nothing. An unknown value is one ERROR line per
-    process (register runs several times) and the guard stays on."""
-    global _switch_reported
+    so a vLLM process without it pays for nothing. An unknown value is one ERROR line per boot
+    (register runs several times; the boot's state, :mod:`.plugin_state`, remembers it) and the
+    guard stays on."""
     raw = os.environ.get("PLANCACHE_COMPILE_CACHE")  # settings.COMPILE_CACHE_ENV
     if raw is None:
         return False
     from ..settings import compile_cache_switch
 
     on, problem = compile_cache_switch(raw)
-    if problem and not _switch_reported:
-        import logging
+    if problem:
+        from .plugin_state import current
 
-        _switch_reported = True
-        logging.getLogger("vllm.plancache").error("plancache: %s", problem)
+        state = current()
+        if not state.switch_reported:
+            import logging
+
+            state.switch_reported = True
+            logging.getLogger("vllm.plancache").error("plancache: %s", problem)
     return on
 
 

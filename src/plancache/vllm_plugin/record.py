@@ -18,6 +18,11 @@ false = "verified but unused", null = not known), the milliseconds the plugin sp
 time saved where it can be measured: profiling skipped (the signed plan's ``profile_ms`` minus
 this boot's ``determine_available_memory``) and compile skipped (the signed manifest's
 ``compile_ms`` minus this boot's load). Decides nothing; never raises into vLLM.
+
+A worker's record is kept on the worker object; the process's record in progress (begun by a
+compile-cache decision before any worker hook, then taken over by the worker) and the latest
+cache-key factors are the boot's, in :class:`.plugin_state.Records`: a forked worker starts its
+own.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import json
 import logging
 import os
 import secrets
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +40,7 @@ from typing import Any
 from ..storage.local import records
 from ..trust.display import safe_text
 from ..trust.inputs import differences
+from . import plugin_state
 
 LOG = logging.getLogger("vllm.plancache")
 SCHEMA = "plancache.boot/v1"
@@ -93,20 +98,14 @@ class BootRecord:
         }
 
 
-_lock = threading.RLock()
-_current: BootRecord | None = None
-_last_factors: dict[str, Any] | None = None
-"""The cache-key factors vLLM wrote in this process's latest compile (``cache_key_factors.json``)."""
-
-
 def _root() -> Path:
     """vLLM's cache root as the plan side reads it (through vLLM's ``startup_plan`` module, as the
     hooks found it: a vLLM that moves ``envs`` behind a shim is followed); without the plan side,
     ``vllm.envs``, as the compile-cache guard reads it (no ``startup_plan`` imported for it)."""
-    from . import vllm_modules
+    if plugin_state.current().installed.startup_plan is not None:
+        from .adapter import vllm_envs
 
-    if vllm_modules.found() is not None:
-        return Path(vllm_modules.vllm_envs().VLLM_CACHE_ROOT)
+        return Path(vllm_envs().VLLM_CACHE_ROOT)
     from vllm import envs
 
     return Path(envs.VLLM_CACHE_ROOT)
@@ -115,17 +114,18 @@ def _root() -> Path:
 ATTR = "_plancache_record"
 
 
-def for_worker(worker: Any) -> BootRecord:
+def for_worker(worker: object) -> BootRecord:
     """This worker's record, begun at its first event (kept on the worker object, like the boot
     state; a compile-cache decision made before it, in the same process, is taken over)."""
-    global _current
-    with _lock:
+    state = plugin_state.current().records
+    with state.lock:
         record = getattr(worker, ATTR, None)
         if isinstance(record, BootRecord) and not record.final:
             return record
         rank = getattr(worker, "rank", 0)
-        if _current is not None and not _current.final and _current.worker_id is None:
-            record = _current  # the compile guard's, of this process: the same boot
+        current = state.current
+        if current is not None and not current.final and current.worker_id is None:
+            record = current  # the compile guard's, of this process: the same boot
             record.rank = rank if isinstance(rank, int) else record.rank
         else:
             record = BootRecord(_root(), rank if isinstance(rank, int) else 0, id(worker))
@@ -136,16 +136,16 @@ def for_worker(worker: Any) -> BootRecord:
             setattr(worker, ATTR, record)
         except Exception:
             pass
-        _current = record
+        state.current = record
         return record
 
 
 def _process_record(rank: int) -> BootRecord:
-    global _current
-    with _lock:
-        if _current is None or _current.final:
-            _current = BootRecord(_root(), rank, None)
-        return _current
+    state = plugin_state.current().records
+    with state.lock:
+        if state.current is None or state.current.final:
+            state.current = BootRecord(_root(), rank, None)
+        return state.current
 
 
 def _write(record: BootRecord) -> None:
@@ -160,7 +160,7 @@ def _write(record: BootRecord) -> None:
 
 
 def note_plan(
-    worker: Any,
+    worker: object,
     decision: str,
     reason: str,
     source: str,
@@ -173,7 +173,7 @@ def note_plan(
 ) -> None:
     """The plan side's decision (the decision line's fields), written at once."""
     record = for_worker(worker)
-    with _lock:
+    with plugin_state.current().records.lock:
         record.plan = {
             "decision": decision,
             "reason": reason,
@@ -187,12 +187,12 @@ def note_plan(
         _write(record)
 
 
-def note_profiling(worker: Any, determine_ms: float) -> float | None:
+def note_profiling(worker: object, determine_ms: float) -> float | None:
     """``determine_available_memory`` took ``determine_ms``: the saving against the signed
     profiling time when a plan applied (None otherwise); returns the boot's profiling time
     when it profiled (what a plan saved now would sign)."""
     record = for_worker(worker)
-    with _lock:
+    with plugin_state.current().records.lock:
         plan = record.plan or {}
         if plan.get("decision") == "apply" and plan.get("signed_profile_ms") is not None:
             record.saved_ms["profiling"] = round(
@@ -223,7 +223,8 @@ def _counters() -> dict[str, int]:
 
 
 def _grew(before: Mapping[str, int], now: Mapping[str, int], *names: str) -> bool:
-    """A counter rose since ``before`` (vLLM resets them between compiles: a lower value is a reset)."""
+    """A counter rose since ``before`` (vLLM resets them between compiles: a lower value is a
+    reset)."""
     return any(
         now.get(n, 0) > (before.get(n, 0) if now.get(n, 0) >= before.get(n, 0) else 0)
         for n in names
@@ -250,11 +251,12 @@ def note_compile(
     entry: Mapping[str, Any],
     elapsed_ms: float,
     key_factors: Mapping[str, Any] | None,
+    *,
     compile_ms: float | None = None,
 ) -> None:
     """A compile-cache decision (``entry``: cache, decision, reason, detail), written at once."""
     record = _process_record(rank)
-    with _lock:
+    with plugin_state.current().records.lock:
         item = {
             **entry,
             "used": None,
@@ -271,8 +273,9 @@ def note_compile(
 
 def note_used(cache: str, used: bool, load_ms: float | None = None) -> None:
     """Whether vLLM loaded the verified artifacts of ``cache`` (False: it compiled anyway)."""
-    with _lock:
-        record = _current
+    state = plugin_state.current().records
+    with state.lock:
+        record = state.current
         if record is None:
             return
         for item in record.compile_cache:
@@ -290,37 +293,38 @@ def note_used(cache: str, used: bool, load_ms: float | None = None) -> None:
 
 def note_factors(factors: Mapping[str, Any] | None) -> None:
     """The factors vLLM wrote for the graph it just compiled (compared with a verified cache's)."""
-    global _last_factors
     if factors is not None:
-        with _lock:
-            _last_factors = dict(factors)
+        state = plugin_state.current().records
+        with state.lock:
+            state.last_factors = dict(factors)
 
 
 def last_factors() -> dict[str, Any] | None:
-    with _lock:
-        return None if _last_factors is None else dict(_last_factors)
+    """The cache-key factors vLLM wrote in this boot's latest compile (a copy), if any."""
+    state = plugin_state.current().records
+    with state.lock:
+        return None if state.last_factors is None else dict(state.last_factors)
 
 
-def finish(worker: Any) -> dict[str, Any] | None:
+def finish(worker: object) -> dict[str, Any] | None:
     """The boot is over: differing factors filled in, the file final, one log line."""
-    with _lock:
+    state = plugin_state.current().records
+    with state.lock:
         record = getattr(worker, ATTR, None)
-        if (
-            not isinstance(record, BootRecord)
-            and _current is not None
-            and _current.worker_id is None
-        ):
-            record = _current  # compile-cache decisions only (no plan side): this process's boot
+        current = state.current
+        if not isinstance(record, BootRecord) and current is not None and current.worker_id is None:
+            record = current  # compile-cache decisions only (no plan side): this process's boot
         if not isinstance(record, BootRecord) or record.final:
             return None
         for item in record.compile_cache:
             if item.get("decision") == "load" and item.get("used") is None:
                 item["used"] = _used_by_counters(item)
             signed = record.signed_factors.get(str(item.get("cache")))
-            if item.get("used") is False and signed is not None and _last_factors is not None:
+            last = state.last_factors
+            if item.get("used") is False and signed is not None and last is not None:
                 item["differing_factors"] = [
                     {k: safe_text(v, 200) if isinstance(v, str) else v for k, v in d.items()}
-                    for d in differences(signed, _last_factors)[:20]
+                    for d in differences(signed, last)[:20]
                 ]
         record.final = True
         document = record.document()

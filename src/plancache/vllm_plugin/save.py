@@ -13,27 +13,36 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..pipeline.resolver import utcnow
 from ..storage.local.files import read_capped, write_atomic
+from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
-from .adapter import Fingerprint, enabled, fingerprint_of, free_memory, plan_dir, provenance
-from .boot import Boot, boot_for
+from .adapter import (
+    Fingerprint,
+    Worker,
+    enabled,
+    fingerprint_of,
+    free_memory,
+    plan_dir,
+    provenance,
+)
 from .prefetch import off_compute_cores
+from .worker_boot import Boot, boot_for
 
 LOG = logging.getLogger("vllm.plancache")
 
 
 def save(
-    worker: Any,
+    worker: Worker,
     kv_cache_memory_bytes: int,
     fingerprint: Fingerprint,
-    vllm_save: Callable[[Any, int], None],
+    vllm_save: Callable[[Worker, int], None],
 ) -> None:
-    """Replaces vLLM's ``maybe_save_startup_plan``."""
+    """Replaces vLLM's ``maybe_save_startup_plan``. A plan that cannot be taken up, signed or
+    shared is one WARNING line: the boot goes on."""
     vllm_save(worker, kv_cache_memory_bytes)
     if not enabled():
         return
@@ -42,44 +51,8 @@ def save(
     fp = boot.apply_fingerprint or save_fp
     directory = plan_dir()
     try:
-        written = read_capped(directory.path / plan_name(save_fp), MAX_PLAN_BYTES)
-        if written is None:
-            raise Rejected(Reason.MALFORMED, "vLLM wrote no plan (see its warning)")
-        plan = parse_plan(written, plan_name(save_fp))
-        if plan.kv_cache_memory_bytes != int(
-            kv_cache_memory_bytes
-        ) or plan.free_memory_baseline != free_memory(worker):
-            raise Rejected(
-                Reason.DIGEST_MISMATCH, "the plan file does not hold this boot's numbers"
-            )
-        plan_bytes = written
-        if fp != save_fp:
-            plan_bytes = render_plan(
-                Plan(fp, plan.kv_cache_memory_bytes, plan.free_memory_baseline, plan.extra)
-            )
-            write_atomic(directory.path / plan_name(fp), plan_bytes)
-        sig_bytes = None
-        if boot.signer is not None:
-            inputs = boot.apply_inputs if fp == boot.apply_fingerprint else None
-            measured = {"profile_ms": boot.profile_ms} if boot.profile_ms is not None else None
-            facts, now = provenance(worker), utcnow()
-            try:
-                sig_bytes = sign_plan(
-                    plan_name(fp),
-                    plan_bytes,
-                    boot.signer,
-                    now,
-                    provenance=facts,
-                    inputs=inputs,
-                    measurements=measured,
-                    config_parts=boot.apply_parts if inputs else None,
-                )
-            except (
-                ConfigError
-            ) as exc:  # the explanation's extras must never cost the plan its signature
-                LOG.debug("plancache: plan %s signed without inputs: %s", fp, exc.detail)
-                sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, now, provenance=facts)
-            directory.write_sig(fp, sig_bytes)
+        plan_bytes = _taken_up(worker, kv_cache_memory_bytes, directory, save_fp, fp)
+        sig_bytes = _signed(worker, boot, directory, fp, plan_bytes)
     except PlanCacheError as exc:
         LOG.warning(
             "plancache: plan for %s not signed or shared: %s: %s", fp, exc.reason.value, exc.detail
@@ -104,6 +77,62 @@ def save(
             daemon=True,
         )
         boot.push_thread.start()
+
+
+def _taken_up(
+    worker: Worker, kv_cache_memory_bytes: int, directory: LocalPlanDir, save_fp: str, fp: str
+) -> bytes:
+    """The plan vLLM just wrote under ``save_fp``, checked to hold this boot's numbers; under
+    ``fp`` (the apply-time key, which the next boot looks for), rewritten there if they differ.
+
+    Raises:
+        Rejected: vLLM wrote no plan (``malformed``), or not this boot's numbers
+            (``digest-mismatch``); a plan that does not parse, as :func:`parse_plan` says.
+    """
+    written = read_capped(directory.path / plan_name(save_fp), MAX_PLAN_BYTES)
+    if written is None:
+        raise Rejected(Reason.MALFORMED, "vLLM wrote no plan (see its warning)")
+    plan = parse_plan(written, plan_name(save_fp))
+    if plan.kv_cache_memory_bytes != int(
+        kv_cache_memory_bytes
+    ) or plan.free_memory_baseline != free_memory(worker):
+        raise Rejected(Reason.DIGEST_MISMATCH, "the plan file does not hold this boot's numbers")
+    if fp == save_fp:
+        return written
+    plan_bytes = render_plan(
+        Plan(fp, plan.kv_cache_memory_bytes, plan.free_memory_baseline, plan.extra)
+    )
+    write_atomic(directory.path / plan_name(fp), plan_bytes)
+    return plan_bytes
+
+
+def _signed(
+    worker: Worker, boot: Boot, directory: LocalPlanDir, fp: str, plan_bytes: bytes
+) -> bytes | None:
+    """The plan's signature, written beside it, when the boot has a signing key (else None);
+    with the apply-time inputs, configuration parts and profiling time when they are known."""
+    if boot.signer is None:
+        return None
+    inputs = boot.apply_inputs if fp == boot.apply_fingerprint else None
+    measured = {"profile_ms": boot.profile_ms} if boot.profile_ms is not None else None
+    facts, now = provenance(worker), utcnow()
+    try:
+        sig_bytes = sign_plan(
+            plan_name(fp),
+            plan_bytes,
+            boot.signer,
+            now,
+            provenance=facts,
+            inputs=inputs,
+            measurements=measured,
+            config_parts=boot.apply_parts if inputs else None,
+        )
+    except ConfigError as exc:
+        # the explanation's extras must never cost the plan its signature
+        LOG.debug("plancache: plan %s signed without inputs: %s", fp, exc.detail)
+        sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, now, provenance=facts)
+    directory.write_sig(fp, sig_bytes)
+    return sig_bytes
 
 
 def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:

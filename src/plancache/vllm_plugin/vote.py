@@ -45,9 +45,12 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..trust.plans.gate import Decision, Verdict
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 MARGIN_S = 1.0
 """What the vote may add to the plugin's budget: every rank's own lookup ends within the
@@ -70,7 +73,15 @@ class Vote:
     """0 when the vote failed before the world was known."""
 
 
-def _world() -> Any | None:
+class WorldGroup(Protocol):
+    """vLLM's world group coordinator (``get_world_group()``), as the vote reads it."""
+
+    world_size: int
+    cpu_group: ProcessGroup
+    """Its gloo group: the votes are gathered there, on the CPU."""
+
+
+def _world() -> WorldGroup | None:
     """vLLM's world group coordinator, or None when there is no distributed world."""
     import torch.distributed as dist
 
@@ -81,9 +92,10 @@ def _world() -> Any | None:
     return get_world_group()
 
 
-def _gather(world: Any, value: float, wait_s: float | None) -> list[float]:
-    """One all_gather of a float over the world's gloo group; ``wait_s`` None posts without waiting,
-    else waits at least 1 ms (a positive budget below gloo's millisecond would round to "forever")."""
+def _gather(world: WorldGroup, value: float, wait_s: float | None) -> list[float]:
+    """One all_gather of a float over the world's gloo group; ``wait_s`` None posts without
+    waiting, else waits at least 1 ms (a positive budget below gloo's millisecond would round to
+    "forever")."""
     import torch
     import torch.distributed as dist
 
@@ -103,7 +115,7 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
-def _spent(world: Any) -> Vote:
+def _spent(world: WorldGroup) -> Vote:
     """A rank whose budget is already spent: post a no in round 1 and a 0 in round 2 without
     waiting for either (every rank posts both rounds: collectives pair up by order), then profile.
     The peers see the no as soon as they gather round 1, and profile too."""
@@ -132,9 +144,7 @@ def agree(mine: bool, budget_s: float) -> Vote:
     if world is None or world.world_size == 1:
         return Vote(mine, () if mine else (0,), None, 1)
     started = time.monotonic()
-    if (
-        budget_s <= 0
-    ):  # spent: gloo's wait(0) would mean *no* timeout; vote "profile" and never wait
+    if budget_s <= 0:  # spent: gloo's wait(0) would mean *no* timeout; vote profile, never wait
         return _spent(world)
     try:
         votes = _gather(world, 1.0 if mine else 0.0, budget_s)

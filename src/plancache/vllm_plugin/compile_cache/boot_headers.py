@@ -13,9 +13,15 @@ private headers directory) makes that call:
   line ``plancache: compile-cache header=<name> source=store|node|built waited_ms=<n>``;
 - remember its name, so the build node's push ships the headers this compile used.
 
-The fetch itself (:func:`start_fetch`) is :func:`plancache.pipeline.compile_cache.header_shipping.pull_headers`
-in a daemon thread with its own budget, separate from the cache's: a slow header never costs
-the node its cache. Its outcome is one INFO line ``plancache: compile-cache headers=…``.
+The fetch itself (:func:`start_fetch`) is
+:func:`plancache.pipeline.compile_cache.header_shipping.pull_headers` in a daemon thread with
+its own budget, separate from the cache's: a slow header never costs the node its cache. Its
+outcome is one INFO line ``plancache: compile-cache headers=…``.
+
+What a boot holds (the headers used and installed, the fetch, the early compression) is in its
+state, :class:`..plugin_state.Headers`: a worker forked from the process that installed the
+guard starts with none of its parent's. Where torch's headers are pinned is what the install
+did (:attr:`..plugin_state.Installed.headers_at`), which the fork carries with torch's modules.
 """
 
 from __future__ import annotations
@@ -23,46 +29,37 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...settings import HEADERS_TIMEOUT
 from ...trust.display import safe_text
+from .. import plugin_state
 from ..prefetch import Prefetch
 
-LOG = logging.getLogger("vllm.plancache")
+if TYPE_CHECKING:
+    from ...pipeline.compile_cache.header_shipping import HeadersOutcome
+    from ...storage.store import Store
+    from ...trust.keyring.keys import Signer
+    from .guard_settings import Settings
 
-_lock = threading.Lock()
-_at: tuple[Path, Path] | None = None
-"""(the cache root, the node's private headers directory) once torch is pinned to it."""
-_used: list[str] = []
-_installed: set[str] = set()
-_fetch: tuple[Prefetch[Any], Any] | None = None
-_packing: tuple[list[str], Prefetch[Any]] | None = None
+LOG = logging.getLogger("vllm.plancache")
 PACK_WAIT_S = 120.0
 
 
-_build_node: Callable[[], bool] = lambda: False  # noqa: E731
-"""Whether this process signs and pushes what it compiles (set by the guard at install)."""
-
-
-def on_build_node(check: Callable[[], bool]) -> None:
-    global _build_node
-    _build_node = check
-
-
 def place(base: Path, directory: Path) -> None:
-    global _at
-    _at = (base, directory)
+    """torch's precompiled headers are pinned in ``directory``, the node's (below ``base``)."""
+    plugin_state.current().installed.headers_at = (base, directory)
 
 
 def used() -> list[str]:
     """Names of the headers torch used in this process that lie in the node's headers directory."""
-    with _lock:
-        return list(_used)
+    headers = plugin_state.current().headers
+    with headers.lock:
+        return list(headers.used)
 
 
 def wrap(original: Callable[..., str]) -> Callable[..., str]:
@@ -71,18 +68,19 @@ def wrap(original: Callable[..., str]) -> Callable[..., str]:
         return original
 
     @functools.cache
-    def precompile(header: str, hashable_cmd_line: str, **options: Any) -> str:
+    def precompile(header: str, hashable_cmd_line: str, **options: object) -> str:
         started = time.monotonic()
         wait()
         waited_ms = (time.monotonic() - started) * 1000
-        folder = _at[1] if _at is not None else None
+        at = plugin_state.current().installed.headers_at
+        folder = at[1] if at is not None else None
         before = _names(folder)
         path = original(header, hashable_cmd_line, **options)
         _note(path, before, folder, waited_ms)
         return path
 
-    precompile.__plancache__ = True  # type: ignore[attr-defined]
-    precompile.__wrapped__ = original  # type: ignore[attr-defined]
+    precompile.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    precompile.__wrapped__ = original
     return precompile
 
 
@@ -100,11 +98,12 @@ def _note(path: str, before: set[str], folder: Path | None, waited_ms: float) ->
     )
     if folder is None or os.path.abspath(os.path.dirname(path)) != os.path.abspath(folder):
         return
-    with _lock:
-        if name in _used:
+    headers = plugin_state.current().headers
+    with headers.lock:
+        if name in headers.used:
             return
-        _used.append(name)
-        source = "store" if name in _installed else "node" if name in before else "built"
+        headers.used.append(name)
+        source = "store" if name in headers.installed else "node" if name in before else "built"
     LOG.info(
         "plancache: compile-cache header=%s source=%s waited_ms=%.0f",
         safe_text(name, 200),
@@ -119,24 +118,28 @@ def _pack_early() -> None:
     """On a build node (signing key and store configured), compress the headers as soon as gcc
     built one, while vLLM compiles on: at exit only the upload is left (vLLM kills a one-shot
     boot's worker 5 s after shutdown starts, before a 3.5 s compression would end)."""
-    global _packing
     from ...pipeline.compile_cache.header_shipping import pack_headers
+    from .guard_settings import signs_and_pushes
 
-    at = _at
-    if at is None or not _build_node():
+    state = plugin_state.current()
+    at = state.installed.headers_at
+    if at is None or not signs_and_pushes():
         return
     names = used()
-    with _lock:
-        _packing = (
-            names,
-            Prefetch(
-                "pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)
-            ).start(),
-        )
+    packing = Prefetch(
+        "pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)
+    )
+    with state.headers.lock:
+        state.headers.packing = (names, packing.start())
 
 
 def start_fetch(
-    config: Any, subject: str, store: Any, *, held: bool = False, archive_sha256: str | None = None
+    config: Settings,
+    subject: str,
+    store: Store,
+    *,
+    held: bool = False,
+    archive_sha256: str | None = None,
 ) -> None:
     """Fetch ``subject``'s headers in the background (once a boot), from ``store``: the guard's
     own, already open (a second client would make its filesystem, and its connection, again).
@@ -144,24 +147,24 @@ def start_fetch(
     downloads, checks and inflates meanwhile, but links nothing until the guard :func:`decided`
     (the cache was loaded, and which: only headers bound to it are linked; anything else cancels
     it). Not held: ``archive_sha256`` names the cache already loaded."""
-    global _fetch
     from ...pipeline.compile_cache.header_shipping import Cancel, HeadersOutcome, pull_headers
     from ...pipeline.resolver import utcnow
 
-    at = _at
-    if at is None or not config.url or config.keyring is None:
+    state = plugin_state.current()
+    at, keyring = state.installed.headers_at, config.keyring
+    if at is None or not config.url or keyring is None:
         return
     budget = max(config.timeout, HEADERS_TIMEOUT)
     deadline = time.monotonic() + budget
     cancel = Cancel(held=held)
 
-    def task() -> Any:
+    def task() -> HeadersOutcome:
         started = time.monotonic()
         try:
             outcome = pull_headers(
                 store,
                 subject,
-                config.keyring,
+                keyring,
                 utcnow(),
                 at[0],
                 at[1],
@@ -173,8 +176,8 @@ def start_fetch(
             outcome = HeadersOutcome(
                 "failed", "store-error", safe_text(getattr(exc, "detail", exc), 200)
             )
-        with _lock:
-            _installed.update(outcome.installed)
+        with state.headers.lock:
+            state.headers.installed.update(outcome.installed)
         LOG.info(
             'plancache: compile-cache %s cache=%s elapsed_ms=%.0f detail="%s"',
             outcome.line(),
@@ -184,32 +187,33 @@ def start_fetch(
         )
         return outcome
 
-    with _lock:
-        if _fetch is not None:
+    with state.headers.lock:
+        if state.headers.fetch is not None:
             return
         try:
-            _fetch = (Prefetch(subject, deadline, task).start(), cancel)
+            state.headers.fetch = (Prefetch(subject, deadline, task).start(), cancel)
         except Exception:
             LOG.debug("plancache: header fetch not started", exc_info=True)
 
 
 def decided(
-    subject: str, loaded: bool, reason: str = "", *, archive_sha256: str | None = None
+    subject: str, loaded: bool, *, reason: str = "", archive_sha256: str | None = None
 ) -> None:
     """The guard's decision on the cache whose pull a held fetch runs beside: loaded, the fetch
     may link what it verified if its statement binds ``archive_sha256``, the loaded cache's
-    verified manifest's (None, unknown: it links nothing, ``statement-mismatch``); anything else (refused, missing, a store error, a timeout) and it
-    is cancelled, installing nothing, and torch no longer waits for it (SECURITY.md: a store's
-    header is installed only beside a cache this boot loaded from that store)."""
-    global _fetch
+    verified manifest's (None, unknown: it links nothing, ``statement-mismatch``); anything
+    else (refused, missing, a store error, a timeout) and it is cancelled, installing nothing,
+    and torch no longer waits for it (SECURITY.md: a store's header is installed only beside a
+    cache this boot loaded from that store)."""
     from ...pipeline.compile_cache.header_shipping import HeadersOutcome
 
-    with _lock:
-        pending = _fetch
+    headers = plugin_state.current().headers
+    with headers.lock:
+        pending = headers.fetch
         if pending is None or pending[0].key != subject:
             return
         if not loaded:
-            _fetch = None
+            headers.fetch = None
     if loaded:
         pending[1].release(archive_sha256)
     else:
@@ -226,9 +230,9 @@ def wait() -> None:
     """Before torch looks for a header: the fetch in flight finishes, or its budget ends. Every
     thread that asks meanwhile waits for the same fetch (inductor compiles on a thread pool; one
     that went ahead would have gcc build the header the fetch is about to install)."""
-    global _fetch
-    with _lock:
-        pending = _fetch
+    headers = plugin_state.current().headers
+    with headers.lock:
+        pending = headers.fetch
     if pending is None:
         return
     fetch, cancel = pending
@@ -236,10 +240,10 @@ def wait() -> None:
         finished, _ = fetch.result()
     except Exception:
         finished = True
-    with _lock:
-        first = _fetch is pending
+    with headers.lock:
+        first = headers.fetch is pending
         if first:
-            _fetch = None
+            headers.fetch = None
     if not finished:
         cancel.set()
         if first:
@@ -252,17 +256,24 @@ def wait() -> None:
             )
 
 
-def push(store: Any, subject: str, signer: Any, expires_in: Any, archive_sha256: str) -> Any:
+def push(
+    store: Store,
+    subject: str,
+    signer: Signer,
+    expires_in: timedelta | None,
+    archive_sha256: str,
+) -> HeadersOutcome:
     """The build node's push of the headers this process used (after the cache's own push),
     bound to that cache's signature (``archive_sha256``, its manifest's)."""
     from ...pipeline.compile_cache.header_shipping import HeadersOutcome, push_headers
     from ...pipeline.resolver import utcnow
 
-    at, names, packed = _at, used(), None
+    state = plugin_state.current()
+    at, names, packed = state.installed.headers_at, used(), None
     if at is None:
         return HeadersOutcome("none", detail="no private headers directory")
-    with _lock:
-        packing = _packing
+    with state.headers.lock:
+        packing = state.headers.packing
     if packing is not None and packing[0] == names:
         finished, packed = packing[1].result()
         packed = packed if finished else None
@@ -278,12 +289,3 @@ def push(store: Any, subject: str, signer: Any, expires_in: Any, archive_sha256:
         expires_in=expires_in,
         packed=packed,
     )
-
-
-def reset() -> None:
-    """Forget this process's headers (tests)."""
-    global _fetch, _packing
-    with _lock:
-        _used.clear()
-        _installed.clear()
-        _fetch = _packing = None

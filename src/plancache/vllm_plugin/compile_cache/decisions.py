@@ -13,17 +13,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...trust.display import safe_text
+from .. import plugin_state
+
+if TYPE_CHECKING:
+    from ...pipeline.compile_cache.local_caches import CacheOutcome
 
 LOG = logging.getLogger("vllm.plancache")
-hooked: list[tuple[Any, str, Any]] = []
-"""The worker methods wrapped to end the boot record (undone by the guard's ``uninstall``)."""
-_lock = threading.Lock()
 
 
 def log(
@@ -51,9 +51,16 @@ def rank_of(directory: Path) -> int:
 
 
 def record(
-    directory: Path, action: str, reason: str, cache: str, started: float, detail: str, outcome: Any
+    directory: Path,
+    action: str,
+    reason: str,
+    cache: str,
+    started: float,
+    detail: str,
+    outcome: CacheOutcome | None,
 ) -> None:
-    """The decision into this boot's record (with the verified manifest's factors and build time)."""
+    """The decision into this boot's record (with the verified manifest's factors and build
+    time)."""
     try:
         from .. import record
 
@@ -68,7 +75,7 @@ def record(
             },
             (time.monotonic() - started) * 1000,
             getattr(outcome, "key_factors", None),
-            measured.get("compile_ms"),
+            compile_ms=measured.get("compile_ms"),
         )
         finish_with_warm_up()
     except Exception:
@@ -80,20 +87,20 @@ def finish_with_warm_up() -> None:
     wrap its ``compile_or_warm_up_model`` now (the worker module is imported by the time vLLM
     reads a compile cache), so the boot record is made final and logged when the boot is over."""
     from .. import hooks
-    from ..vllm_modules import WORKER_MODULES
 
-    with _lock:
-        for module_name, class_name in WORKER_MODULES.items():
+    state = plugin_state.current()
+    with state.lock:
+        for module_name, class_name in plugin_state.WORKER_MODULES.items():
             cls = getattr(sys.modules.get(module_name), class_name, None)
             stack = [cls] if isinstance(cls, type) else []
             while stack:  # the worker class and the subclasses imported by now (vLLM's CPUWorker)
                 current = stack.pop()
                 stack.extend(current.__subclasses__())
                 if "compile_or_warm_up_model" in vars(current):
-                    hooks.hook_warm_up(current, hooked)
+                    hooks.hook_warm_up(current, state.installed.warm_up_patches)
 
 
-def note_factors(local_cache_dir: Any) -> None:
+def note_factors(local_cache_dir: str | None) -> None:
     """What vLLM wrote to ``cache_key_factors.json`` for the graph it just compiled: signed with
     an AOT cache (which holds none itself), compared with a verified cache that went unused."""
     try:

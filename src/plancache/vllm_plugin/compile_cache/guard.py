@@ -5,7 +5,8 @@ reads its compile cache in two places, both wrapped here, and the guard runs rig
 
 - AOT layout (``VLLM_USE_AOT_COMPILE=1``, the default): ``vllm.compilation.decorators.
   _try_load_aot_compiled_fn(model, path)`` with ``path`` = ``…/torch_aot_compile/<hash>/
-  rank_<r>_<dp>/model``, after vLLM pointed ``TORCHINDUCTOR_CACHE_DIR`` at ``<hash>/inductor_cache``;
+  rank_<r>_<dp>/model``, after vLLM pointed ``TORCHINDUCTOR_CACHE_DIR`` at
+  ``<hash>/inductor_cache``;
 - the ``<10 hex>`` layout: ``CompilerManager.initialize_cache(cache_dir, …)`` with ``cache_dir`` =
   ``…/torch_compile_cache/<10 hex>/rank_<r>_<dp>/<prefix>`` (read under ``VLLM_USE_AOT_COMPILE=0``
   and on any recompile in the AOT layout).
@@ -22,9 +23,13 @@ torch (``TorchCompileWithNoGuardsWrapper.aot_compile`` / ``__call__``) re-point 
 whatever vLLM set, so ``VLLM_DISABLE_COMPILE_CACHE=1``, a ``compilation_config.cache_dir``
 outside the root and every compile mode are covered, each with its decision line.
 
-With ``PLANCACHE_SIGNING_KEY``, a cache vLLM compiled into an empty private copy is published into
-place and signed (:mod:`.publish`). One INFO line per decision:
+With ``PLANCACHE_SIGNING_KEY``, a cache vLLM compiled into an empty private copy is published
+into place and signed (:mod:`.publish`). One INFO line per decision:
 ``plancache: compile-cache decision=load|compile|quarantined reason=… cache=… elapsed_ms=…``.
+
+This module is where the guard meets vLLM: the wrappers, which turn vLLM's arguments into a
+signed directory and back, and their install. The decision each of them asks for, once a boot
+per directory, is :mod:`.guarded_dirs`'; the settings it reads, :mod:`.guard_settings`'.
 """
 
 from __future__ import annotations
@@ -32,195 +37,53 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
-from . import boot_headers, decisions, torch_caches
-from .publish import LOCK_WAIT_EXTRA, publish, root_and_subject, settings, signer  # noqa: F401 - signer: tests clear it
+from .. import plugin_state
+from . import torch_caches
+from .decisions import note_factors
+from .guarded_dirs import private_for, since, was_guarded
+from .publish import publish
 
 LOG = logging.getLogger("vllm.plancache")
 DECORATORS = "vllm.compilation.decorators"
 BACKENDS = "vllm.compilation.backends"
 WRAPPER = "vllm.compilation.wrapper"
 
-_lock = threading.RLock()
-_patched: list[tuple[Any, str, Any]] = []
-_guarded: dict[str, tuple[Path, Any]] = {}
-"""Signed directory -> (the private directory vLLM uses instead, the guard's outcome)."""
+
+class AotModel(Protocol):
+    """The model vLLM's ``_try_load_aot_compiled_fn`` loads into, as the guard touches it: its
+    save is replaced (on the instance) by one into the private copy."""
+
+    __dict__: dict[str, Any]
+    _aot_compilation_path: str
+    _aot_cache_dir: str
+
+    def save_aot_compiled_function(self) -> None: ...
 
 
-def private_for(directory: Path, disabled: bool = False) -> tuple[Path | None, Any]:
-    """The private directory vLLM must use instead of ``directory`` (guarded once per process;
-    the decision logged then), and the guard's outcome (None when nothing was checked). The
-    directory is None when nothing at all can be written: vLLM must then read no cache."""
-    key = os.path.abspath(directory)
-    with _lock:
-        if key not in _guarded:
-            _decided_at[key] = time.monotonic()
-            try:
-                _guarded[key] = _check(directory, disabled)
-            except Exception as exc:
-                into = _empty_private(f"c{len(_guarded)}")
-                decisions.log(
-                    "compile",
-                    "internal-error",
-                    str(directory),
-                    time.monotonic(),
-                    detail="nothing loaded: "
-                    + safe_text(
-                        getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200
-                    ),
-                )
-                _guarded[key] = (into, None)
-        return _guarded[key]
+class CompilationConfig(Protocol):
+    cache_dir: str
+    """The ``<10 hex>`` cache directory vLLM compiled into ("" before it chose one)."""
 
 
-def _empty_private(name: str) -> Path | None:
-    """A fresh empty directory for vLLM: in this process's boot directory, else its cold scratch."""
-    try:
-        into = torch_caches.private_dir(name)
-    except StoreError:
-        scratch = torch_caches.scratch_dir()
-        into = scratch / name if scratch is not None else None
-    try:
-        if into is not None:
-            into.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        return None
-    return into
+class Backend(Protocol):
+    """vLLM's ``VllmBackend`` after a compile, as the publish reads it (its ``compiler_manager``
+    and the config's ``local_cache_dir`` are probed, not promised)."""
 
-
-def _check(directory: Path, disabled: bool) -> tuple[Path | None, Any]:
-    from ...pipeline.compile_cache.load import guard
-    from ...pipeline.resolver import utcnow
-
-    started = time.monotonic()
-    name = f"c{len(_guarded)}"
-    try:
-        into = torch_caches.private_dir(name)
-    except StoreError as exc:  # nowhere to hand over a verified copy: vLLM compiles cold
-        from ...pipeline.compile_cache.local_caches import CacheOutcome
-
-        _, subject = root_and_subject(directory)
-        cold = CacheOutcome(
-            subject or str(directory),
-            "compile",
-            exc.reason.value,
-            f"vLLM compiles cold; {exc.detail}",
-        )
-        decisions.log("compile", cold.reason, cold.subject, started, detail=cold.detail)
-        decisions.record(
-            directory, "compile", cold.reason, cold.subject, started, cold.detail, cold
-        )
-        return _empty_private(name), cold
-    config = settings()
-    root, subject = root_and_subject(directory)
-    why = (
-        "vllm-cache-disabled"
-        if disabled
-        else "unmanaged-directory"
-        if subject is None
-        else "no-trusted-keys"
-        if config is None or (config.keyring is None and config.problem == "no trusted keys")
-        else ""
-    )
-    if why:
-        into.mkdir(mode=0o700)
-        decisions.log(
-            "compile",
-            why,
-            subject or str(directory),
-            started,
-            detail="vLLM gets an empty private directory",
-        )
-        decisions.record(
-            directory,
-            "compile",
-            why,
-            subject or str(directory),
-            started,
-            "vLLM gets an empty private directory",
-            None,
-        )
-        return into, None
-    pulled: list[bool] = []
-    fetch = _fetcher(config, subject, pulled) if config.url and config.keyring is not None else None
-    outcome = None
-    try:
-        outcome = guard(
-            root,
-            subject,
-            config.keyring,
-            utcnow(),
-            into,
-            problem=config.problem,
-            fetch=fetch,
-            wait=config.timeout + LOCK_WAIT_EXTRA,
-        )
-    finally:
-        if pulled:  # the header fetch started beside the pull: link it, or cancel it
-            boot_headers.decided(
-                subject,
-                outcome is not None and outcome.action == "load",
-                getattr(outcome, "reason", "internal-error"),
-                archive_sha256=getattr(outcome, "archive_sha256", None) or None,
-            )
-    extra = (
-        f' quarantined_to="{safe_text(outcome.quarantined_to, 300)}"'
-        if outcome.quarantined_to
-        else ""
-    )
-    decisions.log(
-        outcome.action,
-        outcome.reason or "verified",
-        subject,
-        started,
-        detail=outcome.detail,
-        extra=extra,
-    )
-    decisions.record(
-        directory,
-        outcome.action,
-        outcome.reason or "verified",
-        subject,
-        started,
-        outcome.detail,
-        outcome,
-    )
-    return into, outcome
-
-
-def _fetcher(config: Any, subject: str, pulled: list[bool]) -> Callable[[], tuple[Any, float]]:
-    """Opens the store for the guard's pull and starts the header fetch on it at once, beside
-    the pull (held: it links nothing before the guard's decision, :func:`boot_headers.decided`)."""
-
-    def fetch() -> tuple[Any, float]:
-        from ...storage.store import open_store
-
-        store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
-        deadline = time.monotonic() + config.timeout
-        pulled.append(True)
-        boot_headers.start_fetch(config, subject, store, held=True)  # never raises
-        return store, deadline
-
-    return fetch
-
-
-def _signs_and_pushes() -> bool:
-    config = settings()
-    return config is not None and bool(config.signing_key and config.url)
+    compilation_config: CompilationConfig
 
 
 def _outside(path: str) -> None:
     """Torch was about to use an inductor cache outside the private tree (vLLM's AOT path with
     ``VLLM_DISABLE_COMPILE_CACHE=1``, a mode without vLLM's cache): one decision line for it."""
     directory = Path(path).parent
-    if Path(path).name == "inductor_cache" and os.path.abspath(directory) not in _guarded:
+    if Path(path).name == "inductor_cache" and not was_guarded(directory):
         private, _ = private_for(directory, disabled=_vllm_cache_disabled())
         if private is not None:
             torch_caches.redirect(Path(path), private / "inductor_cache")
@@ -237,13 +100,11 @@ def _vllm_cache_disabled() -> bool:
 
 def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def load(model: Any, aot_compilation_path: str, *args: Any, **kwargs: Any) -> Any:
+    def load(model: AotModel, aot_compilation_path: str, *args: object, **kwargs: object) -> Any:
         signed_rank = Path(aot_compilation_path).parent
         directory = signed_rank.parent
         private, outcome = private_for(directory)
-        if (
-            private is None
-        ):  # nothing can be written: no cache is read, vLLM compiles and saves nothing
+        if private is None:  # nothing can be written: no cache read, vLLM compiles and saves none
             model.__dict__["save_aot_compiled_function"] = lambda: None
             return None
         torch_caches.redirect(directory / "inductor_cache", private / "inductor_cache")
@@ -271,12 +132,12 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
                 if (
                     outcome is None or outcome.action != "load"
                 ) and torch_caches.has_private_place():
-                    publish(directory, private, _since(directory))
+                    publish(directory, private, since(directory))
 
             model.__dict__["save_aot_compiled_function"] = save_privately
         return loaded
 
-    load.__plancache__ = True  # type: ignore[attr-defined]
+    load.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return load
 
 
@@ -291,13 +152,11 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
 
     @functools.wraps(original)
     def initialize_cache(
-        self: Any, cache_dir: str, disable_cache: bool = False, prefix: str = ""
+        self: object, cache_dir: str, disable_cache: bool = False, prefix: str = ""
     ) -> None:
         local = Path(cache_dir)
         rank_dir = local.parent if prefix else local
-        if (
-            disable_cache
-        ):  # nothing read from cache_dir (also vLLM's own ``dummy_cache`` at AOT loads)
+        if disable_cache:  # nothing read from cache_dir (also vLLM's ``dummy_cache`` at AOT loads)
             if _vllm_cache_disabled():
                 private_for(rank_dir.parent, disabled=True)  # its decision line
             torch_caches.ensure_private()
@@ -305,9 +164,8 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
         private, _ = private_for(rank_dir.parent)
         if private is None:  # nothing can be written: vLLM reads no cache
             return original(self, cache_dir, True, prefix)
-        local.mkdir(
-            parents=True, exist_ok=True
-        )  # vLLM made it (for its debug files); a quarantine took it
+        # vLLM made it (for its debug files); a quarantine took it
+        local.mkdir(parents=True, exist_ok=True)
         private_local = private / local.relative_to(rank_dir.parent)
         private_local.mkdir(mode=0o700, parents=True, exist_ok=True)
         result = original(self, str(private_local), disable_cache, prefix)
@@ -318,7 +176,7 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
             torch_caches.point_inductor(private / rank_dir.name / "inductor_cache")
         return result
 
-    initialize_cache.__plancache__ = True  # type: ignore[attr-defined]
+    initialize_cache.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return initialize_cache
 
 
@@ -327,9 +185,9 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
     writes its cache-key factors after saving, and the signed manifest records them."""
 
     @functools.wraps(original)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self: Backend, *args: object, **kwargs: object) -> Any:
         result = original(self, *args, **kwargs)
-        decisions.note_factors(getattr(self.compilation_config, "local_cache_dir", None))
+        note_factors(getattr(self.compilation_config, "local_cache_dir", None))
         manager = getattr(self, "compiler_manager", None)
         path = getattr(manager, "cache_file_path", None)
         directory = self.compilation_config.cache_dir
@@ -348,20 +206,11 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
                 and private is not None
                 and torch_caches.has_private_place()
             ):
-                publish(Path(directory), private, _since(Path(directory)))
+                publish(Path(directory), private, since(Path(directory)))
         return result
 
-    call.__plancache__ = True  # type: ignore[attr-defined]
+    call.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return call
-
-
-_decided_at: dict[str, float] = {}
-"""Signed directory -> when the guard decided (a compile's time runs from there to its publish)."""
-
-
-def _since(directory: Path) -> float | None:
-    started = _decided_at.get(os.path.abspath(directory))
-    return None if started is None else (time.monotonic() - started) * 1000
 
 
 def _private_entry(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -370,67 +219,77 @@ def _private_entry(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> bool:
     """Wrap vLLM's compile-cache reads and its entries into torch (idempotent), and pin torch's
-    caches in this boot's private directory. Never raises: a failure is one ERROR line."""
-    import importlib
-
-    with _lock:
-        if _patched:
+    caches in this boot's private directory. Never raises: a failure is one ERROR line, and
+    vLLM's compile cache is then switched off (it compiles cold)."""
+    state = plugin_state.current()
+    with state.lock:
+        if state.installed.guard_patches:
             return True
+        problem: object = None  # what stopped it: a message, or the exception itself
         try:
-            decorators = importlib.import_module(DECORATORS)
-            backends = importlib.import_module(BACKENDS)
-            wrapper = importlib.import_module(WRAPPER).TorchCompileWithNoGuardsWrapper
-            targets = (
-                (decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
-                (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
-                (backends.VllmBackend, "__call__", _publishing_backend_call),
-                (wrapper, "aot_compile", _private_entry),
-                (wrapper, "__call__", _private_entry),
+            targets = _targets()
+            problem = next(
+                (
+                    f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)"
+                    for target, name, _ in targets
+                    if not callable(getattr(target, name, None))
+                ),
+                None,
             )
-            for target, name, _ in targets:
-                if not callable(getattr(target, name, None)):
-                    raise AttributeError(
-                        f"{target.__name__}.{name} not found (plancache supports vLLM 0.32 and 0.33)"
-                    )
-            boot_headers.on_build_node(_signs_and_pushes)
-            try:
-                torch_caches.boot_dir()
-            except StoreError as exc:  # guarded all the same: every cache is then a cold compile
-                LOG.warning(
-                    "plancache: compile-cache: %s; vLLM compiles cold", safe_text(exc.detail, 600)
-                )
-            os.register_at_fork(after_in_child=_forget_in_child)
-            for target, name, wrap in targets:
-                current = getattr(target, name)
-                if not getattr(current, "__plancache__", False):
-                    _patched.append((target, name, current))
-                    setattr(target, name, wrap(current))
+            if problem is None:
+                _pin_torch()
+                for target, name, wrap in targets:
+                    current = getattr(target, name)
+                    if not getattr(current, "__plancache__", False):
+                        state.installed.guard_patches.append((target, name, current))
+                        setattr(target, name, wrap(current))
         except Exception as exc:
+            problem = exc
+        if problem is not None:
             os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
             torch_caches.switch_off_torch_caches()
             LOG.error(
-                "plancache: compile-cache guard not installed (%s); vLLM's compile cache is switched off "
-                "(VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold",
-                safe_text(exc, 300),
+                "plancache: compile-cache guard not installed (%s); vLLM's compile cache is "
+                "switched off (VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold",
+                safe_text(problem, 300),
             )
             return False
     return True
 
 
-def _forget_in_child() -> None:
-    """In a process forked from one that guarded (vLLM's engine forks its workers after loading
-    the plugin): nothing of the parent's decisions, private copies or locks carries over; the
-    child makes its own boot directory on first use (:func:`torch_caches.boot_dir`)."""
-    global _lock
-    _lock = threading.RLock()
-    _guarded.clear()
-    _decided_at.clear()
-    boot_headers.reset()
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _targets() -> tuple[tuple[Any, str, Wrap], ...]:
+    """vLLM's objects the guard wraps (their modules imported now): (owner, name, wrapper)."""
+    import importlib
+
+    decorators = importlib.import_module(DECORATORS)
+    backends = importlib.import_module(BACKENDS)
+    wrapper = importlib.import_module(WRAPPER).TorchCompileWithNoGuardsWrapper
+    return (
+        (decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
+        (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
+        (backends.VllmBackend, "__call__", _publishing_backend_call),
+        (wrapper, "aot_compile", _private_entry),
+        (wrapper, "__call__", _private_entry),
+    )
+
+
+def _pin_torch() -> None:
+    """This process's private directory made, torch's caches pinned in it; without one, the
+    guard is installed all the same and every cache is a cold compile."""
+    try:
+        torch_caches.boot_dir()
+    except StoreError as exc:
+        LOG.warning("plancache: compile-cache: %s; vLLM compiles cold", safe_text(exc.detail, 600))
 
 
 def uninstall() -> None:
-    with _lock:
-        for patched in (_patched, decisions.hooked):
+    """Put vLLM's and the worker's originals back (tests, or a process that wants the guard out)."""
+    state = plugin_state.current()
+    with state.lock:
+        for patched in (state.installed.guard_patches, state.installed.warm_up_patches):
             while patched:
                 target, name, original = patched.pop()
                 setattr(target, name, original)

@@ -1,4 +1,4 @@
-"""The guard's settings, and a build node's side: publish, sign and push what vLLM compiled.
+"""A build node's side of the guard: publish, sign and push what vLLM compiled.
 
 vLLM compiles into the boot's private copy (the guard gave it an empty one); with
 ``PLANCACHE_SIGNING_KEY`` set, :func:`publish` puts that copy into place, signs it (with an
@@ -9,113 +9,29 @@ Sign and push are each one INFO line naming what was signed or pushed.
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import functools
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...trust.display import safe_text
+from .. import plugin_state
+from .guard_settings import EXPIRES_ENV, LOCK_WAIT_EXTRA, Settings, settings, signer
+
+if TYPE_CHECKING:
+    from ...pipeline.compile_cache.local_caches import CacheRoot
+    from ...storage.store import Store
+    from ...trust.keyring.keys import Signer
 
 LOG = logging.getLogger("vllm.plancache")
-EXPIRES_ENV = "PLANCACHE_COMPILE_CACHE_EXPIRES_IN"
-LOCK_WAIT_EXTRA = 30.0
-"""The node lock is waited for at most the boot's budget (``PLANCACHE_TIMEOUT``) plus this, at
-the guard (a rank waits while another pulls or verifies hundreds of MiB: seconds) as in
-:func:`publish` inside vLLM's save: a lock another process holds costs a bounded wait and a
-compile or an unsigned cache, never a hung worker."""
-
-_lock = threading.Lock()
-_pushes: list[threading.Thread] = []
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The environment, read once per process: trust, signing, store."""
-
-    keyring: Any
-    """A Keyring; None with ``problem`` set when keys are named but unusable."""
-    problem: str
-    signing_key: str | None
-    url: str | None
-    storage_options: Any
-    timeout: float
-    expires_in: timedelta | None = None
-    expiry_problem: str = ""
-    """Set when ``PLANCACHE_COMPILE_CACHE_EXPIRES_IN`` does not parse: nothing is signed then."""
-
-
-@functools.lru_cache(maxsize=1)
-def settings() -> Settings | None:
-    """None when no trusted keys and no signing key are configured: nothing can be verified."""
-    from ...pipeline.trust_config import worker_policy
-    from ..config import parse_config
-
-    config = parse_config()
-    for error in config.errors:
-        LOG.error("plancache: compile-cache: %s", error)
-    policy = worker_policy(config.trusted_keys, config.threshold) if config.trusted_keys else None
-    if policy is None and not config.signing_key:
-        return None
-    expires_in, problem = _expiry(os.environ.get(EXPIRES_ENV))  # None: unset, no expiry
-    if problem:
-        LOG.error("plancache: compile-cache: %s; new caches stay unsigned", problem)
-    return Settings(
-        keyring=policy.keyring if policy is not None else None,
-        problem=policy.problem if policy is not None else "no trusted keys",
-        signing_key=config.signing_key,
-        url=config.url,
-        storage_options=config.storage_options,
-        timeout=config.timeout,
-        expires_in=expires_in,
-        expiry_problem=problem,
-    )
-
-
-def _expiry(raw: str | None) -> tuple[timedelta | None, str]:
-    """The signed expiry (None: unset, none), or the problem that stops signing. A variable
-    that is set but empty or blank is a problem like a typo: someone meant an expiry, and a
-    cache signed without one would be trusted forever."""
-    if raw is None:
-        return None, ""
-    text = raw.strip()
-    if not text:
-        return None, f"{EXPIRES_ENV} is set but empty (unset it for no expiry, or give e.g. 30d)"
-    from ...cli.args import duration
-
-    try:
-        return duration(text), ""
-    except argparse.ArgumentTypeError as exc:
-        return None, f"{EXPIRES_ENV}: {exc}"
-
-
-@functools.lru_cache(maxsize=1)
-def signer() -> Any:
-    """The signing key, loaded when a new cache is first signed, never at boot (a KMS or HSM key
-    costs network calls a warm boot has no use for); None, with one ERROR line, if unusable."""
-    config = settings()
-    if config is None or not config.signing_key or config.expiry_problem:
-        return None
-    from ...pipeline.trust_config import signer_for
-
-    try:
-        return signer_for(config.signing_key)
-    except Exception as exc:
-        LOG.error(
-            "plancache: compile-cache: signing key unusable (%s); new caches stay unsigned",
-            safe_text(exc, 200),
-        )
-        return None
-
-
-def root_and_subject(directory: Path) -> tuple[Any, str | None]:
-    """vLLM's cache root above a cache directory, and the directory's subject (None: not under it)."""
+def root_and_subject(directory: Path) -> tuple[CacheRoot, str | None]:
+    """vLLM's cache root above a cache directory, and the directory's subject (None: not under
+    it)."""
     from ...pipeline.compile_cache.local_caches import CacheRoot
 
     parts = directory.parts
@@ -181,7 +97,7 @@ def publish(directory: Path, private: Path, compile_ms: float | None = None) -> 
         _push_in_background(config, root, subject, key)
 
 
-def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> None:
+def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Signer) -> None:
     def push() -> None:
         from ...pipeline.compile_cache.flows import push_cache
         from ...pipeline.resolver import utcnow
@@ -216,21 +132,24 @@ def _push_in_background(config: Settings, root: Any, subject: str, key: Any) -> 
         _push_headers(store, subject, key, config, outcome.archive_sha256)
 
     thread = threading.Thread(target=push, name="plancache-compile-push", daemon=True)
-    with _lock:
-        if not _pushes:
+    guard = plugin_state.current().guard
+    with guard.pushes_lock:
+        if not guard.pushes:
             # threading's exit hooks run in reverse order of registration, before the executors
             # the store's IO runs on refuse new work ("cannot schedule new futures after
             # shutdown"); a plain atexit hook would run too late.
-            getattr(threading, "_register_atexit", atexit.register)(_finish_pushes)
-        _pushes.append(thread)
+            at_exit = getattr(threading, "_register_atexit", atexit.register)
+            at_exit(_finish_pushes, guard.pushes)
+        guard.pushes.append(thread)
     thread.start()
 
 
 def _push_headers(
-    store: Any, subject: str, key: Any, config: Settings, archive_sha256: str
+    store: Store, subject: str, key: Signer, config: Settings, archive_sha256: str
 ) -> None:
-    """After the cache: the precompiled headers its compile used, so a new node need not build them,
-    bound to the cache just pushed (``archive_sha256``: a node installs them beside that one only)."""
+    """After the cache: the precompiled headers its compile used, so a new node need not build
+    them, bound to the cache just pushed (``archive_sha256``: a node installs them beside that
+    one only)."""
     from . import boot_headers
 
     started = time.monotonic()
@@ -252,9 +171,9 @@ def _push_headers(
     )
 
 
-def _finish_pushes() -> None:
-    """At interpreter exit, let started pushes finish (each is bounded by its store deadline).
-    A daemon thread alone would die with a short-lived process, and a one-shot warm-up boot,
-    whose whole point is to fill the store, would push nothing."""
-    for thread in list(_pushes):
+def _finish_pushes(pushes: list[threading.Thread]) -> None:
+    """At interpreter exit, let the pushes a boot started finish (each is bounded by its store
+    deadline). A daemon thread alone would die with a short-lived process, and a one-shot
+    warm-up boot, whose whole point is to fill the store, would push nothing."""
+    for thread in list(pushes):
         thread.join()

@@ -1,10 +1,13 @@
-"""Every on-disk cache torch 2.13 reads during a guarded boot lies in a private per-process directory.
+"""Every on-disk cache torch 2.13 reads during a guarded boot lies in a private per-process
+directory.
 
-With the guard on, each process gets its own boot directory (:mod:`plancache.storage.compile_cache.
-boot_dirs`: ``boot-<random>`` in a private root this user owns, on a filesystem where shared
-objects can be mapped, alive by a lock), removed at exit. A worker vLLM forks from the engine
-process (which loaded the plugin) makes its own on first use: the directory belongs to the pid
-that made it, and nothing of the parent's is used in the child. From the sources of torch 2.13
+With the guard on, each process gets its own boot directory
+(:mod:`plancache.storage.compile_cache.boot_dirs`: ``boot-<random>`` in a private root this user
+owns, on a filesystem where shared objects can be mapped, alive by a lock), removed at exit. A
+worker vLLM forks from the engine process (which loaded the plugin) makes its own on first use:
+the directory belongs to the pid that made it (it is the boot's state,
+:class:`..plugin_state.Place`, which a fork starts afresh), and nothing of the parent's is used
+in the child. From the sources of torch 2.13
 and vLLM 0.33, the caches read from disk in any compile mode are:
 
 - ``cache_dir()`` = ``$TORCHINDUCTOR_CACHE_DIR`` (else ``$TMPDIR/torchinductor_<user>``):
@@ -43,40 +46,23 @@ from typing import Any
 
 from ...storage.compile_cache.boot_dirs import BootDir
 from ...trust.errors import StoreError
+from .. import plugin_state
 
 LOG = logging.getLogger("vllm.plancache")
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 
 
-class _Place:
-    """This process's private place: made once per pid (a forked child never uses its parent's)."""
-
-    def __init__(self) -> None:
-        self.boot: BootDir | None = None
-        self.problem: StoreError | None = None
-        self.scratch: BootDir | None = None
-        self.no_scratch = False
-        self.pid = os.getpid()
-        self.redirects: dict[str, Path] = {}
-        """Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
-
-
-_place = _Place()
-
-
-def _current() -> _Place:
-    global _place
-    if _place.pid != os.getpid():
-        _place = _Place()
-    return _place
-
-
 def boot_dir() -> Path:
     """This process's private directory (made, and the torch caches pinned, on first use in
-    each process). Raises ``StoreError`` ``no-private-dir`` when none can be had (every try
-    after the first raises the same, without looking again)."""
-    place = _current()
+    each process: it lives in the boot's state, :class:`..plugin_state.Place`, which a forked
+    worker starts afresh).
+
+    Raises:
+        StoreError: ``no-private-dir``: none can be had (every try after the first raises the
+            same, without looking again).
+    """
+    place = plugin_state.current().place
     if place.boot is None and place.problem is None:
         from vllm import envs
 
@@ -113,7 +99,7 @@ def scratch_dir() -> Path | None:
     None when nothing at all can be written."""
     from ...storage.compile_cache.boot_dirs import new_scratch_dir
 
-    place = _current()
+    place = plugin_state.current().place
     if place.scratch is None and not place.no_scratch:
         try:
             place.scratch = new_scratch_dir()
@@ -193,8 +179,9 @@ def in_a_copy(path: str | None) -> bool:
 
 
 def redirect(signed_inductor: Path, private_inductor: Path) -> None:
-    """From now on, wherever vLLM points inductor at ``signed_inductor``, use ``private_inductor``."""
-    _current().redirects[os.path.abspath(signed_inductor)] = private_inductor
+    """From now on, wherever vLLM points inductor at ``signed_inductor``, use
+    ``private_inductor``."""
+    plugin_state.current().place.redirects[os.path.abspath(signed_inductor)] = private_inductor
     point_inductor(private_inductor)
 
 
@@ -209,7 +196,8 @@ def ensure_private() -> str | None:
     current = os.environ.get(INDUCTOR_ENV)
     if is_private(current):
         return None
-    target = _current().redirects.get(os.path.abspath(current)) if current else None
+    redirects = plugin_state.current().place.redirects
+    target = redirects.get(os.path.abspath(current)) if current else None
     mine = _mine()
     if target is None and mine is not None:
         target = mine / "inductor"
@@ -232,9 +220,8 @@ def _pin(boot: BootDir) -> None:
             cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir
         )
         for name, module in list(sys.modules.items()):
-            if not name.startswith(
-                "torch"
-            ):  # another package's lazy attribute may import (and fail)
+            # not another package's: a lazy attribute there may import (and fail)
+            if not name.startswith("torch"):
                 continue
             bound = getattr(module, "default_cache_dir", None)
             ours = (
@@ -242,7 +229,7 @@ def _pin(boot: BootDir) -> None:
                 and getattr(bound, "__wrapped__", None) is original
             )
             if bound is original or ours:
-                module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]
+                module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]  # any torch module binding it
         shared = node_headers(boot.root)
         headers = shared or default / "precompiled_headers"
         codecache._HEADER_DIR = str(headers)
@@ -251,7 +238,9 @@ def _pin(boot: BootDir) -> None:
 
         if shared is not None:
             pch.place(boot.root.parent, shared)
-        codecache._precompile_header = pch.wrap(codecache._precompile_header)
+        codecache._precompile_header = pch.wrap(  # type: ignore[assignment]  # torch types it as functools.cache's wrapper, which ours is (or torch's own, left as it is)
+            codecache._precompile_header
+        )
     except Exception:
         LOG.debug("plancache: torch's default cache directory not pinned", exc_info=True)
 
@@ -264,7 +253,7 @@ def _private_default(original: Callable[[], str]) -> Callable[[], str]:
         mine = _mine()
         return str(mine / "default") if mine is not None else original()
 
-    default_cache_dir.__wrapped__ = original  # type: ignore[attr-defined]
+    default_cache_dir.__wrapped__ = original  # type: ignore[attr-defined]  # where torch's own is, for a second pin
     return default_cache_dir
 
 
@@ -290,11 +279,11 @@ def guarded_call(
     import functools
 
     @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: object, **kwargs: object) -> Any:
         outside = ensure_private()
         if outside is not None:
             on_outside(outside)
         return original(*args, **kwargs)
 
-    call.__plancache__ = True  # type: ignore[attr-defined]
+    call.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
     return call
