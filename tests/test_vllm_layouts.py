@@ -267,7 +267,9 @@ def shim(
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     monkeypatch.setattr(vllm0.hooks, "STARTUP_PLAN", "shimvllm.v1.worker.startup_plan")
     monkeypatch.setattr(vllm0.hooks, "WORKER_MODULES", {"shimvllm.v1.worker.gpu_worker": "Worker"})
-    monkeypatch.setattr(vllm0.hooks, "_warned", False)
+    from plancache.vllm_plugin import plugin_state
+
+    plugin_state.start_boot()  # a boot of its own: one warning a boot
     # vLLM's own switch is off and its cache root elsewhere: only the shim's envs say otherwise.
     monkeypatch.delenv("VLLM_ENABLE_STARTUP_PLAN", raising=False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))

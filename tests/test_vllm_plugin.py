@@ -392,7 +392,9 @@ def test_vllm_internals_missing_one_warning_and_untouched(
 ) -> None:
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
     monkeypatch.delattr(env.startup_plan, "compute_plan_fingerprint")
-    monkeypatch.setattr(env.hooks, "_warned", False)
+    from plancache.vllm_plugin import plugin_state
+
+    plugin_state.start_boot()  # a boot of its own: one warning a boot
     load_plugins_like_vllm()
     load_plugins_like_vllm()
     warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]

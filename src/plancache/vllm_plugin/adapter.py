@@ -146,7 +146,7 @@ def startup_plan_problem(module: ModuleType) -> str | None:
     }
     for name, params in expected.items():
         func = getattr(module, name)
-        if getattr(func, "__plancache__", False):
+        if plugin_state.marked(func):
             func = inspect.unwrap(func)
         if list(inspect.signature(func).parameters) != params:
             return f"{STARTUP_PLAN}.{name}{inspect.signature(func)} has an unexpected signature"

@@ -80,8 +80,8 @@ def save_hook(worker: Worker, kv_cache_memory_bytes: int) -> None:
         LOG.exception("plancache: unexpected error while saving a plan")
 
 
-apply_hook.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
-save_hook.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+plugin_state.mark(apply_hook)
+plugin_state.mark(save_hook)
 
 
 def _prefetch(worker: Worker) -> None:
@@ -106,7 +106,7 @@ def hook_warm_up(cls: type, patched: list[Patch]) -> None:
     if owner is None:
         return
     method = vars(owner)["compile_or_warm_up_model"]
-    if callable(method) and not getattr(method, "__plancache__", False):
+    if callable(method) and not plugin_state.marked(method):
         patched.append((owner, "compile_or_warm_up_model", method))
         owner.compile_or_warm_up_model = wrap_warm_up(method)  # type: ignore[attr-defined]  # a worker class, known to mypy as a bare type
 
@@ -117,7 +117,7 @@ def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
         _prefetch(self)
         return original(self, *args, **kwargs)
 
-    load_model.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(load_model)
     return load_model
 
 
@@ -139,7 +139,7 @@ def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
             LOG.debug("plancache: profiling time not recorded", exc_info=True)
         return result
 
-    determine_available_memory.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(determine_available_memory)
     return determine_available_memory
 
 
@@ -157,7 +157,7 @@ def wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
             LOG.debug("plancache: boot record not finished", exc_info=True)
         return result
 
-    compile_or_warm_up_model.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(compile_or_warm_up_model)
     return compile_or_warm_up_model
 
 
@@ -191,14 +191,14 @@ def _patch_worker_module(module: ModuleType) -> None:
                 )
         worker_cls = getattr(module, WORKER_MODULES.get(module.__name__, "Worker"), None)
         load_model = getattr(worker_cls, "load_model", None) if worker_cls is not None else None
-        if callable(load_model) and not getattr(load_model, "__plancache__", False):
+        if callable(load_model) and not plugin_state.marked(load_model):
             _replace(worker_cls, "load_model", _wrap_load_model(load_model))
         for name, wrap in (
             ("determine_available_memory", _wrap_timed),
             ("compile_or_warm_up_model", wrap_warm_up),
         ):
             method = worker_cls.__dict__.get(name) if worker_cls is not None else None
-            if callable(method) and not getattr(method, "__plancache__", False):
+            if callable(method) and not plugin_state.marked(method):
                 _replace(worker_cls, name, wrap(method))
 
 
@@ -276,7 +276,7 @@ def install() -> bool:
         if problem is not None:
             _warn_once("%s (plancache supports vLLM 0.32 and 0.33)", problem)
             return False
-        if getattr(module.maybe_apply_startup_plan, "__plancache__", False):
+        if plugin_state.marked(module.maybe_apply_startup_plan):
             return True  # patched by another copy of this module; leave it
         installed.startup_plan = module
         installed.originals.update(
@@ -311,7 +311,7 @@ def uninstall() -> None:
                 if isinstance(target, type)
                 else getattr(target, name, None)
             )
-            if getattr(current, "__plancache__", False):  # still ours (a later plugin's stays)
+            if plugin_state.marked(current):  # still ours (a later plugin's stays)
                 setattr(target, name, original)
         installed.originals.clear()
         installed.startup_plan = None

@@ -36,7 +36,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from importlib.abc import MetaPathFinder
@@ -61,12 +61,30 @@ WORKER_MODULES: dict[str, str] = {
 """Modules that import the startup-plan functions by name -> their worker class (the hooks
 patch them; the adapter asks whether a worker runs vLLM's startup-plan path)."""
 
+MARK = "__plancache__"
+"""The attribute every wrapper the plugin installs carries (true): how an install knows a
+function is its own already (nothing is wrapped twice) and uninstall what is still its."""
+
 Patch = tuple[object, str, object]
 """(object, attribute, original): one replacement made, undone in the reverse order."""
 
 Packed = tuple[bytes, list[tuple[str, int, str]]]
 """Headers compressed for the push (:func:`plancache.pipeline.compile_cache.header_shipping.
 pack_headers`)."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def mark(wrapper: F) -> F:
+    """``wrapper`` marked as the plugin's (:data:`MARK`)."""
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def marked(function: object) -> bool:
+    """Whether ``function`` is a wrapper the plugin installed (:data:`MARK`)."""
+    return bool(getattr(function, MARK, False))
 
 
 @dataclass

@@ -64,7 +64,7 @@ def used() -> list[str]:
 
 def wrap(original: Callable[..., str]) -> Callable[..., str]:
     """torch's ``_precompile_header``, waiting for a fetch first and noting each header once."""
-    if getattr(original, "__plancache__", False):
+    if plugin_state.marked(original):
         return original
 
     @functools.cache
@@ -79,7 +79,7 @@ def wrap(original: Callable[..., str]) -> Callable[..., str]:
         _note(path, before, folder, waited_ms)
         return path
 
-    precompile.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(precompile)
     precompile.__wrapped__ = original
     return precompile
 

@@ -137,7 +137,7 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
             model.__dict__["save_aot_compiled_function"] = save_privately
         return loaded
 
-    load.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(load)
     return load
 
 
@@ -176,7 +176,7 @@ def _guarded_initialize_cache(original: Callable[..., Any]) -> Callable[..., Any
             torch_caches.point_inductor(private / rank_dir.name / "inductor_cache")
         return result
 
-    initialize_cache.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(initialize_cache)
     return initialize_cache
 
 
@@ -209,7 +209,7 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
                 publish(Path(directory), private, since(Path(directory)))
         return result
 
-    call.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(call)
     return call
 
 
@@ -240,7 +240,7 @@ def install() -> bool:
                 _pin_torch()
                 for target, name, wrap in targets:
                     current = getattr(target, name)
-                    if not getattr(current, "__plancache__", False):
+                    if not plugin_state.marked(current):
                         state.installed.guard_patches.append((target, name, current))
                         setattr(target, name, wrap(current))
         except Exception as exc:

@@ -229,7 +229,7 @@ def _pin(boot: BootDir) -> None:
                 and getattr(bound, "__wrapped__", None) is original
             )
             if bound is original or ours:
-                module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]  # any torch module binding it
+                module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]  # a module of sys.modules, opaque to mypy
         shared = node_headers(boot.root)
         headers = shared or default / "precompiled_headers"
         codecache._HEADER_DIR = str(headers)
@@ -285,5 +285,5 @@ def guarded_call(
             on_outside(outside)
         return original(*args, **kwargs)
 
-    call.__plancache__ = True  # type: ignore[attr-defined]  # the plugin's mark on a wrapper
+    plugin_state.mark(call)
     return call
