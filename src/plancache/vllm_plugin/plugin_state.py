@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import ModuleType
 
-    from ..pipeline.compile_cache.local_caches import CacheOutcome
     from ..pipeline.compile_cache.header_shipping import Cancel, HeadersOutcome
+    from ..pipeline.compile_cache.local_caches import CacheOutcome
     from ..storage.compile_cache.boot_dirs import BootDir
     from ..trust.errors import StoreError
     from ..trust.keyring.keys import Signer
