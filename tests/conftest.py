@@ -242,6 +242,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_compile_publish.py": UNIT,
     "test_compile_real_nodes.py": ("system",),
     "test_compile_switch.py": ("vllm",),
+    "test_deadlines.py": UNIT,
     "test_docs.py": UNIT,
     "test_engine_e2e.py": ("engine", "emulator", "realtime"),
     "test_engine_harness.py": UNIT,  # the harness's skip-or-fail rules: no engine needed

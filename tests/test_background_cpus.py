@@ -25,6 +25,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 CHILD = """
 import json, os, sys, threading, time
 os.sched_setaffinity(0, {pin})  # what libgomp (or taskset) did before any plugin ran
+from plancache.clock import Deadline
 from plancache.vllm_plugin.prefetch import Prefetch
 
 def task():
@@ -34,7 +35,7 @@ def task():
     helper.start(); helper.join()
     return {{"fetch": sorted(os.sched_getaffinity(0)), **seen}}
 
-done, value = Prefetch("k", time.monotonic() + 30, task).start().result()
+done, value = Prefetch("k", Deadline.after(30), task).start().result()
 print(json.dumps({{**value, "main": sorted(os.sched_getaffinity(0))}}))
 """
 

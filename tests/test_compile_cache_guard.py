@@ -13,7 +13,6 @@ import fcntl
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NOW
+from plancache.clock import Deadline
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
@@ -249,7 +249,7 @@ def test_a_rejected_store_object_has_its_own_reason(signed: CacheRoot, tmp_path:
     archive.write_bytes(archive.read_bytes().replace(b"x = 1", b"x = 9"))
     empty = CacheRoot(tmp_path / "empty")
     outcome = cl.guard(
-        empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (store, time.monotonic() + 30)
+        empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (store, Deadline.after(30))
     )
     assert (outcome.action, outcome.reason) == (
         "compile",
@@ -258,7 +258,7 @@ def test_a_rejected_store_object_has_its_own_reason(signed: CacheRoot, tmp_path:
     nothing = open_store(f"file://{tmp_path}/nothing")
     (tmp_path / "nothing").mkdir()
     outcome = cl.guard(
-        empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (nothing, time.monotonic() + 30)
+        empty, SUBJECT, KEYRING, NOW, into(empty), fetch=lambda: (nothing, Deadline.after(30))
     )
     assert (outcome.action, outcome.reason) == ("compile", "no-cache")
 

@@ -25,6 +25,7 @@ import pytest
 
 from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
+from plancache.clock import Deadline
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import header_shipping as ch
 from plancache.pipeline.compile_cache.local_caches import CacheRoot
@@ -367,7 +368,7 @@ def test_past_the_budget_or_cancelled_nothing_is_installed(
 ) -> None:
     store = pushed(build, tmp_path)
     late = node(tmp_path, "late")
-    outcome = pull(store, late, deadline=time.monotonic() - 1)
+    outcome = pull(store, late, deadline=Deadline.after(-1))
     assert outcome.action == "failed" and outcome.reason == "timeout", outcome
     cancel = ch.Cancel()
     cancel.set()
@@ -736,7 +737,7 @@ def test_a_held_fetch_links_only_once_released_and_nothing_when_never_decided(
 
     store = pushed(build, tmp_path)
     undecided = node(tmp_path, "undecided")
-    outcome = pull(store, undecided, cancel=ch.Cancel(held=True), deadline=time.monotonic() + 0.5)
+    outcome = pull(store, undecided, cancel=ch.Cancel(held=True), deadline=Deadline.after(0.5))
     assert (
         outcome.action == "failed" and outcome.reason == "timeout" and leftovers(undecided[1]) == []
     )

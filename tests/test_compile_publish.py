@@ -22,6 +22,7 @@ import pytest
 
 from conftest import NOW
 from plancache.cli.main import main
+from plancache.clock import Deadline
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
@@ -266,7 +267,7 @@ def test_a_signature_without_its_cache_is_moved_aside_and_the_cache_pulled(
     sidecar = _half_quarantined(signed)
     copy = into(signed)
     outcome = cl.guard(
-        signed, SUBJECT, KEYRING, NOW, copy, fetch=lambda: (store, time.monotonic() + 30)
+        signed, SUBJECT, KEYRING, NOW, copy, fetch=lambda: (store, Deadline.after(30))
     )
     assert (outcome.action, outcome.reason) == ("load", ""), outcome
     assert (

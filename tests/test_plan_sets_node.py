@@ -24,6 +24,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from conftest import NOW, keyring_of, make_signer
+from plancache.clock import Deadline
 from plancache.pipeline.plan_sets import node_plans
 from plancache.pipeline.plan_sets.node_plans import outcome_path, resolve_node, set_key
 from plancache.pipeline.resolver import Resolver
@@ -168,7 +169,7 @@ def boot(
     budget: float = BUDGET,
 ) -> PlanResult:
     return resolve_node(
-        resolver(directory, keyring, server), fp, world, time.monotonic() + budget, replica=replica
+        resolver(directory, keyring, server), fp, world, Deadline.after(budget), replica=replica
     )
 
 

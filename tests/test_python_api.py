@@ -157,12 +157,13 @@ def test_pull_counts_the_store_opening_inside_its_budget(
     import time
 
     import plancache.api as api
+    from plancache.clock import Deadline
     from plancache.trust.keyring.keys import Keyring
 
-    opened: dict[str, float] = {}
-    seen: list[float] = []
+    opened: dict[str, Deadline] = {}
+    seen: list[Deadline] = []
 
-    def slow_open(url: str, options: object, budget: float, deadline: float) -> object:
+    def slow_open(url: str, options: object, budget: float, deadline: Deadline) -> object:
         opened["deadline"] = deadline
         time.sleep(0.3)
         return object()
@@ -171,7 +172,7 @@ def test_pull_counts_the_store_opening_inside_its_budget(
         def __init__(self, directory: object, policy: object, store: object) -> None:
             pass
 
-        def pull(self, fingerprints: object, deadline: float) -> list[object]:
+        def pull(self, fingerprints: object, deadline: Deadline) -> list[object]:
             seen.append(deadline)
             return []
 
@@ -179,7 +180,8 @@ def test_pull_counts_the_store_opening_inside_its_budget(
     monkeypatch.setattr(api, "Resolver", Recorder)
     started = time.monotonic()
     assert api.pull("s3://b/plans", tmp_path, Keyring(), timeout=2.0) == []
-    assert seen == [opened["deadline"]] and seen[0] <= started + 2.0 + 0.05
+    assert seen == [opened["deadline"]] and started <= seen[0].start <= started + 0.05
+    assert seen[0].budget == 2.0
 
 
 def test_the_type_stub_names_each_export_where_it_lives() -> None:

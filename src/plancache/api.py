@@ -21,11 +21,11 @@ cannot be listed, a bad URL) and report each plan's own outcome in its result.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .clock import Deadline
 from .pipeline.audit import PlanReport, audit_location
 from .pipeline.locations import BULK_TIMEOUT, local_dir, open_url, storage_options_for
 from .pipeline.resolver import Resolver, utcnow
@@ -99,7 +99,7 @@ def pull(
         StoreError: the store cannot be opened or listed (reason ``store-error``).
         StoreTimeout: the store did not answer within the budget (reason ``timeout``).
     """
-    deadline = time.monotonic() + (budget := checked_budget(timeout, BULK_TIMEOUT))
+    deadline = Deadline.after(budget := checked_budget(timeout, BULK_TIMEOUT))
     # opening the store counts against the budget, as in the CLI
     store = open_url(url, storage_options_for(storage_options), budget, deadline=deadline)
     resolver = Resolver(local_dir(directory, must_exist=False), _policy(trust), store)

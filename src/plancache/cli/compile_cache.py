@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ..clock import Deadline
 from ..pipeline.compile_cache import flows
 from ..pipeline.compile_cache.local_caches import (
     CacheOutcome,
@@ -253,7 +253,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     keyring = signer_keyring(required_signer(args)) if args.key else _keyring(args)
     store = _store(args)
     require_push_target(store)
-    deadline = time.monotonic() + store.timeout
+    deadline = Deadline.after(store.timeout, store.clock)
     return _report(
         args,
         _each(
@@ -269,7 +269,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     root, keyring, now = _root(args, must_exist=False), _keyring(args), utcnow()
     store = _store(args)
-    deadline = time.monotonic() + store.timeout
+    deadline = Deadline.after(store.timeout, store.clock)
     subjects = _subjects(args, archives.list_subjects(store, deadline) if not args.cache else [])
 
     def pull(subject: str) -> CacheOutcome:
@@ -311,7 +311,7 @@ def _with_headers(
         private.parent,
         private / HEADERS_SUBDIR,
         cache_archive_sha256=outcome.archive_sha256 or None,
-        deadline=time.monotonic() + max(store.timeout, HEADERS_TIMEOUT),
+        deadline=Deadline.after(max(store.timeout, HEADERS_TIMEOUT), store.clock),
     )
     note = (
         f"headers: {got.action}"

@@ -28,6 +28,7 @@ from .locations import Location, open_location, require_existing
 from .resolver import verify_result
 
 if TYPE_CHECKING:
+    from ..clock import Deadline
     from ..storage.store import Store
 
 POOL_MIN_PLANS = 200
@@ -260,7 +261,7 @@ def audit_location(
     return source, reports
 
 
-def list_plans(source: Location, deadline: float | None = None) -> list[str]:
+def list_plans(source: Location, deadline: Deadline | None = None) -> list[str]:
     """The location's fingerprints; ConfigError when there are none because it does not exist.
     A store's listing ends by ``deadline`` (the command's one budget, when it has one)."""
     if isinstance(source, LocalPlanDir):
@@ -280,7 +281,7 @@ def audit_plans(
     *,
     jobs: int | None = None,
     progress: Tally | None = None,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     digests: dict[str, str] | None = None,
 ) -> list[PlanReport]:
     """Reports for these plans of ``source``. ``progress`` counts plans: as they are read and
@@ -310,7 +311,7 @@ def audit_store(
     *,
     jobs: int | None = None,
     progress: Tally | None = None,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     digests: dict[str, str] | None = None,
 ) -> list[PlanReport]:
     """Reports for a store's plans (all it lists when ``fingerprints`` is None), streamed: plans

@@ -32,6 +32,7 @@ from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_ma
 from .directory_signing import SigningRequest, sign_one
 
 if TYPE_CHECKING:
+    from ..clock import Deadline
     from .plan_sets.set_audit import SetPrune
 
 __all__ = ["STORE_REASONS", "PruneOutcome", "PushEntry", "PushRequest", "prune_plans", "push_plans"]
@@ -65,7 +66,7 @@ def _fp_of(name: str) -> str:
     return fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name) or name
 
 
-def _unchanged(store: Store, objects: dict[str, bytes], deadline: float) -> set[str]:
+def _unchanged(store: Store, objects: dict[str, bytes], deadline: Deadline) -> set[str]:
     """Names whose bytes the store already holds: decided from the listing's size and MD5
     when it states them (S3, GCS: no download); otherwise same-size objects are fetched."""
     listing = store.list_objects(deadline)
@@ -104,7 +105,7 @@ def _plan_share(objects: dict[str, bytes], progress: Tally | None) -> Callable[[
 def push_plans(
     directory: LocalPlanDir,
     store: Store,
-    deadline: float,
+    deadline: Deadline,
     now: datetime,
     *,
     push: PushRequest = PushRequest(),
@@ -238,7 +239,7 @@ def _prune_reason(
 
 def prune_plans(
     store: Store,
-    deadline: float,
+    deadline: Deadline,
     now: datetime,
     policy: TrustPolicy | None,
     *,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ..clock import Deadline
 from ..storage.compile_cache import archives
 from ..storage.store import Store
 from ..trust.compile_cache.manifest import Manifest
@@ -163,7 +164,7 @@ def explain_plan(
 
 
 def caches_in_store(
-    store: Store, keyring: Keyring, now: datetime, deadline: float
+    store: Store, keyring: Keyring, now: datetime, deadline: Deadline
 ) -> list[CacheCandidate]:
     """Every compile cache the store lists (at most :data:`MAX_CACHES`), its signature
     verified."""

@@ -23,6 +23,7 @@ from ..trust.errors import ConfigError
 from ..trust.plans.plan import fingerprint_of_plan_name
 
 if TYPE_CHECKING:
+    from ..clock import Deadline
     from ..storage.store import Store
 
 
@@ -100,7 +101,7 @@ def open_url(
     storage_options: Mapping[str, Any] | None,
     timeout: float,
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
 ) -> Store:
     """The store at ``url``, after checking that its backend takes every storage option given
     (both within ``deadline``, default now + ``timeout``: see
@@ -110,13 +111,14 @@ def open_url(
         ConfigError: ``url`` is not a store URL, or its backend refuses a storage option
             (raised by :func:`require_url` and the store's checks; ``config-error``).
     """
-    started = time.monotonic()  # before importing the storage machinery: it counts too
+    started = time.monotonic()  # the real clock's, before importing the storage machinery
+    from ..clock import Deadline
     from ..storage.checks import check_options
     from ..storage.deadline import checked_budget
     from ..storage.store import open_store
 
     url = require_url(url)
-    deadline = started + checked_budget(timeout) if deadline is None else deadline
+    deadline = Deadline(started, checked_budget(timeout)) if deadline is None else deadline
     return open_store(
         url,
         storage_options,
@@ -156,7 +158,7 @@ def open_location(
     return local_dir(location)
 
 
-def require_existing(source: Location, deadline: float | None = None) -> None:
+def require_existing(source: Location, deadline: Deadline | None = None) -> None:
     """ConfigError when the location itself (bucket, directory) does not exist.
 
     Called after a listing came back empty: fsspec lists a missing bucket as empty, and a
@@ -205,9 +207,7 @@ def deeper(source: Location, limit: int = DEEPER_SHOWN) -> list[str]:
         return _deeper_dirs(source.path, limit)
     from ..storage.checks import deeper_prefixes
 
-    return deeper_prefixes(
-        source, deadline=time.monotonic() + min(source.timeout, 10.0), limit=limit
-    )
+    return deeper_prefixes(source, limit=limit)  # its default: the store's budget, 10 s at most
 
 
 def no_plans_message(source: Location) -> str:
@@ -236,6 +236,7 @@ def near_miss(source: Location) -> str | None:
             _deeper_dirs(source.path.parent, SIBLINGS_SEEN, max_depth=1),
         )
     else:
+        from ..clock import Deadline
         from ..storage.checks import deeper_prefixes
         from ..storage.store import Store
 
@@ -249,7 +250,7 @@ def near_miss(source: Location) -> str | None:
             return None
         holding = deeper_prefixes(
             parent,
-            deadline=time.monotonic() + min(source.timeout, 10.0),
+            deadline=Deadline.after(min(source.timeout, 10.0), source.clock),
             limit=SIBLINGS_SEEN,
             max_depth=1,
         )

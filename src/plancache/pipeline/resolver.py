@@ -26,6 +26,7 @@ from ..trust.policy import Source, TrustPolicy
 from ..trust.result import PlanResult
 
 if TYPE_CHECKING:
+    from ..clock import Deadline
     from ..storage.store import Store
 
 PERSIST_BATCH = 64
@@ -112,7 +113,7 @@ class Resolver:
         """The local plan, verified under the policy; no plan file is a miss, not an error."""
         return verify_result(self.directory.fetch_many([fp])[0], self.policy, self.clock())
 
-    def resolve(self, fp: str, deadline: float | None = None) -> PlanResult:
+    def resolve(self, fp: str, deadline: Deadline | None = None) -> PlanResult:
         """Local first; on a miss or a rejection, the store (if the policy reads one)."""
         local = self.local(fp)
         if local.verified is not None or not self.reads_store:
@@ -130,7 +131,7 @@ class Resolver:
     def pull(
         self,
         fps: Iterable[str] | None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> Iterator[PlanResult]:
         """Store -> verify -> persist for each fingerprint (every plan the store lists when

@@ -18,6 +18,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..clock import Deadline
 from ..trust.errors import Reason, Rejected
 from .deadline import http_status, store_error, with_retries
 from .listing import cap_for
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 
 async def read_object(
-    store: Store, name: str, deadline: float, *, cap: int | None = None
+    store: Store, name: str, deadline: Deadline, *, cap: int | None = None
 ) -> bytes | None:
     """One object's bytes (None if absent), at most ``cap`` (a plan's or sidecar's by its name);
     retried while transient, inside ``deadline``.
@@ -74,7 +75,9 @@ async def read_object(
     return data
 
 
-def read_now(store: Store, name: str, deadline: float, *, cap: int | None = None) -> bytes | None:
+def read_now(
+    store: Store, name: str, deadline: Deadline, *, cap: int | None = None
+) -> bytes | None:
     """:func:`read_object` from a synchronous caller, waited for until ``deadline`` (its errors,
     ``StoreTimeout`` at the deadline); on ``s3://`` whose s3fs is not made yet, through
     :meth:`.s3.direct.S3Direct.get` (no s3fs import)."""

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..clock import Deadline
 from ..settings import unknown_option
 from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plans.plan import fingerprint_of_plan_name
@@ -161,7 +161,7 @@ async def _call(store: Store, name: str, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(getattr(store.fs, name), *args, **kwargs)
 
 
-def _run(store: Store, make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
+def _run(store: Store, make: Callable[[], Awaitable[T]], deadline: Deadline, what: str) -> T:
     return run_by(_loop(store), make, deadline, f"{what} {store.url}", store.timeout)
 
 
@@ -169,7 +169,7 @@ def protocol_of(store: Store) -> str:
     return store.url.split("://", 1)[0].lower()
 
 
-def location_exists(store: Store, deadline: float | None = None) -> bool | None:
+def location_exists(store: Store, deadline: Deadline | None = None) -> bool | None:
     """True or False; None when the store will not say (access to the bucket itself denied).
 
     For bucketed protocols the bucket is asked about, since a prefix "exists" only while an
@@ -180,7 +180,7 @@ def location_exists(store: Store, deadline: float | None = None) -> bool | None:
             never opened (reason ``config-error``).
         StoreError: the store could not be asked (``StoreTimeout`` at the deadline).
     """
-    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     protocol = protocol_of(store)
     target = store.root.split("/", 1)[0] if protocol in BUCKETED else store.root
 
@@ -210,7 +210,7 @@ def location_exists(store: Store, deadline: float | None = None) -> bool | None:
 
 
 def deeper_prefixes(
-    store: Store, *, deadline: float | None = None, limit: int = 5, max_depth: int = MAX_DEPTH
+    store: Store, *, deadline: Deadline | None = None, limit: int = 5, max_depth: int = MAX_DEPTH
 ) -> list[str]:
     """URLs of up to ``limit`` prefixes below the store's that hold plans; best effort.
 
@@ -223,7 +223,9 @@ def deeper_prefixes(
     (:func:`plancache.pipeline.locations.no_plans_message`), so a near-miss is matched on the
     real name.
     """
-    deadline = time.monotonic() + min(store.timeout, 10.0) if deadline is None else deadline
+    deadline = (
+        Deadline.after(min(store.timeout, 10.0), store.clock) if deadline is None else deadline
+    )
     base = store.url.rstrip("/")
     found: list[str] = []
 

@@ -32,11 +32,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..clock import Deadline
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import plan_name, sig_name
 from .azure import azure_versions
@@ -93,7 +93,7 @@ def delete_if_unchanged(
     store: Store,
     judged: Mapping[str, str],
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     before_delete: BeforeDelete | None = None,
     unconditional: bool = False,
 ) -> tuple[list[str], list[str]]:
@@ -108,7 +108,7 @@ def delete_if_unchanged(
     for an object re-read over its cap; a store that does not honour the precondition is
     :func:`require_honoured_preconditions`' ConfigError.
     """
-    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     if store.kind not in READS or unconditional:
         return _reread_then_delete(store, judged, deadline, before_delete)
     require_honoured_preconditions(store, deadline)
@@ -128,7 +128,7 @@ def _delete_batch(
     fs: Any,
     batch: list[str],
     judged: Mapping[str, str],
-    deadline: float,
+    deadline: Deadline,
     before_delete: BeforeDelete | None,
 ) -> tuple[list[str], list[str]]:
     """One batch of :func:`delete_if_unchanged` on a store with preconditions: re-read, compare,
@@ -149,7 +149,7 @@ def _delete_batch(
     return [fp for fp in same if gone[fp]], changed
 
 
-def require_honoured_preconditions(store: Store, deadline: float) -> None:
+def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
     """Require the store to refuse a delete whose precondition does not hold: checked on a
     canary object, written and removed here.
 
@@ -198,7 +198,7 @@ def require_honoured_preconditions(store: Store, deadline: float) -> None:
 
 
 def _reread_then_delete(
-    store: Store, judged: Mapping[str, str], deadline: float, before_delete: BeforeDelete | None
+    store: Store, judged: Mapping[str, str], deadline: Deadline, before_delete: BeforeDelete | None
 ) -> tuple[list[str], list[str]]:
     """No precondition: re-read, compare, delete what is the same (the window stays)."""
     deleted: list[str] = []
@@ -227,7 +227,7 @@ def _each(
     keys: Sequence[str],
     action: Callable[[str], Awaitable[T]],
     what: str,
-    deadline: float,
+    deadline: Deadline,
 ) -> dict[str, T]:
     """``action`` on every key through the store's own bounded batch runner; raises the first
     failure."""
@@ -241,7 +241,7 @@ def _each(
 
 
 async def _read_pair(
-    store: Store, fs: Any, fp: str, deadline: float
+    store: Store, fs: Any, fp: str, deadline: Deadline
 ) -> tuple[Versioned, Versioned]:
     plan, sig = await asyncio.gather(
         _read_one(store, fs, plan_name(fp), deadline),
@@ -255,7 +255,7 @@ async def _read_pair(
     return plan, sig
 
 
-async def _read_one(store: Store, fs: Any, name: str, deadline: float) -> Versioned:
+async def _read_one(store: Store, fs: Any, name: str, deadline: Deadline) -> Versioned:
     cap = cap_for(name)
     read = READS[store.kind]
     try:
@@ -270,7 +270,7 @@ async def _read_one(store: Store, fs: Any, name: str, deadline: float) -> Versio
 
 
 async def _delete_pair(
-    store: Store, fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: float
+    store: Store, fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
 ) -> bool:
     """False if the plan is no longer the version re-read (then its sidecar stays too)."""
     plan, sig = seen
@@ -280,7 +280,9 @@ async def _delete_pair(
     return True
 
 
-async def _delete_one(store: Store, fs: Any, name: str, token: str | None, deadline: float) -> bool:
+async def _delete_one(
+    store: Store, fs: Any, name: str, token: str | None, deadline: Deadline
+) -> bool:
     """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if
     changed."""
     if token is None:

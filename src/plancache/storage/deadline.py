@@ -1,16 +1,17 @@
 """Deadlines: running a store's coroutines from synchronous callers, bounded in time.
 
 A store can be slow, down or hostile, and a booting vLLM worker must not wait on it for
-minutes. Every remote operation therefore gets one overall deadline (a ``time.monotonic()``
-value) and runs as a coroutine on fsspec's event loop, wrapped in ``asyncio.wait_for``; the
-calling thread waits on the future for the remaining time plus :data:`JOIN_GRACE`, so even a
-stalled loop cannot hold it. (``fsspec.asyn.sync`` does the same with a one-second polling
-step, too coarse for a 3 s budget.)
+minutes. Every remote operation therefore gets one overall :class:`~plancache.clock.Deadline`
+and runs as a coroutine on fsspec's event loop, wrapped in ``asyncio.wait_for`` with the time
+the deadline leaves; the calling thread waits on the future for that time plus
+:data:`JOIN_GRACE`, so even a stalled loop cannot hold it (:func:`run_by`). (``fsspec.asyn.sync``
+does the same with a one-second polling step, too coarse for a 3 s budget.)
 
 Inside the deadline, :func:`with_retries` retries transient failures with full-jitter
 exponential backoff that honours a store's ``Retry-After`` (never past the deadline),
 never a refused connection (nobody is listening: failing in milliseconds is the point) and
-never a mistake that would fail the same way again. Failures are classified by type
+never a mistake that would fail the same way again. The pauses are the deadline's clock's, so
+a fake clock runs them at once (tests/test_deadlines.py). Failures are classified by type
 (exception classes, ``errno``, SDK status codes), never by reading their text.
 """
 
@@ -21,10 +22,10 @@ import concurrent.futures
 import errno
 import random
 import re
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+from ..clock import Deadline
 from ..settings import DEFAULT_TIMEOUT
 from ..trust.errors import PlanCacheError, StoreError, StoreTimeout
 
@@ -64,7 +65,8 @@ def is_refused(exc: BaseException) -> bool:
 
 
 def http_status(exc: BaseException) -> int | None:
-    """The HTTP status an SDK error carries (botocore ``ClientError``, aiohttp, gcsfs, azure-core), if any."""
+    """The HTTP status an SDK error carries (botocore ``ClientError``, aiohttp, gcsfs,
+    azure-core), if any."""
     for current in causes(exc):
         response = getattr(current, "response", None)
         if isinstance(response, dict):
@@ -120,7 +122,8 @@ the 50 ms a dropped connection needs, so the tries spread over the budget (pause
 0-0.5 s, 0-1 s, 0-1 s) instead of spending all of them in its first 0.3 s."""
 
 THROTTLED = (429, 503)
-"""What S3 (``503 SlowDown``), GCS (``429``/``503``) and Azure (``503 ServerBusy``) answer above their limits."""
+"""What S3 (``503 SlowDown``), GCS (``429``/``503``) and Azure (``503 ServerBusy``) answer
+above their limits."""
 
 LEGACY_RETRIES = False
 """True restores the retries before the boot-storm work (3 tries, 50-200 ms apart, no
@@ -143,7 +146,7 @@ def retry_after(exc: BaseException) -> float | None:
     included (it would need the store's clock), is as absent: the usual backoff applies."""
     for current in causes(exc):
         response = getattr(current, "response", None)
-        candidates = []
+        candidates: list[Any] = []
         if isinstance(response, dict):
             meta = response.get("ResponseMetadata")
             candidates.append(meta.get("HTTPHeaders") if isinstance(meta, dict) else None)
@@ -153,9 +156,7 @@ def retry_after(exc: BaseException) -> float | None:
                 continue
             value = headers.get("retry-after") or headers.get("Retry-After")
             text = value.strip(" \t") if isinstance(value, str) else ""
-            if _DELTA_SECONDS.fullmatch(
-                text
-            ):  # never str.isdigit: it takes '²', which float() refuses
+            if _DELTA_SECONDS.fullmatch(text):  # never str.isdigit: it takes '²'
                 return min(float(text), RETRY_AFTER_CAP) if len(text) <= 16 else RETRY_AFTER_CAP
     return None
 
@@ -179,19 +180,16 @@ def _attempts(exc: BaseException) -> int:
     return MAX_ATTEMPTS
 
 
-def _give_up(number: int, exc: Exception, pause: float, deadline: float) -> bool:
+def _give_up(number: int, exc: Exception, pause: float, deadline: Deadline) -> bool:
     """No retry past the attempts, of a failure that would fail again, or whose pause (a
-    Retry-After included) would end after the deadline: a try that cannot finish in time only
-    adds load to a store that is already refusing."""
-    return (
-        number >= _attempts(exc) - 1
-        or not is_transient(exc)
-        or time.monotonic() + pause >= deadline
-    )
+    Retry-After included) would end at or after the deadline: a try that cannot finish in time
+    only adds load to a store that is already refusing."""
+    return number >= _attempts(exc) - 1 or not is_transient(exc) or deadline.remaining() <= pause
 
 
-async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> T:
-    """Run ``attempt`` while transient failures leave time to retry (see :func:`_give_up`)."""
+async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: Deadline) -> T:
+    """Run ``attempt`` while transient failures leave time to retry (see :func:`_give_up`),
+    pausing on the deadline's clock."""
     number = 0
     while True:
         try:
@@ -202,12 +200,13 @@ async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: float) -> 
             pause = _pause(number, exc)
             if _give_up(number, exc, pause, deadline):
                 raise
-            await asyncio.sleep(pause)
+            await deadline.clock.sleep_async(pause)
             number += 1
 
 
-def retrying(attempt: Callable[[], T], deadline: float) -> T:
-    """:func:`with_retries` for a blocking ``attempt`` (in a thread of its own, see :mod:`.s3.direct`)."""
+def retrying(attempt: Callable[[], T], deadline: Deadline) -> T:
+    """:func:`with_retries` for a blocking ``attempt`` (in a thread of its own, see
+    :mod:`.s3.direct`), pausing on the deadline's clock."""
     number = 0
     while True:
         try:
@@ -216,7 +215,7 @@ def retrying(attempt: Callable[[], T], deadline: float) -> T:
             pause = _pause(number, exc)
             if _give_up(number, exc, pause, deadline):
                 raise
-            time.sleep(pause)
+            deadline.clock.sleep(pause)
             number += 1
 
 
@@ -248,12 +247,18 @@ def store_error(what: str, exc: BaseException) -> PlanCacheError:
 def run_by(
     loop: asyncio.AbstractEventLoop,
     make: Callable[[], Awaitable[T]],
-    deadline: float,
+    deadline: Deadline,
     what: str,
     budget: float,
 ) -> T:
-    """Run ``make()`` on ``loop`` from this thread; cancel it and raise StoreTimeout at the deadline."""
-    remaining = deadline - time.monotonic()
+    """Run ``make()`` on ``loop`` from this thread for the time ``deadline`` leaves; cancel it
+    and raise StoreTimeout when that is over (``budget``: the one the message names).
+
+    Raises:
+        StoreTimeout: no time was left, or ``make()`` did not end in it (reason ``timeout``).
+        PlanCacheError: ``make()`` failed (:func:`store_error`).
+    """
+    remaining = deadline.remaining()
     if remaining <= 0:
         raise StoreTimeout(f"{what}: no time left in the budget")
 
@@ -271,7 +276,11 @@ def run_by(
 
 
 def checked_budget(value: Any, default: float = DEFAULT_TIMEOUT) -> float:
-    """A budget in seconds: positive and finite, else a ConfigError (``inf`` would never end)."""
+    """A budget in seconds: positive and finite, else a ConfigError (``inf`` would never end).
+
+    Raises:
+        ConfigError: ``value`` is not a number, or not in (0, 1e6).
+    """
     from ..trust.errors import ConfigError
 
     budget = default if value is None else value

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..clock import Deadline
 from ..trust.plans.plan_set_names import set_object_id
 from .capped_reads import read_now
 from .deadline import THROTTLED, http_status
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 
-def read_set(store: Store, name: str, deadline: float | None = None) -> bytes | None:
+def read_set(store: Store, name: str, deadline: Deadline | None = None) -> bytes | None:
     """A set (or replica) object's bytes, capped (None if absent); raw and unverified; the
     read's errors are :func:`.capped_reads.read_now`'s.
 
@@ -40,14 +41,14 @@ def throttled(exc: BaseException) -> bool:
     return http_status(exc) in THROTTLED
 
 
-def set_names(store: Store, deadline: float | None = None) -> list[str]:
+def set_names(store: Store, deadline: Deadline | None = None) -> list[str]:
     """The set and replica objects directly under the prefix, sorted (one listing, the plans'
     own)."""
     return sorted(info.name for info in store.iter_objects(deadline) if set_object_id(info.name))
 
 
 def delete_sets(
-    store: Store, names: Iterable[str], deadline: float | None = None
+    store: Store, names: Iterable[str], deadline: Deadline | None = None
 ) -> dict[str, PlanCacheError]:
     """Delete set objects; one already gone is not an error. Returns those that could not be
     deleted, each with its error: prune must name every set left behind (it would go on serving

@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..clock import Deadline
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
@@ -49,7 +49,7 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     check: Callable[[], None] | None = None,
 ) -> Store:
     """Open the store at ``url``; ``timeout`` is the overall budget of each remote operation.
@@ -69,7 +69,7 @@ def open_store(
         StoreTimeout: the import or ``check`` did not end by ``deadline`` (reason ``timeout``).
     """
     budget = checked_budget(timeout)
-    deadline = time.monotonic() + budget if deadline is None else deadline
+    deadline = Deadline.after(budget) if deadline is None else deadline
 
     def opening() -> Store:
         if check is not None:
@@ -78,6 +78,7 @@ def open_store(
 
     store = Pending(opening, "plancache-open").result(deadline, f"cannot open {url}", budget)
     store._first_deadline = deadline
+    store.clock = deadline.clock
     return store
 
 
@@ -135,7 +136,7 @@ class Store(StoreCalls):
         return f"Store({self.url!r}, timeout={self.timeout})"
 
     async def _read_capped(
-        self, name: str, deadline: float, cap: int | None = None
+        self, name: str, deadline: Deadline, cap: int | None = None
     ) -> bytes | None:
         """One object's bytes (None if absent), at most ``cap`` (see
         :func:`.capped_reads.read_object`)."""
@@ -143,7 +144,7 @@ class Store(StoreCalls):
 
     # -- reads ------------------------------------------------------------------------------
 
-    def iter_objects(self, deadline: float | None = None) -> Iterator[ObjectInfo]:
+    def iter_objects(self, deadline: Deadline | None = None) -> Iterator[ObjectInfo]:
         """Plan and sidecar objects directly under the prefix, one page requested at a time.
 
         Every other name is dropped, and so is a name listed again (each object counts once
@@ -181,25 +182,25 @@ class Store(StoreCalls):
 
         return pages()
 
-    def list_objects(self, deadline: float | None = None) -> dict[str, ObjectInfo]:
+    def list_objects(self, deadline: Deadline | None = None) -> dict[str, ObjectInfo]:
         """Plan and sidecar objects directly under the prefix (at most MAX_NAMES of them)."""
         return {info.name: info for info in self.iter_objects(deadline)}
 
-    def iter_fingerprints(self, deadline: float | None = None) -> Iterator[str]:
+    def iter_fingerprints(self, deadline: Deadline | None = None) -> Iterator[str]:
         """Fingerprints of the plans under the prefix as listed, page by page (not sorted)."""
         objects = self.iter_objects(deadline)
         return (
             fp for fp in (fingerprint_of_plan_name(info.name) for info in objects) if fp is not None
         )
 
-    def fingerprints(self, deadline: float | None = None) -> list[str]:
+    def fingerprints(self, deadline: Deadline | None = None) -> list[str]:
         """Fingerprints of the plans under the prefix, sorted; hostile names are ignored."""
         return sorted(set(self.iter_fingerprints(deadline)))
 
     def fetch_stream(
         self,
         fingerprints: Iterable[str],
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> Iterator[PlanResult]:
         """:meth:`fetch_many` in batches of the store's concurrency, yielded as each batch ends.
@@ -221,7 +222,7 @@ class Store(StoreCalls):
     def fetch_many(
         self,
         fingerprints: Sequence[str],
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> list[PlanResult]:
         """Plan and sidecar bytes of each fingerprint, both requested at once, in input order.
@@ -260,7 +261,7 @@ class Store(StoreCalls):
             got = self._each_by(unique, pair, "fetch", deadline, on_done=on_done)
         return [_result(fp, got[fp]) for fp in fingerprints]
 
-    def fetch(self, fp: str, deadline: float | None = None) -> PlanResult:
+    def fetch(self, fp: str, deadline: Deadline | None = None) -> PlanResult:
         """One fingerprint's plan and sidecar in one round trip (see :meth:`fetch_many`)."""
         return self.fetch_many([fp], deadline)[0]
 
@@ -269,7 +270,7 @@ class Store(StoreCalls):
     def put_many(
         self,
         objects: Mapping[str, bytes],
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> None:
         """Upload ``{name: bytes}`` (plan and sidecar names only) concurrently.
@@ -302,7 +303,7 @@ class Store(StoreCalls):
         )
 
     def put(
-        self, fp: str, plan_bytes: bytes, sig_bytes: bytes | None, deadline: float | None = None
+        self, fp: str, plan_bytes: bytes, sig_bytes: bytes | None, deadline: Deadline | None = None
     ) -> None:
         """Upload one plan and, when given, its sidecar (concurrently)."""
         objects = {plan_name(fp): plan_bytes}
@@ -310,13 +311,13 @@ class Store(StoreCalls):
             objects[sig_name(fp)] = sig_bytes
         self.put_many(objects, deadline)
 
-    def delete(self, fingerprints: Iterable[str], deadline: float | None = None) -> None:
+    def delete(self, fingerprints: Iterable[str], deadline: Deadline | None = None) -> None:
         """Delete plans and their sidecars; objects already gone are not an error."""
         self.delete_objects(
             [n for fp in fingerprints for n in (plan_name(fp), sig_name(fp))], deadline
         )
 
-    def delete_objects(self, names: list[str], deadline: float | None = None) -> None:
+    def delete_objects(self, names: list[str], deadline: Deadline | None = None) -> None:
         """Delete these objects under the prefix (plans, sidecars, plan sets); gone is not an
         error."""
         deadline = self._deadline(deadline)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..clock import REAL_CLOCK, Clock, Deadline
 from ..trust.errors import PlanCacheError
 from .backends import CONCURRENCY, kind_of, list_page
 from .deadline import run_by, store_error, with_retries
@@ -99,16 +99,19 @@ class StoreCalls:
         self.timeout = timeout
         self.kind = kind or kind_of(type(fs))
         self._async = self.kind in ("s3", "gcs", "azure", "async", "oci")
-        self._first_deadline: float | None = None
+        self._first_deadline: Deadline | None = None
         """The deadline :func:`~.store.open_store` waited for: an operation without a deadline of
         its own that starts before it ends by it (the open and that operation share one budget)."""
+        self.clock: Clock = REAL_CLOCK
+        """What an operation without a deadline of its own measures its budget by: the clock of
+        the deadline the store was opened by."""
 
     @property
     def fs(self) -> Any:
         """The fsspec filesystem, made now, within one budget, if it is not made yet."""
-        return self._filesystem(time.monotonic() + self.timeout)
+        return self._filesystem(Deadline.after(self.timeout, self.clock))
 
-    def _filesystem(self, deadline: float) -> Any:
+    def _filesystem(self, deadline: Deadline) -> Any:
         """The filesystem, made at most once, in a daemon thread, waited for until ``deadline``."""
         if self._fs is None:
             with self._lock:
@@ -136,14 +139,16 @@ class StoreCalls:
             else f"{self.root.rstrip('/')}/{name}"
         )
 
-    def _deadline(self, deadline: float | None) -> float:
+    def _deadline(self, deadline: Deadline | None) -> Deadline:
         if deadline is not None:
             return deadline
-        now, first = time.monotonic(), self._first_deadline
+        first = self._first_deadline
         self._first_deadline = None
-        return first if first is not None and first > now else now + self.timeout
+        if first is not None and not first.expired():
+            return first
+        return Deadline.after(self.timeout, self.clock)
 
-    def _run(self, make: Callable[[], Awaitable[T]], deadline: float, what: str) -> T:
+    def _run(self, make: Callable[[], Awaitable[T]], deadline: Deadline, what: str) -> T:
         fs = self._filesystem(deadline)
         if self._async:
             loop = fs.loop
@@ -154,7 +159,7 @@ class StoreCalls:
         use_daemon_executor(loop)
         return run_by(loop, make, deadline, f"{what} {self.url}", self.timeout)
 
-    def _list_page(self, token: str | None, deadline: float) -> Page:
+    def _list_page(self, token: str | None, deadline: Deadline) -> Page:
         """One page of the listing, from ``token`` (None: the first), retried inside
         ``deadline``."""
         return self._run(
@@ -174,7 +179,7 @@ class StoreCalls:
         keys: Sequence[str],
         action: Callable[[str], Awaitable[T]],
         what: str,
-        deadline: float,
+        deadline: Deadline,
         *,
         on_done: Callable[[int], None] | None = None,
     ) -> dict[str, T | PlanCacheError]:

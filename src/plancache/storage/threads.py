@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ..clock import Deadline
 from ..trust.errors import StoreTimeout
 
 T = TypeVar("T")
@@ -79,7 +79,7 @@ class Pending(Generic[T]):
 
         _spawn(run, name)
 
-    def result(self, deadline: float, what: str, budget: float) -> T:
+    def result(self, deadline: Deadline, what: str, budget: float) -> T:
         """The call's value (or its exception, re-raised).
 
         Raises:
@@ -87,7 +87,7 @@ class Pending(Generic[T]):
                 ``timeout``); the call goes on in its thread, for the next caller to wait on.
             BaseException: whatever the call raised, as it is.
         """
-        if not self._done.wait(max(0.0, deadline - time.monotonic())):
+        if not self._done.wait(max(0.0, deadline.remaining())):
             raise StoreTimeout(f"{what}: no answer within the {budget:g} s budget")
         if self._error is not None:
             raise self._error

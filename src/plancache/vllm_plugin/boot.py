@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..clock import REAL_CLOCK, Deadline
 from ..pipeline.keyless_report import plan_signers
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..storage.deadline import DEFAULT_TIMEOUT
@@ -66,7 +67,7 @@ WITHOUT_PLANS_ATTR = "_plancache_without_plans"
 def _resolve(
     boot: Boot,
     fp: str,
-    deadline: float,
+    deadline: Deadline,
     *,
     world: Callable[[], list[str] | None] | None = None,
 ) -> PlanResult:
@@ -107,7 +108,7 @@ def prefetch(worker: Worker, fingerprint: Fingerprint) -> None:
     fp = fingerprint_of(worker, fingerprint)
     if os.path.lexists(plan_dir().path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
-    deadline = time.monotonic() + boot.config.timeout
+    deadline = Deadline.after(boot.config.timeout)
     # on this thread: the configuration is vLLM's to change
     members = world_of(worker, fingerprint, fp)
     boot.prefetch = Prefetch(
@@ -145,12 +146,12 @@ def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = 
     now."""
     pending = boot.prefetch
     if pending is None or pending.key != fp:
-        started = time.monotonic()
-        result = _resolve(boot, fp, started + boot.config.timeout, world=world)
-        how, took = "fetch", time.monotonic() - started
+        due = Deadline.after(boot.config.timeout)
+        result = _resolve(boot, fp, due, world=world)
+        how, took = "fetch", due.elapsed()
     else:
         finished, got = pending.result()
-        took = (pending.finished or time.monotonic()) - pending.started
+        took = (pending.finished or pending.deadline.clock.monotonic()) - pending.started
         if not finished or got is None:
             error = StoreTimeout(
                 f"store gave no answer within the {boot.config.timeout:g} s budget"
@@ -281,7 +282,7 @@ def after_warm_up(worker: object) -> None:
 def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
     """Replaces vLLM's ``maybe_apply_startup_plan``: decide, maybe set the KV bytes, log one
     line."""
-    started = time.monotonic()
+    started = REAL_CLOCK.monotonic()  # the vote's budget is the rest of the boot's, from here
     if not enabled():
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
@@ -307,7 +308,7 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
     # Every rank votes once, whatever it decided (gloo pairs collectives by order, so a rank
     # that errored must vote too): a plan applies on all ranks or on none.
-    decision = vote.settle(decision, budget + vote.MARGIN_S - (time.monotonic() - started))
+    decision = vote.settle(decision, Deadline(started, budget + vote.MARGIN_S).remaining())
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     log_decision(decision, source, fp, started, worker=worker, boot=boot)

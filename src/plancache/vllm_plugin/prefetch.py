@@ -24,9 +24,11 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from ..clock import Deadline
 
 T = TypeVar("T")
 
@@ -116,12 +118,13 @@ def off_compute_cores() -> None:
 
 
 class Prefetch(Generic[T]):
-    """Runs ``task`` once in a daemon thread; :meth:`result` waits until a monotonic deadline."""
+    """Runs ``task`` once in a daemon thread; :meth:`result` waits until ``deadline``; the
+    task's start and end are read on the deadline's clock."""
 
-    def __init__(self, key: str, deadline: float, task: Callable[[], T]) -> None:
+    def __init__(self, key: str, deadline: Deadline, task: Callable[[], T]) -> None:
         self.key = key
         self.deadline = deadline
-        self.started = time.monotonic()
+        self.started = deadline.clock.monotonic()
         self.finished: float | None = None
         self._task = task
         self._done = threading.Event()
@@ -142,7 +145,7 @@ class Prefetch(Generic[T]):
         except BaseException as exc:
             self._error = exc
         finally:
-            self.finished = time.monotonic()
+            self.finished = self.deadline.clock.monotonic()
             self._done.set()
 
     def result(self) -> tuple[bool, T | None]:
@@ -151,7 +154,7 @@ class Prefetch(Generic[T]):
         Raises:
             BaseException: what the task raised, re-raised as it was (the caller's to handle).
         """
-        if not self._done.wait(max(0.0, self.deadline - time.monotonic())):
+        if not self._done.wait(max(0.0, self.deadline.remaining())):
             return False, None
         if self._error is not None:
             raise self._error

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
+from ..clock import Deadline
 from ..pipeline.resolver import utcnow
 from ..storage.local.files import read_capped, write_atomic
 from ..storage.local.localdir import LocalPlanDir
@@ -137,8 +137,7 @@ def _signed(
 
 def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:
     off_compute_cores()
-    started = time.monotonic()
-    deadline = started + boot.config.timeout
+    deadline = Deadline.after(boot.config.timeout)
     try:
         boot.open_store(deadline).put(fp, plan_bytes, sig_bytes, deadline=deadline)
         boot.push_result = "pushed"
@@ -146,7 +145,7 @@ def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:
             "plancache: pushed plan fingerprint=%s to %s in %.0f ms",
             fp,
             boot.config.url,
-            (time.monotonic() - started) * 1000,
+            deadline.elapsed() * 1000,
         )
     except Exception as exc:
         detail = exc.detail if isinstance(exc, PlanCacheError) else f"{type(exc).__name__}: {exc}"

@@ -42,11 +42,11 @@ included): the collectives of a group pair up by order.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
+from ..clock import Deadline
 from ..trust.plans.gate import Decision, Verdict
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def agree(mine: bool, budget_s: float) -> Vote:
         return Vote(False, (), _error(exc), 0)
     if world is None or world.world_size == 1:
         return Vote(mine, () if mine else (0,), None, 1)
-    started = time.monotonic()
+    round1 = Deadline.after(budget_s)
     if budget_s <= 0:  # spent: gloo's wait(0) would mean *no* timeout; vote profile, never wait
         return _spent(world)
     try:
@@ -159,7 +159,7 @@ def agree(mine: bool, budget_s: float) -> Vote:
         if noes:  # nobody applies: post the 0 (collectives pair by order) and go profile
             _gather(world, 0.0, None)
             return Vote(False, noes, None, world.world_size)
-        acks = _gather(world, 1.0, max(budget_s - (time.monotonic() - started), ROUND2_S))
+        acks = _gather(world, 1.0, max(round1.remaining(), ROUND2_S))
     except Exception as exc:
         return Vote(False, noes, f"round 2: {_error(exc)}", world.world_size)
     unsure = tuple(r for r, a in enumerate(acks) if a != 1.0)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..clock import Deadline
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
 from ..storage.store import Store, open_store
@@ -84,7 +85,7 @@ class Boot:
     def store_writes(self) -> bool:
         return self.config.url is not None and self.signer is not None
 
-    def open_store(self, deadline: float | None = None) -> Store:
+    def open_store(self, deadline: Deadline | None = None) -> Store:
         """The store, opened (the SDK imported) by ``deadline``: the caller's, so that opening and
         the reads after it share one budget (default: a budget of its own from now)."""
         return open_store(
@@ -94,7 +95,7 @@ class Boot:
             deadline=deadline,
         )
 
-    def resolver(self, deadline: float | None = None) -> Resolver:
+    def resolver(self, deadline: Deadline | None = None) -> Resolver:
         """The shared pipeline over vLLM's plan directory; the store is opened on a local miss,
         by ``deadline`` (the lookup's: the store's import is part of the budget, not before it)."""
         return Resolver(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,12 +44,13 @@ def _compile_root(args: argparse.Namespace) -> Path | None:
 def _caches(
     args: argparse.Namespace, source: Location, keyring: Keyring, now: datetime
 ) -> tuple[list[CacheCandidate] | None, str | None]:
+    from ...clock import Deadline
     from ...pipeline.compile_cache.local_caches import CacheRoot
     from ...pipeline.explain import caches_in_root, caches_in_store
     from ...storage.local.localdir import LocalPlanDir
 
     if not isinstance(source, LocalPlanDir):
-        deadline = time.monotonic() + source.timeout
+        deadline = Deadline.after(source.timeout, source.clock)
         return caches_in_store(source, keyring, now, deadline), str(args.location)
     root = _compile_root(args)
     if root is None:

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...pipeline.audit import PlanReport, all_valid, audit_plans, list_plans
 from ...pipeline.locations import (
@@ -51,6 +51,9 @@ from ..output import (
     status_text,
 )
 
+if TYPE_CHECKING:
+    from ...clock import Deadline
+
 NO_PLANS = "no-plans"
 
 
@@ -60,7 +63,7 @@ class Audit:
 
     source: Location
     reports: list[PlanReport]
-    deadline: float | None
+    deadline: Deadline | None
     """The command's one deadline (a store's; None for a directory): ``--timeout`` bounds the
     whole audit, plans and sets, never each read."""
     digests: dict[str, str] = field(default_factory=dict)
@@ -75,10 +78,11 @@ def _audit(args: argparse.Namespace, policy: Any) -> Audit:
     wanted = wanted_fingerprints(args) if getattr(args, "fingerprint", None) else []
     deadline = None
     if is_url(str(args.location) if args.location else None):
-        from ...storage.deadline import checked_budget  # a store's machinery, for a store only
+        from ...clock import Deadline
+        from ...storage.deadline import checked_budget  # a store's, for a store only
 
         budget = checked_budget(args.timeout, BULK_TIMEOUT)
-        deadline = started + budget  # computed once, handed to every listing and read below
+        deadline = Deadline(started, budget)  # computed once, handed to every listing and read
         source: Location = open_url(
             str(args.location), storage_options(args), budget, deadline=deadline
         )

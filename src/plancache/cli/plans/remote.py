@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
+from ...clock import REAL_CLOCK, Deadline
 from ...pipeline.audit import STORE_REASONS, all_valid, report_of
 from ...pipeline.locations import (
     BULK_TIMEOUT,
@@ -62,7 +62,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     directory = local_dir(args.dir)
     signer = signer_for(args.key, prompt=terminal_prompt())
     request = signing_request(args)
-    started = time.monotonic()
+    started = REAL_CLOCK.monotonic()
     store = open_url(
         args.url, storage_options(args), BULK_TIMEOUT if args.timeout is None else args.timeout
     )
@@ -76,10 +76,10 @@ def cmd_push(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
         )
         entries, uploaded = push_plans(
-            directory, store, started + store.timeout, utcnow(), push=push, progress=bar
+            directory, store, Deadline(started, store.timeout), utcnow(), push=push, progress=bar
         )
     sets, set_problems = _push_sets(
-        args, directory, store, started + store.timeout, signer, entries
+        args, directory, store, Deadline(started, store.timeout), signer, entries
     )
     counts = {a: sum(e.action == a for e in entries) for a in ("uploaded", "unchanged", "refused")}
     signs = any(e.detail in ("signed", "signed first") for e in entries)
@@ -125,7 +125,7 @@ def _push_sets(
     args: argparse.Namespace,
     directory: Any,
     store: Any,
-    deadline: float,
+    deadline: Deadline,
     signer: Any,
     entries: list[Any],
 ) -> tuple[list[Any], list[str]]:
@@ -153,7 +153,7 @@ def _push_sets(
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    started = time.monotonic()
+    started = REAL_CLOCK.monotonic()
     check_places(args)
     policy = required_policy(args)
     wanted = wanted_fingerprints(args)
@@ -161,7 +161,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         args.timeout, DEFAULT_TIMEOUT if wanted else BOOT_TIMEOUT if args.boot else BULK_TIMEOUT
     )
     directory = local_dir(args.dir, must_exist=False)
-    deadline = started + budget
+    deadline = Deadline(started, budget)
     store = open_url(
         args.url, storage_options(args), budget, deadline=deadline
     )  # the SDK's import counts
@@ -233,9 +233,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
         else "older-than"
     )
     policy = required_policy(args) if criterion in ("revoked", "invalid") else None
-    started = time.monotonic()
+    started = REAL_CLOCK.monotonic()
     budget = checked_budget(args.timeout, BULK_TIMEOUT)
-    deadline = started + budget  # once: the listing, every read and delete, plans and sets share it
+    deadline = Deadline(started, budget)  # once: the listing, every read and delete, and the sets
     store = open_url(args.url, storage_options(args), budget, deadline=deadline)
     with Progress("prune", args.quiet) as bar:
         outcome = prune_plans(

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from ...clock import Deadline
 from ...storage.compile_cache import archive_format, archives, cachedir, placement
 from ...storage.local import directory_lock, dirfds
 from ...storage.store import Store
@@ -148,7 +149,7 @@ def push_cache(
     keyring: Keyring,
     now: datetime,
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     wait: float = directory_lock.LOCK_WAIT,
 ) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature.
@@ -180,7 +181,7 @@ def pull_cache(
     keyring: Keyring,
     now: datetime,
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     wait: float = directory_lock.LOCK_WAIT,
 ) -> CacheOutcome:
     """:func:`_pull_locked` under the node's lock for ``subject``."""
@@ -194,7 +195,7 @@ def pull_locked(
     subject: str,
     keyring: Keyring,
     now: datetime,
-    deadline: float | None,
+    deadline: Deadline | None,
 ) -> CacheOutcome:
     """Signature GET -> verify -> (a local cache that verifies and was signed at the same time
     or later is kept: no rollback) -> archive GET capped at the signed size -> sha256 -> extract

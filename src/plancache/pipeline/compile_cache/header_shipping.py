@@ -28,12 +28,12 @@ import contextlib
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from ...clock import Deadline
 from ...storage.compile_cache import archives
 from ...storage.compile_cache import header_files as files
 from ...storage.store import Store
@@ -128,11 +128,11 @@ class Cancel:
                 raise Cancelled(self._cancelled)
 
     @contextlib.contextmanager
-    def unless_cancelled(self, deadline: float | None = None) -> Iterator[bool]:
+    def unless_cancelled(self, deadline: Deadline | None = None) -> Iterator[bool]:
         """True while neither set nor held: held, wait for the decision (at most to ``deadline``;
         undecided then, nothing is installed)."""
         with self._cond:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = None if deadline is None else max(0.0, deadline.remaining())
             self._cond.wait_for(lambda: self._cancelled is not None or not self._held, left)
             if self._cancelled is None and self._held:
                 self._cancelled = HeadersOutcome(
@@ -177,7 +177,7 @@ def push_headers(
     *,
     cache_archive_sha256: str,
     expires_in: timedelta | None = None,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     packed: tuple[bytes, list[tuple[str, int, str]]] | None = None,
 ) -> HeadersOutcome:
     """Sign what the named headers of ``directory`` are (``packed``: compressed already), bound to
@@ -220,7 +220,7 @@ def pull_headers(
     directory: Path,
     *,
     cache_archive_sha256: str | None,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     cancel: Cancel | None = None,
 ) -> HeadersOutcome:
     """Install the store's verified headers for ``subject`` into ``directory`` (see the module),
@@ -253,7 +253,7 @@ def _pull(
     now: datetime,
     base: Path,
     directory: Path,
-    deadline: float | None,
+    deadline: Deadline | None,
     cancel: Cancel,
     bound: str | None,
 ) -> HeadersOutcome:
@@ -297,7 +297,7 @@ def _inflate(
     hset: HeaderSet,
     there: dict[str, str],
     cancel: Cancel,
-    deadline: float | None,
+    deadline: Deadline | None,
     bound: str | None,
 ) -> HeadersOutcome:
     """Every header is inflated and checked (the stream is one), then, once the guard loaded the

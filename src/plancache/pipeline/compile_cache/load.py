@@ -20,6 +20,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from ...clock import Deadline
 from ...storage.compile_cache import cachedir, placement, private_copy
 from ...storage.local import directory_lock
 from ...storage.store import Store
@@ -37,7 +38,7 @@ from .local_caches import (
     read_sidecar,
 )
 
-Fetch = Callable[[], "tuple[Store, float]"]
+Fetch = Callable[[], "tuple[Store, Deadline]"]
 """Opens the store a missing or rejected cache is pulled from, and the pull's deadline."""
 
 

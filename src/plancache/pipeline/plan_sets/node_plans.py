@@ -44,6 +44,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...clock import Deadline
 from ...storage.deadline import JOIN_GRACE, store_error
 from ...storage.local.directory_lock import locked
 from ...storage.local.files import read_capped, write_atomic
@@ -95,7 +96,7 @@ def set_key(directory: Path, name: str) -> Path:
 
 
 def resolve_node(
-    resolver: Resolver, fp: str, world: Sequence[str], deadline: float, *, replica: int = 0
+    resolver: Resolver, fp: str, world: Sequence[str], deadline: Deadline, *, replica: int = 0
 ) -> PlanResult:
     """This rank's verified plan, the store read at most once per node for ``world``'s plans.
 
@@ -156,7 +157,7 @@ def _why(exc: BaseException) -> str:
     )
 
 
-def _lock(stack: ExitStack, key: Path, deadline: float) -> bool:
+def _lock(stack: ExitStack, key: Path, deadline: Deadline) -> bool:
     """Take the set's node lock; True if another rank held it (this rank waited). A read-only
     filesystem yields no lock (nobody writes there): this rank then reads for itself."""
     try:
@@ -166,15 +167,15 @@ def _lock(stack: ExitStack, key: Path, deadline: float) -> bool:
         pass
     # the fetching rank may end up to a deadline's join grace after its deadline (an answer
     # that arrived in time, verified and written): waiting as long keeps the node's ranks alike
-    remaining = deadline + JOIN_GRACE + LOCK_MARGIN - time.monotonic()
+    remaining = deadline.remaining() + JOIN_GRACE + LOCK_MARGIN
     if remaining <= 0:
         raise StoreTimeout("no time left in the budget to wait for the node's fetching rank")
-    stack.enter_context(locked(key.parent, key, wait=remaining))
+    stack.enter_context(locked(key.parent, key, wait=remaining, clock=deadline.clock))
     return True
 
 
 def _fetch(
-    resolver: Resolver, fp: str, world: Sequence[str], name: str, deadline: float, replica: int
+    resolver: Resolver, fp: str, world: Sequence[str], name: str, deadline: Deadline, replica: int
 ) -> tuple[dict[str, PlanResult], str]:
     """Each fetched member's result (the set's gaps filled, else the per-plan objects of the
     ranks missing locally), and a note on the set for this rank's decision."""
@@ -205,7 +206,7 @@ def _fetch(
 
 
 def _read_set(
-    resolver: Resolver, name: str, deadline: float, replica: int
+    resolver: Resolver, name: str, deadline: Deadline, replica: int
 ) -> tuple[VerifiedSet | None, list[str], PlanCacheError | None]:
     """The verified set (this node's replica, else the set itself), else None with a note per
     copy that failed; the error, too, when the store must not be asked again in this budget."""
@@ -223,7 +224,7 @@ def _read_set(
             )
             label = "plan set" if obj == name else f"plan set replica {replica}"
             notes.append(f"{label} {what} ({exc.reason}: {safe_text(exc.detail, 300)})")
-            if throttled(exc) or time.monotonic() >= deadline:
+            if throttled(exc) or deadline.expired():
                 return None, notes, exc
     return None, notes, None
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from ...clock import Deadline
 from ...storage.local.localdir import LocalPlanDir
 from ...storage.store import Store
 from ...trust.errors import PlanCacheError
@@ -79,7 +80,7 @@ def worlds(
 def push_sets(
     directory: LocalPlanDir,
     store: Store,
-    deadline: float,
+    deadline: Deadline,
     now: datetime,
     signer: Signer,
     *,

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ...clock import Deadline
 from ...storage.plan_set_objects import delete_sets, read_set, set_names
 from ...storage.store import Store
 from ...trust.errors import PlanCacheError, Reason, StoreError
@@ -106,7 +106,7 @@ def audit_sets(
     policy: TrustPolicy | None,
     now: datetime,
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     plans: PlanFacts | None = None,
 ) -> list[SetReport]:
     """A report per set or replica object the store lists (one listing, one read each, all
@@ -126,13 +126,13 @@ def audit_sets(
 
 
 def _audit_one(
-    store: Store, name: str, policy: TrustPolicy | None, now: datetime, deadline: float
+    store: Store, name: str, policy: TrustPolicy | None, now: datetime, deadline: Deadline
 ) -> tuple[SetReport, _Copy | None]:
     """One object read, verified and reduced to its report (and, verified, its digests); its
     bytes are dropped on return."""
     ident, replica = _listed_id(name)
     report = SetReport(name, f"{SET_PREFIX}{ident}{SET_SUFFIX}", replica)
-    if time.monotonic() >= deadline:  # no read is started that cannot finish in the budget
+    if deadline.expired():  # no read is started that cannot finish in the budget
         report.status, report.reason = STORE_ERROR, Reason.TIMEOUT.value
         report.detail = f"cannot read {name}: no time left in the budget"
         return report, None
@@ -243,7 +243,7 @@ def prune_sets(
     deleted: Iterable[str],
     present: Iterable[str],
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     dry_run: bool = False,
 ) -> SetPrune:
     """Delete (or name, in a dry run) the set objects holding a plan about to be deleted or one

@@ -13,9 +13,9 @@ bounded retries, and listings yield subjects, never paths.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from ...clock import Deadline
 from ...trust.compile_cache.manifest import is_subject
 from ...trust.errors import Reason, Rejected
 from ..capped_reads import read_now
@@ -55,21 +55,26 @@ def headers_sig_name(subject: str) -> str:
     return headers_name(subject) + ".sig"
 
 
-def get_object(store: Store, name: str, cap: int, *, deadline: float | None = None) -> bytes | None:
+def get_object(
+    store: Store, name: str, cap: int, *, deadline: Deadline | None = None
+) -> bytes | None:
     """The object's bytes (None if absent), at most ``cap``: the store's own capped read (a
     ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
     non-blocking open on local stores), retried and bounded like a plan's, with its errors
     (:func:`..capped_reads.read_now`). On ``s3://`` before s3fs is made (a boot's pull), through
     plain botocore (:mod:`..s3.direct`), capped the same."""
     return read_now(
-        store, name, time.monotonic() + store.timeout if deadline is None else deadline, cap=cap
+        store,
+        name,
+        Deadline.after(store.timeout, store.clock) if deadline is None else deadline,
+        cap=cap,
     )
 
 
-def put_object(store: Store, name: str, data: bytes, *, deadline: float | None = None) -> None:
+def put_object(store: Store, name: str, data: bytes, *, deadline: Deadline | None = None) -> None:
     """Upload one object within the deadline (retrying transient failures); a failure is a
     ``StoreError`` (``StoreTimeout`` at the deadline)."""
-    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     path = store.path(name)
 
     async def write() -> None:
@@ -81,9 +86,9 @@ def put_object(store: Store, name: str, data: bytes, *, deadline: float | None =
     store._run(write, deadline, f"cannot upload {name} to")
 
 
-def list_subjects(store: Store, deadline: float | None = None) -> list[str]:
+def list_subjects(store: Store, deadline: Deadline | None = None) -> list[str]:
     """Subjects with a signature object in the store, sorted; any other name is ignored."""
-    deadline = time.monotonic() + store.timeout if deadline is None else deadline
+    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     found: set[str] = set()
     for folder, nested in ((PREFIX, ""), (f"{PREFIX}/torch_aot_compile", "torch_aot_compile/")):
         base = store.path(folder)

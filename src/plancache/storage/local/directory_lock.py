@@ -17,10 +17,10 @@ import contextlib
 import errno
 import fcntl
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...clock import REAL_CLOCK, Clock, Deadline
 from ...settings import BULK_TIMEOUT
 from ...trust.errors import Reason, StoreError, StoreTimeout
 from . import dirfds
@@ -38,7 +38,12 @@ def lock_path(directory: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(
-    base: Path, directory: Path, *, wait: float | None = None, write: bool = False
+    base: Path,
+    directory: Path,
+    *,
+    wait: float | None = None,
+    write: bool = False,
+    clock: Clock = REAL_CLOCK,
 ) -> Iterator[bool]:
     """An exclusive lock on ``directory`` (reached from ``base``), shared by every rank on the
     node: one of them works on the directory while the others wait (``<name>.plancache.lock``
@@ -47,6 +52,7 @@ def locked(
     ``wait`` bounds the wait in seconds (None: :data:`LOCK_WAIT`). Yields True with the lock
     held; False only on a read-only filesystem (``ST_RDONLY``): nobody writes through this
     mount, so the caller may read. ``write`` (sign, publish, pull) makes that an error at once.
+    ``clock``: what the wait is measured and polled on (a caller's deadline's).
 
     Raises:
         StoreTimeout: the lock is still held by another process after ``wait`` (reason
@@ -67,7 +73,7 @@ def locked(
         yield False
         return
     try:
-        _acquire(fd, lock, LOCK_WAIT if wait is None else wait)
+        _acquire(fd, lock, LOCK_WAIT if wait is None else wait, clock)
         yield True
     finally:
         os.close(fd)
@@ -96,18 +102,18 @@ def _open_lock(base: Path, directory: Path, lock: Path) -> int | None:
         ) from None
 
 
-def _acquire(fd: int, lock: Path, wait: float) -> None:
+def _acquire(fd: int, lock: Path, wait: float, clock: Clock) -> None:
     """``flock`` without blocking, polled until ``wait`` runs out: a blocking ``flock`` cannot
     be bounded, and a holder that never lets go must cost a bounded wait, never a hang."""
-    deadline = time.monotonic() + max(wait, 0.0)
+    deadline = Deadline.after(max(wait, 0.0), clock)
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            left = deadline - time.monotonic()
+            left = deadline.remaining()
             if left <= 0:
                 raise StoreTimeout(
                     f"another process has held the lock {lock} for over {wait:g} s; nothing done"
                 ) from None
-            time.sleep(min(0.05, left))
+            clock.sleep(min(0.05, left))

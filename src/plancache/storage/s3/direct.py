@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...clock import Deadline
 from ...trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ...trust.plans.plan import plan_name, sig_name
 from ..backends import request_timeouts
@@ -176,7 +177,7 @@ class S3Direct:
         client.meta.events.register_first("before-send.s3", functools.partial(capped_send, http))
         return client
 
-    def read(self, name: str, deadline: float, cap: int | None = None) -> bytes | None:
+    def read(self, name: str, deadline: Deadline, cap: int | None = None) -> bytes | None:
         """One object's bytes, at most ``cap`` (a plan's or sidecar's by its name; None if
         absent); retried while transient, blocking (a caller's daemon thread).
 
@@ -216,7 +217,7 @@ class S3Direct:
             raise Rejected(Reason.TOO_LARGE, f"{name} in the store is larger than {cap} bytes")
         return data
 
-    def get(self, name: str, cap: int | None, deadline: float) -> bytes | None:
+    def get(self, name: str, cap: int | None, deadline: Deadline) -> bytes | None:
         """One object of a boot (a plan set; a compile cache's archive or headers, or their
         signatures) at most ``cap`` (None: by its name), in a daemon thread waited for until the
         deadline.
@@ -237,7 +238,7 @@ class S3Direct:
     def fetch_pairs(
         self,
         fingerprints: Sequence[str],
-        deadline: float,
+        deadline: Deadline,
         on_done: Callable[[int], None] | None = None,
     ) -> dict[str, tuple[bytes | None, bytes | None] | PlanCacheError]:
         """``{fp: (plan, sig) or the typed error}``, every GET at once, each in a daemon thread;

@@ -118,6 +118,7 @@ def _pack_early() -> None:
     """On a build node (signing key and store configured), compress the headers as soon as gcc
     built one, while vLLM compiles on: at exit only the upload is left (vLLM kills a one-shot
     boot's worker 5 s after shutdown starts, before a 3.5 s compression would end)."""
+    from ...clock import Deadline
     from ...pipeline.compile_cache.header_shipping import pack_headers
     from .guard_settings import signs_and_pushes
 
@@ -127,7 +128,7 @@ def _pack_early() -> None:
         return
     names = used()
     packing = Prefetch(
-        "pack", time.monotonic() + PACK_WAIT_S, lambda: pack_headers(at[0], at[1], names)
+        "pack", Deadline.after(PACK_WAIT_S), lambda: pack_headers(at[0], at[1], names)
     )
     with state.headers.lock:
         state.headers.packing = (names, packing.start())
@@ -147,6 +148,7 @@ def start_fetch(
     downloads, checks and inflates meanwhile, but links nothing until the guard :func:`decided`
     (the cache was loaded, and which: only headers bound to it are linked; anything else cancels
     it). Not held: ``archive_sha256`` names the cache already loaded."""
+    from ...clock import Deadline
     from ...pipeline.compile_cache.header_shipping import Cancel, HeadersOutcome, pull_headers
     from ...pipeline.resolver import utcnow
 
@@ -154,8 +156,7 @@ def start_fetch(
     at, keyring = state.installed.headers_at, config.keyring
     if at is None or not config.url or keyring is None:
         return
-    budget = max(config.timeout, HEADERS_TIMEOUT)
-    deadline = time.monotonic() + budget
+    deadline = Deadline.after(max(config.timeout, HEADERS_TIMEOUT))
     cancel = Cancel(held=held)
 
     def task() -> HeadersOutcome:
@@ -251,8 +252,8 @@ def wait() -> None:
                 "plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
                 'detail="no header within the %.0f s budget: torch builds it"',
                 safe_text(fetch.key, 200),
-                (time.monotonic() - fetch.started) * 1000,
-                fetch.deadline - fetch.started,
+                (fetch.deadline.clock.monotonic() - fetch.started) * 1000,
+                fetch.deadline.budget,
             )
 
 

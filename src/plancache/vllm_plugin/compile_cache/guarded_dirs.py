@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...clock import Deadline
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
 from .. import plugin_state
@@ -190,15 +191,15 @@ def _check(directory: Path, disabled: bool, index: int) -> Guarded:
 
 def _fetcher(
     config: Settings, subject: str, pulled: list[bool]
-) -> Callable[[], tuple[Store, float]]:
+) -> Callable[[], tuple[Store, Deadline]]:
     """Opens the store for the guard's pull and starts the header fetch on it at once, beside
     the pull (held: it links nothing before the guard's decision, :func:`boot_headers.decided`)."""
 
-    def fetch() -> tuple[Store, float]:
+    def fetch() -> tuple[Store, Deadline]:
         from ...storage.store import open_store
 
         store = open_store(config.url or "", config.storage_options, timeout=config.timeout)
-        deadline = time.monotonic() + config.timeout
+        deadline = Deadline.after(config.timeout, store.clock)
         pulled.append(True)
         boot_headers.start_fetch(config, subject, store, held=True)  # never raises
         return store, deadline
