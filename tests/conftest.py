@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
@@ -96,12 +95,7 @@ def compile_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection imported (vLLM's and torch's modules among them, in every xdist worker)
-    lives until the process ends: collected once and frozen out of the collector's reach, so the
-    full collections that tests set off scan only what tests made. Unfrozen, one took 0.6-0.8 s
-    of CPU in a worker that had imported vLLM, and landed inside a bound test's timed boot
-    (docs/test-suite.md#frozen-heaps)."""
-    _freeze_heap()
+    """A run of the unit tier alone must not have imported vLLM or torch to collect it."""
     unit_only = bool(session.items) and all(
         item.get_closest_marker("unit") for item in session.items
     )
@@ -112,100 +106,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
-def _freeze_heap() -> None:
-    """Collect what is garbage now, then move everything left out of the collector's reach."""
-    gc.collect()
-    gc.freeze()
+# -- scheduling: the longest files first ------------------------------------------------------------
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _deadline_file_starts_frozen(request: pytest.FixtureRequest) -> None:
-    """A deadline file starts with what the worker's earlier files left collected and frozen
-    (one full collection a file, ~0.5 s): full collections inside its bound tests then scan only
-    what the file made. Measured over a run (2026-12-05): without it, 0.35-0.49 s collections in
-    the plugin's, the store faults', the direct reads' and the bounds' tests; with it, none over
-    0.35 s there. The boot storm's own 24 store clients still make 1.3-2 s ones inside its tests,
-    which bound counts, not time (a 10 s budget)."""
-    if request.path.name in DEADLINE_FILES:
-        _freeze_heap()
-
-
-# -- scheduling: the longest files first -----------------------------------------------------------
-
-VLLM_FILES = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py")
-"""The files that boot vLLM for minutes (module fixtures): first in :data:`FIRST`, on their own
-workers, and no worker past :data:`BASE_WORKERS` takes a file while one of them is unfinished."""
-FIRST = (
-    *VLLM_FILES,
-    # quick files: pytest-xdist queues a second file on a worker once its first is nearly done
-    "test_import_graph.py",
-    "test_storage_local.py",
-    "test_untrusted_text.py",
-    # the longest of the rest (mostly waiting: black holes, servers, journeys in subprocesses)
-    "test_no_secret_printed.py",
-    "test_boot_records.py",
-    "test_trust_verify.py",
-    "test_cli_fingerprint.py",
-    "test_compile_cache_cli.py",
-    "test_install_resolution.py",
-    "test_store_backends.py",
-)
-DEADLINE_FILES = (
-    # the files whose tests assert a wall-time bound (a budget plus a grace): queued after FIRST,
-    # so that they never run beside the vLLM fixtures; no more than BASE_WORKERS of them at once,
-    # the other worker taking the quick files behind them meanwhile (tests/held_workers.py); the
-    # longest first (seconds on three workers, 2026-12-03), so that the last to end are short ones
-    "test_store_faults.py",  # 46
-    "test_store_bounds.py",  # 43
-    "test_store_hostile.py",  # 36
-    "test_boot_storm.py",  # 27
-    "test_store_scripts.py",  # 24
-    "test_vllm_plugin.py",  # 14
-    "test_store_azure.py",  # 12
-    "test_keys_awskms.py",  # 10
-    "test_s3_direct.py",  # 10
-    "test_keys_gcpkms.py",  # < 8
-)
-
-
-BASE_WORKERS = 2
-"""Workers that start at once; the others (``-n 3`` and more) wait for the vLLM files
-(tests/held_workers.py)."""
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") != "loadfile":
-        return None  # xdist's own
-    from held_workers import HeldBackLoadFile
-
-    return HeldBackLoadFile(
-        config,
-        log,
-        base=BASE_WORKERS,
-        heavy=frozenset(VLLM_FILES),
-        deadline=frozenset(DEADLINE_FILES),
-    )
+LONGEST = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py")
+"""The files that boot vLLM for minutes (module fixtures: seven engine boots, 35 compile-cache
+boots, the ranks' worlds): queued first, each on a worker of its own, so that they run side by
+side from the start with the quick files beside them instead of making a tail of their own.
+Throughput only: no test's outcome depends on what runs beside it (docs/test-suite.md)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by ``-m``
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test marked with its file's tiers (:data:`FILE_TIERS`; a file with none gets no mark,
-    and tests/test_tiers.py fails). Files in :data:`FIRST`'s order, then :data:`DEADLINE_FILES`,
-    then the others as collected. Under ``--dist loadfile --no-loadscope-reorder``
-    (scripts/run-tests.sh) pytest-xdist hands files to workers in this order (but for a third
-    deadline file at once, which waits behind the quick files), so the files that boot vLLM for
-    minutes start first instead of last, and the quick files fill the cores beside the deadline
-    files; in one process it only changes the order of files, never of a file's tests.
-    Deterministic, as xdist requires (every worker must collect the same order)."""
+    and tests/test_tiers.py fails); the :data:`LONGEST` files first, then the others as collected.
+    Under ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands
+    files to workers in this order. The sort is stable (a file's own order is kept) and
+    deterministic, as xdist requires: every worker must collect the same order."""
     for item in items:
         for tier in FILE_TIERS.get(item.path.name, ()):
             item.add_marker(tier)
-    order = (*FIRST, *DEADLINE_FILES)
-    rank = {name: i for i, name in enumerate(order)}
-    items.sort(
-        key=lambda item: rank.get(item.path.name, len(order))
-    )  # stable: a file's own order is kept
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
 
 
 # -- tiers: what each test file needs (docs/test-suite.md#tiers) -----------------------------------
@@ -247,7 +168,6 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_engine_e2e.py": ("engine", "emulator", "realtime"),
     "test_engine_harness.py": UNIT,  # the harness's skip-or-fail rules: no engine needed
     "test_explain.py": ("vllm",),
-    "test_held_workers.py": UNIT,
     "test_import_graph.py": UNIT,
     "test_install_resolution.py": ("system", "realtime"),
     "test_keyless_cli.py": ("emulator",),  # the CLI through the local Fulcio/Rekor/OIDC
@@ -266,11 +186,10 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_plan_sets_audit.py": ("emulator", "realtime"),
     "test_plan_sets_node.py": ("emulator",),
     "test_prune_conditional.py": ("emulator",),
-    "test_python_api.py": ("emulator", "realtime"),
+    "test_python_api.py": ("emulator",),
     "test_recipes.py": ("emulator",),
-    "test_s3_direct.py": ("emulator", "realtime"),
-    "test_small_robustness.py": ("realtime",),
-    "test_stolen_time.py": ("realtime",),
+    "test_s3_direct.py": ("emulator",),
+    "test_small_robustness.py": UNIT,
     "test_static_rules.py": UNIT,
     "test_storage_local.py": UNIT,
     "test_store_azure.py": ("emulator", "realtime"),
@@ -285,7 +204,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_hostile.py": ("emulator", "realtime"),
     "test_store_oci_mirror.py": ("emulator",),
     "test_store_oci_referrers.py": ("emulator",),
-    "test_store_scripts.py": ("emulator", "realtime", "system"),
+    "test_store_scripts.py": ("emulator", "system"),
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,
     "test_trust_cosign.py": UNIT,
@@ -362,7 +281,6 @@ MISSING_PREREQUISITES = (
     ("emulator", "could not import 'PyKCS11'"),
     ("emulator", "could not import 'boto3'"),
     ("emulator", "could not import 'google.cloud.kms_v1'"),
-    ("unit", "could not import 'xdist'"),
 )
 """(tier, what a skip's reason says when that tier's prerequisite is missing). The engine tier fails
 by itself (tests/engine_harness.py: require_engine), and so do the real-node tests without root."""

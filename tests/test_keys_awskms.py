@@ -18,6 +18,7 @@ from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
 from plancache.trust.keyring.keyformat import key_id, openssh_line
+from realtime import SLACK_S
 from store_servers import AWS_ENV, BlackHole, closed_port
 
 pytest.importorskip("boto3")
@@ -159,14 +160,16 @@ def test_unreachable_kms_fails_fast_and_a_silent_one_within_the_budget(
     )  # imports boto3, loads KMS's model:
     started = time.monotonic()  # slow on a busy machine, not the call
     error = one_line_error(load_signer, "awskms:///alias/plancache-ci", aws_env)
-    assert isinstance(error, ConfigError) and time.monotonic() - started < 2.5, error.detail
+    assert isinstance(error, ConfigError) and time.monotonic() - started < SLACK_S, error.detail
     hole = BlackHole()
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", hole.endpoint)
         env = {**aws_env, "PLANCACHE_TIMEOUT": "0.5"}
         started = time.monotonic()
         error = one_line_error(load_signer, "awskms:///alias/plancache-ci", env)
-        assert isinstance(error, StoreTimeout) and time.monotonic() - started < 1.5, error.detail
+        assert isinstance(error, StoreTimeout) and time.monotonic() - started < 0.5 + SLACK_S, (
+            error.detail
+        )
     finally:
         hole.stop()
 
@@ -182,6 +185,6 @@ def test_a_kms_that_stops_answering_mid_run_times_out_the_signature(
         started = time.monotonic()
         with pytest.raises(StoreTimeout):
             signer.sign(b"x")
-        assert time.monotonic() - started < 2.0 + 2.0  # the budget, plus slack for a loaded machine
+        assert time.monotonic() - started < 2.0 + SLACK_S  # tests/realtime.py
     finally:
         kms.hang = False

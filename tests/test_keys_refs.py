@@ -28,6 +28,7 @@ from plancache.trust.keyring.keys import signer_keyring
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import MAX_SIGNED_BYTES, sign_plan
 from plancache.trust.verify import verify_plan
+from realtime import SLACK_S
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 needs_ssh_keygen = pytest.mark.skipif(
@@ -186,12 +187,11 @@ def test_a_remote_signer_is_bounded_and_checked() -> None:
         _remote(lambda key, data: Ed25519PrivateKey.generate().sign(data)).sign, b"m"
     )
     assert "64-byte" in error_of(_remote(lambda key, data: b"short").sign, b"m")
-    started = time.monotonic()
     with pytest.raises(
         StoreTimeout
-    ):  # a PlanCacheError: the plugin's save logs it and keeps the plan unsigned
+    ):  # a PlanCacheError: the plugin's save logs it and keeps the plan unsigned (unbounded, the
+        # call would end after 5 s with no signature: a different error)
         sign_plan(plan_name(FP), plan_bytes(), _remote(lambda key, data: time.sleep(5)), NOW)
-    assert time.monotonic() - started < 1.0
 
 
 def test_the_plugin_boots_with_an_unreachable_key_unsigned_and_says_so(
@@ -210,19 +210,13 @@ def test_the_plugin_boots_with_an_unreachable_key_unsigned_and_says_so(
     old = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # boto3 reads its settings from the process environment
     try:
-        started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="vllm.plancache"):
             boot = load_boot(env)
-            assert (
-                time.monotonic() - started < 2.5
-            )  # the boot does not wait for the key (3 s budget)
-            assert caplog.text == "" and hole.held == []  # no connection to the KMS yet
+            assert caplog.text == "" and hole.held == []  # the boot does not load the key
             started = time.monotonic()
-            assert (
-                boot.signer is None and time.monotonic() - started < 3.0 + 1.5
-            )  # loaded at first signing
-            assert boot.signer is None  # once: no second wait
-        assert time.monotonic() - started < 3.0 + 2.0
+            assert boot.signer is None  # loaded at first signing: the black hole's budget
+            assert time.monotonic() - started < 3.0 + SLACK_S  # tests/realtime.py
+            assert boot.signer is None  # once: the warning below is logged once
         assert caplog.text.count("PLANCACHE_SIGNING_KEY") == 1 and "saved unsigned" in caplog.text
     finally:
         hole.stop()
@@ -270,13 +264,8 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(
     plugin_state.start_boot()  # a boot of its own: the settings are read once a boot
     try:
         with caplog.at_level(logging.WARNING, logger="vllm.plancache"):
-            started = time.monotonic()
             config = guard_settings.settings()
-            assert (
-                config is not None
-                and config.keyring is not None
-                and time.monotonic() - started < 0.5
-            )
+            assert config is not None and config.keyring is not None
             assert hole.held == [] and caplog.text == ""
             assert (
                 guard_settings.signer() is None and guard_settings.signer() is None

@@ -11,17 +11,16 @@ import pytest
 import tomllib
 
 import conftest
-from conftest import DEADLINE_FILES, FILE_TIERS, TIERS, VLLM_FILES
+from conftest import FILE_TIERS, LONGEST, TIERS
 
 TESTS = Path(__file__).resolve().parent
 NOT_UNIT = re.compile(
-    r"^\s*(?:from|import)\s+(?:vllm\b|torch\b|store_servers|azurite_server|kms_standins|hostile_server|stolen_time"
-    r"|compile_boots|compile_zygote|compile_attacks|engine_boot|vllm_rank)",
+    r"^\s*(?:from|import)\s+(?:vllm\b|torch\b|store_servers|azurite_server|kms_standins"
+    r"|hostile_server|realtime|compile_boots|compile_zygote|compile_attacks|engine_boot|vllm_rank)",
     re.M,
 )
 """A module-level or lazy import that puts a file outside the unit tier: vLLM or torch, a server or
-stand-in, the wall-clock tools, a boot (the engine harness's and the scheduler's own rules are
-unit)."""
+stand-in, a wall-clock bound's allowance, a boot (the engine harness's own rules are unit)."""
 
 
 def test_every_test_file_has_a_tier_and_every_tier_a_file() -> None:
@@ -44,11 +43,9 @@ def test_the_tiers_are_the_registered_markers() -> None:
     assert "--strict-markers" in ini["addopts"].split()
 
 
-def test_the_scheduling_lists_agree_with_the_tiers() -> None:
-    for name in VLLM_FILES:
+def test_the_longest_files_are_vllm_or_engine_files() -> None:
+    for name in LONGEST:
         assert {"vllm", "engine"} & set(FILE_TIERS[name]), name
-    for name in DEADLINE_FILES:
-        assert "realtime" in FILE_TIERS[name], name
 
 
 def test_unit_files_import_no_vllm_server_or_clock() -> None:
@@ -79,7 +76,6 @@ def _skip_report(reason: str, *, xfail: bool = False) -> pytest.TestReport:
         ("Azurite not installed: scripts/bootstrap-test-env.sh installs it", "emulator"),
         ("SoftHSM2/OpenSC not installed (softhsm2-util)", "emulator"),
         ("could not import 'boto3': No module named 'boto3'", "emulator"),
-        ("could not import 'xdist': No module named 'xdist'", "unit"),
     ],
 )
 def test_under_ci_a_missing_tier_prerequisite_fails(

@@ -34,12 +34,13 @@ from typing import Any
 import pytest
 
 import vllm_cpu
+from plancache.clock import Deadline
 from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.trust.keyring.keys import Ed25519Signer
 from plancache.trust.plans.plan import Plan, parse_plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.trust.verify import verify_plan
-from stolen_time import StolenClock
+from realtime import SLACK_S
 from store_servers import (
     AWS_ENV,
     BlackHole,
@@ -975,20 +976,17 @@ def test_black_holed_store_is_profiled_within_the_budget(
     budget = 1.0
     _s3_env(monkeypatch, keys, {"endpoint_url": black_hole.endpoint}, "s3://bucket/plans", budget)
     worker = make_worker(plugin, load_seconds=0.3)
-    clock = StolenClock()
+    started = time.monotonic()
     if prefetch:
         worker.load_model()
     result = worker.determine_available_memory()
-    elapsed, stolen = clock.read()
+    elapsed = time.monotonic() - started
     assert result == profiled_bytes()
     (line,) = infos(lines)
     assert "decision=profile" in line and "source=store" in line
     assert "reason=timeout" in line or "reason=store-error" in line
-    # net of the time the machine kept this process waiting for a CPU (tests/stolen_time.py)
-    assert elapsed - stolen <= budget * 1.1 + 0.3, (
-        f"boot took {elapsed:.2f} s ({stolen:.2f} s of it waiting for a CPU or the garbage "
-        f"collector) against a {budget} s budget: {line}"
-    )
+    # it ends by the budget, not by the SDK's retries (tests/realtime.py)
+    assert elapsed <= budget + SLACK_S, f"boot took {elapsed:.2f} s of a {budget} s budget: {line}"
 
 
 def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
@@ -996,7 +994,9 @@ def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
 ) -> None:
     """Opening the store (the SDK's import: up to a second on a busy machine) is part of the
     lookup's budget: a lookup whose deadline is near gives up by it, not a whole budget after the
-    opening began (the local read and the world's fingerprints had already spent part of it)."""
+    opening began (the local read and the world's fingerprints had already spent part of it).
+    A 30 s budget and a filesystem that takes a minute to open: the lookup due in 0.3 s ends
+    seconds later at most, never 30 s later."""
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
 
@@ -1008,22 +1008,20 @@ def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
         cachable = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            time.sleep(10)
+            time.sleep(60)
             super().__init__(*args, **kwargs)
 
     fsspec.register_implementation("plancache-slow-open", SlowToOpen, clobber=True)
-    _store_env(monkeypatch, keys, "plancache-slow-open:///plans", 3.0)
+    _store_env(monkeypatch, keys, "plancache-slow-open:///plans", 30.0)
     worker = make_worker(plugin)
     boot = boot_module.boot_for(worker)
-    clock = StolenClock()
-    result = boot_module._resolve(boot, fingerprint(plugin, worker), clock.started + 0.3)
-    elapsed, stolen = clock.read()
+    due = Deadline.after(0.3)
+    result = boot_module._resolve(boot, fingerprint(plugin, worker), due)
+    elapsed = due.elapsed()
     assert (
         result.verified is None and result.error is not None and result.error.reason == "timeout"
     ), result
-    assert elapsed - stolen < 1.5, (
-        f"gave up after {clock.describe()}, for a lookup due in 0.3 s (budget 3 s)"
-    )
+    assert elapsed < 0.3 + SLACK_S, f"gave up after {elapsed:.2f} s, for a lookup due in 0.3 s"
 
 
 def test_save_pushes_to_loopback_s3_and_a_spot_boot_applies_it(

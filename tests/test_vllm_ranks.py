@@ -38,6 +38,7 @@ from plancache.storage.deadline import JOIN_GRACE
 from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.vote import MARGIN_S
+from realtime import SLACK_S
 from store_servers import (
     AWS_ENV,
     BlackHole,
@@ -51,8 +52,6 @@ from vllm_rank import PRELOAD
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 WORLDS = {"tp2": (2, 1), "tp2xpp2": (2, 2)}
-SLACK_S = 1.0
-"""Generous room beyond budget + margin for six processes sharing two cores."""
 PROFILED = int(DEVICE_TOTAL * UTIL) - 3 * GIB
 """What a profiled boot returns with the rank driver's fake profiler."""
 
@@ -220,21 +219,19 @@ def decision_line(outcome: dict[str, Any]) -> str:
 
 
 def held(outcome: dict[str, Any]) -> float:
-    """Seconds the plugin held this rank (lookup + vote): the decision line's elapsed_ms, net of
-    the time the rank's process waited for a CPU or the garbage collector meanwhile
-    (tests/stolen_time.py: a bound is the code's, a starved rank's lateness the machine's)."""
+    """Seconds the plugin held this rank (lookup + vote): the decision line's elapsed_ms, in real
+    time; the bounds on it allow tests/realtime.py's slack for six processes on two cores."""
     match = re.search(r"elapsed_ms=([0-9.]+)", decision_line(outcome))
     assert match is not None
-    return max(0.0, float(match.group(1)) / 1000 - outcome.get("stolen_s", 0.0))
+    return float(match.group(1)) / 1000
 
 
 def hold_split(outcome: dict[str, Any]) -> str:
     """A failure message: the hold, the vote's share of it and the budget the vote was given."""
     return (
-        f"rank {outcome.get('rank')} held {held(outcome):.2f} s "
-        f"net of {outcome.get('stolen_s', 0.0):.2f} s waiting for a CPU or the collector, "
-        f"the vote {outcome.get('vote_s', -1):.2f} s "
-        f"of a {outcome.get('vote_budget_s', -1):.2f} s budget: {decision_line(outcome)}"
+        f"rank {outcome.get('rank')} held {held(outcome):.2f} s, the vote "
+        f"{outcome.get('vote_s', -1):.2f} s of a {outcome.get('vote_budget_s', -1):.2f} s "
+        f"budget: {decision_line(outcome)}"
     )
 
 
@@ -352,8 +349,8 @@ def test_one_rank_with_a_black_holed_store_all_profile_within_the_budget(
         }
     out = world.boot(cmds)
     # the store's rank gave up by its deadline (the store opened and read within the one budget)
-    assert held(out[last]) - out[last].get("vote_s", 0.0) <= budget + JOIN_GRACE + 0.3, hold_split(
-        out[last]
+    assert held(out[last]) - out[last].get("vote_s", 0.0) <= budget + JOIN_GRACE + SLACK_S, (
+        hold_split(out[last])
     )
     for rank, o in out.items():
         assert (o["applied"], o["kv"], o["collective"]) == (False, PROFILED, "ok"), o

@@ -40,7 +40,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import vllm_cpu
-from stolen_time import StolenClock
 
 PROFILED_NON_KV = 3 * vllm_cpu.GIB
 
@@ -203,10 +202,9 @@ def main() -> None:
             if cmd.get("prefetch"):
                 worker.load_model()
             time.sleep(cmd.get("delay", 0.0))  # a rank that reaches the vote late
-            clock = StolenClock()
+            started = time.monotonic()
             kv = worker.determine_available_memory()
-            elapsed, stolen = clock.read()
-            outcome.update(rank=rank_i, kv=kv, elapsed=elapsed, stolen_s=stolen, **voted)
+            outcome.update(rank=rank_i, kv=kv, elapsed=time.monotonic() - started, **voted)
             outcome["applied"] = worker.cache_config.kv_cache_memory_bytes is not None
             if cmd.get("save"):
                 gpu_worker.maybe_save_startup_plan(worker, kv)
