@@ -147,6 +147,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_background_cpus.py": UNIT,
     "test_boot_records.py": ("vllm",),
     "test_boot_storm.py": ("emulator", "realtime"),
+    "test_budget_paths.py": UNIT,
     "test_cli_fingerprint.py": ("vllm",),
     "test_cli_newcomer.py": ("emulator",),
     "test_cli_offline.py": UNIT,
