@@ -120,7 +120,9 @@ def test_a_prefetch_is_waited_for_until_its_deadline_only(
 
 @pytest.fixture
 def held(tmp_path: Path) -> Iterator[Path]:
-    """A cache directory whose lock another open file holds (as another rank would)."""
+    """A cache directory whose lock another open file holds (as another rank would) for
+    :data:`LATE_S` seconds of real time: a wait polled on the fake clock ends long before; one
+    polled in real time would take the lock, and the test fails instead of hanging."""
     directory = tmp_path / "cache" / "0123456789"
     directory.parent.mkdir()
     lock = cachedir.lock_path(directory)
@@ -128,9 +130,12 @@ def held(tmp_path: Path) -> Iterator[Path]:
         pass  # made, this user's, closed to others' writes
     fd = os.open(lock, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    timer = threading.Timer(LATE_S, fcntl.flock, (fd, fcntl.LOCK_UN))
+    timer.start()
     try:
         yield directory
     finally:
+        timer.cancel()
         os.close(fd)
 
 
@@ -191,18 +196,21 @@ def test_a_set_audit_starts_no_read_past_its_deadline(
     for name in names:
         (tmp_path / name).write_bytes(b"not a set")
     reads: list[str] = []
+    given: list[Deadline | None] = []
     read = set_audit.read_set
 
-    def slow_read(store: object, name: str, deadline: Deadline) -> bytes | None:
+    def slow_read(store: object, name: str, deadline: Deadline | None = None) -> bytes | None:
         reads.append(name)
+        given.append(deadline)
         data = read(store, name, deadline)  # type: ignore[arg-type]
         clock.advance(2.0)
         return data
 
     monkeypatch.setattr(set_audit, "read_set", slow_read)
-    store = open_store(tmp_path.as_uri(), None, 5.0, deadline=Deadline.after(5.0, clock))
+    opened = Deadline.after(5.0, clock)
+    store = open_store(tmp_path.as_uri(), None, 5.0, deadline=opened)
     reports = set_audit.audit_sets(store, None, datetime.now(timezone.utc))
-    assert reads == names[:3]
+    assert reads == names[:3] and all(d is opened for d in given)  # the opening's, every read
     assert [r.name for r in reports] == names
     late = [(r.status, r.reason, r.detail) for r in reports[3:]]
     assert late == [

@@ -186,8 +186,9 @@ def test_a_retry_after_that_is_not_delta_seconds_leaves_the_usual_backoff(
     ("left", "tries"), [(0.1, 1), (0.100001, 2)], ids=["pause-ends-at-the-deadline", "just-inside"]
 )
 def test_no_pause_is_taken_that_would_end_at_or_past_the_deadline(
-    kind: str, clock: FakeClock, left: float, tries: int
+    kind: str, left: float, tries: int
 ) -> None:
+    clock = FakeClock(start=0.0)  # 0.1 s left is then exactly 0.1, as the pause is
     starts, attempt = _failing(clock, [_StoreSaid(500)])
     outcome: Any = None
     try:
