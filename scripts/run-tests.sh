@@ -4,14 +4,12 @@
 # pytest's exit code is returned unchanged.
 #
 # Defaults: three pytest-xdist workers (PLANCACHE_TEST_WORKERS=3), `--dist loadfile` (a file's tests
-# stay on one worker, so every module-scoped fixture, a vLLM boot among them, runs once), the
-# heaviest files scheduled first, then the deadline files, at most two at a time with the quick files
-# beside them (tests/conftest.py, tests/held_workers.py). The third worker
-# takes no file until the vLLM files are done (tests/held_workers.py): while they run, both cores
-# are busy and a third worker only slows them; after them, two workers leave the cores 25-50 %
-# idle, waiting on servers and budgets. PLANCACHE_TEST_WORKERS=0 runs one process, =2 the old
-# default. Four workers gained nothing over three; four not held back made deadline tests (a budget
-# plus a grace) fail on CPU starvation (docs/test-suite.md). CI runs the default: every tier.
+# stay on one worker, so every module-scoped fixture, a vLLM boot among them, runs once), and
+# `--no-loadscope-reorder`, so that xdist hands files out in conftest's order: the three files that
+# boot vLLM for minutes first (tests/conftest.py, LONGEST), for throughput only. Budgets, retries
+# and backoff are tested on a fake clock; the realtime tier allows generous slack; so nothing here
+# schedules around a busy CPU (docs/test-suite.md). PLANCACHE_TEST_WORKERS=0 runs one process.
+# CI runs the default: every tier.
 # Tiers: `-m unit` runs the quick tier alone (under a minute; PLANCACHE_NO_ENGINE=1 spares a fresh
 # checkout the engine venv it never uses); any `-m` that names tiers only leaves the files that
 # cannot match uncollected (tests/conftest.py, docs/test-suite.md#tiers).

@@ -11,6 +11,8 @@ TCPStore failed with EADDRINUSE and every test of tests/test_vllm_ranks.py error
 ``ip_local_port_range`` is never chosen by the kernel, so only another late listener could take
 it; picks are random over thousands of ports, checked free, and never repeated in a process.
 The same holds for ``store_servers.closed_port()`` (a port that must stay refused for a test).
+This is about ports, not time: unlike the wall-clock aids the suite retired when budgets moved
+to a fake clock (docs/adr/0010), nothing else can keep another process off a port.
 """
 
 from __future__ import annotations
