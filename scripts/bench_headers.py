@@ -246,6 +246,7 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
 
 def install(base: Path, setup: dict) -> dict:
     """``pull_headers`` alone: on a store opened for it (fresh), then on one already used (warm)."""
+    from plancache.clock import Deadline
     from plancache.pipeline.compile_cache.header_shipping import pull_headers
     from plancache.pipeline.resolver import utcnow
     from plancache.pipeline.trust_config import worker_policy
@@ -270,7 +271,7 @@ def install(base: Path, setup: dict) -> dict:
             utcnow(),
             where,
             where / "plancache-private" / "headers",
-            deadline=time.monotonic() + 60,
+            deadline=Deadline.after(60),
         )
         timings[f"{kind}_ms"] = (time.perf_counter() - started) * 1000
         assert (

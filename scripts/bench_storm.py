@@ -329,6 +329,7 @@ def _run_nodes(
 ) -> list[Outcome]:
     """Every rank of ``nodes`` (default: all) in a thread of its own, arriving at its node's
     offset."""
+    from plancache.clock import Deadline
     from plancache.pipeline.plan_sets import node_plans
     from plancache.pipeline.resolver import Resolver
     from plancache.storage import deadline as retries
@@ -343,7 +344,7 @@ def _run_nodes(
         resolver = Resolver(directory, policy, by_rank[(node, rank)])
         time.sleep(max(0.0, start + offsets[node] + random.uniform(0, 0.1) - time.monotonic()))
         began = time.monotonic()
-        deadline = began + budget
+        deadline = Deadline(began, budget)  # the real clock's reading, taken at arrival
         try:
             if mode == "today":
                 result = resolver.resolve(world[rank], deadline)

@@ -106,7 +106,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
-# -- scheduling: the longest files first ------------------------------------------------------------
+# -- scheduling: the longest files first -----------------------------------------------------------
 
 LONGEST = ("test_engine_e2e.py", "test_compile_cache_vllm.py", "test_vllm_ranks.py")
 """The files that boot vLLM for minutes (module fixtures: seven engine boots, 35 compile-cache
