@@ -102,13 +102,32 @@ def test_a_lazy_import_counts_and_a_circle_through_it_is_found() -> None:
 RINGS = {
     "trust": set(),
     "settings": set(),
-    "storage": {"trust", "settings"},
-    "keys": {"trust", "settings", "storage"},
-    "pipeline": {"trust", "settings", "storage", "keys"},
-    "api": {"trust", "settings", "storage", "keys", "pipeline"},
-    "cli": {"trust", "settings", "storage", "keys", "pipeline", "vllm_plugin", "plancache"},
-    "vllm_plugin": {"trust", "settings", "storage", "keys", "pipeline", "cli", "plancache"},
-    "journeys": {"trust", "settings", "storage", "keys", "pipeline", "cli", "vllm_plugin"},
+    "clock": set(),
+    "storage": {"trust", "settings", "clock"},
+    "keys": {"trust", "settings", "clock", "storage"},
+    "pipeline": {"trust", "settings", "clock", "storage", "keys"},
+    "api": {"trust", "settings", "clock", "storage", "keys", "pipeline"},
+    "cli": {
+        "trust",
+        "settings",
+        "clock",
+        "storage",
+        "keys",
+        "pipeline",
+        "vllm_plugin",
+        "plancache",
+    },
+    "vllm_plugin": {
+        "trust",
+        "settings",
+        "clock",
+        "storage",
+        "keys",
+        "pipeline",
+        "cli",
+        "plancache",
+    },
+    "journeys": {"trust", "settings", "clock", "storage", "keys", "pipeline", "cli", "vllm_plugin"},
     "plancache": set(),
 }
 """What each ring (a folder of plancache, or a module at its root) may import besides itself:
@@ -116,7 +135,8 @@ trust at the bottom (it imports nothing of plancache, so it does no IO of planca
 storage, then keys (key files are read through storage's capped reads), the pipeline, and the
 integrations on top (the CLI and the plugin may use each other's leaves: doctor reads the
 plugin's settings, the plugin parses durations as the CLI does). ``plancache`` is the package's
-own ``__init__`` (its version, its lazy exports); ``settings`` the environment variables' names."""
+own ``__init__`` (its version, its lazy exports); ``settings`` the environment variables' names;
+``clock`` the time every budget is measured by (a ``Deadline`` on a ``Clock``, docs/adr/0010)."""
 
 
 def _ring(module: str) -> str:
