@@ -20,6 +20,7 @@ import pytest
 
 from conftest import NOW, keyring_of, make_signer
 from plancache.cli.main import main
+from plancache.clock import Deadline
 from plancache.keys.keyfile import generate_keypair
 from plancache.pipeline.plan_sets.node_plans import outcome_path, resolve_node
 from plancache.pipeline.resolver import Resolver, utcnow
@@ -213,7 +214,7 @@ def test_round_trip_push_ls_verify_resolve_prune(
     policy = worker_policy(f"{key}.pub", 1)
     node = LocalPlanDir(tmp_path / "node" / "vllm" / "startup_plan")
     result = resolve_node(
-        Resolver(node, policy, store), world[2], world, store.timeout + _now(), replica=1
+        Resolver(node, policy, store), world[2], world, Deadline.after(store.timeout), replica=1
     )
     assert result.verified is not None and "plan set" in result.note
     assert node.fingerprints() == sorted(world) and outcome_path(node.path).exists()
@@ -237,7 +238,7 @@ def test_round_trip_push_ls_verify_resolve_prune(
     )  # the verified replica's
     fresh = LocalPlanDir(tmp_path / "node2" / "vllm" / "startup_plan")
     result = resolve_node(
-        Resolver(fresh, policy, open_store(url, options, 30)), world[0], world, _now() + 30
+        Resolver(fresh, policy, open_store(url, options, 30)), world[0], world, Deadline.after(30)
     )
     assert result.verified is not None and "plan set rejected (digest-mismatch" in result.note
     assert fresh.fingerprints() == sorted(world)
@@ -263,15 +264,9 @@ def test_a_store_without_sets_still_serves_a_node(
     node = LocalPlanDir(tmp_path / "node" / "vllm" / "startup_plan")
     store = open_store(url, options, 30)
     result = resolve_node(
-        Resolver(node, worker_policy(f"{key}.pub", 1), store), world[1], world, _now() + 30
+        Resolver(node, worker_policy(f"{key}.pub", 1), store), world[1], world, Deadline.after(30)
     )
     assert result.verified is not None and node.fingerprints() == sorted(world)
-
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()
 
 
 def test_the_set_store_helpers_refuse_other_names(tmp_path: Path) -> None:
