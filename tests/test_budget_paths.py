@@ -23,15 +23,15 @@ import pytest
 from fake_clock import FakeClock
 from plancache.clock import Deadline
 from plancache.pipeline.plan_sets import node_plans, set_audit
-from plancache.storage.compile_cache import cachedir
 from plancache.storage.deadline import JOIN_GRACE
+from plancache.storage.local import directory_lock
 from plancache.storage.store import open_store
 from plancache.storage.threads import Pending
 from plancache.trust.errors import StoreTimeout
 from plancache.vllm_plugin.prefetch import Prefetch
 
 POLL = 0.05
-"""cachedir's lock poll (its ``min(0.05, left)``)."""
+"""directory_lock's poll (its ``min(0.05, left)``)."""
 
 
 @pytest.fixture
@@ -125,8 +125,8 @@ def held(tmp_path: Path) -> Iterator[Path]:
     polled in real time would take the lock, and the test fails instead of hanging."""
     directory = tmp_path / "cache" / "0123456789"
     directory.parent.mkdir()
-    lock = cachedir.lock_path(directory)
-    with cachedir.locked(directory.parent, directory):
+    lock = directory_lock.lock_path(directory)
+    with directory_lock.locked(directory.parent, directory):
         pass  # made, this user's, closed to others' writes
     fd = os.open(lock, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -143,9 +143,12 @@ def held(tmp_path: Path) -> Iterator[Path]:
 def test_a_held_lock_is_polled_until_the_wait_is_over(
     held: Path, clock: FakeClock, wait: float
 ) -> None:
-    with pytest.raises(StoreTimeout) as err, cachedir.locked(held.parent, held, wait, clock=clock):
+    with (
+        pytest.raises(StoreTimeout) as err,
+        directory_lock.locked(held.parent, held, wait=wait, clock=clock),
+    ):
         pass
-    assert f"held the lock {cachedir.lock_path(held)} for over {wait:g} s" in err.value.detail
+    assert f"held the lock {directory_lock.lock_path(held)} for over {wait:g} s" in err.value.detail
     assert len(clock.slept) == math.ceil(round(wait / POLL, 6))
     assert all(0 < pause <= POLL for pause in clock.slept)
     assert sum(clock.slept) == pytest.approx(wait)  # the last poll only to the end of the wait
@@ -154,7 +157,7 @@ def test_a_held_lock_is_polled_until_the_wait_is_over(
 def test_a_free_lock_is_taken_without_a_pause(tmp_path: Path, clock: FakeClock) -> None:
     directory = tmp_path / "cache" / "0123456789"
     directory.parent.mkdir()
-    with cachedir.locked(directory.parent, directory, 5.0, clock=clock) as taken:
+    with directory_lock.locked(directory.parent, directory, wait=5.0, clock=clock) as taken:
         assert taken is True
     assert clock.slept == []
 
