@@ -3,12 +3,14 @@
 # Arguments are passed to pytest after the defaults, so they win (`-n 0` runs in one process);
 # pytest's exit code is returned unchanged.
 #
-# Defaults: three pytest-xdist workers (PLANCACHE_TEST_WORKERS=3), `--dist loadfile` (a file's tests
+# Defaults: two pytest-xdist workers (PLANCACHE_TEST_WORKERS=2), `--dist loadfile` (a file's tests
 # stay on one worker, so every module-scoped fixture, a vLLM boot among them, runs once), and
 # `--no-loadscope-reorder`, so that xdist hands files out in conftest's order: the three files that
-# boot vLLM for minutes first (tests/conftest.py, LONGEST), for throughput only. Budgets, retries
-# and backoff are tested on a fake clock; the realtime tier allows generous slack; so nothing here
-# schedules around a busy CPU (docs/test-suite.md). PLANCACHE_TEST_WORKERS=0 runs one process.
+# boot vLLM for minutes first (tests/conftest.py, LONGEST). Two, on two cores: a third worker beside
+# the vLLM fixtures only slows them (the whole suite took 13 min on three, under 10 on two).
+# Budgets, retries and backoff are tested on a fake clock and the realtime tier allows generous
+# slack, so nothing here schedules around a busy CPU (docs/test-suite.md).
+# PLANCACHE_TEST_WORKERS=0 runs one process.
 # CI runs the default: every tier.
 # Tiers: `-m unit` runs the quick tier alone (under a minute; PLANCACHE_NO_ENGINE=1 spares a fresh
 # checkout the engine venv it never uses); any `-m` that names tiers only leaves the files that
@@ -34,7 +36,7 @@ else
         exit "$gate"
     fi
 fi
-WORKERS="${PLANCACHE_TEST_WORKERS:-3}"
+WORKERS="${PLANCACHE_TEST_WORKERS:-2}"
 if [ "$WORKERS" = "0" ]; then
     exec "$VENV/bin/python" -m pytest "$@"
 fi
