@@ -1414,6 +1414,44 @@ def test_a_profiled_boot_records_the_miss_and_signs_the_inputs_and_the_profiling
     assert {"model_config", "cache_config", "compilation_config"} <= set(statement.config_parts)
 
 
+def test_the_plugin_signs_keylessly_and_the_next_boot_records_the_identity(
+    plugin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Issue 37 items 1 and 5: ``PLANCACHE_SIGNING_KEY=sigstore`` makes the plugin's own save a
+    Sigstore bundle (through the local Fulcio and Rekor of tests/sigstore_stack.py), and a later
+    boot, every Sigstore server stopped, applies it and its record names the identity."""
+    from sigstore_stack import SigstoreStack
+
+    identity = "https://github.com/acme/serving/.github/workflows/bake.yml@refs/heads/main"
+    with SigstoreStack() as stack:
+        for name, data in (
+            ("config.json", stack.trust_config_bytes()),
+            ("root.json", stack.trusted_root_bytes()),
+            ("trusted", f"sigstore issuer={stack.issuer} identity={identity}\n".encode()),
+        ):
+            (plugin.tmp / name).write_bytes(data)
+        monkeypatch.setenv("SIGSTORE_ID_TOKEN", stack.token(identity))
+        monkeypatch.setenv("PLANCACHE_SIGNING_KEY", "sigstore")
+        monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUST_CONFIG", str(plugin.tmp / "config.json"))
+        monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUSTED_ROOT", str(plugin.tmp / "root.json"))
+        monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(plugin.tmp / "trusted"))
+        worker = make_worker(plugin)
+        kv = worker.determine_available_memory() - GIB
+        _finish_boot(plugin, worker, kv)
+        issuer = stack.issuer
+    fp = fingerprint(plugin, worker)
+    bundle = json.loads((plugin.plan_dir / sig_name(fp)).read_bytes())
+    assert bundle["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    lines.clear()
+    nxt = make_worker(plugin)
+    assert nxt.determine_available_memory() == kv
+    assert "decision=apply reason=applied source=local" in infos(lines)[0]
+    _finish_boot(plugin, nxt)
+    (record,) = [r for r in _records(plugin) if r["plan"]["decision"] == "apply"]
+    (who,) = record["plan"]["signed_by"]
+    assert (who["identity"], who["issuer"]) == (identity, issuer) and who["log_index"] >= 5
+
+
 def test_a_boot_whose_store_is_down_records_why(
     plugin: SimpleNamespace,
     keys: SimpleNamespace,
