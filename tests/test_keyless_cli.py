@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,3 +125,120 @@ def test_doctor_checks_the_trust_root(
     checks = {c["name"]: c for c in json.loads(out)["checks"]}
     assert checks["sigstore-trust-root"]["status"] == "ok"  # the shipped public-good root
     assert "public-good" in checks["sigstore-trust-root"]["detail"]
+
+
+def test_inspect_takes_the_trusted_root_and_shows_a_bundles_statement(
+    capsys: pytest.CaptureFixture[str], stack: SigstoreStack, files: dict[str, Path], plans: Path
+) -> None:
+    """``inspect`` verifies like ``verify`` (``--trusted-root`` included) and reads a bundle as it
+    reads an envelope: its statement shown as claimed, the signer only from the verification."""
+    code, _, err = run(
+        capsys, "sign", "--key", "sigstore", "--identity-token", str(files["token"]), str(plans)
+    )
+    assert code == 0, err
+    sidecar = str(plans / f"startup_plan_{FP}.json.sig")
+    trust = ("--trusted-keys", str(files["trusted"]), "--trusted-root", str(files["root"]))
+    code, out, err = run(capsys, "inspect", *trust, "--json", sidecar)
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "valid", out + err
+    assert doc["signed_by"][0]["identity"] == IDENTITY
+    assert doc["bundle"]["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    assert doc["statement"]["fingerprint"] == FP and "envelope" not in doc
+    code, out, _ = run(capsys, "inspect", sidecar)  # no keys: the claim, never the certificate's
+    assert code == 0 and "statement.fingerprint" in out and "malformed" not in out
+    assert IDENTITY not in out
+
+
+def test_explain_names_the_keyless_signer_of_the_plan_that_applies(
+    capsys: pytest.CaptureFixture[str], stack: SigstoreStack, files: dict[str, Path], plans: Path
+) -> None:
+    """explain's verdict for a rank whose plan verifies says who signed it: the identity."""
+    from plancache.pipeline.audit import check
+    from plancache.pipeline.explain import NodeRank, explain_plan
+    from plancache.pipeline.resolver import utcnow
+    from plancache.pipeline.trust_config import trust_policy
+    from plancache.trust.result import PlanResult
+
+    code, _, err = run(
+        capsys, "sign", "--key", "sigstore", "--identity-token", str(files["token"]), str(plans)
+    )
+    assert code == 0, err
+    os.environ["PLANCACHE_SIGSTORE_TRUSTED_ROOT"] = str(files["root"])  # restored by `files`
+    policy = trust_policy(str(files["trusted"]))
+    plan, sig = LocalPlanDir(plans).read(FP)
+    report = check(PlanResult(FP, "local", plan, sig), policy, utcnow())
+    verdict = explain_plan(NodeRank(0, FP, {}), [report])
+    assert verdict["decision"] == "apply", verdict
+    (who,) = verdict["signed_by"]
+    assert (who["identity"], who["issuer"]) == (IDENTITY, stack.issuer) and who["log_index"] >= 5
+    assert f"signed by {IDENTITY}" in verdict["detail"]
+
+
+BLOCK_NETWORK = """
+import sys
+def no_network(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto"):
+        raise PermissionError(f"no network here: {event}")
+sys.addaudithook(no_network)
+from plancache.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_node_verifies_bundles_with_no_network_at_all(
+    capsys: pytest.CaptureFixture[str], stack: SigstoreStack, files: dict[str, Path], plans: Path
+) -> None:
+    """Item 4: ``verify`` in a process whose every connection and name lookup is refused (an
+    audit hook, so no library can get around it), the local Sigstore servers still up: the
+    bundles verify. The same process cannot sign: the hook does hold."""
+    code, _, err = run(
+        capsys, "sign", "--key", "sigstore", "--identity-token", str(files["token"]), str(plans)
+    )
+    assert code == 0, err
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "PLANCACHE_SIGSTORE_TRUSTED_ROOT": str(files["root"]),
+    }
+    offline = [sys.executable, "-c", BLOCK_NETWORK]
+    done = subprocess.run(
+        [*offline, "verify", "--trusted-keys", str(files["trusted"]), "--json", str(plans)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["ok"], done.stdout + done.stderr
+    assert {p["signed_by"][0]["identity"] for p in report["plans"]} == {IDENTITY}
+    sign = ["sign", "--key", "sigstore", "--identity-token", str(files["token"]), "--replace"]
+    blocked = subprocess.run(
+        [*offline, *sign, str(plans)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert blocked.returncode == 1 and "refused (config-error)" in blocked.stdout, blocked.stderr
+    assert "signingCert" in blocked.stdout  # Fulcio, up, was never reached
+
+
+def test_pubkey_prints_the_identity_line_fulcio_certifies(
+    capsys: pytest.CaptureFixture[str], stack: SigstoreStack, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """``pubkey sigstore`` is the keyless signer's trusted-keys line, from its certificate: for a
+    GitHub-shaped token, the workflow's URL, not the token's ``sub``."""
+    github = tmp_path / "github-token"
+    github.write_text(
+        stack.token(
+            "repo:acme/serving:ref:refs/heads/main",
+            job_workflow_ref="acme/serving/.github/workflows/bake.yml@refs/heads/main",
+        )
+    )
+    before = stack.rekor_requests
+    code, out, err = run(capsys, "pubkey", "sigstore", "--identity-token", str(github))
+    workflow = "https://github.com/acme/serving/.github/workflows/bake.yml@refs/heads/main"
+    assert code == 0 and out == f"sigstore issuer={stack.issuer} identity={workflow}\n", err
+    assert stack.rekor_requests == before  # nothing logged
+    code, out, _ = run(capsys, "pubkey", "sigstore", "--identity-token", str(github), "--name", "b")
+    assert out.startswith("name=b sigstore issuer=")
+    code, _, err = run(
+        capsys, "pubkey", "sigstore", "--identity-token", str(github), "--name", "a b"
+    )
+    assert code == 2 and "one word" in err

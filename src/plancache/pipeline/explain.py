@@ -24,6 +24,7 @@ from ..storage.compile_cache import archives
 from ..storage.store import Store
 from ..trust.compile_cache.manifest import Manifest
 from ..trust.compile_cache.manifest_signature import MAX_SIG_BYTES, verify_manifest
+from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from ..trust.inputs import SALT_KEY, differences
 from ..trust.keyring.keys import Keyring
@@ -112,6 +113,12 @@ def _plan_candidates(
     return rows[:nearest]
 
 
+def _names(who: Sequence[Mapping[str, Any]]) -> str:
+    """Who signed, for a detail line: a keyless signer by its identity (the certificate's SAN,
+    what a trusted-keys line's ``name=`` may hide), a key by its name; one escaped line each."""
+    return ", ".join(safe_text(s.get("identity") or s["name"], 200) for s in who) or "?"
+
+
 def explain_plan(
     rank: NodeRank, reports: Sequence[PlanReport], nearest: int = NEAREST
 ) -> dict[str, Any]:
@@ -128,21 +135,24 @@ def explain_plan(
         "not_compared": not_compared,
     }
     if hit is not None and hit.status == VALID:
+        who = signed_by(hit.signers, hit.signer_ids, hit.keyless)
+        out.update(signers=list(hit.signers), signed_by=who)
         conditions = _condition_differences(hit.provenance, rank.conditions)
         if conditions:
             out.update(
                 decision="profile",
                 reason="condition-mismatch",
                 differs=conditions,
-                detail="the plan verifies, but the gate's signed conditions differ from this "
-                "node's",
+                detail=f"the plan verifies (signed by {_names(who)}), but the gate's signed "
+                "conditions differ from this node's",
             )
         else:
             out.update(
                 decision="apply",
                 reason="applied",
                 differs=[],
-                detail=f"verified; applies with at least {hit.free_memory_baseline} B free",
+                detail=f"verified, signed by {_names(who)}; applies with at least "
+                f"{hit.free_memory_baseline} B free",
             )
         return out
     if hit is not None:

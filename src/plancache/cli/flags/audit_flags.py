@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ...settings import DEFAULT_TIMEOUT, TRUSTED_KEYS_ENV
 from ..args import positive_int
-from ..flag_objects import add_store_options, add_trust_options
+from ..flag_objects import add_store_options, add_trust_options, add_trusted_root
 from .shared_flags import add_command, json_flag, quiet_flag, subject_flag
 
 if TYPE_CHECKING:
@@ -76,12 +76,14 @@ def add_audit_commands(sub: Sub) -> None:
         "plans.inspect_command:cmd_inspect",
         "show one plan file and its signature in detail",
         "Show a plan (or its .sig) in detail: fields, envelope, statement, and, with trusted keys, "
-        "the verification result. FILE may be a store URL, e.g. "
+        "the verification result. A Sigstore bundle (a keyless signature) shows its payload's "
+        "statement, as claimed until it verifies. FILE may be a store URL, e.g. "
         "s3://bucket/prefix/startup_plan_<fp>.json.",
     )
     p.add_argument("file", metavar="FILE|URL")
     p.add_argument(
         "--trusted-keys", metavar="PATH", help=f"verify as well (default: ${TRUSTED_KEYS_ENV})"
     )
+    add_trusted_root(p)
     add_store_options(p, f"budget of the fetch for a URL (default {DEFAULT_TIMEOUT:g} s)")
     json_flag(p)

@@ -45,12 +45,15 @@ def add_signing_commands(sub: Sub) -> None:
         "print the OpenSSH public key line of a key reference",
         "Print the ssh-ed25519 line of KEYREF's public key, ready for a trusted-keys file (or an "
         f"allowed_signers file after a principal). KEYREF is any --key form ({KEYREF_HELP}). The "
-        "key id goes to stderr.",
+        "key id goes to stderr. For 'sigstore' (keyless): the 'sigstore issuer=... identity=...' "
+        "line of the identity Fulcio certifies for this job's token (one certificate requested, "
+        "nothing logged).",
     )
     p.add_argument(
         "keyref", metavar="KEYREF", nargs="?", help=f"{KEYREF_HELP} (default: ${SIGNING_KEY_ENV})"
     )
     p.add_argument("--name", help="name written after the key (the key's name in verify reports)")
+    add_identity_token(p)
     json_flag(p)
 
     p = add_command(

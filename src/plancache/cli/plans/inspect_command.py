@@ -17,10 +17,13 @@ from ...pipeline.audit import check
 from ...pipeline.resolver import utcnow
 from ...storage.local.localdir import LocalPlanDir
 from ...trust import envelope as dsse
+from ...trust import strictjson
 from ...trust.display import safe_text
 from ...trust.errors import ConfigError, PlanCacheError
+from ...trust.keyless.sigstore_bundle import is_bundle
 from ...trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ...trust.result import PlanResult
+from ...trust.sealing import claimed_payload
 from ...trust.statement import format_time, parse_statement
 from ..flag_objects import optional_policy, storage_options
 from ..output import report
@@ -71,7 +74,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         PlanResult(fp, "store" if parent else "local", plan_bytes, sig_bytes), policy, utcnow()
     )
     info: dict[str, Any] = {"file": where, **result.to_json()}
-    if sig_bytes is not None:
+    if sig_bytes is not None and is_bundle(sig_bytes):
+        info["bundle"], info["statement"] = _bundle_json(sig_bytes)
+    elif sig_bytes is not None:
         try:
             env = dsse.decode(sig_bytes)
             info["envelope"] = {
@@ -106,6 +111,22 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
             prefix,
             "" if value is None else str(value).lower() if isinstance(value, bool) else str(value),
         )
+
+
+def _bundle_json(sig_bytes: bytes) -> tuple[dict[str, Any], Any]:
+    """A Sigstore bundle's media type and payload type, and the statement its DSSE payload
+    claims: what the file says, as an envelope's fields are shown. Who signed comes only from
+    the verification above (``signed_by``), never from the certificate the bundle carries."""
+    try:
+        obj = strictjson.loads(sig_bytes[: dsse.MAX_SIG_BYTES], "Sigstore bundle")
+        inner = obj.get("dsseEnvelope") if isinstance(obj, dict) else None
+        bundle = {
+            "mediaType": obj.get("mediaType") if isinstance(obj, dict) else None,
+            "payloadType": inner.get("payloadType") if isinstance(inner, dict) else None,
+        }
+        return bundle, _statement_json(claimed_payload(sig_bytes))
+    except PlanCacheError as exc:
+        return {"error": f"{exc.reason.value}: {exc.detail}"}, None
 
 
 def _statement_json(payload: bytes) -> Any:
