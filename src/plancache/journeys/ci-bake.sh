@@ -9,7 +9,8 @@
 #                              signed (without it, `plancache sign` refuses them: digest-mismatch)
 #   PLANCACHE_URL              store URL, e.g. s3://bucket/plans (required)
 #   PLANCACHE_SIGNING_KEY      CI's signing key reference (required): a private key file (keep it in the
-#                              CI secret store), env://VAR, pkcs11:…, awskms://…, gcpkms://…
+#                              CI secret store), env://VAR, pkcs11:…, awskms://…, gcpkms://…, or sigstore
+#                              (keyless: the job's OIDC identity; docs/keys.md has GitHub and GitLab jobs)
 #   IMAGE_PLAN_DIR             where verified plans for the image go (required), e.g.
 #                              build/root/.cache/vllm/startup_plan
 #   PLANCACHE_FACTS            facts to sign, space-separated KEY=VALUE pairs (quote a pair that holds
@@ -22,7 +23,8 @@
 #   PLAN_DIR                   plans the profiling boot wrote (default: vLLM's plan directory,
 #                              $VLLM_CACHE_ROOT/startup_plan)
 #   PLANCACHE_TRUSTED_KEYS     keys the verify and pull check against (default: the signing key's own public
-#                              key, from `plancache pubkey`)
+#                              key, from `plancache pubkey`; for sigstore, the job's own identity line, under
+#                              PLANCACHE_SIGSTORE_TRUSTED_ROOT, else Sigstore's public-good root)
 #   PLANCACHE_EXPIRES_IN       lifetime of the signatures, e.g. 30d (default: none)
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
