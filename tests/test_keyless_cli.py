@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -242,3 +243,26 @@ def test_pubkey_prints_the_identity_line_fulcio_certifies(
         capsys, "pubkey", "sigstore", "--identity-token", str(github), "--name", "a b"
     )
     assert code == 2 and "one word" in err
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, set[str]]]:
+    """Every command of the parser (compile-cache's actions included) with its option strings."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, f"{path} {name}".strip())
+    if path:
+        yield path, {s for a in parser._actions for s in a.option_strings}
+
+
+def test_every_command_that_verifies_takes_the_trusted_root() -> None:
+    """Item 3: ``--trusted-root`` wherever ``--trusted-keys`` is (docs/commands.md says so), and
+    ``--identity-token`` wherever ``--key`` signs."""
+    from plancache.cli.main import build_parser
+
+    commands = dict(_commands(build_parser()))
+    verifying = {name for name, flags in commands.items() if "--trusted-keys" in flags}
+    assert {"verify", "ls", "inspect", "pull", "explain", "compile-cache pull"} <= verifying
+    assert [name for name in sorted(verifying) if "--trusted-root" not in commands[name]] == []
+    signing = {"sign", "push", "pubkey", "compile-cache sign"}
+    assert [name for name in sorted(signing) if "--identity-token" not in commands[name]] == []
