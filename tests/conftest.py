@@ -174,6 +174,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_keyless_cli.py": ("emulator",),  # the CLI through the local Fulcio/Rekor/OIDC
     "test_keyless_journeys.py": ("emulator", "system"),  # docs/keys.md's CI jobs, run as scripts
     "test_keyless_public_bundles.py": UNIT,  # committed real bundles, verified in process
+    "test_keyless_revoked.py": ("emulator",),  # local Fulcio/Rekor/OIDC, moto: prune --revoked
     "test_keyless_signing.py": ("emulator", "system"),  # local Fulcio/Rekor/OIDC; a child import
     "test_keys_allowed_signers.py": UNIT,
     "test_keys_awskms.py": ("emulator", "realtime"),

@@ -175,8 +175,9 @@ def wanted_fingerprints(args: argparse.Namespace) -> list[str]:
     return wanted
 
 
-def required_policy(args: argparse.Namespace) -> TrustPolicy:
+def required_policy(args: argparse.Namespace, *, revocations_only: bool = False) -> TrustPolicy:
     """The signed policy the command needs; one line when no trusted keys are named.
+    ``revocations_only``: a file of ``@revoked`` lines alone will do (``prune --revoked``).
 
     Raises:
         ConfigError: no trusted keys named (``--trusted-keys``, ``$PLANCACHE_TRUSTED_KEYS``), or
@@ -187,7 +188,7 @@ def required_policy(args: argparse.Namespace) -> TrustPolicy:
     source = keys_source(args.trusted_keys)
     if not source:
         raise ConfigError(f"no trusted keys: pass --trusted-keys FILE or set {TRUSTED_KEYS_ENV}")
-    return trust_policy(source, args.threshold)
+    return trust_policy(source, args.threshold, revocations_only)
 
 
 def optional_policy(args: argparse.Namespace) -> TrustPolicy | None:

@@ -79,11 +79,13 @@ def _public_text(data: bytes, path: Path) -> str:
 def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
     """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted.
 
-    A keyring must trust at least one key, since verifying needs one: otherwise every plan
-    would be rejected for a typo. ``allow_revocations_only`` is for callers that only ask
-    "is this key revoked?" (``prune --revoked``), where a list of revocations is enough. A
-    key listed in two files of a directory is an error, as within one file: which window
-    would hold is anyone's guess.
+    A keyring must trust at least one key or identity, since verifying needs one: otherwise
+    every plan would be rejected for a typo. ``allow_revocations_only`` is for callers that only
+    ask "is this signer revoked?" (``prune --revoked``), where a list of revocations (``@revoked``
+    key ids, ``@revoked sigstore`` identities, or both) is enough; revoked identities then get
+    the Sigstore trust root pinned all the same (:mod:`.sigstore_root`), because a bundle is
+    judged revoked only once it verifies. A key listed in two files of a directory is an error,
+    as within one file: which window would hold is anyone's guess.
 
     Raises:
         ConfigError: a file absent or unreadable, a directory without ``.pub`` files, a file
@@ -116,11 +118,15 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
             _public_text(read_key_file(path, "trusted-keys file"), path), str(path)
         )
         what = f"trusted-keys file {safe_text(path)}"
-    if keyring.identities is not None and keyring.identities.trusted:
+    ids = keyring.identities
+    revoked_ids = ids is not None and bool(ids.revoked)
+    if ids is not None and (ids.trusted or (allow_revocations_only and revoked_ids)):
         from .sigstore_root import pin_trusted_root
 
+        # A revoked identity is judged on a bundle that verified (sigstore_bundle.open_bundle),
+        # which takes the root even where no identity is trusted.
         return pin_trusted_root(keyring)
-    if not keyring.keys and not (allow_revocations_only and keyring.revoked):
+    if not keyring.keys and not (allow_revocations_only and (keyring.revoked or revoked_ids)):
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
         raise ConfigError(f"{what} lists {wanted}")
     return keyring

@@ -122,8 +122,8 @@ def add_store_commands(sub: Sub) -> None:
         "plans.remote:cmd_prune",
         "delete old, unsigned, invalid or revoked plans from a store",
         "Delete plans (and their signatures) from URL: signed longer ago than --older-than; "
-        "without a signature (--unsigned); that no longer verify because their signing key is "
-        "revoked (--revoked); or that fail verification for any reason but a store error "
+        "without a signature (--unsigned); that no longer verify because their signing key or "
+        "sigstore identity is revoked (--revoked); or that fail verification for any reason but a store error "
         "(--invalid). A plan is deleted only if the store still holds the bytes that were judged "
         "(re-read and compared right before the delete, and on S3, GCS and Azure deleted only if "
         "still the version re-read: ETag or generation precondition, once the store has shown it "
@@ -137,7 +137,10 @@ def add_store_commands(sub: Sub) -> None:
         help="signed longer ago than this, e.g. 30d",
     )
     what.add_argument(
-        "--revoked", action="store_true", help="signed only by keys the trusted-keys file revokes"
+        "--revoked",
+        action="store_true",
+        help="signed only by keys or sigstore identities the trusted-keys file revokes (a file "
+        "of @revoked lines alone will do)",
     )
     what.add_argument("--unsigned", action="store_true", help="plans without a signature sidecar")
     what.add_argument(

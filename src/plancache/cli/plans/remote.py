@@ -232,7 +232,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
         if args.older_than is None
         else "older-than"
     )
-    policy = required_policy(args) if criterion in ("revoked", "invalid") else None
+    # --revoked only asks "is this signer revoked?": a file of revocations alone will do
+    policy = (
+        required_policy(args, revocations_only=criterion == "revoked")
+        if criterion in ("revoked", "invalid")
+        else None
+    )
     started = REAL_CLOCK.monotonic()
     budget = checked_budget(args.timeout, BULK_TIMEOUT)
     deadline = Deadline(started, budget)  # once: the listing, every read and delete, and the sets

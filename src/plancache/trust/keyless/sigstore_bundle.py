@@ -61,25 +61,44 @@ def open_bundle(
 ) -> tuple[bytes, list[IdentitySigner]]:
     """The verified payload of a bundle and the trusted identity that signed it.
 
+    A revoked identity is judged on a bundle that verified, never on what a bundle claims: the
+    whole bundle (chain, SCT, log proof, timestamps, signature, log entry against the envelope)
+    must verify under the pinned root before ``revoked`` is said. Fulcio certificates are public
+    (every one is in the CT and transparency logs), so anyone can paste a revoked identity's
+    certificate into a bundle over any payload; judged by that claim, a forgery would read as
+    the revoked signer's work, and ``prune --revoked`` (which deletes exactly the ``revoked``
+    plans) would delete whatever plan a store writer dressed up so. Judged after verification,
+    a forgery keeps its own reason (``bad-signature``, ``bad-log-proof``, ...): rejected all the
+    same everywhere, deleted only by ``prune --invalid``, and an operator cleaning up after a
+    compromised identity sees what it really signed. (A key signature is still judged revoked
+    by the key id it names, in :mod:`plancache.trust.verify`'s order: there the claim is all a
+    store writer can add, since a revoked key's private half may be in other hands anyway.) So
+    a policy that only revokes identities (``prune --revoked`` with a file of ``@revoked``
+    lines) still verifies the bundle, and says ``untrusted-key`` for a signer it does not revoke.
+
     Raises:
         Rejected: ``too-large``; ``malformed`` (not a v0.3 DSSE bundle of our payload type);
-            ``untrusted-key`` (no identity is trusted); ``no-log-proof``; ``bad-log-proof``;
-            ``foreign-trust-root``; ``certificate-outside-validity``; ``bad-signature``;
-            ``wrong-issuer``, ``wrong-identity``, ``unanchored-identity``; ``revoked``;
-            ``bad-bundle`` (anything else the verifier refuses).
+            ``untrusted-key`` (no identity is trusted, and the signer is not a revoked one);
+            ``no-log-proof``; ``bad-log-proof``; ``foreign-trust-root``;
+            ``certificate-outside-validity``; ``bad-signature``; ``wrong-issuer``,
+            ``wrong-identity``, ``unanchored-identity``; ``revoked`` (a revoked identity signed
+            a bundle that verifies); ``bad-bundle`` (anything else the verifier refuses).
     """
     if len(sig_bytes) > cap:
         raise Rejected(Reason.TOO_LARGE, f"signature is {len(sig_bytes)} bytes, the cap is {cap}")
     _check_shape(strictjson.loads(sig_bytes, "Sigstore bundle"))
-    if policy is None or not policy.trusted:
-        raise Rejected(
-            Reason.UNTRUSTED_KEY,
-            "signed keylessly (a Sigstore bundle), and the trusted keys name no sigstore identity",
-        )
+    if (
+        policy is None
+        or not (policy.trusted or policy.revoked)
+        or (not policy.trusted and policy.trusted_root is None)
+    ):
+        raise Rejected(Reason.UNTRUSTED_KEY, _NO_IDENTITY)
     if policy.trusted_root is None:
         raise Rejected(Reason.FOREIGN_TRUST_ROOT, "no Sigstore trust root is pinned")
     matcher = _IdentityMatch(policy)
     payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher)
+    if matcher.revoked is not None:  # the bundle verified: now its signer's revocation counts
+        raise Rejected(Reason.REVOKED, f"signed by a revoked identity ({matcher.revoked})")
     assert matcher.signer is not None  # the verifier ran the policy, or raised
     entry = bundle.log_entry._inner
     logged = _logged_time(bundle)
@@ -159,14 +178,17 @@ class _IdentityMatch:
     def __init__(self, policy: IdentityPolicy) -> None:
         self.policy = policy
         self.signer: tuple[TrustedIdentity, str, str] | None = None
+        self.revoked: str | None = None
+        """Who, when a revoked identity signed: said only once the whole bundle verified."""
 
     def verify(self, cert: Certificate) -> None:
         issuer, sans = certificate_identity(cert)
         for san in sans:
             if self.policy.is_revoked(issuer, san):
-                raise _Refused(
-                    Reason.REVOKED, f"signed by a revoked identity ({_who(issuer, san)})"
-                )
+                self.revoked = _who(issuer, san)
+                return  # the verifier goes on: the log proof and the signature come next
+        if not self.policy.trusted:
+            raise _Refused(Reason.UNTRUSTED_KEY, _NO_IDENTITY)
         for line in self.policy.trusted:
             for san in sans:
                 if line.issuer == issuer and line.matches(san):
@@ -187,6 +209,11 @@ class _IdentityMatch:
                 f"a trusted identity matches only inside the certificate's, not all of it ({who})",
             )
         raise _Refused(Reason.WRONG_IDENTITY, f"no trusted identity signed it (signed by {who})")
+
+
+_NO_IDENTITY = (
+    "signed keylessly (a Sigstore bundle), and the trusted keys name no sigstore identity"
+)
 
 
 class _Refused(Exception):
