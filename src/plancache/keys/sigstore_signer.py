@@ -23,19 +23,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from pathlib import Path
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from ..settings import (
-    SIGSTORE_ID_TOKEN_ENV,
-    SIGSTORE_ID_TOKEN_FILE_ENV,
-    SIGSTORE_TRUST_CONFIG_ENV,
-)
-from ..storage.local.files import read_capped
 from ..trust.display import safe_text
 from ..trust.errors import ConfigError
 from ..trust.keyring.identities import KEYID_PREFIX, IdentityPolicy, TrustedIdentity
 from ..trust.keyring.keys import Keyring
+from .sigstore_inputs import NO_TOKEN, check_token, given_token, one_line, trust_config_file
 
 if TYPE_CHECKING:  # sigstore-python is the [sigstore] extra, imported when a reference names it
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -45,8 +40,6 @@ if TYPE_CHECKING:  # sigstore-python is the [sigstore] extra, imported when a re
     from sigstore.sign import Signer as SigstoreSigner
 
 SCHEME = "sigstore"
-MAX_TOKEN_BYTES = 64 * 1024
-MAX_TRUST_CONFIG_BYTES = 1024 * 1024
 MISSING = "the 'sigstore' key reference needs sigstore-python: pip install 'plancache[sigstore]'"
 
 
@@ -134,7 +127,7 @@ class KeylessSigner:
             except ConfigError:
                 raise
             except Exception as exc:
-                raise ConfigError(f"sigstore signing failed: {_one_line(exc)}") from None
+                raise ConfigError(f"sigstore signing failed: {one_line(exc)}") from None
 
     def sign_statement(self, payload: bytes) -> bytes:
         """A Sigstore bundle (v0.3 JSON) whose DSSE envelope carries ``payload`` unchanged.
@@ -161,7 +154,7 @@ class KeylessSigner:
             except ConfigError:
                 raise
             except Exception as exc:
-                raise ConfigError(f"sigstore signing failed: {_one_line(exc)}") from None
+                raise ConfigError(f"sigstore signing failed: {one_line(exc)}") from None
         return str(bundle.to_json()).encode("utf-8")
 
 
@@ -170,58 +163,34 @@ def is_keyless(signer: object) -> bool:
     return isinstance(signer, KeylessSigner)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {safe_text(text, 200)}" if text else type(exc).__name__
-
-
-def _read(path: str, cap: int, what: str) -> bytes:
-    try:
-        data = read_capped(Path(path).expanduser(), cap, follow_symlinks=True)
-    except Exception as exc:
-        raise ConfigError(f"{what} {safe_text(path)}: {_one_line(exc)}") from None
-    if data is None:
-        raise ConfigError(f"{what} {safe_text(path)}: no such file")
-    return data
-
-
 def _raw_token(env: Mapping[str, str]) -> tuple[str, str]:
     """The token's text and where it came from."""
-    token = env.get(SIGSTORE_ID_TOKEN_ENV, "").strip()
-    if token:
-        return token, SIGSTORE_ID_TOKEN_ENV
-    path = env.get(SIGSTORE_ID_TOKEN_FILE_ENV)
-    if path:
-        data = _read(path, MAX_TOKEN_BYTES, "--identity-token")
-        return data.decode("utf-8", "replace").strip(), f"--identity-token {safe_text(path)}"
+    given = given_token(env)
+    if given is not None:
+        return given
     from sigstore.oidc import detect_credential
 
     try:
         ambient = detect_credential()
     except Exception as exc:
-        raise ConfigError(f"sigstore: the CI's OIDC token: {_one_line(exc)}") from None
+        raise ConfigError(f"sigstore: the CI's OIDC token: {one_line(exc)}") from None
     if not ambient:
-        raise ConfigError(
-            f"sigstore: no OIDC token: set {SIGSTORE_ID_TOKEN_ENV}, pass --identity-token FILE, "
-            "or run in GitHub Actions (permissions: id-token: write) or GitLab CI (id_tokens)"
-        )
+        raise ConfigError(f"sigstore: {NO_TOKEN}")
     return ambient, "the CI's ambient OIDC token"
 
 
 def _trust_config(env: Mapping[str, str]) -> ClientTrustConfig:
     from sigstore.models import ClientTrustConfig
 
-    path = env.get(SIGSTORE_TRUST_CONFIG_ENV)
+    found = trust_config_file(env)
+    if found is not None:
+        return found[0]
     try:
-        if not path:
-            return ClientTrustConfig.production()
-        text = _read(path, MAX_TRUST_CONFIG_BYTES, SIGSTORE_TRUST_CONFIG_ENV)
-        return ClientTrustConfig.from_json(text.decode("utf-8", "replace"))
-    except ConfigError:
-        raise
+        return ClientTrustConfig.production()
     except Exception as exc:
-        where = safe_text(path) if path else "Sigstore public-good"
-        raise ConfigError(f"sigstore trust config ({where}): {_one_line(exc)}") from None
+        raise ConfigError(
+            f"sigstore trust config (Sigstore public-good): {one_line(exc)}"
+        ) from None
 
 
 def keyless_signer(ref: str, env: Mapping[str, str] = os.environ) -> KeylessSigner:
@@ -234,14 +203,11 @@ def keyless_signer(ref: str, env: Mapping[str, str] = os.environ) -> KeylessSign
     if ref != SCHEME:
         raise ConfigError(f"'{safe_text(ref, 60)}': the keyless reference is exactly 'sigstore'")
     try:
-        from sigstore.oidc import IdentityToken
+        import sigstore.oidc  # noqa: F401 - the [sigstore] extra, checked before any token read
     except ModuleNotFoundError:
         raise ConfigError(MISSING) from None
     raw, source = _raw_token(env)
-    try:
-        token = IdentityToken(raw)
-    except Exception as exc:
-        raise ConfigError(f"sigstore: the OIDC token from {source}: {_one_line(exc)}") from None
+    token = check_token(raw, source, datetime.now(timezone.utc))
     config = _trust_config(env)
     trusted_root = config._inner.trusted_root.to_json().encode("utf-8")
     return KeylessSigner(token, config, trusted_root)

@@ -198,6 +198,11 @@ def check_signing_key(checks: Checks, config: PluginConfig) -> None:
             "PLANCACHE_SIGNING_KEY unset: profiled plans are not signed (right for spot nodes)",
         )
         return
+    if config.signing_key == "sigstore":  # loading it could reach Fulcio's TUF or the CI runner
+        from .keyless_signer_check import check_keyless_signer
+
+        check_keyless_signer(checks)
+        return
     try:
         signer = signer_for(config.signing_key)
     except PlanCacheError as exc:

@@ -123,11 +123,12 @@ def add_store_commands(sub: Sub) -> None:
         "delete old, unsigned, invalid or revoked plans from a store",
         "Delete plans (and their signatures) from URL: signed longer ago than --older-than; "
         "without a signature (--unsigned); that no longer verify because their signing key or "
-        "sigstore identity is revoked (--revoked); or that fail verification for any reason but a store error "
-        "(--invalid). A plan is deleted only if the store still holds the bytes that were judged "
-        "(re-read and compared right before the delete, and on S3, GCS and Azure deleted only if "
-        "still the version re-read: ETag or generation precondition, once the store has shown it "
-        "honours one on a canary object; else refused unless --unconditional).",
+        "sigstore identity is revoked (--revoked); or that fail verification for any reason but "
+        "a store error (--invalid). A plan is deleted only if the store still holds the bytes "
+        "that were judged (re-read and compared right before the delete, and on S3, GCS and Azure "
+        "deleted only if still the version re-read: ETag or generation precondition, once the "
+        "store has shown it honours one on a canary object; else refused unless "
+        "--unconditional).",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
