@@ -48,8 +48,8 @@ def read_operator_file(path: str, cap: int, what: str) -> bytes:
     """
     try:
         data = read_capped(Path(path).expanduser(), cap, follow_symlinks=True)
-    except PlanCacheError as exc:
-        raise ConfigError(f"{what} {safe_text(path)}: {safe_text(exc.detail, 200)}") from None
+    except PlanCacheError as exc:  # its detail names the file
+        raise ConfigError(f"{what}: {safe_text(exc.detail, 200)}") from None
     except Exception as exc:
         raise ConfigError(f"{what} {safe_text(path)}: {one_line(exc)}") from None
     if data is None:
@@ -70,7 +70,7 @@ def given_token(env: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
 
     Raises:
         ConfigError: the file is missing, not a regular file (a FIFO, a device, a directory),
-            over :data:`MAX_TOKEN_BYTES`, or empty; or the token is not one line of printable
+            or empty; the token over :data:`MAX_TOKEN_BYTES`, or not one line of printable
             ASCII (a line break, a NUL or another control character inside it).
     """
     token, source = env.get(SIGSTORE_ID_TOKEN_ENV, "").strip(), SIGSTORE_ID_TOKEN_ENV
@@ -85,6 +85,10 @@ def given_token(env: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
         )
         if not token:
             raise ConfigError(f"sigstore: {source} is empty")
+    if len(token) > MAX_TOKEN_BYTES:
+        raise ConfigError(
+            f"sigstore: the OIDC token from {source} is larger than {MAX_TOKEN_BYTES} bytes"
+        )
     if not (token.isascii() and token.isprintable()) or " " in token:
         raise ConfigError(
             f"sigstore: the OIDC token from {source} is not one line of text (a line break, a "
