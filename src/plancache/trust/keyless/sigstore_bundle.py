@@ -26,7 +26,6 @@ sigstore-python is imported on the first bundle, never for a keyring of keys alo
 from __future__ import annotations
 
 import functools
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from .. import envelope as dsse
@@ -34,6 +33,8 @@ from .. import strictjson
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
+from .verifier_refusals import logged_time as _logged_time
+from .verifier_refusals import refusal
 
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate
@@ -61,20 +62,15 @@ def open_bundle(
 ) -> tuple[bytes, list[IdentitySigner]]:
     """The verified payload of a bundle and the trusted identity that signed it.
 
-    A revoked identity is judged on a bundle that verified, never on what a bundle claims: the
-    whole bundle (chain, SCT, log proof, timestamps, signature, log entry against the envelope)
-    must verify under the pinned root before ``revoked`` is said. Fulcio certificates are public
-    (every one is in the CT and transparency logs), so anyone can paste a revoked identity's
-    certificate into a bundle over any payload; judged by that claim, a forgery would read as
-    the revoked signer's work, and ``prune --revoked`` (which deletes exactly the ``revoked``
-    plans) would delete whatever plan a store writer dressed up so. Judged after verification,
-    a forgery keeps its own reason (``bad-signature``, ``bad-log-proof``, ...): rejected all the
-    same everywhere, deleted only by ``prune --invalid``, and an operator cleaning up after a
-    compromised identity sees what it really signed. (A key signature is still judged revoked
-    by the key id it names, in :mod:`plancache.trust.verify`'s order: there the claim is all a
-    store writer can add, since a revoked key's private half may be in other hands anyway.) So
-    a policy that only revokes identities (``prune --revoked`` with a file of ``@revoked``
-    lines) still verifies the bundle, and says ``untrusted-key`` for a signer it does not revoke.
+    ``revoked`` is said only of a bundle that verified, never of a claim: Fulcio certificates
+    are public (CT and Rekor log them all), so anyone can paste a revoked identity's certificate
+    over any payload, and judged by that claim a forgery would pass for the revoked signer's work
+    and ``prune --revoked`` would delete it. Verified first, a forgery keeps its own reason
+    (``bad-signature``, ...): rejected everywhere, deleted only by ``prune --invalid``, and an
+    operator cleaning up after a compromised identity sees what it really signed. (A key is
+    judged revoked by the key id it names, :mod:`plancache.trust.verify`'s order.) A policy that
+    only revokes (``prune --revoked``) still verifies; a signer it does not revoke is
+    ``untrusted-key``.
 
     Raises:
         Rejected: ``too-large``; ``malformed`` (not a v0.3 DSSE bundle of our payload type);
@@ -139,13 +135,35 @@ def _check_shape(obj: object) -> None:
             Reason.NO_LOG_PROOF, "the log entry has no inclusion proof with a checkpoint"
         )
     timestamps = material.get("timestampVerificationData") if isinstance(material, dict) else None
-    if not entries[0].get("inclusionPromise") and not (
-        isinstance(timestamps, dict) and timestamps.get("rfc3161Timestamps")
-    ):
+    stamped = isinstance(timestamps, dict) and timestamps.get("rfc3161Timestamps")
+    if not entries[0].get("inclusionPromise") and not stamped:
         raise Rejected(
             Reason.NO_LOG_PROOF,
             "the log entry has no signed entry timestamp and no RFC 3161 timestamp",
         )
+    logged = _integrated_time(entries[0].get("integratedTime", 0))
+    if logged is None:
+        raise Rejected(Reason.MALFORMED, "the log entry's integratedTime is not a decimal number")
+    if logged == 0 and not stamped:  # protobuf JSON leaves a zero out: absent is 0 too
+        raise Rejected(
+            Reason.NO_LOG_PROOF,
+            "the log entry states no integrated time and there is no RFC "
+            "3161 timestamp: nothing says when it was signed",
+        )
+    if logged > _LAST_TIME:  # the SET signs it: no log wrote this
+        raise Rejected(
+            Reason.BAD_LOG_PROOF, f"the log entry's integrated time ({logged}) is past year 9999"
+        )
+
+
+_LAST_TIME = 253402300799  # 9999-12-31T23:59:59Z, the last moment a datetime holds
+
+
+def _integrated_time(value: object) -> int | None:
+    """``integratedTime`` (an int64, a string in protobuf JSON); None unless plain ASCII digits
+    (sigstore-python's reader would take ``"١٢"`` for 12)."""
+    text = str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
 
 
 @functools.lru_cache(maxsize=4)
@@ -259,7 +277,6 @@ def certificate_identity(cert: Certificate) -> tuple[str, list[str]]:
 
 def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> tuple[bytes, Bundle]:
     """sigstore-python's verification, its errors mapped to reasons."""
-    from sigstore.errors import CertValidationError
     from sigstore.models import Bundle
 
     try:
@@ -271,62 +288,15 @@ def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> t
         ) from None
     try:
         bundle = Bundle.from_json(sig_bytes)
-    except Exception as exc:
-        raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {safe_text(str(exc), 160)}") from None
+    except Exception as exc:  # pydantic's text spans lines: one line here
+        detail = safe_text(" ".join(str(exc).split()), 160)
+        raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {detail}") from None
     try:
         payload_type, payload = verifier.verify_dsse(bundle, matcher)
     except _Refused as exc:
         raise Rejected(exc.reason, exc.detail) from None
-    except CertValidationError as exc:
-        if _outside_validity(bundle):
-            raise Rejected(
-                Reason.CERT_OUTSIDE_VALIDITY,
-                "the signing certificate was not valid at the logged time",
-            ) from None
-        raise Rejected(
-            Reason.FOREIGN_TRUST_ROOT,
-            f"the certificate does not chain to the pinned trust root ({safe_text(str(exc), 120)})",
-        ) from None
     except Exception as exc:
-        raise Rejected(*_classify(str(exc))) from None
+        raise refusal(exc, verifier, bundle) from None
     if payload_type != dsse.PAYLOAD_TYPE:  # checked before, by _check_shape: belt and braces
         raise Rejected(Reason.MALFORMED, "the bundle's payloadType is not in-toto")
     return bytes(payload), bundle
-
-
-def _logged_time(bundle: Bundle) -> datetime | None:
-    """When the log (Rekor v1's integrated time) or else a TSA (Rekor v2) says it was signed."""
-    entry = bundle.log_entry._inner
-    if entry.integrated_time:
-        return datetime.fromtimestamp(entry.integrated_time, timezone.utc)
-    data = bundle.verification_material.timestamp_verification_data
-    stamps = data.rfc3161_timestamps if data is not None else []
-    return stamps[0].tst_info.gen_time if stamps else None
-
-
-def _outside_validity(bundle: Bundle) -> bool:
-    cert = bundle.signing_certificate
-    moment = _logged_time(bundle)
-    if moment is None:
-        return False
-    return bool(moment < cert.not_valid_before_utc or moment > cert.not_valid_after_utc)
-
-
-def _classify(message: str) -> tuple[Reason, str]:
-    """sigstore-python's ``VerificationError`` texts (pinned version) to reasons."""
-    text = safe_text(message, 200)
-    if message.startswith("invalid log entry") or "log entry" in message:
-        return Reason.BAD_LOG_PROOF, f"the transparency-log proof does not verify: {text}"
-    if "expired at time of signing" in message:
-        return (
-            Reason.CERT_OUTSIDE_VALIDITY,
-            "the signing certificate was not valid at the logged time",
-        )
-    if message.startswith("DSSE: invalid signature"):
-        return (
-            Reason.BAD_SIGNATURE,
-            "the bundle's DSSE signature does not verify (altered payload?)",
-        )
-    if "verified time" in message:  # its timestamps verify under no authority of the root
-        return Reason.FOREIGN_TRUST_ROOT, f"no timestamp the pinned root trusts: {text}"
-    return Reason.BAD_BUNDLE, f"the Sigstore bundle does not verify: {text}"

@@ -1,0 +1,337 @@
+"""Hostile Sigstore bundles (issue 37's edges, item 4): each is one reason, never a traceback,
+never a pass.
+
+A signature object comes from a store, so a bundle is hostile bytes: a chain of a thousand
+certificates, a 60 KiB certificate, a log entry that is genuine but for another payload, a log
+time before the certificate was valid, duplicate keys, a huge ``logIndex``, nesting deep enough
+to break a recursive parser, a ``messageSignature`` bundle, an older media type, an inclusion
+proof of 10^5 hashes; and a verifier whose clock is far off, which must come to what it would
+for a key's signature. Tried at a plan sidecar's cap (64 KiB) and at a compile-cache manifest
+signature's (16 MiB), where the big ones get past the cap and into the parsers. The bundles are
+made once for the module through the local Fulcio and Rekor (tests/sigstore_stack.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from conftest import FP, NOW, make_signer, plan_bytes
+from plancache.keys.schemes import load_signer
+from plancache.trust.errors import Reason, Rejected
+from plancache.trust.keyless.sigstore_bundle import open_bundle
+from plancache.trust.keyring.identities import IdentityPolicy
+from plancache.trust.keyring.keys import Keyring, TrustedKey
+from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
+from plancache.trust.plans.plan import plan_name
+from plancache.trust.signing import sign_plan
+from plancache.trust.verify import verify_plan
+from sigstore_stack import SigstoreStack
+
+IDENTITY = "https://github.com/acme/serving/.github/workflows/bake.yml@refs/heads/main"
+NAME = plan_name(FP)
+OTHER = "fedcba9876543210"
+PLAN_CAP = 64 * 1024
+MANIFEST_CAP = 16 * 2**20
+EXPIRES = NOW + timedelta(days=30)
+
+
+@dataclass
+class Made:
+    stack: SigstoreStack
+    sidecar: bytes
+    other: bytes
+    """The same signer's bundle for another plan: another payload, its own genuine log entry."""
+    skewed: bytes
+    """Logged 30 minutes before its certificate's notBefore (a log whose clock is wrong)."""
+    skewed_root: bytes
+    key_sidecar: bytes
+    key: TrustedKey
+
+    def policy(self, root: bytes | None = None) -> IdentityPolicy:
+        ids = parse_trusted_keys(
+            f"sigstore issuer={self.stack.issuer} identity={IDENTITY}\n", "trusted"
+        ).identities
+        assert ids is not None
+        return ids.with_root(root or self.stack.trusted_root_bytes())
+
+
+def _sign(stack: SigstoreStack, folder: Path, fp: str) -> bytes:
+    signer = load_signer(
+        "sigstore",
+        {
+            "SIGSTORE_ID_TOKEN": stack.token(IDENTITY),
+            "PLANCACHE_SIGSTORE_TRUST_CONFIG": str(folder / f"{id(stack)}.json"),
+        },
+    )
+    return sign_plan(plan_name(fp), plan_bytes(fp=fp), signer, NOW, expires_at=EXPIRES)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Made]:
+    folder = tmp_path_factory.mktemp("bundles")
+    with SigstoreStack() as stack, SigstoreStack() as skewed:
+        skewed.log_time_shift = timedelta(minutes=-30)
+        for s in (stack, skewed):
+            (folder / f"{id(s)}.json").write_bytes(s.trust_config_bytes())
+        config = {
+            "SIGSTORE_ID_TOKEN": stack.token(IDENTITY),
+            "PLANCACHE_SIGSTORE_TRUST_CONFIG": str(folder / f"{id(stack)}.json"),
+        }
+        signer = load_signer("sigstore", config)  # one certificate for both plans
+        sidecar = sign_plan(NAME, plan_bytes(), signer, NOW, expires_at=EXPIRES)
+        other = sign_plan(plan_name(OTHER), plan_bytes(fp=OTHER), signer, NOW, expires_at=EXPIRES)
+        key = make_signer()
+        yield Made(
+            stack,
+            sidecar,
+            other,
+            _sign(skewed, folder, FP),
+            skewed.trusted_root_bytes(),
+            sign_plan(NAME, plan_bytes(), key, NOW, expires_at=EXPIRES),
+            TrustedKey(key.keyid, "ci", key.public),
+        )
+
+
+def _json(data: bytes) -> dict[str, Any]:
+    return json.loads(data)  # type: ignore[no-any-return]
+
+
+def _bytes(bundle: dict[str, Any]) -> bytes:
+    return json.dumps(bundle).encode() + b"\n"
+
+
+def _entry(bundle: dict[str, Any]) -> dict[str, Any]:
+    return bundle["verificationMaterial"]["tlogEntries"][0]  # type: ignore[no-any-return]
+
+
+def _reason(data: bytes, policy: IdentityPolicy, cap: int = MANIFEST_CAP) -> Reason:
+    """The one reason ``open_bundle`` gives: a pass, or any exception but ``Rejected``, fails."""
+    with pytest.raises(Rejected) as caught:
+        open_bundle(data, policy, cap)
+    detail = caught.value.detail
+    assert "\n" not in detail and len(detail) < 600, detail
+    return caught.value.reason
+
+
+def _certificate(size: int, *, issuer_key: ec.EllipticCurvePrivateKey | None = None) -> bytes:
+    """A DER certificate of about ``size`` bytes (one big private extension), from a CA no
+    trust root holds."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hostile")])
+    now = datetime.now(timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY)]), critical=False
+        )
+        .add_extension(
+            x509.UnrecognizedExtension(
+                x509.ObjectIdentifier("1.3.6.1.4.1.99999.1"), b"\x04" + b"x" * size
+            ),
+            critical=False,
+        )
+        .sign(issuer_key or key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.DER)
+
+
+# -- the certificates ------------------------------------------------------------------------------
+
+
+def test_a_chain_of_a_thousand_certificates_is_malformed(made: Made) -> None:
+    bundle = _json(made.sidecar)
+    leaf = bundle["verificationMaterial"].pop("certificate")
+    small = base64.b64encode(_certificate(0)).decode()
+    chain = [leaf] + [{"rawBytes": small}] * 999
+    bundle["verificationMaterial"]["x509CertificateChain"] = {"certificates": chain}
+    data = _bytes(bundle)
+    assert _reason(data, made.policy(), PLAN_CAP) is Reason.TOO_LARGE
+    assert _reason(data, made.policy()) is Reason.MALFORMED
+    bundle["verificationMaterial"]["certificate"] = leaf  # and beside the certificate
+    assert _reason(_bytes(bundle), made.policy()) is Reason.MALFORMED
+
+
+def test_a_60_kib_certificate_is_one_reason(made: Made) -> None:
+    bundle = _json(made.sidecar)
+    raw = _certificate(60 * 1024)
+    assert len(raw) > 60 * 1024
+    bundle["verificationMaterial"]["certificate"]["rawBytes"] = base64.b64encode(raw).decode()
+    data = _bytes(bundle)
+    assert _reason(data, made.policy(), PLAN_CAP) is Reason.TOO_LARGE
+    assert _reason(data, made.policy()) is Reason.FOREIGN_TRUST_ROOT
+
+
+# -- the log entry ---------------------------------------------------------------------------------
+
+
+def test_a_genuine_log_entry_of_another_payload_is_a_bad_log_proof(made: Made) -> None:
+    """Same certificate, a real entry with a valid proof and SET: but it logs the other plan."""
+    bundle = _json(made.sidecar)
+    bundle["verificationMaterial"]["tlogEntries"] = _json(made.other)["verificationMaterial"][
+        "tlogEntries"
+    ]
+    assert _reason(_bytes(bundle), made.policy()) is Reason.BAD_LOG_PROOF
+
+
+def test_a_log_body_naming_another_payloads_hash_is_a_bad_log_proof(made: Made) -> None:
+    bundle = _json(made.sidecar)
+    entry = _entry(bundle)
+    body = json.loads(base64.b64decode(entry["canonicalizedBody"]))
+    other_payload = base64.b64decode(_json(made.other)["dsseEnvelope"]["payload"])
+    body["spec"]["payloadHash"]["value"] = hashlib.sha256(other_payload).hexdigest()
+    entry["canonicalizedBody"] = base64.b64encode(json.dumps(body).encode()).decode()
+    assert _reason(_bytes(bundle), made.policy()) is Reason.BAD_LOG_PROOF
+
+
+def test_a_log_time_before_the_certificate_is_outside_its_validity(made: Made) -> None:
+    assert _reason(made.skewed, made.policy(made.skewed_root)) is Reason.CERT_OUTSIDE_VALIDITY
+
+
+@pytest.mark.parametrize(
+    "value", ["9" * 30, "-5", 10**30, "9" * 5000, "1e400", "0x10", 5.0, None, [5]]
+)
+def test_a_huge_or_odd_log_index_is_one_reason(made: Made, value: object) -> None:
+    for where in ("entry", "proof"):
+        bundle = _json(made.sidecar)
+        entry = _entry(bundle)
+        (entry if where == "entry" else entry["inclusionProof"])["logIndex"] = value
+        if isinstance(value, int) and len(str(value)) > 1000:
+            data = json.dumps(bundle).replace(json.dumps(value), "9" * 5000).encode()
+        else:
+            data = _bytes(bundle)
+        assert _reason(data, made.policy()) in (Reason.MALFORMED, Reason.BAD_LOG_PROOF)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("0", Reason.NO_LOG_PROOF),  # nothing says when: once read as a foreign trust root
+        (None, Reason.NO_LOG_PROOF),  # absent, as protobuf JSON writes a zero
+        ("9" * 18, Reason.BAD_LOG_PROOF),  # once "[Errno 75] Value too large" (bad-bundle)
+        ("253402300800", Reason.BAD_LOG_PROOF),  # the first second of year 10000
+        ("12", Reason.BAD_LOG_PROOF),  # 1970: once "outside the certificate", the log's word
+        ("-1", Reason.MALFORMED),
+        ("1e9", Reason.MALFORMED),
+        ("\u0661\u0662", Reason.MALFORMED),  # Arabic-Indic digits, which pydantic reads as 12
+    ],
+)
+def test_an_integrated_time_that_is_no_time_is_one_reason(
+    made: Made, value: str | None, reason: Reason
+) -> None:
+    bundle = _json(made.sidecar)
+    if value is None:
+        _entry(bundle).pop("integratedTime")
+    else:
+        _entry(bundle)["integratedTime"] = value
+    assert _reason(_bytes(bundle), made.policy()) is reason
+
+
+def test_an_inclusion_proof_of_a_hundred_thousand_hashes_is_a_bad_log_proof(made: Made) -> None:
+    bundle = _json(made.sidecar)
+    proof = _entry(bundle)["inclusionProof"]
+    proof["hashes"] = [base64.b64encode(bytes([i % 256]) * 32).decode() for i in range(10**5)]
+    data = _bytes(bundle)
+    assert len(data) < MANIFEST_CAP
+    assert _reason(data, made.policy()) is Reason.BAD_LOG_PROOF
+
+
+# -- the JSON --------------------------------------------------------------------------------------
+
+
+def _duplicate(text: str, key: str) -> bytes:
+    """The bundle's text with ``key`` given twice: a decoy first, then its own value (a parser
+    keeping the last would see the genuine bundle; one keeping the first, the decoy)."""
+    doubled, count = re.subn(rf'"{key}":\s*', f'"{key}": "decoy", "{key}": ', text, count=1)
+    assert count == 1
+    return doubled.encode()
+
+
+@pytest.mark.parametrize("key", ["mediaType", "payload", "logIndex", "rawBytes"])
+def test_duplicate_keys_are_malformed(made: Made, key: str) -> None:
+    assert _reason(_duplicate(made.sidecar.decode(), key), made.policy()) is Reason.MALFORMED
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_deep_nesting_is_malformed(made: Made, depth: int) -> None:
+    text = made.sidecar.decode().rstrip()
+    data = (text[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}").encode()
+    reason = _reason(data, made.policy())
+    assert reason is Reason.MALFORMED
+
+
+def _message_signature(bundle: dict[str, Any]) -> None:
+    envelope = bundle.pop("dsseEnvelope")
+    bundle["messageSignature"] = {
+        "messageDigest": {"algorithm": "SHA2_256", "digest": base64.b64encode(bytes(32)).decode()},
+        "signature": envelope["signatures"][0]["sig"],
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _message_signature,
+        lambda b: b.update(messageSignature={"signature": "AAAA"}),
+        lambda b: b.update(mediaType="application/vnd.dev.sigstore.bundle+json;version=0.1"),
+        lambda b: b.update(mediaType="application/vnd.dev.sigstore.bundle+json;version=0.2"),
+        lambda b: b.update(mediaType="application/vnd.dev.sigstore.bundle.v0.4+json"),
+        lambda b: b["verificationMaterial"].update(publicKey={"hint": "x"}),
+    ],
+    ids=["message-signature", "both", "v0.1", "v0.2", "v0.4", "public-key"],
+)
+def test_another_kind_of_bundle_is_malformed(
+    made: Made, change: Callable[[dict[str, Any]], None]
+) -> None:
+    bundle = _json(made.sidecar)
+    change(bundle)
+    assert _reason(_bytes(bundle), made.policy()) is Reason.MALFORMED
+
+
+# -- the verifier's clock --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        datetime(1, 1, 1, tzinfo=timezone.utc),
+        datetime(1970, 1, 1, tzinfo=timezone.utc),
+        NOW - timedelta(days=1),
+        NOW,
+        NOW + timedelta(days=60),
+        datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc),
+    ],
+    ids=["year-1", "epoch", "a-day-early", "now", "after-expiry", "year-9999"],
+)
+def test_an_odd_clock_judges_a_bundle_as_it_judges_a_key(made: Made, now: datetime) -> None:
+    keyring = Keyring({made.key.keyid: made.key}, identities=made.policy())
+
+    def outcome(sidecar: bytes) -> str:
+        try:
+            verify_plan(NAME, plan_bytes(), sidecar, keyring, now)
+        except Rejected as exc:
+            return exc.reason.value
+        return "ok"
+
+    keyless = outcome(made.sidecar)
+    assert keyless == outcome(made.key_sidecar)
+    assert (keyless == "ok") == (now == NOW)
