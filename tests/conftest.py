@@ -207,6 +207,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci.py": ("emulator",),
     "test_store_oci_auth.py": ("emulator",),
     "test_store_oci_flows.py": ("emulator",),
+    "test_store_oci_forbidden.py": ("emulator",),  # the registry stub: 403 DENIED, useless tokens
     "test_store_oci_hostile.py": ("emulator", "realtime"),
     "test_store_oci_mirror.py": ("emulator",),
     "test_store_oci_referrers.py": ("emulator",),

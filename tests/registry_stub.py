@@ -23,6 +23,9 @@ from urllib.parse import parse_qsl
 from store_servers import LOOPBACK, QuietHTTPServer
 
 INDEX = "application/vnd.oci.image.index.v1+json"
+DENIED = (
+    b'{"errors": [{"code": "DENIED", "message": "requested access to the resource is denied"}]}'
+)
 
 
 def digest_of(data: bytes) -> str:
@@ -44,6 +47,13 @@ class StubState:
         """When set, the token service wants an OAuth2 ``refresh_token`` grant (a POST, as for
         docker's ``identitytoken``) carrying this token instead of Basic credentials."""
         self.token_forms: list[dict[str, str]] = []
+        self.issued_token = "stub-token"
+        """What the token service hands out; anything but ``stub-token`` is refused by the
+        registry (a token service handing out useless tokens: 401 forever)."""
+        self.missing_status = 404
+        """The answer to a manifest read of a tag or digest the registry does not hold: 403 as a
+        least-privilege registry answers (ECR, GAR with pull-only scope), with a ``DENIED``
+        error body."""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
 
@@ -121,14 +131,15 @@ class _Handler(BaseHTTPRequestHandler):
             ):
                 self._send(401, b'{"error": "invalid_grant"}')
                 return
-            self._send(200, json.dumps({"access_token": "stub-token", "expires_in": 300}).encode())
+            answer = {"access_token": state.issued_token, "expires_in": 300}
+            self._send(200, json.dumps(answer).encode())
             return
         wanted = state.bearer
         given = self.headers.get("Authorization", "")
         if wanted and given != f"Basic {wanted}":
             self._send(401, b"{}")
             return
-        self._send(200, json.dumps({"token": "stub-token", "expires_in": 300}).encode())
+        self._send(200, json.dumps({"token": state.issued_token, "expires_in": 300}).encode())
 
     def _manifest(self, ref: str, mode: str) -> None:
         state = self.state
@@ -153,7 +164,9 @@ class _Handler(BaseHTTPRequestHandler):
                     del state.tags[tag]
             return self._send(202 if found else 404)
         if digest not in state.manifests:
-            return self._send(404)
+            if state.missing_status == 403:
+                return self._send(403, DENIED, {"Content-Type": "application/json"})
+            return self._send(state.missing_status)
         body, media = state.manifests[digest]
         headers = {"Content-Type": media, "Docker-Content-Digest": digest}
         if mode == "other-bytes":

@@ -107,7 +107,8 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Made]:
 
 
 def _json(data: bytes) -> dict[str, Any]:
-    return json.loads(data)  # type: ignore[no-any-return]
+    loaded: dict[str, Any] = json.loads(data)
+    return loaded
 
 
 def _bytes(bundle: dict[str, Any]) -> bytes:
@@ -115,7 +116,8 @@ def _bytes(bundle: dict[str, Any]) -> bytes:
 
 
 def _entry(bundle: dict[str, Any]) -> dict[str, Any]:
-    return bundle["verificationMaterial"]["tlogEntries"][0]  # type: ignore[no-any-return]
+    entry: dict[str, Any] = bundle["verificationMaterial"]["tlogEntries"][0]
+    return entry
 
 
 def _reason(data: bytes, policy: IdentityPolicy, cap: int = MANIFEST_CAP) -> Reason:
