@@ -116,11 +116,20 @@ def test_doctor_checks_the_trust_root(
     _, out, _ = run(capsys, "doctor", "--json")
     checks = {c["name"]: c for c in json.loads(out)["checks"]}
     assert checks["trusted-keys"]["status"] == "ok"
+    assert "0 trusted key(s) and 1 sigstore identity" in checks["trusted-keys"]["detail"]
+    assert checks["trusted-keys"]["data"]["identities"][0].startswith("sigstore issuer=")
     assert checks["sigstore-trust-root"]["status"] == "ok", checks["sigstore-trust-root"]
-    files["root"].write_text("{}")
-    _, out, _ = run(capsys, "doctor", "--json")
-    checks = {c["name"]: c for c in json.loads(out)["checks"]}
-    assert checks["trusted-keys"]["status"] == "fail"  # the keyring itself cannot load
+    for garbage in ("{}", None):  # a root that does not parse, then one that is not there
+        if garbage is None:
+            files["root"].unlink()
+        else:
+            files["root"].write_text(garbage)
+        _, out, _ = run(capsys, "doctor", "--json")
+        checks = {c["name"]: c for c in json.loads(out)["checks"]}
+        assert checks["trusted-keys"]["status"] == "fail"  # the keyring itself cannot load
+        # ... and the root has its own line saying so
+        assert checks["sigstore-trust-root"]["status"] == "fail", checks
+        assert str(files["root"]) in checks["sigstore-trust-root"]["detail"]
     monkeypatch.delenv("PLANCACHE_SIGSTORE_TRUSTED_ROOT")
     _, out, _ = run(capsys, "doctor", "--json")
     checks = {c["name"]: c for c in json.loads(out)["checks"]}
@@ -266,3 +275,24 @@ def test_every_command_that_verifies_takes_the_trusted_root() -> None:
     assert [name for name in sorted(verifying) if "--trusted-root" not in commands[name]] == []
     signing = {"sign", "push", "pubkey", "compile-cache sign"}
     assert [name for name in sorted(signing) if "--identity-token" not in commands[name]] == []
+
+
+def test_sign_names_the_certified_identity_not_the_tokens_claim(
+    capsys: pytest.CaptureFixture[str], stack: SigstoreStack, files: dict[str, Path], plans: Path
+) -> None:
+    """The key a signing run reports is the SAN Fulcio certified (what ``verify`` will show),
+    not a GitHub token's ``sub`` claim."""
+    github = files["token"].parent / "github-token"
+    github.write_text(
+        stack.token(
+            "repo:acme/serving:ref:refs/heads/main",
+            job_workflow_ref="acme/serving/.github/workflows/bake.yml@refs/heads/main",
+        )
+    )
+    code, out, err = run(
+        capsys, "sign", "--key", "sigstore", "--identity-token", str(github), "--json", str(plans)
+    )
+    workflow = "https://github.com/acme/serving/.github/workflows/bake.yml@refs/heads/main"
+    assert code == 0, err
+    assert json.loads(out)["key"] == f"sigstore:{workflow}"
+    assert "repo:acme" not in out + err

@@ -76,7 +76,9 @@ def _public_text(data: bytes, path: Path) -> str:
     return _text(data, path)
 
 
-def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
+def load_keyring(
+    path: Path, allow_revocations_only: bool = False, *, pin_root: bool = True
+) -> Keyring:
     """A trusted-keys file, or a directory whose ``*.pub`` files are all trusted.
 
     A keyring must trust at least one key or identity, since verifying needs one: otherwise
@@ -85,7 +87,9 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
     key ids, ``@revoked sigstore`` identities, or both) is enough; revoked identities then get
     the Sigstore trust root pinned all the same (:mod:`.sigstore_root`), because a bundle is
     judged revoked only once it verifies. A key listed in two files of a directory is an error,
-    as within one file: which window would hold is anyone's guess.
+    as within one file: which window would hold is anyone's guess. ``pin_root=False`` leaves the
+    root unpinned (``doctor`` reads the file's identities even when the root is unusable, to
+    report the root on its own line).
 
     Raises:
         ConfigError: a file absent or unreadable, a directory without ``.pub`` files, a file
@@ -120,12 +124,14 @@ def load_keyring(path: Path, allow_revocations_only: bool = False) -> Keyring:
         what = f"trusted-keys file {safe_text(path)}"
     ids = keyring.identities
     revoked_ids = ids is not None and bool(ids.revoked)
-    if ids is not None and (ids.trusted or (allow_revocations_only and revoked_ids)):
+    if pin_root and ids is not None and (ids.trusted or (allow_revocations_only and revoked_ids)):
         from .sigstore_root import pin_trusted_root
 
         # A revoked identity is judged on a bundle that verified (sigstore_bundle.open_bundle),
         # which takes the root even where no identity is trusted.
         return pin_trusted_root(keyring)
+    if ids is not None and ids.trusted:
+        return keyring  # unpinned, as asked
     if not keyring.keys and not (allow_revocations_only and (keyring.revoked or revoked_ids)):
         wanted = "no usable key (nor revocations)" if allow_revocations_only else "no usable key"
         raise ConfigError(f"{what} lists {wanted}")

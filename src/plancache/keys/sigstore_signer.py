@@ -61,7 +61,21 @@ class KeylessSigner:
 
     @property
     def identity(self) -> str:
-        """The SAN Fulcio will certify (the token's identity claim)."""
+        """Who this signer signs as: the SAN Fulcio certified once a certificate was had (what a
+        verifier sees: for GitHub Actions the workflow's ``job_workflow_ref`` URL), else the
+        token's identity claim (for GitHub Actions its ``sub``). Never asks Fulcio itself: a
+        report line naming the signer must not fail, nor wait, where signing could not."""
+        with self._lock:
+            signer = self._signer
+        if signer is not None:
+            from ..trust.keyless.sigstore_bundle import certificate_identity
+
+            try:
+                _, sans = certificate_identity(signer._signing_cert())
+            except Exception:  # an expired certificate: the token's claim still names the job
+                sans = []
+            if sans:
+                return sans[0]
         return str(self._token.identity)
 
     @property
@@ -70,6 +84,7 @@ class KeylessSigner:
 
     @property
     def keyid(self) -> str:
+        """``sigstore:<identity>`` (:attr:`identity`), as a verified bundle's signer is named."""
         return KEYID_PREFIX + self.identity
 
     @property

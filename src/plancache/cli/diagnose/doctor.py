@@ -30,7 +30,7 @@ from .setup_checks import (
     check_signing_key,
     check_store,
 )
-from .trust_root_check import check_trust_root
+from .trust_root_check import check_trust_root, identities_named
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     directory = check_plan_dir(checks)
     config = parse_config(os.environ)
     policy = check_keys(checks, config)
-    check_trust_root(checks, policy.keyring)
+    check_trust_root(checks, policy.keyring or identities_named(config.trusted_keys))
     check_signing_key(checks, config)
     store = check_store(checks, config, policy)
     check_local_plans(checks, directory, policy, args.free_memory, store)

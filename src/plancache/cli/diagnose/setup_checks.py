@@ -176,13 +176,17 @@ def check_keys(checks: Checks, config: PluginConfig) -> TrustPolicy:
         return policy
     ring = policy.keyring
     names = sorted(k.name for k in ring.keys.values())
+    identities = ring.identities.trusted if ring.identities else ()
+    signers = names + sorted(i.name for i in identities)
     checks.add(
         "trusted-keys",
-        "ok" if ring.keys or ring.identities else "fail",
-        f"{len(ring.keys)} trusted key(s) from {config.trusted_keys}: "
-        f"{', '.join(names) or 'none'}; {len(ring.revoked)} revoked; threshold {ring.threshold}",
+        "ok" if ring.keys or identities else "fail",
+        f"{len(ring.keys)} trusted key(s) and {len(identities)} sigstore identit"
+        f"{'y' if len(identities) == 1 else 'ies'} from {config.trusted_keys}: "
+        f"{', '.join(signers) or 'none'}; {len(ring.revoked)} revoked; threshold {ring.threshold}",
         count=len(ring.keys),
         names=names,
+        identities=[i.line for i in identities],
         keyids=sorted(ring.keys),
         revoked=sorted(ring.revoked),
         threshold=ring.threshold,

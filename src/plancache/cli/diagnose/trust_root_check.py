@@ -70,6 +70,21 @@ def root_expiry(data: bytes) -> datetime | None:
     return min(ends) if ends else None
 
 
+def identities_named(source: str | None) -> Keyring | None:
+    """The trusted-keys file's keyring with no trust root pinned, or None: when the keys could
+    not be used, the root may be why, and it deserves its own line."""
+    if not source:
+        return None
+    from pathlib import Path
+
+    from ...keys.keyfile import load_keyring
+
+    try:
+        return load_keyring(Path(source).expanduser(), pin_root=False)
+    except PlanCacheError:
+        return None
+
+
 def check_trust_root(checks: Checks, keyring: Keyring | None, now: datetime | None = None) -> None:
     """Add the ``sigstore-trust-root`` check when ``keyring`` trusts an identity."""
     if keyring is None or keyring.identities is None or not keyring.identities.trusted:
