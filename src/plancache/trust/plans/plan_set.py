@@ -36,10 +36,11 @@ from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
+from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import claimed_payload, seal
 from ..signing import MAX_SIGNED_BYTES
 from ..statement import format_time, parse_time, render_statement, statement_shell
-from ..verify import DEFAULT_CLOCK_SKEW, VerifiedPlan, current_signers, open_envelope, verify_plan
+from ..verify import SignedKind, VerifiedPlan, open_signed, verify_plan
 from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
 from .plan_set_names import MAX_MEMBERS, members_of, set_id, set_id_of_name, set_name
 
@@ -152,6 +153,10 @@ def parse_set_statement(payload: bytes) -> SetStatement:
     )
 
 
+SET_SIGNATURE = SignedKind(parse_set_statement, lambda s: s.subject_name, "signature is")
+"""A set's head: the statement names the set object and the sha256 of its body."""
+
+
 def split_set(data: bytes) -> tuple[bytes, bytes]:
     """(envelope line, body) of a set object, before anything of either is parsed.
 
@@ -217,37 +222,28 @@ def verify_set(
             f"'{safe_text(name, 80)}' is not a plan set name (startup_planset_<16 hex>.set)",
         )
     head, body = split_set(data)
-    payload, keys = open_envelope(head, keyring)
-    statement = parse_set_statement(payload)
-    if statement.subject_name != name:
-        raise Rejected(
-            Reason.NAME_MISMATCH,
-            f"signature is for '{safe_text(statement.subject_name, 80)}', "
-            f"not for '{safe_text(name, 80)}'",
-        )
-    if statement.subject_sha256 != hashlib.sha256(body).hexdigest():
-        raise Rejected(
-            Reason.DIGEST_MISMATCH,
-            "plan set bytes do not match the signed sha256 (altered or mixed set?)",
-        )
-    fps = [m.fingerprint for m in statement.members]
-    if statement.set_id != ident or members_of(fps) != fps or set_id(fps) != ident:
-        raise Rejected(
-            Reason.FINGERPRINT_MISMATCH,
-            f"plan set {ident}: its signed member list is for another set",
-        )
-    if sum(m.plan_size + m.sig_size for m in statement.members) != len(body):
-        raise Rejected(
-            Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body"
-        )
-    current = current_signers(
-        keys,
-        keyring,
-        signed_at=statement.signed_at,
-        expires_at=statement.expires_at,
-        now=now,
-        clock_skew=clock_skew,
+
+    def binds_body(statement: SetStatement) -> None:
+        if statement.subject_sha256 != hashlib.sha256(body).hexdigest():
+            raise Rejected(
+                Reason.DIGEST_MISMATCH,
+                "plan set bytes do not match the signed sha256 (altered or mixed set?)",
+            )
+        fps = [m.fingerprint for m in statement.members]
+        if statement.set_id != ident or members_of(fps) != fps or set_id(fps) != ident:
+            raise Rejected(
+                Reason.FINGERPRINT_MISMATCH,
+                f"plan set {ident}: its signed member list is for another set",
+            )
+        if sum(m.plan_size + m.sig_size for m in statement.members) != len(body):
+            raise Rejected(
+                Reason.MALFORMED, "plan set: the members' signed sizes do not add up to its body"
+            )
+
+    opened = open_signed(
+        head, keyring, SET_SIGNATURE, name, now=now, clock_skew=clock_skew, check=binds_body
     )
+    statement = opened.statement
     plans, offset = [], 0
     for m in statement.members:
         plan_bytes = body[offset : offset + m.plan_size]
@@ -256,7 +252,7 @@ def verify_set(
         plans.append(
             verify_plan(plan_name(m.fingerprint), plan_bytes, sig_bytes, keyring, now, clock_skew)
         )
-    return VerifiedSet(name, statement, tuple(plans), tuple(k.name for k in current))
+    return VerifiedSet(name, statement, tuple(plans), opened.names)
 
 
 def build_set(
