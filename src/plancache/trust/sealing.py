@@ -46,7 +46,7 @@ def claimed_payload(sig_bytes: bytes) -> bytes:
     """
     if not is_bundle(sig_bytes):
         return dsse.decode(sig_bytes).payload
-    obj = strictjson.loads(sig_bytes[: dsse.MAX_SIG_BYTES], "Sigstore bundle")
+    obj = strictjson.loads(sig_bytes[: dsse.keyless_cap(dsse.MAX_SIG_BYTES, 1)], "Sigstore bundle")
     envelope = obj.get("dsseEnvelope") if isinstance(obj, dict) else None
     payload = envelope.get("payload") if isinstance(envelope, dict) else None
     if not isinstance(payload, str):

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import TypeGuard
 
 from ..display import safe_text
+from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
 from ..keyring.signatories import DEFAULT_CLOCK_SKEW
@@ -44,6 +45,8 @@ MAX_TOTAL_BYTES = 2 << 30
 MAX_RATIO = 64
 """Inflated bytes per compressed byte a statement may claim (a real .gch: 5.7 at gzip -1)."""
 MAX_SIG_BYTES = 64 * 1024
+MAX_SIG_OBJECT_BYTES = keyless_cap(MAX_SIG_BYTES)
+"""What a reader reads of a headers signature at most (keyless signatures' allowance)."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[a-z0-9_]{1,128}\.h\.(gch|pch)")

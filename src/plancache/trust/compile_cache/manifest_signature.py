@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
 from ..keyring.signatories import DEFAULT_CLOCK_SKEW
@@ -22,6 +23,8 @@ from .manifest import Manifest, check_manifest, parse_manifest
 
 MAX_SIG_BYTES = 16 * 2**20
 """~130 bytes per file entry, base64 in the envelope: room for MAX_FILES entries."""
+MAX_SIG_OBJECT_BYTES = keyless_cap(MAX_SIG_BYTES)
+"""What a reader reads of a manifest's signature at most (keyless signatures' allowance)."""
 
 MANIFEST_SIGNATURE = SignedKind(parse_manifest, lambda m: m.subject, "manifest is", MAX_SIG_BYTES)
 """A cache's sidecar: the manifest names the cache directory."""

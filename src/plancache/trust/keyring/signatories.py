@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import Reason, Rejected
+from ..keyless.dsse_extension import open_entry
 from ..keyless.sigstore_bundle import is_bundle, open_bundle
 from ..statement import format_time
 from .identities import IdentitySigner
@@ -30,46 +31,81 @@ Signatory = TrustedKey | IdentitySigner
 """Who a signature object's valid signature counts for: a trusted key or a keyless identity."""
 
 
-def _signing_keys(env: dsse.Envelope, keyring: Keyring) -> tuple[list[TrustedKey], Reason]:
-    """The distinct trusted keys with a valid signature, and why the others did not count."""
+class _Count:
+    """The distinct signers with a valid signature so far, in entry order, and why the others
+    did not count: ``revoked`` over everything, else the first other failure (a key's
+    ``bad-signature``, a keyless signature's own reason), else ``untrusted-key``."""
+
+    def __init__(self) -> None:
+        self.good: dict[object, Signatory] = {}
+        self.failure = Reason.UNTRUSTED_KEY
+        self.detail: str | None = None
+        """A keyless failure's own detail; None: a key's, said by :func:`_no_key_detail`."""
+
+    def failed(self, reason: Reason, detail: str | None = None) -> None:
+        if self.failure is Reason.REVOKED or reason is Reason.UNTRUSTED_KEY:
+            return
+        if reason is Reason.REVOKED or self.failure is Reason.UNTRUSTED_KEY:
+            self.failure, self.detail = reason, detail
+
+
+def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
+    """Every entry that could count, verified: a key's against the trusted key its id names, a
+    keyless one (only when identities are trusted: sigstore-python is never imported for keys
+    alone) as the bundle it came from. Each trusted key, and each trusted identity *line*,
+    counts once: the line is what the operator trusted, as a key is."""
     data = dsse.pae(env.payload_type, env.payload)
-    good: dict[str, TrustedKey] = {}
-    failure = Reason.UNTRUSTED_KEY
+    count = _Count()
+    policy = keyring.identities
     for signature in env.signatures:
+        if signature.ext is not None:
+            if policy is None or not policy.trusted:
+                continue  # like an unknown key: nothing here could make it count
+            try:
+                for who in open_entry(env, signature, policy):
+                    line = (who.line.issuer, who.line.identity, who.line.regexp)
+                    count.good.setdefault(line, who)
+            except Rejected as exc:
+                count.failed(exc.reason, exc.detail)
+            continue
         kid = canonical_keyid(signature.keyid)
         if kid is None:
             continue
         if kid in keyring.revoked:
-            failure = Reason.REVOKED
+            count.failed(Reason.REVOKED)
             continue
         key = keyring.keys.get(kid)
         if key is None:
             continue
         if key.verifies(signature.sig, data):
-            good[key.keyid] = key
-        elif failure is Reason.UNTRUSTED_KEY:
-            failure = Reason.BAD_SIGNATURE
-    return list(good.values()), failure
+            count.good.setdefault(key.keyid, key)
+        else:
+            count.failed(Reason.BAD_SIGNATURE)
+    return count
 
 
 def open_envelope(
     sig_bytes: bytes, keyring: Keyring, cap: int = dsse.MAX_SIG_BYTES
 ) -> tuple[bytes, list[Signatory]]:
-    """A signature's payload and the trusted keys whose signatures over it verify, before
+    """A signature's payload and the trusted signers whose signatures over it verify, before
     anything of the payload is parsed: capped, canonical DSSE, our payload type. The first step
-    of every verifier (plans, plan sets, compile-cache manifests, their headers). A Sigstore
-    bundle in its place is verified by :func:`.keyless.sigstore_bundle.open_bundle` (same cap).
+    of every verifier (plans, plan sets, compile-cache manifests, their headers). ``cap`` is
+    the kind's for key signatures; each keyless one adds its allowance
+    (:func:`~..envelope.keyless_cap`). A Sigstore bundle in its place is verified by
+    :func:`~..keyless.sigstore_bundle.open_bundle`, with one keyless signature's allowance.
 
     Raises:
-        Rejected: ``too-large`` (over ``cap``), ``malformed`` (no canonical DSSE envelope, or
-            another payloadType), or no trusted key's signature verifies (``revoked``,
-            ``bad-signature``, ``untrusted-key``: :func:`trusted_signers`); for a Sigstore
-            bundle, :func:`~.keyless.sigstore_bundle.open_bundle`'s reasons (``wrong-identity``,
+        Rejected: ``too-large`` (over the cap), ``malformed`` (no canonical DSSE envelope, or
+            another payloadType), or no trusted signer's signature verifies (``revoked``,
+            ``bad-signature``, ``untrusted-key``, a keyless signature's reasons:
+            :func:`trusted_signers`); for a Sigstore bundle,
+            :func:`~..keyless.sigstore_bundle.open_bundle`'s reasons (``wrong-identity``,
             ``wrong-issuer``, ``unanchored-identity``, ``no-log-proof``, ``bad-log-proof``,
             ``certificate-outside-validity``, ``foreign-trust-root``, ``bad-bundle``, ...).
     """
     if is_bundle(sig_bytes):
-        payload, identities = open_bundle(sig_bytes, keyring.identities, cap)
+        allowance = dsse.keyless_cap(cap, 1)
+        payload, identities = open_bundle(sig_bytes, keyring.identities, allowance)
         return payload, [*identities]
     env = dsse.decode(sig_bytes, cap)
     if env.payload_type != dsse.PAYLOAD_TYPE:
@@ -77,22 +113,23 @@ def open_envelope(
             Reason.MALFORMED,
             f"payloadType is '{safe_text(env.payload_type, 60)}', expected {dsse.PAYLOAD_TYPE}",
         )
-    return env.payload, [*trusted_signers(env, keyring)]
+    return env.payload, trusted_signers(env, keyring)
 
 
-def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[TrustedKey]:
-    """The distinct trusted keys whose signatures over the envelope verify. Shared by plans and
-    compile-cache manifests: one signature rule for both.
+def trusted_signers(env: dsse.Envelope, keyring: Keyring) -> list[Signatory]:
+    """The distinct trusted signers (keys, identity lines) whose signatures over the envelope
+    verify, in entry order. One signature rule for every kind.
 
     Raises:
-        Rejected: no signature counts, with the reason why: ``revoked`` (a revoked key signed),
-            else ``bad-signature`` (a trusted key's signature does not verify), else
-            ``untrusted-key`` (no trusted key signed).
+        Rejected: no signature counts, with the reason why: ``revoked`` (a revoked key or
+            identity signed), else the first other failure: ``bad-signature`` (a trusted key's
+            signature does not verify) or a keyless signature's reason (``wrong-identity``,
+            ``bad-log-proof``, ...), else ``untrusted-key`` (no trusted signer signed).
     """
-    keys, failure = _signing_keys(env, keyring)
-    if not keys:
-        raise Rejected(failure, _no_key_detail(failure, env))
-    return keys
+    count = _count(env, keyring)
+    if not count.good:
+        raise Rejected(count.failure, count.detail or _no_key_detail(count.failure, env))
+    return list(count.good.values())
 
 
 def current_signers(
@@ -139,7 +176,10 @@ def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:
 
 
 def _no_key_detail(failure: Reason, env: dsse.Envelope) -> str:
-    ids = ", ".join(safe_text(s.keyid, 60) or "<none>" for s in env.signatures)
+    ids = ", ".join(
+        "sigstore (keyless)" if s.ext is not None else safe_text(s.keyid, 60) or "<none>"
+        for s in env.signatures
+    )
     if failure is Reason.REVOKED:
         return f"signed by a revoked key ({ids})"
     if failure is Reason.BAD_SIGNATURE:

@@ -45,8 +45,13 @@ from .plan import MAX_PLAN_BYTES, is_fingerprint, plan_name
 from .plan_set_names import MAX_MEMBERS, members_of, set_id, set_id_of_name, set_name
 
 SET_PREDICATE = "https://plancache.dev/startup-plan-set/v1"
-MAX_SET_BYTES = 1024 * 1024
-"""Cap on a set object: far above 64 honest members (plans are ~200 bytes, sidecars ~600)."""
+MAX_SET_BYTES = 4 * 1024 * 1024
+"""Cap on a set object. Plans are ~200 bytes and a key's sidecar ~600, but a keyless signature
+adds its verification material (:data:`~..envelope.KEYLESS_ALLOWANCE`): ~10 KB on the
+public-good instance, whose GitHub certificates are large and appear twice (the certificate and
+the log entry). A sidecar co-signed by a key and two identities over a statement at the signing
+cap is ~26 KB, so 64 such members and a keyless head are ~1.7 MiB: over the former 1 MiB. 4 MiB
+holds them with room, and still bounds what one GET makes a node hold."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,7 @@ def parse_set_statement(payload: bytes) -> SetStatement:
             Member(
                 m["fingerprint"],
                 _size(m.get("plan"), MAX_PLAN_BYTES),
-                _size(m.get("sig"), dsse.MAX_SIG_BYTES),
+                _size(m.get("sig"), dsse.MAX_SIG_OBJECT_BYTES),
             )
         )
     ident, comment, expires = (
@@ -161,9 +166,9 @@ def split_set(data: bytes) -> tuple[bytes, bytes]:
     """(envelope line, body) of a set object, before anything of either is parsed.
 
     Raises:
-        Rejected: no line end within an envelope's cap (reason ``malformed``).
+        Rejected: no line end within a signature object's cap (reason ``malformed``).
     """
-    end = data.find(b"\n", 0, dsse.MAX_SIG_BYTES + 1)
+    end = data.find(b"\n", 0, dsse.MAX_SIG_OBJECT_BYTES + 1)
     if end < 0:
         raise Rejected(Reason.MALFORMED, "plan set: no signature envelope line at its start")
     return data[: end + 1], data[end + 1 :]
