@@ -6,26 +6,34 @@ under another payload or log entry fails. Every signed kind takes them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cli_support import run
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
+from plancache.keys.keyfile import generate_keypair
 from plancache.keys.schemes import load_signer
 from plancache.keys.sigstore_signer import KeylessSigner
+from plancache.pipeline.keyless_report import plan_signers
+from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.compile_cache.manifest_signature import sign_manifest, verify_manifest
-from plancache.trust.errors import Reason, Rejected
+from plancache.trust.errors import ConfigError, Reason, Rejected
 from plancache.trust.keyless.dsse_extension import as_extension
+from plancache.trust.keyless.sigstore_bundle import is_bundle
 from plancache.trust.keyring.keys import Ed25519Signer, Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.plans.plan_set import build_set, split_set, verify_set
-from plancache.trust.signing import sign_plan
+from plancache.trust.signing import add_signature, sign_or_cosign, sign_plan
 from plancache.trust.verify import verify_plan
 from sigstore_stack import SigstoreStack
 
@@ -220,3 +228,152 @@ def test_plan_sets_manifests_and_headers_take_extension_signatures(
     sig = with_keyless(sig, signers.bake.sign_statement(payload_of(sig)))
     headers = th.verify_headers(subject, sig, keyring, NOW, cache_archive_sha256="3" * 64)
     assert headers.signers == ("key0", IDENTITY)
+
+
+# -- co-signing: sign_or_cosign and `plancache sign` -----------------------------------------
+
+
+def test_an_identity_co_signs_a_key_signed_plan_towards_two(
+    signers: Signers, sidecar: bytes
+) -> None:
+    vouching = keyring_of(signers.key)  # the trusted keys that vouch for the statement
+    action, both = sign_or_cosign(
+        NAME, plan_bytes(), sidecar, signers.bake, NOW, keyring=vouching, expires_at=LATER
+    )
+    assert action == "co-signed" and payload_of(both) == payload_of(sidecar)
+    keyring = trusting(signers, line(signers), signers.key, threshold=2)
+    verified = verify_plan(NAME, plan_bytes(), both, keyring, NOW)
+    assert verified.key_ids == (signers.key.keyid, "sigstore:" + IDENTITY)
+    facts = plan_signers(verified)  # what the boot records and reports name
+    assert facts[0] == {"name": "key0", "keyid": signers.key.keyid}
+    assert (facts[1]["identity"], facts[1]["issuer"]) == (IDENTITY, signers.stack.issuer)
+    assert isinstance(facts[1]["log_index"], int)
+    requests = signers.stack.rekor_requests
+    assert sign_or_cosign(NAME, plan_bytes(), both, signers.bake, NOW, keyring=vouching) == (
+        "kept",
+        both,
+    )
+    assert sign_or_cosign(NAME, plan_bytes(), both, signers.key, NOW, keyring=None) == (
+        "kept",
+        both,
+    )
+    assert signers.stack.rekor_requests == requests  # kept: nothing signed, nothing logged
+
+
+def test_a_bundle_co_signed_by_another_identity_is_one_envelope(
+    signers: Signers, bundles: dict[str, bytes]
+) -> None:
+    vouching = trusting(signers, line(signers))
+    action, both = sign_or_cosign(
+        NAME, plan_bytes(), bundles["bake"], signers.release, NOW, keyring=vouching
+    )
+    assert action == "co-signed" and not is_bundle(both)
+    keyring = trusting(signers, line(signers) + line(signers, OTHER), threshold=2)
+    verified = verify_plan(NAME, plan_bytes(), both, keyring, NOW)
+    assert [w.identity for w in verified.identities] == [IDENTITY, OTHER]
+    action, three = sign_or_cosign(NAME, plan_bytes(), both, signers.key, NOW, keyring=vouching)
+    assert action == "co-signed"
+    three_ways = trusting(signers, line(signers) + line(signers, OTHER), signers.key, threshold=3)
+    assert len(verify_plan(NAME, plan_bytes(), three, three_ways, NOW).signers) == 3
+
+
+def test_a_statement_no_trusted_signer_vouches_for_is_not_co_signed(
+    signers: Signers, bundles: dict[str, bytes]
+) -> None:
+    """The release identity's statement, while only the key and the bake identity are trusted:
+    refused, whoever co-signs."""
+    keyring = trusting(signers, line(signers), signers.key)
+    for signer in (signers.bake, signers.key):
+        with pytest.raises(Rejected) as caught:
+            sign_or_cosign(NAME, plan_bytes(), bundles["release"], signer, NOW, keyring=keyring)
+        assert caught.value.reason is Reason.WRONG_IDENTITY
+        assert caught.value.detail.startswith("cannot co-sign: ")
+
+
+def test_a_revoked_identity_does_not_sign(signers: Signers, sidecar: bytes) -> None:
+    revoked = line(signers) + "@revoked " + line(signers)
+    keyring = trusting(signers, revoked, signers.key)
+    with pytest.raises(ConfigError) as caught:
+        sign_or_cosign(NAME, plan_bytes(), sidecar, signers.bake, NOW, keyring=keyring)
+    assert "revoked" in caught.value.detail
+
+
+@dataclass(frozen=True)
+class OtherBytes:
+    """A keyless signer whose bundle is over other bytes than it was handed."""
+
+    inner: KeylessSigner
+
+    @property
+    def keyid(self) -> str:
+        return self.inner.keyid
+
+    @property
+    def public(self) -> Any:
+        return self.inner.public
+
+    def sign(self, data: bytes) -> bytes:
+        return self.inner.sign(data)
+
+    def sign_statement(self, payload: bytes) -> bytes:
+        return self.inner.sign_statement(payload.replace(b"2026", b"2025", 1))
+
+    def own_keyring(self) -> Keyring:
+        return self.inner.own_keyring()
+
+
+def test_a_bundle_over_other_bytes_is_not_merged(signers: Signers, sidecar: bytes) -> None:
+    with pytest.raises(ConfigError) as caught:
+        add_signature(NAME, plan_bytes(), sidecar, OtherBytes(signers.bake))
+    assert "other bytes" in caught.value.detail
+
+
+def test_sign_cosigns_a_directory_keylessly_and_verify_lists_both(
+    capsys: pytest.CaptureFixture[str],
+    signers: Signers,
+    plan_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``plancache sign --key sigstore`` over a key-signed directory, then ``verify --threshold
+    2 --json`` naming both signers (the keyless one with its identity, issuer, log index)."""
+    LocalPlanDir(plan_dir).write(FP, plan_bytes(), None)
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    stack = signers.stack
+    (tmp_path / "config.json").write_bytes(stack.trust_config_bytes())
+    (tmp_path / "root.json").write_bytes(stack.trusted_root_bytes())
+    (tmp_path / "token").write_text(stack.token(IDENTITY))
+    (tmp_path / "trusted").write_text((tmp_path / "ci.pub").read_text() + line(signers))
+    monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUST_CONFIG", str(tmp_path / "config.json"))
+    for name in ("SIGSTORE_ID_TOKEN", "PLANCACHE_SIGSTORE_TRUSTED_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PLANCACHE_SIGSTORE_IDENTITY_TOKEN_FILE", "")  # the CLI sets them
+    monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUSTED_ROOT", "")
+    code, _, err = run(capsys, "sign", "--key", str(tmp_path / "ci"), str(plan_dir))
+    assert code == 0 and "1 signed" in err, err
+    code, out, err = run(
+        capsys,
+        "sign",
+        *("--key", "sigstore", "--identity-token", str(tmp_path / "token")),
+        *("--trusted-keys", str(tmp_path / "ci.pub"), "--json", str(plan_dir)),
+    )
+    assert code == 0 and json.loads(out)["plans"][0]["action"] == "co-signed", out + err
+    trust = (
+        "--trusted-keys",
+        str(tmp_path / "trusted"),
+        "--trusted-root",
+        str(tmp_path / "root.json"),
+    )
+    code, out, err = run(capsys, "verify", *trust, "--threshold", "2", "--json", str(plan_dir))
+    (plan,) = json.loads(out)["plans"]
+    assert code == 0 and plan["status"] == "valid", out + err
+    key, keyless = plan["signed_by"]
+    assert key["name"] == "ci" and "identity" not in key
+    assert (keyless["identity"], keyless["issuer"]) == (IDENTITY, stack.issuer)
+    assert isinstance(keyless["log_index"], int) and keyless["log_index"] >= 5
+    code, out, _ = run(capsys, "verify", *trust, "--threshold", "3", "--json", str(plan_dir))
+    assert code == 1 and json.loads(out)["plans"][0]["reason"] == "threshold-not-met"
+    code, out, _ = run(capsys, "ls", *trust, "--json", str(plan_dir))
+    assert code == 0 and len(json.loads(out)["plans"][0]["signed_by"]) == 2
+    code, out, _ = run(capsys, "ls", "--json", str(plan_dir))  # no keys: claimed, unverified
+    assert code == 0 and "sigstore (unverified)" in json.loads(out)["plans"][0]["signer_ids"]

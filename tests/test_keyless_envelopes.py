@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from datetime import timedelta
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,27 @@ def test_a_public_good_bundle_as_an_extension_verifies_offline(version: str, ind
     payload, (who,) = open_envelope(dsse.encode(env), _keyring(_line(version)))
     assert json.loads(payload)["subject"][0]["name"] == "checksums.txt"
     assert (who.keyid, who.log_index) == (f"sigstore:{WORKFLOW}@refs/tags/v{version}", index)
+
+
+def test_a_rekor_v2_bundle_as_an_extension_verifies_under_its_root() -> None:
+    """A hashedrekord 0.0.2 entry (it covers the PAE and the signature) with an RFC 3161
+    timestamp, no SET: the staging instance's bundle, turned into an extension entry."""
+    data = (DATA / "staging-rekor-v2-conformance-beacon.sigstore.json").read_bytes()
+    identity = (
+        "https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/"
+        ".github/workflows/extremely-dangerous-oidc-beacon.yml@refs/heads/main"
+    )
+    staging = (
+        files("sigstore._store")
+        .joinpath("https%3A%2F%2Ftuf-repo-cdn.sigstage.dev", "trusted_root.json")
+        .read_bytes()
+    )
+    ids = parse_trusted_keys(f"sigstore issuer={GITHUB} identity={identity}\n", "t").identities
+    assert ids is not None
+    _, (who,) = open_envelope(
+        dsse.encode(as_extension(data)), Keyring(identities=ids.with_root(staging))
+    )
+    assert who.identity == identity and who.log_time is not None
 
 
 def test_a_key_and_a_real_identity_meet_a_threshold_of_two() -> None:
