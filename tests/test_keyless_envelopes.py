@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import keyring_of, make_signer
+from conftest import NOW, keyring_of, make_signer
 from plancache.keys.sigstore_root import public_good_root
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import Reason, Rejected
@@ -253,3 +253,38 @@ def test_an_allowance_is_counted_from_the_entries_an_envelope_holds() -> None:
     assert caught.value.reason is Reason.TOO_LARGE
     assert f"cap is {1000 + dsse.KEYLESS_ALLOWANCE}" in caught.value.detail
     assert dsse.decode(data, 60_000).signatures == (signature,)  # within its one allowance
+
+
+class LargeBundles:
+    """A keyless signer whose bundles are ``size`` bytes (one line): the caps' arithmetic at the
+    compile-cache manifest's 16 MiB, without 16 MiB through a Fulcio and a Rekor."""
+
+    keyid = "sigstore:x"
+    public = None
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def sign(self, data: bytes) -> bytes:
+        raise AssertionError("keyless")
+
+    def sign_statement(self, payload: bytes) -> bytes:
+        head = b'{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json","pad":"'
+        return head + b"x" * (self.size - len(head) - 3) + b'"}\n'
+
+    def own_keyring(self) -> Keyring:
+        return Keyring()
+
+
+def test_a_manifest_bundle_gets_one_keyless_allowance_over_the_key_cap() -> None:
+    from plancache.trust.compile_cache import manifest as mf
+    from plancache.trust.compile_cache.manifest_signature import MAX_SIG_BYTES, sign_manifest
+
+    manifest = mf.Manifest(
+        "torch_aot_compile/" + "ab" * 32, (mf.FileEntry("a", 1, "0" * 64),), (), "0" * 64, 1, NOW
+    )
+    near = MAX_SIG_BYTES + dsse.KEYLESS_ALLOWANCE
+    assert len(sign_manifest(manifest, LargeBundles(near))) == near  # type: ignore[arg-type]
+    with pytest.raises(Rejected) as caught:
+        sign_manifest(manifest, LargeBundles(near + 1))  # type: ignore[arg-type]
+    assert caught.value.reason is Reason.TOO_LARGE

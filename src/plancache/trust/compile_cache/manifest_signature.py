@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
+from ..keyring.identities import BundleSigner
 from ..keyring.keys import Keyring, Signer
 from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import seal
@@ -54,8 +55,8 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
 
     Raises:
         Rejected: the manifest breaks :func:`check_manifest`'s rules (``malformed``,
-            ``too-large``), or its signature would be over :data:`MAX_SIG_BYTES`
-            (``too-large``).
+            ``too-large``), or its signature would be over :data:`MAX_SIG_BYTES` (a bundle:
+            over it and one keyless signature's allowance) (``too-large``).
         ConfigError: an expiry not after ``signed_at``, a time outside the calendar, or a
             remote key that refuses to sign (reason ``config-error``).
         StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
@@ -65,10 +66,10 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
         raise ConfigError("the expiry must lie in the future")
     payload = manifest.to_json_bytes()
     sig = seal(payload, signer)
-    if len(sig) > MAX_SIG_BYTES:
+    cap = keyless_cap(MAX_SIG_BYTES, 1) if isinstance(signer, BundleSigner) else MAX_SIG_BYTES
+    if len(sig) > cap:
         raise Rejected(
-            Reason.TOO_LARGE,
-            f"the manifest signature would be {len(sig)} bytes, the cap is {MAX_SIG_BYTES}",
+            Reason.TOO_LARGE, f"the manifest signature would be {len(sig)} bytes, the cap is {cap}"
         )
     return sig
 
