@@ -51,16 +51,18 @@ class _Count:
 
 def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
     """Every entry that could count, verified: a key's against the trusted key its id names, a
-    keyless one (only when identities are trusted: sigstore-python is never imported for keys
-    alone) as the bundle it came from. Each trusted key, and each trusted identity *line*,
-    counts once: the line is what the operator trusted, as a key is."""
+    keyless one (only when the keyring names identities: sigstore-python is never imported for
+    keys alone) as the bundle it came from, by :func:`~..keyless.sigstore_bundle.open_bundle`'s
+    rules (a revoked-only policy included, so its reason is the bundle's). Each trusted key,
+    and each trusted identity *line*, counts once: the line is what the operator trusted, as a
+    key is."""
     data = dsse.pae(env.payload_type, env.payload)
     count = _Count()
     policy = keyring.identities
     for signature in env.signatures:
         if signature.ext is not None:
-            if policy is None or not policy.trusted:
-                continue  # like an unknown key: nothing here could make it count
+            if policy is None or not (policy.trusted or policy.revoked):
+                continue  # like an unknown key: nothing here could count or be revoked
             try:
                 for who in open_entry(env, signature, policy):
                     line = (who.line.issuer, who.line.identity, who.line.regexp)
