@@ -172,7 +172,9 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_import_graph.py": UNIT,
     "test_install_resolution.py": ("system", "realtime"),
     "test_keyless_cli.py": ("emulator",),  # the CLI through the local Fulcio/Rekor/OIDC
+    "test_keyless_cosign.py": ("emulator",),  # keys and identities in one envelope, local stack
     "test_keyless_doctor.py": ("system",),  # doctor in a child with no route out (unshare -n)
+    "test_keyless_envelopes.py": UNIT,  # committed real bundles as extension signatures
     "test_keyless_hostile_bundles.py": ("emulator",),  # local Fulcio/Rekor/OIDC, in process
     "test_keyless_hostile_inputs.py": ("emulator", "system"),  # local Fulcio; FIFOs in children
     "test_keyless_journeys.py": ("emulator", "system"),  # docs/keys.md's CI jobs, run as scripts

@@ -119,7 +119,7 @@ def test_the_keyring_file_pins_the_root_from_the_environment(
     assert caught.value.reason is Reason.FOREIGN_TRUST_ROOT
 
 
-def test_sign_or_cosign_signs_keeps_and_refuses_to_cosign_a_bundle(
+def test_sign_or_cosign_signs_keeps_and_co_signs_a_bundle(
     stack: SigstoreStack, keyless: KeylessSigner, sidecar: bytes
 ) -> None:
     action, fresh = sign_or_cosign(NAME, plan_bytes(), None, keyless, NOW, keyring=None)
@@ -128,11 +128,15 @@ def test_sign_or_cosign_signs_keeps_and_refuses_to_cosign_a_bundle(
     assert (action, kept) == ("kept", fresh)
     key = make_signer()
     keyring = trusting(stack, line(stack.issuer))
-    with pytest.raises(Rejected) as caught:
-        sign_or_cosign(NAME, plan_bytes(), fresh, key, NOW, keyring=keyring)
-    assert "one signature" in caught.value.detail
+    action, both = sign_or_cosign(NAME, plan_bytes(), fresh, key, NOW, keyring=keyring)
+    assert action == "co-signed"  # a bundle and a key: one envelope holding both
+    envelope = json.loads(both)
+    assert [bool(s["keyid"]) for s in envelope["signatures"]] == [False, True]
+    assert envelope["payload"] == json.loads(fresh)["dsseEnvelope"]["payload"]
+    two = keyring.merged(keyring_of(key)).with_threshold(2)
+    assert len(verify_plan(NAME, plan_bytes(), both, two, NOW).signers) == 2
     action, _ = sign_or_cosign(NAME, plan_bytes(), fresh, key, NOW, keyring=keyring, replace=True)
-    assert action == "replaced"
+    assert action == "co-signed"  # --replace only where adopting fails
 
 
 def test_plan_sets_manifests_and_headers_take_bundles_too(

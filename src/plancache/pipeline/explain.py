@@ -23,7 +23,7 @@ from ..clock import Deadline
 from ..storage.compile_cache import archives
 from ..storage.store import Store
 from ..trust.compile_cache.manifest import Manifest
-from ..trust.compile_cache.manifest_signature import MAX_SIG_BYTES, verify_manifest
+from ..trust.compile_cache.manifest_signature import MAX_SIG_OBJECT_BYTES, verify_manifest
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from ..trust.inputs import SALT_KEY, differences
@@ -182,7 +182,7 @@ def caches_in_store(
     for subject in archives.list_subjects(store, deadline)[:MAX_CACHES]:
         try:
             sig = archives.get_object(
-                store, archives.sig_name(subject), MAX_SIG_BYTES, deadline=deadline
+                store, archives.sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
             )
             found.append(_verified(subject, sig, keyring, now))
         except PlanCacheError as exc:

@@ -55,10 +55,18 @@ def plan_signers(verified: VerifiedPlan) -> list[dict[str, Any]]:
     return signed_by(verified.signers, verified.key_ids, keyless_facts(verified.identities))
 
 
+UNVERIFIED_KEYLESS = "sigstore (unverified)"
+"""How an envelope's keyless signature is named unverified: its certificate is not read before
+it verifies, so no identity is shown for it."""
+
+
 def claimed(sig_bytes: bytes) -> tuple[list[str], bytes]:
     """(key ids the signature object claims, its claimed payload), unverified: a bundle claims
-    no key id (its signer is known only once verified)."""
+    no key id, nor does an envelope's keyless signature (a signer is known only once
+    verified)."""
     if is_bundle(sig_bytes):
         return ["sigstore bundle (unverified)"], claimed_payload(sig_bytes)
     env = dsse.decode(sig_bytes)
-    return [s.keyid for s in env.signatures], env.payload
+    return [
+        UNVERIFIED_KEYLESS if s.ext is not None else s.keyid for s in env.signatures
+    ], env.payload

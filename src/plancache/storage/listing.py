@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..trust.envelope import MAX_SIG_BYTES
+from ..trust.envelope import MAX_SIG_OBJECT_BYTES
 from ..trust.errors import Reason, Rejected
 from ..trust.plans.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, fingerprint_of_sig_name
 from ..trust.plans.plan_set import MAX_SET_BYTES
@@ -72,7 +72,7 @@ def cap_for(name: str) -> int:
         Rejected: ``name`` is not a plan's, sidecar's or plan set's (reason ``malformed``).
     """
     if fingerprint_of_sig_name(name):
-        return MAX_SIG_BYTES
+        return MAX_SIG_OBJECT_BYTES
     if fingerprint_of_plan_name(name):
         return MAX_PLAN_BYTES
     if set_object_id(name):

@@ -4,6 +4,16 @@ A signature covers ``PAE(payloadType, payload)``, never the JSON around it, so t
 itself is not signed. To make *every* byte of a sidecar matter anyway (a flipped whitespace
 or an unused base64 bit must not yield a second "valid" sidecar), an envelope is only
 accepted in the exact canonical form :func:`encode` writes: decode, re-encode, compare.
+
+A signature is a key's (``keyid``, ``sig``) or a keyless one: DSSE v1.1's signature extension
+of kind :data:`SIGSTORE_EXTENSION`, whose ``ext`` is the Sigstore bundle's
+``verificationMaterial`` (certificate, log entry, proofs) and whose ``sig`` is that bundle's
+signature over the same PAE (``keyid`` empty: the certificate names the signer). So one
+envelope holds key and keyless signatures together, as a threshold needs; nothing in an
+``ext`` is trusted here, it is only carried: :mod:`plancache.trust.keyless.dsse_extension`
+rebuilds the bundle and verifies it. Each keyless signature may add
+:data:`KEYLESS_ALLOWANCE` bytes to a kind's cap (:func:`keyless_cap`), so a key envelope's
+cap stays what it was and a keyless one near it still fits.
 """
 
 from __future__ import annotations
@@ -11,21 +21,47 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import strictjson
+from .display import safe_text
 from .errors import Reason, Rejected
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 MAX_SIG_BYTES = 64 * 1024
 MAX_SIGNATURES = 16
 """More signatures than trusted keys can ever be useful only to an attacker burning CPU."""
+SIGSTORE_EXTENSION = "application/vnd.dev.sigstore.verificationmaterial;version=0.3"
+"""The one signature extension kind accepted (DSSE extensions.md): a Sigstore bundle v0.3's
+verification material."""
+MAX_EXT_BYTES = 16 * 1024
+"""Cap on one keyless signature's ``ext``, encoded: a Fulcio certificate, the log entry with its
+inclusion proof and checkpoint, a timestamp. Public-good bundles' are 9-10 KB (GitHub's
+certificates are large); the local test instance's about 3 KB."""
+KEYLESS_ALLOWANCE = MAX_EXT_BYTES + 1024
+"""What one keyless signature may add to its kind's cap: its ``ext`` and the entry around it
+(kind, signature, keys)."""
+
+
+def keyless_cap(cap: int, keyless: int = MAX_SIGNATURES) -> int:
+    """The size cap of a signature object of a kind capped at ``cap`` holding ``keyless``
+    keyless signatures (by default the most an envelope may: what a reader reads at most)."""
+    return cap + keyless * KEYLESS_ALLOWANCE
+
+
+MAX_SIG_OBJECT_BYTES = keyless_cap(MAX_SIG_BYTES)
+"""What a reader reads of a plan's sidecar or a plan set's head at most (:func:`keyless_cap`)."""
 
 
 @dataclass(frozen=True)
 class Signature:
     keyid: str
     sig: bytes
+    ext: Mapping[str, Any] | None = None
+    """A keyless signature's Sigstore verification material (the ``ext`` of a signature
+    extension of kind :data:`SIGSTORE_EXTENSION`); None for a key's signature."""
 
 
 @dataclass(frozen=True)
@@ -45,37 +81,98 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def _json(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _entry(signature: Signature) -> dict[str, Any]:
+    entry: dict[str, Any] = {"keyid": signature.keyid, "sig": _b64(signature.sig)}
+    if signature.ext is not None:
+        entry["extension"] = {"ext": signature.ext, "kind": SIGSTORE_EXTENSION}
+    return entry
+
+
 def encode(envelope: Envelope) -> bytes:
     """The one canonical serialisation of an envelope (compact JSON, sorted keys, newline)."""
     obj = {
         "payload": _b64(envelope.payload),
         "payloadType": envelope.payload_type,
-        "signatures": [{"keyid": s.keyid, "sig": _b64(s.sig)} for s in envelope.signatures],
+        "signatures": [_entry(s) for s in envelope.signatures],
     }
-    return (
-        json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n"
-    ).encode("ascii")
+    return (_json(obj) + "\n").encode("ascii")
 
 
-def _unb64(value: object, what: str) -> bytes:
+def unb64(value: object, what: str) -> bytes:
+    """Strict base64 (no stray characters) of a JSON value; ``what`` names it in the error.
+
+    Raises:
+        Rejected: not a string, or not base64 (reason ``malformed``).
+    """
     if not isinstance(value, str):
-        raise Rejected(Reason.MALFORMED, f"signature envelope: {what} is not a string")
+        raise Rejected(Reason.MALFORMED, f"{what} is not a string")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise Rejected(Reason.MALFORMED, f"signature envelope: {what} is not base64") from None
+        raise Rejected(Reason.MALFORMED, f"{what} is not base64") from None
+
+
+def _extension(value: object) -> Mapping[str, Any]:
+    """A signature extension's ``ext``: Sigstore's kind only, a JSON object, within its cap."""
+    if not isinstance(value, dict) or set(value) != {"ext", "kind"}:
+        raise Rejected(
+            Reason.MALFORMED, "signature envelope: an extension must have exactly ext and kind"
+        )
+    if value["kind"] != SIGSTORE_EXTENSION:
+        raise Rejected(
+            Reason.MALFORMED,
+            f"signature envelope: extension kind '{safe_text(value['kind'], 80)}' is not "
+            f"{SIGSTORE_EXTENSION}",
+        )
+    ext = value["ext"]
+    if not isinstance(ext, dict):
+        raise Rejected(Reason.MALFORMED, "signature envelope: an extension's ext is not an object")
+    size = len(_json(ext))
+    if size > MAX_EXT_BYTES:
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"a keyless signature's verification material is {size} bytes, the cap is "
+            f"{MAX_EXT_BYTES}",
+        )
+    return ext
+
+
+def _signature(raw: object) -> Signature:
+    if isinstance(raw, dict) and set(raw) == {"keyid", "sig"} and isinstance(raw["keyid"], str):
+        return Signature(raw["keyid"], unb64(raw["sig"], "signature envelope: sig"))
+    if isinstance(raw, dict) and set(raw) == {"extension", "keyid", "sig"} and raw["keyid"] == "":
+        ext = _extension(raw["extension"])
+        return Signature("", unb64(raw["sig"], "signature envelope: sig"), ext)
+    raise Rejected(
+        Reason.MALFORMED,
+        "signature envelope: each signature needs exactly keyid and sig, or an empty keyid, sig "
+        "and a Sigstore extension",
+    )
 
 
 def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
     """Parse a sidecar: a DSSE envelope, exactly in the canonical form :func:`encode` writes.
 
+    ``cap`` is the kind's cap for key signatures; each keyless signature adds its allowance
+    (:func:`keyless_cap`), counted before anything is parsed from the extensions the bytes
+    name, then again from those they hold.
+
     Raises:
-        Rejected: ``too-large`` (over ``cap``), ``malformed`` (not JSON, not exactly the
-            envelope's keys and types, not base64, not 1 to :data:`MAX_SIGNATURES` signatures,
-            not in canonical form).
+        Rejected: ``too-large`` (over the cap, or an ``ext`` over :data:`MAX_EXT_BYTES`),
+            ``malformed`` (not JSON, not exactly the envelope's keys and types, not base64, not
+            1 to :data:`MAX_SIGNATURES` signatures, an extension of another kind or with other
+            fields, not in canonical form).
     """
-    if len(data) > cap:
-        raise Rejected(Reason.TOO_LARGE, f"signature is {len(data)} bytes, the cap is {cap}")
+    named = min(data.count(b'"extension":'), MAX_SIGNATURES)
+    if len(data) > keyless_cap(cap, named):
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"signature is {len(data)} bytes, the cap is {keyless_cap(cap, named)}",
+        )
     obj = strictjson.loads(data, "signature envelope")
     if not isinstance(obj, dict) or set(obj) != {"payload", "payloadType", "signatures"}:
         raise Rejected(
@@ -85,24 +182,20 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
     payload_type = obj["payloadType"]
     if not isinstance(payload_type, str):
         raise Rejected(Reason.MALFORMED, "signature envelope: payloadType is not a string")
-    payload = _unb64(obj["payload"], "payload")
+    payload = unb64(obj["payload"], "signature envelope: payload")
     raw_sigs = obj["signatures"]
     if not isinstance(raw_sigs, list) or not 1 <= len(raw_sigs) <= MAX_SIGNATURES:
         raise Rejected(
             Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures"
         )
-    signatures = []
-    for raw in raw_sigs:
-        if (
-            not isinstance(raw, dict)
-            or set(raw) != {"keyid", "sig"}
-            or not isinstance(raw["keyid"], str)
-        ):
-            raise Rejected(
-                Reason.MALFORMED, "signature envelope: each signature needs exactly keyid and sig"
-            )
-        signatures.append(Signature(raw["keyid"], _unb64(raw["sig"], "sig")))
-    envelope = Envelope(payload_type, payload, tuple(signatures))
+    signatures = tuple(_signature(raw) for raw in raw_sigs)
+    keyless = sum(s.ext is not None for s in signatures)
+    if len(data) > keyless_cap(cap, keyless):
+        raise Rejected(
+            Reason.TOO_LARGE,
+            f"signature is {len(data)} bytes, the cap is {keyless_cap(cap, keyless)}",
+        )
+    envelope = Envelope(payload_type, payload, signatures)
     if encode(envelope) != data:
         raise Rejected(Reason.MALFORMED, "signature envelope is not in canonical form (altered?)")
     return envelope

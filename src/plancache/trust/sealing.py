@@ -1,11 +1,15 @@
 """Putting a statement under a signature: a DSSE envelope for a key, a Sigstore bundle for a
-keyless signer. The one step every signed kind shares (plans, plan sets, compile-cache
-manifests, their headers), so that a new kind of signer changes one place.
+keyless signer; and one more signature beside those a signature object holds. The one step
+every signed kind shares (plans, plan sets, compile-cache manifests, their headers), so that a
+new kind of signer changes one place.
 
 A keyless signer (:class:`~plancache.trust.keyring.identities.BundleSigner`, made in
 :mod:`plancache.keys.sigstore_signer`) signs the statement's exact bytes into a bundle whose
 ``dsseEnvelope`` has our payload type; either object is one line ending in a newline, as a
-plan set's head must be.
+plan set's head must be. A bundle holds one signature, so a second signer (key or keyless)
+makes an envelope: the bundle's signature moves in as a DSSE signature extension
+(:mod:`plancache.trust.keyless.dsse_extension`), as does a keyless co-signer's, whose bundle
+must be over the envelope's exact payload.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import binascii
 from . import envelope as dsse
 from . import strictjson
 from .errors import ConfigError, Reason, Rejected
+from .keyless.dsse_extension import as_extension
 from .keyless.sigstore_bundle import is_bundle
 from .keyring.identities import BundleSigner
+from .keyring.keyformat import canonical_keyid
 from .keyring.keys import Signer
 
 
@@ -46,7 +52,7 @@ def claimed_payload(sig_bytes: bytes) -> bytes:
     """
     if not is_bundle(sig_bytes):
         return dsse.decode(sig_bytes).payload
-    obj = strictjson.loads(sig_bytes[: dsse.MAX_SIG_BYTES], "Sigstore bundle")
+    obj = strictjson.loads(sig_bytes[: dsse.keyless_cap(dsse.MAX_SIG_BYTES, 1)], "Sigstore bundle")
     envelope = obj.get("dsseEnvelope") if isinstance(obj, dict) else None
     payload = envelope.get("payload") if isinstance(envelope, dict) else None
     if not isinstance(payload, str):
@@ -57,16 +63,57 @@ def claimed_payload(sig_bytes: bytes) -> bytes:
         raise Rejected(Reason.MALFORMED, "the bundle's DSSE payload is not base64") from None
 
 
-def refuse_cosign(sig_bytes: bytes, signer: Signer) -> None:
-    """A bundle holds exactly one signature: neither adding a key's signature to one nor a
-    keyless signature to an envelope can be done in place.
+def as_envelope(sig_bytes: bytes) -> dsse.Envelope:
+    """A signature object as an envelope, unverified: an envelope as it is, a bundle as an
+    envelope holding its one signature as an extension entry (which verifies exactly when the
+    bundle does).
 
     Raises:
-        Rejected: ``sig_bytes`` is a bundle, or ``signer`` is keyless (``statement-mismatch``).
+        Rejected: neither a canonical envelope nor a usable bundle (``malformed``,
+            ``too-large``).
     """
-    if is_bundle(sig_bytes) or isinstance(signer, BundleSigner):
-        raise Rejected(
-            Reason.STATEMENT_MISMATCH,
-            "a Sigstore bundle holds exactly one signature: it cannot be co-signed in place "
-            "(--replace signs anew)",
+    return as_extension(sig_bytes) if is_bundle(sig_bytes) else dsse.decode(sig_bytes)
+
+
+def signature_by(env: dsse.Envelope, signer: Signer) -> dsse.Signature:
+    """``signer``'s signature over ``env``'s payload: a key's over the PAE; a keyless signer's
+    bundle over the same payload bytes, as an extension entry.
+
+    Raises:
+        ConfigError: the signer failed (a key, HSM or KMS; Fulcio or Rekor), or its bundle is
+            unusable or over other bytes than it was handed.
+        StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
+    """
+    if not isinstance(signer, BundleSigner):
+        data = dsse.pae(env.payload_type, env.payload)
+        return dsse.Signature(signer.keyid, signer.sign(data))
+    try:
+        signed = as_extension(signer.sign_statement(env.payload))
+    except Rejected as exc:
+        raise ConfigError(f"the Sigstore bundle is unusable: {exc.detail}") from None
+    if (signed.payload_type, signed.payload) != (env.payload_type, env.payload):
+        raise ConfigError(
+            "the keyless signer's bundle is over other bytes than it was handed: not merged"
         )
+    return signed.signatures[0]
+
+
+def cosign(env: dsse.Envelope, signer: Signer) -> bytes:
+    """``env`` with ``signer``'s signature added, as an envelope: the caller decided that none
+    of its own already verifies, so a key's entries under its id are dropped (never reported as
+    done); every other entry stays as it is.
+
+    Raises:
+        Rejected: the envelope already holds the most signatures it may (``malformed``).
+        ConfigError: as :func:`signature_by`.
+        StoreTimeout: as :func:`signature_by`.
+    """
+    others = tuple(
+        s for s in env.signatures if s.ext is not None or canonical_keyid(s.keyid) != signer.keyid
+    )
+    if len(others) >= dsse.MAX_SIGNATURES:
+        raise Rejected(
+            Reason.MALFORMED, f"a signature holds at most {dsse.MAX_SIGNATURES} signatures"
+        )
+    signature = signature_by(env, signer)
+    return dsse.encode(dsse.Envelope(env.payload_type, env.payload, (*others, signature)))

@@ -6,8 +6,11 @@ the numbers are sane, so it is never put on bytes the verifier would reject anyw
 Co-signing is the dangerous direction. A sidecar comes from a directory or a store, so its
 statement is attacker-chosen until shown otherwise: co-signing it blindly would give a planted
 statement (no expiry, a backdated ``signed_at``, chosen conditions) the signer's name. So
-:func:`sign_or_cosign` adopts a statement only if trusted keys already vouch for it and it
-says what a fresh signature would say; and nothing leaves it that does not verify.
+:func:`sign_or_cosign` adopts a statement only if trusted keys or identities already vouch for
+it and it says what a fresh signature would say; and nothing leaves it that does not verify
+under the signer's own keyring. Keys and keyless signers co-sign alike, in any mix: one
+envelope holds them all (:func:`~.sealing.cosign`), so a threshold above 1 can be met by a key
+and a CI identity, or by two identities.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from typing import Any, Literal
 from . import envelope as dsse
 from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs, fingerprint_of_inputs
-from .keyring.keyformat import canonical_keyid
 from .keyring.keys import Keyring, Signer, signer_keyring
+from .keyring.signatories import open_envelope
 from .plans.plan import parse_plan
-from .sealing import refuse_cosign, seal
+from .sealing import as_envelope, cosign, seal
 from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
 from .verify import VerifiedPlan, verify_plan
 
@@ -117,24 +120,24 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     """Add ``signer``'s signature to an existing sidecar: same statement, one more signature.
 
     The low-level step, which judges only the bytes: the statement must describe these exact
-    plan bytes, and an entry already under the signer's key id is kept only if it verifies
-    (otherwise it is replaced, never reported as done). Whether the statement deserves the
-    signature is :func:`sign_or_cosign`'s question.
+    plan bytes, and the sidecar is kept as it is only if the signer's own signature in it
+    verifies (its key id's, or a keyless signer's identity's); an entry under its key id that
+    does not is replaced, never reported as done. A bundle becomes an envelope holding its
+    signature beside the new one. Whether the statement deserves the signature is
+    :func:`sign_or_cosign`'s question.
 
     Raises:
-        Rejected: the sidecar is a Sigstore bundle or the signer keyless (``statement-mismatch``:
-            a bundle holds one signature); the sidecar is no canonical envelope or statement
-            (reason ``malformed`` or ``too-large``, from :func:`~.envelope.decode` and
+        Rejected: the sidecar is no canonical envelope, usable bundle or statement (reason
+            ``malformed`` or ``too-large``, from :func:`~.sealing.as_envelope` and
             :func:`~.statement.parse_statement`); its statement names other bytes (reason
             ``digest-mismatch``); the plan fails the strict parser (``malformed``, ``too-large``,
             ``fingerprint-mismatch``); the statement is over the signing cap (``too-large``); the
             sidecar already holds the most signatures an envelope may (``malformed``).
-        ConfigError: the signer's key id is not its key's, or a remote key refuses to sign
-            (reason ``config-error``).
+        ConfigError: the signer's key id is not its key's, a remote key refuses to sign, or a
+            keyless signer's bundle is over other bytes (reason ``config-error``).
         StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
     """
-    refuse_cosign(sig_bytes, signer)
-    env = dsse.decode(sig_bytes)
+    env = as_envelope(sig_bytes)
     statement = parse_statement(env.payload)
     if (
         statement.subject_name != name
@@ -142,27 +145,17 @@ def add_signature(name: str, plan_bytes: bytes, sig_bytes: bytes, signer: Signer
     ):
         raise Rejected(Reason.DIGEST_MISMATCH, "the existing signature is not for these plan bytes")
     parse_plan(plan_bytes, name)
-    data = _signable(env.payload_type, env.payload)
-    if data is None:
+    if _signable(env.payload_type, env.payload) is None:
         raise Rejected(
             Reason.TOO_LARGE,
             f"the existing statement is over the {MAX_SIGNED_BYTES}-byte signing cap "
             "(--replace signs anew)",
         )
-    mine = [s for s in env.signatures if canonical_keyid(s.keyid) == signer.keyid]
-    if any(_verifies(signer, s.sig, data) for s in mine):
-        return sig_bytes
-    others = tuple(s for s in env.signatures if s not in mine)
-    if len(others) >= dsse.MAX_SIGNATURES:
-        raise Rejected(
-            Reason.MALFORMED, f"a sidecar holds at most {dsse.MAX_SIGNATURES} signatures"
-        )
-    signature = dsse.Signature(signer.keyid, signer.sign(data))
-    return dsse.encode(dsse.Envelope(env.payload_type, env.payload, (*others, signature)))
-
-
-def _verifies(signer: Signer, signature: bytes, data: bytes) -> bool:
-    return signer_keyring(signer).keys[signer.keyid].verifies(signature, data)
+    try:
+        open_envelope(sig_bytes, signer_keyring(signer))
+        return sig_bytes  # the signer's own signature is in it, and verifies
+    except Rejected:
+        return cosign(env, signer)
 
 
 def _differences(
@@ -210,8 +203,9 @@ def sign_or_cosign(
     - no sidecar: ``signed``, a fresh statement;
     - this signer's signature in the sidecar verifies and the statement says what this
       command would sign: ``kept`` (the bytes are returned unchanged);
-    - the statement verifies under ``keyring`` (one trusted key suffices: co-signing is how a
-      higher threshold is reached) and says what this command would sign: ``co-signed``;
+    - the statement verifies under ``keyring`` (one trusted key or identity suffices:
+      co-signing is how a higher threshold is reached) and says what this command would sign:
+      ``co-signed`` (a key's or a keyless signature added; a bundle becomes an envelope);
     - otherwise ``Rejected`` (one line, the sidecar is left alone), or with ``replace`` a
       fresh statement signed by this key alone: ``replaced``.
 
@@ -220,7 +214,7 @@ def sign_or_cosign(
     none, so the trusted statement's are kept, as a key rotation needs). A fresh statement
     uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) go into a fresh
     statement only (an adopted one keeps its own, signed by others). The result is verified with
-    the signer's public key before it is returned.
+    the signer's own keyring (its key, or its certified identity) before it is returned.
 
     Raises:
         ConfigError: the operator's request cannot be signed (reason ``config-error``): a
@@ -243,7 +237,7 @@ def sign_or_cosign(
         check_provenance(provenance or {})
     except Rejected as exc:  # the operator's flags, not a file's bytes
         raise ConfigError(exc.detail) from None
-    if keyring is not None and signer.keyid in keyring.revoked:
+    if keyring is not None and keyring.revokes(signer):
         raise ConfigError(f"the signing key {signer.keyid} is revoked in the trusted keys")
 
     def fresh() -> bytes:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...pipeline.audit import check
+from ...pipeline.keyless_report import UNVERIFIED_KEYLESS
 from ...pipeline.resolver import utcnow
 from ...storage.local.localdir import LocalPlanDir
 from ...trust import envelope as dsse
@@ -81,7 +82,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             env = dsse.decode(sig_bytes)
             info["envelope"] = {
                 "payloadType": env.payload_type,
-                "keyids": [s.keyid for s in env.signatures],
+                "keyids": [
+                    UNVERIFIED_KEYLESS if s.ext is not None else s.keyid for s in env.signatures
+                ],
             }
             info["statement"] = _statement_json(env.payload)
         except PlanCacheError as exc:

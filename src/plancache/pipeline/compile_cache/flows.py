@@ -26,7 +26,7 @@ from ...storage.local import directory_lock, dirfds
 from ...storage.store import Store
 from ...trust.compile_cache.manifest import Manifest
 from ...trust.compile_cache.manifest_signature import (
-    MAX_SIG_BYTES,
+    MAX_SIG_OBJECT_BYTES,
     sign_manifest,
     verify_manifest,
 )
@@ -210,7 +210,9 @@ def pull_locked(
     """
     directory = root.directory(subject)
     aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
-    sig = archives.get_object(store, archives.sig_name(subject), MAX_SIG_BYTES, deadline=deadline)
+    sig = archives.get_object(
+        store, archives.sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
+    )
     if sig is None:
         raise Rejected(Reason.UNSIGNED, f"no signed compile cache {subject} in {store.url}")
     verified = verify_manifest(subject, sig, keyring, now)

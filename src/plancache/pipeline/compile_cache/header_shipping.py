@@ -38,7 +38,7 @@ from ...storage.compile_cache import archives
 from ...storage.compile_cache import header_files as files
 from ...storage.store import Store
 from ...trust.compile_cache.header_statement import (
-    MAX_SIG_BYTES,
+    MAX_SIG_OBJECT_BYTES,
     HeaderEntry,
     HeaderSet,
     check_binding,
@@ -258,7 +258,7 @@ def _pull(
     bound: str | None,
 ) -> HeadersOutcome:
     sig = archives.get_object(
-        store, archives.headers_sig_name(subject), MAX_SIG_BYTES, deadline=deadline
+        store, archives.headers_sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
     )
     if sig is None:
         return HeadersOutcome(

@@ -28,7 +28,7 @@ from ...storage.local.files import read_capped
 from ...trust.compile_cache.closed_world import closed_world_difference, digest_difference
 from ...trust.compile_cache.manifest import is_subject
 from ...trust.compile_cache.manifest_signature import (
-    MAX_SIG_BYTES,
+    MAX_SIG_OBJECT_BYTES,
     VerifiedManifest,
     verify_manifest,
 )
@@ -116,7 +116,7 @@ class CacheRoot:
 
 
 def read_sidecar(directory: Path) -> bytes | None:
-    return read_capped(cachedir.sidecar_path(directory), MAX_SIG_BYTES)
+    return read_capped(cachedir.sidecar_path(directory), MAX_SIG_OBJECT_BYTES)
 
 
 def check_names(directory: Path, verified: VerifiedManifest) -> None:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ...trust.envelope import MAX_SIG_BYTES
+from ...trust.envelope import MAX_SIG_OBJECT_BYTES
 from ...trust.errors import PlanCacheError
 from ...trust.plans.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, plan_name, sig_name
 from ...trust.result import PlanResult
@@ -56,7 +56,7 @@ class LocalPlanDir:
         plan = read_capped(self.path / plan_name(fingerprint), MAX_PLAN_BYTES)
         if plan is None:
             return None, None
-        return plan, read_capped(self.path / sig_name(fingerprint), MAX_SIG_BYTES)
+        return plan, read_capped(self.path / sig_name(fingerprint), MAX_SIG_OBJECT_BYTES)
 
     def write(
         self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True

@@ -29,11 +29,13 @@ from datetime import datetime, timedelta
 from typing import TypeGuard
 
 from ..display import safe_text
+from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
 from ..keyring.keys import Keyring, Signer
+from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import seal
 from ..statement import format_time, parse_time, render_statement, statement_shell
-from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
+from ..verify import SignedKind, open_signed
 from .manifest import is_subject
 
 PREDICATE_TYPE = "https://plancache.dev/compile-headers/v1"
@@ -43,6 +45,8 @@ MAX_TOTAL_BYTES = 2 << 30
 MAX_RATIO = 64
 """Inflated bytes per compressed byte a statement may claim (a real .gch: 5.7 at gzip -1)."""
 MAX_SIG_BYTES = 64 * 1024
+MAX_SIG_OBJECT_BYTES = keyless_cap(MAX_SIG_BYTES)
+"""What a reader reads of a headers signature at most (keyless signatures' allowance)."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[a-z0-9_]{1,128}\.h\.(gch|pch)")
@@ -264,6 +268,10 @@ def parse_headers(payload: bytes) -> HeaderSet:
     )
 
 
+HEADERS_SIGNATURE = SignedKind(parse_headers, lambda h: h.subject, "headers are", MAX_SIG_BYTES)
+"""A headers statement's signature: the statement names the cache directory."""
+
+
 def check_binding(hset: HeaderSet, cache_archive_sha256: str | None) -> None:
     """The headers may go beside the cache whose signed manifest commits to
     ``cache_archive_sha256`` only if they were made for it. Not ``digest-mismatch`` for any
@@ -302,31 +310,19 @@ def verify_headers(
     pull), and the caller must :func:`check_binding` before it installs a byte.
 
     Raises:
-        Rejected: ``unsigned`` (no signature), :func:`~..verify.open_envelope`'s reasons
-            (``too-large``, ``malformed``, ``revoked``, ``bad-signature``, ``untrusted-key``),
-            :func:`parse_headers`'s (``statement-mismatch``, ``malformed``, ``too-large``),
-            ``name-mismatch`` (the headers of another cache directory),
-            :func:`~..verify.current_signers`' (``expired``, ``threshold-not-met``,
-            ``not-yet-valid``), and :func:`check_binding`'s ``statement-mismatch``.
+        Rejected: ``unsigned`` (no signature), then :func:`~..verify.open_signed`'s reasons in
+            its order: the signatures' (``too-large``, ``malformed``, ``revoked``,
+            ``bad-signature``, ``untrusted-key``, the keyless ones), :func:`parse_headers`'s
+            (``statement-mismatch``, ``malformed``, ``too-large``), ``name-mismatch`` (the
+            headers of another cache directory), the signers' (``expired``,
+            ``threshold-not-met``, ``not-yet-valid``); and :func:`check_binding`'s
+            ``statement-mismatch``.
     """
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no headers signature")
-    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
-    hset = parse_headers(payload)
-    if hset.subject != subject:
-        raise Rejected(
-            Reason.NAME_MISMATCH,
-            f"headers are for '{safe_text(hset.subject, 100)}', "
-            f"not for '{safe_text(subject, 100)}'",
-        )
-    current = current_signers(
-        keys,
-        keyring,
-        signed_at=hset.signed_at,
-        expires_at=hset.expires_at,
-        now=now,
-        clock_skew=clock_skew,
+    opened = open_signed(
+        sig_bytes, keyring, HEADERS_SIGNATURE, subject, now=now, clock_skew=clock_skew
     )
     if cache_archive_sha256 is not None:
-        check_binding(hset, cache_archive_sha256)
-    return VerifiedHeaders(hset, tuple(k.name for k in current), _SEAL)
+        check_binding(opened.statement, cache_archive_sha256)
+    return VerifiedHeaders(opened.statement, opened.names, _SEAL)

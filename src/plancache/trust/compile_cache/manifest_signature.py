@@ -13,15 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..display import safe_text
+from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
+from ..keyring.identities import BundleSigner
 from ..keyring.keys import Keyring, Signer
+from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import seal
-from ..verify import DEFAULT_CLOCK_SKEW, current_signers, open_envelope
+from ..verify import SignedKind, open_signed
 from .manifest import Manifest, check_manifest, parse_manifest
 
 MAX_SIG_BYTES = 16 * 2**20
 """~130 bytes per file entry, base64 in the envelope: room for MAX_FILES entries."""
+MAX_SIG_OBJECT_BYTES = keyless_cap(MAX_SIG_BYTES)
+"""What a reader reads of a manifest's signature at most (keyless signatures' allowance)."""
+
+MANIFEST_SIGNATURE = SignedKind(parse_manifest, lambda m: m.subject, "manifest is", MAX_SIG_BYTES)
+"""A cache's sidecar: the manifest names the cache directory."""
 
 _SEAL = object()
 
@@ -48,8 +55,8 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
 
     Raises:
         Rejected: the manifest breaks :func:`check_manifest`'s rules (``malformed``,
-            ``too-large``), or its signature would be over :data:`MAX_SIG_BYTES`
-            (``too-large``).
+            ``too-large``), or its signature would be over :data:`MAX_SIG_BYTES` (a bundle:
+            over it and one keyless signature's allowance) (``too-large``).
         ConfigError: an expiry not after ``signed_at``, a time outside the calendar, or a
             remote key that refuses to sign (reason ``config-error``).
         StoreTimeout: a remote key did not answer within its budget (reason ``timeout``).
@@ -59,10 +66,10 @@ def sign_manifest(manifest: Manifest, signer: Signer) -> bytes:
         raise ConfigError("the expiry must lie in the future")
     payload = manifest.to_json_bytes()
     sig = seal(payload, signer)
-    if len(sig) > MAX_SIG_BYTES:
+    cap = keyless_cap(MAX_SIG_BYTES, 1) if isinstance(signer, BundleSigner) else MAX_SIG_BYTES
+    if len(sig) > cap:
         raise Rejected(
-            Reason.TOO_LARGE,
-            f"the manifest signature would be {len(sig)} bytes, the cap is {MAX_SIG_BYTES}",
+            Reason.TOO_LARGE, f"the manifest signature would be {len(sig)} bytes, the cap is {cap}"
         )
     return sig
 
@@ -78,28 +85,15 @@ def verify_manifest(
     """Verify the sidecar of cache directory ``subject``; the verified manifest or a typed error.
 
     Raises:
-        Rejected: ``unsigned`` (no sidecar), :func:`~..verify.open_envelope`'s reasons
-            (``too-large``, ``malformed``, ``revoked``, ``bad-signature``, ``untrusted-key``),
-            :func:`parse_manifest`'s (``malformed``, ``too-large``), ``name-mismatch`` (the
-            manifest of another cache directory), :func:`~..verify.current_signers`'
-            (``expired``, ``threshold-not-met``, ``not-yet-valid``).
+        Rejected: ``unsigned`` (no sidecar), then :func:`~..verify.open_signed`'s reasons in its
+            order: the signatures' (``too-large``, ``malformed``, ``revoked``,
+            ``bad-signature``, ``untrusted-key``, the keyless ones), :func:`parse_manifest`'s
+            (``malformed``, ``too-large``), ``name-mismatch`` (the manifest of another cache
+            directory), the signers' (``expired``, ``threshold-not-met``, ``not-yet-valid``).
     """
     if sig_bytes is None:
         raise Rejected(Reason.UNSIGNED, "no manifest signature beside the compile cache")
-    payload, keys = open_envelope(sig_bytes, keyring, MAX_SIG_BYTES)
-    manifest = parse_manifest(payload)
-    if manifest.subject != subject:
-        raise Rejected(
-            Reason.NAME_MISMATCH,
-            f"manifest is for '{safe_text(manifest.subject, 100)}', "
-            f"not for '{safe_text(subject, 100)}'",
-        )
-    current = current_signers(
-        keys,
-        keyring,
-        signed_at=manifest.signed_at,
-        expires_at=manifest.expires_at,
-        now=now,
-        clock_skew=clock_skew,
+    opened = open_signed(
+        sig_bytes, keyring, MANIFEST_SIGNATURE, subject, now=now, clock_skew=clock_skew
     )
-    return VerifiedManifest(manifest, sig_bytes, tuple(k.name for k in current), _SEAL)
+    return VerifiedManifest(opened.statement, sig_bytes, opened.names, _SEAL)

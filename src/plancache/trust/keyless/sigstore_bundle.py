@@ -5,8 +5,8 @@ A signature object (a plan's sidecar, a plan set's head, a compile-cache manifes
 archive's signature) holds either plancache's DSSE envelope (:mod:`plancache.trust.envelope`)
 or a Sigstore bundle v0.3 whose ``dsseEnvelope`` carries exactly the in-toto statement and
 payload type a key would sign. :func:`open_bundle` is the bundle half of
-:func:`plancache.trust.verify.open_envelope`: bytes, a keyring's identities and its pinned
-trust root in; the verified payload and who signed out.
+:func:`plancache.trust.keyring.signatories.open_envelope`: bytes, a keyring's identities and
+its pinned trust root in; the verified payload and who signed out.
 
 sigstore-python's :class:`~sigstore.verify.Verifier` does the cryptography (the certificate
 chain to the root's Fulcio CA at the logged time, the SCT, the Merkle inclusion proof and its

@@ -137,6 +137,23 @@ class Keyring:
     def with_threshold(self, threshold: int) -> Keyring:
         return Keyring(self.keys, self.revoked, threshold, self.identities)
 
+    def revokes(self, signer: Signer) -> bool:
+        """Whether this keyring revokes ``signer``: its key id, or for a keyless signer the
+        identity its certificate names (read from the certificate, as the verifier will).
+
+        Raises:
+            ConfigError: a keyless signer could get no certificate.
+        """
+        if not isinstance(signer, BundleSigner):
+            return signer.keyid in self.revoked
+        policy = self.identities
+        if policy is None or not policy.revoked:
+            return False  # nothing to compare: no certificate asked for
+        mine = signer.own_keyring().identities
+        return mine is not None and any(
+            policy.is_revoked(line.issuer, line.identity) for line in mine.trusted
+        )
+
     def merged(self, other: Keyring) -> Keyring:
         revoked = self.revoked | other.revoked
         keys = {k: v for k, v in {**self.keys, **other.keys}.items() if k not in revoked}
