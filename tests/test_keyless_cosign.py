@@ -20,7 +20,7 @@ from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.keys.keyfile import generate_keypair
 from plancache.keys.schemes import load_signer
 from plancache.keys.sigstore_signer import KeylessSigner
-from plancache.pipeline.keyless_report import plan_signers
+from plancache.pipeline.keyless_report import signers_of
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.compile_cache import header_statement as th
@@ -244,7 +244,7 @@ def test_an_identity_co_signs_a_key_signed_plan_towards_two(
     keyring = trusting(signers, line(signers), signers.key, threshold=2)
     verified = verify_plan(NAME, plan_bytes(), both, keyring, NOW)
     assert verified.key_ids == (signers.key.keyid, "sigstore:" + IDENTITY)
-    facts = plan_signers(verified)  # what the boot records and reports name
+    facts = signers_of(verified)  # what the boot records and reports name
     assert facts[0] == {"name": "key0", "keyid": signers.key.keyid}
     assert (facts[1]["identity"], facts[1]["issuer"]) == (IDENTITY, signers.stack.issuer)
     assert isinstance(facts[1]["log_index"], int)

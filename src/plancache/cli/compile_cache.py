@@ -190,6 +190,8 @@ def _report(args: argparse.Namespace, outcomes: list[CacheOutcome], listing: boo
                     "files": o.files,
                     "bytes": o.size,
                     "signers": list(o.signers),
+                    "signed_by": list(o.signed_by),
+                    "keyless": list(o.keyless),
                 }
                 for o in outcomes
             ],

@@ -31,7 +31,7 @@ from ..trust.keyring.keys import Keyring
 from ..trust.statement import CONDITION_KEYS
 from .audit import VALID, PlanReport
 from .compile_cache.local_caches import CacheRoot, read_sidecar
-from .keyless_report import signed_by
+from .keyless_report import signed_by, signers_of
 
 NEAREST = 3
 MAX_CACHES = 500
@@ -58,6 +58,8 @@ class CacheCandidate:
     signers: tuple[str, ...] = ()
     reason: str = ""
     detail: str = ""
+    signed_by: tuple[dict[str, Any], ...] = ()
+    """Who signed the verified manifest (:func:`.keyless_report.signers_of`)."""
 
 
 def _condition_differences(
@@ -204,7 +206,9 @@ def caches_in_root(root: CacheRoot, keyring: Keyring, now: datetime) -> list[Cac
 
 def _verified(subject: str, sig: bytes | None, keyring: Keyring, now: datetime) -> CacheCandidate:
     verified = verify_manifest(subject, sig, keyring, now)
-    return CacheCandidate(subject, verified.manifest, verified.signers)
+    return CacheCandidate(
+        subject, verified.manifest, verified.signers, signed_by=tuple(signers_of(verified))
+    )
 
 
 def _has_rank(manifest: Manifest, rank: int) -> bool:
@@ -240,6 +244,7 @@ def explain_compile(
                 "cache": cache.subject,
                 "differs": differences(signed, here),
                 "signers": list(cache.signers),
+                "signed_by": list(cache.signed_by),
                 "has_rank": _has_rank(manifest, rank),
             }
         )

@@ -7,14 +7,13 @@ by its claimed statement alone, never by the certificate it carries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..trust import envelope as dsse
 from ..trust.keyless.sigstore_bundle import is_bundle
 from ..trust.keyring.identities import IdentitySigner
 from ..trust.sealing import claimed_payload
 from ..trust.statement import format_time
-from ..trust.verify import VerifiedPlan
 
 
 def keyless_facts(identities: Sequence[IdentitySigner]) -> list[dict[str, Any]]:
@@ -50,8 +49,23 @@ def signed_by(
     return pairs
 
 
-def plan_signers(verified: VerifiedPlan) -> list[dict[str, Any]]:
-    """A verified plan's :func:`signed_by` (the boot records name who signed what applied)."""
+class Signed(Protocol):
+    """What every verified kind carries of who signed it (a plan, a plan set, a compile-cache
+    manifest, its headers): the names, their key ids, the keyless signers' facts."""
+
+    @property
+    def signers(self) -> tuple[str, ...]: ...
+
+    @property
+    def key_ids(self) -> tuple[str, ...]: ...
+
+    @property
+    def identities(self) -> tuple[IdentitySigner, ...]: ...
+
+
+def signers_of(verified: Signed) -> list[dict[str, Any]]:
+    """A verified value's :func:`signed_by`, whatever its kind: the one way a report or a boot
+    record names who signed (a keyless signer by its identity, issuer and log index)."""
     return signed_by(verified.signers, verified.key_ids, keyless_facts(verified.identities))
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..clock import REAL_CLOCK, Deadline
-from ..pipeline.keyless_report import plan_signers
+from ..pipeline.keyless_report import signers_of
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..storage.deadline import DEFAULT_TIMEOUT
 from ..trust.display import safe_text
@@ -174,7 +174,7 @@ def decide_plan(
     result = _lookup(boot, fp, world)
     if result.verified is not None:
         statement = result.verified.statement
-        boot.signed_by = plan_signers(result.verified)
+        boot.signed_by = signers_of(result.verified)
         boot.signed_profile_ms = (
             statement.measurements.get("profile_ms") if statement is not None else None
         )

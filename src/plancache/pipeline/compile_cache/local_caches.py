@@ -35,6 +35,7 @@ from ...trust.compile_cache.manifest_signature import (
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
 from ...trust.keyring.keys import Keyring
+from ..keyless_report import keyless_facts, signers_of
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ class CacheOutcome:
     archive_sha256: str = ""
     """The verified manifest's ``archive_sha256`` ("": unverified): shipped headers are bound to it
     (:mod:`.header_shipping`)."""
+    signed_by: tuple[dict[str, Any], ...] = ()
+    """Who signed the verified manifest, as a plan's report says it
+    (:func:`~plancache.pipeline.keyless_report.signers_of`)."""
+    keyless: tuple[dict[str, Any], ...] = ()
+    """The verified manifest's keyless signers (identity, issuer, log index and time)."""
 
     @property
     def ok(self) -> bool:
@@ -181,6 +187,8 @@ def outcome_of(
         files=len(m.files),
         size=m.total_size,
         signers=verified.signers,
+        signed_by=tuple(signers_of(verified)),
+        keyless=tuple(keyless_facts(verified.identities)),
         key_factors=m.key_factors,
         measurements=m.measurements,
         archive_sha256=m.archive_sha256,

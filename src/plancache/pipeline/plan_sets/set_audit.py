@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...clock import Deadline
 from ...storage.plan_set_objects import delete_sets, read_set, set_names
@@ -37,6 +37,7 @@ from ...trust.plans.plan_set import claimed_members
 from ...trust.plans.plan_set_names import SET_PREFIX, SET_SUFFIX, set_object_id
 from ...trust.policy import TrustPolicy
 from ...trust.statement import format_time, parse_time
+from ..keyless_report import keyless_facts, signers_of
 
 if TYPE_CHECKING:
     from ..audit import PlanReport
@@ -61,6 +62,11 @@ class SetReport:
     signers: list[str] = field(default_factory=list)
     signed_at: str | None = None
     """The set statement's signing time, for a verified copy: which bake it is."""
+    signed_by: list[dict[str, Any]] = field(default_factory=list)
+    """Who signed a verified copy, as a plan's report says it (:func:`.keyless_report.signed_by`:
+    name and key id; a keyless signer's identity, issuer and log index)."""
+    keyless: list[dict[str, Any]] = field(default_factory=list)
+    """A verified copy's keyless signers, as a plan's report lists them."""
 
     @property
     def ok(self) -> bool:
@@ -160,6 +166,8 @@ def _audit_one(
         return report, None
     report.fingerprints = [plan.fingerprint for plan in verified.plans]
     report.signers = list(verified.signers)
+    report.signed_by = signers_of(verified)
+    report.keyless = keyless_facts(verified.identities)
     report.signed_at = format_time(verified.statement.signed_at)
     report.status, report.reason = "valid", "ok"
     members = tuple(

@@ -31,6 +31,7 @@ from typing import TypeGuard
 from ..display import safe_text
 from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
+from ..keyring.identities import IdentitySigner
 from ..keyring.keys import Keyring, Signer
 from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import seal
@@ -109,6 +110,10 @@ class VerifiedHeaders:
     headers: HeaderSet
     signers: tuple[str, ...]
     _seal: object = None
+    key_ids: tuple[str, ...] = ()
+    """Key ids of the signers, in the order of ``signers`` (as a verified plan's)."""
+    identities: tuple[IdentitySigner, ...] = ()
+    """Keyless signers (identity, issuer, log index), among ``signers``."""
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
@@ -325,4 +330,4 @@ def verify_headers(
     )
     if cache_archive_sha256 is not None:
         check_binding(opened.statement, cache_archive_sha256)
-    return VerifiedHeaders(opened.statement, opened.names, _SEAL)
+    return VerifiedHeaders(opened.statement, opened.names, _SEAL, opened.key_ids, opened.identities)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from ..envelope import keyless_cap
 from ..errors import ConfigError, Reason, Rejected
-from ..keyring.identities import BundleSigner
+from ..keyring.identities import BundleSigner, IdentitySigner
 from ..keyring.keys import Keyring, Signer
 from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import seal
@@ -41,6 +41,10 @@ class VerifiedManifest:
     sig_bytes: bytes
     signers: tuple[str, ...]
     _seal: object = None
+    key_ids: tuple[str, ...] = ()
+    """Key ids of the signers, in the order of ``signers`` (as a verified plan's)."""
+    identities: tuple[IdentitySigner, ...] = ()
+    """Keyless signers (identity, issuer, log index), among ``signers``."""
 
     def __post_init__(self) -> None:
         if self._seal is not _SEAL:
@@ -96,4 +100,6 @@ def verify_manifest(
     opened = open_signed(
         sig_bytes, keyring, MANIFEST_SIGNATURE, subject, now=now, clock_skew=clock_skew
     )
-    return VerifiedManifest(opened.statement, sig_bytes, opened.names, _SEAL)
+    return VerifiedManifest(
+        opened.statement, sig_bytes, opened.names, _SEAL, opened.key_ids, opened.identities
+    )

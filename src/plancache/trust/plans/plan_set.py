@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import ConfigError, Reason, Rejected
+from ..keyring.identities import IdentitySigner
 from ..keyring.keys import Keyring, Signer
 from ..keyring.signatories import DEFAULT_CLOCK_SKEW
 from ..sealing import claimed_payload, seal
@@ -98,6 +99,10 @@ class VerifiedSet:
     statement: SetStatement
     plans: tuple[VerifiedPlan, ...]
     signers: tuple[str, ...]
+    key_ids: tuple[str, ...] = ()
+    """Key ids of the set's signers, in the order of ``signers`` (as :class:`VerifiedPlan`)."""
+    identities: tuple[IdentitySigner, ...] = ()
+    """Keyless signers of the set (identity, issuer, log index), among ``signers``."""
 
     def plan_for(self, fingerprint: str) -> VerifiedPlan | None:
         return next((p for p in self.plans if p.fingerprint == fingerprint), None)
@@ -257,7 +262,9 @@ def verify_set(
         plans.append(
             verify_plan(plan_name(m.fingerprint), plan_bytes, sig_bytes, keyring, now, clock_skew)
         )
-    return VerifiedSet(name, statement, tuple(plans), opened.names)
+    return VerifiedSet(
+        name, statement, tuple(plans), opened.names, opened.key_ids, opened.identities
+    )
 
 
 def build_set(
