@@ -181,6 +181,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_keyless_public_bundles.py": UNIT,  # committed real bundles, verified in process
     "test_keyless_revoked.py": ("emulator",),  # local Fulcio/Rekor/OIDC, moto: prune --revoked
     "test_keyless_signing.py": ("emulator", "system"),  # local Fulcio/Rekor/OIDC; a child import
+    "test_keyless_signers.py": ("emulator",),  # local Fulcio/Rekor/OIDC, file:// stores
     "test_keys_allowed_signers.py": UNIT,
     "test_keys_awskms.py": ("emulator", "realtime"),
     "test_keys_gcpkms.py": ("emulator", "realtime"),
