@@ -129,6 +129,9 @@ def test_quarantine_and_a_verified_cache_vllm_did_not_use_are_recorded(tmp_path:
     quarantined, unused = doc["compile_cache"]
     assert quarantined["decision"] == "quarantined" and quarantined["reason"] == "digest-mismatch"
     assert (unused["decision"], unused["reason"], unused["used"]) == ("load", "verified", False)
+    assert [s["name"] for s in unused["signed_by"]] == ["ci"]  # who signed what was loaded
+    assert unused["signed_by"][0]["keyid"].startswith("SHA256:")
+    assert quarantined["signed_by"] == []  # nothing verified, nobody named
     assert unused["differing_factors"] == [
         {"input": "code_hash", "signed": "1" * 64, "here": "3" * 64}
     ]

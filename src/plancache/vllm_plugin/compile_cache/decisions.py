@@ -59,8 +59,8 @@ def record(
     detail: str,
     outcome: CacheOutcome | None,
 ) -> None:
-    """The decision into this boot's record (with the verified manifest's factors and build
-    time)."""
+    """The decision into this boot's record (with the verified manifest's factors, build time
+    and signers)."""
     try:
         from .. import record
 
@@ -72,6 +72,8 @@ def record(
                 "decision": action,
                 "reason": reason,
                 "detail": safe_text(detail, 300),
+                # who signed the verified manifest (a keyless signer by identity and issuer)
+                "signed_by": list(getattr(outcome, "signed_by", ()) or ()),
             },
             (time.monotonic() - started) * 1000,
             getattr(outcome, "key_factors", None),
