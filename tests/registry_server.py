@@ -16,8 +16,6 @@ counts them, which is how the mirror tests count what reached the origin.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import os
 import re
@@ -28,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from store_servers import LOOPBACK, _stop, free_port, wait_for_port
+from store_servers import LOOPBACK, _stop, free_port, self_signed, wait_for_port
 
 BINARY = "docker-registry"
 OCI_TYPES = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"
@@ -39,43 +37,6 @@ PASSWORD = "not-a-real-secret-4711"  # a throwaway test credential
 def registry_binary() -> str | None:
     """``$DOCKER_REGISTRY_BIN``, else Debian's ``docker-registry`` on PATH."""
     return os.environ.get("DOCKER_REGISTRY_BIN") or shutil.which(BINARY)
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A CA-less self-signed certificate for ``IP:127.0.0.1`` and its key (PEM files)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "plancache test registry")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "registry.crt", directory / "registry.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
 
 
 class DockerRegistry:
@@ -99,7 +60,7 @@ class DockerRegistry:
         ]
         http = f"addr: {self.host}, secret: plancache-test-secret"
         if tls:
-            cert, key = self_signed(self.dir)
+            cert, key = self_signed(self.dir, "registry")
             self.ca = cert
             http += f", tls: {{certificate: {cert}, key: {key}}}"
         lines.append(f"http: {{{http}}}")

@@ -109,6 +109,34 @@ def leftovers(directory: Path) -> list[str]:
     return sorted(os.listdir(directory)) if directory.exists() else []
 
 
+def cache_files(root: CacheRoot, content: bytes = b"model") -> None:
+    """The files of cache ``SUBJECT`` under ``root``: one rank's ``model``, holding ``content``."""
+    (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True, exist_ok=True)
+    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(content)
+
+
+def builder_key(tmp_path: Path) -> Path:
+    """SIGNER's public key, as a node's ``--trusted-keys`` file."""
+    from plancache.trust.keyring.keyformat import openssh_line
+
+    (tmp_path / "k.pub").write_text(openssh_line(SIGNER.public, "builder") + "\n")
+    return tmp_path / "k.pub"
+
+
+def cli_pull(
+    capsys: pytest.CaptureFixture[str], trusted: Path, store: str, into: Path
+) -> dict[str, Any]:
+    """``compile-cache pull --json --trusted-keys trusted store into`` (it succeeds): the row of
+    the cache."""
+    capsys.readouterr()
+    code = main(
+        ["compile-cache", "pull", "--json", "--trusted-keys", str(trusted), store, str(into)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)["caches"][0]
+
+
 def test_round_trip_installs_exactly_the_signed_bytes_and_never_fetches_twice(
     build: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -283,51 +311,21 @@ def test_an_older_store_without_header_objects_still_pulls(
     outcome = pull(store, node(tmp_path, "serving"))
     assert outcome.action == "none" and outcome.reason == "no-headers"
     built = CacheRoot(tmp_path / "vllm")
-    (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
-    (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
-    assert main(["keygen", str(tmp_path / "k")]) == 0
-    assert main(["compile-cache", "sign", "--key", str(tmp_path / "k"), str(built.root)]) == 0
-    assert (
-        main(
-            [
-                "compile-cache",
-                "push",
-                "--key",
-                str(tmp_path / "k"),
-                str(built.root),
-                f"file://{tmp_path}/store",
-            ]
-        )
-        == 0
-    )
-    capsys.readouterr()
-    fresh = tmp_path / "fresh"
-    assert (
-        main(
-            [
-                "compile-cache",
-                "pull",
-                "--json",
-                "--trusted-keys",
-                str(tmp_path / "k.pub"),
-                f"file://{tmp_path}/store",
-                str(fresh),
-            ]
-        )
-        == 0
-    )
-    row = json.loads(capsys.readouterr().out)["caches"][0]
+    cache_files(built)
+    key = str(tmp_path / "k")
+    assert main(["keygen", key]) == 0
+    assert main(["compile-cache", "sign", "--key", key, str(built.root)]) == 0
+    url = f"file://{tmp_path}/store"
+    assert main(["compile-cache", "push", "--key", key, str(built.root), url]) == 0
+    row = cli_pull(capsys, tmp_path / "k.pub", url, tmp_path / "fresh")
     assert row["action"] == "pulled" and "headers: none" in row["detail"]
 
 
 def test_cli_pull_installs_the_headers_beside_the_cache(
     build: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from plancache.trust.keyring.keyformat import openssh_line
-
     built = CacheRoot(build[0])
-    (built.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
-    (built.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"model")
+    cache_files(built)
     store = open_store(f"file://{tmp_path}/store")
     cc.sign_cache(built, SUBJECT, SIGNER, NOW)
     digest = cc.push_cache(store, built, SUBJECT, KEYRING, NOW).archive_sha256
@@ -341,26 +339,10 @@ def test_cli_pull_installs_the_headers_beside_the_cache(
         cache_archive_sha256=digest,
         expires_in=timedelta(days=3650),
     )
-    (tmp_path / "k.pub").write_text(openssh_line(SIGNER.public, "builder") + "\n")
-    assert (
-        main(
-            [
-                "compile-cache",
-                "pull",
-                "--json",
-                "--trusted-keys",
-                str(tmp_path / "k.pub"),
-                f"file://{tmp_path}/store",
-                str(tmp_path / "fresh"),
-            ]
-        )
-        == 0
-    )
-    row = json.loads(capsys.readouterr().out)["caches"][0]
+    fresh = tmp_path / "fresh"
+    row = cli_pull(capsys, builder_key(tmp_path), f"file://{tmp_path}/store", fresh)
     assert row["action"] == "pulled" and "headers: installed 1" in row["detail"], row
-    assert (
-        tmp_path / "fresh" / "plancache-private" / "headers" / NAME
-    ).read_bytes() == header_bytes()
+    assert (fresh / "plancache-private" / "headers" / NAME).read_bytes() == header_bytes()
 
 
 def test_past_the_budget_or_cancelled_nothing_is_installed(

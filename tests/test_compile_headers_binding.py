@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from conftest import NOW
-from plancache.cli.main import main
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import header_shipping as ch
 from plancache.pipeline.compile_cache.local_caches import CacheRoot
@@ -40,6 +39,9 @@ from test_compile_headers import (
     SIGNER,
     SUBJECT,
     build,  # noqa: F401 - a fixture, named as a parameter
+    builder_key,
+    cache_files,
+    cli_pull,
     header_bytes,
     leftovers,
     node,
@@ -52,40 +54,16 @@ OTHER = "cd" * 32
 
 def _cache(root: CacheRoot, content: bytes, signed_at: Any) -> str:
     """A signed cache ``SUBJECT`` under ``root`` holding ``content``; its archive sha256."""
-    (root.directory(SUBJECT) / "rank_0_0").mkdir(parents=True, exist_ok=True)
-    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(content)
+    cache_files(root, content)
     return cc.sign_cache(root, SUBJECT, SIGNER, signed_at).archive_sha256
-
-
-def _cli_pull(tmp_path: Path, into: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    from plancache.trust.keyring.keyformat import openssh_line
-
-    (tmp_path / "k.pub").write_text(openssh_line(SIGNER.public, "builder") + "\n")
-    capsys.readouterr()
-    assert (
-        main(
-            [
-                "compile-cache",
-                "pull",
-                "--json",
-                "--trusted-keys",
-                str(tmp_path / "k.pub"),
-                f"file://{tmp_path}/store",
-                str(into),
-            ]
-        )
-        == 0
-    )
-    return json.loads(capsys.readouterr().out)["caches"][0]  # type: ignore[no-any-return]
 
 
 def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(
     build: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     built, store = CacheRoot(build[0]), open_store(f"file://{tmp_path}/store")
-    older = _cache(
-        built, b"cache A", NOW - timedelta(days=1)
-    )  # the store's cache and the header made beside it
+    # the store's cache and the header made beside it
+    older = _cache(built, b"cache A", NOW - timedelta(days=1))
     cc.push_cache(store, built, SUBJECT, KEYRING, NOW - timedelta(days=1))
     ch.push_headers(
         store, SUBJECT, *build, [NAME], SIGNER, NOW - timedelta(days=1), cache_archive_sha256=older
@@ -93,18 +71,16 @@ def test_a_pull_that_keeps_a_newer_local_cache_installs_no_older_header(
     serving = CacheRoot(tmp_path / "serving")
     newer = _cache(serving, b"cache B", NOW)  # this node's own, signed later: kept
     assert newer != older
-    row = _cli_pull(tmp_path, serving.root, capsys)
+    trusted, url = builder_key(tmp_path), f"file://{tmp_path}/store"
+    row = cli_pull(capsys, trusted, url, serving.root)
     assert row["action"] == "kept" and "headers: rejected (statement-mismatch" in row["detail"], row
-    assert (
-        leftovers(serving.root / "plancache-private" / "headers") == []
-    )  # old code: the older header installed
-    fresh = _cli_pull(
-        tmp_path, tmp_path / "fresh", capsys
-    )  # a node that pulls cache A gets A's header
+    # old code: the older header installed
+    assert leftovers(serving.root / "plancache-private" / "headers") == []
+    # a node that pulls cache A gets A's header
+    fresh = cli_pull(capsys, trusted, url, tmp_path / "fresh")
     assert fresh["action"] == "pulled" and "headers: installed 1" in fresh["detail"], fresh
-    assert (
-        tmp_path / "fresh" / "plancache-private" / "headers" / NAME
-    ).read_bytes() == header_bytes()
+    headers = tmp_path / "fresh" / "plancache-private" / "headers"
+    assert (headers / NAME).read_bytes() == header_bytes()
 
 
 def _unbound_statement(store: Any) -> None:

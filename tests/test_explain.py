@@ -98,15 +98,42 @@ def _plan(
 
 
 def _explain(
-    capsys: pytest.CaptureFixture[str], node: SimpleNamespace, location: Path, *extra: str
+    capsys: pytest.CaptureFixture[str],
+    node: SimpleNamespace,
+    location: Path | str,
+    *extra: str,
+    serve: list[str] = TINY,
 ) -> tuple[int, dict[str, Any]]:
+    """``explain --json`` of ``location`` for the tiny model served with ``serve``: the exit code
+    and the report, checked against its schema."""
     from plancache.cli.main import main
 
-    code = main(["explain", "--json", *PINS, *extra, str(location), "--", str(node.model), *TINY])
+    code = main(["explain", "--json", *PINS, *extra, str(location), "--", str(node.model), *serve])
     out = capsys.readouterr().out
     doc = json.loads(out)
     jsonschema.validate(doc, SCHEMA)
     return code, doc
+
+
+def _fingerprint_report(
+    capsys: pytest.CaptureFixture[str], node: SimpleNamespace, report: Path, serve: list[str]
+) -> str:
+    """``fingerprint --json > report`` for the tiny model served with ``serve``, as CI saves it
+    for ``sign --inputs``; rank 0's fingerprint."""
+    from plancache.cli.main import main
+
+    assert main(["fingerprint", "--json", *PINS, "--", str(node.model), *serve]) == 0
+    report.write_text(capsys.readouterr().out)
+    return str(json.loads(report.read_text())["ranks"][0]["fingerprint"])
+
+
+def _sign_inputs(tmp_path: Path, report: Path, plans: Path, *extra: str) -> int:
+    """``sign --key ci --inputs report [extra] plans``: the exit code."""
+    from plancache.cli.main import main
+
+    return main(
+        ["sign", "--key", str(tmp_path / "ci"), "--inputs", str(report), *extra, str(plans)]
+    )
 
 
 def test_a_plan_made_on_another_vllm_is_explained_by_that_one_input(
@@ -163,26 +190,11 @@ def test_the_nodes_own_plan_would_apply_and_a_changed_condition_is_named(
     assert fp == node.rank0["fingerprint"]  # the plugin's inputs reproduce vLLM's key
     code, doc = _explain(capsys, node, store, "--trusted-keys", str(keys.trusted))
     assert code == 0 and doc["ranks"][0]["plan"]["decision"] == "apply"
-    from plancache.cli.main import main
-
-    tiny_085 = [
-        *TINY[:-1],
-        "0.85",
-    ]  # gpu_memory_utilization is no fingerprint input: the gate's condition
-    main(
-        [
-            "explain",
-            "--json",
-            *PINS,
-            "--trusted-keys",
-            str(keys.trusted),
-            str(store),
-            "--",
-            str(node.model),
-            *tiny_085,
-        ]
+    # gpu_memory_utilization is no fingerprint input: the gate's condition
+    _, doc = _explain(
+        capsys, node, store, "--trusted-keys", str(keys.trusted), serve=[*TINY[:-1], "0.85"]
     )
-    plan = json.loads(capsys.readouterr().out)["ranks"][0]["plan"]
+    plan = doc["ranks"][0]["plan"]
     assert plan["fingerprint"] == fp  # vLLM 0.33's cache config hash ignores the utilization
     assert (plan["decision"], plan["reason"]) == ("profile", "condition-mismatch")
     assert plan["differs"] == [{"input": "gpu_memory_utilization", "signed": 0.9, "here": 0.85}]
@@ -266,31 +278,13 @@ def test_sign_inputs_records_what_plancache_fingerprint_printed(
     node: SimpleNamespace, keys: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """CI without the plugin: ``fingerprint --json > fp.json``, then ``sign --inputs fp.json``."""
-    from plancache.cli.main import main
-
-    assert main(["fingerprint", "--json", *PINS, "--", str(node.model), *TINY]) == 0
     report = tmp_path / "fp.json"
-    report.write_text(capsys.readouterr().out)
+    _fingerprint_report(capsys, node, report, TINY)
     plans = tmp_path / "plans"
     fp = _plan(plans, None, None, fp=node.rank0["fingerprint"])
-    other = _plan(
-        plans, None, None, fp="00000000000000bb"
-    )  # not in the file: signed without inputs
-    assert (
-        main(
-            [
-                "sign",
-                "--key",
-                str(tmp_path / "ci"),
-                "--inputs",
-                str(report),
-                "--fact",
-                "gpu_memory_utilization=0.9",
-                str(plans),
-            ]
-        )
-        == 0
-    )
+    # not in the file: signed without inputs
+    other = _plan(plans, None, None, fp="00000000000000bb")
+    assert _sign_inputs(tmp_path, report, plans, "--fact", "gpu_memory_utilization=0.9") == 0
     capsys.readouterr()
     for name, expected in ((fp, node.rank0["factors"]), (other, {})):
         statement = parse_statement(dsse.decode((plans / sig_name(name)).read_bytes()).payload)
@@ -298,20 +292,7 @@ def test_sign_inputs_records_what_plancache_fingerprint_printed(
     bad = json.loads(report.read_text())
     bad["ranks"][0]["factors"]["vllm"] = "0.0.0"
     report.write_text(json.dumps(bad))
-    assert (
-        main(
-            [
-                "sign",
-                "--key",
-                str(tmp_path / "ci"),
-                "--inputs",
-                str(report),
-                "--replace",
-                str(plans),
-            ]
-        )
-        == 2
-    )
+    assert _sign_inputs(tmp_path, report, plans, "--replace") == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "do not hash to its fingerprint" in err
 
@@ -321,30 +302,11 @@ def test_a_differing_vllm_config_is_narrowed_to_the_part_that_differs(
 ) -> None:
     """A plan baked for --max-model-len 64 on a node that serves 128: the one input that differs is
     vLLM's config hash, and the signed configuration parts say which part of it."""
-    from plancache.cli.main import main
-
-    other = [*TINY[:1], "64", *TINY[2:]]
-    assert main(["fingerprint", "--json", *PINS, "--", str(node.model), *other]) == 0
     report = tmp_path / "fp.json"
-    report.write_text(capsys.readouterr().out)
-    baked = json.loads(report.read_text())["ranks"][0]["fingerprint"]
+    baked = _fingerprint_report(capsys, node, report, [*TINY[:1], "64", *TINY[2:]])
     store = tmp_path / "store"
     _plan(store, None, None, fp=baked)
-    assert (
-        main(
-            [
-                "sign",
-                "--key",
-                str(tmp_path / "ci"),
-                "--inputs",
-                str(report),
-                "--fact",
-                "gpu_memory_utilization=0.9",
-                str(store),
-            ]
-        )
-        == 0
-    )
+    assert _sign_inputs(tmp_path, report, store, "--fact", "gpu_memory_utilization=0.9") == 0
     capsys.readouterr()
     code, doc = _explain(capsys, node, store, "--trusted-keys", str(keys.trusted))
     (candidate,) = doc["ranks"][0]["plan"]["candidates"]
@@ -374,7 +336,7 @@ def test_a_store_url_is_explained_with_its_plans_and_compile_caches(
     cc.sign_cache(root, subject, keys.signer, now)
     store = open_store(bucket.as_uri(), {}, timeout=10)
     assert cc.push_cache(store, root, subject, load_keyring(keys.trusted), now).action == "pushed"
-    code, doc = _explain(capsys, node, bucket.as_uri(), "--trusted-keys", str(keys.trusted))  # type: ignore[arg-type]
+    code, doc = _explain(capsys, node, bucket.as_uri(), "--trusted-keys", str(keys.trusted))
     entry = doc["ranks"][0]
     assert code == 0 and doc["compile_location"] == bucket.as_uri()
     assert entry["plan"]["decision"] == "apply" and entry["compile_cache"]["cache"] == subject

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FP, plan_bytes
-from kms_standins import AwsKms, aws_key, p256_key, self_signed
+from kms_standins import AwsKms, aws_key, p256_key
 from plancache.cli.main import main
 from plancache.keys.schemes import load_signer
 from plancache.storage.local.localdir import LocalPlanDir
@@ -19,7 +19,7 @@ from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, StoreTimeout
 from plancache.trust.keyring.keyformat import key_id, openssh_line
 from realtime import SLACK_S
-from store_servers import AWS_ENV, BlackHole, closed_port
+from store_servers import AWS_ENV, BlackHole, closed_port, self_signed
 
 pytest.importorskip("boto3")
 
@@ -121,7 +121,7 @@ def test_cli_signs_with_kms_and_verify_accepts_it(
 def test_endpoint_in_the_uri_is_https(
     aws_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "kms")
     server = AwsKms([aws_key("tls-key")], tls=(cert, key))
     try:
         monkeypatch.delenv("AWS_ENDPOINT_URL_KMS")

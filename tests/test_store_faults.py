@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -72,7 +74,7 @@ def keys(tmp_path: Path) -> Path:
 serve_signed = functools.partial(store_servers.serve_signed, prefix=PREFIX)
 
 
-ROOMY = ("--timeout", "30")
+ROOMY = 30.0
 """For the pulls that check what was read, not when: room for a loaded CI machine (the 3 s default
 timed out there while the SDK client was still being built)."""
 
@@ -85,19 +87,90 @@ def pull(
     )
 
 
-def test_one_fetch_is_two_ranged_gets_no_head(
+def _two_ranged_gets_no_head(server: FaultServer) -> None:
+    methods = [(m, r) for m, _, r in server.state.requests]
+    assert len(methods) == 2 and all(m == "GET" and r.startswith("bytes=0-") for m, r in methods)
+
+
+def _retried_by_plancache_only(server: FaultServer) -> None:
+    plan_gets = [p for m, p, _ in server.state.requests if p.endswith(".json")]
+    assert 1 < len(plan_gets) <= 3  # plancache's retries, and only those (no SDK layers)
+
+
+def _not_downloaded(server: FaultServer) -> None:
+    time.sleep(0.2)
+    assert server.state.bytes_sent < 64 * 2**20  # a socket buffer's worth, never the 1 GiB
+
+
+def _no_sidecar(server: FaultServer, tmp_path: Path) -> None:
+    del server.state.objects[key(sig_name(FP))]
+
+
+def _a_file_where_the_destination_goes(server: FaultServer, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+
+
+@dataclass(frozen=True)
+class PullFault:
+    """How the store serves FP's plan and signature (each object's fault mode, see
+    store_servers.FaultObject), and how ``pull --fingerprint`` into ``dest`` must end: its exit
+    code, the reason its table names (a failure writes nothing), within ``timeout`` seconds (on
+    success the plan is in ``dest``, byte for byte)."""
+
+    code: int
+    says: str = ""
+    mode: str = "ok"
+    sig_mode: str = "ok"
+    timeout: float = ROOMY
+    dest: str = "d"
+    prepare: Callable[[FaultServer, Path], None] | None = None
+    """Changes the served objects or the destination's directory before the pull."""
+    check: Callable[[FaultServer], None] | None = None
+    """What the case asserts besides, on what the server saw."""
+
+
+PULL_FAULTS = {
+    "one-fetch-is-two-ranged-gets-no-head": PullFault(0, check=_two_ranged_gets_no_head),
+    "http-500-forever-is-a-store-error": PullFault(
+        2, "store-error", mode="error500", check=_retried_by_plancache_only
+    ),
+    "one-http-500-is-retried": PullFault(0, mode="error500-once"),
+    "truncated-signature-is-a-store-error": PullFault(2, "store-error", sig_mode="truncate"),
+    # ~100 bytes at 5 bytes/s: 20 s if waited for
+    "trickling-body-hits-the-deadline": PullFault(2, "timeout", mode="trickle", timeout=1.5),
+    "huge-body-that-ignores-range-is-not-downloaded": PullFault(
+        1, "too-large", mode="huge", check=_not_downloaded
+    ),
+    "missing-sidecar-is-unsigned": PullFault(1, "unsigned", prepare=_no_sidecar),
+    "unwritable-destination-is-a-store-error": PullFault(
+        2, "store-error", dest="file/d", prepare=_a_file_where_the_destination_goes
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PULL_FAULTS.values()), ids=list(PULL_FAULTS))
+def test_a_pull_from_a_faulty_store(
+    case: PullFault,
     s3_read_path: str,
     fault_server: FaultServer,
     keys: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    serve_signed(fault_server, keys)
-    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
-    assert code == 0, err
-    methods = [(m, r) for m, _, r in fault_server.state.requests]
-    assert len(methods) == 2 and all(m == "GET" and r.startswith("bytes=0-") for m, r in methods)
-    assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
+    serve_signed(fault_server, keys, mode=case.mode, sig_mode=case.sig_mode)
+    if case.prepare is not None:
+        case.prepare(fault_server, tmp_path)
+    dest = tmp_path / case.dest
+    timeout = f"{case.timeout:g}"
+    code, out, err, elapsed = pull(capsys, fault_server.endpoint, keys, dest, "--timeout", timeout)
+    assert code == case.code, (out, err)
+    assert elapsed < case.timeout + SLACK_S
+    if case.code == 0:
+        assert (dest / plan_name(FP)).read_bytes() == plan_bytes()
+    else:
+        assert case.says in out and nothing_written(dest), out
+    if case.check is not None:
+        case.check(fault_server)
 
 
 def test_connection_refused_fails_fast(
@@ -145,77 +218,6 @@ def test_black_hole_listing_and_push_end_at_the_budget(
     assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK_S
 
 
-def test_http_500_forever_is_a_store_error(
-    s3_read_path: str,
-    fault_server: FaultServer,
-    keys: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve_signed(fault_server, keys, mode="error500")
-    code, out, _err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
-    assert code == 2
-    assert "store-error" in out and nothing_written(tmp_path / "d")
-    plan_gets = [p for m, p, _ in fault_server.state.requests if p.endswith(".json")]
-    assert 1 < len(plan_gets) <= 3  # plancache's retries, and only those (no SDK layers)
-
-
-def test_one_http_500_is_retried(
-    s3_read_path: str,
-    fault_server: FaultServer,
-    keys: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve_signed(fault_server, keys, mode="error500-once")
-    code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
-    assert code == 0, err
-    assert (tmp_path / "d" / plan_name(FP)).exists()
-
-
-def test_truncated_body_is_a_store_error(
-    s3_read_path: str,
-    fault_server: FaultServer,
-    keys: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve_signed(fault_server, keys, sig_mode="truncate")
-    code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
-    assert code == 2 and "store-error" in out
-    assert nothing_written(tmp_path / "d")
-
-
-def test_trickling_body_hits_the_deadline(
-    s3_read_path: str,
-    fault_server: FaultServer,
-    keys: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve_signed(fault_server, keys, mode="trickle")  # ~100 bytes at 5 bytes/s: 20 s if waited for
-    code, out, _, elapsed = pull(
-        capsys, fault_server.endpoint, keys, tmp_path / "d", "--timeout", "1.5"
-    )
-    assert code == 2 and elapsed < 1.5 + SLACK_S and "timeout" in out
-    assert nothing_written(tmp_path / "d")
-
-
-def test_huge_body_that_ignores_range_is_not_downloaded(
-    s3_read_path: str,
-    fault_server: FaultServer,
-    keys: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve_signed(fault_server, keys, mode="huge")
-    code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
-    assert code == 1 and "too-large" in out
-    time.sleep(0.2)
-    assert fault_server.state.bytes_sent < 64 * 2**20  # a socket buffer's worth, never the 1 GiB
-    assert nothing_written(tmp_path / "d")
-
-
 def test_oversized_honest_range_is_capped(s3_read_path: str, fault_server: FaultServer) -> None:
     fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES * 4))
     with pytest.raises(
@@ -225,19 +227,6 @@ def test_oversized_honest_range_is_capped(s3_read_path: str, fault_server: Fault
     assert err.value.reason is Reason.TOO_LARGE
     plan_requests = [(m, r) for m, p, r in fault_server.state.requests if p.endswith(".json")]
     assert plan_requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")]
-
-
-def test_missing_sidecar_is_unsigned(
-    s3_read_path: str,
-    fault_server: FaultServer,
-    keys: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    serve_signed(fault_server, keys)
-    del fault_server.state.objects[key(sig_name(FP))]
-    code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
-    assert code == 1 and "unsigned" in out and nothing_written(tmp_path / "d")
 
 
 def test_hostile_listing_cannot_write_outside_dir(
@@ -360,15 +349,6 @@ def test_import_plancache_stays_light() -> None:
     )
 
 
-def test_unwritable_destination_is_a_store_error(
-    fault_server: FaultServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    serve_signed(fault_server, keys)
-    (tmp_path / "file").write_text("not a directory")
-    code, out, _, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "file" / "d", *ROOMY)
-    assert code == 2 and "store-error" in out
-
-
 def test_each_store_has_its_own_filesystem(
     fault_server: FaultServer, keys: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -385,9 +365,9 @@ def test_each_store_has_its_own_filesystem(
     assert second.error is not None and second.error.reason is Reason.STORE_ERROR
 
 
-def compile_store(path: str, endpoint: str, timeout: float = 2.0):  # type: ignore[no-untyped-def]
-    """A store whose compile-cache reads take ``path``: plain botocore (a boot's pull, s3fs not
-    built yet) or s3fs (built: a CLI pull after a listing, a build node after its push)."""
+def store_on(path: str, endpoint: str, timeout: float) -> Store:
+    """A store whose reads take ``path``: plain botocore (a boot's pull, s3fs not built yet) or
+    s3fs (built: a CLI pull after a listing, a build node after its push)."""
     store = s3_store(endpoint, timeout)
     if path == "s3fs":
         _ = store.fs
@@ -405,13 +385,36 @@ def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(
     fault_server.state.objects[key(archives.archive_name(subject))] = FaultObject(
         b"x" * 4096, "huge"
     )
-    store = compile_store(s3_read_path, fault_server.endpoint, timeout=30.0)
+    store = store_on(s3_read_path, fault_server.endpoint, timeout=30.0)
     with pytest.raises(PlanCacheError) as err:
         archives.get_object(store, archives.archive_name(subject), cap=4096)
     assert err.value.reason is Reason.TOO_LARGE
     assert (store._fs is None) == (s3_read_path == "direct")
-    time.sleep(0.2)
-    assert fault_server.state.bytes_sent < 64 * 2**20
+    _not_downloaded(fault_server)
+
+
+def _a_boot_read(
+    store: Store,
+    path: str,
+    read: Callable[[], bytes | None],
+    *,
+    data: bytes,
+    name: str,
+    reason: Reason | None,
+) -> None:
+    """``read()`` of the object ``name`` (served as ``data``) on a store opened on ``path`` with a
+    2 s budget: the same bytes, or ``reason`` as a typed one-line error naming the object; within
+    the budget either way, and s3fs not built by it on the direct path."""
+    started = time.monotonic()
+    if reason is None:
+        assert read() == data
+    else:
+        with pytest.raises(PlanCacheError) as err:
+            read()
+        assert err.value.reason is reason, err.value
+        assert "\n" not in err.value.detail and name in err.value.detail
+    assert time.monotonic() - started < 2.0 + SLACK_S
+    assert (store._fs is None) == (path == "direct")  # a boot's reads never build s3fs
 
 
 @pytest.mark.parametrize(
@@ -433,22 +436,20 @@ def test_a_compile_cache_object_reads_and_fails_alike_on_both_paths(
     from plancache.storage.compile_cache import archives
 
     subject = "torch_aot_compile/" + "cd" * 32
-    data = os.urandom(3 << 20)
-    fault_server.state.objects[key(archives.headers_name(subject))] = FaultObject(data, mode)
-    store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
+    name, data = archives.headers_name(subject), os.urandom(3 << 20)
+    fault_server.state.objects[key(name)] = FaultObject(data, mode)
+    store = store_on(s3_read_path, fault_server.endpoint, timeout=2.0)
     # absent; first, so that the SDK's client (service models: CPU a starved worker lacks) is made
     # before the clock
     assert archives.get_object(store, archives.headers_sig_name(subject), cap=4096) is None
-    started = time.monotonic()
-    if reason is None:
-        assert archives.get_object(store, archives.headers_name(subject), cap=len(data)) == data
-    else:
-        with pytest.raises(PlanCacheError) as err:
-            archives.get_object(store, archives.headers_name(subject), cap=len(data))
-        assert err.value.reason is reason, err.value
-        assert "\n" not in err.value.detail and archives.headers_name(subject) in err.value.detail
-    assert time.monotonic() - started < 2.0 + SLACK_S
-    assert (store._fs is None) == (s3_read_path == "direct")  # a boot's reads never build s3fs
+    _a_boot_read(
+        store,
+        s3_read_path,
+        lambda: archives.get_object(store, name, cap=len(data)),
+        data=data,
+        name=name,
+        reason=reason,
+    )
 
 
 @pytest.mark.parametrize(
@@ -470,27 +471,15 @@ def test_a_plan_set_reads_and_fails_alike_on_both_paths(
     from plancache.storage.plan_set_objects import read_set
     from plancache.trust.plans.plan_set_names import set_name
 
-    name = set_name([FP, "fedcba9876543210"])
-    data = b"s" * 4096
+    name, data = set_name([FP, "fedcba9876543210"]), b"s" * 4096
     fault_server.state.objects[key(name)] = FaultObject(data, mode)
-    store = compile_store(s3_read_path, fault_server.endpoint, timeout=2.0)
-    assert (
-        read_set(store, set_name([FP])) is None
-    )  # absent; first: the SDK's client is made before the clock
-    started = time.monotonic()
-    if reason is None:
-        assert read_set(store, name) == data
-    else:
-        with pytest.raises(PlanCacheError) as err:
-            read_set(store, name)
-        assert err.value.reason is reason, err.value
-        assert "\n" not in err.value.detail and name in err.value.detail
-    assert time.monotonic() - started < 2.0 + SLACK_S
-    assert (store._fs is None) == (s3_read_path == "direct")
-    time.sleep(0.2)
-    assert (
-        fault_server.state.bytes_sent < 64 << 20
-    )  # the 1 GiB a Range-ignoring server offers, cut near the cap
+    store = store_on(s3_read_path, fault_server.endpoint, timeout=2.0)
+    # absent; first: the SDK's client is made before the clock
+    assert read_set(store, set_name([FP])) is None
+    _a_boot_read(
+        store, s3_read_path, lambda: read_set(store, name), data=data, name=name, reason=reason
+    )
+    _not_downloaded(fault_server)  # the 1 GiB a Range-ignoring server offers, cut near the cap
 
 
 def test_an_informational_answer_before_the_real_one_is_skipped(
