@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SUBJECT = "torch_aot_compile/" + "b3" * 32
@@ -127,7 +128,7 @@ def main() -> int:
     return 0
 
 
-def seed(work: Path, gch: Path, moto: object) -> Path:
+def seed(work: Path, gch: Path, moto: Any) -> Path:
     """Key, a signed cache shaped like the engine tests' (model + 17 kernels), and the header,
     pushed to a fresh bucket; the settings for the children in ``setup.json``."""
     import random
@@ -154,22 +155,25 @@ def seed(work: Path, gch: Path, moto: object) -> Path:
         (kernel / f"k{i}.cpp").write_bytes(noise.randbytes(16 << 10))
     signer = signer_for(str(work / "key"))
     now = utcnow()
-    url = f"s3://{moto.new_bucket()}/fleet"  # type: ignore[attr-defined]
-    options = {"endpoint_url": moto.endpoint}  # type: ignore[attr-defined]
+    url = f"s3://{moto.new_bucket()}/fleet"
+    options = {"endpoint_url": moto.endpoint}
     store = open_store(url, options, timeout=60)
     cc.sign_cache(build, SUBJECT, signer, now)
     from plancache.trust.keyring.keys import signer_keyring
 
-    cc.push_cache(store, build, SUBJECT, signer_keyring(signer), now)
+    digest = cc.push_cache(store, build, SUBJECT, signer_keyring(signer), now).archive_sha256
     headers = files.private_dir(build.root / "plancache-private")
     assert headers is not None
     shutil.copyfile(gch, headers / gch.name)
-    pushed = ch.push_headers(store, SUBJECT, build.root, headers, [gch.name], signer, now)
+    pushed = ch.push_headers(
+        store, SUBJECT, build.root, headers, [gch.name], signer, now, cache_archive_sha256=digest
+    )
     assert pushed.action == "pushed", pushed
     setup = work / "setup.json"
+    keys, name = str(work / "key.pub"), gch.name
     setup.write_text(
         json.dumps(
-            {"url": url, "options": options, "keys": str(work / "key.pub"), "name": gch.name}
+            {"url": url, "options": options, "keys": keys, "name": name, "archive_sha256": digest}
         )
     )
     return setup
@@ -202,19 +206,21 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
     """The plugin's guard, then torch's ask for the header, as a pulling node's first boot does."""
     from plancache.pipeline.compile_cache.local_caches import CacheRoot
     from plancache.vllm_plugin.compile_cache import boot_headers as headers
-    from plancache.vllm_plugin.compile_cache import guard, torch_caches
+    from plancache.vllm_plugin.compile_cache import decisions, guarded_dirs, torch_caches
 
     lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("vllm.plancache").addHandler(handler)
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logging.getLogger("vllm.plancache").addHandler(Lines())
     logging.getLogger("vllm.plancache").setLevel(logging.INFO)
     boot_dir = base / "plancache-private" / "boot-bench"
     boot_dir.mkdir(mode=0o700)
     torch_caches.private_dir = lambda sub: boot_dir / sub  # vLLM's boot directory, without vLLM
-    guard._record = lambda *args, **kwargs: (
-        None
-    )  # the boot record asks vLLM (imported by then in a real boot)
+    # the boot record asks vLLM (imported by then in a real boot): not part of what is measured
+    decisions.record = lambda *args, **kwargs: None
     headers.place(base, directory)
     built: list[str] = []
 
@@ -227,7 +233,7 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
 
     wrapped = headers.wrap(precompile)
     started = time.perf_counter()
-    _, outcome = guard.private_for(CacheRoot(base).directory(SUBJECT))
+    _, outcome = guarded_dirs.private_for(CacheRoot(base).directory(SUBJECT))
     guard_ms = (time.perf_counter() - started) * 1000
     time.sleep(gap_ms / 1000)
     wrapped("torch/csrc/inductor/cpp_prefix.h", "g++")
@@ -239,9 +245,16 @@ def boot(base: Path, directory: Path, name: str, gap_ms: float) -> dict:
         "guard_ms": guard_ms,
         "header_ms": header_ms,
         "after_guard_ms": header_ms - guard_ms,
-        "guard_line_ms": float(re.search(r"elapsed_ms=(\d+)", decision).group(1)),  # type: ignore[union-attr]
-        "fetch_line_ms": float(re.search(r"elapsed_ms=(\d+)", fetched).group(1)),
-    }  # type: ignore[union-attr]
+        "guard_line_ms": _elapsed_ms(decision),
+        "fetch_line_ms": _elapsed_ms(fetched),
+    }
+
+
+def _elapsed_ms(line: str) -> float:
+    """The ``elapsed_ms=`` a plugin line states."""
+    found = re.search(r"elapsed_ms=(\d+)", line)
+    assert found is not None, line
+    return float(found.group(1))
 
 
 def install(base: Path, setup: dict) -> dict:
@@ -254,6 +267,7 @@ def install(base: Path, setup: dict) -> dict:
     from plancache.storage.store import open_store
 
     keyring = worker_policy(setup["keys"], 1).keyring
+    assert keyring is not None, setup["keys"]
     timings = {}
     for kind in ("fresh", "warm"):
         where = base / kind
@@ -271,6 +285,7 @@ def install(base: Path, setup: dict) -> dict:
             utcnow(),
             where,
             where / "plancache-private" / "headers",
+            cache_archive_sha256=setup["archive_sha256"],
             deadline=Deadline.after(60),
         )
         timings[f"{kind}_ms"] = (time.perf_counter() - started) * 1000

@@ -311,12 +311,3 @@ def filesystem_opener(
     root = cls._strip_protocol(url)
     root = root.rstrip("/") if root not in ("/", "") else root
     return cls, make, root
-
-
-def open_filesystem(
-    url: str, storage_options: Mapping[str, Any] | None, budget: float
-) -> tuple[Any, str]:
-    """The fsspec filesystem for ``url`` and the root path under it; ConfigError on any setup
-    failure (see :func:`filesystem_opener`)."""
-    _, make, root = filesystem_opener(url, storage_options, budget)
-    return make(), root

@@ -44,8 +44,6 @@ from .plugin_state import STARTUP_PLAN, WORKER_MODULES, Patch
 
 LOG = logging.getLogger("vllm.plancache")
 
-GPU_WORKER = "vllm.v1.worker.gpu_worker"
-
 
 def _warn_once(message: str, *args: object) -> None:
     state = plugin_state.current()

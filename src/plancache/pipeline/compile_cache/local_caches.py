@@ -212,15 +212,10 @@ def describe_cache(root: CacheRoot, subject: str) -> CacheOutcome:
     return CacheOutcome(subject, action, "", "no trusted keys given", len(files), sum(files))
 
 
-def has_cache(root: CacheRoot, subject: str) -> bool:
-    """Whether there is anything to verify: a file vLLM could read, a sidecar, a link or FIFO
-    (empty directories, as vLLM creates them before it looks, and vLLM's debug files alone hold
-    nothing torch could read)."""
-    return has_files(root.directory(subject))
-
-
 def has_files(directory: Path) -> bool:
-    """:func:`has_cache` of a directory path (a link or FIFO inside: something to reject)."""
+    """Whether a cache directory holds anything to verify: a file vLLM could read, a sidecar, a
+    link or FIFO (something to reject); not empty directories, as vLLM creates them before it
+    looks, nor vLLM's debug files alone, which hold nothing torch could read."""
     if directory.is_symlink() or os.path.lexists(cachedir.sidecar_path(directory)):
         return True
     return directory.exists() and not cachedir.leftovers_only(directory)

@@ -32,7 +32,6 @@ from .registry_urls import check_authority
 if TYPE_CHECKING:
     from .registry_http import RegistryClient
 
-MAX_TOKEN_ANSWER = 64 * 1024
 MAX_TOKEN = 16 * 1024
 DEFAULT_TOKEN_LIFE = 60.0
 _PARAM = re.compile(r'\s*([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))\s*,?')

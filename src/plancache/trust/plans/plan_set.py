@@ -104,9 +104,6 @@ class VerifiedSet:
     identities: tuple[IdentitySigner, ...] = ()
     """Keyless signers of the set (identity, issuer, log index), among ``signers``."""
 
-    def plan_for(self, fingerprint: str) -> VerifiedPlan | None:
-        return next((p for p in self.plans if p.fingerprint == fingerprint), None)
-
 
 def _size(value: object, cap: int) -> int:
     if type(value) is not int or not 0 < value <= cap:
