@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
 from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.display import redact, safe_text
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -211,3 +215,65 @@ def test_the_plugins_log_lines_are_redacted(monkeypatch: pytest.MonkeyPatch) -> 
         logger.removeHandler(keep)
     assert len(seen) == 2 * len(URLS) and all("plancache:" in line for line in seen)
     assert_clean("\n".join(seen), "the plugin's logger")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # Oracle Cloud object storage (ocifs): the bucket stands where userinfo would, and is shown
+        (
+            "oci://plans-bucket@axaxnpcrorw5/team/plans",
+            "oci://plans-bucket@axaxnpcrorw5/team/plans",
+        ),
+        ("error: oci://my_bucket.v2@ns: gone", "error: oci://my_bucket.v2@ns: gone"),
+        ("{'url': 'oci://b@ns'}", "{'url': 'oci://b@ns'}"),
+        ("OCI://Bucket@Tenancy1/p", "OCI://Bucket@Tenancy1/p"),
+        # real userinfo, in oci:// too: a password, a host with a dot or a port, an encoded byte
+        ("oci://user:OCISECRET1@registry.example/team", "oci://***@registry.example/team"),
+        ("oci://user:OCISECRET2@ns/p", "oci://***@ns/p"),
+        ("oci://OCISECRET3@registry.example/plans", "oci://***@registry.example/plans"),
+        ("oci://OCISECRET4@localhost:5000/plans", "oci://***@localhost:5000/plans"),
+        ("oci://OCI%3ASECRET5@ns/p", "oci://***@ns/p"),
+        ("oci://OCISECRET6@ns@evil/p", "oci://***@ns@evil/p"),
+        ("https://user:PWSECRET7@host/x", "https://***@host/x"),
+        ("https://TOKSECRET8@github.com/x", "https://***@github.com/x"),
+        ("s3://AKSECRET9:SKSECRET10@bucket/plans", "s3://***@bucket/plans"),
+        ("gs://TOKSECRET11@namespace/p", "gs://***@namespace/p"),
+    ],
+)
+def test_an_ocifs_bucket_is_shown_and_userinfo_is_masked(text: str, shown: str) -> None:
+    assert redact(text) == shown and safe_text(text, 500) == shown and redact(shown) == shown
+    assert not re.search(r"SECRET\d", shown)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["oci", "OCI", "s3", "https", "az"]),
+    st.text(alphabet="abcXYZ019._-%", min_size=1, max_size=12),
+    st.text(alphabet="abcXYZ019._-!$~+*", min_size=1, max_size=12),
+    st.sampled_from(["ns", "registry.example", "127.0.0.1:5000", "localhost"]),
+)
+def test_a_password_in_a_urls_userinfo_never_shows(
+    scheme: str, user: str, password: str, host: str
+) -> None:
+    secret = f"SECRET{password}"
+    out = safe_text(f"cannot open {scheme}://{user}:{secret}@{host}/plans: refused", 500)
+    assert secret not in out and "***@" in out, out
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("oci://plans-bucket@axaxnpcrorw5/team", "oci://plans-bucket@axaxnpcrorw5/team"),
+        ("oci://user:OCISECRET12@registry.example/team", "oci://***@registry.example/team"),
+    ],
+)
+def test_an_ocifs_url_in_an_error_line_keeps_its_bucket(
+    url: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fsspec maps ``oci://`` with an ``@`` to Oracle Cloud object storage (ocifs, not
+    installed here): the error line names the store as given, its bucket included; a
+    ``user:token`` is still masked."""
+    assert main(["ls", "--timeout", "5", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{shown}:" in err and "SECRET" not in err, err

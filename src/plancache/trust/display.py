@@ -41,7 +41,13 @@ def _escape(char: str) -> str:
 
 
 MASK = "***"
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#@\s]*@")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/?#@\s]*)@")
+_OCIFS_BUCKET = re.compile(r"[A-Za-z0-9._-]+")
+_OCIFS_NAMESPACE = re.compile(r"[A-Za-z0-9-]+(?![\w.@%-]|:[0-9])")
+"""Oracle Cloud object storage (fsspec's ``oci://``, ocifs) names a bucket where a URL has its
+userinfo: ``oci://bucket@namespace/prefix``. A bucket name (letters, digits, ``._-``) before a
+namespace (letters and digits: no dot, no port) is shown; anything else there is masked: a
+``user:token``, an encoded character, a host with a dot or a port (a registry's)."""
 _BARE_USERINFO = re.compile(r"(?<![\w.+\-/:@])[^\s\"'/@:=?&;,]+:[^\s\"'/@]+@")
 """``user:password@host`` without its scheme, as an SDK echoes a URL's "bucket name"."""
 _ENCODED_USERINFO = re.compile(r"(?i)(%3A%2F%2F)(?:(?!%2F|%40)[^/?#@\s\"'])*%40")
@@ -101,8 +107,20 @@ def _masked_header(match: re.Match[str]) -> str:
     return f"{name}{separator}{scheme + ' ' if scheme else ''}{MASK}"
 
 
+def _masked_userinfo(match: re.Match[str]) -> str:
+    scheme, userinfo = match.groups()
+    if (
+        scheme.lower() == "oci://"
+        and _OCIFS_BUCKET.fullmatch(userinfo)
+        and _OCIFS_NAMESPACE.match(match.string, match.end())
+    ):
+        return match.group(0)
+    return f"{scheme}{MASK}@"
+
+
 def redact(text: str) -> str:
-    """``text`` with credentials masked: URL userinfo (``scheme://***@host``), the value of any
+    """``text`` with credentials masked: URL userinfo (``scheme://***@host``; not the bucket of an
+    ``oci://bucket@namespace`` URL, see :data:`_OCIFS_NAMESPACE`), the value of any
     ``name=value`` parameter whose name looks secret (after ``?``, ``&``, ``;``, ``,`` or a
     space), and whatever follows ``pin-value``/``pin-source`` and a separator, even malformed
     (``&pin-value:1234``), quoted ``'name': 'value'`` pairs with such names, and credential
@@ -116,7 +134,7 @@ def redact(text: str) -> str:
         return text
     if ":" in text or "=" in text:
         text = _HEADER.sub(_masked_header, text)
-    text = _USERINFO.sub(rf"\1{MASK}@", text)
+    text = _USERINFO.sub(_masked_userinfo, text)
     text = _BARE_USERINFO.sub(f"{MASK}@", text)
     text = _PIN.sub(rf"\1={MASK}", text)
     if "%" in text:
