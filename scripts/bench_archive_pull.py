@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from compile_tampers import cli  # noqa: E402
-from store_servers import AWS_ENV, MotoServer  # noqa: E402
+from compile_tampers import cli  # noqa: E402 - after tests/ is put on sys.path
+from store_servers import AWS_ENV, MotoServer  # noqa: E402 - after tests/ is put on sys.path
 
 
 def main() -> int:

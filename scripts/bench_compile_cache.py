@@ -69,13 +69,13 @@ def counting_reads() -> Iterator[list[str]]:
         reads.append(name)
         return direct_read(self, name, *args, **kwargs)
 
-    capped_reads.read_object = store_module.read_object = counted  # type: ignore[assignment]
-    direct.S3Direct.read = counted_direct  # type: ignore[method-assign]
+    capped_reads.read_object = store_module.read_object = counted
+    direct.S3Direct.read = counted_direct  # type: ignore[method-assign]  # counted, then put back
     try:
         yield reads
     finally:
-        capped_reads.read_object = store_module.read_object = original  # type: ignore[assignment]
-        direct.S3Direct.read = direct_read  # type: ignore[method-assign]
+        capped_reads.read_object = store_module.read_object = original
+        direct.S3Direct.read = direct_read  # type: ignore[method-assign]  # the original, back
 
 
 def synthetic(root: CacheRoot, mib: int = 30, files: int = 300) -> None:
@@ -152,7 +152,9 @@ def boot(env: dict[str, str]) -> tuple[float, float | None, str]:
     out = subprocess.run(
         [sys.executable, str(TOY)], env=env, capture_output=True, text=True, timeout=900
     )
-    first = float(re.search(r'"first_forward_s": ([0-9.]+)', out.stdout).group(1))  # type: ignore[union-attr]
+    forward = re.search(r'"first_forward_s": ([0-9.]+)', out.stdout)
+    assert forward is not None, out.stdout[-2000:]
+    first = float(forward.group(1))
     guard = re.search(r"compile-cache decision=(\S+) .*?elapsed_ms=([0-9]+)", out.stderr)
     loaded = re.search(r'"num_aot_artifacts_loaded": (\d)', out.stdout)
     return (

@@ -38,7 +38,7 @@ NOW = datetime.now(timezone.utc)
 HEAVY = ("fsspec", "s3fs", "gcsfs", "aiobotocore", "botocore", "torch", "vllm")
 
 
-def best_of(func, rounds: int, number: int) -> float:  # type: ignore[no-untyped-def]
+def best_of(func, rounds: int, number: int) -> float:
     """Best per-call seconds over ``rounds`` rounds of ``number`` calls (least disturbed run)."""
     best = float("inf")
     for _ in range(rounds):

@@ -45,10 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-import compile_payloads as P  # noqa: E402
-import engine_harness as H  # noqa: E402
-from compile_tampers import cli  # noqa: E402
-from store_servers import AWS_ENV, MotoServer  # noqa: E402
+import compile_payloads as P  # noqa: E402 - after tests/ is put on sys.path
+import engine_harness as H  # noqa: E402 - after tests/ is put on sys.path
+from compile_tampers import cli  # noqa: E402 - after tests/ is put on sys.path
+from store_servers import AWS_ENV, MotoServer  # noqa: E402 - after tests/ is put on sys.path
 
 KINDS = ("vllm", "local", "store")
 

@@ -36,7 +36,7 @@ from plancache.keys.schemes import load_signer
 from plancache.pipeline.audit import check_many
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.keyring.identities import IdentityPolicy, TrustedIdentity
-from plancache.trust.keyring.keys import Ed25519Signer, Keyring, TrustedKey
+from plancache.trust.keyring.keys import Ed25519Signer, Keyring, Signer, TrustedKey
 from plancache.trust.plans.plan import Plan, plan_name, render_plan
 from plancache.trust.policy import TrustPolicy
 from plancache.trust.signing import add_signature, sign_plan
@@ -52,12 +52,12 @@ def fingerprints(n: int) -> list[str]:
     return [f"{i:016x}" for i in range(n)]
 
 
-def sign_all(directory: Path, fps: list[str], signer: object) -> float:
+def sign_all(directory: Path, fps: list[str], signer: Signer) -> float:
     local = LocalPlanDir(directory)
     started = time.perf_counter()
     for fp in fps:
         data = render_plan(Plan(fp, 20 * 2**30, 70 * 2**30))
-        sig = sign_plan(plan_name(fp), data, signer, NOW, expires_at=NOW + timedelta(days=1))  # type: ignore[arg-type]
+        sig = sign_plan(plan_name(fp), data, signer, NOW, expires_at=NOW + timedelta(days=1))
         local.write(fp, data, sig)
     return time.perf_counter() - started
 
@@ -74,7 +74,7 @@ def cosign_all(bundles: Path, directory: Path, fps: list[str], key: Ed25519Signe
     return time.perf_counter() - started
 
 
-def best(func, rounds: int) -> float:  # type: ignore[no-untyped-def]
+def best(func, rounds: int) -> float:
     result = float("inf")
     for _ in range(rounds):
         started = time.perf_counter()

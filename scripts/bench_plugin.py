@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from vllm_cpu import (  # noqa: E402  (tests/ is on sys.path from here on; imports no vLLM)
+from vllm_cpu import (  # noqa: E402 - tests/ is on sys.path from here on; imports no vLLM
     GIB,
     PLANNED_KV,
     conditions,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import shutil
 import socket
@@ -141,12 +142,9 @@ def aws_cmd() -> list[str] | None:
     exe = shutil.which("aws")
     if exe:
         return [exe]
-    try:
-        import awscli  # noqa: F401
-
+    if importlib.util.find_spec("awscli") is not None:
         return [sys.executable, "-m", "awscli"]
-    except ImportError:
-        return None
+    return None
 
 
 def start_server(kind: str, port: int, data: Path) -> tuple[subprocess.Popen[bytes], str]:

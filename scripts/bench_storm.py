@@ -33,6 +33,7 @@ mode: ranks applied within the budget, p50/p99 time to a decision, requests per 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -422,7 +423,7 @@ def run_store(kind: str, args: argparse.Namespace, work: Path) -> list[str]:
         world, policy = bake(
             work / kind, url, options, args.ranks, args.replicas if kind == "azure" else 1
         )
-        opener = lambda: open_store(url, options, timeout=args.budget)  # noqa: E731
+        opener = functools.partial(open_store, url, options, timeout=args.budget)
         stores = [] if args.processes > 1 else [opener() for _ in range(args.nodes * args.ranks)]
         for store in stores:  # each rank's own client, made before the storm (as a prefetch would)
             _prime(store)
@@ -505,7 +506,7 @@ def run_registry(args: argparse.Namespace, work: Path) -> list[str]:
                         (mirror if target == "mirror" else origin).settled_requests(repo)
                     )
                     origin_before = len(origin.settled_requests(repo))
-                    opener = lambda o=options: open_store(url, o, timeout=args.budget)  # noqa: E731
+                    opener = functools.partial(open_store, url, options, timeout=args.budget)
                     stores = (
                         []
                         if args.processes > 1

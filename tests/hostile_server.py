@@ -124,4 +124,4 @@ class HostileServer(LoopbackServer):
         )
 
     def set(self, draw: Draw) -> None:
-        self.httpd.draw = draw  # type: ignore[attr-defined]
+        self.httpd.draw = draw

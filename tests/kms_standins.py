@@ -64,13 +64,21 @@ class Served:
         self.httpd.server_close()
 
 
+class _StandInServer(ThreadingHTTPServer):
+    """A stand-in's server: its state, for the handlers, and quiet when a client gives up."""
+
+    daemon_threads = True
+    state: Any
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up (a budget's end): nothing to report."""
+
+
 def _serve(
     handler: type[BaseHTTPRequestHandler], state: Any, tls: tuple[Path, Path] | None = None
 ) -> ThreadingHTTPServer:
-    httpd = ThreadingHTTPServer((LOOPBACK, 0), handler)
-    httpd.daemon_threads = True
-    httpd.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client that gave up
-    httpd.state = state  # type: ignore[attr-defined]
+    httpd = _StandInServer((LOOPBACK, 0), handler)
+    httpd.state = state
     if tls is not None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(tls[0]), str(tls[1]))
@@ -133,7 +141,7 @@ class _AwsHandler(BaseHTTPRequestHandler):
         self._reply(400, {"__type": kind, "message": message})
 
     def do_POST(self) -> None:
-        state: AwsKms = self.server.state  # type: ignore[attr-defined]
+        state: AwsKms = self.server.state  # type: ignore[attr-defined]  # a _StandInServer's
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
         target = self.headers.get("X-Amz-Target", "")
         auth = self.headers.get("Authorization", "")
@@ -277,7 +285,7 @@ class _GcpHandler(BaseHTTPRequestHandler):
         self._reply(code, {"error": {"code": code, "message": message, "status": status}})
 
     def _handle(self, method: str) -> None:
-        state: GcpKms = self.server.state  # type: ignore[attr-defined]
+        state: GcpKms = self.server.state  # type: ignore[attr-defined]  # a _StandInServer's
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         path = self.path.split("?", 1)[0]
         state.requests.append(

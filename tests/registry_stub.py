@@ -67,7 +67,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def state(self) -> StubState:
-        return self.server.state  # type: ignore[no-any-return]
+        return self.server.state
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
@@ -232,7 +232,7 @@ class RegistryStub:
     def __init__(self, referrers_api: bool = True) -> None:
         self.server = QuietHTTPServer((LOOPBACK, 0), _Handler)
         self.server.daemon_threads = True
-        self.server.state = StubState(referrers_api)  # type: ignore[attr-defined]
+        self.server.state = StubState(referrers_api)
         self.port = self.server.server_address[1]
         self.host = f"{LOOPBACK}:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -240,7 +240,7 @@ class RegistryStub:
 
     @property
     def state(self) -> StubState:
-        return self.server.state  # type: ignore[attr-defined, no-any-return]
+        return self.server.state
 
     def url(self, repository: str) -> str:
         return f"oci://{self.host}/{repository}"

@@ -143,7 +143,7 @@ class MotoServer:
         wait_for_port(self.port, self.proc)
         self._buckets = 0
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self):
         import boto3
 
         return boto3.client(
@@ -591,10 +591,12 @@ class QuietHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     state: Any
+    endpoint: str
+    """The server's own URL, where a handler needs it (set by the servers that have one)."""
 
-    def handle_error(self, request: object, client_address: object) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)  # type: ignore[arg-type]
+            super().handle_error(request, client_address)
 
 
 class LoopbackServer:
@@ -620,11 +622,11 @@ class FaultServer(LoopbackServer):
 
     def __init__(self) -> None:
         super().__init__(_FaultHandler, state=FaultState())
-        self.httpd.endpoint = self.endpoint  # type: ignore[attr-defined]
+        self.httpd.endpoint = self.endpoint
 
     @property
     def state(self) -> FaultState:
-        return self.httpd.state  # type: ignore[no-any-return]
+        return self.httpd.state
 
     def reset(self) -> None:
         self.httpd.state = FaultState()

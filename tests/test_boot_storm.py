@@ -11,6 +11,7 @@ directory lock) boot against moto's S3 and Azurite behind ``scripts/storm_proxy.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def run(
     env: dict[str, Any], mode: str, rate: float, burst: float, budget: float = 20.0
 ) -> tuple[list[Any], dict[str, Any]]:
     env["proxy"].reset(rate, burst)
-    opener = lambda: open_store(env["url"], env["options"], timeout=budget)  # noqa: E731
+    opener = functools.partial(open_store, env["url"], env["options"], timeout=budget)
     outcomes = bench_storm.storm(
         opener, env["policy"], env["world"], NODES, 0.5, budget, mode, 1, env["work"]
     )

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,10 +203,10 @@ def test_a_set_audit_starts_no_read_past_its_deadline(
     given: list[Deadline | None] = []
     read = set_audit.read_set
 
-    def slow_read(store: object, name: str, deadline: Deadline | None = None) -> bytes | None:
+    def slow_read(store: Any, name: str, deadline: Deadline | None = None) -> bytes | None:
         reads.append(name)
         given.append(deadline)
-        data = read(store, name, deadline)  # type: ignore[arg-type]
+        data = read(store, name, deadline)
         clock.advance(2.0)
         return data
 

@@ -103,8 +103,12 @@ def plugin_fingerprints(
     with monkeypatch.context() as m:
         pin_device(functools.partial(m.setattr, raising=False))
         records: list[str] = []
-        handler = logging.Handler()
-        handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+
+        class Records(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record.getMessage())
+
+        handler = Records()
         logging.getLogger("vllm.plancache").addHandler(handler)
         try:
             for rank in range(cfg.parallel_config.world_size):
@@ -117,7 +121,7 @@ def plugin_fingerprints(
         re.search(r"fingerprint=([0-9a-f]{16})", line).group(1)
         for line in records
         if "decision=" in line
-    ]  # type: ignore[union-attr]
+    ]
 
 
 @pytest.mark.parametrize(

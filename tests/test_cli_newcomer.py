@@ -293,7 +293,7 @@ def test_an_unknown_fact_lists_the_known_ones(
 SIGNED_FACTS = {"gpu_memory_utilization": 0.9, "device_name": "x", "device_total_memory": 1}
 
 
-def _schema_validator():  # type: ignore[no-untyped-def]
+def _schema_validator():
     from importlib import resources
 
     import jsonschema

@@ -99,7 +99,7 @@ def test_signed_cache_verifies_and_binds_every_file(signed: CacheRoot) -> None:
         ),
     ],
 )
-def test_guard_quarantines_every_deviation(signed: CacheRoot, tamper, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_guard_quarantines_every_deviation(signed: CacheRoot, tamper, reason: str) -> None:
     directory = signed.directory(SUBJECT)
     tamper(directory)
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
@@ -197,7 +197,7 @@ def _member(
         [],
     ],
 )
-def test_extraction_takes_only_the_signed_regular_files(tmp_path: Path, members: list) -> None:  # type: ignore[type-arg]
+def test_extraction_takes_only_the_signed_regular_files(tmp_path: Path, members: list) -> None:
     manifest = mf.Manifest(SUBJECT, (mf.FileEntry("a", 1, "0" * 64),), (), "0" * 64, 1, NOW)
     with pytest.raises(Rejected):
         archive_format.extract_archive(_tar(*members), manifest, tmp_path / "dest")

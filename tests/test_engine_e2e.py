@@ -75,7 +75,8 @@ def _tampered_archive(archive: bytes, marker: Path) -> bytes:
     ):
         replaced = 0
         for member in src.getmembers():
-            data = src.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            extracted = src.extractfile(member) if member.isfile() else None
+            data = extracted.read() if extracted is not None else None
             if member.isfile() and member.name.endswith("rank_0_0/model"):
                 data, replaced = P.pickle_payload(marker, "store"), replaced + 1
                 member.size = len(data)

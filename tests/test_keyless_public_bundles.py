@@ -25,7 +25,7 @@ def _bundle(version: str) -> bytes:
     return (DATA / f"public-good-github-tflint-ruleset-aws-v{version}.sigstore.json").read_bytes()
 
 
-def _policy(lines: str, root: bytes | None = None):  # type: ignore[no-untyped-def]
+def _policy(lines: str, root: bytes | None = None):
     ids = parse_trusted_keys(lines, "trusted").identities
     assert ids is not None
     return ids.with_root(root if root is not None else public_good_root())

@@ -168,7 +168,7 @@ def _tampered(sidecar: bytes, change: Any) -> bytes:
 
 
 def _entry(bundle: dict[str, Any]) -> dict[str, Any]:
-    return bundle["verificationMaterial"]["tlogEntries"][0]  # type: ignore[no-any-return]
+    return bundle["verificationMaterial"]["tlogEntries"][0]
 
 
 def _flip_proof_hash(bundle: dict[str, Any]) -> None:

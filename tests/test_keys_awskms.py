@@ -52,7 +52,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kms: AwsKms) -> dic
     return env
 
 
-def one_line_error(func, *args) -> PlanCacheError:  # type: ignore[no-untyped-def]
+def one_line_error(func, *args) -> PlanCacheError:
     with pytest.raises(PlanCacheError) as info:
         func(*args)
     assert "\n" not in info.value.detail

@@ -36,7 +36,7 @@ needs_ssh_keygen = pytest.mark.skipif(
 )
 
 
-def error_of(func, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+def error_of(func, *args, **kwargs) -> str:
     with pytest.raises(ConfigError) as info:
         func(*args, **kwargs)
     assert "\n" not in info.value.detail
@@ -174,7 +174,7 @@ def test_the_signed_message_is_capped_at_4096_bytes() -> None:
         sign_plan(plan_name(FP), plan_bytes(), make_signer(), NOW, comment=fits + "c")
 
 
-def _remote(sign, budget: float = 0.3) -> RemoteSigner:  # type: ignore[no-untyped-def]
+def _remote(sign, budget: float = 0.3) -> RemoteSigner:
     private = Ed25519PrivateKey.generate()
     return RemoteSigner("test-kms", private.public_key(), lambda data: sign(private, data), budget)
 

@@ -17,7 +17,7 @@ from plancache.trust.signing import sign_plan
 PLANS = 300
 
 
-def _store_of_signed(tmp_path: Path):  # type: ignore[no-untyped-def]
+def _store_of_signed(tmp_path: Path):
     signer = make_signer()
     bucket = LocalPlanDir(tmp_path / "bucket")
     for i in range(PLANS):

@@ -198,12 +198,12 @@ class _Guarded(_FaultHandler):
         self._send(403, body, {"Content-Type": "application/xml"})
 
     def do_GET(self) -> None:
-        if self._key() in self.server.denied:  # type: ignore[attr-defined]
+        if self._key() in self.server.denied:
             return self._deny()
         return super().do_GET()
 
     def do_DELETE(self) -> None:
-        if self._key() in self.server.undeletable:  # type: ignore[attr-defined]
+        if self._key() in self.server.undeletable:
             return self._deny()
         return super().do_DELETE()
 
@@ -219,7 +219,7 @@ def guarded() -> Iterator[LoopbackServer]:
 def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
     fault: str, guarded: LoopbackServer, key: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    state: FaultState = guarded.httpd.state  # type: ignore[attr-defined]
+    state: FaultState = guarded.httpd.state
     members = bake(key, 20 * GIB, utcnow() - timedelta(hours=2))
     put_plans(state, members)
     name = put_set(state, key, members, utcnow() - timedelta(hours=2), 0)
@@ -227,7 +227,7 @@ def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
     if fault == "error500":
         state.objects[where].mode = "error500"
     else:
-        chosen = guarded.httpd.denied if fault == "read403" else guarded.httpd.undeletable  # type: ignore[attr-defined]
+        chosen = guarded.httpd.denied if fault == "read403" else guarded.httpd.undeletable
         chosen.add(where)
     before = sorted(state.objects)
     code, doc, err = cli(
@@ -242,7 +242,7 @@ def test_prune_keeps_every_plan_when_a_set_cannot_be_read_or_deleted(
 
     # the set readable and deletable again: it goes first, then the plans
     state.objects[where].mode = "ok"
-    guarded.httpd.denied.clear(), guarded.httpd.undeletable.clear()  # type: ignore[attr-defined]
+    guarded.httpd.denied.clear(), guarded.httpd.undeletable.clear()
     code, doc, _ = cli(
         capsys, guarded.endpoint, "prune", URL, "--older-than", "1h", "--unconditional"
     )

@@ -65,9 +65,9 @@ class _Denying(_FaultHandler):
     def do_GET(self) -> None:
         parts = unquote(urlparse(self.path).path).lstrip("/").split("/", 1)
         key = parts[1] if len(parts) == 2 else ""
-        hold = self.server.holds.get(key)  # type: ignore[attr-defined]
+        hold = self.server.holds.get(key)
         if hold is not None:
-            self.server.held.append(key)  # type: ignore[attr-defined]
+            self.server.held.append(key)
             hold.wait(60)
         if not key or key not in self.server.state.objects:
             with self.server.state.lock:
@@ -79,7 +79,7 @@ class _Denying(_FaultHandler):
 @pytest.fixture(scope="module")
 def denying_server() -> Iterator[LoopbackServer]:
     server = LoopbackServer(_Denying, state=FaultState(), holds={}, held=[])
-    server.httpd.endpoint = server.endpoint  # type: ignore[attr-defined]
+    server.httpd.endpoint = server.endpoint
     yield server
     server.stop()
 
@@ -89,8 +89,8 @@ def s3(denying_server: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> Loopb
     for k, v in AWS_ENV.items():
         monkeypatch.setenv(k, v)
     denying_server.httpd.state = FaultState()
-    denying_server.httpd.holds = {}  # type: ignore[attr-defined]
-    denying_server.httpd.held = []  # type: ignore[attr-defined]
+    denying_server.httpd.holds = {}
+    denying_server.httpd.held = []
     return denying_server
 
 
@@ -259,7 +259,7 @@ def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: 
     name_a = serve(s3, signed_world(signer, WORLD, NOW - timedelta(hours=1)), signer)
     name_b = serve(s3, signed_world(signer, OTHER, NOW - timedelta(hours=1)), signer)
     release = threading.Event()
-    s3.httpd.holds[f"{PREFIX}/{name_a}"] = release  # type: ignore[attr-defined]
+    s3.httpd.holds[f"{PREFIX}/{name_a}"] = release
     directory = node(tmp_path)
     outcome: dict[str, PlanResult] = {}
     rank_a = threading.Thread(
@@ -270,7 +270,7 @@ def test_ranks_of_different_sets_do_not_serialise(s3: LoopbackServer, tmp_path: 
     rank_a.start()
     try:
         until = time.monotonic() + 30
-        while f"{PREFIX}/{name_a}" not in s3.httpd.held:  # type: ignore[attr-defined]
+        while f"{PREFIX}/{name_a}" not in s3.httpd.held:
             assert time.monotonic() < until, "rank A never asked for its set"
             time.sleep(0.02)
         result = boot(directory, keyring, s3, OTHER[1], OTHER, budget=20)  # A's fetch still held
@@ -312,7 +312,7 @@ def test_a_newer_local_plan_survives_another_ranks_set_fetch(
     assert (
         resolver(directory, keyring, s3).local(WORLD[1]).verified.plan.kv_cache_memory_bytes
         == 10 << 30
-    )  # type: ignore[union-attr]
+    )
     assert (
         resolver(directory, keyring, s3).local(WORLD[3]).verified is not None
     )  # D's gap is filled

@@ -212,7 +212,7 @@ class GcsStandIn(LoopbackServer):
 
     @property
     def state(self) -> StandInState:
-        return self.httpd.state  # type: ignore[no-any-return]
+        return self.httpd.state
 
 
 # -- backends -------------------------------------------------------------------------------------

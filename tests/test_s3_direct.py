@@ -76,7 +76,8 @@ def test_which_options_take_the_direct_path(tmp_path: Path) -> None:
         "aws_secret_access_key": "S",
         "region_name": "eu-west-1",
     }
-    assert direct_settings("s3a://bucket", {"anon": True}, env).anon  # type: ignore[union-attr]
+    anonymous = direct_settings("s3a://bucket", {"anon": True}, env)
+    assert anonymous is not None and anonymous.anon
     for url, options, extra_env in (
         (
             "s3://bucket/p",
@@ -152,20 +153,20 @@ def test_once_s3fs_is_built_every_read_goes_through_it(fault_server: FaultServer
     assert len(fault_server.state.requests) == requests + 2
 
 
-def test_same_bytes_and_same_misses_as_s3fs(moto: MotoServer) -> None:  # type: ignore[valid-type]
+def test_same_bytes_and_same_misses_as_s3fs(moto: MotoServer) -> None:
     """Against moto: a plan, an empty sidecar (S3 answers 416 to its range), a missing plan,
     a missing bucket: each path says the same."""
-    bucket = moto.new_bucket()  # type: ignore[attr-defined]
+    bucket = moto.new_bucket()
     url = f"s3://{bucket}/plans"
-    writer = open_store(url, moto.options, 10.0)  # type: ignore[attr-defined]
+    writer = open_store(url, moto.options, 10.0)
     writer.put_many({plan_name(FP): plan_bytes(), sig_name(FP): b""})
     outcomes = []
     for direct in (True, False):
-        store = open_store(url, moto.options, 10.0)  # type: ignore[attr-defined]
+        store = open_store(url, moto.options, 10.0)
         if not direct:
             _ = store.fs  # built: reads go through s3fs
         got, missing = store.fetch_many([FP, "0" * 16])
-        gone = open_store(f"s3://{bucket}-nope/plans", moto.options, 10.0)  # type: ignore[attr-defined]
+        gone = open_store(f"s3://{bucket}-nope/plans", moto.options, 10.0)
         if not direct:
             _ = gone.fs
         outcomes.append(

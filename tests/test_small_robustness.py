@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_ascii_digits_are_read_and_huge_ones_capped() -> None:
     )  # no int/float of 5000 digits
     assert deadline.retry_after(_Throttled("99999999999999999999")) == deadline.RETRY_AFTER_CAP
     odd = _Throttled("1")
-    odd.response = {"ResponseMetadata": "not a dict"}  # type: ignore[assignment]
+    odd.response = {"ResponseMetadata": "not a dict"}
     assert deadline.retry_after(odd) is None
 
 
@@ -90,7 +91,7 @@ def test_the_plugin_logs_one_error_and_signs_nothing_when_the_expiry_is_set_empt
         assert "new caches stay unsigned" in errors[0]
 
 
-def _bench() -> object:
+def _bench() -> Any:
     """scripts/bench_compile_cache.py as a module (it is a script, not a package)."""
     spec = importlib.util.spec_from_file_location(
         "bench_compile_cache", REPO / "scripts" / "bench_compile_cache.py"
@@ -112,10 +113,10 @@ def test_the_compile_cache_benchmark_counts_the_reads_a_pull_makes(
 
     bench = _bench()
     root = CacheRoot(tmp_path / "built")
-    bench.synthetic(root, mib=1, files=4)  # type: ignore[attr-defined]
+    bench.synthetic(root, mib=1, files=4)
     signer, now = make_signer(), datetime.now(timezone.utc)
-    cc.sign_cache(root, bench.SUBJECT, signer, now)  # type: ignore[attr-defined]
-    assert bench.pull_reads(tmp_path, root, signer_keyring(signer), now) == 2  # type: ignore[attr-defined]
+    cc.sign_cache(root, bench.SUBJECT, signer, now)
+    assert bench.pull_reads(tmp_path, root, signer_keyring(signer), now) == 2
     assert "2 object reads" in capsys.readouterr().out
 
 
@@ -135,10 +136,10 @@ def test_a_benchmark_that_counted_nothing_says_so_and_fails(
 
     monkeypatch.setattr(bench, "counting_reads", blind)
     root = CacheRoot(tmp_path / "built")
-    bench.synthetic(root, mib=1, files=2)  # type: ignore[attr-defined]
+    bench.synthetic(root, mib=1, files=2)
     signer, now = make_signer(), datetime.now(timezone.utc)
-    cc.sign_cache(root, bench.SUBJECT, signer, now)  # type: ignore[attr-defined]
-    assert bench.pull_reads(tmp_path, root, signer_keyring(signer), now) == 0  # type: ignore[attr-defined]
+    cc.sign_cache(root, bench.SUBJECT, signer, now)
+    assert bench.pull_reads(tmp_path, root, signer_keyring(signer), now) == 0
     out = capsys.readouterr().out
     assert "not measured: counter saw no reads" in out and "0 object reads" not in out
     monkeypatch.setattr(bench, "bench_verify", lambda work, rounds: 0)
@@ -146,5 +147,5 @@ def test_a_benchmark_that_counted_nothing_says_so_and_fails(
         sys, "argv", ["bench_compile_cache.py", "--skip-vllm", "--work", str(tmp_path / "w")]
     )
     with pytest.raises(SystemExit) as exited:
-        bench.main()  # type: ignore[attr-defined]
+        bench.main()
     assert exited.value.code == 1

@@ -1,6 +1,7 @@
 """The static gate's own rules, the ones ruff and mypy cannot say (docs/adr/0009-a-static-gate.md).
 
-* Every ``noqa`` and ``type: ignore`` in src/ says why, after its codes, in one form:
+* Every ``noqa`` and ``type: ignore`` in src/, tests/ and scripts/ says why, after its codes,
+  in one form:
   ``# noqa: PLW0603 - the boot's one state object`` and
   ``# type: ignore[attr-defined]  # vLLM's module attribute, set by its hooks``.
 * A function of four or more parameters (``self``/``cls`` not counted) takes its optional
@@ -34,10 +35,14 @@ TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore\b(?P<rest>.*)")
 TYPE_IGNORE_WITH_REASON = re.compile(r"\[[a-z-]+(\s*,\s*[a-z-]+)*\]\s+#\s*\S")
 
 
-def _sources() -> Iterator[tuple[str, str]]:
-    """(path from the repository root, source) of every module in src/plancache."""
-    for path in sorted(ROOT.rglob("*.py")):
-        yield str(path.relative_to(REPO)), path.read_text(encoding="utf-8")
+def _sources(
+    repo: Path = REPO, folders: tuple[str, ...] = ("src/plancache",)
+) -> Iterator[tuple[str, str]]:
+    """(path from the repository root, source) of every module under ``folders`` of ``repo``
+    (the package alone unless asked: the rules of options and raises are the product's)."""
+    for folder in folders:
+        for path in sorted((repo / folder).rglob("*.py")):
+            yield str(path.relative_to(repo)), path.read_text(encoding="utf-8")
 
 
 def _live(check: Callable[[str, str], list[str]]) -> list[str]:
@@ -65,8 +70,20 @@ def suppressions_without_reason(source: str, path: str) -> list[str]:
     return found
 
 
-def test_every_suppression_in_src_says_why() -> None:
-    offenders = _live(suppressions_without_reason)
+SAY_WHY = ("src/plancache", "tests", "scripts")
+"""Where every suppression says why: the product, and the tests and scripts that go with it."""
+
+
+def suppression_offenders(repo: Path) -> list[str]:
+    return [
+        offence
+        for path, source in _sources(repo, SAY_WHY)
+        for offence in suppressions_without_reason(source, path)
+    ]
+
+
+def test_every_suppression_says_why() -> None:
+    offenders = suppression_offenders(REPO)
     assert not offenders, (
         f"{len(offenders)} suppressions without a reason after their codes (`# noqa: CODE - why`, "
         "`# type: ignore[code]  # why`):\n" + "\n".join(offenders)
@@ -100,6 +117,29 @@ def test_a_suppression_without_its_reason_is_caught_and_one_with_it_passes() -> 
         's = "# noqa and # type: ignore in a string are not comments"\n'
     )
     assert suppressions_without_reason(fixed, "m.py") == []
+
+
+def test_a_bare_suppression_in_the_tests_or_the_scripts_is_caught(tmp_path: Path) -> None:
+    planted = {
+        "src/plancache/m.py": "import os  # noqa: F401 - imported for its side effect\n",
+        "tests/test_m.py": "import os  # noqa: F401\n",
+        "tests/engine_site/probe.py": "f.mark = True  # type: ignore[attr-defined]\n",
+        "scripts/bench_m.py": "import re  # noqa: E402\n",
+    }
+    for name, source in planted.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    assert suppression_offenders(tmp_path) == [
+        "tests/engine_site/probe.py:1 type: ignore",
+        "tests/test_m.py:1 noqa",
+        "scripts/bench_m.py:1 noqa",
+    ]
+    (tmp_path / "tests/test_m.py").write_text("import os  # noqa: F401 - a fixture\n")
+    (tmp_path / "tests/engine_site/probe.py").write_text(
+        "f.mark = True  # type: ignore[attr-defined]  # the probe's mark\n"
+    )
+    (tmp_path / "scripts/bench_m.py").write_text("import re  # noqa: E402 - after sys.path\n")
+    assert suppression_offenders(tmp_path) == []
 
 
 # -- options by keyword ---------------------------------------------------------------------------

@@ -269,7 +269,7 @@ def test_missing_credentials_are_one_config_line(
 
 def test_cli_round_trip_with_the_connection_string_from_the_environment(
     azurite, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
     url = f"abfs://{azurite.new_container()}/fleet"
     generate_keypair(tmp_path / "ci", force=False, comment="ci")

@@ -64,7 +64,7 @@ def _skip_report(reason: str, *, xfail: bool = False) -> pytest.TestReport:
         "setup",
     )
     if xfail:
-        report.wasxfail = reason  # type: ignore[attr-defined]
+        report.wasxfail = reason
     return report
 
 
@@ -162,4 +162,4 @@ class _Config:
 def test_a_tier_expression_leaves_files_that_cannot_match_uncollected(
     markexpr: str, name: str, ignored: bool | None
 ) -> None:
-    assert conftest.pytest_ignore_collect(TESTS / name, _Config(markexpr)) is ignored  # type: ignore[arg-type]
+    assert conftest.pytest_ignore_collect(TESTS / name, _Config(markexpr)) is ignored

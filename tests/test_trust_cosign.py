@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -28,9 +29,9 @@ def statement_of(sig: bytes) -> Statement:
     return parse_statement(dsse.decode(sig).payload)
 
 
-def refused(reason: Reason, *args: object, **kwargs: object) -> Rejected:
+def refused(reason: Reason, *args: Any, **kwargs: Any) -> Rejected:
     with pytest.raises(Rejected) as info:
-        sign_or_cosign(*args, **kwargs)  # type: ignore[arg-type]
+        sign_or_cosign(*args, **kwargs)
     assert info.value.reason is reason, info.value
     assert "\n" not in info.value.detail
     return info.value
@@ -169,7 +170,7 @@ def test_a_statement_that_says_something_else_is_not_adopted(
     )  # nor kept
     action, replaced = sign_or_cosign(
         NAME, DATA, sig, second, NOW, keyring=keyring_of(first), replace=True, **request_
-    )  # type: ignore[arg-type]
+    )
     assert action == "replaced" and [s.keyid for s in dsse.decode(replaced).signatures] == [
         second.keyid
     ]
@@ -249,7 +250,7 @@ def test_bad_requests_are_config_errors() -> None:
         {"provenance": {"rank": True}},
     ):
         with pytest.raises(ConfigError):
-            sign_or_cosign(NAME, DATA, None, ci, NOW, keyring=None, **kwargs)  # type: ignore[arg-type]
+            sign_or_cosign(NAME, DATA, None, ci, NOW, keyring=None, **kwargs)
     with pytest.raises(ConfigError):
         sign_or_cosign(
             NAME,

@@ -39,7 +39,7 @@ def assert_safe(exc: PlanCacheError) -> None:
         text.encode("utf-8")
 
 
-def raised(func, *args) -> PlanCacheError:  # type: ignore[no-untyped-def]
+def raised(func, *args) -> PlanCacheError:
     with pytest.raises(PlanCacheError) as info:
         func(*args)
     return info.value

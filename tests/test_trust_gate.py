@@ -14,7 +14,7 @@ from plancache.trust.verify import admit_unsigned, verify_plan
 NAME = plan_name(FP)
 
 
-def verified(**provenance: object):  # type: ignore[no-untyped-def]
+def verified(**provenance: object):
     signer = make_signer()
     data = plan_bytes(kv=20 * GIB, baseline=70 * GIB)
     sig = sign_plan(
@@ -38,7 +38,7 @@ def test_below_baseline_profiles() -> None:
 def test_free_memory_must_be_a_byte_count() -> None:
     vp = verified()
     for bogus in (True, 80.0 * GIB, -1, None):
-        d = decide(vp, bogus)  # type: ignore[arg-type]
+        d = decide(vp, bogus)  # type: ignore[arg-type]  # not a byte count, on purpose
         assert (d.applied, d.reason, d.kv_cache_memory_bytes) == (False, Reason.INTERNAL, None)
         assert "free memory is not a byte count" in d.detail
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pytest
 
@@ -108,7 +109,7 @@ def test_inputs_that_do_not_reproduce_the_fingerprint_are_never_signed() -> None
     ],
     ids=["nan", "name", "long", "deep", "many", "object"],
 )
-def test_inputs_are_bounded_json(bad: dict) -> None:  # type: ignore[type-arg]
+def test_inputs_are_bounded_json(bad: dict) -> None:
     with pytest.raises(Rejected):
         check_inputs(bad)
 
@@ -134,8 +135,8 @@ def test_secrets_are_hashed_once_and_counts_stay_readable() -> None:
     ]
 
 
-def _manifest(**extra: object) -> Manifest:
-    return Manifest("0123456789", (), ("rank_0_0",), "a" * 64, 512, NOW, None, "", **extra)  # type: ignore[arg-type]
+def _manifest(**extra: Any) -> Manifest:
+    return Manifest("0123456789", (), ("rank_0_0",), "a" * 64, 512, NOW, None, "", **extra)
 
 
 def test_an_old_manifest_still_verifies_and_a_new_one_carries_the_factors() -> None:

@@ -22,7 +22,7 @@ from plancache.trust.keyring.keys import Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 
 
-def config_error(func, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+def config_error(func, *args, **kwargs) -> str:
     with pytest.raises(PlanCacheError) as info:
         func(*args, **kwargs)
     assert info.value.reason is Reason.CONFIG, info.value

@@ -25,7 +25,7 @@ FPS = ("0123456789abcdef", "1111111111111111", "fedcba9876543210")
 FACTS = {"gpu_memory_utilization": 0.9, "device_name": "NVIDIA H100 80GB HBM3"}
 
 
-def reason(name: str, data: bytes, sig: bytes, keyring: Keyring, now=NOW) -> Reason | None:  # type: ignore[no-untyped-def]
+def reason(name: str, data: bytes, sig: bytes, keyring: Keyring, now=NOW) -> Reason | None:
     try:
         verify_plan(name, data, sig, keyring, now)
     except PlanCacheError as exc:

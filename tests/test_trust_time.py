@@ -55,7 +55,7 @@ def outcome(
             keyring_of(signer),
             now,
             **kwargs,
-        )  # type: ignore[arg-type]
+        )
     except PlanCacheError as exc:
         return exc.reason
     return None

@@ -7,6 +7,7 @@ import json
 import pickle
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,9 +25,9 @@ from plancache.trust.verify import VerifiedPlan, admit_unsigned, verify_plan
 NAME = plan_name(FP)
 
 
-def rejected(reason: Reason, *args: object, **kwargs: object) -> PlanCacheError:
+def rejected(reason: Reason, *args: Any, **kwargs: Any) -> PlanCacheError:
     with pytest.raises(PlanCacheError) as info:
-        verify_plan(*args, **kwargs)  # type: ignore[arg-type]
+        verify_plan(*args, **kwargs)
     assert info.value.reason is reason, info.value
     return info.value
 
@@ -297,7 +298,7 @@ def test_signing_refuses_malformed_plans(signer: Ed25519Signer) -> None:
 
 def test_verified_plan_cannot_be_forged_by_callers() -> None:
     with pytest.raises(TypeError):
-        VerifiedPlan(NAME, parse_plan(plan_bytes(), NAME), plan_bytes(), None, None, ())  # type: ignore[call-arg]
+        VerifiedPlan(NAME, parse_plan(plan_bytes(), NAME), plan_bytes(), None, None, ())
     assert admit_unsigned(NAME, plan_bytes()).signers == ()
 
 

@@ -789,7 +789,7 @@ def test_prefetch_starts_with_load_model_and_apply_uses_it(
     worker.load_model()  # the real, wrapped Worker.load_model: starts the prefetch, then loads
     boot = worker._plancache_boot
     assert boot.prefetch is not None and boot.prefetch.key == fp
-    assert boot.prefetch.started < boot.prefetch.finished  # type: ignore[operator]
+    assert boot.prefetch.started < boot.prefetch.finished
     assert worker.determine_available_memory() == PLANNED_KV
     (line,) = infos(lines)
     assert (

@@ -116,7 +116,7 @@ def _install_finalize_shim() -> None:
             _shim_calls += 1
         return loaded
 
-    load_compiled_function.__engine_probe__ = True  # type: ignore[attr-defined]
+    load_compiled_function.__engine_probe__ = True  # type: ignore[attr-defined]  # the probe's mark
     torch.compiler.load_compiled_function = load_compiled_function
 
 
