@@ -54,9 +54,8 @@ def disabled_planted(guard: bool) -> Callable[[Path, Path, dict[str, str]], dict
         )
         for f in glob.glob(str(planted / "*" / "*.py")):
             P.append(Path(f), P.py_line(base / "marker"))
-        if (
-            not guard
-        ):  # the header torch would have from an earlier boot (not what the control shows)
+        # the header torch would have from an earlier boot (not what the control shows)
+        if not guard:
             P.seed_torch_headers(
                 top / "signed" / ROOT_NAME / "plancache-private" / "headers", base / "tmp"
             )
@@ -81,9 +80,8 @@ def planted_links(top: Path, base: Path, store: dict[str, str]) -> dict[str, Any
     shutil.rmtree(root / "plancache-private", ignore_errors=True)  # the cold boot's, copied along
     (root / "plancache-quarantine").symlink_to(outside)
     (root / "plancache-private").symlink_to(outside)
-    ten = Path(
-        glob.glob(str(root / "torch_compile_cache" / ("[0-9a-f]" * 10)))[0]
-    )  # vLLM's debug directory
+    # vLLM's debug directory
+    ten = Path(glob.glob(str(root / "torch_compile_cache" / ("[0-9a-f]" * 10)))[0])
     for name in (ten.name + ".plancache.lock", ten.name + ".plancache.sig"):
         ten.with_name(name).unlink(missing_ok=True)  # the cold boot's lock, copied along
         ten.with_name(name).symlink_to(victim)

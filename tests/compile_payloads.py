@@ -74,9 +74,8 @@ def seed_torch_headers(headers: Path, tmp: Path) -> None:
     import getpass
     import re
 
-    user = re.sub(
-        r'[\\/:*?"<>|]', "_", getpass.getuser()
-    )  # as torch's default_cache_dir() names it
+    # as torch's default_cache_dir() names it
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     target = tmp / f"torchinductor_{user}" / "precompiled_headers"
     target.mkdir(parents=True, exist_ok=True)
     for f in headers.glob("*.h*"):

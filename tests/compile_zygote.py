@@ -198,9 +198,8 @@ def _serve(preload: tuple[str, ...]) -> None:
             _write(children.pop(pid), str(os.waitstatus_to_exitcode(status)))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(
-        0
-    )  # the zygote ran nothing: no exit work to do, and torch's orderly shutdown took ~2 s
+    # the zygote ran nothing: no exit work to do, and torch's orderly shutdown took ~2 s
+    os._exit(0)
 
 
 def _write(path: str, text: str) -> None:
@@ -245,9 +244,8 @@ class Forked:
     def kill(self) -> None:
         if self.poll() is None:
             try:
-                os.kill(
-                    self.pid, 9
-                )  # not reaped yet (no exit code written), so the pid is still this child's
+                # not reaped yet (no exit code written), so the pid is still this child's
+                os.kill(self.pid, 9)
             except ProcessLookupError:
                 pass
 

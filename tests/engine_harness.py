@@ -330,9 +330,8 @@ def boot_serve(node: Node, model: Path, env: dict[str, str]) -> Boot:
                 token_ids.append(
                     list(_post(base_url + "/v1/completions", body)["choices"][0]["token_ids"])
                 )
-            time.sleep(
-                1.5
-            )  # the probes' last periodic write (the shutdown kills the engine processes)
+            # the probes' last periodic write (the shutdown kills the engine processes)
+            time.sleep(1.5)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)

@@ -358,6 +358,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
         if query.get("restype") == ["container"] and state.hostile_prefix:
             if query.get("comp") == ["list"]:
                 return self._azure_hostile(query)
+            # Get Container Properties
             return self._send(
                 200,
                 b"",
@@ -366,7 +367,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
                     "Last-Modified": formatdate(usegmt=True),
                     "x-ms-version": "2021-08-06",
                 },
-            )  # Get Container Properties
+            )
         if state.redirect_to:
             self._send_head(307, 0, {"Location": f"{state.redirect_to}{self.path}"})
             return None
@@ -402,9 +403,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             return self._send(500, error, xml)
         if obj.mode == "error500-huge":
             return self._stream(500, ERROR_HUGE, xml)
-        if (
-            obj.mode == "range416" and self._range()
-        ):  # as S3 and GCS answer a range over an empty object
+        # as S3 and GCS answer a range over an empty object
+        if obj.mode == "range416" and self._range():
             return self._send(416, b"", xml)
         if obj.mode == "huge":  # ignores Range, declares and streams 1 GiB
             self.send_response(200)

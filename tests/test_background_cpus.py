@@ -110,28 +110,23 @@ def test_omp_cpus_reads_what_vllm_sets(env: dict[str, str], expected: set[int]) 
 
 
 def test_a_range_typo_is_bounded() -> None:
-    assert (
-        max(omp_cpus({"GOMP_CPU_AFFINITY": "0-99999999999999"})) == MAX_CPU
-    )  # no 10**14-element set
+    # no 10**14-element set
+    assert max(omp_cpus({"GOMP_CPU_AFFINITY": "0-99999999999999"})) == MAX_CPU
     assert omp_cpus({"GOMP_CPU_AFFINITY": "99999999999999"}) == set()
 
 
 def test_spare_cpus_only_undoes_an_openmp_pin() -> None:
     everything, compute = frozenset({0, 1, 2, 3}), frozenset({0, 1})
     assert spare_cpus(compute, everything, compute) == {2, 3}  # vLLM's pin: move to the rest
-    assert (
-        spare_cpus(frozenset({0}), everything, compute) == set()
-    )  # not exactly OpenMP's: someone else's pin
+    # not exactly OpenMP's: someone else's pin
+    assert spare_cpus(frozenset({0}), everything, compute) == set()
     assert spare_cpus(everything, everything, compute) == set()  # not pinned (a GPU worker)
-    assert (
-        spare_cpus(compute, everything, frozenset()) == set()
-    )  # no OpenMP variable: the operator's
-    assert (
-        spare_cpus(compute, compute, compute) == set()
-    )  # started on vLLM's cores only: nowhere to go
-    assert spare_cpus(compute, everything, compute, siblings=lambda: frozenset({2})) == {
-        3
-    }  # rank 1 is pinned to 2
+    # no OpenMP variable: the operator's
+    assert spare_cpus(compute, everything, frozenset()) == set()
+    # started on vLLM's cores only: nowhere to go
+    assert spare_cpus(compute, compute, compute) == set()
+    # rank 1 is pinned to 2
+    assert spare_cpus(compute, everything, compute, siblings=lambda: frozenset({2})) == {3}
 
 
 def test_an_unpinned_thread_asks_nothing_about_its_siblings() -> None:
@@ -149,9 +144,8 @@ def test_an_unpinned_thread_asks_nothing_about_its_siblings() -> None:
 
 def test_a_fetch_started_from_vllms_pinned_thread_runs_on_the_other_cpus() -> None:
     cpus = _cpus()
-    seen = _child(
-        {cpus[0]}, (None,), GOMP_CPU_AFFINITY=str(cpus[0])
-    )  # an unpinned sibling takes no CPU
+    # an unpinned sibling takes no CPU
+    seen = _child({cpus[0]}, (None,), GOMP_CPU_AFFINITY=str(cpus[0]))
     assert seen["main"] == [cpus[0]]  # vLLM's thread keeps its core
     assert seen["fetch"] == cpus[1:]
     assert seen["helper"] == cpus[1:]

@@ -185,9 +185,10 @@ def test_inspect_reads_a_plan_from_a_store_url(
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "valid" and doc["file"] == f"{url}/{plan_name(FP)}"
     assert doc["statement"]["provenance"]["device_name"] == "x"
+    # what, not when
     code, _, err = run(
         capsys, "inspect", "--timeout", "30", f"{url}/{plan_name('0123456789abcdee')}"
-    )  # what, not when
+    )
     assert code == 2 and "does not exist" in err
 
 
@@ -198,9 +199,8 @@ def test_signing_a_re_profiled_plan_says_digest_mismatch_and_advises_replace(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path
 ) -> None:
     local = signed_dir(tmp_path / "plans", keys, FP)
-    local.write(
-        FP, plan_bytes(kv=21 * 2**30), local.read(FP)[1]
-    )  # re-profiled: new bytes, the old sidecar
+    # re-profiled: new bytes, the old sidecar
+    local.write(FP, plan_bytes(kv=21 * 2**30), local.read(FP)[1])
     code, out, _ = run(capsys, "sign", "--json", "--key", str(keys), *FACTS, str(local.path))
     (row,) = json.loads(out)["plans"]
     assert code == 1 and row["action"] == "refused (digest-mismatch)"
@@ -347,9 +347,8 @@ def test_the_pull_table_says_missing_store_error_and_timeout_apart(
         str(tmp_path / "n"),
     )
     (plan,) = json.loads(out)["plans"]
-    assert (
-        plan["status"] == "invalid" and plan["outcome"] == "missing"
-    )  # status keeps its shipped value
+    # status keeps its shipped value
+    assert plan["status"] == "invalid" and plan["outcome"] == "missing"
     refused = f"http://127.0.0.1:{closed_port()}"
     code, out, err = run(
         capsys,
@@ -560,9 +559,8 @@ def test_verify_fingerprint_checks_only_those_plans(
 ) -> None:
     other = "fedcba9876543210"
     local = signed_dir(tmp_path / "plans", keys, FP, other)
-    local.write(
-        other, plan_bytes(fp=other, kv=3), local.read(other)[1]
-    )  # tampered, but not asked about
+    # tampered, but not asked about
+    local.write(other, plan_bytes(fp=other, kv=3), local.read(other)[1])
     url = f"s3://{s3.new_bucket()}/team"
     assert run(capsys, "push", str(local.path), url)[0] == 0
     trusted = ("--trusted-keys", f"{keys}.pub")

@@ -113,9 +113,8 @@ def test_sign_adopts_nothing_it_was_not_asked_to_sign(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, keys: Path, plans: Path
 ) -> None:
     run(capsys, "keygen", str(tmp_path / "second"))
-    run(
-        capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", str(plans)
-    )  # no expiry
+    # no expiry
+    run(capsys, "sign", "--key", str(keys), "--fact", "gpu_memory_utilization=0.9", str(plans))
     code, out, _ = run(
         capsys,
         "sign",
@@ -143,9 +142,8 @@ def test_sign_adopts_nothing_it_was_not_asked_to_sign(
         str(plans),
     )
     assert code == 0 and {p["action"] for p in json.loads(out)["plans"]} == {"replaced"}
-    assert (
-        run(capsys, "verify", f"--trusted-keys={keys}.pub", str(plans))[0] == 1
-    )  # the first key's signature is gone
+    # the first key's signature is gone
+    assert run(capsys, "verify", f"--trusted-keys={keys}.pub", str(plans))[0] == 1
     assert run(capsys, "verify", f"--trusted-keys={tmp_path / 'second'}.pub", str(plans))[0] == 0
 
 
@@ -298,14 +296,12 @@ def test_rotating_a_stores_plans_to_a_new_key(
     )
     assert code == 0 and "2 co-signed" in err  # 2. co-sign and push
     assert run(capsys, "push", str(plans), store)[0] == 0
-    trusted.write_text(
-        f"valid-before=2000-01-01T00:00:00Z {old_line}\n{new_line}\n"
-    )  # 3. retire the old key
+    # 3. retire the old key
+    trusted.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n{new_line}\n")
     code, out, _ = run(capsys, "verify", f"--trusted-keys={trusted}", "--json", store)
     assert code == 0 and {tuple(p["signers"]) for p in json.loads(out)["plans"]} == {("new",)}
     only_old = tmp_path / "only-old"
-    only_old.write_text(
-        f"valid-before=2000-01-01T00:00:00Z {old_line}\n"
-    )  # the old key alone vouches for nothing
+    # the old key alone vouches for nothing
+    only_old.write_text(f"valid-before=2000-01-01T00:00:00Z {old_line}\n")
     code, out, _ = run(capsys, "verify", f"--trusted-keys={only_old}", "--json", store)
     assert code == 1 and {p["reason"] for p in json.loads(out)["plans"]} == {"expired"}

@@ -189,9 +189,8 @@ def test_prune_unsigned_invalid_and_only_what_it_judged(
     other = tmp_path / "other"
     generate_keypair(other, force=False, comment="other")
     code, _, err = run(capsys, "prune", "--invalid", "--trusted-keys", f"{other}.pub", url)
-    assert (
-        code == 2 and "check --trusted-keys" in err and store.fingerprints() == [FP, FP2]
-    )  # wrong keys: refused
+    # wrong keys: refused
+    assert code == 2 and "check --trusted-keys" in err and store.fingerprints() == [FP, FP2]
     code, out, _ = run(
         capsys, "prune", "--invalid", "--dry-run", "--json", "--trusted-keys", f"{keys}.pub", url
     )
@@ -256,9 +255,8 @@ def test_sign_warns_without_the_gate_conditions(
         str(third.path),
     )
     assert code == 0 and "signed without device_total_memory:" in err
-    assert (
-        "(record them: --fact device_total_memory=BYTES)" in err
-    )  # the hint names only what is missing
+    # the hint names only what is missing
+    assert "(record them: --fact device_total_memory=BYTES)" in err
 
 
 class Terminal(io.StringIO):
@@ -274,9 +272,8 @@ def test_progress_counts_plans_with_rate_and_eta() -> None:
             bar.advance(0.5)  # a plan is two objects
         bar._bar.refresh()
         shown = stream.getvalue()
-    assert (
-        "4/4 plans" in shown and "plan/s" in shown and "<" in shown
-    )  # count, rate, elapsed<remaining
+    # count, rate, elapsed<remaining
+    assert "4/4 plans" in shown and "plan/s" in shown and "<" in shown
     quiet = Terminal()
     with Progress("pull", quiet=True, stream=quiet) as bar:
         bar.start(4)

@@ -59,9 +59,8 @@ def test_every_command_validates(
     code, doc, _ = run_json(
         capsys, "sign", "@json", "--key", s["key"], "--fact", "gpu_memory_utilization=0.9", s["dir"]
     )
-    assert (
-        code == 0 and doc["command"] == "sign" and doc["warnings"]
-    )  # device facts missing: warned
+    # device facts missing: warned
+    assert code == 0 and doc["command"] == "sign" and doc["warnings"]
     code, doc, _ = run_json(capsys, "verify", "@json", "--trusted-keys", s["pub"], s["dir"])
     plan = doc["plans"][0]
     assert (

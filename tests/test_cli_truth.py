@@ -106,9 +106,8 @@ def test_the_report_is_replaced_by_a_failure_on_an_internal_error(
     after = _report(report)
     assert after["ok"] is False and after["error"]["reason"] == "internal-error", after
     assert "RuntimeError" in after["error"]["detail"]
-    assert [
-        p.name for p in report.parent.iterdir() if p.name.startswith(".audit.json")
-    ] == []  # no temporaries
+    # no temporaries
+    assert [p.name for p in report.parent.iterdir() if p.name.startswith(".audit.json")] == []
 
 
 @pytest.mark.parametrize("kind", ["char-device", "fifo", "directory", "symlink"])

@@ -116,9 +116,8 @@ def test_guard_accepts_verified_and_leaves_an_empty_cache_alone(
 ) -> None:
     assert cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed)).action == "load"
     empty = CacheRoot(tmp_path / "empty")
-    (empty.directory(SUBJECT) / "inductor_cache").mkdir(
-        parents=True
-    )  # what vLLM creates before it looks
+    # what vLLM creates before it looks
+    (empty.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)
     assert cl.guard(empty, SUBJECT, KEYRING, NOW, into(empty)).reason == "no-cache"
 
 
@@ -231,9 +230,8 @@ def test_pull_replaces_vllms_empty_dirs_silently_and_quarantines_anything_else(
     store = open_store(f"file://{tmp_path}/store")
     cc.push_cache(store, signed, SUBJECT, KEYRING, NOW)
     empty, stray = CacheRoot(tmp_path / "empty"), CacheRoot(tmp_path / "stray")
-    (empty.directory(SUBJECT) / "inductor_cache").mkdir(
-        parents=True
-    )  # what vLLM creates before its first read
+    # what vLLM creates before its first read
+    (empty.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)
     (stray.directory(SUBJECT) / "inductor_cache").mkdir(parents=True)
     (stray.directory(SUBJECT) / "inductor_cache" / "planted.py").write_text("x = 1\n")
     for root in (empty, stray):
@@ -282,7 +280,6 @@ def test_cli_sign_verify_ls_json_and_exit_codes(
     assert json.loads(capsys.readouterr().out)["caches"][0]["files"] == 4
     assert main(["compile-cache", "ls", "--json", str(root.root)]) == 0
     assert json.loads(capsys.readouterr().out)["caches"][0]["action"] == "unverified"
-    assert (
-        main(["compile-cache", "verify", str(root.root)]) == 2
-    )  # no trusted keys: one line, exit 2
+    # no trusted keys: one line, exit 2
+    assert main(["compile-cache", "verify", str(root.root)]) == 2
     assert "no trusted keys" in capsys.readouterr().err

@@ -184,9 +184,8 @@ def test_push_and_pull_take_the_url_as_argument_flag_or_environment(
     )
     assert "NameError" not in err and len(err.strip().splitlines()) == 1
     monkeypatch.setenv("PLANCACHE_URL", f"file://{tmp}/env-store")
-    assert (
-        run(capsys, "compile-cache", "push", "--json", *trust, root)[0] == 0
-    )  # [ROOT], URL from the environment
+    # [ROOT], URL from the environment
+    assert run(capsys, "compile-cache", "push", "--json", *trust, root)[0] == 0
     assert (tmp / "env-store" / "torch_compile_cache" / f"{AOT}.tar.sig").is_file()
     assert (
         run(capsys, "compile-cache", "push", "--json", *trust, root, f"file://{tmp}/arg-store")[0]
@@ -225,9 +224,8 @@ def test_push_and_pull_take_the_url_as_argument_flag_or_environment(
         code, doc, _ = run(capsys, "compile-cache", *argv)
         assert code == 0 and rows(doc)[AOT]["action"] == "pulled", (argv, doc)
         assert run(capsys, "compile-cache", "verify", "--json", *trust, str(tmp / dest))[0] == 0
-    monkeypatch.setenv(
-        "VLLM_CACHE_ROOT", str(tmp / "d")
-    )  # URL alone: the default root, created by pull
+    # URL alone: the default root, created by pull
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp / "d"))
     code, doc, _ = run(capsys, "compile-cache", "pull", "--json", *trust, f"file://{tmp}/arg-store")
     assert code == 0 and rows(doc)[AOT]["action"] == "pulled", doc
 

@@ -62,9 +62,8 @@ def test_load_hands_over_a_private_copy_of_exactly_the_verified_bytes(
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, copy)
     assert outcome.action == "load" and _files(copy) == before
     assert os.stat(copy).st_mode & 0o777 == 0o700
-    assert all(
-        os.stat(p).st_nlink == 1 for p in copy.rglob("*") if p.is_file()
-    )  # nothing shared with the original
+    # nothing shared with the original
+    assert all(os.stat(p).st_nlink == 1 for p in copy.rglob("*") if p.is_file())
     with open(outside, "r+b") as f:  # the owner rewrites the shared inode after the check
         f.write(b"PAYLOAD")
     assert _files(copy) == before and _files(directory) != before
@@ -160,9 +159,8 @@ def test_no_write_follows_a_planted_link(signed: CacheRoot, tmp_path: Path) -> N
     sidecar.symlink_to(victim)  # the sidecar's name: replaced by the rename, never written through
     assert cc.sign_cache(signed, SUBJECT, SIGNER, NOW).action == "signed"
     assert not sidecar.is_symlink() and victim.read_bytes() == b"victim"
-    signed.quarantine_root.symlink_to(
-        outside
-    )  # the quarantine root: not followed, beside it instead
+    # the quarantine root: not followed, beside it instead
+    signed.quarantine_root.symlink_to(outside)
     (directory / "inductor_cache" / "planted.py").write_text("x = 1\n")
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
     assert outcome.action == "quarantined" and list(outside.iterdir()) == []
@@ -210,9 +208,8 @@ def test_a_lock_held_beyond_the_budget_compiles_instead(signed: CacheRoot) -> No
         fd = os.open(directory.with_name(directory.name + ".plancache.lock"), os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):
-                fcntl.flock(
-                    fd, fcntl.LOCK_EX | fcntl.LOCK_NB
-                )  # a second description conflicts, as a peer's does
+                # a second description conflicts, as a peer's does
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
         outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed), wait=0.2)
@@ -226,9 +223,8 @@ def test_a_pull_never_rolls_back_a_newer_local_cache(signed: CacheRoot, tmp_path
     (older.directory(SUBJECT) / "rank_0_0").mkdir(parents=True)
     (older.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(b"an older compile")
     cc.sign_cache(older, SUBJECT, SIGNER, NOW - timedelta(days=3), expires_in=timedelta(days=30))
-    cc.push_cache(
-        store, older, SUBJECT, KEYRING, NOW
-    )  # a bucket writer puts the older signed cache back
+    # a bucket writer puts the older signed cache back
+    cc.push_cache(store, older, SUBJECT, KEYRING, NOW)
     before = _files(signed.directory(SUBJECT))
     outcome = cc.pull_cache(store, signed, SUBJECT, KEYRING, NOW)
     assert outcome.action == "kept" and "not replaced by an older one" in outcome.detail
@@ -265,9 +261,7 @@ def test_a_rejected_store_object_has_its_own_reason(signed: CacheRoot, tmp_path:
 
 def test_the_plugins_expiry_setting_parses_as_expires_in() -> None:
     assert guard_settings._expiry("30d") == (timedelta(days=30), "")
-    assert guard_settings._expiry(None) == (
-        None,
-        "",
-    )  # unset: no expiry; set but empty: tests/test_small_robustness.py
+    # unset: no expiry; set but empty: tests/test_small_robustness.py
+    assert guard_settings._expiry(None) == (None, "")
     value, problem = guard_settings._expiry("soon")
     assert value is None and problem.startswith("PLANCACHE_COMPILE_CACHE_EXPIRES_IN:")

@@ -75,9 +75,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict[
     assert cli("keygen", key).returncode == 0
     for name in ("signed", "signed0"):
         (top / name).mkdir()
-    results = _boot_all(
-        top, key
-    )  # every boot forks from compile_zygote (tests/conftest.py, tests/compile_zygote.py)
+    # every boot forks from compile_zygote (tests/conftest.py, tests/compile_zygote.py)
+    results = _boot_all(top, key)
     results["zygote_leaked"] = compile_zygote.leaked() if compile_zygote is not None else []
     return results
 
@@ -147,9 +146,8 @@ def _boot_all(top: Path, key: str) -> dict[str, Any]:
             env = {**env, **store_env(server.endpoint, BUCKET_PREFIX)}
         if source is not None:
             P.link_copy(top / source / ROOT_NAME, base / ROOT_NAME)
-            if (
-                not guard
-            ):  # the header torch would have from an earlier boot (not what a control shows)
+            # the header torch would have from an earlier boot (not what a control shows)
+            if not guard:
                 P.seed_torch_headers(
                     top / source / ROOT_NAME / "plancache-private" / "headers", base / "tmp"
                 )
@@ -209,14 +207,14 @@ def test_cold_boot_compiles_and_signs_with_pinned_dirs(runs: dict[str, Any]) -> 
         if p.parts[0] in ("home", "tmp") and (runs["signed"] / p).is_file()
     ]
     assert outside == [], outside
-    assert runs["zygote_leaked"] == [], runs[
-        "zygote_leaked"
-    ]  # nor in the HOME and TMPDIR the boots forked from
+    # nor in the HOME and TMPDIR the boots forked from
+    assert runs["zygote_leaked"] == [], runs["zygote_leaked"]
     signed = [p for p in runs["signed_files"] if p.parts[:2] == (ROOT_NAME, "torch_compile_cache")]
     assert signed and not any("precompiled_headers" in str(p) for p in signed)
+    # copies removed
     assert [p.name for p in (runs["signed"] / ROOT_NAME / "plancache-private").iterdir()] == [
         "headers"
-    ]  # copies removed
+    ]
     # Signed with the configured expiry, and the sign and the push each logged at INFO.
     sig = (
         cache_dir(runs["signed"]).parent / (cache_dir(runs["signed"]).name + ".plancache.sig")
@@ -283,10 +281,8 @@ def test_push_pull_into_an_empty_root_loads_warm(runs: dict[str, Any]) -> None:
     )
     assert pulled["correct"]
     store = pulled["base"].parent / "store" / "torch_compile_cache" / "torch_aot_compile"
-    assert sorted(p.suffix for p in store.iterdir()) == [
-        ".sig",
-        ".tar",
-    ]  # one archive and its signature
+    # one archive and its signature
+    assert sorted(p.suffix for p in store.iterdir()) == [".sig", ".tar"]
 
 
 def cache_and_header_reads(requests: list[tuple[str, str]], archive: str) -> bool:
@@ -470,12 +466,10 @@ def test_planted_symlinks_are_never_followed(runs: dict[str, Any]) -> None:
     assert run["victim"] == b"victim\n" and run["outside"] == [], (run["victim"], run["outside"])
     assert run["marker"] is None and run["correct"], run["error"]
     assert run["decisions"][0] == ("quarantined", "digest-mismatch"), run["decisions"]
-    assert any(q.endswith("-digest-mismatch") for q in run["quarantine"]), run[
-        "quarantine"
-    ]  # beside it instead
-    assert ("compile", "store-error") in run["decisions"], run[
-        "decisions"
-    ]  # the linked lock of <10 hex>
+    # beside it instead
+    assert any(q.endswith("-digest-mismatch") for q in run["quarantine"]), run["quarantine"]
+    # the linked lock of <10 hex>
+    assert ("compile", "store-error") in run["decisions"], run["decisions"]
     assert "plancache: compile-cache signed cache=torch_aot_compile/" in run["stderr"], run[
         "stderr"
     ][-2000:]

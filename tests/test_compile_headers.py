@@ -60,9 +60,8 @@ def build(tmp_path: Path) -> tuple[Path, Path]:
     directory = files.private_dir(base / "plancache-private")
     assert directory is not None
     (directory / NAME).write_bytes(header_bytes())
-    (directory / (NAME[:-4])).write_text(
-        "#include <torch/csrc/inductor/cpp_prefix.h>\n"
-    )  # torch's .h: not shipped
+    # torch's .h: not shipped
+    (directory / (NAME[:-4])).write_text("#include <torch/csrc/inductor/cpp_prefix.h>\n")
     return base, directory
 
 
@@ -151,9 +150,8 @@ def test_round_trip_installs_exactly_the_signed_bytes_and_never_fetches_twice(
     assert (serving[1] / NAME).read_bytes() == header_bytes()
     assert leftovers(serving[1]) == [NAME]  # no temporary left, nothing but the header
     assert os.stat(serving[1]).st_mode & 0o777 == 0o700
-    (
-        tmp_path / "store" / archives.headers_name(SUBJECT)
-    ).unlink()  # present: only the signature is read
+    # present: only the signature is read
+    (tmp_path / "store" / archives.headers_name(SUBJECT)).unlink()
     again = pull(store, serving)
     assert again.action == "present" and again.present == (NAME,) and again.installed == ()
 
@@ -215,9 +213,8 @@ def test_a_gzip_bomb_is_cut_at_the_signed_size(
 ) -> None:
     store = open_store(f"file://{tmp_path}/store")
     bomb = zlib.compress(bytes(64 << 20), 9, wbits=31)  # 64 MiB of zeros in ~64 KB
-    _signed_object(
-        store, bomb, 1 << 20, bytes(1 << 20)
-    )  # claims the first 1 MiB (a ratio the caps allow)
+    # claims the first 1 MiB (a ratio the caps allow)
+    _signed_object(store, bomb, 1 << 20, bytes(1 << 20))
     written: list[int] = []
     real_write = os.write
     monkeypatch.setattr(
@@ -227,9 +224,8 @@ def test_a_gzip_bomb_is_cut_at_the_signed_size(
     outcome = pull(store, serving)
     assert outcome.action == "rejected" and outcome.reason == "too-large", outcome
     assert leftovers(serving[1]) == []
-    assert (
-        sum(written) == 1 << 20
-    )  # inflated no further than the signed size (then one chunk, discarded)
+    # inflated no further than the signed size (then one chunk, discarded)
+    assert sum(written) == 1 << 20
 
 
 def test_oversize_and_overcompressed_claims_are_refused_before_any_inflating(
@@ -267,18 +263,16 @@ def test_oversize_and_overcompressed_claims_are_refused_before_any_inflating(
     store = open_store(f"file://{tmp_path}/store")
     data = zlib.compress(header_bytes(), 1, wbits=31)
     _signed_object(store, data, len(header_bytes()))
-    (tmp_path / "store" / archives.headers_name(SUBJECT)).write_bytes(
-        data + b"x" * 100
-    )  # more than signed
+    # more than signed
+    (tmp_path / "store" / archives.headers_name(SUBJECT)).write_bytes(data + b"x" * 100)
     outcome = pull(store, node(tmp_path, "serving"))
     assert outcome.action == "rejected" and outcome.reason == "too-large"  # the capped GET
     short = zlib.compress(header_bytes(), 1, wbits=31)
     _signed_object(store, short, len(header_bytes()) + 1)  # the stream ends early
     assert pull(store, node(tmp_path, "short")).reason == "digest-mismatch"
     trailing = zlib.compress(header_bytes(), 1, wbits=31) + zlib.compress(b"more", 1, wbits=31)
-    _signed_object(
-        store, trailing, len(header_bytes())
-    )  # a second gzip member after the signed bytes
+    # a second gzip member after the signed bytes
+    _signed_object(store, trailing, len(header_bytes()))
     assert pull(store, node(tmp_path, "trailing")).action == "rejected"
 
 
@@ -397,9 +391,8 @@ def test_plugin_waits_for_the_fetch_and_torch_builds_nothing(
     wrapped = plugin.wrap(fake_torch(directory, built))
     with caplog.at_level(logging.INFO, "vllm.plancache"):
         plugin.start_fetch(config, SUBJECT, open_store(config.url), archive_sha256=ARCHIVE)
-        plugin.start_fetch(
-            config, SUBJECT, open_store(config.url), archive_sha256=ARCHIVE
-        )  # once a boot
+        # once a boot
+        plugin.start_fetch(config, SUBJECT, open_store(config.url), archive_sha256=ARCHIVE)
         for _ in range(3):
             assert wrapped("torch/csrc/inductor/cpp_prefix.h", "g++ -O3") == str(
                 directory / NAME[:-4]
@@ -439,9 +432,8 @@ def test_plugin_past_the_budget_builds_and_logs_it(
     lines = [r.getMessage() for r in caplog.records]
     assert any("headers=failed reason=timeout" in line for line in lines), lines
     assert header_lines(lines) == [f"plancache: compile-cache header={NAME} source=built"]
-    assert (
-        waited_ms(lines) >= 100
-    )  # torch waited out the fetch's 0.2 s budget, and the line says so
+    # torch waited out the fetch's 0.2 s budget, and the line says so
+    assert waited_ms(lines) >= 100
 
 
 def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
@@ -462,9 +454,8 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
     packs: list[list[str]] = []
     real_pack = ch.pack_headers
     monkeypatch.setattr(ch, "pack_headers", lambda *a: packs.append(a[2]) or real_pack(*a))
-    plugin.wrap(fake_torch(directory, []))(
-        "torch/csrc/inductor/cpp_prefix.h", "g++"
-    )  # gcc builds it: packed now
+    # gcc builds it: packed now
+    plugin.wrap(fake_torch(directory, []))("torch/csrc/inductor/cpp_prefix.h", "g++")
     compile_publish._push_in_background(config, root, SUBJECT, SIGNER)
     compile_publish._finish_pushes(plugin_state.current().guard.pushes)
     assert packs == [[NAME]]  # once, when it was built; the push reused it
@@ -478,9 +469,8 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
         for end in (".pch.gz", ".pch.gz.sig", ".tar", ".tar.sig")
     ]
     serving = node(tmp_path, "serving")
-    outcome = pull(
-        open_store(f"file://{tmp_path}/store"), serving, cache_archive_sha256=digest
-    )  # bound to the cache pushed
+    # bound to the cache pushed
+    outcome = pull(open_store(f"file://{tmp_path}/store"), serving, cache_archive_sha256=digest)
     assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"built here"
 
 
@@ -586,9 +576,8 @@ def test_the_header_fetch_starts_with_the_pull_on_the_guards_store_before_the_ar
     seen_at_install: list[list[str]] = []
     real_install = cachedir.install
 
-    def install(
-        *args: Any, **kwargs: Any
-    ) -> Any:  # the pulled archive, verified, about to go into place
+    # the pulled archive, verified, about to go into place
+    def install(*args: Any, **kwargs: Any) -> Any:
         _until(lambda: archives.headers_sig_name(SUBJECT) in asked)
         seen_at_install.append(list(asked))
         return real_install(*args, **kwargs)
@@ -599,12 +588,10 @@ def test_the_header_fetch_starts_with_the_pull_on_the_guards_store_before_the_ar
         _, outcome = boot.guard.private_for(boot.directory)
         assert outcome.action == "load", outcome
         plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
-    assert (
-        archives.headers_sig_name(SUBJECT) in seen_at_install[0]
-    )  # old code: fetched only after the guard returned
-    assert (
-        len(boot.opened) == 1
-    )  # the header came through the guard's own store (old code: a second one)
+    # old code: fetched only after the guard returned
+    assert archives.headers_sig_name(SUBJECT) in seen_at_install[0]
+    # the header came through the guard's own store (old code: a second one)
+    assert len(boot.opened) == 1
     assert built == [] and (boot.headers / NAME).read_bytes() == header_bytes()
     assert header_lines([r.getMessage() for r in caplog.records]) == [
         f"plancache: compile-cache header={NAME} source=store"
@@ -631,9 +618,8 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
         )
     fetches: list[Any] = []
 
-    def held_until_inflated(
-        name: str,
-    ) -> None:  # the guard's first GET waits for the header's inflate
+    # the guard's first GET waits for the header's inflate
+    def held_until_inflated(name: str) -> None:
         if name == archives.sig_name(SUBJECT):
             fetches.append(plugin_state.current().headers.fetch)
             assert _until(
@@ -650,18 +636,15 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
         started = time.monotonic()
         plugin_headers.wrap(fake_torch(boot.headers, built))("h", "cmd")
         waited = time.monotonic() - started
-        assert (
-            fetches and fetches[0] is not None
-        )  # old code: no fetch had started at the cache's GET
+        # old code: no fetch had started at the cache's GET
+        assert fetches and fetches[0] is not None
         finished, fetched = fetches[0][0].result()
     assert outcome.action == "compile" and outcome.reason in ("store-rejected", "expired"), outcome
     assert finished and fetched.action == "cancelled" and fetched.installed == ()
-    assert (
-        built == [NAME] and (boot.headers / NAME).read_bytes() == b"built here"
-    )  # gcc's, not the store's
-    assert (
-        leftovers(boot.headers) == [NAME] and waited < 5
-    )  # no temporary left; torch did not wait out the budget
+    # gcc's, not the store's
+    assert built == [NAME] and (boot.headers / NAME).read_bytes() == b"built here"
+    # no temporary left; torch did not wait out the budget
+    assert leftovers(boot.headers) == [NAME] and waited < 5
     lines = [r.getMessage() for r in caplog.records]
     assert any(f"headers=cancelled reason={outcome.reason}" in line for line in lines), lines
     assert header_lines(lines) == [f"plancache: compile-cache header={NAME} source=built"]
@@ -677,18 +660,16 @@ def test_a_cancelled_fetch_stops_at_its_next_piece(
 
     def write(fd: int, data: Any) -> int:
         written.append(len(data))
-        cancel.set(
-            ch.HeadersOutcome("cancelled", "store-rejected")
-        )  # the guard refused the cache meanwhile
+        # the guard refused the cache meanwhile
+        cancel.set(ch.HeadersOutcome("cancelled", "store-rejected"))
         return real_write(fd, data)
 
     monkeypatch.setattr(files.os, "write", write)
     serving = node(tmp_path, "serving")
     outcome = pull(store, serving, cancel=cancel)
     assert outcome.action == "cancelled" and outcome.reason == "store-rejected", outcome
-    assert (
-        0 < sum(written) <= 2 * files.CHUNK < len(header_bytes())
-    )  # old code: inflated it all, then refused to link
+    # old code: inflated it all, then refused to link
+    assert 0 < sum(written) <= 2 * files.CHUNK < len(header_bytes())
     assert leftovers(serving[1]) == []
 
 
@@ -768,9 +749,8 @@ def test_a_header_is_on_disk_before_its_name_and_a_writeback_error_installs_noth
     assert pull(store, serving).action == "installed"
     tmp = next(src for kind, src in calls if kind == "link")
     assert ("fdatasync", tmp) in calls  # writeback started while inflating
-    assert calls.index(("fsync", tmp)) < calls.index(
-        ("link", tmp)
-    )  # and the whole file synced before its name
+    # and the whole file synced before its name
+    assert calls.index(("fsync", tmp)) < calls.index(("link", tmp))
 
     def failing(fd: int) -> None:
         raise OSError(5, "Input/output error")

@@ -116,15 +116,13 @@ def test_a_statement_without_the_binding_is_refused_and_nothing_is_installed(
             cancel.release(ARCHIVE)
         serving = node(tmp_path, f"serving-{bound}")
         outcome = pull(store, serving, cache_archive_sha256=bound, cancel=cancel)
-        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", (
-            outcome
-        )  # old code: installed
+        # old code: installed
+        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", outcome
         assert "binds no cache" in outcome.detail and leftovers(serving[1]) == []
     sig = (tmp_path / "store" / archives.headers_sig_name(SUBJECT)).read_bytes()
     with pytest.raises(Rejected) as refused:
-        th.verify_headers(
-            SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=None
-        )  # refused before any binding check
+        # refused before any binding check
+        th.verify_headers(SUBJECT, sig, KEYRING, NOW, cache_archive_sha256=None)
     assert refused.value.reason is Reason.STATEMENT_MISMATCH
 
 
@@ -154,9 +152,8 @@ def test_a_header_bound_to_another_cache_signature_is_refused_before_its_object_
 ) -> None:
     store = open_store(f"file://{tmp_path}/store")
     ch.push_headers(store, SUBJECT, *build, [NAME], SIGNER, NOW, cache_archive_sha256=ARCHIVE)
-    (
-        tmp_path / "store" / archives.headers_name(SUBJECT)
-    ).unlink()  # refused on the statement: no object GET
+    # refused on the statement: no object GET
+    (tmp_path / "store" / archives.headers_name(SUBJECT)).unlink()
     serving = node(tmp_path, "serving")
     outcome = pull(store, serving, cache_archive_sha256=OTHER)
     assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", outcome
@@ -209,7 +206,6 @@ def test_the_held_fetch_links_only_for_the_cache_the_guard_loaded(
     if loaded == ARCHIVE:
         assert outcome.action == "installed" and (directory / NAME).read_bytes() == header_bytes()
     else:  # another signature of the cache was loaded, or the guard named none: nothing linked
-        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", (
-            outcome
-        )  # old code: installed
+        # old code: installed
+        assert outcome.action == "rejected" and outcome.reason == "statement-mismatch", outcome
         assert leftovers(directory) == []

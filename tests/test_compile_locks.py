@@ -133,9 +133,8 @@ def test_cli_waits_for_a_held_lock_at_most_its_timeout(
             "signers": [],
         }
     assert not os.path.lexists(fresh.directory(SUBJECT) / "rank_0_0")  # nothing pulled
-    assert (
-        cachedir.sidecar_path(root.directory(SUBJECT)).read_bytes() == sidecar
-    )  # nothing signed anew
+    # nothing signed anew
+    assert cachedir.sidecar_path(root.directory(SUBJECT)).read_bytes() == sidecar
 
 
 def test_publish_and_sign_with_a_short_wait_raise_a_timeout_naming_the_lock(
@@ -182,9 +181,8 @@ def test_a_foreign_or_loose_lock_file_is_never_used(
     os.chown(lock_of(fresh), os.stat(lock).st_uid, os.stat(lock).st_gid)
     with pytest.raises(StoreError) as info:
         cc.pull_cache(store, fresh, SUBJECT, KEYRING, NOW, wait=1)
-    assert (
-        info.value.reason is Reason.UNSAFE_DIRECTORY and not fresh.directory(SUBJECT).exists()
-    )  # nothing pulled
+    # nothing pulled
+    assert info.value.reason is Reason.UNSAFE_DIRECTORY and not fresh.directory(SUBJECT).exists()
     shutil.copy2(lock, lock_of(signed))
     os.chown(lock_of(signed), os.stat(lock).st_uid, os.stat(lock).st_gid)
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=1)
@@ -282,9 +280,8 @@ def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(
     with read_only_view(root.root, tmp_path / "ro") as view, held(lock_of(root)):
         ro = CacheRoot(view)
         started = time.monotonic()
-        outcome = cl.guard(
-            ro, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=5
-        )  # the lock is held: not taken
+        # the lock is held: not taken
+        outcome = cl.guard(ro, SUBJECT, KEYRING, NOW, tmp_path / "into", wait=5)
         assert outcome.action == "load", outcome
         assert time.monotonic() - started < 5  # never waited for the holder
         assert sorted(p.name for p in (tmp_path / "into").rglob("*")) == [
@@ -305,9 +302,8 @@ def test_a_read_only_filesystem_is_read_without_a_lock_and_never_written(
                 info.value.reason is Reason.LOCAL_ERROR
                 and "read-only filesystem" in info.value.detail
             )
-        assert (
-            cc.push_cache(store, ro, SUBJECT, KEYRING, NOW, wait=0).action == "pushed"
-        )  # reads only
+        # reads only
+        assert cc.push_cache(store, ro, SUBJECT, KEYRING, NOW, wait=0).action == "pushed"
 
 
 def test_the_plugins_publish_inside_vllms_save_costs_at_most_the_budget(

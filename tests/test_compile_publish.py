@@ -101,9 +101,8 @@ def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(
     real_digests = cachedir.digests
 
     def digests(where: Path, listing: dict[str, int | None]) -> dict[str, str]:
-        if (
-            directory / "rank_0_0"
-        ).is_dir():  # the shared directory exists: let the writer in first
+        # the shared directory exists: let the writer in first
+        if (directory / "rank_0_0").is_dir():
             planted.wait(10)
         return real_digests(where, listing)
 
@@ -124,9 +123,8 @@ def test_a_writer_racing_the_publish_never_gets_its_bytes_signed(
     manifest = signed_manifest(root, SUBJECT)
     assert digest_of(manifest, "rank_0_0/model") == hashlib.sha256(MODEL).hexdigest()
     assert hashlib.sha256(PLANTED).hexdigest() not in {f.sha256 for f in manifest.files}
-    assert (
-        directory / "rank_0_0" / "model"
-    ).read_bytes() == PLANTED  # the writer's last word, unsigned
+    # the writer's last word, unsigned
+    assert (directory / "rank_0_0" / "model").read_bytes() == PLANTED
     assert verify_cache(root, SUBJECT, KEYRING, NOW).reason == "digest-mismatch"
     copy = into(root)
     guarded = cl.guard(root, SUBJECT, KEYRING, NOW, copy)
@@ -190,9 +188,8 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     (private / "rank_0_0" / "inductor_cache").mkdir()
     (private / "rank_0_0" / "inductor_cache" / "k.py").write_text("x = 1\n")
     outcome = cc.publish_cache(root, SHORT, private, SIGNER, NOW, key_factors=FACTORS)
-    salt = (outcome.key_factors or {}).get(
-        "hmac_salt"
-    )  # issue 40: the digests in the clear, keyed under this salt
+    # issue 40: the digests in the clear, keyed under this salt
+    salt = (outcome.key_factors or {}).get("hmac_salt")
     assert outcome.action == "signed" and outcome.key_factors == {**FACTORS, "hmac_salt": salt}, (
         outcome
     )
@@ -211,15 +208,13 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
         "vllm_compile_cache.py",
     ]
     (debug / "computation_graph.py").unlink()
-    (debug / "computation_graph.py").symlink_to(
-        "/etc/hostname"
-    )  # a debug file's name grants nothing else
+    # a debug file's name grants nothing else
+    (debug / "computation_graph.py").symlink_to("/etc/hostname")
     assert verify_cache(root, SHORT, KEYRING, NOW).reason == "malformed"
     (debug / "computation_graph.py").unlink()
 
-    store = open_store(
-        f"file://{tmp_path}/store"
-    )  # a node that holds only vLLM's debug dump pulls it in place
+    # a node that holds only vLLM's debug dump pulls it in place
+    store = open_store(f"file://{tmp_path}/store")
     assert cc.push_cache(store, root, SHORT, KEYRING, NOW).action == "pushed"
     fresh = CacheRoot(tmp_path / "fresh")
     _debug_files(fresh.directory(SHORT), "a serving node's")
@@ -233,9 +228,8 @@ def test_vllms_debug_files_are_not_signed_and_never_block_a_verified_load(tmp_pa
     old_dir.parent.mkdir(parents=True)
     os.rename(private, old_dir)
     _debug_files(old_dir, "signed along by an older plancache")
-    listing = cachedir.walk(
-        old_dir
-    )  # what an older build_manifest signed: every file, vLLM's debug files too
+    # what an older build_manifest signed: every file, vLLM's debug files too
+    listing = cachedir.walk(old_dir)
     sums = cachedir.digests(old_dir, listing)
     files = tuple(mf.FileEntry(p, n, sums[p]) for p, n in sorted(listing.items()) if n is not None)
     dirs = tuple(sorted(p for p, n in listing.items() if n is None))
@@ -296,9 +290,8 @@ def test_a_signature_without_its_cache_is_moved_aside_and_the_cache_pulled(
         "compile",
         "no-cache",
     ) and "moved aside" in outcome.detail, outcome
-    assert (
-        not signed.directory(SUBJECT).exists() and len(quarantined(signed)) == 4
-    )  # the directory and its sidecar
+    # the directory and its sidecar
+    assert not signed.directory(SUBJECT).exists() and len(quarantined(signed)) == 4
 
 
 def test_the_cli_pulls_and_a_build_node_publishes_over_a_lone_sidecar(
@@ -405,9 +398,8 @@ def test_leftover_staging_of_this_subject_is_swept_another_subjects_left_alone(
         and verify_cache(fresh, SUBJECT, KEYRING, NOW).action == "verified"
     )
 
-    (
-        directory.parent / mine[1]
-    ).mkdir()  # a killed publish of the same subject, before the next publish
+    # a killed publish of the same subject, before the next publish
+    (directory.parent / mine[1]).mkdir()
     os.rename(directory, tmp_path / "gone")
     cachedir.sidecar_path(directory).unlink()
     assert cc.publish_cache(fresh, SUBJECT, private_copy(tmp_path), SIGNER, NOW).action == "signed"
@@ -416,6 +408,5 @@ def test_leftover_staging_of_this_subject_is_swept_another_subjects_left_alone(
         cc.publish_cache(fresh, other, private_copy(tmp_path, "boot2"), SIGNER, NOW).action
         == "signed"
     )
-    assert not (
-        directory.parent / theirs
-    ).exists()  # swept in its turn, by a publish of its own subject
+    # swept in its turn, by a publish of its own subject
+    assert not (directory.parent / theirs).exists()

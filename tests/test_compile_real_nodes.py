@@ -278,9 +278,8 @@ def test_a_full_disk_is_no_verdict_and_a_later_boot_with_room_loads_verified(bas
         _env(base, root, PLANCACHE_PRIVATE_DIR=str(small / "p")),
     )
     assert (full["action"], full["reason"]) == ("compile", "local-error"), full
-    assert (
-        "No space left" in full["detail"] and _quarantine(root) == []
-    )  # the old code quarantined it
+    # the old code quarantined it
+    assert "No space left" in full["detail"] and _quarantine(root) == []
     assert verify_cache(root, SUBJECT, boot_dirs_keyring(base), NOW).action == "verified"
     later = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
     assert later["action"] == "load" and later["digest"] is not None
@@ -302,9 +301,8 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
         ["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True
     )
     cold = _run(["installed", str(root.directory(SUBJECT))], _env(base, root, TMPDIR=str(tmp)))
-    assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), (
-        cold
-    )  # the old code: load verified
+    # the old code: load verified
+    assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), cold
     assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold[
         "lines"
     ]
@@ -313,9 +311,8 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
         and "read-only" in cold["detail"].lower()
         and "PLANCACHE_PRIVATE_DIR" in cold["detail"]
     )
-    assert (
-        cold["digest"] is None or cold["digest"] == _empty_digest()
-    )  # nothing of the cache handed over
+    # nothing of the cache handed over
+    assert cold["digest"] is None or cold["digest"] == _empty_digest()
     exec_place = base / "private"
     configured = _run(
         ["guard", str(root.directory(SUBJECT))],
@@ -360,16 +357,14 @@ def test_a_header_temporary_of_a_dead_boot_is_swept_and_a_live_ones_kept(base: P
 
 def test_a_quarantine_directory_of_another_user_is_never_used(base: Path) -> None:
     root = _signed_root(base)
-    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(
-        MODEL[::-1]
-    )  # same size, other bytes
+    # same size, other bytes
+    (root.directory(SUBJECT) / "rank_0_0" / "model").write_bytes(MODEL[::-1])
     root.quarantine_root.mkdir(mode=0o777)
     os.chown(root.quarantine_root, STRANGER, STRANGER)
     report = _run(["guard", str(root.directory(SUBJECT))], _env(base, root))
     assert (report["action"], report["reason"]) == ("quarantined", "digest-mismatch"), report
     assert report["digest"] in (None, _empty_digest())  # nothing of it handed to vLLM
-    assert (
-        os.listdir(root.quarantine_root) == []
-    )  # the old code moved the evidence into the stranger's directory
+    # the old code moved the evidence into the stranger's directory
+    assert os.listdir(root.quarantine_root) == []
     beside = root.directory(SUBJECT).parent / "plancache-quarantine"
     assert report["quarantined_to"].startswith(f"{beside}/"), report["quarantined_to"]

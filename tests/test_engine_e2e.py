@@ -114,10 +114,8 @@ class Fleet:
         """A serving node: the guard, the public key only, the store through its own counting
         proxy."""
         proxy = self.proxies.setdefault(name, H.CountingProxy(self.moto.port))
-        extra = {
-            "PLANCACHE_TIMEOUT": "30",
-            **extra,
-        }  # these pulls are checked for what, not when (room under load)
+        # these pulls are checked for what, not when (room under load)
+        extra = {"PLANCACHE_TIMEOUT": "30", **extra}
         return node.env(
             PLANCACHE_COMPILE_CACHE="1",
             PLANCACHE_TRUSTED_KEYS=self.key + ".pub",
@@ -151,9 +149,8 @@ def fleet(
     H.require_engine()
     fleet = Fleet(tmp_path_factory.mktemp("engine"), moto_server)
     hole = BlackHole()
-    zygote = H.start_zygote(
-        tmp_path_factory.mktemp("engine-zygote")
-    )  # LLM()'s front process: a fork
+    # LLM()'s front process: a fork
+    zygote = H.start_zygote(tmp_path_factory.mktemp("engine-zygote"))
     runs: dict[str, Any] = {"fleet": fleet, "zygote": zygote}
 
     def build() -> H.Boot:
@@ -246,9 +243,8 @@ def fleet(
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runs["build"] = pool.submit(
-                build
-            ).result()  # alone (vLLM pins its worker, gcc included, to CPU 0)
+            # alone (vLLM pins its worker, gcc included, to CPU 0)
+            runs["build"] = pool.submit(build).result()
             runs["store"] = fleet.objects()
             assert runs["build"].returncode == 0 and runs["store"], runs["build"].tail()
             plant_tampered_archive()
@@ -332,16 +328,14 @@ def test_serving_node_pulls_verifies_and_loads(fleet: dict[str, Any]) -> None:
     )
     subject = _subject(fleet["fleet"].node("serving").root)
     name = f"/{fleet['fleet'].bucket}/{PREFIX}/torch_compile_cache/{subject}.tar"
-    headers = (
-        name[: -len(".tar")] + ".pch.gz"
-    )  # the precompiled header: installed from the store, not built
+    # the precompiled header: installed from the store, not built
+    headers = name[: -len(".tar")] + ".pch.gz"
     assert sorted(fleet["serving-requests"]) == sorted(
         [("GET", n) for n in (name, name + ".sig", headers, headers + ".sig")]
     )
     assert "source=store" in serving.log and "source=built" not in serving.log, serving.tail()
-    assert fleet["serving-verify"].returncode == 0, fleet[
-        "serving-verify"
-    ].stdout  # still verified after the load
+    # still verified after the load
+    assert fleet["serving-verify"].returncode == 0, fleet["serving-verify"].stdout
 
 
 def test_restart_loads_from_local_cache_with_no_store_request(fleet: dict[str, Any]) -> None:
@@ -399,9 +393,8 @@ def test_quarantined_node_pulls_the_good_cache_again(fleet: dict[str, Any]) -> N
     assert run.compile_decisions == [("load", "verified")], run.tail()
     assert "quarantined_to=" in run.log and "store: pulled" in run.log
     assert run.counters["num_aot_artifacts_loaded"] == 1 and run.counters["num_aot_compiles"] == 0
-    assert (
-        len(fleet["repull-requests"]) == 3
-    )  # signature, archive; the headers' signature (already on the node)
+    # signature, archive; the headers' signature (already on the node)
+    assert len(fleet["repull-requests"]) == 3
     assert any(q.endswith("-digest-mismatch") for q in fleet["fleet"].node("repull").quarantine)
 
 
@@ -427,9 +420,8 @@ def test_plugin_disabled_vllm_runs_as_without_it(fleet: dict[str, Any]) -> None:
         h.stat().st_ino for h in sorted(built.glob("*.gch"))
     ], own
     added = set(fleet["disabled-after"]) - set(fleet["disabled-before"])
-    assert [p for p in added if "plancache" in str(p)] == [], (
-        added
-    )  # no private copy, no quarantine, no lock
+    # no private copy, no quarantine, no lock
+    assert [p for p in added if "plancache" in str(p)] == [], added
 
 
 def test_forked_boots_left_nothing_in_the_zygotes_home(fleet: dict[str, Any]) -> None:

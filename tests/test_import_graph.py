@@ -91,9 +91,8 @@ def test_plancache_has_no_import_circle() -> None:
 
 def test_a_lazy_import_counts_and_a_circle_through_it_is_found() -> None:
     graph = import_graph()
-    assert (
-        "plancache.storage.azure.blob" in graph["plancache.storage.backends"]
-    )  # imported inside a function
+    # imported inside a function
+    assert "plancache.storage.azure.blob" in graph["plancache.storage.backends"]
     graph["plancache.trust.errors"] = graph["plancache.trust.errors"] | {"plancache.storage.store"}
     found = circle(graph)
     assert found is not None and found[0] == found[-1] and "plancache.trust.errors" in found

@@ -39,11 +39,8 @@ def test_allowed_signers_lines_mix_with_plancache_lines() -> None:
         ]
     )
     keyring = parse_trusted_keys(text, "allowed")
-    assert set(keyring.keys) == {
-        a.keyid,
-        b.keyid,
-        e.keyid,
-    }  # c and d are not for namespace plancache
+    # c and d are not for namespace plancache
+    assert set(keyring.keys) == {a.keyid, b.keyid, e.keyid}
     assert (
         keyring.keys[a.keyid].name == "ci@acme.example"
         and keyring.keys[a.keyid].valid_after is None
@@ -85,9 +82,8 @@ def test_namespace_pattern_lists_match_as_openssh_does() -> None:
     assert matches_pattern_list("plancache", "plan?ache")
     assert not matches_pattern_list("plancache", "git,file")
     assert not matches_pattern_list("plancache", "*,!plancache")
-    assert not matches_pattern_list(
-        "plancache", "[p]lancache"
-    )  # no character classes in OpenSSH patterns
+    # no character classes in OpenSSH patterns
+    assert not matches_pattern_list("plancache", "[p]lancache")
 
 
 @pytest.mark.skipif(

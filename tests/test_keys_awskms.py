@@ -64,10 +64,11 @@ def one_line_error(func, *args) -> PlanCacheError:
     [
         ("awskms:///alias/plancache-ci", "eu-west-2"),
         ("awskms:///1234abcd-12ab-34cd-56ef-1234567890ab", "eu-west-2"),
+        # the ARN's
         (
             "awskms:///arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab",
             "us-east-1",
-        ),  # the ARN's
+        ),
     ],
 )
 def test_kms_signs_ed25519_raw_and_the_key_id_is_its_public_keys(
@@ -86,9 +87,8 @@ def test_kms_signs_ed25519_raw_and_the_key_id_is_its_public_keys(
         request["body"]["MessageType"] == "RAW"
         and request["body"]["SigningAlgorithm"] == "ED25519_SHA_512"
     )
-    assert (
-        base64.b64decode(request["body"]["Message"]) == b"message to sign"
-    )  # the message, not a digest
+    # the message, not a digest
+    assert base64.b64decode(request["body"]["Message"]) == b"message to sign"
     assert request["authorization"].startswith("AWS4-HMAC-SHA256 Credential=plancache-test/")
     assert f"/{region}/kms/aws4_request" in request["authorization"]
 
@@ -155,10 +155,9 @@ def test_unreachable_kms_fails_fast_and_a_silent_one_within_the_budget(
     aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", f"http://127.0.0.1:{closed_port()}")
-    one_line_error(
-        load_signer, "awskms:///alias/plancache-ci", aws_env
-    )  # imports boto3, loads KMS's model:
-    started = time.monotonic()  # slow on a busy machine, not the call
+    # imports boto3, loads KMS's model: slow on a busy machine, not the call timed next
+    one_line_error(load_signer, "awskms:///alias/plancache-ci", aws_env)
+    started = time.monotonic()
     error = one_line_error(load_signer, "awskms:///alias/plancache-ci", aws_env)
     assert isinstance(error, ConfigError) and time.monotonic() - started < SLACK_S, error.detail
     hole = BlackHole()

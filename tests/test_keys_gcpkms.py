@@ -65,9 +65,8 @@ def test_cloud_kms_signs_the_data_itself(gcp: GcpKms, gcp_env: dict[str, str]) -
         "Bearer "
     )
     body = json.loads(request["body"])
-    assert (
-        base64.b64decode(body["data"]) == b"the PAE bytes" and "digest" not in body
-    )  # pure Ed25519
+    # pure Ed25519
+    assert base64.b64decode(body["data"]) == b"the PAE bytes" and "digest" not in body
 
 
 def test_cli_signs_with_cloud_kms_and_verify_accepts_it(
@@ -81,9 +80,8 @@ def test_cli_signs_with_cloud_kms_and_verify_accepts_it(
     assert main(["pubkey", REF]) == 0
     line = capsys.readouterr().out.strip()
     assert line == openssh_line(gcp.keys[NAME].public_key())
-    (tmp_path / "trusted").write_text(
-        f'ci@acme namespaces="plancache" {line}\n'
-    )  # allowed_signers syntax
+    # allowed_signers syntax
+    (tmp_path / "trusted").write_text(f'ci@acme namespaces="plancache" {line}\n')
     assert main(["sign", "--key", REF, str(plan_dir)]) == 0
     assert main(["verify", "--trusted-keys", str(tmp_path / "trusted"), str(plan_dir)]) == 0
     assert "ci@acme" in capsys.readouterr().out

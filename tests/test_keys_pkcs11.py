@@ -94,9 +94,8 @@ def token(
     public = serialization.load_pem_public_key((root / "pub.pem").read_bytes())
     assert isinstance(public, Ed25519PublicKey)
     old = os.environ.get("SOFTHSM2_CONF")
-    os.environ["SOFTHSM2_CONF"] = str(
-        conf
-    )  # SoftHSM reads it when PyKCS11 loads the module, in this process
+    # SoftHSM reads it when PyKCS11 loads the module, in this process
+    os.environ["SOFTHSM2_CONF"] = str(conf)
     yield env, public
     if old is None:
         os.environ.pop("SOFTHSM2_CONF", None)
@@ -122,9 +121,8 @@ def test_the_token_signs_and_cryptography_verifies_with_the_tokens_public_key(
 ) -> None:
     _, public = token
     signer = load_signer(uri(path), {})
-    assert signer.keyid == key_id(
-        public
-    )  # the key id is the OpenSSH fingerprint of the token's key
+    # the key id is the OpenSSH fingerprint of the token's key
+    assert signer.keyid == key_id(public)
     signature = signer.sign(b"DSSEv1 message")
     public.verify(signature, b"DSSEv1 message")  # cryptography, against pkcs11-tool's public key
 
@@ -134,9 +132,8 @@ def test_plancache_sign_with_the_token_and_verify_against_its_public_key(
 ) -> None:
     env, public = token
     LocalPlanDir(plan_dir).write(FP, plan_bytes(), None)
-    (tmp_path / "token.pub").write_text(
-        openssh_line(public, "hsm-ci") + "\n"
-    )  # from pkcs11-tool's reading
+    # from pkcs11-tool's reading
+    (tmp_path / "token.pub").write_text(openssh_line(public, "hsm-ci") + "\n")
     cli = [sys.executable, "-m", "plancache.cli.main"]
     run_env = {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     signed = subprocess.run(
@@ -147,9 +144,8 @@ def test_plancache_sign_with_the_token_and_verify_against_its_public_key(
         timeout=60,
     )
     assert signed.returncode == 0, signed.stderr
-    assert (
-        "pin-value" not in signed.stderr and PIN not in signed.stdout + signed.stderr
-    )  # the PIN is never shown
+    # the PIN is never shown
+    assert "pin-value" not in signed.stderr and PIN not in signed.stdout + signed.stderr
     verified = subprocess.run(
         [*cli, "verify", "--trusted-keys", str(tmp_path / "token.pub"), str(plan_dir)],
         env=run_env,

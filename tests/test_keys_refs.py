@@ -165,9 +165,8 @@ def _pae_len(comment: str) -> tuple[int, int]:
 
 def test_the_signed_message_is_capped_at_4096_bytes() -> None:
     base, statement = _pae_len("")
-    assert (
-        len(str(statement)) == 3
-    )  # PAE spells the statement's length: at the cap it takes 4 digits
+    # PAE spells the statement's length: at the cap it takes 4 digits
+    assert len(str(statement)) == 3
     fits = "c" * (MAX_SIGNED_BYTES - base - 1)
     assert _pae_len(fits)[0] == MAX_SIGNED_BYTES  # exactly at the cap: signed
     with pytest.raises(ConfigError, match="capped at 4096"):
@@ -187,10 +186,9 @@ def test_a_remote_signer_is_bounded_and_checked() -> None:
         _remote(lambda key, data: Ed25519PrivateKey.generate().sign(data)).sign, b"m"
     )
     assert "64-byte" in error_of(_remote(lambda key, data: b"short").sign, b"m")
-    with pytest.raises(
-        StoreTimeout
-    ):  # a PlanCacheError: the plugin's save logs it and keeps the plan unsigned (unbounded, the
-        # call would end after 5 s with no signature: a different error)
+    # a PlanCacheError: the plugin's save logs it and keeps the plan unsigned (unbounded, the
+    # call would end after 5 s with no signature: a different error)
+    with pytest.raises(StoreTimeout):
         sign_plan(plan_name(FP), plan_bytes(), _remote(lambda key, data: time.sleep(5)), NOW)
 
 
@@ -233,9 +231,8 @@ def test_an_existing_statement_over_the_cap_is_not_co_signed(
     from plancache.trust import signing
     from plancache.trust.errors import Reason, Rejected
 
-    monkeypatch.setattr(
-        signing, "MAX_SIGNED_BYTES", 1 << 20
-    )  # as an older plancache would have signed it
+    # as an older plancache would have signed it
+    monkeypatch.setattr(signing, "MAX_SIGNED_BYTES", 1 << 20)
     sidecar = sign_plan(plan_name(FP), plan_bytes(), make_signer(), NOW, comment="c" * 5000)
     monkeypatch.undo()
     with pytest.raises(Rejected) as info:
@@ -267,9 +264,8 @@ def test_the_compile_guard_loads_its_signing_key_only_to_sign(
             config = guard_settings.settings()
             assert config is not None and config.keyring is not None
             assert hole.held == [] and caplog.text == ""
-            assert (
-                guard_settings.signer() is None and guard_settings.signer() is None
-            )  # tried once, at signing
+            # tried once, at signing
+            assert guard_settings.signer() is None and guard_settings.signer() is None
         assert caplog.text.count("signing key unusable") == 1
     finally:
         plugin_state.start_boot()

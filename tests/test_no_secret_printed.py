@@ -99,13 +99,8 @@ def _argvs(p: dict[str, str]) -> Iterator[list[str]]:
         yield ["push", "--key", p["key"], *quick, p["dir"], url]
         yield ["prune", "--older-than", "1d", *trust, *quick, url]
         yield ["compile-cache", "pull", *trust, *quick, url, f"{p['tmp']}/cc"]
-        yield [
-            "verify",
-            *trust,
-            "--storage-option",
-            "OPTSECRET9",
-            url,
-        ]  # an item that is no KEY=VALUE
+        # an item that is no KEY=VALUE
+        yield ["verify", *trust, "--storage-option", "OPTSECRET9", url]
         yield ["ls", "--timeout", f"{url}"]  # argparse echoes a bad value
     for ref in (p["pkcs11"], p["pkcs11_bad"], p["pkcs11_file"]):
         yield ["sign", "--key", ref, p["dir"]]
@@ -188,9 +183,8 @@ def test_the_plugins_log_lines_are_redacted(monkeypatch: pytest.MonkeyPatch) -> 
     (the store URL on a store error, an SDK's message, a traceback) comes out redacted."""
     import plancache.vllm_plugin as plugin
 
-    monkeypatch.setenv(
-        "PLANCACHE_COMPILE_CACHE", "0"
-    )  # the plugin is loaded; nothing else to install
+    # the plugin is loaded; nothing else to install
+    monkeypatch.setenv("PLANCACHE_COMPILE_CACHE", "0")
     monkeypatch.delenv("VLLM_ENABLE_STARTUP_PLAN", raising=False)
     plugin.register()
     logger = logging.getLogger("vllm.plancache")

@@ -188,9 +188,8 @@ def test_keyed_values_need_the_value_and_the_salt() -> None:
     """One salt per manifest: equal values compare under it, nothing precomputed matches across."""
     one, two = new_salt(), new_salt()
     assert one != two and keyed("host-a", one) == keyed("host-a", one) != keyed("host-a", two)
-    assert keyed("https://u:p@h/x", one) == keyed(
-        "https://***@h/x", one
-    )  # the credential never enters a hash
+    # the credential never enters a hash
+    assert keyed("https://u:p@h/x", one) == keyed("https://***@h/x", one)
     factors = keyed_factors(
         {"env": {"FOO_APIKEY": "k", "VLLM_USE_AOT_COMPILE": True}, "later_vllm": {"x": "y"}}, one
     )
@@ -320,6 +319,5 @@ def test_vllms_real_compile_path_ships_no_planted_value(built: dict[str, Any]) -
     assert {name: factors["env"][name] for name in VLLM_HASHED} == {
         name: keyed(v, salt) for name, v in VLLM_HASHED.items()
     }
-    assert not list(
-        built["dir"].rglob("cache_key_factors.json")
-    )  # the shared directory is the signed archive's
+    # the shared directory is the signed archive's
+    assert not list(built["dir"].rglob("cache_key_factors.json"))

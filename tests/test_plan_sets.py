@@ -139,9 +139,8 @@ def test_a_replica_is_verified_under_its_sets_name() -> None:
     signer = make_signer()
     name, data = build_set(members(signer), signer, NOW)
     assert replica_name(name, 2).endswith(".r2.set") and replica_name(name, 0) == name
-    assert (
-        refused(replica_name(name, 2), data, keyring_of(signer)) == "malformed"
-    )  # never under its own name
+    # never under its own name
+    assert refused(replica_name(name, 2), data, keyring_of(signer)) == "malformed"
     assert verify_set(name, data, keyring_of(signer), NOW).name == name
 
 
@@ -230,12 +229,10 @@ def test_round_trip_push_ls_verify_resolve_prune(
         code == 1 and {s["name"]: s["reason"] for s in doc["plan_sets"]}[name] == "digest-mismatch"
     )
     refused = next(s for s in doc["plan_sets"] if s["name"] == name)
-    assert (
-        refused["fingerprints"] == [] and refused["status"] != "valid"
-    )  # with keys, a claim is not shown
-    assert (
-        next(s for s in doc["plan_sets"] if s["name"] != name)["fingerprints"] == world
-    )  # the verified replica's
+    # with keys, a claim is not shown
+    assert refused["fingerprints"] == [] and refused["status"] != "valid"
+    # the verified replica's
+    assert next(s for s in doc["plan_sets"] if s["name"] != name)["fingerprints"] == world
     fresh = LocalPlanDir(tmp_path / "node2" / "vllm" / "startup_plan")
     result = resolve_node(
         Resolver(fresh, policy, open_store(url, options, 30)), world[0], world, Deadline.after(30)
@@ -244,9 +241,8 @@ def test_round_trip_push_ls_verify_resolve_prune(
     assert fresh.fingerprints() == sorted(world)
 
     # prune takes the sets with their plans
-    emulated = (
-        ["--unconditional"] if url.startswith("gs://") else []
-    )  # the emulator has no preconditions
+    # the emulator has no preconditions
+    emulated = ["--unconditional"] if url.startswith("gs://") else []
     code, doc = cli(capsys, options, "prune", url, "--older-than", "1h", *emulated)
     assert code == 0 and len(doc["deleted"]) == 4, doc
     assert sorted(doc["plan_sets_deleted"]) == sorted([name, replica_name(name, 1)])

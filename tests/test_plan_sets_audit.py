@@ -114,9 +114,8 @@ def cli(
     code = main([*argv, "--storage-option", f"endpoint_url={endpoint}", "--json"])
     out, err = capsys.readouterr()
     doc = json.loads(out)
-    jsonschema.validate(
-        doc, SCHEMA
-    )  # the new keys (plan_set_errors, each set's fields) are in the schema
+    # the new keys (plan_set_errors, each set's fields) are in the schema
+    jsonschema.validate(doc, SCHEMA)
     return code, doc, err
 
 
@@ -261,9 +260,8 @@ def test_verify_fails_a_replica_older_than_the_plans_when_the_set_is_gone(
     today, yesterday = utcnow() - timedelta(hours=1), utcnow() - timedelta(days=1)
     state = fault_server.state
     put_plans(state, bake(key, 20 * GIB, today))
-    name = put_set(
-        state, key, bake(key, 10 * GIB, yesterday), yesterday, 1
-    )  # no r0: the set is gone
+    # no r0: the set is gone
+    name = put_set(state, key, bake(key, 10 * GIB, yesterday), yesterday, 1)
     code, doc, _ = cli(capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub")
     assert code == 1 and all(p["status"] == "valid" for p in doc["plans"])
     (replica,) = doc["plan_sets"]
@@ -293,9 +291,8 @@ def test_verify_fails_a_set_and_replica_both_older_than_the_plans(
         "plan_sets"
     ]
 
-    put_set(
-        state, key, bake(key, 10 * GIB, yesterday), yesterday, 0, 1
-    )  # yesterday's bake, both copies
+    # yesterday's bake, both copies
+    put_set(state, key, bake(key, 10 * GIB, yesterday), yesterday, 0, 1)
     code, doc, _err = cli(
         capsys, fault_server.endpoint, "verify", URL, "--trusted-keys", f"{key}.pub"
     )

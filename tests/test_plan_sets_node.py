@@ -202,9 +202,8 @@ def test_a_replica_above_those_pushed_reads_the_set_then_the_plans(
 ) -> None:
     signer = make_signer()
     members = signed_world(signer, WORLD, NOW - timedelta(hours=1))
-    name = serve(
-        s3, members, signer
-    )  # the set, no replica: PLANCACHE_SET_REPLICAS above those pushed
+    # the set, no replica: PLANCACHE_SET_REPLICAS above those pushed
+    name = serve(s3, members, signer)
     first = node(tmp_path, "a")
     result = boot(first, keyring_of(signer), s3, WORLD[0], WORLD, replica=3)
     assert result.verified is not None and "plan set replica 3 unread" in result.note, result
@@ -305,17 +304,14 @@ def test_a_newer_local_plan_survives_another_ranks_set_fetch(
     directory.write(WORLD[3], b"{not a plan", sig_b)  # rank D's local copy does not verify
     result = boot(directory, keyring, s3, WORLD[0], WORLD)  # rank A's miss reads the set
     assert result.verified is not None and "plan set" in result.note
-    assert directory.read(WORLD[1]) == (
-        plan_b,
-        sig_b,
-    )  # B's newer plan stays, for this boot and the next
+    # B's newer plan stays, for this boot and the next
+    assert directory.read(WORLD[1]) == (plan_b, sig_b)
     assert (
         resolver(directory, keyring, s3).local(WORLD[1]).verified.plan.kv_cache_memory_bytes
         == 10 << 30
     )
-    assert (
-        resolver(directory, keyring, s3).local(WORLD[3]).verified is not None
-    )  # D's gap is filled
+    # D's gap is filled
+    assert resolver(directory, keyring, s3).local(WORLD[3]).verified is not None
 
     # the per-plan fallback fills gaps too, and does not even read what a rank holds valid
     s3.httpd.state = FaultState()
@@ -378,9 +374,8 @@ def test_a_malformed_outcome_file_is_no_record(
         except BaseException as exc:
             got["raised"] = exc
 
-    with (
-        ExitStack() as held
-    ):  # the "fetching rank": this set's lock (and the single node lock before it)
+    # the "fetching rank": this set's lock (and the single node lock before it)
+    with ExitStack() as held:
         for key in (set_key(directory.path, name), directory.path):
             held.enter_context(locked(key.parent, key, wait=5))
         thread = threading.Thread(target=rank)

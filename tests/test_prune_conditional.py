@@ -63,12 +63,10 @@ CONDITIONAL = ("s3", "azure", "gcs-standin")
 
 @dataclass
 class StandInState:
-    objects: dict[str, tuple[bytes, int]] = field(
-        default_factory=dict
-    )  # bucket/key -> (bytes, generation)
-    requests: list[tuple[str, str]] = field(
-        default_factory=list
-    )  # (method, path with query) of each
+    # bucket/key -> (bytes, generation)
+    objects: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    # (method, path with query) of each
+    requests: list[tuple[str, str]] = field(default_factory=list)
     generations: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -131,9 +129,8 @@ class _StandInHandler(BaseHTTPRequestHandler):
             return 404
         wanted = query.get(param, [None])[0]
         if wanted is not None and int(wanted) != found[1]:
-            return (
-                404 if param == "generation" else 412
-            )  # a pinned read of a replaced generation: gone
+            # a pinned read of a replaced generation: gone
+            return 404 if param == "generation" else 412
         return found
 
     def do_GET(self) -> None:
@@ -319,15 +316,13 @@ def test_unchanged_objects_are_deleted(backend: Backend) -> None:
         media = [p for m, p in requests if m == "GET" and "alt=media" in p and "startup_plan_" in p]
         deletes = [p for m, p in requests if m == "DELETE" and "startup_plan_" in p]
         canary = [p for m, p in requests if m == "DELETE" and ".plancache-precondition-check-" in p]
-        assert (
-            len(canary) == 2 and "ifGenerationMatch=" in canary[0]
-        )  # the wrong one (412), then the cleanup
+        # the wrong one (412), then the cleanup
+        assert len(canary) == 2 and "ifGenerationMatch=" in canary[0]
         assert not any(
             ".plancache-precondition-check-" in name for name in backend.standin.state.objects
         )
-        assert len(media) == 6 and all(
-            "generation=" in p for p in media
-        )  # the empty sidecar: 416, then whole
+        # the empty sidecar: 416, then whole
+        assert len(media) == 6 and all("generation=" in p for p in media)
         assert len(deletes) == 5 and all("ifGenerationMatch=" in p for p in deletes)
 
 
@@ -499,9 +494,8 @@ def test_a_store_that_ignores_if_match_is_refused_before_any_delete(
         and "--unconditional" in err
         and "conditional deletes" in err
     ), err
-    assert (
-        _plan_deletes(fault_server) == [] and len(fault_server.state.objects) == 3
-    )  # the canary is gone too
+    # the canary is gone too
+    assert _plan_deletes(fault_server) == [] and len(fault_server.state.objects) == 3
     canary = [p for m, p, _ in fault_server.state.requests if m == "PUT"]
     assert len(canary) == 1 and ".plancache-precondition-check-" in canary[0]
     code = main(["prune", "--unsigned", "--unconditional", "--json", *where])
@@ -509,9 +503,8 @@ def test_a_store_that_ignores_if_match_is_refused_before_any_delete(
     assert code == 0 and sorted(d["fingerprint"] for d in json.loads(out)["deleted"]) == sorted(
         [FP, FP2, FP3]
     )
-    assert (
-        len(_plan_deletes(fault_server)) == 6 and fault_server.state.objects == {}
-    )  # plans and sidecars
+    # plans and sidecars
+    assert len(_plan_deletes(fault_server)) == 6 and fault_server.state.objects == {}
 
 
 @pytest.mark.parametrize("backend", ["gcs"], indirect=True)

@@ -121,10 +121,8 @@ def test_dockerfile_bake_stage_and_init_container(moto_server: MotoServer, tmp_p
             raise AssertionError(f"the test does not know how to run {word}")
     assert ran and "plancache-ci-bake" in ran[-1]
     image = root / "bake" / "image"
-    assert sorted(p.name for p in image.iterdir()) == [
-        plan_name(FP),
-        sig_name(FP),
-    ]  # what COPY --from=bake takes
+    # what COPY --from=bake takes
+    assert sorted(p.name for p in image.iterdir()) == [plan_name(FP), sig_name(FP)]
     shown = subprocess.run(
         [
             sys.executable,

@@ -79,11 +79,8 @@ def test_which_options_take_the_direct_path(tmp_path: Path) -> None:
     anonymous = direct_settings("s3a://bucket", {"anon": True}, env)
     assert anonymous is not None and anonymous.anon
     for url, options, extra_env in (
-        (
-            "s3://bucket/p",
-            {"config_kwargs": {"signature_version": "s3"}},
-            {},
-        ),  # s3fs passes it to botocore's Config
+        # s3fs passes it to botocore's Config
+        ("s3://bucket/p", {"config_kwargs": {"signature_version": "s3"}}, {}),
         ("s3://bucket/p", {"requester_pays": True}, {}),
         ("s3://bucket/p", {"client_kwargs": {"aws_session_token": "t"}}, {}),
         ("s3://bucket/p", {"anon": "yes"}, {}),  # s3fs would read it as true; not guessed here
@@ -99,9 +96,8 @@ def test_which_options_take_the_direct_path(tmp_path: Path) -> None:
             extra_env,
         )
     (tmp_path / ".config" / "fsspec").mkdir(parents=True)
-    assert (
-        direct_settings("s3://bucket/p", {}, env) is not None
-    )  # an empty config directory configures nothing
+    # an empty config directory configures nothing
+    assert direct_settings("s3://bucket/p", {}, env) is not None
     (tmp_path / ".config" / "fsspec" / "conf.json").write_text('{"s3": {"anon": true}}')
     assert direct_settings("s3://bucket/p", {}, env) is None
 

@@ -43,9 +43,8 @@ def test_a_retry_after_that_is_not_ascii_digits_is_absent(value: str) -> None:
 def test_ascii_digits_are_read_and_huge_ones_capped() -> None:
     assert deadline.retry_after(_Throttled(" 7 ")) == 7.0
     assert deadline.retry_after(_Throttled("0")) == 0.0
-    assert (
-        deadline.retry_after(_Throttled("9" * 5000)) == deadline.RETRY_AFTER_CAP
-    )  # no int/float of 5000 digits
+    # no int/float of 5000 digits
+    assert deadline.retry_after(_Throttled("9" * 5000)) == deadline.RETRY_AFTER_CAP
     assert deadline.retry_after(_Throttled("99999999999999999999")) == deadline.RETRY_AFTER_CAP
     odd = _Throttled("1")
     odd.response = {"ResponseMetadata": "not a dict"}

@@ -89,9 +89,8 @@ def test_one_fetch_is_two_ranged_gets(
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     requests = [(m, r) for m, _, r in fault_server.state.requests]
-    assert (
-        requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")] * 2
-    )  # plan and sidecar caps are both 64 KiB
+    # plan and sidecar caps are both 64 KiB
+    assert requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")] * 2
     assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
 
 
@@ -126,9 +125,8 @@ def test_black_hole_ends_at_the_budget(
         with pytest.raises(PlanCacheError) as err:
             operation(az_store(black_hole.endpoint, timeout=1.0))
         assert err.value.reason is Reason.TIMEOUT and time.monotonic() - started < 1.0 + SLACK_S
-    code, out, _, elapsed = pull(
-        capsys, black_hole.endpoint, keys, tmp_path / "d"
-    )  # the 3 s default
+    # the 3 s default
+    code, out, _, elapsed = pull(capsys, black_hole.endpoint, keys, tmp_path / "d")
     assert code == 2 and elapsed < 3.0 + SLACK_S and "timeout" in out
     assert nothing_written(tmp_path / "d")
 
@@ -191,9 +189,8 @@ def test_redirect_to_another_host_is_not_followed(fault_server: FaultServer, key
             raw(az_store(fault_server.endpoint).fetch(FP))
         assert err.value.reason is Reason.STORE_ERROR and "not followed" in err.value.detail
         assert other.state.requests == []  # not one byte went to the other host
-        assert (
-            len(fault_server.state.requests) == 2
-        )  # one per object: a refused redirect is not retried
+        # one per object: a refused redirect is not retried
+        assert len(fault_server.state.requests) == 2
     finally:
         other.stop()
 

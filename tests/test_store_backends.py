@@ -239,9 +239,8 @@ def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     assert code == 0 and FP in out and FP2 not in out
     assert backend.store().fingerprints() == [FP, FP2]
-    if (
-        backend.name == "gcs"
-    ):  # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
+    # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
+    if backend.name == "gcs":
         code, out, err = run(
             capsys, "prune", "--revoked", "--trusted-keys", str(trusted), *opts, backend.url
         )

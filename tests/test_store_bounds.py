@@ -239,9 +239,8 @@ def test_a_range_over_an_empty_object_reads_as_empty(
     """S3 and GCS answer 416 to a range over an empty object; a read from byte 0 cannot be
     unsatisfiable for another reason. An empty sidecar is then ``malformed`` to the verifier,
     never a store error (which ``prune --invalid`` would skip and ``pull`` would exit 2 on)."""
-    prefix = (
-        "plans" if kind == "s3" else "storage/v1/b/faulty/o/plans"
-    )  # GCS's media path, as the server parses it
+    # GCS's media path, as the server parses it
+    prefix = "plans" if kind == "s3" else "storage/v1/b/faulty/o/plans"
     fault_server.state.objects[f"{prefix}/{plan_name(FP)}"] = FaultObject(plan_bytes(FP))
     fault_server.state.objects[f"{prefix}/{sig_name(FP)}"] = FaultObject(b"", "range416")
     if kind == "s3":

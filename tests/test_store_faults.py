@@ -220,9 +220,8 @@ def test_black_hole_listing_and_push_end_at_the_budget(
 
 def test_oversized_honest_range_is_capped(s3_read_path: str, fault_server: FaultServer) -> None:
     fault_server.state.objects[key(plan_name(FP))] = FaultObject(b"x" * (MAX_PLAN_BYTES * 4))
-    with pytest.raises(
-        PlanCacheError
-    ) as err:  # a cap, not a deadline: a budget a loaded machine meets
+    # a cap, not a deadline: a budget a loaded machine meets
+    with pytest.raises(PlanCacheError) as err:
         raw(s3_store(fault_server.endpoint, timeout=15).fetch(FP))
     assert err.value.reason is Reason.TOO_LARGE
     plan_requests = [(m, r) for m, p, r in fault_server.state.requests if p.endswith(".json")]
@@ -269,10 +268,11 @@ def test_gcs_black_hole_and_refused_end_within_budget(
 ) -> None:
     # gcsfs alone has no request timeout and retries six times with backoff, a refused connection
     # too.
+    # the refused connection's 15 s: room for gcsfs's first client
     for endpoint, budget, reason in (
         (black_hole.endpoint, 1.0, Reason.TIMEOUT),
         (f"http://127.0.0.1:{closed_port()}", 15.0, Reason.STORE_ERROR),
-    ):  # room: gcsfs's first client
+    ):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
         started = time.monotonic()
         with pytest.raises(PlanCacheError) as err:
@@ -357,9 +357,8 @@ def test_each_store_has_its_own_filesystem(
     old endpoint. plancache opens its own per store."""
     serve_signed(fault_server, keys)
     monkeypatch.setenv("AWS_ENDPOINT_URL", fault_server.endpoint)
-    assert (
-        raw(open_store("s3://bucket/plans", timeout=15.0).fetch(FP))[0] is not None
-    )  # room for a loaded machine
+    # room for a loaded machine
+    assert raw(open_store("s3://bucket/plans", timeout=15.0).fetch(FP))[0] is not None
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
     second = open_store("s3://bucket/plans", timeout=15.0).fetch(FP)
     assert second.error is not None and second.error.reason is Reason.STORE_ERROR

@@ -65,12 +65,10 @@ def pubkey(tmp_path_factory: pytest.TempPathFactory) -> Path:
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(draw=draws)
-@example(
-    draw=Draw(500, "honest", "200MiB", "fast")
-)  # the reported case: botocore read error bodies whole
-@example(
-    draw=Draw(200, "chunked", "200MiB", "fast")
-)  # a success body that ignores the Range header
+# the reported case: botocore read error bodies whole
+@example(draw=Draw(500, "honest", "200MiB", "fast"))
+# a success body that ignores the Range header
+@example(draw=Draw(200, "chunked", "200MiB", "fast"))
 @example(draw=Draw(307, "honest", "small", "fast"))  # a redirect to another host
 @pytest.mark.parametrize(
     "read_path", [[], ["--storage-option", "config_kwargs={}"]], ids=["direct", "s3fs"]

@@ -185,9 +185,8 @@ def test_offline_audit_never_leaves_a_stale_success(
     empty = script("offline-audit.sh", env, str(tmp_path))  # a directory without plans
     assert empty.returncode == 1 and json.loads(report.read_text())["error"]["reason"] == "no-plans"
     report.write_text("stale")
-    unusable = script(
-        "offline-audit.sh", {**env, "PLANCACHE": "false"}, "s3://b/p"
-    )  # plancache cannot even run
+    # plancache cannot even run
+    unusable = script("offline-audit.sh", {**env, "PLANCACHE": "false"}, "s3://b/p")
     assert unusable.returncode == 2 and json.loads(report.read_text())["ok"] is False
 
 
@@ -304,9 +303,8 @@ def test_journeys_ship_in_the_wheel_and_run_from_a_plain_install(tmp_path: Path)
         env={**env, "PLANCACHE_TRUSTED_KEYS": "/nonexistent"},
         timeout=60,
     )
-    assert (
-        audit.returncode == 2 and "plancache: error:" in audit.stderr
-    )  # ran the installed plancache
+    # ran the installed plancache
+    assert audit.returncode == 2 and "plancache: error:" in audit.stderr
 
 
 def test_scripts_explain_missing_settings(tmp_path: Path) -> None:
@@ -348,8 +346,8 @@ def test_offline_audit_replaces_its_report_when_keys_or_url_are_missing(tmp_path
     report = tmp_path / "audit.json"
     for env, args in (
         ({"PLANCACHE_TRUSTED_KEYS": ""}, [str(plans.path)]),  # keys missing
-        ({"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"), "PLANCACHE_URL": ""}, []),
-    ):  # URL
+        ({"PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"), "PLANCACHE_URL": ""}, []),  # URL
+    ):
         report.write_text('{"ok": true, "plans": [], "schema": "plancache.report/v1"}')
         audit = script("offline-audit.sh", {**env, "AUDIT_JSON": str(report)}, *args)
         doc = json.loads(report.read_text())

@@ -66,9 +66,8 @@ def test_the_newest_record_of_each_rank_becomes_gauges_prometheus_parses() -> No
     assert samples[("plancache_boot_plugin_seconds", r0)] == pytest.approx(1.2345, abs=1e-3)
     assert samples[("plancache_boot_timestamp_seconds", r0)] == 1796187600
     decision = [k for k in samples if k[0] == "plancache_boot_decision" and ("rank", "1") in k[1]]
-    assert (
-        dict(decision[0][1])["plan_reason"] == "other"
-    )  # not a documented reason: never the record's string
+    # not a documented reason: never the record's string
+    assert dict(decision[0][1])["plan_reason"] == "other"
 
 
 def test_doctor_writes_the_textfile_from_the_records_under_the_cache_root(
@@ -83,9 +82,8 @@ def test_doctor_writes_the_textfile_from_the_records_under_the_cache_root(
     main(["doctor", "--json", "--textfile", str(out)])
     doc = json.loads(capsys.readouterr().out)
     (check,) = [c for c in doc["checks"] if c["name"] == "boot-records"]
-    assert check["status"] == "warn" and check["detail"].endswith(
-        "x"
-    )  # the last record's warning, said
+    # the last record's warning, said
+    assert check["status"] == "warn" and check["detail"].endswith("x")
     assert _samples(out.read_text())[("plancache_boot_plan_applied", (("rank", "0"),))] == 1
     assert [p.name for p in out.parent.iterdir()] == ["plancache.prom"]  # atomic: no temporary left
 
@@ -110,9 +108,8 @@ def test_every_rank_of_an_8_gpu_node_is_exported_whatever_records_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "cache"
-    for boot, decision in enumerate(
-        ("profile", "apply")
-    ):  # two boots of 8 ranks: the second applied
+    # two boots of 8 ranks: the second applied
+    for boot, decision in enumerate(("profile", "apply")):
         for rank in range(8):
             _record(
                 root,
@@ -130,9 +127,8 @@ def test_every_rank_of_an_8_gpu_node_is_exported_whatever_records_says(
     assert {dict(k[1])["rank"] for k in samples if k[0] == "plancache_boot_plan_applied"} == {
         str(r) for r in range(8)
     }
-    assert all(
-        samples[("plancache_boot_plan_applied", (("rank", str(r)),))] == 1 for r in range(8)
-    )  # the newest each
+    # the newest each
+    assert all(samples[("plancache_boot_plan_applied", (("rank", str(r)),))] == 1 for r in range(8))
 
 
 BAD = {
@@ -184,9 +180,8 @@ def test_malformed_records_are_skipped_with_a_warning_and_the_textfile_still_rew
     )
     assert "WARN" in captured.out and "\ud800" not in captured.out
     if textfile:
-        samples = _samples(
-            out.read_text()
-        )  # rewritten, from the one good record (rank 0's older one)
+        # rewritten, from the one good record (rank 0's older one)
+        samples = _samples(out.read_text())
         assert samples[("plancache_boot_plan_applied", (("rank", "0"),))] == 1
         assert {dict(k[1])["rank"] for k in samples if k[0] == "plancache_boot_plan_applied"} == {
             "0"

@@ -152,11 +152,8 @@ class _Config:
         ("emulator and not realtime", "test_store_faults.py", True),
         ("unit", "test_not_classified.py", None),  # collected: test_tiers fails for it instead
         ("", "test_compile_cache_vllm.py", None),
-        (
-            "unit or parametrize",
-            "test_compile_cache_vllm.py",
-            None,
-        ),  # not tiers only: pytest deselects
+        # not tiers only: pytest deselects
+        ("unit or parametrize", "test_compile_cache_vllm.py", None),
     ],
 )
 def test_a_tier_expression_leaves_files_that_cannot_match_uncollected(

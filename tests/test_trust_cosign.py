@@ -165,9 +165,8 @@ def test_a_statement_that_says_something_else_is_not_adopted(
         **request_,
     )
     assert why in err.detail
-    refused(
-        Reason.STATEMENT_MISMATCH, NAME, DATA, sig, first, NOW, keyring=None, **request_
-    )  # nor kept
+    # nor kept
+    refused(Reason.STATEMENT_MISMATCH, NAME, DATA, sig, first, NOW, keyring=None, **request_)
     action, replaced = sign_or_cosign(
         NAME, DATA, sig, second, NOW, keyring=keyring_of(first), replace=True, **request_
     )

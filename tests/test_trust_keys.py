@@ -322,9 +322,8 @@ def test_revocation_works_the_same_in_every_key_line_format() -> None:
     keyring = parse_trusted_keys("\n".join(lines + revocations) + "\n", "k")
     assert keyring.keys == {} and keyring.revoked == {k.keyid for k in keys}
     fine = parse_trusted_keys(f"{openssh_line(keys[0].public, 'revoked-certs-tester')}\n", "k")
-    assert list(fine.keys) == [
-        keys[0].keyid
-    ]  # a name merely containing the word in a longer one is fine
+    # a name merely containing the word in a longer one is fine
+    assert list(fine.keys) == [keys[0].keyid]
 
 
 @pytest.mark.parametrize("comment", ["José", "ci 2026 (rotated)", "用户", "ops@acme"])

@@ -60,9 +60,8 @@ def test_a_key_counts_only_once_its_window_opened_and_only_for_what_it_signed_in
         is Reason.EXPIRED
     )
     opened_later = keyring_of(key, valid_after=NOW + timedelta(seconds=1))
-    assert (
-        reason(name, data, sig, opened_later, NOW + timedelta(days=1)) is Reason.EXPIRED
-    )  # signed before it opened
+    # signed before it opened
+    assert reason(name, data, sig, opened_later, NOW + timedelta(days=1)) is Reason.EXPIRED
 
 
 def trusted_keys(old: Ed25519Signer, new: Ed25519Signer | None, retire_at: str | None) -> Keyring:

@@ -138,9 +138,8 @@ def test_expired_and_clock_skew(signer: Ed25519Signer, signed: tuple[str, bytes,
     name, data, sig = signed
     keyring = keyring_of(signer)
     expiry = NOW + timedelta(days=30)
-    verify_plan(
-        name, data, sig, keyring, expiry + timedelta(minutes=4)
-    )  # within the default 5 min skew
+    # within the default 5 min skew
+    verify_plan(name, data, sig, keyring, expiry + timedelta(minutes=4))
     err = rejected(Reason.EXPIRED, name, data, sig, keyring, expiry + timedelta(minutes=6))
     assert "expired" in err.detail
     rejected(Reason.EXPIRED, name, data, sig, keyring, expiry, clock_skew=timedelta(0))
@@ -189,9 +188,8 @@ def test_key_ids_compare_with_or_without_base64_padding(
     revoked = keyring_of(signer).merged(Keyring(revoked=frozenset({signer.keyid})))
     rejected(Reason.REVOKED, name, data, padded, revoked, NOW)
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-    alias = (
-        signer.keyid[:-1] + alphabet[alphabet.index(signer.keyid[-1]) ^ 1]
-    )  # an unused low bit set
+    # an unused low bit set
+    alias = signer.keyid[:-1] + alphabet[alphabet.index(signer.keyid[-1]) ^ 1]
     aliased = dsse.encode(
         dsse.Envelope(
             env.payload_type, env.payload, (dsse.Signature(alias, env.signatures[0].sig),)

@@ -71,9 +71,8 @@ def test_json_stays_valid_and_keeps_every_plan(
     assert main(["ls", "--json", str(directory)]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert [p["fingerprint"] for p in plans] == [FP, OTHER]
-    assert plans[0]["signer_ids"] == [
-        "SHA256:x" + FORGED_ROW + "\x1b[2J"
-    ]  # the data, escaped by JSON
+    # the data, escaped by JSON
+    assert plans[0]["signer_ids"] == ["SHA256:x" + FORGED_ROW + "\x1b[2J"]
 
 
 def test_decision_line_cannot_be_forged(caplog: pytest.LogCaptureFixture) -> None:

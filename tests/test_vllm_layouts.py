@@ -297,16 +297,14 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
     originals = (installed.originals["apply"], installed.originals["save"])
     assert sp.maybe_apply_startup_plan is hooks.apply_hook
     assert adapter.platform() is sp.current_platform and adapter.vllm_envs() is sp.envs
-    gpu_worker = importlib.import_module(
-        "shimvllm.v1.worker.gpu_worker"
-    )  # binds through the compat alias
+    # binds through the compat alias
+    gpu_worker = importlib.import_module("shimvllm.v1.worker.gpu_worker")
     assert (
         gpu_worker.maybe_apply_startup_plan is hooks.apply_hook
         and gpu_worker.maybe_save_startup_plan is hooks.save_hook
     )
-    assert (
-        sys.modules["shimvllm.worker.startup_plan"] is sp
-    )  # the alias the worker imported through
+    # the alias the worker imported through
+    assert sys.modules["shimvllm.worker.startup_plan"] is sp
     importlib.import_module("shimvllm.platforms")
     assert sys.modules["shimvllm.platforms"] is sys.modules["shimvllm._next.platforms"]
 
@@ -334,9 +332,8 @@ def test_shimmed_layout_patch_lands_where_the_worker_looks(
     hooks.uninstall()
     assert (sp.maybe_apply_startup_plan, sp.maybe_save_startup_plan) == originals
     assert (gpu_worker.maybe_apply_startup_plan, gpu_worker.maybe_save_startup_plan) == originals
-    assert "maybe_apply_startup_plan" not in vars(
-        sys.modules["shimvllm.worker"]
-    )  # only where the originals were
+    # only where the originals were
+    assert "maybe_apply_startup_plan" not in vars(sys.modules["shimvllm.worker"])
 
 
 def test_unknown_layout_is_one_warning_and_nothing_patched(

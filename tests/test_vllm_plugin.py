@@ -83,9 +83,8 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     model = root / "tiny-llama"
     write_tiny_model(model)
 
-    worker_imported_first = (
-        "vllm.v1.worker.gpu_worker" in sys.modules
-    )  # by another module: see the test
+    # by another module: see the test
+    worker_imported_first = "vllm.v1.worker.gpu_worker" in sys.modules
     from vllm.v1.worker import startup_plan
 
     originals = {
@@ -420,9 +419,8 @@ def test_signed_local_hit_is_applied_with_one_info_line(
     (line,) = infos(lines)
     assert f"decision=apply reason=applied source=local fingerprint={fp}" in line
     assert "elapsed_ms=" in line and f"kv_cache_memory_bytes={PLANNED_KV}" in line
-    assert [r.getMessage() for r in lines if r.levelno >= logging.INFO] == [
-        line
-    ]  # exactly one line
+    # exactly one line
+    assert [r.getMessage() for r in lines if r.levelno >= logging.INFO] == [line]
 
 
 def test_an_apply_boot_never_waits_for_a_remote_signing_key(
@@ -716,9 +714,8 @@ def test_save_time_fingerprint_can_differ_and_plancache_saves_under_the_apply_ti
     cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     cc.cudagraph_capture_sizes = [1, 2, 4, 8]
     cc.max_cudagraph_capture_size = 8
-    profiled = (
-        worker.determine_available_memory()
-    )  # apply: miss, profile; remembers its fingerprint
+    # apply: miss, profile; remembers its fingerprint
+    profiled = worker.determine_available_memory()
     apply_fp = fingerprint(plugin, worker)
     assert f"fingerprint={apply_fp}" in infos(lines)[0]
     cc.resolve_cudagraph_mode_and_sizes(
@@ -738,9 +735,8 @@ def test_save_time_fingerprint_can_differ_and_plancache_saves_under_the_apply_ti
         ).kv_cache_memory_bytes
         == profiled
     )
-    assert (
-        plugin.startup_plan._load_plan(apply_fp)["kv_cache_memory_bytes"] == profiled
-    )  # vLLM's loader takes it
+    # vLLM's loader takes it
+    assert plugin.startup_plan._load_plan(apply_fp)["kv_cache_memory_bytes"] == profiled
     # A fresh boot of the same config computes the apply-time fingerprint again.
     fresh = make_worker(plugin)
     fresh.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
@@ -941,9 +937,8 @@ def test_store_hit_on_loopback_s3_is_applied_and_written_locally(
     )
     assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
     assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
-    assert (
-        plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == PLANNED_KV
-    )  # vLLM's loader accepts it
+    # vLLM's loader accepts it
+    assert plugin.startup_plan._load_plan(fp)["kv_cache_memory_bytes"] == PLANNED_KV
 
 
 def test_store_hit_without_prefetch_fetches_within_the_budget(
@@ -1002,9 +997,8 @@ def test_an_inline_lookup_opens_the_store_by_its_own_deadline(
 
     from plancache.vllm_plugin import boot as boot_module
 
-    class SlowToOpen(
-        LocalFileSystem
-    ):  # a filesystem whose construction takes longer than any budget
+    # a filesystem whose construction takes longer than any budget
+    class SlowToOpen(LocalFileSystem):
         cachable = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -1076,9 +1070,8 @@ def test_black_holed_store_never_delays_save(
     worker._plancache_boot.push_thread.join(3)
     assert not worker._plancache_boot.push_thread.is_alive()
     assert worker._plancache_boot.push_result.startswith("failed")
-    assert (
-        plugin.plan_dir / sig_name(fingerprint(plugin, worker))
-    ).exists()  # signed locally all the same
+    # signed locally all the same
+    assert (plugin.plan_dir / sig_name(fingerprint(plugin, worker))).exists()
 
 
 # ------------------------------------------------------------------- configuration (no vLLM needed)
@@ -1158,9 +1151,8 @@ def test_ci_bake_without_trusted_keys_pushes_but_never_reads_the_store(
     bucket.mkdir()
     monkeypatch.setenv("PLANCACHE_URL", bucket.as_uri())
     monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
-    monkeypatch.setenv(
-        "PLANCACHE_TIMEOUT", "30"
-    )  # a push, not a deadline: room for a loaded CI machine (3 s failed there)
+    # a push, not a deadline: room for a loaded CI machine (3 s failed there)
+    monkeypatch.setenv("PLANCACHE_TIMEOUT", "30")
     worker = make_worker(plugin)
     fp = fingerprint(plugin, worker)
     write_plan(bucket, fp, keys.signer)  # present in the store, but never read without trusted keys
@@ -1217,9 +1209,8 @@ def test_a_bad_threshold_with_trusted_keys_applies_nothing(tmp_path: Path) -> No
             {"PLANCACHE_TRUSTED_KEYS": f"{tmp_path / 'k'}.pub", "PLANCACHE_THRESHOLD": raw}
         )
         assert boot.policy.kind == kind, raw
-    assert (
-        load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"
-    )  # no keys named at all
+    # no keys named at all
+    assert load_boot({"PLANCACHE_THRESHOLD": "0"}).policy.kind == "unsigned-local"
 
 
 # ------------------------------------------------------------- workers without plans, vLLM releases
@@ -1403,9 +1394,8 @@ def test_a_profiled_boot_records_the_miss_and_signs_the_inputs_and_the_profiling
         datetime.now(timezone.utc),
     )
     statement = verified.statement
-    assert (
-        statement is not None and fingerprint_of_inputs(statement.inputs) == fp
-    )  # exactly what vLLM hashed
+    # exactly what vLLM hashed
+    assert statement is not None and fingerprint_of_inputs(statement.inputs) == fp
     assert (
         statement.inputs["vllm"] == "0.33.0"
         and statement.inputs["device_total_memory"] == DEVICE_TOTAL
@@ -1486,9 +1476,8 @@ def test_a_boot_record_carries_no_credential_of_the_store_url(
     _finish_boot(plugin, worker)
     (record,) = _records(plugin)
     assert record["plan"]["decision"] == "profile" and record["plan"]["source"] == "store"
-    assert "***@bucket" in record["plan"]["detail"], record["plan"][
-        "detail"
-    ]  # the URL is there, masked
+    # the URL is there, masked
+    assert "***@bucket" in record["plan"]["detail"], record["plan"]["detail"]
     files = "".join(
         p.read_text() for p in (plugin.tmp / "cache" / "plancache" / "boot").glob("*.json")
     )

@@ -106,9 +106,8 @@ class World:
 
     # A start-up wait, not a budget: 300 s ran out beside the other vLLM fixtures (xdist, load 7-9).
     def accept(self, timeout: float = 900.0) -> None:
-        pending = [
-            self.listener.accept() for _ in range(self.size)
-        ]  # ranks connect before importing vLLM
+        # ranks connect before importing vLLM
+        pending = [self.listener.accept() for _ in range(self.size)]
         end = time.monotonic() + timeout
         for conn in pending:
             if not conn.poll(max(0.0, end - time.monotonic())):
@@ -400,9 +399,8 @@ def test_two_boots_after_a_failed_push_disagree_then_apply_everywhere(
     last = world.size - 1
     bucket = moto_server.new_bucket()
     client = moto_server.client()
-    for rank in range(
-        world.size - 1
-    ):  # the last rank's push had failed: its plan is not in the store
+    # the last rank's push had failed: its plan is not in the store
+    for rank in range(world.size - 1):
         data, sig = write_plan(tmp_path / "staging", world.fingerprint(rank), keys)
         client.put_object(
             Bucket=bucket, Key=f"plans/{plan_name(world.fingerprint(rank))}", Body=data

@@ -165,9 +165,8 @@ def main() -> None:
             return
         if cmd["op"] == "die":
             os._exit(3)
-        if (
-            cmd["op"] == "quit"
-        ):  # the test's teardown: the log flushed, no orderly shutdown to wait for
+        # the test's teardown: the log flushed, no orderly shutdown to wait for
+        if cmd["op"] == "quit":
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
