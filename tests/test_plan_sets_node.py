@@ -100,7 +100,7 @@ def store_of(server: LoopbackServer) -> Store:
 
 
 def signed_world(
-    signer: Any, world: list[str], when: datetime, kv: int = 20 << 30
+    signer: Any, world: list[str], when: datetime, *, kv: int = 20 << 30
 ) -> list[tuple[str, bytes, bytes]]:
     out = []
     for rank, fp in enumerate(world):
@@ -165,6 +165,7 @@ def boot(
     server: LoopbackServer,
     fp: str,
     world: list[str],
+    *,
     replica: int = 0,
     budget: float = BUDGET,
 ) -> PlanResult:
