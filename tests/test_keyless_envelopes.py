@@ -111,7 +111,7 @@ def test_a_key_and_a_real_identity_meet_a_threshold_of_two() -> None:
     keyring = _keyring(_line("0.34.0"), key, threshold=2)
     _, signers = open_envelope(dsse.encode(env), keyring)
     assert [s.keyid for s in signers] == [f"sigstore:{WORKFLOW}@refs/tags/v0.34.0", key.keyid]
-    logged = signers[0].log_time  # type: ignore[union-attr]
+    logged = signers[0].log_time  # type: ignore[union-attr]  # the keyless signer's
     assert logged is not None
     kept = current_signers(
         signers, keyring, signed_at=logged, expires_at=None, now=logged + timedelta(days=1)
@@ -284,7 +284,7 @@ def test_a_manifest_bundle_gets_one_keyless_allowance_over_the_key_cap() -> None
         "torch_aot_compile/" + "ab" * 32, (mf.FileEntry("a", 1, "0" * 64),), (), "0" * 64, 1, NOW
     )
     near = MAX_SIG_BYTES + dsse.KEYLESS_ALLOWANCE
-    assert len(sign_manifest(manifest, LargeBundles(near))) == near  # type: ignore[arg-type]
+    assert len(sign_manifest(manifest, LargeBundles(near))) == near  # type: ignore[arg-type]  # a stand-in
     with pytest.raises(Rejected) as caught:
-        sign_manifest(manifest, LargeBundles(near + 1))  # type: ignore[arg-type]
+        sign_manifest(manifest, LargeBundles(near + 1))  # type: ignore[arg-type]  # a stand-in
     assert caught.value.reason is Reason.TOO_LARGE
