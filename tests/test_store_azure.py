@@ -24,6 +24,7 @@ from plancache.keys.keyfile import generate_keypair
 from plancache.storage.azure.blob import BoundedAzureBlobFileSystem, CappedTransport
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.storage.store import Store, open_store
+from plancache.trust.envelope import MAX_SIG_OBJECT_BYTES
 from plancache.trust.errors import PlanCacheError, Reason
 from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name
 from realtime import SLACK_S
@@ -89,8 +90,11 @@ def test_one_fetch_is_two_ranged_gets(
     code, _, err, _ = pull(capsys, fault_server.endpoint, keys, tmp_path / "d", *ROOMY)
     assert code == 0, err
     requests = [(m, r) for m, _, r in fault_server.state.requests]
-    # plan and sidecar caps are both 64 KiB
-    assert requests == [("GET", f"bytes=0-{MAX_PLAN_BYTES}")] * 2
+    # the plan's cap, then the sidecar's (64 KiB and each keyless signature's allowance)
+    assert requests == [
+        ("GET", f"bytes=0-{MAX_PLAN_BYTES}"),
+        ("GET", f"bytes=0-{MAX_SIG_OBJECT_BYTES}"),
+    ]
     assert (tmp_path / "d" / plan_name(FP)).read_bytes() == plan_bytes()
 
 
