@@ -131,6 +131,8 @@ def test_cli_waits_for_a_held_lock_at_most_its_timeout(
             "files": 0,
             "bytes": 0,
             "signers": [],
+            "signed_by": [],
+            "keyless": [],
         }
     assert not os.path.lexists(fresh.directory(SUBJECT) / "rank_0_0")  # nothing pulled
     # nothing signed anew
