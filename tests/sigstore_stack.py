@@ -31,6 +31,7 @@ import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -457,6 +458,22 @@ class SigstoreStack:
 
     def trust_config_bytes(self) -> bytes:
         return json.dumps(self.trust_config()).encode()
+
+    def client_files(self, directory: Path, identity: str, trusted: str) -> dict[str, Path]:
+        """What a signer and a verifier of this instance are given, written in ``directory``:
+        the trust configuration, the trusted root, a token for ``identity`` and a trusted-keys
+        file holding the line ``trusted``."""
+        paths = {
+            "config": directory / "trust_config.json",
+            "root": directory / "trusted_root.json",
+            "token": directory / "token",
+            "trusted": directory / "trusted",
+        }
+        paths["config"].write_bytes(self.trust_config_bytes())
+        paths["root"].write_bytes(self.trusted_root_bytes())
+        paths["token"].write_text(self.token(identity))
+        paths["trusted"].write_text(trusted + "\n")
+        return paths
 
 
 def _der_length(n: int) -> bytes:

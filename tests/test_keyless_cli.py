@@ -31,18 +31,11 @@ def stack() -> Iterator[SigstoreStack]:
 
 @pytest.fixture
 def files(stack: SigstoreStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    paths = {
-        "config": tmp_path / "trust_config.json",
-        "root": tmp_path / "trusted_root.json",
-        "token": tmp_path / "token",
-        "trusted": tmp_path / "trusted",
-    }
-    paths["config"].write_bytes(stack.trust_config_bytes())
-    paths["root"].write_bytes(stack.trusted_root_bytes())
-    paths["token"].write_text(stack.token(IDENTITY))
-    paths["trusted"].write_text(
+    paths = stack.client_files(
+        tmp_path,
+        IDENTITY,
         f"sigstore issuer={stack.issuer} identity-regexp=https://gitlab\\.com/acme/serving//"
-        r"\.gitlab-ci\.yml@refs/heads/main" + "\n"
+        r"\.gitlab-ci\.yml@refs/heads/main",
     )
     monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUST_CONFIG", str(paths["config"]))
     for name in ("SIGSTORE_ID_TOKEN", "PLANCACHE_SIGSTORE_TRUSTED_ROOT"):

@@ -47,16 +47,9 @@ def stack() -> Iterator[SigstoreStack]:
 def files(stack: SigstoreStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """The trust configuration, root, a token, and trusted keys whose one line names the
     identity ``bake``: a name that must not hide the identity in any report."""
-    paths = {
-        "config": tmp_path / "trust_config.json",
-        "root": tmp_path / "trusted_root.json",
-        "token": tmp_path / "token",
-        "trusted": tmp_path / "trusted",
-    }
-    paths["config"].write_bytes(stack.trust_config_bytes())
-    paths["root"].write_bytes(stack.trusted_root_bytes())
-    paths["token"].write_text(stack.token(IDENTITY))
-    paths["trusted"].write_text(f"name=bake sigstore issuer={stack.issuer} identity={IDENTITY}\n")
+    paths = stack.client_files(
+        tmp_path, IDENTITY, f"name=bake sigstore issuer={stack.issuer} identity={IDENTITY}"
+    )
     monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUST_CONFIG", str(paths["config"]))
     monkeypatch.setenv("SIGSTORE_ID_TOKEN", paths["token"].read_text())
     monkeypatch.delenv("PLANCACHE_SIGSTORE_TRUSTED_ROOT", raising=False)

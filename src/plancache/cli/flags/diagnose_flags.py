@@ -69,6 +69,13 @@ def add_fingerprint(sub: Sub) -> None:
     )
     p.add_argument("--explain", action="store_true", help="print the factors vLLM hashes, per rank")
     p.add_argument("--json", action="store_true", help="print JSON (fingerprints and factors)")
+    device_flags(p)
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
+
+
+def device_flags(p: argparse.ArgumentParser) -> None:
+    """The device facts vLLM hashes into a fingerprint, given instead of asking the local GPU
+    (``fingerprint`` and ``explain`` compute the same fingerprints)."""
     p.add_argument(
         "--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU"
     )
@@ -78,7 +85,6 @@ def add_fingerprint(sub: Sub) -> None:
         metavar="BYTES",
         help="device total memory to hash instead of asking the local GPU",
     )
-    p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
 
 
 def add_explain(sub: Sub) -> None:
@@ -107,15 +113,7 @@ def add_explain(sub: Sub) -> None:
         metavar="ROOT",
         help="vLLM cache root whose compile caches to compare (directory locations only)",
     )
-    p.add_argument(
-        "--device-name", metavar="NAME", help="device name to hash instead of asking the local GPU"
-    )
-    p.add_argument(
-        "--device-total-memory",
-        type=positive_int,
-        metavar="BYTES",
-        help="device total memory to hash instead of asking the local GPU",
-    )
+    device_flags(p)
     json_flag(p)
     p.add_argument("location", metavar="DIR|URL", help="plan directory or store URL")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
