@@ -5,7 +5,12 @@ manifest read from the registry itself, never a mirror), and the delete is by th
 a manifest replaced since the re-read is another digest and is never the one deleted. The tag
 is looked up once more right before the delete: if it has moved, the delete is refused as a
 412 (the same ``changed`` answer S3, GCS and Azure give), and the replaced manifest is left to
-the writer that replaced it.
+the writer that replaced it. A tag that names another object's manifest (titled otherwise: a
+co-tenant's alias) is read here as it is, so it never compares equal to what was judged (the
+judging read refused it: ``name-mismatch``), and its delete is refused the same way:
+distribution would drop every tag on that digest, the other object's own too. With a
+``subject``, the re-read and the delete take the same attached candidate as the judging read
+(:func:`.referrers.candidate_manifest`), so ``prune --subject`` deletes the one that failed.
 
 The listing page is one ``tags/list`` page (the token is the last tag seen), mapped to the
 names plancache writes; a tag of anything else is skipped.
@@ -40,7 +45,7 @@ async def read(fs: RegistryFileSystem, path: str, cap: int) -> Versioned:
     from .artifacts import slot_of
 
     slot = slot_of(fs.name_of(path))
-    manifest = await fs.fetch_manifest(slot, fs.origin)
+    manifest = await fs.deletable_manifest(slot)
     layer = manifest.layer(slot.media_type) if manifest is not None else None
     if manifest is None or layer is None:
         raise FileNotFoundError(path)

@@ -31,9 +31,12 @@ from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
 
+from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected
+from .. import listing
 from . import referrers
 from .artifacts import (
+    CANARY,
     DSSE_TYPE,
     EMPTY_CONFIG,
     MANIFEST_TYPE,
@@ -49,6 +52,34 @@ from .registry_urls import DIGEST, TAG
 
 TAGS_PAGE = 1000
 MAX_TAG_PAGES = 1000
+
+
+def is_own(manifest: Manifest, slot: Slot) -> bool:
+    """Whether ``manifest`` is the slot's object's: titled with its name (the kind, its
+    ``artifactType``, was checked by the parse)."""
+    return manifest.title == slot.artifact
+
+
+def own_manifest(manifest: Manifest, slot: Slot) -> Manifest:
+    """``manifest`` if it is the slot's object's own.
+
+    A tag is only a pointer anyone who may push can move: a co-tenant who PUTs plan A's
+    manifest under plan B's tag would make B read as A, and a delete of "B" by digest would
+    delete A (distribution drops every tag on a deleted digest). Every manifest plancache
+    writes is titled with its object's name, so a manifest titled otherwise is not the object
+    the tag names.
+
+    Raises:
+        Rejected: titled as another object, or not at all (reason ``name-mismatch``).
+    """
+    if not is_own(manifest, slot):
+        shown = safe_text(manifest.title or "(none)", 120)
+        raise Rejected(
+            Reason.NAME_MISMATCH,
+            f"the manifest at tag {slot.tag} is titled {shown!r}: another object's, not "
+            f"{slot.artifact} (a tag re-pointed in the registry)",
+        )
+    return manifest
 
 
 class RegistryFileSystem(AsyncFileSystem):
@@ -104,13 +135,27 @@ class RegistryFileSystem(AsyncFileSystem):
         self, slot: Slot, client: RegistryClient | None = None
     ) -> Manifest | None:
         """The slot's manifest, checked (None if absent): at its tag, or, for reads with a
-        subject, by the digest the image's referrers name (only what is attached is read)."""
-        reference = slot.tag
+        subject, from the candidates the image's referrers name (only what is attached is
+        read: :func:`.referrers.candidate_manifest`).
+
+        Raises:
+            Rejected: a manifest of another kind (``malformed``), or titled as another object
+                (``name-mismatch``: a tag re-pointed at another object's manifest; see
+                :func:`own_manifest`).
+        """
         if client is None and self.subject_text is not None:
-            found = await referrers.attached_digest(self, slot.artifact)
-            if found is None:
-                return None
-            reference = found
+            return await referrers.candidate_manifest(self, slot)
+        manifest = await self.tagged_manifest(slot, client)
+        if manifest is not None:
+            own_manifest(manifest, slot)
+        return manifest
+
+    async def tagged_manifest(
+        self, slot: Slot, client: RegistryClient | None = None, reference: str | None = None
+    ) -> Manifest | None:
+        """The manifest at the slot's tag (or ``reference``), parsed as the slot's kind, its
+        title not yet compared (None if absent)."""
+        reference = reference or slot.tag
         if client is not None:
             got = await client.manifest(reference, (MANIFEST_TYPE,))
         else:
@@ -134,6 +179,14 @@ class RegistryFileSystem(AsyncFileSystem):
         if not stated:  # the registry did not say: read the tag there
             return await self.tag_reader.manifest(reference, media_types)
         return await self.reader.manifest(stated, media_types)
+
+    async def deletable_manifest(self, slot: Slot) -> Manifest | None:
+        """The manifest a delete of the slot's object would delete, from the registry itself:
+        the attached candidate with a subject, else the tag's manifest, its title not compared
+        (the delete refuses another object's: :meth:`_rm_file`)."""
+        if self.subject_text is not None and slot.kind is not CANARY:  # the canary: its tag
+            return await referrers.candidate_manifest(self, slot, self.origin)
+        return await self.tagged_manifest(slot, self.origin)
 
     async def shared_manifest(self, slot: Slot) -> Manifest | None:
         """:meth:`fetch_manifest`, one request for every reader of the tag at this moment."""
@@ -177,7 +230,9 @@ class RegistryFileSystem(AsyncFileSystem):
     async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         slot = slot_of(self.name_of(path))
         async with self._lock(slot.tag):
-            current = await self.fetch_manifest(slot, self.origin)
+            current = await self.tagged_manifest(slot, self.origin)
+            if current is not None and not is_own(current, slot):
+                current = None  # another object's manifest: neither kept from nor deleted
             digest = await self.origin.put_blob(bytes(value))
             await self._ensure_config()
             layer = Descriptor(
@@ -228,13 +283,15 @@ class RegistryFileSystem(AsyncFileSystem):
         (:class:`.oci_versions.Moved` otherwise)."""
         name = self.name_of(path)
         slot = slot_of(name)
+        from .oci_versions import Moved
+
         async with self._lock(slot.tag):
-            current = await self.fetch_manifest(slot, self.origin)
+            current = await self.deletable_manifest(slot)
             if current is None or current.layer(slot.media_type) is None:
                 raise FileNotFoundError(name)
+            if not is_own(current, slot):  # deleting it would delete the other object
+                raise Moved(f"{slot.tag} names another object's manifest: not deleted")
             if expected is not None and current.digest != expected:
-                from .oci_versions import Moved
-
                 raise Moved(f"{slot.tag} names another manifest than the one judged")
             if slot.signature and current.layer(slot.kind.content_type) is not None:
                 kept = [d for d in current.layers if d.media_type != DSSE_TYPE]
@@ -253,13 +310,18 @@ class RegistryFileSystem(AsyncFileSystem):
 
     # -- listings ---------------------------------------------------------------------------------
     async def tag_names(
-        self, start: str | None = None, pages: int = MAX_TAG_PAGES
+        self, start: str | None = None, pages: int = MAX_TAG_PAGES, keep: int | None = None
     ) -> tuple[list[str], str | None]:
-        """Object names of ``tags/list`` pages from ``start``, and where the next page starts.
+        """Object names of ``tags/list`` pages from ``start``, and where the next page starts
+        (None at the end). At most ``keep`` names are kept: the page that would pass it is the
+        last one read, and its names past ``keep`` are dropped (the caller sees ``keep + 1``
+        names and decides), so memory is bounded by ``keep`` and one capped page, never by how
+        many pages the registry says follow.
 
         Raises:
             Rejected: a page that is not JSON (reason ``malformed``).
         """
+        keep = listing.MAX_NAMES if keep is None else keep
         last = start
         names: list[str] = []
         for _ in range(pages):
@@ -268,6 +330,7 @@ class RegistryFileSystem(AsyncFileSystem):
                 tags = json.loads(body).get("tags") or []
             except (ValueError, AttributeError):
                 raise Rejected(Reason.MALFORMED, "the registry's tag list is not JSON") from None
+            del body
             tags = (
                 [t for t in tags if isinstance(t, str) and TAG.fullmatch(t)]
                 if isinstance(tags, list)
@@ -275,20 +338,29 @@ class RegistryFileSystem(AsyncFileSystem):
             )
             for tag in tags:
                 names += names_of_tag(tag)
+                if len(names) > keep:
+                    return names[: keep + 1], tag
             if not more or not tags or tags[-1] == last:
                 return names, None
             last = tags[-1]
         return names, last
 
     async def all_names(self) -> list[str]:
-        """Every object name: the subject's attached ones, else the whole tag list.
+        """Every object name: the subject's attached ones, else the whole tag list (at most
+        :data:`~..listing.MAX_NAMES` names, in at most MAX_TAG_PAGES pages).
 
         Raises:
-            Rejected: the tag list runs past MAX_TAG_PAGES pages (reason ``too-large``).
+            Rejected: the tag list names more than MAX_NAMES objects or runs past
+                MAX_TAG_PAGES pages (reason ``too-large``).
         """
         if self.subject_text is not None:
             return await referrers.attached_names(self)
         names, more = await self.tag_names()
+        if len(names) > listing.MAX_NAMES:
+            raise Rejected(
+                Reason.TOO_LARGE,
+                f"the tag list of {self.repository} names more than {listing.MAX_NAMES} objects",
+            )
         if more is not None:
             raise Rejected(
                 Reason.TOO_LARGE,
