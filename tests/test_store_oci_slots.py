@@ -61,7 +61,7 @@ def signed_plans(tmp_path: Path) -> tuple[Path, Path]:
 
 def _aliased(registry: DockerRegistry, signed_plans: tuple[Path, Path]) -> tuple[str, str, bytes]:
     """A repository holding A and B, then B's tag pointed at A's manifest (the co-tenant)."""
-    key, plans = signed_plans
+    _, plans = signed_plans
     repo = registry.new_repository("alias")
     assert main(["push", str(plans), registry.url(repo)]) == 0
     status, a_manifest = _tag(registry, repo, plan_name(FP))

@@ -42,7 +42,9 @@ def test_subject_on_every_command_that_reads_or_audits(
     url = registry.url(repo)
     push_image(registry.endpoint, repo, "v1")
     push_image(registry.endpoint, repo, "v2")
-    assert main(["push", "--key", str(keys), "--subject", "v1", str(tmp_path / "ci-plans"), url]) == 0
+    assert (
+        main(["push", "--key", str(keys), "--subject", "v1", str(tmp_path / "ci-plans"), url]) == 0
+    )
     trusted = ["--trusted-keys", f"{keys}.pub"]
     spot = tmp_path / "spot"
     assert main(["pull", *trusted, "--subject", "v1", url, str(spot)]) == 0

@@ -164,8 +164,9 @@ def add_store_commands(sub: Sub) -> None:
     add_trust_options(p)
     add_store_options(p)
     subject_flag(
-        p, "judge and delete only what is attached to this image (oci:// stores), e.g. a "
-        "referrer that fails verification"
+        p,
+        "judge and delete only what is attached to this image (oci:// stores), e.g. a "
+        "referrer that fails verification",
     )
     json_flag(p)
     quiet_flag(p)
