@@ -27,9 +27,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...trust.errors import StoreError
+from ...trust.errors import Rejected, StoreError
 from .artifacts import ARTIFACT_TYPES, DSSE_TYPE, INDEX_TYPE, Slot, names_of_tag
-from .oci_manifests import Descriptor, Manifest, build_index, parse_index
+from .oci_manifests import Descriptor, Manifest, build_index, is_own, parse_index
 from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, sha256_digest
 from .registry_urls import parse_image_reference
 
@@ -226,9 +226,6 @@ async def candidate_manifest(
     At most MAX_CANDIDATES manifests are read; one that fails its checks is skipped, so an
     unsigned or malformed referrer titled like a plan does not hide the signed one.
     ``client`` reads from there (the registry itself, for ``prune``'s re-read)."""
-    from ...trust.errors import Rejected
-    from .registry_fs import is_own
-
     names = await _attached(fs)
     digests = names.get(slot.artifact, [])
     fallback: Manifest | None = None

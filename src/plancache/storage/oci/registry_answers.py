@@ -55,8 +55,9 @@ TLS_MISTAKES = (
 """The two TLS failures an operator causes, by OpenSSL's reason, and the fix each names."""
 
 
-def tls_mistake(authority: str, exc: BaseException) -> StoreError | None:
-    """The one-line error naming the fix for a TLS failure an operator can correct, or None.
+def tls_mistake(authority: str, exc: BaseException) -> None:
+    """Raise the one-line error naming the fix for a TLS failure an operator can correct;
+    return for any other failure (the caller raises it as it was).
 
     aiohttp reports both as a connection error carrying OpenSSL's text (``[SSL:
     WRONG_VERSION_NUMBER] wrong version number``), which says nothing about which option to
@@ -69,9 +70,8 @@ def tls_mistake(authority: str, exc: BaseException) -> StoreError | None:
         text = str(current)
         for code, fix in TLS_MISTAKES:
             if code in text:
-                return StoreError(f"{safe_text(authority, 120)} {fix}")
+                raise StoreError(f"{safe_text(authority, 120)} {fix}") from exc
         current = current.__cause__ or current.__context__ or getattr(current, "os_error", None)
-    return None
 
 
 TAGS_CAP = 8 * 1024 * 1024

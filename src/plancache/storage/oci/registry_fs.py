@@ -12,8 +12,12 @@ through the same bounded paths as any store (deadlines, retries, caps, reports):
   layer replaced, all under one lock per tag in this process;
 * ``_rm_file``: a content object deletes its manifest by digest (the tag goes with it), a
   signature is dropped from its manifest;
-* a listing is the repository's tags (``tags/list``, page by page), each tag mapped back to
-  the names it holds; with a ``subject``, the image's referrers instead (:mod:`.referrers`).
+* a listing is the repository's tags (``tags/list``, page by page, capped: :mod:`.oci_versions`),
+  each tag mapped back to the names it holds; with a ``subject``, the image's referrers
+  instead (:mod:`.referrers`).
+
+A manifest is the object's only if titled with its name (:func:`.oci_manifests.own_manifest`):
+a tag is a pointer anyone who may push can move, and a delete by digest takes every tag on it.
 
 Reads go to the mirror when one is set (``mirror=HOST[:PORT]``, or the node's own mirror
 configuration: :mod:`.mirrors`), writes and deletes to the registry itself. A mirror trusted
@@ -31,10 +35,8 @@ from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
 
-from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected
-from .. import listing
-from . import referrers
+from . import oci_versions, referrers
 from .artifacts import (
     CANARY,
     DSSE_TYPE,
@@ -42,44 +44,19 @@ from .artifacts import (
     MANIFEST_TYPE,
     MAX_EMBEDDED,
     Slot,
-    names_of_tag,
     slot_of,
 )
-from .oci_manifests import Descriptor, Manifest, build_manifest, parse_manifest
+from .oci_manifests import (
+    Descriptor,
+    Manifest,
+    build_manifest,
+    is_own,
+    own_manifest,
+    parse_manifest,
+)
 from .registry_answers import sha256_digest
 from .registry_http import RegistryClient
-from .registry_urls import DIGEST, TAG
-
-TAGS_PAGE = 1000
-MAX_TAG_PAGES = 1000
-
-
-def is_own(manifest: Manifest, slot: Slot) -> bool:
-    """Whether ``manifest`` is the slot's object's: titled with its name (the kind, its
-    ``artifactType``, was checked by the parse)."""
-    return manifest.title == slot.artifact
-
-
-def own_manifest(manifest: Manifest, slot: Slot) -> Manifest:
-    """``manifest`` if it is the slot's object's own.
-
-    A tag is only a pointer anyone who may push can move: a co-tenant who PUTs plan A's
-    manifest under plan B's tag would make B read as A, and a delete of "B" by digest would
-    delete A (distribution drops every tag on a deleted digest). Every manifest plancache
-    writes is titled with its object's name, so a manifest titled otherwise is not the object
-    the tag names.
-
-    Raises:
-        Rejected: titled as another object, or not at all (reason ``name-mismatch``).
-    """
-    if not is_own(manifest, slot):
-        shown = safe_text(manifest.title or "(none)", 120)
-        raise Rejected(
-            Reason.NAME_MISMATCH,
-            f"the manifest at tag {slot.tag} is titled {shown!r}: another object's, not "
-            f"{slot.artifact} (a tag re-pointed in the registry)",
-        )
-    return manifest
+from .registry_urls import DIGEST
 
 
 class RegistryFileSystem(AsyncFileSystem):
@@ -283,16 +260,14 @@ class RegistryFileSystem(AsyncFileSystem):
         (:class:`.oci_versions.Moved` otherwise)."""
         name = self.name_of(path)
         slot = slot_of(name)
-        from .oci_versions import Moved
-
         async with self._lock(slot.tag):
             current = await self.deletable_manifest(slot)
             if current is None or current.layer(slot.media_type) is None:
                 raise FileNotFoundError(name)
             if not is_own(current, slot):  # deleting it would delete the other object
-                raise Moved(f"{slot.tag} names another object's manifest: not deleted")
+                raise oci_versions.Moved(f"{slot.tag} names another object's manifest: not deleted")
             if expected is not None and current.digest != expected:
-                raise Moved(f"{slot.tag} names another manifest than the one judged")
+                raise oci_versions.Moved(f"{slot.tag} names another manifest than the one judged")
             if slot.signature and current.layer(slot.kind.content_type) is not None:
                 kept = [d for d in current.layers if d.media_type != DSSE_TYPE]
                 await self._put(slot, current, kept)  # the old manifest goes in _put
@@ -309,71 +284,12 @@ class RegistryFileSystem(AsyncFileSystem):
             pass
 
     # -- listings ---------------------------------------------------------------------------------
-    async def tag_names(
-        self, start: str | None = None, pages: int = MAX_TAG_PAGES, keep: int | None = None
-    ) -> tuple[list[str], str | None]:
-        """Object names of ``tags/list`` pages from ``start``, and where the next page starts
-        (None at the end). At most ``keep`` names are kept: the page that would pass it is the
-        last one read, and its names past ``keep`` are dropped (the caller sees ``keep + 1``
-        names and decides), so memory is bounded by ``keep`` and one capped page, never by how
-        many pages the registry says follow.
-
-        Raises:
-            Rejected: a page that is not JSON (reason ``malformed``).
-        """
-        keep = listing.MAX_NAMES if keep is None else keep
-        last = start
-        names: list[str] = []
-        for _ in range(pages):
-            body, more = await self.tag_reader.tags_page(last, TAGS_PAGE)
-            try:
-                tags = json.loads(body).get("tags") or []
-            except (ValueError, AttributeError):
-                raise Rejected(Reason.MALFORMED, "the registry's tag list is not JSON") from None
-            del body
-            tags = (
-                [t for t in tags if isinstance(t, str) and TAG.fullmatch(t)]
-                if isinstance(tags, list)
-                else []
-            )
-            for tag in tags:
-                names += names_of_tag(tag)
-                if len(names) > keep:
-                    return names[: keep + 1], tag
-            if not more or not tags or tags[-1] == last:
-                return names, None
-            last = tags[-1]
-        return names, last
-
-    async def all_names(self) -> list[str]:
-        """Every object name: the subject's attached ones, else the whole tag list (at most
-        :data:`~..listing.MAX_NAMES` names, in at most MAX_TAG_PAGES pages).
-
-        Raises:
-            Rejected: the tag list names more than MAX_NAMES objects or runs past
-                MAX_TAG_PAGES pages (reason ``too-large``).
-        """
-        if self.subject_text is not None:
-            return await referrers.attached_names(self)
-        names, more = await self.tag_names()
-        if len(names) > listing.MAX_NAMES:
-            raise Rejected(
-                Reason.TOO_LARGE,
-                f"the tag list of {self.repository} names more than {listing.MAX_NAMES} objects",
-            )
-        if more is not None:
-            raise Rejected(
-                Reason.TOO_LARGE,
-                f"the tag list of {self.repository} runs past {MAX_TAG_PAGES} pages",
-            )
-        return names
-
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """Entries directly under ``path`` (folders made of the names' ``/``)."""
         base = path.rstrip("/")
         under = "" if base == self.repository else self.name_of(base) + "/"
         entries: dict[str, dict[str, Any]] = {}
-        for name in await self.all_names():
+        for name in await oci_versions.all_names(self):
             if not name.startswith(under):
                 continue
             head, sep, _ = name[len(under) :].partition("/")

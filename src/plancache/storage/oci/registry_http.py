@@ -154,11 +154,9 @@ class RegistryClient:
                 response = await self.session().request(
                     method, url, headers=sent, data=data, allow_redirects=False
                 )
-            except (aiohttp.ClientError, OSError) as exc:  # a TLS mistake names its fix
-                mistake = tls_mistake(self.registry.authority, exc)
-                if mistake is None:
-                    raise
-                raise mistake from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                tls_mistake(self.registry.authority, exc)  # raises the fix it names, if any
+                raise
             if response.status != 401:
                 return response
             challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
