@@ -108,24 +108,20 @@ class RegistryFileSystem(AsyncFileSystem):
         return lock
 
     # -- manifests -------------------------------------------------------------------------------
-    async def fetch_manifest(
-        self, slot: Slot, client: RegistryClient | None = None
-    ) -> Manifest | None:
-        """The slot's manifest, checked (None if absent): at its tag, or, for reads with a
-        subject, from the candidates the image's referrers name (only what is attached is
-        read: :func:`.referrers.candidate_manifest`).
+    async def fetch_manifest(self, slot: Slot) -> Manifest | None:
+        """The slot's manifest for a read, checked (None if absent): at its tag, or, for reads
+        with a subject, from the candidates the image's referrers name (only what is attached
+        is read: :func:`.referrers.candidate_manifest`).
 
         Raises:
             Rejected: a manifest of another kind (``malformed``), or titled as another object
                 (``name-mismatch``: a tag re-pointed at another object's manifest; see
-                :func:`own_manifest`).
+                :func:`.oci_manifests.own_manifest`).
         """
-        if client is None and self.subject_text is not None:
+        if self.subject_text is not None:
             return await referrers.candidate_manifest(self, slot)
-        manifest = await self.tagged_manifest(slot, client)
-        if manifest is not None:
-            own_manifest(manifest, slot)
-        return manifest
+        manifest = await self.tagged_manifest(slot)
+        return own_manifest(manifest, slot) if manifest is not None else None
 
     async def tagged_manifest(
         self, slot: Slot, client: RegistryClient | None = None, reference: str | None = None
