@@ -181,7 +181,7 @@ async def _api_index(fs: RegistryFileSystem, digest: str) -> bytes | None:
         return await read_capped(response, MAX_MANIFEST, "the referrers index")
 
 
-MAX_CANDIDATES = 4
+MAX_CANDIDATES = 8
 """Manifests attached with one object's title that a reader tries, newest first: one that
 fails its checks (another kind, another title, no content, or, for a signed kind, no
 signature) does not hide the next; ``prune --subject`` deletes one that fails verification."""
