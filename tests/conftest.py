@@ -214,6 +214,9 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_hostile.py": ("emulator", "realtime"),
     "test_store_oci_mirror.py": ("emulator",),
     "test_store_oci_referrers.py": ("emulator",),
+    "test_store_oci_slots.py": ("emulator",),  # docker-registry: aliased tags, bad referrers
+    "test_store_oci_listings.py": ("emulator",),  # the registry stub: an endless tag list
+    "test_store_oci_subject.py": ("emulator", "system"),  # docker-registry; the journeys in bash
     "test_store_scripts.py": ("emulator", "system"),
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,

@@ -187,10 +187,19 @@ def require_push_target(store: Store) -> None:
     (``file:///mnt/plnas/fleet``), and creating it would hide every plan from the nodes that
     read the real one.
 
+    For a registry store with ``--subject``, the image must exist in its repository
+    (:func:`..storage.checks.require_subject`), asked before anything is signed.
+
     Raises:
         ConfigError: the parent directory of a ``file://`` store does not exist
             (``config-error``).
+        StoreError: the ``--subject`` image is not in the registry store's repository.
     """
+    if store.kind == "oci":
+        from ..storage.checks import require_subject
+
+        require_subject(store)  # the image attached to exists, before anything is signed
+        return
     if store.url.split("://", 1)[0].lower() not in ("file", "local"):
         return
     parent = Path(store.root or "/").parent
@@ -215,6 +224,9 @@ def no_plans_message(source: Location) -> str:
     close to X's (``…/h10`` when ``…/h100`` holds plans)."""
     from ..trust.display import safe_text  # the names below come from the store: hostile text
 
+    image = attached_to(source)
+    if image is not None:  # only the image's referrers were listed: deeper prefixes say nothing
+        return f"nothing is attached to image {safe_text(image, 300)} in {source} (--subject)"
     below = deeper(source)
     if below:
         shown = ", ".join(safe_text(b, 300) for b in below)
@@ -223,6 +235,14 @@ def no_plans_message(source: Location) -> str:
     return f"no plans in {source}" + (
         f"; did you mean {safe_text(near, 300)} (it holds plans)?" if near else ""
     )
+
+
+def attached_to(source: Location) -> str | None:
+    """The image a registry store lists the referrers of (``--subject``), else None."""
+    if isinstance(source, LocalPlanDir) or getattr(source, "kind", None) != "oci":
+        return None
+    subject = getattr(getattr(source, "_fs", None), "subject_text", None)
+    return subject if isinstance(subject, str) else None
 
 
 def near_miss(source: Location) -> str | None:

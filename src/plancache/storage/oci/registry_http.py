@@ -41,6 +41,7 @@ from .registry_answers import (
     media_type_of,
     read_capped,
     sha256_digest,
+    tls_mistake,
 )
 from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
 from .registry_urls import DIGEST, Registry, check_authority
@@ -149,9 +150,13 @@ class RegistryClient:
             auth = await self._authorization(scope)
             if auth is not None:
                 sent["Authorization"] = auth
-            response = await self.session().request(
-                method, url, headers=sent, data=data, allow_redirects=False
-            )
+            try:
+                response = await self.session().request(
+                    method, url, headers=sent, data=data, allow_redirects=False
+                )
+            except (aiohttp.ClientError, OSError) as exc:
+                tls_mistake(self.registry.authority, exc)  # raises the fix it names, if any
+                raise
             if response.status != 401:
                 return response
             challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
