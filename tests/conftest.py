@@ -145,6 +145,7 @@ pip against the package index."""
 UNIT = ("unit",)
 FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_background_cpus.py": UNIT,
+    "test_base_install.py": UNIT,  # subprocesses on a link farm of the base install
     "test_boot_records.py": ("vllm",),
     "test_boot_storm.py": ("emulator", "realtime"),
     "test_budget_paths.py": UNIT,

@@ -12,6 +12,7 @@ audit; one that exists but is empty is named with the prefixes below it that hol
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 
 DEEPER_SHOWN = 5
 """Prefixes holding plans named when the given one holds none."""
+STORE_SCHEMES = frozenset(
+    ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "file", "memory", "http", "https")
+)
+"""Schemes that, written with one slash (``oci:/host/repo``), are a store URL's typo rather than
+a directory's name."""
 SIBLINGS_SEEN = 50
 """Prefixes holding plans looked at beside the given one, for a near-miss suggestion."""
 
@@ -141,8 +147,18 @@ def local_dir(location: str | os.PathLike[str] | None, must_exist: bool = True) 
             f"{path} is a file, not a plan directory (plancache inspect {path} shows one plan)"
         )
     if must_exist and not path.is_dir():
-        raise ConfigError(f"plan directory {path} does not exist")
+        raise ConfigError(f"plan directory {path} does not exist{_url_with_one_slash(location)}")
     return LocalPlanDir(path)
+
+
+def _url_with_one_slash(location: str | os.PathLike[str] | None) -> str:
+    """``; did you mean 'oci://host/repo'?`` when a missing directory is spelled like a store URL
+    short of a slash (``oci:/host/repo``, ``s3:bucket``): read as a path it would only ever be
+    "does not exist", which hides the typo."""
+    match = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]+):/?([^/].*)", str(location or ""))
+    if match is None or match.group(1).lower() not in STORE_SCHEMES:
+        return ""
+    return f"; did you mean '{match.group(1).lower()}://{match.group(2)}'?"
 
 
 def open_location(
