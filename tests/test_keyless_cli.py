@@ -219,7 +219,8 @@ def test_a_node_verifies_bundles_with_no_network_at_all(
         [*offline, *sign, str(plans)], env=env, capture_output=True, text=True, timeout=60
     )
     assert blocked.returncode == 1 and "refused (config-error)" in blocked.stdout, blocked.stderr
-    assert "signingCert" in blocked.stdout  # Fulcio, up, was never reached
+    fulcio = stack.url("fulcio").split("://")[1]  # up, but never reached: named, with the cause
+    assert f"could not reach {fulcio}" in blocked.stdout, blocked.stdout
 
 
 def test_pubkey_prints_the_identity_line_fulcio_certifies(

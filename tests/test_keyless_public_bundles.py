@@ -71,7 +71,7 @@ def test_an_anchored_regexp_trusts_every_release_tag() -> None:
             f"sigstore issuer={GITHUB} identity-regexp=terraform-linters/tflint-ruleset-aws",
             Reason.UNANCHORED_IDENTITY,
         ),
-        (f"sigstore issuer={GITHUB} identity={WORKFLOW}", Reason.UNANCHORED_IDENTITY),
+        (f"sigstore issuer={GITHUB} identity={WORKFLOW}", Reason.WRONG_IDENTITY),
     ],
 )
 def test_a_real_bundle_is_refused_by_each_identity_rule(line: str, reason: Reason) -> None:

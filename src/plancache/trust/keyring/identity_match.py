@@ -1,0 +1,178 @@
+"""Which ``sigstore`` lines a certificate's identity matches, and why none does.
+
+The one comparison that trusting and revoking share (issue 48 items 4 and 5), so that a
+revocation line revokes exactly what the same line would have trusted: the issuer and the SANs
+are compared after :func:`normal_url` (scheme and host in lower case, the path's trailing
+slashes dropped from an issuer) on both sides; an exact ``identity=`` then equals the SAN, an
+``identity-regexp=`` full-matches it (ASCII classes: ``\\d`` is ``[0-9]``), and every source field
+the line pins (``source-repository=``, ...) equals the certificate's extension of that name.
+
+Several lines may match one certificate (an exact line and a regexp covering it). The verdict
+never depends on their order in the file: **every** matching line must admit the signer (its
+window, :meth:`~.identities.IdentitySigner.window_covers`), so a line's expiry is never
+bypassed by another line that also matches; the most specific of them (exact before regexp,
+more source fields pinned first, then the line's text) names the signer and counts toward the
+threshold. Pure: text in, lines or a :class:`~..errors.Rejected` out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from ..display import safe_text
+from ..errors import Reason, Rejected
+
+if TYPE_CHECKING:
+    from .identities import TrustedIdentity
+
+SOURCE_FIELDS = ("source-repository", "source-ref", "build-config", "build-trigger")
+"""The line fields that pin a certificate's source, each named after the Fulcio extension it is
+compared with (source repository URI, source repository ref, build config URI, build trigger)."""
+
+
+def normal_url(text: str, *, trailing_slash: bool = False) -> str:
+    """``text`` with its scheme and host in lower case (they are case-insensitive, RFC 3986
+    6.2.2.1), and for an issuer (``trailing_slash``) without trailing slashes on its path
+    (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). An e-mail address keeps its
+    local part and lowers its domain; anything else is returned as it is."""
+    if "://" not in text:
+        local, at, domain = text.rpartition("@")
+        return f"{local}@{domain.lower()}" if at and local else text
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text
+    path = parts.path.rstrip("/") if trailing_slash else parts.path
+    return urlunsplit(
+        (parts.scheme.lower(), parts.netloc.lower(), path, parts.query, parts.fragment)
+    )
+
+
+def normal_issuer(issuer: str) -> str:
+    return normal_url(issuer, trailing_slash=True)
+
+
+@dataclass(frozen=True)
+class CertifiedIdentity:
+    """What a verified Fulcio certificate says of its signer: the OIDC issuer, every SAN as
+    text, and the source extensions it states (field name, value), in :data:`SOURCE_FIELDS`
+    order."""
+
+    issuer: str
+    sans: tuple[str, ...]
+    source: tuple[tuple[str, str], ...] = ()
+
+    def stated(self, field: str) -> str | None:
+        return dict(self.source).get(field)
+
+
+def _who(cert: CertifiedIdentity) -> str:
+    san = cert.sans[0] if cert.sans else "<no SAN>"
+    return f"{safe_text(san, 120)} from {safe_text(cert.issuer, 80)}"
+
+
+def specificity(line: TrustedIdentity) -> tuple[int, int, str]:
+    """Sort key, most specific first: exact before regexp, more source fields first, then text."""
+    return (1 if line.regexp else 0, -len(line.source), line.identity)
+
+
+def _matches_san(line: TrustedIdentity, san: str) -> bool:
+    pattern = line.pattern
+    if pattern is not None:
+        return pattern.fullmatch(normal_url(san)) is not None
+    return normal_url(line.identity) == normal_url(san)
+
+
+def source_mismatch(line: TrustedIdentity, cert: CertifiedIdentity) -> str | None:
+    """The first source field the line pins that the certificate does not state as pinned."""
+    for field, value in line.source:
+        stated = cert.stated(field)
+        if stated is None or normal_url(stated) != normal_url(value):
+            return field
+    return None
+
+
+def matching_san(line: TrustedIdentity, cert: CertifiedIdentity) -> str | None:
+    """The certificate's SAN the line matches in full (issuer, SAN and source), else None."""
+    if normal_issuer(line.issuer) != normal_issuer(cert.issuer):
+        return None
+    if source_mismatch(line, cert) is not None:
+        return None
+    return next((san for san in cert.sans if _matches_san(line, san)), None)
+
+
+def trusted_lines(
+    lines: tuple[TrustedIdentity, ...], cert: CertifiedIdentity
+) -> list[tuple[TrustedIdentity, str]]:
+    """Every line that matches the certificate in full, with the SAN it matched, most
+    specific first (:func:`specificity`).
+
+    Raises:
+        Rejected: none matches, with the nearest miss: ``wrong-identity`` naming the source
+            field that differs (the issuer and SAN matched), ``wrong-issuer`` (the SAN matched
+            a line of another issuer), ``unanchored-identity`` (a regexp matches inside a SAN
+            but not from its first character: a fragment, written as cosign's unanchored
+            ``--certificate-identity-regexp`` takes it), else ``wrong-identity``.
+    """
+    found = [(line, san) for line in lines if (san := matching_san(line, cert)) is not None]
+    if found:
+        return sorted(found, key=lambda pair: specificity(pair[0]))
+    who = _who(cert)
+    issuer = normal_issuer(cert.issuer)
+    same_issuer = [line for line in lines if normal_issuer(line.issuer) == issuer]
+    for line in sorted(same_issuer, key=specificity):
+        if any(_matches_san(line, san) for san in cert.sans):
+            field = source_mismatch(line, cert) or ""
+            stated = cert.stated(field) or "<not stated>"
+            raise Rejected(
+                Reason.WRONG_IDENTITY,
+                f"the certificate's {field} is {safe_text(stated, 120)}, the trusted line pins "
+                f"{safe_text(dict(line.source).get(field), 120)} (signed by {who})",
+            )
+    if any(_matches_san(line, san) for line in lines for san in cert.sans):
+        raise Rejected(Reason.WRONG_ISSUER, f"the identity is trusted from another issuer ({who})")
+    if any(_unanchored(line, san) for line in same_issuer for san in cert.sans):
+        raise Rejected(
+            Reason.UNANCHORED_IDENTITY,
+            "a trusted identity-regexp matches only inside the certificate's SAN, not from its "
+            f"start: it must match the whole SAN ({who})",
+        )
+    raise Rejected(Reason.WRONG_IDENTITY, f"no trusted identity signed it (signed by {who})")
+
+
+def _unanchored(line: TrustedIdentity, san: str) -> bool:
+    """A regexp that finds itself inside the SAN but cannot match from its first character: it
+    lacks the leading part (an anchor) a full match needs. An exact line, or a regexp that
+    matches a prefix and then stops (``…v\\d+\\.\\d+`` against ``v1.2-rc1``), is a different
+    identity (``wrong-identity``): loosening it would be the mistake."""
+    pattern = line.pattern
+    if pattern is None:
+        return False
+    text = normal_url(san)
+    return pattern.search(text) is not None and pattern.match(text) is None
+
+
+def near_miss(revoked: TrustedIdentity, trusted: TrustedIdentity) -> bool:
+    """A revocation written for a trusted line (the same identity, ignoring case) that can
+    never match a certificate the trusted line matches (:func:`could_overlap`)."""
+    same = normal_url(revoked.identity).casefold() == normal_url(trusted.identity).casefold()
+    return same and revoked.regexp == trusted.regexp and not could_overlap(revoked, trusted)
+
+
+def could_overlap(revoked: TrustedIdentity, trusted: TrustedIdentity) -> bool:
+    """Whether a revocation line could ever match a certificate the trusted line matches: same
+    issuer, no source field pinned to two values, and the identities not provably disjoint
+    (an exact identity the other line does not match; two expressions are assumed to meet)."""
+    if normal_issuer(revoked.issuer) != normal_issuer(trusted.issuer):
+        return False
+    pins = dict(trusted.source)
+    for field, value in revoked.source:
+        if field in pins and normal_url(pins[field]) != normal_url(value):
+            return False
+    if not revoked.regexp:
+        return _matches_san(trusted, revoked.identity)
+    if not trusted.regexp:
+        return _matches_san(revoked, trusted.identity)
+    return True
