@@ -45,8 +45,8 @@ from ..statement import parse_time
 from .identity_match import (
     SOURCE_FIELDS,
     CertifiedIdentity,
-    near_miss,
     matching_san,
+    near_miss,
     normal_issuer,
     normal_url,
 )
