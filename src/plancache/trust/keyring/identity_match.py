@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
 from ..display import safe_text
 from ..errors import Reason, Rejected
@@ -35,19 +34,19 @@ compared with (source repository URI, source repository ref, build config URI, b
 def normal_url(text: str, *, trailing_slash: bool = False) -> str:
     """``text`` with its scheme and host in lower case (they are case-insensitive, RFC 3986
     6.2.2.1), and for an issuer (``trailing_slash``) without trailing slashes on its path
-    (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). An e-mail address keeps its
-    local part and lowers its domain; anything else is returned as it is."""
-    if "://" not in text:
+    (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). The rest is kept byte for
+    byte (no URL parser's round trip, which would drop an empty ``?`` or ``#`` and so make two
+    SANs one). An e-mail address keeps its local part and lowers its domain; anything else is
+    returned as it is."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
         local, at, domain = text.rpartition("@")
         return f"{local}@{domain.lower()}" if at and local else text
-    try:
-        parts = urlsplit(text)
-    except ValueError:
-        return text
-    path = parts.path.rstrip("/") if trailing_slash else parts.path
-    return urlunsplit(
-        (parts.scheme.lower(), parts.netloc.lower(), path, parts.query, parts.fragment)
-    )
+    host, slash, path = rest.partition("/")
+    path = slash + path
+    if trailing_slash:
+        path = path.rstrip("/")
+    return f"{scheme.lower()}://{host.lower()}{path}"
 
 
 def normal_issuer(issuer: str) -> str:
