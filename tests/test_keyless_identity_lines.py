@@ -127,6 +127,22 @@ def test_a_reusable_workflow_called_from_a_fork_is_refused_by_its_pins(
         assert f"certificate's {field} is" in caught.value.detail, caught.value.detail
 
 
+def test_a_regexp_pin_admits_every_release_tag_of_the_caller(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    tagged = signed(env, _github(stack, "acme/serving", "push", ref="refs/tags/v1.4.0"))
+    bare = f"sigstore issuer={stack.issuer} identity={SAN}"
+    tags = r"source-ref-regexp=refs/tags/v\d+\.\d+\.\d+"
+    assert verdict(stack, tagged, f"{bare} {tags}\n") is None
+    with pytest.raises(Rejected) as caught:
+        verify_plan(NAME, plan_bytes(), tagged, trusting(stack, f"{bare} {tags}-rc\n"), NOW)
+    assert caught.value.reason is Reason.WRONG_IDENTITY
+    assert "source-ref is refs/tags/v1.4.0" in caught.value.detail
+    for bad in (f"{bare} source-ref=refs/tags/v1 {tags}", f"{bare} source-ref-regexp=("):
+        with pytest.raises(ConfigError):
+            parse_trusted_keys(bad + "\n", "trusted")
+
+
 def test_a_pin_refuses_a_certificate_that_states_no_source(
     stack: SigstoreStack, env: dict[str, str]
 ) -> None:
@@ -323,3 +339,14 @@ def test_an_identity_regexp_classes_are_ascii() -> None:
     assert pattern.fullmatch("https://x/v12a") is not None
     for lookalike in ("https://x/v\u0661a", "https://x/v1\u00e9", "https://x/v1a\u2003"):
         assert pattern.fullmatch(lookalike) is None, lookalike
+
+
+def test_a_revocation_pinned_apart_from_its_trusted_line_is_refused(stack: SigstoreStack) -> None:
+    trusted = f"sigstore issuer={stack.issuer} identity={SAN} source-ref-regexp=refs/tags/v.*\n"
+    one_tag = f"@revoked sigstore issuer={stack.issuer} identity={SAN} source-ref=refs/tags/v1\n"
+    ids = parse_trusted_keys(trusted + one_tag, "trusted").identities
+    assert ids is not None and len(ids.revoked) == 1
+    branch = one_tag.replace("refs/tags/v1", "refs/heads/main")
+    with pytest.raises(ConfigError) as caught:
+        parse_trusted_keys(trusted + branch, "trusted")
+    assert "can never match it" in caught.value.detail

@@ -12,20 +12,20 @@ The issuer is a URL (``https://…``); ``identity=`` is the SAN, exactly; ``iden
 match the *whole* SAN (``re.fullmatch``, ASCII classes: ``\\d`` is ``[0-9]``): a pattern that
 matches only inside it, not from its start (``acme/serving`` inside
 ``https://github.com/evil/acme/serving-fork/…``), is the distinct rejection
-``unanchored-identity``, so a pattern written as a fragment shows up in the first failed
-boot instead of trusting a fork. Issuers and SANs are compared after one normalisation, the same
-for trusting and revoking (:mod:`.identity_match`: scheme and host in lower case, an issuer's
-trailing slash dropped). ``source-repository=``, ``source-ref=``, ``build-config=`` and
-``build-trigger=`` pin the build the certificate was issued to (Fulcio's extensions of those
-names; for a GitHub reusable workflow the SAN is the *called* workflow, and only these say which
-repository, ref and event called it). Values hold no spaces (SANs and issuer URLs do not); a
+``unanchored-identity``, so a pattern written as a fragment shows up in the first failed boot
+instead of trusting a fork. Issuers and SANs are compared after one normalisation, the same for
+trusting and revoking (:mod:`.identity_match`: scheme and host in lower case, an issuer's trailing
+slash dropped). ``source-repository=``, ``source-ref=``, ``build-config=`` and ``build-trigger=``
+(or their ``-regexp=`` forms) pin the build the certificate was issued to (Fulcio's extensions of
+those names; for a GitHub reusable workflow the SAN is the *called* workflow, and only these say
+which repository, ref and event called it). Values hold no spaces (SANs and issuer URLs do not); a
 value in double quotes is read without them. The options before ``sigstore`` are the keys'
-(``name``, ``valid-after``, ``valid-before``), with the keys' meaning: the window must cover
-both the verifier's clock and the statement's ``signed_at``; when several lines match one
-certificate, every one of them must admit it (:mod:`.identity_match`), whatever their order.
-``@revoked`` voids everything an identity signed (for a regexp line, every SAN it matches); it
-takes no window, and one spelled like a trusted line must be able to match it.
-Each trusted identity counts once toward the threshold, as a key does.
+(``name``, ``valid-after``, ``valid-before``), with the keys' meaning: the window must cover both
+the verifier's clock and the statement's ``signed_at``; when several lines match one certificate,
+every one of them must admit it (:mod:`.identity_match`), whatever their order. ``@revoked`` voids
+everything an identity signed (for a regexp line, every SAN it matches); it takes no window, and
+one spelled like a trusted line must be able to match it. Each trusted identity counts once toward
+the threshold, as a key does.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from ..display import safe_text
 from ..errors import ConfigError
 from ..statement import parse_time
 from .identity_match import (
+    PIN_FIELDS,
+    REGEXP_SUFFIX,
     SOURCE_FIELDS,
     CertifiedIdentity,
     matching_san,
@@ -55,7 +57,7 @@ KEYWORD = "sigstore"
 KEYID_PREFIX = "sigstore:"
 """How a keyless signer is named where a key id would be (``--json``'s ``keyid``)."""
 MAX_IDENTITIES = 256
-_FIELDS = ("issuer", "identity", "identity-regexp", *SOURCE_FIELDS)
+_FIELDS = ("issuer", "identity", "identity-regexp", *PIN_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class TrustedIdentity:
     valid_before: datetime | None = None
     pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     source: tuple[tuple[str, str], ...] = ()
-    """The source fields pinned (field, value), in :data:`~.identity_match.SOURCE_FIELDS` order."""
+    """The source fields pinned (field, value), in :data:`~.identity_match.PIN_FIELDS` order
+    (a ``-regexp`` field's value is its expression)."""
 
     def matches(self, cert: CertifiedIdentity) -> bool:
         """The certificate is this line's: issuer, a SAN and every pinned source field
@@ -95,7 +98,7 @@ class TrustedIdentity:
     def key(self) -> tuple[object, ...]:
         """What makes two lines the same line: their normal issuer, identity and pins."""
         identity = self.identity if self.regexp else normal_url(self.identity)
-        pins = tuple((k, normal_url(v)) for k, v in self.source)
+        pins = tuple((k, v if k.endswith(REGEXP_SUFFIX) else normal_url(v)) for k, v in self.source)
         return (normal_issuer(self.issuer), identity, self.regexp, pins)
 
 
@@ -206,7 +209,8 @@ def _unquoted(part: str) -> tuple[str, str]:
     if not sep or key not in _FIELDS or not value or any(q in value for q in "\"'"):
         raise ConfigError(
             f"'{safe_text(part, 60)}' is not one of issuer=URL, identity=SAN, "
-            f"identity-regexp=EXPRESSION, {'=, '.join(SOURCE_FIELDS)}= (each once, not empty, "
+            f"identity-regexp=EXPRESSION, {'=, '.join(SOURCE_FIELDS)}= or their -regexp= forms "
+            "(each once, not empty, "
             "no spaces, no quotes inside)"
         )
     return key, value
@@ -273,7 +277,17 @@ def parse_identity(
     if after is not None and before is not None and after >= before:
         raise ConfigError("valid-after is not before valid-before: the identity would never count")
     name = options.get("name") or text
-    source = tuple((k, values[k]) for k in SOURCE_FIELDS if k in values)
+    for key in SOURCE_FIELDS:
+        if key in values and key + REGEXP_SUFFIX in values:
+            raise ConfigError(f"{key}= and {key}{REGEXP_SUFFIX}= pin one field twice: use one")
+        if key + REGEXP_SUFFIX in values:
+            try:
+                re.compile(values[key + REGEXP_SUFFIX], re.ASCII)
+            except re.error as exc:
+                raise ConfigError(
+                    f"{key}{REGEXP_SUFFIX} does not compile: {safe_text(str(exc), 80)}"
+                ) from None
+    source = tuple((k, values[k]) for k in PIN_FIELDS if k in values)
     return TrustedIdentity(values["issuer"], text, regexp, name, after, before, pattern, source)
 
 

@@ -17,6 +17,7 @@ threshold. Pure: text in, lines or a :class:`~..errors.Rejected` out.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,19 @@ if TYPE_CHECKING:
 
 SOURCE_FIELDS = ("source-repository", "source-ref", "build-config", "build-trigger")
 """The line fields that pin a certificate's source, each named after the Fulcio extension it is
-compared with (source repository URI, source repository ref, build config URI, build trigger)."""
+compared with (source repository URI, source repository ref, build config URI, build trigger).
+Each also has a ``-regexp`` form (``source-ref-regexp=refs/tags/v[0-9.]+``), full-matched as
+``identity-regexp=`` is: a release calling a reusable workflow from any of its tags."""
+REGEXP_SUFFIX = "-regexp"
+PIN_FIELDS = tuple(f + suffix for f in SOURCE_FIELDS for suffix in ("", REGEXP_SUFFIX))
+"""What a line may pin: each source field, exact or as a regular expression."""
+
+
+def _pin_matches(field: str, value: str, stated: str) -> bool:
+    """A pin (``field`` exact, or ``field-regexp``) against the certificate's stated value."""
+    if field.endswith(REGEXP_SUFFIX):
+        return re.fullmatch(value, stated, re.ASCII) is not None  # compiled (and cached) at load
+    return normal_url(stated) == normal_url(value)
 
 
 def normal_url(text: str, *, trailing_slash: bool = False) -> str:
@@ -85,10 +98,11 @@ def _matches_san(line: TrustedIdentity, san: str) -> bool:
 
 
 def source_mismatch(line: TrustedIdentity, cert: CertifiedIdentity) -> str | None:
-    """The first source field the line pins that the certificate does not state as pinned."""
+    """The first field the line pins (``source-ref`` or ``source-ref-regexp``, ...) that the
+    certificate does not state as pinned."""
     for field, value in line.source:
-        stated = cert.stated(field)
-        if stated is None or normal_url(stated) != normal_url(value):
+        stated = cert.stated(field.removesuffix(REGEXP_SUFFIX))
+        if stated is None or not _pin_matches(field, value, stated):
             return field
     return None
 
@@ -124,10 +138,11 @@ def trusted_lines(
     for line in sorted(same_issuer, key=specificity):
         if any(_matches_san(line, san) for san in cert.sans):
             field = source_mismatch(line, cert) or ""
-            stated = cert.stated(field) or "<not stated>"
+            stated = cert.stated(field.removesuffix(REGEXP_SUFFIX)) or "<not stated>"
             raise Rejected(
                 Reason.WRONG_IDENTITY,
-                f"the certificate's {field} is {safe_text(stated, 120)}, the trusted line pins "
+                f"the certificate's {field.removesuffix(REGEXP_SUFFIX)} is "
+                f"{safe_text(stated, 120)}, the trusted line pins {field}="
                 f"{safe_text(dict(line.source).get(field), 120)} (signed by {who})",
             )
     if any(_matches_san(line, san) for line in lines for san in cert.sans):
@@ -166,12 +181,25 @@ def could_overlap(revoked: TrustedIdentity, trusted: TrustedIdentity) -> bool:
     (an exact identity the other line does not match; two expressions are assumed to meet)."""
     if normal_issuer(revoked.issuer) != normal_issuer(trusted.issuer):
         return False
-    pins = dict(trusted.source)
-    for field, value in revoked.source:
-        if field in pins and normal_url(pins[field]) != normal_url(value):
-            return False
+    if _pins_disjoint(revoked.source, trusted.source) or _pins_disjoint(
+        trusted.source, revoked.source
+    ):
+        return False
     if not revoked.regexp:
         return _matches_san(trusted, revoked.identity)
     if not trusted.regexp:
         return _matches_san(revoked, trusted.identity)
     return True
+
+
+def _pins_disjoint(one: tuple[tuple[str, str], ...], other: tuple[tuple[str, str], ...]) -> bool:
+    """Whether an exact pin of ``one`` is refused by ``other``'s pin of the same field (exact
+    or expression): no certificate can satisfy both. Two expressions are assumed to meet."""
+    pins = dict(other)
+    for field, value in one:
+        if field.endswith(REGEXP_SUFFIX):
+            continue
+        for theirs in (field, field + REGEXP_SUFFIX):
+            if theirs in pins and not _pin_matches(theirs, pins[theirs], value):
+                return True
+    return False
