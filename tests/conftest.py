@@ -178,6 +178,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_keyless_envelopes.py": UNIT,  # committed real bundles as extension signatures
     "test_keyless_hostile_bundles.py": ("emulator",),  # local Fulcio/Rekor/OIDC, in process
     "test_keyless_hostile_inputs.py": ("emulator", "system"),  # local Fulcio; FIFOs in children
+    "test_keyless_identity_lines.py": ("emulator",),  # local Fulcio/Rekor: chosen claims, SANs
     "test_keyless_journeys.py": ("emulator", "system"),  # docs/keys.md's CI jobs, run as scripts
     "test_keyless_public_bundles.py": UNIT,  # committed real bundles, verified in process
     "test_keyless_revoked.py": ("emulator",),  # local Fulcio/Rekor/OIDC, moto: prune --revoked
