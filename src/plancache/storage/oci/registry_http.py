@@ -25,16 +25,19 @@ import asyncio
 import ssl
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import aiohttp
 
 from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected, StoreError
+from ..deadline import is_transient, one_line
 from .credential_files import ANONYMOUS, Credentials
+from .mirrors import mirror_reads
 from .registry_answers import (
     MAX_MANIFEST,
+    RegistryAnswer,
     TAGS_CAP,
     close_on_loop,
     expect,
@@ -60,9 +63,11 @@ class RegistryClient:
         plain_http: bool,
         plain_http_allowed: bool,
         ssl_context: ssl.SSLContext | None,
-        credentials: Callable[[str], Credentials],
+        credentials: Callable[[str], Awaitable[Credentials]],
         timeouts: tuple[float, float],
         namespace: str | None = None,
+        token_realms: frozenset[str] = frozenset(),
+        mirror_of: str | None = None,
     ) -> None:
         self.registry = registry
         self.repository = repository
@@ -72,6 +77,10 @@ class RegistryClient:
         which a mirror serving several registries knows which one is asked)."""
         self.plain_http = plain_http
         self.plain_http_allowed = plain_http_allowed
+        self.token_realms = token_realms
+        """Hosts besides the registry's own whose token realm may be sent its credentials."""
+        self.mirror_of = mirror_of
+        """For a mirror: the file (or storage option) that configured it, named when it fails."""
         self._ssl = ssl_context
         self._credentials_for = credentials
         self._credentials: Credentials | None = None
@@ -94,10 +103,10 @@ class RegistryClient:
             weakref.finalize(self, close_on_loop, asyncio.get_running_loop(), self._session)
         return self._session
 
-    @property
-    def credentials(self) -> Credentials:
+    async def credentials(self) -> Credentials:
+        """This host's credentials, looked up (off the loop) at the first challenge."""
         if self._credentials is None:
-            self._credentials = self._credentials_for(self.registry.authority)
+            self._credentials = await self._credentials_for(self.registry.authority)
         return self._credentials
 
     def _can_send_secrets(self) -> bool:
@@ -107,7 +116,7 @@ class RegistryClient:
         challenge = self._challenge
         if challenge is None:
             return None
-        creds = self.credentials
+        creds = await self.credentials()
         if challenge.scheme == "basic":
             if creds is ANONYMOUS or not creds.username:
                 raise StoreError(
@@ -149,9 +158,11 @@ class RegistryClient:
             auth = await self._authorization(scope)
             if auth is not None:
                 sent["Authorization"] = auth
-            response = await self.session().request(
-                method, url, headers=sent, data=data, allow_redirects=False
-            )
+            response = await self._request(method, url, sent, data)
+            if response.status == 400 and self.plain_http and not media_type_of(
+                response.headers
+            ).endswith("json"):
+                await self._refuse_tls_spoken_to_in_http(response)
             if response.status != 401:
                 return response
             challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
@@ -160,10 +171,50 @@ class RegistryClient:
                 break
             self._challenge = challenge
             self._tokens.pop(scope, None)
-        creds = self.credentials
+        creds = self._credentials or ANONYMOUS
         raise StoreError(
             f"{self.registry.authority} refused the credentials "
             f"({'anonymous' if creds is ANONYMOUS else 'from ' + safe_text(creds.source, 120)})"
+        )
+
+    async def _request(
+        self, method: str, url: str, headers: Mapping[str, str], data: bytes | None
+    ) -> aiohttp.ClientResponse:
+        """One request; a mirror's connection failure names the mirror and the file that
+        configured it (a dead in-cluster mirror is otherwise "cannot list oci://registry/…:
+        connection refused", naming neither). Retried as before: the error keeps transience."""
+        try:
+            response = await self.session().request(
+                method, url, headers=headers, data=data, allow_redirects=False
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            if self.mirror_of is None:
+                raise
+            raise StoreError(
+                f"the mirror {self.registry.authority} (configured in "
+                f"{safe_text(self.mirror_of, 160)}) failed: {one_line(exc)}",
+                transient=is_transient(exc),
+            ) from exc
+        if self.mirror_of is not None:
+            mirror_reads.note(self.registry.authority, self.mirror_of)
+        return response
+
+    async def _refuse_tls_spoken_to_in_http(self, response: aiohttp.ClientResponse) -> None:
+        """A ``400`` whose body is Go's ``Client sent an HTTP request to an HTTPS server``
+        (distribution, zot, Harbor): the registry speaks TLS where plancache spoke plain HTTP
+        (the loopback default), said as such rather than as "the registry answered 400".
+
+        Raises:
+            StoreError: it is that answer.
+            RegistryAnswer: another 400 that is not a registry's JSON error.
+        """
+        async with response:
+            head = await response.content.read(256)
+        if b"HTTP request to an HTTPS server" not in head:
+            raise RegistryAnswer(400, response.headers, "the registry answered 400")
+        raise StoreError(
+            f"{self.registry.authority} speaks TLS, not plain HTTP: give its CA with "
+            "--storage-option ca_file=PATH (or plain_http=false if a system CA signs it)"
         )
 
     # -- reads ---------------------------------------------------------------------------------
