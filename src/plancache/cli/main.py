@@ -184,7 +184,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return _internal(exc, fail)
     finally:  # where the bytes came from, success or not (docs/stores.md, "Mirrors")
         for host, configured_in in mirror_reads.mirrors_read():
-            print(f"plancache: read via mirror {host} (configured in {configured_in})", file=sys.stderr)
+            print(
+                f"plancache: read via mirror {host} (configured in {configured_in})",
+                file=sys.stderr,
+            )
 
 
 OPTIONAL_EXTRAS = {

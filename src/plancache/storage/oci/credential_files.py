@@ -140,11 +140,11 @@ async def run_helper(helper: object, authority: str) -> Credentials | None:
         raise ConfigError(f"credential helper docker-credential-{helper} is not on PATH")
     name = f"docker-credential-{helper}"
     try:
-        returncode, out = await asyncio.wait_for(
-            _helper_output(program, authority), HELPER_TIMEOUT
-        )
+        returncode, out = await asyncio.wait_for(_helper_output(program, authority), HELPER_TIMEOUT)
     except asyncio.TimeoutError:
-        raise StoreError(f"credential helper {name} did not answer in {HELPER_TIMEOUT:g} s") from None
+        raise StoreError(
+            f"credential helper {name} did not answer in {HELPER_TIMEOUT:g} s"
+        ) from None
     if returncode != 0:
         if b"credentials not found" in out.lower():
             return None

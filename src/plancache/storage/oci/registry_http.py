@@ -159,9 +159,11 @@ class RegistryClient:
             if auth is not None:
                 sent["Authorization"] = auth
             response = await self._request(method, url, sent, data)
-            if response.status == 400 and self.plain_http and not media_type_of(
-                response.headers
-            ).endswith("json"):
+            if (
+                response.status == 400
+                and self.plain_http
+                and not media_type_of(response.headers).endswith("json")
+            ):
                 await self._refuse_tls_spoken_to_in_http(response)
             if response.status != 401:
                 return response

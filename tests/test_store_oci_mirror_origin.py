@@ -1,0 +1,135 @@
+"""Where the bytes came from, when the node's configuration names a mirror (issue 47, item 6).
+
+The origin is Debian's docker-registry on 127.0.0.1, the mirror another in proxy mode in front
+of it (tests/registry_server.py), named the way a node names it: a containerd ``hosts.toml``
+under a ``certs.d`` directory. Every request each of them answered is in its log, which is how
+these tests see which one was read:
+
+* ``verify``, ``ls`` (audits) and ``push`` (what is already stored) read the registry itself;
+  ``mirror_reads=true`` is the operator's explicit way to audit through the mirror;
+* a read through a mirror (``pull``, the plugin's boot) is named in the human output
+  (``read via mirror HOST (configured in FILE)``) and the JSON report (``via_mirror``);
+* a mirror that fails is named with the file that configured it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import FP, plan_bytes
+from plancache.cli.main import main
+from plancache.keys.keyfile import generate_keypair
+from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.plans.plan import plan_name
+from registry_server import DockerRegistry, registry_binary
+from store_servers import (
+    closed_port,
+    registry,  # noqa: F401 - a fixture, named as a parameter
+)
+
+PLANCACHE_PATHS = r"^/v2/.+/"
+"""Requests for a repository (the tests' own ``/v2/?settled=N`` markers are not)."""
+
+
+@pytest.fixture
+def mirror(registry: DockerRegistry) -> Iterator[DockerRegistry]:
+    binary = registry_binary()
+    assert binary is not None
+    server = DockerRegistry(binary, remote=registry.endpoint)
+    yield server
+    server.stop()
+
+
+def hosts_toml(tmp_path: Path, registry: DockerRegistry, mirror_host: str) -> Path:
+    """A containerd ``certs.d`` naming ``mirror_host`` (plain HTTP) for the registry."""
+    host, port = registry.host.rsplit(":", 1)
+    path = tmp_path / "certs.d" / f"{host}_{port}_" / "hosts.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text(f'server = "{registry.endpoint}"\n[host."http://{mirror_host}"]\n')
+    return path
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    LocalPlanDir(tmp_path / "plans").write(FP, plan_bytes(), None)
+    return tmp_path / "ci"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, str]:
+    capsys.readouterr()
+    code = main(["--json" if a == "JSON" else a for a in argv])
+    out, err = capsys.readouterr()
+    return code, json.loads(out), err
+
+
+def test_push_ls_and_verify_read_the_registry_and_never_the_nodes_mirror(
+    registry: DockerRegistry,
+    mirror: DockerRegistry,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = registry.url(registry.new_repository("origin"))
+    config = ("--storage-option", f"mirror_config={hosts_toml(tmp_path, registry, mirror.host)}")
+    before = len(mirror.settled_requests(PLANCACHE_PATHS))
+    code, report, err = run(
+        capsys, "push", "JSON", "--key", str(keys), *config, str(tmp_path / "plans"), url
+    )
+    assert code == 0, report
+    code, report, err = run(capsys, "ls", "JSON", *config, url)
+    assert code == 0 and FP in json.dumps(report["plans"])
+    code, report, err = run(capsys, "verify", "JSON", "--trusted-keys", f"{keys}.pub", *config, url)
+    assert code == 0, report
+    assert (
+        len(mirror.settled_requests(PLANCACHE_PATHS)) == before
+    )  # not one request, not even a HEAD
+    assert "via_mirror" not in report and "via mirror" not in err
+
+
+def test_reads_through_the_mirror_are_named_in_human_and_json_output(
+    registry: DockerRegistry,
+    mirror: DockerRegistry,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = registry.url(registry.new_repository("named"))
+    hosts = hosts_toml(tmp_path, registry, mirror.host)
+    config = ("--storage-option", f"mirror_config={hosts}")
+    assert main(["push", "--key", str(keys), *config, str(tmp_path / "plans"), url]) == 0
+    before = len(mirror.settled_requests(PLANCACHE_PATHS))
+    spot = tmp_path / "spot"
+    trust = ("--trusted-keys", f"{keys}.pub")
+    code, report, err = run(
+        capsys, "pull", "JSON", *trust, "--fingerprint", FP, *config, url, str(spot)
+    )
+    assert code == 0 and (spot / plan_name(FP)).read_bytes() == plan_bytes()
+    named = [{"host": mirror.host, "configured_in": str(hosts)}]
+    assert report["via_mirror"] == named
+    assert f"read via mirror {mirror.host} (configured in {hosts})" in err
+    assert len(mirror.settled_requests(PLANCACHE_PATHS)) > before
+    # an audit through the mirror, asked for explicitly, is named the same way
+    opt_in = ("--storage-option", "mirror_reads=true")
+    code, report, err = run(capsys, "verify", "JSON", *trust, *config, *opt_in, url)
+    assert code == 0 and report["via_mirror"] == named and "read via mirror" in err
+
+
+def test_a_dead_mirror_is_named_with_the_file_that_configured_it(
+    registry: DockerRegistry, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = registry.url(registry.new_repository("dead"))
+    dead = f"127.0.0.1:{closed_port()}"
+    hosts = hosts_toml(tmp_path, registry, dead)
+    config = ("--storage-option", f"mirror_config={hosts}")
+    assert main(["push", "--key", str(keys), *config, str(tmp_path / "plans"), url]) == 0
+    trust = ("--trusted-keys", f"{keys}.pub")
+    spot = str(tmp_path / "spot")
+    code, report, err = run(capsys, "pull", "JSON", *trust, "--fingerprint", FP, *config, url, spot)
+    assert code != 0
+    text = json.dumps(report) + err
+    assert f"the mirror {dead} (configured in {hosts}) failed" in text
