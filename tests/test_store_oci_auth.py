@@ -19,7 +19,7 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.oci.credential_files import find_credentials
+from plancache.storage.oci.access.credential_files import find_credentials
 from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError, PlanCacheError
 from plancache.trust.plans.plan import plan_name, sig_name

@@ -154,7 +154,8 @@ CHILD = textwrap.dedent(
         store = open_store(registry.url("team/plans"), {"plain_http": True}, timeout=10)
         error = store.fetch("0123456789abcdef").error
         outcome[name] = [error.reason.value, error.detail] if error else ["ok", ""]
-    tokens = [r for r in registry.state.requests + other.state.requests if r[1].startswith("/token")]
+    asked = registry.state.requests + other.state.requests
+    tokens = [r for r in asked if r[1].startswith("/token")]
     outcome["token-requests"] = len(tokens)
     registry.state.bearer = ""  # anonymous tokens: nothing secret to send
     registry.state.realm = None

@@ -302,26 +302,9 @@ def storage_options(
     subject = getattr(args, "subject", None)
     if subject:  # push/ls --subject IMAGE: a registry store's option (storage/oci/referrers.py)
         options["subject"] = subject
-    return {**options, **_s3_shorthands(args, options), **_origin_reads(args, options)}
+    from .flags.registry_reads import origin_reads
 
-
-ORIGIN_COMMANDS = frozenset({"verify", "ls", "prune", "push"})
-"""Commands that read a registry itself, not a mirror the node configures, unless told
-``mirror_reads=true``: an audit audits the registry, and a push decides what is already stored
-from it (storage/oci/registry_open.py)."""
-
-
-def _origin_reads(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``mirror_reads=false`` for an ORIGIN_COMMANDS command on a registry store URL."""
-    from ..storage.oci.registry_urls import is_registry_url
-
-    command = getattr(args, "compile_command", None) or getattr(args, "command", None)
-    if command not in ORIGIN_COMMANDS or "mirror_reads" in options:
-        return {}
-    places = (getattr(args, name, None) for name in ("url", "location", "target", "root"))
-    if any(isinstance(p, str) and is_registry_url(p) for p in places):
-        return {"mirror_reads": False}
-    return {}
+    return {**options, **_s3_shorthands(args, options), **origin_reads(args, options)}
 
 
 def _s3_shorthands(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,9 +7,9 @@
 * ``ca_file``: a PEM bundle of the CAs the registry's (and its token service's) certificate
   chains to (a regular file, read capped: a FIFO is refused, never waited on);
 * ``token_realms``: hosts (comma-separated) besides the registry's own whose token service
-  may be sent the registry's credentials (:mod:`.registry_auth` says why only these);
+  may be sent the registry's credentials (:mod:`.access.registry_auth` says why only these);
 * ``auth_file``: a docker ``config.json`` or podman ``auth.json`` read before the usual
-  places (:mod:`.credential_files`);
+  places (:mod:`.access.credential_files`);
 * ``mirror``: ``HOST[:PORT]`` (or ``https://…``, ``http://…``) of a pull-through mirror every
   read goes to; writes and deletes go to the registry. Without it, the mirror the node's
   container runtime is configured with, if any (:mod:`.mirrors`). Its scheme is its own:
@@ -40,7 +40,7 @@ from typing import Any
 from ...settings import unknown_option
 from ...trust.errors import ConfigError, PlanCacheError
 from ..local.files import read_capped
-from .credential_files import Credentials, find_credentials
+from .access.credential_files import Credentials, find_credentials
 from .mirrors.mirror_choice import configured_mirror
 from .mirrors.mirror_hosts import MirrorHost
 from .registry_urls import Registry, check_authority, parse_store_url

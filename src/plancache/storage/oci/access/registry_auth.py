@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
-from ...trust.display import safe_text
-from ...trust.errors import ConfigError, StoreError
+from ....trust.display import safe_text
+from ....trust.errors import ConfigError, StoreError
+from ..registry_answers import MAX_TOKEN_ANSWER_CAP, RegistryAnswer, read_capped
+from ..registry_urls import Registry, check_authority
 from .credential_files import Credentials
-from .registry_answers import MAX_TOKEN_ANSWER_CAP, RegistryAnswer, read_capped
-from .registry_urls import Registry, check_authority
 
 if TYPE_CHECKING:
-    from .registry_http import RegistryClient
+    from .registry_session import RegistrySession
 
 MAX_TOKEN = 16 * 1024
 DEFAULT_TOKEN_LIFE = 60.0
@@ -105,7 +105,7 @@ def _token_from(answer: Any, realm_host: str) -> Token:
 
 
 async def fetch_token(
-    client: RegistryClient, challenge: Challenge, scope: str, credentials: Credentials
+    client: RegistrySession, challenge: Challenge, scope: str, credentials: Credentials
 ) -> Token:
     """A bearer token from the challenge's realm for ``scope``.
 
@@ -154,7 +154,7 @@ async def fetch_token(
 
 
 def check_secret_realm(
-    client: RegistryClient, realm: Registry, plain: bool, credentials: Credentials
+    client: RegistrySession, realm: Registry, plain: bool, credentials: Credentials
 ) -> None:
     """Refuse to send ``credentials`` to ``realm`` unless it may have them (module docstring).
 
@@ -178,7 +178,7 @@ def check_secret_realm(
 
 
 async def _token_answer(
-    client: RegistryClient,
+    client: RegistrySession,
     method: str,
     url: str,
     headers: dict[str, str],

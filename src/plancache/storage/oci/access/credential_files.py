@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trust.errors import ConfigError, PlanCacheError, StoreError
-from ..local.files import read_capped
+from ....trust.errors import ConfigError, PlanCacheError, StoreError
+from ...local.files import read_capped
 
 MAX_FILE = 1024 * 1024
 MAX_HELPER_OUTPUT = 64 * 1024
@@ -197,7 +197,17 @@ async def _helper_output(program: str, authority: str) -> tuple[int, bytes]:
     finally:
         if proc.returncode is None:
             proc.kill()
-            await asyncio.shield(proc.wait())
+            await asyncio.shield(_reaped(proc))
+
+
+async def _reaped(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed helper: what is left in its pipe is read and dropped first (bounded
+    now that it is dead), since asyncio's ``wait()`` also waits for the pipe to close, and a
+    reader paused on a full buffer never sees it close."""
+    assert proc.stdout is not None
+    while await proc.stdout.read(1 << 16):
+        pass
+    await proc.wait()
 
 
 async def find_credentials(authority: str, auth_file: str | None = None) -> Credentials:
