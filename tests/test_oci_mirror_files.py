@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from plancache.storage.oci.mirrors import mirror_choice, mirror_hosts
+from plancache.storage.oci.registry_open import write_options
 from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError
 
@@ -190,6 +191,10 @@ def test_an_explicit_file_must_exist_and_a_plain_http_mirror_keeps_the_origin_on
     assert fs.origin.base == "https://registry.example:5000"
     fs = open_store(URL, {"mirror_config": str(conf), "mirror_reads": "false"}, timeout=5).fs
     assert fs.reader is fs.origin and fs.tag_reader is fs.origin
+    writing = write_options(URL, {"mirror_config": str(conf), "mirror_reads": True})
+    fs = open_store(URL, writing, timeout=5).fs  # a push reads nothing through a mirror
+    assert fs.reader is fs.origin and fs.tag_reader is fs.origin
+    assert write_options("s3://bucket/plans", {"a": 1}) == {"a": 1}  # only a registry takes it
 
 
 @pytest.mark.parametrize(

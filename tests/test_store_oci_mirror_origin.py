@@ -31,6 +31,7 @@ from store_servers import (
     registry,  # noqa: F401 - a fixture, named as a parameter
 )
 
+FP2 = "fedcba9876543210"
 PLANCACHE_PATHS = r"^/v2/.+/"
 """Requests for a repository (the tests' own ``/v2/?settled=N`` markers are not)."""
 
@@ -85,10 +86,16 @@ def test_push_ls_and_verify_read_the_registry_and_never_the_nodes_mirror(
     assert code == 0 and FP in json.dumps(report["plans"])
     code, report, err = run(capsys, "verify", "JSON", "--trusted-keys", f"{keys}.pub", *config, url)
     assert code == 0, report
-    assert (
-        len(mirror.settled_requests(PLANCACHE_PATHS)) == before
-    )  # not one request, not even a HEAD
+    assert len(mirror.settled_requests(PLANCACHE_PATHS)) == before  # not one request
     assert "via_mirror" not in report and "via mirror" not in err
+    # a push decides from the registry even when told mirror_reads=true (that is for audits)
+    LocalPlanDir(tmp_path / "plans").write(FP2, plan_bytes(FP2), None)
+    opt_in = ("--storage-option", "mirror_reads=true")
+    plans = str(tmp_path / "plans")
+    code, report, err = run(
+        capsys, "push", "JSON", "--key", str(keys), *config, *opt_in, plans, url
+    )
+    assert code == 0 and len(mirror.settled_requests(PLANCACHE_PATHS)) == before, report
 
 
 def test_reads_through_the_mirror_are_named_in_human_and_json_output(

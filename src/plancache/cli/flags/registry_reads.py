@@ -2,10 +2,12 @@
 
 ``verify``, ``ls`` and ``prune`` audit: a report about ``oci://registry/…`` that was read from a
 mirror would name the registry while it received no request (the mirror may be stale or serve
-what the registry no longer holds). ``push`` decides what is already stored, and no write or
-listing for a write may go through a mirror. They get ``mirror_reads=false`` unless the
-operator gives ``mirror_reads`` (``true`` audits through the mirror, named in the output).
-``pull`` and the plugin's boot read through the mirror: that is what it is for.
+what the registry no longer holds). They get ``mirror_reads=false`` unless the operator gives
+``mirror_reads`` (``true`` audits through the mirror, named in the output). ``push`` (plans or a
+compile cache) decides what is already stored, and no write or listing for a write may go
+through a mirror: it always gets ``mirror_reads=false`` (the storage layer's
+:func:`~...storage.oci.registry_open.write_options`, as the plugin's own pushes do). ``pull``
+and the plugin's boot read through the mirror: that is what it is for.
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-ORIGIN_COMMANDS = frozenset({"verify", "ls", "prune", "push"})
+AUDITS = frozenset({"verify", "ls", "prune"})
+WRITES = frozenset({"push"})
 
 
 def origin_reads(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"mirror_reads": False}`` for an ORIGIN_COMMANDS command on a registry store URL whose
-    options do not say ``mirror_reads``; nothing otherwise (no other store takes the option)."""
-    from ...storage.oci.registry_urls import is_registry_url
+    """``{"mirror_reads": False}`` for a push, or an audit whose options do not say
+    ``mirror_reads``, on a registry store URL; nothing otherwise (no other store takes it)."""
+    from ...storage.oci.registry_open import write_options
 
     command = getattr(args, "compile_command", None) or getattr(args, "command", None)
-    if command not in ORIGIN_COMMANDS or "mirror_reads" in options:
+    if command not in WRITES and (command not in AUDITS or "mirror_reads" in options):
         return {}
-    places = (getattr(args, name, None) for name in ("url", "location", "target", "root"))
-    if any(isinstance(p, str) and is_registry_url(p) for p in places):
-        return {"mirror_reads": False}
+    for name in ("url", "location", "target", "root"):
+        place = getattr(args, name, None)
+        if isinstance(place, str) and "mirror_reads" in write_options(place, {}):
+            return {"mirror_reads": False}
     return {}
