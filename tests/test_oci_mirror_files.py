@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plancache.storage.oci.mirrors import mirror_choice, mirror_hosts
-from plancache.storage.oci.registry_open import write_options
+from plancache.storage.oci.registry_urls import write_options
 from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError
 

@@ -89,7 +89,7 @@ class Boot:
         """The store, opened (the SDK imported) by ``deadline``: the caller's, so that opening and
         the reads after it share one budget (default: a budget of its own from now). ``writes``:
         for a push, which reads nothing through a registry's mirror (``write_options``)."""
-        from ..storage.oci.registry_open import write_options
+        from ..storage.oci.registry_urls import write_options
 
         url = self.config.url or ""
         return open_store(

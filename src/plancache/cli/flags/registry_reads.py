@@ -6,7 +6,7 @@ what the registry no longer holds). They get ``mirror_reads=false`` unless the o
 ``mirror_reads`` (``true`` audits through the mirror, named in the output). ``push`` (plans or a
 compile cache) decides what is already stored, and no write or listing for a write may go
 through a mirror: it always gets ``mirror_reads=false`` (the storage layer's
-:func:`~...storage.oci.registry_open.write_options`, as the plugin's own pushes do). ``pull``
+:func:`~...storage.oci.registry_urls.write_options`, as the plugin's own pushes do). ``pull``
 and the plugin's boot read through the mirror: that is what it is for.
 """
 
@@ -23,7 +23,7 @@ WRITES = frozenset({"push"})
 def origin_reads(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:
     """``{"mirror_reads": False}`` for a push, or an audit whose options do not say
     ``mirror_reads``, on a registry store URL; nothing otherwise (no other store takes it)."""
-    from ...storage.oci.registry_open import write_options
+    from ...storage.oci.registry_urls import write_options
 
     command = getattr(args, "compile_command", None) or getattr(args, "command", None)
     if command not in WRITES and (command not in AUDITS or "mirror_reads" in options):

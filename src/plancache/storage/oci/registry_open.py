@@ -143,17 +143,6 @@ def _hosts(options: Mapping[str, Any], key: str) -> frozenset[str]:
     )
 
 
-def write_options(url: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``options`` for a store opened to write: on a registry, ``mirror_reads=false`` whatever
-    was given, so that what a push reads to decide (is it stored? which manifest does the tag
-    name? the subject image) comes from the registry it writes to, never from a mirror that
-    may be stale or hostile. Other stores' options are returned as they are."""
-    from .registry_urls import is_registry_url
-
-    given = dict(options or {})
-    return {**given, "mirror_reads": False} if is_registry_url(url) else given
-
-
 def registry_opener(
     url: str, options: Mapping[str, Any], timeouts: tuple[float, float]
 ) -> tuple[type, Callable[[], Any], str]:

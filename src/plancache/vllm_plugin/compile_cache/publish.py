@@ -102,7 +102,7 @@ def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Si
         from ...pipeline.compile_cache.flows import push_cache
         from ...pipeline.resolver import utcnow
         from ...settings import BULK_TIMEOUT
-        from ...storage.oci.registry_open import write_options
+        from ...storage.oci.registry_urls import write_options
         from ...storage.store import open_store
         from ...trust.keyring.keys import signer_keyring
         from ..prefetch import off_compute_cores
