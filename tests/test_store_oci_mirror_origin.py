@@ -15,6 +15,7 @@ these tests see which one was read:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,9 @@ from conftest import FP, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust.plans.gate import Decision, Verdict
 from plancache.trust.plans.plan import plan_name
+from plancache.vllm_plugin.boot import log_decision
 from registry_server import DockerRegistry, registry_binary
 from store_servers import (
     closed_port,
@@ -104,6 +107,7 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
     keys: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     url = registry.url(registry.new_repository("named"))
     hosts = hosts_toml(tmp_path, registry, mirror.host)
@@ -124,6 +128,12 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
     opt_in = ("--storage-option", "mirror_reads=true")
     code, report, err = run(capsys, "verify", "JSON", *trust, *config, *opt_in, url)
     assert code == 0 and report["via_mirror"] == named and "read via mirror" in err
+    # the plugin's boot line names it too (the plugin's process never forgets a mirror it read)
+    with caplog.at_level(logging.INFO, logger="vllm.plancache"):
+        log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "store", FP, 0.0)
+        log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "local", FP, 0.0)
+    store_line, local_line = (r.getMessage() for r in caplog.records[-2:])
+    assert f"via_mirror={mirror.host}" in store_line and "via_mirror" not in local_line
 
 
 def test_a_dead_mirror_is_named_with_the_file_that_configured_it(
