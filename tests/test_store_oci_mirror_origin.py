@@ -137,7 +137,11 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
 
 
 def test_a_dead_mirror_is_named_with_the_file_that_configured_it(
-    registry: DockerRegistry, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    registry: DockerRegistry,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url = registry.url(registry.new_repository("dead"))
     dead = f"127.0.0.1:{closed_port()}"
@@ -150,3 +154,10 @@ def test_a_dead_mirror_is_named_with_the_file_that_configured_it(
     assert code != 0
     text = json.dumps(report) + err
     assert f"the mirror {dead} (configured in {hosts}) failed" in text
+    # doctor, checking the store a node will read, names it the same way
+    monkeypatch.setenv("PLANCACHE_URL", url)
+    monkeypatch.setenv("PLANCACHE_STORAGE_OPTIONS", f"mirror_config={hosts}")
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", f"{keys}.pub")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    code, report, err = run(capsys, "doctor", "JSON")
+    assert code != 0 and f"the mirror {dead} (configured in {hosts}) failed" in json.dumps(report)

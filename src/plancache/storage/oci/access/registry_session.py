@@ -24,8 +24,8 @@ from urllib.parse import urlencode
 import aiohttp
 
 from ....trust.display import safe_text
-from ....trust.errors import StoreError
-from ...deadline import is_transient, one_line
+from ....trust.errors import Reason, StoreError
+from ...deadline import is_timeout, is_transient, one_line
 from ..mirrors import mirror_reads
 from ..registry_answers import RegistryAnswer, close_on_loop, media_type_of
 from ..registry_urls import Registry
@@ -166,7 +166,8 @@ class RegistrySession:
     ) -> aiohttp.ClientResponse:
         """One request; a mirror's connection failure names the mirror and the file that
         configured it (a dead in-cluster mirror is otherwise "cannot list oci://registry/…:
-        connection refused", naming neither). Retried as before: the error keeps transience."""
+        connection refused", naming neither). Retried as before: the error keeps its
+        transience, and a timeout its reason."""
         try:
             response = await self.session().request(
                 method, url, headers=headers, data=data, allow_redirects=False
@@ -178,6 +179,7 @@ class RegistrySession:
                 f"the mirror {self.registry.authority} (configured in "
                 f"{safe_text(self.mirror_of, 160)}) failed: {one_line(exc)}",
                 transient=is_transient(exc),
+                reason=Reason.TIMEOUT if is_timeout(exc) else Reason.STORE_ERROR,
             ) from exc
         if self.mirror_of is not None:
             mirror_reads.note(self.registry.authority, self.mirror_of)
