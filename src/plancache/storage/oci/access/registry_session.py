@@ -27,7 +27,7 @@ from ....trust.display import safe_text
 from ....trust.errors import Reason, StoreError
 from ...deadline import is_timeout, is_transient, one_line
 from ..mirrors import mirror_reads
-from ..registry_answers import RegistryAnswer, close_on_loop, media_type_of
+from ..registry_answers import RegistryAnswer, close_on_loop
 from ..registry_urls import Registry
 from .credential_files import ANONYMOUS, Credentials
 from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
@@ -144,9 +144,9 @@ class RegistrySession:
             if (
                 response.status == 400
                 and self.plain_http
-                and not media_type_of(response.headers).endswith("json")
+                and "Content-Type" not in response.headers
             ):
-                await self._refuse_tls_spoken_to_in_http(response)
+                await self._refuse_tls_spoken_to_in_http(response, f"{method} {path}")
             if response.status != 401:
                 return response
             challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
@@ -185,19 +185,24 @@ class RegistrySession:
             mirror_reads.note(self.registry.authority, self.mirror_of)
         return response
 
-    async def _refuse_tls_spoken_to_in_http(self, response: aiohttp.ClientResponse) -> None:
-        """A ``400`` whose body is Go's ``Client sent an HTTP request to an HTTPS server``
-        (distribution, zot, Harbor): the registry speaks TLS where plancache spoke plain HTTP
-        (the loopback default), said as such rather than as "the registry answered 400".
+    async def _refuse_tls_spoken_to_in_http(
+        self, response: aiohttp.ClientResponse, request: str
+    ) -> None:
+        """A ``400`` with no ``Content-Type`` whose body is Go's ``Client sent an HTTP request
+        to an HTTPS server`` (distribution, zot, Harbor: net/http's raw answer, which no
+        registry error has): the registry speaks TLS where plancache spoke plain HTTP (the
+        loopback default), said as such rather than as "the registry answered 400".
 
         Raises:
             StoreError: it is that answer.
-            RegistryAnswer: another 400 that is not a registry's JSON error.
+            RegistryAnswer: another such 400 (its body read: at most 256 bytes).
         """
         async with response:
             head = await response.content.read(256)
         if b"HTTP request to an HTTPS server" not in head:
-            raise RegistryAnswer(400, response.headers, "the registry answered 400")
+            raise RegistryAnswer(
+                400, response.headers, f"{safe_text(request, 120)}: the registry answered 400"
+            )
         raise StoreError(
             f"{self.registry.authority} speaks TLS, not plain HTTP: give its CA with "
             "--storage-option ca_file=PATH (or plain_http=false if a system CA signs it)"
