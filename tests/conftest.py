@@ -145,6 +145,7 @@ pip against the package index."""
 UNIT = ("unit",)
 FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_background_cpus.py": UNIT,
+    "test_base_install.py": UNIT,  # subprocesses on a link farm of the base install
     "test_boot_records.py": ("vllm",),
     "test_boot_storm.py": ("emulator", "realtime"),
     "test_budget_paths.py": UNIT,
@@ -216,6 +217,9 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_mirror_origin.py": ("emulator",),  # docker-registry origin + proxy mirror
     "test_store_oci_realms.py": ("emulator", "system", "realtime"),  # unshare -rn; budgets
     "test_store_oci_referrers.py": ("emulator",),
+    "test_store_oci_slots.py": ("emulator",),  # docker-registry: aliased tags, bad referrers
+    "test_store_oci_listings.py": ("emulator",),  # the registry stub: an endless tag list
+    "test_store_oci_subject.py": ("emulator", "system"),  # docker-registry; the journeys in bash
     "test_store_scripts.py": ("emulator", "system"),
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,

@@ -57,6 +57,11 @@ class StubState:
         """The answer to a manifest read of a tag or digest the registry does not hold: 403 as a
         least-privilege registry answers (ECR, GAR with pull-only scope), with a ``DENIED``
         error body."""
+        self.endless_tags = False
+        """When set, ``tags/list`` answers 1000 new plan tags after ``last`` and a ``Link`` to
+        the next page, forever (a registry that never ends its listing)."""
+        self.tag_pages = 0
+        """``tags/list`` pages answered."""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
 
@@ -121,6 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
         if what == "referrers" and self.state.referrers_api:
             return self._referrers(ref)
         if what == "tags":
+            self.state.tag_pages += 1
+            if self.state.endless_tags:
+                return self._endless_tags()
             tags = json.dumps({"tags": sorted(self.state.tags)}).encode()
             return self._send(200, tags, {"Content-Type": "application/json"})
         return self._send(404)
@@ -195,6 +203,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         except OSError:
             return
+
+    def _endless_tags(self) -> None:
+        query = dict(parse_qsl(self.path.partition("?")[2]))
+        last = query.get("last", "")
+        start = int(last[len("startup_plan_") : -len(".json")], 16) + 1 if last else 0
+        tags = [f"startup_plan_{i:016x}.json" for i in range(start, start + 1000)]
+        link = f'</v2/x/tags/list?n=1000&last={tags[-1]}>; rel="next"'
+        body = json.dumps({"name": "x", "tags": tags}).encode()
+        self._send(200, body, {"Content-Type": "application/json", "Link": link})
 
     def _blob(self, ref: str, mode: str) -> None:
         state = self.state

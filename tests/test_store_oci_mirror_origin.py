@@ -48,12 +48,14 @@ def mirror(registry: DockerRegistry) -> Iterator[DockerRegistry]:
     server.stop()
 
 
-def hosts_toml(tmp_path: Path, registry: DockerRegistry, mirror_host: str) -> Path:
+def hosts_toml(
+    tmp_path: Path, registry: DockerRegistry, mirror_host: str, scheme: str = "http"
+) -> Path:
     """A containerd ``certs.d`` naming ``mirror_host`` (plain HTTP) for the registry."""
     host, port = registry.host.rsplit(":", 1)
     path = tmp_path / "certs.d" / f"{host}_{port}_" / "hosts.toml"
     path.parent.mkdir(parents=True)
-    path.write_text(f'server = "{registry.endpoint}"\n[host."http://{mirror_host}"]\n')
+    path.write_text(f'server = "{registry.endpoint}"\n[host."{scheme}://{mirror_host}"]\n')
     return path
 
 
@@ -161,3 +163,24 @@ def test_a_dead_mirror_is_named_with_the_file_that_configured_it(
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
     code, report, err = run(capsys, "doctor", "JSON")
     assert code != 0 and f"the mirror {dead} (configured in {hosts}) failed" in json.dumps(report)
+
+
+def test_a_plain_mirror_named_as_tls_names_its_own_fix_not_plain_http(
+    registry: DockerRegistry,
+    mirror: DockerRegistry,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The mirror's scheme is its file's: the fix is ``http://`` there, not ``plain_http=true``
+    (which is the registry's own option)."""
+    url = registry.url(registry.new_repository("tls-mistake"))
+    hosts = hosts_toml(tmp_path, registry, mirror.host, scheme="https")
+    config = ("--storage-option", f"mirror_config={hosts}")
+    assert main(["push", "--key", str(keys), *config, str(tmp_path / "plans"), url]) == 0
+    trust = ("--trusted-keys", f"{keys}.pub")
+    spot = str(tmp_path / "spot")
+    code, report, _ = run(capsys, "pull", "JSON", *trust, "--fingerprint", FP, *config, url, spot)
+    text = json.dumps(report)
+    assert code != 0 and f"the mirror {mirror.host} (configured in {hosts})" in text
+    assert f"name it http://{mirror.host} there" in text and "plain_http=true" not in text

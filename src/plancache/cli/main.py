@@ -202,6 +202,9 @@ OPTIONAL_EXTRAS = {
     "google.cloud.kms_v1": "gcpkms",
     "adlfs": "azure",
     "azure": "azure",
+    "aiohttp": "oci",
+    "sigstore": "sigstore",
+    "argcomplete": "completion",
     "vllm": "vllm",
     "torch": "vllm",
 }

@@ -27,7 +27,7 @@ from ....trust.display import safe_text
 from ....trust.errors import Reason, StoreError
 from ...deadline import is_timeout, is_transient, one_line
 from ..mirrors import mirror_reads
-from ..registry_answers import RegistryAnswer, close_on_loop
+from ..registry_answers import RegistryAnswer, close_on_loop, tls_mistake
 from ..registry_urls import Registry
 from .credential_files import ANONYMOUS, Credentials
 from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
@@ -174,10 +174,24 @@ class RegistrySession:
             )
         except (aiohttp.ClientError, OSError) as exc:
             if self.mirror_of is None:
+                tls_mistake(self.registry.authority, exc)  # raises the fix it names, if any
                 raise
-            raise StoreError(
+            mirror = (
                 f"the mirror {self.registry.authority} (configured in "
-                f"{safe_text(self.mirror_of, 160)}) failed: {one_line(exc)}",
+                f"{safe_text(self.mirror_of, 160)})"
+            )
+            try:
+                tls_mistake(self.registry.authority, exc)
+            except StoreError as mistake:  # its scheme is its own configuration's, not plain_http
+                fix = mistake.detail[len(self.registry.authority) :]
+                if "WRONG_VERSION_NUMBER" in fix:
+                    fix = (
+                        " speaks plain HTTP, not TLS (WRONG_VERSION_NUMBER): name it "
+                        f"http://{self.registry.authority} there"
+                    )
+                raise StoreError(mirror + fix) from exc
+            raise StoreError(
+                f"{mirror} failed: {one_line(exc)}",
                 transient=is_transient(exc),
                 reason=Reason.TIMEOUT if is_timeout(exc) else Reason.STORE_ERROR,
             ) from exc
