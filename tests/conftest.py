@@ -215,6 +215,8 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_forbidden.py": ("emulator",),  # the registry stub: 403 DENIED, useless tokens
     "test_store_oci_hostile.py": ("emulator", "realtime"),
     "test_store_oci_mirror.py": ("emulator",),
+    "test_store_oci_mirror_origin.py": ("emulator",),  # docker-registry origin + proxy mirror
+    "test_store_oci_realms.py": ("emulator", "system", "realtime"),  # unshare -rn; budgets
     "test_store_oci_referrers.py": ("emulator",),
     "test_store_oci_slots.py": ("emulator",),  # docker-registry: aliased tags, bad referrers
     "test_store_oci_listings.py": ("emulator",),  # the registry stub: an endless tag list

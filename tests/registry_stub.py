@@ -47,6 +47,9 @@ class StubState:
         """When set, the token service wants an OAuth2 ``refresh_token`` grant (a POST, as for
         docker's ``identitytoken``) carrying this token instead of Basic credentials."""
         self.token_forms: list[dict[str, str]] = []
+        self.realm: str | None = None
+        """When set, the token realm the challenge names instead of the stub's own ``/token``
+        (another host, plain HTTP, or a hostile one)."""
         self.issued_token = "stub-token"
         """What the token service hands out; anything but ``stub-token`` is refused by the
         registry (a token service handing out useless tokens: 401 forever)."""
@@ -106,7 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.bearer is not None
             and self.headers.get("Authorization") != "Bearer stub-token"
         ):
-            realm = f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/token"
+            own = f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/token"
+            realm = self.state.realm or own
             challenge = f'Bearer realm="{realm}",service="stub",scope="repository:x:pull"'
             return self._send(401, b"{}", {"WWW-Authenticate": challenge})
         if path == "/v2/":
@@ -246,12 +250,12 @@ class _Handler(BaseHTTPRequestHandler):
 class RegistryStub:
     """The stub on a free loopback port (see the module docstring)."""
 
-    def __init__(self, referrers_api: bool = True) -> None:
-        self.server = QuietHTTPServer((LOOPBACK, 0), _Handler)
+    def __init__(self, referrers_api: bool = True, address: str = LOOPBACK) -> None:
+        self.server = QuietHTTPServer((address, 0), _Handler)
         self.server.daemon_threads = True
         self.server.state = StubState(referrers_api)
         self.port = self.server.server_address[1]
-        self.host = f"{LOOPBACK}:{self.port}"
+        self.host = f"{address}:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

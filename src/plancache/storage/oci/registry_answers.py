@@ -1,7 +1,7 @@
 """What a registry answers, read safely: capped bodies, statuses as typed errors, digests.
 
 Split from :mod:`.registry_http` (the requests) because every reader of an answer shares it:
-the client's reads, the token service's answer (:mod:`.registry_auth`), the subject's image
+the client's reads, the token service's answer (:mod:`.access.registry_auth`), the subject's image
 manifest (:mod:`.referrers`).
 """
 
