@@ -292,6 +292,7 @@ def filesystem_opener(
     url: str,
     storage_options: Mapping[str, Any] | None,
     budget: float,
+    *,
     clock: Clock = REAL_CLOCK,
 ) -> tuple[type | FilesystemClass, Callable[[], Any], str]:
     """(filesystem class, a function making the instance, root path).
@@ -318,7 +319,7 @@ def filesystem_opener(
                 f"{url}: aiohttp is not installed (pip install 'plancache[oci]')"
             ) from None
 
-        return registry_opener(url, storage_options or {}, request_timeouts(budget), clock)
+        return registry_opener(url, storage_options or {}, request_timeouts(budget), clock=clock)
     cls = _filesystem_class(protocol, url)
     try:
         from_url = cls._get_kwargs_from_urls(url)

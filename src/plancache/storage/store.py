@@ -100,7 +100,7 @@ def _opened(
             direct=S3Direct(direct, budget),
             opener=make_s3fs,
         )
-    cls, make, root = filesystem_opener(url, storage_options, budget, clock)
+    cls, make, root = filesystem_opener(url, storage_options, budget, clock=clock)
     if kind_of(cls) == "gcs":
         return Store(None, url.rstrip("/"), root, budget, opener=make, kind="gcs")
     return Store(make(), url.rstrip("/"), root, budget)

@@ -94,6 +94,7 @@ MAX_TAG_PAGES = 1000
 
 async def tag_names(
     fs: RegistryFileSystem,
+    *,
     start: str | None = None,
     pages: int = MAX_TAG_PAGES,
     keep: int | None = None,

@@ -62,6 +62,10 @@ def tls_mistake(authority: str, exc: BaseException) -> None:
     aiohttp reports both as a connection error carrying OpenSSL's text (``[SSL:
     WRONG_VERSION_NUMBER] wrong version number``), which says nothing about which option to
     change; the rest of the message is kept.
+
+    Raises:
+        StoreError: ``exc`` (or its cause) is one of :data:`TLS_MISTAKES`, named with its fix
+            (reason ``store-error``).
     """
     seen: set[int] = set()
     current: BaseException | None = exc

@@ -146,7 +146,11 @@ def _hosts(options: Mapping[str, Any], key: str) -> frozenset[str]:
 
 
 def registry_opener(
-    url: str, options: Mapping[str, Any], timeouts: tuple[float, float], clock: Clock = REAL_CLOCK
+    url: str,
+    options: Mapping[str, Any],
+    timeouts: tuple[float, float],
+    *,
+    clock: Clock = REAL_CLOCK,
 ) -> tuple[type, Callable[[], Any], str]:
     """(class, a function making the filesystem, its root) for a registry store URL.
 
