@@ -34,7 +34,13 @@ from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
 from .trust_root import Authority, TrustRoot, parse_root, retired_part, unnamed_part
-from .verifier_refusals import LogClaims, refusal, verified_time, verifier
+from .verifier_refusals import (
+    LogClaims,
+    refusal,
+    verified_time,
+    verifier,
+    vouched_by_named_log,
+)
 
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate
@@ -98,6 +104,11 @@ def open_bundle(
     claims = LogClaims.of(obj["verificationMaterial"]["tlogEntries"][0])
     root = _root(policy.trusted_root)
     payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root)
+    if not vouched_by_named_log(claims, root):
+        raise Rejected(
+            Reason.BAD_LOG_PROOF,
+            "the log entry's checkpoint or SET is not signed by the log it names",
+        )
     verified = verified_time(claims, bundle)
     cert = bundle.signing_certificate
     retired = retired_part(

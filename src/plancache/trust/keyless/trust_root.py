@@ -55,12 +55,18 @@ class Window:
 
 @dataclass(frozen=True)
 class LogKey:
-    """A transparency log's or CT log's key: its RFC 6962 key id and its window."""
+    """A transparency log's or CT log's key: its RFC 6962 key id (SHA-256 of the DER key, as
+    sigstore-python names keys), the log id the root declares (Rekor v2 logs declare their
+    signed-note id, not the key's hash), and its window."""
 
     key_id: bytes
     window: Window
     url: str
     der: bytes = b""
+    declared_id: bytes = b""
+
+    def named(self, log_id: bytes) -> bool:
+        return log_id in (self.key_id, self.declared_id)
 
     def verifies(self, signature: bytes, data: bytes) -> bool:
         """Whether ``signature`` over ``data`` is this key's (ECDSA with the curve's hash, as
@@ -104,11 +110,11 @@ class TrustRoot:
     ctlogs: tuple[LogKey, ...]
     tsas: tuple[Authority, ...]
 
-    def tlog(self, key_id: bytes) -> LogKey | None:
-        return next((k for k in self.tlogs if k.key_id == key_id), None)
+    def tlog(self, log_id: bytes) -> LogKey | None:
+        return next((k for k in self.tlogs if k.named(log_id)), None)
 
-    def ctlog(self, key_id: bytes) -> LogKey | None:
-        return next((k for k in self.ctlogs if k.key_id == key_id), None)
+    def ctlog(self, log_id: bytes) -> LogKey | None:
+        return next((k for k in self.ctlogs if k.named(log_id)), None)
 
 
 def parse_root(data: bytes) -> TrustRoot:
@@ -240,7 +246,15 @@ def _log_key(obj: dict[str, object], where: str) -> LogKey:
         raise ValueError(f"{where}: an entry has no publicKey")
     der = _raw(public.get("rawBytes"), where)
     url = obj.get("baseUrl")
-    return LogKey(hashlib.sha256(der).digest(), _window(public, where), str(url or "<no url>"), der)
+    log_id = obj.get("logId")
+    declared = log_id.get("keyId") if isinstance(log_id, dict) else None
+    return LogKey(
+        hashlib.sha256(der).digest(),
+        _window(public, where),
+        str(url or "<no url>"),
+        der,
+        _raw(declared, where) if declared else b"",
+    )
 
 
 def _authority(obj: dict[str, object], where: str) -> Authority:

@@ -21,7 +21,8 @@ What that API lacks, and how it is made up here (nowhere else):
 4. **No public check of a log entry alone**: whether the log vouched for a time outside the
    certificate (``certificate-outside-validity``) or the time was altered (``bad-log-proof``)
    is told by verifying the signed entry timestamp here, by its documented format
-   (:func:`_set_holds`).
+   (:func:`_set_holds`); and which log key signed the checkpoint, since sigstore-python falls
+   back to every key of the root (:func:`vouched_by_named_log`).
 
 One subtlety of sigstore-python's order: the certificate chain is checked at the log's time
 *before* the log proof that vouches for the time. A bundle whose ``integratedTime`` was altered
@@ -62,6 +63,7 @@ class LogClaims:
     promise: bytes | None
     """The signed entry timestamp (Rekor v1), or None (Rekor v2: the time is a TSA's)."""
     body: str
+    checkpoint: str
 
     @classmethod
     def of(cls, entry: dict[str, Any]) -> LogClaims:
@@ -74,6 +76,7 @@ class LogClaims:
             _int(entry.get("integratedTime")),
             _unb64(signed) or None,
             str(entry.get("canonicalizedBody") or ""),
+            _checkpoint(entry.get("inclusionProof")),
         )
 
     @property
@@ -160,6 +163,32 @@ def _set_holds(claims: LogClaims, root: TrustRoot) -> bool:
         separators=(",", ":"),
     ).encode("ascii")
     return key.verifies(claims.promise, payload)
+
+
+def vouched_by_named_log(claims: LogClaims, root: TrustRoot) -> bool:
+    """Whether the log the entry names signed its checkpoint (and its SET, if any) itself.
+    sigstore-python tries every log key of the root when the named one is not found by its
+    key hash, which is always so for a Rekor v2 log (its declared id is its signed-note id):
+    without this, a retired log's key could sign under a current log's name."""
+    key = root.tlog(claims.log_id)
+    if key is None or (claims.promise is not None and not _set_holds(claims, root)):
+        return False
+    text = claims.checkpoint
+    if text.count("\n\n") != 1:
+        return False
+    note, block = text.split("\n\n")
+    for line in block.splitlines():
+        name_sig = line.removeprefix("\u2014 ").split(" ")
+        raw = _unb64(name_sig[-1]) if line.startswith("\u2014 ") and len(name_sig) == 2 else b""
+        if raw[:4] == claims.log_id[:4] and key.verifies(raw[4:], (note + "\n").encode()):
+            return True
+    return False
+
+
+def _checkpoint(proof: object) -> str:
+    checkpoint = proof.get("checkpoint") if isinstance(proof, dict) else None
+    envelope = checkpoint.get("envelope") if isinstance(checkpoint, dict) else None
+    return envelope if isinstance(envelope, str) else ""
 
 
 def _classify(message: str) -> tuple[Reason, str]:
