@@ -33,7 +33,7 @@ from .. import strictjson
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
-from .trust_root import Authority, TrustRoot, parse_root, retired_part, unnamed_part
+from .trust_root import TrustRoot, issuing_cas, parse_root, retired_part, unnamed_part
 from .verifier_refusals import (
     LogClaims,
     refusal,
@@ -114,7 +114,7 @@ def open_bundle(
     retired = retired_part(
         root,
         verified,
-        issuers=_issuers(root, cert),
+        issuers=issuing_cas(root, cert),
         sct_logs=sct_log_ids(cert),
         log_id=claims.log_id,
     )
@@ -310,22 +310,6 @@ def certificate_identity(cert: Certificate) -> tuple[str, list[str]]:
     return issuer, sans
 
 
-def _issuers(root: TrustRoot, cert: Certificate) -> list[Authority]:
-    """The root's CAs one of whose certificates directly issued ``cert``."""
-    from cryptography import x509
-
-    found = []
-    for ca in root.cas:
-        for der in ca.certificates:
-            try:
-                cert.verify_directly_issued_by(x509.load_der_x509_certificate(der))
-            except Exception:  # another issuer, a key of another type, a broken certificate
-                continue
-            found.append(ca)
-            break
-    return found
-
-
 def sct_log_ids(cert: Certificate) -> list[bytes]:
     """The CT log ids of a certificate's embedded SCTs (none: the verifier refuses it)."""
     from cryptography import x509
@@ -362,9 +346,10 @@ def _verify(
     except Exception as exc:  # pydantic's text spans lines: one line here
         detail = safe_text(" ".join(str(exc).split()), 160)
         raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {detail}") from None
-    unnamed = unnamed_part(
-        root, sct_logs=sct_log_ids(bundle.signing_certificate), log_id=claims.log_id
-    )
+    cert = bundle.signing_certificate
+    unnamed = unnamed_part(root, sct_logs=sct_log_ids(cert), log_id=claims.log_id)
+    if unnamed is None and not issuing_cas(root, cert):
+        unnamed = "no certificate authority of the pinned root issued its certificate"
     if unnamed is not None:
         raise Rejected(Reason.FOREIGN_TRUST_ROOT, f"another Sigstore instance: {unnamed}")
     try:

@@ -25,10 +25,14 @@ import binascii
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from .. import strictjson
 from ..errors import Rejected
 from ..statement import format_time
+
+if TYPE_CHECKING:
+    from cryptography.x509 import Certificate
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,22 @@ def retired_part(
     if log is not None and not log.window.covers(verified):
         return f"the transparency log {log.url} ({log.window.describe()}) logged it at {when}"
     return None
+
+
+def issuing_cas(root: TrustRoot, cert: Certificate) -> list[Authority]:
+    """The root's CAs one of whose certificates directly issued ``cert``."""
+    from cryptography import x509
+
+    found = []
+    for ca in root.cas:
+        for der in ca.certificates:
+            try:
+                cert.verify_directly_issued_by(x509.load_der_x509_certificate(der))
+            except Exception:  # another issuer, a key of another type, a broken certificate
+                continue
+            found.append(ca)
+            break
+    return found
 
 
 def unnamed_part(root: TrustRoot, *, sct_logs: list[bytes], log_id: bytes) -> str | None:
