@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..settings import SIGSTORE_TRUSTED_ROOT_ENV
@@ -67,20 +68,29 @@ def trusted_root_bytes(env: Mapping[str, str] = os.environ) -> tuple[bytes, str]
     return data, safe_text(path)
 
 
-def check_trusted_root(data: bytes, where: str) -> None:
-    """Whether ``data`` parses as a trust root sigstore-python can verify against.
+def check_trusted_root(data: bytes, where: str, now: datetime | None = None) -> None:
+    """Whether ``data`` is a trust root that can verify a bundle signed at ``now`` (default:
+    the real clock): it parses, and it has a Fulcio CA, a CT log and a transparency log whose
+    windows have started (:func:`~plancache.trust.keyless.trust_root.unusable`). Otherwise every
+    bundle would be refused and each refusal would blame the bundle; refused here, the
+    operator's file is named instead.
 
     Raises:
         ConfigError: it does not, or sigstore-python is not installed.
     """
+    from ..trust.keyless.trust_root import parse_root, unusable
+
     try:
         from ..trust.keyless.sigstore_bundle import parse_trusted_root
 
         parse_trusted_root(data)
+        why = unusable(parse_root(data), now or datetime.now(timezone.utc))
     except ModuleNotFoundError:
         raise ConfigError(MISSING) from None
     except ValueError as exc:
         raise ConfigError(f"{where} is not a usable Sigstore trusted root: {exc}") from None
+    if why is not None:
+        raise ConfigError(f"{where} can verify no Sigstore bundle: {why}")
 
 
 def pin_trusted_root(keyring: Keyring, env: Mapping[str, str] = os.environ) -> Keyring:
