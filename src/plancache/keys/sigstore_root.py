@@ -83,14 +83,14 @@ def check_trusted_root(data: bytes, where: str, now: datetime | None = None) -> 
     try:
         from ..trust.keyless.sigstore_bundle import parse_trusted_root
 
-        parse_trusted_root(data)
         why = unusable(parse_root(data), now or datetime.now(timezone.utc))
+        if why is not None:
+            raise ConfigError(f"{where} can verify no Sigstore bundle: {why}")
+        parse_trusted_root(data)
     except ModuleNotFoundError:
         raise ConfigError(MISSING) from None
     except ValueError as exc:
         raise ConfigError(f"{where} is not a usable Sigstore trusted root: {exc}") from None
-    if why is not None:
-        raise ConfigError(f"{where} can verify no Sigstore bundle: {why}")
 
 
 def pin_trusted_root(keyring: Keyring, env: Mapping[str, str] = os.environ) -> Keyring:
