@@ -97,7 +97,7 @@ def _reason(data: bytes, policy: IdentityPolicy) -> Reason | None:
     return None
 
 
-# -- item 1: retired stays retired ------------------------------------------------------------------
+# -- item 1: retired stays retired -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("part", ["ca", "ctlog", "tlog"])
@@ -131,7 +131,7 @@ def test_doctor_and_verify_agree_on_a_retired_root(
     assert _reason(sidecar, _policy(stack, retired)) is Reason.RETIRED_TRUST_ROOT
 
 
-# -- item 4: a root that can verify nothing is a config error -------------------------------------
+# -- item 4: a root that can verify nothing is a config error -----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_another_instances_log_key_is_a_foreign_trust_root(
     assert "transparency log" in caught.value.detail
 
 
-# -- item 2: the verified time decides ----------------------------------------------------------
+# -- item 2: the verified time decides ---------------------------------------------------------
 
 
 def test_an_identity_window_is_judged_at_the_verified_time_not_signed_at(
