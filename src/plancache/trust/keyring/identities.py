@@ -14,7 +14,9 @@ match the *whole* SAN (``re.fullmatch``): a pattern that would match only somewh
 ``unanchored-identity``, so a forgotten anchor shows up in the first failed boot instead of
 trusting a fork. Values hold no spaces (SANs and issuer URLs do not). The options before
 ``sigstore`` are the keys' (``name``, ``valid-after``, ``valid-before``), with the keys'
-meaning: the window must cover both the verifier's clock and the statement's ``signed_at``.
+meaning but for one moment: the window must cover both the verifier's clock and the bundle's
+*verified* signing time (:attr:`IdentitySigner.log_time`; the statement's ``signed_at`` must
+agree with it: :func:`plancache.trust.keyring.signatories.current_signers`).
 ``@revoked`` voids everything an identity signed (for a regexp line, every SAN it matches).
 Each trusted identity counts once toward the threshold, as a key does.
 """
@@ -133,6 +135,9 @@ class IdentitySigner:
     issuer: str
     log_index: int
     log_time: datetime | None
+    """The verified signing time (Rekor v1's integrated time under its SET, else the RFC 3161
+    timestamp the verifier verified): what the line's window and the statement's ``signed_at``
+    are judged against. Never an unsigned field of the bundle."""
     line: TrustedIdentity
 
     def window_covers(self, moment: datetime) -> bool:
