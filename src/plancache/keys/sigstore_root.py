@@ -81,7 +81,7 @@ def check_trusted_root(data: bytes, where: str, now: datetime | None = None) -> 
     from ..trust.keyless.trust_root import parse_root, unusable
 
     try:
-        from ..trust.keyless.sigstore_bundle import parse_trusted_root
+        from ..trust.keyless.verifier_refusals import parse_trusted_root
 
         why = unusable(parse_root(data), now or datetime.now(timezone.utc))
         if why is not None:

@@ -33,7 +33,14 @@ from .. import strictjson
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
-from .trust_root import TrustRoot, issuing_cas, parse_root, retired_part, unnamed_part
+from .trust_root import (
+    TrustRoot,
+    issuing_cas,
+    parse_root,
+    retired_part,
+    sct_log_ids,
+    unnamed_part,
+)
 from .verifier_refusals import (
     LogClaims,
     refusal,
@@ -45,7 +52,6 @@ from .verifier_refusals import (
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate
     from sigstore.models import Bundle
-    from sigstore.verify import Verifier
 
 BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle.v0.3+json",
@@ -211,19 +217,6 @@ def _root(trusted_root: bytes) -> TrustRoot:
         ) from None
 
 
-def parse_trusted_root(data: bytes) -> Verifier:
-    """A ``trusted_root.json``'s verifier (cached): what ``doctor`` and the keys layer check.
-
-    Raises:
-        ValueError: the bytes are not a Sigstore trusted root sigstore-python can use.
-    """
-    try:
-        parse_root(data)
-        return verifier(data)
-    except Exception as exc:
-        raise ValueError(f"{type(exc).__name__}: {safe_text(str(exc), 160)}") from None
-
-
 class _IdentityMatch:
     """sigstore-python's ``VerificationPolicy``, run by its verifier on the certificate after
     the chain and the SCT: which trusted line the SAN and issuer match, or why none does."""
@@ -308,19 +301,6 @@ def certificate_identity(cert: Certificate) -> tuple[str, list[str]]:
         if o.type_id.dotted_string == _OTHERNAME_OID
     ]
     return issuer, sans
-
-
-def sct_log_ids(cert: Certificate) -> list[bytes]:
-    """The CT log ids of a certificate's embedded SCTs (none: the verifier refuses it)."""
-    from cryptography import x509
-
-    try:
-        scts = cert.extensions.get_extension_for_class(
-            x509.PrecertificateSignedCertificateTimestamps
-        ).value
-    except (x509.ExtensionNotFound, ValueError):
-        return []
-    return [sct.log_id for sct in scts]
 
 
 def _verify(

@@ -206,6 +206,19 @@ def issuing_cas(root: TrustRoot, cert: Certificate) -> list[Authority]:
     return found
 
 
+def sct_log_ids(cert: Certificate) -> list[bytes]:
+    """The CT log ids of a certificate's embedded SCTs (none: the verifier refuses it)."""
+    from cryptography import x509
+
+    try:
+        scts = cert.extensions.get_extension_for_class(
+            x509.PrecertificateSignedCertificateTimestamps
+        ).value
+    except (x509.ExtensionNotFound, ValueError):
+        return []
+    return [sct.log_id for sct in scts]
+
+
 def unnamed_part(root: TrustRoot, *, sct_logs: list[bytes], log_id: bytes) -> str | None:
     """Which key id of a bundle names no part of ``root``, or None. sigstore-python tries every
     key of the root when the named one is missing, so a bundle that names none could have

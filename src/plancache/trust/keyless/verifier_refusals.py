@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..display import safe_text
 from ..errors import Reason, Rejected
-from .trust_root import TrustRoot
+from .trust_root import TrustRoot, parse_root
 
 if TYPE_CHECKING:
     from sigstore.models import Bundle
@@ -95,6 +95,19 @@ def verifier(trusted_root: bytes) -> Verifier:
     from sigstore_models.trustroot import v1
 
     return Verifier(trusted_root=TrustedRoot(v1.TrustedRoot.from_json(trusted_root)))
+
+
+def parse_trusted_root(data: bytes) -> Verifier:
+    """A ``trusted_root.json``'s verifier (cached): what ``doctor`` and the keys layer check.
+
+    Raises:
+        ValueError: the bytes are not a Sigstore trusted root sigstore-python can use.
+    """
+    try:
+        parse_root(data)  # what plancache reads of it too
+        return verifier(data)
+    except Exception as exc:
+        raise ValueError(f"{type(exc).__name__}: {safe_text(str(exc), 160)}") from None
 
 
 def verified_time(claims: LogClaims, bundle: Bundle) -> datetime:

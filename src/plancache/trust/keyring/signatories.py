@@ -5,10 +5,10 @@ that every signed kind shares (plans, plan sets, compile-cache manifests, their 
 Sigstore bundle) and returns its payload with the trusted signers whose signatures over it
 verify; :func:`current_signers` keeps those whose validity windows cover both the verifier's
 clock and when they signed (a key: the statement's ``signed_at``; a keyless identity: its
-verified time, which ``signed_at`` must agree with), and applies the threshold and the statement's own
-window. Split from :mod:`plancache.trust.verify`, which holds the order of the steps and the
-plan's own checks: this module is the keyring's side of them, the same for every kind. Pure,
-no IO.
+verified time, which ``signed_at`` must agree with), and applies the threshold and the
+statement's own window. Split from :mod:`plancache.trust.verify`, which holds the order of
+the steps and the plan's own checks: this module is the keyring's side of them, the same for
+every kind. Pure, no IO.
 """
 
 from __future__ import annotations
@@ -197,14 +197,14 @@ def _check_signing_times(
         Rejected: ``signing-time-mismatch``.
     """
     for k in keys:
-        if isinstance(k, IdentitySigner) and k.log_time is not None:
-            if abs(signed_at - k.log_time) > clock_skew:
-                raise Rejected(
-                    Reason.SIGNING_TIME_MISMATCH,
-                    f"signed_at {format_time(signed_at)} is not the verified signing time "
-                    f"{format_time(k.log_time)} ({safe_text(k.name, 40)}) within "
-                    f"{int(clock_skew.total_seconds())} s",
-                )
+        verified = k.log_time if isinstance(k, IdentitySigner) else None
+        if verified is not None and abs(signed_at - verified) > clock_skew:
+            raise Rejected(
+                Reason.SIGNING_TIME_MISMATCH,
+                f"signed_at {format_time(signed_at)} is not the verified signing time "
+                f"{format_time(verified)} ({safe_text(k.name, 40)}) within "
+                f"{int(clock_skew.total_seconds())} s",
+            )
 
 
 def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:
