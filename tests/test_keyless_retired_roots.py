@@ -267,3 +267,27 @@ def test_a_bundle_without_a_set_holds_exactly_one_timestamp(stack: SigstoreStack
         open_bundle(json.dumps(data).encode(), policy, CAP)
     assert caught.value.reason is Reason.MALFORMED
     assert "one RFC 3161 timestamp" in caught.value.detail
+
+
+def test_a_keyless_batch_dates_each_statement_when_it_is_signed(tmp_path: Path) -> None:
+    """``sign`` takes one ``now`` for a whole directory; a keyless statement must agree with its
+    log's time, so a long batch (here: ``now`` twenty minutes old, as after many Rekor round
+    trips) dates each keyless statement when it is signed, and every plan is signed."""
+    from plancache.pipeline.directory_signing import SigningRequest, sign_directory
+
+    plans = LocalPlanDir(tmp_path / "plans")
+    plans.write(FP, plan_bytes(), None)
+    plans.write("fedcba9876543210", plan_bytes(fp="fedcba9876543210"), None)
+    with SigstoreStack() as live:  # the real clock: the signer's moment is the log's
+        config = tmp_path / "trust_config.json"
+        config.write_bytes(live.trust_config_bytes())
+        signer = load_signer(
+            "sigstore",
+            {
+                "SIGSTORE_ID_TOKEN": live.token(IDENTITY),
+                "PLANCACHE_SIGSTORE_TRUST_CONFIG": str(config),
+            },
+        )
+        stale = datetime.now(timezone.utc) - timedelta(minutes=20)
+        outcomes = sign_directory(plans, signer, stale, SigningRequest())
+    assert [(o.action, o.reason) for o in outcomes] == [("signed", "")] * 2, outcomes
