@@ -184,7 +184,7 @@ def vouched_by_named_log(claims: LogClaims, root: TrustRoot) -> bool:
     key hash, which is always so for a Rekor v2 log (its declared id is its signed-note id):
     without this, a retired log's key could sign under a current log's name."""
     key = root.tlog(claims.log_id)
-    if key is None or (claims.promise is not None and not _set_holds(claims, root)):
+    if key is None or (claims.time_is_signed and not _set_holds(claims, root)):
         return False
     text = claims.checkpoint
     if text.count("\n\n") != 1:
