@@ -8,8 +8,10 @@ the trust core verifies offline with no file or network access of its own:
 
 1. ``--trusted-root FILE`` (the CLI puts it in the variable below), else
 2. ``PLANCACHE_SIGSTORE_TRUSTED_ROOT``, else
-3. Sigstore's public-good root as shipped inside the pinned sigstore-python wheel (its TUF
-   bootstrap copy: refresh it by upgrading plancache's pin, or pin a file).
+3. Sigstore's public-good root as shipped inside the installed sigstore-python wheel (its TUF
+   bootstrap copy: refresh it by upgrading sigstore-python, or pin a file). sigstore-python
+   has no public accessor for those bytes (``ClientTrustConfig.production`` goes through TUF
+   and may fetch): :func:`public_good_root` reads its package data, the one place that does.
 
 A keyring of keys alone reads nothing here and never imports sigstore-python.
 """
