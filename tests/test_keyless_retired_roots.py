@@ -291,3 +291,23 @@ def test_a_keyless_batch_dates_each_statement_when_it_is_signed(tmp_path: Path) 
         stale = datetime.now(timezone.utc) - timedelta(minutes=20)
         outcomes = sign_directory(plans, signer, stale, SigningRequest())
     assert [(o.action, o.reason) for o in outcomes] == [("signed", "")] * 2, outcomes
+
+
+def test_the_shipped_public_good_root_holds_a_retired_ca_whose_certificate_outlives_it() -> None:
+    """Why the windows are checked at all: Sigstore retires a CA by its ``validFor`` end, while
+    its certificate stays valid for years (a chain check at the signing time would pass)."""
+    from cryptography import x509
+
+    from plancache.keys.sigstore_root import public_good_root
+    from plancache.trust.keyless.trust_root import parse_root
+
+    root = parse_root(public_good_root())
+    retired = [
+        ca
+        for ca in root.cas
+        if ca.window.end is not None
+        and ca.window.end.year == 2022
+        and x509.load_der_x509_certificate(ca.certificates[-1]).not_valid_after_utc.year >= 2031
+    ]
+    assert retired, [(ca.name, ca.window) for ca in root.cas]
+    assert any(not k.window.covers(NOW) for k in root.ctlogs)  # and a retired CT log

@@ -24,7 +24,7 @@ import base64
 import binascii
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from .. import strictjson
@@ -260,7 +260,10 @@ def _time(value: object, where: str) -> datetime | None:
         raise ValueError(f"{where}: '{value[:40]}' is not an RFC 3339 time") from None
     if moment.tzinfo is None:
         raise ValueError(f"{where}: '{value[:40]}' has no time zone")
-    return moment
+    try:  # in UTC, so every window can be said (format_time) and compared
+        return moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{where}: '{value[:40]}' is outside the calendar in UTC") from None
 
 
 def _raw(value: object, where: str) -> bytes:
