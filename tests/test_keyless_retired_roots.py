@@ -311,3 +311,38 @@ def test_the_shipped_public_good_root_holds_a_retired_ca_whose_certificate_outli
     ]
     assert retired, [(ca.name, ca.window) for ca in root.cas]
     assert any(not k.window.covers(NOW) for k in root.ctlogs)  # and a retired CT log
+
+
+def test_a_timestamp_authority_retired_before_its_stamp_is_a_retired_trust_root() -> None:
+    """A real Rekor v2 bundle (its time is a TSA's) under its own root, then under the same root
+    with the TSA's window ended before the stamp: sigstore-python drops the timestamp and says
+    no verified time is left; plancache names the retired TSA."""
+    from importlib.resources import files
+
+    staging = json.loads(
+        files("sigstore._store")
+        .joinpath("https%3A%2F%2Ftuf-repo-cdn.sigstage.dev", "trusted_root.json")
+        .read_bytes()
+    )
+    data = (DATA / "staging-rekor-v2-conformance-beacon.sigstore.json").read_bytes()
+    identity = (
+        "https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/"
+        ".github/workflows/extremely-dangerous-oidc-beacon.yml@refs/heads/main"
+    )
+    line = f"sigstore issuer=https://token.actions.githubusercontent.com identity={identity}\n"
+    ids = parse_trusted_keys(line, "t").identities
+    assert ids is not None
+    _, (signer,) = open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert signer.log_time is not None
+    for tsa in staging["timestampAuthorities"]:
+        tsa["validFor"]["end"] = format_time(signer.log_time - timedelta(days=1))
+    with pytest.raises(Rejected) as caught:
+        open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert caught.value.reason is Reason.RETIRED_TRUST_ROOT
+    assert "timestamp authority" in caught.value.detail
+    staging["timestampAuthorities"][0]["certChain"] = staging["certificateAuthorities"][0][
+        "certChain"
+    ]  # another authority's chain: the stamp verifies under no TSA of the root
+    with pytest.raises(Rejected) as caught:
+        open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert caught.value.reason is Reason.FOREIGN_TRUST_ROOT

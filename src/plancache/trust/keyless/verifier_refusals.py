@@ -23,6 +23,9 @@ What that API lacks, and how it is made up here (nowhere else):
    is told by verifying the signed entry timestamp here, by its documented format
    (:func:`_set_holds`); and which log key signed the checkpoint, since sigstore-python falls
    back to every key of the root (:func:`vouched_by_named_log`).
+5. **A timestamp from a TSA outside its window is dropped without a word**: sigstore-python
+   then says only that no verified time is left; :func:`_retired_tsa` tells that case
+   (``retired-trust-root``) from a foreign TSA (``foreign-trust-root``).
 
 One subtlety of sigstore-python's order: the certificate chain is checked at the log's time
 *before* the log proof that vouches for the time. A bundle whose ``integratedTime`` was altered
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..display import safe_text
 from ..errors import Reason, Rejected
+from ..statement import format_time
 from .trust_root import TrustRoot, parse_root
 
 if TYPE_CHECKING:
@@ -146,7 +150,44 @@ def refusal(exc: Exception, bundle: Bundle, claims: LogClaims, root: TrustRoot) 
             Reason.FOREIGN_TRUST_ROOT,
             f"the certificate does not chain to the pinned trust root ({safe_text(str(exc), 120)})",
         )
-    return Rejected(*_classify(str(exc)))
+    reason, detail = _classify(str(exc))
+    if reason is Reason.FOREIGN_TRUST_ROOT:  # no timestamp counted: a retired TSA's, perhaps
+        retired = _retired_tsa(bundle, root)
+        if retired is not None:
+            return Rejected(Reason.RETIRED_TRUST_ROOT, f"retired trust-root part: {retired}")
+    return Rejected(reason, detail)
+
+
+def _retired_tsa(bundle: Bundle, root: TrustRoot) -> str | None:
+    """The root's timestamp authority that signed one of the bundle's timestamps outside its
+    window, or None. sigstore-python drops such a timestamp (its verifier checks the TSA's
+    window) and then says only that no verified time is left; the TSA's signature is checked
+    here the way it checks it (rfc3161-client, its dependency, through its public API)."""
+    from cryptography import x509
+    from rfc3161_client import VerificationError, VerifierBuilder
+
+    data = bundle.verification_material.timestamp_verification_data
+    for tsa in root.tsas if data is not None else ():
+        if len(tsa.certificates) < 2:
+            continue
+        certs = [x509.load_der_x509_certificate(der) for der in tsa.certificates]
+        builder = VerifierBuilder().tsa_certificate(certs[0]).add_root_certificate(certs[-1])
+        for cert in certs[1:-1]:
+            builder = builder.add_intermediate_certificate(cert)
+        checker = builder.build()
+        for stamp in data.rfc3161_timestamps if data is not None else []:
+            try:
+                checker.verify_message(stamp, bundle.signature)
+            except (VerificationError, ValueError):
+                continue
+            moment = stamp.tst_info.gen_time
+            moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+            if not tsa.window.covers(moment):
+                return (
+                    f"the timestamp authority '{safe_text(tsa.name, 80)}' "
+                    f"({tsa.window.describe()}) stamped it at {format_time(moment)}"
+                )
+    return None
 
 
 def _claimed_time(claims: LogClaims, bundle: Bundle) -> datetime | None:
