@@ -11,7 +11,7 @@
 #   2. vllm==0.33.0 --no-deps + requirements/vllm-cpu-import-deps.txt (the deps vLLM's worker
 #                             imports really need). --no-deps keeps pip from pulling the CUDA
 #                             torch 2.14 / triton / nvidia stack. First run downloads ~336 MB.
-#   3. -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'
+#   3. -e '.[test,s3,gcs,azure,oci,pkcs11,awskms,gcpkms]'
 #                             the project and its test extras, with the vLLM pins, torch/vllm
 #                             and requirements/test-pins.txt as constraints, so nothing step 2
 #                             installed can be moved. [test] brings the static gate's ruff and
@@ -217,9 +217,9 @@ fi
 log "2/3 pip install --no-deps $VLLM_SPEC -r $VLLM_DEPS (first run downloads ~336 MB)"
 pip_install --no-deps "$VLLM_SPEC" -r "$VLLM_DEPS"
 
-log "3/3 pip install -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'"
+log "3/3 pip install -e '.[test,s3,gcs,azure,oci,pkcs11,awskms,gcpkms]'"
 # pip then reports "vllm 0.33.0 requires X, which is not installed": expected with --no-deps.
-pip_install -e '.[test,s3,gcs,azure,pkcs11,awskms,gcpkms]'
+pip_install -e '.[test,s3,gcs,azure,oci,pkcs11,awskms,gcpkms]'
 
 log "checking imports"
 if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm, s3fs, gcsfs, adlfs, azure.identity.aio, moto, fsspec, hypothesis, pytest, bcrypt, PyKCS11, google.cloud.kms_v1' >>"$PIPLOG" 2>&1; then

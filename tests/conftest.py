@@ -145,6 +145,7 @@ pip against the package index."""
 UNIT = ("unit",)
 FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_background_cpus.py": UNIT,
+    "test_base_install.py": UNIT,  # subprocesses on a link farm of the base install
     "test_boot_records.py": ("vllm",),
     "test_boot_storm.py": ("emulator", "realtime"),
     "test_budget_paths.py": UNIT,
@@ -177,6 +178,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_keyless_envelopes.py": UNIT,  # committed real bundles as extension signatures
     "test_keyless_hostile_bundles.py": ("emulator",),  # local Fulcio/Rekor/OIDC, in process
     "test_keyless_hostile_inputs.py": ("emulator", "system"),  # local Fulcio; FIFOs in children
+    "test_keyless_identity_lines.py": ("emulator",),  # local Fulcio/Rekor: chosen claims, SANs
     "test_keyless_journeys.py": ("emulator", "system"),  # docs/keys.md's CI jobs, run as scripts
     "test_keyless_public_bundles.py": UNIT,  # committed real bundles, verified in process
     "test_keyless_retired_roots.py": ("emulator",),  # local Fulcio/Rekor at chosen times, roots
@@ -214,7 +216,12 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_forbidden.py": ("emulator",),  # the registry stub: 403 DENIED, useless tokens
     "test_store_oci_hostile.py": ("emulator", "realtime"),
     "test_store_oci_mirror.py": ("emulator",),
+    "test_store_oci_mirror_origin.py": ("emulator",),  # docker-registry origin + proxy mirror
+    "test_store_oci_realms.py": ("emulator", "system", "realtime"),  # unshare -rn; budgets
     "test_store_oci_referrers.py": ("emulator",),
+    "test_store_oci_slots.py": ("emulator",),  # docker-registry: aliased tags, bad referrers
+    "test_store_oci_listings.py": ("emulator",),  # the registry stub: an endless tag list
+    "test_store_oci_subject.py": ("emulator", "system"),  # docker-registry; the journeys in bash
     "test_store_scripts.py": ("emulator", "system"),
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,

@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
+WALL_OFFSET = 1_700_000_000.0
+"""What :meth:`FakeClock.wall` adds to its monotonic reading."""
+
 
 class FakeClock:
     """Starts at ``start`` (a reading unlike ``time.monotonic()``'s, so a mix-up shows) and
@@ -26,6 +29,11 @@ class FakeClock:
     def monotonic(self) -> float:
         with self._lock:
             return self.now
+
+    def wall(self) -> float:
+        """A wall-clock reading that moves with :meth:`monotonic` (the epoch well past 2020)."""
+        with self._lock:
+            return WALL_OFFSET + self.now
 
     def advance(self, seconds: float) -> None:
         """Time passing outside a sleep: a try that took this long, a wait elsewhere."""

@@ -47,6 +47,9 @@ class StubState:
         """When set, the token service wants an OAuth2 ``refresh_token`` grant (a POST, as for
         docker's ``identitytoken``) carrying this token instead of Basic credentials."""
         self.token_forms: list[dict[str, str]] = []
+        self.realm: str | None = None
+        """When set, the token realm the challenge names instead of the stub's own ``/token``
+        (another host, plain HTTP, or a hostile one)."""
         self.issued_token = "stub-token"
         """What the token service hands out; anything but ``stub-token`` is refused by the
         registry (a token service handing out useless tokens: 401 forever)."""
@@ -54,6 +57,11 @@ class StubState:
         """The answer to a manifest read of a tag or digest the registry does not hold: 403 as a
         least-privilege registry answers (ECR, GAR with pull-only scope), with a ``DENIED``
         error body."""
+        self.endless_tags = False
+        """When set, ``tags/list`` answers 1000 new plan tags after ``last`` and a ``Link`` to
+        the next page, forever (a registry that never ends its listing)."""
+        self.tag_pages = 0
+        """``tags/list`` pages answered."""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
 
@@ -101,7 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.bearer is not None
             and self.headers.get("Authorization") != "Bearer stub-token"
         ):
-            realm = f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/token"
+            own = f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/token"
+            realm = self.state.realm or own
             challenge = f'Bearer realm="{realm}",service="stub",scope="repository:x:pull"'
             return self._send(401, b"{}", {"WWW-Authenticate": challenge})
         if path == "/v2/":
@@ -117,6 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
         if what == "referrers" and self.state.referrers_api:
             return self._referrers(ref)
         if what == "tags":
+            self.state.tag_pages += 1
+            if self.state.endless_tags:
+                return self._endless_tags()
             tags = json.dumps({"tags": sorted(self.state.tags)}).encode()
             return self._send(200, tags, {"Content-Type": "application/json"})
         return self._send(404)
@@ -192,6 +204,15 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             return
 
+    def _endless_tags(self) -> None:
+        query = dict(parse_qsl(self.path.partition("?")[2]))
+        last = query.get("last", "")
+        start = int(last[len("startup_plan_") : -len(".json")], 16) + 1 if last else 0
+        tags = [f"startup_plan_{i:016x}.json" for i in range(start, start + 1000)]
+        link = f'</v2/x/tags/list?n=1000&last={tags[-1]}>; rel="next"'
+        body = json.dumps({"name": "x", "tags": tags}).encode()
+        self._send(200, body, {"Content-Type": "application/json", "Link": link})
+
     def _blob(self, ref: str, mode: str) -> None:
         state = self.state
         if self.command == "POST":
@@ -229,12 +250,12 @@ class _Handler(BaseHTTPRequestHandler):
 class RegistryStub:
     """The stub on a free loopback port (see the module docstring)."""
 
-    def __init__(self, referrers_api: bool = True) -> None:
-        self.server = QuietHTTPServer((LOOPBACK, 0), _Handler)
+    def __init__(self, referrers_api: bool = True, address: str = LOOPBACK) -> None:
+        self.server = QuietHTTPServer((address, 0), _Handler)
         self.server.daemon_threads = True
         self.server.state = StubState(referrers_api)
         self.port = self.server.server_address[1]
-        self.host = f"{LOOPBACK}:{self.port}"
+        self.host = f"{address}:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -9,7 +9,12 @@ Each part speaks the real protocol, cut to what a signing run uses:
 - **Fulcio** ``POST /api/v2/signingCert``: checks the bearer token against the issuer's JWKS
   (found through its discovery document, as Fulcio does), the CSR's self-signature, then issues
   a ten-minute certificate (SAN: the ``sub``; issuer extensions v1 and v2; code signing) with
-  one embedded SCT signed by the stack's CT log key over the precertificate.
+  one embedded SCT signed by the stack's CT log key over the precertificate. A GitHub-shaped
+  token (``job_workflow_ref=``) is certified as Fulcio's GitHub issuer does it: the SAN is the
+  called workflow, and the ``repository``, ``ref``, ``workflow_ref`` and ``event_name`` claims
+  become the source repository, ref, build config and build trigger extensions (``.1.12``,
+  ``.1.14``, ``.1.18``, ``.1.20``, DER UTF8String). ``othername_sans`` makes the SAN Sigstore's
+  ``otherName`` (``.1.7``, a UTF8String), as Fulcio's username issuers have it.
 - **Rekor v1** ``POST /api/v1/log/entries`` (``dsse`` 0.0.1): checks the envelope's signature
   with the certificate, appends the canonical body to an RFC 6962 Merkle tree, and answers with
   the inclusion proof, a signed checkpoint and a signed entry timestamp.
@@ -49,6 +54,13 @@ AUDIENCE = "sigstore"
 _SCT_OID = x509.ObjectIdentifier("1.3.6.1.4.1.11129.2.4.2")
 _ISSUER_V1 = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.1")
 _ISSUER_V2 = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.8")
+_OTHERNAME = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.7")
+_GITHUB_EXTENSIONS = {  # Fulcio's GitHub issuer: claim -> extension (pkg/identity/github)
+    "repository": ("1.3.6.1.4.1.57264.1.12", "https://github.com/"),
+    "ref": ("1.3.6.1.4.1.57264.1.14", ""),
+    "workflow_ref": ("1.3.6.1.4.1.57264.1.18", "https://github.com/"),
+    "event_name": ("1.3.6.1.4.1.57264.1.20", ""),
+}
 _EPOCH = "2020-01-01T00:00:00Z"
 
 
@@ -132,6 +144,7 @@ class SigstoreStack:
         """The instance's clock (None: the real one)."""
         self.valid_for: dict[str, dict[str, str]] = {}
         """The root's ``validFor`` per part (``ca``, ``ctlog``, ``tlog``): default, from 2020."""
+        self.othername_sans = False
         self.tree = MerkleTree([_leaf(b"prefill %d" % i) for i in range(prefill)])
         self.lock = threading.Lock()
         self.fulcio_requests = 0
@@ -267,7 +280,11 @@ class SigstoreStack:
         if "job_workflow_ref" in claims:  # as Fulcio certifies GitHub Actions: not the sub
             sub = "https://github.com/" + claims["job_workflow_ref"]
         san: x509.GeneralName = (
-            x509.UniformResourceIdentifier(sub) if "://" in sub else x509.RFC822Name(sub)
+            x509.OtherName(_OTHERNAME, _utf8_der(sub))
+            if self.othername_sans
+            else x509.UniformResourceIdentifier(sub)
+            if "://" in sub
+            else x509.RFC822Name(sub)
         )
         now = self.now().replace(microsecond=0)
         # sigstore-python's signer reuses a certificate only while the *real* clock is inside
@@ -306,6 +323,12 @@ class SigstoreStack:
                 x509.UnrecognizedExtension(_ISSUER_V2, _utf8_der(self.issuer)), critical=False
             )
         )
+        if "job_workflow_ref" in claims:
+            for claim, (oid, prefix) in _GITHUB_EXTENSIONS.items():
+                if claim in claims:
+                    value = _utf8_der(prefix + claims[claim])
+                    ext = x509.UnrecognizedExtension(x509.ObjectIdentifier(oid), value)
+                    builder = builder.add_extension(ext, critical=False)
         precert = builder.sign(self.ca_key, hashes.SHA256())
         sct = self._sct(precert.tbs_certificate_bytes)
         sct_list = struct.pack("!H", len(sct) + 2) + struct.pack("!H", len(sct)) + sct

@@ -339,3 +339,25 @@ def test_run_by_gives_the_coroutine_only_the_time_left(
         deadline.run_by(loop, slow, due, "cannot read x from s3://b", 3600.0)
     assert err.value.detail == "cannot read x from s3://b: no answer within the 3600 s budget"
     assert cancelled.wait(10)  # the store's coroutine does not go on after the caller gave up
+
+
+def test_a_node_fetch_outcome_is_dated_and_judged_on_the_deadlines_clock(
+    tmp_path: Any, clock: FakeClock
+) -> None:
+    """The outcome another rank reads (pipeline/plan_sets/node_plans) is written and judged on
+    the injectable clock's wall time, not ``time.time()``: an outcome dated before this rank
+    began to wait, or past the clock's now plus the skew, is no record."""
+    from plancache.pipeline.plan_sets import node_plans
+    from plancache.trust.errors import StoreError
+    from plancache.trust.result import PlanResult
+
+    key = tmp_path / "set.lock"
+    asked = clock.wall()
+    clock.advance(5)
+    failed = PlanResult("f" * 64, "store", error=StoreError("denied"))
+    node_plans._record(key, "set-a", {"f" * 64: failed}, clock.wall())
+    recorded = node_plans._recorded(key, "set-a", asked, clock.wall(), "f" * 64)
+    assert recorded is not None and recorded.error is not None
+    assert node_plans._recorded(key, "set-a", clock.wall() + 1, clock.wall(), "f" * 64) is None
+    clock.advance(-3600)  # the outcome is now far in this clock's future: no record
+    assert node_plans._recorded(key, "set-a", asked - 7200, clock.wall(), "f" * 64) is None

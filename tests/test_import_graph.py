@@ -123,7 +123,6 @@ RINGS = {
         "storage",
         "keys",
         "pipeline",
-        "cli",
         "plancache",
     },
     "journeys": {"trust", "settings", "clock", "storage", "keys", "pipeline", "cli", "vllm_plugin"},
@@ -132,9 +131,10 @@ RINGS = {
 """What each ring (a folder of plancache, or a module at its root) may import besides itself:
 trust at the bottom (it imports nothing of plancache, so it does no IO of plancache's), then
 storage, then keys (key files are read through storage's capped reads), the pipeline, and the
-integrations on top (the CLI and the plugin may use each other's leaves: doctor reads the
-plugin's settings, the plugin parses durations as the CLI does). ``plancache`` is the package's
-own ``__init__`` (its version, its lazy exports); ``settings`` the environment variables' names;
+integrations on top (the CLI may use the plugin's leaves: doctor reads the plugin's settings;
+the plugin imports nothing of the CLI, whose parsing rules it shares through ``settings``).
+``plancache`` is the package's own ``__init__`` (its version, its lazy exports); ``settings``
+the environment variables' names and how their values parse;
 ``clock`` the time every budget is measured by (a ``Deadline`` on a ``Clock``, docs/adr/0010)."""
 
 

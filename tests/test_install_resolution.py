@@ -38,7 +38,7 @@ from packaging.utils import canonicalize_name
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("s3", "gcs", "azure", "awskms", "gcpkms", "pkcs11", "sigstore")
+EXTRAS = ("s3", "gcs", "azure", "oci", "awskms", "gcpkms", "pkcs11", "sigstore")
 """Every extra but [test] (tools) and [vllm] (checked against vLLM's own requirements)."""
 NO_NETWORK = (
     "NewConnectionError",

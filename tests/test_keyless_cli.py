@@ -219,7 +219,8 @@ def test_a_node_verifies_bundles_with_no_network_at_all(
         [*offline, *sign, str(plans)], env=env, capture_output=True, text=True, timeout=60
     )
     assert blocked.returncode == 1 and "refused (config-error)" in blocked.stdout, blocked.stderr
-    assert "signingCert" in blocked.stdout  # Fulcio, up, was never reached
+    fulcio = stack.url("fulcio").split("://")[1]  # up, but never reached: named, with the cause
+    assert f"could not reach {fulcio}" in blocked.stdout, blocked.stdout
 
 
 def test_pubkey_prints_the_identity_line_fulcio_certifies(
@@ -245,6 +246,23 @@ def test_pubkey_prints_the_identity_line_fulcio_certifies(
         capsys, "pubkey", "sigstore", "--identity-token", str(github), "--name", "a b"
     )
     assert code == 2 and "one word" in err
+    called_from = tmp_path / "called-token"  # as Fulcio certifies a reusable workflow's run
+    called_from.write_text(
+        stack.token(
+            "repo:acme/serving:ref:refs/heads/main",
+            job_workflow_ref="acme/serving/.github/workflows/bake.yml@refs/heads/main",
+            repository="acme/serving",
+            ref="refs/heads/main",
+            workflow_ref="acme/serving/.github/workflows/ci.yml@refs/heads/main",
+            event_name="push",
+        )
+    )
+    code, out, err = run(capsys, "pubkey", "sigstore", "--identity-token", str(called_from))
+    assert code == 0, err
+    assert out == (
+        f"sigstore issuer={stack.issuer} identity={workflow} "
+        "source-repository=https://github.com/acme/serving\n"
+    )
 
 
 def _commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, set[str]]]:

@@ -59,6 +59,25 @@ def test_an_anchored_regexp_trusts_every_release_tag() -> None:
         assert signer.name == "releases"
 
 
+def test_a_real_certificates_source_extensions_are_read_and_pinned() -> None:
+    """docs/keys.md's offline example: Fulcio's real extensions (DER UTF8String) decode to the
+    repository, ref, calling workflow and event, and a pin on each is honoured."""
+    identity = f"{WORKFLOW}@refs/tags/v0.34.0"
+    repo = "https://github.com/terraform-linters/tflint-ruleset-aws"
+    line = f"sigstore issuer={GITHUB} identity={identity} source-repository={repo} "
+    _, (signer,) = open_bundle(_bundle("0.34.0"), _policy(line + "build-trigger=push\n"), CAP)
+    assert dict(signer.source) == {
+        "source-repository": repo,
+        "source-ref": "refs/tags/v0.34.0",
+        "build-config": identity,
+        "build-trigger": "push",
+    }
+    with pytest.raises(Rejected) as caught:
+        open_bundle(_bundle("0.34.0"), _policy(line + "build-trigger=pull_request_target\n"), CAP)
+    assert caught.value.reason is Reason.WRONG_IDENTITY
+    assert "build-trigger is push" in caught.value.detail
+
+
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
@@ -71,7 +90,7 @@ def test_an_anchored_regexp_trusts_every_release_tag() -> None:
             f"sigstore issuer={GITHUB} identity-regexp=terraform-linters/tflint-ruleset-aws",
             Reason.UNANCHORED_IDENTITY,
         ),
-        (f"sigstore issuer={GITHUB} identity={WORKFLOW}", Reason.UNANCHORED_IDENTITY),
+        (f"sigstore issuer={GITHUB} identity={WORKFLOW}", Reason.WRONG_IDENTITY),
     ],
 )
 def test_a_real_bundle_is_refused_by_each_identity_rule(line: str, reason: Reason) -> None:

@@ -232,10 +232,10 @@ def test_a_tampered_bundle_is_refused_with_its_reason(
             1,
             Reason.UNANCHORED_IDENTITY,
         ),
-        (
+        (  # an exact line is anchored: a SAN it is only part of is another identity
             lambda s: line(s.issuer, IDENTITY.removesuffix("@refs/heads/main")),
             1,
-            Reason.UNANCHORED_IDENTITY,
+            Reason.WRONG_IDENTITY,
         ),
         (lambda s: line(s.issuer) + "@revoked " + line(s.issuer), 1, Reason.REVOKED),
         (lambda s: line(s.issuer, options="valid-before=2026-11-01T00:00:00Z"), 1, Reason.EXPIRED),

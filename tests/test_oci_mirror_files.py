@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from plancache.storage.oci.mirrors import mirror_choice, mirror_hosts
+from plancache.storage.oci.registry_urls import write_options
 from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError
 
@@ -86,7 +87,6 @@ def test_a_containerd_mirror_with_its_own_ca_and_a_server_only_file(tmp_path: Pa
         ('[host."https://m.example"]\n  capabilities = ["fly"]\n', "unknown capability"),
         ('[host."https://m.example/prefix"]\n', "API path of its own"),
         ('[host."https://user:pw@m.example"]\n', "carries credentials"),
-        ('[host."http://m.example"]\n', "plain HTTP to m.example"),
         ('[host."https://m.example"]\n  capabilities = "pull"\n', "not a list"),
     ],
 )
@@ -153,11 +153,6 @@ def test_registries_conf_prefixes_drop_ins_and_pull_from_mirror(
         ),
         (
             '[[registry]]\nlocation = "registry.example:5000"\n'
-            '[[registry.mirror]]\nlocation = "m.example"\ninsecure = true\n',
-            "plain HTTP to m.example",
-        ),
-        (
-            '[[registry]]\nlocation = "registry.example:5000"\n'
             '[[registry.mirror]]\nlocation = "m.example"\npull-from-mirror = "sometimes"\n',
             "pull-from-mirror",
         ),
@@ -173,7 +168,11 @@ def test_hostile_or_refusing_registries_conf_is_one_config_error(
         readers({"mirror_config": str(conf)})
 
 
-def test_an_explicit_file_must_exist_and_a_plain_http_mirror_needs_asking(tmp_path: Path) -> None:
+def test_an_explicit_file_must_exist_and_a_plain_http_mirror_keeps_the_origin_on_tls(
+    tmp_path: Path,
+) -> None:
+    """registries.conf's ``insecure = true`` makes the mirror plain HTTP by itself (issue 47:
+    it once needed ``plain_http=true``, which put the registry itself on HTTP too)."""
     with pytest.raises(ConfigError, match="does not exist"):
         readers({"mirror_config": str(tmp_path / "absent.conf")})
     conf = write(
@@ -181,9 +180,21 @@ def test_an_explicit_file_must_exist_and_a_plain_http_mirror_needs_asking(tmp_pa
         '[[registry]]\nlocation = "registry.example:5000"\n'
         '[[registry.mirror]]\nlocation = "m.example"\ninsecure = true\n',
     )
-    with pytest.raises(ConfigError, match="plain_http=true"):
-        readers({"mirror_config": str(conf), "plain_http": False})
-    assert readers({"mirror_config": str(conf), "plain_http": True})[1] == "http://m.example"
+    fs = open_store(URL, {"mirror_config": str(conf)}, timeout=5).fs
+    assert (fs.reader.base, fs.origin.base) == ("http://m.example", "https://registry.example:5000")
+    hosts = write(
+        tmp_path / "certs.d" / "registry.example_5000_" / "hosts.toml",
+        'server = "https://registry.example:5000"\n[host."http://m.example:5000"]\n',
+    )
+    fs = open_store(URL, {"mirror_config": str(hosts.parent.parent)}, timeout=5).fs
+    assert fs.reader.base == "http://m.example:5000"
+    assert fs.origin.base == "https://registry.example:5000"
+    fs = open_store(URL, {"mirror_config": str(conf), "mirror_reads": "false"}, timeout=5).fs
+    assert fs.reader is fs.origin and fs.tag_reader is fs.origin
+    writing = write_options(URL, {"mirror_config": str(conf), "mirror_reads": True})
+    fs = open_store(URL, writing, timeout=5).fs  # a push reads nothing through a mirror
+    assert fs.reader is fs.origin and fs.tag_reader is fs.origin
+    assert write_options("s3://bucket/plans", {"a": 1}) == {"a": 1}  # only a registry takes it
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ with its token service.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -18,7 +19,7 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
-from plancache.storage.oci.credential_files import find_credentials
+from plancache.storage.oci.access.credential_files import find_credentials
 from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError, PlanCacheError
 from plancache.trust.plans.plan import plan_name, sig_name
@@ -82,7 +83,7 @@ def test_registry_auth_file_and_a_credential_helper(
         json.dumps({"credHelpers": {tls_registry.host: "plancachetest"}})
     )
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
-    creds = find_credentials(tls_registry.host)
+    creds = asyncio.run(find_credentials(tls_registry.host))
     assert creds.username == USER and PASSWORD not in repr(creds)
     round_trip(tls_registry.url(tls_registry.new_repository()), tls_registry.ca)
 
@@ -109,9 +110,11 @@ def test_wrong_or_missing_credentials_are_one_line_without_the_secret(
 
 
 def test_plain_http_only_for_loopback_or_when_asked() -> None:
-    with pytest.raises(ConfigError):
-        open_store("oci://registry.example/team/plans", {"mirror": "http://mirror.example"})
-    open_store("oci://registry.example/team/plans", {"plain_http": True})  # asked for: allowed
+    fs = open_store("oci://registry.example/team/plans", {"mirror": "http://mirror.example"}).fs
+    assert fs.origin.base == "https://registry.example"  # the mirror's scheme is its own
+    assert fs.reader.base == "http://mirror.example"
+    fs = open_store("oci://registry.example/team/plans", {"plain_http": True}).fs  # asked for
+    assert fs.origin.base == "http://registry.example"
     with pytest.raises(ConfigError):
         open_store("oci://127.0.0.1:5000/a", {"colour": "blue"})
 

@@ -30,6 +30,11 @@ class Clock(Protocol):
 
     def monotonic(self) -> float: ...
 
+    def wall(self) -> float:
+        """Seconds since the epoch: for a time written where another process (or another boot)
+        reads it back, which a monotonic reading cannot be compared across."""
+        ...
+
     def sleep(self, seconds: float) -> None:
         """Pause this thread (a blocking caller's backoff, a lock's poll)."""
         ...
@@ -44,6 +49,9 @@ class RealClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

@@ -34,6 +34,8 @@ runs the plugin), so a variable means the same thing wherever it is read:
 from __future__ import annotations
 
 import json
+import re
+from datetime import timedelta
 from typing import Any
 
 URL_ENV = "PLANCACHE_URL"
@@ -147,3 +149,29 @@ def unknown_option(key: object, *, protocol: str, backend: str, accepted: set[st
     guess = difflib.get_close_matches(str(key).replace("-", "_"), sorted(accepted), n=1)
     hint = f"; did you mean {guess[0]!r}?" if guess else ""
     return f"unknown storage option {key!r} for {protocol}:// ({backend}){hint}"
+
+
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+MAX_DURATION = timedelta(days=100 * 366)
+"""Longer than any signature lifetime or age that means something; beyond it dates overflow."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta, up to 100 years: the one rule
+    for a duration, in a flag (``--expires``, ``--older-than``) or in the environment
+    (``PLANCACHE_COMPILE_CACHE_EXPIRES``), so the plugin reads it without the CLI.
+
+    Raises:
+        ValueError: not a positive whole number and a unit, or longer than 100 years.
+    """
+    match = _DURATION.fullmatch(text.strip())
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"{text!r} is not a duration like 30d, 12h, 90m, 2w")
+    try:
+        value = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    except OverflowError:
+        value = MAX_DURATION + MAX_DURATION
+    if value > MAX_DURATION:
+        raise ValueError(f"{text!r} is longer than 100 years")
+    return value

@@ -7,33 +7,22 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from ..settings import parse_key_value
-
-_DURATION = re.compile(r"(\d+)([smhdw])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-MAX_DURATION = timedelta(days=100 * 366)
-"""Longer than any signature lifetime or age that means something; beyond it dates overflow."""
+from ..settings import parse_duration, parse_key_value
 
 
 def duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta, up to 100 years (argparse type).
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` -> timedelta, up to 100 years (argparse type;
+    the rule is :func:`~plancache.settings.parse_duration`, which the plugin reads its
+    environment with).
 
     Raises:
         argparse.ArgumentTypeError: not a positive whole number and a unit, or longer than 100
             years.
     """
-    match = _DURATION.fullmatch(text.strip())
-    if not match or int(match.group(1)) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 90m, 2w")
     try:
-        value = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-    except OverflowError:
-        value = MAX_DURATION + MAX_DURATION
-    if value > MAX_DURATION:
-        raise argparse.ArgumentTypeError(f"{text!r} is longer than 100 years")
-    return value
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def key_value(text: str) -> tuple[str, Any]:

@@ -302,7 +302,9 @@ def storage_options(
     subject = getattr(args, "subject", None)
     if subject:  # push/ls --subject IMAGE: a registry store's option (storage/oci/referrers.py)
         options["subject"] = subject
-    return {**options, **_s3_shorthands(args, options)}
+    from .flags.registry_reads import origin_reads
+
+    return {**options, **_s3_shorthands(args, options), **origin_reads(args, options)}
 
 
 def _s3_shorthands(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:

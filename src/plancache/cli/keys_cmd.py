@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from dataclasses import replace
 
 from ..keys.keyfile import Prompt
 from ..pipeline.trust_config import signer_for
@@ -54,7 +55,8 @@ def cmd_pubkey(args: argparse.Namespace) -> int:
 
 def _identity_line(signer: BundleSigner, name: str) -> tuple[str, str]:
     """The trusted-keys line of a keyless signer: the issuer and SAN of its certificate (not
-    the token's claim: for GitHub Actions Fulcio certifies the workflow's URL). A name is the
+    the token's claim: for GitHub Actions Fulcio certifies the workflow's URL), and its source
+    repository when the certificate states one. A name is the
     line's ``name=`` option there, so one word: no space, comma or quote.
 
     Raises:
@@ -67,4 +69,8 @@ def _identity_line(signer: BundleSigner, name: str) -> tuple[str, str]:
     if ids is None or not ids.trusted:  # pragma: no cover - a certificate always names one
         raise ConfigError("the signing certificate names no identity")
     first = ids.trusted[0]
-    return (f"name={name} " if name else "") + first.line, KEYID_PREFIX + first.identity
+    # the caller's repository, when the certificate states it: for a reusable workflow the SAN
+    # is the called workflow, and only this refuses a fork that calls it (issue 48 item 3); the
+    # ref, workflow and trigger stay the operator's choice (docs/keys.md)
+    pinned = replace(first, source=tuple(p for p in first.source if p[0] == "source-repository"))
+    return (f"name={name} " if name else "") + pinned.line, KEYID_PREFIX + first.identity

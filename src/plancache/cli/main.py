@@ -163,6 +163,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
             report(args, False, error=(reason, detail))
 
+    from ..storage.oci.mirrors import mirror_reads
+
+    mirror_reads.forget()
     try:
         return _handler(args)(args)
     except PlanCacheError as exc:
@@ -179,6 +182,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_CONFIG
     except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
         return _internal(exc, fail)
+    finally:  # where the bytes came from, success or not (docs/stores.md, "Mirrors")
+        for host, configured_in in mirror_reads.mirrors_read():
+            print(
+                f"plancache: read via mirror {host} (configured in {configured_in})",
+                file=sys.stderr,
+            )
 
 
 OPTIONAL_EXTRAS = {
@@ -193,6 +202,9 @@ OPTIONAL_EXTRAS = {
     "google.cloud.kms_v1": "gcpkms",
     "adlfs": "azure",
     "azure": "azure",
+    "aiohttp": "oci",
+    "sigstore": "sigstore",
+    "argcomplete": "completion",
     "vllm": "vllm",
     "torch": "vllm",
 }

@@ -65,8 +65,14 @@ def document(
     body: dict[str, Any] | None = None,
     error: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The report: shared top level first, the command's own keys beside it."""
+    """The report: shared top level first, the command's own keys beside it, and the mirrors
+    read through, if any (``via_mirror``: the bytes did not come from the URL's registry)."""
+    from ..storage.oci.mirrors.mirror_reads import mirrors_read
+
     doc: dict[str, Any] = {"schema": SCHEMA, "command": command or "", "ok": ok, **(body or {})}
+    via = mirrors_read()
+    if via:
+        doc["via_mirror"] = [{"host": h, "configured_in": c} for h, c in via]
     if error is not None:
         doc["error"] = {"reason": error[0], "detail": error[1]}
     return doc

@@ -11,6 +11,8 @@
 #                              audit cannot run, so a stale success never survives
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
+#   PLANCACHE_IMAGE            with an oci:// store: read only the plans attached to this image (TAG,
+#                              @sha256:…, or HOST/REPO:TAG in the store's repository: `--subject`)
 #   PLANCACHE                  the plancache command (default: this installation's)
 #
 # Exit status: 0 every plan valid; 1 some plan is not, or there are none; 2 configuration or store
@@ -34,7 +36,9 @@ if [ -n "${AUDIT_JSON:-}" ]; then
     report=(--report "$tmp")
 fi
 if [ -n "$target" ]; then
-    "${PLANCACHE_CMD[@]}" verify "${report[@]}" "$target"
+    subject=()
+    [ -n "${PLANCACHE_IMAGE:-}" ] && subject=(--subject "$PLANCACHE_IMAGE")
+    "${PLANCACHE_CMD[@]}" verify "${report[@]}" "${subject[@]}" "$target"
     status=$?
     why="plancache exited $status before writing a report"
 else

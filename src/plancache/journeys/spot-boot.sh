@@ -11,6 +11,8 @@
 #                              fingerprints, 10 s for the whole store)
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
+#   PLANCACHE_IMAGE            with an oci:// store: read only the plans attached to this image (TAG,
+#                              @sha256:…, or HOST/REPO:TAG in the store's repository: `--subject`)
 #   PLANCACHE_STRICT           1: exit with plancache's status; default: always exit 0, because a
 #                              missing or rejected plan only means vLLM profiles as usual
 #   PLANCACHE                  the plancache command (default: this installation's)
@@ -37,6 +39,7 @@ for fp in "$@" ${PLANCACHE_FINGERPRINTS:-}; do args+=(--fingerprint "$fp"); done
 dir=()
 [ -n "${PLAN_DIR:-}" ] && dir=("$PLAN_DIR")
 
+[ -n "${PLANCACHE_IMAGE:-}" ] && args+=(--subject "$PLANCACHE_IMAGE")
 "${PLANCACHE_CMD[@]}" pull --boot "${args[@]}" "$PLANCACHE_URL" "${dir[@]}"
 status=$?
 case "$status" in

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ..settings import SIGSTORE_ID_TOKEN_ENV, SIGSTORE_ID_TOKEN_FILE_ENV, SIGSTORE_TRUST_CONFIG_ENV
 from ..storage.local.files import read_capped
@@ -36,6 +37,31 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line: its class, then its text cut short."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {safe_text(text, 200)}" if text else type(exc).__name__
+
+
+def unreachable_host(exc: BaseException) -> str | None:
+    """The host a network failure could not reach (``host:port``), found in the exception or
+    the ones it was raised from (sigstore-python lets ``requests``' errors through, or wraps
+    them); None when ``exc`` is no connection failure."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        # requests' ConnectionError and Timeout are OSErrors carrying the request they failed
+        url = getattr(getattr(current, "request", None), "url", None)
+        if isinstance(current, OSError) and isinstance(url, str) and url:
+            return safe_text(urlsplit(url).netloc, 120)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def failure(what: str, exc: BaseException) -> str:
+    """``what`` failed, said in one line: the host it could not reach when the network is what
+    failed (an operator's first question), else the exception (:func:`one_line`)."""
+    host = unreachable_host(exc)
+    if host is not None:
+        return f"{what}: could not reach {host} ({type(exc).__name__}): is the network up?"
+    return f"{what}: {one_line(exc)}"
 
 
 def read_operator_file(path: str, cap: int, what: str) -> bytes:
@@ -127,7 +153,8 @@ def check_token(token: str, source: str, now: datetime) -> IdentityToken:
     expiry), where sigstore-python would only call it malformed.
 
     Raises:
-        ConfigError: expired, or refused by sigstore-python (wrong audience, missing claims).
+        ConfigError: expired, for an audience other than ``sigstore`` (said so), or refused
+            by sigstore-python (missing claims).
     """
     from sigstore.oidc import IdentityToken
 
@@ -136,6 +163,15 @@ def check_token(token: str, source: str, now: datetime) -> IdentityToken:
         raise ConfigError(
             f"sigstore: the OIDC token from {source} expired at {expiry:%Y-%m-%dT%H:%M:%SZ}: "
             "tokens live minutes, mint a fresh one"
+        )
+    audience = token_claims(token).get("aud")
+    audiences = audience if isinstance(audience, list) else [audience]
+    if audience is not None and "sigstore" not in audiences:
+        raise ConfigError(
+            f"sigstore: the OIDC token from {source} is for the audience "
+            f"'{safe_text(str(audience), 60)}': Fulcio takes only tokens whose audience is "
+            "'sigstore' (GitHub: request it with audience=sigstore; GitLab: id_tokens with "
+            "aud: sigstore)"
         )
     try:
         return IdentityToken(token)

@@ -30,7 +30,14 @@ from ..trust.display import safe_text
 from ..trust.errors import ConfigError
 from ..trust.keyring.identities import KEYID_PREFIX, IdentityPolicy, TrustedIdentity
 from ..trust.keyring.keys import Keyring
-from .sigstore_inputs import NO_TOKEN, check_token, given_token, one_line, trust_config_file
+from .sigstore_inputs import (
+    NO_TOKEN,
+    check_token,
+    failure,
+    given_token,
+    one_line,
+    trust_config_file,
+)
 
 if TYPE_CHECKING:  # sigstore-python is the [sigstore] extra, imported when a reference names it
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -68,12 +75,12 @@ class KeylessSigner:
         with self._lock:
             signer = self._signer
         if signer is not None:
-            from ..trust.keyless.sigstore_bundle import certificate_identity
+            from ..trust.keyless.fulcio_certificate import certified_identity
 
             try:
-                _, sans = certificate_identity(signer._signing_cert())
+                sans = certified_identity(signer._signing_cert()).sans
             except Exception:  # an expired certificate: the token's claim still names the job
-                sans = []
+                sans = ()
             if sans:
                 return sans[0]
         return str(self._token.identity)
@@ -108,15 +115,18 @@ class KeylessSigner:
         """A keyring trusting exactly the identity Fulcio certified for this signer, under its
         instance's root. Read from the certificate, not the token: Fulcio chooses the SAN (for
         GitHub Actions the workflow's ``job_workflow_ref`` URL, while the token's identity claim
-        is its ``sub``), so only the certificate says what a verifier will see.
+        is its ``sub``), so only the certificate says what a verifier will see; its source
+        extensions are pinned too (the same certificate states them).
 
         Raises:
             ConfigError: no certificate could be had (as :meth:`sign_statement`).
         """
-        from ..trust.keyless.sigstore_bundle import certificate_identity
+        from ..trust.keyless.fulcio_certificate import certified_identity
 
-        issuer, sans = certificate_identity(self._certificate())
-        lines = tuple(TrustedIdentity(issuer, san, name=san) for san in sans)
+        cert = certified_identity(self._certificate())
+        lines = tuple(
+            TrustedIdentity(cert.issuer, san, name=san, source=cert.source) for san in cert.sans
+        )
         return Keyring(identities=IdentityPolicy(lines, (), self._trusted_root))
 
     def _fresh_signer(self) -> SigstoreSigner:
@@ -142,7 +152,7 @@ class KeylessSigner:
             except ConfigError:
                 raise
             except Exception as exc:
-                raise ConfigError(f"sigstore signing failed: {one_line(exc)}") from None
+                raise ConfigError(failure("sigstore signing failed", exc)) from None
 
     def sign_statement(self, payload: bytes) -> bytes:
         """A Sigstore bundle (v0.3 JSON) whose DSSE envelope carries ``payload`` unchanged.
@@ -169,7 +179,7 @@ class KeylessSigner:
             except ConfigError:
                 raise
             except Exception as exc:
-                raise ConfigError(f"sigstore signing failed: {one_line(exc)}") from None
+                raise ConfigError(failure("sigstore signing failed", exc)) from None
         return str(bundle.to_json()).encode("utf-8")
 
 
@@ -203,9 +213,7 @@ def _trust_config(env: Mapping[str, str]) -> ClientTrustConfig:
     try:
         return ClientTrustConfig.production()
     except Exception as exc:
-        raise ConfigError(
-            f"sigstore trust config (Sigstore public-good): {one_line(exc)}"
-        ) from None
+        raise ConfigError(failure("sigstore trust config (Sigstore public-good)", exc)) from None
 
 
 def keyless_signer(ref: str, env: Mapping[str, str] = os.environ) -> KeylessSigner:

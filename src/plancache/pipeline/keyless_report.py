@@ -12,12 +12,13 @@ from typing import Any, Protocol
 from ..trust import envelope as dsse
 from ..trust.keyless.sigstore_bundle import is_bundle
 from ..trust.keyring.identities import IdentitySigner
+from ..trust.keyring.identity_match import SOURCE_FIELDS
 from ..trust.sealing import claimed_payload
 from ..trust.statement import format_time
 
 
 def keyless_facts(identities: Sequence[IdentitySigner]) -> list[dict[str, Any]]:
-    """One object per keyless signer of a verified signature."""
+    """One object per keyless signer of a verified signature, with its :func:`source_facts`."""
     return [
         {
             "keyid": s.keyid,
@@ -26,9 +27,18 @@ def keyless_facts(identities: Sequence[IdentitySigner]) -> list[dict[str, Any]]:
             "issuer": s.issuer,
             "log_index": s.log_index,
             "log_time": format_time(s.log_time) if s.log_time else None,
+            **source_facts(s),
         }
         for s in identities
     ]
+
+
+def source_facts(signer: IdentitySigner) -> dict[str, str | None]:
+    """The build the certificate was issued to (Fulcio's source repository, ref, build config
+    and trigger extensions), each field null when the certificate does not state it: for a
+    reusable workflow the SAN names the called workflow, these name who called it."""
+    stated = dict(signer.source)
+    return {field.replace("-", "_"): stated.get(field) for field in SOURCE_FIELDS}
 
 
 def signed_by(

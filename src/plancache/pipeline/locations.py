@@ -12,6 +12,7 @@ audit; one that exists but is empty is named with the prefixes below it that hol
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 
 DEEPER_SHOWN = 5
 """Prefixes holding plans named when the given one holds none."""
+STORE_SCHEMES = frozenset(
+    ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "file", "memory", "http", "https")
+)
+"""Schemes that, written with one slash (``oci:/host/repo``), are a store URL's typo rather than
+a directory's name."""
 SIBLINGS_SEEN = 50
 """Prefixes holding plans looked at beside the given one, for a near-miss suggestion."""
 
@@ -141,8 +147,18 @@ def local_dir(location: str | os.PathLike[str] | None, must_exist: bool = True) 
             f"{path} is a file, not a plan directory (plancache inspect {path} shows one plan)"
         )
     if must_exist and not path.is_dir():
-        raise ConfigError(f"plan directory {path} does not exist")
+        raise ConfigError(f"plan directory {path} does not exist{_url_with_one_slash(location)}")
     return LocalPlanDir(path)
+
+
+def _url_with_one_slash(location: str | os.PathLike[str] | None) -> str:
+    """``; did you mean 'oci://host/repo'?`` when a missing directory is spelled like a store URL
+    short of a slash (``oci:/host/repo``, ``s3:bucket``): read as a path it would only ever be
+    "does not exist", which hides the typo."""
+    match = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]+):/?([^/].*)", str(location or ""))
+    if match is None or match.group(1).lower() not in STORE_SCHEMES:
+        return ""
+    return f"; did you mean '{match.group(1).lower()}://{match.group(2)}'?"
 
 
 def open_location(
@@ -187,10 +203,19 @@ def require_push_target(store: Store) -> None:
     (``file:///mnt/plnas/fleet``), and creating it would hide every plan from the nodes that
     read the real one.
 
+    For a registry store with ``--subject``, the image must exist in its repository
+    (:func:`..storage.checks.require_subject`), asked before anything is signed.
+
     Raises:
         ConfigError: the parent directory of a ``file://`` store does not exist
             (``config-error``).
+        StoreError: the ``--subject`` image is not in the registry store's repository.
     """
+    if store.kind == "oci":
+        from ..storage.checks import require_subject
+
+        require_subject(store)  # the image attached to exists, before anything is signed
+        return
     if store.url.split("://", 1)[0].lower() not in ("file", "local"):
         return
     parent = Path(store.root or "/").parent
@@ -215,6 +240,9 @@ def no_plans_message(source: Location) -> str:
     close to X's (``…/h10`` when ``…/h100`` holds plans)."""
     from ..trust.display import safe_text  # the names below come from the store: hostile text
 
+    image = attached_to(source)
+    if image is not None:  # only the image's referrers were listed: deeper prefixes say nothing
+        return f"nothing is attached to image {safe_text(image, 300)} in {source} (--subject)"
     below = deeper(source)
     if below:
         shown = ", ".join(safe_text(b, 300) for b in below)
@@ -223,6 +251,14 @@ def no_plans_message(source: Location) -> str:
     return f"no plans in {source}" + (
         f"; did you mean {safe_text(near, 300)} (it holds plans)?" if near else ""
     )
+
+
+def attached_to(source: Location) -> str | None:
+    """The image a registry store lists the referrers of (``--subject``), else None."""
+    if isinstance(source, LocalPlanDir) or getattr(source, "kind", None) != "oci":
+        return None
+    subject = getattr(getattr(source, "_fs", None), "subject_text", None)
+    return subject if isinstance(subject, str) else None
 
 
 def near_miss(source: Location) -> str | None:

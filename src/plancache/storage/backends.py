@@ -136,7 +136,19 @@ def _filesystem_class(protocol: str, url: str) -> FilesystemClass:
         extra = f" (pip install 'plancache[{hint}]')" if hint else ""
         raise ConfigError(f"{url}: {one_line(exc)}{extra}") from None
     except ValueError as exc:
-        raise ConfigError(f"{url}: {one_line(exc)}") from None
+        raise ConfigError(f"{url}: {one_line(exc)}{_nearest_protocol(protocol)}") from None
+
+
+def _nearest_protocol(protocol: str) -> str:
+    """``; did you mean 'oci://'?`` for a mistyped scheme (``oic://``), or nothing: the
+    protocols fsspec knows, plus the registry's own ``oci``."""
+    import difflib
+
+    import fsspec
+
+    known = {*fsspec.available_protocols(), "oci"}
+    match = difflib.get_close_matches(protocol, sorted(known), n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}://'?" if match else ""
 
 
 def _opener(
@@ -293,7 +305,14 @@ def filesystem_opener(
         raise ConfigError(f"chained URLs are not supported: {url}")
     protocol = url.split("://", 1)[0].lower()
     if protocol == "oci" and "@" not in url.split("://", 1)[1].split("/", 1)[0]:
-        from .oci.registry_open import registry_opener  # a registry; ocifs URLs hold bucket@ns
+        try:  # a registry; ocifs URLs hold bucket@ns
+            from .oci.registry_open import registry_opener
+        except ImportError as exc:
+            if (exc.name or "").split(".")[0] != "aiohttp":
+                raise
+            raise ConfigError(
+                f"{url}: aiohttp is not installed (pip install 'plancache[oci]')"
+            ) from None
 
         return registry_opener(url, storage_options or {}, request_timeouts(budget))
     cls = _filesystem_class(protocol, url)

@@ -8,6 +8,8 @@
 * :func:`location_exists`: does the bucket (or, for file:// and memory://, the directory)
   exist? Asked only after a listing came back empty, so a healthy store pays nothing; a
   missing bucket lists as empty through fsspec, which is how a typo could pass an audit.
+* :func:`require_subject`: does the image a registry store attaches to exist (before a push
+  signs anything)?
 * :func:`deeper_prefixes`: when a prefix holds no plans, which prefixes below it do (a
   bounded breadth-first walk, best effort), to name them in the error.
 
@@ -207,6 +209,24 @@ def location_exists(store: Store, deadline: Deadline | None = None) -> bool | No
             f"{store.url} is not a directory of plans (a FIFO, socket or device)"
         )  # never opened
     return True
+
+
+def require_subject(store: Store, deadline: Deadline | None = None) -> None:
+    """For a registry store with a ``subject`` (``--subject IMAGE``): the image must exist in
+    the repository, asked before ``push`` signs anything (a typo'd tag would otherwise cost a
+    signature, or a KMS call, and then fail at the first upload). Any other store: nothing.
+
+    Raises:
+        StoreError: the image is not in the repository, or the registry could not be asked
+            (``StoreTimeout`` at the deadline).
+    """
+    fs = store.fs
+    if getattr(fs, "subject_text", None) is None:
+        return
+    from .oci.referrers import subject_descriptor
+
+    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
+    _run(store, lambda: subject_descriptor(fs), deadline, "cannot look up the --subject image in")
 
 
 def deeper_prefixes(

@@ -56,8 +56,9 @@ class Reason(str, Enum):
     WRONG_IDENTITY = "wrong-identity"
     """A Sigstore bundle signed by an identity no ``sigstore`` line trusts."""
     UNANCHORED_IDENTITY = "unanchored-identity"
-    """A trusted identity (or ``identity-regexp``) matches only inside the certificate's SAN,
-    not the whole of it: the near miss of a forgotten anchor, never a match."""
+    """A trusted ``identity-regexp`` matches only inside the certificate's SAN, not from its
+    start: the near miss of a forgotten leading anchor, never a match (an exact line, or an
+    expression that matches the SAN's start, is ``wrong-identity``)."""
     CERT_OUTSIDE_VALIDITY = "certificate-outside-validity"
     """The bundle's signing certificate was not valid at the time the log (or a TSA) recorded."""
     NO_LOG_PROOF = "no-log-proof"

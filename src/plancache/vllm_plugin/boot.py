@@ -214,18 +214,23 @@ def log_decision(
     worker: object = None,
     boot: Boot | None = None,
 ) -> None:
-    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`)."""
+    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`).
+    A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md)."""
+    from ..storage.oci.mirrors.mirror_reads import mirrors_read
+
     elapsed = (time.monotonic() - started) * 1000
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
+    via = ",".join(host for host, _ in mirrors_read()) if source == "store" else ""
     LOG.info(
-        "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s",
+        "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s%s",
         verdict,
         decision.reason.value,
         source,
         fp or "-",
         elapsed,
         f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
+        f" via_mirror={via}" if via else "",
         f' detail="{_quoted(decision.detail)}"' if decision.detail else "",
     )
     if worker is not None:

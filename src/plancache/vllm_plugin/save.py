@@ -139,7 +139,7 @@ def _push(boot: Boot, fp: str, plan_bytes: bytes, sig_bytes: bytes) -> None:
     off_compute_cores()
     deadline = Deadline.after(boot.config.timeout)
     try:
-        boot.open_store(deadline).put(fp, plan_bytes, sig_bytes, deadline=deadline)
+        boot.open_store(deadline, writes=True).put(fp, plan_bytes, sig_bytes, deadline=deadline)
         boot.push_result = "pushed"
         LOG.debug(
             "plancache: pushed plan fingerprint=%s to %s in %.0f ms",

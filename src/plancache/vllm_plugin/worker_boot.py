@@ -85,12 +85,18 @@ class Boot:
     def store_writes(self) -> bool:
         return self.config.url is not None and self.signer is not None
 
-    def open_store(self, deadline: Deadline | None = None) -> Store:
+    def open_store(self, deadline: Deadline | None = None, *, writes: bool = False) -> Store:
         """The store, opened (the SDK imported) by ``deadline``: the caller's, so that opening and
-        the reads after it share one budget (default: a budget of its own from now)."""
+        the reads after it share one budget (default: a budget of its own from now). ``writes``:
+        for a push, which reads nothing through a registry's mirror (``write_options``)."""
+        from ..storage.oci.registry_urls import write_options
+
+        url = self.config.url or ""
         return open_store(
-            self.config.url or "",
-            self.config.storage_options,
+            url,
+            write_options(url, self.config.storage_options)
+            if writes
+            else self.config.storage_options,
             timeout=self.config.timeout,
             deadline=deadline,
         )

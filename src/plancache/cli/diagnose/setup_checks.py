@@ -177,18 +177,22 @@ def check_keys(checks: Checks, config: PluginConfig) -> TrustPolicy:
     ring = policy.keyring
     names = sorted(k.name for k in ring.keys.values())
     identities = ring.identities.trusted if ring.identities else ()
+    revoked_ids = ring.identities.revoked if ring.identities else ()
     signers = names + sorted(i.name for i in identities)
     checks.add(
         "trusted-keys",
         "ok" if ring.keys or identities else "fail",
         f"{len(ring.keys)} trusted key(s) and {len(identities)} sigstore identit"
         f"{'y' if len(identities) == 1 else 'ies'} from {config.trusted_keys}: "
-        f"{', '.join(signers) or 'none'}; {len(ring.revoked)} revoked; threshold {ring.threshold}",
+        f"{', '.join(signers) or 'none'}; {len(ring.revoked)} revoked key(s) and "
+        f"{len(revoked_ids)} revoked identit{'y' if len(revoked_ids) == 1 else 'ies'}; "
+        f"threshold {ring.threshold}",
         count=len(ring.keys),
         names=names,
         identities=[i.line for i in identities],
         keyids=sorted(ring.keys),
         revoked=sorted(ring.revoked),
+        revoked_identities=[i.line for i in revoked_ids],
         threshold=ring.threshold,
     )
     return policy

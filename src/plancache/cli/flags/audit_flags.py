@@ -42,8 +42,12 @@ def add_audit_commands(sub: Sub) -> None:
         p.add_argument("--jobs", type=positive_int, help="worker processes (default: one per core)")
         add_store_options(p)
         quiet_flag(p)
-        if name == "ls":
-            subject_flag(p, "list only what is attached to this image (oci:// stores)")
+        subject_flag(
+            p,
+            "list only what is attached to this image (oci:// stores)"
+            if name == "ls"
+            else "verify only what is attached to this image (oci:// stores)",
+        )
         if name == "verify":
             p.add_argument(
                 "--fingerprint",
@@ -86,4 +90,5 @@ def add_audit_commands(sub: Sub) -> None:
     )
     add_trusted_root(p)
     add_store_options(p, f"budget of the fetch for a URL (default {DEFAULT_TIMEOUT:g} s)")
+    subject_flag(p, "read the plan attached to this image (oci:// stores)")
     json_flag(p)

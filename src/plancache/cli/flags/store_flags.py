@@ -109,6 +109,7 @@ def add_store_commands(sub: Sub) -> None:
         help=f"on a boot's critical path: a whole-store pull's budget defaults to {BOOT_TIMEOUT:g} "
         "s",
     )
+    subject_flag(p, "pull only what is attached to this image (oci:// stores)")
     json_flag(p)
     quiet_flag(p)
     p.add_argument("url", metavar="URL", help="store URL")
@@ -162,6 +163,11 @@ def add_store_commands(sub: Sub) -> None:
     )
     add_trust_options(p)
     add_store_options(p)
+    subject_flag(
+        p,
+        "judge and delete only what is attached to this image (oci:// stores), e.g. a "
+        "referrer that fails verification",
+    )
     json_flag(p)
     quiet_flag(p)
     p.add_argument("url", metavar="URL", help="store URL")

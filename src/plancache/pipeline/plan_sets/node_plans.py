@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -110,7 +109,7 @@ def resolve_node(
     directory = resolver.directory.path
     name = set_name(world)
     key = set_key(directory, name)
-    asked = time.time()
+    asked = deadline.clock.wall()
     alone = ""
     with ExitStack() as stack:
         try:
@@ -129,7 +128,7 @@ def resolve_node(
         if again.verified is not None:
             return again.with_note("fetched by another rank of this node") if waited else again
         if waited:
-            recorded = _recorded(key, name, asked, fp)
+            recorded = _recorded(key, name, asked, deadline.clock.wall(), fp)
             if recorded is not None:
                 return recorded
         try:
@@ -139,7 +138,7 @@ def resolve_node(
             results[fp] = PlanResult(
                 fp, "store", error=store_error("cannot fetch the plan set", exc)
             )
-        _record(key, name, results)
+        _record(key, name, results, deadline.clock.wall())
     result = results.get(fp) or PlanResult(
         fp, "store", error=StoreError("the node fetch did not cover this rank")
     )
@@ -246,7 +245,7 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _record(key: Path, name: str, results: dict[str, PlanResult]) -> None:
+def _record(key: Path, name: str, results: dict[str, PlanResult], at: float) -> None:
     """What this rank's fetch came to for each member, for the ranks waiting on the lock (best
     effort)."""
     members = {
@@ -257,7 +256,7 @@ def _record(key: Path, name: str, results: dict[str, PlanResult]) -> None:
         }
         for fp, r in results.items()
     }
-    outcome = {"set": name, "at": time.time(), "members": members}
+    outcome = {"set": name, "at": at, "members": members}
     try:
         write_atomic(
             key.with_name(key.name + OUTCOME_SUFFIX),
@@ -268,7 +267,7 @@ def _record(key: Path, name: str, results: dict[str, PlanResult]) -> None:
         pass
 
 
-def _recorded(key: Path, name: str, since: float, fp: str) -> PlanResult | None:
+def _recorded(key: Path, name: str, since: float, now: float, fp: str) -> PlanResult | None:
     """The fetching rank's outcome for this rank's member, recorded after this rank began to
     wait; None if there is none usable (then this rank reads the store itself). It can only make
     a rank profile: a plan is only ever applied from verified bytes, which a hit would have found
@@ -277,7 +276,7 @@ def _recorded(key: Path, name: str, since: float, fp: str) -> PlanResult | None:
     try:
         raw = read_capped(key.with_name(key.name + OUTCOME_SUFFIX), MAX_OUTCOME_BYTES)
         entry = (
-            _entry(strictjson.loads(raw, "the node fetch's outcome"), name, since, fp)
+            _entry(strictjson.loads(raw, "the node fetch's outcome"), name, since, now, fp)
             if raw
             else None
         )
@@ -296,7 +295,7 @@ def _recorded(key: Path, name: str, since: float, fp: str) -> PlanResult | None:
     return PlanResult(fp, "store", error=StoreError(safe_text(detail, 300), reason=code), note=note)
 
 
-def _entry(got: Any, name: str, since: float, fp: str) -> tuple[str, str] | None:
+def _entry(got: Any, name: str, since: float, now: float, fp: str) -> tuple[str, str] | None:
     """(reason, detail) of ``fp``'s member in a parsed outcome that is this set's, recorded at a
     finite time between ``since`` and now; None for anything else, or for a member applied (its
     plan should be local: if it is not, this rank reads for itself)."""
@@ -306,7 +305,7 @@ def _entry(got: Any, name: str, since: float, fp: str) -> tuple[str, str] | None
     if isinstance(at, bool) or not isinstance(at, (int, float)):
         return None
     at = float(at)  # an int past a float's range raises OverflowError: no record
-    if not math.isfinite(at) or not since <= at <= time.time() + OUTCOME_SKEW:
+    if not math.isfinite(at) or not since <= at <= now + OUTCOME_SKEW:
         return None
     members = got.get("members")
     entry = members.get(fp) if isinstance(members, dict) else None

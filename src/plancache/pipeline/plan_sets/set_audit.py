@@ -38,6 +38,7 @@ from ...trust.plans.plan_set_names import SET_PREFIX, SET_SUFFIX, set_object_id
 from ...trust.policy import TrustPolicy
 from ...trust.statement import format_time, parse_time
 from ..keyless_report import keyless_facts, signers_of
+from ..resolver import utcnow
 
 if TYPE_CHECKING:
     from ..audit import PlanReport
@@ -264,7 +265,7 @@ def prune_sets(
     gone, listed = set(deleted), set(present)
     outcome, doomed = SetPrune(), []
     deadline = store._deadline(deadline)  # one budget for the listing, the reads and the deletes
-    for report in audit_sets(store, None, datetime.now(), deadline=deadline):
+    for report in audit_sets(store, None, utcnow(), deadline=deadline):
         if report.status == STORE_ERROR:
             outcome.errors.append(report)
         elif report.reason != "missing" and (

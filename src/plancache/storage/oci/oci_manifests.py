@@ -27,6 +27,7 @@ from .artifacts import (
     SIGNED,
     TITLE,
     Kind,
+    Slot,
 )
 from .registry_answers import sha256_digest
 from .registry_urls import DIGEST
@@ -156,6 +157,34 @@ def parse_manifest(body: bytes, digest: str, kind: Kind, what: str) -> Manifest:
         tuple(descriptor(layer, what) for layer in layers),
         descriptor(subject, what) if subject is not None else None,
     )
+
+
+def is_own(manifest: Manifest, slot: Slot) -> bool:
+    """Whether ``manifest`` is the slot's object's: titled with its name (the kind, its
+    ``artifactType``, was checked by the parse)."""
+    return manifest.title == slot.artifact
+
+
+def own_manifest(manifest: Manifest, slot: Slot) -> Manifest:
+    """``manifest`` if it is the slot's object's own.
+
+    A tag is only a pointer anyone who may push can move: a co-tenant who PUTs plan A's
+    manifest under plan B's tag would make B read as A, and a delete of "B" by digest would
+    delete A (distribution drops every tag on a deleted digest). Every manifest plancache
+    writes is titled with its object's name, so a manifest titled otherwise is not the object
+    the tag names.
+
+    Raises:
+        Rejected: titled as another object, or not at all (reason ``name-mismatch``).
+    """
+    if not is_own(manifest, slot):
+        shown = safe_text(manifest.title or "(none)", 120)
+        raise Rejected(
+            Reason.NAME_MISMATCH,
+            f"the manifest at tag {slot.tag} is titled {shown!r}: another object's, not "
+            f"{slot.artifact} (a tag re-pointed in the registry)",
+        )
+    return manifest
 
 
 def _dump(doc: dict[str, Any]) -> bytes:

@@ -27,14 +27,15 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...trust.errors import StoreError
-from .artifacts import ARTIFACT_TYPES, INDEX_TYPE, names_of_tag
-from .oci_manifests import Descriptor, Manifest, build_index, parse_index
+from ...trust.errors import Rejected, StoreError
+from .artifacts import ARTIFACT_TYPES, DSSE_TYPE, INDEX_TYPE, Slot, names_of_tag
+from .oci_manifests import Descriptor, Manifest, build_index, is_own, parse_index
 from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, sha256_digest
 from .registry_urls import parse_image_reference
 
 if TYPE_CHECKING:
     from .registry_fs import RegistryFileSystem
+    from .registry_http import RegistryClient
 
 IMAGE_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",
@@ -50,7 +51,7 @@ class SubjectState:
 
     lock: asyncio.Lock | None = None
     descriptor: Descriptor | None = None
-    attached: dict[str, str] | None = None
+    attached: dict[str, list[str]] | None = None
     index_lock: asyncio.Lock | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -180,8 +181,16 @@ async def _api_index(fs: RegistryFileSystem, digest: str) -> bytes | None:
         return await read_capped(response, MAX_MANIFEST, "the referrers index")
 
 
-async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
-    """Name -> manifest digest of the plancache artifacts attached to the subject."""
+MAX_CANDIDATES = 8
+"""Manifests attached with one object's title that a reader tries, newest first: one that
+fails its checks (another kind, another title, no content, or, for a signed kind, no
+signature) does not hide the next; ``prune --subject`` deletes one that fails verification."""
+
+
+async def _attached(fs: RegistryFileSystem) -> dict[str, list[str]]:
+    """Name -> digests of the plancache manifests attached to the subject with that title,
+    newest first (the index's later entries: the tag schema appends), at most MAX_CANDIDATES
+    each; a signature's name when an entry says signed."""
     state = fs.subject_state
     subject = await subject_descriptor(fs)
     assert subject is not None
@@ -193,21 +202,48 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, str]:
                 if body is not None
                 else await _index(fs, subject.digest, origin=False) or []
             )
-            attached: dict[str, str] = {}
-            for entry in entries:
+            attached: dict[str, list[str]] = {}
+            for entry in reversed(entries):
                 title = entry.title or ""
-                if entry.artifact_type in ARTIFACT_TYPES and names_of_tag(title.replace("/", "--")):
-                    attached[title] = entry.digest
-                    if entry.signed:
-                        attached[title + ".sig"] = entry.digest
+                if entry.artifact_type not in ARTIFACT_TYPES or not names_of_tag(
+                    title.replace("/", "--")
+                ):
+                    continue
+                for name in (title, title + ".sig") if entry.signed else (title,):
+                    found = attached.setdefault(name, [])
+                    if len(found) < MAX_CANDIDATES and entry.digest not in found:
+                        found.append(entry.digest)
             state.attached = attached
         return state.attached
 
 
-async def attached_digest(fs: RegistryFileSystem, artifact: str) -> str | None:
-    return (await _attached(fs)).get(artifact)
+async def candidate_manifest(
+    fs: RegistryFileSystem, slot: Slot, client: RegistryClient | None = None
+) -> Manifest | None:
+    """The newest manifest attached to the subject that is the slot's object's own (its kind,
+    its title) and holds its content, and, for a kind that is signed, its signature too when
+    any candidate does (a plan and its signature are read from one manifest); None if none.
+    At most MAX_CANDIDATES manifests are read; one that fails its checks is skipped, so an
+    unsigned or malformed referrer titled like a plan does not hide the signed one.
+    ``client`` reads from there (the registry itself, for ``prune``'s re-read)."""
+    names = await _attached(fs)
+    digests = names.get(slot.artifact, [])
+    fallback: Manifest | None = None
+    for digest in digests[:MAX_CANDIDATES]:
+        try:
+            manifest = await fs.tagged_manifest(slot, client, digest)
+        except Rejected:
+            continue
+        if manifest is None or not is_own(manifest, slot):
+            continue
+        if manifest.layer(slot.kind.content_type) is None:
+            continue
+        if not slot.kind.signed or manifest.layer(DSSE_TYPE) is not None:
+            return manifest
+        fallback = fallback or manifest
+    return fallback
 
 
 async def attached_names(fs: RegistryFileSystem) -> list[str]:
-    """The object names attached to the subject (a signature's when its entry says signed)."""
+    """The object names attached to the subject (a signature's when an entry says signed)."""
     return list(await _attached(fs))

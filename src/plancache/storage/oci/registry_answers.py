@@ -1,7 +1,7 @@
 """What a registry answers, read safely: capped bodies, statuses as typed errors, digests.
 
 Split from :mod:`.registry_http` (the requests) because every reader of an answer shares it:
-the client's reads, the token service's answer (:mod:`.registry_auth`), the subject's image
+the client's reads, the token service's answer (:mod:`.access.registry_auth`), the subject's image
 manifest (:mod:`.referrers`).
 """
 
@@ -38,6 +38,40 @@ class RegistryAnswer(Exception):
         super().__init__(detail)
         self.status = status
         self.headers = headers
+
+
+TLS_MISTAKES = (
+    (
+        "WRONG_VERSION_NUMBER",
+        "speaks plain HTTP, not TLS (WRONG_VERSION_NUMBER): for a plain-HTTP registry give "
+        "--storage-option plain_http=true",
+    ),
+    (
+        "CERTIFICATE_VERIFY_FAILED",
+        "has a certificate no trusted CA signs (CERTIFICATE_VERIFY_FAILED): give its CA with "
+        "--storage-option ca_file=PATH (or SSL_CERT_FILE=PATH for every TLS connection)",
+    ),
+)
+"""The two TLS failures an operator causes, by OpenSSL's reason, and the fix each names."""
+
+
+def tls_mistake(authority: str, exc: BaseException) -> None:
+    """Raise the one-line error naming the fix for a TLS failure an operator can correct;
+    return for any other failure (the caller raises it as it was).
+
+    aiohttp reports both as a connection error carrying OpenSSL's text (``[SSL:
+    WRONG_VERSION_NUMBER] wrong version number``), which says nothing about which option to
+    change; the rest of the message is kept.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        for code, fix in TLS_MISTAKES:
+            if code in text:
+                raise StoreError(f"{safe_text(authority, 120)} {fix}") from exc
+        current = current.__cause__ or current.__context__ or getattr(current, "os_error", None)
 
 
 TAGS_CAP = 8 * 1024 * 1024

@@ -12,8 +12,12 @@ through the same bounded paths as any store (deadlines, retries, caps, reports):
   layer replaced, all under one lock per tag in this process;
 * ``_rm_file``: a content object deletes its manifest by digest (the tag goes with it), a
   signature is dropped from its manifest;
-* a listing is the repository's tags (``tags/list``, page by page), each tag mapped back to
-  the names it holds; with a ``subject``, the image's referrers instead (:mod:`.referrers`).
+* a listing is the repository's tags (``tags/list``, page by page, capped: :mod:`.oci_versions`),
+  each tag mapped back to the names it holds; with a ``subject``, the image's referrers
+  instead (:mod:`.referrers`).
+
+A manifest is the object's only if titled with its name (:func:`.oci_manifests.own_manifest`):
+a tag is a pointer anyone who may push can move, and a delete by digest takes every tag on it.
 
 Reads go to the mirror when one is set (``mirror=HOST[:PORT]``, or the node's own mirror
 configuration: :mod:`.mirrors`), writes and deletes to the registry itself. A mirror trusted
@@ -32,23 +36,27 @@ from typing import Any
 from fsspec.asyn import AsyncFileSystem
 
 from ...trust.errors import Reason, Rejected
-from . import referrers
+from . import oci_versions, referrers
 from .artifacts import (
+    CANARY,
     DSSE_TYPE,
     EMPTY_CONFIG,
     MANIFEST_TYPE,
     MAX_EMBEDDED,
     Slot,
-    names_of_tag,
     slot_of,
 )
-from .oci_manifests import Descriptor, Manifest, build_manifest, parse_manifest
+from .oci_manifests import (
+    Descriptor,
+    Manifest,
+    build_manifest,
+    is_own,
+    own_manifest,
+    parse_manifest,
+)
 from .registry_answers import sha256_digest
 from .registry_http import RegistryClient
-from .registry_urls import DIGEST, TAG
-
-TAGS_PAGE = 1000
-MAX_TAG_PAGES = 1000
+from .registry_urls import DIGEST
 
 
 class RegistryFileSystem(AsyncFileSystem):
@@ -100,17 +108,27 @@ class RegistryFileSystem(AsyncFileSystem):
         return lock
 
     # -- manifests -------------------------------------------------------------------------------
-    async def fetch_manifest(
-        self, slot: Slot, client: RegistryClient | None = None
+    async def fetch_manifest(self, slot: Slot) -> Manifest | None:
+        """The slot's manifest for a read, checked (None if absent): at its tag, or, for reads
+        with a subject, from the candidates the image's referrers name (only what is attached
+        is read: :func:`.referrers.candidate_manifest`).
+
+        Raises:
+            Rejected: a manifest of another kind (``malformed``), or titled as another object
+                (``name-mismatch``: a tag re-pointed at another object's manifest; see
+                :func:`.oci_manifests.own_manifest`).
+        """
+        if self.subject_text is not None:
+            return await referrers.candidate_manifest(self, slot)
+        manifest = await self.tagged_manifest(slot)
+        return own_manifest(manifest, slot) if manifest is not None else None
+
+    async def tagged_manifest(
+        self, slot: Slot, client: RegistryClient | None = None, reference: str | None = None
     ) -> Manifest | None:
-        """The slot's manifest, checked (None if absent): at its tag, or, for reads with a
-        subject, by the digest the image's referrers name (only what is attached is read)."""
-        reference = slot.tag
-        if client is None and self.subject_text is not None:
-            found = await referrers.attached_digest(self, slot.artifact)
-            if found is None:
-                return None
-            reference = found
+        """The manifest at the slot's tag (or ``reference``), parsed as the slot's kind, its
+        title not yet compared (None if absent)."""
+        reference = reference or slot.tag
         if client is not None:
             got = await client.manifest(reference, (MANIFEST_TYPE,))
         else:
@@ -134,6 +152,14 @@ class RegistryFileSystem(AsyncFileSystem):
         if not stated:  # the registry did not say: read the tag there
             return await self.tag_reader.manifest(reference, media_types)
         return await self.reader.manifest(stated, media_types)
+
+    async def deletable_manifest(self, slot: Slot) -> Manifest | None:
+        """The manifest a delete of the slot's object would delete, from the registry itself:
+        the attached candidate with a subject, else the tag's manifest, its title not compared
+        (the delete refuses another object's: :meth:`_rm_file`)."""
+        if self.subject_text is not None and slot.kind is not CANARY:  # the canary: its tag
+            return await referrers.candidate_manifest(self, slot, self.origin)
+        return await self.tagged_manifest(slot, self.origin)
 
     async def shared_manifest(self, slot: Slot) -> Manifest | None:
         """:meth:`fetch_manifest`, one request for every reader of the tag at this moment."""
@@ -177,7 +203,9 @@ class RegistryFileSystem(AsyncFileSystem):
     async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         slot = slot_of(self.name_of(path))
         async with self._lock(slot.tag):
-            current = await self.fetch_manifest(slot, self.origin)
+            current = await self.tagged_manifest(slot, self.origin)
+            if current is not None and not is_own(current, slot):
+                current = None  # another object's manifest: neither kept from nor deleted
             digest = await self.origin.put_blob(bytes(value))
             await self._ensure_config()
             layer = Descriptor(
@@ -229,13 +257,13 @@ class RegistryFileSystem(AsyncFileSystem):
         name = self.name_of(path)
         slot = slot_of(name)
         async with self._lock(slot.tag):
-            current = await self.fetch_manifest(slot, self.origin)
+            current = await self.deletable_manifest(slot)
             if current is None or current.layer(slot.media_type) is None:
                 raise FileNotFoundError(name)
+            if not is_own(current, slot):  # deleting it would delete the other object
+                raise oci_versions.Moved(f"{slot.tag} names another object's manifest: not deleted")
             if expected is not None and current.digest != expected:
-                from .oci_versions import Moved
-
-                raise Moved(f"{slot.tag} names another manifest than the one judged")
+                raise oci_versions.Moved(f"{slot.tag} names another manifest than the one judged")
             if slot.signature and current.layer(slot.kind.content_type) is not None:
                 kept = [d for d in current.layers if d.media_type != DSSE_TYPE]
                 await self._put(slot, current, kept)  # the old manifest goes in _put
@@ -252,56 +280,12 @@ class RegistryFileSystem(AsyncFileSystem):
             pass
 
     # -- listings ---------------------------------------------------------------------------------
-    async def tag_names(
-        self, start: str | None = None, pages: int = MAX_TAG_PAGES
-    ) -> tuple[list[str], str | None]:
-        """Object names of ``tags/list`` pages from ``start``, and where the next page starts.
-
-        Raises:
-            Rejected: a page that is not JSON (reason ``malformed``).
-        """
-        last = start
-        names: list[str] = []
-        for _ in range(pages):
-            body, more = await self.tag_reader.tags_page(last, TAGS_PAGE)
-            try:
-                tags = json.loads(body).get("tags") or []
-            except (ValueError, AttributeError):
-                raise Rejected(Reason.MALFORMED, "the registry's tag list is not JSON") from None
-            tags = (
-                [t for t in tags if isinstance(t, str) and TAG.fullmatch(t)]
-                if isinstance(tags, list)
-                else []
-            )
-            for tag in tags:
-                names += names_of_tag(tag)
-            if not more or not tags or tags[-1] == last:
-                return names, None
-            last = tags[-1]
-        return names, last
-
-    async def all_names(self) -> list[str]:
-        """Every object name: the subject's attached ones, else the whole tag list.
-
-        Raises:
-            Rejected: the tag list runs past MAX_TAG_PAGES pages (reason ``too-large``).
-        """
-        if self.subject_text is not None:
-            return await referrers.attached_names(self)
-        names, more = await self.tag_names()
-        if more is not None:
-            raise Rejected(
-                Reason.TOO_LARGE,
-                f"the tag list of {self.repository} runs past {MAX_TAG_PAGES} pages",
-            )
-        return names
-
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """Entries directly under ``path`` (folders made of the names' ``/``)."""
         base = path.rstrip("/")
         under = "" if base == self.repository else self.name_of(base) + "/"
         entries: dict[str, dict[str, Any]] = {}
-        for name in await self.all_names():
+        for name in await oci_versions.all_names(self):
             if not name.startswith(under):
                 continue
             head, sep, _ = name[len(under) :].partition("/")

@@ -15,156 +15,37 @@ requests; each is checked here:
 * no redirect is followed, except a blob download's (registries hand out signed storage URLs),
   which is followed at most three times to an ``https`` URL (or loopback) *without* the
   registry's credentials;
-* credentials (:mod:`.credential_files`) answer the registry's challenge (:mod:`.registry_auth`)
-  and are never sent over plain HTTP to a host that is not loopback.
+* how a request is sent (the session, credentials, the challenge, a mirror's failures named)
+  is :mod:`.access.registry_session`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-import time
-import weakref
-from collections.abc import Callable, Mapping
-from urllib.parse import urlencode, urljoin, urlsplit
+from collections.abc import Mapping
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
 from ...trust.display import safe_text
 from ...trust.errors import Reason, Rejected, StoreError
-from .credential_files import ANONYMOUS, Credentials
+from .access.registry_session import RegistrySession
 from .registry_answers import (
     MAX_MANIFEST,
     TAGS_CAP,
-    close_on_loop,
     expect,
     media_type_of,
     read_capped,
     sha256_digest,
 )
-from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
-from .registry_urls import DIGEST, Registry, check_authority
+from .registry_urls import DIGEST, check_authority
 
 MAX_REDIRECTS = 3
 REDIRECTS = (301, 302, 303, 307, 308)
 
 
-class RegistryClient:
-    """Requests to one repository of one registry (and, for reads, its mirror)."""
-
-    def __init__(
-        self,
-        registry: Registry,
-        repository: str,
-        *,
-        plain_http: bool,
-        plain_http_allowed: bool,
-        ssl_context: ssl.SSLContext | None,
-        credentials: Callable[[str], Credentials],
-        timeouts: tuple[float, float],
-        namespace: str | None = None,
-    ) -> None:
-        self.registry = registry
-        self.repository = repository
-        self.base = f"{'http' if plain_http else 'https'}://{registry.authority}"
-        self.namespace = namespace
-        """For a mirror: the registry it stands in for, sent as ``?ns=`` (containerd's query, by
-        which a mirror serving several registries knows which one is asked)."""
-        self.plain_http = plain_http
-        self.plain_http_allowed = plain_http_allowed
-        self._ssl = ssl_context
-        self._credentials_for = credentials
-        self._credentials: Credentials | None = None
-        self._challenge: Challenge | None = None
-        self._tokens: dict[str, Token] = {}
-        self._timeouts = timeouts
-        self._session: aiohttp.ClientSession | None = None
-
-    # -- plumbing ------------------------------------------------------------------------------
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connect, read = self._timeouts
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read),
-                auto_decompress=False,
-                headers={"Accept-Encoding": "identity", "User-Agent": "plancache"},
-                cookie_jar=aiohttp.DummyCookieJar(),
-                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl if self._ssl else True),
-            )
-            weakref.finalize(self, close_on_loop, asyncio.get_running_loop(), self._session)
-        return self._session
-
-    @property
-    def credentials(self) -> Credentials:
-        if self._credentials is None:
-            self._credentials = self._credentials_for(self.registry.authority)
-        return self._credentials
-
-    def _can_send_secrets(self) -> bool:
-        return not self.plain_http or self.registry.loopback
-
-    async def _authorization(self, scope: str) -> str | None:
-        challenge = self._challenge
-        if challenge is None:
-            return None
-        creds = self.credentials
-        if challenge.scheme == "basic":
-            if creds is ANONYMOUS or not creds.username:
-                raise StoreError(
-                    f"{self.registry.authority} asks for a login and no credentials were found "
-                    "for it (docker config.json, $REGISTRY_AUTH_FILE, a credential helper)"
-                )
-            if not self._can_send_secrets():
-                raise StoreError(
-                    f"{self.registry.authority} asks for a password over plain HTTP: not sent"
-                )
-            return creds.basic
-        token = self._tokens.get(scope)
-        if token is None or token.expires <= time.monotonic():
-            token = await fetch_token(self, challenge, scope, creds)
-            self._tokens[scope] = token
-        return f"Bearer {token.value}"
-
-    async def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        data: bytes | None = None,
-        write: bool = False,
-        delete: bool = False,
-    ) -> aiohttp.ClientResponse:
-        """The response (body unread) of one request to the registry, a 401 answered once.
-
-        Raises:
-            StoreError: a second 401, naming the credentials' source, never them.
-        """
-        scope = scope_for(self.repository, write, delete)
-        url = path if path.startswith(self.base + "/") else self.base + path
-        if self.namespace is not None:
-            url += ("&" if "?" in url else "?") + urlencode({"ns": self.namespace})
-        for attempt in range(2):
-            sent = dict(headers or {})
-            auth = await self._authorization(scope)
-            if auth is not None:
-                sent["Authorization"] = auth
-            response = await self.session().request(
-                method, url, headers=sent, data=data, allow_redirects=False
-            )
-            if response.status != 401:
-                return response
-            challenge = parse_challenge(response.headers.get("WWW-Authenticate"))
-            response.release()
-            if challenge is None or attempt:
-                break
-            self._challenge = challenge
-            self._tokens.pop(scope, None)
-        creds = self.credentials
-        raise StoreError(
-            f"{self.registry.authority} refused the credentials "
-            f"({'anonymous' if creds is ANONYMOUS else 'from ' + safe_text(creds.source, 120)})"
-        )
+class RegistryClient(RegistrySession):
+    """The requests plancache makes of one repository of one registry (or, for reads, of its
+    mirror), each answer checked."""
 
     # -- reads ---------------------------------------------------------------------------------
     async def manifest(

@@ -1,15 +1,24 @@
 """Opening ``oci://HOST[:PORT]/REPOSITORY``: the storage options a registry takes, checked.
 
-* ``plain_http``: ``true`` for HTTP, not HTTPS. The default on a loopback registry without
-  ``ca_file``; for any other host it must be asked for, and credentials are still never sent
-  over it;
+* ``plain_http``: ``true`` for HTTP, not HTTPS, to the registry itself. The default on a
+  loopback registry without ``ca_file`` (a registry there that speaks TLS is said to: give its
+  ``ca_file``); for any other host it must be asked for, and credentials are still never sent
+  over it. It is the origin's alone: a mirror's scheme is the mirror's own configuration's;
 * ``ca_file``: a PEM bundle of the CAs the registry's (and its token service's) certificate
-  chains to;
+  chains to (a regular file, read capped: a FIFO is refused, never waited on);
+* ``token_realms``: hosts (comma-separated) besides the registry's own whose token service
+  may be sent the registry's credentials (:mod:`.access.registry_auth` says why only these);
 * ``auth_file``: a docker ``config.json`` or podman ``auth.json`` read before the usual
-  places (:mod:`.credential_files`);
+  places (:mod:`.access.credential_files`);
 * ``mirror``: ``HOST[:PORT]`` (or ``https://…``, ``http://…``) of a pull-through mirror every
   read goes to; writes and deletes go to the registry. Without it, the mirror the node's
-  container runtime is configured with, if any (:mod:`.mirrors`);
+  container runtime is configured with, if any (:mod:`.mirrors`). Its scheme is its own:
+  ``http://`` here, ``http://`` in ``hosts.toml``, ``insecure = true`` in ``registries.conf``
+  make the mirror plain HTTP (never given a secret off loopback) and leave the registry on TLS;
+* ``mirror_reads``: ``false`` to read the registry itself even where a mirror is configured
+  (what ``verify``, ``ls`` and ``prune`` do unless told ``mirror_reads=true``: an audit audits
+  the registry; and what every push does, whatever it is told:
+  :func:`.registry_urls.write_options`);
 * ``mirror_config``: where that configuration is (a containerd hosts directory, a
   ``hosts.toml`` or a ``registries.conf``), or ``none`` to read none;
 * ``subject``: an image of the repository (``TAG``, ``@sha256:…``, ``HOST/REPO:TAG``): pushes
@@ -26,11 +35,13 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ...settings import unknown_option
-from ...trust.errors import ConfigError
-from .credential_files import Credentials, find_credentials
+from ...trust.errors import ConfigError, PlanCacheError
+from ..local.files import read_capped
+from .access.credential_files import Credentials, find_credentials
 from .mirrors.mirror_choice import configured_mirror
 from .mirrors.mirror_hosts import MirrorHost
 from .registry_urls import Registry, check_authority, parse_store_url
@@ -41,6 +52,8 @@ OPTIONS = {
     "auth_file",
     "mirror",
     "mirror_config",
+    "mirror_reads",
+    "token_realms",
     "subject",
     "connect_timeout",
     "read_timeout",
@@ -76,23 +89,38 @@ def _seconds(options: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+MAX_CA_FILE = 4 * 1024 * 1024
+"""A CA bundle larger than this is not one (the system's whole bundle is about 200 KiB)."""
+
+
 def _ssl(*ca_files: str) -> ssl.SSLContext | None:
+    """A context trusting the system's CAs and ``ca_files``, each read as a regular file only
+    and capped (a FIFO named as ``ca`` in a ``hosts.toml`` would otherwise hold the open until
+    the budget)."""
     if not ca_files:
         return None
     context = ssl.create_default_context()
     for ca_file in ca_files:
         path = os.path.expanduser(ca_file)
         try:
-            context.load_verify_locations(cafile=path)
-        except (OSError, ssl.SSLError) as exc:
+            pem = read_capped(Path(path), MAX_CA_FILE, follow_symlinks=True)
+        except PlanCacheError as exc:
+            raise ConfigError(f"ca_file: {exc.detail}") from None
+        if pem is None:
+            raise ConfigError(f"ca_file {path} does not exist")
+        try:
+            context.load_verify_locations(cadata=pem.decode("ascii"))
+        except (UnicodeDecodeError, ValueError, ssl.SSLError) as exc:
             raise ConfigError(
                 f"ca_file {path}: not a readable PEM bundle ({exc.__class__.__name__})"
             ) from None
     return context
 
 
-def _endpoint(text: str, plain_allowed: bool, has_ca: bool, where: str) -> tuple[Registry, bool]:
-    """(registry, plain HTTP?) of ``HOST[:PORT]`` or ``scheme://HOST[:PORT]``."""
+def _endpoint(text: str, has_ca: bool, where: str) -> tuple[Registry, bool]:
+    """(mirror, plain HTTP?) of ``HOST[:PORT]`` or ``scheme://HOST[:PORT]``: plain HTTP when
+    its own configuration says ``http://`` (or, with no scheme, on loopback without a CA), so
+    a plain in-cluster mirror needs no ``plain_http=true``, which would downgrade the origin."""
     scheme = None
     if "://" in text:
         scheme, text = text.split("://", 1)
@@ -100,15 +128,20 @@ def _endpoint(text: str, plain_allowed: bool, has_ca: bool, where: str) -> tuple
             raise ConfigError(f"{where}: only http:// or https://")
     registry = check_authority(text.rstrip("/"), where)
     if scheme is None:
-        plain = registry.loopback and not has_ca
-    else:
-        plain = scheme == "http"
-    if plain and not (registry.loopback or plain_allowed):
-        raise ConfigError(
-            f"{where}: plain HTTP to {registry.authority} only with "
-            "--storage-option plain_http=true"
-        )
-    return registry, plain
+        return registry, registry.loopback and not has_ca
+    return registry, scheme == "http"
+
+
+def _hosts(options: Mapping[str, Any], key: str) -> frozenset[str]:
+    """A comma-separated list of host names (``token_realms``), each checked."""
+    text = _text(options, key)
+    if text is None:
+        return frozenset()
+    return frozenset(
+        check_authority(name.strip(), f"storage option {key}").hostname
+        for name in text.split(",")
+        if name.strip()
+    )
 
 
 def registry_opener(
@@ -134,6 +167,8 @@ def registry_opener(
     mirror_text = _text(options, "mirror")
     mirror_config = _text(options, "mirror_config")
     subject = _text(options, "subject")
+    mirror_reads = _flag(options, "mirror_reads") is not False
+    token_realms = _hosts(options, "token_realms")
     timeouts = (
         _seconds(options, "connect_timeout", timeouts[0]),
         _seconds(options, "read_timeout", timeouts[1]),
@@ -147,19 +182,23 @@ def registry_opener(
         raise ConfigError("ca_file is for TLS: drop plain_http=true")
     plain_allowed = bool(plain_option)
 
-    def credentials(authority: str) -> Credentials:
-        return find_credentials(authority, auth_file)
+    async def credentials(authority: str) -> Credentials:
+        return await find_credentials(authority, auth_file)
 
     host = (
-        MirrorHost(mirror_text, repository, resolves=True, pulls=True, source="mirror")
+        MirrorHost(
+            mirror_text, repository, resolves=True, pulls=True, source="storage option mirror"
+        )
         if mirror_text
         else configured_mirror(registry, repository, mirror_config, os.environ)
     )
+    if not mirror_reads:
+        host = None
     mirror_at = None
     if host is not None:
         where = "mirror" if mirror_text else f"the mirror in {host.source}"
         has_ca = ca_file is not None or bool(host.ca_files)
-        mirror_at = (*_endpoint(host.endpoint, plain_allowed, has_ca, where), _ssl(*host.ca_files))
+        mirror_at = (*_endpoint(host.endpoint, has_ca, where), _ssl(*host.ca_files))
 
     def make() -> Any:
         origin = RegistryClient(
@@ -170,6 +209,7 @@ def registry_opener(
             ssl_context=context,
             credentials=credentials,
             timeouts=timeouts,
+            token_realms=token_realms,
         )
         if host is None or mirror_at is None:
             return RegistryFileSystem(origin, None, subject, skip_instance_cache=True)
@@ -177,11 +217,13 @@ def registry_opener(
             mirror_at[0],
             host.repository,
             plain_http=mirror_at[1],
-            plain_http_allowed=plain_allowed,
+            plain_http_allowed=mirror_at[1],
             ssl_context=mirror_at[2] or context,
             credentials=credentials,
             timeouts=timeouts,
             namespace=registry.authority,
+            token_realms=token_realms,
+            mirror_of=host.source,
         )
         return RegistryFileSystem(
             origin,

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ...trust.display import safe_text
 from ...trust.errors import ConfigError
@@ -37,6 +39,15 @@ def is_registry_url(url: str) -> bool:
         return False
     authority = url[len(SCHEME) :].split("/", 1)[0]
     return "@" not in authority
+
+
+def write_options(url: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` for a store opened to write: on a registry, ``mirror_reads=false`` whatever
+    was given, so that what a push reads to decide (is it stored? which manifest does the tag
+    name? the subject image) comes from the registry it writes to, never from a mirror that
+    may be stale or hostile. Other stores' options are returned as they are."""
+    given = dict(options or {})
+    return {**given, "mirror_reads": False} if is_registry_url(url) else given
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ from .. import strictjson
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
+from ..keyring.identity_match import CertifiedIdentity, trusted_lines
+from .fulcio_certificate import certified_identity
 from .trust_root import (
     TrustRoot,
     issuing_cas,
@@ -57,9 +59,6 @@ BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle.v0.3+json",
     "application/vnd.dev.sigstore.bundle+json;version=0.3",
 )
-_ISSUER_V2_OID = "1.3.6.1.4.1.57264.1.8"
-_ISSUER_V1_OID = "1.3.6.1.4.1.57264.1.1"
-_OTHERNAME_OID = "1.3.6.1.4.1.57264.1.7"
 
 
 def is_bundle(sig_bytes: bytes) -> bool:
@@ -130,15 +129,18 @@ def open_bundle(
         )
     if matcher.revoked is not None:  # the bundle verified: now its signer's revocation counts
         raise Rejected(Reason.REVOKED, f"signed by a revoked identity ({matcher.revoked})")
-    assert matcher.signer is not None  # the verifier ran the policy, or raised
+    assert matcher.signer  # the verifier ran the policy, or raised
+    (line, san), *others = matcher.signer
     signer = IdentitySigner(
-        keyid=KEYID_PREFIX + matcher.signer[1],
-        name=matcher.signer[0].name or matcher.signer[1],
-        identity=matcher.signer[1],
-        issuer=matcher.signer[2],
+        keyid=KEYID_PREFIX + san,
+        name=line.name or san,
+        identity=san,
+        issuer=matcher.certified.issuer,
         log_index=claims.log_index,
         log_time=verified,
-        line=matcher.signer[0],
+        line=line,
+        also=tuple(other for other, _ in others),
+        source=matcher.certified.source,
     )
     return payload, [signer]
 
@@ -223,38 +225,24 @@ class _IdentityMatch:
 
     def __init__(self, policy: IdentityPolicy) -> None:
         self.policy = policy
-        self.signer: tuple[TrustedIdentity, str, str] | None = None
+        self.signer: list[tuple[TrustedIdentity, str]] = []
+        """Every trusted line the certificate matches, most specific first."""
+        self.certified = CertifiedIdentity("", ())
         self.revoked: str | None = None
         """Who, when a revoked identity signed: said only once the whole bundle verified."""
 
     def verify(self, cert: Certificate) -> None:
-        issuer, sans = certificate_identity(cert)
-        for san in sans:
-            if self.policy.is_revoked(issuer, san):
-                self.revoked = _who(issuer, san)
-                return  # the verifier goes on: the log proof and the signature come next
+        self.certified = certified = certified_identity(cert)
+        if self.policy.revoking(certified) is not None:
+            san = certified.sans[0] if certified.sans else "<no SAN>"
+            self.revoked = _who(certified.issuer, san)
+            return  # the verifier goes on: the log proof and the signature come next
         if not self.policy.trusted:
             raise _Refused(Reason.UNTRUSTED_KEY, _NO_IDENTITY)
-        for line in self.policy.trusted:
-            for san in sans:
-                if line.issuer == issuer and line.matches(san):
-                    self.signer = (line, san, issuer)
-                    return
-        who = _who(issuer, sans[0] if sans else "<no SAN>")
-        if any(line.matches(san) for line in self.policy.trusted for san in sans):
-            raise _Refused(
-                Reason.WRONG_ISSUER, f"the identity is trusted from another issuer ({who})"
-            )
-        if any(
-            line.issuer == issuer and line.matches_unanchored(san)
-            for line in self.policy.trusted
-            for san in sans
-        ):
-            raise _Refused(
-                Reason.UNANCHORED_IDENTITY,
-                f"a trusted identity matches only inside the certificate's, not all of it ({who})",
-            )
-        raise _Refused(Reason.WRONG_IDENTITY, f"no trusted identity signed it (signed by {who})")
+        try:
+            self.signer = trusted_lines(self.policy.trusted, certified)
+        except Rejected as exc:
+            raise _Refused(exc.reason, exc.detail) from None
 
 
 _NO_IDENTITY = (
@@ -271,36 +259,6 @@ class _Refused(Exception):
 
 def _who(issuer: str, san: str) -> str:
     return f"{safe_text(san, 120)} from {safe_text(issuer, 80)}"
-
-
-def certificate_identity(cert: Certificate) -> tuple[str, list[str]]:
-    """A Fulcio certificate's OIDC issuer and SANs (email, URI, Sigstore's otherName), read as
-    sigstore-python's ``Identity`` policy reads them; the issuer from the v2 extension (DER
-    UTF8String), else the v1 one (raw bytes)."""
-    from cryptography import x509
-    from cryptography.hazmat import asn1
-
-    issuer = ""
-    for ext in cert.extensions:
-        value = ext.value
-        if not isinstance(value, x509.UnrecognizedExtension):
-            continue
-        if ext.oid.dotted_string == _ISSUER_V2_OID:
-            issuer = str(asn1.decode_der(str, value.value))
-        elif ext.oid.dotted_string == _ISSUER_V1_OID and not issuer:
-            issuer = value.value.decode("utf-8", "replace")
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return issuer, []
-    sans: list[str] = list(san.get_values_for_type(x509.RFC822Name))
-    sans += san.get_values_for_type(x509.UniformResourceIdentifier)
-    sans += [
-        o.value.decode("utf-8", "replace")
-        for o in san.get_values_for_type(x509.OtherName)
-        if o.type_id.dotted_string == _OTHERNAME_OID
-    ]
-    return issuer, sans
 
 
 def _verify(

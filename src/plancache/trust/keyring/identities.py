@@ -8,17 +8,26 @@ issuer extension say who signed. These lines say which identities are trusted::
     name=bake,valid-before=2027-01-01T00:00:00Z sigstore issuer=https://gitlab.com identity-regexp=https://gitlab\\.com/acme/serving//\\.gitlab-ci\\.yml@refs/tags/v.*
     @revoked sigstore issuer=https://gitlab.com identity=https://gitlab.com/acme/serving//.gitlab-ci.yml@refs/heads/old
 
-The issuer is compared exactly; ``identity=`` is the SAN, exactly; ``identity-regexp=`` must
-match the *whole* SAN (``re.fullmatch``): a pattern that would match only somewhere inside it
-(``acme/serving`` inside ``evil/acme/serving-fork``) is the distinct rejection
-``unanchored-identity``, so a forgotten anchor shows up in the first failed boot instead of
-trusting a fork. Values hold no spaces (SANs and issuer URLs do not). The options before
-``sigstore`` are the keys' (``name``, ``valid-after``, ``valid-before``), with the keys'
-meaning but for one moment: the window must cover both the verifier's clock and the bundle's
-*verified* signing time (:attr:`IdentitySigner.log_time`; the statement's ``signed_at`` must
-agree with it: :func:`plancache.trust.keyring.signatories.current_signers`).
-``@revoked`` voids everything an identity signed (for a regexp line, every SAN it matches).
-Each trusted identity counts once toward the threshold, as a key does.
+The issuer is a URL (``https://…``); ``identity=`` is the SAN, exactly; ``identity-regexp=`` must
+match the *whole* SAN (``re.fullmatch``, ASCII classes: ``\\d`` is ``[0-9]``): a pattern that
+matches only inside it, not from its start (``acme/serving`` inside
+``https://github.com/evil/acme/serving-fork/…``), is the distinct rejection ``unanchored-identity``,
+so a pattern written as a fragment shows up in the first failed boot instead of trusting a fork.
+Issuers and SANs are compared after one normalisation, the same for trusting and revoking
+(:mod:`.identity_match`: scheme and host in lower case, an issuer's trailing slash dropped).
+``source-repository=``, ``source-ref=``, ``build-config=`` and ``build-trigger=`` (or their
+``-regexp=`` forms) pin the build the certificate was issued to (Fulcio's extensions of those names;
+for a GitHub reusable workflow the SAN is the *called* workflow, and only these say which
+repository, ref and event called it). Values hold no spaces (SANs and issuer URLs do not); a value
+in double quotes is read without them. The options before ``sigstore`` are the keys' (``name``,
+``valid-after``, ``valid-before``), with the keys' meaning but for one moment: the window must cover
+both the verifier's clock and the bundle's *verified* signing time (:attr:`IdentitySigner.log_time`;
+the statement's ``signed_at`` must agree with it:
+:func:`plancache.trust.keyring.signatories.current_signers`); when several lines match one
+certificate, every one of them must admit it (:mod:`.identity_match`), whatever their order.
+``@revoked`` voids everything an identity signed (for a regexp line, every SAN it matches); it takes
+no window, and one spelled like a trusted line must be able to match it. Each trusted identity
+counts once toward the threshold, as a key does.
 """
 
 from __future__ import annotations
@@ -35,12 +44,22 @@ if TYPE_CHECKING:
 from ..display import safe_text
 from ..errors import ConfigError
 from ..statement import parse_time
+from .identity_match import (
+    PIN_FIELDS,
+    REGEXP_SUFFIX,
+    SOURCE_FIELDS,
+    CertifiedIdentity,
+    matching_san,
+    near_miss,
+    normal_issuer,
+    normal_url,
+)
 
 KEYWORD = "sigstore"
 KEYID_PREFIX = "sigstore:"
 """How a keyless signer is named where a key id would be (``--json``'s ``keyid``)."""
 MAX_IDENTITIES = 256
-_FIELDS = ("issuer", "identity", "identity-regexp")
+_FIELDS = ("issuer", "identity", "identity-regexp", *PIN_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -55,18 +74,14 @@ class TrustedIdentity:
     valid_after: datetime | None = None
     valid_before: datetime | None = None
     pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    source: tuple[tuple[str, str], ...] = ()
+    """The source fields pinned (field, value), in :data:`~.identity_match.PIN_FIELDS` order
+    (a ``-regexp`` field's value is its expression)."""
 
-    def matches(self, san: str) -> bool:
-        """The whole SAN is this identity (or full-matches its expression)."""
-        if self.pattern is not None:
-            return self.pattern.fullmatch(san) is not None
-        return san == self.identity
-
-    def matches_unanchored(self, san: str) -> bool:
-        """It would match only if unanchored: found inside the SAN, not the SAN itself."""
-        if self.pattern is not None:
-            return self.pattern.search(san) is not None and not self.matches(san)
-        return self.identity in san and san != self.identity
+    def matches(self, cert: CertifiedIdentity) -> bool:
+        """The certificate is this line's: issuer, a SAN and every pinned source field
+        (:func:`~.identity_match.matching_san`)."""
+        return matching_san(self, cert) is not None
 
     def window_covers(self, moment: datetime) -> bool:
         """As :meth:`plancache.trust.keyring.keys.TrustedKey.window_covers`."""
@@ -78,7 +93,15 @@ class TrustedIdentity:
     def line(self) -> str:
         """The line's identity part, as an operator wrote it (for messages)."""
         kind = "identity-regexp" if self.regexp else "identity"
-        return f"{KEYWORD} issuer={self.issuer} {kind}={self.identity}"
+        pins = "".join(f" {k}={v}" for k, v in self.source)
+        return f"{KEYWORD} issuer={self.issuer} {kind}={self.identity}{pins}"
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What makes two lines the same line: their normal issuer, identity and pins."""
+        identity = self.identity if self.regexp else normal_url(self.identity)
+        pins = tuple((k, v if k.endswith(REGEXP_SUFFIX) else normal_url(v)) for k, v in self.source)
+        return (normal_issuer(self.issuer), identity, self.regexp, pins)
 
 
 @runtime_checkable
@@ -120,8 +143,29 @@ class IdentityPolicy:
     def with_root(self, trusted_root: bytes) -> IdentityPolicy:
         return IdentityPolicy(self.trusted, self.revoked, trusted_root)
 
-    def is_revoked(self, issuer: str, san: str) -> bool:
-        return any(r.issuer == issuer and r.matches(san) for r in self.revoked)
+    def revoking(self, cert: CertifiedIdentity) -> TrustedIdentity | None:
+        """The revocation line that matches the certificate, compared as trust is."""
+        return next((r for r in self.revoked if r.matches(cert)), None)
+
+    def check_revocations(self) -> None:
+        """A revocation spelled like a trusted line but unable to match it (the identity in
+        another case, another issuer, a pin trusted with another value) would revoke nothing,
+        silently, while its author believes that identity revoked. A revocation of an identity
+        no longer trusted at all is fine: it still voids what that identity signed (``prune
+        --revoked``).
+
+        Raises:
+            ConfigError: a revocation line that is such a near miss of a trusted line.
+        """
+        for revoked in self.revoked:
+            for trusted in self.trusted:
+                if near_miss(revoked, trusted):
+                    raise ConfigError(
+                        f"'@revoked {safe_text(revoked.line, 160)}' is spelled like the trusted "
+                        f"'{safe_text(trusted.line, 160)}' but can never match it, so it would "
+                        "revoke nothing: write the issuer, identity and pins as the trusted "
+                        "line does"
+                    )
 
 
 @dataclass(frozen=True)
@@ -139,9 +183,15 @@ class IdentitySigner:
     timestamp the verifier verified): what the line's window and the statement's ``signed_at``
     are judged against. Never an unsigned field of the bundle."""
     line: TrustedIdentity
+    also: tuple[TrustedIdentity, ...] = ()
+    """The other lines that match the certificate: each must admit it too (its window)."""
+    source: tuple[tuple[str, str], ...] = ()
+    """The certificate's source extensions (:attr:`CertifiedIdentity.source`), for reports."""
 
     def window_covers(self, moment: datetime) -> bool:
-        return self.line.window_covers(moment)
+        """Every matching line's window covers ``moment``: no line's expiry is bypassed by
+        another that matches too, and the order of lines never matters."""
+        return all(line.window_covers(moment) for line in (self.line, *self.also))
 
 
 def is_identity_line(fields: list[str]) -> bool:
@@ -151,39 +201,80 @@ def is_identity_line(fields: list[str]) -> bool:
     )
 
 
+def _unquoted(part: str) -> tuple[str, str]:
+    """``key=value`` or ``key="value"`` (as ``allowed_signers`` lines are written); a quote
+    left anywhere else would become part of the value, which then never matches.
+
+    Raises:
+        ConfigError: not ``key=value``, an unknown key, or a stray quote.
+    """
+    key, sep, value = part.partition("=")
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        value = value[1:-1]
+    if not sep or key not in _FIELDS or not value or any(q in value for q in "\"'"):
+        raise ConfigError(
+            f"'{safe_text(part, 60)}' is not one of issuer=URL, identity=SAN, "
+            f"identity-regexp=EXPRESSION, {'=, '.join(SOURCE_FIELDS)}= or their -regexp= forms "
+            "(each once, not empty, "
+            "no spaces, no quotes inside)"
+        )
+    return key, value
+
+
+def _check_issuer(issuer: str) -> None:
+    """An OIDC issuer is an http(s) URL: Fulcio writes it so, and a bare host never matches.
+
+    Raises:
+        ConfigError: no scheme, or not http(s), with the likely fix.
+    """
+    scheme, sep, rest = issuer.partition("://")
+    if not sep:
+        raise ConfigError(
+            f"issuer '{safe_text(issuer, 80)}' has no scheme: an OIDC issuer is a URL, "
+            f"write issuer=https://{safe_text(issuer, 80)}"
+        )
+    if scheme.lower() not in ("https", "http") or not rest:
+        raise ConfigError(f"issuer '{safe_text(issuer, 80)}' is not an https:// URL")
+
+
 def parse_identity(
-    fields: list[str], parse_options: Callable[[str], dict[str, str]]
+    fields: list[str], parse_options: Callable[[str], dict[str, str]], revoked: bool = False
 ) -> TrustedIdentity:
     """One identity line's fields (``is_identity_line``); ``parse_options`` is the keys' own.
 
     Raises:
-        ConfigError: a field is missing, unknown, repeated or empty, or the expression does
-            not compile, or the window holds no moment.
+        ConfigError: a field is missing, unknown, repeated, empty or stray-quoted, the issuer
+            is not a URL, the expression does not compile, the window holds no moment, or a
+            revocation has a window (``@revoked`` voids everything the identity signed).
     """
     options = parse_options(fields[0]) if fields[0] != KEYWORD else {}
     values: dict[str, str] = {}
     for part in fields[2 if options else 1 :]:
-        key, sep, value = part.partition("=")
-        if not sep or key not in _FIELDS or key in values or not value:
-            raise ConfigError(
-                f"'{safe_text(part, 60)}' is not one of issuer=URL, identity=SAN, "
-                "identity-regexp=EXPRESSION (each once, not empty, no spaces)"
-            )
+        key, value = _unquoted(part)
+        if key in values:
+            raise ConfigError(f"'{safe_text(key, 40)}=' is given twice")
         values[key] = value
     if "issuer" not in values or ("identity" in values) == ("identity-regexp" in values):
         raise ConfigError(
             "a sigstore line takes issuer=URL and exactly one of identity=SAN, identity-regexp=…"
         )
+    _check_issuer(values["issuer"])
     regexp = "identity-regexp" in values
     text = values["identity-regexp"] if regexp else values["identity"]
     pattern = None
     if regexp:
         try:
-            pattern = re.compile(text)
+            pattern = re.compile(text, re.ASCII)
         except re.error as exc:
             raise ConfigError(
                 f"identity-regexp does not compile: {safe_text(str(exc), 80)}"
             ) from None
+    if revoked and ("valid-after" in options or "valid-before" in options):
+        raise ConfigError(
+            "@revoked sigstore takes no valid-after/valid-before: a revocation voids everything "
+            "the identity signed (to stop trusting it from a date, give its trusted line "
+            "valid-before)"
+        )
     after = parse_time(options["valid-after"], "valid-after") if "valid-after" in options else None
     before = (
         parse_time(options["valid-before"], "valid-before") if "valid-before" in options else None
@@ -191,7 +282,18 @@ def parse_identity(
     if after is not None and before is not None and after >= before:
         raise ConfigError("valid-after is not before valid-before: the identity would never count")
     name = options.get("name") or text
-    return TrustedIdentity(values["issuer"], text, regexp, name, after, before, pattern)
+    for key in SOURCE_FIELDS:
+        if key in values and key + REGEXP_SUFFIX in values:
+            raise ConfigError(f"{key}= and {key}{REGEXP_SUFFIX}= pin one field twice: use one")
+        if key + REGEXP_SUFFIX in values:
+            try:
+                re.compile(values[key + REGEXP_SUFFIX], re.ASCII)
+            except re.error as exc:
+                raise ConfigError(
+                    f"{key}{REGEXP_SUFFIX} does not compile: {safe_text(str(exc), 80)}"
+                ) from None
+    source = tuple((k, values[k]) for k in PIN_FIELDS if k in values)
+    return TrustedIdentity(values["issuer"], text, regexp, name, after, before, pattern, source)
 
 
 def add_identity(
@@ -200,14 +302,12 @@ def add_identity(
     """``policy`` with one more trusted (or revoked) line.
 
     Raises:
-        ConfigError: the same line twice, or more than :data:`MAX_IDENTITIES` lines.
+        ConfigError: the same line twice (after normalisation), or more than
+            :data:`MAX_IDENTITIES` lines.
     """
     policy = policy or IdentityPolicy()
     held = policy.revoked if revoked else policy.trusted
-    if any(
-        (e.issuer, e.identity, e.regexp) == (entry.issuer, entry.identity, entry.regexp)
-        for e in held
-    ):
+    if any(e.key == entry.key for e in held):
         raise ConfigError(f"'{safe_text(entry.line, 120)}' is already listed")
     if len(policy.trusted) + len(policy.revoked) >= MAX_IDENTITIES:
         raise ConfigError(f"more than {MAX_IDENTITIES} sigstore lines")
@@ -231,4 +331,4 @@ def identity_entry(
     rest = fields[1:] if revoked else fields
     if not is_identity_line(rest):
         return policy, False
-    return add_identity(policy, parse_identity(rest, parse_options), revoked), True
+    return add_identity(policy, parse_identity(rest, parse_options, revoked), revoked), True

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from ..display import safe_text
 from ..errors import ConfigError
 from .identities import BundleSigner, IdentityPolicy
+from .identity_match import CertifiedIdentity
 from .keyformat import canonical_keyid, key_id
 
 
@@ -151,7 +152,8 @@ class Keyring:
             return False  # nothing to compare: no certificate asked for
         mine = signer.own_keyring().identities
         return mine is not None and any(
-            policy.is_revoked(line.issuer, line.identity) for line in mine.trusted
+            policy.revoking(CertifiedIdentity(line.issuer, (line.identity,), line.source))
+            for line in mine.trusted
         )
 
     def merged(self, other: Keyring) -> Keyring:

@@ -66,8 +66,7 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
                 continue  # like an unknown key: nothing here could count or be revoked
             try:
                 for who in open_entry(env, signature, policy):
-                    line = (who.line.issuer, who.line.identity, who.line.regexp)
-                    count.good.setdefault(line, who)
+                    count.good.setdefault(who.line.key, who)
             except Rejected as exc:
                 count.failed(exc.reason, exc.detail)
             continue

@@ -190,7 +190,8 @@ def parse_trusted_keys(text: str, source: str) -> Keyring:
     Raises:
         ConfigError: a line that does not parse (a key or a ``sigstore`` identity), a key listed
             twice, a window that holds no moment, a marker or name spelled like ``@revoked`` but
-            not exactly it, more than :data:`MAX_KEYS` keys (reason ``config-error``; the detail
+            not exactly it, a sigstore revocation spelled like a trusted line that can never
+            match it, more than :data:`MAX_KEYS` keys (reason ``config-error``; the detail
             names ``source:line``).
     """
     source = safe_text(source, 120)
@@ -219,4 +220,9 @@ def parse_trusted_keys(text: str, source: str) -> Keyring:
             if len(keys) > MAX_KEYS:
                 raise ConfigError(f"{source}: more than {MAX_KEYS} keys")
         index = last + 1
+    if ids is not None:
+        try:
+            ids.check_revocations()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc.detail}") from None
     return Keyring({k: v for k, v in keys.items() if k not in revoked}, frozenset(revoked), 1, ids)

@@ -10,7 +10,6 @@ signed, never at boot.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ...settings import parse_duration
 from ...trust.display import safe_text
 from .. import plugin_state
 
@@ -93,11 +93,9 @@ def _expiry(raw: str | None) -> tuple[timedelta | None, str]:
     text = raw.strip()
     if not text:
         return None, f"{EXPIRES_ENV} is set but empty (unset it for no expiry, or give e.g. 30d)"
-    from ...cli.args import duration
-
     try:
-        return duration(text), ""
-    except argparse.ArgumentTypeError as exc:
+        return parse_duration(text), ""
+    except ValueError as exc:
         return None, f"{EXPIRES_ENV}: {exc}"
 
 

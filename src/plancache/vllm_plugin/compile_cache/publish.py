@@ -102,6 +102,7 @@ def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Si
         from ...pipeline.compile_cache.flows import push_cache
         from ...pipeline.resolver import utcnow
         from ...settings import BULK_TIMEOUT
+        from ...storage.oci.registry_urls import write_options
         from ...storage.store import open_store
         from ...trust.keyring.keys import signer_keyring
         from ..prefetch import off_compute_cores
@@ -109,8 +110,11 @@ def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Si
         off_compute_cores()
         started = time.monotonic()
         try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
-            store = open_store(
-                config.url or "", config.storage_options, timeout=max(config.timeout, BULK_TIMEOUT)
+            url = config.url or ""
+            store = open_store(  # a push: nothing read through a registry's mirror
+                url,
+                write_options(url, config.storage_options),
+                timeout=max(config.timeout, BULK_TIMEOUT),
             )
             outcome = push_cache(
                 store, root, subject, signer_keyring(key), utcnow(), wait=store.timeout

@@ -12,6 +12,19 @@ What the registry sends here is hostile too: the challenge is parsed by a strict
 the realm must be ``https`` (or loopback, or plain HTTP allowed by the operator), and the
 token answer is read capped and taken only if it is a short printable token. Secrets never
 appear in an error: messages name the realm's host and the credentials' source, not values.
+
+Where a secret (basic credentials, an identity token) may go: to a realm over TLS or on
+loopback (a plain-HTTP realm elsewhere never gets one, whatever ``plain_http`` says), on the
+registry's own host or on a host the operator lists in ``token_realms``. Docker sends them to
+any ``https`` realm the registry names, so a hostile or compromised registry collects the
+node's credentials for *another* registry's token service (or any host); podman
+(containers/image) does the same, containerd only refuses a plain-HTTP realm. plancache takes
+the stricter rule because the credentials a node holds are usually its push credentials, the
+registries it serves plans from (ACR, GAR, Harbor, Quay, GHCR, ECR) keep the token service on
+their own host, and the others (GitLab's ``gitlab.com/jwt/auth``, Docker Hub's
+``auth.docker.io``) are one storage option away. A realm refused is a ``store-error`` naming
+the realm: the registry's answer is at fault, not the operator's configuration. Without
+credentials a token is asked for anonymously from any acceptable realm: nothing secret is sent.
 """
 
 from __future__ import annotations
@@ -23,14 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
-from ...trust.display import safe_text
-from ...trust.errors import StoreError
+from ....trust.display import safe_text
+from ....trust.errors import ConfigError, StoreError
+from ..registry_answers import MAX_TOKEN_ANSWER_CAP, RegistryAnswer, read_capped
+from ..registry_urls import Registry, check_authority
 from .credential_files import Credentials
-from .registry_answers import MAX_TOKEN_ANSWER_CAP, RegistryAnswer, read_capped
-from .registry_urls import check_authority
 
 if TYPE_CHECKING:
-    from .registry_http import RegistryClient
+    from .registry_session import RegistrySession
 
 MAX_TOKEN = 16 * 1024
 DEFAULT_TOKEN_LIFE = 60.0
@@ -92,7 +105,7 @@ def _token_from(answer: Any, realm_host: str) -> Token:
 
 
 async def fetch_token(
-    client: RegistryClient, challenge: Challenge, scope: str, credentials: Credentials
+    client: RegistrySession, challenge: Challenge, scope: str, credentials: Credentials
 ) -> Token:
     """A bearer token from the challenge's realm for ``scope``.
 
@@ -101,14 +114,21 @@ async def fetch_token(
     """
     realm = challenge.params.get("realm", "")
     parts = urlsplit(realm)
+    shown = safe_text(realm, 80)
     if parts.scheme not in ("https", "http") or not parts.netloc or "@" in parts.netloc:
-        raise StoreError(f"the registry named an unusable token realm {safe_text(realm, 80)!r}")
-    realm_host = check_authority(parts.netloc, "token realm")
-    if parts.scheme == "http" and not (realm_host.loopback or client.plain_http_allowed):
+        raise StoreError(f"the registry named an unusable token realm {shown!r}")
+    try:
+        realm_host = check_authority(parts.netloc, "token realm")
+    except ConfigError:  # the registry's answer, not the operator's configuration
+        raise StoreError(f"the registry named an unusable token realm {shown!r}") from None
+    plain = parts.scheme == "http"
+    if plain and not (realm_host.loopback or client.plain_http_allowed):
         raise StoreError(
             f"the token realm {realm_host.authority} is plain HTTP: not used "
             "(storage option plain_http=true allows it)"
         )
+    if credentials.identity_token or credentials.username:
+        check_secret_realm(client, realm_host, plain, credentials)
     query = {"scope": challenge.params.get("scope") or scope}
     if "service" in challenge.params:
         query["service"] = challenge.params["service"]
@@ -133,8 +153,32 @@ async def fetch_token(
     return _token_from(parsed, realm_host.authority)
 
 
+def check_secret_realm(
+    client: RegistrySession, realm: Registry, plain: bool, credentials: Credentials
+) -> None:
+    """Refuse to send ``credentials`` to ``realm`` unless it may have them (module docstring).
+
+    Raises:
+        StoreError: a plain-HTTP realm off loopback, or a realm on another host than the
+            registry's and not in ``token_realms``, naming the realm and the credentials'
+            source, never them.
+    """
+    source = safe_text(credentials.source, 120)
+    if plain and not realm.loopback:
+        raise StoreError(
+            f"the token realm {realm.authority} is plain HTTP: the credentials from {source} "
+            "are not sent over it"
+        )
+    if realm.hostname != client.registry.hostname and realm.hostname not in client.token_realms:
+        raise StoreError(
+            f"{client.registry.authority} sends its logins to the token realm "
+            f"{realm.authority}, another host: the credentials from {source} are not sent "
+            f"there (if it is the registry's own token service: token_realms={realm.hostname})"
+        )
+
+
 async def _token_answer(
-    client: RegistryClient,
+    client: RegistrySession,
     method: str,
     url: str,
     headers: dict[str, str],

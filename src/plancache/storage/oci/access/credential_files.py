@@ -13,10 +13,18 @@ writes them: ``host``, ``https://host``, ``http://host/v2/``, ...) with ``auth``
 helper is ``docker-credential-<name> get``, the server URL on stdin, run with a timeout and
 its output capped; its stderr is dropped and nothing it says is shown (it may echo secrets).
 Anonymous when nothing matches: public registries and mirrors need nothing.
+
+All of it runs off the event loop every store shares (the first request's ``401`` asks for
+credentials, under the operation's deadline): a file is read in a worker thread and only if it
+is a regular file (a FIFO or a device as ``config.json`` would block for good), capped; a
+helper is an asyncio subprocess whose output is read capped as it comes (600 MiB of it costs
+:data:`MAX_HELPER_OUTPUT`, not 600 MiB) and which is killed when it outlives
+:data:`HELPER_TIMEOUT` or the operation (a cancelled read kills it too).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -28,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trust.errors import ConfigError, StoreError
+from ....trust.errors import ConfigError, PlanCacheError, StoreError
+from ...local.files import read_capped
 
 MAX_FILE = 1024 * 1024
 MAX_HELPER_OUTPUT = 64 * 1024
@@ -70,17 +79,16 @@ def candidate_files(auth_file: str | None) -> list[Path]:
 
 
 def _read_json(path: Path, explicit: bool) -> dict[str, Any] | None:
+    """The file's JSON object, read as :func:`..local.files.read_capped` reads: a regular file
+    only (never blocking on a FIFO), capped; None if absent (ConfigError if ``explicit``)."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_FILE + 1)
-    except FileNotFoundError:
+        raw = read_capped(path, MAX_FILE, follow_symlinks=True)
+    except PlanCacheError as exc:
+        raise ConfigError(f"registry auth file: {exc.detail}") from None
+    if raw is None:
         if explicit:
-            raise ConfigError(f"registry auth file {path} does not exist") from None
+            raise ConfigError(f"registry auth file {path} does not exist")
         return None
-    except OSError as exc:
-        raise ConfigError(f"cannot read registry auth file {path}: {exc.strerror}") from None
-    if len(raw) > MAX_FILE:
-        raise ConfigError(f"registry auth file {path} is larger than {MAX_FILE} bytes")
     try:
         data = json.loads(raw)
     except ValueError:
@@ -118,36 +126,29 @@ def _from_entry(entry: Any, source: str) -> Credentials | None:
     return None
 
 
-def run_helper(helper: object, authority: str) -> Credentials | None:
+async def run_helper(helper: object, authority: str) -> Credentials | None:
     """``docker-credential-<helper> get`` for ``authority``; None when it has nothing for it.
 
     Raises:
         ConfigError: the helper is missing, fails, or answers what is not a credential.
+        StoreError: the helper did not answer within HELPER_TIMEOUT (it is killed).
     """
     if not isinstance(helper, str) or not _HELPER_NAME.fullmatch(helper):
         raise ConfigError("a credential helper name in the registry auth file is not a name")
     program = shutil.which(f"docker-credential-{helper}")
     if program is None:
         raise ConfigError(f"credential helper docker-credential-{helper} is not on PATH")
+    name = f"docker-credential-{helper}"
     try:
-        done = subprocess.run(
-            [program, "get"],
-            input=authority.encode(),
-            capture_output=True,
-            timeout=HELPER_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+        returncode, out = await asyncio.wait_for(_helper_output(program, authority), HELPER_TIMEOUT)
+    except asyncio.TimeoutError:
         raise StoreError(
-            f"credential helper docker-credential-{helper} did not answer in {HELPER_TIMEOUT:g} s"
+            f"credential helper {name} did not answer in {HELPER_TIMEOUT:g} s"
         ) from None
-    out = done.stdout[: MAX_HELPER_OUTPUT + 1]
-    if done.returncode != 0:
-        if b"credentials not found" in out.lower() or b"credentials not found" in done.stderr:
+    if returncode != 0:
+        if b"credentials not found" in out.lower():
             return None
-        raise ConfigError(
-            f"credential helper docker-credential-{helper} failed (exit {done.returncode})"
-        )
+        raise ConfigError(f"credential helper {name} failed (exit {returncode})")
     try:
         answer = json.loads(out) if len(out) <= MAX_HELPER_OUTPUT else None
     except ValueError:
@@ -155,27 +156,76 @@ def run_helper(helper: object, authority: str) -> Credentials | None:
     user = answer.get("Username") if isinstance(answer, dict) else None
     secret = answer.get("Secret") if isinstance(answer, dict) else None
     if not (isinstance(user, str) and isinstance(secret, str)):
-        raise ConfigError(f"credential helper docker-credential-{helper} answered no credential")
-    source = f"docker-credential-{helper}"
+        raise ConfigError(f"credential helper {name} answered no credential")
     if user == "<token>":
-        return Credentials(identity_token=secret, source=source)
-    return Credentials(user, secret, source=source)
+        return Credentials(identity_token=secret, source=name)
+    return Credentials(user, secret, source=name)
 
 
-def find_credentials(authority: str, auth_file: str | None = None) -> Credentials:
+async def _helper_output(program: str, authority: str) -> tuple[int, bytes]:
+    """(exit status, at most MAX_HELPER_OUTPUT + 1 bytes of stdout) of ``program get``; the
+    process is killed when it is done with, when it writes past the cap, or when this is
+    cancelled (the deadline), so no helper outlives the read. stderr is discarded (docker's
+    helpers say "credentials not found" on stdout)."""
+    proc = await asyncio.create_subprocess_exec(
+        program,
+        "get",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(authority.encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        out = bytearray()
+        while len(out) <= MAX_HELPER_OUTPUT:
+            chunk = await proc.stdout.read(MAX_HELPER_OUTPUT + 1 - len(out))
+            if not chunk:
+                break
+            out += chunk
+        if len(out) > MAX_HELPER_OUTPUT:
+            raise ConfigError(
+                f"credential helper {os.path.basename(program)} answered more than "
+                f"{MAX_HELPER_OUTPUT} bytes"
+            )
+        return await proc.wait(), bytes(out)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.shield(_reaped(proc))
+
+
+async def _reaped(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed helper: what is left in its pipe is read and dropped first (bounded
+    now that it is dead), since asyncio's ``wait()`` also waits for the pipe to close, and a
+    reader paused on a full buffer never sees it close."""
+    assert proc.stdout is not None
+    while await proc.stdout.read(1 << 16):
+        pass
+    await proc.wait()
+
+
+async def find_credentials(authority: str, auth_file: str | None = None) -> Credentials:
     """The credentials for ``authority`` (see the module docstring); anonymous if none.
 
     Raises:
         ConfigError: an explicit auth file is missing, a file or helper is unusable.
+        StoreError: a helper that did not answer in time.
     """
     keys = _keys_for(authority)
     for index, path in enumerate(candidate_files(auth_file)):
-        data = _read_json(path, explicit=index == 0 and auth_file is not None)
+        explicit = index == 0 and auth_file is not None
+        data = await asyncio.to_thread(_read_json, path, explicit)
         if data is None:
             continue
         helpers = data.get("credHelpers")
         if isinstance(helpers, dict) and authority in helpers:
-            return run_helper(helpers[authority], authority) or ANONYMOUS
+            return await run_helper(helpers[authority], authority) or ANONYMOUS
         auths = data.get("auths")
         if isinstance(auths, dict):
             for key in sorted(keys & set(auths)):
@@ -184,7 +234,7 @@ def find_credentials(authority: str, auth_file: str | None = None) -> Credential
                     return found
         store = data.get("credsStore")
         if isinstance(store, str) and store:
-            found = run_helper(store, authority)
+            found = await run_helper(store, authority)
             if found is not None:
                 return found
     return ANONYMOUS
