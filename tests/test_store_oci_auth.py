@@ -163,3 +163,31 @@ def test_an_identity_token_is_an_oauth2_refresh_grant_and_never_shown(
     out, err = capsys.readouterr()
     assert code != 0 and "token service" in out + err and "answered 401" in out + err
     assert refresh not in out + err and "Traceback" not in err
+
+
+def test_a_bearer_token_expires_on_the_stores_clock(
+    bearer_stub: RegistryStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token is reused until its ``expires_in`` (300 s from the stub, less a margin) has passed
+    on the store's clock, the injectable one (issue 50: nothing reads ``time.monotonic()`` to
+    decide), then asked for again."""
+    from fake_clock import FakeClock
+    from plancache.clock import Deadline
+
+    write_config(tmp_path / "docker" / "config.json", bearer_stub.host, auth=AUTH)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    clock = FakeClock()
+    store = open_store(bearer_stub.url("team/plans"), None, 30, deadline=Deadline.after(30, clock))
+    store.put_many({plan_name(FP): plan_bytes(), sig_name(FP): b"sig"})
+
+    def tokens() -> int:
+        return sum(1 for _, p, _ in bearer_stub.state.requests if p.startswith("/token"))
+
+    store.fetch(FP)
+    before = tokens()
+    clock.advance(200)
+    store.fetch(FP)
+    assert tokens() == before  # still valid on this clock
+    clock.advance(200)
+    store.fetch(FP)
+    assert tokens() > before  # expired on this clock, whatever the real time says

@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..clock import REAL_CLOCK, Clock
 from ..trust.errors import ConfigError, PlanCacheError
 from .deadline import one_line
 from .listing import MAX_NAMES, Page, fsspec_entries, local_entries
@@ -288,7 +289,10 @@ async def list_page(store: StoreCalls, token: str | None, root: str | None = Non
 
 
 def filesystem_opener(
-    url: str, storage_options: Mapping[str, Any] | None, budget: float
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    budget: float,
+    clock: Clock = REAL_CLOCK,
 ) -> tuple[type | FilesystemClass, Callable[[], Any], str]:
     """(filesystem class, a function making the instance, root path).
 
@@ -314,7 +318,7 @@ def filesystem_opener(
                 f"{url}: aiohttp is not installed (pip install 'plancache[oci]')"
             ) from None
 
-        return registry_opener(url, storage_options or {}, request_timeouts(budget))
+        return registry_opener(url, storage_options or {}, request_timeouts(budget), clock)
     cls = _filesystem_class(protocol, url)
     try:
         from_url = cls._get_kwargs_from_urls(url)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..clock import Deadline
+from ..clock import Clock, Deadline
 from ..trust.errors import PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import fingerprint_of_plan_name, plan_name, sig_name
 from ..trust.result import PlanResult
@@ -74,7 +74,7 @@ def open_store(
     def opening() -> Store:
         if check is not None:
             check()
-        return _opened(url, storage_options, budget)
+        return _opened(url, storage_options, budget, deadline.clock)
 
     store = Pending(opening, "plancache-open").result(deadline, f"cannot open {url}", budget)
     store._first_deadline = deadline
@@ -82,7 +82,9 @@ def open_store(
     return store
 
 
-def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) -> Store:
+def _opened(
+    url: str, storage_options: Mapping[str, Any] | None, budget: float, clock: Clock
+) -> Store:
     direct = direct_settings(url, storage_options or {})
     if direct is not None:
 
@@ -98,7 +100,7 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None, budget: float) 
             direct=S3Direct(direct, budget),
             opener=make_s3fs,
         )
-    cls, make, root = filesystem_opener(url, storage_options, budget)
+    cls, make, root = filesystem_opener(url, storage_options, budget, clock)
     if kind_of(cls) == "gcs":
         return Store(None, url.rstrip("/"), root, budget, opener=make, kind="gcs")
     return Store(make(), url.rstrip("/"), root, budget)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ...clock import REAL_CLOCK, Clock
 from ...settings import unknown_option
 from ...trust.errors import ConfigError, PlanCacheError
 from ..local.files import read_capped
@@ -145,7 +146,7 @@ def _hosts(options: Mapping[str, Any], key: str) -> frozenset[str]:
 
 
 def registry_opener(
-    url: str, options: Mapping[str, Any], timeouts: tuple[float, float]
+    url: str, options: Mapping[str, Any], timeouts: tuple[float, float], clock: Clock = REAL_CLOCK
 ) -> tuple[type, Callable[[], Any], str]:
     """(class, a function making the filesystem, its root) for a registry store URL.
 
@@ -210,6 +211,7 @@ def registry_opener(
             credentials=credentials,
             timeouts=timeouts,
             token_realms=token_realms,
+            clock=clock,
         )
         if host is None or mirror_at is None:
             return RegistryFileSystem(origin, None, subject, skip_instance_cache=True)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
@@ -88,7 +87,7 @@ class Token:
     expires: float
 
 
-def _token_from(answer: Any, realm_host: str) -> Token:
+def _token_from(answer: Any, realm_host: str, now: float) -> Token:
     value = None
     if isinstance(answer, dict):
         value = answer.get("token") or answer.get("access_token")
@@ -101,7 +100,7 @@ def _token_from(answer: Any, realm_host: str) -> Token:
         raise StoreError(f"the token service at {realm_host} answered no usable token")
     life = answer.get("expires_in") if isinstance(answer, dict) else None
     life = float(life) if isinstance(life, int) and 0 < life < 86400 else DEFAULT_TOKEN_LIFE
-    return Token(value, time.monotonic() + max(life - 5.0, 1.0))
+    return Token(value, now + max(life - 5.0, 1.0))
 
 
 async def fetch_token(
@@ -150,7 +149,7 @@ async def fetch_token(
         parsed = json.loads(answer)
     except ValueError:
         parsed = None
-    return _token_from(parsed, realm_host.authority)
+    return _token_from(parsed, realm_host.authority, client.clock.monotonic())
 
 
 def check_secret_realm(

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import urlencode
 
 import aiohttp
 
+from ....clock import REAL_CLOCK, Clock
 from ....trust.display import safe_text
 from ....trust.errors import Reason, StoreError
 from ...deadline import is_timeout, is_transient, one_line
@@ -50,6 +50,7 @@ class RegistrySession:
         namespace: str | None = None,
         token_realms: frozenset[str] = frozenset(),
         mirror_of: str | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.registry = registry
         self.repository = repository
@@ -63,6 +64,8 @@ class RegistrySession:
         """Hosts besides the registry's own whose token realm may be sent its credentials."""
         self.mirror_of = mirror_of
         """For a mirror: the file (or storage option) that configured it, named when it fails."""
+        self.clock = clock
+        """What a token's expiry is read on (the store's clock: a test's fake one)."""
         self._ssl = ssl_context
         self._credentials_for = credentials
         self._credentials: Credentials | None = None
@@ -111,7 +114,7 @@ class RegistrySession:
                 )
             return creds.basic
         token = self._tokens.get(scope)
-        if token is None or token.expires <= time.monotonic():
+        if token is None or token.expires <= self.clock.monotonic():
             token = await fetch_token(self, challenge, scope, creds)
             self._tokens[scope] = token
         return f"Bearer {token.value}"
