@@ -181,6 +181,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_keyless_identity_lines.py": ("emulator",),  # local Fulcio/Rekor: chosen claims, SANs
     "test_keyless_journeys.py": ("emulator", "system"),  # docs/keys.md's CI jobs, run as scripts
     "test_keyless_public_bundles.py": UNIT,  # committed real bundles, verified in process
+    "test_keyless_retired_roots.py": ("emulator",),  # local Fulcio/Rekor at chosen times, roots
     "test_keyless_revoked.py": ("emulator",),  # local Fulcio/Rekor/OIDC, moto: prune --revoked
     "test_keyless_signing.py": ("emulator", "system"),  # local Fulcio/Rekor/OIDC; a child import
     "test_keyless_signers.py": ("emulator",),  # local Fulcio/Rekor/OIDC, file:// stores

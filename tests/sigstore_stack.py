@@ -21,8 +21,12 @@ Each part speaks the real protocol, cut to what a signing run uses:
 
 Every key is made per stack (CA, CT log, log, OIDC), so two stacks are two foreign instances.
 ``log_time_shift`` makes the log record a time outside the certificate's validity (a log
-whose clock is wrong, signed all the same). Servers are threads of the test process, stopped
-by :meth:`SigstoreStack.close`.
+whose clock is wrong, signed all the same). ``now=`` sets the instance's clock (a
+certificate's start, its SCT's and the log's time) to a chosen moment, so a test signs at the
+same moment the log records (issue 48: a keyless statement's ``signed_at`` must agree with
+its verified time); :attr:`SigstoreStack.valid_for` gives the root's parts the windows a test
+chooses (retired, not yet valid). Servers are threads of the test process, stopped by
+:meth:`SigstoreStack.close`.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ class MerkleTree:
 class SigstoreStack:
     """Three loopback servers and the keys, trust root and trust config of one instance."""
 
-    def __init__(self, *, prefill: int = 5) -> None:
+    def __init__(self, *, prefill: int = 5, now: datetime | None = None) -> None:
         self.ca_key = ec.generate_private_key(ec.SECP256R1())
         self.ct_key = ec.generate_private_key(ec.SECP256R1())
         self.log_key = ec.generate_private_key(ec.SECP256R1())
@@ -136,6 +140,10 @@ class SigstoreStack:
         self.ct_id = hashlib.sha256(_der(self.ct_key)).digest()
         self.log_time_shift = timedelta(0)
         self.cert_validity = timedelta(minutes=10)
+        self.fixed_now = now
+        """The instance's clock (None: the real one)."""
+        self.valid_for: dict[str, dict[str, str]] = {}
+        """The root's ``validFor`` per part (``ca``, ``ctlog``, ``tlog``): default, from 2020."""
         self.othername_sans = False
         self.tree = MerkleTree([_leaf(b"prefill %d" % i) for i in range(prefill)])
         self.lock = threading.Lock()
@@ -147,7 +155,7 @@ class SigstoreStack:
                 x509.NameAttribute(NameOID.COMMON_NAME, "plancache-test-fulcio"),
             ]
         )
-        now = datetime.now(timezone.utc)
+        now = self.now()
         ski = x509.SubjectKeyIdentifier.from_public_key(self.ca_key.public_key())
         self.ca_cert = (
             x509.CertificateBuilder()
@@ -212,6 +220,10 @@ class SigstoreStack:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 
+    def now(self) -> datetime:
+        """The instance's time: the chosen moment, else the real clock."""
+        return self.fixed_now or datetime.now(timezone.utc)
+
     def url(self, role: str) -> str:
         return f"http://127.0.0.1:{self._servers[role].server_address[1]}"
 
@@ -274,7 +286,13 @@ class SigstoreStack:
             if "://" in sub
             else x509.RFC822Name(sub)
         )
-        now = datetime.now(timezone.utc).replace(microsecond=0)
+        now = self.now().replace(microsecond=0)
+        # sigstore-python's signer reuses a certificate only while the *real* clock is inside
+        # it: one issued at a chosen moment in the past also lasts until the real clock's
+        # validity ends (its start, and so the log's time inside it, is what tests choose)
+        until = max(now + self.cert_validity, datetime.now(timezone.utc) + self.cert_validity)
+        if self.fixed_now is None:
+            until = now + self.cert_validity
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([]))
@@ -282,7 +300,7 @@ class SigstoreStack:
             .public_key(csr.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now)
-            .not_valid_after(now + self.cert_validity)
+            .not_valid_after(until)
             .add_extension(
                 x509.KeyUsage(True, False, False, False, False, False, False, False, False),
                 critical=True,
@@ -322,7 +340,7 @@ class SigstoreStack:
 
     def _sct(self, tbs: bytes) -> bytes:
         """One RFC 6962 SCT over a precertificate entry, signed by the CT log key."""
-        timestamp = int(time.time() * 1000)
+        timestamp = int(self.now().timestamp() * 1000)
         issuer_key_hash = hashlib.sha256(_der(self.ca_key)).digest()
         entry = issuer_key_hash + struct.pack("!I", len(tbs))[1:] + tbs
         signed = struct.pack("!BBQH", 0, 0, timestamp, 1) + entry + struct.pack("!H", 0)
@@ -378,7 +396,7 @@ class SigstoreStack:
             size = index + 1
             root = self.tree.root(0, size)
             proof = self.tree.path(index, 0, size)
-        integrated = int((datetime.now(timezone.utc) + self.log_time_shift).timestamp())
+        integrated = int((self.now() + self.log_time_shift).timestamp())
         set_payload = rfc8785.dumps(
             {
                 "body": _b64(body),
@@ -415,21 +433,21 @@ class SigstoreStack:
 
     # -- trust root and trust config ------------------------------------------------------------
     def trusted_root(self) -> dict[str, Any]:
-        def key(k: ec.EllipticCurvePrivateKey, url: str) -> dict[str, Any]:
+        def key(k: ec.EllipticCurvePrivateKey, url: str, part: str) -> dict[str, Any]:
             return {
                 "baseUrl": url,
                 "hashAlgorithm": "SHA2_256",
                 "publicKey": {
                     "rawBytes": _b64(_der(k)),
                     "keyDetails": "PKIX_ECDSA_P256_SHA_256",
-                    "validFor": {"start": _EPOCH},
+                    "validFor": self.valid_for.get(part, {"start": _EPOCH}),
                 },
                 "logId": {"keyId": _b64(hashlib.sha256(_der(k)).digest())},
             }
 
         return {
             "mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
-            "tlogs": [key(self.log_key, self.url("rekor"))],
+            "tlogs": [key(self.log_key, self.url("rekor"), "tlog")],
             "certificateAuthorities": [
                 {
                     "subject": {
@@ -446,10 +464,10 @@ class SigstoreStack:
                             }
                         ]
                     },
-                    "validFor": {"start": _EPOCH},
+                    "validFor": self.valid_for.get("ca", {"start": _EPOCH}),
                 }
             ],
-            "ctlogs": [key(self.ct_key, self.url("fulcio") + "/ct")],
+            "ctlogs": [key(self.ct_key, self.url("fulcio") + "/ct", "ctlog")],
             "timestampAuthorities": [],
         }
 

@@ -53,7 +53,7 @@ class Signers:
 
 @pytest.fixture(scope="module")
 def signers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Signers]:
-    with SigstoreStack() as stack:
+    with SigstoreStack(now=NOW) as stack:
         config = tmp_path_factory.mktemp("sigstore") / "trust_config.json"
         config.write_bytes(stack.trust_config_bytes())
 
@@ -340,6 +340,7 @@ def test_sign_cosigns_a_directory_keylessly_and_verify_lists_both(
     LocalPlanDir(plan_dir).write(FP, plan_bytes(), None)
     generate_keypair(tmp_path / "ci", force=False, comment="ci")
     stack = signers.stack
+    monkeypatch.setattr(stack, "fixed_now", None)  # the CLI signs at the real clock's time
     (tmp_path / "config.json").write_bytes(stack.trust_config_bytes())
     (tmp_path / "root.json").write_bytes(stack.trusted_root_bytes())
     (tmp_path / "token").write_text(stack.token(IDENTITY))

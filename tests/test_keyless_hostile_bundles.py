@@ -83,7 +83,7 @@ def _sign(stack: SigstoreStack, folder: Path, fp: str) -> bytes:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Made]:
     folder = tmp_path_factory.mktemp("bundles")
-    with SigstoreStack() as stack, SigstoreStack() as skewed:
+    with SigstoreStack(now=NOW) as stack, SigstoreStack(now=NOW) as skewed:
         skewed.log_time_shift = timedelta(minutes=-30)
         for s in (stack, skewed):
             (folder / f"{id(s)}.json").write_bytes(s.trust_config_bytes())

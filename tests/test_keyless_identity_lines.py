@@ -59,7 +59,7 @@ def _github(stack: SigstoreStack, repository: str, event: str, ref: str = "refs/
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[SigstoreStack]:
-    with SigstoreStack() as s:
+    with SigstoreStack(now=NOW) as s:  # signs at the moment its statements say
         yield s
 
 

@@ -75,7 +75,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Signed]:
     """Four plans, signed once per module: keylessly by the revoked and by the live identity, a
     forgery claiming the revoked identity, and one by an Ed25519 key the file revokes."""
     folder = tmp_path_factory.mktemp("revoked")
-    with SigstoreStack() as stack:
+    with SigstoreStack(now=NOW) as stack:
         (folder / "trust_config.json").write_bytes(stack.trust_config_bytes())
         (folder / "trusted_root.json").write_bytes(stack.trusted_root_bytes())
         env = {"PLANCACHE_SIGSTORE_TRUST_CONFIG": str(folder / "trust_config.json")}

@@ -40,7 +40,7 @@ NAME = plan_name(FP)
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[SigstoreStack]:
-    with SigstoreStack() as s:
+    with SigstoreStack(now=NOW) as s:
         yield s
 
 
@@ -265,7 +265,7 @@ def test_each_identity_rule_is_its_own_reason(
 
 
 def test_a_foreign_instance_is_a_foreign_trust_root(stack: SigstoreStack, sidecar: bytes) -> None:
-    with SigstoreStack() as other:
+    with SigstoreStack(now=NOW) as other:
         keyring = trusting(other, line(stack.issuer))
         with pytest.raises(Rejected) as caught:
             verify_plan(NAME, plan_bytes(), sidecar, keyring, NOW)

@@ -8,8 +8,10 @@ the trust core verifies offline with no file or network access of its own:
 
 1. ``--trusted-root FILE`` (the CLI puts it in the variable below), else
 2. ``PLANCACHE_SIGSTORE_TRUSTED_ROOT``, else
-3. Sigstore's public-good root as shipped inside the pinned sigstore-python wheel (its TUF
-   bootstrap copy: refresh it by upgrading plancache's pin, or pin a file).
+3. Sigstore's public-good root as shipped inside the installed sigstore-python wheel (its TUF
+   bootstrap copy: refresh it by upgrading sigstore-python, or pin a file). sigstore-python
+   has no public accessor for those bytes (``ClientTrustConfig.production`` goes through TUF
+   and may fetch): :func:`public_good_root` reads its package data, the one place that does.
 
 A keyring of keys alone reads nothing here and never imports sigstore-python.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..settings import SIGSTORE_TRUSTED_ROOT_ENV
@@ -67,15 +70,24 @@ def trusted_root_bytes(env: Mapping[str, str] = os.environ) -> tuple[bytes, str]
     return data, safe_text(path)
 
 
-def check_trusted_root(data: bytes, where: str) -> None:
-    """Whether ``data`` parses as a trust root sigstore-python can verify against.
+def check_trusted_root(data: bytes, where: str, now: datetime | None = None) -> None:
+    """Whether ``data`` is a trust root that can verify a bundle signed at ``now`` (default:
+    the real clock): it parses, and it has a Fulcio CA, a CT log and a transparency log whose
+    windows have started (:func:`~plancache.trust.keyless.trust_root.unusable`). Otherwise every
+    bundle would be refused and each refusal would blame the bundle; refused here, the
+    operator's file is named instead.
 
     Raises:
         ConfigError: it does not, or sigstore-python is not installed.
     """
-    try:
-        from ..trust.keyless.sigstore_bundle import parse_trusted_root
+    from ..trust.keyless.trust_root import parse_root, unusable
 
+    try:
+        from ..trust.keyless.verifier_refusals import parse_trusted_root
+
+        why = unusable(parse_root(data), now or datetime.now(timezone.utc))
+        if why is not None:
+            raise ConfigError(f"{where} can verify no Sigstore bundle: {why}")
         parse_trusted_root(data)
     except ModuleNotFoundError:
         raise ConfigError(MISSING) from None

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import PlanCacheError
+from ..trust.keyring.identities import BundleSigner
 from ..trust.keyring.keys import Keyring, Signer
 from ..trust.plans.gate import Verdict
 from ..trust.plans.plan import plan_name
@@ -98,6 +99,16 @@ def sign_one(
     return SignOutcome(fp, action)
 
 
+def signing_moment(signer: Signer, now: datetime) -> datetime:
+    """When a statement by ``signer`` says it was signed: the batch's ``now`` for a key; the
+    present moment for a keyless signer, whose transparency log records the moment it signs:
+    a keyless statement's ``signed_at`` must agree with that within the clock skew (issue 48),
+    however many Rekor round trips the batch took before it."""
+    if isinstance(signer, BundleSigner):
+        return datetime.now(timezone.utc)
+    return now
+
+
 def sign_directory(
     directory: LocalPlanDir,
     signer: Signer,
@@ -111,7 +122,7 @@ def sign_directory(
     outcomes = []
     for fp in directory.fingerprints() if fps is None else fps:
         try:
-            outcomes.append(sign_one(directory, fp, signer, now, request))
+            outcomes.append(sign_one(directory, fp, signer, signing_moment(signer, now), request))
         except PlanCacheError as exc:
             outcomes.append(SignOutcome(fp, "refused", exc.detail, exc.reason.value))
     return outcomes

@@ -67,6 +67,13 @@ class Reason(str, Enum):
     """The inclusion proof, checkpoint, SET or log entry does not verify against the trust root."""
     FOREIGN_TRUST_ROOT = "foreign-trust-root"
     """The certificate does not chain to the pinned Sigstore trust root (another instance's)."""
+    RETIRED_TRUST_ROOT = "retired-trust-root"
+    """The Fulcio CA, CT log or transparency log that vouched for a Sigstore bundle was outside
+    its ``validFor`` in the pinned root at the bundle's verified signing time (retired, or not
+    yet in service): its keys sign no new signatures, however valid the cryptography."""
+    SIGNING_TIME_MISMATCH = "signing-time-mismatch"
+    """A keyless statement's ``signed_at`` differs from its verified signing time (the log's or
+    the timestamp authority's) by more than the clock skew: the signer misdated it."""
     BAD_BUNDLE = "bad-bundle"
     """Any other check of a Sigstore bundle failed (SCT, key usage, timestamp authority)."""
     CONFIG = "config-error"

@@ -1,20 +1,21 @@
 """``doctor``'s check of the Sigstore trust root that keyless signatures verify against:
 present, parses, not expired. Run only when the trusted keys name a ``sigstore`` identity.
 
-"Not expired" means what an offline node needs to verify a bundle signed today: at least one
+"Usable" is what ``verify`` refuses to load without (a CA, a CT log and a transparency log
+whose windows have started: :func:`plancache.keys.sigstore_root.check_trusted_root`). "Not
+expired" means what an offline node needs to verify a bundle signed today: at least one
 Fulcio CA, one transparency log key and one CT log key whose validity has no end or ends in
-the future, and a CA certificate not past its notAfter. A root due to expire within
+the future, and a CA certificate not past its notAfter (``verify`` refuses a bundle signed
+after its part's end as ``retired-trust-root``). A root due to expire within
 :data:`WARN_DAYS` is a warning: refresh it (a newer plancache pin, or a newer pinned file)
 before the fleet's nodes start refusing new caches and plans.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...settings import SIGSTORE_TRUSTED_ROOT_ENV
 from ...trust.errors import PlanCacheError
@@ -24,13 +25,6 @@ if TYPE_CHECKING:
     from .setup_checks import Checks
 
 WARN_DAYS = 30
-
-
-def _end(valid_for: Any) -> datetime | None:
-    text = (valid_for or {}).get("end") if isinstance(valid_for, dict) else None
-    if not text:
-        return None
-    return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
 
 
 def _latest(ends: list[datetime | None]) -> datetime | None:
@@ -43,29 +37,31 @@ def _latest(ends: list[datetime | None]) -> datetime | None:
 
 
 def root_expiry(data: bytes) -> datetime | None:
-    """When the root stops verifying new signatures (None: never, as far as it says).
+    """When the root stops verifying new signatures (None: never, as far as it says): the
+    parts and windows ``verify`` judges a bundle by (:mod:`plancache.trust.keyless.trust_root`),
+    so ``doctor`` and ``verify`` read one root the same way.
 
     Raises:
         ValueError: it is not a trusted root (not JSON, no CA, no log).
     """
     from cryptography import x509
 
-    root = json.loads(data)
-    if not isinstance(root, dict) or not root.get("certificateAuthorities"):
+    from ...trust.keyless.trust_root import parse_root
+
+    root = parse_root(data)
+    if not root.cas:
         raise ValueError("no certificateAuthorities")
     cas: list[datetime | None] = []
-    for ca in root["certificateAuthorities"]:
-        certs = ca.get("certChain", {}).get("certificates", [])
+    for ca in root.cas:
         not_after = min(
-            x509.load_der_x509_certificate(base64.b64decode(c["rawBytes"])).not_valid_after_utc
-            for c in certs
+            x509.load_der_x509_certificate(der).not_valid_after_utc for der in ca.certificates
         )
-        end = _end(ca.get("validFor"))
+        end = ca.window.end
         cas.append(not_after if end is None else min(end, not_after))
-    logs = [_end(t.get("publicKey", {}).get("validFor")) for t in root.get("tlogs", [])]
-    cts = [_end(t.get("publicKey", {}).get("validFor")) for t in root.get("ctlogs", [])]
-    if not logs or not cts:
+    if not root.tlogs or not root.ctlogs:
         raise ValueError("no transparency log or no CT log")
+    logs = [k.window.end for k in root.tlogs]
+    cts = [k.window.end for k in root.ctlogs]
     ends = [e for e in (_latest(cas), _latest(logs), _latest(cts)) if e is not None]
     return min(ends) if ends else None
 
@@ -95,7 +91,7 @@ def check_trust_root(checks: Checks, keyring: Keyring | None, now: datetime | No
     where = os.environ.get(SIGSTORE_TRUSTED_ROOT_ENV) or "Sigstore public-good (shipped)"
     try:
         data, where = trusted_root_bytes()
-        check_trusted_root(data, where)
+        check_trusted_root(data, where, now)
         expiry = root_expiry(data)
     except (PlanCacheError, ValueError, KeyError, TypeError) as exc:
         detail = exc.detail if isinstance(exc, PlanCacheError) else f"{where}: {exc}"

@@ -33,6 +33,7 @@ from ...trust.compile_cache.manifest_signature import (
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ...trust.statement import format_time
+from ..directory_signing import signing_moment
 from .local_caches import (
     CacheOutcome,
     CacheRoot,
@@ -58,7 +59,8 @@ def sign_cache(
     Signing vouches for bytes this process did not check: run it only where the cache was built."""
     directory = root.directory(subject)
     with directory_lock.locked(root.root, directory, wait=wait, write=True):
-        return _sign_locked(root, subject, signer, now, expires_in, comment)
+        moment = signing_moment(signer, now)  # keyless: after the lock's wait, not before it
+        return _sign_locked(root, subject, signer, moment, expires_in, comment)
 
 
 def _sign_locked(

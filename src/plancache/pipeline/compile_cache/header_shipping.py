@@ -49,6 +49,7 @@ from ...trust.compile_cache.header_statement import (
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
+from ..directory_signing import signing_moment
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,7 @@ def push_headers(
     data, entries = packed if packed is not None else pack_headers(base, directory, names)
     if not entries:
         return HeadersOutcome("none", detail="no precompiled header was used")
+    now = signing_moment(signer, now)  # keyless: when it signs, after the cache's upload
     hset = HeaderSet(
         subject,
         tuple(HeaderEntry(*e) for e in entries),

@@ -27,6 +27,7 @@ from ...trust.plans.plan import plan_name
 from ...trust.plans.plan_set import build_set
 from ...trust.plans.plan_set_names import MAX_MEMBERS, replica_name
 from ...trust.verify import verify_plan
+from ..directory_signing import signing_moment
 
 
 @dataclass
@@ -99,7 +100,8 @@ def push_sets(
     objects: dict[str, bytes] = {}
     expires_at = now + expires_in if expires_in is not None else None
     for members in complete:
-        name, data = build_set(members, signer, now, expires_at=expires_at)
+        # keyless: dated when it signs (after the plans' upload), as its log will record
+        name, data = build_set(members, signer, signing_moment(signer, now), expires_at=expires_at)
         entries.append(
             SetEntry(
                 name,

@@ -35,13 +35,25 @@ from ..errors import Reason, Rejected
 from ..keyring.identities import KEYID_PREFIX, IdentityPolicy, IdentitySigner, TrustedIdentity
 from ..keyring.identity_match import CertifiedIdentity, trusted_lines
 from .fulcio_certificate import certified_identity
-from .verifier_refusals import logged_time as _logged_time
-from .verifier_refusals import refusal
+from .trust_root import (
+    TrustRoot,
+    issuing_cas,
+    parse_root,
+    retired_part,
+    sct_log_ids,
+    unnamed_part,
+)
+from .verifier_refusals import (
+    LogClaims,
+    refusal,
+    verified_time,
+    verifier,
+    vouched_by_named_log,
+)
 
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate
     from sigstore.models import Bundle
-    from sigstore.verify import Verifier
 
 BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle.v0.3+json",
@@ -76,12 +88,15 @@ def open_bundle(
             ``untrusted-key`` (no identity is trusted, and the signer is not a revoked one);
             ``no-log-proof``; ``bad-log-proof``; ``foreign-trust-root``;
             ``certificate-outside-validity``; ``bad-signature``; ``wrong-issuer``,
-            ``wrong-identity``, ``unanchored-identity``; ``revoked`` (a revoked identity signed
-            a bundle that verifies); ``bad-bundle`` (anything else the verifier refuses).
+            ``wrong-identity``, ``unanchored-identity``; ``retired-trust-root`` (the CA, a CT
+            log or the log that vouched for it was outside its window at the verified time);
+            ``revoked`` (a revoked identity signed a bundle that verifies); ``bad-bundle``
+            (anything else the verifier refuses).
     """
     if len(sig_bytes) > cap:
         raise Rejected(Reason.TOO_LARGE, f"signature is {len(sig_bytes)} bytes, the cap is {cap}")
-    _check_shape(strictjson.loads(sig_bytes, "Sigstore bundle"))
+    obj = strictjson.loads(sig_bytes, "Sigstore bundle")
+    _check_shape(obj)
     if (
         policy is None
         or not (policy.trusted or policy.revoked)
@@ -91,20 +106,38 @@ def open_bundle(
     if policy.trusted_root is None:
         raise Rejected(Reason.FOREIGN_TRUST_ROOT, "no Sigstore trust root is pinned")
     matcher = _IdentityMatch(policy)
-    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher)
+    claims = LogClaims.of(obj["verificationMaterial"]["tlogEntries"][0])
+    root = _root(policy.trusted_root)
+    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root)
+    if not vouched_by_named_log(claims, root):
+        raise Rejected(
+            Reason.BAD_LOG_PROOF,
+            "the log entry's checkpoint or SET is not signed by the log it names",
+        )
+    verified = verified_time(claims, bundle)
+    cert = bundle.signing_certificate
+    retired = retired_part(
+        root,
+        verified,
+        issuers=issuing_cas(root, cert),
+        sct_logs=sct_log_ids(cert),
+        log_id=claims.log_id,
+    )
+    if retired is not None:  # before revoked: a retired part's word makes no signature
+        raise Rejected(
+            Reason.RETIRED_TRUST_ROOT, f"retired trust-root part: {safe_text(retired, 200)}"
+        )
     if matcher.revoked is not None:  # the bundle verified: now its signer's revocation counts
         raise Rejected(Reason.REVOKED, f"signed by a revoked identity ({matcher.revoked})")
     assert matcher.signer  # the verifier ran the policy, or raised
-    entry = bundle.log_entry._inner
-    logged = _logged_time(bundle)
     (line, san), *others = matcher.signer
     signer = IdentitySigner(
         keyid=KEYID_PREFIX + san,
         name=line.name or san,
         identity=san,
         issuer=matcher.certified.issuer,
-        log_index=int(entry.log_index),
-        log_time=logged,
+        log_index=claims.log_index,
+        log_time=verified,
         line=line,
         also=tuple(other for other, _ in others),
         source=matcher.certified.source,
@@ -143,6 +176,12 @@ def _check_shape(obj: object) -> None:
             Reason.NO_LOG_PROOF,
             "the log entry has no signed entry timestamp and no RFC 3161 timestamp",
         )
+    count = len(stamped) if isinstance(stamped, list) else 0
+    if not entries[0].get("inclusionPromise") and count != 1:
+        raise Rejected(  # its one verified time must be the one the verifier used
+            Reason.MALFORMED,
+            "a bundle without a signed entry timestamp holds one RFC 3161 timestamp",
+        )
     logged = _integrated_time(entries[0].get("integratedTime", 0))
     if logged is None:
         raise Rejected(Reason.MALFORMED, "the log entry's integratedTime is not a decimal number")
@@ -169,26 +208,15 @@ def _integrated_time(value: object) -> int | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _verifier(trusted_root: bytes) -> Verifier:
-    """One verifier per pinned root (parsing a root costs milliseconds; a store has thousands
-    of bundles). Keyed by the root's bytes: a different root is a different verifier."""
-    from sigstore.models import TrustedRoot
-    from sigstore.verify import Verifier
-    from sigstore_models.trustroot import v1
-
-    return Verifier(trusted_root=TrustedRoot(v1.TrustedRoot.from_json(trusted_root)))
-
-
-def parse_trusted_root(data: bytes) -> Verifier:
-    """A ``trusted_root.json``'s verifier (cached): what ``doctor`` and the keys layer check.
-
-    Raises:
-        ValueError: the bytes are not a Sigstore trusted root sigstore-python can use.
-    """
+def _root(trusted_root: bytes) -> TrustRoot:
+    """The pinned root's parts and windows (:mod:`.trust_root`), once per root."""
     try:
-        return _verifier(data)
-    except Exception as exc:
-        raise ValueError(f"{type(exc).__name__}: {safe_text(str(exc), 160)}") from None
+        return parse_root(trusted_root)
+    except ValueError as exc:
+        raise Rejected(
+            Reason.FOREIGN_TRUST_ROOT,
+            f"the pinned Sigstore trust root is unusable ({safe_text(str(exc), 120)})",
+        ) from None
 
 
 class _IdentityMatch:
@@ -233,12 +261,19 @@ def _who(issuer: str, san: str) -> str:
     return f"{safe_text(san, 120)} from {safe_text(issuer, 80)}"
 
 
-def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> tuple[bytes, Bundle]:
-    """sigstore-python's verification, its errors mapped to reasons."""
+def _verify(
+    sig_bytes: bytes,
+    trusted_root: bytes,
+    matcher: _IdentityMatch,
+    claims: LogClaims,
+    root: TrustRoot,
+) -> tuple[bytes, Bundle]:
+    """sigstore-python's verification, its errors mapped to reasons; first, that each key the
+    bundle names is one of the root's (:func:`~.trust_root.unnamed_part`)."""
     from sigstore.models import Bundle
 
     try:
-        verifier = _verifier(trusted_root)
+        checker = verifier(trusted_root)
     except Exception as exc:
         raise Rejected(
             Reason.FOREIGN_TRUST_ROOT,
@@ -249,12 +284,18 @@ def _verify(sig_bytes: bytes, trusted_root: bytes, matcher: _IdentityMatch) -> t
     except Exception as exc:  # pydantic's text spans lines: one line here
         detail = safe_text(" ".join(str(exc).split()), 160)
         raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {detail}") from None
+    cert = bundle.signing_certificate
+    unnamed = unnamed_part(root, sct_logs=sct_log_ids(cert), log_id=claims.log_id)
+    if unnamed is None and not issuing_cas(root, cert):
+        unnamed = "no certificate authority of the pinned root issued its certificate"
+    if unnamed is not None:
+        raise Rejected(Reason.FOREIGN_TRUST_ROOT, f"another Sigstore instance: {unnamed}")
     try:
-        payload_type, payload = verifier.verify_dsse(bundle, matcher)
+        payload_type, payload = checker.verify_dsse(bundle, matcher)
     except _Refused as exc:
         raise Rejected(exc.reason, exc.detail) from None
     except Exception as exc:
-        raise refusal(exc, verifier, bundle) from None
+        raise refusal(exc, bundle, claims, root) from None
     if payload_type != dsse.PAYLOAD_TYPE:  # checked before, by _check_shape: belt and braces
         raise Rejected(Reason.MALFORMED, "the bundle's payloadType is not in-toto")
     return bytes(payload), bundle

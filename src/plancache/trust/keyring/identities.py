@@ -11,21 +11,23 @@ issuer extension say who signed. These lines say which identities are trusted::
 The issuer is a URL (``https://…``); ``identity=`` is the SAN, exactly; ``identity-regexp=`` must
 match the *whole* SAN (``re.fullmatch``, ASCII classes: ``\\d`` is ``[0-9]``): a pattern that
 matches only inside it, not from its start (``acme/serving`` inside
-``https://github.com/evil/acme/serving-fork/…``), is the distinct rejection
-``unanchored-identity``, so a pattern written as a fragment shows up in the first failed boot
-instead of trusting a fork. Issuers and SANs are compared after one normalisation, the same for
-trusting and revoking (:mod:`.identity_match`: scheme and host in lower case, an issuer's trailing
-slash dropped). ``source-repository=``, ``source-ref=``, ``build-config=`` and ``build-trigger=``
-(or their ``-regexp=`` forms) pin the build the certificate was issued to (Fulcio's extensions of
-those names; for a GitHub reusable workflow the SAN is the *called* workflow, and only these say
-which repository, ref and event called it). Values hold no spaces (SANs and issuer URLs do not); a
-value in double quotes is read without them. The options before ``sigstore`` are the keys'
-(``name``, ``valid-after``, ``valid-before``), with the keys' meaning: the window must cover both
-the verifier's clock and the statement's ``signed_at``; when several lines match one certificate,
-every one of them must admit it (:mod:`.identity_match`), whatever their order. ``@revoked`` voids
-everything an identity signed (for a regexp line, every SAN it matches); it takes no window, and
-one spelled like a trusted line must be able to match it. Each trusted identity counts once toward
-the threshold, as a key does.
+``https://github.com/evil/acme/serving-fork/…``), is the distinct rejection ``unanchored-identity``,
+so a pattern written as a fragment shows up in the first failed boot instead of trusting a fork.
+Issuers and SANs are compared after one normalisation, the same for trusting and revoking
+(:mod:`.identity_match`: scheme and host in lower case, an issuer's trailing slash dropped).
+``source-repository=``, ``source-ref=``, ``build-config=`` and ``build-trigger=`` (or their
+``-regexp=`` forms) pin the build the certificate was issued to (Fulcio's extensions of those names;
+for a GitHub reusable workflow the SAN is the *called* workflow, and only these say which
+repository, ref and event called it). Values hold no spaces (SANs and issuer URLs do not); a value
+in double quotes is read without them. The options before ``sigstore`` are the keys' (``name``,
+``valid-after``, ``valid-before``), with the keys' meaning but for one moment: the window must cover
+both the verifier's clock and the bundle's *verified* signing time (:attr:`IdentitySigner.log_time`;
+the statement's ``signed_at`` must agree with it:
+:func:`plancache.trust.keyring.signatories.current_signers`); when several lines match one
+certificate, every one of them must admit it (:mod:`.identity_match`), whatever their order.
+``@revoked`` voids everything an identity signed (for a regexp line, every SAN it matches); it takes
+no window, and one spelled like a trusted line must be able to match it. Each trusted identity
+counts once toward the threshold, as a key does.
 """
 
 from __future__ import annotations
@@ -177,6 +179,9 @@ class IdentitySigner:
     issuer: str
     log_index: int
     log_time: datetime | None
+    """The verified signing time (Rekor v1's integrated time under its SET, else the RFC 3161
+    timestamp the verifier verified): what the line's window and the statement's ``signed_at``
+    are judged against. Never an unsigned field of the bundle."""
     line: TrustedIdentity
     also: tuple[TrustedIdentity, ...] = ()
     """The other lines that match the certificate: each must admit it too (its window)."""

@@ -4,10 +4,11 @@ that every signed kind shares (plans, plan sets, compile-cache manifests, their 
 :func:`open_envelope` checks a signature object (capped, canonical DSSE, our payload type, or a
 Sigstore bundle) and returns its payload with the trusted signers whose signatures over it
 verify; :func:`current_signers` keeps those whose validity windows cover both the verifier's
-clock and the statement's ``signed_at``, and applies the threshold and the statement's own
-window. Split from :mod:`plancache.trust.verify`, which holds the order of the steps and the
-plan's own checks: this module is the keyring's side of them, the same for every kind. Pure,
-no IO.
+clock and when they signed (a key: the statement's ``signed_at``; a keyless identity: its
+verified time, which ``signed_at`` must agree with), and applies the threshold and the
+statement's own window. Split from :mod:`plancache.trust.verify`, which holds the order of
+the steps and the plan's own checks: this module is the keyring's side of them, the same for
+every kind. Pure, no IO.
 """
 
 from __future__ import annotations
@@ -142,17 +143,23 @@ def current_signers(
     now: datetime,
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
 ) -> list[Signatory]:
-    """The signing keys whose validity windows cover both now and ``signed_at`` (a key vouches
-    only for what it signed while valid), enough of them for the threshold, and a signature
-    neither from the future nor expired. Shared by plans and manifests. The three times are
-    named: swapped, they would still compare.
+    """The signing keys whose validity windows cover both now and when they signed (a key
+    vouches only for what it signed while valid: for a key ``signed_at``, for a keyless
+    identity its verified time, :func:`signed_when`), enough of them for the threshold, and a
+    signature neither from the future nor expired. Shared by plans and manifests. The three
+    times are named: swapped, they would still compare.
 
     Raises:
-        Rejected: ``expired`` (no key's window covers both moments, or the statement expired),
+        Rejected: ``signing-time-mismatch`` (a keyless signer's verified time and
+            ``signed_at`` differ by more than the skew), ``expired`` (no key's window covers
+            both moments, or the statement expired),
             ``threshold-not-met`` (fewer such keys than the keyring's threshold),
             ``not-yet-valid`` (``signed_at`` beyond the clock skew in the future).
     """
-    current = [k for k in keys if k.window_covers(now) and k.window_covers(signed_at)]
+    _check_signing_times(keys, signed_at, clock_skew)
+    current = [
+        k for k in keys if k.window_covers(now) and k.window_covers(signed_when(k, signed_at))
+    ]
     if not current:
         raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
     if len(current) < keyring.threshold:
@@ -164,6 +171,39 @@ def current_signers(
     if expires_at is not None and now - expires_at >= clock_skew:
         raise Rejected(Reason.EXPIRED, f"signature expired at {format_time(expires_at)}")
     return current
+
+
+# -- keyless signers: the verified time decides (issue 48 item 2) ---------------------------------
+
+
+def signed_when(signer: Signatory, signed_at: datetime) -> datetime:
+    """When ``signer`` signed, as far as the verifier knows: a keyless signer's verified time
+    (Rekor's integrated time under its SET, or a TSA's timestamp: never the statement's word),
+    a key's ``signed_at`` (a key's signature carries no other time)."""
+    if isinstance(signer, IdentitySigner) and signer.log_time is not None:
+        return signer.log_time
+    return signed_at
+
+
+def _check_signing_times(
+    keys: Sequence[Signatory], signed_at: datetime, clock_skew: timedelta
+) -> None:
+    """A keyless statement's ``signed_at`` within the clock skew of each keyless signer's
+    verified time: a statement its signer misdated would otherwise carry a false date into
+    every report and every ``expires_at`` measured from it.
+
+    Raises:
+        Rejected: ``signing-time-mismatch``.
+    """
+    for k in keys:
+        verified = k.log_time if isinstance(k, IdentitySigner) else None
+        if verified is not None and abs(signed_at - verified) > clock_skew:
+            raise Rejected(
+                Reason.SIGNING_TIME_MISMATCH,
+                f"signed_at {format_time(signed_at)} is not the verified signing time "
+                f"{format_time(verified)} ({safe_text(k.name, 40)}) within "
+                f"{int(clock_skew.total_seconds())} s",
+            )
 
 
 def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:
