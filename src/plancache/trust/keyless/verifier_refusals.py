@@ -118,7 +118,11 @@ def verified_time(claims: LogClaims, bundle: Bundle) -> datetime:
     """The time the verifier established for a bundle that verified: Rekor v1's integrated
     time under its SET, else the bundle's one RFC 3161 timestamp (the shape allows exactly one
     without a SET, and sigstore-python needs one verified time: so that one verified). Never
-    an ``integratedTime`` no SET covers: anyone can add one to a Rekor v2 bundle."""
+    an ``integratedTime`` no SET covers: anyone can add one to a Rekor v2 bundle.
+
+    Raises:
+        Rejected: no SET and not exactly one timestamp (reason ``no-log-proof``).
+    """
     if claims.time_is_signed:
         return datetime.fromtimestamp(claims.integrated_time, timezone.utc)
     data = bundle.verification_material.timestamp_verification_data
