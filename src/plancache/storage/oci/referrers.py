@@ -224,8 +224,12 @@ async def candidate_manifest(
     its title) and holds its content, and, for a kind that is signed, its signature too when
     any candidate does (a plan and its signature are read from one manifest); None if none.
     At most MAX_CANDIDATES manifests are read; one that fails its checks is skipped, so an
-    unsigned or malformed referrer titled like a plan does not hide the signed one.
+    unsigned or malformed referrer titled like a plan does not hide the signed one. A manifest
+    whose own ``subject`` is another image is skipped too: the tag-schema index is a tag anyone
+    who may push can rewrite, and a co-tenant who lists image Y's plan there would have it read
+    as X's, and ``prune --subject X`` delete it from Y.
     ``client`` reads from there (the registry itself, for ``prune``'s re-read)."""
+    subject = await subject_descriptor(fs)
     names = await _attached(fs)
     digests = names.get(slot.artifact, [])
     fallback: Manifest | None = None
@@ -234,7 +238,7 @@ async def candidate_manifest(
             manifest = await fs.tagged_manifest(slot, client, digest)
         except Rejected:
             continue
-        if manifest is None or not is_own(manifest, slot):
+        if manifest is None or not is_own(manifest, slot) or not same_subject(manifest, subject):
             continue
         if manifest.layer(slot.kind.content_type) is None:
             continue
