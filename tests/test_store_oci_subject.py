@@ -103,6 +103,33 @@ def test_push_subject_of_a_missing_image_signs_nothing(
     assert not (plans / sig_name(FP)).exists()  # nothing was signed
 
 
+@pytest.mark.parametrize("command", ["prune", "pull", "push"])
+def test_an_empty_subject_is_a_config_error_not_the_whole_repository(
+    registry: DockerRegistry,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """Red team 47b: ``--subject "$IMAGE"`` with the variable unset was dropped, so ``prune``
+    judged (and deleted) every plan of the repository, not the image's."""
+    repo = registry.new_repository("empty-subject")
+    url = registry.url(repo)
+    plans = tmp_path / "ci-plans"
+    assert main(["push", "--allow-unsigned", str(plans), url]) == 0  # not attached to anything
+    capsys.readouterr()
+    argv = {
+        "prune": ["prune", "--unsigned", "--subject", "", url],
+        "pull": ["pull", "--trusted-keys", f"{keys}.pub", "--subject", "", url, str(tmp_path / "d")],
+        "push": ["push", "--key", str(keys), "--subject", " ", str(plans), url],
+    }[command]
+    assert main(argv) == 2
+    assert "--subject is empty" in capsys.readouterr().err
+    assert registry.get(f"/v2/{repo}/manifests/{plan_name(FP)}")[0] == 200  # nothing deleted
+    assert not (plans / sig_name(FP)).exists()  # nothing signed
+    assert not (tmp_path / "d").exists()
+
+
 def test_tls_spoken_to_a_plain_http_registry_names_plain_http(
     registry: DockerRegistry, capsys: pytest.CaptureFixture[str]
 ) -> None:
