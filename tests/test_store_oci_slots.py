@@ -233,8 +233,9 @@ def test_prune_subject_removes_a_referrer_that_fails_verification(
     )
     spot = tmp_path / "spot"
     pull = ["pull", "--trusted-keys", f"{key}.pub", "--subject", "v1", url, str(spot)]
-    assert main(pull) == 1  # the newest candidate is read, and fails verification
-    assert not (spot / plan_name(FP)).exists()
+    assert main(pull) == 0  # the newest candidate fails verification; the signed one is read
+    assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)
+    (spot / plan_name(FP)).unlink()
     trusted = ["--trusted-keys", f"{key}.pub"]
     assert main(["prune", "--invalid", *trusted, "--subject", "v1", url]) == 0
     assert registry.get(f"/v2/{repo}/manifests/{bad}", MANIFEST)[0] == 404

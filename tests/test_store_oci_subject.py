@@ -120,7 +120,15 @@ def test_an_empty_subject_is_a_config_error_not_the_whole_repository(
     capsys.readouterr()
     argv = {
         "prune": ["prune", "--unsigned", "--subject", "", url],
-        "pull": ["pull", "--trusted-keys", f"{keys}.pub", "--subject", "", url, str(tmp_path / "d")],
+        "pull": [
+            "pull",
+            "--trusted-keys",
+            f"{keys}.pub",
+            "--subject",
+            "",
+            url,
+            str(tmp_path / "d"),
+        ],
         "push": ["push", "--key", str(keys), "--subject", " ", str(plans), url],
     }[command]
     assert main(argv) == 2

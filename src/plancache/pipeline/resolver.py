@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from ..storage.local.localdir import LocalPlanDir
-from ..trust.errors import ConfigError, PlanCacheError
+from ..trust.errors import ConfigError, PlanCacheError, Rejected
 from ..trust.plans.plan import plan_name
 from ..trust.policy import Source, TrustPolicy
 from ..trust.result import PlanResult
@@ -149,13 +149,43 @@ class Resolver:
             for fetched in store.fetch_stream(names, deadline, on_done):
                 batch.append(fetched)
                 if len(batch) == PERSIST_BATCH:
-                    yield from self._verify_and_persist(batch)
+                    yield from self._verify_and_persist(batch, deadline)
                     batch = []
-            yield from self._verify_and_persist(batch)
+            yield from self._verify_and_persist(batch, deadline)
 
-    def _verify_and_persist(self, batch: list[PlanResult]) -> list[PlanResult]:
+    def _verify_and_persist(
+        self, batch: list[PlanResult], deadline: Deadline | None
+    ) -> list[PlanResult]:
         now = self.clock()
-        return self._persist([verify_result(r, self.policy, now) for r in batch])
+        verified = [verify_result(r, self.policy, now) for r in batch]
+        return self._persist([self._another_candidate(r, now, deadline) for r in verified])
+
+    def _another_candidate(
+        self, result: PlanResult, now: datetime, deadline: Deadline | None
+    ) -> PlanResult:
+        """A store plan that failed verification, tried again from the other manifests attached
+        to the store's image (``--subject``: :func:`..storage.oci.referrers.other_plans`),
+        newest first; the first that verifies is the result. A co-tenant's referrer whose
+        signature does not verify then cannot hide the signed plan. Any other store, or none
+        verifying: as it was."""
+        if not isinstance(result.error, Rejected) or result.plan_bytes is None:
+            return result
+        if self.store.kind != "oci":  # the registry's modules need the [oci] extra
+            return result
+        from ..storage.oci.referrers import other_plans
+
+        try:
+            others = other_plans(self.store, result.fingerprint, deadline)
+        except PlanCacheError:
+            return result
+        for other in others:
+            checked = verify_result(other, self.policy, now)
+            if checked.verified is not None:
+                return checked.with_note(
+                    f"the newest plan attached to the image was rejected ({result.error.reason}: "
+                    f"{result.error.detail}); an older one verified"
+                )
+        return result
 
     def _persist(self, results: list[PlanResult]) -> list[PlanResult]:
         if not results:
