@@ -279,3 +279,32 @@ def test_a_referrer_attached_to_another_image_is_neither_read_nor_pruned_for_thi
     assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)  # X's, not Y's
     assert main(["prune", "--unsigned", "--subject", "x", url]) == 0
     assert registry.get(f"/v2/{repo}/manifests/{y_entry['digest']}", MANIFEST)[0] == 200
+
+
+def test_another_kinds_manifest_at_a_plans_tag_blocks_neither_push_nor_prune(
+    registry: DockerRegistry,
+    signed_plans: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Red team 47b: a co-tenant who PUT an image's manifest at plan B's tag made every push of
+    B fail (``is a 'None' artifact``) and ``prune`` of the whole repository exit 2; the image
+    must survive both (its digest is the one at B's tag)."""
+    key, plans = signed_plans
+    repo = registry.new_repository("foreign")
+    url = registry.url(repo)
+    assert main(["push", str(plans), url]) == 0
+    push_image(registry.endpoint, repo, "v1")
+    status, image = _tag(registry, repo, "v1")
+    assert status == 200
+    _put(registry, f"/v2/{repo}/manifests/{plan_name(FP_B)}", image, MANIFEST)
+    capsys.readouterr()
+    assert main(["prune", "--json", "--invalid", "--trusted-keys", f"{key}.pub", url]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["deleted"] == [] and doc["changed"] == [FP_B]  # B's tag is not B's: kept
+    assert _tag(registry, repo, "v1") == (200, image)
+    assert main(["push", "--fingerprint", FP_B, str(plans), url]) == 0  # CI repairs B
+    assert _tag(registry, repo, "v1") == (200, image)
+    spot = tmp_path / "spot"
+    assert main(["pull", "--trusted-keys", f"{key}.pub", url, str(spot)]) == 0
+    assert (spot / plan_name(FP_B)).read_bytes() == plan_bytes(FP_B)

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from .registry_fs import RegistryFileSystem
 
 
+FOREIGN = "foreign"
+"""The version of what a tag names when it is not a manifest of the object's kind."""
+
+
 class Moved(Exception):
     """The tag no longer names the manifest judged: the conditional delete's 412."""
 
@@ -56,7 +60,15 @@ async def read(fs: RegistryFileSystem, path: str, cap: int) -> Versioned:
     from .artifacts import slot_of
 
     slot = slot_of(fs.name_of(path))
-    manifest = await fs.deletable_manifest(slot)
+    try:
+        manifest = await fs.deletable_manifest(slot)
+    except Rejected as exc:
+        if exc.reason is not Reason.MALFORMED:
+            raise
+        # another kind's manifest (a co-tenant's image, say) at the object's tag: never the
+        # object judged, so never deleted as it (the same digest is the image's), and one such
+        # tag must not fail the whole prune: it reads as changed, and is kept
+        return Versioned(b"", FOREIGN)
     layer = manifest.layer(slot.media_type) if manifest is not None else None
     if manifest is None or layer is None:
         raise FileNotFoundError(path)

@@ -203,7 +203,12 @@ class RegistryFileSystem(AsyncFileSystem):
     async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         slot = slot_of(self.name_of(path))
         async with self._lock(slot.tag):
-            current = await self.tagged_manifest(slot, self.origin)
+            try:
+                current = await self.tagged_manifest(slot, self.origin)
+            except Rejected as exc:  # another kind's manifest at the tag: a co-tenant's
+                if exc.reason is not Reason.MALFORMED:
+                    raise
+                current = None
             if current is not None and not is_own(current, slot):
                 current = None  # another object's manifest: neither kept from nor deleted
             digest = await self.origin.put_blob(bytes(value))
