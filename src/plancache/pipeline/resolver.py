@@ -158,9 +158,9 @@ class Resolver:
     ) -> list[PlanResult]:
         now = self.clock()
         verified = [verify_result(r, self.policy, now) for r in batch]
-        return self._persist([self._another_candidate(r, now, deadline) for r in verified])
+        return self._persist([self.another_candidate(r, now, deadline) for r in verified])
 
-    def _another_candidate(
+    def another_candidate(
         self, result: PlanResult, now: datetime, deadline: Deadline | None
     ) -> PlanResult:
         """A store plan that failed verification, tried again from the other manifests attached
