@@ -19,6 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from ..clock import Deadline
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError, Rejected
 from ..trust.plans.plan import plan_name
@@ -26,7 +27,6 @@ from ..trust.policy import Source, TrustPolicy
 from ..trust.result import PlanResult
 
 if TYPE_CHECKING:
-    from ..clock import Deadline
     from ..storage.store import Store
 
 PERSIST_BATCH = 64
@@ -144,18 +144,18 @@ class Resolver:
         """
         store = self.store
         names = store.iter_fingerprints(deadline) if fps is None else fps
+        # one budget for every retry from other candidates, however many plans fail
+        retries = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
         with _collector_paused():
             batch: list[PlanResult] = []
             for fetched in store.fetch_stream(names, deadline, on_done):
                 batch.append(fetched)
                 if len(batch) == PERSIST_BATCH:
-                    yield from self._verify_and_persist(batch, deadline)
+                    yield from self._verify_and_persist(batch, retries)
                     batch = []
-            yield from self._verify_and_persist(batch, deadline)
+            yield from self._verify_and_persist(batch, retries)
 
-    def _verify_and_persist(
-        self, batch: list[PlanResult], deadline: Deadline | None
-    ) -> list[PlanResult]:
+    def _verify_and_persist(self, batch: list[PlanResult], deadline: Deadline) -> list[PlanResult]:
         now = self.clock()
         verified = [verify_result(r, self.policy, now) for r in batch]
         return self._persist([self.another_candidate(r, now, deadline) for r in verified])
