@@ -30,7 +30,6 @@ trust core as from any other store.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
@@ -303,7 +302,7 @@ class RegistryFileSystem(AsyncFileSystem):
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         if path.rstrip("/") == self.repository:
             body, _ = await self.tag_reader.tags_page(None, 1)
-            if json.loads(body).get("tags") in (None, []) and await self._absent():
+            if not oci_versions.tags_of(body) and await self._absent():
                 raise FileNotFoundError(path)
             return {"name": self.repository, "type": "directory", "size": None}
         raise FileNotFoundError(path)
