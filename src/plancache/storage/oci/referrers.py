@@ -223,7 +223,11 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, list[str]]:
 
 
 async def candidate_manifests(
-    fs: RegistryFileSystem, slot: Slot, client: RegistryClient | None = None, first: bool = False
+    fs: RegistryFileSystem,
+    slot: Slot,
+    *,
+    client: RegistryClient | None = None,
+    first: bool = False,
 ) -> list[Manifest]:
     """The manifests attached to the subject that are the slot's object's own (its kind, its
     title, attached to this image) and hold its content, newest first; for a kind that is
@@ -262,7 +266,7 @@ async def candidate_manifest(
 ) -> Manifest | None:
     """The first of :func:`candidate_manifests` (None if none): what a read or a delete of the
     slot's object takes."""
-    found = await candidate_manifests(fs, slot, client, first=True)
+    found = await candidate_manifests(fs, slot, client=client, first=True)
     return found[0] if found else None
 
 
