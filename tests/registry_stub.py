@@ -61,6 +61,8 @@ class StubState:
         """When set, ``tags/list`` answers 1000 new plan tags after ``last`` and a ``Link`` to
         the next page, forever (a registry that never ends its listing)."""
         self.tag_pages = 0
+        self.tags_body: bytes | None = None
+        """When set, every ``tags/list`` answer is these bytes (a malformed tag list)."""
         """``tags/list`` pages answered."""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
@@ -129,6 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.tag_pages += 1
             if self.state.endless_tags:
                 return self._endless_tags()
+            if self.state.tags_body is not None:
+                return self._send(200, self.state.tags_body, {"Content-Type": "application/json"})
             tags = json.dumps({"tags": sorted(self.state.tags)}).encode()
             return self._send(200, tags, {"Content-Type": "application/json"})
         return self._send(404)

@@ -50,3 +50,21 @@ def test_ls_of_an_endless_tag_list_stops_at_the_cap(
     assert main(["ls", "--timeout", "30", endless.url("plancache/endless")]) == 2
     assert f"lists more than {CAP} plan objects" in capsys.readouterr().err
     assert endless.state.tag_pages <= 3
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"tags": {"a": 1}}', b'{"tags": "startup_plan_0123456789abcdef.json"}', b"[1]"]
+)
+def test_a_malformed_tag_list_is_malformed_not_an_empty_repository(
+    body: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team 47b: ``tags`` that is not a list read as no tags (``ls`` exit 0, an empty
+    table), and the existence probe raised Python's own text ('list' object has no attribute
+    'get')."""
+    server = RegistryStub()
+    server.state.tags_body = body
+    try:
+        assert main(["ls", "--timeout", "10", server.url("plancache/broken")]) == 2
+    finally:
+        server.stop()
+    assert "the registry's tag list is not a JSON list of tags" in capsys.readouterr().err

@@ -233,11 +233,78 @@ def test_prune_subject_removes_a_referrer_that_fails_verification(
     )
     spot = tmp_path / "spot"
     pull = ["pull", "--trusted-keys", f"{key}.pub", "--subject", "v1", url, str(spot)]
-    assert main(pull) == 1  # the newest candidate is read, and fails verification
-    assert not (spot / plan_name(FP)).exists()
+    assert main(pull) == 0  # the newest candidate fails verification; the signed one is read
+    assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)
+    (spot / plan_name(FP)).unlink()
     trusted = ["--trusted-keys", f"{key}.pub"]
     assert main(["prune", "--invalid", *trusted, "--subject", "v1", url]) == 0
     assert registry.get(f"/v2/{repo}/manifests/{bad}", MANIFEST)[0] == 404
     assert _tag(registry, repo, plan_name(FP))[0] == 200  # the signed plan stays
     assert main(pull) == 0
     assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)
+
+
+def _list_in_index(registry: DockerRegistry, repo: str, image: str, entry: object) -> None:
+    """The co-tenant appends ``entry`` to ``image``'s tag-schema index (newest)."""
+    tag = f"/v2/{repo}/manifests/sha256-{image.split(':')[1]}"
+    status, body = registry.get(tag, INDEX)
+    index = json.loads(body) if status == 200 else {"schemaVersion": 2, "mediaType": INDEX}
+    index["manifests"] = [*index.get("manifests", []), entry]
+    _put(registry, tag, json.dumps(index).encode(), INDEX)
+
+
+def test_a_referrer_attached_to_another_image_is_neither_read_nor_pruned_for_this_one(
+    registry: DockerRegistry,
+    signed_plans: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    """Red team 47b: image Y's plan, listed by a co-tenant in image X's index, was read as X's
+    plan and deleted from Y by ``prune --subject X``."""
+    key, plans = signed_plans
+    repo = registry.new_repository("two-images")
+    url = registry.url(repo)
+    x = push_image(registry.endpoint, repo, "x")
+    y = push_image(registry.endpoint, repo, "y")
+    assert main(["push", "--subject", "x", "--fingerprint", FP, str(plans), url]) == 0
+    other = tmp_path / "y-plans"  # Y's own plan for FP: other content, unsigned
+    LocalPlanDir(other).write(FP, plan_bytes(FP, kv=33 * 2**30), None)
+    assert main(["push", "--allow-unsigned", "--subject", "y", str(other), url]) == 0
+    status, body = registry.get(f"/v2/{repo}/manifests/sha256-{y.split(':')[1]}", INDEX)
+    assert status == 200
+    y_entry = json.loads(body)["manifests"][0]
+    _list_in_index(registry, repo, x, y_entry)
+    spot = tmp_path / "spot"
+    pull = ["pull", "--trusted-keys", f"{key}.pub", "--subject", "x", url, str(spot)]
+    assert main(pull) == 0
+    assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)  # X's, not Y's
+    assert main(["prune", "--unsigned", "--subject", "x", url]) == 0
+    assert registry.get(f"/v2/{repo}/manifests/{y_entry['digest']}", MANIFEST)[0] == 200
+
+
+def test_another_kinds_manifest_at_a_plans_tag_blocks_neither_push_nor_prune(
+    registry: DockerRegistry,
+    signed_plans: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Red team 47b: a co-tenant who PUT an image's manifest at plan B's tag made every push of
+    B fail (``is a 'None' artifact``) and ``prune`` of the whole repository exit 2; the image
+    must survive both (its digest is the one at B's tag)."""
+    key, plans = signed_plans
+    repo = registry.new_repository("foreign")
+    url = registry.url(repo)
+    assert main(["push", str(plans), url]) == 0
+    push_image(registry.endpoint, repo, "v1")
+    status, image = _tag(registry, repo, "v1")
+    assert status == 200
+    _put(registry, f"/v2/{repo}/manifests/{plan_name(FP_B)}", image, MANIFEST)
+    capsys.readouterr()
+    assert main(["prune", "--json", "--invalid", "--trusted-keys", f"{key}.pub", url]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["deleted"] == [] and doc["changed"] == [FP_B]  # B's tag is not B's: kept
+    assert _tag(registry, repo, "v1") == (200, image)
+    assert main(["push", "--fingerprint", FP_B, str(plans), url]) == 0  # CI repairs B
+    assert _tag(registry, repo, "v1") == (200, image)
+    spot = tmp_path / "spot"
+    assert main(["pull", "--trusted-keys", f"{key}.pub", url, str(spot)]) == 0
+    assert (spot / plan_name(FP_B)).read_bytes() == plan_bytes(FP_B)

@@ -103,6 +103,41 @@ def test_push_subject_of_a_missing_image_signs_nothing(
     assert not (plans / sig_name(FP)).exists()  # nothing was signed
 
 
+@pytest.mark.parametrize("command", ["prune", "pull", "push"])
+def test_an_empty_subject_is_a_config_error_not_the_whole_repository(
+    registry: DockerRegistry,
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """Red team 47b: ``--subject "$IMAGE"`` with the variable unset was dropped, so ``prune``
+    judged (and deleted) every plan of the repository, not the image's."""
+    repo = registry.new_repository("empty-subject")
+    url = registry.url(repo)
+    plans = tmp_path / "ci-plans"
+    assert main(["push", "--allow-unsigned", str(plans), url]) == 0  # not attached to anything
+    capsys.readouterr()
+    argv = {
+        "prune": ["prune", "--unsigned", "--subject", "", url],
+        "pull": [
+            "pull",
+            "--trusted-keys",
+            f"{keys}.pub",
+            "--subject",
+            "",
+            url,
+            str(tmp_path / "d"),
+        ],
+        "push": ["push", "--key", str(keys), "--subject", " ", str(plans), url],
+    }[command]
+    assert main(argv) == 2
+    assert "--subject is empty" in capsys.readouterr().err
+    assert registry.get(f"/v2/{repo}/manifests/{plan_name(FP)}")[0] == 200  # nothing deleted
+    assert not (plans / sig_name(FP)).exists()  # nothing signed
+    assert not (tmp_path / "d").exists()
+
+
 def test_tls_spoken_to_a_plain_http_registry_names_plain_http(
     registry: DockerRegistry, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -119,3 +154,38 @@ def test_an_untrusted_certificate_names_ca_file(
     assert main(["ls", "--storage-option", "plain_http=false", url]) == 2
     err = capsys.readouterr().err
     assert "CERTIFICATE_VERIFY_FAILED" in err and "ca_file=PATH" in err and "SSL_CERT_FILE" in err
+
+
+@pytest.mark.parametrize("word", ["CERTIFICATE_VERIFY_FAILED", "WRONG_VERSION_NUMBER"])
+def test_a_plain_http_answer_cannot_name_a_tls_fix(
+    word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team 47b: the TLS fix was chosen by the words in any error's text, so a plain-HTTP
+    registry's malformed status line carrying ``CERTIFICATE_VERIFY_FAILED`` told the operator
+    to give a CA file (and ``WRONG_VERSION_NUMBER`` to set plain_http on a plain connection)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(f"HTTP/1.1 2x0 {word}\r\nContent-Length: 0\r\n\r\n".encode())
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        url = f"oci://127.0.0.1:{listener.getsockname()[1]}/plancache/x"
+        assert main(["ls", "--timeout", "5", url]) == 2
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert "ca_file" not in err and "plain_http=true" not in err
+    assert "Bad status line" in err  # the real failure, as it was

@@ -295,12 +295,20 @@ def _check_fact_names(facts: Mapping[str, Any]) -> None:
 def storage_options(
     args: argparse.Namespace, env: Mapping[str, str] = os.environ
 ) -> dict[str, Any]:
-    """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags."""
+    """``$PLANCACHE_STORAGE_OPTIONS`` overridden by ``--storage-option`` flags.
+
+    Raises:
+        ConfigError: ``--subject`` given empty (``--subject "$IMAGE"`` with the variable unset
+            would otherwise read, and ``prune`` delete, the whole repository's plans instead of
+            the image's).
+    """
     from ..pipeline.locations import storage_options_for
 
     options = storage_options_for(dict(getattr(args, "storage_option", None) or []), env)
     subject = getattr(args, "subject", None)
-    if subject:  # push/ls --subject IMAGE: a registry store's option (storage/oci/referrers.py)
+    if subject is not None and not subject.strip():
+        raise ConfigError("--subject is empty: name the image (TAG, @sha256:..., HOST/REPO:TAG)")
+    if subject:  # --subject IMAGE: a registry store's option (storage/oci/referrers.py)
         options["subject"] = subject
     from .flags.registry_reads import origin_reads
 

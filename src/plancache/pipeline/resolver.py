@@ -19,14 +19,14 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from ..clock import Deadline
 from ..storage.local.localdir import LocalPlanDir
-from ..trust.errors import ConfigError, PlanCacheError
+from ..trust.errors import ConfigError, PlanCacheError, Rejected
 from ..trust.plans.plan import plan_name
 from ..trust.policy import Source, TrustPolicy
 from ..trust.result import PlanResult
 
 if TYPE_CHECKING:
-    from ..clock import Deadline
     from ..storage.store import Store
 
 PERSIST_BATCH = 64
@@ -144,18 +144,48 @@ class Resolver:
         """
         store = self.store
         names = store.iter_fingerprints(deadline) if fps is None else fps
+        # one budget for every retry from other candidates, however many plans fail
+        retries = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
         with _collector_paused():
             batch: list[PlanResult] = []
             for fetched in store.fetch_stream(names, deadline, on_done):
                 batch.append(fetched)
                 if len(batch) == PERSIST_BATCH:
-                    yield from self._verify_and_persist(batch)
+                    yield from self._verify_and_persist(batch, retries)
                     batch = []
-            yield from self._verify_and_persist(batch)
+            yield from self._verify_and_persist(batch, retries)
 
-    def _verify_and_persist(self, batch: list[PlanResult]) -> list[PlanResult]:
+    def _verify_and_persist(self, batch: list[PlanResult], deadline: Deadline) -> list[PlanResult]:
         now = self.clock()
-        return self._persist([verify_result(r, self.policy, now) for r in batch])
+        verified = [verify_result(r, self.policy, now) for r in batch]
+        return self._persist([self.another_candidate(r, now, deadline) for r in verified])
+
+    def another_candidate(
+        self, result: PlanResult, now: datetime, deadline: Deadline | None
+    ) -> PlanResult:
+        """A store plan that failed verification, tried again from the other manifests attached
+        to the store's image (``--subject``: :func:`..storage.oci.referrers.other_plans`),
+        newest first; the first that verifies is the result. A co-tenant's referrer whose
+        signature does not verify then cannot hide the signed plan. Any other store, or none
+        verifying: as it was."""
+        if not isinstance(result.error, Rejected) or result.plan_bytes is None:
+            return result
+        if self.store.kind != "oci":  # the registry's modules need the [oci] extra
+            return result
+        from ..storage.oci.referrers import other_plans
+
+        try:
+            others = other_plans(self.store, result.fingerprint, deadline)
+        except PlanCacheError:
+            return result
+        for other in others:
+            checked = verify_result(other, self.policy, now)
+            if checked.verified is not None:
+                return checked.with_note(
+                    f"the newest plan attached to the image was rejected ({result.error.reason}: "
+                    f"{result.error.detail}); an older one verified"
+                )
+        return result
 
     def _persist(self, results: list[PlanResult]) -> list[PlanResult]:
         if not results:

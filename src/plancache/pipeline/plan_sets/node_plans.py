@@ -200,7 +200,12 @@ def _fetch(
     now = resolver.clock()
     return {
         r.fingerprint: r
-        for r in resolver.fill_gaps([verify_result(r, resolver.policy, now) for r in fetched])
+        for r in resolver.fill_gaps(
+            [
+                resolver.another_candidate(verify_result(r, resolver.policy, now), now, deadline)
+                for r in fetched
+            ]
+        )
     }, note
 
 

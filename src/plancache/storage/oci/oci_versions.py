@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from .registry_fs import RegistryFileSystem
 
 
+FOREIGN = "foreign"
+"""The version of what a tag names when it is not a manifest of the object's kind."""
+
+
 class Moved(Exception):
     """The tag no longer names the manifest judged: the conditional delete's 412."""
 
@@ -56,7 +60,15 @@ async def read(fs: RegistryFileSystem, path: str, cap: int) -> Versioned:
     from .artifacts import slot_of
 
     slot = slot_of(fs.name_of(path))
-    manifest = await fs.deletable_manifest(slot)
+    try:
+        manifest = await fs.deletable_manifest(slot)
+    except Rejected as exc:
+        if exc.reason is not Reason.MALFORMED:
+            raise
+        # another kind's manifest (a co-tenant's image, say) at the object's tag: never the
+        # object judged, so never deleted as it (the same digest is the image's), and one such
+        # tag must not fail the whole prune: it reads as changed, and is kept
+        return Versioned(b"", FOREIGN)
     layer = manifest.layer(slot.media_type) if manifest is not None else None
     if manifest is None or layer is None:
         raise FileNotFoundError(path)
@@ -113,16 +125,8 @@ async def tag_names(
     names: list[str] = []
     for _ in range(pages):
         body, more = await fs.tag_reader.tags_page(last, TAGS_PAGE)
-        try:
-            tags = json.loads(body).get("tags") or []
-        except (ValueError, AttributeError):
-            raise Rejected(Reason.MALFORMED, "the registry's tag list is not JSON") from None
+        tags = [t for t in tags_of(body) if isinstance(t, str) and TAG.fullmatch(t)]
         del body
-        tags = (
-            [t for t in tags if isinstance(t, str) and TAG.fullmatch(t)]
-            if isinstance(tags, list)
-            else []
-        )
         for tag in tags:
             names += names_of_tag(tag)
             if len(names) > keep:
@@ -131,6 +135,26 @@ async def tag_names(
             return names, None
         last = tags[-1]
     return names, last
+
+
+def tags_of(body: bytes) -> list[Any]:
+    """The ``tags`` of a ``tags/list`` answer (none when null or missing, as distribution
+    answers for an empty repository).
+
+    Raises:
+        Rejected: not a JSON object, or ``tags`` not a list (reason ``malformed``): read as an
+            empty repository, a broken answer would pass for one.
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        doc = None
+    tags = doc.get("tags") if isinstance(doc, dict) else ()
+    if tags is None:
+        return []
+    if not isinstance(tags, list):
+        raise Rejected(Reason.MALFORMED, "the registry's tag list is not a JSON list of tags")
+    return tags
 
 
 async def all_names(fs: RegistryFileSystem) -> list[str]:

@@ -27,13 +27,18 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ...clock import Deadline
 from ...trust.errors import Rejected, StoreError
-from .artifacts import ARTIFACT_TYPES, DSSE_TYPE, INDEX_TYPE, Slot, names_of_tag
+from ...trust.plans.plan import plan_name
+from ...trust.result import PlanResult
+from ..deadline import run_by
+from .artifacts import ARTIFACT_TYPES, DSSE_TYPE, INDEX_TYPE, Slot, names_of_tag, slot_of
 from .oci_manifests import Descriptor, Manifest, build_index, is_own, parse_index
 from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, sha256_digest
 from .registry_urls import parse_image_reference
 
 if TYPE_CHECKING:
+    from ..store import Store
     from .registry_fs import RegistryFileSystem
     from .registry_http import RegistryClient
 
@@ -217,33 +222,95 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, list[str]]:
         return state.attached
 
 
-async def candidate_manifest(
-    fs: RegistryFileSystem, slot: Slot, client: RegistryClient | None = None
-) -> Manifest | None:
-    """The newest manifest attached to the subject that is the slot's object's own (its kind,
-    its title) and holds its content, and, for a kind that is signed, its signature too when
-    any candidate does (a plan and its signature are read from one manifest); None if none.
-    At most MAX_CANDIDATES manifests are read; one that fails its checks is skipped, so an
-    unsigned or malformed referrer titled like a plan does not hide the signed one.
-    ``client`` reads from there (the registry itself, for ``prune``'s re-read)."""
+async def candidate_manifests(
+    fs: RegistryFileSystem,
+    slot: Slot,
+    *,
+    client: RegistryClient | None = None,
+    first: bool = False,
+) -> list[Manifest]:
+    """The manifests attached to the subject that are the slot's object's own (its kind, its
+    title, attached to this image) and hold its content, newest first; for a kind that is
+    signed, those holding a signature too come first (a plan and its signature are read from
+    one manifest). At most MAX_CANDIDATES manifests are read; one that fails its checks is
+    skipped, so an unsigned or malformed referrer titled like a plan does not hide the signed
+    one. A manifest whose own ``subject`` is another image is skipped too: the tag-schema
+    index is a tag anyone who may push can rewrite, and a co-tenant who lists image Y's plan
+    there would have it read as X's, and ``prune --subject X`` delete it from Y.
+    ``client`` reads from there (the registry itself, for ``prune``'s re-read); ``first``:
+    stop at the first that holds all it should (one read in the ordinary case)."""
+    subject = await subject_descriptor(fs)
     names = await _attached(fs)
-    digests = names.get(slot.artifact, [])
-    fallback: Manifest | None = None
-    for digest in digests[:MAX_CANDIDATES]:
+    signed: list[Manifest] = []
+    unsigned: list[Manifest] = []
+    for digest in names.get(slot.artifact, [])[:MAX_CANDIDATES]:
+        if signed and first:
+            break
         try:
             manifest = await fs.tagged_manifest(slot, client, digest)
         except Rejected:
             continue
-        if manifest is None or not is_own(manifest, slot):
+        if manifest is None or not is_own(manifest, slot) or not same_subject(manifest, subject):
             continue
         if manifest.layer(slot.kind.content_type) is None:
             continue
         if not slot.kind.signed or manifest.layer(DSSE_TYPE) is not None:
-            return manifest
-        fallback = fallback or manifest
-    return fallback
+            signed.append(manifest)
+        else:
+            unsigned.append(manifest)
+    return signed or unsigned
+
+
+async def candidate_manifest(
+    fs: RegistryFileSystem, slot: Slot, client: RegistryClient | None = None
+) -> Manifest | None:
+    """The first of :func:`candidate_manifests` (None if none): what a read or a delete of the
+    slot's object takes."""
+    found = await candidate_manifests(fs, slot, client=client, first=True)
+    return found[0] if found else None
+
+
+async def other_candidates(fs: RegistryFileSystem, slot: Slot) -> list[tuple[bytes, bytes]]:
+    """(content, signature) of each signed candidate after the first, as embedded in its
+    manifest (a plan and its signature always are: :data:`.artifacts.MAX_EMBEDDED`), for a
+    reader whose first candidate failed verification (:func:`other_plans`)."""
+    pairs = []
+    for manifest in (await candidate_manifests(fs, slot))[1:]:
+        content, signature = manifest.layer(slot.kind.content_type), manifest.layer(DSSE_TYPE)
+        if content is None or signature is None or content.data is None or signature.data is None:
+            continue
+        pairs.append((content.data, signature.data))
+    return pairs
 
 
 async def attached_names(fs: RegistryFileSystem) -> list[str]:
     """The object names attached to the subject (a signature's when an entry says signed)."""
     return list(await _attached(fs))
+
+
+def other_plans(store: Store, fp: str, deadline: Deadline | None = None) -> list[PlanResult]:
+    """Raw (unverified) store results for plan ``fp`` from each signed candidate attached to
+    the store's subject after the one a read takes; none for any other store.
+
+    Whether a candidate's signature verifies shows only in the trust core, after the read: a
+    co-tenant who may push but holds no key could attach a plan with a signature that does
+    not verify and hide the signed plan from every reader (issue 47, item 3). So a reader
+    whose plan from such a store fails verification asks here for the others (at most
+    MAX_CANDIDATES - 1, newest first) and verifies each itself: nothing here judges them.
+
+    Raises:
+        PlanCacheError: the registry could not be read (``StoreTimeout`` at the deadline).
+    """
+    fs = store.fs if store.kind == "oci" else None
+    if fs is None or getattr(fs, "subject_text", None) is None:
+        return []
+    slot = slot_of(plan_name(fp))
+    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
+    pairs = run_by(
+        fs.loop,
+        lambda: other_candidates(fs, slot),
+        deadline,
+        f"cannot read the other candidates of {slot.artifact} in {store.url}",
+        store.timeout,
+    )
+    return [PlanResult(fp, "store", plan, sig) for plan, sig in pairs]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl
 from collections.abc import Mapping
 
 import aiohttp
@@ -63,6 +64,10 @@ def tls_mistake(authority: str, exc: BaseException) -> None:
     WRONG_VERSION_NUMBER] wrong version number``), which says nothing about which option to
     change; the rest of the message is kept.
 
+    Only OpenSSL's own error counts (an :class:`ssl.SSLError`'s ``reason``), never the text of
+    another failure: a plain-HTTP server's malformed answer carries whatever words it likes
+    (``CERTIFICATE_VERIFY_FAILED`` in a status line would blame the operator's CA).
+
     Raises:
         StoreError: ``exc`` (or its cause) is one of :data:`TLS_MISTAKES`, named with its fix
             (reason ``store-error``).
@@ -71,11 +76,16 @@ def tls_mistake(authority: str, exc: BaseException) -> None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = str(current)
-        for code, fix in TLS_MISTAKES:
-            if code in text:
-                raise StoreError(f"{safe_text(authority, 120)} {fix}") from exc
-        current = current.__cause__ or current.__context__ or getattr(current, "os_error", None)
+        if isinstance(current, ssl.SSLError):
+            for code, fix in TLS_MISTAKES:
+                if getattr(current, "reason", None) == code:
+                    raise StoreError(f"{safe_text(authority, 120)} {fix}") from exc
+        current = (
+            current.__cause__
+            or current.__context__
+            or getattr(current, "certificate_error", None)
+            or getattr(current, "os_error", None)
+        )
 
 
 TAGS_CAP = 8 * 1024 * 1024

@@ -30,7 +30,6 @@ trust core as from any other store.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
@@ -203,7 +202,12 @@ class RegistryFileSystem(AsyncFileSystem):
     async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         slot = slot_of(self.name_of(path))
         async with self._lock(slot.tag):
-            current = await self.tagged_manifest(slot, self.origin)
+            try:
+                current = await self.tagged_manifest(slot, self.origin)
+            except Rejected as exc:  # another kind's manifest at the tag: a co-tenant's
+                if exc.reason is not Reason.MALFORMED:
+                    raise
+                current = None
             if current is not None and not is_own(current, slot):
                 current = None  # another object's manifest: neither kept from nor deleted
             digest = await self.origin.put_blob(bytes(value))
@@ -298,7 +302,7 @@ class RegistryFileSystem(AsyncFileSystem):
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         if path.rstrip("/") == self.repository:
             body, _ = await self.tag_reader.tags_page(None, 1)
-            if json.loads(body).get("tags") in (None, []) and await self._absent():
+            if not oci_versions.tags_of(body) and await self._absent():
                 raise FileNotFoundError(path)
             return {"name": self.repository, "type": "directory", "size": None}
         raise FileNotFoundError(path)
