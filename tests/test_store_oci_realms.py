@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,10 +169,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http_says() -> None:
-    """In a network namespace of its own: a registry at 10.9.9.9 spoken to in plain HTTP (as
-    asked, ``plain_http=true``) whose realm is plain HTTP, on its own host or another: neither
-    the basic credentials nor the identity token is sent; an anonymous token still is asked."""
+def in_own_network(child: str) -> dict[str, Any]:
+    """The JSON last printed by ``child`` (Python, given AUTH) run in a network namespace of
+    its own (``unshare -rn``); the test is skipped where none can be made (failed in CI)."""
     usable = shutil.which("unshare") is not None and shutil.which("ip") is not None
     if usable:
         probe = ["unshare", "-rn", "ip", "link", "set", "lo", "up"]
@@ -186,7 +186,7 @@ def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http
         "HOME": os.environ.get("HOME", "/tmp"),
     }
     done = subprocess.run(
-        ["unshare", "-rn", sys.executable, "-c", CHILD, AUTH],
+        ["unshare", "-rn", sys.executable, "-c", child, AUTH],
         capture_output=True,
         text=True,
         env=env,
@@ -194,13 +194,73 @@ def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    outcome: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return outcome
+
+
+def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http_says() -> None:
+    """In a network namespace of its own: a registry at 10.9.9.9 spoken to in plain HTTP (as
+    asked, ``plain_http=true``) whose realm is plain HTTP, on its own host or another: neither
+    the basic credentials nor the identity token is sent; an anonymous token still is asked."""
+    outcome = in_own_network(CHILD)
     for case in ("own-host", "other-host", "identity-token"):
         reason, detail = outcome[case]
         assert reason == "store-error" and "plain HTTP" in detail, (case, detail)
         assert "not sent" in detail and PASSWORD not in detail and "refresh-4711" not in detail
     assert outcome["token-requests"] == 0
     assert outcome["anonymous"][0] in ("ok", "no-plan"), outcome["anonymous"]
+
+
+TLS_REALM_CHILD = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, tempfile
+    from pathlib import Path
+    for argv in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", "10.9.9.9/32", "dev",
+                 "lo"]):
+        subprocess.run(argv, check=True)
+    from registry_stub import RegistryStub
+    from store_servers import self_signed
+    from plancache.storage.store import open_store
+    auth = sys.argv[1]
+    home = Path(tempfile.mkdtemp())
+    tls = self_signed(home, "realm", "10.9.9.9")
+    os.environ["SSL_CERT_FILE"] = str(tls[0])  # the realm's certificate is trusted
+    os.environ["DOCKER_CONFIG"] = str(home)
+    registry = RegistryStub(address="10.9.9.9")
+    realm = RegistryStub(address="10.9.9.9", tls=tls)
+    registry.state.bearer = realm.state.bearer = auth
+    registry.state.realm = f"https://{realm.host}/token"
+    outcome = {}
+    for name, entry in [("basic", {"auth": auth}), ("identity-token",
+                        {"identitytoken": "refresh-4711"})]:
+        realm.state.refresh_token = "refresh-4711" if name == "identity-token" else None
+        (home / "config.json").write_text(json.dumps({"auths": {registry.host: entry}}))
+        store = open_store(registry.url("team/plans"), {"plain_http": True}, timeout=10)
+        error = store.fetch("0123456789abcdef").error
+        outcome[name] = [error.reason.value, error.detail] if error else ["ok", ""]
+    outcome["registry-saw"] = [h.get("Authorization", "") for _, _, h in registry.state.requests]
+    outcome["realm-saw"] = [h.get("Authorization", "") for _, _, h in realm.state.requests]
+    outcome["realm-forms"] = realm.state.token_forms
+    print(json.dumps(outcome))
+    """
+)
+
+
+def test_no_token_bought_with_the_credentials_goes_over_plain_http_off_loopback() -> None:
+    """In a network namespace of its own: a registry at 10.9.9.9 spoken to in plain HTTP
+    (``plain_http=true``) names a TLS realm on its own host. The credentials could go to the
+    realm (TLS), but the token they buy (push, delete) would then travel in clear to the
+    registry on every request: they are not used, a store-error says why, and neither the
+    realm nor the registry is sent anything secret. Before, the registry received
+    ``Authorization: Bearer …`` bought with the docker config's password, or with its
+    identity token, in clear."""
+    outcome = in_own_network(TLS_REALM_CHILD)
+    for case in ("basic", "identity-token"):
+        reason, detail = outcome[case]
+        assert reason == "store-error" and "plain HTTP" in detail, (case, detail)
+        assert "not sent" in detail and PASSWORD not in detail and "refresh-4711" not in detail
+    assert not any(outcome["registry-saw"]), outcome["registry-saw"]
+    assert outcome["realm-saw"] == [] and outcome["realm-forms"] == []
 
 
 # -- nothing blocks the loop --------------------------------------------------------------------
