@@ -314,6 +314,34 @@ def test_a_helper_that_outlives_the_operation_is_killed(
     assert pid_file.exists() and not alive(int(pid_file.read_text()))
 
 
+def test_a_helper_whose_child_holds_its_pipe_ends_at_the_helpers_timeout(
+    stubs: tuple[RegistryStub, RegistryStub],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A helper that never answers and forked a child holding its stdout: it is killed at
+    HELPER_TIMEOUT with its process group, so the pipe closes and the read ends there (one
+    line naming the helper), not at the operation's budget (the reap waited for the pipe the
+    grandchild held, past the 5 s, until the deadline); the grandchild is gone too."""
+    registry, _ = stubs
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    pid_file = tmp_path / "grandchild.pid"
+    helper(tmp_path, f"sleep 600 &\necho $! > {pid_file}\nexec sleep 600\n")
+    error = fetch_error(open_store(registry.url("team/plans"), timeout=60))
+    grandchild = int(pid_file.read_text())
+    try:
+        assert error.reason.value == "store-error", error.detail
+        assert "docker-credential-slow did not answer in 5 s" in error.detail
+        for _ in range(200):
+            if not alive(grandchild):
+                break
+            time.sleep(0.05)
+        assert not alive(grandchild)
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, 9)
+
+
 def test_a_helper_that_waits_blocks_no_other_store_on_the_loop(
     stubs: tuple[RegistryStub, RegistryStub],
     tmp_path: Path,
