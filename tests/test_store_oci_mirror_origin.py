@@ -35,8 +35,11 @@ from plancache.storage.store import open_store
 from plancache.trust.plans.gate import Decision, Verdict
 from plancache.trust.plans.plan import plan_name, sig_name
 from plancache.trust.plans.plan_set import build_set
+from plancache.trust.policy import TrustPolicy
 from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.boot import log_decision
+from plancache.vllm_plugin.config import PluginConfig
+from plancache.vllm_plugin.worker_boot import Boot
 from registry_server import DockerRegistry, registry_binary
 from registry_stub import RegistryStub
 from store_servers import (
@@ -146,6 +149,13 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
         log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "local", FP, 0.0)
     store_line, local_line = (r.getMessage() for r in caplog.records[-2:])
     assert f"via_mirror={mirror.host}" in store_line and "via_mirror" not in local_line
+    # ... but only for a plan of the store the mirror served: a worker whose plans come from
+    # another store (the mirror read was, say, its compile cache's) names no mirror
+    for store_url, named_here in ((url, True), (registry.url("elsewhere"), False)):
+        boot = Boot(PluginConfig(url=store_url), TrustPolicy.unsigned_local())
+        with caplog.at_level(logging.INFO, logger="vllm.plancache"):
+            log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "store", FP, 0.0, boot=boot)
+        assert (f"via_mirror={mirror.host}" in caplog.records[-1].getMessage()) is named_here
 
 
 def test_a_dead_mirror_is_named_with_the_file_that_configured_it(

@@ -224,6 +224,7 @@ def registry_opener(
             namespace=registry.authority,
             token_realms=token_realms,
             mirror_of=host.source,
+            mirror_for=f"{registry.authority}/{repository}",
         )
         return RegistryFileSystem(
             origin,

@@ -52,6 +52,7 @@ class RegistrySession:
         namespace: str | None = None,
         token_realms: frozenset[str] = frozenset(),
         mirror_of: str | None = None,
+        mirror_for: str = "",
     ) -> None:
         self.registry = registry
         self.repository = repository
@@ -65,6 +66,9 @@ class RegistrySession:
         """Hosts besides the registry's own whose token realm may be sent its credentials."""
         self.mirror_of = mirror_of
         """For a mirror: the file (or storage option) that configured it, named when it fails."""
+        self.mirror_for = mirror_for
+        """For a mirror: the store it serves (the registry's ``HOST/REPOSITORY``), noted with
+        each read for the output that names it."""
         self._ssl = ssl_context
         self._credentials_for = credentials
         self._credentials: Credentials | None = None
@@ -206,7 +210,7 @@ class RegistrySession:
                 reason=Reason.TIMEOUT if is_timeout(exc) else Reason.STORE_ERROR,
             ) from exc
         if self.mirror_of is not None:
-            mirror_reads.note(self.registry.authority, self.mirror_of)
+            mirror_reads.note(self.registry.authority, self.mirror_of, self.mirror_for)
         return response
 
     async def _refuse_tls_spoken_to_in_http(
