@@ -231,11 +231,18 @@ TLS_REALM_CHILD = textwrap.dedent(
     registry.state.bearer = realm.state.bearer = auth
     registry.state.realm = f"https://{realm.host}/token"
     outcome = {}
-    for name, entry in [("basic", {"auth": auth}), ("identity-token",
-                        {"identitytoken": "refresh-4711"})]:
+    # the last: the stub as a plain-HTTP mirror (as its own configuration says) of a TLS
+    # registry that is never asked (reads go to the mirror), the mirror's own credentials
+    mirrored = ("oci://10.9.9.9:1/team/plans", {"mirror": f"http://{registry.host}"})
+    for name, entry, (url, options) in [
+        ("basic", {"auth": auth}, (registry.url("team/plans"), {"plain_http": True})),
+        ("identity-token", {"identitytoken": "refresh-4711"},
+         (registry.url("team/plans"), {"plain_http": True})),
+        ("plain-mirror", {"auth": auth}, mirrored),
+    ]:
         realm.state.refresh_token = "refresh-4711" if name == "identity-token" else None
         (home / "config.json").write_text(json.dumps({"auths": {registry.host: entry}}))
-        store = open_store(registry.url("team/plans"), {"plain_http": True}, timeout=10)
+        store = open_store(url, options, timeout=10)
         error = store.fetch("0123456789abcdef").error
         outcome[name] = [error.reason.value, error.detail] if error else ["ok", ""]
     outcome["registry-saw"] = [h.get("Authorization", "") for _, _, h in registry.state.requests]
@@ -253,9 +260,10 @@ def test_no_token_bought_with_the_credentials_goes_over_plain_http_off_loopback(
     registry on every request: they are not used, a store-error says why, and neither the
     realm nor the registry is sent anything secret. Before, the registry received
     ``Authorization: Bearer …`` bought with the docker config's password, or with its
-    identity token, in clear."""
+    identity token, in clear. The same for a plain-HTTP mirror (``http://`` in its own
+    configuration) and the credentials kept for the mirror's host."""
     outcome = in_own_network(TLS_REALM_CHILD)
-    for case in ("basic", "identity-token"):
+    for case in ("basic", "identity-token", "plain-mirror"):
         reason, detail = outcome[case]
         assert reason == "store-error" and "plain HTTP" in detail, (case, detail)
         assert "not sent" in detail and PASSWORD not in detail and "refresh-4711" not in detail
