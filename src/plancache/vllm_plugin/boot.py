@@ -215,13 +215,16 @@ def log_decision(
     boot: Boot | None = None,
 ) -> None:
     """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`).
-    A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md)."""
-    from ..storage.oci.mirrors.mirror_reads import mirrors_read
+    A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md): the
+    mirror of the plan's own store, not one another store of the process (a compile cache's)
+    was read through."""
+    from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
 
     elapsed = (time.monotonic() - started) * 1000
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
-    via = ",".join(host for host, _ in mirrors_read()) if source == "store" else ""
+    serving = store_key(boot.config.url) if boot is not None else None
+    via = ",".join(h for h, _ in mirrors_read(serving)) if source == "store" else ""
     LOG.info(
         "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s%s",
         verdict,
