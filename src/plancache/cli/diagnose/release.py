@@ -1,0 +1,45 @@
+"""``plancache release``: clear this node's hold-back of a plan (``plan-exceeds-profile``).
+
+A worker holds a verified plan back on its node when a boot that applied it never finished its
+start-up and the node's fresh profile came out smaller than the plan by more than the margin
+(:mod:`plancache.vllm_plugin.plan_health`). The hold lasts until a different signed plan for
+the fingerprint arrives, or until an operator who has looked into it runs this command; the
+next boot then applies the plan again (and notes it, so a second crash is caught again).
+Also clears a leftover unfinished-boot note of that fingerprint. Exit 0 when every fingerprint
+named was held back (or ``--all`` found none to clear), 1 when one was not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ...storage.local.localdir import default_plan_dir
+from ...trust.plans.plan import is_fingerprint
+from ...vllm_plugin.plan_health import notes
+from ..output import print_json
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    directory = Path(args.dir) if args.dir else default_plan_dir()
+    held = notes.held_fingerprints(directory)
+    wanted = held if args.all else list(args.fingerprint)
+    bad = [fp for fp in wanted if not is_fingerprint(fp)]
+    if bad or (not wanted and not args.all):
+        print("plancache: name one or more 16-hex-digit fingerprints, or --all", file=sys.stderr)
+        return 2
+    released = []
+    for fp in wanted:
+        if notes.clear(notes.held_path(directory, fp)):
+            released.append(fp)
+        notes.clear(notes.applying_path(directory, fp))
+    missing = [fp for fp in wanted if fp not in released]
+    if args.json:
+        print_json({"directory": str(directory), "released": released, "not_held": missing})
+    else:
+        for fp in released:
+            print(f"released {fp}: the next boot applies its plan again")
+        for fp in missing:
+            print(f"{fp} was not held back in {directory}")
+    return 1 if missing else 0
