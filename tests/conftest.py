@@ -215,6 +215,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_mirror.py": ("emulator",),
     "test_store_oci_referrers.py": ("emulator",),
     "test_store_scripts.py": ("emulator", "system"),
+    "test_plan_evidence.py": UNIT,
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,
     "test_trust_cosign.py": UNIT,

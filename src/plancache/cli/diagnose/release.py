@@ -12,13 +12,13 @@ named was held back (or ``--all`` found none to clear), 1 when one was not.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ...storage.local.localdir import default_plan_dir
+from ...trust.errors import ConfigError
 from ...trust.plans.plan import is_fingerprint
 from ...vllm_plugin.plan_health import notes
-from ..output import print_json
+from ..output import report
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -27,8 +27,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     wanted = held if args.all else list(args.fingerprint)
     bad = [fp for fp in wanted if not is_fingerprint(fp)]
     if bad or (not wanted and not args.all):
-        print("plancache: name one or more 16-hex-digit fingerprints, or --all", file=sys.stderr)
-        return 2
+        raise ConfigError("name one or more 16-hex-digit fingerprints, or --all")
     released = []
     for fp in wanted:
         if notes.clear(notes.held_path(directory, fp)):
@@ -36,7 +35,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         notes.clear(notes.applying_path(directory, fp))
     missing = [fp for fp in wanted if fp not in released]
     if args.json:
-        print_json({"directory": str(directory), "released": released, "not_held": missing})
+        report(args, not missing, directory=str(directory), released=released, not_held=missing)
     else:
         for fp in released:
             print(f"released {fp}: the next boot applies its plan again")
