@@ -91,3 +91,40 @@ def test_a_note_that_names_other_bytes_is_not_this_plans() -> None:
         notes.note_applying(d, FP, "ab" * 32, 1)
         notes.applying_path(d, FP).write_bytes(b"\x00garbage")  # unreadable: still a note
         assert notes.unfinished(d, FP, "ab" * 32) == {}
+
+
+@pytest.mark.parametrize("compile_state", ["cold", "warm"])
+def test_sign_signs_the_evidence_the_plugin_left_and_refuses_a_cold_boot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], compile_state: str
+) -> None:
+    """``plancache sign`` (what plancache-ci-bake runs) over a plan the plugin saved unsigned:
+    the evidence note beside it is signed with it; a cold boot's plan is refused
+    (``cold-compile``) unless ``--sign-cold``; a note for other bytes is ignored."""
+    from plancache.storage.local.localdir import LocalPlanDir
+    from plancache.trust import envelope as dsse
+    from plancache.trust.plans.evidence import evidence_note
+    from plancache.trust.statement import parse_statement
+
+    generate_keypair(tmp_path / "ci", force=False, comment="ci", env={})
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    data = plan_bytes()
+    (plans / plan_name(FP)).write_bytes(data)
+    evidence = {**EVIDENCE, "compile": compile_state}
+    LocalPlanDir(plans).write_evidence(FP, evidence_note(evidence, data))
+    code, doc, _ = run_json(capsys, "sign", "@json", "--key", str(tmp_path / "ci"), str(plans))
+    if compile_state == "cold":
+        assert code == 1 and not (plans / sig_name(FP)).exists()
+        assert "cold-compile" in json.dumps(doc)
+        code, doc, _ = run_json(
+            capsys, "sign", "@json", "--sign-cold", "--key", str(tmp_path / "ci"), str(plans)
+        )
+    assert code == 0
+    statement = parse_statement(dsse.decode((plans / sig_name(FP)).read_bytes()).payload)
+    assert dict(statement.evidence) == evidence
+    # a note that names other bytes (re-profiled since) gives no evidence
+    LocalPlanDir(plans).write_evidence(FP, evidence_note(evidence, data + b" "))
+    (plans / sig_name(FP)).unlink()
+    code, _, _ = run_json(capsys, "sign", "@json", "--key", str(tmp_path / "ci"), str(plans))
+    statement = parse_statement(dsse.decode((plans / sig_name(FP)).read_bytes()).payload)
+    assert code == 0 and dict(statement.evidence) == {}

@@ -72,11 +72,9 @@ def sign_plan(
     ``config_parts`` (each configuration part's hash) narrow a differing ``vllm_config`` input.
 
     Raises:
-        Rejected: numbers that cannot be right (``kv-not-positive``, ``baseline-below-kv``,
-            ``kv-above-device-memory``); the plan bytes fail the strict parser (reason
-            ``malformed``, ``too-large`` or ``fingerprint-mismatch``, from
-            :func:`~.plans.plan.parse_plan`); unknown or mistyped ``provenance`` facts or
-            ``evidence`` (``malformed``).
+        Rejected: impossible numbers (``kv-not-positive``, ``baseline-below-kv``,
+            ``kv-above-device-memory``); the plan fails the strict parser (``malformed``,
+            ``too-large``, ``fingerprint-mismatch``); unknown or mistyped ``provenance``.
         ConfigError: the caller's values cannot be signed (reason ``config-error``): an expiry
             not in the future, ``inputs``, ``config_parts`` or ``measurements`` of the wrong
             shape, inputs that do not hash to the plan's fingerprint, a statement over the
@@ -207,6 +205,7 @@ def sign_or_cosign(
     replace: bool = False,
     inputs: Mapping[str, Any] | None = None,
     config_parts: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> tuple[Action, bytes]:
     """What ``plancache sign`` does to one plan: returns (action, the sidecar bytes to write).
 
@@ -222,8 +221,8 @@ def sign_or_cosign(
     "What this command would sign": expiry no later than ``expires_at`` (when given), and
     the same ``comment`` and ``provenance`` (each when given; None means this command names
     none, so the trusted statement's are kept, as a key rotation needs). A fresh statement
-    uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) go into a fresh
-    statement only (an adopted one keeps its own, signed by others). The result is verified with
+    uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) and ``evidence`` go into a
+    fresh statement only (an adopted one keeps its own). The result is verified with
     the signer's own keyring (its key, or its certified identity) before it is returned.
 
     Raises:
@@ -261,6 +260,7 @@ def sign_or_cosign(
             provenance=provenance,
             inputs=inputs,
             config_parts=config_parts,
+            evidence=evidence,
         )
 
     action: Action

@@ -27,7 +27,7 @@ from ..pipeline.resolver import utcnow
 from ..storage.local.files import read_capped, write_atomic
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
-from ..trust.plans.evidence import refuse_cold, refuse_impossible
+from ..trust.plans.evidence import evidence_note, refuse_cold, refuse_impossible
 from ..trust.plans.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
 from . import record
@@ -82,6 +82,8 @@ def save(
     vllm_save(worker, kv_cache_memory_bytes)
     try:
         plan_bytes = _taken_up(worker, kv_cache_memory_bytes, directory, save_fp, fp)
+        if boot.evidence:  # for `plancache sign` (plancache-ci-bake) when this boot signs nothing
+            directory.write_evidence(fp, evidence_note(boot.evidence, plan_bytes))
         sig_bytes = _signed(worker, boot, directory, fp, plan_bytes)
     except PlanCacheError as exc:
         if exc.reason is Reason.COLD_COMPILE:  # never applied later: the next boot profiles warm

@@ -14,6 +14,8 @@ boot note and the margin check at the end of start-up are what watch that on eac
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
@@ -127,3 +129,27 @@ def refuse_cold(evidence: Mapping[str, Any], allow_cold: bool) -> None:
             "the boot that measured it compiled cold (vLLM records less KV cache then); a second,"
             " warm boot records it again (PLANCACHE_SIGN_COLD=1 signs it anyway)",
         )
+
+
+def evidence_note(evidence: Mapping[str, Any], plan_bytes: bytes) -> bytes:
+    """The plugin's account of how it measured ``plan_bytes``, written beside the plan so that
+    ``plancache sign`` (``plancache-ci-bake``) can sign it and refuse a cold one."""
+    note = {"plan_sha256": hashlib.sha256(plan_bytes).hexdigest(), "evidence": dict(evidence)}
+    return json.dumps(note, sort_keys=True).encode()
+
+
+def evidence_for(note: bytes | None, plan_bytes: bytes) -> dict[str, Any]:
+    """The evidence a note gives for exactly ``plan_bytes``; {} when there is none, it names
+    other bytes (the plan was re-profiled or replaced since) or does not parse. Unsigned local
+    data: the signer vouches for it with the plan, as for the plan's own bytes."""
+    if note is None:
+        return {}
+    try:
+        obj = strictjson.loads(note, "evidence note")
+        if not isinstance(obj, dict) or not isinstance(obj.get("evidence"), dict):
+            return {}
+        if obj.get("plan_sha256") != hashlib.sha256(plan_bytes).hexdigest():
+            return {}
+        return check_evidence(obj["evidence"], strict=False)
+    except Rejected:
+        return {}
