@@ -1738,6 +1738,11 @@ def test_a_boot_killed_after_applying_is_not_a_crash_loop(
         assert any("held back (plan-exceeds-profile)" in w for w in record["warnings"])
         assert nxt.determine_available_memory() == profiled_bytes()
         assert "decision=profile reason=plan-exceeds-profile" in _decision(lines)
+        _finish_boot(plugin, nxt)  # every later boot's record still names the plan, both numbers
+        later = _record_line(lines)
+        lines.clear()
+        assert later["plan"]["held_back"]["profiled_kv_cache_memory_bytes"] == profiled_kv
+        assert any("held back (plan-exceeds-profile)" in w for w in later["warnings"])
         # the operator's command clears it; the boot after applies the plan again
         from plancache.cli.main import main as cli
 

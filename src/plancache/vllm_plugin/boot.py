@@ -330,8 +330,8 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     log_decision(decision, source, fp, started, worker=worker, boot=boot)
-    if boot is not None and decision.applied:  # how the applied plan was measured, or "none"
-        record.note_plan_facts(worker, {"evidence": boot.signed_evidence or "none"})
+    if boot is not None:  # the applied plan's evidence, or the alert of a plan held back here
+        plan_guard.after_decision(worker, boot, decision)
     if boot is not None and fp is not None and not decision.applied:
         # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
         # a boot that applies never pays for them. Read now, while the config is apply-time's.

@@ -69,6 +69,8 @@ class Boot:
     unfinished: tuple[str, str, int] | None = None
     """(fingerprint, plan sha256, plan KV) of a plan an earlier boot left unfinished: compared
     with this boot's fresh profile at its save."""
+    held_alert: dict[str, Any] | None = None
+    """The alert of a plan this node holds back (``plan-exceeds-profile``), for the record."""
     counters_at_start: dict[str, int] = field(default_factory=dict)
     """vLLM's compilation counters when the boot began (:mod:`.compile_cache.counters`)."""
     evidence: dict[str, Any] = field(default_factory=dict)

@@ -47,6 +47,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
     kept = boot_notes.held(directory, fp, digest)
     if kept is not None:
         profiled = kept.get("profiled_kv_cache_memory_bytes")
+        boot.held_alert = _alert(fp, digest, kv, profiled if isinstance(profiled, int) else None)
         return Decision(
             False,
             Verdict.PLAN_EXCEEDS_PROFILE,
@@ -71,6 +72,25 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
     except PlanCacheError as exc:
         return Decision(False, Reason.LOCAL_ERROR, f"boot note not written: {exc.detail}", None, fp)
     return decision
+
+
+def _alert(fp: str, digest: str, plan_kv: int, profiled_kv: int | None) -> dict[str, Any]:
+    return {
+        "alert": "plan-exceeds-profile",
+        "fingerprint": fp,
+        "plan_sha256": digest,
+        "plan_kv_cache_memory_bytes": plan_kv,
+        "profiled_kv_cache_memory_bytes": profiled_kv,
+    }
+
+
+def after_decision(worker: object, boot: Boot, decision: Decision) -> None:
+    """Into the boot record, after the decision: how an applied plan was measured (its signed
+    evidence, or "none"), or the alert of a plan this node holds back (both numbers)."""
+    if decision.applied:
+        record.note_plan_facts(worker, {"evidence": boot.signed_evidence or "none"})
+    elif decision.reason is Verdict.PLAN_EXCEEDS_PROFILE and boot.held_alert is not None:
+        record.note_plan_facts(worker, {"held_back": boot.held_alert})
 
 
 def after_vote(boot: Boot, decision: Decision) -> None:
@@ -125,13 +145,7 @@ def compare_after_profile(worker: object, boot: Boot, directory: Path, profiled_
     alert: dict[str, Any] | None = None
     if exceeds_profile(plan_kv, profiled_kv):
         boot_notes.hold_back(directory, fp, digest, plan_kv, profiled_kv)
-        alert = {
-            "alert": "plan-exceeds-profile",
-            "fingerprint": fp,
-            "plan_sha256": digest,
-            "plan_kv_cache_memory_bytes": plan_kv,
-            "profiled_kv_cache_memory_bytes": profiled_kv,
-        }
+        alert = _alert(fp, digest, plan_kv, profiled_kv)
         LOG.warning(
             "plancache: plan %s held back on this node: its kv_cache_memory_bytes %d exceeds "
             "this boot's profile %d by over %.0f%%; `plancache plan release %s` clears it",
