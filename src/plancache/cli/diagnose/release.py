@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ...storage.local.localdir import default_plan_dir
 from ...trust.errors import ConfigError
@@ -42,3 +43,16 @@ def cmd_release(args: argparse.Namespace) -> int:
         for fp in missing:
             print(f"{fp} was not held back in {directory}")
     return 1 if missing else 0
+
+
+def check_held_plans(checks: Any, directory: Path) -> None:
+    """doctor: the plans this node holds back, one WARN row (none: no row, as before)."""
+    held = notes.held_fingerprints(directory)
+    if held:
+        checks.add(
+            "held-plans",
+            "warn",
+            f"{len(held)} plan(s) held back on this node (plan-exceeds-profile): "
+            f"{', '.join(held[:8])}; `plancache release FINGERPRINT` lets the next boot apply one",
+            fingerprints=held,
+        )
