@@ -253,7 +253,8 @@ def test_the_ci_bake_journey_replaces_re_profiled_plans(tmp_path: Path, keys: Pa
         "PLANCACHE_SIGNING_KEY": str(keys),
         "IMAGE_PLAN_DIR": str(tmp_path / "image"),
         "PLAN_DIR": str(local.path),
-        "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x device_total_memory=85899345920",
+        "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x "
+        "device_total_memory=85899345920",
     }
     journey = Path(__file__).resolve().parents[1] / "src" / "plancache" / "journeys" / "ci-bake.sh"
 
