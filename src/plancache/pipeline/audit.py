@@ -84,6 +84,9 @@ class PlanReport:
     """Beside ``inputs``: each part of vLLM's configuration, hashed (a valid plan's, signed)."""
     keyless: list[dict[str, Any]] = field(default_factory=list)
     """Keyless signers of a valid plan: identity, issuer, log index and time (keyless_report)."""
+    evidence: dict[str, Any] | str | None = None
+    """How a valid plan was measured (issue 49: versions, compile state, vLLM's profiling
+    numbers), signed; ``"none"`` for a plan signed without it; None when not verified."""
 
     @property
     def ok(self) -> bool:
@@ -131,6 +134,7 @@ def report_of(result: PlanResult) -> PlanReport:
         provenance=dict(st.provenance) if st else None,
         inputs=dict(st.inputs) if st and st.inputs else None,
         config_parts=dict(st.config_parts) if st and st.config_parts else None,
+        evidence=dict(st.evidence) if st and st.evidence else "none",
         kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
         free_memory_baseline=vp.plan.free_memory_baseline,
     )

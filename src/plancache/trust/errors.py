@@ -78,6 +78,17 @@ class Reason(str, Enum):
     """Any other check of a Sigstore bundle failed (SCT, key usage, timestamp authority)."""
     CONFIG = "config-error"
     INTERNAL = "internal-error"
+    # Refusals at signing time only (issue 49): a plan whose numbers cannot be right, or that
+    # was measured by a boot that is not representative, is never signed. The gate's verdicts on
+    # a signed plan's bytes are unchanged (``malformed`` for a KV above the baseline).
+    KV_NOT_POSITIVE = "kv-not-positive"
+    """The plan's ``kv_cache_memory_bytes`` is zero or negative (vLLM #57936's negative value)."""
+    KV_ABOVE_DEVICE = "kv-above-device-memory"
+    """The plan's KV cache (or its free-memory baseline) exceeds the device's total memory."""
+    BASELINE_BELOW_KV = "baseline-below-kv"
+    """The free memory the plan was measured with is less than the KV cache it hands out."""
+    COLD_COMPILE = "cold-compile"
+    """The boot that measured the plan compiled cold (vLLM #54383: ~5 % less KV than warm)."""
 
     def __str__(self) -> str:  # so f"{reason}" prints the code, not "Reason.X"
         return self.value
