@@ -338,7 +338,8 @@ def test_evidence_is_signed_checked_and_absent_from_old_statements(
 ) -> None:
     """Issue 49: the evidence is signed and read back; a statement without it (every plan signed
     before) still verifies, with empty evidence; evidence of the wrong shape is never signed."""
-    assert verify_plan(*signed, keyring_of(signer), NOW).statement.evidence == {}  # type: ignore[union-attr]
+    statement = verify_plan(*signed, keyring_of(signer), NOW).statement
+    assert statement is not None and statement.evidence == {}
     evidence = {
         "vllm_version": "0.33.0",
         "torch_version": "2.13.0",

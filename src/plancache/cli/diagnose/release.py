@@ -23,6 +23,13 @@ from ..output import report
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    """``plancache release``: clear held-back plans (and their boot notes) so the next boot
+    that passes the gate applies them again.
+
+    Raises:
+        ConfigError: no fingerprint and no ``--all``, or a name that is not a fingerprint
+            (``config-error``).
+    """
     directory = Path(args.dir) if args.dir else default_plan_dir()
     held = notes.held_fingerprints(directory)
     wanted = held if args.all else list(args.fingerprint)
