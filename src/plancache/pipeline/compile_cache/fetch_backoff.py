@@ -3,7 +3,8 @@
 A cache quarantined for the same reason boot after boot (a co-tenant renaming junk over its
 sidecar after each install), or a store that keeps serving an archive this node rejects, would
 otherwise cost a download and a quarantine entry per boot. The guard records each such failure
-(:mod:`plancache.storage.compile_cache.fetch_failures`, beside the cache root, durable); from the
+(:mod:`plancache.storage.compile_cache.fetch_failures`, in the quarantine directory its
+entries go to, durable); from the
 second same failure in a row it stops asking the store for :func:`delay` (10 min, doubling
 with each further one, at most a day), timed on the ``now`` the guard is given (the caller's
 clock). A boot that loads the cache it found in place (not one it just pulled) ends the run.
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import contextlib
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-from ...storage.compile_cache import fetch_failures
+from ...storage.compile_cache import cachedir, fetch_failures
 from ...trust.errors import StoreError
 from ...trust.statement import format_time
 from .local_caches import CacheRoot
@@ -36,19 +38,19 @@ def delay(count: int) -> timedelta:
 def note(root: CacheRoot, subject: str, failure: str, now: datetime) -> None:
     """Record that ``subject`` just failed as ``failure`` (best effort: without a record, the
     cache is only fetched as before)."""
-    records = fetch_failures.read(root.root, root.quarantine_root)
+    records = fetch_failures.read(root.root, _place(root, subject))
     last = records.get(subject)
     count = last.count + 1 if last is not None and last.failure == failure else 1
     records[subject] = fetch_failures.Failure(failure, count, now.timestamp())
     with contextlib.suppress(OSError, StoreError):
-        fetch_failures.write(root.root, root.quarantine_root, records)
+        fetch_failures.write(root.root, _place(root, subject), records)
 
 
 def holding(root: CacheRoot, subject: str, now: datetime) -> str:
     """Why the store is not asked for ``subject`` now ("" when it may be): inside the delay of
     its recorded run of same failures. A record stamped in the future (a clock set back, a
     record carried over) holds nothing."""
-    last = fetch_failures.read(root.root, root.quarantine_root).get(subject)
+    last = fetch_failures.read(root.root, _place(root, subject)).get(subject)
     if last is None or last.count < 2 or last.at > now.timestamp():
         return ""
     until = datetime.fromtimestamp(last.at, timezone.utc) + delay(last.count)
@@ -62,7 +64,14 @@ def holding(root: CacheRoot, subject: str, now: datetime) -> str:
 
 def clear(root: CacheRoot, subject: str) -> None:
     """The cache held between boots: its run of failures is over."""
-    records = fetch_failures.read(root.root, root.quarantine_root)
+    records = fetch_failures.read(root.root, _place(root, subject))
     if records.pop(subject, None) is not None:
         with contextlib.suppress(OSError, StoreError):
-            fetch_failures.write(root.root, root.quarantine_root, records)
+            fetch_failures.write(root.root, _place(root, subject), records)
+
+
+def _place(root: CacheRoot, subject: str) -> Path:
+    """The quarantine directory the cache's entries go to first (on the cache's own mount when
+    ``torch_compile_cache/`` is one): the record lies beside the evidence."""
+    directory = root.directory(subject)
+    return cachedir.quarantine_roots(root.root, directory, root.quarantine_root)[0]
