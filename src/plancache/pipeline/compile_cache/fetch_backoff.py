@@ -15,6 +15,7 @@ a boot inside the delay says ``reason=backoff`` and compiles.
 from __future__ import annotations
 
 import contextlib
+import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -71,7 +72,12 @@ def clear(root: CacheRoot, subject: str) -> None:
 
 
 def _place(root: CacheRoot, subject: str) -> Path:
-    """The quarantine directory the cache's entries go to first (on the cache's own mount when
-    ``torch_compile_cache/`` is one): the record lies beside the evidence."""
-    directory = root.directory(subject)
-    return cachedir.quarantine_roots(root.root, directory, root.quarantine_root)[0]
+    """The quarantine directory beside the evidence: on the cache's own mount when
+    ``torch_compile_cache/`` is one (as :func:`.cachedir.quarantine_roots`), else the root's
+    (also while the cache's directory does not exist yet: one place, before and after)."""
+    parent = root.directory(subject).parent
+    try:
+        other = os.stat(parent).st_dev != os.stat(root.root).st_dev
+    except OSError:
+        other = False
+    return parent / cachedir.QUARANTINE_SUBDIR if other else root.quarantine_root

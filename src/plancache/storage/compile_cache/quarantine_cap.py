@@ -4,8 +4,8 @@ quarantine root, the oldest removed first.
 A quarantine entry is evidence for an operator, never loaded. Without a bound, a co-tenant who
 keeps breaking a cache (or a store that keeps serving a bad one) fills the victim's disk one
 entry a boot. Entries are named ``<UTC time>-<pid>-<random>-<name>-<reason>`` (a directory, its
-sidecar beside it as ``….plancache.sig``) by :func:`.cachedir.quarantine`, so sorting names
-sorts by age; the newest entry (the one just moved) is always kept, even alone over the byte
+sidecar beside it as ``….plancache.sig``) by :func:`.cachedir.quarantine`: they are ordered by
+that time, then by when they were renamed in (their change time); the newest entry (the one just moved) is always kept, even alone over the byte
 cap. Dot-names (temporaries, the fetch back-off record) are not entries. Removal goes through
 the root's descriptor and follows no link (shutil's descriptor-based ``rmtree``); what cannot
 be removed (another user's directory inside an entry) is left and tried again next time.
@@ -39,7 +39,7 @@ def prune(root_fd: int, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_
         if _ENTRY.fullmatch(name):
             entries.setdefault(name.removesuffix(SIDECAR_SUFFIX), []).append(name)
     kept = total = removed = 0
-    for entry in sorted(entries, reverse=True):  # newest first
+    for entry in sorted(entries, key=lambda e: _age(root_fd, e), reverse=True):  # newest first
         size = sum(_size(root_fd, name) for name in entries[entry])
         if kept == 0 or (kept < max_entries and total + size <= max_bytes):
             kept, total = kept + 1, total + size
@@ -48,6 +48,17 @@ def prune(root_fd: int, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_
             _remove(root_fd, name)
         removed += 1
     return removed
+
+
+def _age(dir_fd: int, entry: str) -> tuple[str, int]:
+    """The entry's time stamp (its name's, to the second), then when it was moved in (a rename
+    sets the change time): oldest sorts first."""
+    changed = 0
+    for name in (entry, entry + SIDECAR_SUFFIX):  # a lone sidecar is an entry of its own
+        with contextlib.suppress(OSError):
+            changed = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ctime_ns
+            break
+    return entry[:16], changed
 
 
 def _size(dir_fd: int, name: str) -> int:

@@ -1,0 +1,89 @@
+"""A node process for tests/test_compile_install_atomic.py: pull a cache (and die at a chosen
+step), or run the guard, as whichever user started it; one ``RESULT {json}`` line.
+
+    install_steps.py pull ROOT STORE_DIR KEY [KILL_AT]
+    install_steps.py guard ROOT STORE_DIR KEY [fetch [MINUTES]]
+
+(the guard's clock: ``MINUTES`` after the tests' ``NOW``)
+
+``KILL_AT`` N: the process sends itself SIGKILL just before its N-th filesystem step (a
+``rename``, ``link``, ``unlink``, ``mkdir``, ``rmdir`` or ``fsync``), as a kill from outside
+would land between two system calls; the result then never prints. Without it, the pull runs
+whole and says how many steps it took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from conftest import NOW
+from plancache.clock import Deadline
+from plancache.keys.keyfile import file_signer
+from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache import load as cl
+from plancache.pipeline.compile_cache.local_caches import CacheRoot
+from plancache.storage.compile_cache import cachedir
+from plancache.storage.store import open_store
+from plancache.trust.errors import PlanCacheError
+from plancache.trust.keyring.keys import signer_keyring
+
+SUBJECT = "torch_aot_compile/" + "a7" * 32
+STEPS = ("rename", "link", "unlink", "mkdir", "rmdir", "fsync")
+taken = 0
+
+
+def kill_at(step: int) -> None:
+    """Die just before the ``step``-th filesystem step."""
+
+    def counted(original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            global taken
+            taken += 1
+            if taken == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args, **kwargs)
+
+        return call
+
+    for name in STEPS:
+        setattr(os, name, counted(getattr(os, name)))
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    command, root, store_dir, key = argv[:4]
+    cache_root = CacheRoot(Path(root))
+    keyring = signer_keyring(file_signer(Path(key), {}, None))
+    store = open_store(f"file://{store_dir}")
+    if command == "pull":
+        if len(argv) > 4:
+            kill_at(int(argv[4]))
+        else:
+            kill_at(0)  # counted, never killed
+        try:
+            outcome = cc.pull_cache(store, cache_root, SUBJECT, keyring, NOW, wait=5)
+            return {"action": outcome.action, "reason": "", "steps": taken}
+        except PlanCacheError as exc:
+            return {"action": "error", "reason": exc.reason.value, "detail": exc.detail}
+    into = Path(root).parent / f"into-{os.getpid()}"
+    fetch = (lambda: (store, Deadline.after(30))) if argv[4:5] == ["fetch"] else None
+    now = NOW + timedelta(minutes=float(argv[5])) if len(argv) > 5 else NOW
+    outcome = cl.guard(cache_root, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+    quarantine = cache_root.quarantine_root
+    return {
+        "action": outcome.action,
+        "reason": outcome.reason,
+        "detail": outcome.detail,
+        "archive_sha256": outcome.archive_sha256,
+        "quarantine": sorted(os.listdir(quarantine)) if quarantine.exists() else [],
+        "sidecar": cachedir.sidecar_path(cache_root.directory(SUBJECT)).exists(),
+    }
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(main(sys.argv[1:])), flush=True)
