@@ -1,8 +1,8 @@
 """A node process for tests/test_compile_install_atomic.py: pull a cache (and die at a chosen
 step), or run the guard, as whichever user started it; one ``RESULT {json}`` line.
 
-    install_steps.py pull ROOT STORE_DIR KEY [KILL_AT]
-    install_steps.py guard ROOT STORE_DIR KEY [fetch [MINUTES]]
+    install_steps.py pull ROOT STORE_DIR PUBLIC_KEY [KILL_AT]
+    install_steps.py guard ROOT STORE_DIR PUBLIC_KEY [fetch [MINUTES]]
 
 (the guard's clock: ``MINUTES`` after the tests' ``NOW``)
 
@@ -24,14 +24,13 @@ from typing import Any
 
 from conftest import NOW
 from plancache.clock import Deadline
-from plancache.keys.keyfile import file_signer
+from plancache.keys.keyfile import load_keyring
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
 from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.storage.compile_cache import cachedir
 from plancache.storage.store import open_store
 from plancache.trust.errors import PlanCacheError
-from plancache.trust.keyring.keys import signer_keyring
 
 SUBJECT = "torch_aot_compile/" + "a7" * 32
 STEPS = ("rename", "link", "unlink", "mkdir", "rmdir", "fsync")
@@ -56,9 +55,9 @@ def kill_at(step: int) -> None:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    command, root, store_dir, key = argv[:4]
+    command, root, store_dir, key = argv[:4]  # key: the trusted public key
     cache_root = CacheRoot(Path(root))
-    keyring = signer_keyring(file_signer(Path(key), {}, None))
+    keyring = load_keyring(Path(key))
     store = open_store(f"file://{store_dir}")
     if command == "pull":
         if len(argv) > 4:

@@ -60,7 +60,7 @@ def _world(top: Path, size: int = 20_000) -> dict[str, Any]:
     an OLD one (signed an hour earlier): a pull replaces it."""
     (top / "keys").mkdir(mode=0o755)
     generate_keypair(top / "keys" / "ci", force=False, comment="ci", env={})
-    os.chmod(top / "keys" / "ci", 0o644)  # the test's children, as other users, verify with it
+    (top / "keys" / "ci.pub").chmod(0o644)  # the children, as other users, verify with it
     signer = file_signer(top / "keys" / "ci", {}, None)
     keyring = signer_keyring(signer)
     build = CacheRoot(top / "build")
@@ -87,7 +87,7 @@ def _child(
     )
     env = {**os.environ, "PYTHONPATH": f"{TESTS.parent / 'src'}{os.pathsep}{TESTS}"}
     done = subprocess.run(
-        [sys.executable, CHILD, args[0], args[1], str(top / "store"), str(top / "keys" / "ci")]
+        [sys.executable, CHILD, args[0], args[1], str(top / "store"), str(top / "keys" / "ci.pub")]
         + list(args[2:]),
         env=env,
         capture_output=True,
@@ -117,7 +117,8 @@ def test_a_kill_at_every_step_of_a_pull_leaves_the_old_cache_or_the_new_never_an
     base: Path,  # noqa: F811 - the fixture
 ) -> None:
     world = _world(base)
-    code, whole = _child(world, "pull", str(world["old"].root))  # counts the steps
+    shutil.copytree(world["old"].root, base / "count", symlinks=True)
+    code, whole = _child(world, "pull", str(base / "count"))  # counts the steps
     assert code == 0 and whole is not None and whole["action"] == "pulled", whole
     seen = set()
     for step in range(1, whole["steps"] + 1):
