@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -69,10 +71,11 @@ def main(argv: list[str]) -> dict[str, Any]:
             return {"action": outcome.action, "reason": "", "steps": taken}
         except PlanCacheError as exc:
             return {"action": "error", "reason": exc.reason.value, "detail": exc.detail}
-    into = Path(root).parent / f"into-{os.getpid()}"
+    into = Path(tempfile.mkdtemp(prefix="install-steps-")) / "into"  # off the tmpfs under test
     fetch = (lambda: (store, Deadline.after(30))) if argv[4:5] == ["fetch"] else None
     now = NOW + timedelta(minutes=float(argv[5])) if len(argv) > 5 else NOW
     outcome = cl.guard(cache_root, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+    shutil.rmtree(into.parent, ignore_errors=True)
     quarantine = cache_root.quarantine_root
     return {
         "action": outcome.action,

@@ -169,14 +169,18 @@ def _fill(where: Path, *, pages_free: int | None = None, inodes_free: int | None
         for path in made[len(made) - inodes_free :] if inodes_free else []:
             path.unlink()
     if pages_free is not None:
-        with open(fill / "bytes", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-            f.truncate(max(0, f.tell() - pages_free * 4096))
+        fd = os.open(fill / "bytes", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            written = 0
+            while True:
+                try:
+                    written += os.write(fd, b"\0" * 4096)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+            os.ftruncate(fd, max(0, written - pages_free * 4096))
+        finally:
+            os.close(fd)
 
 
 @pytest.mark.parametrize("limit", ["inodes", "pages"])
