@@ -36,7 +36,8 @@ from plancache.trust.errors import PlanCacheError
 
 SUBJECT = "torch_aot_compile/" + "a7" * 32
 STEPS = ("rename", "link", "unlink", "mkdir", "rmdir", "fsync")
-taken = 0
+taken = [0]
+"""Filesystem steps taken so far (a list: changed from the wrappers)."""
 
 
 def kill_at(step: int) -> None:
@@ -44,9 +45,8 @@ def kill_at(step: int) -> None:
 
     def counted(original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            global taken
-            taken += 1
-            if taken == step:
+            taken[0] += 1
+            if taken[0] == step:
                 os.kill(os.getpid(), signal.SIGKILL)
             return original(*args, **kwargs)
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             kill_at(0)  # counted, never killed
         try:
             outcome = cc.pull_cache(store, cache_root, SUBJECT, keyring, NOW, wait=5)
-            return {"action": outcome.action, "reason": "", "steps": taken}
+            return {"action": outcome.action, "reason": "", "steps": taken[0]}
         except PlanCacheError as exc:
             return {"action": "error", "reason": exc.reason.value, "detail": exc.detail}
     into = Path(tempfile.mkdtemp(prefix="install-steps-")) / "into"  # off the tmpfs under test

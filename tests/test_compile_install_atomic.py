@@ -20,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -87,8 +87,15 @@ def _child(
     )
     env = {**os.environ, "PYTHONPATH": f"{TESTS.parent / 'src'}{os.pathsep}{TESTS}"}
     done = subprocess.run(
-        [sys.executable, CHILD, args[0], args[1], str(top / "store"), str(top / "keys" / "ci.pub")]
-        + list(args[2:]),
+        [
+            sys.executable,
+            CHILD,
+            args[0],
+            args[1],
+            str(top / "store"),
+            str(top / "keys" / "ci.pub"),
+            *args[2:],
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -114,7 +121,7 @@ def _never_an_alert(world: dict[str, Any], outcome: dict[str, Any], where: str) 
 
 
 def test_a_kill_at_every_step_of_a_pull_leaves_the_old_cache_or_the_new_never_an_alert(
-    base: Path,  # noqa: F811 - the fixture
+    base: Path,
 ) -> None:
     world = _world(base)
     shutil.copytree(world["old"].root, base / "count", symlinks=True)
@@ -138,7 +145,7 @@ def test_a_kill_at_every_step_of_a_pull_leaves_the_old_cache_or_the_new_never_an
 
 
 @pytest.fixture
-def tmpfs(base: Path) -> Iterator[Any]:  # noqa: F811 - the fixture
+def tmpfs(base: Path) -> Iterator[Any]:
     """``mount(options)``: a fresh tmpfs at ``base/m-<n>`` (unmounted by ``base``)."""
     made: list[Path] = []
 
@@ -154,44 +161,49 @@ def tmpfs(base: Path) -> Iterator[Any]:  # noqa: F811 - the fixture
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def _until_full(step: Callable[[], object]) -> None:
+    """Run ``step`` until the filesystem says ENOSPC (any other error is the test's)."""
+    while True:
+        try:
+            step()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return
+
+
 def _fill(where: Path, *, pages_free: int | None = None, inodes_free: int | None = None) -> None:
     """Fill the tmpfs at ``where`` to the last page or inode, then free exactly that many."""
     fill = where / "fill"
     fill.mkdir()
     if inodes_free is not None:
-        made = []
-        try:
-            while True:
-                (fill / str(len(made))).touch()
-                made.append(fill / str(len(made)))
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+        made: list[Path] = []
+
+        def one_more() -> None:
+            (fill / str(len(made))).touch()
+            made.append(fill / str(len(made)))
+
+        _until_full(one_more)
         for path in made[len(made) - inodes_free :] if inodes_free else []:
             path.unlink()
     if pages_free is not None:
         fd = os.open(fill / "bytes", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            written = 0
-            while True:
-                try:
-                    written += os.write(fd, b"\0" * 4096)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-            os.ftruncate(fd, max(0, written - pages_free * 4096))
+            _until_full(lambda: os.write(fd, b"\0" * 4096))
+            os.ftruncate(fd, max(0, os.fstat(fd).st_size - pages_free * 4096))
         finally:
             os.close(fd)
 
 
 @pytest.mark.parametrize("limit", ["inodes", "pages"])
 def test_a_full_tmpfs_at_every_step_is_local_error_and_never_an_alert(
-    base: Path,  # noqa: F811 - the fixture
+    base: Path,
     tmpfs: Any,
     limit: str,
 ) -> None:
     world = _world(base)
     failures = set()
-    for free in range(0, 200):
+    for free in range(200):
         where = tmpfs("size=4m,nr_inodes=400,mode=0755")
         shutil.copytree(world["old"].root, where / "node", symlinks=True)
         _fill(where, **{f"{limit}_free": free})
@@ -213,7 +225,7 @@ def test_a_full_tmpfs_at_every_step_is_local_error_and_never_an_alert(
 
 
 def test_a_user_quota_at_every_step_is_local_error_and_never_an_alert(
-    base: Path,  # noqa: F811 - the fixture
+    base: Path,
     tmpfs: Any,
 ) -> None:
     """EDQUOT as the real serving user (root is exempt from quotas): a tmpfs whose per-user
@@ -226,7 +238,7 @@ def test_a_user_quota_at_every_step_is_local_error_and_never_an_alert(
     subprocess.run(["umount", str(probe)], check=True)
     interpreter_reachable()
     world = _world(base)
-    for free in range(0, 100):
+    for free in range(100):
         where = tmpfs(f"size=8m,mode=0755,usrquota,usrquota_inode_hardlimit={12 + free}")
         node = where / "node"
         shutil.copytree(world["old"].root, node, symlinks=True)
@@ -247,7 +259,7 @@ def test_a_user_quota_at_every_step_is_local_error_and_never_an_alert(
 
 
 def test_a_cotenant_renaming_junk_over_the_sidecar_costs_a_bounded_quarantine_and_fetches(
-    base: Path,  # noqa: F811 - the fixture
+    base: Path,
 ) -> None:
     """Two real uids sharing a group-writable cache root (an ``fsGroup`` volume): after each
     boot the co-tenant renames junk over the victim's sidecar. The victim quarantines it (an

@@ -179,9 +179,7 @@ def install(
     try:
         with dirfds.opened_dir(base, staged.parent, create=False) as stage:
             dirfds.write_new(stage, SIDECAR_STAGED, sig_bytes)
-            if directory.is_symlink() or (
-                directory.exists() and not _remove_empty_tree(directory)
-            ):
+            if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
                 quarantine(base, directory, quarantine_root, reason)
             with dirfds.opened_dir(base, directory.parent) as parent:
                 os.rename(SIDECAR_STAGED, sidecar, src_dir_fd=stage, dst_dir_fd=parent)

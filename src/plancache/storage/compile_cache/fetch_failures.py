@@ -1,4 +1,5 @@
-"""The record of caches that keep failing the same way: ``plancache-quarantine/.plancache-failures.json``.
+"""The record of caches that keep failing the same way (``.plancache-failures.json`` in the
+quarantine directory).
 
 Moves bytes and decides nothing (:mod:`plancache.pipeline.compile_cache.fetch_backoff` decides
 when a cache is fetched again). It lies in the cache root's own quarantine directory (this

@@ -5,10 +5,11 @@ A quarantine entry is evidence for an operator, never loaded. Without a bound, a
 keeps breaking a cache (or a store that keeps serving a bad one) fills the victim's disk one
 entry a boot. Entries are named ``<UTC time>-<pid>-<random>-<name>-<reason>`` (a directory, its
 sidecar beside it as ``….plancache.sig``) by :func:`.cachedir.quarantine`: they are ordered by
-that time, then by when they were renamed in (their change time); the newest entry (the one just moved) is always kept, even alone over the byte
-cap. Dot-names (temporaries, the fetch back-off record) are not entries. Removal goes through
-the root's descriptor and follows no link (shutil's descriptor-based ``rmtree``); what cannot
-be removed (another user's directory inside an entry) is left and tried again next time.
+that time, then by when they were renamed in (their change time); the newest entry (the one just
+moved) is always kept, even alone over the byte cap. Dot-names (temporaries, the fetch back-off
+record) are not entries. Removal goes through the root's descriptor and follows no link
+(shutil's descriptor-based ``rmtree``); what cannot be removed (another user's directory inside
+an entry) is left and tried again next time.
 """
 
 from __future__ import annotations
