@@ -474,7 +474,9 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
     serving = node(tmp_path, "serving")
     # bound to the cache pushed
     outcome = pull(open_store(f"file://{tmp_path}/store"), serving, cache_archive_sha256=digest)
-    assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"gpch+014 built here"
+    assert (
+        outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"gpch+014 built here"
+    )
 
 
 def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(
