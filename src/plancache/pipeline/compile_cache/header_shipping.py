@@ -270,6 +270,8 @@ def _pull(
     cancel.check()
     fd = files.open_private_dir(base, directory)
     try:
+        for h in hset.headers:  # gcc's unfinished file: replaced from the store, never "present"
+            files.remove_unfinished(fd, h.name)
         there = {h.name: files.present(fd, h.name) for h in hset.headers}
         taken = tuple(n for n, kind in there.items() if kind)
         if len(taken) == len(hset.headers):
