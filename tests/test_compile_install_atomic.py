@@ -347,7 +347,7 @@ def test_a_symlinked_compile_cache_directory_is_unsafe_directory(tmp_path: Path)
     # the old code said store-error, which reads like a store problem
     assert (outcome.action, outcome.reason) == ("compile", "unsafe-directory"), outcome
     with pytest.raises(StoreError) as raised:
-        cc.pull_cache(open_store(f"file://{tmp_path / 'store'}"), root, SUBJECT, {}, NOW)  # type: ignore[arg-type]
+        cc.pull_cache(open_store(f"file://{tmp_path / 'store'}"), root, SUBJECT, {}, NOW)  # type: ignore[arg-type]  # no keyring: refused before one is read
     assert raised.value.reason is Reason.UNSAFE_DIRECTORY
 
 

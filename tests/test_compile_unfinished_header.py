@@ -70,7 +70,7 @@ def test_torch_rebuilds_a_header_gcc_left_unfinished(tmp_path: Path) -> None:
     first = _torch_run(tmp_path, "first")
     assert first["ok"] and first["headers"], first
     headers = tmp_path / "private" / "headers"
-    gch = headers / str(first["headers"][0])  # type: ignore[index]
+    gch = headers / str(first["headers"][0])  # type: ignore[index]  # the child answers JSON: a list here
     whole = gch.read_bytes()
     assert whole[:4] == b"gpch", whole[:8]
     gch.write_bytes(b"gpcWrite" + whole[8 : len(whole) // 3])  # what a killed g++ leaves
