@@ -131,6 +131,27 @@ def test_doctor_and_verify_agree_on_a_retired_root(
     assert _reason(sidecar, _policy(stack, retired)) is Reason.RETIRED_TRUST_ROOT
 
 
+@pytest.mark.parametrize("part", ["ca", "ctlogs", "tlogs"])
+@pytest.mark.parametrize("retired_first", [True, False])
+def test_a_key_listed_once_per_window_is_judged_by_every_window_in_any_order(
+    stack: SigstoreStack, sidecar: bytes, part: str, retired_first: bool
+) -> None:
+    """The same key twice (served, retired, serving again): one of its windows covers the
+    verified time, so it verifies whichever entry the root lists first (red team 48a: with the
+    retired twin first, a current log's or CT log's bundle was ``retired-trust-root``)."""
+    root = json.loads(stack.trusted_root_bytes())
+    key = "certificateAuthorities" if part == "ca" else part
+    retired, current = json.loads(json.dumps(root[key][0])), json.loads(json.dumps(root[key][0]))
+    for entry, window in ((retired, RETIRED), (current, CURRENT)):
+        (entry if part == "ca" else entry["publicKey"])["validFor"] = window
+    root[key] = [retired, current] if retired_first else [current, retired]
+    assert _reason(sidecar, _policy(stack, json.dumps(root).encode())) is None
+    root[key] = [retired, dict(retired)]  # and with no window covering it, still refused
+    assert _reason(sidecar, _policy(stack, json.dumps(root).encode())) is (
+        Reason.RETIRED_TRUST_ROOT
+    )
+
+
 # -- item 4: a root that can verify nothing is a config error -----------------------------------
 
 

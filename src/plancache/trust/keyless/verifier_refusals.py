@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..statement import format_time
-from .trust_root import TrustRoot, parse_root
+from .trust_root import LogKey, TrustRoot, parse_root
 
 if TYPE_CHECKING:
     from sigstore.models import Bundle
@@ -204,11 +204,15 @@ def _claimed_time(claims: LogClaims, bundle: Bundle) -> datetime | None:
 
 
 def _set_holds(claims: LogClaims, root: TrustRoot) -> bool:
-    """Whether the signed entry timestamp verifies under the root's log key its log id names:
-    Rekor v1 signs the canonical JSON of the entry's body, integrated time, log id (hex) and
-    index (ASCII strings and integers only, so sorted compact JSON is its RFC 8785 form)."""
-    key = root.tlog(claims.log_id)
-    if key is None or claims.promise is None:
+    """Whether the signed entry timestamp verifies under a root's log key its log id names."""
+    return any(_set_signed_by(key, claims) for key in root.tlogs_named(claims.log_id))
+
+
+def _set_signed_by(key: LogKey, claims: LogClaims) -> bool:
+    """Whether ``key`` signed the entry's SET: Rekor v1 signs the canonical JSON of the entry's
+    body, integrated time, log id (hex) and index (ASCII strings and integers only, so sorted
+    compact JSON is its RFC 8785 form)."""
+    if claims.promise is None:
         return False
     payload = json.dumps(
         {
@@ -223,13 +227,20 @@ def _set_holds(claims: LogClaims, root: TrustRoot) -> bool:
     return key.verifies(claims.promise, payload)
 
 
-def vouched_by_named_log(claims: LogClaims, root: TrustRoot) -> bool:
-    """Whether the log the entry names signed its checkpoint (and its SET, if any) itself.
-    sigstore-python tries every log key of the root when the named one is not found by its
-    key hash, which is always so for a Rekor v2 log (its declared id is its signed-note id):
-    without this, a retired log's key could sign under a current log's name."""
-    key = root.tlog(claims.log_id)
-    if key is None or (claims.time_is_signed and not _set_holds(claims, root)):
+def vouched_by_named_log(claims: LogClaims, root: TrustRoot) -> list[LogKey]:
+    """The root's entries for the log the entry names whose key signed its checkpoint (and its
+    SET, if any) itself; empty when none did. sigstore-python tries every log key of the root
+    when the named one is not found by its key hash, which is always so for a Rekor v2 log (its
+    declared id is its signed-note id): without this, a retired log's key could sign under a
+    current log's name. Every entry is tried (a key listed once per window), so the order of
+    the root's entries decides nothing."""
+    return [key for key in root.tlogs_named(claims.log_id) if _signed_checkpoint(key, claims)]
+
+
+def _signed_checkpoint(key: LogKey, claims: LogClaims) -> bool:
+    """Whether ``key`` signed the entry's checkpoint (a signed note's line under its key hint)
+    and, where the time is the log's word, its SET."""
+    if claims.time_is_signed and not _set_signed_by(key, claims):
         return False
     text = claims.checkpoint
     if text.count("\n\n") != 1:
