@@ -152,6 +152,34 @@ def test_a_key_listed_once_per_window_is_judged_by_every_window_in_any_order(
     )
 
 
+@pytest.mark.parametrize("part", ["ca", "ctlogs", "tlogs"])
+def test_doctor_and_verify_agree_between_a_retired_part_and_its_successor(
+    stack: SigstoreStack,
+    sidecar: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    part: str,
+) -> None:
+    """A part retired yesterday and its successor not yet in service: nothing signed now
+    verifies, and ``doctor`` says so (red team 48a: it counted the successor's open end and
+    said ok, valid for years)."""
+    root = json.loads(stack.trusted_root_bytes())
+    key = "certificateAuthorities" if part == "ca" else part
+    retired, later = json.loads(json.dumps(root[key][0])), json.loads(json.dumps(root[key][0]))
+    for entry, window in ((retired, RETIRED), (later, LATER)):
+        (entry if part == "ca" else entry["publicKey"])["validFor"] = window
+    root[key] = [retired, later]
+    data = json.dumps(root).encode()
+    path = tmp_path / "root.json"
+    path.write_bytes(data)
+    monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUSTED_ROOT", str(path))
+    checks = Checks()
+    check_trust_root(checks, Keyring(identities=_policy(stack, data)), NOW)
+    (row,) = checks.items
+    assert row["status"] == "fail" and "expired" in row["detail"], row
+    assert _reason(sidecar, _policy(stack, data)) is Reason.RETIRED_TRUST_ROOT
+
+
 # -- item 4: a root that can verify nothing is a config error -----------------------------------
 
 
