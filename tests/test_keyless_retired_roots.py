@@ -180,6 +180,39 @@ def test_doctor_and_verify_agree_between_a_retired_part_and_its_successor(
     assert _reason(sidecar, _policy(stack, data)) is Reason.RETIRED_TRUST_ROOT
 
 
+def test_a_ca_that_starts_after_the_verifier_was_built_verifies_once_it_has_started(
+    stack: SigstoreStack, sidecar: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation published ahead of time: the new CA starts after the process verified its
+    first bundle. sigstore-python keeps the CAs that had started when its verifier was built,
+    on the real clock; that clock is moved here (sigstore-python reads no other), and once the
+    CA has started its bundle verifies in the same process (red team 48a: the cached verifier
+    refused it as ``foreign-trust-root`` until a restart)."""
+    import sigstore._utils
+
+    from plancache.trust.keyless import verifier_refusals
+
+    moment = [NOW - timedelta(hours=1)]
+
+    class Wall(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return moment[0]
+
+    monkeypatch.setattr(sigstore._utils, "datetime", Wall)
+    monkeypatch.setattr(verifier_refusals, "datetime", Wall)
+    root = json.loads(stack.trusted_root_bytes())
+    root["certificateAuthorities"][0]["validFor"] = {
+        "start": format_time(NOW - timedelta(minutes=30))
+    }
+    with SigstoreStack() as other:  # the CA in service before it: the verifier builds
+        root["certificateAuthorities"].insert(0, other.trusted_root()["certificateAuthorities"][0])
+    policy = _policy(stack, json.dumps(root).encode())
+    assert _reason(sidecar, policy) is not None  # not started yet on the verifier's clock
+    moment[0] = NOW + timedelta(minutes=1)
+    assert _reason(sidecar, policy) is None
+
+
 # -- item 4: a root that can verify nothing is a config error -----------------------------------
 
 

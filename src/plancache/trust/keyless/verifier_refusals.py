@@ -90,10 +90,29 @@ class LogClaims:
         return self.promise is not None and self.integrated_time > 0
 
 
-@functools.lru_cache(maxsize=4)
 def verifier(trusted_root: bytes) -> Verifier:
     """One verifier per pinned root (parsing a root costs milliseconds; a store has thousands
-    of bundles). Keyed by the root's bytes: a different root is a different verifier."""
+    of bundles). Keyed by the root's bytes: a different root is a different verifier; and by
+    which of its CAs have started on the real clock. sigstore-python's ``Verifier`` takes the
+    CA certificates whose ``validFor`` has started when it is built (reading the real clock,
+    as here) and keeps them: cached by the bytes alone, a long-running process would go on
+    refusing, as ``foreign-trust-root``, every bundle of a CA that started after its first
+    bundle (red team 48a: a rotation published ahead of time), until it restarts."""
+    started = tuple(
+        ca.window.started(datetime.now(timezone.utc)) for ca in _parts(trusted_root).cas
+    )
+    return _verifier(trusted_root, started)
+
+
+@functools.lru_cache(maxsize=4)
+def _parts(trusted_root: bytes) -> TrustRoot:
+    return parse_root(trusted_root)
+
+
+@functools.lru_cache(maxsize=4)
+def _verifier(trusted_root: bytes, started: tuple[bool, ...]) -> Verifier:
+    """sigstore-python's verifier of ``trusted_root`` while the CAs ``started`` names are the
+    ones in service (part of the cache key only)."""
     from sigstore.models import TrustedRoot
     from sigstore.verify import Verifier
     from sigstore_models.trustroot import v1
