@@ -428,3 +428,55 @@ def test_a_timestamp_authority_retired_before_its_stamp_is_a_retired_trust_root(
     with pytest.raises(Rejected) as caught:
         open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
     assert caught.value.reason is Reason.FOREIGN_TRUST_ROOT
+
+
+def _staging_root() -> dict[str, Any]:
+    from importlib.resources import files
+
+    return json.loads(  # type: ignore[no-any-return]
+        files("sigstore._store")
+        .joinpath("https%3A%2F%2Ftuf-repo-cdn.sigstage.dev", "trusted_root.json")
+        .read_bytes()
+    )
+
+
+def test_a_stamp_at_its_authoritys_end_is_retired_not_foreign() -> None:
+    """sigstore-python counts a TSA's stamp only before the end of its window (the end
+    excluded); one made at the very end is the root's retired TSA's, not another instance's
+    (red team 48a: ``foreign-trust-root``)."""
+    staging = _staging_root()
+    data = (DATA / "staging-rekor-v2-conformance-beacon.sigstore.json").read_bytes()
+    identity = (
+        "https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/"
+        ".github/workflows/extremely-dangerous-oidc-beacon.yml@refs/heads/main"
+    )
+    line = f"sigstore issuer=https://token.actions.githubusercontent.com identity={identity}\n"
+    ids = parse_trusted_keys(line, "t").identities
+    assert ids is not None
+    _, (signer,) = open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert signer.log_time is not None
+    for tsa in staging["timestampAuthorities"]:
+        tsa["validFor"]["end"] = format_time(signer.log_time)
+    with pytest.raises(Rejected) as caught:
+        open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert caught.value.reason is Reason.RETIRED_TRUST_ROOT, caught.value
+    assert "timestamp authority" in caught.value.detail
+
+
+def test_a_stamp_the_roots_authority_made_over_another_signature_is_a_bad_bundle(
+    stack: SigstoreStack, sidecar: bytes
+) -> None:
+    """A bundle whose one timestamp is genuine (a TSA of the root signed it) but over another
+    bundle's signature: the bundle is at fault, not the root (red team 48a: it was
+    ``foreign-trust-root``, sending the operator to their trust root)."""
+    root = json.loads(stack.trusted_root_bytes())
+    root["timestampAuthorities"] = _staging_root()["timestampAuthorities"]
+    beacon = json.loads((DATA / "staging-rekor-v2-conformance-beacon.sigstore.json").read_bytes())
+    stamps = beacon["verificationMaterial"]["timestampVerificationData"]
+    bundle = json.loads(sidecar)
+    bundle["verificationMaterial"]["tlogEntries"][0].pop("inclusionPromise")
+    bundle["verificationMaterial"]["timestampVerificationData"] = stamps
+    with pytest.raises(Rejected) as caught:
+        open_bundle(json.dumps(bundle).encode(), _policy(stack, json.dumps(root).encode()), CAP)
+    assert caught.value.reason is Reason.BAD_BUNDLE, caught.value
+    assert "does not cover the bundle's signature" in caught.value.detail

@@ -24,8 +24,9 @@ What that API lacks, and how it is made up here (nowhere else):
    (:func:`_set_holds`); and which log key signed the checkpoint, since sigstore-python falls
    back to every key of the root (:func:`vouched_by_named_log`).
 5. **A timestamp from a TSA outside its window is dropped without a word**: sigstore-python
-   then says only that no verified time is left; :func:`_retired_tsa` tells that case
-   (``retired-trust-root``) from a foreign TSA (``foreign-trust-root``).
+   then says only that no verified time is left; :func:`_untimed` tells that case
+   (``retired-trust-root``), and a stamp over another signature (``bad-bundle``), from a
+   foreign TSA (``foreign-trust-root``).
 
 One subtlety of sigstore-python's order: the certificate chain is checked at the log's time
 *before* the log proof that vouches for the time. A bundle whose ``integratedTime`` was altered
@@ -174,23 +175,27 @@ def refusal(exc: Exception, bundle: Bundle, claims: LogClaims, root: TrustRoot) 
             f"the certificate does not chain to the pinned trust root ({safe_text(str(exc), 120)})",
         )
     reason, detail = _classify(str(exc))
-    if reason is Reason.FOREIGN_TRUST_ROOT:  # no timestamp counted: a retired TSA's, perhaps
-        retired = _retired_tsa(bundle, root)
-        if retired is not None:
-            return Rejected(Reason.RETIRED_TRUST_ROOT, f"retired trust-root part: {retired}")
+    if reason is Reason.FOREIGN_TRUST_ROOT:  # no timestamp counted: the root's TSA's, perhaps
+        return _untimed(bundle, root) or Rejected(reason, detail)
     return Rejected(reason, detail)
 
 
-def _retired_tsa(bundle: Bundle, root: TrustRoot) -> str | None:
-    """The root's timestamp authority that signed one of the bundle's timestamps outside its
-    window, or None. sigstore-python drops such a timestamp (its verifier checks the TSA's
-    window) and then says only that no verified time is left; the TSA's signature is checked
-    here the way it checks it (rfc3161-client, its dependency, through its public API)."""
+def _untimed(bundle: Bundle, root: TrustRoot) -> Rejected | None:
+    """Why none of the bundle's timestamps gave sigstore-python a verified time, when a
+    timestamp authority of the root signed one: it stamped another signature (``bad-bundle``:
+    the bundle's, not the root's, fault), or it stamped this one outside its window
+    (``retired-trust-root``); None when no authority of the root signed any (foreign).
+    sigstore-python drops such a timestamp without a word and then says only that no verified
+    time is left. The TSA's signature is checked as it checks it (rfc3161-client, its
+    dependency, through its public API), over the stamp's own imprint, and the imprint is then
+    compared with the bundle's signature here; the window as sigstore-python reads a TSA's: its
+    end excluded (red team 48a: a stamp at the end was said to be foreign)."""
     from cryptography import x509
     from rfc3161_client import VerificationError, VerifierBuilder
 
     data = bundle.verification_material.timestamp_verification_data
-    for tsa in root.tsas if data is not None else ():
+    stamps = data.rfc3161_timestamps if data is not None else []
+    for tsa in root.tsas:
         if len(tsa.certificates) < 2:
             continue
         certs = [x509.load_der_x509_certificate(der) for der in tsa.certificates]
@@ -198,19 +203,43 @@ def _retired_tsa(bundle: Bundle, root: TrustRoot) -> str | None:
         for cert in certs[1:-1]:
             builder = builder.add_intermediate_certificate(cert)
         checker = builder.build()
-        for stamp in data.rfc3161_timestamps if data is not None else []:
+        for stamp in stamps:
+            imprint = stamp.tst_info.message_imprint
             try:
-                checker.verify_message(stamp, bundle.signature)
+                checker.verify(stamp, imprint.message)
             except (VerificationError, ValueError):
                 continue
+            if imprint.message != _digest(imprint.hash_algorithm.dotted_string, bundle.signature):
+                return Rejected(
+                    Reason.BAD_BUNDLE,
+                    f"the RFC 3161 timestamp of '{safe_text(tsa.name, 80)}' does not cover "
+                    "the bundle's signature",
+                )
             moment = stamp.tst_info.gen_time
             moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-            if not tsa.window.covers(moment):
-                return (
-                    f"the timestamp authority '{safe_text(tsa.name, 80)}' "
-                    f"({tsa.window.describe()}) stamped it at {format_time(moment)}"
+            if not tsa.window.covers(moment) or moment == tsa.window.end:
+                return Rejected(
+                    Reason.RETIRED_TRUST_ROOT,
+                    f"retired trust-root part: the timestamp authority "
+                    f"'{safe_text(tsa.name, 80)}' ({tsa.window.describe()}, its end excluded) "
+                    f"stamped it at {format_time(moment)}",
                 )
     return None
+
+
+_DIGESTS = {
+    "2.16.840.1.101.3.4.2.1": "sha256",
+    "2.16.840.1.101.3.4.2.2": "sha384",
+    "2.16.840.1.101.3.4.2.3": "sha512",
+}
+"""The imprint hashes rfc3161-client verifies a message under (its ``verify_message``)."""
+
+
+def _digest(oid: str, message: bytes) -> bytes | None:
+    import hashlib
+
+    name = _DIGESTS.get(oid)
+    return hashlib.new(name, message).digest() if name else None
 
 
 def _claimed_time(claims: LogClaims, bundle: Bundle) -> datetime | None:
