@@ -208,7 +208,9 @@ def test_a_ca_that_starts_after_the_verifier_was_built_verifies_once_it_has_star
     with SigstoreStack() as other:  # the CA in service before it: the verifier builds
         root["certificateAuthorities"].insert(0, other.trusted_root()["certificateAuthorities"][0])
     policy = _policy(stack, json.dumps(root).encode())
-    assert _reason(sidecar, policy) is not None  # not started yet on the verifier's clock
+    # not started yet on the verifier's clock: the root's CA, not another instance's (red team
+    # 48a: it was foreign-trust-root)
+    assert _reason(sidecar, policy) is Reason.RETIRED_TRUST_ROOT
     moment[0] = NOW + timedelta(minutes=1)
     assert _reason(sidecar, policy) is None
 
@@ -224,6 +226,12 @@ def test_a_ca_that_starts_after_the_verifier_was_built_verifies_once_it_has_star
         (lambda r: r["tlogs"][0]["publicKey"].update(validFor=LATER), "transparency-log key"),
         (lambda r: r["ctlogs"][0]["publicKey"].update(validFor=LATER), "CT log key"),
         (lambda r: r["certificateAuthorities"][0].update(validFor=LATER), "certificate authority"),
+        (  # red team 48a: a window ending before it starts (a typo) loaded, refusing everything
+            lambda r: r["ctlogs"][0]["publicKey"].update(
+                validFor={"start": "2026-06-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}
+            ),
+            "before it starts",
+        ),
     ],
 )
 def test_a_root_that_can_verify_no_bundle_is_a_config_error_and_doctor_fails(

@@ -261,7 +261,10 @@ def _window(obj: dict[str, object], where: str) -> Window:
         return Window(None, None)
     if not isinstance(valid, dict):
         raise ValueError(f"{where}: validFor is not an object")
-    return Window(_time(valid.get("start"), where), _time(valid.get("end"), where))
+    start, end = _time(valid.get("start"), where), _time(valid.get("end"), where)
+    if start is not None and end is not None and end < start:  # a typo: in service never
+        raise ValueError(f"{where}: a validFor ends ({format_time(end)}) before it starts")
+    return Window(start, end)
 
 
 def _time(value: object, where: str) -> datetime | None:

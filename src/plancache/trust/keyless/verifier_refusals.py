@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..statement import format_time
-from .trust_root import LogKey, TrustRoot, parse_root
+from .trust_root import LogKey, TrustRoot, issuing_cas, parse_root
 
 if TYPE_CHECKING:
     from sigstore.models import Bundle
@@ -169,6 +169,13 @@ def refusal(exc: Exception, bundle: Bundle, claims: LogClaims, root: TrustRoot) 
                 Reason.BAD_LOG_PROOF,
                 "the log time is outside the certificate, and the signed entry timestamp "
                 "stating it does not verify (an altered time?)",
+            )
+        issuers = issuing_cas(root, cert)  # a CA of the root: sigstore-python left it out
+        if issuers and not any(ca.window.started(datetime.now(timezone.utc)) for ca in issuers):
+            return Rejected(  # as its Verifier does, on the real clock: not yet in service
+                Reason.RETIRED_TRUST_ROOT,
+                f"retired trust-root part: the CA '{safe_text(issuers[0].name, 80)}' "
+                f"({issuers[0].window.describe()}) is not in service yet",
             )
         return Rejected(
             Reason.FOREIGN_TRUST_ROOT,

@@ -151,8 +151,8 @@ def current_signers(
 
     Raises:
         Rejected: ``signing-time-mismatch`` (a keyless signer's verified time and
-            ``signed_at`` differ by more than the skew: :func:`_check_signing_times`), ``expired`` (no key's window covers
-            both moments, or the statement expired),
+            ``signed_at`` differ by more than the skew: :func:`_check_signing_times`),
+            ``expired`` (no key's window covers both moments, or the statement expired),
             ``threshold-not-met`` (fewer such keys than the keyring's threshold),
             ``not-yet-valid`` (``signed_at`` beyond the clock skew in the future).
     """
