@@ -4,8 +4,9 @@ present, parses, not expired. Run only when the trusted keys name a ``sigstore``
 "Usable" is what ``verify`` refuses to load without (a CA, a CT log and a transparency log
 whose windows have started: :func:`plancache.keys.sigstore_root.check_trusted_root`). "Not
 expired" means what an offline node needs to verify a bundle signed today: at least one
-Fulcio CA, one transparency log key and one CT log key whose validity has no end or ends in
-the future, and a CA certificate not past its notAfter (``verify`` refuses a bundle signed
+Fulcio CA, one transparency log key and one CT log key whose validity has started and has no
+end or ends in the future (a successor not yet in service does not count), and a CA
+certificate not past its notAfter (``verify`` refuses a bundle signed
 after its part's end as ``retired-trust-root``). A root due to expire within
 :data:`WARN_DAYS` is a warning: refresh it (a newer plancache pin, or a newer pinned file)
 before the fleet's nodes start refusing new caches and plans.
