@@ -415,3 +415,22 @@ def test_an_identity_that_co_signs_a_key_signed_statement_later_counts(
             with pytest.raises(Rejected) as caught:
                 verify_plan(NAME, plan_bytes(), cosigned, keyring, when)
             assert caught.value.reason is Reason.SIGNING_TIME_MISMATCH, caught.value
+
+
+def test_an_identity_that_signed_twice_counts_by_its_first_signature_in_any_order(
+    signers: Signers, sidecar: bytes, bundles: dict[str, bytes]
+) -> None:
+    """The bake job signed the statement when it was dated and again a day later: the line
+    counts once, by its first signature, whichever entry comes first (red team 48a: with the
+    later entry first the verdict was ``signing-time-mismatch``; the envelope's order is not
+    signed, so a store could flip it)."""
+    signers.stack.fixed_now = NOW + timedelta(days=1)
+    try:
+        late = signers.bake.sign_statement(payload_of(sidecar))
+    finally:
+        signers.stack.fixed_now = NOW
+    keyring = trusting(signers, line(signers))
+    when = NOW + timedelta(days=1, minutes=1)
+    for order in ((bundles["bake"], late), (late, bundles["bake"])):
+        verified = verify_plan(NAME, plan_bytes(), only_keyless(*order), keyring, when)
+        assert verified.signers == (IDENTITY,), verified

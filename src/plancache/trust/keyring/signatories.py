@@ -50,6 +50,19 @@ class _Count:
             self.failure, self.detail = reason, detail
 
 
+def _signed_earlier(signer: IdentitySigner, than: Signatory) -> bool:
+    """Whether ``signer`` (a line's signature) was verified before ``than`` (the same line's):
+    a line signing twice counts once, by its first signature, whichever entry the envelope
+    lists first (red team 48a: with the later entry first, a statement was
+    ``signing-time-mismatch``, the other way round valid)."""
+    return (
+        isinstance(than, IdentitySigner)
+        and signer.log_time is not None
+        and than.log_time is not None
+        and signer.log_time < than.log_time
+    )
+
+
 def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
     """Every entry that could count, verified: a key's against the trusted key its id names, a
     keyless one (only when the keyring names identities: sigstore-python is never imported for
@@ -66,7 +79,9 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
                 continue  # like an unknown key: nothing here could count or be revoked
             try:
                 for who in open_entry(env, signature, policy):
-                    count.good.setdefault(who.line.key, who)
+                    kept = count.good.get(who.line.key)
+                    if kept is None or _signed_earlier(who, kept):
+                        count.good[who.line.key] = who
             except Rejected as exc:
                 count.failed(exc.reason, exc.detail)
             continue
