@@ -50,6 +50,7 @@ from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ..directory_signing import signing_moment
+from . import shipping_check
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,12 @@ def push_headers(
     """Sign what the named headers of ``directory`` are (``packed``: compressed already), bound to
     the cache signature they were built beside (its manifest's ``cache_archive_sha256``: the one
     this node just pushed), upload the stream, then its signature (a node never sees a signature
-    before its object)."""
+    before its object). Headers that carry a secret or private path of this node beyond ``base``
+    (gcc records the paths it read) are neither signed nor pushed.
+
+    Raises:
+        Rejected: reason ``private-data`` (:mod:`.shipping_check`), naming what and which header.
+    """
     data, entries = packed if packed is not None else pack_headers(base, directory, names)
     if not entries:
         return HeadersOutcome("none", detail="no precompiled header was used")
@@ -197,6 +203,9 @@ def push_headers(
         now,
         now + expires_in if expires_in else None,
         cache_archive_sha256=cache_archive_sha256,
+    )
+    shipping_check.check_headers(
+        data, [(e.name, e.size) for e in hset.headers], shipping_check.this_node([base])
     )
     sig = sign_headers(hset, signer)
     verify_headers(
