@@ -56,6 +56,9 @@ _SECRET_NAME = re.compile(
     r"(?i)(^|_)(KEY|TOKEN|AUTH|PASS|PWD|PIN|SAS|DSN|COOKIE|CERT)$|SECRET|PASSW|CREDENTIAL|"
     r"PRIVATE|API_?KEY|ACCESS_?KEY|SESSION|CONNECTION_?STRING|BEARER"
 )
+_NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
+"""The shell's working directories: named like a password (``…_PWD``), holding a path (judged as
+one)."""
 _FLAG = re.compile(r"(?i)[0-9]{1,4}|true|false|yes|no|on|off|none|")
 """A value that is a switch or a small number, not a secret, whatever its variable is named."""
 _TOKEN_PREFIX = re.compile(
@@ -127,7 +130,11 @@ def private_kind(name: str, value: str, *, home: str = "", user: str = "", host:
         return ""
     if _USERINFO.search(value):
         return "a URL with credentials"
-    if _SECRET_NAME.search(name) and not _FLAG.fullmatch(value.strip()):
+    if (
+        _SECRET_NAME.search(name)
+        and name not in _NOT_SECRET_NAMES
+        and not _FLAG.fullmatch(value.strip())
+    ):
         return "a secret-named variable"
     if _TOKEN_PREFIX.search(value) or (
         _TOKEN_SHAPE.fullmatch(value)
@@ -261,15 +268,12 @@ def scan(path: str, data: bytes, secrets: NodeSecrets) -> list[Finding]:
     return list(found.values())
 
 
-def refusal(findings: list[Finding], limit: int = 6) -> str:
-    """One line naming what was found, each name once with its first file (never a value): the
-    ``private-data`` detail."""
-    files: dict[tuple[str, str], list[str]] = {}
-    for f in findings:
-        files.setdefault((f.what, f.kind), []).append(f.path)
-    shown = [
-        f"{what} ({kind}) in {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
-        for (what, kind), paths in list(files.items())[:limit]
-    ]
-    more = f"; and {len(files) - limit} more" if len(files) > limit else ""
-    return f"not pushed: {'; '.join(shown)}{more} (unset it on the build node and compile again)"
+def refusal(findings: list[Finding], limit: int = 8) -> str:
+    """One line naming what was found, each name once, then the files (never a value): the
+    ``private-data`` detail. Names come first, so a line cut for a log still names them."""
+    kinds = dict.fromkeys((f.what, f.kind) for f in findings)
+    files = list(dict.fromkeys(f.path for f in findings))
+    names = ", ".join(f"{what} ({kind})" for what, kind in list(kinds)[:limit])
+    names += f" and {len(kinds) - limit} more" if len(kinds) > limit else ""
+    where = files[0] + (f" and {len(files) - 1} more file(s)" if len(files) > 1 else "")
+    return f"not pushed: {names} in {where} (unset it on the build node and compile again)"
