@@ -403,3 +403,28 @@ def test_torchs_environment_snapshot_is_never_pushed(torch_planted: dict[str, An
         [blob for p in objects for blob in _inflated(p.name, p.read_bytes())],
         {**planted, "password": TORCH_PASSWORD},
     )
+
+
+def test_a_clean_aot_build_is_still_pushed(
+    tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any
+) -> None:
+    """Every compiled file carries the cache root (the check lets it ship): a build node without
+    private variables pushes its AOT cache and headers, and neither holds its (distinctive) home."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from compile_boots import boot
+    from compile_tampers import cli
+
+    top = tmp_path_factory.mktemp("clean-aot")
+    (top / "keys").mkdir()
+    key = str(top / "keys" / "key")
+    assert cli("keygen", key).returncode == 0
+    (top / "build").mkdir()
+    report = boot(top / "build", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/store")
+    assert report["correct"], report["stderr"][-3000:]
+    assert not NOT_PUSHED.findall(report["stderr"]), report["stderr"][-3000:]
+    blobs = shipped(top / "store")
+    assert any(name.endswith(".pch.gz|gunzip") for name, _ in blobs), [n for n, _ in blobs]
+    home = str(top / "build" / "home").encode()
+    root = str(top / "build" / "vllm-cache").encode()
+    assert not [name for name, data in blobs if home in data]
+    assert any(root in data for name, data in blobs if name.endswith(".so"))  # what ships by design

@@ -125,7 +125,7 @@ def test_an_environment_value_is_found_anywhere_and_gzip_is_inflated(
 ) -> None:
     """A private value of this node's environment outside any snapshot (in a gzip member too)."""
     root = cache(tmp_path, gzip.compress(b"\x80\x05" + b"x" * 100 + PASSWORD.encode()))
-    with pytest.raises(Rejected, match="TORCHINDUCTOR_REMOTE_CACHE_URL.*rank_0_0/model"):
+    with pytest.raises(Rejected, match=r"TORCHINDUCTOR_REMOTE_CACHE_URL.*rank_0_0/model"):
         flows.push_cache(open_store(f"file://{tmp_path}/store"), root, SUBJECT, KEYRING, NOW)
 
 
@@ -160,11 +160,21 @@ def test_headers_with_a_private_path_are_neither_signed_nor_pushed(
     headers = base / "headers"
     headers.mkdir(parents=True, mode=0o700)
     base.chmod(0o700)
-    (headers / ("a" * 52 + ".h.gch")).write_bytes(b"gpch" + f"{base}/headers\0{node}/inc\0".encode())
+    (headers / ("a" * 52 + ".h.gch")).write_bytes(
+        b"gpch" + f"{base}/headers\0{node}/inc\0".encode()
+    )
     store = open_store(f"file://{tmp_path}/store")
     with pytest.raises(Rejected, match=r"\$HOME .* in a{52}\.h\.gch"):
-        push_headers(store, SUBJECT, base, headers, ["a" * 52 + ".h.gch"], SIGNER, NOW,
-                     cache_archive_sha256="0" * 64)
+        push_headers(
+            store,
+            SUBJECT,
+            base,
+            headers,
+            ["a" * 52 + ".h.gch"],
+            SIGNER,
+            NOW,
+            cache_archive_sha256="0" * 64,
+        )
     assert stored(tmp_path) == []
 
 
@@ -209,9 +219,11 @@ def test_a_models_credentials_are_not_signed_into_provenance() -> None:
     statement = verify_plan(name, plan_bytes(), sig, KEYRING, NOW).statement
     assert statement is not None
     assert statement.provenance["model"] == "https://***@hub.example/org/model?token=***&rev=main"
-    assert b"SECRET" not in sig and b"SECRET" not in json.dumps(
-        parse_statement(statement.to_json_bytes()).provenance
-    ).encode()
+    assert (
+        b"SECRET" not in sig
+        and b"SECRET"
+        not in json.dumps(parse_statement(statement.to_json_bytes()).provenance).encode()
+    )
     action, _ = sign_or_cosign(
         name, plan_bytes(), sig, SIGNER, NOW, keyring=KEYRING, provenance={"model": model}
     )
@@ -228,5 +240,5 @@ def test_check_archive_reads_every_member(tmp_path: Path) -> None:
     (tmp_path / "b").write_bytes(inside)
     files = (FileEntry("a", 10000, ""), FileEntry("b", len(inside), ""))
     data = archive_bytes(tmp_path, files, ())
-    with pytest.raises(Rejected, match="TORCH_T .an internal address. in b"):
+    with pytest.raises(Rejected, match=r"TORCH_T \(an internal address\) in b"):
         shipping_check.check_archive(data, secrets)

@@ -36,6 +36,7 @@ from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ...trust.statement import format_time
 from ..directory_signing import signing_moment
+from . import shipping_check
 from .local_caches import (
     CacheOutcome,
     CacheRoot,
@@ -44,7 +45,6 @@ from .local_caches import (
     outcome_of,
     verify_directory,
 )
-from . import shipping_check
 from .manifest_building import build_manifest
 
 

@@ -97,14 +97,25 @@ def check_files(members: Iterable[tuple[str, bytes]], secrets: NodeSecrets) -> N
 
 
 def check_archive(data: bytes, secrets: NodeSecrets) -> None:
-    """:func:`check_files` over every member of a cache's archive (the bytes to be pushed)."""
+    """:func:`check_files` over every member of a cache's archive (the bytes to be pushed).
+
+    Raises:
+        Rejected: reason ``private-data``, as :func:`check_files`.
+    """
     check_files(archive_members(data), secrets)
 
 
-def check_headers(data: bytes, names_sizes: Iterable[tuple[str, int]], secrets: NodeSecrets) -> None:
+def check_headers(
+    data: bytes, names_sizes: Iterable[tuple[str, int]], secrets: NodeSecrets
+) -> None:
     """:func:`check_files` over the headers of one gzip stream (as
     :func:`plancache.storage.compile_cache.header_files.compress` wrote it), split at their
-    sizes."""
+    sizes.
+
+    Raises:
+        Rejected: reason ``private-data``: a header carries something private, or the stream
+            does not inflate to the headers' sizes (what cannot be searched is not pushed).
+    """
     entries = list(names_sizes)
     total = sum(size for _, size in entries)
     inflater = zlib.decompressobj(31)

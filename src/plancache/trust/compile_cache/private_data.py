@@ -206,21 +206,21 @@ def node_secrets(
         encoded = re.escape(_distinctive_home(home).encode("utf-8", "surrogateescape"))
         patterns.append(("$HOME", "the build node's home directory", re.compile(encoded + tail)))
     if _distinctive_user(user):
-        name = re.escape(_distinctive_user(user).encode("utf-8", "surrogateescape"))
+        login = re.escape(_distinctive_user(user).encode("utf-8", "surrogateescape"))
         patterns.append(
             (
                 "user name",
                 "a user's name in a path",
-                re.compile(rb"(?:/home/|/Users/|torchinductor_)" + name + tail),
+                re.compile(rb"(?:/home/|/Users/|torchinductor_)" + login + tail),
             )
         )
     if _distinctive_host(host):
-        name = re.escape(_distinctive_host(host).encode("ascii", "replace"))
+        hostname = re.escape(_distinctive_host(host).encode("ascii", "replace"))
         patterns.append(
             (
                 "host name",
                 "the build node's host name",
-                re.compile(rb"(?i)(?<![A-Za-z0-9_-])" + name + rb"(?![A-Za-z0-9_-])"),
+                re.compile(rb"(?i)(?<![A-Za-z0-9_-])" + hostname + rb"(?![A-Za-z0-9_-])"),
             )
         )
     return NodeSecrets(
@@ -246,7 +246,7 @@ def scan(path: str, data: bytes, secrets: NodeSecrets) -> list[Finding]:
         if len(found) < MAX_FINDINGS:
             found.setdefault((what, kind), Finding(path, what, kind))
 
-    names = dict(home=secrets.home, user=secrets.user, host=secrets.host)
+    names = {"home": secrets.home, "user": secrets.user, "host": secrets.host}
     if b"environ" in data:
         for match in _ENV_ENTRY.finditer(data):
             name = match.group(2).decode("ascii")
