@@ -8,6 +8,13 @@ manifest signs. Each test plants secrets under many spellings and greps every ob
 ``file://`` store: raw, archives' members read, sidecars' payloads decoded, gzip inflated.
 One test runs vLLM 0.33's real compile path in the ``VLLM_USE_AOT_COMPILE=0`` layout (one cold
 boot, ~15-30 s); the others need no vLLM.
+
+Issue 46: torch copies every variable named with TORCH, DYNAMO, INDUCTOR or TRITON into what it
+compiles. Two more cold boots (one per layout, ``VLLM_USE_AOT_COMPILE=0`` and the AOT default)
+plant a remote cache URL with userinfo, an API token, a Kubernetes-style
+``TRITON_INFERENCE_SERVER_PORT=tcp://10.…`` and a profiler directory under the boot's home: torch
+writes them into the local cache, the push is refused (``private-data``) naming each, never a
+value, and the store holds none of them; a clean AOT boot still pushes cache and header.
 """
 
 from __future__ import annotations
