@@ -194,6 +194,7 @@ def push_headers(
     data, entries = packed if packed is not None else pack_headers(base, directory, names)
     if not entries:
         return HeadersOutcome("none", detail="no precompiled header was used")
+    shipping_check.check_headers(data, [e[:2] for e in entries], shipping_check.this_node([base]))
     now = signing_moment(signer, now)  # keyless: when it signs, after the cache's upload
     hset = HeaderSet(
         subject,
@@ -203,9 +204,6 @@ def push_headers(
         now,
         now + expires_in if expires_in else None,
         cache_archive_sha256=cache_archive_sha256,
-    )
-    shipping_check.check_headers(
-        data, [(e.name, e.size) for e in hset.headers], shipping_check.this_node([base])
     )
     sig = sign_headers(hset, signer)
     verify_headers(
