@@ -195,6 +195,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_late_ports.py": UNIT,
     "test_no_secret_printed.py": ("system",),
     "test_no_secret_shipped.py": ("vllm",),
+    "test_private_data.py": UNIT,
     "test_pipeline_streams.py": UNIT,
     "test_plan_sets.py": ("emulator",),
     "test_plan_sets_audit.py": ("emulator", "realtime"),

@@ -51,6 +51,10 @@ class Reason(str, Enum):
     NO_PRIVATE_DIR = "no-private-dir"
     """No private place this worker owns, on a filesystem where code can be mapped: vLLM compiles
     cold."""
+    PRIVATE_DATA = "private-data"
+    """A compile cache or header about to be pushed carries a secret or private path of the build
+    node (torch's environment snapshot, a credential, an internal address, a home directory):
+    not pushed; the detail names the variable and the file, never the value."""
     WRONG_ISSUER = "wrong-issuer"
     """A Sigstore bundle whose certificate's identity is trusted, but from another OIDC issuer."""
     WRONG_IDENTITY = "wrong-identity"

@@ -28,7 +28,14 @@ from .keyring.signatories import open_envelope
 from .plans.evidence import check_evidence, refuse_impossible
 from .plans.plan import parse_plan
 from .sealing import as_envelope, cosign, seal
-from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
+from .statement import (
+    Statement,
+    check_measurements,
+    check_provenance,
+    format_time,
+    parse_statement,
+    signable_provenance,
+)
 from .verify import VerifiedPlan, verify_plan
 
 REWRITTEN = "the plan changed since it was signed (re-profiled?); --replace signs the new bytes"
@@ -107,7 +114,7 @@ def sign_plan(
         signed_at=now,
         expires_at=expires_at,
         comment=comment,
-        provenance=check_provenance(provenance or {}),
+        provenance=signable_provenance(provenance or {}),
         inputs=checked_inputs,
         config_parts=checked_parts,
         measurements=checked_measurements,
@@ -186,7 +193,7 @@ def _differences(
         return f"it has {held}, later than the requested {format_time(expires_at)}"
     if comment is not None and statement.comment != comment:
         return "its comment differs from the requested one"
-    if provenance is not None and dict(statement.provenance) != check_provenance(provenance):
+    if provenance is not None and dict(statement.provenance) != signable_provenance(provenance):
         return "its provenance facts differ from the requested ones"
     return ""
 

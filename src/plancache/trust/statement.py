@@ -38,7 +38,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from . import strictjson
-from .display import safe_text
+from .display import redact, safe_text
 from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs
 from .plans.evidence import check_evidence
@@ -247,6 +247,22 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
                 )
         out[key] = value
     return out
+
+
+def signable_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts as a new statement signs them: checked (:func:`check_provenance`), each text
+    redacted as output is (:func:`~.display.redact`: a model given as
+    ``https://user:token@host/…`` or with a ``?token=`` signs as ``https://***@host/…``).
+    A statement goes to a shared bucket and is printed by every ``inspect``: a credential in
+    it would outlive the credential's rotation, signed.
+
+    Raises:
+        Rejected: as :func:`check_provenance`.
+    """
+    return {
+        key: redact(value) if isinstance(value, str) else value
+        for key, value in check_provenance(provenance).items()
+    }
 
 
 MEASUREMENT_KEYS = ("profile_ms",)
