@@ -23,12 +23,15 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from cli_support import run
 from conftest import FP, NOW, plan_bytes
 from plancache.keys.schemes import load_signer
 from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, Reason, Rejected
+from plancache.trust.keyless.dsse_extension import as_extension
 from plancache.trust.keyring.keys import Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
@@ -39,6 +42,7 @@ from sigstore_stack import SigstoreStack
 CALLED = "acme/serving/.github/workflows/bake.yml@refs/heads/main"
 SAN = "https://github.com/" + CALLED
 NAME = plan_name(FP)
+OTHERNAME = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.7")
 PINNED = (
     "source-repository=https://github.com/acme/serving source-ref=refs/heads/main "
     "build-trigger=push"
@@ -350,3 +354,96 @@ def test_a_revocation_pinned_apart_from_its_trusted_line_is_refused(stack: Sigst
     with pytest.raises(ConfigError) as caught:
         parse_trusted_keys(trusted + branch, "trusted")
     assert "can never match it" in caught.value.detail
+
+
+# -- red team (redteam48b): spellings that made two identities one, one signer counted twice ----
+
+
+def test_a_ref_with_an_at_sign_is_not_folded_as_an_e_mail_domain(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """``refs/heads/rel@PROD`` is another branch than ``refs/heads/rel@prod``: a pin was once
+    compared after the e-mail fold (the text after ``@`` in lower case), so anyone who could
+    push a branch of that name signed as the pinned ref."""
+    line = f"sigstore issuer={stack.issuer} identity={SAN} source-ref=refs/heads/rel@prod\n"
+    other = signed(env, _github(stack, "acme/serving", "push", ref="refs/heads/rel@PROD"))
+    assert verdict(stack, other, line) is Reason.WRONG_IDENTITY
+    pinned = signed(env, _github(stack, "acme/serving", "push", ref="refs/heads/rel@prod"))
+    assert verdict(stack, pinned, line) is None
+
+
+def test_a_non_ascii_host_is_not_folded_into_an_ascii_one(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """``str.lower`` folds KELVIN SIGN (U+212A) into ``k``: an otherName SAN naming the host
+    ``\\u212aube.example`` matched a line trusting ``kube.example``."""
+    text = "https://\u212aube.example/x".encode()
+    stack.san_override = [x509.OtherName(OTHERNAME, b"\x0c" + bytes([len(text)]) + text)]
+    try:
+        sidecar = signed(env, stack.token("whoever"))
+    finally:
+        stack.san_override = None
+    line = f"sigstore issuer={stack.issuer} identity=https://kube.example/x\n"
+    assert verdict(stack, sidecar, line) is Reason.WRONG_IDENTITY
+
+
+def test_an_issuer_extension_that_is_not_text_is_no_issuer(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """A ``.1.8`` issuer that is not a UTF8String is left out, not replaced by the ``.1.1``
+    beside it (the old reader refused the bundle; the new one once fell back)."""
+    ia5 = b"\x16" + bytes([len(stack.issuer)]) + stack.issuer.encode()
+    stack.replaced_extensions = {"1.3.6.1.4.1.57264.1.8": ia5}
+    try:
+        sidecar = signed(env, _github(stack, "acme/serving", "push"))
+    finally:
+        stack.replaced_extensions = {}
+    assert verdict(stack, sidecar, f"sigstore issuer={stack.issuer} identity={SAN}\n") in (
+        Reason.WRONG_ISSUER,
+        Reason.WRONG_IDENTITY,
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        r"sigstore issuer=https://gh.example identity-regexp=https://GitHub\.com/acme/.*",
+        r"@revoked sigstore issuer=https://gh.example identity-regexp=https://GitHub\.com/acme/.*",
+        r"sigstore issuer=https://gh.example identity=https://github.com/a "
+        r"source-repository-regexp=HTTPS://github\.com/acme/.*",
+    ],
+)
+def test_an_expression_with_a_capital_host_is_refused_at_load(line: str) -> None:
+    """The SAN (and a URL pin) is matched with its scheme and host in lower case, so an
+    expression that spells them with capitals matches nothing: as ``@revoked`` it revoked
+    nothing, silently."""
+    with pytest.raises(ConfigError, match="lower case"):
+        parse_trusted_keys(line + "\n", "trusted")
+
+
+def test_an_expression_may_use_capitals_in_a_class_an_escape_or_under_i() -> None:
+    for rx in (r"https://[A-Za-z]+\.example/.*", r"(?i)https://GitHub\.com/.*", r"https://\S+"):
+        parse_trusted_keys(f"sigstore issuer=https://gh.example identity-regexp={rx}\n", "t")
+
+
+def test_one_workflow_matching_two_lines_is_one_signer(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """Two lines for one SAN (pinned to two triggers) and two runs of that workflow: one signer,
+    not a threshold of two met by one CI identity."""
+    pushed = signed(env, _github(stack, "acme/serving", "push"))
+    dispatched = signed(env, _github(stack, "acme/serving", "workflow_dispatch"))
+    first, second = as_extension(pushed), as_extension(dispatched)
+    assert first.payload == second.payload
+    both = dsse.encode(
+        dsse.Envelope(first.payload_type, first.payload, (*first.signatures, *second.signatures))
+    )
+    lines = (
+        f"sigstore issuer={stack.issuer} identity={SAN} build-trigger=push\n"
+        f"sigstore issuer={stack.issuer} identity={SAN} build-trigger=workflow_dispatch\n"
+    )
+    keyring = trusting(stack, lines)
+    with pytest.raises(Rejected) as caught:
+        verify_plan(NAME, plan_bytes(), both, keyring.with_threshold(2), NOW)
+    assert caught.value.reason is Reason.THRESHOLD
+    assert verify_plan(NAME, plan_bytes(), both, keyring, NOW).signers == (SAN,)

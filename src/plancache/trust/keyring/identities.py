@@ -47,9 +47,11 @@ from .identity_match import (
     REGEXP_SUFFIX,
     SOURCE_FIELDS,
     CertifiedIdentity,
+    compile_expression,
     matching_san,
     near_miss,
     normal_issuer,
+    normal_pin,
     normal_url,
 )
 
@@ -98,7 +100,7 @@ class TrustedIdentity:
     def key(self) -> tuple[object, ...]:
         """What makes two lines the same line: their normal issuer, identity and pins."""
         identity = self.identity if self.regexp else normal_url(self.identity)
-        pins = tuple((k, v if k.endswith(REGEXP_SUFFIX) else normal_url(v)) for k, v in self.source)
+        pins = tuple((k, v if k.endswith(REGEXP_SUFFIX) else normal_pin(v)) for k, v in self.source)
         return (normal_issuer(self.issuer), identity, self.regexp, pins)
 
 
@@ -256,14 +258,7 @@ def parse_identity(
     _check_issuer(values["issuer"])
     regexp = "identity-regexp" in values
     text = values["identity-regexp"] if regexp else values["identity"]
-    pattern = None
-    if regexp:
-        try:
-            pattern = re.compile(text, re.ASCII)
-        except re.error as exc:
-            raise ConfigError(
-                f"identity-regexp does not compile: {safe_text(str(exc), 80)}"
-            ) from None
+    pattern = compile_expression("identity-regexp", text) if regexp else None
     if revoked and ("valid-after" in options or "valid-before" in options):
         raise ConfigError(
             "@revoked sigstore takes no valid-after/valid-before: a revocation voids everything "
@@ -281,12 +276,7 @@ def parse_identity(
         if key in values and key + REGEXP_SUFFIX in values:
             raise ConfigError(f"{key}= and {key}{REGEXP_SUFFIX}= pin one field twice: use one")
         if key + REGEXP_SUFFIX in values:
-            try:
-                re.compile(values[key + REGEXP_SUFFIX], re.ASCII)
-            except re.error as exc:
-                raise ConfigError(
-                    f"{key}{REGEXP_SUFFIX} does not compile: {safe_text(str(exc), 80)}"
-                ) from None
+            compile_expression(key + REGEXP_SUFFIX, values[key + REGEXP_SUFFIX])
     source = tuple((k, values[k]) for k in PIN_FIELDS if k in values)
     return TrustedIdentity(values["issuer"], text, regexp, name, after, before, pattern, source)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..display import safe_text
-from ..errors import Reason, Rejected
+from ..errors import ConfigError, Reason, Rejected
 
 if TYPE_CHECKING:
     from .identities import TrustedIdentity
@@ -38,28 +38,90 @@ PIN_FIELDS = tuple(f + suffix for f in SOURCE_FIELDS for suffix in ("", REGEXP_S
 
 
 def _pin_matches(field: str, value: str, stated: str) -> bool:
-    """A pin (``field`` exact, or ``field-regexp``) against the certificate's stated value."""
-    if field.endswith(REGEXP_SUFFIX):
-        return re.fullmatch(value, stated, re.ASCII) is not None  # compiled (and cached) at load
-    return normal_url(stated) == normal_url(value)
+    """A pin (``field`` exact, or ``field-regexp``) against the certificate's stated value,
+    compared as :func:`normal_pin` writes both (an expression sees the stated value so)."""
+    if field.endswith(REGEXP_SUFFIX):  # compiled (and cached) at load
+        return re.fullmatch(value, normal_pin(stated), re.ASCII) is not None
+    return normal_pin(stated) == normal_pin(value)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _lower(text: str) -> str:
+    """ASCII letters in lower case, nothing else: ``str.lower`` would also fold non-ASCII
+    letters, some into ASCII (KELVIN SIGN U+212A into ``k``), and so make a host that is not
+    ``kube.example`` equal to it."""
+    return text.translate(_ASCII_LOWER)
 
 
 def normal_url(text: str, *, trailing_slash: bool = False) -> str:
     """``text`` with its scheme and host in lower case (they are case-insensitive, RFC 3986
-    6.2.2.1), and for an issuer (``trailing_slash``) without trailing slashes on its path
-    (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). The rest is kept byte for
-    byte (no URL parser's round trip, which would drop an empty ``?`` or ``#`` and so make two
-    SANs one). An e-mail address keeps its local part and lowers its domain; anything else is
-    returned as it is."""
+    6.2.2.1; ASCII letters only), and for an issuer (``trailing_slash``) without trailing
+    slashes on its path (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). The rest
+    is kept byte for byte (no URL parser's round trip, which would drop an empty ``?`` or ``#``
+    and so make two SANs one). An e-mail address keeps its local part and lowers its domain;
+    anything else is returned as it is."""
+    if "://" not in text:
+        local, at, domain = text.rpartition("@")
+        return f"{local}@{_lower(domain)}" if at and local else text
+    return normal_pin(text, trailing_slash=trailing_slash)
+
+
+def normal_pin(text: str, *, trailing_slash: bool = False) -> str:
+    """A source field's value: a URL (``source-repository``, ``build-config``) as
+    :func:`normal_url` writes it, anything else (a ref, a trigger) byte for byte. A ref is not
+    an e-mail address: ``refs/heads/rel@PROD`` is another branch than ``refs/heads/rel@prod``."""
     scheme, sep, rest = text.partition("://")
     if not sep:
-        local, at, domain = text.rpartition("@")
-        return f"{local}@{domain.lower()}" if at and local else text
+        return text
     host, slash, path = rest.partition("/")
     path = slash + path
     if trailing_slash:
         path = path.rstrip("/")
-    return f"{scheme.lower()}://{host.lower()}{path}"
+    return f"{_lower(scheme)}://{_lower(host)}{path}"
+
+
+def _capital_in_host(expression: str) -> bool:
+    """Whether an expression spells its URL's scheme or host with a capital letter as a literal
+    (outside a ``[...]`` class, not an escape such as ``\\D``): the text it is matched with has
+    them in lower case (:func:`normal_url`), so such a line could never match
+    anything, and as ``@revoked`` would revoke nothing, silently."""
+    scheme, sep, rest = expression.partition("://")
+    if not sep or re.compile(expression, re.ASCII).flags & re.IGNORECASE:
+        return False
+    prefix, escaped, depth = scheme + sep + rest.partition("/")[0], False, 0
+    for char in prefix:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[":
+            depth += 1
+        elif char == "]" and depth:
+            depth -= 1
+        elif "A" <= char <= "Z" and not depth:
+            return True
+    return False
+
+
+def compile_expression(key: str, expression: str) -> re.Pattern[str]:
+    """An ``identity-regexp=`` or ``…-regexp=`` value, compiled with ASCII classes.
+
+    Raises:
+        ConfigError: it does not compile, or it spells a URL's host with capitals
+            (:func:`_capital_in_host`).
+    """
+    try:
+        pattern = re.compile(expression, re.ASCII)
+    except re.error as exc:
+        raise ConfigError(f"{key} does not compile: {safe_text(str(exc), 80)}") from None
+    if _capital_in_host(expression):
+        raise ConfigError(
+            f"{key}={safe_text(expression, 80)} spells the scheme or host with capitals, but "
+            "they are matched in lower case (as URLs compare): write them in lower case"
+        )
+    return pattern
 
 
 def normal_issuer(issuer: str) -> str:
