@@ -18,6 +18,7 @@ real signer and verifier do the rest.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -447,3 +448,35 @@ def test_one_workflow_matching_two_lines_is_one_signer(
         verify_plan(NAME, plan_bytes(), both, keyring.with_threshold(2), NOW)
     assert caught.value.reason is Reason.THRESHOLD
     assert verify_plan(NAME, plan_bytes(), both, keyring, NOW).signers == (SAN,)
+
+
+@pytest.mark.parametrize(
+    ("pin", "fix"),
+    [
+        ("source-repository=github.com/evil/serving", "source-repository=https://github.com"),
+        ("source-repository=https://github.com/evil/serving/", "trailing slash"),
+        ("source-repository=https://github.com/evil/serving.git", ".git"),
+        ("build-config=github.com/evil/serving/.github/workflows/ci.yml@refs/heads/x", "https://"),
+        ("source-ref=dev", "source-ref=refs/heads/dev"),
+    ],
+)
+def test_a_pin_fulcio_never_writes_is_refused_so_a_revocation_is_never_a_no_op(
+    stack: SigstoreStack, env: dict[str, str], pin: str, fix: str
+) -> None:
+    """Spelled so, ``@revoked sigstore … source-repository=github.com/evil/serving`` revoked
+    nothing, silently: the fork's bundle stayed valid. Refused at load, with Fulcio's spelling;
+    the same pin spelled as Fulcio writes it revokes."""
+    trusted = f"sigstore issuer={stack.issuer} identity={SAN}\n"
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        parse_trusted_keys(f"{trusted}@revoked {trusted.strip()} {pin}\n", "trusted")
+    fork = signed(env, _github(stack, "evil/serving", "push", ref="refs/heads/dev"))
+    spelled = "source-repository=https://github.com/evil/serving"
+    assert verdict(stack, fork, f"{trusted}@revoked {trusted.strip()} {spelled}\n") is (
+        Reason.REVOKED
+    )
+
+
+def test_an_issuer_with_a_broken_scheme_gets_no_wrong_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_trusted_keys("sigstore issuer=https:/gitlab.com identity=x@example.com\n", "t")
+    assert "https://https:" not in caught.value.detail

@@ -47,13 +47,13 @@ from .identity_match import (
     REGEXP_SUFFIX,
     SOURCE_FIELDS,
     CertifiedIdentity,
-    compile_expression,
     matching_san,
     near_miss,
     normal_issuer,
     normal_pin,
     normal_url,
 )
+from .identity_values import check_issuer, check_pins, compile_expression
 
 KEYWORD = "sigstore"
 KEYID_PREFIX = "sigstore:"
@@ -218,22 +218,6 @@ def _unquoted(part: str) -> tuple[str, str]:
     return key, value
 
 
-def _check_issuer(issuer: str) -> None:
-    """An OIDC issuer is an http(s) URL: Fulcio writes it so, and a bare host never matches.
-
-    Raises:
-        ConfigError: no scheme, or not http(s), with the likely fix.
-    """
-    scheme, sep, rest = issuer.partition("://")
-    if not sep:
-        raise ConfigError(
-            f"issuer '{safe_text(issuer, 80)}' has no scheme: an OIDC issuer is a URL, "
-            f"write issuer=https://{safe_text(issuer, 80)}"
-        )
-    if scheme.lower() not in ("https", "http") or not rest:
-        raise ConfigError(f"issuer '{safe_text(issuer, 80)}' is not an https:// URL")
-
-
 def parse_identity(
     fields: list[str], parse_options: Callable[[str], dict[str, str]], revoked: bool = False
 ) -> TrustedIdentity:
@@ -255,7 +239,8 @@ def parse_identity(
         raise ConfigError(
             "a sigstore line takes issuer=URL and exactly one of identity=SAN, identity-regexp=…"
         )
-    _check_issuer(values["issuer"])
+    check_issuer(values["issuer"])
+    check_pins(values)
     regexp = "identity-regexp" in values
     text = values["identity-regexp"] if regexp else values["identity"]
     pattern = compile_expression("identity-regexp", text) if regexp else None

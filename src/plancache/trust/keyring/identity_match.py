@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..display import safe_text
-from ..errors import ConfigError, Reason, Rejected
+from ..errors import Reason, Rejected
 
 if TYPE_CHECKING:
     from .identities import TrustedIdentity
@@ -80,48 +80,6 @@ def normal_pin(text: str, *, trailing_slash: bool = False) -> str:
     if trailing_slash:
         path = path.rstrip("/")
     return f"{_lower(scheme)}://{_lower(host)}{path}"
-
-
-def _capital_in_host(expression: str) -> bool:
-    """Whether an expression spells its URL's scheme or host with a capital letter as a literal
-    (outside a ``[...]`` class, not an escape such as ``\\D``): the text it is matched with has
-    them in lower case (:func:`normal_url`), so such a line could never match
-    anything, and as ``@revoked`` would revoke nothing, silently."""
-    scheme, sep, rest = expression.partition("://")
-    if not sep or re.compile(expression, re.ASCII).flags & re.IGNORECASE:
-        return False
-    prefix, escaped, depth = scheme + sep + rest.partition("/")[0], False, 0
-    for char in prefix:
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == "[":
-            depth += 1
-        elif char == "]" and depth:
-            depth -= 1
-        elif "A" <= char <= "Z" and not depth:
-            return True
-    return False
-
-
-def compile_expression(key: str, expression: str) -> re.Pattern[str]:
-    """An ``identity-regexp=`` or ``…-regexp=`` value, compiled with ASCII classes.
-
-    Raises:
-        ConfigError: it does not compile, or it spells a URL's host with capitals
-            (:func:`_capital_in_host`).
-    """
-    try:
-        pattern = re.compile(expression, re.ASCII)
-    except re.error as exc:
-        raise ConfigError(f"{key} does not compile: {safe_text(str(exc), 80)}") from None
-    if _capital_in_host(expression):
-        raise ConfigError(
-            f"{key}={safe_text(expression, 80)} spells the scheme or host with capitals, but "
-            "they are matched in lower case (as URLs compare): write them in lower case"
-        )
-    return pattern
 
 
 def normal_issuer(issuer: str) -> str:
