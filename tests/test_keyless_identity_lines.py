@@ -33,6 +33,7 @@ from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, Reason, Rejected
 from plancache.trust.keyless.dsse_extension import as_extension
+from plancache.trust.keyring.identity_match import MAX_MATCHED_TEXT
 from plancache.trust.keyring.keys import Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
@@ -480,3 +481,41 @@ def test_an_issuer_with_a_broken_scheme_gets_no_wrong_fix() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_trusted_keys("sigstore issuer=https:/gitlab.com identity=x@example.com\n", "t")
     assert "https://https:" not in caught.value.detail
+
+
+def test_an_expression_is_never_matched_with_a_san_past_the_cap(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """Python's ``re`` has no timeout: the ``unanchored-identity`` search of
+    ``.*acme/serving.*@refs/tags/v.*`` over an 8,000-character SAN (a signer's own branch name)
+    took 9 s per bundle. A SAN past MAX_MATCHED_TEXT matches no expression; an exact line still
+    compares (the length alone is no verdict)."""
+    long_san = SAN + "/" + "acme/serving/" * 80
+    assert len(long_san) > MAX_MATCHED_TEXT
+    stack.san_override = [x509.UniformResourceIdentifier(long_san)]
+    try:
+        sidecar = signed(env, stack.token("whoever"))
+    finally:
+        stack.san_override = None
+    everything = rf"sigstore issuer={stack.issuer} identity-regexp=https://github\.com/acme/.*"
+    assert verdict(stack, sidecar, everything + "\n") is Reason.WRONG_IDENTITY
+    assert verdict(stack, sidecar, f"sigstore issuer={stack.issuer} identity={long_san}\n") is None
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        r"https://github\.com/(acme|[a-z-]+)/.*(/.*)*@refs/heads/main",
+        r"https://x/(a+)+",
+        r"(b.*){2,}",
+    ],
+)
+def test_an_expression_repeating_an_unbounded_group_is_refused(expression: str) -> None:
+    """Exponential backtracking: the first one took over 30 s against a 200-character SAN."""
+    with pytest.raises(ConfigError, match="exponential"):
+        parse_trusted_keys(
+            f"sigstore issuer=https://gh.example identity-regexp={expression}\n", "t"
+        )
+    pin = f"sigstore issuer=https://gh.example identity=x source-ref-regexp={expression}\n"
+    with pytest.raises(ConfigError, match="exponential"):
+        parse_trusted_keys(pin, "t")

@@ -37,11 +37,25 @@ PIN_FIELDS = tuple(f + suffix for f in SOURCE_FIELDS for suffix in ("", REGEXP_S
 """What a line may pin: each source field, exact or as a regular expression."""
 
 
+MAX_MATCHED_TEXT = 1024
+"""The longest SAN or source value an expression is matched with. Python's ``re`` has no
+timeout, and an expression's search (the ``unanchored-identity`` diagnosis) over text the
+signer chose (their own repository and branch name, under the same issuer) takes time
+polynomial in its length (``.*acme/serving.*@refs/tags/v.*``: 9 s at 8,000 characters); a
+Fulcio SAN or ref is far shorter. Longer text matches no expression (exact lines still
+compare)."""
+
+
+def _within_cap(text: str) -> bool:
+    return len(text) <= MAX_MATCHED_TEXT
+
+
 def _pin_matches(field: str, value: str, stated: str) -> bool:
     """A pin (``field`` exact, or ``field-regexp``) against the certificate's stated value,
     compared as :func:`normal_pin` writes both (an expression sees the stated value so)."""
     if field.endswith(REGEXP_SUFFIX):  # compiled (and cached) at load
-        return re.fullmatch(value, normal_pin(stated), re.ASCII) is not None
+        text = normal_pin(stated)
+        return _within_cap(text) and re.fullmatch(value, text, re.ASCII) is not None
     return normal_pin(stated) == normal_pin(value)
 
 
@@ -113,7 +127,8 @@ def specificity(line: TrustedIdentity) -> tuple[int, int, str]:
 def _matches_san(line: TrustedIdentity, san: str) -> bool:
     pattern = line.pattern
     if pattern is not None:
-        return pattern.fullmatch(normal_url(san)) is not None
+        text = normal_url(san)
+        return _within_cap(text) and pattern.fullmatch(text) is not None
     return normal_url(line.identity) == normal_url(san)
 
 
@@ -185,6 +200,8 @@ def _unanchored(line: TrustedIdentity, san: str) -> bool:
     if pattern is None:
         return False
     text = normal_url(san)
+    if not _within_cap(text):
+        return False
     return pattern.search(text) is not None and pattern.match(text) is None
 
 

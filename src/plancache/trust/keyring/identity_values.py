@@ -86,6 +86,39 @@ def _capital_in_host(expression: str) -> bool:
     return False
 
 
+def _nested_repetition(expression: str) -> bool:
+    """Whether a group holding an unbounded repetition (``*``, ``+``, ``{n,}``) is itself
+    repeated: the classic exponential backtracking (``(/.*)*``, ``(a+)+``). Read from the text
+    (escapes and ``[...]`` classes skipped), not from ``re``'s private parser. It does not catch
+    every slow expression (``(a|aa)*`` overlaps without nesting); the length cap
+    (:data:`~.identity_match.MAX_MATCHED_TEXT`) bounds the polynomial ones."""
+    unbounded = [False]  # per open group: does it hold an unbounded repetition?
+    escaped, in_class, closed = False, False, False
+    for at, char in enumerate(expression):
+        was_closed, closed = closed, False
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            unbounded.append(False)
+        elif char == ")" and len(unbounded) > 1:
+            inner = unbounded.pop()
+            closed = inner
+            unbounded[-1] = unbounded[-1] or inner
+        elif char in "*+" or (char == "{" and re.match(r"\{\d*,\d*\}", expression[at:])):
+            bound = re.match(r"\{\d*,(\d*)\}", expression[at:]) if char == "{" else None
+            if was_closed and (bound is None or not bound.group(1) or int(bound.group(1)) > 1):
+                return True
+            if bound is None or not bound.group(1):
+                unbounded[-1] = True
+    return False
+
+
 def compile_expression(key: str, expression: str) -> re.Pattern[str]:
     """An ``identity-regexp=`` or ``…-regexp=`` value, compiled with ASCII classes.
 
@@ -97,6 +130,12 @@ def compile_expression(key: str, expression: str) -> re.Pattern[str]:
         pattern = re.compile(expression, re.ASCII)
     except re.error as exc:
         raise ConfigError(f"{key} does not compile: {safe_text(str(exc), 80)}") from None
+    if _nested_repetition(expression):
+        raise ConfigError(
+            f"{key}={safe_text(expression, 80)} repeats a group that itself repeats without "
+            "bound (like (/.*)*): matching it against a hostile SAN can take exponential time; "
+            "write the group without the outer repetition"
+        )
     if _capital_in_host(expression):
         raise ConfigError(
             f"{key}={safe_text(expression, 80)} spells the scheme or host with capitals, but "
