@@ -28,12 +28,12 @@ from cryptography import x509
 
 from cli_support import run
 from conftest import FP, NOW, plan_bytes
+from plancache.keys.keyfile import load_keyring
 from plancache.keys.schemes import load_signer
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, Reason, Rejected
 from plancache.trust.keyless.dsse_extension import as_extension
-from plancache.trust.keyring.identity_match import MAX_MATCHED_TEXT
 from plancache.trust.keyring.keys import Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
@@ -490,6 +490,8 @@ def test_an_expression_is_never_matched_with_a_san_past_the_cap(
     ``.*acme/serving.*@refs/tags/v.*`` over an 8,000-character SAN (a signer's own branch name)
     took 9 s per bundle. A SAN past MAX_MATCHED_TEXT matches no expression; an exact line still
     compares (the length alone is no verdict)."""
+    from plancache.trust.keyring.identity_match import MAX_MATCHED_TEXT
+
     long_san = SAN + "/" + "acme/serving/" * 80
     assert len(long_san) > MAX_MATCHED_TEXT
     stack.san_override = [x509.UniformResourceIdentifier(long_san)]
@@ -519,3 +521,17 @@ def test_an_expression_repeating_an_unbounded_group_is_refused(expression: str) 
     pin = f"sigstore issuer=https://gh.example identity=x source-ref-regexp={expression}\n"
     with pytest.raises(ConfigError, match="exponential"):
         parse_trusted_keys(pin, "t")
+
+
+def test_a_near_miss_revocation_in_another_file_of_a_directory_is_refused(tmp_path: Path) -> None:
+    """Each file of a trusted-keys directory was checked alone: a ``revoked.pub`` spelling the
+    trusted identity with the org in capitals loaded beside ``trusted.pub`` and revoked nothing
+    (the bundle stayed valid). Checked across the files, as within one."""
+    issuer = "https://token.actions.githubusercontent.com"
+    (tmp_path / "trusted.pub").write_text(f"sigstore issuer={issuer} identity={SAN}\n")
+    near = SAN.replace("acme", "ACME")
+    (tmp_path / "revoked.pub").write_text(f"@revoked sigstore issuer={issuer} identity={near}\n")
+    with pytest.raises(ConfigError, match="can never match it"):
+        load_keyring(tmp_path, pin_root=False)
+    (tmp_path / "revoked.pub").write_text(f"@revoked sigstore issuer={issuer} identity={SAN}\n")
+    assert load_keyring(tmp_path, pin_root=False).identities is not None
