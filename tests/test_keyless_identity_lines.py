@@ -535,3 +535,12 @@ def test_a_near_miss_revocation_in_another_file_of_a_directory_is_refused(tmp_pa
         load_keyring(tmp_path, pin_root=False)
     (tmp_path / "revoked.pub").write_text(f"@revoked sigstore issuer={issuer} identity={SAN}\n")
     assert load_keyring(tmp_path, pin_root=False).identities is not None
+
+
+def test_only_the_scheme_and_host_are_folded() -> None:
+    """A URL's user name is case-sensitive (RFC 3986 6.2.2.1): ``https://Ops@git.example/x`` and
+    ``https://ops@git.example/x`` are two identities; the host's case is not."""
+    from plancache.trust.keyring.identity_match import normal_url
+
+    assert normal_url("HTTPS://Ops@GIT.Example:8443/A") == "https://Ops@git.example:8443/A"
+    assert normal_url("https://Ops@git.example/x") != normal_url("https://ops@git.example/x")

@@ -89,11 +89,12 @@ def normal_pin(text: str, *, trailing_slash: bool = False) -> str:
     scheme, sep, rest = text.partition("://")
     if not sep:
         return text
-    host, slash, path = rest.partition("/")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")  # a user name keeps its case
     path = slash + path
     if trailing_slash:
         path = path.rstrip("/")
-    return f"{_lower(scheme)}://{_lower(host)}{path}"
+    return f"{_lower(scheme)}://{userinfo}{at}{_lower(host)}{path}"
 
 
 def normal_issuer(issuer: str) -> str:
@@ -116,7 +117,7 @@ class CertifiedIdentity:
 
 def _who(cert: CertifiedIdentity) -> str:
     san = cert.sans[0] if cert.sans else "<no SAN>"
-    return f"{safe_text(san, 120)} from {safe_text(cert.issuer, 80)}"
+    return f"{safe_text(san, 120)} from {safe_text(cert.issuer or '<no issuer>', 80)}"
 
 
 def specificity(line: TrustedIdentity) -> tuple[int, int, str]:
