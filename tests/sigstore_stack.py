@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -145,6 +146,15 @@ class SigstoreStack:
         self.valid_for: dict[str, dict[str, str]] = {}
         """The root's ``validFor`` per part (``ca``, ``ctlog``, ``tlog``): default, from 2020."""
         self.othername_sans = False
+        self.san_override: list[x509.GeneralName] | None = None
+        """The certificate's SANs, whatever the token says (an attacker's choice of names)."""
+        self.replaced_extensions: dict[str, bytes | None] = {}
+        """The issuer or GitHub extensions' raw values by dotted OID (None: left out)."""
+        self.extra_extensions: list[tuple[str, bytes]] = []
+        """More extensions (dotted OID, raw extnValue bytes), after the usual ones."""
+        self.tbs_patch: Callable[[bytes], bytes] | None = None
+        """Rewrites the certificate's TBS bytes (same length) before the CA signs them: what
+        cryptography's builder refuses to write (a duplicate extension)."""
         self.tree = MerkleTree([_leaf(b"prefill %d" % i) for i in range(prefill)])
         self.lock = threading.Lock()
         self.fulcio_requests = 0
@@ -279,7 +289,7 @@ class SigstoreStack:
         sub = claims["sub"]
         if "job_workflow_ref" in claims:  # as Fulcio certifies GitHub Actions: not the sub
             sub = "https://github.com/" + claims["job_workflow_ref"]
-        san: x509.GeneralName = (
+        san: x509.GeneralName | list[x509.GeneralName] = (
             x509.OtherName(_OTHERNAME, _utf8_der(sub))
             if self.othername_sans
             else x509.UniformResourceIdentifier(sub)
@@ -315,28 +325,52 @@ class SigstoreStack:
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca_key.public_key()),
                 critical=False,
             )
-            .add_extension(x509.SubjectAlternativeName([san]), critical=True)
             .add_extension(
-                x509.UnrecognizedExtension(_ISSUER_V1, self.issuer.encode()), critical=False
-            )
-            .add_extension(
-                x509.UnrecognizedExtension(_ISSUER_V2, _utf8_der(self.issuer)), critical=False
+                x509.SubjectAlternativeName(
+                    self.san_override if self.san_override is not None else [san]
+                ),
+                critical=True,
             )
         )
+        usual = [
+            (_ISSUER_V1.dotted_string, self.issuer.encode()),
+            (_ISSUER_V2.dotted_string, _utf8_der(self.issuer)),
+        ]
         if "job_workflow_ref" in claims:
             for claim, (oid, prefix) in _GITHUB_EXTENSIONS.items():
                 if claim in claims:
-                    value = _utf8_der(prefix + claims[claim])
-                    ext = x509.UnrecognizedExtension(x509.ObjectIdentifier(oid), value)
-                    builder = builder.add_extension(ext, critical=False)
+                    usual.append((oid, _utf8_der(prefix + claims[claim])))
+        for dotted, raw in usual:
+            value = self.replaced_extensions.get(dotted, raw)
+            if value is not None:
+                ext = x509.UnrecognizedExtension(x509.ObjectIdentifier(dotted), value)
+                builder = builder.add_extension(ext, critical=False)
+        for dotted, raw in self.extra_extensions:
+            extra = x509.UnrecognizedExtension(x509.ObjectIdentifier(dotted), raw)
+            builder = builder.add_extension(extra, critical=False)
         precert = builder.sign(self.ca_key, hashes.SHA256())
-        sct = self._sct(precert.tbs_certificate_bytes)
+        patch = self.tbs_patch or (lambda tbs: tbs)
+        sct = self._sct(patch(precert.tbs_certificate_bytes))
         sct_list = struct.pack("!H", len(sct) + 2) + struct.pack("!H", len(sct)) + sct
         octets = bytes([0x04]) + _der_length(len(sct_list)) + sct_list
         leaf = builder.add_extension(x509.UnrecognizedExtension(_SCT_OID, octets), critical=False)
         cert = leaf.sign(self.ca_key, hashes.SHA256())
+        if self.tbs_patch is not None:
+            cert = self._resigned(cert, self.tbs_patch(cert.tbs_certificate_bytes))
         pem = [c.public_bytes(serialization.Encoding.PEM).decode() for c in (cert, self.ca_cert)]
         return {"signedCertificateEmbeddedSct": {"chain": {"certificates": pem}}}
+
+    def _resigned(self, cert: x509.Certificate, tbs: bytes) -> x509.Certificate:
+        """``cert`` with its TBS replaced by ``tbs`` (same length) and signed again by the CA."""
+        der = cert.public_bytes(serialization.Encoding.DER)
+        old = cert.tbs_certificate_bytes
+        assert len(tbs) == len(old)
+        at = der.index(old) + len(old)
+        algorithm = der[at : at + 2 + der[at + 1]]  # a short-form SEQUENCE
+        signature = self.ca_key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+        bits = b"\x03" + _der_length(len(signature) + 1) + b"\x00" + signature
+        body = tbs + algorithm + bits
+        return x509.load_der_x509_certificate(b"\x30" + _der_length(len(body)) + body)
 
     def _sct(self, tbs: bytes) -> bytes:
         """One RFC 6962 SCT over a precertificate entry, signed by the CT log key."""

@@ -18,17 +18,22 @@ real signer and verifier do the rest.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from cli_support import run
 from conftest import FP, NOW, plan_bytes
+from plancache.keys.keyfile import load_keyring
 from plancache.keys.schemes import load_signer
 from plancache.storage.local.localdir import LocalPlanDir
+from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, Reason, Rejected
+from plancache.trust.keyless.dsse_extension import as_extension
 from plancache.trust.keyring.keys import Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
@@ -39,6 +44,7 @@ from sigstore_stack import SigstoreStack
 CALLED = "acme/serving/.github/workflows/bake.yml@refs/heads/main"
 SAN = "https://github.com/" + CALLED
 NAME = plan_name(FP)
+OTHERNAME = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.7")
 PINNED = (
     "source-repository=https://github.com/acme/serving source-ref=refs/heads/main "
     "build-trigger=push"
@@ -350,3 +356,191 @@ def test_a_revocation_pinned_apart_from_its_trusted_line_is_refused(stack: Sigst
     with pytest.raises(ConfigError) as caught:
         parse_trusted_keys(trusted + branch, "trusted")
     assert "can never match it" in caught.value.detail
+
+
+# -- red team (redteam48b): spellings that made two identities one, one signer counted twice ----
+
+
+def test_a_ref_with_an_at_sign_is_not_folded_as_an_e_mail_domain(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """``refs/heads/rel@PROD`` is another branch than ``refs/heads/rel@prod``: a pin was once
+    compared after the e-mail fold (the text after ``@`` in lower case), so anyone who could
+    push a branch of that name signed as the pinned ref."""
+    line = f"sigstore issuer={stack.issuer} identity={SAN} source-ref=refs/heads/rel@prod\n"
+    other = signed(env, _github(stack, "acme/serving", "push", ref="refs/heads/rel@PROD"))
+    assert verdict(stack, other, line) is Reason.WRONG_IDENTITY
+    pinned = signed(env, _github(stack, "acme/serving", "push", ref="refs/heads/rel@prod"))
+    assert verdict(stack, pinned, line) is None
+
+
+def test_a_non_ascii_host_is_not_folded_into_an_ascii_one(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """``str.lower`` folds KELVIN SIGN (U+212A) into ``k``: an otherName SAN naming the host
+    ``\\u212aube.example`` matched a line trusting ``kube.example``."""
+    text = "https://\u212aube.example/x".encode()
+    stack.san_override = [x509.OtherName(OTHERNAME, b"\x0c" + bytes([len(text)]) + text)]
+    try:
+        sidecar = signed(env, stack.token("whoever"))
+    finally:
+        stack.san_override = None
+    line = f"sigstore issuer={stack.issuer} identity=https://kube.example/x\n"
+    assert verdict(stack, sidecar, line) is Reason.WRONG_IDENTITY
+
+
+def test_an_issuer_extension_that_is_not_text_is_no_issuer(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """A ``.1.8`` issuer that is not a UTF8String is left out, not replaced by the ``.1.1``
+    beside it (the old reader refused the bundle; the new one once fell back)."""
+    ia5 = b"\x16" + bytes([len(stack.issuer)]) + stack.issuer.encode()
+    stack.replaced_extensions = {"1.3.6.1.4.1.57264.1.8": ia5}
+    try:
+        sidecar = signed(env, _github(stack, "acme/serving", "push"))
+    finally:
+        stack.replaced_extensions = {}
+    assert verdict(stack, sidecar, f"sigstore issuer={stack.issuer} identity={SAN}\n") in (
+        Reason.WRONG_ISSUER,
+        Reason.WRONG_IDENTITY,
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        r"sigstore issuer=https://gh.example identity-regexp=https://GitHub\.com/acme/.*",
+        r"@revoked sigstore issuer=https://gh.example identity-regexp=https://GitHub\.com/acme/.*",
+        r"sigstore issuer=https://gh.example identity=https://github.com/a "
+        r"source-repository-regexp=HTTPS://github\.com/acme/.*",
+    ],
+)
+def test_an_expression_with_a_capital_host_is_refused_at_load(line: str) -> None:
+    """The SAN (and a URL pin) is matched with its scheme and host in lower case, so an
+    expression that spells them with capitals matches nothing: as ``@revoked`` it revoked
+    nothing, silently."""
+    with pytest.raises(ConfigError, match="lower case"):
+        parse_trusted_keys(line + "\n", "trusted")
+
+
+def test_an_expression_may_use_capitals_in_a_class_an_escape_or_under_i() -> None:
+    for rx in (r"https://[A-Za-z]+\.example/.*", r"(?i)https://GitHub\.com/.*", r"https://\S+"):
+        parse_trusted_keys(f"sigstore issuer=https://gh.example identity-regexp={rx}\n", "t")
+
+
+def test_one_workflow_matching_two_lines_is_one_signer(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """Two lines for one SAN (pinned to two triggers) and two runs of that workflow: one signer,
+    not a threshold of two met by one CI identity."""
+    pushed = signed(env, _github(stack, "acme/serving", "push"))
+    dispatched = signed(env, _github(stack, "acme/serving", "workflow_dispatch"))
+    first, second = as_extension(pushed), as_extension(dispatched)
+    assert first.payload == second.payload
+    both = dsse.encode(
+        dsse.Envelope(first.payload_type, first.payload, (*first.signatures, *second.signatures))
+    )
+    lines = (
+        f"sigstore issuer={stack.issuer} identity={SAN} build-trigger=push\n"
+        f"sigstore issuer={stack.issuer} identity={SAN} build-trigger=workflow_dispatch\n"
+    )
+    keyring = trusting(stack, lines)
+    with pytest.raises(Rejected) as caught:
+        verify_plan(NAME, plan_bytes(), both, keyring.with_threshold(2), NOW)
+    assert caught.value.reason is Reason.THRESHOLD
+    assert verify_plan(NAME, plan_bytes(), both, keyring, NOW).signers == (SAN,)
+
+
+@pytest.mark.parametrize(
+    ("pin", "fix"),
+    [
+        ("source-repository=github.com/evil/serving", "source-repository=https://github.com"),
+        ("source-repository=https://github.com/evil/serving/", "trailing slash"),
+        ("source-repository=https://github.com/evil/serving.git", ".git"),
+        ("build-config=github.com/evil/serving/.github/workflows/ci.yml@refs/heads/x", "https://"),
+        ("source-ref=dev", "source-ref=refs/heads/dev"),
+    ],
+)
+def test_a_pin_fulcio_never_writes_is_refused_so_a_revocation_is_never_a_no_op(
+    stack: SigstoreStack, env: dict[str, str], pin: str, fix: str
+) -> None:
+    """Spelled so, ``@revoked sigstore … source-repository=github.com/evil/serving`` revoked
+    nothing, silently: the fork's bundle stayed valid. Refused at load, with Fulcio's spelling;
+    the same pin spelled as Fulcio writes it revokes."""
+    trusted = f"sigstore issuer={stack.issuer} identity={SAN}\n"
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        parse_trusted_keys(f"{trusted}@revoked {trusted.strip()} {pin}\n", "trusted")
+    fork = signed(env, _github(stack, "evil/serving", "push", ref="refs/heads/dev"))
+    spelled = "source-repository=https://github.com/evil/serving"
+    assert verdict(stack, fork, f"{trusted}@revoked {trusted.strip()} {spelled}\n") is (
+        Reason.REVOKED
+    )
+
+
+def test_an_issuer_with_a_broken_scheme_gets_no_wrong_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_trusted_keys("sigstore issuer=https:/gitlab.com identity=x@example.com\n", "t")
+    assert "https://https:" not in caught.value.detail
+
+
+def test_an_expression_is_never_matched_with_a_san_past_the_cap(
+    stack: SigstoreStack, env: dict[str, str]
+) -> None:
+    """Python's ``re`` has no timeout: the ``unanchored-identity`` search of
+    ``.*acme/serving.*@refs/tags/v.*`` over an 8,000-character SAN (a signer's own branch name)
+    took 9 s per bundle. A SAN past MAX_MATCHED_TEXT matches no expression; an exact line still
+    compares (the length alone is no verdict)."""
+    from plancache.trust.keyring.identity_match import MAX_MATCHED_TEXT
+
+    long_san = SAN + "/" + "acme/serving/" * 80
+    assert len(long_san) > MAX_MATCHED_TEXT
+    stack.san_override = [x509.UniformResourceIdentifier(long_san)]
+    try:
+        sidecar = signed(env, stack.token("whoever"))
+    finally:
+        stack.san_override = None
+    everything = rf"sigstore issuer={stack.issuer} identity-regexp=https://github\.com/acme/.*"
+    assert verdict(stack, sidecar, everything + "\n") is Reason.WRONG_IDENTITY
+    assert verdict(stack, sidecar, f"sigstore issuer={stack.issuer} identity={long_san}\n") is None
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        r"https://github\.com/(acme|[a-z-]+)/.*(/.*)*@refs/heads/main",
+        r"https://x/(a+)+",
+        r"(b.*){2,}",
+    ],
+)
+def test_an_expression_repeating_an_unbounded_group_is_refused(expression: str) -> None:
+    """Exponential backtracking: the first one took over 30 s against a 200-character SAN."""
+    with pytest.raises(ConfigError, match="exponential"):
+        parse_trusted_keys(
+            f"sigstore issuer=https://gh.example identity-regexp={expression}\n", "t"
+        )
+    pin = f"sigstore issuer=https://gh.example identity=x source-ref-regexp={expression}\n"
+    with pytest.raises(ConfigError, match="exponential"):
+        parse_trusted_keys(pin, "t")
+
+
+def test_a_near_miss_revocation_in_another_file_of_a_directory_is_refused(tmp_path: Path) -> None:
+    """Each file of a trusted-keys directory was checked alone: a ``revoked.pub`` spelling the
+    trusted identity with the org in capitals loaded beside ``trusted.pub`` and revoked nothing
+    (the bundle stayed valid). Checked across the files, as within one."""
+    issuer = "https://token.actions.githubusercontent.com"
+    (tmp_path / "trusted.pub").write_text(f"sigstore issuer={issuer} identity={SAN}\n")
+    near = SAN.replace("acme", "ACME")
+    (tmp_path / "revoked.pub").write_text(f"@revoked sigstore issuer={issuer} identity={near}\n")
+    with pytest.raises(ConfigError, match="can never match it"):
+        load_keyring(tmp_path, pin_root=False)
+    (tmp_path / "revoked.pub").write_text(f"@revoked sigstore issuer={issuer} identity={SAN}\n")
+    assert load_keyring(tmp_path, pin_root=False).identities is not None
+
+
+def test_only_the_scheme_and_host_are_folded() -> None:
+    """A URL's user name is case-sensitive (RFC 3986 6.2.2.1): ``https://Ops@git.example/x`` and
+    ``https://ops@git.example/x`` are two identities; the host's case is not."""
+    from plancache.trust.keyring.identity_match import normal_url
+
+    assert normal_url("HTTPS://Ops@GIT.Example:8443/A") == "https://Ops@git.example:8443/A"
+    assert normal_url("https://Ops@git.example/x") != normal_url("https://ops@git.example/x")

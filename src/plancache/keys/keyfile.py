@@ -95,7 +95,8 @@ def load_keyring(
         ConfigError: a file absent or unreadable, a directory without ``.pub`` files, a file
             holding a private key or binary data, a line that does not parse
             (:func:`~plancache.trust.keyring.trusted_keys_file.parse_trusted_keys`), a key
-            listed in two files, no usable key (reason ``config-error``).
+            listed in two files, a sigstore revocation in one file spelled like a trusted
+            line of another that it can never match, no usable key (reason ``config-error``).
     """
     path = Path(path)
     if path.is_dir():
@@ -117,6 +118,11 @@ def load_keyring(
                 listed_in[kid] = file
             keyring = keyring.merged(part)
         what = f"trusted-keys directory {safe_text(path)}"
+        if keyring.identities is not None:  # each file was checked alone: now across files
+            try:
+                keyring.identities.check_revocations()
+            except ConfigError as exc:
+                raise ConfigError(f"{what}: {exc.detail}") from None
     else:
         keyring = parse_trusted_keys(
             _public_text(read_key_file(path, "trusted-keys file"), path), str(path)

@@ -8,7 +8,9 @@ config URI (``.1.18``: for GitHub the *calling* workflow) and the build trigger 
 event, ``push``, ``pull_request_target``…). The SAN is decoded to its text whatever its type,
 Sigstore's ``otherName`` (``.1.7``, a ``UTF8String``, for username issuers) included, so an exact
 line can match it. A value that does not decode is left out (a pinned field then does not
-match), never guessed. Read only from a certificate the verifier has chained to the trust root.
+match), never guessed: a ``.1.8`` that is not a ``UTF8String`` leaves the issuer
+empty rather than falling back to ``.1.1``. Read only from a certificate the verifier has
+chained to the trust root.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def certified_identity(cert: Certificate) -> CertifiedIdentity:
     """The certificate's issuer, SANs (in the certificate's order) and source extensions."""
     from cryptography import x509
 
-    issuer, issuer_v1 = "", ""
+    issuer: str | None = None
+    issuer_v1 = ""
     stated: dict[str, str] = {}
     fields = {oid: name for name, oid in SOURCE_OIDS.items()}
     for ext in cert.extensions:
@@ -69,7 +72,7 @@ def certified_identity(cert: Certificate) -> CertifiedIdentity:
             continue
         oid = ext.oid.dotted_string
         if oid == _ISSUER_V2_OID:
-            issuer = _utf8(value.value) or ""
+            issuer = _utf8(value.value) or ""  # present but not text: no issuer, not the v1
         elif oid == _ISSUER_V1_OID:
             issuer_v1 = value.value.decode("utf-8", "replace")
         elif oid in fields and (text := _utf8(value.value)) is not None:
@@ -81,4 +84,4 @@ def certified_identity(cert: Certificate) -> CertifiedIdentity:
     else:
         names = [text for name in san if (text := _san_text(name)) is not None]
     source = tuple((k, stated[k]) for k in SOURCE_FIELDS if k in stated)
-    return CertifiedIdentity(issuer or issuer_v1, tuple(names), source)
+    return CertifiedIdentity(issuer_v1 if issuer is None else issuer, tuple(names), source)

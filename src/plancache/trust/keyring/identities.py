@@ -52,8 +52,10 @@ from .identity_match import (
     matching_san,
     near_miss,
     normal_issuer,
+    normal_pin,
     normal_url,
 )
+from .identity_values import check_issuer, check_pins, compile_expression
 
 KEYWORD = "sigstore"
 KEYID_PREFIX = "sigstore:"
@@ -100,7 +102,7 @@ class TrustedIdentity:
     def key(self) -> tuple[object, ...]:
         """What makes two lines the same line: their normal issuer, identity and pins."""
         identity = self.identity if self.regexp else normal_url(self.identity)
-        pins = tuple((k, v if k.endswith(REGEXP_SUFFIX) else normal_url(v)) for k, v in self.source)
+        pins = tuple((k, v if k.endswith(REGEXP_SUFFIX) else normal_pin(v)) for k, v in self.source)
         return (normal_issuer(self.issuer), identity, self.regexp, pins)
 
 
@@ -221,22 +223,6 @@ def _unquoted(part: str) -> tuple[str, str]:
     return key, value
 
 
-def _check_issuer(issuer: str) -> None:
-    """An OIDC issuer is an http(s) URL: Fulcio writes it so, and a bare host never matches.
-
-    Raises:
-        ConfigError: no scheme, or not http(s), with the likely fix.
-    """
-    scheme, sep, rest = issuer.partition("://")
-    if not sep:
-        raise ConfigError(
-            f"issuer '{safe_text(issuer, 80)}' has no scheme: an OIDC issuer is a URL, "
-            f"write issuer=https://{safe_text(issuer, 80)}"
-        )
-    if scheme.lower() not in ("https", "http") or not rest:
-        raise ConfigError(f"issuer '{safe_text(issuer, 80)}' is not an https:// URL")
-
-
 def parse_identity(
     fields: list[str], parse_options: Callable[[str], dict[str, str]], revoked: bool = False
 ) -> TrustedIdentity:
@@ -258,17 +244,11 @@ def parse_identity(
         raise ConfigError(
             "a sigstore line takes issuer=URL and exactly one of identity=SAN, identity-regexp=…"
         )
-    _check_issuer(values["issuer"])
+    check_issuer(values["issuer"])
+    check_pins(values)
     regexp = "identity-regexp" in values
     text = values["identity-regexp"] if regexp else values["identity"]
-    pattern = None
-    if regexp:
-        try:
-            pattern = re.compile(text, re.ASCII)
-        except re.error as exc:
-            raise ConfigError(
-                f"identity-regexp does not compile: {safe_text(str(exc), 80)}"
-            ) from None
+    pattern = compile_expression("identity-regexp", text) if regexp else None
     if revoked and ("valid-after" in options or "valid-before" in options):
         raise ConfigError(
             "@revoked sigstore takes no valid-after/valid-before: a revocation voids everything "
@@ -286,12 +266,7 @@ def parse_identity(
         if key in values and key + REGEXP_SUFFIX in values:
             raise ConfigError(f"{key}= and {key}{REGEXP_SUFFIX}= pin one field twice: use one")
         if key + REGEXP_SUFFIX in values:
-            try:
-                re.compile(values[key + REGEXP_SUFFIX], re.ASCII)
-            except re.error as exc:
-                raise ConfigError(
-                    f"{key}{REGEXP_SUFFIX} does not compile: {safe_text(str(exc), 80)}"
-                ) from None
+            compile_expression(key + REGEXP_SUFFIX, values[key + REGEXP_SUFFIX])
     source = tuple((k, values[k]) for k in PIN_FIELDS if k in values)
     return TrustedIdentity(values["issuer"], text, regexp, name, after, before, pattern, source)
 

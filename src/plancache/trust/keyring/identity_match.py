@@ -37,29 +37,64 @@ PIN_FIELDS = tuple(f + suffix for f in SOURCE_FIELDS for suffix in ("", REGEXP_S
 """What a line may pin: each source field, exact or as a regular expression."""
 
 
+MAX_MATCHED_TEXT = 1024
+"""The longest SAN or source value an expression is matched with. Python's ``re`` has no
+timeout, and an expression's search (the ``unanchored-identity`` diagnosis) over text the
+signer chose (their own repository and branch name, under the same issuer) takes time
+polynomial in its length (``.*acme/serving.*@refs/tags/v.*``: 9 s at 8,000 characters); a
+Fulcio SAN or ref is far shorter. Longer text matches no expression (exact lines still
+compare)."""
+
+
+def _within_cap(text: str) -> bool:
+    return len(text) <= MAX_MATCHED_TEXT
+
+
 def _pin_matches(field: str, value: str, stated: str) -> bool:
-    """A pin (``field`` exact, or ``field-regexp``) against the certificate's stated value."""
-    if field.endswith(REGEXP_SUFFIX):
-        return re.fullmatch(value, stated, re.ASCII) is not None  # compiled (and cached) at load
-    return normal_url(stated) == normal_url(value)
+    """A pin (``field`` exact, or ``field-regexp``) against the certificate's stated value,
+    compared as :func:`normal_pin` writes both (an expression sees the stated value so)."""
+    if field.endswith(REGEXP_SUFFIX):  # compiled (and cached) at load
+        text = normal_pin(stated)
+        return _within_cap(text) and re.fullmatch(value, text, re.ASCII) is not None
+    return normal_pin(stated) == normal_pin(value)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _lower(text: str) -> str:
+    """ASCII letters in lower case, nothing else: ``str.lower`` would also fold non-ASCII
+    letters, some into ASCII (KELVIN SIGN U+212A into ``k``), and so make a host that is not
+    ``kube.example`` equal to it."""
+    return text.translate(_ASCII_LOWER)
 
 
 def normal_url(text: str, *, trailing_slash: bool = False) -> str:
     """``text`` with its scheme and host in lower case (they are case-insensitive, RFC 3986
-    6.2.2.1), and for an issuer (``trailing_slash``) without trailing slashes on its path
-    (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). The rest is kept byte for
-    byte (no URL parser's round trip, which would drop an empty ``?`` or ``#`` and so make two
-    SANs one). An e-mail address keeps its local part and lowers its domain; anything else is
-    returned as it is."""
+    6.2.2.1; ASCII letters only), and for an issuer (``trailing_slash``) without trailing
+    slashes on its path (``https://gitlab.com/`` is the issuer ``https://gitlab.com``). The rest
+    is kept byte for byte (no URL parser's round trip, which would drop an empty ``?`` or ``#``
+    and so make two SANs one). An e-mail address keeps its local part and lowers its domain;
+    anything else is returned as it is."""
+    if "://" not in text:
+        local, at, domain = text.rpartition("@")
+        return f"{local}@{_lower(domain)}" if at and local else text
+    return normal_pin(text, trailing_slash=trailing_slash)
+
+
+def normal_pin(text: str, *, trailing_slash: bool = False) -> str:
+    """A source field's value: a URL (``source-repository``, ``build-config``) as
+    :func:`normal_url` writes it, anything else (a ref, a trigger) byte for byte. A ref is not
+    an e-mail address: ``refs/heads/rel@PROD`` is another branch than ``refs/heads/rel@prod``."""
     scheme, sep, rest = text.partition("://")
     if not sep:
-        local, at, domain = text.rpartition("@")
-        return f"{local}@{domain.lower()}" if at and local else text
-    host, slash, path = rest.partition("/")
+        return text
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")  # a user name keeps its case
     path = slash + path
     if trailing_slash:
         path = path.rstrip("/")
-    return f"{scheme.lower()}://{host.lower()}{path}"
+    return f"{_lower(scheme)}://{userinfo}{at}{_lower(host)}{path}"
 
 
 def normal_issuer(issuer: str) -> str:
@@ -82,7 +117,7 @@ class CertifiedIdentity:
 
 def _who(cert: CertifiedIdentity) -> str:
     san = cert.sans[0] if cert.sans else "<no SAN>"
-    return f"{safe_text(san, 120)} from {safe_text(cert.issuer, 80)}"
+    return f"{safe_text(san, 120)} from {safe_text(cert.issuer or '<no issuer>', 80)}"
 
 
 def specificity(line: TrustedIdentity) -> tuple[int, int, str]:
@@ -93,7 +128,8 @@ def specificity(line: TrustedIdentity) -> tuple[int, int, str]:
 def _matches_san(line: TrustedIdentity, san: str) -> bool:
     pattern = line.pattern
     if pattern is not None:
-        return pattern.fullmatch(normal_url(san)) is not None
+        text = normal_url(san)
+        return _within_cap(text) and pattern.fullmatch(text) is not None
     return normal_url(line.identity) == normal_url(san)
 
 
@@ -165,6 +201,8 @@ def _unanchored(line: TrustedIdentity, san: str) -> bool:
     if pattern is None:
         return False
     text = normal_url(san)
+    if not _within_cap(text):
+        return False
     return pattern.search(text) is not None and pattern.match(text) is None
 
 

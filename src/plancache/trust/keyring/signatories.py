@@ -23,6 +23,7 @@ from ..keyless.dsse_extension import open_entry
 from ..keyless.sigstore_bundle import is_bundle, open_bundle
 from ..statement import format_time
 from .identities import IdentitySigner
+from .identity_match import normal_issuer, normal_url
 from .keyformat import canonical_keyid
 from .keys import Keyring, TrustedKey
 
@@ -69,7 +70,7 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
     keys alone) as the bundle it came from, by :func:`~..keyless.sigstore_bundle.open_bundle`'s
     rules (a revoked-only policy included, so its reason is the bundle's). Each trusted key,
     and each trusted identity *line*, counts once: the line is what the operator trusted, as a
-    key is."""
+    key is (and each certified identity once, :func:`_distinct`)."""
     data = dsse.pae(env.payload_type, env.payload)
     count = _Count()
     policy = keyring.identities
@@ -172,9 +173,9 @@ def current_signers(
             ``not-yet-valid`` (``signed_at`` beyond the clock skew in the future).
     """
     _check_signing_times(keys, signed_at, now, clock_skew)
-    current = [
-        k for k in keys if k.window_covers(now) and k.window_covers(signed_when(k, signed_at))
-    ]
+    current = _distinct(
+        [k for k in keys if k.window_covers(now) and k.window_covers(signed_when(k, signed_at))]
+    )
     if not current:
         raise Rejected(Reason.EXPIRED, _window_detail(keys, now))
     if len(current) < keyring.threshold:
@@ -239,6 +240,24 @@ def _mismatch(
         f"{format_time(verified)} ({safe_text(signer.name, 40)}) within "
         f"{int(clock_skew.total_seconds())} s",
     )
+
+
+def _distinct(signers: list[Signatory]) -> list[Signatory]:
+    """One entry per signer, in order. Keys are one per key id already, identity lines one per
+    line (:func:`_count`); but one CI identity can match several lines (the same workflow
+    pinned to ``build-trigger=push`` on one line and ``workflow_dispatch`` on another), and two
+    of its runs must not meet a threshold of two: a keyless signer is its certificate's issuer
+    and SAN, compared as trusting does."""
+    seen: set[object] = set()
+    distinct: list[Signatory] = []
+    for signer in signers:
+        mark: object = signer.keyid
+        if isinstance(signer, IdentitySigner):
+            mark = (normal_issuer(signer.issuer), normal_url(signer.identity))
+        if mark not in seen:
+            seen.add(mark)
+            distinct.append(signer)
+    return distinct
 
 
 def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:
