@@ -18,9 +18,16 @@ is used only when all of this holds, checked at each boot:
 
 The candidates, first usable wins: ``$PLANCACHE_PRIVATE_DIR`` (the operator's choice for
 read-only roots), ``$VLLM_CACHE_ROOT/plancache-private`` (the cache's own filesystem: compiled
-``.so`` files load where vLLM already loads them), ``<tempdir>/plancache-private-<uid>``. None
-usable is :class:`~plancache.trust.errors.StoreError` ``no-private-dir`` naming each candidate
-and what is wrong with it: the guard then makes vLLM compile cold, never read a cache unchecked.
+``.so`` files load where vLLM already loads them), then a *fresh* root made by this process in a
+temporary directory (``<tempdir>``, ``/tmp``, ``/var/tmp``, ``/dev/shm``, the first whose whole
+path passes): ``plancache-private-<uid>-<16 random hex>``, made with ``mkdir`` (which never
+takes an existing name) mode 0700 and checked through its descriptor. Never a fixed name there:
+any local user can create a fixed name in a shared ``/tmp`` first, and the worker would then
+have no private place (or, before the owner check, someone else's). A fresh root lives as long
+as its one boot; the dead ones of this user are swept by the next fresh one (by their locks).
+None usable is :class:`~plancache.trust.errors.StoreError` ``no-private-dir`` naming each
+candidate and what is wrong with it: the guard then makes vLLM compile cold, never read a cache
+unchecked.
 
 Each process gets its own ``boot-<random>`` directory (mode 0700) and holds an exclusive
 ``flock`` on ``boot-<random>.lock`` beside it for as long as it runs. A sweep removes the boot
@@ -52,6 +59,10 @@ from ..local import dirfds
 from .header_files import HEADERS_SUBDIR
 
 PRIVATE_SUBDIR = "plancache-private"
+COLD_SUBDIR = "plancache-cold"
+TEMP_PARENTS = ("/tmp", "/var/tmp", "/dev/shm")
+"""Where a fresh root may be made after ``<tempdir>`` (a ``TMPDIR`` on a shared volume fails
+the whole-path check; these are sticky or root's on a usual node)."""
 PRIVATE_DIR_ENV = "PLANCACHE_PRIVATE_DIR"
 BOOT_PREFIX = "boot-"
 LOCK_SUFFIX = ".lock"
@@ -69,10 +80,23 @@ class BootDir:
     lock_fd: int
     passed_over: tuple[str, ...] = ()
     """The candidates tried before this one, each with why it was not used (for the log line)."""
+    fresh: bool = False
+    """Its root was made by this process for this boot alone (removed with it)."""
 
     def close(self) -> None:
-        """Remove the directory and its lock (at exit, by the process that made it only)."""
+        """Remove the directory and its lock (at exit, by the process that made it only); a
+        fresh root goes with them."""
         if os.getpid() != self.pid:
+            return
+        if self.fresh:
+            with contextlib.suppress(OSError):
+                parent = os.open(self.root.parent, dirfds.DIR_FLAGS)
+                try:
+                    shutil.rmtree(self.root.name, ignore_errors=True, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
             return
         with (
             contextlib.suppress(OSError),
@@ -85,10 +109,20 @@ class BootDir:
 
 
 def candidates(cache_root: Path, environ: Mapping[str, str] = os.environ) -> list[Path]:
-    """The private roots to try, in order (see the module)."""
+    """The named private roots to try, in order (see the module); after them, a fresh root in
+    one of :func:`temp_parents`."""
     found = [Path(environ[PRIVATE_DIR_ENV])] if environ.get(PRIVATE_DIR_ENV, "").strip() else []
     found.append(cache_root / PRIVATE_SUBDIR)
-    found.append(Path(tempfile.gettempdir()) / f"{PRIVATE_SUBDIR}-{os.geteuid()}")
+    return found
+
+
+def temp_parents() -> list[Path]:
+    """Where a fresh root may be made, in order: ``<tempdir>``, then :data:`TEMP_PARENTS`."""
+    found: list[Path] = []
+    for parent in (tempfile.gettempdir(), *TEMP_PARENTS):
+        path = Path(os.path.abspath(parent))
+        if path not in found:
+            found.append(path)
     return found
 
 
@@ -98,44 +132,70 @@ def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> B
     naming every candidate and why it was not used."""
     problems: list[str] = []
 
-    def make(candidate: Path) -> BootDir:
-        try:
-            return dataclasses.replace(_make_in(candidate), passed_over=tuple(problems))
-        except StoreError as exc:
-            problems.append(exc.detail)
-            raise
-        except OSError as exc:
-            problems.append(f"{candidate}: {exc.strerror or exc}")
-            raise
+    def make(opened: tuple[Path, int], fresh: bool) -> BootDir:
+        boot = _boot_in(*opened)
+        return dataclasses.replace(boot, passed_over=tuple(problems), fresh=fresh)
 
-    return _first_usable(cache_root, environ, make)
+    return _first_usable(
+        [*candidates(cache_root, environ), *temp_parents()],
+        len(candidates(cache_root, environ)),
+        make,
+        problems,
+    )
 
 
 def private_root(cache_root: Path, environ: Mapping[str, str] = os.environ) -> Path:
     """The private root a worker of this user would use on this node (the CLI installs the
     node's precompiled headers into its ``headers/``).
 
+    Only the named candidates: a fresh root lives for one boot, so nothing installed into one
+    would ever be used again.
+
     Raises:
-        StoreError: no candidate is usable, each named with why (reason ``no-private-dir``).
+        StoreError: no named candidate is usable, each named with why (``no-private-dir``).
     """
 
-    def resolved(candidate: Path) -> Path:
-        where, fd = open_private_root(candidate)
-        os.close(fd)
-        return where
+    def resolved(opened: tuple[Path, int], fresh: bool) -> Path:
+        os.close(opened[1])
+        return opened[0]
 
-    return _first_usable(cache_root, environ, resolved)
+    named = candidates(cache_root, environ)
+    return _first_usable(named, len(named), resolved, [])
 
 
-def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[Path], T]) -> T:
-    problems = []
-    for candidate in candidates(cache_root, environ):
+def _first_usable(
+    places: list[Path],
+    named: int,
+    use: Callable[[tuple[Path, int], bool], T],
+    problems: list[str],
+    *,
+    need_exec: bool = True,
+    kind: str = PRIVATE_SUBDIR,
+) -> T:
+    """``use`` of the first usable place: the first ``named`` are private roots themselves
+    (:func:`open_private_root`), the rest parents to make a fresh root in
+    (:func:`open_fresh_root`). ``problems`` collects why each earlier one was not used."""
+    for index, place in enumerate(places):
         try:
-            return use(candidate)
+            if index < named:
+                opened = open_private_root(place, need_exec=need_exec)
+            else:
+                opened = open_fresh_root(place, kind, need_exec=need_exec)
         except StoreError as exc:
             problems.append(exc.detail)
+            continue
         except OSError as exc:
-            problems.append(f"{candidate}: {exc.strerror or exc}")
+            problems.append(f"{place}: {exc.strerror or exc}")
+            continue
+        try:
+            return use(opened, index >= named)
+        except (StoreError, OSError) as exc:
+            problems.append(
+                exc.detail if isinstance(exc, StoreError) else f"{place}: {exc.strerror or exc}"
+            )
+            if index >= named:  # the fresh root made for it, empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(opened[0])
     raise StoreError(
         "no private directory for compile-cache copies: "
         + "; ".join(problems)
@@ -145,21 +205,27 @@ def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[P
 
 
 def new_scratch_dir() -> BootDir:
-    """Where vLLM compiles cold when no private root is usable: a boot directory in
-    ``<tempdir>/plancache-cold-<uid>``, held and swept like any other, ``noexec`` allowed
-    (nothing verified is ever handed over from it).
+    """Where vLLM compiles cold when no private root is usable: a boot directory in a fresh
+    ``plancache-cold-<uid>-<random>`` this process makes in one of :func:`temp_parents` (never
+    a fixed name), ``noexec`` allowed (nothing verified is ever handed over from it), removed
+    with the boot and swept like a fresh private root.
 
     Raises:
-        StoreError: even that cannot be had (reason ``no-private-dir``; an unsafe directory on
-            the way: ``unsafe-directory``).
+        StoreError: even that cannot be had (reason ``no-private-dir``, naming each place).
     """
+    problems: list[str] = []
     try:
-        return _make_in(
-            Path(tempfile.gettempdir()) / f"plancache-cold-{os.geteuid()}", need_exec=False
+        return _first_usable(
+            temp_parents(),
+            0,
+            lambda opened, fresh: dataclasses.replace(_boot_in(*opened), fresh=True),
+            problems,
+            need_exec=False,
+            kind=COLD_SUBDIR,
         )
-    except OSError as exc:
+    except StoreError:
         raise StoreError(
-            f"no scratch directory: {exc.strerror or exc}", reason=Reason.NO_PRIVATE_DIR
+            "no scratch directory: " + "; ".join(problems), reason=Reason.NO_PRIVATE_DIR
         ) from None
 
 
@@ -206,23 +272,97 @@ def open_private_root(private_root: Path, *, need_exec: bool = True) -> tuple[Pa
     fd = dirfds.open_dir(real_parent, real_parent / private_root.name, create=True, mode=0o700)
     try:
         where = real_parent / private_root.name
-        dirfds.require_owned(fd, where, private=True)
-        flags = os.fstatvfs(fd).f_flag
-        if flags & os.ST_RDONLY:
-            raise StoreError(f"{where}: read-only filesystem", reason=Reason.NO_PRIVATE_DIR)
-        if flags & os.ST_NOEXEC and need_exec:
-            raise StoreError(
-                f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
-                reason=Reason.NO_PRIVATE_DIR,
-            )
+        _require_usable(fd, where, need_exec)
         return where, fd
     except BaseException:
         os.close(fd)
         raise
 
 
-def _make_in(private_root: Path, *, need_exec: bool = True) -> BootDir:
-    where, fd = open_private_root(private_root, need_exec=need_exec)
+def open_fresh_root(parent: Path, kind: str, *, need_exec: bool = True) -> tuple[Path, int]:
+    """(a root this process just made in ``parent``, a descriptor of it): named
+    ``<kind>-<uid>-<16 random hex>`` by ``mkdir`` mode 0700 (which fails on any existing name,
+    a planted link included), opened through ``parent``'s descriptor without following a link
+    and checked as :func:`open_private_root` checks a named root, once ``parent``'s whole path
+    passes :func:`check_chain`. The dead fresh roots of this user beside it are swept first.
+
+    Raises:
+        StoreError: as :func:`open_private_root`.
+        OSError: ``parent`` cannot be opened or written.
+    """
+    real_parent = check_chain(parent)
+    parent_fd = os.open(real_parent, dirfds.DIR_FLAGS)
+    try:
+        prefix = f"{kind}-{os.geteuid()}-"
+        _sweep_fresh(parent_fd, prefix)
+        for _ in range(8):
+            name = prefix + secrets.token_hex(8)
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise StoreError(f"{real_parent}: no fresh name free", reason=Reason.NO_PRIVATE_DIR)
+        where = real_parent / name
+        try:
+            fd = os.open(name, dirfds.DIR_FLAGS, dir_fd=parent_fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent_fd)
+            raise
+        try:
+            _require_usable(fd, where, need_exec)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent_fd)
+            raise
+        return where, fd
+    finally:
+        os.close(parent_fd)
+
+
+def _require_usable(fd: int, where: Path, need_exec: bool) -> None:
+    """The root open at ``fd`` is this user's, mode 0700, on a writable (and, with
+    ``need_exec``, exec-capable) filesystem."""
+    dirfds.require_owned(fd, where, private=True)
+    flags = os.fstatvfs(fd).f_flag
+    if flags & os.ST_RDONLY:
+        raise StoreError(f"{where}: read-only filesystem", reason=Reason.NO_PRIVATE_DIR)
+    if flags & os.ST_NOEXEC and need_exec:
+        raise StoreError(
+            f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
+            reason=Reason.NO_PRIVATE_DIR,
+        )
+
+
+def _sweep_fresh(parent_fd: int, prefix: str) -> None:
+    """Remove this user's fresh roots (``prefix``) in the parent whose boots are gone: swept by
+    their locks (:func:`sweep_fd`), then removed whole once nothing but their headers is left.
+    A root of another user, open to others, or a link is left alone; so is one without a
+    finished boot in it (it may be another process's, just made)."""
+    for name in os.listdir(parent_fd):
+        if not name.startswith(prefix):
+            continue
+        try:
+            fd = os.open(name, dirfds.DIR_FLAGS, dir_fd=parent_fd)
+        except OSError:
+            continue
+        try:
+            dirfds.require_owned(fd, name, private=True)
+            if not any(removed.startswith(BOOT_PREFIX) for removed in sweep_fd(fd)):
+                continue
+            if set(os.listdir(fd)) <= {HEADERS_SUBDIR}:
+                shutil.rmtree(name, ignore_errors=True, dir_fd=parent_fd)
+        except (StoreError, OSError):
+            continue
+        finally:
+            os.close(fd)
+
+
+def _boot_in(where: Path, fd: int) -> BootDir:
+    """A new boot directory in the private root open at ``fd`` (closed here)."""
     try:
         sweep_fd(fd)
         name = f"{BOOT_PREFIX}{secrets.token_hex(8)}"
