@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -252,10 +253,10 @@ def test_a_plancache_private_of_another_user_or_a_group_writable_root_is_never_u
     os.chown(tmp, USER, USER)
     env = _env(base, root, TMPDIR=str(tmp), HOME_FOR_TEST=str(home))
     report = _run(["guard", str(root.directory(SUBJECT))], env, user=USER)
-    assert (
-        report["action"] == "load"
-        and Path(report["boot"]).parent == tmp / f"plancache-private-{USER}"
-    )
+    fresh = Path(report["boot"]).parent  # a root made by this boot, never a fixed name
+    assert report["action"] == "load" and fresh.parent == tmp, report
+    assert re.fullmatch(rf"plancache-private-{USER}-[0-9a-f]{{16}}", fresh.name)
+    assert not fresh.exists()  # it lived for that boot alone
     assert os.listdir(foreign) == []  # nothing of the worker's in the stranger's directory
     said = [line for line in report["lines"] if "compile-cache private directory=" in line]
     assert said and str(foreign) in said[0] and f"uid {STRANGER}" in said[0], report["lines"]
@@ -300,7 +301,24 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
     subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True
     )
-    cold = _run(["installed", str(root.directory(SUBJECT))], _env(base, root, TMPDIR=str(tmp)))
+    # every temporary directory of the node noexec too (as on such a pod), not just TMPDIR
+    noexec_temps = (
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount --bind /tmp /tmp && mount -o remount,bind,noexec /tmp && "
+        "for d in /var/tmp /dev/shm; do mount -t tmpfs -o noexec,mode=1777 tmpfs $d || exit 1; "
+        'done; exec "$@"',
+        "sh",
+    )
+    cold = _run(
+        ["installed", str(root.directory(SUBJECT))],
+        _env(base, root, TMPDIR=str(tmp)),
+        prefix=noexec_temps,
+    )
     # the old code: load verified
     assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), cold
     assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold[

@@ -28,9 +28,14 @@ call vLLM makes: vLLM's AOT path sets ``TORCHINDUCTOR_CACHE_DIR`` to the *signed
 ``<hash>/inductor_cache`` right before it compiles, which is re-pointed at the private copy (or,
 when nothing was guarded, at a fresh private directory). Where no private directory can be had
 at all, :func:`boot_dir` raises ``no-private-dir``: the guard then makes vLLM compile cold into
-a scratch directory (:func:`scratch_dir`) and torch's on-disk caches are switched off, so no
-cache is ever read unverified. What stays outside is named in SECURITY.md (``torch._dynamo``'s
-precompile cache, off by default, fixed at import).
+a scratch directory (:func:`scratch_dir`, every cache above pinned in it too) and torch's on-disk
+caches are switched off, so no cache is ever read unverified; with not even a scratch directory,
+torch may not compile (its cache directory answers ``no-private-dir``). Torch's own
+``cache_dir`` bindings are replaced as ``default_cache_dir``'s are: whatever sets
+``TORCHINDUCTOR_CACHE_DIR`` outside this process's directory (vLLM unwrapped, on a version the
+guard does not support), torch is re-pointed before it reads, because it reuses any kernel
+module found at its content-hash name. What stays outside is named in SECURITY.md
+(``torch._dynamo``'s precompile cache, off by default, fixed at import).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...storage.compile_cache.boot_dirs import PRIVATE_DIR_ENV
+from ...storage.compile_cache.private_roots import PRIVATE_DIR_ENV
 from ...trust.errors import Reason, StoreError
 from .. import plugin_state
 
@@ -122,10 +127,9 @@ def has_private_place() -> bool:
 
 def _pin_nowhere() -> None:
     """No private directory: vLLM compiles into a fresh scratch directory (inductor, Triton and
-    the precompiled header all in it), and torch's own on-disk caches are switched off, so torch
-    never reads a shared ``torchinductor_<user>``. Without even a scratch directory, torch may
-    not compile at all: its cache directory answers with ``no-private-dir`` (an alert, here and
-    at the compile) rather than any shared path."""
+    the precompiled header all in it), torch's own on-disk caches off. Without even a scratch
+    directory torch may not compile: its cache directory answers ``no-private-dir`` (an alert)
+    rather than any shared path."""
     scratch = scratch_dir()
     if scratch is not None:
         _pin(scratch, None)
@@ -134,7 +138,7 @@ def _pin_nowhere() -> None:
         LOG.error(
             "plancache: compile-cache decision=compile reason=no-private-dir "
             'detail="no private or scratch directory can be made: torch may not compile in '
-            'this process (set %s to a directory of this user\'s)"',
+            "this process (set %s to a directory of this user's)\"",
             PRIVATE_DIR_ENV,
         )
     switch_off_torch_caches()
@@ -247,12 +251,10 @@ def _pin(mine: Path, private_root: Path | None) -> None:
 
 
 def _pin_bindings() -> None:
-    """Every binding of torch's ``cache_dir`` and ``default_cache_dir`` (in the module that
-    defines them and in each torch module that imported them by name) replaced by one answered
-    from this process's own directory. This holds whether or not vLLM's entries were wrapped
-    (an unsupported vLLM, a path that sets ``TORCHINDUCTOR_CACHE_DIR`` without passing them):
-    torch reuses any kernel module found at its content-hash name under ``cache_dir()``, so
-    that directory must be private whatever the environment says."""
+    """Every binding of torch's ``cache_dir`` and ``default_cache_dir`` (where defined, and in
+    each torch module that imported them by name) answered from this process's own directory,
+    whether or not vLLM's entries were wrapped: torch reuses any kernel module at its
+    content-hash name under ``cache_dir()``, whatever the environment says."""
     try:
         from torch._inductor.runtime import cache_dir_utils
 
@@ -277,7 +279,7 @@ def _pin_bindings() -> None:
         LOG.debug("plancache: torch's cache directories not pinned", exc_info=True)
 
 
-def _refusal() -> StoreError:
+def _refusal() -> StoreError:  # torch's cache directory asked for with none to be had
     return StoreError(
         "plancache: torch may not compile here: no private directory for its caches "
         f"(set {PRIVATE_DIR_ENV} to a directory of this user's)",
@@ -287,8 +289,7 @@ def _refusal() -> StoreError:
 
 def _private_cache_dir(original: Callable[[], str]) -> Callable[[], str]:
     """torch's ``cache_dir``, never outside the calling process's own directory: a path outside
-    is re-pointed (:func:`ensure_private`) before torch reads it; with no directory at all,
-    :func:`_refusal`."""
+    is re-pointed (:func:`ensure_private`) before torch reads it; with none, :func:`_refusal`."""
 
     def cache_dir() -> str:
         if not is_private(os.environ.get(INDUCTOR_ENV)):
