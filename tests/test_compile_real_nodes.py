@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -386,3 +387,51 @@ def test_a_quarantine_directory_of_another_user_is_never_used(base: Path) -> Non
     assert os.listdir(root.quarantine_root) == []
     beside = root.directory(SUBJECT).parent / "plancache-quarantine"
     assert report["quarantined_to"].startswith(f"{beside}/"), report["quarantined_to"]
+
+
+FRESH_BOOT = """
+import os, signal, sys
+from pathlib import Path
+from plancache.storage.compile_cache import boot_dirs
+boot = boot_dirs.new_boot_dir(Path(sys.argv[1]))
+print(boot.root, flush=True)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()  # alive until the test closes stdin
+boot.close()  # the plugin's exit hook
+"""
+
+
+def test_a_fresh_root_of_a_killed_boot_is_swept_by_the_next_and_a_live_ones_kept(
+    base: Path,
+) -> None:
+    """The fallback root is made fresh per boot in a temporary directory (never a fixed name):
+    a boot killed before its exit hook leaves one, which the next fresh root sweeps by its lock;
+    a live boot's (another pod's, say) stays."""
+    shared = base / "shared-root"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # group/world-writable: its plancache-private is refused
+    tmp = base / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TMPDIR": str(tmp)}
+    argv = [sys.executable, "-c", FRESH_BOOT, str(shared / "vllm-cache")]
+    killed = subprocess.run([*argv, "kill"], env=env, capture_output=True, text=True, check=False)
+    dead = Path(killed.stdout.strip())
+    assert dead.parent == tmp and dead.is_dir(), killed.stderr
+    live = subprocess.Popen(
+        [*argv, "wait"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert live.stdout is not None
+        alive = Path(live.stdout.readline().strip())
+        assert alive.parent == tmp and alive != dead
+        assert not dead.exists()  # the old code: a fixed name, never swept as a root
+        assert alive.is_dir() and stat.S_IMODE(alive.stat().st_mode) == 0o700
+        third = subprocess.run(
+            [*argv, "kill"], env=env, capture_output=True, text=True, check=False
+        )
+        assert alive.is_dir() and Path(third.stdout.strip()) not in (alive, dead)
+    finally:
+        live.communicate("")
+    assert not alive.exists()  # removed at its exit
