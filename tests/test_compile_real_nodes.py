@@ -325,11 +325,10 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
     assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold[
         "lines"
     ]
-    assert (
-        "noexec" in cold["detail"]
-        and "read-only" in cold["detail"].lower()
-        and "PLANCACHE_PRIVATE_DIR" in cold["detail"]
-    )
+    # every place tried, each with why (elided in the middle now that the temporary
+    # directories are tried too: the read-only root's reason falls in the elision)
+    assert str(root.root) in cold["detail"] and "noexec" in cold["detail"]
+    assert "PLANCACHE_PRIVATE_DIR" in cold["detail"]
     # nothing of the cache handed over
     assert cold["digest"] is None or cold["digest"] == _empty_digest()
     exec_place = base / "private"
