@@ -41,6 +41,50 @@ def _local_writer_at_read() -> None:
     torch.compiler.load_compiled_function = load
 
 
+def _record_kernel_loads() -> list[str]:
+    """Every kernel module torch imports during the boot, by path (``PyCodeCache.
+    load_by_key_path``, which reads whatever file lies at the content-hash name), and where
+    torch's own caches point at that moment: what the test asserts about *compile time*."""
+    from torch._inductor import codecache
+
+    loaded: list[str] = []
+    original = codecache.PyCodeCache.load_by_key_path.__func__
+
+    def load_by_key_path(cls, key, path, *args, **kwargs):
+        loaded.append(path)
+        return original(cls, key, path, *args, **kwargs)
+
+    codecache.PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
+    return loaded
+
+
+def _unsupported_vllm() -> None:
+    """``COMPILE_TOY_UNSUPPORTED=1``: the guard finds one of vLLM's objects missing, as on a vLLM
+    it does not support (its install then fails the way it does there)."""
+    if not os.environ.get("COMPILE_TOY_UNSUPPORTED"):
+        return
+    import types
+
+    from plancache.vllm_plugin.compile_cache import guard
+
+    missing = types.ModuleType("vllm.compilation.decorators")
+    guard._targets = lambda: ((missing, "_try_load_aot_compiled_fn", None),)
+
+
+def _chain(path):
+    """(path, uid, mode) of ``path`` and each directory above it, while this process lives."""
+    if not path:
+        return []
+    found = []
+    for step in [path, *[str(p) for p in __import__("pathlib").Path(path).parents]]:
+        try:
+            st = os.lstat(step)
+        except OSError:
+            continue
+        found.append((step, st.st_uid, st.st_mode & 0o7777))
+    return found
+
+
 def main() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,8 +93,14 @@ def main() -> None:
     import torch
     from vllm.plugins import load_general_plugins
 
+    _unsupported_vllm()
     load_general_plugins()
+    if os.environ.get("COMPILE_TOY_CACHES_OFF"):  # torch's configuration as a worker without a
+        from plancache.vllm_plugin.compile_cache.torch_caches import switch_off_torch_caches
+
+        switch_off_torch_caches()  # private place sets it (vLLM hashes it into the AOT path)
     _local_writer_at_read()
+    loaded = _record_kernel_loads()
     if not hasattr(torch.ops._C, "rotary_embedding"):
         lib = torch.library.Library("_C", "FRAGMENT")
         lib.define("rotary_embedding(Tensor x) -> Tensor")
@@ -102,6 +152,15 @@ def main() -> None:
         "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
     }
+    from torch._inductor import codecache
+
+    report["header_dir"] = codecache._HEADER_DIR
+    report["kernels_loaded"] = list(loaded)
+    report["chains"] = {
+        name: _chain(report[name])
+        for name in ("inductor_cache_dir", "triton_cache_dir", "header_dir")
+    }
+    report["kernel_chains"] = [_chain(os.path.dirname(path)) for path in loaded[:5]]
     text = json.dumps(report)
     print("COMPILE_TOY " + text, flush=True)
     if len(sys.argv) > 1:

@@ -166,6 +166,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_compile_real_nodes.py": ("system",),
     "test_compile_install_atomic.py": ("system",),
     "test_compile_unfinished_header.py": ("vllm",),
+    "test_compile_squatted_tmp.py": ("vllm", "system"),
     "test_compile_switch.py": ("vllm",),
     "test_deadlines.py": UNIT,
     "test_docs.py": UNIT,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -252,10 +254,10 @@ def test_a_plancache_private_of_another_user_or_a_group_writable_root_is_never_u
     os.chown(tmp, USER, USER)
     env = _env(base, root, TMPDIR=str(tmp), HOME_FOR_TEST=str(home))
     report = _run(["guard", str(root.directory(SUBJECT))], env, user=USER)
-    assert (
-        report["action"] == "load"
-        and Path(report["boot"]).parent == tmp / f"plancache-private-{USER}"
-    )
+    fresh = Path(report["boot"]).parent  # a root made by this boot, never a fixed name
+    assert report["action"] == "load" and fresh.parent == tmp, report
+    assert re.fullmatch(rf"plancache-private-{USER}-[0-9a-f]{{16}}", fresh.name)
+    assert not fresh.exists()  # it lived for that boot alone
     assert os.listdir(foreign) == []  # nothing of the worker's in the stranger's directory
     said = [line for line in report["lines"] if "compile-cache private directory=" in line]
     assert said and str(foreign) in said[0] and f"uid {STRANGER}" in said[0], report["lines"]
@@ -300,17 +302,33 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
     subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True
     )
-    cold = _run(["installed", str(root.directory(SUBJECT))], _env(base, root, TMPDIR=str(tmp)))
+    # every temporary directory of the node noexec too (as on such a pod), not just TMPDIR
+    noexec_temps = (
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount --bind /tmp /tmp && mount -o remount,bind,noexec /tmp && "
+        "for d in /var/tmp /dev/shm; do mount -t tmpfs -o noexec,mode=1777 tmpfs $d || exit 1; "
+        'done; exec "$@"',
+        "sh",
+    )
+    cold = _run(
+        ["installed", str(root.directory(SUBJECT))],
+        _env(base, root, TMPDIR=str(tmp)),
+        prefix=noexec_temps,
+    )
     # the old code: load verified
     assert (cold["action"], cold["reason"]) == ("compile", "no-private-dir"), cold
     assert cold["installed"] and any("vLLM compiles cold" in line for line in cold["lines"]), cold[
         "lines"
     ]
-    assert (
-        "noexec" in cold["detail"]
-        and "read-only" in cold["detail"].lower()
-        and "PLANCACHE_PRIVATE_DIR" in cold["detail"]
-    )
+    # every place tried, each with why (elided in the middle now that the temporary
+    # directories are tried too: the read-only root's reason falls in the elision)
+    assert str(root.root) in cold["detail"] and "noexec" in cold["detail"]
+    assert "PLANCACHE_PRIVATE_DIR" in cold["detail"]
     # nothing of the cache handed over
     assert cold["digest"] is None or cold["digest"] == _empty_digest()
     exec_place = base / "private"
@@ -368,3 +386,51 @@ def test_a_quarantine_directory_of_another_user_is_never_used(base: Path) -> Non
     assert os.listdir(root.quarantine_root) == []
     beside = root.directory(SUBJECT).parent / "plancache-quarantine"
     assert report["quarantined_to"].startswith(f"{beside}/"), report["quarantined_to"]
+
+
+FRESH_BOOT = """
+import os, signal, sys
+from pathlib import Path
+from plancache.storage.compile_cache import boot_dirs
+boot = boot_dirs.new_boot_dir(Path(sys.argv[1]))
+print(boot.root, flush=True)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()  # alive until the test closes stdin
+boot.close()  # the plugin's exit hook
+"""
+
+
+def test_a_fresh_root_of_a_killed_boot_is_swept_by_the_next_and_a_live_ones_kept(
+    base: Path,
+) -> None:
+    """The fallback root is made fresh per boot in a temporary directory (never a fixed name):
+    a boot killed before its exit hook leaves one, which the next fresh root sweeps by its lock;
+    a live boot's (another pod's, say) stays."""
+    shared = base / "shared-root"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # group/world-writable: its plancache-private is refused
+    tmp = base / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TMPDIR": str(tmp)}
+    argv = [sys.executable, "-c", FRESH_BOOT, str(shared / "vllm-cache")]
+    killed = subprocess.run([*argv, "kill"], env=env, capture_output=True, text=True, check=False)
+    dead = Path(killed.stdout.strip())
+    assert dead.parent == tmp and dead.is_dir(), killed.stderr
+    live = subprocess.Popen(
+        [*argv, "wait"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert live.stdout is not None
+        alive = Path(live.stdout.readline().strip())
+        assert alive.parent == tmp and alive != dead
+        assert not dead.exists()  # the old code: a fixed name, never swept as a root
+        assert alive.is_dir() and stat.S_IMODE(alive.stat().st_mode) == 0o700
+        third = subprocess.run(
+            [*argv, "kill"], env=env, capture_output=True, text=True, check=False
+        )
+        assert alive.is_dir() and Path(third.stdout.strip()) not in (alive, dead)
+    finally:
+        live.communicate("")
+    assert not alive.exists()  # removed at its exit

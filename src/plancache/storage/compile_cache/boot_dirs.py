@@ -18,9 +18,16 @@ is used only when all of this holds, checked at each boot:
 
 The candidates, first usable wins: ``$PLANCACHE_PRIVATE_DIR`` (the operator's choice for
 read-only roots), ``$VLLM_CACHE_ROOT/plancache-private`` (the cache's own filesystem: compiled
-``.so`` files load where vLLM already loads them), ``<tempdir>/plancache-private-<uid>``. None
-usable is :class:`~plancache.trust.errors.StoreError` ``no-private-dir`` naming each candidate
-and what is wrong with it: the guard then makes vLLM compile cold, never read a cache unchecked.
+``.so`` files load where vLLM already loads them), then a *fresh* root made by this process in a
+temporary directory (``<tempdir>``, ``/tmp``, ``/var/tmp``, ``/dev/shm``, the first whose whole
+path passes): ``plancache-private-<uid>-<16 random hex>``, made with ``mkdir`` (which never
+takes an existing name) mode 0700 and checked through its descriptor. Never a fixed name there:
+any local user can create a fixed name in a shared ``/tmp`` first, and the worker would then
+have no private place (or, before the owner check, someone else's). A fresh root lives as long
+as its one boot; the dead ones of this user are swept by the next fresh one (by their locks).
+None usable is :class:`~plancache.trust.errors.StoreError` ``no-private-dir`` naming each
+candidate and what is wrong with it: the guard then makes vLLM compile cold, never read a cache
+unchecked.
 
 Each process gets its own ``boot-<random>`` directory (mode 0700) and holds an exclusive
 ``flock`` on ``boot-<random>.lock`` beside it for as long as it runs. A sweep removes the boot
@@ -40,8 +47,6 @@ import fcntl
 import os
 import secrets
 import shutil
-import stat
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +54,21 @@ from typing import TypeVar
 
 from ...trust.errors import Reason, StoreError
 from ..local import dirfds
-from .header_files import HEADERS_SUBDIR
+from .private_roots import (
+    BOOT_PREFIX,
+    COLD_SUBDIR,
+    LOCK_SUFFIX,
+    PRIVATE_DIR_ENV,
+    PRIVATE_SUBDIR,
+    candidates,
+    open_fresh_root,
+    open_private_root,
+    sweep_fd,
+    temp_parents,
+)
 
-PRIVATE_SUBDIR = "plancache-private"
-PRIVATE_DIR_ENV = "PLANCACHE_PRIVATE_DIR"
-BOOT_PREFIX = "boot-"
-LOCK_SUFFIX = ".lock"
+__all__ = ["PRIVATE_DIR_ENV", "PRIVATE_SUBDIR", "BootDir", "private_root", "sweep"]
+
 T = TypeVar("T")
 
 
@@ -69,10 +83,23 @@ class BootDir:
     lock_fd: int
     passed_over: tuple[str, ...] = ()
     """The candidates tried before this one, each with why it was not used (for the log line)."""
+    fresh: bool = False
+    """Its root was made by this process for this boot alone (removed with it)."""
 
     def close(self) -> None:
-        """Remove the directory and its lock (at exit, by the process that made it only)."""
+        """Remove the directory and its lock (at exit, by the process that made it only); a
+        fresh root goes with them."""
         if os.getpid() != self.pid:
+            return
+        if self.fresh:
+            with contextlib.suppress(OSError):
+                parent = os.open(self.root.parent, dirfds.DIR_FLAGS)
+                try:
+                    shutil.rmtree(self.root.name, ignore_errors=True, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
             return
         with (
             contextlib.suppress(OSError),
@@ -84,58 +111,76 @@ class BootDir:
             os.close(self.lock_fd)
 
 
-def candidates(cache_root: Path, environ: Mapping[str, str] = os.environ) -> list[Path]:
-    """The private roots to try, in order (see the module)."""
-    found = [Path(environ[PRIVATE_DIR_ENV])] if environ.get(PRIVATE_DIR_ENV, "").strip() else []
-    found.append(cache_root / PRIVATE_SUBDIR)
-    found.append(Path(tempfile.gettempdir()) / f"{PRIVATE_SUBDIR}-{os.geteuid()}")
-    return found
-
-
 def new_boot_dir(cache_root: Path, environ: Mapping[str, str] = os.environ) -> BootDir:
     """A fresh boot directory in the first usable private root (with the candidates passed over
     before it, and why): raises :func:`private_root`'s ``StoreError`` (``no-private-dir``)
     naming every candidate and why it was not used."""
     problems: list[str] = []
 
-    def make(candidate: Path) -> BootDir:
-        try:
-            return dataclasses.replace(_make_in(candidate), passed_over=tuple(problems))
-        except StoreError as exc:
-            problems.append(exc.detail)
-            raise
-        except OSError as exc:
-            problems.append(f"{candidate}: {exc.strerror or exc}")
-            raise
+    def make(opened: tuple[Path, int], fresh: bool) -> BootDir:
+        boot = _boot_in(*opened)
+        return dataclasses.replace(boot, passed_over=tuple(problems), fresh=fresh)
 
-    return _first_usable(cache_root, environ, make)
+    return _first_usable(
+        [*candidates(cache_root, environ), *temp_parents()],
+        len(candidates(cache_root, environ)),
+        make,
+        problems,
+    )
 
 
 def private_root(cache_root: Path, environ: Mapping[str, str] = os.environ) -> Path:
     """The private root a worker of this user would use on this node (the CLI installs the
     node's precompiled headers into its ``headers/``).
 
+    Only the named candidates: a fresh root lives for one boot, so nothing installed into one
+    would ever be used again.
+
     Raises:
-        StoreError: no candidate is usable, each named with why (reason ``no-private-dir``).
+        StoreError: no named candidate is usable, each named with why (``no-private-dir``).
     """
 
-    def resolved(candidate: Path) -> Path:
-        where, fd = open_private_root(candidate)
-        os.close(fd)
-        return where
+    def resolved(opened: tuple[Path, int], fresh: bool) -> Path:
+        os.close(opened[1])
+        return opened[0]
 
-    return _first_usable(cache_root, environ, resolved)
+    named = candidates(cache_root, environ)
+    return _first_usable(named, len(named), resolved, [])
 
 
-def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[Path], T]) -> T:
-    problems = []
-    for candidate in candidates(cache_root, environ):
+def _first_usable(
+    places: list[Path],
+    named: int,
+    use: Callable[[tuple[Path, int], bool], T],
+    problems: list[str],
+    *,
+    need_exec: bool = True,
+    kind: str = PRIVATE_SUBDIR,
+) -> T:
+    """``use`` of the first usable place: the first ``named`` are private roots themselves
+    (:func:`open_private_root`), the rest parents to make a fresh root in
+    (:func:`open_fresh_root`). ``problems`` collects why each earlier one was not used."""
+    for index, place in enumerate(places):
         try:
-            return use(candidate)
+            if index < named:
+                opened = open_private_root(place, need_exec=need_exec)
+            else:
+                opened = open_fresh_root(place, kind, need_exec=need_exec)
         except StoreError as exc:
             problems.append(exc.detail)
+            continue
         except OSError as exc:
-            problems.append(f"{candidate}: {exc.strerror or exc}")
+            problems.append(f"{place}: {exc.strerror or exc}")
+            continue
+        try:
+            return use(opened, index >= named)
+        except (StoreError, OSError) as exc:
+            problems.append(
+                exc.detail if isinstance(exc, StoreError) else f"{place}: {exc.strerror or exc}"
+            )
+            if index >= named:  # the fresh root made for it, empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(opened[0])
     raise StoreError(
         "no private directory for compile-cache copies: "
         + "; ".join(problems)
@@ -145,84 +190,32 @@ def _first_usable(cache_root: Path, environ: Mapping[str, str], use: Callable[[P
 
 
 def new_scratch_dir() -> BootDir:
-    """Where vLLM compiles cold when no private root is usable: a boot directory in
-    ``<tempdir>/plancache-cold-<uid>``, held and swept like any other, ``noexec`` allowed
-    (nothing verified is ever handed over from it).
+    """Where vLLM compiles cold when no private root is usable: a boot directory in a fresh
+    ``plancache-cold-<uid>-<random>`` this process makes in one of :func:`temp_parents` (never
+    a fixed name), ``noexec`` allowed (nothing verified is ever handed over from it), removed
+    with the boot and swept like a fresh private root.
 
     Raises:
-        StoreError: even that cannot be had (reason ``no-private-dir``; an unsafe directory on
-            the way: ``unsafe-directory``).
+        StoreError: even that cannot be had (reason ``no-private-dir``, naming each place).
     """
+    problems: list[str] = []
     try:
-        return _make_in(
-            Path(tempfile.gettempdir()) / f"plancache-cold-{os.geteuid()}", need_exec=False
+        return _first_usable(
+            temp_parents(),
+            0,
+            lambda opened, fresh: dataclasses.replace(_boot_in(*opened), fresh=True),
+            problems,
+            need_exec=False,
+            kind=COLD_SUBDIR,
         )
-    except OSError as exc:
+    except StoreError:
         raise StoreError(
-            f"no scratch directory: {exc.strerror or exc}", reason=Reason.NO_PRIVATE_DIR
+            "no scratch directory: " + "; ".join(problems), reason=Reason.NO_PRIVATE_DIR
         ) from None
 
 
-def check_chain(directory: Path) -> Path:
-    """``directory`` with its links resolved, once every directory from ``/`` down to it is
-    root's or this user's and closed to group and world writes (or sticky).
-
-    Raises:
-        StoreError: naming the first directory that is not (reason ``unsafe-directory``).
-        OSError: a directory on the way cannot be looked up.
-    """
-    real = Path(os.path.realpath(directory))
-    me = os.geteuid()
-    for step in [real, *real.parents][::-1]:
-        st = os.lstat(step)
-        loose = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
-        if st.st_uid not in (0, me) or loose:
-            owner = (
-                f"uid {st.st_uid}'s"
-                if st.st_uid not in (0, me)
-                else f"mode {stat.S_IMODE(st.st_mode):04o}"
-            )
-            raise StoreError(
-                f"{step} ({owner}) lets another user replace what lies below it",
-                reason=Reason.UNSAFE_DIRECTORY,
-            )
-    return real
-
-
-def open_private_root(private_root: Path, *, need_exec: bool = True) -> tuple[Path, int]:
-    """(the private root's resolved path, a descriptor of it), made 0700 if missing, once its
-    parent's chain, its owner and mode, and its filesystem pass (see the module).
-
-    Raises:
-        StoreError: an unsafe directory on the way or the root itself another user's or open to
-            others (reason ``unsafe-directory``); a link on the way (``store-error``); a
-            read-only or, with ``need_exec``, ``noexec`` filesystem (``no-private-dir``).
-        OSError: the root or its parent cannot be made or opened.
-    """
-    parent = private_root.parent
-    with contextlib.suppress(FileExistsError):
-        os.makedirs(parent, exist_ok=True)
-    real_parent = check_chain(parent)
-    fd = dirfds.open_dir(real_parent, real_parent / private_root.name, create=True, mode=0o700)
-    try:
-        where = real_parent / private_root.name
-        dirfds.require_owned(fd, where, private=True)
-        flags = os.fstatvfs(fd).f_flag
-        if flags & os.ST_RDONLY:
-            raise StoreError(f"{where}: read-only filesystem", reason=Reason.NO_PRIVATE_DIR)
-        if flags & os.ST_NOEXEC and need_exec:
-            raise StoreError(
-                f"{where}: noexec filesystem (compiled shared objects cannot be mapped there)",
-                reason=Reason.NO_PRIVATE_DIR,
-            )
-        return where, fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _make_in(private_root: Path, *, need_exec: bool = True) -> BootDir:
-    where, fd = open_private_root(private_root, need_exec=need_exec)
+def _boot_in(where: Path, fd: int) -> BootDir:
+    """A new boot directory in the private root open at ``fd`` (closed here)."""
     try:
         sweep_fd(fd)
         name = f"{BOOT_PREFIX}{secrets.token_hex(8)}"
@@ -254,72 +247,6 @@ def _locked_file(dir_fd: int, name: str) -> int:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
     return fd
-
-
-def is_alive(dir_fd: int, boot_name: str, *, missing: bool = True) -> bool:
-    """Whether the process that made ``boot_name`` in the private root ``dir_fd`` still runs:
-    its lock is held. A lock file that cannot be opened counts as alive (never remove what might
-    be in use), and so does a missing one unless ``missing`` is False: a temporary's name carries
-    a boot only once that boot's lock exists, so there a missing lock means a finished boot."""
-    try:
-        fd = os.open(
-            boot_name + LOCK_SUFFIX, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd
-        )
-    except FileNotFoundError:
-        return missing
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:  # held (EWOULDBLOCK), or a lock this filesystem cannot give: alive
-        return True
-    finally:
-        os.close(fd)
-
-
-def sweep_fd(dir_fd: int) -> list[str]:
-    """Remove the boot directories (and their locks) of processes that are gone, and the
-    temporaries they left in ``headers/``; returns the names removed. Each is removed while
-    its lock is held by the sweep, so a process can never come back to a half-removed one."""
-    removed = []
-    for name in sorted(os.listdir(dir_fd)):
-        if not (name.startswith(BOOT_PREFIX) and name.endswith(LOCK_SUFFIX)):
-            continue
-        boot = name[: -len(LOCK_SUFFIX)]
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-        except OSError:
-            continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # held: its process runs (in this PID namespace or another)
-            shutil.rmtree(boot, ignore_errors=True, dir_fd=dir_fd)
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-            removed.append(boot)
-        finally:
-            os.close(fd)
-    removed += _sweep_header_temporaries(dir_fd)
-    return removed
-
-
-def _sweep_header_temporaries(dir_fd: int) -> list[str]:
-    """Temporaries a header fetch left in ``headers/`` when its process died: their names carry
-    the boot that wrote them (:func:`plancache.storage.local.dirfds.temp_name`)."""
-    removed = []
-    with contextlib.suppress(OSError), dirfds.opened_dir_at(dir_fd, HEADERS_SUBDIR) as headers:
-        for name in os.listdir(headers):
-            boot = dirfds.temp_owner(name)
-            if boot and not is_alive(dir_fd, boot, missing=False):
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=headers)
-                    removed.append(f"{HEADERS_SUBDIR}/{name}")
-    return removed
 
 
 def sweep(private_root: Path) -> list[str]:

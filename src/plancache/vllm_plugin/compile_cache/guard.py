@@ -250,9 +250,17 @@ def install() -> bool:
             torch_caches.switch_off_torch_caches()
             LOG.error(
                 "plancache: compile-cache guard not installed (%s); vLLM's compile cache is "
-                "switched off (VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold",
+                "switched off (VLLM_DISABLE_COMPILE_CACHE=1): it compiles cold, with torch's "
+                "caches pinned in this process's private directory",
                 safe_text(problem, 300),
             )
+            # vLLM unwrapped still points inductor at its shared ``<hash>/inductor_cache``, where
+            # torch would reuse any kernel module found at its name: torch's own cache_dir is
+            # pinned (or refuses) all the same
+            try:
+                _pin_torch()
+            except Exception:
+                LOG.debug("plancache: torch's caches not pinned", exc_info=True)
             return False
     return True
 

@@ -28,9 +28,14 @@ call vLLM makes: vLLM's AOT path sets ``TORCHINDUCTOR_CACHE_DIR`` to the *signed
 ``<hash>/inductor_cache`` right before it compiles, which is re-pointed at the private copy (or,
 when nothing was guarded, at a fresh private directory). Where no private directory can be had
 at all, :func:`boot_dir` raises ``no-private-dir``: the guard then makes vLLM compile cold into
-a scratch directory (:func:`scratch_dir`) and torch's on-disk caches are switched off, so no
-cache is ever read unverified. What stays outside is named in SECURITY.md (``torch._dynamo``'s
-precompile cache, off by default, fixed at import).
+a scratch directory (:func:`scratch_dir`, every cache above pinned in it too) and torch's on-disk
+caches are switched off, so no cache is ever read unverified; with not even a scratch directory,
+torch may not compile (its cache directory answers ``no-private-dir``). Torch's own
+``cache_dir`` bindings are replaced as ``default_cache_dir``'s are: whatever sets
+``TORCHINDUCTOR_CACHE_DIR`` outside this process's directory (vLLM unwrapped, on a version the
+guard does not support), torch is re-pointed before it reads, because it reuses any kernel
+module found at its content-hash name. What stays outside is named in SECURITY.md
+(``torch._dynamo``'s precompile cache, off by default, fixed at import).
 """
 
 from __future__ import annotations
@@ -44,8 +49,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...storage.compile_cache.boot_dirs import BootDir
-from ...trust.errors import StoreError
+from ...storage.compile_cache.private_roots import PRIVATE_DIR_ENV
+from ...trust.errors import Reason, StoreError
 from .. import plugin_state
 
 LOG = logging.getLogger("vllm.plancache")
@@ -85,7 +90,7 @@ def boot_dir() -> Path:
             )
         else:
             LOG.debug("plancache: compile-cache private directory %s", place.boot.path)
-        _pin(place.boot)
+        _pin(place.boot.path, place.boot.root)
     if place.boot is None:
         assert place.problem is not None
         raise place.problem
@@ -121,12 +126,21 @@ def has_private_place() -> bool:
 
 
 def _pin_nowhere() -> None:
-    """No private directory: vLLM compiles into a scratch directory, and torch's own on-disk caches
-    are switched off, so torch never reads a shared ``torchinductor_<user>``."""
+    """No private directory: vLLM compiles into a fresh scratch directory (inductor, Triton and
+    the precompiled header all in it), torch's own on-disk caches off. Without even a scratch
+    directory torch may not compile: its cache directory answers ``no-private-dir`` (an alert)
+    rather than any shared path."""
     scratch = scratch_dir()
     if scratch is not None:
-        point_inductor(scratch / "inductor")
-        os.environ[TRITON_ENV] = str(scratch / "triton")
+        _pin(scratch, None)
+    else:
+        _pin_bindings()
+        LOG.error(
+            "plancache: compile-cache decision=compile reason=no-private-dir "
+            'detail="no private or scratch directory can be made: torch may not compile in '
+            "this process (set %s to a directory of this user's)\"",
+            PRIVATE_DIR_ENV,
+        )
     switch_off_torch_caches()
 
 
@@ -206,52 +220,98 @@ def ensure_private() -> str | None:
     return current
 
 
-def _pin(boot: BootDir) -> None:
-    point_inductor(boot.path / "inductor")
-    (boot.path / "triton").mkdir(mode=0o700, exist_ok=True)
-    os.environ[TRITON_ENV] = str(boot.path / "triton")
-    default = boot.path / "default"
+def _pin(mine: Path, private_root: Path | None) -> None:
+    """Every torch cache in ``mine`` (a boot directory, or with ``private_root`` None the cold
+    scratch): inductor, Triton, ``default_cache_dir`` and the precompiled headers (the node's
+    in ``private_root/headers`` when it is usable, else ``mine/default``'s)."""
+    point_inductor(mine / "inductor")
+    (mine / "triton").mkdir(mode=0o700, exist_ok=True)
+    os.environ[TRITON_ENV] = str(mine / "triton")
+    default = mine / "default"
     default.mkdir(mode=0o700, exist_ok=True)
+    _pin_bindings()
     try:
         from torch._inductor import codecache
-        from torch._inductor.runtime import cache_dir_utils
 
-        original = getattr(
-            cache_dir_utils.default_cache_dir, "__wrapped__", cache_dir_utils.default_cache_dir
-        )
-        for name, module in list(sys.modules.items()):
-            # not another package's: a lazy attribute there may import (and fail)
-            if not name.startswith("torch"):
-                continue
-            bound = getattr(module, "default_cache_dir", None)
-            ours = (
-                isinstance(bound, types.FunctionType)
-                and getattr(bound, "__wrapped__", None) is original
-            )
-            if bound is original or ours:
-                module.default_cache_dir = _private_default(original)  # type: ignore[attr-defined]  # a module of sys.modules, opaque to mypy
-        shared = node_headers(boot.root)
+        shared = node_headers(private_root) if private_root is not None else None
         headers = shared or default / "precompiled_headers"
         codecache._HEADER_DIR = str(headers)
         codecache._HEADER_LOCK_DIR = str(headers / "locks")
+        if private_root is None:
+            return
         from . import boot_headers as pch
 
         if shared is not None:
-            pch.place(boot.root.parent, shared)
+            pch.place(private_root.parent, shared)
         codecache._precompile_header = pch.wrap(  # type: ignore[assignment]  # torch types it as functools.cache's wrapper, which ours is (or torch's own, left as it is)
             codecache._precompile_header
         )
     except Exception:
-        LOG.debug("plancache: torch's default cache directory not pinned", exc_info=True)
+        LOG.debug("plancache: torch's precompiled headers not pinned", exc_info=True)
+
+
+def _pin_bindings() -> None:
+    """Every binding of torch's ``cache_dir`` and ``default_cache_dir`` (where defined, and in
+    each torch module that imported them by name) answered from this process's own directory,
+    whether or not vLLM's entries were wrapped: torch reuses any kernel module at its
+    content-hash name under ``cache_dir()``, whatever the environment says."""
+    try:
+        from torch._inductor.runtime import cache_dir_utils
+
+        for attr, make in (
+            ("cache_dir", _private_cache_dir),
+            ("default_cache_dir", _private_default),
+        ):
+            defined = getattr(cache_dir_utils, attr)
+            original = getattr(defined, "__wrapped__", defined)
+            for name, module in list(sys.modules.items()):
+                # not another package's: a lazy attribute there may import (and fail)
+                if not name.startswith("torch"):
+                    continue
+                bound = getattr(module, attr, None)
+                ours = (
+                    isinstance(bound, types.FunctionType)
+                    and getattr(bound, "__wrapped__", None) is original
+                )
+                if bound is original or ours:
+                    setattr(module, attr, make(original))
+    except Exception:
+        LOG.debug("plancache: torch's cache directories not pinned", exc_info=True)
+
+
+def _refusal() -> StoreError:  # torch's cache directory asked for with none to be had
+    return StoreError(
+        "plancache: torch may not compile here: no private directory for its caches "
+        f"(set {PRIVATE_DIR_ENV} to a directory of this user's)",
+        reason=Reason.NO_PRIVATE_DIR,
+    )
+
+
+def _private_cache_dir(original: Callable[[], str]) -> Callable[[], str]:
+    """torch's ``cache_dir``, never outside the calling process's own directory: a path outside
+    is re-pointed (:func:`ensure_private`) before torch reads it; with none, :func:`_refusal`."""
+
+    def cache_dir() -> str:
+        if not is_private(os.environ.get(INDUCTOR_ENV)):
+            ensure_private()
+            if not is_private(os.environ.get(INDUCTOR_ENV)):
+                raise _refusal()
+        return original()
+
+    cache_dir.__wrapped__ = original  # type: ignore[attr-defined]  # where torch's own is, for a second pin
+    return cache_dir
 
 
 def _private_default(original: Callable[[], str]) -> Callable[[], str]:
     """torch's ``default_cache_dir``, answered from the calling process's own boot directory
-    (a forked worker's, not its parent's)."""
+    (a forked worker's, not its parent's); with none at all, :func:`_refusal` (never the
+    squattable ``$TMPDIR/torchinductor_<user>``)."""
 
     def default_cache_dir() -> str:
         mine = _mine()
-        return str(mine / "default") if mine is not None else original()
+        if mine is None:
+            raise _refusal()
+        return str(mine / "default")
 
     default_cache_dir.__wrapped__ = original  # type: ignore[attr-defined]  # where torch's own is, for a second pin
     return default_cache_dir
