@@ -255,13 +255,13 @@ def _other_candidates(
 
     try:
         found = other_candidates(
-            store, archives.archive_name(subject), MAX_SIG_OBJECT_BYTES, deadline
+            store, archives.archive_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
         )
     except PlanCacheError:
         return []
 
     def reader(candidate: Candidate) -> Callable[[int], bytes | None]:
-        return lambda cap: candidate_content(store, candidate, cap, deadline)
+        return lambda cap: candidate_content(store, candidate, cap, deadline=deadline)
 
     return [(c.signature, reader(c)) for c in found]
 

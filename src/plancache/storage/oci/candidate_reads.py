@@ -66,7 +66,7 @@ async def _others(fs: RegistryFileSystem, name: str, sig_cap: int) -> list[Candi
 
 
 def other_candidates(
-    store: Store, name: str, sig_cap: int, deadline: Deadline | None = None
+    store: Store, name: str, sig_cap: int, *, deadline: Deadline | None = None
 ) -> list[Candidate]:
     """Each signed candidate for object ``name`` attached to the store's image after the one a
     read takes, newest first, its signature read (at most ``sig_cap`` bytes); none for a store
@@ -89,7 +89,7 @@ def other_candidates(
 
 
 def candidate_content(
-    store: Store, candidate: Candidate, cap: int, deadline: Deadline | None = None
+    store: Store, candidate: Candidate, cap: int, *, deadline: Deadline | None = None
 ) -> bytes:
     """The candidate's content (embedded in its manifest, else its blob by digest), at most
     ``cap`` bytes: a reader asks for it only after the candidate's signature verified, with the
@@ -127,9 +127,9 @@ def other_plans(store: Store, fp: str, deadline: Deadline | None = None) -> list
     name = plan_name(fp)
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     results = []
-    for candidate in other_candidates(store, name, cap_for(sig_name(fp)), deadline):
+    for candidate in other_candidates(store, name, cap_for(sig_name(fp)), deadline=deadline):
         try:
-            plan = candidate_content(store, candidate, cap_for(name), deadline)
+            plan = candidate_content(store, candidate, cap_for(name), deadline=deadline)
         except PlanCacheError:  # this candidate's content is not to be had: the next one's may
             continue
         results.append(PlanResult(fp, "store", plan, candidate.signature))
