@@ -11,6 +11,7 @@ readable again after it, and its report counts what it deleted and kept truthful
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -127,3 +128,41 @@ def test_one_prune_removes_every_candidate_that_fails_however_many(
     assert _tag(registry, repo, plan_name(FP))[0] == 200
     assert main(pull) == 0
     assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)
+
+
+def test_verify_subject_names_every_candidate_it_judged(
+    registry: DockerRegistry,
+    signed_plans: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``verify --subject`` reported the newest candidate only: an operator saw one plan fail
+    and nothing of the signed one a reader would take, or of the other junk beside it."""
+    key, plans = signed_plans
+    repo = registry.new_repository("audit-candidates")
+    url = registry.url(repo)
+    image = push_image(registry.endpoint, repo, "v1")
+    assert main(["push", "--subject", "v1", "--fingerprint", FP, str(plans), url]) == 0
+    status, body = _tag(registry, repo, plan_name(FP))
+    assert status == 200
+    signed = "sha256:" + hashlib.sha256(body).hexdigest()
+    good_sig = (plans / sig_name(FP)).read_bytes()
+    older, newest = (
+        _attach_forgery(
+            registry,
+            repo,
+            image,
+            [_layer(PLAN_TYPE, plan_bytes(FP, kv=(90 + i) * 2**30)), _layer(DSSE, good_sig)],
+        )
+        for i in range(2)
+    )
+    capsys.readouterr()
+    verify = ["verify", "--json", "--trusted-keys", f"{key}.pub", "--subject", "v1", url]
+    assert main(verify) == 1  # the newest candidate fails: that is still the audit's verdict
+    [plan] = json.loads(capsys.readouterr().out)["plans"]
+    assert plan["reason"] == "digest-mismatch"  # the genuine signature, over other bytes
+    assert [(c["digest"], c["status"], c["reason"]) for c in plan["candidates"]] == [
+        (older, "invalid", "digest-mismatch"),
+        (signed, "valid", "ok"),
+    ]
+    assert f"an older one, {signed}, verifies" in plan["detail"]
+    assert newest not in {c["digest"] for c in plan["candidates"]}  # the one reported first

@@ -178,7 +178,7 @@ class Resolver:
             others = other_plans(self.store, result.fingerprint, deadline)
         except PlanCacheError:
             return result
-        for other in others:
+        for _, other in others:
             checked = verify_result(other, self.policy, now)
             if checked.verified is not None:
                 return checked.with_note(

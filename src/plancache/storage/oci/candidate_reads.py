@@ -117,9 +117,12 @@ def candidate_content(
     )
 
 
-def other_plans(store: Store, fp: str, deadline: Deadline | None = None) -> list[PlanResult]:
-    """Raw (unverified) store results for plan ``fp`` from each signed candidate after the one a
-    read takes (:func:`other_candidates`; none for another store); the caller verifies each.
+def other_plans(
+    store: Store, fp: str, deadline: Deadline | None = None
+) -> list[tuple[str, PlanResult]]:
+    """(manifest digest, raw unverified store result) for plan ``fp`` from each signed candidate
+    after the one a read takes (:func:`other_candidates`; none for another store); the caller
+    verifies each (a reader takes the first that verifies, an audit names them all).
 
     Raises:
         PlanCacheError: the registry could not be read (``StoreTimeout`` at the deadline).
@@ -132,5 +135,5 @@ def other_plans(store: Store, fp: str, deadline: Deadline | None = None) -> list
             plan = candidate_content(store, candidate, cap_for(name), deadline=deadline)
         except PlanCacheError:  # this candidate's content is not to be had: the next one's may
             continue
-        results.append(PlanResult(fp, "store", plan, candidate.signature))
+        results.append((candidate.digest, PlanResult(fp, "store", plan, candidate.signature)))
     return results
