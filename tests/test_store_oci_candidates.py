@@ -117,7 +117,12 @@ def test_one_prune_removes_every_candidate_that_fails_however_many(
     pull = ["pull", *trusted, "--subject", "v1", url, str(spot)]
     assert main(pull) == 1  # hidden: every candidate a reader tries fails
     capsys.readouterr()
-    code = main(["prune", "--json", "--invalid", *trusted, "--subject", "v1", url])
+    prune = ["prune", "--json", "--invalid", *trusted, "--subject", "v1", url]
+    assert main([*prune, "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)  # one round: it says more may follow
+    assert len(dry["deleted"]) == 1 and dry["more_candidates"] and dry["kept"] == 1
+    assert registry.get(f"/v2/{repo}/manifests/{junk[-1]}", MANIFEST)[0] == 200
+    code = main(prune)
     doc = json.loads(capsys.readouterr().out)
     assert code == 0, doc
     for digest in junk:
@@ -125,6 +130,7 @@ def test_one_prune_removes_every_candidate_that_fails_however_many(
     assert [d["fingerprint"] for d in doc["deleted"]] == [FP] * len(junk)
     assert sorted(d["version"] for d in doc["deleted"]) == sorted(junk)  # each one judged
     assert doc["kept"] == 1 and doc["changed"] == []  # the signed plan, kept
+    assert not doc["more_candidates"]
     assert _tag(registry, repo, plan_name(FP))[0] == 200
     assert main(pull) == 0
     assert (spot / plan_name(FP)).read_bytes() == plan_bytes(FP)

@@ -63,7 +63,8 @@ class PruneOutcome:
     """Names deleted in one round whose next candidate was kept (or changed, or unread)."""
     rounds: int = 0
     more_candidates: bool = False
-    """:data:`MAX_ROUNDS` were run and the last still deleted: more candidates may remain."""
+    """More attached candidates than listed may meet the criterion: :data:`MAX_ROUNDS` were run
+    and the last still deleted, or a dry run (one round: what a delete uncovers is not judged)."""
 
     @property
     def refused(self) -> bool:
@@ -218,6 +219,9 @@ def prune_plans(
         deadline=deadline,
         dry_run=dry_run,
     )
+    if judged and dry_run and _many_candidates(store):
+        outcome.more_candidates = True  # and each name may keep a candidate that verifies
+        outcome.survivors.update(judged)
     if judged and not dry_run and not outcome.refused:
         _delete_rounds(judge, outcome, judged, reports, unconditional)
     return outcome

@@ -305,8 +305,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
         )
         if outcome.more_candidates:
             print(
-                f"plancache: {outcome.rounds} rounds deleted attached candidates that failed and "
-                "more may remain: run prune again",
+                "plancache: a dry run judges the newest candidate attached for each plan; the "
+                "run judges the next ones as it deletes"
+                if args.dry_run
+                else f"plancache: {outcome.rounds} rounds deleted attached candidates that failed "
+                "and more may remain: run prune again",
                 file=sys.stderr,
             )
         if sets:
