@@ -19,11 +19,13 @@ import pytest
 
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.cli.main import main
+from plancache.clock import Deadline
 from plancache.pipeline.compile_cache import flows as cc
+from plancache.pipeline.compile_cache.load import guard
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import archives, cachedir
 from plancache.storage.oci.referrers import MAX_CANDIDATES
-from plancache.storage.store import open_store
+from plancache.storage.store import Store, open_store
 from plancache.trust.plans.plan import plan_name, sig_name
 from registry_server import DockerRegistry
 from store_servers import (
@@ -89,6 +91,16 @@ def test_a_compile_cache_behind_a_candidate_that_fails_is_pulled(
     assert "an older one verified" in outcome.detail
     assert verify_cache(fresh, SUBJECT, keyring, NOW).action == "verified"
     assert (fresh.directory(SUBJECT) / "rank_0_0" / "model").read_bytes() == bytes(range(256)) * 400
+    node = CacheRoot(tmp_path / "node")  # the plugin's guard, before vLLM reads the cache
+    private = tmp_path / "private"
+
+    def fetch() -> tuple[Store, Deadline]:
+        return open_store(registry.url(repo), {"subject": "v1"}, timeout=30), Deadline.after(30)
+
+    guarded = guard(node, SUBJECT, keyring, NOW, private, fetch=fetch)
+    assert guarded.action == "load", guarded
+    assert "an older one verified" in guarded.detail
+    assert (private / "rank_0_0" / "model").read_bytes() == bytes(range(256)) * 400
 
 
 def test_one_prune_removes_every_candidate_that_fails_however_many(

@@ -91,10 +91,11 @@ def _guard_locked(
     if not has_files(directory):
         if fetch is None or keyring is None:
             return CacheOutcome(subject, "compile", "no-cache", f"{note}no compile cache yet")
-        missed = _fetch(fetch, root, subject, keyring, now)
-        if missed is not None:
-            return replace(missed, detail=note + missed.detail)
-        return _load_pulled(root, subject, keyring, now, into, f"{note}store: pulled")
+        fetched = _fetch(fetch, root, subject, keyring, now)
+        if fetched.action != "compile":
+            pulled = f"{note}store: pulled" + (f" ({fetched.detail})" if fetched.detail else "")
+            return _load_pulled(root, subject, keyring, now, into, pulled)
+        return replace(fetched, detail=note + fetched.detail)
     try:
         if keyring is None:
             raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
@@ -122,16 +123,17 @@ def _guard_locked(
     rejected = replace(rejected, quarantined_to=target)
     if fetch is None or keyring is None:
         return rejected
-    missed = _fetch(fetch, root, subject, keyring, now)
-    if missed is not None:
-        return replace(rejected, detail=f"{rejected.detail}; {missed.detail}")
+    fetched = _fetch(fetch, root, subject, keyring, now)
+    if fetched.action == "compile":
+        return replace(rejected, detail=f"{rejected.detail}; {fetched.detail}")
     pulled = _load_pulled(
         root,
         subject,
         keyring,
         now,
         into,
-        f"local cache quarantined ({rejected.reason}); store: pulled",
+        f"local cache quarantined ({rejected.reason}); store: pulled"
+        + (f" ({fetched.detail})" if fetched.detail else ""),
     )
     return replace(pulled, quarantined_to=target)
 
@@ -176,14 +178,15 @@ def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
 
 def _fetch(
     fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: datetime
-) -> CacheOutcome | None:
-    """Pull into place (the caller holds the lock); None when a verified cache was installed,
-    else why not: the store has none (``no-cache``), refused what it has (``store-rejected``:
-    an alert, not a miss), or failed (``store-error``, ``timeout``)."""
+) -> CacheOutcome:
+    """Pull into place (the caller holds the lock): the pull's own outcome when a verified
+    cache was installed (its detail says, say, that an older candidate attached to the image
+    was taken), else ``compile`` and why not: the store has none (``no-cache``), refused what
+    it has (``store-rejected``: an alert, not a miss), or failed (``store-error``,
+    ``timeout``)."""
     try:
         store, deadline = fetch()
-        pull_locked(store, root, subject, keyring, now, deadline)
-        return None
+        return pull_locked(store, root, subject, keyring, now, deadline)
     except Rejected as exc:
         reason = "no-cache" if exc.reason is Reason.UNSIGNED else "store-rejected"
         return CacheOutcome(subject, "compile", reason, f"store: {exc.reason.value}: {exc.detail}")
