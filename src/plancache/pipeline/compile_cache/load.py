@@ -93,8 +93,8 @@ def _guard_locked(
             return CacheOutcome(subject, "compile", "no-cache", f"{note}no compile cache yet")
         fetched = _fetch(fetch, root, subject, keyring, now)
         if fetched.action != "compile":
-            pulled = f"{note}store: pulled" + (f" ({fetched.detail})" if fetched.detail else "")
-            return _load_pulled(root, subject, keyring, now, into, pulled)
+            said = f"{note}store: pulled" + (f" ({fetched.detail})" if fetched.detail else "")
+            return _load_pulled(root, subject, keyring, now, into, said)
         return replace(fetched, detail=note + fetched.detail)
     try:
         if keyring is None:
