@@ -164,6 +164,8 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_compile_locks.py": ("realtime", "system"),
     "test_compile_publish.py": UNIT,
     "test_compile_real_nodes.py": ("system",),
+    "test_compile_install_atomic.py": ("system",),
+    "test_compile_unfinished_header.py": ("vllm",),
     "test_compile_switch.py": ("vllm",),
     "test_deadlines.py": UNIT,
     "test_docs.py": UNIT,
@@ -193,6 +195,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_late_ports.py": UNIT,
     "test_no_secret_printed.py": ("system",),
     "test_no_secret_shipped.py": ("vllm",),
+    "test_private_data.py": UNIT,
     "test_pipeline_streams.py": UNIT,
     "test_plan_sets.py": ("emulator",),
     "test_plan_sets_audit.py": ("emulator", "realtime"),
@@ -225,6 +228,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_listings.py": ("emulator",),  # the registry stub: an endless tag list
     "test_store_oci_subject.py": ("emulator", "system"),  # docker-registry; the journeys in bash
     "test_store_scripts.py": ("emulator", "system"),
+    "test_plan_evidence.py": UNIT,
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,
     "test_trust_cosign.py": UNIT,

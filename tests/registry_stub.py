@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -254,8 +256,18 @@ class _Handler(BaseHTTPRequestHandler):
 class RegistryStub:
     """The stub on a free loopback port (see the module docstring)."""
 
-    def __init__(self, referrers_api: bool = True, address: str = LOOPBACK) -> None:
+    def __init__(
+        self,
+        referrers_api: bool = True,
+        address: str = LOOPBACK,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        """``tls``: (certificate, key) to speak TLS with (a token service's realm over https)."""
         self.server = QuietHTTPServer((address, 0), _Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.server.daemon_threads = True
         self.server.state = StubState(referrers_api)
         self.port = self.server.server_address[1]

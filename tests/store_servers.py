@@ -85,10 +85,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for ``IP:127.0.0.1`` (``CN=plancache test <name>``, a CA, so it
+def self_signed(directory: Path, name: str, address: str = LOOPBACK) -> tuple[Path, Path]:
+    """A self-signed certificate for ``IP:<address>`` (``CN=plancache test <name>``, a CA, so it
     doubles as the bundle a client is given) and its key, as PEM files in ``directory``: for the
-    servers that speak TLS on loopback (the registry, the KMS stand-ins)."""
+    servers that speak TLS on loopback (the registry, the KMS stand-ins), or on an address of a
+    network namespace a test made."""
     import datetime
     import ipaddress
 
@@ -109,7 +110,7 @@ def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=2))
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]),
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)

@@ -32,7 +32,7 @@ FACTS = (
     "--fact",
     "device_name=x",
     "--fact",
-    "device_total_memory=1",
+    "device_total_memory=85899345920",
 )
 
 
@@ -253,7 +253,8 @@ def test_the_ci_bake_journey_replaces_re_profiled_plans(tmp_path: Path, keys: Pa
         "PLANCACHE_SIGNING_KEY": str(keys),
         "IMAGE_PLAN_DIR": str(tmp_path / "image"),
         "PLAN_DIR": str(local.path),
-        "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x device_total_memory=1",
+        "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x "
+        "device_total_memory=85899345920",
     }
     journey = Path(__file__).resolve().parents[1] / "src" / "plancache" / "journeys" / "ci-bake.sh"
 
@@ -290,7 +291,11 @@ def test_an_unknown_fact_lists_the_known_ones(
 
 # -- what JSON and tables say (items 4 and 5) -----------------------------------------------------
 
-SIGNED_FACTS = {"gpu_memory_utilization": 0.9, "device_name": "x", "device_total_memory": 1}
+SIGNED_FACTS = {
+    "gpu_memory_utilization": 0.9,
+    "device_name": "x",
+    "device_total_memory": 85899345920,
+}
 
 
 def _schema_validator():

@@ -50,7 +50,7 @@ def signed_dir(path: Path, key: Path, *fps: str) -> LocalPlanDir:
                 "--fact",
                 "device_name=x",
                 "--fact",
-                "device_total_memory=1",
+                "device_total_memory=85899345920",
                 str(path),
             ]
         )
@@ -237,7 +237,7 @@ def test_sign_warns_without_the_gate_conditions(
         "--fact",
         "device_name=H100",
         "--fact",
-        "device_total_memory=1",
+        "device_total_memory=85899345920",
         str(other.path),
     )
     assert code == 0 and "warning" not in err

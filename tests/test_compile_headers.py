@@ -48,9 +48,12 @@ made)."""
 
 
 def header_bytes(size: int = 3 << 20) -> bytes:
-    """Compressible like a .gch (repetitive with noise), several inflate chunks long."""
+    """Compressible like a .gch (repetitive with noise), several inflate chunks long, beginning
+    with g++'s ident as a whole one does (the plugin removes a header that does not: gcc's
+    unfinished file)."""
     noise = random.Random(0).randbytes(size // 2)
-    return b"".join(noise[i : i + 4096] + bytes(4096) for i in range(0, len(noise), 4096))[:size]
+    body = b"".join(noise[i : i + 4096] + bytes(4096) for i in range(0, len(noise), 4096))
+    return (b"gpch+014" + body)[:size]
 
 
 @pytest.fixture
@@ -371,7 +374,7 @@ def fake_torch(directory: Path, built: list[str]) -> Any:
         path = directory / NAME[:-4]
         if not (directory / NAME).exists():
             built.append(NAME)
-            (directory / NAME).write_bytes(b"built here")
+            (directory / NAME).write_bytes(b"gpch+014 built here")
         return str(path)
 
     return precompile
@@ -471,7 +474,9 @@ def test_build_node_publish_pushes_the_cache_then_its_headers_packed_early(
     serving = node(tmp_path, "serving")
     # bound to the cache pushed
     outcome = pull(open_store(f"file://{tmp_path}/store"), serving, cache_archive_sha256=digest)
-    assert outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"built here"
+    assert (
+        outcome.installed == (NAME,) and (serving[1] / NAME).read_bytes() == b"gpch+014 built here"
+    )
 
 
 def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(
@@ -487,7 +492,7 @@ def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(
 
     def fetched(*args: Any, **kwargs: Any) -> ch.HeadersOutcome:
         time.sleep(0.5)
-        (directory / NAME).write_bytes(b"from the store")
+        (directory / NAME).write_bytes(b"gpch+014 from the store")
         return ch.HeadersOutcome("installed", installed=(NAME,))
 
     monkeypatch.setattr(ch, "pull_headers", fetched)
@@ -502,7 +507,7 @@ def test_every_thread_asking_for_a_header_waits_for_the_same_fetch(
         thread.start()
     for thread in threads:
         thread.join()
-    assert built == [] and (directory / NAME).read_bytes() == b"from the store"
+    assert built == [] and (directory / NAME).read_bytes() == b"gpch+014 from the store"
 
 
 # -- the fetch beside the guard's pull (issue 23 item 6) ------------------------------------------
@@ -642,7 +647,7 @@ def test_a_cache_refused_after_its_header_verified_installs_no_header_and_torch_
     assert outcome.action == "compile" and outcome.reason in ("store-rejected", "expired"), outcome
     assert finished and fetched.action == "cancelled" and fetched.installed == ()
     # gcc's, not the store's
-    assert built == [NAME] and (boot.headers / NAME).read_bytes() == b"built here"
+    assert built == [NAME] and (boot.headers / NAME).read_bytes() == b"gpch+014 built here"
     # no temporary left; torch did not wait out the budget
     assert leftovers(boot.headers) == [NAME] and waited < 5
     lines = [r.getMessage() for r in caplog.records]

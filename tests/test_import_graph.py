@@ -175,24 +175,41 @@ def test_an_import_up_the_rings_is_found() -> None:
     ]
 
 
-def test_no_folder_holds_more_than_twelve_modules() -> None:
-    """A room that grows past a dozen modules is split by what its modules share, so that the
-    folder listing still says where a thing lives (docs/layout.md)."""
-    folders: dict[Path, int] = {}
-    for path in ROOT.rglob("*.py"):
-        folders[path.parent] = folders.get(path.parent, 0) + 1
-    crowded = {str(d.relative_to(ROOT.parent)): n for d, n in folders.items() if n > 12}
-    assert len(folders) > 10 and not crowded, crowded
+TRUST_DECIDERS = (
+    "plancache.trust.verify",
+    "plancache.trust.policy",
+    "plancache.trust.sealing",
+    "plancache.trust.signing",
+    "plancache.trust.keyring",
+    "plancache.trust.keyless",
+    "plancache.trust.plans.gate",
+)
+"""The trust core's modules that decide: who signed, whether it counts, whether a plan applies."""
 
 
-def test_every_room_stays_under_350_lines() -> None:
-    """Past that a module holds more than one idea: split it by what its parts share."""
-    long = {
-        str(p.relative_to(ROOT.parent)): n
-        for p in ROOT.rglob("*.py")
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 350
+def storage_deciders(graph: dict[str, set[str]]) -> list[str]:
+    """``storage -> decider`` edges: storage moves bytes and reads names, never judges them."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("plancache.storage")
+        for target in targets
+        if any(target == d or target.startswith(d + ".") for d in TRUST_DECIDERS)
+    )
+
+
+def test_storage_decides_nothing_about_trust() -> None:
+    """Rooms are cut by interface, not by size (issue 50: the old caps of 350 lines a module and
+    twelve modules a folder split one idea into pairs that called each other): what a room may
+    import is the rule. Storage may read the trust core's names, caps, errors and values, but
+    no module that decides trust, so a reader sees from the imports alone that it judges
+    nothing."""
+    graph = import_graph()
+    assert storage_deciders(graph) == []
+    graph["plancache.storage.store"] = graph["plancache.storage.store"] | {
+        "plancache.trust.keyring.keys"
     }
-    assert not long, long
+    assert storage_deciders(graph) == ["plancache.storage.store -> plancache.trust.keyring.keys"]
 
 
 def test_no_two_modules_share_a_name() -> None:

@@ -378,3 +378,59 @@ def test_sign_cosigns_a_directory_keylessly_and_verify_lists_both(
     assert code == 0 and len(json.loads(out)["plans"][0]["signed_by"]) == 2
     code, out, _ = run(capsys, "ls", "--json", str(plan_dir))  # no keys: claimed, unverified
     assert code == 0 and "sigstore (unverified)" in json.loads(out)["plans"][0]["signer_ids"]
+
+
+@pytest.mark.parametrize(
+    ("later", "counts"),
+    [(timedelta(days=1), True), (-timedelta(days=1), False)],
+)
+def test_an_identity_that_co_signs_a_key_signed_statement_later_counts(
+    signers: Signers, sidecar: bytes, tmp_path: Path, later: timedelta, counts: bool
+) -> None:
+    """docs/keys.md's order "key first, then the job": the key dated the statement, the job
+    co-signs it a day later; its verified time is its own, the date is the key's (red team
+    48a: ``signing-time-mismatch``, even at a threshold of one that the key alone met). An
+    identity logged a day *before* the statement's date still did not sign it then: a
+    forward-dated statement stays ``signing-time-mismatch``."""
+    with SigstoreStack(now=NOW + later) as stack:
+        config = tmp_path / "trust_config.json"
+        config.write_bytes(stack.trust_config_bytes())
+        env = {
+            "SIGSTORE_ID_TOKEN": stack.token(IDENTITY),
+            "PLANCACHE_SIGSTORE_TRUST_CONFIG": str(config),
+        }
+        job = load_signer("sigstore", env)
+        assert isinstance(job, KeylessSigner)
+        cosigned = with_keyless(sidecar, job.sign_statement(payload_of(sidecar)))
+        ids = parse_trusted_keys(f"sigstore issuer={stack.issuer} identity={IDENTITY}\n", "t")
+        assert ids.identities is not None
+        policy = ids.identities.with_root(stack.trusted_root_bytes())
+    when = max(NOW, NOW + later) + timedelta(minutes=1)
+    for threshold in (1, 2):
+        keyring = Keyring(keyring_of(signers.key).keys, frozenset(), threshold, policy)
+        if counts:
+            verified = verify_plan(NAME, plan_bytes(), cosigned, keyring, when)
+            assert len(verified.signers) == 2, verified
+        else:
+            with pytest.raises(Rejected) as caught:
+                verify_plan(NAME, plan_bytes(), cosigned, keyring, when)
+            assert caught.value.reason is Reason.SIGNING_TIME_MISMATCH, caught.value
+
+
+def test_an_identity_that_signed_twice_counts_by_its_first_signature_in_any_order(
+    signers: Signers, sidecar: bytes, bundles: dict[str, bytes]
+) -> None:
+    """The bake job signed the statement when it was dated and again a day later: the line
+    counts once, by its first signature, whichever entry comes first (red team 48a: with the
+    later entry first the verdict was ``signing-time-mismatch``; the envelope's order is not
+    signed, so a store could flip it)."""
+    signers.stack.fixed_now = NOW + timedelta(days=1)
+    try:
+        late = signers.bake.sign_statement(payload_of(sidecar))
+    finally:
+        signers.stack.fixed_now = NOW
+    keyring = trusting(signers, line(signers))
+    when = NOW + timedelta(days=1, minutes=1)
+    for order in ((bundles["bake"], late), (late, bundles["bake"])):
+        verified = verify_plan(NAME, plan_bytes(), only_keyless(*order), keyring, when)
+        assert verified.signers == (IDENTITY,), verified

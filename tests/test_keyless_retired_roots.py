@@ -131,6 +131,90 @@ def test_doctor_and_verify_agree_on_a_retired_root(
     assert _reason(sidecar, _policy(stack, retired)) is Reason.RETIRED_TRUST_ROOT
 
 
+@pytest.mark.parametrize("part", ["ca", "ctlogs", "tlogs"])
+@pytest.mark.parametrize("retired_first", [True, False])
+def test_a_key_listed_once_per_window_is_judged_by_every_window_in_any_order(
+    stack: SigstoreStack, sidecar: bytes, part: str, retired_first: bool
+) -> None:
+    """The same key twice (served, retired, serving again): one of its windows covers the
+    verified time, so it verifies whichever entry the root lists first (red team 48a: with the
+    retired twin first, a current log's or CT log's bundle was ``retired-trust-root``)."""
+    root = json.loads(stack.trusted_root_bytes())
+    key = "certificateAuthorities" if part == "ca" else part
+    retired, current = json.loads(json.dumps(root[key][0])), json.loads(json.dumps(root[key][0]))
+    for entry, window in ((retired, RETIRED), (current, CURRENT)):
+        (entry if part == "ca" else entry["publicKey"])["validFor"] = window
+    root[key] = [retired, current] if retired_first else [current, retired]
+    assert _reason(sidecar, _policy(stack, json.dumps(root).encode())) is None
+    root[key] = [retired, dict(retired)]  # and with no window covering it, still refused
+    assert _reason(sidecar, _policy(stack, json.dumps(root).encode())) is (
+        Reason.RETIRED_TRUST_ROOT
+    )
+
+
+@pytest.mark.parametrize("part", ["ca", "ctlogs", "tlogs"])
+def test_doctor_and_verify_agree_between_a_retired_part_and_its_successor(
+    stack: SigstoreStack,
+    sidecar: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    part: str,
+) -> None:
+    """A part retired yesterday and its successor not yet in service: nothing signed now
+    verifies, and ``doctor`` says so (red team 48a: it counted the successor's open end and
+    said ok, valid for years)."""
+    root = json.loads(stack.trusted_root_bytes())
+    key = "certificateAuthorities" if part == "ca" else part
+    retired, later = json.loads(json.dumps(root[key][0])), json.loads(json.dumps(root[key][0]))
+    for entry, window in ((retired, RETIRED), (later, LATER)):
+        (entry if part == "ca" else entry["publicKey"])["validFor"] = window
+    root[key] = [retired, later]
+    data = json.dumps(root).encode()
+    path = tmp_path / "root.json"
+    path.write_bytes(data)
+    monkeypatch.setenv("PLANCACHE_SIGSTORE_TRUSTED_ROOT", str(path))
+    checks = Checks()
+    check_trust_root(checks, Keyring(identities=_policy(stack, data)), NOW)
+    (row,) = checks.items
+    assert row["status"] == "fail" and "expired" in row["detail"], row
+    assert _reason(sidecar, _policy(stack, data)) is Reason.RETIRED_TRUST_ROOT
+
+
+def test_a_ca_that_starts_after_the_verifier_was_built_verifies_once_it_has_started(
+    stack: SigstoreStack, sidecar: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation published ahead of time: the new CA starts after the process verified its
+    first bundle. sigstore-python keeps the CAs that had started when its verifier was built,
+    on the real clock; that clock is moved here (sigstore-python reads no other), and once the
+    CA has started its bundle verifies in the same process (red team 48a: the cached verifier
+    refused it as ``foreign-trust-root`` until a restart)."""
+    import sigstore._utils
+
+    from plancache.trust.keyless import verifier_refusals
+
+    moment = [NOW - timedelta(hours=1)]
+
+    class Wall(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return moment[0]
+
+    monkeypatch.setattr(sigstore._utils, "datetime", Wall)
+    monkeypatch.setattr(verifier_refusals, "datetime", Wall)
+    root = json.loads(stack.trusted_root_bytes())
+    root["certificateAuthorities"][0]["validFor"] = {
+        "start": format_time(NOW - timedelta(minutes=30))
+    }
+    with SigstoreStack() as other:  # the CA in service before it: the verifier builds
+        root["certificateAuthorities"].insert(0, other.trusted_root()["certificateAuthorities"][0])
+    policy = _policy(stack, json.dumps(root).encode())
+    # not started yet on the verifier's clock: the root's CA, not another instance's (red team
+    # 48a: it was foreign-trust-root)
+    assert _reason(sidecar, policy) is Reason.RETIRED_TRUST_ROOT
+    moment[0] = NOW + timedelta(minutes=1)
+    assert _reason(sidecar, policy) is None
+
+
 # -- item 4: a root that can verify nothing is a config error -----------------------------------
 
 
@@ -142,6 +226,12 @@ def test_doctor_and_verify_agree_on_a_retired_root(
         (lambda r: r["tlogs"][0]["publicKey"].update(validFor=LATER), "transparency-log key"),
         (lambda r: r["ctlogs"][0]["publicKey"].update(validFor=LATER), "CT log key"),
         (lambda r: r["certificateAuthorities"][0].update(validFor=LATER), "certificate authority"),
+        (  # red team 48a: a window ending before it starts (a typo) loaded, refusing everything
+            lambda r: r["ctlogs"][0]["publicKey"].update(
+                validFor={"start": "2026-06-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}
+            ),
+            "before it starts",
+        ),
     ],
 )
 def test_a_root_that_can_verify_no_bundle_is_a_config_error_and_doctor_fails(
@@ -346,3 +436,56 @@ def test_a_timestamp_authority_retired_before_its_stamp_is_a_retired_trust_root(
     with pytest.raises(Rejected) as caught:
         open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
     assert caught.value.reason is Reason.FOREIGN_TRUST_ROOT
+
+
+def _staging_root() -> dict[str, Any]:
+    from importlib.resources import files
+
+    root: dict[str, Any] = json.loads(
+        files("sigstore._store")
+        .joinpath("https%3A%2F%2Ftuf-repo-cdn.sigstage.dev", "trusted_root.json")
+        .read_bytes()
+    )
+    return root
+
+
+def test_a_stamp_at_its_authoritys_end_is_retired_not_foreign() -> None:
+    """sigstore-python counts a TSA's stamp only before the end of its window (the end
+    excluded); one made at the very end is the root's retired TSA's, not another instance's
+    (red team 48a: ``foreign-trust-root``)."""
+    staging = _staging_root()
+    data = (DATA / "staging-rekor-v2-conformance-beacon.sigstore.json").read_bytes()
+    identity = (
+        "https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/"
+        ".github/workflows/extremely-dangerous-oidc-beacon.yml@refs/heads/main"
+    )
+    line = f"sigstore issuer=https://token.actions.githubusercontent.com identity={identity}\n"
+    ids = parse_trusted_keys(line, "t").identities
+    assert ids is not None
+    _, (signer,) = open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert signer.log_time is not None
+    for tsa in staging["timestampAuthorities"]:
+        tsa["validFor"]["end"] = format_time(signer.log_time)
+    with pytest.raises(Rejected) as caught:
+        open_bundle(data, ids.with_root(json.dumps(staging).encode()), CAP)
+    assert caught.value.reason is Reason.RETIRED_TRUST_ROOT, caught.value
+    assert "timestamp authority" in caught.value.detail
+
+
+def test_a_stamp_the_roots_authority_made_over_another_signature_is_a_bad_bundle(
+    stack: SigstoreStack, sidecar: bytes
+) -> None:
+    """A bundle whose one timestamp is genuine (a TSA of the root signed it) but over another
+    bundle's signature: the bundle is at fault, not the root (red team 48a: it was
+    ``foreign-trust-root``, sending the operator to their trust root)."""
+    root = json.loads(stack.trusted_root_bytes())
+    root["timestampAuthorities"] = _staging_root()["timestampAuthorities"]
+    beacon = json.loads((DATA / "staging-rekor-v2-conformance-beacon.sigstore.json").read_bytes())
+    stamps = beacon["verificationMaterial"]["timestampVerificationData"]
+    bundle = json.loads(sidecar)
+    bundle["verificationMaterial"]["tlogEntries"][0].pop("inclusionPromise")
+    bundle["verificationMaterial"]["timestampVerificationData"] = stamps
+    with pytest.raises(Rejected) as caught:
+        open_bundle(json.dumps(bundle).encode(), _policy(stack, json.dumps(root).encode()), CAP)
+    assert caught.value.reason is Reason.BAD_BUNDLE, caught.value
+    assert "does not cover the bundle's signature" in caught.value.detail

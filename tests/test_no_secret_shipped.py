@@ -8,6 +8,13 @@ manifest signs. Each test plants secrets under many spellings and greps every ob
 ``file://`` store: raw, archives' members read, sidecars' payloads decoded, gzip inflated.
 One test runs vLLM 0.33's real compile path in the ``VLLM_USE_AOT_COMPILE=0`` layout (one cold
 boot, ~15-30 s); the others need no vLLM.
+
+Issue 46: torch copies every variable named with TORCH, DYNAMO, INDUCTOR or TRITON into what it
+compiles. Two more cold boots (one per layout, ``VLLM_USE_AOT_COMPILE=0`` and the AOT default)
+plant a remote cache URL with userinfo, an API token, a Kubernetes-style
+``TRITON_INFERENCE_SERVER_PORT=tcp://10.…`` and a profiler directory under the boot's home: torch
+writes them into the local cache, the push is refused (``private-data``) naming each, never a
+value, and the store holds none of them; a clean AOT boot still pushes cache and header.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import base64
 import gzip
 import io
 import json
+import re
 import sys
 import tarfile
 from collections.abc import Iterator
@@ -321,3 +329,109 @@ def test_vllms_real_compile_path_ships_no_planted_value(built: dict[str, Any]) -
     }
     # the shared directory is the signed archive's
     assert not list(built["dir"].rglob("cache_key_factors.json"))
+
+
+# --- torch's environment snapshot: both vLLM compile layouts (issue 46) -------------------------
+
+TORCH_PASSWORD = "r3disPASSw0rd"
+TORCH_PLANTED = {  # named so torch's generate_env_vars_string copies each into what it compiles
+    "TORCHINDUCTOR_REMOTE_CACHE_URL": f"redis://cacheuser:{TORCH_PASSWORD}@cache.example:6379/0",
+    "MY_TRITON_API_TOKEN": "tritonTOKENsecret42",
+    # what Kubernetes injects for a Service named triton-inference-server
+    "TRITON_INFERENCE_SERVER_PORT": "tcp://10.43.211.7:8000",
+}
+PROFILER = "VLLM_TORCH_PROFILER_DIR"  # planted under the boot's fake $HOME
+NOT_PUSHED = re.compile(
+    r'plancache: compile-cache not-pushed what=(\S+) cache=(\S+) reason=(\S+) detail="([^"]*)"'
+)
+LAYOUTS = {"aot0": False, "aot1": True}
+
+
+def _grep_tree(directory: Path, values: list[str]) -> set[str]:
+    """The planted values found in any file under ``directory`` (what vLLM and torch wrote)."""
+    found = set()
+    for path in directory.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found |= {v for v in values if v.encode() in data}
+    return found
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def torch_planted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any
+) -> dict[str, Any]:
+    """One cold boot per layout that compiles and signs with torch-named secrets planted, and
+    pushes (or refuses to)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from compile_boots import AOT0, boot, cache_dir
+    from compile_tampers import cli
+
+    aot = LAYOUTS[request.param]
+    top = tmp_path_factory.mktemp(f"torch-planted-{request.param}")
+    (top / "keys").mkdir()
+    key = str(top / "keys" / "key")
+    assert cli("keygen", key).returncode == 0
+    base = top / "build"
+    base.mkdir()
+    planted = {**TORCH_PLANTED, PROFILER: str(base / "home" / "profiles" / "run-1")}
+    report = boot(
+        base,
+        PLANCACHE_SIGNING_KEY=key,
+        PLANCACHE_URL=f"file://{top}/store",
+        **({} if aot else AOT0),
+        **planted,
+    )
+    assert report["correct"], report["stderr"][-3000:]
+    return {"top": top, "report": report, "planted": planted, "dir": cache_dir(base, aot=aot)}
+
+
+def test_torchs_environment_snapshot_is_never_pushed(torch_planted: dict[str, Any]) -> None:
+    """torch copied every planted variable into the cache it compiled (the signed local cache
+    holds them: the old code pushed exactly that); the push is refused as ``private-data`` with one
+    line naming each variable, never its value, and the store holds no byte of any of them."""
+    planted, stderr = torch_planted["planted"], torch_planted["report"]["stderr"]
+    values = [*planted.values(), TORCH_PASSWORD]
+    # what the node holds, signed: the values are there (the archive would have carried them)
+    assert _grep_tree(torch_planted["dir"], values) >= {TORCH_PASSWORD, *TORCH_PLANTED.values()}
+    refusals = NOT_PUSHED.findall(stderr)
+    assert refusals, stderr[-3000:]
+    (what, _, reason, detail), *_ = refusals
+    assert (what, reason) == ("cache", "private-data")
+    for name in planted:
+        assert name in detail, detail
+    # never a value, anywhere in the boot's output (vLLM's and torch's included)
+    for value in [*values, "cacheuser", "10.43.211.7"]:
+        assert value not in stderr, value
+    store = torch_planted["top"] / "store"
+    objects = [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+    assert not [p.name for p in objects if p.name.endswith((".tar", ".tar.sig"))], objects
+    assert_nothing_planted(
+        [blob for p in objects for blob in _inflated(p.name, p.read_bytes())],
+        {**planted, "password": TORCH_PASSWORD},
+    )
+
+
+def test_a_clean_aot_build_is_still_pushed(
+    tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any
+) -> None:
+    """Every compiled file carries the cache root (the check lets it ship): a build node without
+    private variables pushes its AOT cache and headers, and neither holds its (distinctive) home."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from compile_boots import boot
+    from compile_tampers import cli
+
+    top = tmp_path_factory.mktemp("clean-aot")
+    (top / "keys").mkdir()
+    key = str(top / "keys" / "key")
+    assert cli("keygen", key).returncode == 0
+    (top / "build").mkdir()
+    report = boot(top / "build", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/store")
+    assert report["correct"], report["stderr"][-3000:]
+    assert not NOT_PUSHED.findall(report["stderr"]), report["stderr"][-3000:]
+    blobs = shipped(top / "store")
+    assert any(name.endswith(".pch.gz|gunzip") for name, _ in blobs), [n for n, _ in blobs]
+    home = str(top / "build" / "home").encode()
+    root = str(top / "build" / "vllm-cache").encode()
+    assert not [name for name, data in blobs if home in data]
+    assert any(root in data for name, data in blobs if name.endswith(".so"))  # what ships by design

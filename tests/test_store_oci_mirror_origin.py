@@ -9,7 +9,9 @@ these tests see which one was read:
   ``mirror_reads=true`` is the operator's explicit way to audit through the mirror;
 * a read through a mirror (``pull``, the plugin's boot) is named in the human output
   (``read via mirror HOST (configured in FILE)``) and the JSON report (``via_mirror``);
-* a mirror that fails is named with the file that configured it.
+* a mirror that fails is named with the file that configured it;
+* a prune that deletes judges from the registry even when told ``mirror_reads=true`` (a
+  mirror's tag list that leaves out a plan, a stub here, would cost the registry its set).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,11 +27,21 @@ import pytest
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
+from plancache.keys.schemes import load_signer
+from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
+from plancache.storage.oci.artifacts import slot_of
+from plancache.storage.store import open_store
 from plancache.trust.plans.gate import Decision, Verdict
-from plancache.trust.plans.plan import plan_name
+from plancache.trust.plans.plan import plan_name, sig_name
+from plancache.trust.plans.plan_set import build_set
+from plancache.trust.policy import TrustPolicy
+from plancache.trust.signing import sign_plan
 from plancache.vllm_plugin.boot import log_decision
+from plancache.vllm_plugin.config import PluginConfig
+from plancache.vllm_plugin.worker_boot import Boot
 from registry_server import DockerRegistry, registry_binary
+from registry_stub import RegistryStub
 from store_servers import (
     closed_port,
     registry,  # noqa: F401 - a fixture, named as a parameter
@@ -136,6 +149,13 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
         log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "local", FP, 0.0)
     store_line, local_line = (r.getMessage() for r in caplog.records[-2:])
     assert f"via_mirror={mirror.host}" in store_line and "via_mirror" not in local_line
+    # ... but only for a plan of the store the mirror served: a worker whose plans come from
+    # another store (the mirror read was, say, its compile cache's) names no mirror
+    for store_url, named_here in ((url, True), (registry.url("elsewhere"), False)):
+        boot = Boot(PluginConfig(url=store_url), TrustPolicy.unsigned_local())
+        with caplog.at_level(logging.INFO, logger="vllm.plancache"):
+            log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "store", FP, 0.0, boot=boot)
+        assert (f"via_mirror={mirror.host}" in caplog.records[-1].getMessage()) is named_here
 
 
 def test_a_dead_mirror_is_named_with_the_file_that_configured_it(
@@ -184,3 +204,46 @@ def test_a_plain_mirror_named_as_tls_names_its_own_fix_not_plain_http(
     text = json.dumps(report)
     assert code != 0 and f"the mirror {mirror.host} (configured in {hosts})" in text
     assert f"name it http://{mirror.host} there" in text and "plain_http=true" not in text
+
+
+def test_a_prune_that_deletes_judges_from_the_registry_even_with_mirror_reads_true(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mirror whose tag list leaves out one plan of a plan set (stale, or hostile: a stub on
+    127.0.0.2 serving the registry's objects but that tag): a prune told ``mirror_reads=true``
+    that should delete nothing judged the set as holding a plan the store no longer lists and
+    deleted the set on the registry. A prune that deletes reads the registry itself, whatever it
+    is told (as a push does); ``--dry-run`` may still audit through the mirror, named."""
+    generate_keypair(tmp_path / "ci", force=False, comment="ci")
+    signer = load_signer(str(tmp_path / "ci"))
+    when = utcnow() - timedelta(hours=1)
+    members, objects = [], {}
+    for rank, fp in enumerate((FP, FP2)):
+        data = plan_bytes(fp)
+        provenance = {"rank": rank, "world_size": 2}
+        sig = sign_plan(plan_name(fp), data, signer, when, provenance=provenance)
+        members.append((fp, data, sig))
+        objects |= {plan_name(fp): data, sig_name(fp): sig}
+    set_name, set_data = build_set(members, signer, when)
+    objects[set_name] = set_data
+    origin, stale = RegistryStub(), RegistryStub(address="127.0.0.2")
+    try:
+        for server in (origin, stale):
+            store = open_store(server.url("team/plans"), {"mirror_config": "none"}, timeout=30)
+            store.put_many(objects)
+        stale.state.tags.pop(slot_of(plan_name(FP)).tag)  # the mirror's listing leaves FP out
+        held = dict(origin.state.tags)
+        prune = ("prune", "JSON", origin.url("team/plans"), "--older-than", "3650d")
+        via = ("--storage-option", f"mirror=http://{stale.host}")
+        opt_in = ("--storage-option", "mirror_reads=true")
+        code, report, err = run(capsys, *prune, "--dry-run", *via, *opt_in)
+        assert code == 0 and report["via_mirror"][0]["host"] == stale.host  # an audit: named
+        code, report, err = run(capsys, *prune, "--unconditional", *via, *opt_in)
+        assert code == 0, report
+        assert origin.state.tags == held, "the registry lost " + str(
+            set(held) - set(origin.state.tags)
+        )
+        assert "via_mirror" not in report and "via mirror" not in err
+    finally:
+        origin.stop()
+        stale.stop()

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,10 +169,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http_says() -> None:
-    """In a network namespace of its own: a registry at 10.9.9.9 spoken to in plain HTTP (as
-    asked, ``plain_http=true``) whose realm is plain HTTP, on its own host or another: neither
-    the basic credentials nor the identity token is sent; an anonymous token still is asked."""
+def in_own_network(child: str) -> dict[str, Any]:
+    """The JSON last printed by ``child`` (Python, given AUTH) run in a network namespace of
+    its own (``unshare -rn``); the test is skipped where none can be made (failed in CI)."""
     usable = shutil.which("unshare") is not None and shutil.which("ip") is not None
     if usable:
         probe = ["unshare", "-rn", "ip", "link", "set", "lo", "up"]
@@ -186,7 +186,7 @@ def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http
         "HOME": os.environ.get("HOME", "/tmp"),
     }
     done = subprocess.run(
-        ["unshare", "-rn", sys.executable, "-c", CHILD, AUTH],
+        ["unshare", "-rn", sys.executable, "-c", child, AUTH],
         capture_output=True,
         text=True,
         env=env,
@@ -194,13 +194,81 @@ def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    outcome: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return outcome
+
+
+def test_a_plain_http_realm_off_loopback_never_gets_a_secret_whatever_plain_http_says() -> None:
+    """In a network namespace of its own: a registry at 10.9.9.9 spoken to in plain HTTP (as
+    asked, ``plain_http=true``) whose realm is plain HTTP, on its own host or another: neither
+    the basic credentials nor the identity token is sent; an anonymous token still is asked."""
+    outcome = in_own_network(CHILD)
     for case in ("own-host", "other-host", "identity-token"):
         reason, detail = outcome[case]
         assert reason == "store-error" and "plain HTTP" in detail, (case, detail)
         assert "not sent" in detail and PASSWORD not in detail and "refresh-4711" not in detail
     assert outcome["token-requests"] == 0
     assert outcome["anonymous"][0] in ("ok", "no-plan"), outcome["anonymous"]
+
+
+TLS_REALM_CHILD = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, tempfile
+    from pathlib import Path
+    for argv in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", "10.9.9.9/32", "dev",
+                 "lo"]):
+        subprocess.run(argv, check=True)
+    from registry_stub import RegistryStub
+    from store_servers import self_signed
+    from plancache.storage.store import open_store
+    auth = sys.argv[1]
+    home = Path(tempfile.mkdtemp())
+    tls = self_signed(home, "realm", "10.9.9.9")
+    os.environ["SSL_CERT_FILE"] = str(tls[0])  # the realm's certificate is trusted
+    os.environ["DOCKER_CONFIG"] = str(home)
+    registry = RegistryStub(address="10.9.9.9")
+    realm = RegistryStub(address="10.9.9.9", tls=tls)
+    registry.state.bearer = realm.state.bearer = auth
+    registry.state.realm = f"https://{realm.host}/token"
+    outcome = {}
+    # the last: the stub as a plain-HTTP mirror (as its own configuration says) of a TLS
+    # registry that is never asked (reads go to the mirror), the mirror's own credentials
+    mirrored = ("oci://10.9.9.9:1/team/plans", {"mirror": f"http://{registry.host}"})
+    for name, entry, (url, options) in [
+        ("basic", {"auth": auth}, (registry.url("team/plans"), {"plain_http": True})),
+        ("identity-token", {"identitytoken": "refresh-4711"},
+         (registry.url("team/plans"), {"plain_http": True})),
+        ("plain-mirror", {"auth": auth}, mirrored),
+    ]:
+        realm.state.refresh_token = "refresh-4711" if name == "identity-token" else None
+        (home / "config.json").write_text(json.dumps({"auths": {registry.host: entry}}))
+        store = open_store(url, options, timeout=10)
+        error = store.fetch("0123456789abcdef").error
+        outcome[name] = [error.reason.value, error.detail] if error else ["ok", ""]
+    outcome["registry-saw"] = [h.get("Authorization", "") for _, _, h in registry.state.requests]
+    outcome["realm-saw"] = [h.get("Authorization", "") for _, _, h in realm.state.requests]
+    outcome["realm-forms"] = realm.state.token_forms
+    print(json.dumps(outcome))
+    """
+)
+
+
+def test_no_token_bought_with_the_credentials_goes_over_plain_http_off_loopback() -> None:
+    """In a network namespace of its own: a registry at 10.9.9.9 spoken to in plain HTTP
+    (``plain_http=true``) names a TLS realm on its own host. The credentials could go to the
+    realm (TLS), but the token they buy (push, delete) would then travel in clear to the
+    registry on every request: they are not used, a store-error says why, and neither the
+    realm nor the registry is sent anything secret. Before, the registry received
+    ``Authorization: Bearer …`` bought with the docker config's password, or with its
+    identity token, in clear. The same for a plain-HTTP mirror (``http://`` in its own
+    configuration) and the credentials kept for the mirror's host."""
+    outcome = in_own_network(TLS_REALM_CHILD)
+    for case in ("basic", "identity-token", "plain-mirror"):
+        reason, detail = outcome[case]
+        assert reason == "store-error" and "plain HTTP" in detail, (case, detail)
+        assert "not sent" in detail and PASSWORD not in detail and "refresh-4711" not in detail
+    assert not any(outcome["registry-saw"]), outcome["registry-saw"]
+    assert outcome["realm-saw"] == [] and outcome["realm-forms"] == []
 
 
 # -- nothing blocks the loop --------------------------------------------------------------------
@@ -252,6 +320,34 @@ def test_a_helper_that_outlives_the_operation_is_killed(
             break
         time.sleep(0.05)
     assert pid_file.exists() and not alive(int(pid_file.read_text()))
+
+
+def test_a_helper_whose_child_holds_its_pipe_ends_at_the_helpers_timeout(
+    stubs: tuple[RegistryStub, RegistryStub],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A helper that never answers and forked a child holding its stdout: it is killed at
+    HELPER_TIMEOUT with its process group, so the pipe closes and the read ends there (one
+    line naming the helper), not at the operation's budget (the reap waited for the pipe the
+    grandchild held, past the 5 s, until the deadline); the grandchild is gone too."""
+    registry, _ = stubs
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    pid_file = tmp_path / "grandchild.pid"
+    helper(tmp_path, f"sleep 600 &\necho $! > {pid_file}\nexec sleep 600\n")
+    error = fetch_error(open_store(registry.url("team/plans"), timeout=60))
+    grandchild = int(pid_file.read_text())
+    try:
+        assert error.reason.value == "store-error", error.detail
+        assert "docker-credential-slow did not answer in 5 s" in error.detail
+        for _ in range(200):
+            if not alive(grandchild):
+                break
+            time.sleep(0.05)
+        assert not alive(grandchild)
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, 9)
 
 
 def test_a_helper_that_waits_blocks_no_other_store_on_the_loop(

@@ -411,7 +411,8 @@ def test_ci_bake_takes_any_key_reference(tmp_path: Path) -> None:
         "IMAGE_PLAN_DIR": str(image),
         "PLAN_DIR": str(profiled.path),
         "PLANCACHE_TRUSTED_KEYS": "",
-        "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x device_total_memory=1",
+        "PLANCACHE_FACTS": "gpu_memory_utilization=0.9 device_name=x "
+        "device_total_memory=85899345920",
     }
     bake = script("ci-bake.sh", env)
     assert bake.returncode == 0, bake.stderr

@@ -258,3 +258,46 @@ def test_one_read_is_bounded_in_files_and_bytes_and_says_what_it_left(tmp_path: 
     by_bytes = records.read_newest(root, limit=100, max_bytes=2 * size)
     assert len(by_bytes.records) == 2 and by_bytes.unread == 8
     assert records.read_last(root, 2) == found.records[:2]
+
+
+def test_a_held_back_plan_and_a_tight_margin_are_gauges_with_no_planted_label() -> None:
+    """Issue 49: the alert names the plan and both numbers; the margin after applying and
+    whether it is tight. Only a real fingerprint becomes a label."""
+    fp = "0123456789abcdef"
+    held = {
+        **MISSED,
+        "plan": {
+            "decision": "profile",
+            "reason": "unfinished-boot",
+            "held_back": {
+                "fingerprint": fp,
+                "plan_kv_cache_memory_bytes": 50 << 30,
+                "profiled_kv_cache_memory_bytes": 40 << 30,
+            },
+        },
+    }
+    tight = {
+        **APPLIED,
+        "plan": {**APPLIED["plan"], "margin": {"free_bytes": 1 << 29, "tight": True}},
+    }
+    samples = _samples(render([tight, held]))
+    plan = (
+        "plancache_boot_plan_held_back_bytes",
+        (("fingerprint", fp), ("kind", "plan"), ("rank", "1")),
+    )
+    assert samples[plan] == 50 << 30
+    assert (
+        samples[(plan[0], (("fingerprint", fp), ("kind", "profiled"), ("rank", "1")))] == 40 << 30
+    )
+    decision = [k for k in samples if k[0] == "plancache_boot_decision" and ("rank", "1") in k[1]]
+    assert dict(decision[0][1])["plan_reason"] == "unfinished-boot"
+    assert samples[("plancache_boot_free_after_startup_bytes", (("rank", "0"),))] == 1 << 29
+    assert samples[("plancache_boot_plan_tight", (("rank", "0"),))] == 1
+    planted = {
+        **held,
+        "plan": {
+            **held["plan"],
+            "held_back": {**held["plan"]["held_back"], "fingerprint": 'x",evil="1'},
+        },
+    }
+    assert "evil" not in render([planted])

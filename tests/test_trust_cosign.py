@@ -273,7 +273,7 @@ def test_bad_requests_are_config_errors() -> None:
         sign_or_cosign(NAME, DATA, None, Liar(ci), NOW, keyring=None)
     with pytest.raises(Rejected) as info:
         sign_or_cosign(NAME, plan_bytes(kv=100, baseline=10), None, ci, NOW, keyring=None)
-    assert info.value.reason is Reason.MALFORMED
+    assert info.value.reason is Reason.BASELINE_BELOW_KV
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
-from plancache.trust.errors import PlanCacheError, Reason, Rejected
+from plancache.trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from plancache.trust.keyring.keys import Ed25519Signer, Keyring
 from plancache.trust.plans.plan import parse_plan, plan_name
 from plancache.trust.signing import add_signature, sign_plan
@@ -285,9 +285,23 @@ def test_oversized_inputs_are_refused_before_parsing(
 
 
 def test_signing_refuses_malformed_plans(signer: Ed25519Signer) -> None:
+    # numbers that cannot be right: each its own reason at signing (issue 49)
     with pytest.raises(PlanCacheError) as info:
         sign_plan(NAME, plan_bytes(kv=100, baseline=10), signer, NOW)
-    assert info.value.reason is Reason.MALFORMED
+    assert info.value.reason is Reason.BASELINE_BELOW_KV
+    for kv in (0, -5):
+        with pytest.raises(PlanCacheError) as info:
+            sign_plan(NAME, plan_bytes(kv=kv, baseline=10), signer, NOW)
+        assert info.value.reason is Reason.KV_NOT_POSITIVE
+    with pytest.raises(PlanCacheError) as info:
+        sign_plan(
+            NAME,
+            plan_bytes(kv=100, baseline=200),
+            signer,
+            NOW,
+            provenance={"device_total_memory": 150},
+        )
+    assert info.value.reason is Reason.KV_ABOVE_DEVICE
     with pytest.raises(PlanCacheError):
         sign_plan(NAME, plan_bytes(), signer, NOW, provenance={"gpu_memory_utilization": True})
     with pytest.raises(PlanCacheError):
@@ -317,6 +331,34 @@ def test_statement_round_trip(signed: tuple[str, bytes, bytes]) -> None:
         and st_.fingerprint == FP
         and st_.expires_at == NOW + timedelta(days=30)
     )
+
+
+def test_evidence_is_signed_checked_and_absent_from_old_statements(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
+    """Issue 49: the evidence is signed and read back; a statement without it (every plan signed
+    before) still verifies, with empty evidence; evidence of the wrong shape is never signed."""
+    statement = verify_plan(*signed, keyring_of(signer), NOW).statement
+    assert statement is not None and statement.evidence == {}
+    evidence = {
+        "vllm_version": "0.33.0",
+        "torch_version": "2.13.0",
+        "compile": "warm",
+        "weights_memory": 1 << 30,
+        "peak_activation_memory": 1 << 29,
+    }
+    data = plan_bytes()
+    sig = sign_plan(NAME, data, signer, NOW, evidence=evidence)
+    statement = verify_plan(NAME, data, sig, keyring_of(signer), NOW).statement
+    assert statement is not None and dict(statement.evidence) == evidence
+    for bad in (
+        {"compile": "lukewarm"},
+        {"weights_memory": -1},
+        {"weights_memory": True},
+        {"gpu": "x"},
+    ):
+        with pytest.raises(ConfigError):
+            sign_plan(NAME, data, signer, NOW, evidence=bad)
 
 
 # Fuzzing: hostile bytes only ever produce Rejected, with a reason that parser may give.

@@ -1531,3 +1531,261 @@ def test_doctor_shows_the_last_boot_records(
     assert check["data"]["records"][0]["plan"]["reason"] == "no-plan" and code in (0, 1)
     main(["doctor"])
     assert "BOOT" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------- plans that are right (issue 49)
+
+
+def _signed_local_plan(
+    env: SimpleNamespace, keys: SimpleNamespace, fp: str, kv: int = PLANNED_KV
+) -> tuple[bytes, bytes]:
+    data, sig = write_plan(env.plan_dir, fp, keys.signer, kv=kv)
+    assert sig is not None
+    return data, sig
+
+
+def _decision(lines: list) -> str:
+    (line,) = infos(lines)
+    lines.clear()
+    return line
+
+
+def test_a_profiling_boot_never_overwrites_the_signed_plan(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Item 5: a node below the baseline once profiles; vLLM's fresh plan is dropped, the signed
+    plan stays byte for byte, and the next boot with enough free memory applies it again (no
+    store: a baked-in plan that vLLM overwrote would be lost for good)."""
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin, free=55 * GIB)
+    fp = fingerprint(plugin, worker)
+    data, sig = _signed_local_plan(plugin, keys, fp)
+    assert worker.determine_available_memory() == profiled_bytes()
+    assert "decision=profile reason=below-baseline" in _decision(lines)
+    _finish_boot(plugin, worker, profiled_bytes() - GIB)  # vLLM's save, from its warm-up
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
+    assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
+    (record,) = [r for r in _records(plugin) if r["plan"]["reason"] == "below-baseline"]
+    assert record["plan"]["fresh_plan"] == "dropped"
+    nxt = make_worker(plugin)
+    assert nxt.determine_available_memory() == PLANNED_KV
+    assert "decision=apply reason=applied source=local" in _decision(lines)
+
+
+def _compiling_runner(worker: Any, counter: str) -> None:
+    """The stand-in runner's profile run moves vLLM's own compilation counter as a real
+    ``GPUModelRunner.profile_run`` does when it compiles (``num_inductor_compiles``) or loads
+    compiled artifacts (``num_compiled_artifacts_loaded``): the GPU work is the stand-in's."""
+    from vllm.compilation.counter import compilation_counter
+
+    profile_run = worker.model_runner.profile_run
+
+    def run(randomize_inputs: bool = False) -> None:
+        setattr(compilation_counter, counter, getattr(compilation_counter, counter) + 1)
+        profile_run(randomize_inputs)
+
+    worker.model_runner.profile_run = run
+
+
+def test_a_cold_compile_boot_is_not_signed_and_the_warm_boot_after_it_is(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Items 1, 2: the cold boot's plan is refused (one WARNING line, vLLM's cold plan removed);
+    the next boot profiles warm, and its plan is signed with the evidence; the boot applying it
+    records that evidence. ``PLANCACHE_SIGN_COLD=1`` signs a cold one, saying so."""
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    cold = make_worker(plugin)
+    fp = fingerprint(plugin, cold)
+    _compiling_runner(cold, "num_inductor_compiles")
+    kv = cold.determine_available_memory() - GIB
+    _finish_boot(plugin, cold, kv)
+    (warning,) = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    assert f"plan for {fp} not signed or shared: cold-compile:" in warning
+    assert "PLANCACHE_SIGN_COLD=1" in warning
+    assert not (plugin.plan_dir / sig_name(fp)).exists()
+    assert not (plugin.plan_dir / plan_name(fp)).exists()
+    lines.clear()
+
+    warm = make_worker(plugin)
+    _compiling_runner(warm, "num_compiled_artifacts_loaded")
+    assert warm.determine_available_memory() == profiled_bytes()
+    assert "decision=profile reason=no-plan" in _decision(lines)
+    _finish_boot(plugin, warm, kv)
+    data = (plugin.plan_dir / plan_name(fp)).read_bytes()
+    verified = verify_plan(
+        plan_name(fp),
+        data,
+        (plugin.plan_dir / sig_name(fp)).read_bytes(),
+        load_keyring(keys.trusted),
+        datetime.now(timezone.utc),
+    )
+    assert verified.statement is not None
+    evidence = dict(verified.statement.evidence)
+    assert evidence["compile"] == "warm" and evidence["vllm_version"] == "0.33.0"
+    assert evidence["torch_version"].startswith("2.13")
+    # vLLM's own profiling numbers, as its determine_available_memory left them on the worker
+    assert (evidence["weights_memory"], evidence["consumed_memory"]) == (GIB, 2 * GIB)
+    assert evidence["peak_activation_memory"] == GIB
+    assert evidence["available_kv_cache_memory"] == profiled_bytes()
+
+    applying = make_worker(plugin)
+    assert applying.determine_available_memory() == kv
+    lines.clear()
+    _finish_boot(plugin, applying)
+    assert _record_line(lines)["plan"]["evidence"] == evidence
+
+    monkeypatch.setenv("PLANCACHE_SIGN_COLD", "1")
+    (plugin.plan_dir / sig_name(fp)).unlink()  # unsigned: the next boot profiles, cold
+    forced = make_worker(plugin)
+    _compiling_runner(forced, "num_inductor_compiles")
+    forced.determine_available_memory()
+    _finish_boot(plugin, forced, kv)
+    statement = verify_plan(
+        plan_name(fp),
+        (plugin.plan_dir / plan_name(fp)).read_bytes(),
+        (plugin.plan_dir / sig_name(fp)).read_bytes(),
+        load_keyring(keys.trusted),
+        datetime.now(timezone.utc),
+    ).statement
+    assert statement is not None and statement.evidence["compile"] == "cold"
+
+
+def test_impossible_numbers_are_never_signed_with_their_own_reason(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Item 2: vLLM's negative suggestion (#57936's large graph pools) is refused at signing."""
+    monkeypatch.setenv("PLANCACHE_SIGNING_KEY", str(keys.private))
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    worker.determine_available_memory()
+    _finish_boot(plugin, worker, -GIB)
+    (warning,) = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    assert f"plan for {fp} not signed or shared: kv-not-positive:" in warning
+    assert not (plugin.plan_dir / sig_name(fp)).exists()
+
+
+KILLED_BOOT = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import vllm_cpu
+vllm_cpu.pin_device()
+vllm_cpu.load_plugins_like_vllm()
+from vllm.v1.worker import gpu_worker
+worker = vllm_cpu.make_worker(gpu_worker.Worker, vllm_cpu.engine_config(Path({model!r})))
+print("kv", worker.determine_available_memory(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # after applying, before the warm-up ends
+"""
+
+
+def _killed_boot(env: SimpleNamespace, keys: SimpleNamespace) -> None:
+    """A worker process (vLLM's real modules, the plugin loaded as vLLM loads it) that applies
+    the node's plan and is SIGKILLed before its ``compile_or_warm_up_model`` returns."""
+    import subprocess
+
+    child_env = {
+        **os.environ,
+        **cpu_environ(env.tmp / "cache"),
+        "VLLM_ENABLE_STARTUP_PLAN": "1",
+        "PLANCACHE_TRUSTED_KEYS": str(keys.trusted),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    script = KILLED_BOOT.format(tests=str(Path(__file__).parent), model=str(env.model))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=child_env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert f"kv {PLANNED_KV}" in done.stdout
+
+
+@pytest.mark.parametrize("profiled_kv", [40 * GIB, 49 * GIB], ids=["too-large", "fine"])
+def test_a_boot_killed_after_applying_is_not_a_crash_loop(
+    plugin: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
+    profiled_kv: int,
+    killed_once: dict[str, bytes],
+) -> None:
+    """Item 3: the killed boot left its note; the next boot profiles (``unfinished-boot``) and
+    compares: a plan over the margin is held back (``plan-exceeds-profile`` until released, an
+    alert in the record), a plan within it applies again on the boot after."""
+    from plancache.vllm_plugin.plan_health import notes
+
+    trusted = plugin.tmp / "killed.pub"
+    trusted.write_bytes(killed_once["ci.pub"])  # the key of the plan the killed boot applied
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(trusted))
+    plugin.plan_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in killed_once.items():  # the node as the killed boot left it
+        if name != "ci.pub":
+            (plugin.plan_dir / name).write_bytes(content)
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    assert notes.applying_path(plugin.plan_dir, fp).exists()
+    assert worker.determine_available_memory() == profiled_bytes()
+    assert f"decision=profile reason=unfinished-boot source=local fingerprint={fp}" in _decision(
+        lines
+    )
+    _finish_boot(plugin, worker, profiled_kv)
+    assert not notes.applying_path(plugin.plan_dir, fp).exists()
+    record = _record_line(lines)
+    lines.clear()
+    nxt = make_worker(plugin)
+    if profiled_kv == 40 * GIB:
+        assert record["plan"]["held_back"]["plan_kv_cache_memory_bytes"] == PLANNED_KV
+        assert record["plan"]["held_back"]["profiled_kv_cache_memory_bytes"] == profiled_kv
+        assert any("held back (plan-exceeds-profile)" in w for w in record["warnings"])
+        assert nxt.determine_available_memory() == profiled_bytes()
+        assert "decision=profile reason=plan-exceeds-profile" in _decision(lines)
+        _finish_boot(plugin, nxt)  # every later boot's record still names the plan, both numbers
+        later = _record_line(lines)
+        lines.clear()
+        assert later["plan"]["held_back"]["profiled_kv_cache_memory_bytes"] == profiled_kv
+        assert any("held back (plan-exceeds-profile)" in w for w in later["warnings"])
+        # the operator's command clears it; the boot after applies the plan again
+        from plancache.cli.main import main as cli
+
+        assert cli(["release", fp, "--dir", str(plugin.plan_dir)]) == 0
+        again = make_worker(plugin)
+        assert again.determine_available_memory() == PLANNED_KV
+    else:
+        assert record["plan"]["held_back"] is None
+        assert nxt.determine_available_memory() == PLANNED_KV
+        assert "decision=apply reason=applied" in _decision(lines)
+        assert notes.applying_path(plugin.plan_dir, fp).exists()  # until this boot finishes
+        monkeypatch.setattr(
+            "torch.accelerator.get_memory_info",
+            lambda device=None: (GIB // 2, DEVICE_TOTAL),
+            raising=False,
+        )
+        _finish_boot(plugin, nxt)  # item 4: the margin left, flagged below the threshold
+        assert not notes.applying_path(plugin.plan_dir, fp).exists()
+        margin = _record_line(lines)["plan"]["margin"]
+        assert (margin["free_bytes"], margin["tight"]) == (GIB // 2, True)
+        assert any("tight plan" in r.getMessage() for r in lines if r.levelno == logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def killed_once(
+    vllm_env: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, bytes]:
+    """One real killed boot for the module (each costs a vLLM import): the plan directory it
+    left, copied into each test's own."""
+    tmp = tmp_path_factory.mktemp("killed")
+    key_dir = tmp / "keys"
+    key_dir.mkdir()
+    signer = generate_keypair(key_dir / "ci", force=False, comment="ci", env={})
+    env = SimpleNamespace(tmp=tmp, model=vllm_env.model, plan_dir=tmp / "cache" / "startup_plan")
+    keys = SimpleNamespace(signer=signer, trusted=key_dir / "ci.pub")
+    with pytest.MonkeyPatch.context() as mp:
+        pin_device(functools.partial(mp.setattr, raising=False))
+        worker = vllm_cpu.make_worker(vllm_env.Worker, vllm_env.config)
+        fp = vllm_env.startup_plan.compute_plan_fingerprint(
+            worker.vllm_config, worker.rank, worker.parallel_config.world_size
+        )
+    write_plan(env.plan_dir, fp, signer)
+    _killed_boot(env, keys)
+    return {p.name: p.read_bytes() for p in env.plan_dir.iterdir()} | {
+        "ci.pub": (key_dir / "ci.pub").read_bytes()
+    }

@@ -48,6 +48,8 @@ STORAGE_OPTIONS_ENV = "PLANCACHE_STORAGE_OPTIONS"
 SET_REPLICAS_ENV = "PLANCACHE_SET_REPLICAS"
 """Copies of each plan set in the store (``push --set-replicas``): a node reads one, by its host
 name."""
+SIGN_COLD_ENV = "PLANCACHE_SIGN_COLD"
+"""``1``: sign a plan measured by a boot that compiled cold (refused by default, issue 49)."""
 COMPILE_CACHE_ENV = "PLANCACHE_COMPILE_CACHE"
 SIGSTORE_TRUSTED_ROOT_ENV = "PLANCACHE_SIGSTORE_TRUSTED_ROOT"
 SIGSTORE_TRUST_CONFIG_ENV = "PLANCACHE_SIGSTORE_TRUST_CONFIG"

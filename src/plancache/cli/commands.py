@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .flags.audit_flags import add_audit_commands
 from .flags.compile_cache_flags import add_compile_cache_commands
-from .flags.diagnose_flags import add_doctor, add_explain, add_fingerprint
+from .flags.diagnose_flags import add_doctor, add_explain, add_fingerprint, add_release
 from .flags.shared_flags import add_command
 from .flags.signing_flags import add_signing_commands
 from .flags.store_flags import add_store_commands
@@ -29,6 +29,7 @@ def add_parsers(sub: Sub) -> None:
     add_audit_commands(sub)
     add_store_commands(sub)
     add_doctor(sub)
+    add_release(sub)
     p = add_command(
         sub,
         "demo",

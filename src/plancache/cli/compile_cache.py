@@ -64,7 +64,8 @@ DEBUG_DETAIL = (
 )
 STOPPED = frozenset({Reason.TIMEOUT, Reason.LOCK_UNAVAILABLE, Reason.UNSAFE_DIRECTORY})
 """Reasons that also get one line on stderr: a wait that ran out or a lock that cannot be taken
-safely is the node's state, not the cache's, and a script reading only stderr must see it."""
+safely is the node's state, not the cache's, and a script reading only stderr must see it. So
+does ``private-data`` (a push refused: the variable and file named, never the value)."""
 
 
 def _places(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -150,7 +151,9 @@ def _each(
             dump = _debug_dump(root, subject) if root is not None else None
             outcomes.append(dump or flow(subject))
         except PlanCacheError as exc:
-            if exc.reason in STOPPED and not isinstance(exc, Rejected):
+            if (
+                exc.reason in STOPPED and not isinstance(exc, Rejected)
+            ) or exc.reason is Reason.PRIVATE_DATA:
                 print(
                     f"plancache: error: {safe_text(subject, 200)}: {exc.reason.value}: "
                     f"{safe_text(exc.detail, 500)}",

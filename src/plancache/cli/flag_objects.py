@@ -88,6 +88,11 @@ def add_cosign_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="sign anew with this key alone where an existing signature cannot be adopted",
     )
+    parser.add_argument(
+        "--sign-cold",
+        action="store_true",
+        help="sign a plan whose boot the plugin saw compile cold (refused: cold-compile)",
+    )
     add_trusted_root(parser)
 
 
@@ -226,9 +231,8 @@ def signing_request(args: argparse.Namespace) -> SigningRequest:
     inputs, parts = (
         fingerprint_inputs_file(args.inputs) if getattr(args, "inputs", None) else (None, None)
     )
-    return SigningRequest(
-        args.expires_in, args.comment, facts, keyring, args.replace, inputs, parts
-    )
+    asked = (args.expires_in, args.comment, facts, keyring, args.replace, inputs, parts)
+    return SigningRequest(*asked, sign_cold=bool(getattr(args, "sign_cold", False)))
 
 
 MAX_INPUTS_FILE = 4 * 2**20

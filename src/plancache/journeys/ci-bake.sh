@@ -26,6 +26,10 @@
 #                              key, from `plancache pubkey`; for sigstore, the job's own identity line, under
 #                              PLANCACHE_SIGSTORE_TRUSTED_ROOT, else Sigstore's public-good root)
 #   PLANCACHE_EXPIRES_IN       lifetime of the signatures, e.g. 30d (default: none)
+#   PLANCACHE_SIGN_COLD        1: sign plans whose profiling boot compiled cold. By default a plan the plugin
+#                              saw measured by a cold-compile boot (plancache-evidence-<fp>.json beside it)
+#                              is refused (cold-compile: vLLM records less KV cache then); boot vLLM once
+#                              more (it profiles warm) and bake again. The evidence is signed with the plan
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
 #   PLANCACHE                  the plancache command (default: this installation's)
@@ -73,6 +77,7 @@ dir=()
 [ -n "${PLAN_DIR:-}" ] && dir=("$PLAN_DIR")
 expires=()
 [ -n "${PLANCACHE_EXPIRES_IN:-}" ] && expires=(--expires-in "$PLANCACHE_EXPIRES_IN")
+[ "${PLANCACHE_SIGN_COLD:-}" = 1 ] && expires+=(--sign-cold)
 
 echo "ci-bake: signing plans in ${PLAN_DIR:-the vLLM plan directory}" >&2
 "${PLANCACHE_CMD[@]}" sign --key "$PLANCACHE_SIGNING_KEY" "${replace[@]}" "${expires[@]}" "${facts[@]}" "${dir[@]}"

@@ -87,6 +87,9 @@ class PlanReport:
     candidates: list[dict[str, Any]] = field(default_factory=list)
     """With a ``subject``, for a plan that failed: each other manifest attached to the image
     with its name, judged (digest, status, reason, detail, valid: :mod:`.candidate_audit`)."""
+    evidence: dict[str, Any] | str | None = None
+    """How a valid plan was measured (issue 49: versions, compile state, vLLM's profiling
+    numbers), signed; ``"none"`` for a plan signed without it; None when not verified."""
 
     @property
     def ok(self) -> bool:
@@ -134,6 +137,7 @@ def report_of(result: PlanResult) -> PlanReport:
         provenance=dict(st.provenance) if st else None,
         inputs=dict(st.inputs) if st and st.inputs else None,
         config_parts=dict(st.config_parts) if st and st.config_parts else None,
+        evidence=dict(st.evidence) if st and st.evidence else "none",
         kv_cache_memory_bytes=vp.plan.kv_cache_memory_bytes,
         free_memory_baseline=vp.plan.free_memory_baseline,
     )

@@ -19,6 +19,7 @@ from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import PlanCacheError
 from ..trust.keyring.identities import BundleSigner
 from ..trust.keyring.keys import Keyring, Signer
+from ..trust.plans.evidence import evidence_for, refuse_cold
 from ..trust.plans.gate import Verdict
 from ..trust.plans.plan import plan_name
 from ..trust.signing import sign_or_cosign
@@ -41,6 +42,8 @@ class SigningRequest:
     statements in the clear so that ``plancache explain`` can name the input a node differs in."""
     config_parts: Mapping[str, Any] | None = None
     """The configuration's parts, hashed (``plancache fingerprint --json``'s ``config_parts``)."""
+    sign_cold: bool = False
+    """Sign a plan whose boot the plugin saw compile cold (``--sign-cold``; refused by default)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ def sign_one(
     if plan_bytes is None:
         return SignOutcome(fp, "refused", "plan file vanished", Verdict.NO_PLAN.value)
     expires_at = now + request.expires_in if request.expires_in else None
+    # how the plugin saw this plan measured (issue 49): signed with it; a cold boot's is refused
+    evidence = evidence_for(directory.read_evidence(fp), plan_bytes)
+    if sig_bytes is None or request.replace:
+        refuse_cold(evidence, request.sign_cold)
     action, new_sig = sign_or_cosign(
         plan_name(fp),
         plan_bytes,
@@ -91,6 +98,7 @@ def sign_one(
         replace=request.replace,
         inputs=(request.inputs or {}).get(fp),
         config_parts=request.config_parts,
+        evidence=evidence,
     )
     if action == "kept":
         return SignOutcome(fp, action, "already signed by this key")

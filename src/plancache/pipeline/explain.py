@@ -138,7 +138,8 @@ def explain_plan(
     }
     if hit is not None and hit.status == VALID:
         who = signed_by(hit.signers, hit.signer_ids, hit.keyless)
-        out.update(signers=list(hit.signers), signed_by=who)
+        # how it was measured (issue 49): what the build node signed, "none" for older plans
+        out.update(signers=list(hit.signers), signed_by=who, evidence=hit.evidence)
         conditions = _condition_differences(hit.provenance, rank.conditions)
         if conditions:
             out.update(

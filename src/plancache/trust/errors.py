@@ -51,6 +51,10 @@ class Reason(str, Enum):
     NO_PRIVATE_DIR = "no-private-dir"
     """No private place this worker owns, on a filesystem where code can be mapped: vLLM compiles
     cold."""
+    PRIVATE_DATA = "private-data"
+    """A compile cache or header about to be pushed carries a secret or private path of the build
+    node (torch's environment snapshot, a credential, an internal address, a home directory):
+    not pushed; the detail names the variable and the file, never the value."""
     WRONG_ISSUER = "wrong-issuer"
     """A Sigstore bundle whose certificate's identity is trusted, but from another OIDC issuer."""
     WRONG_IDENTITY = "wrong-identity"
@@ -78,6 +82,17 @@ class Reason(str, Enum):
     """Any other check of a Sigstore bundle failed (SCT, key usage, timestamp authority)."""
     CONFIG = "config-error"
     INTERNAL = "internal-error"
+    # Refusals at signing time only (issue 49): a plan whose numbers cannot be right, or that
+    # was measured by a boot that is not representative, is never signed. The gate's verdicts on
+    # a signed plan's bytes are unchanged (``malformed`` for a KV above the baseline).
+    KV_NOT_POSITIVE = "kv-not-positive"
+    """The plan's ``kv_cache_memory_bytes`` is zero or negative (vLLM #57936's negative value)."""
+    KV_ABOVE_DEVICE = "kv-above-device-memory"
+    """The plan's KV cache (or its free-memory baseline) exceeds the device's total memory."""
+    BASELINE_BELOW_KV = "baseline-below-kv"
+    """The free memory the plan was measured with is less than the KV cache it hands out."""
+    COLD_COMPILE = "cold-compile"
+    """The boot that measured the plan compiled cold (vLLM #54383: ~5 % less KV than warm)."""
 
     def __str__(self) -> str:  # so f"{reason}" prints the code, not "Reason.X"
         return self.value

@@ -25,9 +25,17 @@ from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs, fingerprint_of_inputs
 from .keyring.keys import Keyring, Signer, signer_keyring
 from .keyring.signatories import open_envelope
+from .plans.evidence import check_evidence, refuse_impossible
 from .plans.plan import parse_plan
 from .sealing import as_envelope, cosign, seal
-from .statement import Statement, check_measurements, check_provenance, format_time, parse_statement
+from .statement import (
+    Statement,
+    check_measurements,
+    check_provenance,
+    format_time,
+    parse_statement,
+    signable_provenance,
+)
 from .verify import VerifiedPlan, verify_plan
 
 REWRITTEN = "the plan changed since it was signed (re-profiled?); --replace signs the new bytes"
@@ -59,17 +67,21 @@ def sign_plan(
     inputs: Mapping[str, Any] | None = None,
     measurements: Mapping[str, Any] | None = None,
     config_parts: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> bytes:
     """Return the sidecar bytes: a DSSE envelope over a fresh statement for this exact plan.
+
+    ``evidence`` says how it was measured; impossible numbers are refused first, each with its
+    own reason (:func:`~.evidence.refuse_impossible`).
 
     ``inputs`` (the fingerprint's inputs, :mod:`.inputs`) are signed only if they reproduce the
     plan's fingerprint with vLLM's digest: a signed input is a promise of what was hashed;
     ``config_parts`` (each configuration part's hash) narrow a differing ``vllm_config`` input.
 
     Raises:
-        Rejected: the plan bytes fail the strict parser (reason ``malformed``, ``too-large`` or
-            ``fingerprint-mismatch``, from :func:`~.plans.plan.parse_plan`); unknown or
-            mistyped ``provenance`` facts (``malformed``).
+        Rejected: impossible numbers (``kv-not-positive``, ``baseline-below-kv``,
+            ``kv-above-device-memory``); the plan fails the strict parser (``malformed``,
+            ``too-large``, ``fingerprint-mismatch``); unknown or mistyped ``provenance``.
         ConfigError: the caller's values cannot be signed (reason ``config-error``): an expiry
             not in the future, ``inputs``, ``config_parts`` or ``measurements`` of the wrong
             shape, inputs that do not hash to the plan's fingerprint, a statement over the
@@ -78,12 +90,14 @@ def sign_plan(
         StoreTimeout: a remote key (HSM, KMS) did not answer within its budget (reason
             ``timeout``).
     """
+    refuse_impossible(plan_bytes, (provenance or {}).get("device_total_memory"))
     plan = parse_plan(plan_bytes, name)
     if expires_at is not None and expires_at <= now:
         raise ConfigError("the expiry must lie in the future")
     try:
         checked_inputs = check_inputs(dict(inputs or {}), "fingerprint inputs")
         checked_measurements = check_measurements(measurements or {})
+        checked_evidence = check_evidence(evidence or {})
         # configuration parts only beside the inputs they narrow down
         checked_parts = check_inputs(dict(config_parts or {}), "config parts") if inputs else {}
     except Rejected as exc:  # the caller's values, not a file's bytes
@@ -100,10 +114,11 @@ def sign_plan(
         signed_at=now,
         expires_at=expires_at,
         comment=comment,
-        provenance=check_provenance(provenance or {}),
+        provenance=signable_provenance(provenance or {}),
         inputs=checked_inputs,
         config_parts=checked_parts,
         measurements=checked_measurements,
+        evidence=checked_evidence,
     )
     payload = statement.to_json_bytes()
     data = _signable(dsse.PAYLOAD_TYPE, payload)
@@ -178,7 +193,7 @@ def _differences(
         return f"it has {held}, later than the requested {format_time(expires_at)}"
     if comment is not None and statement.comment != comment:
         return "its comment differs from the requested one"
-    if provenance is not None and dict(statement.provenance) != check_provenance(provenance):
+    if provenance is not None and dict(statement.provenance) != signable_provenance(provenance):
         return "its provenance facts differ from the requested ones"
     return ""
 
@@ -197,6 +212,7 @@ def sign_or_cosign(
     replace: bool = False,
     inputs: Mapping[str, Any] | None = None,
     config_parts: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> tuple[Action, bytes]:
     """What ``plancache sign`` does to one plan: returns (action, the sidecar bytes to write).
 
@@ -212,8 +228,8 @@ def sign_or_cosign(
     "What this command would sign": expiry no later than ``expires_at`` (when given), and
     the same ``comment`` and ``provenance`` (each when given; None means this command names
     none, so the trusted statement's are kept, as a key rotation needs). A fresh statement
-    uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) go into a fresh
-    statement only (an adopted one keeps its own, signed by others). The result is verified with
+    uses "" and no facts for None; ``inputs`` (the fingerprint's inputs) and ``evidence`` go into a
+    fresh statement only (an adopted one keeps its own). The result is verified with
     the signer's own keyring (its key, or its certified identity) before it is returned.
 
     Raises:
@@ -251,6 +267,7 @@ def sign_or_cosign(
             provenance=provenance,
             inputs=inputs,
             config_parts=config_parts,
+            evidence=evidence,
         )
 
     action: Action

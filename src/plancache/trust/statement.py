@@ -17,6 +17,14 @@ predicate keys they do not know, still read new ones:
   input), so a differing ``vllm_config`` can be narrowed to the part that differs;
 - ``measurements``: what the profiling boot measured (``profile_ms``: vLLM's memory profiling),
   so a boot that applies the plan can say how much time it saved.
+
+A fifth, ``evidence`` (issue 49; kept apart from ``provenance``, which the gate compares and
+other work may redact): *how* the plan's number was measured, from the boot that wrote it:
+vLLM's and torch's versions, whether that boot compiled cold, loaded a warm compile cache or
+ran without compiling (:mod:`.plans.evidence`), and vLLM's own profiling numbers where it
+exposes them. It is what the build node measured, signed: it proves who
+vouched for which measurement, never that the number holds on another node. Plans signed
+without it stay valid; they show "evidence: none".
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from . import strictjson
-from .display import safe_text
+from .display import redact, safe_text
 from .errors import ConfigError, Reason, Rejected
 from .inputs import check_inputs
+from .plans.evidence import check_evidence
 from .plans.plan import is_fingerprint
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -117,6 +126,8 @@ class Statement:
     """Part of vLLM's configuration -> its ``compute_hash()`` (empty: not recorded)."""
     measurements: Mapping[str, Any] = field(default_factory=dict)
     """``profile_ms``: how long the profiling boot's memory profiling took (empty: not measured)."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    """How the plan was measured (:data:`EVIDENCE_KEYS`; empty: signed without evidence)."""
 
     def to_json_bytes(self) -> bytes:
         predicate: dict[str, Any] = {
@@ -132,6 +143,8 @@ class Statement:
             predicate["config_parts"] = dict(self.config_parts)
         if self.measurements:
             predicate["measurements"] = dict(self.measurements)
+        if self.evidence:
+            predicate["evidence"] = dict(self.evidence)
         return render_statement(
             self.subject_name,
             sha256=self.subject_sha256,
@@ -236,6 +249,22 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def signable_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts as a new statement signs them: checked (:func:`check_provenance`), each text
+    redacted as output is (:func:`~.display.redact`: a model given as
+    ``https://user:token@host/…`` or with a ``?token=`` signs as ``https://***@host/…``).
+    A statement goes to a shared bucket and is printed by every ``inspect``: a credential in
+    it would outlive the credential's rotation, signed.
+
+    Raises:
+        Rejected: as :func:`check_provenance`.
+    """
+    return {
+        key: redact(value) if isinstance(value, str) else value
+        for key, value in check_provenance(provenance).items()
+    }
+
+
 MEASUREMENT_KEYS = ("profile_ms",)
 """Known measurements (milliseconds, finite, non-negative); others are rejected at signing time
 and ignored when read (a newer version may measure more)."""
@@ -290,6 +319,9 @@ def parse_statement(payload: bytes) -> Statement:
     measurements = predicate.get("measurements", {})
     if not isinstance(measurements, dict):
         raise Rejected(Reason.MALFORMED, "statement measurements is not an object")
+    evidence = predicate.get("evidence", {})
+    if not isinstance(evidence, dict):
+        raise Rejected(Reason.MALFORMED, "statement evidence is not an object")
     return Statement(
         subject_name=name,
         subject_sha256=sha256,
@@ -301,4 +333,5 @@ def parse_statement(payload: bytes) -> Statement:
         inputs=check_inputs(predicate.get("inputs", {}), "statement inputs"),
         config_parts=check_inputs(predicate.get("config_parts", {}), "statement config_parts"),
         measurements=check_measurements(measurements, strict=False),
+        evidence=check_evidence(evidence, strict=False),
     )

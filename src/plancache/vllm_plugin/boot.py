@@ -57,6 +57,8 @@ from .adapter import (
     worker_conditions,
     world_of,
 )
+from .plan_health import measured
+from .plan_health import node_memory as plan_guard
 from .prefetch import Prefetch
 from .worker_boot import STATE_ATTR, Boot, boot_for
 
@@ -175,6 +177,9 @@ def decide_plan(
     if result.verified is not None:
         statement = result.verified.statement
         boot.signed_by = signers_of(result.verified)
+        boot.plan_sha256 = plan_guard.sha256(result.verified.plan_bytes)
+        boot.signed_plan_found = bool(result.verified.signers)
+        boot.signed_evidence = dict(statement.evidence) if statement is not None else {}
         boot.signed_profile_ms = (
             statement.measurements.get("profile_ms") if statement is not None else None
         )
@@ -215,13 +220,16 @@ def log_decision(
     boot: Boot | None = None,
 ) -> None:
     """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`).
-    A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md)."""
-    from ..storage.oci.mirrors.mirror_reads import mirrors_read
+    A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md): the
+    mirror of the plan's own store, not one another store of the process (a compile cache's)
+    was read through."""
+    from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
 
     elapsed = (time.monotonic() - started) * 1000
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
-    via = ",".join(host for host, _ in mirrors_read()) if source == "store" else ""
+    serving = store_key(boot.config.url) if boot is not None else None
+    via = ",".join(h for h, _ in mirrors_read(serving)) if source == "store" else ""
     LOG.info(
         "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s%s",
         verdict,
@@ -272,12 +280,20 @@ def after_profiling(worker: object, elapsed_ms: float) -> None:
         if isinstance(boot, Boot) and enabled():
             profiled = record.note_profiling(worker, elapsed_ms)
             boot.profile_ms = round(profiled, 1) if profiled is not None else None
+            if profiled is not None:  # the numbers vLLM just computed: evidence for the save
+                boot.evidence = measured.evidence(worker, boot.counters_at_start)
     except Exception:
         LOG.debug("plancache: boot record not updated", exc_info=True)
 
 
 def after_warm_up(worker: object) -> None:
     """``compile_or_warm_up_model`` returned: the boot is over, its record final. Never raises."""
+    try:
+        boot = getattr(worker, STATE_ATTR, None)
+        if isinstance(boot, Boot):  # the note goes; the free memory left after applying is told
+            plan_guard.finished(worker, boot, *measured.free_memory_now(worker))
+    except Exception:
+        LOG.debug("plancache: boot note not cleared", exc_info=True)
     try:
         record.finish(worker)  # its own record, or the compile guard's of this process; else none
     except Exception:
@@ -308,15 +324,22 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         fp = fingerprint_of(worker, fingerprint)
         boot.apply_fingerprint = fp
         decision, source = decide_plan(worker, boot, fp, fingerprint=fingerprint)
+        # this node's own memory of the plan (held back, unfinished), and the note, before the
+        # vote: a rank that cannot note it says no, and every rank profiles together
+        decision = plan_guard.before_vote(boot, plan_dir().path, decision)
     except Exception as exc:
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
     # Every rank votes once, whatever it decided (gloo pairs collectives by order, so a rank
     # that errored must vote too): a plan applies on all ranks or on none.
     decision = vote.settle(decision, Deadline(started, budget + vote.MARGIN_S).remaining())
+    if boot is not None:
+        plan_guard.after_vote(boot, decision)
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     log_decision(decision, source, fp, started, worker=worker, boot=boot)
+    if boot is not None:  # the applied plan's evidence, or the alert of a plan held back here
+        plan_guard.after_decision(worker, boot, decision)
     if boot is not None and fp is not None and not decision.applied:
         # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
         # a boot that applies never pays for them. Read now, while the config is apply-time's.

@@ -21,6 +21,8 @@
 ``PLANCACHE_TIMEOUT``          total remote budget per boot in seconds (default 3).
 ``PLANCACHE_SET_REPLICAS``     copies of each plan set the store holds (``push --set-replicas``);
                                a node reads the copy its host name hashes to (default 1).
+``PLANCACHE_SIGN_COLD``        ``1``: sign a plan even when the boot that measured it compiled
+                               cold (by default refused: vLLM records less KV cache then).
 =============================  ==================================================================
 
 Parsing here is pure (a mapping in, a :class:`PluginConfig` out); loading the key files it
@@ -38,6 +40,7 @@ from typing import Any, TypeVar
 from ..settings import (
     DEFAULT_TIMEOUT,
     SET_REPLICAS_ENV,
+    SIGN_COLD_ENV,
     SIGNING_KEY_ENV,
     STORAGE_OPTIONS_ENV,
     THRESHOLD_ENV,
@@ -59,6 +62,8 @@ class PluginConfig:
     timeout: float = DEFAULT_TIMEOUT
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     set_replicas: int = 1
+    sign_cold: bool = False
+    """Sign plans measured by a cold-compile boot (``PLANCACHE_SIGN_COLD=1``): the override."""
     errors: tuple[str, ...] = ()
     """Configuration problems found while parsing; each becomes one ERROR line."""
 
@@ -144,5 +149,6 @@ def parse_config(env: Mapping[str, str] = os.environ) -> PluginConfig:
         signing_key=_nonempty(env, SIGNING_KEY_ENV),
         timeout=timeout,
         storage_options=options,
+        sign_cold=_nonempty(env, SIGN_COLD_ENV) == "1",
         errors=tuple(errors),
     )

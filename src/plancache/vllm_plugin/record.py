@@ -41,6 +41,8 @@ from ..storage.local import records
 from ..trust.display import safe_text
 from ..trust.inputs import differences
 from . import plugin_state
+from .compile_cache.counters import counters as _counters
+from .compile_cache.counters import used_by_counters as _used_by_counters
 
 LOG = logging.getLogger("vllm.plancache")
 SCHEMA = "plancache.boot/v1"
@@ -80,7 +82,7 @@ class BootRecord:
             )
             for c in self.compile_cache
             if c.get("used") is False
-        ]
+        ] + plan_warnings(self.plan or {})
         return {
             "schema": SCHEMA,
             "time": self.started,
@@ -187,6 +189,31 @@ def note_plan(
         _write(record)
 
 
+def plan_warnings(plan: Mapping[str, Any]) -> list[str]:
+    """The plan side's alerts (issue 49): a plan held back on this node, a tight margin."""
+    out = []
+    held = plan.get("held_back")
+    if isinstance(held, dict):
+        out.append(
+            f"plan {held.get('fingerprint')} held back (plan-exceeds-profile): its "
+            f"{held.get('plan_kv_cache_memory_bytes')} B exceed this node's profile "
+            f"{held.get('profiled_kv_cache_memory_bytes')} B"
+        )
+    margin = plan.get("margin")
+    if isinstance(margin, dict) and margin.get("tight"):
+        out.append(f"tight plan: {margin.get('free_bytes')} B free after start-up")
+    return out
+
+
+def note_plan_facts(worker: object, facts: Mapping[str, Any]) -> None:
+    """What the boot learnt about its plan after the decision (evidence, the free memory left,
+    a comparison with a fresh profile), merged into the plan entry and written at once."""
+    record = for_worker(worker)
+    with plugin_state.current().records.lock:
+        record.plan = {**(record.plan or {}), **facts}
+        _write(record)
+
+
 def note_profiling(worker: object, determine_ms: float) -> float | None:
     """``determine_available_memory`` took ``determine_ms``: the saving against the signed
     profiling time when a plan applied (None otherwise); returns the boot's profiling time
@@ -202,48 +229,6 @@ def note_profiling(worker: object, determine_ms: float) -> float | None:
             record.plan["determine_ms"] = round(determine_ms, 1)
         _write(record)
     return determine_ms if plan.get("decision") == "profile" else None
-
-
-COUNTERS = (
-    "num_inductor_compiles",
-    "num_aot_compiles",
-    "num_compiled_artifacts_loaded",
-    "num_aot_artifacts_loaded",
-)
-
-
-def _counters() -> dict[str, int]:
-    """vLLM's own compilation counters (``vllm.compilation.counter``), where readable."""
-    try:
-        from vllm.compilation.counter import compilation_counter
-
-        return {name: int(getattr(compilation_counter, name)) for name in COUNTERS}
-    except Exception:
-        return {}
-
-
-def _grew(before: Mapping[str, int], now: Mapping[str, int], *names: str) -> bool:
-    """A counter rose since ``before`` (vLLM resets them between compiles: a lower value is a
-    reset)."""
-    return any(
-        now.get(n, 0) > (before.get(n, 0) if now.get(n, 0) >= before.get(n, 0) else 0)
-        for n in names
-    )
-
-
-def _used_by_counters(item: dict[str, Any]) -> bool | None:
-    """For a cache vLLM reads outside the AOT wrapper (the ``<10 hex>`` layout): it compiled
-    anyway (inductor or AOT compiles since the decision) or it loaded artifacts; else unknown."""
-    before, now = item.get("_counters") or {}, _counters()
-    if not before or not now:
-        return None
-    if _grew(before, now, "num_inductor_compiles", "num_aot_compiles"):
-        return False
-    return (
-        True
-        if _grew(before, now, "num_compiled_artifacts_loaded", "num_aot_artifacts_loaded")
-        else None
-    )
 
 
 def note_compile(

@@ -1,5 +1,14 @@
 """After a profiled boot: pick up the plan vLLM saved, sign it, push it in the background.
 
+A profiling boot never destroys a signed plan (issue 49): when this boot verified a signed plan
+for its fingerprint and profiled all the same (below the baseline once, a plan held back, an
+unfinished boot), vLLM's fresh, unsigned plan is *dropped* (vLLM's save is not called; its
+numbers stay in the boot record), so the next boot that passes the gate applies the signed one
+again, store or no store. A plan measured by a boot that compiled cold is not signed unless
+``PLANCACHE_SIGN_COLD=1`` (one WARNING line says so), and vLLM's cold plan is removed, so that
+the next (warm) boot profiles and records it again; impossible numbers are refused with their
+own reasons (:func:`plancache.trust.evidence.refuse_impossible`).
+
 vLLM's own save writes the plan first, so the bytes are vLLM's by construction; plancache
 checks they carry this worker's measured numbers, puts them under the fingerprint the next
 boot looks for (the apply-time one: compilation settings resolved during the boot can move
@@ -18,8 +27,10 @@ from ..pipeline.resolver import utcnow
 from ..storage.local.files import read_capped, write_atomic
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
+from ..trust.plans.evidence import evidence_note, refuse_cold, refuse_impossible
 from ..trust.plans.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
 from ..trust.signing import sign_plan
+from . import record
 from .adapter import (
     Fingerprint,
     Worker,
@@ -28,7 +39,10 @@ from .adapter import (
     free_memory,
     plan_dir,
     provenance,
+    worker_conditions,
 )
+from .plan_health import node_memory as plan_guard
+from .plan_health import notes as boot_notes
 from .prefetch import off_compute_cores
 from .worker_boot import Boot, boot_for
 
@@ -43,17 +57,38 @@ def save(
 ) -> None:
     """Replaces vLLM's ``maybe_save_startup_plan``. A plan that cannot be taken up, signed or
     shared is one WARNING line: the boot goes on."""
-    vllm_save(worker, kv_cache_memory_bytes)
     if not enabled():
+        vllm_save(worker, kv_cache_memory_bytes)
         return
     boot = boot_for(worker)
     save_fp = fingerprint_of(worker, fingerprint)
     fp = boot.apply_fingerprint or save_fp
     directory = plan_dir()
+    try:  # after an unfinished boot: this fresh profile against the plan (hold back, or not)
+        plan_guard.compare_after_profile(worker, boot, directory.path, int(kv_cache_memory_bytes))
+    except Exception:
+        LOG.debug("plancache: plan not compared with this boot's profile", exc_info=True)
+    if boot.signed_plan_found and fp == boot.apply_fingerprint:
+        LOG.info(
+            "plancache: signed plan %s kept; this boot's profile (kv_cache_memory_bytes=%d) "
+            "is not saved over it",
+            fp,
+            int(kv_cache_memory_bytes),
+        )
+        record.note_plan_facts(
+            worker, {"fresh_plan": "dropped", "profiled_kv": int(kv_cache_memory_bytes)}
+        )
+        return
+    vllm_save(worker, kv_cache_memory_bytes)
     try:
         plan_bytes = _taken_up(worker, kv_cache_memory_bytes, directory, save_fp, fp)
+        if boot.evidence:  # for `plancache sign` (plancache-ci-bake) when this boot signs nothing
+            directory.write_evidence(fp, evidence_note(boot.evidence, plan_bytes))
         sig_bytes = _signed(worker, boot, directory, fp, plan_bytes)
     except PlanCacheError as exc:
+        if exc.reason is Reason.COLD_COMPILE:  # never applied later: the next boot profiles warm
+            for name in {plan_name(fp), plan_name(save_fp)}:
+                boot_notes.clear(directory.path / name)
         LOG.warning(
             "plancache: plan for %s not signed or shared: %s: %s", fp, exc.reason.value, exc.detail
         )
@@ -92,6 +127,7 @@ def _taken_up(
     written = read_capped(directory.path / plan_name(save_fp), MAX_PLAN_BYTES)
     if written is None:
         raise Rejected(Reason.MALFORMED, "vLLM wrote no plan (see its warning)")
+    refuse_impossible(written, worker_conditions(worker).get("device_total_memory"))
     plan = parse_plan(written, plan_name(save_fp))
     if plan.kv_cache_memory_bytes != int(
         kv_cache_memory_bytes
@@ -113,6 +149,7 @@ def _signed(
     with the apply-time inputs, configuration parts and profiling time when they are known."""
     if boot.signer is None:
         return None
+    refuse_cold(boot.evidence, boot.config.sign_cold)
     inputs = boot.apply_inputs if fp == boot.apply_fingerprint else None
     measured = {"profile_ms": boot.profile_ms} if boot.profile_ms is not None else None
     facts, now = provenance(worker), utcnow()
@@ -126,11 +163,14 @@ def _signed(
             inputs=inputs,
             measurements=measured,
             config_parts=boot.apply_parts if inputs else None,
+            evidence=boot.evidence,
         )
     except ConfigError as exc:
         # the explanation's extras must never cost the plan its signature
         LOG.debug("plancache: plan %s signed without inputs: %s", fp, exc.detail)
-        sig_bytes = sign_plan(plan_name(fp), plan_bytes, boot.signer, now, provenance=facts)
+        sig_bytes = sign_plan(
+            plan_name(fp), plan_bytes, boot.signer, now, provenance=facts, evidence=boot.evidence
+        )
     directory.write_sig(fp, sig_bytes)
     return sig_bytes
 

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..clock import Deadline
@@ -27,6 +28,7 @@ from ..trust.keyring.keys import Signer
 from ..trust.policy import TrustPolicy
 from ..trust.result import PlanResult
 from .adapter import plan_dir
+from .compile_cache.counters import counters
 from .config import PluginConfig, parse_config
 from .prefetch import Prefetch
 
@@ -54,6 +56,25 @@ class Boot:
     profile_ms: float | None = None
     """This boot's profiling time, when it profiled: signed with the plan it saves."""
     prefetch: Prefetch[PlanResult] | None = None
+    plan_sha256: str | None = None
+    """The sha256 of the verified plan this boot found for its fingerprint (issue 49): the notes
+    name it, and a profiling boot never overwrites it (:mod:`.save`)."""
+    signed_evidence: dict[str, Any] = field(default_factory=dict)
+    """The verified plan's signed evidence (empty: signed without, "evidence: none")."""
+    signed_plan_found: bool = False
+    """A plan signed by trusted keys verified for this boot's fingerprint: a profiling boot keeps
+    it as it is (vLLM's fresh plan is dropped, :mod:`.save`)."""
+    note_path: Path | None = None
+    """The applying note this boot wrote (:mod:`.plan_health.notes`), removed when it ends."""
+    unfinished: tuple[str, str, int] | None = None
+    """(fingerprint, plan sha256, plan KV) of a plan an earlier boot left unfinished: compared
+    with this boot's fresh profile at its save."""
+    held_alert: dict[str, Any] | None = None
+    """The alert of a plan this node holds back (``plan-exceeds-profile``), for the record."""
+    counters_at_start: dict[str, int] = field(default_factory=dict)
+    """vLLM's compilation counters when the boot began (:mod:`.compile_cache.counters`)."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """How this boot measured its profile (:mod:`plancache.trust.evidence`), when it profiled."""
     push_thread: threading.Thread | None = None
     push_result: str | None = None
     _signer: Signer | None = None
@@ -121,6 +142,7 @@ def load_boot(env: Mapping[str, str] = os.environ) -> Boot:
     if policy.kind == "unusable":
         errors.append(f"PLANCACHE_TRUSTED_KEYS: {policy.problem}; no plan will be applied")
     boot = Boot(config, policy, env)
+    boot.counters_at_start = counters()
     if config.url and not config.trusted_keys and not config.signing_key:
         errors.append(
             "PLANCACHE_URL is set without PLANCACHE_TRUSTED_KEYS: a plan from a store is never "

@@ -20,6 +20,7 @@ import sys
 from ...vllm_plugin.config import parse_config
 from ..output import print_table, report
 from .recorded_boots import boot_records, record_summary
+from .release import check_held_plans
 from .setup_checks import (
     Checks,
     check_compile_cache,
@@ -44,6 +45,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     check_signing_key(checks, config)
     store = check_store(checks, config, policy)
     check_local_plans(checks, directory, policy, args.free_memory, store)
+    check_held_plans(checks, directory.path)
     boots = boot_records(checks, args.records, fleet=bool(args.textfile))
     if args.textfile:
         from .textfile import write

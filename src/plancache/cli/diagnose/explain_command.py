@@ -67,6 +67,13 @@ def _differs(items: list[dict[str, Any]]) -> str:
     ) + (f" (+{len(items) - 6} more)" if len(items) > 6 else "")
 
 
+def evidence_text(evidence: Any) -> str:
+    """A plan's signed evidence on one line (``none`` when it was signed without)."""
+    if not isinstance(evidence, dict) or not evidence:
+        return "none"
+    return ", ".join(f"{k}={safe_text(v, 60)}" for k, v in sorted(evidence.items()))
+
+
 def _print(result: dict[str, Any]) -> None:
     rows = []
     for entry in result["ranks"]:
@@ -86,6 +93,8 @@ def _print(result: dict[str, Any]) -> None:
             f"rank {entry['rank']}: plan: {plan['detail']}"
             + (f"; differs: {_differs(plan['differs'])}" if plan["differs"] else "")
         )
+        if "evidence" in plan:
+            print(f"    evidence: {evidence_text(plan['evidence'])}")
         for c in plan["candidates"]:
             signers = ", ".join(c["signers"]) or "?"
             print(

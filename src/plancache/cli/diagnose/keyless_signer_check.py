@@ -122,7 +122,7 @@ def _config_row(env: Mapping[str, str], now: datetime) -> tuple[str, str]:
             where = f"{path} parses"
             root = config._inner.trusted_root.to_json().encode("utf-8")
             services = _services(config._inner.signing_config.to_json())
-        expiry = root_expiry(root)
+        expiry = root_expiry(root, now)
     except PlanCacheError as exc:
         return "warn", exc.detail
     except ModuleNotFoundError:

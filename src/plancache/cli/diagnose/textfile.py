@@ -22,6 +22,7 @@ from typing import Any
 
 from ...trust.errors import Reason
 from ...trust.plans.gate import Verdict
+from ...trust.plans.plan import is_fingerprint
 
 METRICS = (
     ("plancache_boot_timestamp_seconds", "Unix time of the last boot record of this rank."),
@@ -49,6 +50,18 @@ METRICS = (
     (
         "plancache_boot_decision",
         "The last boot's decisions of this rank (always 1; the labels say which).",
+    ),
+    (
+        "plancache_boot_plan_held_back_bytes",
+        "A plan this rank's node held back (plan-exceeds-profile): its KV and the fresh profile.",
+    ),
+    (
+        "plancache_boot_free_after_startup_bytes",
+        "Free device memory at the end of the last boot's start-up, after applying a plan.",
+    ),
+    (
+        "plancache_boot_plan_tight",
+        "1 when that free memory was below the documented threshold (2 % of the device), else 0.",
     ),
 )
 
@@ -140,6 +153,8 @@ _PLAN = {
     "detail": _STR,
     "signed_profile_ms": _NUM,
     "determine_ms": _NUM,
+    "held_back": _DICT,
+    "margin": _DICT,
 }
 _CACHE = {
     "cache": _STR,
@@ -211,6 +226,28 @@ def _epoch(stamp: object) -> float | None:
         return None
 
 
+def _plan_health(samples: dict[str, list[str]], base: str, plan: dict[str, Any]) -> None:
+    """Issue 49's alerts: a plan held back (its fingerprint, checked to be one, is the only
+    label from the record), the free memory left after applying and whether it is tight."""
+    held = found if isinstance(found := plan.get("held_back"), dict) else {}
+    fp = held.get("fingerprint")
+    if is_fingerprint(fp):
+        for kind, key in (
+            ("plan", "plan_kv_cache_memory_bytes"),
+            ("profiled", "profiled_kv_cache_memory_bytes"),
+        ):
+            if _number(value := held.get(key)):
+                samples["plancache_boot_plan_held_back_bytes"].append(
+                    f'{{{base},fingerprint="{fp}",kind="{kind}"}} {value}'
+                )
+    margin = found if isinstance(found := plan.get("margin"), dict) else {}
+    if _number(free := margin.get("free_bytes")):
+        samples["plancache_boot_free_after_startup_bytes"].append(f"{{{base}}} {free}")
+        samples["plancache_boot_plan_tight"].append(
+            f"{{{base}}} {1 if margin.get('tight') is True else 0}"
+        )
+
+
 def render(records: Iterable[dict[str, Any]]) -> str:
     """Gauges from the newest record of each rank (``records`` newest first, as doctor reads
     them); a record :func:`problem` refuses is passed over (doctor has said so already)."""
@@ -246,6 +283,7 @@ def render(records: Iterable[dict[str, Any]]) -> str:
                 samples["plancache_boot_saved_seconds"].append(
                     f'{{{base},kind="{kind}"}} {value / 1000:.3f}'
                 )
+        _plan_health(samples, base, plan)
         first = caches[0] if caches else {}
         samples["plancache_boot_decision"].append(
             f'{{{base},plan_decision="{_label(plan.get("decision"), PLAN_DECISIONS)}",'

@@ -4,8 +4,9 @@ present, parses, not expired. Run only when the trusted keys name a ``sigstore``
 "Usable" is what ``verify`` refuses to load without (a CA, a CT log and a transparency log
 whose windows have started: :func:`plancache.keys.sigstore_root.check_trusted_root`). "Not
 expired" means what an offline node needs to verify a bundle signed today: at least one
-Fulcio CA, one transparency log key and one CT log key whose validity has no end or ends in
-the future, and a CA certificate not past its notAfter (``verify`` refuses a bundle signed
+Fulcio CA, one transparency log key and one CT log key whose validity has started and has no
+end or ends in the future (a successor not yet in service does not count), and a CA
+certificate not past its notAfter (``verify`` refuses a bundle signed
 after its part's end as ``retired-trust-root``). A root due to expire within
 :data:`WARN_DAYS` is a warning: refresh it (a newer plancache pin, or a newer pinned file)
 before the fleet's nodes start refusing new caches and plans.
@@ -22,6 +23,7 @@ from ...trust.errors import PlanCacheError
 from ...trust.keyring.keys import Keyring
 
 if TYPE_CHECKING:
+    from ...trust.keyless.trust_root import Window
     from .setup_checks import Checks
 
 WARN_DAYS = 30
@@ -36,10 +38,13 @@ def _latest(ends: list[datetime | None]) -> datetime | None:
     return max(e for e in ends if e is not None)
 
 
-def root_expiry(data: bytes) -> datetime | None:
+def root_expiry(data: bytes, now: datetime | None = None) -> datetime | None:
     """When the root stops verifying new signatures (None: never, as far as it says): the
     parts and windows ``verify`` judges a bundle by (:mod:`plancache.trust.keyless.trust_root`),
-    so ``doctor`` and ``verify`` read one root the same way.
+    so ``doctor`` and ``verify`` read one root the same way. Given ``now``, a part whose window
+    has not started by then is left out: it vouches for nothing signed now, so a root whose
+    only current CA (or log) retired before its successor starts has expired, for ``verify``
+    as for ``doctor`` (red team 48a: ``doctor`` said ok, ``verify`` refused every new bundle).
 
     Raises:
         ValueError: it is not a trusted root (not JSON, no CA, no log).
@@ -51,8 +56,12 @@ def root_expiry(data: bytes) -> datetime | None:
     root = parse_root(data)
     if not root.cas:
         raise ValueError("no certificateAuthorities")
+
+    def serving(window: Window) -> bool:
+        return now is None or window.started(now)
+
     cas: list[datetime | None] = []
-    for ca in root.cas:
+    for ca in (ca for ca in root.cas if serving(ca.window)):
         not_after = min(
             x509.load_der_x509_certificate(der).not_valid_after_utc for der in ca.certificates
         )
@@ -60,8 +69,8 @@ def root_expiry(data: bytes) -> datetime | None:
         cas.append(not_after if end is None else min(end, not_after))
     if not root.tlogs or not root.ctlogs:
         raise ValueError("no transparency log or no CT log")
-    logs = [k.window.end for k in root.tlogs]
-    cts = [k.window.end for k in root.ctlogs]
+    logs = [k.window.end for k in root.tlogs if serving(k.window)]
+    cts = [k.window.end for k in root.ctlogs if serving(k.window)]
     ends = [e for e in (_latest(cas), _latest(logs), _latest(cts)) if e is not None]
     return min(ends) if ends else None
 
@@ -92,7 +101,7 @@ def check_trust_root(checks: Checks, keyring: Keyring | None, now: datetime | No
     try:
         data, where = trusted_root_bytes()
         check_trusted_root(data, where, now)
-        expiry = root_expiry(data)
+        expiry = root_expiry(data, now)
     except (PlanCacheError, ValueError, KeyError, TypeError) as exc:
         detail = exc.detail if isinstance(exc, PlanCacheError) else f"{where}: {exc}"
         checks.add("sigstore-trust-root", "fail", f"{detail}; no bundle will verify")

@@ -117,3 +117,25 @@ def add_explain(sub: Sub) -> None:
     json_flag(p)
     p.add_argument("location", metavar="DIR|URL", help="plan directory or store URL")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- VLLM_SERVE_ARGS")
+
+
+def add_release(sub: Sub) -> None:
+    p = add_command(
+        sub,
+        "release",
+        "diagnose.release:cmd_release",
+        "clear this node's hold-back of a plan (plan-exceeds-profile)",
+        "A worker holds a signed plan back on its node (decision=profile "
+        "reason=plan-exceeds-profile) after a boot that applied it died before the end of its "
+        "start-up and the node's fresh profile came out more than 10 % smaller than the plan. "
+        "This clears the hold (and any unfinished-boot note) for FINGERPRINT, so the next boot "
+        "applies the plan again. Exit 0 when each was held back, 1 otherwise, 2 on usage errors.",
+    )
+    p.add_argument("fingerprint", nargs="*", metavar="FINGERPRINT", help="plan fingerprint(s)")
+    p.add_argument("--all", action="store_true", help="release every plan held back here")
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="the plan directory (default: vLLM's, $VLLM_CACHE_ROOT/startup_plan)",
+    )
+    json_flag(p)

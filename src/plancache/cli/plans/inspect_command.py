@@ -145,4 +145,5 @@ def _statement_json(payload: bytes) -> Any:
         "expires_at": format_time(st.expires_at) if st.expires_at else None,
         "comment": st.comment,
         "provenance": dict(st.provenance),
+        "evidence": dict(st.evidence) if st.evidence else "none",
     }

@@ -15,6 +15,7 @@ descriptors (:mod:`plancache.storage.local.dirfds`): no write follows a link.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from typing import Any
 
 from ...clock import Deadline
 from ...storage.compile_cache import archive_format, archives, cachedir, placement
+from ...storage.compile_cache.boot_dirs import PRIVATE_DIR_ENV
 from ...storage.local import directory_lock, dirfds
 from ...storage.store import Store
 from ...trust.compile_cache.manifest import Manifest
@@ -35,6 +37,7 @@ from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ...trust.statement import format_time
 from ..directory_signing import signing_moment
+from . import shipping_check
 from .local_caches import (
     CacheOutcome,
     CacheRoot,
@@ -157,9 +160,13 @@ def push_cache(
 ) -> CacheOutcome:
     """Upload a cache that verifies under ``keyring``: its archive, then its signature.
 
+    Nothing is uploaded when a file of the archive carries a secret or private path of this node
+    (:mod:`.shipping_check`).
+
     Raises:
-        Rejected: the cache does not verify (:func:`.local_caches.verify_directory`), or the
-            archive rebuilt from it differs from the signed one (``digest-mismatch``).
+        Rejected: the cache does not verify (:func:`.local_caches.verify_directory`), the
+            archive rebuilt from it differs from the signed one (``digest-mismatch``), or it
+            carries something private (``private-data``: the variable and file named).
     """
     directory = root.directory(subject)
     with directory_lock.locked(root.root, directory, wait=wait):
@@ -171,10 +178,18 @@ def push_cache(
             Reason.DIGEST_MISMATCH,
             "the rebuilt archive differs from the signed one (another tar writer?); sign again",
         )
+    shipping_check.check_archive(data, shipping_check.this_node(allowed_paths(root)))
     archives.put_object(store, archives.archive_name(subject), data, deadline=deadline)
     archives.put_object(store, archives.sig_name(subject), verified.sig_bytes, deadline=deadline)
     detail = f"{m.archive_size} bytes, {len(m.files)} files"
     return outcome_of(subject, "pushed", verified, detail=detail)
+
+
+def allowed_paths(root: CacheRoot) -> list[Path]:
+    """The paths a compiled file of ``root`` carries by design, shipped: the cache root, and the
+    operator's private directory (``$PLANCACHE_PRIVATE_DIR``), where vLLM compiled them."""
+    private = os.environ.get(PRIVATE_DIR_ENV, "")
+    return [root.root] + ([Path(private)] if private else [])
 
 
 def pull_cache(

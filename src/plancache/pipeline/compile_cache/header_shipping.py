@@ -50,6 +50,7 @@ from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected
 from ...trust.keyring.keys import Keyring, Signer, signer_keyring
 from ..directory_signing import signing_moment
+from . import shipping_check
 
 
 @dataclass(frozen=True)
@@ -184,10 +185,16 @@ def push_headers(
     """Sign what the named headers of ``directory`` are (``packed``: compressed already), bound to
     the cache signature they were built beside (its manifest's ``cache_archive_sha256``: the one
     this node just pushed), upload the stream, then its signature (a node never sees a signature
-    before its object)."""
+    before its object). Headers that carry a secret or private path of this node beyond ``base``
+    (gcc records the paths it read) are neither signed nor pushed.
+
+    Raises:
+        Rejected: reason ``private-data`` (:mod:`.shipping_check`), naming what and which header.
+    """
     data, entries = packed if packed is not None else pack_headers(base, directory, names)
     if not entries:
         return HeadersOutcome("none", detail="no precompiled header was used")
+    shipping_check.check_headers(data, [e[:2] for e in entries], shipping_check.this_node([base]))
     now = signing_moment(signer, now)  # keyless: when it signs, after the cache's upload
     hset = HeaderSet(
         subject,
@@ -270,6 +277,8 @@ def _pull(
     cancel.check()
     fd = files.open_private_dir(base, directory)
     try:
+        for h in hset.headers:  # gcc's unfinished file: replaced from the store, never "present"
+            files.remove_unfinished(fd, h.name)
         there = {h.name: files.present(fd, h.name) for h in hset.headers}
         taken = tuple(n for n, kind in there.items() if kind)
         if len(taken) == len(hset.headers):

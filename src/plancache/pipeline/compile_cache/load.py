@@ -8,7 +8,8 @@ signed directory is never read by torch, and never written by it either, so a ve
 verified across restarts. A cache that fails verification is moved aside beside it, on its own
 mount; if it cannot be moved, it is simply not loaded. A local failure (a full disk, a permission, a
 name already taken, a lock that cannot be had) is no verdict: the cache stays in place and vLLM
-compiles, with the reason in the outcome. Every outcome is a :class:`CacheOutcome`.
+compiles, with the reason in the outcome. A cache that fails the same way boot after boot is not
+fetched at every boot (:mod:`.fetch_backoff`). Every outcome is a :class:`CacheOutcome`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ...trust.compile_cache.manifest_signature import verify_manifest
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring
+from . import fetch_backoff
 from .flows import pull_locked
 from .local_caches import (
     CacheOutcome,
@@ -91,6 +93,9 @@ def _guard_locked(
     if not has_files(directory):
         if fetch is None or keyring is None:
             return CacheOutcome(subject, "compile", "no-cache", f"{note}no compile cache yet")
+        held = fetch_backoff.holding(root, subject, now)
+        if held:
+            return CacheOutcome(subject, "compile", "backoff", f"{note}no compile cache; {held}")
         fetched = _fetch(fetch, root, subject, keyring, now)
         if fetched.action != "compile":
             said = f"{note}store: pulled" + (f" ({fetched.detail})" if fetched.detail else "")
@@ -99,7 +104,9 @@ def _guard_locked(
     try:
         if keyring is None:
             raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
-        return _load_into(root, subject, keyring, now, into)
+        loaded = _load_into(root, subject, keyring, now, into)
+        fetch_backoff.clear(root, subject)  # it held since it was put there: no run of failures
+        return loaded
     except Rejected as exc:
         rejected = CacheOutcome(subject, "quarantined", exc.reason.value, exc.detail)
     except StoreError as exc:  # a full disk, a permission, a name taken: not a verdict on the cache
@@ -121,8 +128,12 @@ def _guard_locked(
             ),
         )
     rejected = replace(rejected, quarantined_to=target)
+    fetch_backoff.note(root, subject, f"quarantined:{rejected.reason}", now)
     if fetch is None or keyring is None:
         return rejected
+    held = fetch_backoff.holding(root, subject, now)
+    if held:
+        return replace(rejected, detail=f"{rejected.detail}; {held}")
     fetched = _fetch(fetch, root, subject, keyring, now)
     if fetched.action == "compile":
         return replace(rejected, detail=f"{rejected.detail}; {fetched.detail}")
@@ -189,6 +200,8 @@ def _fetch(
         return pull_locked(store, root, subject, keyring, now, deadline)
     except Rejected as exc:
         reason = "no-cache" if exc.reason is Reason.UNSIGNED else "store-rejected"
+        if reason == "store-rejected":
+            fetch_backoff.note(root, subject, f"store-rejected:{exc.reason.value}", now)
         return CacheOutcome(subject, "compile", reason, f"store: {exc.reason.value}: {exc.detail}")
     except PlanCacheError as exc:
         return CacheOutcome(subject, "compile", exc.reason.value, f"store: {exc.detail}")

@@ -20,6 +20,7 @@ import os
 import shutil
 import stat
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -141,3 +142,13 @@ def extract_archive(data: bytes, manifest: Manifest, dest: Path) -> None:
         raise Rejected(
             Reason.MALFORMED, f"the archive holds {position} of the {len(expected)} signed entries"
         )
+
+
+def archive_members(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """Each regular file of an archive this node wrote (:func:`write_archive`), by name: what a
+    store would hold, for the check that nothing private leaves the node."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|", encoding="utf-8") as tar:
+        for member in tar:
+            source = tar.extractfile(member) if member.isreg() else None
+            if source is not None:
+                yield member.name, source.read()

@@ -34,6 +34,7 @@ from ...trust.compile_cache.manifest import (
 )
 from ...trust.errors import Reason, Rejected, StoreError
 from ..local import dirfds
+from . import quarantine_cap
 
 CHUNK = 1 << 20
 COMPILE_SUBDIR = "torch_compile_cache"
@@ -154,28 +155,57 @@ def install(
     *,
     reason: str = "replaced-by-pull",
 ) -> None:
-    """Rename a verified staging directory (beside ``directory``) into place, then its sidecar.
+    """Put a verified staging directory (``staged``, inside a staging directory beside
+    ``directory``) into place with its sidecar, so that a boot never sees the cache without it.
 
-    An existing directory is moved aside first (``reason``), unless it holds only what vLLM
-    leaves itself (:func:`leftovers_only`: removed, no evidence, and a quarantine entry on every
-    node that pulls would be noise). Every step goes through descriptors (:mod:`..local.dirfds`).
+    Two names cannot change in one step, so the order makes every state in between one a boot
+    already handles without an alert: (1) the sidecar is written whole inside the staging
+    directory (a full disk or quota fails here, before anything visible changed); (2) an
+    existing directory is moved aside (``reason``) with its old sidecar, or removed if it
+    holds only what vLLM leaves itself (:func:`leftovers_only`); (3) the new sidecar is renamed
+    beside it; (4) the directory is renamed into place. Killed after (2): no cache (pulled
+    again); after (3): a sidecar without its cache, which proves nothing and is set aside
+    under the lock like any other (:func:`.placement.set_aside_lone_sidecar`: no verdict);
+    after (4): the new cache, signed. A cache never stands without its sidecar (the old order
+    made that an ``unsigned`` quarantine of a good cache). Should (4) fail, the sidecar of (3)
+    is taken back. Every step goes through descriptors (:mod:`..local.dirfds`).
 
     Raises:
-        StoreError: the existing directory cannot be moved aside (:func:`quarantine`), or the
-            rename or the sidecar's write fails (reason ``store-error``; a link on the way is
-            never followed).
+        StoreError: a link on the way (reason ``unsafe-directory``); the existing directory
+            cannot be moved aside (:func:`quarantine`), or a write or rename fails (a full disk,
+            a quota, a permission: reason ``local-error``).
     """
-    if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
-        quarantine(base, directory, quarantine_root, reason)
+    sidecar = sidecar_path(directory).name
     try:
-        with (
-            dirfds.opened_dir(base, directory.parent) as parent,
-            dirfds.opened_dir(base, staged.parent, create=False) as stage,
-        ):
-            os.rename(staged.name, directory.name, src_dir_fd=stage, dst_dir_fd=parent)
-            dirfds.write_new(parent, sidecar_path(directory).name, sig_bytes)
+        with dirfds.opened_dir(base, staged.parent, create=False) as stage:
+            dirfds.write_new(stage, SIDECAR_STAGED, sig_bytes)
+            if directory.is_symlink() or (directory.exists() and not _remove_empty_tree(directory)):
+                quarantine(base, directory, quarantine_root, reason)
+            with dirfds.opened_dir(base, directory.parent) as parent:
+                os.rename(SIDECAR_STAGED, sidecar, src_dir_fd=stage, dst_dir_fd=parent)
+                _sync(parent)
+                try:
+                    os.rename(staged.name, directory.name, src_dir_fd=stage, dst_dir_fd=parent)
+                except OSError:
+                    with contextlib.suppress(OSError):  # no cache: nor any sidecar claiming one
+                        os.unlink(sidecar, dir_fd=parent)
+                    raise
+                _sync(parent)
     except OSError as exc:
-        raise StoreError(f"cannot install {directory}: {exc.strerror or exc}") from None
+        raise StoreError(
+            f"cannot install {directory}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR
+        ) from None
+
+
+SIDECAR_STAGED = "sidecar"
+"""The new sidecar's name inside the staging directory until it is renamed beside the cache
+(never a cache's own name: the cache is the staging directory's ``x``)."""
+
+
+def _sync(dir_fd: int) -> None:
+    """The directory's renames on disk in the order made (a crash keeps that order too)."""
+    with contextlib.suppress(OSError):
+        os.fsync(dir_fd)
 
 
 DEBUG_FILES = frozenset({"computation_graph.py", "cache_key_factors.json"})
@@ -220,14 +250,16 @@ def quarantine_roots(base: Path, directory: Path, quarantine_root: Path) -> list
 
 
 def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) -> Path:
-    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded.
+    """Move ``directory`` (and its sidecar) aside as evidence; nothing there is ever loaded. The
+    root then keeps its newest entries within its caps (:mod:`.quarantine_cap`).
 
     A sidecar without its directory (a half-made quarantine) goes alone; the path returned is
     then its own. The entry's name is unpredictable, the rename goes through descriptors;
     ``EXDEV`` (a bind mount sharing the device) falls to the next root.
 
     Raises:
-        StoreError: no root takes it, each root named with why (reason ``store-error``).
+        StoreError: no root takes it, each root named with why (reason ``local-error``: a
+            local failure, no verdict on any store).
     """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     name = f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}-{directory.name}-{reason}"
@@ -253,10 +285,13 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
                     )
                 with contextlib.suppress(OSError):
                     os.fsync(parent)
+                quarantine_cap.prune(target)
             return target_root / moved
         except (OSError, StoreError) as exc:
             problems.append(f"{target_root}: {_why(exc)}")
-    raise StoreError(f"cannot move {directory} aside ({'; '.join(problems)})")
+    raise StoreError(
+        f"cannot move {directory} aside ({'; '.join(problems)})", reason=Reason.LOCAL_ERROR
+    )
 
 
 def _why(exc: OSError | StoreError) -> object:

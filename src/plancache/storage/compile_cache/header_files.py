@@ -10,11 +10,14 @@ time, not its disk. Each header is written, as it is inflated and hashed, into a
 ``O_EXCL | O_NOFOLLOW`` temporary in that directory, and only linked to its name (never
 replacing anything there, a planted link included) once the caller has compared the hash:
 what lands is what was hashed, from this process's own descriptor, never a path read again.
+A header gcc left unfinished (killed mid-build) is removed under torch's own build lock
+(:func:`remove_unfinished`), so torch or the store provides it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import stat
@@ -244,3 +247,59 @@ def discard(dir_fd: int, tmp: str) -> None:
     """Remove the temporary ``tmp`` (gone already: nothing to do)."""
     with contextlib.suppress(OSError):
         os.unlink(tmp, dir_fd=dir_fd)
+
+
+GCC_IDENT = b"gpch"
+"""How a whole gcc precompiled header begins: ``gpch``, a language letter (``C``, ``o``, ``+``,
+``O``) and gcc's PCH version (``gpch+014``: g++ 12). gcc writes ``gpcWrite`` there first and
+the ident only once everything else is written, so a build killed midway (or one that failed
+for room) leaves a file that does not begin so. gcc refuses such a file fatally on every
+compile that includes the header, and torch never rebuilds a header whose file exists."""
+CLANG_MAGIC = b"CPCH"
+"""clang's precompiled headers (written to a temporary and renamed: never half a file)."""
+LOCKS_SUBDIR = "locks"
+"""torch's ``_HEADER_LOCK_DIR`` inside the headers directory: ``<hash>.lock``, ``flock``-ed by
+torch's ``FileLock`` while gcc builds ``<hash>.h.gch``."""
+
+
+def is_complete(dir_fd: int, name: str) -> bool:
+    """Whether ``name`` is a regular file that begins as a whole precompiled header does."""
+    try:
+        fd = os.open(name, READ, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        head = os.read(fd, 8) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    if head.startswith(CLANG_MAGIC):
+        return True
+    return len(head) == 8 and head[:4] == GCC_IDENT and head[4:5] in (b"C", b"o", b"+", b"O")
+
+
+def remove_unfinished(dir_fd: int, name: str) -> bool:
+    """Remove ``name`` when it is a regular file that is not a whole precompiled header
+    (:func:`is_complete`), holding torch's own build lock for it (``locks/<hash>.lock``, the
+    ``flock`` torch's ``FileLock`` takes) so that a gcc building it right now is never cut
+    short: held by someone, the file is left. True when removed (torch, or the store, then
+    provides it afresh). Links and other kinds are never touched here (:func:`present`)."""
+    if present(dir_fd, name) != "file" or is_complete(dir_fd, name):
+        return False
+    hash_part = name.split(".", 1)[0]
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(LOCKS_SUBDIR, 0o700, dir_fd=dir_fd)
+        with dirfds.opened_dir_at(dir_fd, LOCKS_SUBDIR) as locks:
+            lock = os.open(
+                f"{hash_part}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=locks
+            )
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if is_complete(dir_fd, name):
+                return False
+            os.unlink(name, dir_fd=dir_fd)
+            return True
+        finally:
+            os.close(lock)  # the flock goes with the descriptor
+    except OSError:  # held by a build, or no lock to be had: left as it is
+        return False

@@ -58,8 +58,9 @@ def locked(
         StoreTimeout: the lock is still held by another process after ``wait`` (reason
             ``timeout``), naming the lock.
         StoreError: the lock file is another user's or open to others' writes (reason
-            ``unsafe-directory``); this user cannot open or make it (``lock-unavailable``), or
-            cannot reach the directory (``store-error``): the caller stops, never works
+            ``unsafe-directory``); this user cannot open or make it, or the filesystem cannot
+            lock it (``ENOLCK``: ``lock-unavailable``), or
+            cannot reach the directory (``local-error``): the caller stops, never works
             unlocked. With ``write``, a read-only filesystem (``local-error``).
     """
     lock = lock_path(directory)
@@ -95,7 +96,7 @@ def _open_lock(base: Path, directory: Path, lock: Path) -> int | None:
         reason = (
             Reason.LOCK_UNAVAILABLE
             if exc.errno in (errno.EACCES, errno.EPERM)
-            else Reason.STORE_ERROR
+            else Reason.LOCAL_ERROR
         )
         raise StoreError(
             f"cannot lock {directory} ({lock}: {exc.strerror or exc})", reason=reason
@@ -104,7 +105,9 @@ def _open_lock(base: Path, directory: Path, lock: Path) -> int | None:
 
 def _acquire(fd: int, lock: Path, wait: float, clock: Clock) -> None:
     """``flock`` without blocking, polled until ``wait`` runs out: a blocking ``flock`` cannot
-    be bounded, and a holder that never lets go must cost a bounded wait, never a hang."""
+    be bounded, and a holder that never lets go must cost a bounded wait, never a hang. A
+    filesystem that cannot lock at all (``ENOLCK``: NFS without lockd) is ``lock-unavailable``:
+    the caller stops, never works unlocked."""
     deadline = Deadline.after(max(wait, 0.0), clock)
     while True:
         try:
@@ -117,3 +120,10 @@ def _acquire(fd: int, lock: Path, wait: float, clock: Clock) -> None:
                     f"another process has held the lock {lock} for over {wait:g} s; nothing done"
                 ) from None
             clock.sleep(min(0.05, left))
+        except OSError as exc:  # ENOLCK (NFS without lockd), EINVAL, ...: no lock to be had here
+            raise StoreError(
+                f"cannot lock {lock}: flock fails on this filesystem ({exc.strerror or exc}); "
+                "nothing done. Put VLLM_CACHE_ROOT on a filesystem with working flock (a local "
+                "disk, an emptyDir; on NFS run lockd or mount with local_lock=flock)",
+                reason=Reason.LOCK_UNAVAILABLE,
+            ) from None

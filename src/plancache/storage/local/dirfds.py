@@ -48,8 +48,9 @@ def open_dir(base: Path, directory: Path, *, create: bool = True, mode: int = 0o
     itself is the operator's (followed as given, made when missing and ``create``).
 
     Raises:
-        StoreError: ``directory`` is not under ``base``, or a component is a link or not a
-            directory, named (reason ``store-error``).
+        StoreError: ``directory`` is not under ``base`` (reason ``store-error``), or a
+            component is a link or not a directory, named (``unsafe-directory``; one that
+            cannot be opened otherwise: ``local-error``).
         FileNotFoundError: a component is absent and not ``create``.
         OSError: ``base`` cannot be made or opened.
     """
@@ -84,9 +85,14 @@ def _open_child(fd: int, part: str, directory: Path) -> int:
 
 
 def _not_a_dir(directory: Path, part: str, exc: OSError) -> StoreError:
+    """A link or a non-directory where a directory must be is a local layout no one should
+    trust (``unsafe-directory``: a symlinked ``torch_compile_cache/`` is one); any other
+    failure to open one (a permission) is ``local-error``. Neither is a store's problem."""
+    unsafe = exc.errno in (errno.ELOOP, errno.ENOTDIR)
     return StoreError(
         f"'{part}' in {directory} is a link or not a directory ({exc.strerror or exc}); "
-        "not followed"
+        "not followed",
+        reason=Reason.UNSAFE_DIRECTORY if unsafe else Reason.LOCAL_ERROR,
     )
 
 

@@ -34,6 +34,10 @@ def default_plan_dir(env: Mapping[str, str] = os.environ) -> Path:
     return vllm_cache_root(env) / PLAN_SUBDIR
 
 
+EVIDENCE_NAME = "plancache-evidence-{fp}.json"
+"""Beside a plan the plugin saved: how its boot measured it, for ``sign`` to sign (issue 49)."""
+
+
 class LocalPlanDir:
     """A directory of ``startup_plan_<fp>.json`` files with ``.sig`` sidecars."""
 
@@ -74,6 +78,18 @@ class LocalPlanDir:
 
     def sync(self) -> None:
         fsync_dir(self.path)
+
+    def read_evidence(self, fingerprint: str) -> bytes | None:
+        """The plugin's unsigned account of how the plan was measured
+        (``plancache-evidence-<fp>.json``, :func:`plancache.trust.plans.evidence.evidence_for`
+        judges it); None when absent or unreadable."""
+        try:
+            return read_capped(self.path / EVIDENCE_NAME.format(fp=fingerprint), 16384)
+        except PlanCacheError:
+            return None
+
+    def write_evidence(self, fingerprint: str, data: bytes) -> None:
+        write_atomic(self.path / EVIDENCE_NAME.format(fp=fingerprint), data)
 
     def write_sig(self, fingerprint: str, sig_bytes: bytes) -> None:
         write_atomic(self.path / sig_name(fingerprint), sig_bytes)

@@ -16,9 +16,9 @@
   ``http://`` here, ``http://`` in ``hosts.toml``, ``insecure = true`` in ``registries.conf``
   make the mirror plain HTTP (never given a secret off loopback) and leave the registry on TLS;
 * ``mirror_reads``: ``false`` to read the registry itself even where a mirror is configured
-  (what ``verify``, ``ls`` and ``prune`` do unless told ``mirror_reads=true``: an audit audits
-  the registry; and what every push does, whatever it is told:
-  :func:`.registry_urls.write_options`);
+  (what ``verify``, ``ls`` and ``prune --dry-run`` do unless told ``mirror_reads=true``: an
+  audit audits the registry; and what every push and every prune that deletes does, whatever
+  it is told: :func:`.registry_urls.write_options`);
 * ``mirror_config``: where that configuration is (a containerd hosts directory, a
   ``hosts.toml`` or a ``registries.conf``), or ``none`` to read none;
 * ``subject``: an image of the repository (``TAG``, ``@sha256:…``, ``HOST/REPO:TAG``): pushes
@@ -230,6 +230,8 @@ def registry_opener(
             namespace=registry.authority,
             token_realms=token_realms,
             mirror_of=host.source,
+            mirror_for=f"{registry.authority}/{repository}",
+            clock=clock,
         )
         return RegistryFileSystem(
             origin,

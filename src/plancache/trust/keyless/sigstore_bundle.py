@@ -109,7 +109,8 @@ def open_bundle(
     claims = LogClaims.of(obj["verificationMaterial"]["tlogEntries"][0])
     root = _root(policy.trusted_root)
     payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root)
-    if not vouched_by_named_log(claims, root):
+    logs = vouched_by_named_log(claims, root)
+    if not logs:
         raise Rejected(
             Reason.BAD_LOG_PROOF,
             "the log entry's checkpoint or SET is not signed by the log it names",
@@ -121,7 +122,7 @@ def open_bundle(
         verified,
         issuers=issuing_cas(root, cert),
         sct_logs=sct_log_ids(cert),
-        log_id=claims.log_id,
+        logs=logs,
     )
     if retired is not None:  # before revoked: a retired part's word makes no signature
         raise Rejected(

@@ -120,6 +120,19 @@ class TrustRoot:
     def ctlog(self, log_id: bytes) -> LogKey | None:
         return next((k for k in self.ctlogs if k.named(log_id)), None)
 
+    def tlogs_named(self, log_id: bytes) -> list[LogKey]:
+        """Every transparency-log entry ``log_id`` names: a key the root lists twice (served,
+        retired, serving again) has one entry per window, and which comes first must not
+        decide (the verdict does not depend on the order of entries)."""
+        return [k for k in self.tlogs if k.named(log_id)]
+
+    def ctlogs_signing(self, log_id: bytes) -> list[LogKey]:
+        """The CT-log entries whose key an SCT naming ``log_id`` is checked with: those whose
+        key hashes to it (RFC 6962's log id), else those that declare it; every one of them,
+        in any order (see :meth:`tlogs_named`)."""
+        by_key = [k for k in self.ctlogs if k.key_id == log_id]
+        return by_key or [k for k in self.ctlogs if k.named(log_id)]
+
 
 def parse_root(data: bytes) -> TrustRoot:
     """A ``trusted_root.json``'s parts.
@@ -170,22 +183,24 @@ def retired_part(
     *,
     issuers: list[Authority],
     sct_logs: list[bytes],
-    log_id: bytes,
+    logs: list[LogKey],
 ) -> str | None:
     """Which part that vouched for a verified bundle was out of service at ``verified`` (the
-    bundle's verified signing time), or None: the CA that issued its certificate (one of
-    ``issuers`` must cover it: the same key may serve under several windows), the CT log of
-    each SCT, and the transparency log of its entry. A key id the root does not name is not
-    this function's to judge (:func:`unnamed_part`)."""
+    bundle's verified signing time), or None: the CA that issued its certificate, the CT log of
+    each SCT, and the transparency log of its entry (``logs``: the root's entries whose key
+    signed its checkpoint). The same key may serve under several windows (a root that lists it
+    once per window): one of its entries must cover the time, whichever the root lists first.
+    A key id the root does not name is not this function's to judge (:func:`unnamed_part`)."""
     when = format_time(verified)
     if issuers and not any(ca.window.covers(verified) for ca in issuers):
         return f"the CA '{issuers[0].name}' ({issuers[0].window.describe()}) issued it at {when}"
     for sct in sct_logs:
-        ct = root.ctlog(sct)
-        if ct is not None and not ct.window.covers(verified):
+        cts = root.ctlogs_signing(sct)
+        if cts and not any(ct.window.covers(verified) for ct in cts):
+            ct = cts[0]
             return f"the CT log {ct.url} ({ct.window.describe()}) vouched for it at {when}"
-    log = root.tlog(log_id)
-    if log is not None and not log.window.covers(verified):
+    if logs and not any(log.window.covers(verified) for log in logs):
+        log = logs[0]
         return f"the transparency log {log.url} ({log.window.describe()}) logged it at {when}"
     return None
 
@@ -246,7 +261,10 @@ def _window(obj: dict[str, object], where: str) -> Window:
         return Window(None, None)
     if not isinstance(valid, dict):
         raise ValueError(f"{where}: validFor is not an object")
-    return Window(_time(valid.get("start"), where), _time(valid.get("end"), where))
+    start, end = _time(valid.get("start"), where), _time(valid.get("end"), where)
+    if start is not None and end is not None and end < start:  # a typo: in service never
+        raise ValueError(f"{where}: a validFor ends ({format_time(end)}) before it starts")
+    return Window(start, end)
 
 
 def _time(value: object, where: str) -> datetime | None:

@@ -24,8 +24,9 @@ What that API lacks, and how it is made up here (nowhere else):
    (:func:`_set_holds`); and which log key signed the checkpoint, since sigstore-python falls
    back to every key of the root (:func:`vouched_by_named_log`).
 5. **A timestamp from a TSA outside its window is dropped without a word**: sigstore-python
-   then says only that no verified time is left; :func:`_retired_tsa` tells that case
-   (``retired-trust-root``) from a foreign TSA (``foreign-trust-root``).
+   then says only that no verified time is left; :func:`_untimed` tells that case
+   (``retired-trust-root``), and a stamp over another signature (``bad-bundle``), from a
+   foreign TSA (``foreign-trust-root``).
 
 One subtlety of sigstore-python's order: the certificate chain is checked at the log's time
 *before* the log proof that vouches for the time. A bundle whose ``integratedTime`` was altered
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from ..display import safe_text
 from ..errors import Reason, Rejected
 from ..statement import format_time
-from .trust_root import TrustRoot, parse_root
+from .trust_root import LogKey, TrustRoot, issuing_cas, parse_root
 
 if TYPE_CHECKING:
     from sigstore.models import Bundle
@@ -90,10 +91,29 @@ class LogClaims:
         return self.promise is not None and self.integrated_time > 0
 
 
-@functools.lru_cache(maxsize=4)
 def verifier(trusted_root: bytes) -> Verifier:
     """One verifier per pinned root (parsing a root costs milliseconds; a store has thousands
-    of bundles). Keyed by the root's bytes: a different root is a different verifier."""
+    of bundles). Keyed by the root's bytes: a different root is a different verifier; and by
+    which of its CAs have started on the real clock. sigstore-python's ``Verifier`` takes the
+    CA certificates whose ``validFor`` has started when it is built (reading the real clock,
+    as here) and keeps them: cached by the bytes alone, a long-running process would go on
+    refusing, as ``foreign-trust-root``, every bundle of a CA that started after its first
+    bundle (red team 48a: a rotation published ahead of time), until it restarts."""
+    started = tuple(
+        ca.window.started(datetime.now(timezone.utc)) for ca in _parts(trusted_root).cas
+    )
+    return _verifier(trusted_root, started)
+
+
+@functools.lru_cache(maxsize=4)
+def _parts(trusted_root: bytes) -> TrustRoot:
+    return parse_root(trusted_root)
+
+
+@functools.lru_cache(maxsize=4)
+def _verifier(trusted_root: bytes, started: tuple[bool, ...]) -> Verifier:
+    """sigstore-python's verifier of ``trusted_root`` while the CAs ``started`` names are the
+    ones in service (part of the cache key only)."""
     from sigstore.models import TrustedRoot
     from sigstore.verify import Verifier
     from sigstore_models.trustroot import v1
@@ -150,28 +170,39 @@ def refusal(exc: Exception, bundle: Bundle, claims: LogClaims, root: TrustRoot) 
                 "the log time is outside the certificate, and the signed entry timestamp "
                 "stating it does not verify (an altered time?)",
             )
+        issuers = issuing_cas(root, cert)  # a CA of the root: sigstore-python left it out
+        if issuers and not any(ca.window.started(datetime.now(timezone.utc)) for ca in issuers):
+            return Rejected(  # as its Verifier does, on the real clock: not yet in service
+                Reason.RETIRED_TRUST_ROOT,
+                f"retired trust-root part: the CA '{safe_text(issuers[0].name, 80)}' "
+                f"({issuers[0].window.describe()}) is not in service yet",
+            )
         return Rejected(
             Reason.FOREIGN_TRUST_ROOT,
             f"the certificate does not chain to the pinned trust root ({safe_text(str(exc), 120)})",
         )
     reason, detail = _classify(str(exc))
-    if reason is Reason.FOREIGN_TRUST_ROOT:  # no timestamp counted: a retired TSA's, perhaps
-        retired = _retired_tsa(bundle, root)
-        if retired is not None:
-            return Rejected(Reason.RETIRED_TRUST_ROOT, f"retired trust-root part: {retired}")
+    if reason is Reason.FOREIGN_TRUST_ROOT:  # no timestamp counted: the root's TSA's, perhaps
+        return _untimed(bundle, root) or Rejected(reason, detail)
     return Rejected(reason, detail)
 
 
-def _retired_tsa(bundle: Bundle, root: TrustRoot) -> str | None:
-    """The root's timestamp authority that signed one of the bundle's timestamps outside its
-    window, or None. sigstore-python drops such a timestamp (its verifier checks the TSA's
-    window) and then says only that no verified time is left; the TSA's signature is checked
-    here the way it checks it (rfc3161-client, its dependency, through its public API)."""
+def _untimed(bundle: Bundle, root: TrustRoot) -> Rejected | None:
+    """Why none of the bundle's timestamps gave sigstore-python a verified time, when a
+    timestamp authority of the root signed one: it stamped another signature (``bad-bundle``:
+    the bundle's, not the root's, fault), or it stamped this one outside its window
+    (``retired-trust-root``); None when no authority of the root signed any (foreign).
+    sigstore-python drops such a timestamp without a word and then says only that no verified
+    time is left. The TSA's signature is checked as it checks it (rfc3161-client, its
+    dependency, through its public API), over the stamp's own imprint, and the imprint is then
+    compared with the bundle's signature here; the window as sigstore-python reads a TSA's: its
+    end excluded (red team 48a: a stamp at the end was said to be foreign)."""
     from cryptography import x509
     from rfc3161_client import VerificationError, VerifierBuilder
 
     data = bundle.verification_material.timestamp_verification_data
-    for tsa in root.tsas if data is not None else ():
+    stamps = data.rfc3161_timestamps if data is not None else []
+    for tsa in root.tsas:
         if len(tsa.certificates) < 2:
             continue
         certs = [x509.load_der_x509_certificate(der) for der in tsa.certificates]
@@ -179,19 +210,43 @@ def _retired_tsa(bundle: Bundle, root: TrustRoot) -> str | None:
         for cert in certs[1:-1]:
             builder = builder.add_intermediate_certificate(cert)
         checker = builder.build()
-        for stamp in data.rfc3161_timestamps if data is not None else []:
+        for stamp in stamps:
+            imprint = stamp.tst_info.message_imprint
             try:
-                checker.verify_message(stamp, bundle.signature)
+                checker.verify(stamp, imprint.message)
             except (VerificationError, ValueError):
                 continue
+            if imprint.message != _digest(imprint.hash_algorithm.dotted_string, bundle.signature):
+                return Rejected(
+                    Reason.BAD_BUNDLE,
+                    f"the RFC 3161 timestamp of '{safe_text(tsa.name, 80)}' does not cover "
+                    "the bundle's signature",
+                )
             moment = stamp.tst_info.gen_time
             moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-            if not tsa.window.covers(moment):
-                return (
-                    f"the timestamp authority '{safe_text(tsa.name, 80)}' "
-                    f"({tsa.window.describe()}) stamped it at {format_time(moment)}"
+            if not tsa.window.covers(moment) or moment == tsa.window.end:
+                return Rejected(
+                    Reason.RETIRED_TRUST_ROOT,
+                    f"retired trust-root part: the timestamp authority "
+                    f"'{safe_text(tsa.name, 80)}' ({tsa.window.describe()}, its end excluded) "
+                    f"stamped it at {format_time(moment)}",
                 )
     return None
+
+
+_DIGESTS = {
+    "2.16.840.1.101.3.4.2.1": "sha256",
+    "2.16.840.1.101.3.4.2.2": "sha384",
+    "2.16.840.1.101.3.4.2.3": "sha512",
+}
+"""The imprint hashes rfc3161-client verifies a message under (its ``verify_message``)."""
+
+
+def _digest(oid: str, message: bytes) -> bytes | None:
+    import hashlib
+
+    name = _DIGESTS.get(oid)
+    return hashlib.new(name, message).digest() if name else None
 
 
 def _claimed_time(claims: LogClaims, bundle: Bundle) -> datetime | None:
@@ -204,11 +259,15 @@ def _claimed_time(claims: LogClaims, bundle: Bundle) -> datetime | None:
 
 
 def _set_holds(claims: LogClaims, root: TrustRoot) -> bool:
-    """Whether the signed entry timestamp verifies under the root's log key its log id names:
-    Rekor v1 signs the canonical JSON of the entry's body, integrated time, log id (hex) and
-    index (ASCII strings and integers only, so sorted compact JSON is its RFC 8785 form)."""
-    key = root.tlog(claims.log_id)
-    if key is None or claims.promise is None:
+    """Whether the signed entry timestamp verifies under a root's log key its log id names."""
+    return any(_set_signed_by(key, claims) for key in root.tlogs_named(claims.log_id))
+
+
+def _set_signed_by(key: LogKey, claims: LogClaims) -> bool:
+    """Whether ``key`` signed the entry's SET: Rekor v1 signs the canonical JSON of the entry's
+    body, integrated time, log id (hex) and index (ASCII strings and integers only, so sorted
+    compact JSON is its RFC 8785 form)."""
+    if claims.promise is None:
         return False
     payload = json.dumps(
         {
@@ -223,13 +282,20 @@ def _set_holds(claims: LogClaims, root: TrustRoot) -> bool:
     return key.verifies(claims.promise, payload)
 
 
-def vouched_by_named_log(claims: LogClaims, root: TrustRoot) -> bool:
-    """Whether the log the entry names signed its checkpoint (and its SET, if any) itself.
-    sigstore-python tries every log key of the root when the named one is not found by its
-    key hash, which is always so for a Rekor v2 log (its declared id is its signed-note id):
-    without this, a retired log's key could sign under a current log's name."""
-    key = root.tlog(claims.log_id)
-    if key is None or (claims.time_is_signed and not _set_holds(claims, root)):
+def vouched_by_named_log(claims: LogClaims, root: TrustRoot) -> list[LogKey]:
+    """The root's entries for the log the entry names whose key signed its checkpoint (and its
+    SET, if any) itself; empty when none did. sigstore-python tries every log key of the root
+    when the named one is not found by its key hash, which is always so for a Rekor v2 log (its
+    declared id is its signed-note id): without this, a retired log's key could sign under a
+    current log's name. Every entry is tried (a key listed once per window), so the order of
+    the root's entries decides nothing."""
+    return [key for key in root.tlogs_named(claims.log_id) if _signed_checkpoint(key, claims)]
+
+
+def _signed_checkpoint(key: LogKey, claims: LogClaims) -> bool:
+    """Whether ``key`` signed the entry's checkpoint (a signed note's line under its key hint)
+    and, where the time is the log's word, its SET."""
+    if claims.time_is_signed and not _set_signed_by(key, claims):
         return False
     text = claims.checkpoint
     if text.count("\n\n") != 1:

@@ -50,6 +50,19 @@ class _Count:
             self.failure, self.detail = reason, detail
 
 
+def _signed_earlier(signer: IdentitySigner, than: Signatory) -> bool:
+    """Whether ``signer`` (a line's signature) was verified before ``than`` (the same line's):
+    a line signing twice counts once, by its first signature, whichever entry the envelope
+    lists first (red team 48a: with the later entry first, a statement was
+    ``signing-time-mismatch``, the other way round valid)."""
+    return (
+        isinstance(than, IdentitySigner)
+        and signer.log_time is not None
+        and than.log_time is not None
+        and signer.log_time < than.log_time
+    )
+
+
 def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
     """Every entry that could count, verified: a key's against the trusted key its id names, a
     keyless one (only when the keyring names identities: sigstore-python is never imported for
@@ -66,7 +79,9 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
                 continue  # like an unknown key: nothing here could count or be revoked
             try:
                 for who in open_entry(env, signature, policy):
-                    count.good.setdefault(who.line.key, who)
+                    kept = count.good.get(who.line.key)
+                    if kept is None or _signed_earlier(who, kept):
+                        count.good[who.line.key] = who
             except Rejected as exc:
                 count.failed(exc.reason, exc.detail)
             continue
@@ -151,12 +166,12 @@ def current_signers(
 
     Raises:
         Rejected: ``signing-time-mismatch`` (a keyless signer's verified time and
-            ``signed_at`` differ by more than the skew), ``expired`` (no key's window covers
-            both moments, or the statement expired),
+            ``signed_at`` differ by more than the skew: :func:`_check_signing_times`),
+            ``expired`` (no key's window covers both moments, or the statement expired),
             ``threshold-not-met`` (fewer such keys than the keyring's threshold),
             ``not-yet-valid`` (``signed_at`` beyond the clock skew in the future).
     """
-    _check_signing_times(keys, signed_at, clock_skew)
+    _check_signing_times(keys, signed_at, now, clock_skew)
     current = [
         k for k in keys if k.window_covers(now) and k.window_covers(signed_when(k, signed_at))
     ]
@@ -186,24 +201,44 @@ def signed_when(signer: Signatory, signed_at: datetime) -> datetime:
 
 
 def _check_signing_times(
-    keys: Sequence[Signatory], signed_at: datetime, clock_skew: timedelta
+    keys: Sequence[Signatory], signed_at: datetime, now: datetime, clock_skew: timedelta
 ) -> None:
-    """A keyless statement's ``signed_at`` within the clock skew of each keyless signer's
-    verified time: a statement its signer misdated would otherwise carry a false date into
-    every report and every ``expires_at`` measured from it.
+    """A keyless statement's ``signed_at`` agrees with when it was signed: no keyless signer's
+    verified time is before it by more than the clock skew (nobody signs a statement before its
+    date: a forward-dated one), and, unless a current key signed it too (a key dates what it
+    signs, as it always could), the first keyless signer's verified time is within the skew of
+    it (the signer who dated it signed then: a backdated one). A statement its signer misdated
+    would otherwise carry a false date into every report and every ``expires_at`` measured from
+    it. A co-signer who signs later did not write the date (docs/keys.md's key first, identity
+    later): a day later is a co-signature, not a misdated statement (red team 48a: a key-signed
+    plan that verified alone was refused once the bake job co-signed it a day later).
 
     Raises:
         Rejected: ``signing-time-mismatch``.
     """
-    for k in keys:
-        verified = k.log_time if isinstance(k, IdentitySigner) else None
-        if verified is not None and abs(signed_at - verified) > clock_skew:
-            raise Rejected(
-                Reason.SIGNING_TIME_MISMATCH,
-                f"signed_at {format_time(signed_at)} is not the verified signing time "
-                f"{format_time(verified)} ({safe_text(k.name, 40)}) within "
-                f"{int(clock_skew.total_seconds())} s",
-            )
+    keyless = [k for k in keys if isinstance(k, IdentitySigner) and k.log_time is not None]
+    for k in keyless:
+        if k.log_time is not None and signed_at - k.log_time > clock_skew:
+            raise _mismatch(k, signed_at, k.log_time, clock_skew)
+    dated_by_key = any(
+        not isinstance(k, IdentitySigner) and k.window_covers(signed_at) and k.window_covers(now)
+        for k in keys
+    )
+    if keyless and not dated_by_key:
+        first = min(keyless, key=lambda k: k.log_time or signed_at)
+        if first.log_time is not None and first.log_time - signed_at > clock_skew:
+            raise _mismatch(first, signed_at, first.log_time, clock_skew)
+
+
+def _mismatch(
+    signer: IdentitySigner, signed_at: datetime, verified: datetime, clock_skew: timedelta
+) -> Rejected:
+    return Rejected(
+        Reason.SIGNING_TIME_MISMATCH,
+        f"signed_at {format_time(signed_at)} is not the verified signing time "
+        f"{format_time(verified)} ({safe_text(signer.name, 40)}) within "
+        f"{int(clock_skew.total_seconds())} s",
+    )
 
 
 def _window_detail(keys: Sequence[Signatory], now: datetime) -> str:

@@ -35,6 +35,10 @@ class Verdict(str, Enum):
     RANK_DISAGREEMENT = "rank-disagreement"
     WORKER_WITHOUT_PLANS = "worker-without-plans"
     """The worker's class never applies or saves a plan (vLLM's CPU worker): nothing to decide."""
+    UNFINISHED_BOOT = "unfinished-boot"
+    """An earlier boot applied this very plan and never finished its start-up: profile instead."""
+    PLAN_EXCEEDS_PROFILE = "plan-exceeds-profile"
+    """This node held the plan back: its KV exceeded what this node profiled by over the margin."""
 
     def __str__(self) -> str:
         return self.value
@@ -108,3 +112,18 @@ def decide(
         )
     kv = plan.plan.kv_cache_memory_bytes
     return Decision(True, Verdict.APPLIED, "", kv, fp)
+
+
+EXCEEDS_PROFILE_MARGIN = 0.10
+"""How far a plan's ``kv_cache_memory_bytes`` may exceed what a node freshly profiled before the
+node holds it back (after a boot that applied it died): 10 %, twice the ~5 % that a cold compile
+alone takes off a profile (vLLM #54383), so a node that re-profiles cold does not hold back a
+good plan measured warm; a plan beyond it is larger than anything this node's profile explains."""
+
+
+def exceeds_profile(plan_kv: int, profiled_kv: int, margin: float = EXCEEDS_PROFILE_MARGIN) -> bool:
+    """Whether ``plan_kv`` exceeds ``profiled_kv`` (this node's fresh profile) by more than
+    ``margin``. A profile of zero or less is exceeded by any plan."""
+    if profiled_kv <= 0:
+        return True
+    return plan_kv > profiled_kv * (1 + margin)

@@ -74,6 +74,8 @@ def wrap(original: Callable[..., str]) -> Callable[..., str]:
         waited_ms = (time.monotonic() - started) * 1000
         at = plugin_state.current().installed.headers_at
         folder = at[1] if at is not None else None
+        if at is not None:
+            _drop_unfinished(at[0], at[1])
         before = _names(folder)
         path = original(header, hashable_cmd_line, **options)
         _note(path, before, folder, waited_ms)
@@ -82,6 +84,28 @@ def wrap(original: Callable[..., str]) -> Callable[..., str]:
     plugin_state.mark(precompile)
     precompile.__wrapped__ = original
     return precompile
+
+
+def _drop_unfinished(base: Path, folder: Path) -> None:
+    """Before torch looks for a header: one gcc left unfinished (a build killed midway) is
+    removed, so torch builds it again instead of failing every compile on it for good."""
+    from ...storage.compile_cache import header_files
+
+    try:
+        fd = header_files.open_private_dir(base, folder)
+    except Exception:
+        return
+    try:
+        for name in os.listdir(fd):
+            if name.endswith(".h.gch") and header_files.remove_unfinished(fd, name):
+                LOG.info(
+                    "plancache: compile-cache header=%s removed: gcc left it unfinished",
+                    safe_text(name, 200),
+                )
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _names(folder: Path | None) -> set[str]:

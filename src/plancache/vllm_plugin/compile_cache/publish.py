@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...trust.display import safe_text
+from ...trust.errors import Reason
 from .. import plugin_state
 from .guard_settings import EXPIRES_ENV, LOCK_WAIT_EXTRA, Settings, settings, signer
 
@@ -127,11 +128,12 @@ def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Si
                 (time.monotonic() - started) * 1000,
             )
         except Exception as exc:
-            LOG.warning(
-                "plancache: push of compile cache %s failed: %s",
-                subject,
-                safe_text(getattr(exc, "detail", exc), 300),
-            )
+            if not _refused_private(exc, subject, "cache"):
+                LOG.warning(
+                    "plancache: push of compile cache %s failed: %s",
+                    subject,
+                    safe_text(getattr(exc, "detail", exc), 300),
+                )
             return
         _push_headers(store, subject, key, config, outcome.archive_sha256)
 
@@ -160,6 +162,8 @@ def _push_headers(
     try:
         outcome = boot_headers.push(store, subject, key, config.expires_in, archive_sha256)
     except Exception as exc:
+        if _refused_private(exc, subject, "headers"):
+            return
         LOG.warning(
             "plancache: push of the precompiled headers of %s failed: %s",
             subject,
@@ -173,6 +177,21 @@ def _push_headers(
         (time.monotonic() - started) * 1000,
         safe_text(outcome.detail, 200),
     )
+
+
+def _refused_private(exc: Exception, subject: str, what: str) -> bool:
+    """A push refused because it carries something private (``private-data``): one WARNING line
+    ``plancache: compile-cache not-pushed what=cache|headers cache=… reason=private-data
+    detail="…"`` naming the variable and file (never the value), what operators grep for."""
+    if getattr(exc, "reason", None) is not Reason.PRIVATE_DATA:
+        return False
+    LOG.warning(
+        'plancache: compile-cache not-pushed what=%s cache=%s reason=private-data detail="%s"',
+        what,
+        subject,
+        safe_text(getattr(exc, "detail", ""), 600),
+    )
+    return True
 
 
 def _finish_pushes(pushes: list[threading.Thread]) -> None:

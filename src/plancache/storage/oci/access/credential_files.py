@@ -18,8 +18,9 @@ All of it runs off the event loop every store shares (the first request's ``401`
 credentials, under the operation's deadline): a file is read in a worker thread and only if it
 is a regular file (a FIFO or a device as ``config.json`` would block for good), capped; a
 helper is an asyncio subprocess whose output is read capped as it comes (600 MiB of it costs
-:data:`MAX_HELPER_OUTPUT`, not 600 MiB) and which is killed when it outlives
-:data:`HELPER_TIMEOUT` or the operation (a cancelled read kills it too).
+:data:`MAX_HELPER_OUTPUT`, not 600 MiB) and which is killed, with its process group (a child
+it forked holding the pipe), when it outlives :data:`HELPER_TIMEOUT` or the operation (a
+cancelled read kills it too).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,8 @@ from ...local.files import read_capped
 MAX_FILE = 1024 * 1024
 MAX_HELPER_OUTPUT = 64 * 1024
 HELPER_TIMEOUT = 5.0
+REAP_WAIT = 1.0
+"""Seconds a killed helper's pipe is drained before it is left to the collector."""
 _HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -173,6 +177,7 @@ async def _helper_output(program: str, authority: str) -> tuple[int, bytes]:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its group: a child it forks is killed with it (_kill)
     )
     try:
         assert proc.stdin is not None and proc.stdout is not None
@@ -196,18 +201,36 @@ async def _helper_output(program: str, authority: str) -> tuple[int, bytes]:
         return await proc.wait(), bytes(out)
     finally:
         if proc.returncode is None:
-            proc.kill()
+            _kill(proc)
             await asyncio.shield(_reaped(proc))
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill the helper and its process group (a child it forked, holding its stdout, would
+    otherwise keep the pipe open, and the reap waiting on it, past the helper's timeout)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # the group is gone (or not ours): the helper itself still is
+        proc.kill()
 
 
 async def _reaped(proc: asyncio.subprocess.Process) -> None:
     """Wait for a killed helper: what is left in its pipe is read and dropped first (bounded
     now that it is dead), since asyncio's ``wait()`` also waits for the pipe to close, and a
-    reader paused on a full buffer never sees it close."""
+    reader paused on a full buffer never sees it close. A descendant that left the group
+    (``setsid``) may still hold the pipe: the wait ends after :data:`REAP_WAIT` regardless."""
     assert proc.stdout is not None
-    while await proc.stdout.read(1 << 16):
+
+    async def drained() -> None:
+        assert proc.stdout is not None
+        while await proc.stdout.read(1 << 16):
+            pass
+        await proc.wait()
+
+    try:
+        await asyncio.wait_for(drained(), REAP_WAIT)
+    except asyncio.TimeoutError:
         pass
-    await proc.wait()
 
 
 async def find_credentials(authority: str, auth_file: str | None = None) -> Credentials:

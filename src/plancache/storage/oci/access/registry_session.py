@@ -5,7 +5,9 @@ interface: everything here is about *sending*, the same for every request.
 
 * credentials (:mod:`.credential_files`, looked up off the loop at the first ``401``) answer
   the registry's challenge (:mod:`.registry_auth`) and are never sent over plain HTTP to a host
-  that is not loopback;
+  that is not loopback, nor used for a bearer token that would then go to such a host in clear
+  (``plain_http=true`` off loopback, a plain-HTTP mirror): the token is the credentials'
+  equal for its scope and life;
 * a registry that speaks TLS where plain HTTP was spoken (Go's ``400 Client sent an HTTP
   request to an HTTPS server``: the loopback default meeting a TLS registry) is said to;
 * a mirror's connection failure names the mirror and the file that configured it, and every
@@ -50,6 +52,7 @@ class RegistrySession:
         namespace: str | None = None,
         token_realms: frozenset[str] = frozenset(),
         mirror_of: str | None = None,
+        mirror_for: str = "",
         clock: Clock = REAL_CLOCK,
     ) -> None:
         self.registry = registry
@@ -64,6 +67,9 @@ class RegistrySession:
         """Hosts besides the registry's own whose token realm may be sent its credentials."""
         self.mirror_of = mirror_of
         """For a mirror: the file (or storage option) that configured it, named when it fails."""
+        self.mirror_for = mirror_for
+        """For a mirror: the store it serves (the registry's ``HOST/REPOSITORY``), noted with
+        each read for the output that names it."""
         self.clock = clock
         """What a token's expiry is read on (the store's clock: a test's fake one)."""
         self._ssl = ssl_context
@@ -113,6 +119,14 @@ class RegistrySession:
                     f"{self.registry.authority} asks for a password over plain HTTP: not sent"
                 )
             return creds.basic
+        if creds is not ANONYMOUS and not self._can_send_secrets():
+            # a token bought with them is as good as them for its scope (push, delete) and
+            # its life, and would go to this host in clear on every request
+            raise StoreError(
+                f"{self.registry.authority} is spoken to in plain HTTP: the credentials from "
+                f"{safe_text(creds.source, 120)} are not sent, nor used for a token that would "
+                "travel in clear"
+            )
         token = self._tokens.get(scope)
         if token is None or token.expires <= self.clock.monotonic():
             token = await fetch_token(self, challenge, scope, creds)
@@ -199,7 +213,7 @@ class RegistrySession:
                 reason=Reason.TIMEOUT if is_timeout(exc) else Reason.STORE_ERROR,
             ) from exc
         if self.mirror_of is not None:
-            mirror_reads.note(self.registry.authority, self.mirror_of)
+            mirror_reads.note(self.registry.authority, self.mirror_of, self.mirror_for)
         return response
 
     async def _refuse_tls_spoken_to_in_http(

@@ -1,0 +1,83 @@
+"""When a cache that keeps failing the same way is fetched again: not at every boot.
+
+A cache quarantined for the same reason boot after boot (a co-tenant renaming junk over its
+sidecar after each install), or a store that keeps serving an archive this node rejects, would
+otherwise cost a download and a quarantine entry per boot. The guard records each such failure
+(:mod:`plancache.storage.compile_cache.fetch_failures`, in the quarantine directory its
+entries go to, durable); from the
+second same failure in a row it stops asking the store for :func:`delay` (10 min, doubling
+with each further one, at most a day), timed on the ``now`` the guard is given (the caller's
+clock). A boot that loads the cache it found in place (not one it just pulled) ends the run.
+Every failure is still told as it happens (the quarantine, the store's rejection: alerts);
+a boot inside the delay says ``reason=backoff`` and compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from ...storage.compile_cache import cachedir, fetch_failures
+from ...trust.errors import StoreError
+from ...trust.statement import format_time
+from .local_caches import CacheRoot
+
+FIRST = timedelta(minutes=10)
+LONGEST = timedelta(days=1)
+
+
+def delay(count: int) -> timedelta:
+    """How long the store is not asked after ``count`` same failures in a row (none after one:
+    one failure may be a fluke the store's copy repairs)."""
+    if count < 2:
+        return timedelta(0)
+    return min(FIRST * 2 ** min(count - 2, 16), LONGEST)
+
+
+def note(root: CacheRoot, subject: str, failure: str, now: datetime) -> None:
+    """Record that ``subject`` just failed as ``failure`` (best effort: without a record, the
+    cache is only fetched as before)."""
+    records = fetch_failures.read(root.root, _place(root, subject))
+    last = records.get(subject)
+    count = last.count + 1 if last is not None and last.failure == failure else 1
+    records[subject] = fetch_failures.Failure(failure, count, now.timestamp())
+    with contextlib.suppress(OSError, StoreError):
+        fetch_failures.write(root.root, _place(root, subject), records)
+
+
+def holding(root: CacheRoot, subject: str, now: datetime) -> str:
+    """Why the store is not asked for ``subject`` now ("" when it may be): inside the delay of
+    its recorded run of same failures. A record stamped in the future (a clock set back, a
+    record carried over) holds nothing."""
+    last = fetch_failures.read(root.root, _place(root, subject)).get(subject)
+    if last is None or last.count < 2 or last.at > now.timestamp():
+        return ""
+    until = datetime.fromtimestamp(last.at, timezone.utc) + delay(last.count)
+    if now >= until:
+        return ""
+    return (
+        f"the same failure ({last.failure}) {last.count} times in a row: the store is not "
+        f"asked again before {format_time(until)}"
+    )
+
+
+def clear(root: CacheRoot, subject: str) -> None:
+    """The cache held between boots: its run of failures is over."""
+    records = fetch_failures.read(root.root, _place(root, subject))
+    if records.pop(subject, None) is not None:
+        with contextlib.suppress(OSError, StoreError):
+            fetch_failures.write(root.root, _place(root, subject), records)
+
+
+def _place(root: CacheRoot, subject: str) -> Path:
+    """The quarantine directory beside the evidence: on the cache's own mount when
+    ``torch_compile_cache/`` is one (as :func:`.cachedir.quarantine_roots`), else the root's
+    (also while the cache's directory does not exist yet: one place, before and after)."""
+    parent = root.directory(subject).parent
+    try:
+        other = os.stat(parent).st_dev != os.stat(root.root).st_dev
+    except OSError:
+        other = False
+    return parent / cachedir.QUARANTINE_SUBDIR if other else root.quarantine_root
