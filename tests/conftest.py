@@ -224,6 +224,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_mirror_origin.py": ("emulator",),  # docker-registry origin + proxy mirror
     "test_store_oci_realms.py": ("emulator", "system", "realtime"),  # unshare -rn; budgets
     "test_store_oci_referrers.py": ("emulator",),
+    "test_store_oci_candidates.py": ("emulator",),  # docker-registry: many bad referrers
     "test_store_oci_slots.py": ("emulator",),  # docker-registry: aliased tags, bad referrers
     "test_store_oci_listings.py": ("emulator",),  # the registry stub: an endless tag list
     "test_store_oci_subject.py": ("emulator", "system"),  # docker-registry; the journeys in bash

@@ -121,15 +121,21 @@ def test_a_push_over_an_aliased_tag_writes_b_and_keeps_a(
 
 
 def _attach_forgery(
-    registry: DockerRegistry, repo: str, image: str, layers: list[dict[str, object]]
+    registry: DockerRegistry,
+    repo: str,
+    image: str,
+    layers: list[dict[str, object]],
+    *,
+    title: str = plan_name(FP),
+    artifact_type: str = "application/vnd.plancache.plan.v1",
 ) -> str:
-    """The co-tenant's manifest titled like plan A, attached to ``image`` by digest (never
-    tagged) and appended to the tag schema's index; returns its digest."""
+    """The co-tenant's manifest titled like plan A (or ``title``), attached to ``image`` by
+    digest (never tagged) and appended to the tag schema's index; returns its digest."""
     manifest = json.dumps(
         {
             "schemaVersion": 2,
             "mediaType": MANIFEST,
-            "artifactType": "application/vnd.plancache.plan.v1",
+            "artifactType": artifact_type,
             "config": {
                 "mediaType": "application/vnd.oci.empty.v1+json",
                 "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
@@ -138,7 +144,7 @@ def _attach_forgery(
             },
             "layers": layers,
             "annotations": {
-                "org.opencontainers.image.title": plan_name(FP),
+                "org.opencontainers.image.title": title,
                 **({"dev.plancache.signed": "true"} if len(layers) > 1 else {}),
             },
             "subject": {"mediaType": MANIFEST, "digest": image, "size": 0},
@@ -165,9 +171,9 @@ def _attach_forgery(
         "mediaType": MANIFEST,
         "digest": digest,
         "size": len(manifest),
-        "artifactType": "application/vnd.plancache.plan.v1",
+        "artifactType": artifact_type,
         "annotations": {
-            "org.opencontainers.image.title": plan_name(FP),
+            "org.opencontainers.image.title": title,
             **({"dev.plancache.signed": "true"} if len(layers) > 1 else {}),
         },
     }

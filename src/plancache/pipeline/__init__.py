@@ -3,7 +3,7 @@
 ``resolver``  local -> verify -> else store -> verify -> persist (pull, the plugin, scripts)
 ``audit``     verify or list a directory or store URL: one report per plan (verify, ls, prune)
 ``locations`` a directory or a store URL, opened as a source of raw plan bytes
-``directory_signing``  sign (or co-sign) a directory's plans; ``bulk`` push and prune
+``directory_signing``  sign (or co-sign) a directory's plans; ``bulk`` push; ``pruning`` prune
 ``explain``   why a node would miss, against what a store or directory holds, verified
 ``plan_sets``      plan sets: signed at push, audited, read once per node at boot
 ``compile_cache``  compile caches: the local reads (verify, ls), the manifests signed, the

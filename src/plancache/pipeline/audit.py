@@ -84,6 +84,9 @@ class PlanReport:
     """Beside ``inputs``: each part of vLLM's configuration, hashed (a valid plan's, signed)."""
     keyless: list[dict[str, Any]] = field(default_factory=list)
     """Keyless signers of a valid plan: identity, issuer, log index and time (keyless_report)."""
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    """With a ``subject``, for a plan that failed: each other manifest attached to the image
+    with its name, judged (digest, status, reason, detail, valid: :mod:`.candidate_audit`)."""
     evidence: dict[str, Any] | str | None = None
     """How a valid plan was measured (issue 49: versions, compile state, vLLM's profiling
     numbers), signed; ``"none"`` for a plan signed without it; None when not verified."""
@@ -334,5 +337,11 @@ def audit_store(
                 for r in chunk
                 if r.plan_bytes is not None
             )
-        reports.extend(check_many(chunk, policy, now, jobs=jobs))
+        chunk_reports = check_many(chunk, policy, now, jobs=jobs)
+        if policy is not None:
+            from .candidate_audit import note_candidates
+
+            failed = [r for r in chunk_reports if r.outcome in (INVALID, UNSIGNED)]
+            note_candidates(store, failed, lambda r: check(r, policy, now), deadline)
+        reports.extend(chunk_reports)
     return reports

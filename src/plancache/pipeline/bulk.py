@@ -1,23 +1,21 @@
-"""Whole-store work beside the resolver: push a directory's plans, prune a store's plans.
+"""Whole-store work beside the resolver: push a directory's plans (prune: :mod:`.pruning`).
 
-Both move bytes only; what may be uploaded (signed, or explicitly allowed unsigned) and
-what may be deleted (old by its statement's date, unsigned, or failing verification under
-the trusted keys) is decided here from the trust core's answers, and the commands only
-render the outcome. Both can be dry runs that change nothing, local or remote.
+It moves bytes only; what may be uploaded (signed, or explicitly allowed unsigned) is decided
+here from the trust core's answers, and the command only renders the outcome. It can be a dry
+run that changes nothing, local or remote.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..storage.listing import md5_hex
 from ..storage.local.localdir import LocalPlanDir
 from ..storage.store import Store
-from ..trust.errors import ConfigError, PlanCacheError, Reason
+from ..trust.errors import PlanCacheError
 from ..trust.keyring.keys import Signer
 from ..trust.plans.gate import Verdict
 from ..trust.plans.plan import (
@@ -26,16 +24,13 @@ from ..trust.plans.plan import (
     plan_name,
     sig_name,
 )
-from ..trust.policy import TrustPolicy
-from ..trust.statement import parse_time
-from .audit import INVALID, STORE_REASONS, UNSIGNED, PlanReport, Tally, check_many
+from .audit import Tally
 from .directory_signing import SigningRequest, sign_one
 
 if TYPE_CHECKING:
     from ..clock import Deadline
-    from .plan_sets.set_audit import SetPrune
 
-__all__ = ["STORE_REASONS", "PruneOutcome", "PushEntry", "PushRequest", "prune_plans", "push_plans"]
+__all__ = ["PushEntry", "PushRequest", "push_plans"]
 
 
 @dataclass
@@ -190,143 +185,3 @@ def push_plans(
                 else ""
             )
     return entries, len(upload_names)
-
-
-# -- prune ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class PruneOutcome:
-    doomed: list[tuple[PlanReport, str]] = field(default_factory=list)
-    """Plans deleted (or, in a dry run, that would be), with why."""
-    failed: list[PlanReport] = field(default_factory=list)
-    """Plans that could not be read: kept, and the command fails."""
-    changed: list[str] = field(default_factory=list)
-    """Judged for deletion but changed in the store before the delete: kept."""
-    seen: int = 0
-    sets: SetPrune | None = None
-    """The plan sets deleted first (or that would be), and those that could not be read or
-    deleted: then no plan was deleted (or, in a dry run, would be)."""
-
-    @property
-    def refused(self) -> bool:
-        """A plan set stood in the way: every plan was kept, so no set serves a pruned plan."""
-        return bool(self.sets and self.sets.errors)
-
-    @property
-    def deleted(self) -> list[tuple[PlanReport, str]]:
-        if self.refused:
-            return []
-        return [(r, why) for r, why in self.doomed if r.fingerprint not in self.changed]
-
-
-def _prune_reason(
-    report: PlanReport, now: datetime, older_than: timedelta | None, criterion: str
-) -> str | None:
-    if report.reason in STORE_REASONS or report.reason == Verdict.NO_PLAN.value:
-        return None  # unreadable or gone: nothing was judged
-    if criterion == "revoked":
-        return "revoked" if report.reason == Reason.REVOKED.value else None
-    if criterion == "unsigned":
-        return "unsigned" if report.status == UNSIGNED else None
-    if criterion == "invalid":
-        return report.reason if report.status in (INVALID, UNSIGNED) else None
-    if report.signed_at is None or older_than is None:
-        return None  # no readable signature date: nothing says it is old
-    signed = parse_time(report.signed_at, "signed_at")
-    return f"signed {report.signed_at}" if signed < now - older_than else None
-
-
-def prune_plans(
-    store: Store,
-    deadline: Deadline,
-    now: datetime,
-    policy: TrustPolicy | None,
-    *,
-    older_than: timedelta | None = None,
-    criterion: str = "older-than",
-    dry_run: bool = False,
-    progress: Tally | None = None,
-    unconditional: bool = False,
-) -> PruneOutcome:
-    """Delete the plans that meet ``criterion``: ``older-than`` (signed before ``now -
-    older_than``; dates as written, deleting needs no trust), ``unsigned`` (no sidecar),
-    ``revoked`` (every trusted signature by a revoked key) or ``invalid`` (fails
-    verification for any reason but a store error). The last two need ``policy``.
-
-    Each plan is deleted only if the store still holds the bytes that were judged: re-read and
-    compared right before the delete, and on S3, GCS and Azure deleted on the condition that it
-    is still the version re-read (ETag or generation), so a plan re-pushed even after that
-    re-read is kept and listed in ``changed`` (:mod:`..storage.conditional_deletes`). There,
-    before the first delete, the store must show that it honours that precondition (else
-    ConfigError, nothing deleted); ``unconditional`` deletes after the re-read without it.
-    ``invalid`` refuses to delete anything when no plan verifies and some are signed by keys
-    the policy does not know: the trusted keys are more likely wrong than the whole store.
-
-    Plan sets go first (:func:`.plan_sets.set_audit.prune_sets`): those holding a plan to delete (or
-    one the store no longer holds) are deleted before any plan, so a failure leaves plans that
-    a set still serves, never a set serving a deleted plan; a set that cannot be read (it may
-    hold any plan) or deleted keeps every plan (``outcome.refused``; the command fails).
-
-    Raises:
-        ConfigError: ``revoked`` or ``invalid`` without a ``policy`` (``needs trusted keys``);
-            ``invalid`` where no plan verifies and some are signed by keys the policy does not
-            know (nothing deleted); a store that does not exist
-            (:func:`.locations.require_existing`); all ``config-error``.
-    """
-    needs_policy = criterion in ("revoked", "invalid")
-    if needs_policy and policy is None:
-        raise ConfigError(f"prune --{criterion} needs trusted keys")
-    from ..storage.conditional_deletes import content_digest
-    from .audit import STREAM_CHUNK
-
-    if progress:
-        progress.start(0)  # the store's size is not known before it is listed
-    stream = store.fetch_stream(
-        store.iter_fingerprints(deadline), deadline, on_done=progress.advance if progress else None
-    )
-    reports: list[PlanReport] = []
-    outcome = PruneOutcome()
-    judged: dict[str, str] = {}
-    # Streamed: digests kept, not bytes.
-    while chunk := list(itertools.islice(stream, STREAM_CHUNK)):
-        chunk_reports = check_many(chunk, policy if needs_policy else None, now)
-        for result, report in zip(chunk, chunk_reports, strict=True):
-            why = _prune_reason(report, now, older_than, criterion)
-            if why:
-                outcome.doomed.append((report, why))
-                judged[report.fingerprint] = content_digest(result.plan_bytes, result.sig_bytes)
-        reports.extend(chunk_reports)
-    if not reports:
-        from .locations import require_existing
-
-        require_existing(store, deadline)
-    outcome.seen = len(reports)
-    outcome.failed = [r for r in reports if r.reason in STORE_REASONS]
-    if (
-        criterion == "invalid"
-        and reports
-        and not any(r.ok for r in reports)
-        and any(r.reason == Reason.UNTRUSTED_KEY.value for r in reports)
-    ):
-        raise ConfigError(
-            f"none of the {len(reports)} plan(s) in {store} verifies and some are signed by keys "
-            "not in the trusted keys: check --trusted-keys; nothing deleted"
-        )
-    from .plan_sets.set_audit import prune_sets
-
-    present = [r.fingerprint for r in reports if r.reason != Verdict.NO_PLAN.value]
-    outcome.sets = prune_sets(
-        store,
-        [r.fingerprint for r, _ in outcome.doomed],
-        present,
-        deadline=deadline,
-        dry_run=dry_run,
-    )
-    if judged and not dry_run and not outcome.refused:
-        from ..storage.conditional_deletes import delete_if_unchanged
-
-        _, outcome.changed = delete_if_unchanged(
-            store, judged, deadline=deadline, unconditional=unconditional
-        )
-    return outcome

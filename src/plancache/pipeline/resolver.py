@@ -164,7 +164,7 @@ class Resolver:
         self, result: PlanResult, now: datetime, deadline: Deadline | None
     ) -> PlanResult:
         """A store plan that failed verification, tried again from the other manifests attached
-        to the store's image (``--subject``: :func:`..storage.oci.referrers.other_plans`),
+        to the store's image (``--subject``: :func:`..storage.oci.candidate_reads.other_plans`),
         newest first; the first that verifies is the result. A co-tenant's referrer whose
         signature does not verify then cannot hide the signed plan. Any other store, or none
         verifying: as it was."""
@@ -172,13 +172,13 @@ class Resolver:
             return result
         if self.store.kind != "oci":  # the registry's modules need the [oci] extra
             return result
-        from ..storage.oci.referrers import other_plans
+        from ..storage.oci.candidate_reads import other_plans
 
         try:
             others = other_plans(self.store, result.fingerprint, deadline)
         except PlanCacheError:
             return result
-        for other in others:
+        for _, other in others:
             checked = verify_result(other, self.policy, now)
             if checked.verified is not None:
                 return checked.with_note(

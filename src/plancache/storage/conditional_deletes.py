@@ -96,9 +96,15 @@ def delete_if_unchanged(
     deadline: Deadline | None = None,
     before_delete: BeforeDelete | None = None,
     unconditional: bool = False,
+    versions: dict[str, str] | None = None,
+    checked: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Delete each fingerprint's plan and sidecar only if both are still what was judged
     (``judged`` maps a fingerprint to its :func:`content_digest`); returns (deleted, changed).
+    ``versions``, if given, gets each deleted plan's version (what its delete was conditional
+    on: a registry's manifest digest, an ETag, a generation; none without preconditions).
+    ``checked``: this store already passed :func:`require_honoured_preconditions` in this run
+    (``prune``'s later rounds), so no canary is written again.
 
     Re-reads one batch at a time and compares; on S3, GCS and Azure each delete is then
     conditional on the version re-read (see the module docs), once the store has shown that it
@@ -111,13 +117,14 @@ def delete_if_unchanged(
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     if store.kind not in READS or unconditional:
         return _reread_then_delete(store, judged, deadline, before_delete)
-    require_honoured_preconditions(store, deadline)
+    if not checked:
+        require_honoured_preconditions(store, deadline)
     fs = store.fs
     deleted: list[str] = []
     changed: list[str] = []
     source = iter(judged)
     while batch := list(itertools.islice(source, BATCH)):
-        done, kept = _delete_batch(store, fs, batch, judged, deadline, before_delete)
+        done, kept = _delete_batch(store, fs, batch, judged, deadline, before_delete, versions)
         deleted += done
         changed += kept
     return deleted, changed
@@ -130,6 +137,7 @@ def _delete_batch(
     judged: Mapping[str, str],
     deadline: Deadline,
     before_delete: BeforeDelete | None,
+    versions: dict[str, str] | None,
 ) -> tuple[list[str], list[str]]:
     """One batch of :func:`delete_if_unchanged` on a store with preconditions: re-read, compare,
     delete conditionally; (deleted, changed)."""
@@ -146,6 +154,8 @@ def _delete_batch(
         deadline,
     )
     changed += [fp for fp in same if not gone[fp]]
+    if versions is not None:
+        versions.update((fp, seen[fp][0].token or "") for fp in same if gone[fp])
     return [fp for fp in same if gone[fp]], changed
 
 

@@ -225,7 +225,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from ...pipeline.bulk import prune_plans
+    from ...pipeline.pruning import prune_plans
 
     criterion = (
         next(c for c in ("revoked", "unsigned", "invalid") if getattr(args, c))
@@ -255,6 +255,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             unconditional=args.unconditional,
         )
     deleted = outcome.deleted
+    versions = [v or None for _, _, v in outcome.gone or []] if deleted else []
     sets = outcome.sets.deleted if outcome.sets else []
     set_errors = outcome.sets.errors if outcome.sets else []
     verb = "would delete" if args.dry_run else "deleted"
@@ -272,11 +273,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
                     "signers": r.signers,
                     "signer_ids": r.signer_ids,
                     "signed_by": r.to_json()["signed_by"],
+                    "version": versions[i] if i < len(versions) else None,
                 }
-                for r, why in deleted
+                for i, (r, why) in enumerate(deleted)
             ],
             changed=outcome.changed,
-            kept=outcome.seen - len(deleted),
+            kept=outcome.kept,
+            more_candidates=outcome.more_candidates,
             errors=[r.to_json() for r in outcome.failed],
             plan_sets_deleted=sets,
             plan_set_errors=[s.to_json() for s in set_errors],
@@ -293,11 +296,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
             )
         for r in outcome.failed:
             print(f"plancache: could not read {r.fingerprint}: {r.detail}", file=sys.stderr)
+        names = len({r.fingerprint for r, _ in deleted})
+        several = f" (candidates attached for {names} plan(s))" if names < len(deleted) else ""
         print(
-            f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}, kept "
-            f"{outcome.seen - len(deleted)}",
+            f"{outcome.seen} plan(s) in {store.url}: {verb} {len(deleted)}{several}, kept "
+            f"{outcome.kept}",
             file=sys.stderr,
         )
+        if outcome.more_candidates:
+            print(
+                "plancache: a dry run judges the newest candidate attached for each plan; the "
+                "run judges the next ones as it deletes"
+                if args.dry_run
+                else f"plancache: {outcome.rounds} rounds deleted attached candidates that failed "
+                "and more may remain: run prune again",
+                file=sys.stderr,
+            )
         if sets:
             print(
                 f"plan set(s) holding them or a plan no longer in the store: {verb} "

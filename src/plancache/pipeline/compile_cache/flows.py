@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,10 @@ def pull_locked(
     or later is kept: no rollback) -> archive GET capped at the signed size -> sha256 -> extract
     into a staging directory beside the target -> closed world and every sha256 -> rename
     (:mod:`~plancache.storage.compile_cache.placement`). A lone sidecar is moved aside first.
+    From a registry with a ``subject``, a cache whose signature or archive is rejected is tried
+    from the other signed caches attached to the image, newest first (the plan readers' step:
+    :mod:`~plancache.storage.oci.candidate_reads`): a co-tenant's referrer whose signature does
+    not verify cannot hide the signed cache; none verifying raises the first rejection.
 
     Raises:
         Rejected: the store holds no signature for ``subject`` (``unsigned``), the signature does
@@ -232,14 +237,69 @@ def pull_locked(
     )
     if sig is None:
         raise Rejected(Reason.UNSIGNED, f"no signed compile cache {subject} in {store.url}")
+
+    def archive(cap: int) -> bytes | None:
+        return archives.get_object(store, archives.archive_name(subject), cap, deadline=deadline)
+
+    try:
+        return _install(store, root, subject, keyring, now, sig, archive, aside)
+    except Rejected as exc:
+        first = exc
+    for other_sig, other_archive in _other_candidates(store, subject, deadline):
+        try:
+            pulled = _install(store, root, subject, keyring, now, other_sig, other_archive, aside)
+        except Rejected:
+            continue
+        note = (
+            f"the newest compile cache attached to the image was rejected ({first.reason.value}: "
+            f"{first.detail}); an older one verified"
+        )
+        return replace(pulled, detail="; ".join(d for d in (aside, note) if d))
+    raise first
+
+
+def _other_candidates(
+    store: Store, subject: str, deadline: Deadline | None
+) -> list[tuple[bytes, Callable[[int], bytes | None]]]:
+    """(signature, archive reader) of each other signed cache attached to the store's image
+    (``--subject``: :func:`...storage.oci.candidate_reads.other_candidates`, the plan readers'
+    own step), newest first; none for any other store or when the registry cannot say."""
+    if store.kind != "oci":  # the registry's modules need the [oci] extra
+        return []
+    from ...storage.oci.candidate_reads import Candidate, candidate_content, other_candidates
+
+    try:
+        found = other_candidates(
+            store, archives.archive_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
+        )
+    except PlanCacheError:
+        return []
+
+    def reader(candidate: Candidate) -> Callable[[int], bytes | None]:
+        return lambda cap: candidate_content(store, candidate, cap, deadline=deadline)
+
+    return [(c.signature, reader(c)) for c in found]
+
+
+def _install(
+    store: Store,
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
+    sig: bytes,
+    archive: Callable[[int], bytes | None],
+    aside: str,
+) -> CacheOutcome:
+    """One candidate's signature verified, then its archive read capped at the signed size,
+    hashed and installed (:func:`pull_locked`'s steps after the signature's read)."""
+    directory = root.directory(subject)
     verified = verify_manifest(subject, sig, keyring, now)
     m = verified.manifest
     kept = _kept_local(root, subject, keyring, now, m)
     if kept is not None:
         return kept
-    data = archives.get_object(
-        store, archives.archive_name(subject), m.archive_size, deadline=deadline
-    )
+    data = archive(m.archive_size)
     if data is None:
         raise StoreError(f"the archive of {subject} is missing from {store.url}")
     if len(data) != m.archive_size or hashlib.sha256(data).hexdigest() != m.archive_sha256:

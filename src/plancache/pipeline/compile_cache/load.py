@@ -96,10 +96,11 @@ def _guard_locked(
         held = fetch_backoff.holding(root, subject, now)
         if held:
             return CacheOutcome(subject, "compile", "backoff", f"{note}no compile cache; {held}")
-        missed = _fetch(fetch, root, subject, keyring, now)
-        if missed is not None:
-            return replace(missed, detail=note + missed.detail)
-        return _load_pulled(root, subject, keyring, now, into, f"{note}store: pulled")
+        fetched = _fetch(fetch, root, subject, keyring, now)
+        if fetched.action != "compile":
+            said = f"{note}store: pulled" + (f" ({fetched.detail})" if fetched.detail else "")
+            return _load_pulled(root, subject, keyring, now, into, said)
+        return replace(fetched, detail=note + fetched.detail)
     try:
         if keyring is None:
             raise Rejected(Reason.CONFIG, f"trusted keys unusable ({problem})")
@@ -133,16 +134,17 @@ def _guard_locked(
     held = fetch_backoff.holding(root, subject, now)
     if held:
         return replace(rejected, detail=f"{rejected.detail}; {held}")
-    missed = _fetch(fetch, root, subject, keyring, now)
-    if missed is not None:
-        return replace(rejected, detail=f"{rejected.detail}; {missed.detail}")
+    fetched = _fetch(fetch, root, subject, keyring, now)
+    if fetched.action == "compile":
+        return replace(rejected, detail=f"{rejected.detail}; {fetched.detail}")
     pulled = _load_pulled(
         root,
         subject,
         keyring,
         now,
         into,
-        f"local cache quarantined ({rejected.reason}); store: pulled",
+        f"local cache quarantined ({rejected.reason}); store: pulled"
+        + (f" ({fetched.detail})" if fetched.detail else ""),
     )
     return replace(pulled, quarantined_to=target)
 
@@ -187,14 +189,15 @@ def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
 
 def _fetch(
     fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: datetime
-) -> CacheOutcome | None:
-    """Pull into place (the caller holds the lock); None when a verified cache was installed,
-    else why not: the store has none (``no-cache``), refused what it has (``store-rejected``:
-    an alert, not a miss), or failed (``store-error``, ``timeout``)."""
+) -> CacheOutcome:
+    """Pull into place (the caller holds the lock): the pull's own outcome when a verified
+    cache was installed (its detail says, say, that an older candidate attached to the image
+    was taken), else ``compile`` and why not: the store has none (``no-cache``), refused what
+    it has (``store-rejected``: an alert, not a miss), or failed (``store-error``,
+    ``timeout``)."""
     try:
         store, deadline = fetch()
-        pull_locked(store, root, subject, keyring, now, deadline)
-        return None
+        return pull_locked(store, root, subject, keyring, now, deadline)
     except Rejected as exc:
         reason = "no-cache" if exc.reason is Reason.UNSIGNED else "store-rejected"
         if reason == "store-rejected":

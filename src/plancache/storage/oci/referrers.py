@@ -27,18 +27,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...clock import Deadline
 from ...trust.errors import Rejected, StoreError
-from ...trust.plans.plan import plan_name
-from ...trust.result import PlanResult
-from ..deadline import run_by
-from .artifacts import ARTIFACT_TYPES, DSSE_TYPE, INDEX_TYPE, Slot, names_of_tag, slot_of
+from .artifacts import ARTIFACT_TYPES, DSSE_TYPE, INDEX_TYPE, Slot, names_of_tag
 from .oci_manifests import Descriptor, Manifest, build_index, is_own, parse_index
 from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, sha256_digest
 from .registry_urls import parse_image_reference
 
 if TYPE_CHECKING:
-    from ..store import Store
     from .registry_fs import RegistryFileSystem
     from .registry_http import RegistryClient
 
@@ -270,47 +265,6 @@ async def candidate_manifest(
     return found[0] if found else None
 
 
-async def other_candidates(fs: RegistryFileSystem, slot: Slot) -> list[tuple[bytes, bytes]]:
-    """(content, signature) of each signed candidate after the first, as embedded in its
-    manifest (a plan and its signature always are: :data:`.artifacts.MAX_EMBEDDED`), for a
-    reader whose first candidate failed verification (:func:`other_plans`)."""
-    pairs = []
-    for manifest in (await candidate_manifests(fs, slot))[1:]:
-        content, signature = manifest.layer(slot.kind.content_type), manifest.layer(DSSE_TYPE)
-        if content is None or signature is None or content.data is None or signature.data is None:
-            continue
-        pairs.append((content.data, signature.data))
-    return pairs
-
-
 async def attached_names(fs: RegistryFileSystem) -> list[str]:
     """The object names attached to the subject (a signature's when an entry says signed)."""
     return list(await _attached(fs))
-
-
-def other_plans(store: Store, fp: str, deadline: Deadline | None = None) -> list[PlanResult]:
-    """Raw (unverified) store results for plan ``fp`` from each signed candidate attached to
-    the store's subject after the one a read takes; none for any other store.
-
-    Whether a candidate's signature verifies shows only in the trust core, after the read: a
-    co-tenant who may push but holds no key could attach a plan with a signature that does
-    not verify and hide the signed plan from every reader (issue 47, item 3). So a reader
-    whose plan from such a store fails verification asks here for the others (at most
-    MAX_CANDIDATES - 1, newest first) and verifies each itself: nothing here judges them.
-
-    Raises:
-        PlanCacheError: the registry could not be read (``StoreTimeout`` at the deadline).
-    """
-    fs = store.fs if store.kind == "oci" else None
-    if fs is None or getattr(fs, "subject_text", None) is None:
-        return []
-    slot = slot_of(plan_name(fp))
-    deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
-    pairs = run_by(
-        fs.loop,
-        lambda: other_candidates(fs, slot),
-        deadline,
-        f"cannot read the other candidates of {slot.artifact} in {store.url}",
-        store.timeout,
-    )
-    return [PlanResult(fp, "store", plan, sig) for plan, sig in pairs]
