@@ -80,6 +80,7 @@ COMPILE_REASONS = frozenset(r.value for r in Reason) | frozenset(
         "vllm-cache-disabled",
         "unmanaged-directory",
         "no-trusted-keys",
+        "backoff",
     }
 )
 """Rejection reasons and the guard's own outcomes (the table of docs/compile-cache.md)."""
