@@ -39,8 +39,8 @@ def sha256(data: bytes) -> str:
 
 def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
     """This rank's decision once the node's notes have had their say: a plan this node holds
-    back or left unfinished is profiled; else the note is written (a note that cannot be written:
-    profiled, ``local-error``)."""
+    back or left unfinished is profiled; else the note is written (in the plan directory, else
+    its state directory; a note that cannot be written anywhere: profiled, ``local-error``)."""
     fp, digest, kv = decision.fingerprint, boot.plan_sha256, decision.kv_cache_memory_bytes
     if not decision.applied or fp is None or digest is None or kv is None:
         return decision
@@ -155,7 +155,7 @@ def compare_after_profile(worker: object, boot: Boot, directory: Path, profiled_
             EXCEEDS_PROFILE_MARGIN * 100,
             fp,
         )
-    boot_notes.clear(boot_notes.applying_path(directory, fp))
+    boot_notes.clear_applying(directory, fp)
     record.note_plan_facts(
         worker,
         {
