@@ -46,12 +46,18 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _boot() -> Boot:
     boot = Boot.__new__(Boot)  # only the fields the notes read and write
     boot.plan_sha256, boot.note_path, boot.unfinished, boot.held_alert = SHA, None, None, None
+    boot.note_fd = None
     return boot
 
 
-def _apply(plans: Path, boot: Boot | None = None) -> Decision:
-    verdict = Decision(True, Verdict.APPLIED, "", KV, FP)
-    return node_memory.before_vote(boot or _boot(), plans, verdict)
+def _apply(plans: Path, boot: Boot | None = None, *, dies: bool = True) -> Decision:
+    """A boot's decision; it then dies (``dies``): its locked note is closed, as by the kernel."""
+    boot = boot or _boot()
+    decision = node_memory.before_vote(boot, plans, Decision(True, Verdict.APPLIED, "", KV, FP))
+    if dies and boot.note_fd is not None:
+        os.close(boot.note_fd)
+        boot.note_fd = None
+    return decision
 
 
 def _plant(path: Path, body: object, uid: int = OTHER_UID) -> None:
@@ -67,8 +73,7 @@ def test_another_users_notes_in_a_shared_plan_directory_hold_nothing_back(node: 
     body = {"plan_sha256": SHA, "profiled_kv_cache_memory_bytes": 1}
     _plant(notes.held_path(node, FP), body)
     _plant(notes.applying_path(node, FP), body)
-    boot = _boot()
-    assert _apply(node, boot).applied
+    assert _apply(node).applied
     assert notes.held_fingerprints(node) == []
     assert cli(["release", FP, "--dir", str(node)]) == 1  # not ours to remove
     assert notes.held_path(node, FP).exists()
@@ -113,9 +118,13 @@ subprocess.run(["mount", "-o", "remount,ro", str(plans)], check=True)
 def boot():
     b = Boot.__new__(Boot)
     b.plan_sha256, b.note_path, b.unfinished, b.held_alert = {sha!r}, None, None, None
+    b.note_fd = None
     return b
 def apply(b):
-    return node_memory.before_vote(b, plans, Decision(True, Verdict.APPLIED, "", {kv}, {fp!r}))
+    d = node_memory.before_vote(b, plans, Decision(True, Verdict.APPLIED, "", {kv}, {fp!r}))
+    if b.note_fd is not None:  # the boot dies in its warm-up: the kernel closes its note
+        os.close(b.note_fd)
+    return d
 first = apply(boot())
 again = boot()
 second = apply(again)
@@ -176,3 +185,21 @@ def test_no_durable_place_at_all_applies_nothing_and_says_where_it_looked(
     (shared / "plancache-state").chmod(0o777)
     first, *_, detail = _read_only_run(node, env)
     assert first == Reason.LOCAL_ERROR.value and "lets others write" in detail
+
+
+def test_a_boot_still_running_is_not_an_unfinished_one(node: Path) -> None:
+    """Two instances of one configuration on one node share the fingerprint and the note's name
+    (two pods on one device, a rolling restart). B boots while A is in its warm-up: B applies
+    too (A's note is locked by a live process), B's end never removes A's note nor A's B's, and
+    only a boot that really died leaves an unfinished one (red team 49: B profiled beside A,
+    compared, and held the good plan back on the node until an operator released it)."""
+    a, b = _boot(), _boot()
+    assert _apply(node, a, dies=False).applied
+    assert _apply(node, b, dies=False).applied  # A alive: no unfinished boot
+    node_memory.compare_after_profile(None, b, node, KV // 2)  # nothing to compare: no-op
+    assert notes.held_fingerprints(node) == []
+    node_memory.finished(None, a, None, None)  # A ends: the note under the name is B's now
+    assert notes.applying_path(node, FP).exists()
+    assert notes.unfinished(node, FP, SHA) is None  # B still alive
+    os.close(b.note_fd)  # B dies in its warm-up
+    assert _apply(node).reason is Verdict.UNFINISHED_BOOT

@@ -1823,7 +1823,9 @@ signer = load_signer({key!r}, env={{}})
 (plans / sig_name(fp)).write_bytes(
     sign_plan(plan_name(fp), data, signer, datetime.now(timezone.utc), provenance=conditions()))
 subprocess.run(["mount", "-o", "remount,ro", str(plans)], check=True)
-print("first", first.determine_available_memory(), flush=True)  # never finishes its start-up
+print("first", first.determine_available_memory(), flush=True)  # never finishes its start-up:
+from plancache.vllm_plugin.worker_boot import STATE_ATTR
+os.close(getattr(first, STATE_ATTR).note_fd)  # it dies (the kernel closes its locked note)
 print("second", vllm_cpu.make_worker(gpu_worker.Worker, config).determine_available_memory())
 print("fp", fp)
 """

@@ -53,7 +53,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             Verdict.PLAN_EXCEEDS_PROFILE,
             f"held back on this node: the plan's {kv} B exceeded this node's profile "
             f"({safe_text(profiled, 30)} B) by over {EXCEEDS_PROFILE_MARGIN:.0%}; "
-            "`plancache plan release` clears it",
+            "`plancache release` clears it",
             None,
             fp,
         )
@@ -68,7 +68,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             fp,
         )
     try:
-        boot.note_path = boot_notes.note_applying(directory, fp, digest, kv)
+        boot.note_path, boot.note_fd = boot_notes.note_applying(directory, fp, digest, kv)
     except PlanCacheError as exc:
         return Decision(False, Reason.LOCAL_ERROR, f"boot note not written: {exc.detail}", None, fp)
     return decision
@@ -96,15 +96,15 @@ def after_decision(worker: object, boot: Boot, decision: Decision) -> None:
 def after_vote(boot: Boot, decision: Decision) -> None:
     """A note written for a plan that the vote did not apply is removed (nothing is tried)."""
     if not decision.applied and boot.note_path is not None:
-        boot_notes.clear(boot.note_path)
-        boot.note_path = None
+        boot_notes.finish(boot.note_path, boot.note_fd)
+        boot.note_path, boot.note_fd = None, None
 
 
 def finished(worker: object, boot: Boot, free_now: int | None, total: int | None) -> None:
     """The start-up ended: the note goes, and the margin left is recorded."""
     if boot.note_path is not None:
-        boot_notes.clear(boot.note_path)
-        boot.note_path = None
+        boot_notes.finish(boot.note_path, boot.note_fd)
+        boot.note_path, boot.note_fd = None, None
         margin_after_apply(worker, free_now, total)
 
 
@@ -148,7 +148,7 @@ def compare_after_profile(worker: object, boot: Boot, directory: Path, profiled_
         alert = _alert(fp, digest, plan_kv, profiled_kv)
         LOG.warning(
             "plancache: plan %s held back on this node: its kv_cache_memory_bytes %d exceeds "
-            "this boot's profile %d by over %.0f%%; `plancache plan release %s` clears it",
+            "this boot's profile %d by over %.0f%%; `plancache release %s` clears it",
             fp,
             plan_kv,
             profiled_kv,

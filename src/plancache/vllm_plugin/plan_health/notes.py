@@ -11,7 +11,7 @@ for ever. So, beside the plan directory (one node's plans, one node's notes):
   profiled with the plan (:func:`plancache.trust.plans.gate.exceeds_profile`).
 - ``plancache-held-<fp>.json`` is written when the plan exceeded that fresh profile by more than
   the margin: later boots profile (``plan-exceeds-profile``) until a *different* signed plan for
-  ``fp`` arrives (another sha256) or the operator runs ``plancache plan release``.
+  ``fp`` arrives (another sha256) or the operator runs ``plancache release``.
 
 Where the plan directory cannot hold a note (plans baked into a read-only image layer, a
 read-only ConfigMap or volume mount), the note goes to the node's state directory for that plan
@@ -20,6 +20,13 @@ directory (:mod:`plancache.storage.local.state_dir`: ``$PLANCACHE_STATE_DIR``, e
 are read at every boot: the plan still applies, and a crash after it is still caught. Only when
 neither place takes the note does the worker not apply the plan (``local-error``): a crash
 after it could loop.
+
+Two boots of one configuration on one node (two instances sharing a device, a rolling restart)
+share the fingerprint and so the note's name. A boot holds an exclusive ``flock`` on its note from
+before the note is visible until its start-up ends; the kernel drops it when the process dies
+(SIGKILL included, across PID namespaces). A note whose lock is held belongs to a boot still
+running: it is not an unfinished boot (the other boot applies the plan too, and never clears
+or compares against it), and a boot removes the note at its end only if it is still its own.
 
 The notes decide nothing about trust: they only ever turn an "apply" into a "profile". Every
 byte read back is hostile. A note counts only as a regular file of this process's user, read
@@ -33,6 +40,7 @@ plan's sha256, since it lasts until an operator acts: one that does not is remov
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -41,8 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...storage.local.dirfds import write_new
-from ...storage.local.files import write_atomic
+from ...storage.local.dirfds import NEW_FILE, temp_name
 from ...storage.local.state_dir import open_state_dir, state_dir_for
 from ...trust.errors import PlanCacheError, StoreError
 from ...trust.plans.plan import is_fingerprint
@@ -89,7 +96,7 @@ def _read(dir_fd: int, name: str) -> dict[str, Any] | None:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or _alive(fd):
             return None
         data = b""
         while len(data) <= MAX_NOTE_BYTES:
@@ -118,40 +125,91 @@ def _unlink(dir_fd: int, name: str) -> bool:
         return False
 
 
-def _write(directory: Path, name: str, data: bytes) -> Path:
-    """Write a note durably in the plan directory, else in its state directory; where it went.
+def _alive(fd: int) -> bool:
+    """Whether a running boot holds the note open at ``fd`` (its exclusive lock); a filesystem
+    without ``flock`` tells nothing (False: as if no boot held it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
+    """``data`` under ``name`` in ``dir_fd``: an unpredictable ``O_EXCL | O_NOFOLLOW`` temporary,
+    locked (``hold``) before anything is in it, fsynced, renamed over ``name``, the directory
+    fsynced. With ``hold`` the open, locked note is returned (the caller keeps it for the boot)."""
+    tmp = temp_name(name)
+    fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+    try:
+        if hold:
+            with contextlib.suppress(OSError):  # no flock here: the note still says it all
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = ""
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+    if hold:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _write(
+    directory: Path, name: str, data: bytes, *, hold: bool = False
+) -> tuple[Path, int | None]:
+    """Write a note durably in the plan directory, else in its state directory; where it went
+    (and, ``hold``, the note kept open and locked).
 
     Raises:
         StoreError: neither place took it, naming both failures (``store-error``).
     """
     try:
-        write_atomic(directory / name, data, sync_dir=True)
-        return directory / name
-    except StoreError as exc:
-        first = exc.detail
+        directory.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return directory / name, _write_at(dir_fd, name, data, hold=hold)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        first = f"cannot write {directory / name}: {exc.strerror or exc}"
     where = state_dir_for(directory)
     try:
-        fd = open_state_dir(directory, create=True)
+        dir_fd = open_state_dir(directory, create=True)
     except (OSError, PlanCacheError) as exc:
         detail = exc.detail if isinstance(exc, PlanCacheError) else (exc.strerror or str(exc))
         raise StoreError(f"{first}; nor in {where}: {detail}") from None
     try:
-        write_new(fd, name, data, mode=0o600)
+        return where / name, _write_at(dir_fd, name, data, hold=hold)
     except OSError as exc:
         raise StoreError(f"{first}; nor in {where}: {exc.strerror or exc}") from None
     finally:
-        os.close(fd)
-    return where / name
+        os.close(dir_fd)
 
 
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> Path:
+def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[Path, int | None]:
     """Write the note, durably, before the plan is applied (the plan directory, else its state
-    directory); where it went. Raises what the write raises: a boot that cannot leave the note
-    anywhere does not apply the plan (it could loop)."""
+    directory); where it went, and the note held open and locked until :func:`finish`. Raises
+    what the write raises: a boot that cannot leave the note anywhere does not apply the plan
+    (it could loop)."""
     path = applying_path(directory, fp)
     body = {
         "fingerprint": fp,
@@ -160,7 +218,7 @@ def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> Path:
         "pid": os.getpid(),
         "time": _stamp(),
     }
-    return _write(directory, path.name, json.dumps(body, sort_keys=True).encode())
+    return _write(directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True)
 
 
 def unfinished(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
@@ -212,6 +270,22 @@ def clear(path: Path) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def finish(path: Path, fd: int | None) -> None:
+    """This boot's note is done with: removed if the name still holds this boot's note (another
+    boot of the same fingerprint may have written its own since), and its lock released."""
+    try:
+        if fd is None:
+            clear(path)
+            return
+        with contextlib.suppress(OSError):
+            mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                os.unlink(path)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def clear_applying(directory: Path, fp: str) -> bool:
