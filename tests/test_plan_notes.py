@@ -114,6 +114,8 @@ from plancache.cli.main import main as cli
 plans = Path(sys.argv[1])
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(plans)], check=True)
 (plans / "startup_plan_{fp}.json").write_text("{{}}")
+baked = json.dumps({{"plan_sha256": {sha!r}}})  # an image made from a node mid-boot
+(plans / "plancache-applying-{fp}.json").write_text(baked)
 subprocess.run(["mount", "-o", "remount,ro", str(plans)], check=True)
 def boot():
     b = Boot.__new__(Boot)
@@ -157,7 +159,9 @@ def test_a_read_only_plan_directory_still_applies_with_its_notes_kept_elsewhere(
     """Plans on a read-only mount (a tmpfs remounted ``ro``): the note goes to the node's state
     directory, so the plan applies and a crash after it is still caught; ``plancache release``
     (``--dir`` with a trailing slash) finds the hold-back there (red team 49, the regression:
-    ``local-error``, profiling on every boot)."""
+    ``local-error``, profiling on every boot). A note the read-only image brought (made from a
+    node mid-boot) is no boot of this node's: it could never be removed, and made every boot
+    profile."""
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache")}
     first, second, third, held, released, fourth, _ = _read_only_run(node, env)
     assert (first, second, third) == ("applied", "unfinished-boot", "plan-exceeds-profile")

@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...storage.local.dirfds import NEW_FILE, temp_name
+from ...storage.local.dirfds import NEW_FILE, read_only, temp_name
 from ...storage.local.state_dir import open_state_dir, state_dir_for
 from ...trust.errors import PlanCacheError, StoreError
 from ...trust.plans.plan import is_fingerprint
@@ -69,7 +69,9 @@ def held_path(directory: Path, fp: str) -> Path:
 
 def _places(directory: Path) -> Iterator[int]:
     """A descriptor of each place this node's notes for ``directory`` may be in: the plan
-    directory, then its state directory (only when it exists and is safe)."""
+    directory (unless mounted read-only: no boot of this node wrote what an image layer or a
+    ConfigMap brought, and a note there could never be removed), then its state directory (only
+    when it exists and is safe)."""
     for opener in (
         lambda: os.open(directory, os.O_RDONLY | os.O_DIRECTORY),
         lambda: open_state_dir(directory, create=False),
@@ -79,7 +81,8 @@ def _places(directory: Path) -> Iterator[int]:
         except (OSError, PlanCacheError):
             continue
         try:
-            yield fd
+            if not read_only(fd):
+                yield fd
         finally:
             os.close(fd)
 
