@@ -230,6 +230,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_store_oci_subject.py": ("emulator", "system"),  # docker-registry; the journeys in bash
     "test_store_scripts.py": ("emulator", "system"),
     "test_plan_evidence.py": UNIT,
+    "test_plan_notes.py": ("system",),  # root: chown, unshare -m, a tmpfs remounted ro
     "test_textfile.py": UNIT,
     "test_tiers.py": UNIT,
     "test_trust_cosign.py": UNIT,

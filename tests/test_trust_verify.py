@@ -361,6 +361,22 @@ def test_evidence_is_signed_checked_and_absent_from_old_statements(
             sign_plan(NAME, data, signer, NOW, evidence=bad)
 
 
+def test_evidence_of_a_newer_version_never_costs_the_plan(
+    signer: Ed25519Signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newer plancache signs a compile state or a number this version does not know: the plan
+    still verifies, the facts it cannot use are left out (red team 49: the whole plan was
+    rejected as malformed, so every older node profiled)."""
+    import plancache.trust.signing as signing
+
+    newer = {"vllm_version": "0.34.0", "compile": "aot-warm", "weights_memory": 1.5e9}
+    monkeypatch.setattr(signing, "check_evidence", dict)  # a newer signer's checks
+    data = plan_bytes()
+    sig = sign_plan(NAME, data, signer, NOW, evidence=newer)
+    statement = verify_plan(NAME, data, sig, keyring_of(signer), NOW).statement
+    assert statement is not None and dict(statement.evidence) == {"vllm_version": "0.34.0"}
+
+
 # Fuzzing: hostile bytes only ever produce Rejected, with a reason that parser may give.
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),

@@ -1789,3 +1789,96 @@ def killed_once(
     return {p.name: p.read_bytes() for p in env.plan_dir.iterdir()} | {
         "ci.pub": (key_dir / "ci.pub").read_bytes()
     }
+
+
+READ_ONLY_BOOTS = """
+import contextlib, os, subprocess, sys
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+sys.path.insert(0, {tests!r})
+import vllm_cpu
+from vllm_cpu import GIB, PLANNED_KV, conditions
+vllm_cpu.pin_device()
+vllm_cpu.load_plugins_like_vllm()
+from vllm.v1.worker import gpu_worker, startup_plan
+from plancache.keys.schemes import load_signer
+from plancache.trust.plans.plan import Plan, plan_name, render_plan, sig_name
+from plancache.trust.signing import sign_plan
+
+@contextlib.contextmanager
+def profiling(snapshot, weights_memory=0):  # the stand-in's GPU half, as in this module
+    yield SimpleNamespace(total_consumed=2 * GIB, transient_peak_headroom=GIB,
+        non_kv_cache_memory={non_kv}, before_create=snapshot,
+        after_profile=SimpleNamespace(free_memory=snapshot.free_memory - {non_kv}))
+
+gpu_worker.memory_profiling = profiling
+config = vllm_cpu.engine_config(Path({model!r}))
+first = vllm_cpu.make_worker(gpu_worker.Worker, config)
+fp = startup_plan.compute_plan_fingerprint(first.vllm_config, 0, 1)
+plans = Path({plans!r})
+data = render_plan(Plan(fp, PLANNED_KV, 60 * GIB))
+(plans / plan_name(fp)).write_bytes(data)
+signer = load_signer({key!r}, env={{}})
+(plans / sig_name(fp)).write_bytes(
+    sign_plan(plan_name(fp), data, signer, datetime.now(timezone.utc), provenance=conditions()))
+subprocess.run(["mount", "-o", "remount,ro", str(plans)], check=True)
+print("first", first.determine_available_memory(), flush=True)  # never finishes its start-up:
+from plancache.vllm_plugin.worker_boot import STATE_ATTR
+os.close(getattr(first, STATE_ATTR).note_fd)  # it dies (the kernel closes its locked note)
+print("second", vllm_cpu.make_worker(gpu_worker.Worker, config).determine_available_memory())
+print("fp", fp)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: unshare -m and a read-only tmpfs")
+def test_plans_on_a_read_only_mount_apply_and_a_crash_is_still_caught(
+    vllm_env: SimpleNamespace, tmp_path: Path
+) -> None:
+    """Plans shipped on a read-only mount at vLLM's plan directory (an image layer, a ConfigMap):
+    a real tmpfs remounted ``ro`` in a mount namespace, booted through vLLM 0.33's worker in a
+    process of its own. The first boot applies the plan (its note in the node's state
+    directory); it never ends its start-up, so the second profiles (``unfinished-boot``). Red
+    team 49: every boot said ``local-error`` (``boot note not written``) and profiled."""
+    import subprocess
+
+    from plancache.storage.local.state_dir import state_dir_for
+    from plancache.vllm_plugin.plan_health import notes
+
+    key_dir = tmp_path / "keys"
+    key_dir.mkdir()
+    generate_keypair(key_dir / "ci", force=False, comment="ci", env={})
+    cache = tmp_path / "cache"
+    plans = cache / "startup_plan"
+    plans.mkdir(parents=True)
+    script = READ_ONLY_BOOTS.format(
+        tests=str(Path(__file__).parent),
+        model=str(vllm_env.model),
+        plans=str(plans),
+        key=str(key_dir / "ci"),
+        non_kv=PROFILED_NON_KV,
+    )
+    child_env = {
+        **os.environ,
+        **cpu_environ(cache),
+        "VLLM_ENABLE_STARTUP_PLAN": "1",
+        "PLANCACHE_TRUSTED_KEYS": str(key_dir / "ci.pub"),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "SCRIPT": script,
+    }
+    child_env.pop("PLANCACHE_STATE_DIR", None)
+    mount = f'mount -t tmpfs -o size=1m tmpfs {plans} && exec {sys.executable} -c "$SCRIPT"'
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", mount],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert int(out["first"]) == PLANNED_KV, done.stderr[-2000:]
+    assert int(out["second"]) == profiled_bytes()
+    assert "reason=unfinished-boot" in done.stdout + done.stderr
+    state = state_dir_for(plans, {"VLLM_CACHE_ROOT": str(cache)})
+    assert notes.APPLYING.format(fp=out["fp"].strip()) in os.listdir(state)

@@ -66,6 +66,9 @@ class Boot:
     it as it is (vLLM's fresh plan is dropped, :mod:`.save`)."""
     note_path: Path | None = None
     """The applying note this boot wrote (:mod:`.plan_health.notes`), removed when it ends."""
+    note_fd: int | None = None
+    """That note, held open with an exclusive ``flock`` while this boot runs: a boot of the same
+    fingerprint on the node tells a running boot's note from a dead one's."""
     unfinished: tuple[str, str, int] | None = None
     """(fingerprint, plan sha256, plan KV) of a plan an earlier boot left unfinished: compared
     with this boot's fresh profile at its save."""

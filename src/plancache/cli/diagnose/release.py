@@ -5,8 +5,11 @@ start-up and the node's fresh profile came out smaller than the plan by more tha
 (:mod:`plancache.vllm_plugin.plan_health`). The hold lasts until a different signed plan for
 the fingerprint arrives, or until an operator who has looked into it runs this command; the
 next boot then applies the plan again (and notes it, so a second crash is caught again).
-Also clears a leftover unfinished-boot note of that fingerprint. Exit 0 when every fingerprint
-named was held back (or ``--all`` found none to clear), 1 when one was not.
+Also clears a leftover unfinished-boot note of that fingerprint. The notes of a plan directory the
+worker could not write are in its state directory (``$PLANCACHE_STATE_DIR``, else
+``$VLLM_CACHE_ROOT``, ``/plancache-state/``): run this with the worker's environment.
+Exit 0 when every fingerprint named was held back (or ``--all`` found none to clear), 1 when
+one was not.
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ def cmd_release(args: argparse.Namespace) -> int:
         raise ConfigError("name one or more 16-hex-digit fingerprints, or --all")
     released = []
     for fp in wanted:
-        if notes.clear(notes.held_path(directory, fp)):
+        if notes.release(directory, fp):
             released.append(fp)
-        notes.clear(notes.applying_path(directory, fp))
     missing = [fp for fp in wanted if fp not in released]
     if args.json:
         report(args, not missing, directory=str(directory), released=released, not_held=missing)

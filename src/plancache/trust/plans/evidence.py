@@ -44,12 +44,13 @@ non-torch memory), ``peak_activation_memory``, ``cudagraph_memory_estimate`` and
 
 
 def check_evidence(evidence: Mapping[str, Any], strict: bool = True) -> dict[str, Any]:
-    """Known facts of the right type (``strict``: an unknown fact is rejected, as when signing;
-    read back, unknown facts of a newer version are ignored).
+    """Known facts of the right type (``strict``: an unknown or ill-typed fact is rejected, as
+    when signing; read back, a fact of a newer version, unknown or with a value this version does
+    not know, is left out: the evidence decides nothing, so it never costs a plan).
 
     Raises:
-        Rejected: a fact of the wrong type, a byte count that is negative, a ``compile`` state
-            not in :data:`COMPILE_STATES`; with ``strict``, an unknown fact (reason ``malformed``).
+        Rejected: with ``strict``, a fact of the wrong type, a byte count that is negative, a
+            ``compile`` state not in :data:`COMPILE_STATES`, an unknown fact (``malformed``).
     """
     out: dict[str, Any] = {}
     for key, value in evidence.items():
@@ -61,6 +62,12 @@ def check_evidence(evidence: Mapping[str, Any], strict: bool = True) -> dict[str
                 )
             continue
         if value is None:
+            continue
+        if not strict:  # an account, deciding nothing: a fact this version cannot use is
+            try:  # left out, never the plan's signature lost (a newer compile state, a float)
+                out.update(check_evidence({key: value}))
+            except Rejected:
+                pass
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise Rejected(Reason.MALFORMED, f"statement: evidence '{key}' has the wrong type")

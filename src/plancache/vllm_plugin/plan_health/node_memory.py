@@ -39,8 +39,8 @@ def sha256(data: bytes) -> str:
 
 def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
     """This rank's decision once the node's notes have had their say: a plan this node holds
-    back or left unfinished is profiled; else the note is written (a note that cannot be written:
-    profiled, ``local-error``)."""
+    back or left unfinished is profiled; else the note is written (in the plan directory, else
+    its state directory; a note that cannot be written anywhere: profiled, ``local-error``)."""
     fp, digest, kv = decision.fingerprint, boot.plan_sha256, decision.kv_cache_memory_bytes
     if not decision.applied or fp is None or digest is None or kv is None:
         return decision
@@ -53,7 +53,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             Verdict.PLAN_EXCEEDS_PROFILE,
             f"held back on this node: the plan's {kv} B exceeded this node's profile "
             f"({safe_text(profiled, 30)} B) by over {EXCEEDS_PROFILE_MARGIN:.0%}; "
-            "`plancache plan release` clears it",
+            "`plancache release` clears it",
             None,
             fp,
         )
@@ -68,7 +68,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             fp,
         )
     try:
-        boot.note_path = boot_notes.note_applying(directory, fp, digest, kv)
+        boot.note_path, boot.note_fd = boot_notes.note_applying(directory, fp, digest, kv)
     except PlanCacheError as exc:
         return Decision(False, Reason.LOCAL_ERROR, f"boot note not written: {exc.detail}", None, fp)
     return decision
@@ -96,15 +96,15 @@ def after_decision(worker: object, boot: Boot, decision: Decision) -> None:
 def after_vote(boot: Boot, decision: Decision) -> None:
     """A note written for a plan that the vote did not apply is removed (nothing is tried)."""
     if not decision.applied and boot.note_path is not None:
-        boot_notes.clear(boot.note_path)
-        boot.note_path = None
+        boot_notes.finish(boot.note_path, boot.note_fd)
+        boot.note_path, boot.note_fd = None, None
 
 
 def finished(worker: object, boot: Boot, free_now: int | None, total: int | None) -> None:
     """The start-up ended: the note goes, and the margin left is recorded."""
     if boot.note_path is not None:
-        boot_notes.clear(boot.note_path)
-        boot.note_path = None
+        boot_notes.finish(boot.note_path, boot.note_fd)
+        boot.note_path, boot.note_fd = None, None
         margin_after_apply(worker, free_now, total)
 
 
@@ -148,14 +148,14 @@ def compare_after_profile(worker: object, boot: Boot, directory: Path, profiled_
         alert = _alert(fp, digest, plan_kv, profiled_kv)
         LOG.warning(
             "plancache: plan %s held back on this node: its kv_cache_memory_bytes %d exceeds "
-            "this boot's profile %d by over %.0f%%; `plancache plan release %s` clears it",
+            "this boot's profile %d by over %.0f%%; `plancache release %s` clears it",
             fp,
             plan_kv,
             profiled_kv,
             EXCEEDS_PROFILE_MARGIN * 100,
             fp,
         )
-    boot_notes.clear(boot_notes.applying_path(directory, fp))
+    boot_notes.clear_applying(directory, fp)
     record.note_plan_facts(
         worker,
         {

@@ -11,22 +11,47 @@ for ever. So, beside the plan directory (one node's plans, one node's notes):
   profiled with the plan (:func:`plancache.trust.plans.gate.exceeds_profile`).
 - ``plancache-held-<fp>.json`` is written when the plan exceeded that fresh profile by more than
   the margin: later boots profile (``plan-exceeds-profile``) until a *different* signed plan for
-  ``fp`` arrives (another sha256) or the operator runs ``plancache plan release``.
+  ``fp`` arrives (another sha256) or the operator runs ``plancache release``.
+
+Where the plan directory cannot hold a note (plans baked into a read-only image layer, a
+read-only ConfigMap or volume mount), the note goes to the node's state directory for that plan
+directory (:mod:`plancache.storage.local.state_dir`: ``$PLANCACHE_STATE_DIR``, else
+``$VLLM_CACHE_ROOT``, ``/plancache-state/plans-<hash>/``, this user's, 0700), and both places
+are read at every boot: the plan still applies, and a crash after it is still caught. Only when
+neither place takes the note does the worker not apply the plan (``local-error``): a crash
+after it could loop.
+
+Two boots of one configuration on one node (two instances sharing a device, a rolling restart)
+share the fingerprint and so the note's name. A boot holds an exclusive ``flock`` on its note from
+before the note is visible until its start-up ends; the kernel drops it when the process dies
+(SIGKILL included, across PID namespaces). A note whose lock is held belongs to a boot still
+running: it is not an unfinished boot (the other boot applies the plan too, and never clears
+or compares against it), and a boot removes the note at its end only if it is still its own.
 
 The notes decide nothing about trust: they only ever turn an "apply" into a "profile". Every
-byte read back is hostile: a note that does not parse is treated as present (profile once more:
-the safe side), and is never followed through a link (:mod:`plancache.storage.local.files`).
+byte read back is hostile. A note counts only as a regular file of this process's user, read
+without following a link and capped: another user's file (a co-tenant of a group-writable plan
+directory) is never this node's memory, so it can neither hold a good plan back nor make a node
+profile. An unfinished-boot note of this user that does not parse counts as present (profile
+once more, then it is compared and cleared: the safe side); a hold-back must name the very
+plan's sha256, since it lasts until an operator acts: one that does not is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...storage.local.files import read_capped, write_atomic
+from ...storage.local.dirfds import NEW_FILE, read_only, temp_name
+from ...storage.local.state_dir import open_state_dir, state_dir_for
+from ...trust.errors import PlanCacheError, StoreError
 from ...trust.plans.plan import is_fingerprint
 
 APPLYING = "plancache-applying-{fp}.json"
@@ -42,14 +67,52 @@ def held_path(directory: Path, fp: str) -> Path:
     return directory / HELD.format(fp=fp)
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    """The note at ``path``: None if absent; ``{}`` if present but unreadable (still a note)."""
+def _places(directory: Path) -> Iterator[int]:
+    """A descriptor of each place this node's notes for ``directory`` may be in: the plan
+    directory (unless mounted read-only: no boot of this node wrote what an image layer or a
+    ConfigMap brought, and a note there could never be removed), then its state directory (only
+    when it exists and is safe)."""
+    for opener in (
+        lambda: os.open(directory, os.O_RDONLY | os.O_DIRECTORY),
+        lambda: open_state_dir(directory, create=False),
+    ):
+        try:
+            fd = opener()
+        except (OSError, PlanCacheError):
+            continue
+        try:
+            if not read_only(fd):
+                yield fd
+        finally:
+            os.close(fd)
+
+
+def _read(dir_fd: int, name: str) -> dict[str, Any] | None:
+    """The note ``name`` in ``dir_fd``: None if absent or not this user's regular file; ``{}``
+    if this user's but unreadable or not a JSON object (still a note)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
     try:
-        data = read_capped(path, MAX_NOTE_BYTES)
-    except Exception:
-        return {}
-    if data is None:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
         return None
+    except OSError:  # a link (never followed) is no note of ours: we only ever rename files
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or _alive(fd):
+            return None
+        data = b""
+        while len(data) <= MAX_NOTE_BYTES:
+            chunk = os.read(fd, MAX_NOTE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    if len(data) > MAX_NOTE_BYTES:
+        return {}
     try:
         obj = json.loads(data)
     except ValueError:
@@ -57,13 +120,99 @@ def _read(path: Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else {}
 
 
+def _unlink(dir_fd: int, name: str) -> bool:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+
+
+def _alive(fd: int) -> bool:
+    """Whether a running boot holds the note open at ``fd`` (its exclusive lock); a filesystem
+    without ``flock`` tells nothing (False: as if no boot held it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
+    """``data`` under ``name`` in ``dir_fd``: an unpredictable ``O_EXCL | O_NOFOLLOW`` temporary,
+    locked (``hold``) before anything is in it, fsynced, renamed over ``name``, the directory
+    fsynced. With ``hold`` the open, locked note is returned (the caller keeps it for the boot)."""
+    tmp = temp_name(name)
+    fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+    try:
+        if hold:
+            with contextlib.suppress(OSError):  # no flock here: the note still says it all
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = ""
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+    if hold:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _write(
+    directory: Path, name: str, data: bytes, *, hold: bool = False
+) -> tuple[Path, int | None]:
+    """Write a note durably in the plan directory, else in its state directory; where it went
+    (and, ``hold``, the note kept open and locked).
+
+    Raises:
+        StoreError: neither place took it, naming both failures (``store-error``).
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return directory / name, _write_at(dir_fd, name, data, hold=hold)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        first = f"cannot write {directory / name}: {exc.strerror or exc}"
+    where = state_dir_for(directory)
+    try:
+        dir_fd = open_state_dir(directory, create=True)
+    except (OSError, PlanCacheError) as exc:
+        detail = exc.detail if isinstance(exc, PlanCacheError) else (exc.strerror or str(exc))
+        raise StoreError(f"{first}; nor in {where}: {detail}") from None
+    try:
+        return where / name, _write_at(dir_fd, name, data, hold=hold)
+    except OSError as exc:
+        raise StoreError(f"{first}; nor in {where}: {exc.strerror or exc}") from None
+    finally:
+        os.close(dir_fd)
+
+
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> Path:
-    """Write the note, durably, before the plan is applied. Raises what the write raises: a boot
-    that cannot leave the note does not apply the plan (it could loop)."""
+def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[Path, int | None]:
+    """Write the note, durably, before the plan is applied (the plan directory, else its state
+    directory); where it went, and the note held open and locked until :func:`finish`. Raises
+    what the write raises: a boot that cannot leave the note anywhere does not apply the plan
+    (it could loop)."""
     path = applying_path(directory, fp)
     body = {
         "fingerprint": fp,
@@ -72,36 +221,41 @@ def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> Path:
         "pid": os.getpid(),
         "time": _stamp(),
     }
-    write_atomic(path, json.dumps(body, sort_keys=True).encode(), sync_dir=True)
-    return path
+    return _write(directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True)
 
 
 def unfinished(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
     """The note an earlier boot left for this very plan, or None. A note naming other bytes is a
     note for a plan that was since replaced: not this plan's (removed)."""
-    note = _read(applying_path(directory, fp))
-    if note is None:
-        return None
-    if note.get("plan_sha256") not in (None, plan_sha256):
-        clear(applying_path(directory, fp))
-        return None
-    return note
+    name, found = APPLYING.format(fp=fp), None
+    for fd in _places(directory):
+        note = _read(fd, name)
+        if note is None:
+            continue
+        if note.get("plan_sha256") not in (None, plan_sha256):
+            _unlink(fd, name)
+        elif found is None:
+            found = note
+    return found
 
 
 def held(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
-    """The hold-back of this very plan, or None; a hold-back of other bytes is removed (a
-    different signed plan for the fingerprint arrived)."""
-    note = _read(held_path(directory, fp))
-    if note is None:
-        return None
-    if note.get("plan_sha256") not in (None, plan_sha256):
-        clear(held_path(directory, fp))
-        return None
-    return note
+    """The hold-back of this very plan, or None; a hold-back of other bytes (a different signed
+    plan for the fingerprint arrived), or of no bytes it names, is removed."""
+    name, found = HELD.format(fp=fp), None
+    for fd in _places(directory):
+        note = _read(fd, name)
+        if note is None:
+            continue
+        if note.get("plan_sha256") != plan_sha256:
+            _unlink(fd, name)
+        elif found is None:
+            found = note
+    return found
 
 
 def hold_back(directory: Path, fp: str, plan_sha256: str, plan_kv: int, profiled_kv: int) -> None:
-    """Hold this plan back on this node (written durably)."""
+    """Hold this plan back on this node (written durably, where the notes go)."""
     body = {
         "fingerprint": fp,
         "plan_sha256": plan_sha256,
@@ -109,11 +263,11 @@ def hold_back(directory: Path, fp: str, plan_sha256: str, plan_kv: int, profiled
         "profiled_kv_cache_memory_bytes": profiled_kv,
         "time": _stamp(),
     }
-    write_atomic(held_path(directory, fp), json.dumps(body, sort_keys=True).encode())
+    _write(directory, HELD.format(fp=fp), json.dumps(body, sort_keys=True).encode())
 
 
 def clear(path: Path) -> bool:
-    """Remove a note; True if one was there."""
+    """Remove a note (or a file) by its path; True if one was there."""
     try:
         os.unlink(path)
         return True
@@ -121,14 +275,51 @@ def clear(path: Path) -> bool:
         return False
 
 
-def held_fingerprints(directory: Path) -> list[str]:
-    """Fingerprints this node holds back (``plancache plan release`` lists and clears them)."""
+def finish(path: Path, fd: int | None) -> None:
+    """This boot's note is done with: removed if the name still holds this boot's note (another
+    boot of the same fingerprint may have written its own since), and its lock released."""
     try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
+        if fd is None:
+            clear(path)
+            return
+        with contextlib.suppress(OSError):
+            mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                os.unlink(path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def clear_applying(directory: Path, fp: str) -> bool:
+    """Remove this fingerprint's unfinished-boot note wherever it is; True if one was there."""
+    return _clear_everywhere(directory, APPLYING.format(fp=fp))
+
+
+def release(directory: Path, fp: str) -> bool:
+    """``plancache release``: remove the hold-back (and any unfinished-boot note) of ``fp``
+    wherever they are; True if a hold-back was there."""
+    clear_applying(directory, fp)
+    return _clear_everywhere(directory, HELD.format(fp=fp))
+
+
+def _clear_everywhere(directory: Path, name: str) -> bool:
+    removed = False
+    for fd in _places(directory):
+        if _read(fd, name) is not None:  # only this user's notes: never another's file
+            removed = _unlink(fd, name) or removed
+    return removed
+
+
+def held_fingerprints(directory: Path) -> list[str]:
+    """Fingerprints this node holds back (``plancache release`` lists and clears them)."""
     prefix, suffix = HELD.split("{fp}")
-    found = [
-        n[len(prefix) : -len(suffix)] for n in names if n.startswith(prefix) and n.endswith(suffix)
-    ]
-    return sorted(fp for fp in found if is_fingerprint(fp))
+    found: set[str] = set()
+    for fd in _places(directory):
+        with contextlib.suppress(OSError):
+            for n in os.listdir(fd):
+                fp = n[len(prefix) : -len(suffix)]
+                named = n.startswith(prefix) and n.endswith(suffix) and is_fingerprint(fp)
+                if named and _read(fd, n) is not None:  # this user's, not a co-tenant's
+                    found.add(fp)
+    return sorted(found)

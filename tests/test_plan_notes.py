@@ -1,0 +1,209 @@
+"""The boot notes of issue 49 against what a node really has: read-only plan directories, other
+users' files in a shared one, notes that do not parse, a state directory someone else can write.
+
+The notes only ever turn an apply into a profile; the findings here are about a good plan lost:
+plans shipped read-only (an image layer, a ConfigMap) must still apply with crash-loop protection
+(the note goes to the node's state directory), and nobody but this user can hold a plan back.
+Root for ``chown`` and ``unshare -m`` (a tmpfs remounted read-only); the boot path through vLLM's
+real worker is tests/test_vllm_plugin.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plancache.cli.main import main as cli
+from plancache.storage.local.state_dir import state_dir_for
+from plancache.trust.errors import Reason
+from plancache.trust.plans.gate import Decision, Verdict
+from plancache.vllm_plugin.plan_health import node_memory, notes
+from plancache.vllm_plugin.worker_boot import Boot
+
+FP = "0123456789abcdef"
+SHA = "a" * 64
+KV = 40 << 30
+OTHER_UID = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, mounts)")
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A node: its cache root (the state directory's base) and vLLM's plan directory in it."""
+    monkeypatch.delenv("PLANCACHE_STATE_DIR", raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    plans = tmp_path / "cache" / "startup_plan"
+    plans.mkdir(parents=True)
+    return plans
+
+
+def _boot() -> Boot:
+    boot = Boot.__new__(Boot)  # only the fields the notes read and write
+    boot.plan_sha256, boot.note_path, boot.unfinished, boot.held_alert = SHA, None, None, None
+    boot.note_fd = None
+    return boot
+
+
+def _apply(plans: Path, boot: Boot | None = None, *, dies: bool = True) -> Decision:
+    """A boot's decision; it then dies (``dies``): its locked note is closed, as by the kernel."""
+    boot = boot or _boot()
+    decision = node_memory.before_vote(boot, plans, Decision(True, Verdict.APPLIED, "", KV, FP))
+    if dies and boot.note_fd is not None:
+        os.close(boot.note_fd)
+        boot.note_fd = None
+    return decision
+
+
+def _plant(path: Path, body: object, uid: int = OTHER_UID) -> None:
+    path.write_text(json.dumps(body))
+    os.chown(path, uid, uid)
+
+
+def test_another_users_notes_in_a_shared_plan_directory_hold_nothing_back(node: Path) -> None:
+    """A co-tenant of a group-writable plan directory plants a hold-back and an unfinished-boot
+    note naming the very plan: this user's boot applies it all the same (red team 49: the old
+    notes held a good plan back until an operator ran ``plancache release``)."""
+    node.chmod(0o1777)
+    body = {"plan_sha256": SHA, "profiled_kv_cache_memory_bytes": 1}
+    _plant(notes.held_path(node, FP), body)
+    _plant(notes.applying_path(node, FP), body)
+    assert _apply(node).applied
+    assert notes.held_fingerprints(node) == []
+    assert cli(["release", FP, "--dir", str(node)]) == 1  # not ours to remove
+    assert notes.held_path(node, FP).exists()
+
+
+def test_a_hold_back_that_names_no_plan_is_removed_not_kept_for_ever(node: Path) -> None:
+    """A hold-back lasts until an operator acts, so it must name the plan's bytes: one that does
+    not parse (or names none) no longer holds every plan of the fingerprint for ever."""
+    for body in ("{", "[]", "{}", json.dumps({"plan_sha256": None})):
+        notes.held_path(node, FP).write_text(body)
+        assert _apply(node).applied, body
+        assert not notes.held_path(node, FP).exists()
+        notes.clear_applying(node, FP)
+    notes.hold_back(node, FP, SHA, KV, KV // 2)  # this user's, naming the plan: held
+    decision = _apply(node)
+    assert (decision.applied, decision.reason) == (False, Verdict.PLAN_EXCEEDS_PROFILE)
+
+
+def test_notes_that_are_links_fifos_or_huge_are_never_followed_nor_block(node: Path) -> None:
+    target = node.parent / "elsewhere.json"
+    target.write_text(json.dumps({"plan_sha256": SHA}))
+    notes.held_path(node, FP).symlink_to(target)
+    os.mkfifo(notes.applying_path(node, FP))
+    assert _apply(node).applied  # the FIFO blocks no boot, is no note, and the note replaces it
+    assert notes.applying_path(node, FP).is_file() and target.exists()
+    assert notes.clear_applying(node, FP)
+    notes.applying_path(node, FP).write_bytes(b" " * (1 << 20))  # ours, huge: profile once
+    assert _apply(node).reason is Verdict.UNFINISHED_BOOT
+
+
+RO_SCRIPT = """
+import json, os, subprocess, sys
+from pathlib import Path
+from plancache.trust.plans.gate import Decision, Verdict
+from plancache.vllm_plugin.plan_health import node_memory, notes
+from plancache.vllm_plugin.worker_boot import Boot
+from plancache.cli.main import main as cli
+plans = Path(sys.argv[1])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(plans)], check=True)
+(plans / "startup_plan_{fp}.json").write_text("{{}}")
+baked = json.dumps({{"plan_sha256": {sha!r}}})  # an image made from a node mid-boot
+(plans / "plancache-applying-{fp}.json").write_text(baked)
+subprocess.run(["mount", "-o", "remount,ro", str(plans)], check=True)
+def boot():
+    b = Boot.__new__(Boot)
+    b.plan_sha256, b.note_path, b.unfinished, b.held_alert = {sha!r}, None, None, None
+    b.note_fd = None
+    return b
+def apply(b):
+    d = node_memory.before_vote(b, plans, Decision(True, Verdict.APPLIED, "", {kv}, {fp!r}))
+    if b.note_fd is not None:  # the boot dies in its warm-up: the kernel closes its note
+        os.close(b.note_fd)
+    return d
+first = apply(boot())
+again = boot()
+second = apply(again)
+node_memory.compare_after_profile(None, again, plans, {kv} // 2)  # too large: held back
+third = apply(boot())
+held = notes.held_fingerprints(plans)
+released = cli(["release", {fp!r}, "--dir", str(plans) + "/"])
+fourth = apply(boot())
+print(json.dumps([first.reason.value, second.reason.value, third.reason.value, held,
+                  released, fourth.reason.value, first.detail]))
+"""
+
+
+def _read_only_run(node: Path, env: dict[str, str]) -> list:
+    script = RO_SCRIPT.format(fp=FP, sha=SHA, kv=KV)
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script, str(node)],
+        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_read_only_plan_directory_still_applies_with_its_notes_kept_elsewhere(
+    node: Path, tmp_path: Path
+) -> None:
+    """Plans on a read-only mount (a tmpfs remounted ``ro``): the note goes to the node's state
+    directory, so the plan applies and a crash after it is still caught; ``plancache release``
+    (``--dir`` with a trailing slash) finds the hold-back there (red team 49, the regression:
+    ``local-error``, profiling on every boot). A note the read-only image brought (made from a
+    node mid-boot) is no boot of this node's: it could never be removed, and made every boot
+    profile."""
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+    first, second, third, held, released, fourth, _ = _read_only_run(node, env)
+    assert (first, second, third) == ("applied", "unfinished-boot", "plan-exceeds-profile")
+    assert (held, released, fourth) == ([FP], 0, "applied")
+    state = state_dir_for(node)
+    assert state.parent == tmp_path / "cache" / "plancache-state"
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert notes.APPLYING.format(fp=FP) in os.listdir(state)
+
+
+def test_no_durable_place_at_all_applies_nothing_and_says_where_it_looked(
+    node: Path, tmp_path: Path
+) -> None:
+    """Neither the read-only plan directory nor a state directory another user owns (or one
+    open to group writes) takes the note: the plan is not applied (``local-error``, as issue 49
+    says: a crash could loop), and the detail names both places and the fix."""
+    shared = tmp_path / "shared"
+    (shared / "plancache-state").mkdir(parents=True)
+    os.chown(shared / "plancache-state", OTHER_UID, OTHER_UID)
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "PLANCACHE_STATE_DIR": str(shared)}
+    first, *_, detail = _read_only_run(node, env)
+    assert first == Reason.LOCAL_ERROR.value
+    assert "Read-only file system" in detail and "owned by uid 65534" in detail
+    os.chown(shared / "plancache-state", 0, 0)
+    (shared / "plancache-state").chmod(0o777)
+    first, *_, detail = _read_only_run(node, env)
+    assert first == Reason.LOCAL_ERROR.value and "lets others write" in detail
+
+
+def test_a_boot_still_running_is_not_an_unfinished_one(node: Path) -> None:
+    """Two instances of one configuration on one node share the fingerprint and the note's name
+    (two pods on one device, a rolling restart). B boots while A is in its warm-up: B applies
+    too (A's note is locked by a live process), B's end never removes A's note nor A's B's, and
+    only a boot that really died leaves an unfinished one (red team 49: B profiled beside A,
+    compared, and held the good plan back on the node until an operator released it)."""
+    a, b = _boot(), _boot()
+    assert _apply(node, a, dies=False).applied
+    assert _apply(node, b, dies=False).applied  # A alive: no unfinished boot
+    node_memory.compare_after_profile(None, b, node, KV // 2)  # nothing to compare: no-op
+    assert notes.held_fingerprints(node) == []
+    node_memory.finished(None, a, None, None)  # A ends: the note under the name is B's now
+    assert notes.applying_path(node, FP).exists()
+    assert notes.unfinished(node, FP, SHA) is None  # B still alive
+    os.close(b.note_fd)  # B dies in its warm-up
+    assert _apply(node).reason is Verdict.UNFINISHED_BOOT
