@@ -195,6 +195,24 @@ def test_headers_with_a_private_path_are_neither_signed_nor_pushed(
         ("TORCH_HOST", "127.0.0.1", ""),
         ("TORCH_DIR", "/root/.cache/x", ""),
         ("TORCH_HASH", "0" * 64, ""),
+        # the red team's (issue 46): the word anywhere in the name, credentials in the value
+        ("TRITON_APITOKEN", "s3cr3t-triton-value", "a secret-named variable"),
+        ("TORCHINDUCTOR_REDIS_AUTHTOKEN", "abcdefghij0123", "a secret-named variable"),
+        ("TORCH_KEY_PASSPHRASE", "correct horse battery staple", "a secret-named variable"),
+        ("TRITON_AUTH_HEADER", "x", "a secret-named variable"),
+        ("TORCH_X", "Bearer abcdef0123456789", "a token"),
+        ("TORCH_X", "http://triton.ml:8000/v2?token=abc123xyz", "a credential"),
+        ("TORCH_X", "tcp://[fd00:10:96::a1b2]:8000", "an internal address"),
+        ("TORCH_X", "fe80::1%eth0", "an internal address"),
+        ("TORCH_X", "/home/bob/profiles/run-1", "a path under a user's home"),
+        ("TORCH_X", "/Users/bob", "a path under a user's home"),
+        ("TORCHINDUCTOR_MAX_TOKENS", "32768", ""),
+        ("TOKENIZERS_PARALLELISM", "false", ""),
+        ("TORCH_AUTHOR_NAME", "someone", ""),
+        ("TORCH_X", "tcp://[2606:4700::1111]:80", ""),
+        ("TORCH_X", "[::1]:8000", ""),
+        ("TORCH_X", "std::vector<int>", ""),
+        ("TORCH_X", "/opt/home/x", ""),
     ],
 )
 def test_what_looks_private(name: str, value: str, kind: str) -> None:
@@ -208,6 +226,47 @@ def test_names_of_the_node_only_where_distinctive() -> None:
     found = {f.what for f in scan("f", b"/home/alice/x torchinductor_alice build-node-7.", mine)}
     assert found == {"$HOME", "user name", "host name"}
     assert scan("f", b"/home/alicex build-node-77 /tmp/torchinductor_alice2", mine) == []
+
+
+GCC_IDENTS = b"\0GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\0GCC: (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0\0"
+"""What gcc writes into each object's ``.comment`` on Debian and Ubuntu (``readelf -p .comment``)."""
+
+
+@pytest.mark.parametrize("host", ["debian", "ubuntu"])
+def test_a_distributions_default_host_name_does_not_refuse_its_compilers_objects(
+    host: str,
+) -> None:
+    """Debian's and Ubuntu's installers name the host after the distribution, and their gcc
+    writes that name into every ``.so``: searched for, no clean cache built there would push."""
+    secrets = node_secrets({}, home="/root", user="root", host=host)
+    assert scan("cab.so", b"\x7fELF" + GCC_IDENTS, secrets) == []
+    assert private_kind("TORCH_X", f"http://{host}:80", host=host) == ""
+
+
+def test_an_allowed_path_is_masked_whole_and_never_hides_the_home() -> None:
+    """The cache root is masked only as a whole path (not the start of a longer name that holds
+    a secret), and an allowed path that is the home or above it (``PLANCACHE_PRIVATE_DIR=$HOME``)
+    masks nothing of it."""
+    token = "/var/cache/vllm-alice-token"
+    secrets = node_secrets(
+        {"X_TOKEN": token}, home="/root", user="root", host="vm", allowed=["/var/cache/vllm"]
+    )
+    assert [f.what for f in scan("f", b"/var/cache/vllm/a.so " + token.encode(), secrets)] == [
+        "X_TOKEN"
+    ]
+    assert scan("f", b"\0/var/cache/vllm/a.so\0/var/cache/vllm\0", secrets) == []
+    for allowed in (["/home/alice"], ["/home/alice/"], ["/home"], ["/h"]):
+        mine = node_secrets({}, home="/home/alice", user="alice", host="vm", allowed=allowed)
+        found = {f.what for f in scan("f", b"/home/alice/venv/include/x.h", mine)}
+        assert found == {"$HOME", "user name"}, allowed
+    root = node_secrets({}, home="/home/alice", user="alice", allowed=["/home/alice/.cache/vllm"])
+    assert scan("f", b"/home/alice/.cache/vllm/x.so", root) == []  # the root ships (SECURITY.md)
+
+
+def test_a_snapshot_value_across_lines_is_judged() -> None:
+    """torch writes a value as it is, newlines included (the entry spans lines)."""
+    found = scan("m", snapshot({"TRITON_X_TOKEN": "abc\ndefgh123"}), node_secrets({}))
+    assert [f.what for f in found] == ["TRITON_X_TOKEN"]
 
 
 def test_a_models_credentials_are_not_signed_into_provenance() -> None:
