@@ -269,6 +269,13 @@ def test_a_snapshot_value_across_lines_is_judged() -> None:
     assert [f.what for f in found] == ["TRITON_X_TOKEN"]
 
 
+def test_a_snapshot_value_longer_than_the_cap_is_judged_by_its_start() -> None:
+    """A value past MAX_VALUE (a long JSON setting) was skipped whole: judged by its start."""
+    value = "redis://u:p4ss@cache.example/0 " + "x" * 5000
+    found = scan("m", snapshot({"TORCHINDUCTOR_X": value}), node_secrets({}))
+    assert [(f.what, f.kind) for f in found] == [("TORCHINDUCTOR_X", "a URL with credentials")]
+
+
 def test_a_models_credentials_are_not_signed_into_provenance() -> None:
     """A model given as a URL with credentials signs as output shows it; co-signing with the same
     request compares the redacted form (kept, not a statement mismatch)."""

@@ -43,16 +43,18 @@ MAX_FINDINGS = 20
 """Findings kept per file: the refusal names the first ones; one is enough to refuse."""
 
 _ENV_ENTRY = re.compile(
-    rb"""os\.environ\[(['"])([A-Za-z_][A-Za-z0-9_]{0,200})\1\]\s*=\s*(['"])(.{0,%d}?)\3"""
-    % MAX_VALUE
-, re.DOTALL
+    rb"""os\.environ\[(['"])([A-Za-z_][A-Za-z0-9_]{0,200})\1\]\s*=\s*(['"])((?:(?!\3).){0,%d})"""
+    % MAX_VALUE,
+    re.DOTALL,
 )
 """``os.environ['NAME'] = 'value'``: torch's ``generate_env_vars_string`` (every variable named
-with TORCH, DYNAMO, INDUCTOR or TRITON; a ``'`` in a value becomes ``"``)."""
+with TORCH, DYNAMO, INDUCTOR or TRITON; a ``'`` in a value becomes ``"``; newlines kept). A
+value is judged up to its closing quote or :data:`MAX_VALUE` characters, whichever comes first:
+a longer one by its start, never skipped."""
 _CONFIG_ENTRY = re.compile(
-    rb"""(torch\.[A-Za-z0-9_.]{0,200}config\.[A-Za-z0-9_.]{1,200})\s*=\s*(['"])(.{0,%d}?)\2"""
-    % MAX_VALUE
-, re.DOTALL
+    rb"""(torch\.[A-Za-z0-9_.]{0,200}config\.[A-Za-z0-9_.]{1,200})\s*=\s*(['"])((?:(?!\2).){0,%d})"""
+    % MAX_VALUE,
+    re.DOTALL,
 )
 """``torch._inductor.config.x = 'value'``: ``generate_config_string``'s string-valued settings."""
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.\-]*://([^/?#@\s]+)@")
