@@ -228,8 +228,10 @@ def test_names_of_the_node_only_where_distinctive() -> None:
     assert scan("f", b"/home/alicex build-node-77 /tmp/torchinductor_alice2", mine) == []
 
 
-GCC_IDENTS = b"\0GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\0GCC: (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0\0"
-"""What gcc writes into each object's ``.comment`` on Debian and Ubuntu (``readelf -p .comment``)."""
+GCC_IDENTS = (
+    b"\0GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\0GCC: (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0\0"
+)
+"""What gcc writes into each object's ``.comment`` on Debian and Ubuntu (``readelf -p``)."""
 
 
 @pytest.mark.parametrize("host", ["debian", "ubuntu"])
