@@ -59,7 +59,7 @@ _CONFIG_ENTRY = re.compile(
 """``torch._inductor.config.x = 'value'``: ``generate_config_string``'s string-valued settings."""
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.\-]*://([^/?#@\s]+)@")
 _SECRET_NAME = re.compile(
-    r"(?i)(^|_)(KEY|PASS|PWD|PIN|SAS|DSN|COOKIE|CERT|SIG)(_|$)|TOKEN(?!S|IZER)|AUTH(?!OR)|"
+    r"(?i)(^|_)(KEY|PASS|PWD|PIN|SAS|DSN|COOKIE|SIG)(_|$)|(^|_)CERT$|TOKEN(?!S|IZER)|AUTH(?!OR)|"
     r"SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|SESSION|"
     r"CONNECTION_?STRING|BEARER"
 )
