@@ -298,6 +298,30 @@ def test_a_models_credentials_are_not_signed_into_provenance() -> None:
     assert action == "kept"
 
 
+def test_a_models_home_path_signs_without_the_user_name() -> None:
+    """A model given as a path under a home (the plugin signs ``model_config.model`` as given)
+    signed the build node's user name into a statement every store reader sees (red team)."""
+    name = plan_name(FP)
+    for model, shown in [
+        ("/home/alice/models/llama-3", "/home/***/models/llama-3"),
+        ("/Users/bob/m", "/Users/***/m"),
+        ("org/llama-3-home", "org/llama-3-home"),
+    ]:
+        sig = sign_plan(name, plan_bytes(), SIGNER, NOW, provenance={"model": model})
+        statement = verify_plan(name, plan_bytes(), sig, KEYRING, NOW).statement
+        assert statement is not None and statement.provenance["model"] == shown
+    action, _ = sign_or_cosign(
+        name,
+        plan_bytes(),
+        sign_plan(name, plan_bytes(), SIGNER, NOW, provenance={"model": "/home/alice/m"}),
+        SIGNER,
+        NOW,
+        keyring=KEYRING,
+        provenance={"model": "/home/alice/m"},
+    )
+    assert action == "kept"
+
+
 def test_check_archive_reads_every_member(tmp_path: Path) -> None:
     secrets = shipping_check.this_node([tmp_path])
     from plancache.storage.compile_cache.archive_format import archive_bytes
