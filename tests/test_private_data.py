@@ -129,6 +129,14 @@ def test_an_environment_value_is_found_anywhere_and_gzip_is_inflated(
         flows.push_cache(open_store(f"file://{tmp_path}/store"), root, SUBJECT, KEYRING, NOW)
 
 
+def test_every_gzip_member_of_a_file_is_inflated(tmp_path: Path, node: Path) -> None:
+    """A file of two gzip members (what ``gzip.open`` reads whole): the second was not searched."""
+    root = cache(tmp_path, gzip.compress(b"\x80\x05clean") + gzip.compress(PASSWORD.encode()))
+    with pytest.raises(Rejected, match=r"TORCHINDUCTOR_REMOTE_CACHE_URL.*rank_0_0/model"):
+        flows.push_cache(open_store(f"file://{tmp_path}/store"), root, SUBJECT, KEYRING, NOW)
+    assert stored(tmp_path) == []
+
+
 def test_the_cache_root_ships_and_a_clean_cache_is_pushed(tmp_path: Path, node: Path) -> None:
     """Every compiled file carries the root it was built under (here, under $HOME, as vLLM's
     default root is): that path ships by design; a snapshot of harmless settings too."""
