@@ -24,7 +24,12 @@ from plancache.pipeline.compile_cache import flows, shipping_check
 from plancache.pipeline.compile_cache.header_shipping import push_headers
 from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.storage.store import open_store
-from plancache.trust.compile_cache.private_data import node_secrets, private_kind, scan
+from plancache.trust.compile_cache.private_data import (
+    node_secrets,
+    private_kind,
+    refusal,
+    scan,
+)
 from plancache.trust.errors import Reason, Rejected
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_or_cosign, sign_plan
@@ -234,6 +239,11 @@ def test_names_of_the_node_only_where_distinctive() -> None:
     found = {f.what for f in scan("f", b"/home/alice/x torchinductor_alice build-node-7.", mine)}
     assert found == {"$HOME", "user name", "host name"}
     assert scan("f", b"/home/alicex build-node-77 /tmp/torchinductor_alice2", mine) == []
+    # the line says what to do about a name, not "unset it" (red team)
+    line = refusal(scan("f", b"build-node-7.", mine))
+    assert "host name" in line and "neutral root and host name" in line and "unset it" not in line
+    token = node_secrets({"X_TOKEN": "t0k3n-value"})
+    assert "(unset it on the build node" in refusal(scan("f", b"=t0k3n-value", token))
 
 
 GCC_IDENTS = (

@@ -316,6 +316,11 @@ def scan(path: str, data: bytes, secrets: NodeSecrets) -> list[Finding]:
     return list(found.values())
 
 
+NODE_NAMES = frozenset({"$HOME", "user name", "host name"})
+"""What a finding names when it is the node's own name, not a variable: unsetting fixes
+nothing (a host name in every ``.so``, a virtualenv under the home)."""
+
+
 def refusal(findings: list[Finding], limit: int = 8) -> str:
     """One line naming what was found, each name once, then the files (never a value): the
     ``private-data`` detail. Names come first, so a line cut for a log still names them."""
@@ -324,4 +329,10 @@ def refusal(findings: list[Finding], limit: int = 8) -> str:
     names = ", ".join(f"{what} ({kind})" for what, kind in list(kinds)[:limit])
     names += f" and {len(kinds) - limit} more" if len(kinds) > limit else ""
     where = files[0] + (f" and {len(files) - 1} more file(s)" if len(files) > 1 else "")
+    if any(what in NODE_NAMES for what, _ in kinds):  # no variable to unset: where it was built
+        return (
+            f"not pushed: {names} in {where} (unset what is a variable; for a home, user or "
+            "host name, build outside the home under a neutral root and host name, and compile "
+            "again)"
+        )
     return f"not pushed: {names} in {where} (unset it on the build node and compile again)"
