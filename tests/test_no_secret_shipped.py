@@ -12,7 +12,9 @@ boot, ~15-30 s); the others need no vLLM.
 Issue 46: torch copies every variable named with TORCH, DYNAMO, INDUCTOR or TRITON into what it
 compiles. Two more cold boots (one per layout, ``VLLM_USE_AOT_COMPILE=0`` and the AOT default)
 plant a remote cache URL with userinfo, an API token, a Kubernetes-style
-``TRITON_INFERENCE_SERVER_PORT=tcp://10.…`` and a profiler directory under the boot's home: torch
+``TRITON_INFERENCE_SERVER_PORT=tcp://10.…`` (and its IPv6 form), a token, a passphrase and a
+Bearer header under names without a ``_TOKEN``-style suffix, and a profiler directory under the
+boot's home: torch
 writes them into the local cache, the push is refused (``private-data``) naming each, never a
 value, and the store holds none of them; a clean AOT boot still pushes cache and header.
 """
@@ -339,6 +341,11 @@ TORCH_PLANTED = {  # named so torch's generate_env_vars_string copies each into 
     "MY_TRITON_API_TOKEN": "tritonTOKENsecret42",
     # what Kubernetes injects for a Service named triton-inference-server
     "TRITON_INFERENCE_SERVER_PORT": "tcp://10.43.211.7:8000",
+    # the red team's (issue 46): names and shapes the first rules missed, all shipped then
+    "TRITON_APITOKEN": "s3cr3t-triton-value",
+    "TORCH_KEY_PASSPHRASE": "correct horse battery staple",
+    "TORCHINDUCTOR_AUTH_HEADER": "Bearer abcdef0123456789",
+    "TRITON_INFERENCE_SERVER_GRPC_PORT": "tcp://[fd00:10:96::a1b2]:8001",  # an IPv6 cluster
 }
 PROFILER = "VLLM_TORCH_PROFILER_DIR"  # planted under the boot's fake $HOME
 NOT_PUSHED = re.compile(

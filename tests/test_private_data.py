@@ -24,7 +24,12 @@ from plancache.pipeline.compile_cache import flows, shipping_check
 from plancache.pipeline.compile_cache.header_shipping import push_headers
 from plancache.pipeline.compile_cache.local_caches import CacheRoot
 from plancache.storage.store import open_store
-from plancache.trust.compile_cache.private_data import node_secrets, private_kind, scan
+from plancache.trust.compile_cache.private_data import (
+    node_secrets,
+    private_kind,
+    refusal,
+    scan,
+)
 from plancache.trust.errors import Reason, Rejected
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_or_cosign, sign_plan
@@ -129,6 +134,14 @@ def test_an_environment_value_is_found_anywhere_and_gzip_is_inflated(
         flows.push_cache(open_store(f"file://{tmp_path}/store"), root, SUBJECT, KEYRING, NOW)
 
 
+def test_every_gzip_member_of_a_file_is_inflated(tmp_path: Path, node: Path) -> None:
+    """A file of two gzip members (what ``gzip.open`` reads whole): the second was not searched."""
+    root = cache(tmp_path, gzip.compress(b"\x80\x05clean") + gzip.compress(PASSWORD.encode()))
+    with pytest.raises(Rejected, match=r"TORCHINDUCTOR_REMOTE_CACHE_URL.*rank_0_0/model"):
+        flows.push_cache(open_store(f"file://{tmp_path}/store"), root, SUBJECT, KEYRING, NOW)
+    assert stored(tmp_path) == []
+
+
 def test_the_cache_root_ships_and_a_clean_cache_is_pushed(tmp_path: Path, node: Path) -> None:
     """Every compiled file carries the root it was built under (here, under $HOME, as vLLM's
     default root is): that path ships by design; a snapshot of harmless settings too."""
@@ -195,6 +208,24 @@ def test_headers_with_a_private_path_are_neither_signed_nor_pushed(
         ("TORCH_HOST", "127.0.0.1", ""),
         ("TORCH_DIR", "/root/.cache/x", ""),
         ("TORCH_HASH", "0" * 64, ""),
+        # the red team's (issue 46): the word anywhere in the name, credentials in the value
+        ("TRITON_APITOKEN", "s3cr3t-triton-value", "a secret-named variable"),
+        ("TORCHINDUCTOR_REDIS_AUTHTOKEN", "abcdefghij0123", "a secret-named variable"),
+        ("TORCH_KEY_PASSPHRASE", "correct horse battery staple", "a secret-named variable"),
+        ("TRITON_AUTH_HEADER", "x", "a secret-named variable"),
+        ("TORCH_X", "Bearer abcdef0123456789", "a token"),
+        ("TORCH_X", "http://triton.ml:8000/v2?token=abc123xyz", "a credential"),
+        ("TORCH_X", "tcp://[fd00:10:96::a1b2]:8000", "an internal address"),
+        ("TORCH_X", "fe80::1%eth0", "an internal address"),
+        ("TORCH_X", "/home/bob/profiles/run-1", "a path under a user's home"),
+        ("TORCH_X", "/Users/bob", "a path under a user's home"),
+        ("TORCHINDUCTOR_MAX_TOKENS", "32768", ""),
+        ("TOKENIZERS_PARALLELISM", "false", ""),
+        ("TORCH_AUTHOR_NAME", "someone", ""),
+        ("TORCH_X", "tcp://[2606:4700::1111]:80", ""),
+        ("TORCH_X", "[::1]:8000", ""),
+        ("TORCH_X", "std::vector<int>", ""),
+        ("TORCH_X", "/opt/home/x", ""),
     ],
 )
 def test_what_looks_private(name: str, value: str, kind: str) -> None:
@@ -208,6 +239,61 @@ def test_names_of_the_node_only_where_distinctive() -> None:
     found = {f.what for f in scan("f", b"/home/alice/x torchinductor_alice build-node-7.", mine)}
     assert found == {"$HOME", "user name", "host name"}
     assert scan("f", b"/home/alicex build-node-77 /tmp/torchinductor_alice2", mine) == []
+    # the line says what to do about a name, not "unset it" (red team)
+    line = refusal(scan("f", b"build-node-7.", mine))
+    assert "host name" in line and "neutral root and host name" in line and "unset it" not in line
+    token = node_secrets({"X_TOKEN": "t0k3n-value"})
+    assert "(unset it on the build node" in refusal(scan("f", b"=t0k3n-value", token))
+
+
+GCC_IDENTS = (
+    b"\0GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\0GCC: (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0\0"
+)
+"""What gcc writes into each object's ``.comment`` on Debian and Ubuntu (``readelf -p``)."""
+
+
+@pytest.mark.parametrize("host", ["debian", "ubuntu"])
+def test_a_distributions_default_host_name_does_not_refuse_its_compilers_objects(
+    host: str,
+) -> None:
+    """Debian's and Ubuntu's installers name the host after the distribution, and their gcc
+    writes that name into every ``.so``: searched for, no clean cache built there would push."""
+    secrets = node_secrets({}, home="/root", user="root", host=host)
+    assert scan("cab.so", b"\x7fELF" + GCC_IDENTS, secrets) == []
+    assert private_kind("TORCH_X", f"http://{host}:80", host=host) == ""
+
+
+def test_an_allowed_path_is_masked_whole_and_never_hides_the_home() -> None:
+    """The cache root is masked only as a whole path (not the start of a longer name that holds
+    a secret), and an allowed path that is the home or above it (``PLANCACHE_PRIVATE_DIR=$HOME``)
+    masks nothing of it."""
+    token = "/var/cache/vllm-alice-token"
+    secrets = node_secrets(
+        {"X_TOKEN": token}, home="/root", user="root", host="vm", allowed=["/var/cache/vllm"]
+    )
+    assert [f.what for f in scan("f", b"/var/cache/vllm/a.so " + token.encode(), secrets)] == [
+        "X_TOKEN"
+    ]
+    assert scan("f", b"\0/var/cache/vllm/a.so\0/var/cache/vllm\0", secrets) == []
+    for allowed in (["/home/alice"], ["/home/alice/"], ["/home"], ["/h"]):
+        mine = node_secrets({}, home="/home/alice", user="alice", host="vm", allowed=allowed)
+        found = {f.what for f in scan("f", b"/home/alice/venv/include/x.h", mine)}
+        assert found == {"$HOME", "user name"}, allowed
+    root = node_secrets({}, home="/home/alice", user="alice", allowed=["/home/alice/.cache/vllm"])
+    assert scan("f", b"/home/alice/.cache/vllm/x.so", root) == []  # the root ships (SECURITY.md)
+
+
+def test_a_snapshot_value_across_lines_is_judged() -> None:
+    """torch writes a value as it is, newlines included (the entry spans lines)."""
+    found = scan("m", snapshot({"TRITON_X_TOKEN": "abc\ndefgh123"}), node_secrets({}))
+    assert [f.what for f in found] == ["TRITON_X_TOKEN"]
+
+
+def test_a_snapshot_value_longer_than_the_cap_is_judged_by_its_start() -> None:
+    """A value past MAX_VALUE (a long JSON setting) was skipped whole: judged by its start."""
+    value = "redis://u:p4ss@cache.example/0 " + "x" * 5000
+    found = scan("m", snapshot({"TORCHINDUCTOR_X": value}), node_secrets({}))
+    assert [(f.what, f.kind) for f in found] == [("TORCHINDUCTOR_X", "a URL with credentials")]
 
 
 def test_a_models_credentials_are_not_signed_into_provenance() -> None:
@@ -226,6 +312,30 @@ def test_a_models_credentials_are_not_signed_into_provenance() -> None:
     )
     action, _ = sign_or_cosign(
         name, plan_bytes(), sig, SIGNER, NOW, keyring=KEYRING, provenance={"model": model}
+    )
+    assert action == "kept"
+
+
+def test_a_models_home_path_signs_without_the_user_name() -> None:
+    """A model given as a path under a home (the plugin signs ``model_config.model`` as given)
+    signed the build node's user name into a statement every store reader sees (red team)."""
+    name = plan_name(FP)
+    for model, shown in [
+        ("/home/alice/models/llama-3", "/home/***/models/llama-3"),
+        ("/Users/bob/m", "/Users/***/m"),
+        ("org/llama-3-home", "org/llama-3-home"),
+    ]:
+        sig = sign_plan(name, plan_bytes(), SIGNER, NOW, provenance={"model": model})
+        statement = verify_plan(name, plan_bytes(), sig, KEYRING, NOW).statement
+        assert statement is not None and statement.provenance["model"] == shown
+    action, _ = sign_or_cosign(
+        name,
+        plan_bytes(),
+        sign_plan(name, plan_bytes(), SIGNER, NOW, provenance={"model": "/home/alice/m"}),
+        SIGNER,
+        NOW,
+        keyring=KEYRING,
+        provenance={"model": "/home/alice/m"},
     )
     assert action == "kept"
 

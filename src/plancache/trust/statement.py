@@ -249,18 +249,24 @@ def check_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_USER_HOME = re.compile(r"(?<![A-Za-z0-9_.-])(/(?:home|Users)/)[^/\s'\"]+")
+"""A user's home in a path (``/home/alice/models/x``): the build node's user name."""
+
+
 def signable_provenance(provenance: Mapping[str, Any]) -> dict[str, Any]:
     """Facts as a new statement signs them: checked (:func:`check_provenance`), each text
     redacted as output is (:func:`~.display.redact`: a model given as
-    ``https://user:token@host/…`` or with a ``?token=`` signs as ``https://***@host/…``).
-    A statement goes to a shared bucket and is printed by every ``inspect``: a credential in
-    it would outlive the credential's rotation, signed.
+    ``https://user:token@host/…`` or with a ``?token=`` signs as ``https://***@host/…``), and a
+    user's name in a home path masked (``/home/alice/models/x`` signs as
+    ``/home/***/models/x``; no gate compares the model). A statement goes to a shared bucket and
+    is printed by every ``inspect``: a credential in it would outlive the credential's rotation,
+    signed, and a build node's user names are not the store's to hold.
 
     Raises:
         Rejected: as :func:`check_provenance`.
     """
     return {
-        key: redact(value) if isinstance(value, str) else value
+        key: _USER_HOME.sub(r"\1***", redact(value)) if isinstance(value, str) else value
         for key, value in check_provenance(provenance).items()
     }
 

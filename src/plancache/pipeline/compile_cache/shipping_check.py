@@ -57,19 +57,25 @@ def this_node(allowed: Iterable[Path]) -> NodeSecrets:
 
 
 def _inflated(data: bytes) -> bytes | None:
-    """A gzip member's content (bounded), or None when it is not one."""
+    """A gzip file's content, every member of it (``gzip.open`` reads on past the first, so
+    a second member would ship unsearched), bounded in all; None when it is not gzip."""
     if data[:2] != b"\x1f\x8b":
         return None
-    inflater = zlib.decompressobj(31)
-    try:
-        out = inflater.decompress(data, MAX_INFLATED)
-    except zlib.error:
-        return None
-    if inflater.unconsumed_tail:
-        raise Rejected(
-            Reason.PRIVATE_DATA, f"not pushed: a gzip member inflates past {MAX_INFLATED} bytes"
-        )
-    return out
+    parts: list[bytes] = []
+    rest, left = data, MAX_INFLATED
+    while rest[:2] == b"\x1f\x8b":
+        inflater = zlib.decompressobj(31)
+        try:
+            parts.append(inflater.decompress(rest, left))
+        except zlib.error:
+            break
+        if inflater.unconsumed_tail:
+            raise Rejected(
+                Reason.PRIVATE_DATA, f"not pushed: a gzip file inflates past {MAX_INFLATED} bytes"
+            )
+        left -= len(parts[-1])
+        rest = inflater.unused_data
+    return b"".join(parts) if parts else None
 
 
 def _files(members: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:

@@ -33,6 +33,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..display import redact
+
 MIN_NEEDLE = 6
 """Shorter environment values are not searched for in the bytes (``1``, ``cpu``, ``true``
 appear in any binary); torch's snapshot entries are judged whatever their length."""
@@ -41,21 +43,29 @@ MAX_FINDINGS = 20
 """Findings kept per file: the refusal names the first ones; one is enough to refuse."""
 
 _ENV_ENTRY = re.compile(
-    rb"""os\.environ\[(['"])([A-Za-z_][A-Za-z0-9_]{0,200})\1\]\s*=\s*(['"])(.{0,%d}?)\3"""
-    % MAX_VALUE
+    rb"""os\.environ\[(['"])([A-Za-z_][A-Za-z0-9_]{0,200})\1\]\s*=\s*(['"])((?:(?!\3).){0,%d})"""
+    % MAX_VALUE,
+    re.DOTALL,
 )
 """``os.environ['NAME'] = 'value'``: torch's ``generate_env_vars_string`` (every variable named
-with TORCH, DYNAMO, INDUCTOR or TRITON; a ``'`` in a value becomes ``"``)."""
+with TORCH, DYNAMO, INDUCTOR or TRITON; a ``'`` in a value becomes ``"``; newlines kept). A
+value is judged up to its closing quote or :data:`MAX_VALUE` characters, whichever comes first:
+a longer one by its start, never skipped."""
 _CONFIG_ENTRY = re.compile(
-    rb"""(torch\.[A-Za-z0-9_.]{0,200}config\.[A-Za-z0-9_.]{1,200})\s*=\s*(['"])(.{0,%d}?)\2"""
-    % MAX_VALUE
+    rb"""(torch\.[A-Za-z0-9_.]{0,200}config\.[A-Za-z0-9_.]{1,200})\s*=\s*(['"])((?:(?!\2).){0,%d})"""
+    % MAX_VALUE,
+    re.DOTALL,
 )
 """``torch._inductor.config.x = 'value'``: ``generate_config_string``'s string-valued settings."""
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.\-]*://([^/?#@\s]+)@")
 _SECRET_NAME = re.compile(
-    r"(?i)(^|_)(KEY|TOKEN|AUTH|PASS|PWD|PIN|SAS|DSN|COOKIE|CERT)$|SECRET|PASSW|CREDENTIAL|"
-    r"PRIVATE|API_?KEY|ACCESS_?KEY|SESSION|CONNECTION_?STRING|BEARER"
+    r"(?i)(^|_)(KEY|PASS|PWD|PIN|SAS|DSN|COOKIE|SIG)(_|$)|(^|_)CERT$|TOKEN(?!S|IZER)|AUTH(?!OR)|"
+    r"SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|SESSION|"
+    r"CONNECTION_?STRING|BEARER"
 )
+"""A name that says it holds a credential, the word anywhere (``TRITON_APITOKEN``,
+``TORCHINDUCTOR_REDIS_AUTHTOKEN``, ``TRITON_AUTH_HEADER``) or a short one as a whole part
+(``DB_PASS``, ``X_KEY_ID``); not ``…_TOKENS`` (a count), ``TOKENIZER…`` or ``AUTHOR``."""
 _NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
 """The shell's working directories: named like a password (``…_PWD``), holding a path (judged as
 one)."""
@@ -63,17 +73,30 @@ _FLAG = re.compile(r"(?i)[0-9]{1,4}|true|false|yes|no|on|off|none|")
 """A value that is a switch or a small number, not a secret, whatever its variable is named."""
 _TOKEN_PREFIX = re.compile(
     r"\b(?:eyJ[A-Za-z0-9_-]{8,}\.|hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_|"
-    r"glpat-|xox[abprs]-|sk-[A-Za-z0-9_-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|AIza[A-Za-z0-9_-]{20,})"
+    r"glpat-|xox[abprs]-|sk-[A-Za-z0-9_-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|AIza[A-Za-z0-9_-]{20,}|"
+    r"(?i:bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,})"
 )
 _TOKEN_SHAPE = re.compile(r"[A-Za-z0-9+/=_\-.~]{20,}")
 _IPV4 = re.compile(r"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9.])")
+_IPV6 = re.compile(r"(?<![0-9A-Fa-f:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![0-9A-Fa-f:])")
+"""An IPv6 literal (``tcp://[fd00:10:96::a1b2]:8000``, what Kubernetes injects on an IPv6
+cluster); judged by :mod:`ipaddress`."""
 _INTERNAL_HOST = re.compile(
     r"(?i)[a-z0-9-]\.(?:internal|local|localdomain|lan|corp|intranet|svc|cluster\.local|"
     r"home\.arpa)(?![a-z0-9.-])"
 )
+_USER_HOME = re.compile(r"(?<![A-Za-z0-9_.-])/(?:home|Users)/[A-Za-z0-9_.][A-Za-z0-9_.-]*")
+_PATH_END = r"(?![A-Za-z0-9_.~-])"
+"""Where a path ends: not inside a longer name."""
 _GENERIC_HOMES = frozenset({"", "/", "/root", "/home", "/tmp", "/var/empty", "/nonexistent"})
 _GENERIC_USERS = frozenset({"", "root", "nobody"})
-_GENERIC_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+_GENERIC_HOSTS = frozenset(
+    {"localhost", "localhost.localdomain", "ip6-localhost"}
+    | {"debian", "ubuntu", "fedora", "centos", "alpine", "rocky", "almalinux", "archlinux"}
+)
+"""Names no node is told by: the loopback's, and a distribution's installer default, which its
+compiler also writes into every object it builds (``GCC: (Debian 12.2.0-14) 12.2.0`` in each
+``.so``'s ``.comment``): searched for, it would refuse every clean cache built there."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +118,9 @@ class NodeSecrets:
 
     needles: tuple[tuple[str, str, bytes], ...] = ()
     """(what, kind, bytes) searched for anywhere (the home, host and user forms included)."""
-    allowed: tuple[bytes, ...] = ()
-    """Paths that ship by design (the cache root), masked before anything is searched."""
+    allowed: tuple[re.Pattern[bytes], ...] = ()
+    """Paths that ship by design (the cache root), masked before anything is searched: each as a
+    whole path (``/var/cache/vllm``, not the start of ``/var/cache/vllm-alice``)."""
     home: str = ""
     user: str = ""
     host: str = ""
@@ -130,6 +154,8 @@ def private_kind(name: str, value: str, *, home: str = "", user: str = "", host:
         return ""
     if _USERINFO.search(value):
         return "a URL with credentials"
+    if redact(value) != value:  # ?token=, &sig=, Authorization: Bearer, a JWT, pin-value=
+        return "a credential"
     if (
         _SECRET_NAME.search(name)
         and name not in _NOT_SECRET_NAMES
@@ -150,6 +176,8 @@ def private_kind(name: str, value: str, *, home: str = "", user: str = "", host:
         return "a path under $HOME"
     if user and any(p + user in value for p in ("/home/", "/Users/", "torchinductor_")):
         return "a user's name in a path"
+    if _USER_HOME.search(value):  # another user's, or this one's seen from another process
+        return "a path under a user's home"
     if host and re.search(rf"(?i)(?<![a-z0-9_-]){re.escape(host)}(?![a-z0-9_-])", value):
         return "the host name"
     return ""
@@ -158,6 +186,15 @@ def private_kind(name: str, value: str, *, home: str = "", user: str = "", host:
 def _internal_address(value: str) -> bool:
     if _INTERNAL_HOST.search(value):
         return True
+    for literal in _IPV6.findall(value) if value.count(":") >= 2 else ():
+        try:
+            address6 = ipaddress.IPv6Address(literal)
+        except ValueError:
+            continue
+        if (address6.is_private or address6.is_link_local or address6.is_site_local) and not (
+            address6.is_loopback or address6.is_unspecified
+        ):
+            return True
     for literal in _IPV4.findall(value):
         try:
             address = ipaddress.IPv4Address(literal)
@@ -183,12 +220,21 @@ def node_secrets(
 ) -> NodeSecrets:
     """This node's private values (every environment variable :func:`private_kind` flags, at least
     :data:`MIN_NEEDLE` long, as it is and as torch's snapshot writes it) and names."""
-    masked = sorted({p.rstrip("/") for p in allowed if p.rstrip("/")}, key=len, reverse=True)
+    own = _distinctive_home(home)
+    masked = sorted(
+        {
+            p.rstrip("/")
+            for p in allowed
+            if p.rstrip("/") and not (own and (own + "/").startswith(p.rstrip("/") + "/"))
+        },
+        key=len,
+        reverse=True,
+    )  # never the home itself or above it (PLANCACHE_PRIVATE_DIR=$HOME would hide all of it)
     needles: list[tuple[str, str, bytes]] = []
     for name, value in sorted(environ.items()):
         shown = value
         for path in masked:
-            shown = shown.replace(path, "\0")
+            shown = re.sub(re.escape(path) + _PATH_END, "\0", shown)
         kind = private_kind(name, shown, home=home, user=user, host=host)
         if not kind:
             continue
@@ -225,7 +271,10 @@ def node_secrets(
         )
     return NodeSecrets(
         needles=tuple(needles),
-        allowed=tuple(p.encode("utf-8", "surrogateescape") for p in masked),
+        allowed=tuple(
+            re.compile(re.escape(p.encode("utf-8", "surrogateescape")) + _PATH_END.encode())
+            for p in masked
+        ),
         home=home,
         user=user,
         host=host,
@@ -238,8 +287,7 @@ def scan(path: str, data: bytes, secrets: NodeSecrets) -> list[Finding]:
     :data:`MAX_FINDINGS`, each named once: torch's snapshot entries first, then this node's
     values and names. The allowed paths are masked first (longest first)."""
     for allowed in secrets.allowed:
-        if allowed and allowed in data:
-            data = data.replace(allowed, b"\0")
+        data = allowed.sub(b"\0", data)
     found: dict[tuple[str, str], Finding] = {}
 
     def note(what: str, kind: str) -> None:
@@ -268,6 +316,11 @@ def scan(path: str, data: bytes, secrets: NodeSecrets) -> list[Finding]:
     return list(found.values())
 
 
+NODE_NAMES = frozenset({"$HOME", "user name", "host name"})
+"""What a finding names when it is the node's own name, not a variable: unsetting fixes
+nothing (a host name in every ``.so``, a virtualenv under the home)."""
+
+
 def refusal(findings: list[Finding], limit: int = 8) -> str:
     """One line naming what was found, each name once, then the files (never a value): the
     ``private-data`` detail. Names come first, so a line cut for a log still names them."""
@@ -276,4 +329,10 @@ def refusal(findings: list[Finding], limit: int = 8) -> str:
     names = ", ".join(f"{what} ({kind})" for what, kind in list(kinds)[:limit])
     names += f" and {len(kinds) - limit} more" if len(kinds) > limit else ""
     where = files[0] + (f" and {len(files) - 1} more file(s)" if len(files) > 1 else "")
+    if any(what in NODE_NAMES for what, _ in kinds):  # no variable to unset: where it was built
+        return (
+            f"not pushed: {names} in {where} (unset what is a variable; for a home, user or "
+            "host name, build outside the home under a neutral root and host name, and compile "
+            "again)"
+        )
     return f"not pushed: {names} in {where} (unset it on the build node and compile again)"
