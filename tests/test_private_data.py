@@ -142,10 +142,12 @@ def test_every_gzip_member_of_a_file_is_inflated(tmp_path: Path, node: Path) -> 
     assert stored(tmp_path) == []
 
 
-def test_the_cache_root_ships_and_a_clean_cache_is_pushed(tmp_path: Path, node: Path) -> None:
-    """Every compiled file carries the root it was built under (here, under $HOME, as vLLM's
-    default root is): that path ships by design; a snapshot of harmless settings too."""
-    root = CacheRoot(node / ".cache" / "vllm")
+def test_a_neutral_cache_root_ships_and_a_clean_cache_is_pushed(
+    tmp_path: Path, node: Path
+) -> None:
+    """Every compiled file carries the root it was built under: a neutral root (no home, user or
+    host name in it) ships by design; a snapshot of harmless settings too."""
+    root = CacheRoot(tmp_path / "var" / "cache" / "vllm")
     harmless = {
         "TORCHINDUCTOR_CACHE_DIR": f"{root.root}/plancache-private/boot-1/inductor",
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
@@ -158,12 +160,27 @@ def test_the_cache_root_ships_and_a_clean_cache_is_pushed(tmp_path: Path, node: 
     flows.sign_cache(root, SUBJECT, SIGNER, NOW)
     store = open_store(f"file://{tmp_path}/store")
     assert flows.push_cache(store, root, SUBJECT, KEYRING, NOW).action == "pushed"
-    # ... but the home beyond the root is not
+    # ... but the home is not
     (directory / "rank_0_0" / "model").write_bytes(snapshot(harmless) + f"{node}/x".encode())
     (directory.parent / (directory.name + ".plancache.sig")).unlink()
     flows.sign_cache(root, SUBJECT, SIGNER, NOW)
     with pytest.raises(Rejected, match=r"\$HOME"):
         flows.push_cache(store, root, SUBJECT, KEYRING, NOW)
+
+
+def test_a_cache_root_under_the_home_is_not_shipped(tmp_path: Path, node: Path) -> None:
+    """vLLM's default root, ``~/.cache/vllm``, under a distinctive home: every compiled file
+    carries it, user name and all (issue 46), so the push is refused naming the home, with the
+    neutral root as the fix."""
+    root = CacheRoot(node / ".cache" / "vllm")
+    directory = root.directory(SUBJECT)
+    (directory / "rank_0_0").mkdir(parents=True)
+    (directory / "rank_0_0" / "model").write_bytes(b"compiled under " + str(root.root).encode())
+    flows.sign_cache(root, SUBJECT, SIGNER, NOW)
+    store = open_store(f"file://{tmp_path}/store")
+    with pytest.raises(Rejected, match=r"\$HOME.*neutral root"):
+        flows.push_cache(store, root, SUBJECT, KEYRING, NOW)
+    assert stored(tmp_path) == []
 
 
 def test_headers_with_a_private_path_are_neither_signed_nor_pushed(
@@ -280,7 +297,8 @@ def test_an_allowed_path_is_masked_whole_and_never_hides_the_home() -> None:
         found = {f.what for f in scan("f", b"/home/alice/venv/include/x.h", mine)}
         assert found == {"$HOME", "user name"}, allowed
     root = node_secrets({}, home="/home/alice", user="alice", allowed=["/home/alice/.cache/vllm"])
-    assert scan("f", b"/home/alice/.cache/vllm/x.so", root) == []  # the root ships (SECURITY.md)
+    found = {f.what for f in scan("f", b"/home/alice/.cache/vllm/x.so", root)}
+    assert found == {"$HOME", "user name"}  # a root that names the home is not masked
 
 
 def test_a_snapshot_value_across_lines_is_judged() -> None:

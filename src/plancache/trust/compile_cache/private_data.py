@@ -225,11 +225,16 @@ def node_secrets(
         {
             p.rstrip("/")
             for p in allowed
-            if p.rstrip("/") and not (own and (own + "/").startswith(p.rstrip("/") + "/"))
+            if p.rstrip("/")
+            and not (own and (own + "/").startswith(p.rstrip("/") + "/"))
+            and not private_kind("", p, home=home, user=user, host=host)
         },
         key=len,
         reverse=True,
-    )  # never the home itself or above it (PLANCACHE_PRIVATE_DIR=$HOME would hide all of it)
+    )  # never the home itself or above it (PLANCACHE_PRIVATE_DIR=$HOME would hide all of it),
+    # and never a root that itself names the home, a user or the host (vLLM's default
+    # ~/.cache/vllm under /home/alice): such a root is what issue 46 found in every .so, so it
+    # is searched like any other path and the push says to build under a neutral root
     needles: list[tuple[str, str, bytes]] = []
     for name, value in sorted(environ.items()):
         shown = value
