@@ -397,3 +397,23 @@ def test_the_backoff_follows_the_guards_clock(tmp_path: Path) -> None:
     assert fetch_backoff.holding(root, SUBJECT, NOW - timedelta(seconds=1)) == ""  # future stamp
     fetch_backoff.clear(root, SUBJECT)
     assert fetch_backoff.holding(root, SUBJECT, NOW) == ""
+
+
+def test_entries_stamped_by_a_clock_that_was_ahead_never_outrank_the_quarantine_just_made(
+    tmp_path: Path,
+) -> None:
+    """Red team: entries stamped in the future (the clock was ahead once) sorted newest by
+    name, so the quarantine that just happened was pruned at once and its outcome named a path
+    already gone. The entry just moved is kept; future stamps go first."""
+    root = CacheRoot(tmp_path / "vllm")
+    root.quarantine_root.mkdir(parents=True, mode=0o700)
+    future = [f"20310101T0000{n:02d}Z-1-0000000{n}-x-unsigned" for n in range(8)]
+    for name in future:
+        (root.quarantine_root / name).mkdir()
+    _make(root.directory(SUBJECT), b"x", 4096)
+    cachedir.sidecar_path(root.directory(SUBJECT)).write_bytes(b"sig")
+    moved = cachedir.quarantine(root.root, root.directory(SUBJECT), root.quarantine_root, "r")
+    assert moved.is_dir() and Path(f"{moved}{cachedir.SIDECAR_SUFFIX}").exists()
+    left = set(os.listdir(root.quarantine_root))
+    assert len({n.removesuffix(cachedir.SIDECAR_SUFFIX) for n in left}) == 8, left
+    assert len(left & set(future)) == 7, left

@@ -285,7 +285,7 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
                     )
                 with contextlib.suppress(OSError):
                     os.fsync(parent)
-                quarantine_cap.prune(target)
+                quarantine_cap.prune(target, keep=moved)
             return target_root / moved
         except (OSError, StoreError) as exc:
             problems.append(f"{target_root}: {_why(exc)}")
