@@ -417,3 +417,32 @@ def test_entries_stamped_by_a_clock_that_was_ahead_never_outrank_the_quarantine_
     left = set(os.listdir(root.quarantine_root))
     assert len({n.removesuffix(cachedir.SIDECAR_SUFFIX) for n in left}) == 8, left
     assert len(left & set(future)) == 7, left
+
+
+def test_the_backoff_never_hides_a_cache_signed_anew_in_the_store(tmp_path: Path) -> None:
+    """Red team: a writer to the bucket with no signing key served junk under the signed
+    archive's name twice; the operator then pushed a cache signed anew, and every node went on
+    compiling (``backoff``) for up to a day without asking. The back-off now holds only while
+    the store offers the signature that failed."""
+    world = _world(tmp_path)
+    store, keyring = world["store"], world["keyring"]
+    archive = next(
+        p for p in (tmp_path / "store").rglob("*") if p.is_file() and "sig" not in p.name
+    )
+    archive.write_bytes(b"J" * archive.stat().st_size)  # same size, other bytes
+    node = CacheRoot(tmp_path / "node")
+
+    def boot(minutes: int) -> Any:
+        into = tmp_path / f"into-{minutes}"
+        now = NOW + timedelta(minutes=minutes)
+        fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
+        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+
+    assert [boot(m).reason for m in (1, 2)] == ["store-rejected"] * 2
+    assert boot(3).reason == "backoff"  # the same signature, the same junk: not fetched
+    signer = file_signer(tmp_path / "keys" / "ci", {}, None)
+    build = CacheRoot(tmp_path / "build")
+    assert cc.sign_cache(build, SUBJECT, signer, NOW + timedelta(minutes=4)).action == "signed"
+    assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
+    loaded = boot(5)
+    assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded

@@ -9,10 +9,10 @@ that time, then by when they were renamed in (their change time); the entry just
 (``keep``) is always kept, even alone over the byte cap, whatever the others' stamps say: a
 clock that was ahead once stamped entries in the future, and ordered by name alone they would
 outrank, and delete, the evidence of the quarantine that just happened. An entry stamped
-later than ``keep`` sorts as the oldest (its stamp cannot be right). Dot-names (temporaries, the fetch back-off
-record) are not entries. Removal goes through the root's descriptor and follows no link
-(shutil's descriptor-based ``rmtree``); what cannot be removed (another user's directory inside
-an entry) is left and tried again next time.
+later than ``keep`` sorts as the oldest (its stamp cannot be right). Dot-names (temporaries,
+the fetch back-off record) are not entries. Removal goes through the root's descriptor and
+follows no link (shutil's descriptor-based ``rmtree``); what cannot be removed (another user's
+directory inside an entry) is left and tried again next time.
 """
 
 from __future__ import annotations
