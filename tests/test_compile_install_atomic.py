@@ -258,18 +258,25 @@ def test_a_user_quota_at_every_step_is_local_error_and_never_an_alert(
     assert free > 2, free
 
 
+@pytest.mark.parametrize("theirs", [False, True], ids=["own-quarantine", "cotenants-quarantine"])
 def test_a_cotenant_renaming_junk_over_the_sidecar_costs_a_bounded_quarantine_and_fetches(
-    base: Path,
+    base: Path, theirs: bool
 ) -> None:
     """Two real uids sharing a group-writable cache root (an ``fsGroup`` volume): after each
     boot the co-tenant renames junk over the victim's sidecar. The victim quarantines it (an
-    alert each time), but asks the store again only after the back-off, on the guard's clock."""
+    alert each time), but asks the store again only after the back-off, on the guard's clock.
+    Red team (``theirs``): the co-tenant made the root's ``plancache-quarantine`` first; the
+    evidence went to the fallback beside the cache, the back-off record was only ever tried at
+    the root's, and every boot downloaded the archive again."""
     interpreter_reachable()
     world = _world(base, size=200_000)
     node = base / "shared"
     node.mkdir(mode=0o775)
     os.chown(node, USER, USER)
     os.chmod(node, 0o2775)
+    if theirs:
+        (node / cachedir.QUARANTINE_SUBDIR).mkdir(mode=0o700)
+        os.chown(node / cachedir.QUARANTINE_SUBDIR, COTENANT, USER)
     fetched, quarantined = 0, []
     for boot in range(6):
         minutes = "5" if boot < 5 else str(24 * 60)  # the last boot: a day later
@@ -280,7 +287,7 @@ def test_a_cotenant_renaming_junk_over_the_sidecar_costs_a_bounded_quarantine_an
         if boot == 0:
             assert outcome["action"] == "load", outcome
             for path in node.rglob("*"):  # the volume is the group's
-                if path.is_dir() and not path.is_relative_to(node / "plancache-quarantine"):
+                if path.is_dir() and cachedir.QUARANTINE_SUBDIR not in path.parts:
                     os.chmod(path, 0o2775)
         sidecar = cachedir.sidecar_path(CacheRoot(node).directory(SUBJECT))
         junk = (

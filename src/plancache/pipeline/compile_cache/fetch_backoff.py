@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -90,12 +91,31 @@ def clear(root: CacheRoot, subject: str) -> None:
 
 
 def _place(root: CacheRoot, subject: str) -> Path:
-    """The quarantine directory beside the evidence: on the cache's own mount when
-    ``torch_compile_cache/`` is one (as :func:`.cachedir.quarantine_roots`), else the root's
-    (also while the cache's directory does not exist yet: one place, before and after)."""
-    parent = root.directory(subject).parent
+    """The quarantine directory the cache's evidence goes to (:func:`.cachedir.quarantine`
+    tries :func:`.cachedir.quarantine_roots` in order, skipping another user's): the first of
+    them that is this user's, else the first not made yet; on the cache's own mount when
+    ``torch_compile_cache/`` is one, else the root's (also while the cache's directory does not
+    exist yet: one place, before and after). On a root shared with another uid that made
+    ``plancache-quarantine`` first, the record follows the evidence to the fallback instead of
+    being lost with every write (the back-off silently off)."""
+    directory = root.directory(subject)
+    parent = directory.parent
     try:
         other = os.stat(parent).st_dev != os.stat(root.root).st_dev
     except OSError:
         other = False
-    return parent / cachedir.QUARANTINE_SUBDIR if other else root.quarantine_root
+    first = parent / cachedir.QUARANTINE_SUBDIR if other else root.quarantine_root
+    candidates = [first] + [
+        place
+        for place in cachedir.quarantine_roots(root.root, directory, root.quarantine_root)
+        if place != first
+    ]
+    for place in candidates:
+        with contextlib.suppress(OSError):
+            st = os.lstat(place)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                return place
+    for place in candidates:
+        if not os.path.lexists(place) and os.path.isdir(place.parent):
+            return place
+    return first
