@@ -453,3 +453,22 @@ def test_the_backoff_never_hides_a_cache_signed_anew_in_the_store(tmp_path: Path
     assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
     loaded = boot(5)
     assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded
+
+
+def test_a_lock_that_cannot_be_made_or_is_a_planted_link_blames_no_store(
+    tmpfs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Red team: the cache's lock could not be made on a tmpfs out of inodes, or a link was
+    planted at its name, and every boot said ``store-error``, reading like a store down. A full
+    disk is ``local-error``, a link ``unsafe-directory``; neither is followed nor verified."""
+    root = CacheRoot(tmpfs("size=4m,nr_inodes=64") / "vllm")
+    root.directory(SUBJECT).parent.mkdir(parents=True)
+    _fill(root.root, inodes_free=0)
+    full = cl.guard(root, SUBJECT, None, NOW, tmp_path / "a", problem="-", wait=1)
+    assert (full.action, full.reason) == ("compile", "local-error"), full
+    linked = CacheRoot(tmp_path / "vllm")
+    linked.directory(SUBJECT).parent.mkdir(parents=True)
+    directory_lock.lock_path(linked.directory(SUBJECT)).symlink_to(tmp_path / "elsewhere")
+    refused = cl.guard(linked, SUBJECT, None, NOW, tmp_path / "b", problem="-", wait=1)
+    assert (refused.action, refused.reason) == ("compile", "unsafe-directory"), refused
+    assert not (tmp_path / "elsewhere").exists()
