@@ -472,3 +472,23 @@ def test_a_lock_that_cannot_be_made_or_is_a_planted_link_blames_no_store(
     refused = cl.guard(linked, SUBJECT, None, NOW, tmp_path / "b", problem="-", wait=1)
     assert (refused.action, refused.reason) == ("compile", "unsafe-directory"), refused
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_cotenants_closed_directory_at_the_caches_name_blames_no_store(base: Path) -> None:
+    """Red team: a co-tenant put its own directory (mode 0700) at the victim's cache name,
+    beside a copy of a good sidecar (sidecars are readable); the signature verified, the
+    directory could not be read, and every boot said ``store-error``. It is ``local-error``."""
+    world = _world(base)
+    node = base / "shared"
+    directory = CacheRoot(node).directory(SUBJECT)
+    directory.parent.mkdir(parents=True, mode=0o2777)
+    for path in (node, node / cachedir.COMPILE_SUBDIR, directory.parent):
+        os.chmod(path, 0o2777)
+    sidecar = cachedir.sidecar_path(directory)
+    shutil.copy(cachedir.sidecar_path(world["old"].directory(SUBJECT)), sidecar)
+    directory.mkdir(mode=0o700)
+    for path in (directory, sidecar):
+        os.chown(path, COTENANT, USER)
+    _, outcome = _child(world, "guard", str(node), "fetch", user=USER)
+    assert outcome is not None
+    assert (outcome["action"], outcome["reason"]) == ("compile", "local-error"), outcome
