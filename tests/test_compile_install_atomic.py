@@ -492,3 +492,24 @@ def test_a_cotenants_closed_directory_at_the_caches_name_blames_no_store(base: P
     _, outcome = _child(world, "guard", str(node), "fetch", user=USER)
     assert outcome is not None
     assert (outcome["action"], outcome["reason"]) == ("compile", "local-error"), outcome
+
+
+def test_sizing_the_quarantine_walks_no_more_of_an_entry_than_a_cache_may_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team: a co-tenant's directory moved aside with a million empty files of its own was
+    walked whole to size it, at every quarantine on the boot's path, under the cache's lock
+    (time grew with what was planted). Past what a cache may hold, an entry counts as over the
+    byte cap unwalked, and goes as soon as it is not the newest."""
+    monkeypatch.setattr(quarantine_cap, "SIZE_WALK_NAMES", 20, raising=False)
+    root = CacheRoot(tmp_path / "vllm")
+    directory = root.directory(SUBJECT)
+    (directory / "planted").mkdir(parents=True)
+    for n in range(25):
+        (directory / "planted" / str(n)).touch()  # no bytes at all: only names
+    cachedir.sidecar_path(directory).write_bytes(b"junk")
+    first = cachedir.quarantine(root.root, directory, root.quarantine_root, "unsigned")
+    _make(directory, b"x", 4096)
+    cachedir.quarantine(root.root, directory, root.quarantine_root, "unsigned")
+    assert not first.exists(), os.listdir(root.quarantine_root)
+    assert len(os.listdir(root.quarantine_root)) == 1

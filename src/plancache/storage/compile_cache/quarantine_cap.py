@@ -23,6 +23,8 @@ import re
 import shutil
 import stat
 
+from ...trust.compile_cache.manifest import MAX_DIRS, MAX_FILES
+
 MAX_ENTRIES = 8
 """Entries kept per quarantine root (a cache and its sidecar are one entry)."""
 MAX_BYTES = 512 << 20
@@ -80,17 +82,29 @@ def _age(dir_fd: int, entry: str) -> tuple[str, int]:
     return entry[:16], changed
 
 
+SIZE_WALK_NAMES = MAX_FILES + MAX_DIRS
+"""The most names an entry is walked for to size it: what a cache may hold at most. An entry
+with more (a co-tenant's directory moved aside, holding a million of its own empty files)
+counts as over the byte cap, unwalked: sizing the quarantine on the boot's path, under the
+cache's lock, then costs at most this many ``stat`` calls an entry, never what was planted."""
+OVERSIZED = 1 << 62
+
+
 def _size(dir_fd: int, name: str) -> int:
-    """Bytes of the regular files under ``name`` (no link followed)."""
+    """Bytes of the regular files under ``name`` (no link followed); :data:`OVERSIZED` beyond
+    :data:`SIZE_WALK_NAMES` names."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return 0
     if not stat.S_ISDIR(st.st_mode):
         return st.st_size if stat.S_ISREG(st.st_mode) else 0
-    total = 0
+    total = names = 0
     with contextlib.suppress(OSError):
-        for _, _, files, fd in os.fwalk(name, dir_fd=dir_fd, follow_symlinks=False):
+        for _, dirs, files, fd in os.fwalk(name, dir_fd=dir_fd, follow_symlinks=False):
+            names += len(dirs) + len(files)
+            if names > SIZE_WALK_NAMES:
+                return OVERSIZED
             for file in files:
                 with contextlib.suppress(OSError):
                     st = os.stat(file, dir_fd=fd, follow_symlinks=False)
