@@ -76,15 +76,25 @@ def main(argv: list[str]) -> dict[str, Any]:
     now = NOW + timedelta(minutes=float(argv[5])) if len(argv) > 5 else NOW
     outcome = cl.guard(cache_root, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
     shutil.rmtree(into.parent, ignore_errors=True)
-    quarantine = cache_root.quarantine_root
     return {
         "action": outcome.action,
         "reason": outcome.reason,
         "detail": outcome.detail,
         "archive_sha256": outcome.archive_sha256,
-        "quarantine": sorted(os.listdir(quarantine)) if quarantine.exists() else [],
+        "quarantine": quarantined(cache_root),
         "sidecar": cachedir.sidecar_path(cache_root.directory(SUBJECT)).exists(),
     }
+
+
+def quarantined(cache_root: CacheRoot) -> list[str]:
+    """This user's quarantine entries: the root's, and the fallback's beside the cache (where
+    they go when another user made the root's first)."""
+    found: list[str] = []
+    beside = cache_root.directory(SUBJECT).parent / cachedir.QUARANTINE_SUBDIR
+    for place in (cache_root.quarantine_root, beside):
+        if place.is_dir() and place.stat().st_uid == os.geteuid():
+            found += os.listdir(place)
+    return sorted(found)
 
 
 if __name__ == "__main__":

@@ -169,9 +169,9 @@ def test_no_write_follows_a_planted_link(signed: CacheRoot, tmp_path: Path) -> N
     lock.unlink()
     lock.symlink_to(victim)  # the lock: refused, so nothing is verified, loaded or signed
     outcome = cl.guard(signed, SUBJECT, KEYRING, NOW, into(signed))
-    assert (outcome.action, outcome.reason) == (
+    assert (outcome.action, outcome.reason) == (  # red team: once store-error, the store's blame
         "compile",
-        "store-error",
+        "unsafe-directory",
     ) and victim.read_bytes() == b"victim"
     with pytest.raises(StoreError):
         cc.sign_cache(signed, SUBJECT, SIGNER, NOW)

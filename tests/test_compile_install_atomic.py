@@ -258,18 +258,25 @@ def test_a_user_quota_at_every_step_is_local_error_and_never_an_alert(
     assert free > 2, free
 
 
+@pytest.mark.parametrize("theirs", [False, True], ids=["own-quarantine", "cotenants-quarantine"])
 def test_a_cotenant_renaming_junk_over_the_sidecar_costs_a_bounded_quarantine_and_fetches(
-    base: Path,
+    base: Path, theirs: bool
 ) -> None:
     """Two real uids sharing a group-writable cache root (an ``fsGroup`` volume): after each
     boot the co-tenant renames junk over the victim's sidecar. The victim quarantines it (an
-    alert each time), but asks the store again only after the back-off, on the guard's clock."""
+    alert each time), but asks the store again only after the back-off, on the guard's clock.
+    Red team (``theirs``): the co-tenant made the root's ``plancache-quarantine`` first; the
+    evidence went to the fallback beside the cache, the back-off record was only ever tried at
+    the root's, and every boot downloaded the archive again."""
     interpreter_reachable()
     world = _world(base, size=200_000)
     node = base / "shared"
     node.mkdir(mode=0o775)
     os.chown(node, USER, USER)
     os.chmod(node, 0o2775)
+    if theirs:
+        (node / cachedir.QUARANTINE_SUBDIR).mkdir(mode=0o700)
+        os.chown(node / cachedir.QUARANTINE_SUBDIR, COTENANT, USER)
     fetched, quarantined = 0, []
     for boot in range(6):
         minutes = "5" if boot < 5 else str(24 * 60)  # the last boot: a day later
@@ -280,7 +287,7 @@ def test_a_cotenant_renaming_junk_over_the_sidecar_costs_a_bounded_quarantine_an
         if boot == 0:
             assert outcome["action"] == "load", outcome
             for path in node.rglob("*"):  # the volume is the group's
-                if path.is_dir() and not path.is_relative_to(node / "plancache-quarantine"):
+                if path.is_dir() and cachedir.QUARANTINE_SUBDIR not in path.parts:
                     os.chmod(path, 0o2775)
         sidecar = cachedir.sidecar_path(CacheRoot(node).directory(SUBJECT))
         junk = (
@@ -397,3 +404,112 @@ def test_the_backoff_follows_the_guards_clock(tmp_path: Path) -> None:
     assert fetch_backoff.holding(root, SUBJECT, NOW - timedelta(seconds=1)) == ""  # future stamp
     fetch_backoff.clear(root, SUBJECT)
     assert fetch_backoff.holding(root, SUBJECT, NOW) == ""
+
+
+def test_entries_stamped_by_a_clock_that_was_ahead_never_outrank_the_quarantine_just_made(
+    tmp_path: Path,
+) -> None:
+    """Red team: entries stamped in the future (the clock was ahead once) sorted newest by
+    name, so the quarantine that just happened was pruned at once and its outcome named a path
+    already gone. The entry just moved is kept; future stamps go first."""
+    root = CacheRoot(tmp_path / "vllm")
+    root.quarantine_root.mkdir(parents=True, mode=0o700)
+    future = [f"20310101T0000{n:02d}Z-1-0000000{n}-x-unsigned" for n in range(8)]
+    for name in future:
+        (root.quarantine_root / name).mkdir()
+    _make(root.directory(SUBJECT), b"x", 4096)
+    cachedir.sidecar_path(root.directory(SUBJECT)).write_bytes(b"sig")
+    moved = cachedir.quarantine(root.root, root.directory(SUBJECT), root.quarantine_root, "r")
+    assert moved.is_dir() and Path(f"{moved}{cachedir.SIDECAR_SUFFIX}").exists()
+    left = set(os.listdir(root.quarantine_root))
+    assert len({n.removesuffix(cachedir.SIDECAR_SUFFIX) for n in left}) == 8, left
+    assert len(left & set(future)) == 7, left
+
+
+def test_the_backoff_never_hides_a_cache_signed_anew_in_the_store(tmp_path: Path) -> None:
+    """Red team: a writer to the bucket with no signing key served junk under the signed
+    archive's name twice; the operator then pushed a cache signed anew, and every node went on
+    compiling (``backoff``) for up to a day without asking. The back-off now holds only while
+    the store offers the signature that failed."""
+    world = _world(tmp_path)
+    store, keyring = world["store"], world["keyring"]
+    archive = next(
+        p for p in (tmp_path / "store").rglob("*") if p.is_file() and "sig" not in p.name
+    )
+    archive.write_bytes(b"J" * archive.stat().st_size)  # same size, other bytes
+    node = CacheRoot(tmp_path / "node")
+
+    def boot(minutes: int) -> Any:
+        into = tmp_path / f"into-{minutes}"
+        now = NOW + timedelta(minutes=minutes)
+        fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
+        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+
+    assert [boot(m).reason for m in (1, 2)] == ["store-rejected"] * 2
+    assert boot(3).reason == "backoff"  # the same signature, the same junk: not fetched
+    signer = file_signer(tmp_path / "keys" / "ci", {}, None)
+    build = CacheRoot(tmp_path / "build")
+    assert cc.sign_cache(build, SUBJECT, signer, NOW + timedelta(minutes=4)).action == "signed"
+    assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
+    loaded = boot(5)
+    assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded
+
+
+def test_a_lock_that_cannot_be_made_or_is_a_planted_link_blames_no_store(
+    tmpfs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Red team: the cache's lock could not be made on a tmpfs out of inodes, or a link was
+    planted at its name, and every boot said ``store-error``, reading like a store down. A full
+    disk is ``local-error``, a link ``unsafe-directory``; neither is followed nor verified."""
+    root = CacheRoot(tmpfs("size=4m,nr_inodes=64") / "vllm")
+    root.directory(SUBJECT).parent.mkdir(parents=True)
+    _fill(root.root, inodes_free=0)
+    full = cl.guard(root, SUBJECT, None, NOW, tmp_path / "a", problem="-", wait=1)
+    assert (full.action, full.reason) == ("compile", "local-error"), full
+    linked = CacheRoot(tmp_path / "vllm")
+    linked.directory(SUBJECT).parent.mkdir(parents=True)
+    directory_lock.lock_path(linked.directory(SUBJECT)).symlink_to(tmp_path / "elsewhere")
+    refused = cl.guard(linked, SUBJECT, None, NOW, tmp_path / "b", problem="-", wait=1)
+    assert (refused.action, refused.reason) == ("compile", "unsafe-directory"), refused
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_cotenants_closed_directory_at_the_caches_name_blames_no_store(base: Path) -> None:
+    """Red team: a co-tenant put its own directory (mode 0700) at the victim's cache name,
+    beside a copy of a good sidecar (sidecars are readable); the signature verified, the
+    directory could not be read, and every boot said ``store-error``. It is ``local-error``."""
+    world = _world(base)
+    node = base / "shared"
+    directory = CacheRoot(node).directory(SUBJECT)
+    directory.parent.mkdir(parents=True, mode=0o2777)
+    for path in (node, node / cachedir.COMPILE_SUBDIR, directory.parent):
+        os.chmod(path, 0o2777)
+    sidecar = cachedir.sidecar_path(directory)
+    shutil.copy(cachedir.sidecar_path(world["old"].directory(SUBJECT)), sidecar)
+    directory.mkdir(mode=0o700)
+    for path in (directory, sidecar):
+        os.chown(path, COTENANT, USER)
+    _, outcome = _child(world, "guard", str(node), "fetch", user=USER)
+    assert outcome is not None
+    assert (outcome["action"], outcome["reason"]) == ("compile", "local-error"), outcome
+
+
+def test_sizing_the_quarantine_walks_no_more_of_an_entry_than_a_cache_may_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team: a co-tenant's directory moved aside with a million empty files of its own was
+    walked whole to size it, at every quarantine on the boot's path, under the cache's lock
+    (time grew with what was planted). Past what a cache may hold, an entry counts as over the
+    byte cap unwalked, and goes as soon as it is not the newest."""
+    monkeypatch.setattr(quarantine_cap, "SIZE_WALK_NAMES", 20, raising=False)
+    root = CacheRoot(tmp_path / "vllm")
+    directory = root.directory(SUBJECT)
+    (directory / "planted").mkdir(parents=True)
+    for n in range(25):
+        (directory / "planted" / str(n)).touch()  # no bytes at all: only names
+    cachedir.sidecar_path(directory).write_bytes(b"junk")
+    first = cachedir.quarantine(root.root, directory, root.quarantine_root, "unsigned")
+    _make(directory, b"x", 4096)
+    cachedir.quarantine(root.root, directory, root.quarantine_root, "unsigned")
+    assert not first.exists(), os.listdir(root.quarantine_root)
+    assert len(os.listdir(root.quarantine_root)) == 1

@@ -15,6 +15,7 @@ fetched at every boot (:mod:`.fetch_backoff`). Every outcome is a :class:`CacheO
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,10 +23,10 @@ from datetime import datetime
 from pathlib import Path
 
 from ...clock import Deadline
-from ...storage.compile_cache import cachedir, placement, private_copy
+from ...storage.compile_cache import archives, cachedir, placement, private_copy
 from ...storage.local import directory_lock
 from ...storage.store import Store
-from ...trust.compile_cache.manifest_signature import verify_manifest
+from ...trust.compile_cache.manifest_signature import MAX_SIG_OBJECT_BYTES, verify_manifest
 from ...trust.display import safe_text
 from ...trust.errors import PlanCacheError, Reason, Rejected, StoreError
 from ...trust.keyring.keys import Keyring
@@ -86,6 +87,7 @@ def _guard_locked(
     fetch: Fetch | None,
 ) -> CacheOutcome:
     directory = root.directory(subject)
+    fetch = _once(fetch) if fetch is not None else None
     aside = placement.set_aside_lone_sidecar(
         root.root, directory, root.quarantine_root
     )  # then: a missing cache
@@ -93,7 +95,7 @@ def _guard_locked(
     if not has_files(directory):
         if fetch is None or keyring is None:
             return CacheOutcome(subject, "compile", "no-cache", f"{note}no compile cache yet")
-        held = fetch_backoff.holding(root, subject, now)
+        held = fetch_backoff.holding(root, subject, now, offered=lambda: _store_sig(fetch, subject))
         if held:
             return CacheOutcome(subject, "compile", "backoff", f"{note}no compile cache; {held}")
         fetched = _fetch(fetch, root, subject, keyring, now)
@@ -128,10 +130,11 @@ def _guard_locked(
             ),
         )
     rejected = replace(rejected, quarantined_to=target)
-    fetch_backoff.note(root, subject, f"quarantined:{rejected.reason}", now)
+    offered = _store_sig(fetch, subject) if fetch is not None and keyring is not None else ""
+    fetch_backoff.note(root, subject, f"quarantined:{rejected.reason}", now, store_sig=offered)
     if fetch is None or keyring is None:
         return rejected
-    held = fetch_backoff.holding(root, subject, now)
+    held = fetch_backoff.holding(root, subject, now, offered=lambda: _store_sig(fetch, subject))
     if held:
         return replace(rejected, detail=f"{rejected.detail}; {held}")
     fetched = _fetch(fetch, root, subject, keyring, now)
@@ -182,6 +185,32 @@ def _load_into(
     return outcome_of(subject, "load", verified, detail=detail)
 
 
+def _once(fetch: Fetch) -> Fetch:
+    """``fetch`` opened at most once per guard (the back-off's look at the store's signature
+    and the pull share one store and one deadline)."""
+    opened: list[tuple[Store, Deadline]] = []
+
+    def call() -> tuple[Store, Deadline]:
+        if not opened:
+            opened.append(fetch())
+        return opened[0]
+
+    return call
+
+
+def _store_sig(fetch: Fetch, subject: str) -> str:
+    """The sha256 of the store's signature for ``subject`` now ("" when there is none or it
+    cannot be read in the deadline): what the back-off compares with the one that failed."""
+    try:
+        store, deadline = fetch()
+        sig = archives.get_object(
+            store, archives.sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
+        )
+    except Exception:
+        return ""
+    return hashlib.sha256(sig).hexdigest() if sig is not None else ""
+
+
 def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
     shutil.rmtree(into, ignore_errors=True)
     return outcome
@@ -201,7 +230,8 @@ def _fetch(
     except Rejected as exc:
         reason = "no-cache" if exc.reason is Reason.UNSIGNED else "store-rejected"
         if reason == "store-rejected":
-            fetch_backoff.note(root, subject, f"store-rejected:{exc.reason.value}", now)
+            failure = f"store-rejected:{exc.reason.value}"
+            fetch_backoff.note(root, subject, failure, now, store_sig=_store_sig(fetch, subject))
         return CacheOutcome(subject, "compile", reason, f"store: {exc.reason.value}: {exc.detail}")
     except PlanCacheError as exc:
         return CacheOutcome(subject, "compile", exc.reason.value, f"store: {exc.detail}")

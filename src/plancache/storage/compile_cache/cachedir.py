@@ -56,7 +56,8 @@ def walk(root: Path) -> dict[str, int | None]:
         Rejected: a link, FIFO, socket or device, found without opening it (reason
             ``malformed``); more entries, depth or bytes than the manifest caps allow
             (``too-large``).
-        StoreError: ``root`` or a directory under it cannot be read (reason ``store-error``).
+        StoreError: ``root`` or a directory under it cannot be read (reason ``local-error``: a
+            co-tenant's directory of mode 0700 at a cache's name once said ``store-error``).
     """
     found: dict[str, int | None] = {}
     total = 0
@@ -68,7 +69,9 @@ def walk(root: Path) -> dict[str, int | None]:
             with os.scandir(root / rel if rel else root) as entries:
                 items = list(entries)
         except OSError as exc:
-            raise StoreError(f"cannot read {root / rel}: {exc.strerror or exc}") from None
+            raise StoreError(  # a directory another user keeps closed: this node's, no store's
+                f"cannot read {root / rel}: {exc.strerror or exc}", reason=Reason.LOCAL_ERROR
+            ) from None
         for item in items:
             path = f"{rel}/{item.name}" if rel else item.name
             st = item.stat(follow_symlinks=False)
@@ -285,7 +288,7 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
                     )
                 with contextlib.suppress(OSError):
                     os.fsync(parent)
-                quarantine_cap.prune(target)
+                quarantine_cap.prune(target, keep=moved)
             return target_root / moved
         except (OSError, StoreError) as exc:
             problems.append(f"{target_root}: {_why(exc)}")

@@ -27,12 +27,14 @@ MAX_BYTES = 64 * 1024
 @dataclass(frozen=True)
 class Failure:
     """One cache's last failure: what it was (``quarantined:<reason>``,
-    ``store-rejected:<reason>``), how many times in a row, and when last (seconds since the
-    epoch, on the caller's clock)."""
+    ``store-rejected:<reason>``), how many times in a row, when last (seconds since the
+    epoch, on the caller's clock), and the sha256 of the store's signature for it then ("":
+    not known)."""
 
     failure: str
     count: int
     at: float
+    store_sig: str = ""
 
 
 def read(base: Path, quarantine_root: Path) -> dict[str, Failure]:
@@ -44,7 +46,12 @@ def read(base: Path, quarantine_root: Path) -> dict[str, Failure]:
             data = _read(fd)
         raw = json.loads(data) if data else {}
         return {
-            subject: Failure(str(v["failure"])[:200], int(v["count"]), float(v["at"]))
+            subject: Failure(
+                str(v["failure"])[:200],
+                int(v["count"]),
+                float(v["at"]),
+                str(v.get("store_sig", ""))[:64],
+            )
             for subject, v in dict(raw).items()
             if isinstance(subject, str) and isinstance(v, dict)
         }
@@ -62,7 +69,10 @@ def write(base: Path, quarantine_root: Path, records: dict[str, Failure]) -> Non
     """
     newest = sorted(records.items(), key=lambda item: item[1].at, reverse=True)[:MAX_SUBJECTS]
     data = json.dumps(
-        {s: {"failure": f.failure, "count": f.count, "at": f.at} for s, f in newest},
+        {
+            s: {"failure": f.failure, "count": f.count, "at": f.at, "store_sig": f.store_sig}
+            for s, f in newest
+        },
         sort_keys=True,
     ).encode()
     with dirfds.opened_dir(base, quarantine_root, create=True, mode=0o700) as fd:

@@ -222,7 +222,7 @@ def open_shared_file(dir_fd: int, name: str, mode: int = 0o600) -> int:
     Raises:
         StoreError: a file another user's, open to others' writes, or not regular (reason
             ``unsafe-directory``); one this user cannot open or make (``lock-unavailable``); a
-            link or any other failure (``store-error``).
+            link (``unsafe-directory``) or any other failure (``local-error``).
         OSError: only on a read-only filesystem, as it is.
     """
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -264,7 +264,9 @@ def _open_regular(dir_fd: int, name: str, flags: int) -> int:
 def _open_failure(dir_fd: int, name: str, exc: OSError) -> Exception:
     """What :func:`open_shared_file` raises for ``exc``: the ``OSError`` itself only on a
     read-only filesystem; ``lock-unavailable`` for a file this user may not open or make here;
-    a plain ``StoreError`` for a link (never followed) or anything else."""
+    ``unsafe-directory`` for a link (never followed) or a socket planted at the name;
+    ``local-error`` for anything else (ENOSPC, EDQUOT making it). None of these is the store's
+    doing, so none says ``store-error`` (a planted link once did, and read like a store down)."""
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and read_only(dir_fd):
         return exc
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -273,8 +275,13 @@ def _open_failure(dir_fd: int, name: str, exc: OSError) -> Exception:
             "so nothing is done",
             reason=Reason.LOCK_UNAVAILABLE,
         )
-    return StoreError(
-        f"'{name}' is a link or cannot be opened ({exc.strerror or exc}); not followed"
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):  # a link, a socket: planted
+        return StoreError(
+            f"'{name}' is a link or not a regular file ({exc.strerror or exc}); not followed",
+            reason=Reason.UNSAFE_DIRECTORY,
+        )
+    return StoreError(  # a full disk or quota making it, an I/O error: this node's, no store's
+        f"'{name}' cannot be opened or made ({exc.strerror or exc})", reason=Reason.LOCAL_ERROR
     )
 
 
