@@ -142,9 +142,7 @@ def test_every_gzip_member_of_a_file_is_inflated(tmp_path: Path, node: Path) -> 
     assert stored(tmp_path) == []
 
 
-def test_a_neutral_cache_root_ships_and_a_clean_cache_is_pushed(
-    tmp_path: Path, node: Path
-) -> None:
+def test_a_neutral_cache_root_ships_and_a_clean_cache_is_pushed(tmp_path: Path, node: Path) -> None:
     """Every compiled file carries the root it was built under: a neutral root (no home, user or
     host name in it) ships by design; a snapshot of harmless settings too."""
     root = CacheRoot(tmp_path / "var" / "cache" / "vllm")
