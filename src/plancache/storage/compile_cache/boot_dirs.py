@@ -192,8 +192,9 @@ def _first_usable(
 def new_scratch_dir() -> BootDir:
     """Where vLLM compiles cold when no private root is usable: a boot directory in a fresh
     ``plancache-cold-<uid>-<random>`` this process makes in one of :func:`temp_parents` (never
-    a fixed name), ``noexec`` allowed (nothing verified is ever handed over from it), removed
-    with the boot and swept like a fresh private root.
+    a fixed name), removed with the boot and swept like a fresh private root. Never on a
+    ``noexec`` filesystem: nothing verified is handed over from it, but the cold compile itself
+    ``dlopen``s the shared objects it builds there (a ``noexec`` scratch fails the boot).
 
     Raises:
         StoreError: even that cannot be had (reason ``no-private-dir``, naming each place).
@@ -205,7 +206,6 @@ def new_scratch_dir() -> BootDir:
             0,
             lambda opened, fresh: dataclasses.replace(_boot_in(*opened), fresh=True),
             problems,
-            need_exec=False,
             kind=COLD_SUBDIR,
         )
     except StoreError:
