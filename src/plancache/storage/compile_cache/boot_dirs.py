@@ -86,6 +86,25 @@ class BootDir:
     fresh: bool = False
     """Its root was made by this process for this boot alone (removed with it)."""
 
+    def close_at_exit(self) -> None:
+        """:meth:`close` when this process exits, however it exits normally: ``atexit``, and
+        also ``multiprocessing``'s exit finalizers, as a worker that ``multiprocessing`` forks
+        (vLLM's) ends in ``os._exit``, which runs no ``atexit`` hook (its fresh root, with
+        its header, would stay in a temporary directory, often memory, until the next boot's
+        sweep). Closed once, whichever runs first."""
+        import atexit
+        import multiprocessing.util
+
+        closed: list[bool] = []
+
+        def close_once() -> None:
+            if not closed:
+                closed.append(True)
+                self.close()
+
+        atexit.register(close_once)
+        multiprocessing.util.Finalize(None, close_once, exitpriority=0)
+
     def close(self) -> None:
         """Remove the directory and its lock (at exit, by the process that made it only); a
         fresh root goes with them."""

@@ -41,7 +41,6 @@ module found at its content-hash name. What stays outside is named in SECURITY.m
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
@@ -82,7 +81,7 @@ def boot_dir() -> Path:
             _pin_nowhere()
             raise
         set_temp_owner(place.boot.path.name)
-        atexit.register(place.boot.close)
+        place.boot.close_at_exit()
         if place.boot.passed_over:  # an operator should know why the cache root's own was not used
             LOG.info(
                 'plancache: compile-cache private directory=%s detail="not used: %s"',
@@ -112,7 +111,7 @@ def scratch_dir() -> Path | None:
         except StoreError:
             place.no_scratch = True  # asked once: nothing at all can be written here
             return None
-        atexit.register(place.scratch.close)
+        place.scratch.close_at_exit()
     return place.scratch.path if place.scratch is not None else None
 
 
