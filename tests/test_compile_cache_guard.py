@@ -265,3 +265,36 @@ def test_the_plugins_expiry_setting_parses_as_expires_in() -> None:
     assert guard_settings._expiry(None) == (None, "")
     value, problem = guard_settings._expiry("soon")
     assert value is None and problem.startswith("PLANCACHE_COMPILE_CACHE_EXPIRES_IN:")
+
+
+def _fresh_root_in_a_worker(cache_root: str, roots: object) -> None:
+    """A worker's boot directory, closed at exit the way the plugin closes it."""
+    boot = boot_dirs.new_boot_dir(Path(cache_root))
+    boot.close_at_exit()
+    roots.put(str(boot.root))  # type: ignore[attr-defined]  # a Queue
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_multiprocessing_starts_removes_its_fresh_root_at_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """vLLM's workers are ``multiprocessing`` processes; a forked one ends in ``os._exit``,
+    which runs no ``atexit`` hook: its fresh root (the header inside it) stayed in the
+    temporary directory until the next boot's sweep (the first cut)."""
+    import multiprocessing
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # its plancache-private refused: a fresh root in TMPDIR
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    context = multiprocessing.get_context(method)
+    roots = context.Queue()
+    worker = context.Process(target=_fresh_root_in_a_worker, args=(str(shared / "vc"), roots))
+    worker.start()
+    root = roots.get(timeout=60)
+    worker.join(60)
+    assert worker.exitcode == 0 and Path(root).parent == tmp
+    assert not Path(root).exists(), os.listdir(tmp)

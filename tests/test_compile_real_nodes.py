@@ -434,3 +434,53 @@ def test_a_fresh_root_of_a_killed_boot_is_swept_by_the_next_and_a_live_ones_kept
     finally:
         live.communicate("")
     assert not alive.exists()  # removed at its exit
+
+
+NO_TEMPDIR_BOOT = """
+import sys
+from pathlib import Path
+from plancache.storage.compile_cache import boot_dirs
+from plancache.trust.errors import StoreError
+try:
+    boot_dirs.new_boot_dir(Path(sys.argv[1]))
+except StoreError as exc:
+    print("REFUSED", exc.reason.value, exc.detail)
+"""
+
+
+def test_no_usable_temporary_directory_at_all_is_no_private_dir_not_a_crash(base: Path) -> None:
+    """A co-tenant fills every shared temporary directory, ``TMPDIR`` is unset and the working
+    directory read-only: Python's ``tempfile.gettempdir()`` itself raises. That is one more
+    unusable place (``no-private-dir``, each named), never an exception out of the guard, which
+    then left torch's cache directories unpinned (the first cut)."""
+    shared = Path(tempfile.mkdtemp(prefix="plancache-shared-", dir="/srv"))
+    try:
+        shared.chmod(0o777)  # its plancache-private refused
+        fill = " ".join(
+            f"i=0; while touch {d}/f\\$i 2>/dev/null; do i=\\$((i+1)); done;"  # for the inner sh
+            for d in ("/tmp", "/var/tmp", "/dev/shm")
+        )
+        script = (
+            "for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,nr_inodes=16 tmpfs $d"
+            f" || exit 1; done; setpriv --reuid={STRANGER} --regid={STRANGER} --clear-groups -- "
+            f'sh -c "{fill}"; cd / && exec setpriv --reuid={USER} --regid={USER} --clear-groups '
+            '-- "$@"'
+        )
+        env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+        result = subprocess.run(
+            [
+                *("unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"),
+                *(sys.executable, "-c", NO_TEMPDIR_BOOT, str(shared / "vllm-cache")),
+            ],
+            env={**env, "PYTHONPATH": str(SRC)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]  # the first cut: FileNotFoundError
+        assert result.stdout.startswith("REFUSED no-private-dir"), result.stdout
+        for place in ("/tmp", "/var/tmp", "/dev/shm", str(shared)):
+            assert place in result.stdout, result.stdout
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -347,3 +347,50 @@ def test_with_the_guard_not_installed_torch_still_compiles_only_into_a_fresh_pri
     report, before = _victim(node, aot=True, COMPILE_TOY_UNSUPPORTED="1")
     assert "compile-cache guard not installed" in report["stderr"], report["stderr"][-3000:]
     _assert_private(report, before, node)
+
+
+def _remount(node: Node, options: str) -> None:
+    """Every temporary directory remounted with ``options`` (in the node's namespace)."""
+    script = "; ".join(f"mount -o remount,{options} {parent}" for parent in TEMP_PARENTS)
+    subprocess.run(["nsenter", "-t", str(node.holder), "-m", "--", "sh", "-ec", script], check=True)
+
+
+def _assert_eager_and_said(report: dict[str, Any]) -> None:
+    """The model ran, eagerly: nothing compiled (no kernel module loaded), no cache read, and
+    the worker said why in one ERROR line."""
+    assert report["correct"] and report["error"] is None, report["stderr"][-3000:]
+    assert report["kernels_loaded"] == [], report["kernels_loaded"]
+    errors = [line for line in report["stderr"].splitlines() if line.startswith("ERROR")]
+    assert any("reason=no-private-dir" in line and "eagerly" in line for line in errors), errors
+    assert "Traceback" not in report["stderr"], report["stderr"][-3000:]
+
+
+def test_with_every_temporary_directory_full_the_model_runs_eagerly_never_crashes(
+    node: Node,
+) -> None:
+    """A co-tenant fills the inodes of every shared temporary directory: the victim has no
+    private place and no scratch. Torch then compiles nothing and the model runs eagerly (the
+    first cut raised from torch's cache directory, which ``torch.compile`` reads when vLLM
+    builds the model: the boot died; the old code compiled into the shared root)."""
+    _remount(node, "nr_inodes=64")
+    fill = " ".join(
+        f"i=0; while touch {parent}/f$i 2>/dev/null; do i=$((i+1)); done;"
+        for parent in TEMP_PARENTS
+    )
+    filled = node.run(STRANGER, ["sh", "-c", fill], {"PATH": os.environ["PATH"]})
+    assert filled.returncode == 0, filled.stderr
+    report, _ = _victim(node, aot=True)
+    _assert_eager_and_said(report)
+    assert "No space left on device" in report["stderr"]
+
+
+def test_with_every_temporary_directory_noexec_the_model_runs_eagerly_never_crashes(
+    node: Node,
+) -> None:
+    """Every temporary directory ``noexec`` (a common pod layout) and the cache root shared:
+    the cold scratch is never put on a ``noexec`` filesystem (the first cut did, and the cold
+    compile failed to map the shared object it built there: the boot died)."""
+    _remount(node, "noexec")
+    report, _ = _victim(node, aot=True)
+    _assert_eager_and_said(report)
+    assert "noexec" in report["stderr"]

@@ -86,6 +86,25 @@ class BootDir:
     fresh: bool = False
     """Its root was made by this process for this boot alone (removed with it)."""
 
+    def close_at_exit(self) -> None:
+        """:meth:`close` when this process exits, however it exits normally: ``atexit``, and
+        also ``multiprocessing``'s exit finalizers, as a worker that ``multiprocessing`` forks
+        (vLLM's) ends in ``os._exit``, which runs no ``atexit`` hook (its fresh root, with
+        its header, would stay in a temporary directory, often memory, until the next boot's
+        sweep). Closed once, whichever runs first."""
+        import atexit
+        import multiprocessing.util
+
+        closed: list[bool] = []
+
+        def close_once() -> None:
+            if not closed:
+                closed.append(True)
+                self.close()
+
+        atexit.register(close_once)
+        multiprocessing.util.Finalize(None, close_once, exitpriority=0)
+
     def close(self) -> None:
         """Remove the directory and its lock (at exit, by the process that made it only); a
         fresh root goes with them."""
@@ -192,8 +211,9 @@ def _first_usable(
 def new_scratch_dir() -> BootDir:
     """Where vLLM compiles cold when no private root is usable: a boot directory in a fresh
     ``plancache-cold-<uid>-<random>`` this process makes in one of :func:`temp_parents` (never
-    a fixed name), ``noexec`` allowed (nothing verified is ever handed over from it), removed
-    with the boot and swept like a fresh private root.
+    a fixed name), removed with the boot and swept like a fresh private root. Never on a
+    ``noexec`` filesystem: nothing verified is handed over from it, but the cold compile itself
+    ``dlopen``s the shared objects it builds there (a ``noexec`` scratch fails the boot).
 
     Raises:
         StoreError: even that cannot be had (reason ``no-private-dir``, naming each place).
@@ -205,7 +225,6 @@ def new_scratch_dir() -> BootDir:
             0,
             lambda opened, fresh: dataclasses.replace(_boot_in(*opened), fresh=True),
             problems,
-            need_exec=False,
             kind=COLD_SUBDIR,
         )
     except StoreError:

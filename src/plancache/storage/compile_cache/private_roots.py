@@ -42,9 +42,18 @@ def candidates(cache_root: Path, environ: Mapping[str, str] = os.environ) -> lis
 
 
 def temp_parents() -> list[Path]:
-    """Where a fresh root may be made, in order: ``<tempdir>``, then :data:`TEMP_PARENTS`."""
+    """Where a fresh root may be made, in order: ``<tempdir>``, then :data:`TEMP_PARENTS`.
+
+    ``<tempdir>`` only when Python finds one: ``tempfile.gettempdir()`` raises when it can
+    write to none of its candidates (a co-tenant filled ``/tmp``, ``TMPDIR`` unset, the
+    working directory read-only), and that must end in ``no-private-dir`` like every other
+    unusable place, never escape the guard (which then pinned none of torch's caches)."""
+    try:
+        first = [tempfile.gettempdir()]
+    except OSError:
+        first = []
     found: list[Path] = []
-    for parent in (tempfile.gettempdir(), *TEMP_PARENTS):
+    for parent in (*first, *TEMP_PARENTS):
         path = Path(os.path.abspath(parent))
         if path not in found:
             found.append(path)

@@ -214,7 +214,19 @@ def _publishing_backend_call(original: Callable[..., Any]) -> Callable[..., Any]
 
 
 def _private_entry(original: Callable[..., Any]) -> Callable[..., Any]:
-    return torch_caches.guarded_call(original, _outside)
+    """vLLM's compiled call, in this process's private directory; with nowhere to compile
+    into, the model's own ``forward`` (eager)."""
+    return torch_caches.guarded_call(original, _outside, _forward)
+
+
+def _private_aot_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's AOT compile, in this process's private directory; with nowhere to compile into,
+    a function that runs the model's ``forward`` (vLLM calls it as ``fn(model, *args)``)."""
+    return torch_caches.guarded_call(original, _outside, lambda model, *_, **__: _forward)
+
+
+def _forward(model: Any, *args: object, **kwargs: object) -> Any:
+    return model.forward(*args, **kwargs)
 
 
 def install() -> bool:
@@ -279,7 +291,7 @@ def _targets() -> tuple[tuple[Any, str, Wrap], ...]:
         (decorators, "_try_load_aot_compiled_fn", _guarded_aot_load),
         (backends.CompilerManager, "initialize_cache", _guarded_initialize_cache),
         (backends.VllmBackend, "__call__", _publishing_backend_call),
-        (wrapper, "aot_compile", _private_entry),
+        (wrapper, "aot_compile", _private_aot_compile),
         (wrapper, "__call__", _private_entry),
     )
 

@@ -29,8 +29,9 @@ call vLLM makes: vLLM's AOT path sets ``TORCHINDUCTOR_CACHE_DIR`` to the *signed
 when nothing was guarded, at a fresh private directory). Where no private directory can be had
 at all, :func:`boot_dir` raises ``no-private-dir``: the guard then makes vLLM compile cold into
 a scratch directory (:func:`scratch_dir`, every cache above pinned in it too) and torch's on-disk
-caches are switched off, so no cache is ever read unverified; with not even a scratch directory,
-torch may not compile (its cache directory answers ``no-private-dir``). Torch's own
+caches are switched off, so no cache is ever read unverified; with not even a scratch directory
+(every temporary directory full, read-only or ``noexec``), torch compiles nothing and the model
+runs eagerly (its cache directories answer :data:`NOWHERE`). Torch's own
 ``cache_dir`` bindings are replaced as ``default_cache_dir``'s are: whatever sets
 ``TORCHINDUCTOR_CACHE_DIR`` outside this process's directory (vLLM unwrapped, on a version the
 guard does not support), torch is re-pointed before it reads, because it reuses any kernel
@@ -40,7 +41,6 @@ module found at its content-hash name. What stays outside is named in SECURITY.m
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ...storage.compile_cache.private_roots import PRIVATE_DIR_ENV
-from ...trust.errors import Reason, StoreError
+from ...trust.errors import StoreError
 from .. import plugin_state
 
 LOG = logging.getLogger("vllm.plancache")
@@ -81,7 +81,7 @@ def boot_dir() -> Path:
             _pin_nowhere()
             raise
         set_temp_owner(place.boot.path.name)
-        atexit.register(place.boot.close)
+        place.boot.close_at_exit()
         if place.boot.passed_over:  # an operator should know why the cache root's own was not used
             LOG.info(
                 'plancache: compile-cache private directory=%s detail="not used: %s"',
@@ -111,7 +111,7 @@ def scratch_dir() -> Path | None:
         except StoreError:
             place.no_scratch = True  # asked once: nothing at all can be written here
             return None
-        atexit.register(place.scratch.close)
+        place.scratch.close_at_exit()
     return place.scratch.path if place.scratch is not None else None
 
 
@@ -128,20 +128,39 @@ def has_private_place() -> bool:
 def _pin_nowhere() -> None:
     """No private directory: vLLM compiles into a fresh scratch directory (inductor, Triton and
     the precompiled header all in it), torch's own on-disk caches off. Without even a scratch
-    directory torch may not compile: its cache directory answers ``no-private-dir`` (an alert)
-    rather than any shared path."""
+    directory torch compiles nothing (:func:`compile_nothing`, an ERROR line: the model runs
+    eagerly) and its cache directories answer :data:`NOWHERE`, never a shared path."""
     scratch = scratch_dir()
     if scratch is not None:
         _pin(scratch, None)
     else:
         _pin_bindings()
+        try:
+            _pin_headers(Path(NOWHERE) / "precompiled_headers")
+        except Exception:
+            LOG.debug("plancache: torch's precompiled headers not pinned", exc_info=True)
+        compile_nothing()
         LOG.error(
             "plancache: compile-cache decision=compile reason=no-private-dir "
-            'detail="no private or scratch directory can be made: torch may not compile in '
-            "this process (set %s to a directory of this user's)\"",
+            'detail="no private or scratch directory can be made: torch compiles nothing in '
+            "this process, the model runs eagerly (set %s to a directory of this user's on an "
+            'exec-capable filesystem)"',
             PRIVATE_DIR_ENV,
         )
     switch_off_torch_caches()
+
+
+def compile_nothing() -> None:
+    """torch.compile a no-op in this process (``torch._dynamo.config.disable``, as
+    ``TORCH_COMPILE_DISABLE=1``): with nowhere to compile into, the model runs eagerly. Raising
+    from torch's cache directory instead would break the boot: ``torch.compile`` itself asks
+    for it (its bisector) when vLLM builds the model, before anything is compiled."""
+    try:
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
+    except Exception:
+        LOG.debug("plancache: torch.compile not switched off", exc_info=True)
 
 
 def switch_off_torch_caches() -> None:
@@ -235,8 +254,7 @@ def _pin(mine: Path, private_root: Path | None) -> None:
 
         shared = node_headers(private_root) if private_root is not None else None
         headers = shared or default / "precompiled_headers"
-        codecache._HEADER_DIR = str(headers)
-        codecache._HEADER_LOCK_DIR = str(headers / "locks")
+        _pin_headers(headers)
         if private_root is None:
             return
         from . import boot_headers as pch
@@ -248,6 +266,15 @@ def _pin(mine: Path, private_root: Path | None) -> None:
         )
     except Exception:
         LOG.debug("plancache: torch's precompiled headers not pinned", exc_info=True)
+
+
+def _pin_headers(headers: Path) -> None:
+    """torch's precompiled-header directory (fixed when ``codecache`` was imported, from the
+    squattable ``default_cache_dir``) re-pointed at ``headers``."""
+    from torch._inductor import codecache
+
+    codecache._HEADER_DIR = str(headers)
+    codecache._HEADER_LOCK_DIR = str(headers / "locks")
 
 
 def _pin_bindings() -> None:
@@ -279,23 +306,22 @@ def _pin_bindings() -> None:
         LOG.debug("plancache: torch's cache directories not pinned", exc_info=True)
 
 
-def _refusal() -> StoreError:  # torch's cache directory asked for with none to be had
-    return StoreError(
-        "plancache: torch may not compile here: no private directory for its caches "
-        f"(set {PRIVATE_DIR_ENV} to a directory of this user's)",
-        reason=Reason.NO_PRIVATE_DIR,
-    )
+NOWHERE = os.path.join(os.devnull, "plancache-no-private-dir")
+"""torch's cache directory when this process has none: a path below ``/dev/null``, which no
+one (root included) can create or read (``ENOTDIR``). Every lookup torch makes finds nothing
+there and every write fails, without a squattable default and without an exception where torch
+merely asks (``torch.compile`` reads its bisector's state from it)."""
 
 
 def _private_cache_dir(original: Callable[[], str]) -> Callable[[], str]:
     """torch's ``cache_dir``, never outside the calling process's own directory: a path outside
-    is re-pointed (:func:`ensure_private`) before torch reads it; with none, :func:`_refusal`."""
+    is re-pointed (:func:`ensure_private`) before torch reads it; with none, :data:`NOWHERE`."""
 
     def cache_dir() -> str:
         if not is_private(os.environ.get(INDUCTOR_ENV)):
             ensure_private()
             if not is_private(os.environ.get(INDUCTOR_ENV)):
-                raise _refusal()
+                return NOWHERE
         return original()
 
     cache_dir.__wrapped__ = original  # type: ignore[attr-defined]  # where torch's own is, for a second pin
@@ -304,13 +330,13 @@ def _private_cache_dir(original: Callable[[], str]) -> Callable[[], str]:
 
 def _private_default(original: Callable[[], str]) -> Callable[[], str]:
     """torch's ``default_cache_dir``, answered from the calling process's own boot directory
-    (a forked worker's, not its parent's); with none at all, :func:`_refusal` (never the
+    (a forked worker's, not its parent's); with none at all, :data:`NOWHERE` (never the
     squattable ``$TMPDIR/torchinductor_<user>``)."""
 
     def default_cache_dir() -> str:
         mine = _mine()
         if mine is None:
-            raise _refusal()
+            return NOWHERE
         return str(mine / "default")
 
     default_cache_dir.__wrapped__ = original  # type: ignore[attr-defined]  # where torch's own is, for a second pin
@@ -331,15 +357,27 @@ def node_headers(private_root: Path) -> Path | None:
     return private_dir(private_root)
 
 
+def compiles_nothing() -> bool:
+    """Whether this process has nowhere to compile into (no private directory, no scratch):
+    then torch compiles nothing (:func:`compile_nothing`)."""
+    return _mine() is None
+
+
 def guarded_call(
-    original: Callable[..., Any], on_outside: Callable[[str], None]
+    original: Callable[..., Any],
+    on_outside: Callable[[str], None],
+    eager: Callable[..., Any],
 ) -> Callable[..., Any]:
     """Wrap a vLLM entry into torch (compile, or a compiled call) with :func:`ensure_private`;
-    ``on_outside`` hears of each outside path found (once it was re-pointed)."""
+    ``on_outside`` hears of each outside path found (once it was re-pointed). With nowhere to
+    compile into (:func:`compiles_nothing`), ``eager`` answers instead: vLLM's AOT entry
+    compiles whatever ``torch._dynamo.config.disable`` says."""
     import functools
 
     @functools.wraps(original)
     def call(*args: object, **kwargs: object) -> Any:
+        if compiles_nothing():
+            return eager(*args, **kwargs)
         outside = ensure_private()
         if outside is not None:
             on_outside(outside)
