@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from conftest import NOW
+from mount_namespaces import keep_reachable
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
@@ -303,6 +304,7 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
         ["mount", "-t", "tmpfs", "-o", "size=16m,noexec,mode=1777", "tmpfs", str(tmp)], check=True
     )
     # every temporary directory of the node noexec too (as on such a pod), not just TMPDIR
+    keep_before, keep_after = keep_reachable(("/tmp", "/var/tmp", "/dev/shm"))
     noexec_temps = (
         "unshare",
         "-m",
@@ -310,9 +312,9 @@ def test_a_read_only_root_with_a_noexec_tmp_compiles_cold_and_says_why(base: Pat
         "private",
         "sh",
         "-c",
-        "mount --bind /tmp /tmp && mount -o remount,bind,noexec /tmp && "
+        keep_before + "mount --bind /tmp /tmp && mount -o remount,bind,noexec /tmp && "
         "for d in /var/tmp /dev/shm; do mount -t tmpfs -o noexec,mode=1777 tmpfs $d || exit 1; "
-        'done; exec "$@"',
+        "done; " + keep_after + 'exec "$@"',
         "sh",
     )
     cold = _run(
@@ -460,9 +462,11 @@ def test_no_usable_temporary_directory_at_all_is_no_private_dir_not_a_crash(base
             f"i=0; while touch {d}/f\\$i 2>/dev/null; do i=\\$((i+1)); done;"  # for the inner sh
             for d in ("/tmp", "/var/tmp", "/dev/shm")
         )
+        before, after = keep_reachable(("/tmp", "/var/tmp", "/dev/shm"))
         script = (
-            "for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,nr_inodes=16 tmpfs $d"
-            f" || exit 1; done; setpriv --reuid={STRANGER} --regid={STRANGER} --clear-groups -- "
+            before + "for d in /tmp /var/tmp /dev/shm; do "
+            "mount -t tmpfs -o mode=1777,nr_inodes=16 tmpfs $d || exit 1; done; "
+            f"{after}setpriv --reuid={STRANGER} --regid={STRANGER} --clear-groups -- "
             f'sh -c "{fill}"; cd / && exec setpriv --reuid={USER} --regid={USER} --clear-groups '
             '-- "$@"'
         )

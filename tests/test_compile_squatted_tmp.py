@@ -38,6 +38,7 @@ import pytest
 
 from compile_payloads import py_line
 from compile_tampers import SRC
+from mount_namespaces import keep_reachable
 from plancache.keys.keyfile import generate_keypair
 
 TESTS = Path(__file__).resolve().parent
@@ -150,6 +151,7 @@ def node() -> Iterator[Node]:
     _interpreter_reachable()
     top = Path(tempfile.mkdtemp(prefix="plancache-squat-", dir="/srv"))
     top.chmod(0o755)
+    keep = keep_reachable(TEMP_PARENTS)  # a checkout under /tmp (a CI clone) stays reachable
     holder = subprocess.Popen(
         [
             "unshare",
@@ -158,9 +160,10 @@ def node() -> Iterator[Node]:
             "private",
             "sh",
             "-c",
-            "for d in " + " ".join(TEMP_PARENTS) + "; do "
+            keep[0] + "for d in " + " ".join(TEMP_PARENTS) + "; do "
             "mount -t tmpfs -o mode=1777,size=2g tmpfs $d || exit 1; done; "
-            "echo ready; exec sleep 3600",
+            + keep[1]
+            + "echo ready; exec sleep 3600",
         ],
         stdout=subprocess.PIPE,
         text=True,
