@@ -129,7 +129,7 @@ def test_failures_print_one_report(
 
 
 def test_schema_names_every_builtin_command() -> None:
-    from plancache.cli.main import build_parser
+    from plancache.cli.parser import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     documented = {

@@ -34,7 +34,7 @@ from plancache.pipeline.compile_cache import fetch_backoff
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache import load as cl
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
-from plancache.storage.compile_cache import cachedir, header_files, quarantine_cap
+from plancache.storage.compile_cache import cachedir, header_files
 from plancache.storage.local import directory_lock, dirfds
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason, StoreError
@@ -307,22 +307,22 @@ def test_a_cotenant_renaming_junk_over_the_sidecar_costs_a_bounded_quarantine_an
     # the first boot fetches, the second again (one failure may be a fluke); from the second
     # same failure the back-off holds until the day-later boot. The old code fetched at each.
     assert fetched == 3, fetched
-    assert 0 < len(quarantined) <= 2 * quarantine_cap.MAX_ENTRIES, quarantined
+    assert 0 < len(quarantined) <= 2 * cachedir.QUARANTINE_MAX_ENTRIES, quarantined
 
 
 def test_the_quarantine_keeps_its_newest_entries_within_count_and_bytes(tmp_path: Path) -> None:
     root = CacheRoot(tmp_path / "vllm")
-    for n in range(quarantine_cap.MAX_ENTRIES + 4):
+    for n in range(cachedir.QUARANTINE_MAX_ENTRIES + 4):
         _make(root.directory(SUBJECT), b"x", 4096)
         cachedir.sidecar_path(root.directory(SUBJECT)).write_bytes(b"sig")
         cachedir.quarantine(root.root, root.directory(SUBJECT), root.quarantine_root, f"r{n}")
     names = sorted(os.listdir(root.quarantine_root))
     entries = {n.removesuffix(cachedir.SIDECAR_SUFFIX) for n in names}
-    assert len(entries) == quarantine_cap.MAX_ENTRIES, names
+    assert len(entries) == cachedir.QUARANTINE_MAX_ENTRIES, names
     kept_reasons = {e.rsplit("-", 1)[1] for e in entries}
-    assert kept_reasons == {f"r{n}" for n in range(4, quarantine_cap.MAX_ENTRIES + 4)}, names
+    assert kept_reasons == {f"r{n}" for n in range(4, cachedir.QUARANTINE_MAX_ENTRIES + 4)}, names
     with dirfds.opened_dir(root.root, root.quarantine_root) as fd:  # bytes: the newest alone
-        assert quarantine_cap.prune(fd, max_bytes=1) == quarantine_cap.MAX_ENTRIES - 1
+        assert cachedir.prune_quarantine(fd, max_bytes=1) == cachedir.QUARANTINE_MAX_ENTRIES - 1
     assert len(os.listdir(root.quarantine_root)) == 2
 
 
@@ -501,7 +501,7 @@ def test_sizing_the_quarantine_walks_no_more_of_an_entry_than_a_cache_may_hold(
     walked whole to size it, at every quarantine on the boot's path, under the cache's lock
     (time grew with what was planted). Past what a cache may hold, an entry counts as over the
     byte cap unwalked, and goes as soon as it is not the newest."""
-    monkeypatch.setattr(quarantine_cap, "SIZE_WALK_NAMES", 20, raising=False)
+    monkeypatch.setattr(cachedir, "SIZE_WALK_NAMES", 20, raising=False)
     root = CacheRoot(tmp_path / "vllm")
     directory = root.directory(SUBJECT)
     (directory / "planted").mkdir(parents=True)

@@ -278,7 +278,7 @@ def _commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple
 def test_every_command_that_verifies_takes_the_trusted_root() -> None:
     """Item 3: ``--trusted-root`` wherever ``--trusted-keys`` is (docs/commands.md says so), and
     ``--identity-token`` wherever ``--key`` signs."""
-    from plancache.cli.main import build_parser
+    from plancache.cli.parser import build_parser
 
     commands = dict(_commands(build_parser()))
     verifying = {name for name, flags in commands.items() if "--trusted-keys" in flags}

@@ -21,7 +21,7 @@ import pytest
 
 from cli_support import run
 from conftest import FP, NOW, plan_bytes
-from plancache.cli.diagnose.setup_checks import Checks
+from plancache.cli.diagnose.doctor import Checks
 from plancache.cli.diagnose.trust_root_check import check_trust_root
 from plancache.keys.schemes import load_signer
 from plancache.keys.sigstore_root import check_trusted_root

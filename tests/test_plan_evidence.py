@@ -74,8 +74,8 @@ def test_release_clears_a_hold_back_and_says_what_was_not_held(
     notes.hold_back(tmp_path, FP, "ab" * 32, 50 << 30, 40 << 30)
     _dead(notes.note_applying(tmp_path, FP, "ab" * 32, 50 << 30))
     assert notes.held_fingerprints(tmp_path) == [FP]
+    from plancache.cli.diagnose.doctor import Checks
     from plancache.cli.diagnose.release import check_held_plans
-    from plancache.cli.diagnose.setup_checks import Checks
 
     checks = Checks()  # doctor's row
     check_held_plans(checks, tmp_path)

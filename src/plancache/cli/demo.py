@@ -20,7 +20,7 @@ from ..pipeline.trust_config import trust_policy
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.plans.gate import decide
 from ..trust.plans.plan import Plan, plan_name, render_plan
-from .args import key_value
+from .parser import key_value
 
 GIB = 2**30
 DEMO_FINGERPRINT = "3f9a1c2be47d5a60"

@@ -1,10 +1,12 @@
-"""Flags and environment -> library objects, shared by every subcommand.
+"""Parsed flags and the environment -> library objects, for the commands that run.
 
 Trust options (``--trusted-keys``, ``--threshold``) become a
 :class:`~plancache.trust.policy.TrustPolicy`; ``--key`` a signer; ``--storage-option``
-merged over ``$PLANCACHE_STORAGE_OPTIONS`` the store's options. Nothing here decides trust.
-The parser helpers are imported by :mod:`plancache.cli.commands` for every command, so the
-library itself is imported inside the functions that build its objects.
+merged over ``$PLANCACHE_STORAGE_OPTIONS`` (and the S3 shorthands, and whether a registry is
+read itself or through the node's mirror) the store's options; DIR and URL positionals are
+checked for being swapped. Nothing here decides trust. Apart from :mod:`plancache.cli.parser`,
+which declares the flags, because this module reaches into the library (imported inside the
+functions that build its objects) and ``plancache --help`` must not.
 """
 
 from __future__ import annotations
@@ -15,53 +17,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..settings import (
-    BULK_TIMEOUT,
     SIGNING_KEY_ENV,
     SIGSTORE_ID_TOKEN_FILE_ENV,
     SIGSTORE_TRUSTED_ROOT_ENV,
-    STORAGE_OPTIONS_ENV,
     TRUSTED_KEYS_ENV,
 )
 from ..trust.errors import ConfigError
-from .args import key_value, positive_int
 
 if TYPE_CHECKING:
     from ..pipeline.directory_signing import SigningRequest
     from ..trust.keyring.keys import Signer
     from ..trust.policy import TrustPolicy
-
-
-def add_trust_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--trusted-keys",
-        metavar="PATH",
-        help=f"trusted-keys file or directory of .pub files (default: ${TRUSTED_KEYS_ENV})",
-    )
-    parser.add_argument(
-        "--threshold",
-        type=positive_int,
-        default=1,
-        help="distinct trusted keys that must sign (default 1)",
-    )
-    add_trusted_root(parser)
-
-
-def add_identity_token(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--identity-token",
-        metavar="FILE",
-        help="with --key sigstore: the OIDC token to sign with (default: $SIGSTORE_ID_TOKEN, "
-        "else the CI's ambient token)",
-    )
-
-
-def add_trusted_root(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--trusted-root",
-        metavar="FILE",
-        help=f"Sigstore trusted_root.json for sigstore identities (default: "
-        f"${SIGSTORE_TRUSTED_ROOT_ENV}, else Sigstore's public-good root)",
-    )
 
 
 def apply_keyless_flags(args: argparse.Namespace) -> None:
@@ -73,58 +39,6 @@ def apply_keyless_flags(args: argparse.Namespace) -> None:
     root = getattr(args, "trusted_root", None)
     if root:
         os.environ[SIGSTORE_TRUSTED_ROOT_ENV] = str(root)
-
-
-def add_cosign_options(parser: argparse.ArgumentParser) -> None:
-    """What signing needs to co-sign safely: shared by ``sign`` and ``push --key``."""
-    parser.add_argument(
-        "--trusted-keys",
-        metavar="PATH",
-        help="an existing signature is co-signed only if it verifies under these keys and says "
-        f"what this command would sign (default: ${TRUSTED_KEYS_ENV})",
-    )
-    parser.add_argument(
-        "--replace",
-        action="store_true",
-        help="sign anew with this key alone where an existing signature cannot be adopted",
-    )
-    parser.add_argument(
-        "--sign-cold",
-        action="store_true",
-        help="sign a plan whose boot the plugin saw compile cold (refused: cold-compile)",
-    )
-    add_trusted_root(parser)
-
-
-def add_store_options(parser: argparse.ArgumentParser, timeout_help: str = "") -> None:
-    """``--storage-option`` and ``--timeout``: shared by every command that takes a URL."""
-    parser.add_argument(
-        "--storage-option",
-        type=key_value,
-        action="append",
-        metavar="KEY=VALUE",
-        help="fsspec storage option, VALUE parsed as JSON where it parses, e.g. "
-        "endpoint_url=http://127.0.0.1:9000 or anon=true (repeatable; wins over "
-        f"${STORAGE_OPTIONS_ENV} and plancache's defaults)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help=timeout_help or f"overall budget of each store operation (default {BULK_TIMEOUT:g} s)",
-    )
-    s3 = parser.add_argument_group("S3 (as aws-cli names them; shorthands for storage options)")
-    s3.add_argument(
-        "--endpoint-url",
-        metavar="URL",
-        help="S3-compatible endpoint, e.g. http://minio:9000 (storage option endpoint_url)",
-    )
-    s3.add_argument(
-        "--profile", metavar="NAME", help="AWS profile of ~/.aws/config (storage option profile)"
-    )
-    s3.add_argument(
-        "--region", metavar="REGION", help="AWS region (storage option client_kwargs.region_name)"
-    )
 
 
 PLACES = {"push": ("dir", "url"), "pull": ("url", "dir"), "sign": ("dir",)}
@@ -314,8 +228,6 @@ def storage_options(
         raise ConfigError("--subject is empty: name the image (TAG, @sha256:..., HOST/REPO:TAG)")
     if subject:  # --subject IMAGE: a registry store's option (storage/oci/referrers.py)
         options["subject"] = subject
-    from .flags.registry_reads import origin_reads
-
     return {**options, **_s3_shorthands(args, options), **origin_reads(args, options)}
 
 
@@ -349,3 +261,43 @@ def _s3_shorthands(args: argparse.Namespace, options: Mapping[str, Any]) -> dict
             "region_name": given["region"],
         }
     return extra
+
+
+# Which commands read a registry itself, never the mirror a node configures for it.
+#
+# ``verify``, ``ls`` and ``prune --dry-run`` audit: a report about ``oci://registry/…`` that was
+# read from a mirror would name the registry while it received no request (the mirror may be
+# stale or serve what the registry no longer holds). They get ``mirror_reads=false`` unless the
+# operator gives ``mirror_reads`` (``true`` audits through the mirror, named in the output).
+# ``push`` (plans or a compile cache) decides what is already stored, and ``prune`` (without
+# ``--dry-run``) what to delete, and no write or listing for a write may go through a mirror:
+# they always get ``mirror_reads=false`` (the storage layer's
+# :func:`~plancache.storage.oci.registry_urls.write_options`, as the plugin's own pushes do). A
+# prune judged on a mirror's listing deleted the registry's plan set when the mirror's tag list
+# left out one of its plans (``redteam/poc_prune_sets_via_mirror.py``). ``pull`` and the
+# plugin's boot read through the mirror: that is what it is for.
+
+AUDITS = frozenset({"verify", "ls", "prune"})
+WRITES = frozenset({"push"})
+"""Commands that always read the registry itself; ``prune`` is one unless ``--dry-run``."""
+
+
+def origin_reads(args: argparse.Namespace, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"mirror_reads": False}`` for a push or a prune that deletes, or an audit whose
+    options do not say ``mirror_reads``, on a registry store URL; nothing otherwise (no other
+    store takes it)."""
+    from ..storage.oci.registry_urls import write_options
+
+    command = getattr(args, "compile_command", None) or getattr(args, "command", None)
+    deletes = command == "prune" and not getattr(args, "dry_run", False)
+    if (
+        command not in WRITES
+        and not deletes
+        and (command not in AUDITS or "mirror_reads" in options)
+    ):
+        return {}
+    for name in ("url", "location", "target", "root"):
+        place = getattr(args, name, None)
+        if isinstance(place, str) and "mirror_reads" in write_options(place, {}):
+            return {"mirror_reads": False}
+    return {}

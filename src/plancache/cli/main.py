@@ -1,12 +1,12 @@
-"""``plancache`` entry point: the parser, and the one place failures become one line (or one JSON
-report).
+"""``plancache`` entry point: parse (:mod:`plancache.cli.parser`), run the command, and the one
+place failures become one line (or one JSON report).
 
 Exit codes: 0 success; 1 some plan is invalid, unsigned or was refused; 2 usage or
 configuration error (argparse uses 2 as well); 130 interrupted. With ``--json``, stdout
 carries exactly one report whatever happens, usage errors included.
 
-A command's module is imported only when it runs (see :mod:`plancache.cli.commands`): a
-boot-time ``pull`` pays for what it uses and nothing else.
+A command's module is imported only when it runs (its ``handler``, declared in
+:mod:`plancache.cli.parser`): a boot-time ``pull`` pays for what it uses and nothing else.
 """
 
 from __future__ import annotations
@@ -16,73 +16,17 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
 
-from .. import __version__
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
-from . import commands
 from .completion import complete
 from .flag_objects import apply_keyless_flags
-from .flags.shared_flags import debug
+from .parser import Parser, build_parser
 from .streams import ClosedPipeSafe, RedactedLines, private_stdout
-from .suggest import leaf_parser, unrecognized, with_suggestion
 
 EXIT_CONFIG = 2
 
 Command = Callable[[argparse.Namespace], int]
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, except that a usage error under ``--json`` also prints the JSON report."""
-
-    json_requested = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault(
-            "allow_abbrev", False
-        )  # ``--trusted-key`` is a typo, never a prefix taken silently
-        super().__init__(*args, **kwargs)
-
-    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
-        """Leftover arguments are reported by the subcommand that was parsed, with the nearest
-        option."""
-        namespace, extras = self.parse_known_args(args, namespace)
-        if extras:
-            leaf = leaf_parser(self, namespace)
-            leaf.error(unrecognized(leaf, extras))
-        return namespace
-
-    def error(self, message: str) -> NoReturn:
-        message = with_suggestion(message)
-        if Parser.json_requested:
-            from .output import document, print_json
-
-            command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
-            print_json(
-                document(
-                    command, False, error=("usage-error", f"{message} (see {self.prog} --help)")
-                )
-            )
-        # One line, like every other error (argparse would print the whole usage first).
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="plancache",
-        description="Signed, shareable vLLM startup plans. Sign plans in CI, pull them verified "
-        "on boot, audit them offline.",
-        epilog="Exit codes: 0 ok; 1 a plan is invalid, unsigned or refused; 2 usage or "
-        "configuration error. "
-        "Every command explains itself with --help; --json prints one report (schema "
-        "plancache.report/v1).",
-    )
-    parser.add_argument("--version", action="version", version=f"plancache {__version__}")
-    debug(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    commands.add_parsers(sub)
-    return parser
 
 
 def _handler(args: argparse.Namespace) -> Command:

@@ -131,7 +131,7 @@ def _options_after_location(args: argparse.Namespace) -> None:
     serve = list(args.serve_args)
     cut = serve.index("--") if "--" in serve else 0
     if cut > 0:
-        from ..main import build_parser
+        from ..parser import build_parser
 
         again = build_parser().parse_args(["explain", *serve[:cut], args.location, *serve[cut:]])
         vars(args).update(vars(again))

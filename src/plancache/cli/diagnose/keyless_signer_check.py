@@ -6,8 +6,8 @@ doctor runs where neither may be reachable (and must not hang or reach out where
 these checks read what signing would read, and nothing else (:mod:`plancache.keys.
 sigstore_inputs`: local files and text): where the OIDC token comes from and when it expires,
 the trust configuration and whether it parses, and how long its trusted root lasts. Fulcio,
-Rekor and the TUF repository are named, never contacted. Apart from :mod:`.setup_checks`
-because these rows are keyless signing's alone, and that module is the worker's set-up.
+Rekor and the TUF repository are named, never contacted. Apart from :mod:`.doctor`'s set-up
+checks because these rows are keyless signing's alone, imported only where it is configured.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ...trust.errors import PlanCacheError
 from .trust_root_check import root_expiry
 
 if TYPE_CHECKING:
-    from .setup_checks import Checks
+    from .doctor import Checks
 
 AMBIENT = (
     ("GITHUB_ACTIONS", ("ACTIONS_ID_TOKEN_REQUEST_URL",), "GitHub Actions", "the runner"),

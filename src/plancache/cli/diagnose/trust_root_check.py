@@ -24,7 +24,7 @@ from ...trust.keyring.keys import Keyring
 
 if TYPE_CHECKING:
     from ...trust.keyless.trust_root import Window
-    from .setup_checks import Checks
+    from .doctor import Checks
 
 WARN_DAYS = 30
 

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...storage.compile_cache.private_roots import PRIVATE_DIR_ENV
+from ...storage.compile_cache.boot_dirs import PRIVATE_DIR_ENV
 from ...trust.errors import StoreError
 from .. import plugin_state
 

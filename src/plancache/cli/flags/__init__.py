@@ -1,1 +1,0 @@
-"""The ``plancache`` command's flags, by family of commands (:mod:`plancache.cli.commands`)."""
