@@ -14,6 +14,7 @@ users): skips elsewhere, fails under ``CI=true``.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -453,6 +454,50 @@ def test_the_backoff_never_hides_a_cache_signed_anew_in_the_store(tmp_path: Path
     assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
     loaded = boot(5)
     assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded
+
+
+def test_a_guard_reads_the_stores_signature_once_and_records_what_it_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The back-off records the sha256 of the store's signature; it once read the signature a
+    second time after the pull had read and rejected it (an extra request per failing boot, and a
+    digest of bytes a push in between could have changed). One read per guard, on both paths: a
+    missing cache pulled and rejected, a local cache quarantined and pulled again."""
+    from plancache.storage.compile_cache import archives
+
+    world = _world(tmp_path)
+    store, keyring = world["store"], world["keyring"]
+    reads: list[str] = []
+    real = archives.get_object
+
+    def counted(store: Any, name: str, cap: int, **kwargs: Any) -> bytes | None:
+        reads.append(name)
+        return real(store, name, cap, **kwargs)
+
+    monkeypatch.setattr(archives, "get_object", counted)
+    node = CacheRoot(tmp_path / "node")
+    fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
+    pulled = cl.guard(node, SUBJECT, keyring, NOW, tmp_path / "a", fetch=fetch, wait=5)
+    assert (pulled.action, pulled.detail) == ("load", "store: pulled"), pulled
+    assert [n for n in reads if n.endswith(".sig")] == [archives.sig_name(SUBJECT)], reads
+    cachedir.sidecar_path(node.directory(SUBJECT)).write_bytes(b"junk")
+    reads.clear()
+    again = cl.guard(node, SUBJECT, keyring, NOW, tmp_path / "b", fetch=fetch, wait=5)
+    assert again.action == "load" and again.quarantined_to, again
+    assert [n for n in reads if n.endswith(".sig")] == [archives.sig_name(SUBJECT)], reads
+    archive = next(
+        p for p in (tmp_path / "store").rglob("*") if p.is_file() and "sig" not in p.name
+    )
+    archive.write_bytes(b"J" * archive.stat().st_size)
+    shutil.rmtree(node.directory(SUBJECT))
+    reads.clear()
+    rejected = cl.guard(node, SUBJECT, keyring, NOW, tmp_path / "c", fetch=fetch, wait=5)
+    assert rejected.reason == "store-rejected", rejected
+    assert [n for n in reads if n.endswith(".sig")] == [archives.sig_name(SUBJECT)], reads
+    sig = real(store, archives.sig_name(SUBJECT), 1 << 20)
+    assert sig is not None
+    failures = (node.quarantine_root / ".plancache-failures.json").read_text()
+    assert hashlib.sha256(sig).hexdigest() in failures, failures
 
 
 def test_a_lock_that_cannot_be_made_or_is_a_planted_link_blames_no_store(

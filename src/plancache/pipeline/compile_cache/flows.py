@@ -214,10 +214,14 @@ def pull_locked(
     keyring: Keyring,
     now: datetime,
     deadline: Deadline | None,
+    *,
+    read_signature: Callable[[], bytes | None] | None = None,
 ) -> CacheOutcome:
-    """Signature GET -> verify -> (a local cache that verifies and was signed at the same time
-    or later is kept: no rollback) -> archive GET capped at the signed size -> sha256 -> extract
-    into a staging directory beside the target -> closed world and every sha256 -> rename
+    """Signature GET (``read_signature``'s, when the caller read it already: the guard's
+    back-off looked at it first, and the same bytes are verified) -> verify -> (a local cache
+    that verifies and was signed at the same time or later is kept: no rollback) -> archive GET
+    capped at the signed size -> sha256 -> extract into a staging directory beside the target
+    -> closed world and every sha256 -> rename
     (:mod:`~plancache.storage.compile_cache.placement`). A lone sidecar is moved aside first.
     From a registry with a ``subject``, a cache whose signature or archive is rejected is tried
     from the other signed caches attached to the image, newest first (the plan readers' step:
@@ -232,8 +236,12 @@ def pull_locked(
     """
     directory = root.directory(subject)
     aside = placement.set_aside_lone_sidecar(root.root, directory, root.quarantine_root)
-    sig = archives.get_object(
-        store, archives.sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
+    sig = (
+        read_signature()
+        if read_signature is not None
+        else archives.get_object(
+            store, archives.sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
+        )
     )
     if sig is None:
         raise Rejected(Reason.UNSIGNED, f"no signed compile cache {subject} in {store.url}")

@@ -88,6 +88,7 @@ def _guard_locked(
 ) -> CacheOutcome:
     directory = root.directory(subject)
     fetch = _once(fetch) if fetch is not None else None
+    offered = _StoreSignature(fetch, subject) if fetch is not None else None
     aside = placement.set_aside_lone_sidecar(
         root.root, directory, root.quarantine_root
     )  # then: a missing cache
@@ -95,10 +96,11 @@ def _guard_locked(
     if not has_files(directory):
         if fetch is None or keyring is None:
             return CacheOutcome(subject, "compile", "no-cache", f"{note}no compile cache yet")
-        held = fetch_backoff.holding(root, subject, now, offered=lambda: _store_sig(fetch, subject))
+        assert offered is not None
+        held = fetch_backoff.holding(root, subject, now, offered=offered.digest)
         if held:
             return CacheOutcome(subject, "compile", "backoff", f"{note}no compile cache; {held}")
-        fetched = _fetch(fetch, root, subject, keyring, now)
+        fetched = _fetch(fetch, offered, root, subject, keyring, now)
         if fetched.action != "compile":
             said = f"{note}store: pulled" + (f" ({fetched.detail})" if fetched.detail else "")
             return _load_pulled(root, subject, keyring, now, into, said)
@@ -130,14 +132,15 @@ def _guard_locked(
             ),
         )
     rejected = replace(rejected, quarantined_to=target)
-    offered = _store_sig(fetch, subject) if fetch is not None and keyring is not None else ""
-    fetch_backoff.note(root, subject, f"quarantined:{rejected.reason}", now, store_sig=offered)
-    if fetch is None or keyring is None:
+    if fetch is None or offered is None or keyring is None:
+        fetch_backoff.note(root, subject, f"quarantined:{rejected.reason}", now)
         return rejected
-    held = fetch_backoff.holding(root, subject, now, offered=lambda: _store_sig(fetch, subject))
+    failure = f"quarantined:{rejected.reason}"
+    fetch_backoff.note(root, subject, failure, now, store_sig=offered.digest())
+    held = fetch_backoff.holding(root, subject, now, offered=offered.digest)
     if held:
         return replace(rejected, detail=f"{rejected.detail}; {held}")
-    fetched = _fetch(fetch, root, subject, keyring, now)
+    fetched = _fetch(fetch, offered, root, subject, keyring, now)
     if fetched.action == "compile":
         return replace(rejected, detail=f"{rejected.detail}; {fetched.detail}")
     pulled = _load_pulled(
@@ -198,17 +201,50 @@ def _once(fetch: Fetch) -> Fetch:
     return call
 
 
-def _store_sig(fetch: Fetch, subject: str) -> str:
-    """The sha256 of the store's signature for ``subject`` now ("" when there is none or it
-    cannot be read in the deadline): what the back-off compares with the one that failed."""
-    try:
-        store, deadline = fetch()
-        sig = archives.get_object(
-            store, archives.sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
-        )
-    except Exception:
-        return ""
-    return hashlib.sha256(sig).hexdigest() if sig is not None else ""
+class _StoreSignature:
+    """The store's signature for one subject, read at most once per guard.
+
+    The back-off compares its sha256 with the one that failed, and the pull verifies the same
+    bytes: so a guard never asks the store for the signature twice, and the failure it records
+    is the digest of exactly the signature that failed (not of a second read, which a push in
+    between could have changed)."""
+
+    def __init__(self, fetch: Fetch, subject: str) -> None:
+        self._fetch = fetch
+        self._subject = subject
+        self._outcome: list[bytes | Exception | None] = []
+
+    def read(self) -> bytes | None:
+        """The signature's bytes (None: the store has none).
+
+        Raises:
+            Exception: the first read's failure (opening the store, the GET), at every call.
+        """
+        if not self._outcome:
+            try:
+                store, deadline = self._fetch()
+                self._outcome.append(
+                    archives.get_object(
+                        store,
+                        archives.sig_name(self._subject),
+                        MAX_SIG_OBJECT_BYTES,
+                        deadline=deadline,
+                    )
+                )
+            except Exception as exc:
+                self._outcome.append(exc)
+        got = self._outcome[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def digest(self) -> str:
+        """The sha256 of the signature ("" when there is none or it could not be read)."""
+        try:
+            sig = self.read()
+        except Exception:
+            return ""
+        return hashlib.sha256(sig).hexdigest() if sig is not None else ""
 
 
 def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
@@ -217,7 +253,12 @@ def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
 
 
 def _fetch(
-    fetch: Fetch, root: CacheRoot, subject: str, keyring: Keyring, now: datetime
+    fetch: Fetch,
+    offered: _StoreSignature,
+    root: CacheRoot,
+    subject: str,
+    keyring: Keyring,
+    now: datetime,
 ) -> CacheOutcome:
     """Pull into place (the caller holds the lock): the pull's own outcome when a verified
     cache was installed (its detail says, say, that an older candidate attached to the image
@@ -226,12 +267,14 @@ def _fetch(
     ``timeout``)."""
     try:
         store, deadline = fetch()
-        return pull_locked(store, root, subject, keyring, now, deadline)
+        return pull_locked(
+            store, root, subject, keyring, now, deadline, read_signature=offered.read
+        )
     except Rejected as exc:
         reason = "no-cache" if exc.reason is Reason.UNSIGNED else "store-rejected"
         if reason == "store-rejected":
             failure = f"store-rejected:{exc.reason.value}"
-            fetch_backoff.note(root, subject, failure, now, store_sig=_store_sig(fetch, subject))
+            fetch_backoff.note(root, subject, failure, now, store_sig=offered.digest())
         return CacheOutcome(subject, "compile", reason, f"store: {exc.reason.value}: {exc.detail}")
     except PlanCacheError as exc:
         return CacheOutcome(subject, "compile", exc.reason.value, f"store: {exc.detail}")
