@@ -34,36 +34,18 @@ import hashlib
 import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..clock import Deadline
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import plan_name, sig_name
-from .azure import azure_versions
 from .deadline import http_status, store_error, with_retries
-from .gcs import gcs_versions
 from .listing import cap_for
-from .oci import oci_versions
-from .s3 import s3_versions
 from .versioned import ABSENT, Versioned, precondition_failed
 
 if TYPE_CHECKING:
+    from .backend import Backend
     from .store import Store
-
-READS: dict[str, Callable[[Any, str, int], Awaitable[Versioned]]] = {
-    "s3": s3_versions.read,
-    "gcs": gcs_versions.read,
-    "azure": azure_versions.read,
-    "oci": oci_versions.read,
-}
-DELETES: dict[str, Callable[[Any, str, str], Awaitable[None]]] = {
-    "s3": s3_versions.delete,
-    "gcs": gcs_versions.delete,
-    "azure": azure_versions.delete,
-    "oci": oci_versions.delete,
-}
-"""Backends with a precondition on deletes, by :attr:`.store.Store.kind`: each one's read with
-its version and its conditional delete are in its own room."""
 
 T = TypeVar("T")
 
@@ -115,11 +97,11 @@ def delete_if_unchanged(
     :func:`require_honoured_preconditions`' ConfigError.
     """
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
-    if store.kind not in READS or unconditional:
+    if not store.backend.preconditions or unconditional:
         return _reread_then_delete(store, judged, deadline, before_delete)
     if not checked:
         require_honoured_preconditions(store, deadline)
-    fs = store.fs
+    fs = store.backend
     deleted: list[str] = []
     changed: list[str] = []
     source = iter(judged)
@@ -132,7 +114,7 @@ def delete_if_unchanged(
 
 def _delete_batch(
     store: Store,
-    fs: Any,
+    fs: Backend,
     batch: list[str],
     judged: Mapping[str, str],
     deadline: Deadline,
@@ -168,22 +150,18 @@ def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
             naming :data:`UNCONDITIONAL_FLAG` (reason ``config-error``).
         StoreError: the store failed the check itself (``StoreTimeout`` at the deadline).
     """
-    fs = store.fs
+    fs = store.backend
     path = store.path(f"{CANARY_PREFIX}{uuid.uuid4().hex}")
 
     async def check() -> str | None:
-        await with_retries(
-            lambda: store._call("pipe_file", path, b"plancache precondition check\n"), deadline
-        )
+        await with_retries(lambda: fs.write(path, b"plancache precondition check\n"), deadline)
         try:
-            token = (
-                await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)
-            ).token or ""
+            token = (await with_retries(lambda: fs.read_versioned(path, 64), deadline)).token or ""
             wrong = (
                 str(int(token) + 1) if token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'
             )  # never the canary's
             try:
-                await DELETES[store.kind](fs, path, wrong)
+                await fs.delete_if_unchanged(path, wrong)
             except Exception as exc:
                 if precondition_failed(exc):
                     return None
@@ -193,12 +171,9 @@ def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
                 return f"answers {status} to a delete with a precondition"
             return "deleted an object whose precondition did not hold"
         finally:
-            try:
-                await with_retries(lambda: store._call("rm_file", path), deadline)
-            except FileNotFoundError:
-                pass
+            await with_retries(lambda: fs.delete(path), deadline)
 
-    failed = store._run(check, deadline, "cannot check conditional deletes on")  # typed there
+    failed = store.run(check, deadline, "cannot check conditional deletes on")  # typed there
     if failed is not None:
         raise ConfigError(
             f"{store.url} does not honour conditional deletes (it {failed}), so a plan replaced "
@@ -241,7 +216,7 @@ def _each(
 ) -> dict[str, T]:
     """``action`` on every key through the store's own bounded batch runner; raises the first
     failure."""
-    results = store._each_by(keys, action, f"{what} plans in", deadline)
+    results = store.each(keys, action, f"{what} plans in", deadline)
     done: dict[str, T] = {}
     for key, outcome in results.items():
         if isinstance(outcome, PlanCacheError):
@@ -251,7 +226,7 @@ def _each(
 
 
 async def _read_pair(
-    store: Store, fs: Any, fp: str, deadline: Deadline
+    store: Store, fs: Backend, fp: str, deadline: Deadline
 ) -> tuple[Versioned, Versioned]:
     plan, sig = await asyncio.gather(
         _read_one(store, fs, plan_name(fp), deadline),
@@ -265,11 +240,10 @@ async def _read_pair(
     return plan, sig
 
 
-async def _read_one(store: Store, fs: Any, name: str, deadline: Deadline) -> Versioned:
+async def _read_one(store: Store, fs: Backend, name: str, deadline: Deadline) -> Versioned:
     cap = cap_for(name)
-    read = READS[store.kind]
     try:
-        got = await with_retries(lambda: read(fs, store.path(name), cap), deadline)
+        got = await with_retries(lambda: fs.read_versioned(store.path(name), cap), deadline)
     except FileNotFoundError:
         return ABSENT
     except Exception as exc:
@@ -280,7 +254,7 @@ async def _read_one(store: Store, fs: Any, name: str, deadline: Deadline) -> Ver
 
 
 async def _delete_pair(
-    store: Store, fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
+    store: Store, fs: Backend, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
 ) -> bool:
     """False if the plan is no longer the version re-read (then its sidecar stays too)."""
     plan, sig = seen
@@ -291,15 +265,14 @@ async def _delete_pair(
 
 
 async def _delete_one(
-    store: Store, fs: Any, name: str, token: str | None, deadline: Deadline
+    store: Store, fs: Backend, name: str, token: str | None, deadline: Deadline
 ) -> bool:
     """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if
     changed."""
     if token is None:
         return True  # absent at the re-read: nothing judged to delete
-    delete = DELETES[store.kind]
     try:
-        await with_retries(lambda: delete(fs, store.path(name), token), deadline)
+        await with_retries(lambda: fs.delete_if_unchanged(store.path(name), token), deadline)
     except FileNotFoundError:
         return True
     except Exception as exc:
