@@ -2,23 +2,39 @@
 
 gcsfs's filesystem discovers credentials in its constructor (a metadata server that never
 answers), so it is made at :meth:`GCSBackend.open`, which the store runs in a daemon thread
-within its budget, and its first token is fetched there too. Reads are gcsfs's ``cat_file`` of
-``cap + 1`` bytes with its whole-body reads capped; listings one JSON API page
-(:func:`.pages.gcs_page`); versions the object's ``generation`` and deletes
-``ifGenerationMatch`` (:mod:`.gcs_versions`).
+within its budget, and its first token is fetched there too. Then:
+
+* a read is gcsfs's ``cat_file`` of ``cap + 1`` bytes, its whole-body reads capped
+  (:func:`..caps.http.body_cap`);
+* a listing page is one JSON API call, never gcsfs's ``_ls``, which walks every page of a
+  listing into one list before returning; the page's body is capped by :mod:`..caps.http`;
+* a version is the ``generation`` in the object's metadata, the bytes then read pinned to it (a
+  generation replaced in between reads as absent, never as the new bytes), and a delete is
+  conditional on it (``ifGenerationMatch``; what the backends share: :mod:`..versioned`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from ...trust.errors import StoreError
+from ..caps.http import body_cap
 from ..deadline import store_error
 from ..fsspec_backends import FsspecBackend
-from ..listing import Page
-from ..versioned import Versioned
-from . import gcs_versions
-from .pages import gcs_page
+from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
+from ..versioned import Versioned, ranged_or_whole, version_token
+
+
+class GCSFilesystem(Protocol):
+    """What plancache calls on gcsfs's ``GCSFileSystem`` (gcsfs ships no types): its JSON API
+    call, whose answer is the parsed JSON (``json_out``) or the headers and body."""
+
+    def split_path(self, path: str) -> tuple[str, str, str | None]: ...
+
+    def url(self, path: str, generation: str | None = None) -> str: ...
+
+    async def _call(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class GCSBackend(FsspecBackend):
@@ -53,10 +69,60 @@ class GCSBackend(FsspecBackend):
         self._fs = fs
 
     async def list_page(self, under: str, token: str | None) -> Page:
-        return await gcs_page(self.fs, under, token)
+        """One page of GCS's object listing directly under ``under`` (``delimiter='/'``), and
+        of the sub-prefixes it names."""
+        fs: GCSFilesystem = self.fs
+        bucket, key, _ = fs.split_path(under)
+        prefix = f"{key.rstrip('/')}/" if key else ""
+        resp = await fs._call(
+            "GET",
+            "b/{}/o",
+            bucket,
+            json_out=True,
+            prefix=prefix or None,
+            delimiter="/",
+            maxResults=PAGE_SIZE,
+            pageToken=token,
+        )
+        answer = resp if isinstance(resp, dict) else {}
+        entries = entries_under(answer.get("items"), prefix, "name", "size")
+        following = answer.get("nextPageToken")
+        return Page(
+            entries,
+            following if isinstance(following, str) and following != token else None,
+            prefixes_under(answer.get("prefixes"), bucket, prefix),
+        )
 
     async def read_versioned(self, path: str, cap: int) -> Versioned:
-        return await gcs_versions.read(self.fs, path, cap)
+        """The generation from the object's metadata, then the bytes of that generation: one
+        the store replaced in between is absent (404) rather than read as the new bytes.
+
+        Raises:
+            StoreError: the metadata states no usable generation, or one that is not a number
+                (reason ``store-error``): nothing is deleted unconditionally.
+        """
+        fs: GCSFilesystem = self.fs
+        bucket, key, _ = fs.split_path(path)
+        meta = await fs._call(
+            "GET", "b/{}/o/{}", bucket, key, json_out=True
+        )  # body capped by ..caps.http
+        token = version_token(meta.get("generation") if isinstance(meta, dict) else None, path)
+        if not token.isdigit():
+            raise StoreError(f"{path}: the store states a generation that is not a number")
+        url = fs.url(path, generation=token)
+
+        async def get(byte_range: str | None) -> bytes:
+            with body_cap(cap + 1):
+                _, data = await fs._call(
+                    "GET", url, headers={"Range": byte_range} if byte_range else {}
+                )
+            return bytes(data)
+
+        return Versioned(await ranged_or_whole(get, cap), token)
 
     async def delete_if_unchanged(self, path: str, token: str) -> None:
-        await gcs_versions.delete(self.fs, path, token)
+        """Delete the object at ``path`` only while its generation is ``token`` (gcsfs raises
+        FileExistsError otherwise: :func:`..versioned.precondition_failed`)."""
+        fs: GCSFilesystem = self.fs
+        bucket, key, _ = fs.split_path(path)
+        await fs._call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=token)

@@ -1,10 +1,10 @@
 """``s3://`` as a :class:`~..backend.Backend`: s3fs's botocore client, called by plancache.
 
 Reads are one capped ranged GET (:func:`.reads.s3_read`), listings one ``ListObjectsV2`` page
-(:func:`.reads.s3_page`), versions the GET's ``ETag`` and deletes ``DeleteObject`` with
-``IfMatch`` (:mod:`.s3_versions`). Until s3fs is needed, a boot's few reads go through plain
-botocore instead (:attr:`direct`, :mod:`.direct`): s3fs and aiobotocore are imported at
-:meth:`open`, the first call that is not such a read.
+(:func:`.reads.s3_page`); a version is the GET's ``ETag`` and a delete is ``DeleteObject`` with
+``IfMatch`` (what the backends share: :mod:`..versioned`). Until s3fs is needed, a boot's few
+reads go through plain botocore instead (:attr:`direct`, :mod:`.direct`): s3fs and aiobotocore
+are imported at :meth:`open`, the first call that is not such a read.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..fsspec_backends import FsspecBackend
 from ..listing import Page
-from ..versioned import Versioned
+from ..versioned import Versioned, ranged_or_whole, version_token
 from .direct import S3Direct
 
 
@@ -50,11 +50,17 @@ class S3Backend(FsspecBackend):
         return await s3_page(self.fs, under, token)
 
     async def read_versioned(self, path: str, cap: int) -> Versioned:
-        from . import s3_versions
+        """:func:`.reads.s3_get`, and the answer's ETag."""
+        from .reads import s3_get
 
-        return await s3_versions.read(self.fs, path, cap)
+        fs = self.fs
+        data, resp = await ranged_or_whole(
+            lambda byte_range: s3_get(fs, path, cap, byte_range), cap
+        )
+        return Versioned(data, version_token(resp.get("ETag"), path))
 
     async def delete_if_unchanged(self, path: str, token: str) -> None:
-        from . import s3_versions
-
-        await s3_versions.delete(self.fs, path, token)
+        """Delete the object at ``path`` only while its ETag is ``token`` (the store answers 412
+        otherwise: :func:`..versioned.precondition_failed`)."""
+        bucket, key, _ = self.fs.split_path(path)
+        await self.fs._call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=token)
