@@ -120,45 +120,44 @@ def open_backend(
 
         return S3Backend(make_s3fs, direct=S3Direct(direct, budget)), direct.root
     cls, make, root = filesystem_opener(url, storage_options, budget, clock=clock)
-    backend = _backend_of(cls, make, url)
-    from .gcs.gcs_backend import GCSBackend
-
-    if not isinstance(backend, GCSBackend):
-        backend.open()
-    return backend, root
+    return _backend_of(cls, make, url), root
 
 
 def _backend_of(cls: type | FilesystemClass, make: Callable[[], Any], url: str) -> Backend:
-    """The backend class for a filesystem class, by the SDK that defines it."""
+    """The backend class for a filesystem class, by the SDK that defines it, opened now (but
+    GCS's)."""
     from .fsspec_backends import FsspecBackend, MemoryBackend
 
     module = cls.__module__
-    protocol = url.split("://", 1)[0].lower()
+    backend: Backend
     if module.startswith("plancache.storage.oci"):
         from .oci.registry import RegistryBackend
 
         registry = make()
         assert isinstance(registry, RegistryBackend)
         return registry
-    if module.startswith("s3fs"):
-        from .s3.s3_backend import S3Backend
-
-        return S3Backend(make, direct=None)
     if module.startswith("gcsfs"):
         from .gcs.gcs_backend import GCSBackend
 
-        return GCSBackend(make, url=url.rstrip("/"))
-    if module.startswith(("adlfs", "plancache.storage.azure")):
+        return GCSBackend(make, url=url.rstrip("/"))  # opened under its first call's deadline
+    if module.startswith("s3fs"):
+        from .s3.s3_backend import S3Backend
+
+        backend = S3Backend(make, direct=None)
+    elif module.startswith(("adlfs", "plancache.storage.azure")):
         from .azure.azure_backend import AzureBackend
 
-        return AzureBackend(make)
-    if module.startswith("fsspec.implementations.local"):
+        backend = AzureBackend(make)
+    elif module.startswith("fsspec.implementations.local"):
         from .local.local_backend import LocalBackend
 
-        return LocalBackend("file", opener=make)
-    if module.startswith("fsspec.implementations.memory"):
-        return MemoryBackend("memory", opener=make)
-    return FsspecBackend(protocol, opener=make)
+        backend = LocalBackend("file", opener=make)
+    elif module.startswith("fsspec.implementations.memory"):
+        backend = MemoryBackend("memory", opener=make)
+    else:
+        backend = FsspecBackend(url.split("://", 1)[0].lower(), opener=make)
+    backend.open()
+    return backend
 
 
 def _opened(
