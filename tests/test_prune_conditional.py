@@ -225,7 +225,7 @@ class Backend:
         """Write behind the prune's back (another operator's push)."""
         if self.standin is not None:
             return self.standin.state.write(self.store.path(name), data)
-        self.store.backend.fs.pipe_file(self.store.path(name), data)
+        self.store.open_backend().fs.pipe_file(self.store.path(name), data)
         return None
 
     def remove(self, name: str) -> None:
@@ -233,14 +233,14 @@ class Backend:
             with self.standin.state.lock:
                 del self.standin.state.objects[self.store.path(name)]
             return
-        self.store.backend.fs.rm_file(self.store.path(name))
+        self.store.open_backend().fs.rm_file(self.store.path(name))
 
     def read(self, name: str) -> bytes | None:
         if self.standin is not None:
             found = self.standin.state.objects.get(self.store.path(name))
             return None if found is None else found[0]
         try:
-            return bytes(self.store.backend.fs.cat_file(self.store.path(name)))
+            return bytes(self.store.open_backend().fs.cat_file(self.store.path(name)))
         except FileNotFoundError:
             return None
 
@@ -516,9 +516,9 @@ def test_the_gcs_emulator_ignores_if_generation_match_and_is_refused(backend: Ba
         delete_if_unchanged(backend.store, judged)
     assert info.value.reason is Reason.CONFIG and "--unconditional" in info.value.detail
     assert all(backend.read(plan_name(fp)) is not None for fp in judged)
-    assert backend.store.backend.fs.ls(backend.store.root) != [] and not any(
+    assert backend.store.open_backend().fs.ls(backend.store.root) != [] and not any(
         ".plancache-precondition-check-" in p
-        for p in backend.store.backend.fs.ls(backend.store.root)
+        for p in backend.store.open_backend().fs.ls(backend.store.root)
     )
 
 

@@ -160,11 +160,11 @@ def test_same_bytes_and_same_misses_as_s3fs(moto: MotoServer) -> None:
     for direct in (True, False):
         store = open_store(url, moto.options, 10.0)
         if not direct:
-            _ = store.backend  # built: reads go through s3fs
+            store.open_backend()  # built: reads go through s3fs
         got, missing = store.fetch_many([FP, "0" * 16])
         gone = open_store(f"s3://{bucket}-nope/plans", moto.options, 10.0)
         if not direct:
-            _ = gone.backend
+            gone.open_backend()
         outcomes.append(
             (
                 got.plan_bytes,

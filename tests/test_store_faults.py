@@ -285,12 +285,12 @@ def test_plancache_defaults_and_their_overrides(monkeypatch: pytest.MonkeyPatch)
     from fsspec.config import conf
 
     store = open_store("s3://bucket/p", {"endpoint_url": "http://127.0.0.1:1"}, 3.0)
-    assert store.backend.fs.retries == 1 and store.backend.fs.max_concurrency == 1
-    assert store.backend.fs.config_kwargs["retries"] == {
+    assert store.open_backend().fs.retries == 1 and store.open_backend().fs.max_concurrency == 1
+    assert store.open_backend().fs.config_kwargs["retries"] == {
         "total_max_attempts": 1,
         "mode": "standard",
     }
-    assert store.backend.fs.config_kwargs["connect_timeout"] == 1.0
+    assert store.open_backend().fs.config_kwargs["connect_timeout"] == 1.0
     # explicit options win key by key; fsspec's own configuration (FSSPEC_S3_*) sits in between
     monkeypatch.setitem(conf, "s3", {"config_kwargs": {"read_timeout": 9}, "max_concurrency": 4})
     store = open_store(
@@ -302,18 +302,18 @@ def test_plancache_defaults_and_their_overrides(monkeypatch: pytest.MonkeyPatch)
         },
         3.0,
     )
-    assert store.backend.fs.retries == 3 and store.backend.fs.max_concurrency == 4
+    assert store.open_backend().fs.retries == 3 and store.open_backend().fs.max_concurrency == 4
     assert (
-        store.backend.fs.config_kwargs["connect_timeout"] == 7
-        and store.backend.fs.config_kwargs["read_timeout"] == 9
+        store.open_backend().fs.config_kwargs["connect_timeout"] == 7
+        and store.open_backend().fs.config_kwargs["read_timeout"] == 9
     )
-    assert store.backend.fs.config_kwargs["retries"]["total_max_attempts"] == 1
+    assert store.open_backend().fs.config_kwargs["retries"]["total_max_attempts"] == 1
     gcs = open_store("gs://bucket/p", {"token": "anon"}, 3.0)
     assert (
-        type(gcs.backend.fs).__name__ == "GCSFileSystem"
-        and type(gcs.backend.fs).__module__ == "gcsfs.core"
+        type(gcs.open_backend().fs).__name__ == "GCSFileSystem"
+        and type(gcs.open_backend().fs).__module__ == "gcsfs.core"
     )
-    assert gcs.backend.fs.requests_timeout.sock_connect == 1.0
+    assert gcs.open_backend().fs.requests_timeout.sock_connect == 1.0
 
 
 def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -375,7 +375,7 @@ def store_on(path: str, endpoint: str, timeout: float) -> Store:
     s3fs (built: a CLI pull after a listing, a build node after its push)."""
     store = s3_store(endpoint, timeout)
     if path == "s3fs":
-        _ = store.backend
+        store.open_backend()
     return store
 
 

@@ -151,7 +151,7 @@ def _refuse_unknown(
 def _run(store: Store, make: Callable[[], Awaitable[T]], deadline: Deadline, what: str) -> T:
     """``make()`` on the store's loop by ``deadline``; typed by :func:`.deadline.run_by`
     (no retries: these questions are best effort or asked once)."""
-    backend = store.backend
+    backend = store.open_backend()
     return run_by(backend.loop, make, deadline, f"{what} {store.url}", store.timeout)
 
 

@@ -249,8 +249,20 @@ class Store:
 
     @property
     def backend(self) -> Backend:
-        """The backend, opened now, within one budget, if it is not open yet."""
-        return self._open(Deadline.after(self.timeout, self.clock))
+        """The backend, as it is (open or not: every call through the store opens it first)."""
+        return self._backend
+
+    def open_backend(self, deadline: Deadline | None = None) -> Backend:
+        """The backend, opened now if it is not open yet, within ``deadline`` (default: one
+        budget).
+
+        Raises:
+            PlanCacheError: the opening failed (its typed error; ``StoreTimeout`` past the
+                deadline).
+        """
+        return self._open(
+            Deadline.after(self.timeout, self.clock) if deadline is None else deadline
+        )
 
     def _open(self, deadline: Deadline) -> Backend:
         """The backend, opened at most once, in a daemon thread, waited for until
@@ -274,7 +286,7 @@ class Store:
     def beside(self, url: str, root: str) -> Store:
         """A store at another prefix (``url``, ``root``) of the same backend, opened now within
         one budget (its errors), with this store's budget."""
-        return Store(self.backend, url, root, self.timeout)
+        return Store(self.open_backend(), url, root, self.timeout)
 
     def deadline(self, deadline: Deadline | None) -> Deadline:
         """``deadline`` if given; else the opening's, while it lasts, for the first operation
