@@ -1,4 +1,4 @@
-"""A plan mirror on any fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``, ...).
+"""A plan mirror on any store URL (``s3://``, ``gs://``, ``az://``, ``oci://``, ``file://``, ...).
 
 The store moves bytes and decides nothing: :meth:`Store.fetch_many` returns raw plan and
 sidecar bytes for the trust core to verify, :meth:`Store.put_many` uploads what the caller
