@@ -39,7 +39,7 @@ BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 """Protocols whose first path component is a bucket (an Azure container) that must exist on its
 own."""
 
-_CHECKED = {
+_CHECKED = {  # protocol -> the SDK whose constructor takes its options
     "s3": "s3",
     "s3a": "s3",
     "gs": "gcs",
@@ -86,9 +86,9 @@ def _named_parameters(cls: type) -> set[str]:
     return names
 
 
-def _accepted(kind: str, cls: type) -> set[str]:
-    names = _named_parameters(cls) | _FSSPEC_COMMON | _PLANCACHE_OWN.get(kind, set())
-    if kind == "s3":  # s3fs passes its remaining keyword arguments to aiobotocore's AioSession
+def _accepted(sdk: str, cls: type) -> set[str]:
+    names = _named_parameters(cls) | _FSSPEC_COMMON | _PLANCACHE_OWN.get(sdk, set())
+    if sdk == "s3":  # s3fs passes its remaining keyword arguments to aiobotocore's AioSession
         try:
             from aiobotocore.session import AioSession
 
@@ -115,10 +115,10 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 
             _refuse_unknown(protocol, REGISTRY_BACKEND, REGISTRY, options)
             return
-    kind = _CHECKED.get(protocol)
-    if kind is None or not options:
+    sdk = _CHECKED.get(protocol)
+    if sdk is None or not options:
         return
-    if kind == "s3":
+    if sdk == "s3":
         from .s3.direct import OPTIONS
 
         if set(options) <= OPTIONS:
@@ -126,13 +126,13 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
     import fsspec
 
     try:
-        if kind == "gcs":
+        if sdk == "gcs":
             from gcsfs.core import GCSFileSystem as cls
         else:
             cls = fsspec.get_filesystem_class(protocol)
     except ImportError:
         return  # the open itself explains the missing extra
-    _refuse_unknown(protocol, f"{cls.__module__}.{cls.__name__}", _accepted(kind, cls), options)
+    _refuse_unknown(protocol, f"{cls.__module__}.{cls.__name__}", _accepted(sdk, cls), options)
 
 
 def _refuse_unknown(
