@@ -8,8 +8,8 @@
    and without the guard, boots interleaved, each in its own process; the guard's own time (copy
    included) is the decision line's elapsed_ms; target: guard time <= 10 % of the warm load.
 3. pull of one cache: object reads counted where reads happen (:func:`counting_reads`: the
-   capped read every fsspec backend goes through, ``capped_reads.read_object``, under both its
-   names, and on s3 before s3fs is made ``S3Direct.read``); target: 2 (signature, archive). A
+   capped read every backend goes through, ``Store.read_capped``, and on s3 before s3fs is
+   made ``S3Direct.read``); target: 2 (signature, archive). A
    count of 0 means the counter missed the read path, not a free pull: it prints "not measured"
    and exits 1.
 
@@ -50,16 +50,15 @@ SUBJECT = "torch_aot_compile/" + "5a" * 32
 @contextlib.contextmanager
 def counting_reads() -> Iterator[list[str]]:
     """Every object read while inside, by name. Counted at each place a capped GET really runs:
-    ``read_object`` (async; ``capped_reads.read_now`` and ``Store._read_capped`` each call it by
-    their own module's name, so both are patched) and ``S3Direct.read`` (a boot's plain-botocore
-    reads on s3, which never reach ``read_object``). Wrapping a method the reads no longer pass
-    through is how this counter once printed "0 object reads": :func:`main` refuses a 0."""
-    from plancache.storage import capped_reads
-    from plancache.storage import store as store_module
+    ``Store.read_capped`` (async: every backend's capped read goes through it, :meth:`Store.read`
+    and :meth:`Store.fetch_many` alike) and ``S3Direct.read`` (a boot's plain-botocore reads on
+    s3, which never reach ``read_capped``). Wrapping a method the reads no longer pass through is
+    how this counter once printed "0 object reads": :func:`main` refuses a 0."""
     from plancache.storage.s3 import direct
+    from plancache.storage.store import Store
 
     reads: list[str] = []
-    original, direct_read = capped_reads.read_object, direct.S3Direct.read
+    original, direct_read = Store.read_capped, direct.S3Direct.read
 
     async def counted(store: Any, name: str, *args: Any, **kwargs: Any) -> bytes | None:
         reads.append(name)
@@ -69,12 +68,12 @@ def counting_reads() -> Iterator[list[str]]:
         reads.append(name)
         return direct_read(self, name, *args, **kwargs)
 
-    capped_reads.read_object = store_module.read_object = counted
+    Store.read_capped = counted  # type: ignore[method-assign]  # counted, then put back
     direct.S3Direct.read = counted_direct  # type: ignore[method-assign]  # counted, then put back
     try:
         yield reads
     finally:
-        capped_reads.read_object = store_module.read_object = original
+        Store.read_capped = original  # type: ignore[method-assign]  # the original, back
         direct.S3Direct.read = direct_read  # type: ignore[method-assign]  # the original, back
 
 

@@ -310,10 +310,11 @@ def _process_nodes(
 
 def _prime(store: Any) -> None:
     """Make a rank's client now (as a worker's prefetch does while the weights load)."""
-    if store._direct is not None:
-        store._direct.client()
+    direct = store.backend.direct if not store.backend.opened else None
+    if direct is not None:
+        direct.client()
     else:
-        _ = store.fs  # the property makes the filesystem client
+        store.open_backend()  # its filesystem client made
 
 
 def _run_nodes(

@@ -87,7 +87,8 @@ MUTATIONS = {  # file under src/: [(name, text, its replacement)]
             "return self if self.at >= now + seconds else",
         ),
     ],
-    "plancache/storage/store_calls.py": [
+    "plancache/storage/store.py": [
+        ("store forgets its opening clock", "    store.clock = deadline.clock\n", ""),
         (
             "a spent opening deadline handed on",
             "        if first is not None and not first.expired():\n",
@@ -98,9 +99,6 @@ MUTATIONS = {  # file under src/: [(name, text, its replacement)]
             "        return Deadline.after(self.timeout, self.clock)\n",
             "        return Deadline.after(self.timeout)\n",
         ),
-    ],
-    "plancache/storage/store.py": [
-        ("store forgets its opening clock", "    store.clock = deadline.clock\n", ""),
     ],
     "plancache/storage/threads.py": [
         (

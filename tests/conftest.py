@@ -174,6 +174,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_engine_harness.py": UNIT,  # the harness's skip-or-fail rules: no engine needed
     "test_explain.py": ("vllm",),
     "test_import_graph.py": UNIT,
+    "test_store_privacy.py": UNIT,
     "test_install_resolution.py": ("system", "realtime"),
     "test_keyless_cli.py": ("emulator",),  # the CLI through the local Fulcio/Rekor/OIDC
     "test_keyless_cosign.py": ("emulator",),  # keys and identities in one envelope, local stack

@@ -65,12 +65,12 @@ def test_the_first_operation_shares_the_opening_deadline(tmp_path: Path, clock: 
     store = open_store(tmp_path.as_uri(), None, 3.0, deadline=opened)
     assert store.clock is clock
     clock.advance(2.0)
-    assert store._deadline(None) is opened  # the open and the first operation: one budget
-    fresh = store._deadline(None)  # the next gets a budget of its own, on the same clock
+    assert store.deadline(None) is opened  # the open and the first operation: one budget
+    fresh = store.deadline(None)  # the next gets a budget of its own, on the same clock
     assert fresh is not opened and fresh.clock is clock and fresh.start == clock.now
     assert fresh.budget == 3.0
     given = Deadline.after(0.5, clock)
-    assert store._deadline(given) is given  # a caller's deadline always wins
+    assert store.deadline(given) is given  # a caller's deadline always wins
 
 
 def test_an_opening_deadline_already_spent_is_not_handed_on(
@@ -78,7 +78,7 @@ def test_an_opening_deadline_already_spent_is_not_handed_on(
 ) -> None:
     store = open_store(tmp_path.as_uri(), None, 3.0, deadline=Deadline.after(3.0, clock))
     clock.advance(3.0)
-    fresh = store._deadline(None)
+    fresh = store.deadline(None)
     assert fresh.start == clock.now and fresh.remaining() == 3.0
 
 

@@ -185,7 +185,9 @@ def test_prune_unsigned_invalid_and_only_what_it_judged(
     assert code == 0 and [d["fingerprint"] for d in json.loads(out)["deleted"]] == [FP3]
     assert store.fingerprints() == [FP, FP2]
 
-    store.fs.pipe_file(store.path(plan_name(FP2)), plan_bytes(fp=FP2, kv=2 * GIB))  # tampered
+    store.open_backend().fs.pipe_file(
+        store.path(plan_name(FP2)), plan_bytes(fp=FP2, kv=2 * GIB)
+    )  # tampered
     other = tmp_path / "other"
     generate_keypair(other, force=False, comment="other")
     code, _, err = run(capsys, "prune", "--invalid", "--trusted-keys", f"{other}.pub", url)
@@ -203,7 +205,7 @@ def test_prune_unsigned_invalid_and_only_what_it_judged(
 
     # judged, then re-pushed before the delete: kept
     judged = store.fetch(FP)
-    store.fs.pipe_file(store.path(plan_name(FP)), plan_bytes(kv=3 * GIB))
+    store.open_backend().fs.pipe_file(store.path(plan_name(FP)), plan_bytes(kv=3 * GIB))
     deleted, changed = delete_if_unchanged(
         store, {FP: content_digest(judged.plan_bytes, judged.sig_bytes)}
     )

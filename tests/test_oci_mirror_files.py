@@ -36,7 +36,7 @@ def no_node_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pa
 
 def readers(options: dict[str, Any] | None = None, url: str = URL) -> tuple[str, str, str]:
     """(where tags are read, where content is read, the content reader's repository)."""
-    fs = open_store(url, options or {}, timeout=5).fs
+    fs = open_store(url, options or {}, timeout=5).backend
     return fs.tag_reader.base, fs.reader.base, fs.reader.repository
 
 
@@ -180,19 +180,19 @@ def test_an_explicit_file_must_exist_and_a_plain_http_mirror_keeps_the_origin_on
         '[[registry]]\nlocation = "registry.example:5000"\n'
         '[[registry.mirror]]\nlocation = "m.example"\ninsecure = true\n',
     )
-    fs = open_store(URL, {"mirror_config": str(conf)}, timeout=5).fs
+    fs = open_store(URL, {"mirror_config": str(conf)}, timeout=5).backend
     assert (fs.reader.base, fs.origin.base) == ("http://m.example", "https://registry.example:5000")
     hosts = write(
         tmp_path / "certs.d" / "registry.example_5000_" / "hosts.toml",
         'server = "https://registry.example:5000"\n[host."http://m.example:5000"]\n',
     )
-    fs = open_store(URL, {"mirror_config": str(hosts.parent.parent)}, timeout=5).fs
+    fs = open_store(URL, {"mirror_config": str(hosts.parent.parent)}, timeout=5).backend
     assert fs.reader.base == "http://m.example:5000"
     assert fs.origin.base == "https://registry.example:5000"
-    fs = open_store(URL, {"mirror_config": str(conf), "mirror_reads": "false"}, timeout=5).fs
+    fs = open_store(URL, {"mirror_config": str(conf), "mirror_reads": "false"}, timeout=5).backend
     assert fs.reader is fs.origin and fs.tag_reader is fs.origin
     writing = write_options(URL, {"mirror_config": str(conf), "mirror_reads": True})
-    fs = open_store(URL, writing, timeout=5).fs  # a push reads nothing through a mirror
+    fs = open_store(URL, writing, timeout=5).backend  # a push reads nothing through a mirror
     assert fs.reader is fs.origin and fs.tag_reader is fs.origin
     assert write_options("s3://bucket/plans", {"a": 1}) == {"a": 1}  # only a registry takes it
 
@@ -206,5 +206,5 @@ def test_a_misspelt_registry_option_gets_the_stores_did_you_mean(key: str, guess
         open_store(URL, {key: "x"}, timeout=5)
     assert err.value.detail == (
         f"unknown storage option {key!r} for oci:// "
-        f"(plancache.storage.oci.registry_fs.RegistryFileSystem); did you mean {guess!r}?"
+        f"(plancache.storage.oci.registry.RegistryBackend); did you mean {guess!r}?"
     )

@@ -222,8 +222,8 @@ def test_round_trip_push_ls_verify_resolve_prune(
 
     # a tampered set: refused, and the node falls back to the per-plan objects
     name = set_name(world)
-    head, body = split_set(store.fs.cat_file(store.path(name)))
-    store.fs.pipe_file(store.path(name), head + body[:-1] + b" ")
+    head, body = split_set(store.open_backend().fs.cat_file(store.path(name)))
+    store.open_backend().fs.pipe_file(store.path(name), head + body[:-1] + b" ")
     code, doc = cli(capsys, options, "verify", url, "--trusted-keys", f"{key}.pub")
     assert (
         code == 1 and {s["name"]: s["reason"] for s in doc["plan_sets"]}[name] == "digest-mismatch"

@@ -225,7 +225,7 @@ class Backend:
         """Write behind the prune's back (another operator's push)."""
         if self.standin is not None:
             return self.standin.state.write(self.store.path(name), data)
-        self.store.fs.pipe_file(self.store.path(name), data)
+        self.store.open_backend().fs.pipe_file(self.store.path(name), data)
         return None
 
     def remove(self, name: str) -> None:
@@ -233,14 +233,14 @@ class Backend:
             with self.standin.state.lock:
                 del self.standin.state.objects[self.store.path(name)]
             return
-        self.store.fs.rm_file(self.store.path(name))
+        self.store.open_backend().fs.rm_file(self.store.path(name))
 
     def read(self, name: str) -> bytes | None:
         if self.standin is not None:
             found = self.standin.state.objects.get(self.store.path(name))
             return None if found is None else found[0]
         try:
-            return bytes(self.store.fs.cat_file(self.store.path(name)))
+            return bytes(self.store.open_backend().fs.cat_file(self.store.path(name)))
         except FileNotFoundError:
             return None
 
@@ -378,12 +378,12 @@ def test_without_the_precondition_the_window_is_real(
     """The same race with the delete made unconditional: the check before the first delete
     refuses such a store; with the check skipped, the race deletes the re-pushed plan. What
     keeps it in the tests above is the store's precondition, not the timing."""
-    kind = backend.store.kind
+    store_backend = backend.store.backend
 
-    async def unconditional(fs: Any, path: str, token: str) -> None:
-        await fs._rm_file(path)
+    async def unconditional(path: str, token: str) -> None:
+        await store_backend.delete(path)
 
-    monkeypatch.setitem(conditional_deletes.DELETES, kind, unconditional)
+    monkeypatch.setattr(store_backend, "delete_if_unchanged", unconditional)
     judged = seed(backend)
     _, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
     with pytest.raises(PlanCacheError) as info:  # the check before the first delete sees it
@@ -516,8 +516,9 @@ def test_the_gcs_emulator_ignores_if_generation_match_and_is_refused(backend: Ba
         delete_if_unchanged(backend.store, judged)
     assert info.value.reason is Reason.CONFIG and "--unconditional" in info.value.detail
     assert all(backend.read(plan_name(fp)) is not None for fp in judged)
-    assert backend.store.fs.ls(backend.store.root) != [] and not any(
-        ".plancache-precondition-check-" in p for p in backend.store.fs.ls(backend.store.root)
+    assert backend.store.open_backend().fs.ls(backend.store.root) != [] and not any(
+        ".plancache-precondition-check-" in p
+        for p in backend.store.open_backend().fs.ls(backend.store.root)
     )
 
 

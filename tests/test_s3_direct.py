@@ -142,8 +142,8 @@ def test_a_boot_pull_imports_no_s3fs_and_a_bulk_one_uses_it(
 def test_once_s3fs_is_built_every_read_goes_through_it(fault_server: FaultServer) -> None:
     serve(fault_server, fps(2))
     store = open_store("s3://faulty/plans", {"endpoint_url": fault_server.endpoint}, 10.0)
-    assert store.fetch(fps(1)[0]).plan_bytes and store._fs is None
-    assert store.fingerprints() == fps(2) and store._fs is not None  # the listing needs s3fs
+    assert store.fetch(fps(1)[0]).plan_bytes and not store._backend.opened
+    assert store.fingerprints() == fps(2) and store._backend.opened  # the listing needs s3fs
     requests = len(fault_server.state.requests)
     assert store.fetch(fps(1)[0]).plan_bytes == plan_bytes(fps(1)[0])
     assert len(fault_server.state.requests) == requests + 2
@@ -160,11 +160,11 @@ def test_same_bytes_and_same_misses_as_s3fs(moto: MotoServer) -> None:
     for direct in (True, False):
         store = open_store(url, moto.options, 10.0)
         if not direct:
-            _ = store.fs  # built: reads go through s3fs
+            store.open_backend()  # built: reads go through s3fs
         got, missing = store.fetch_many([FP, "0" * 16])
         gone = open_store(f"s3://{bucket}-nope/plans", moto.options, 10.0)
         if not direct:
-            _ = gone.fs
+            gone.open_backend()
         outcomes.append(
             (
                 got.plan_bytes,
@@ -173,7 +173,7 @@ def test_same_bytes_and_same_misses_as_s3fs(moto: MotoServer) -> None:
                 missing.plan_bytes,
                 missing.error,
                 gone.fetch(FP).plan_bytes,
-                store._fs is None,
+                not store._backend.opened,
             )
         )
     assert outcomes[0][:-1] == outcomes[1][:-1] == (plan_bytes(), b"", None, None, None, None)
@@ -214,7 +214,7 @@ def test_a_body_botocore_would_read_whole_is_capped(fault_server: FaultServer) -
     fault_server.state.listing_mode = "huge-page"
     store = open_store("s3://faulty/plans", {"endpoint_url": fault_server.endpoint}, 10.0)
     with pytest.raises(Rejected) as err:
-        store._direct.client().list_objects_v2(Bucket="faulty", Prefix="plans/")
+        store._backend.direct.client().list_objects_v2(Bucket="faulty", Prefix="plans/")
     assert err.value.reason is Reason.TOO_LARGE
     assert fault_server.state.bytes_sent < 48 << 20
 

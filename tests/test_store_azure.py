@@ -204,7 +204,7 @@ def test_redirect_to_another_host_is_not_followed(fault_server: FaultServer, key
 
 def test_budget_defaults_and_their_overrides() -> None:
     options = {"connection_string": azure_connection_string("http://127.0.0.1:1")}
-    fs = open_store(URL, options, 3.0).fs
+    fs = open_store(URL, options, 3.0).open_backend().fs
     assert type(fs) is BoundedAzureBlobFileSystem
     transport = fs.service_client._pipeline._transport
     assert isinstance(transport, CappedTransport)
@@ -213,7 +213,7 @@ def test_budget_defaults_and_their_overrides() -> None:
         1.5,
     )
     assert fs.service_client._config.retry_policy.total_retries == 0
-    fs = open_store(URL, {**options, "read_timeout": 9, "retry_total": 2}, 3.0).fs
+    fs = open_store(URL, {**options, "read_timeout": 9, "retry_total": 2}, 3.0).open_backend().fs
     assert fs.service_client._pipeline._transport.connection_config.read_timeout == 9
     assert fs.service_client._config.retry_policy.total_retries == 2
 
@@ -238,15 +238,19 @@ def test_url_forms_and_credentials_as_adlfs_reads_them(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # adlfs warns about its sync credentials: none is made
         store = open_store(url, {"anon": False}, 3.0)
-        fs = store.fs
-    assert store.kind == "azure" and store.root.split("/") == ["plans", "fleet"]
+        fs = store.open_backend().fs
+    assert store.scheme == "azure" and store.root.split("/") == ["plans", "fleet"]
     from azure.identity.aio import DefaultAzureCredential
 
     assert isinstance(fs.credential, DefaultAzureCredential) and fs.sync_credential is None
     assert fs.service_client.url.startswith("https://acct.blob.core.windows.net")
-    key_fs = open_store(url, {"account_name": "acct", "account_key": "a2V5"}, 3.0).fs
+    key_fs = open_store(url, {"account_name": "acct", "account_key": "a2V5"}, 3.0).open_backend().fs
     assert key_fs.service_client.credential.account_name == "acct"
-    sas_fs = open_store(url, {"account_name": "acct", "sas_token": "sv=2026&sig=x"}, 3.0).fs
+    sas_fs = (
+        open_store(url, {"account_name": "acct", "sas_token": "sv=2026&sig=x"}, 3.0)
+        .open_backend()
+        .fs
+    )
     assert "sig=x" in sas_fs.service_client.url and sas_fs.service_client.credential is None
 
 

@@ -118,8 +118,10 @@ def test_a_thread_blocked_on_a_fifo_does_not_hold_exit(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         "from fsspec.implementations.local import LocalFileSystem\n"
+        "from plancache.storage.fsspec_backends import FsspecBackend\n"
         "from plancache.storage.store import Store\n"
-        f"s = Store(LocalFileSystem(), 'file://{tmp_path}', '{tmp_path}', 1.0, kind='sync')\n"
+        "b = FsspecBackend('file', fs=LocalFileSystem())\n"
+        f"s = Store(b, 'file://{tmp_path}', '{tmp_path}', 1.0)\n"
         "t = time.monotonic(); r = s.fetch(sys.argv[1])\n"
         "print(r.error.reason.value, time.monotonic() - t, time.monotonic(), flush=True)\n"
     )

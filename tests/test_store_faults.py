@@ -285,9 +285,12 @@ def test_plancache_defaults_and_their_overrides(monkeypatch: pytest.MonkeyPatch)
     from fsspec.config import conf
 
     store = open_store("s3://bucket/p", {"endpoint_url": "http://127.0.0.1:1"}, 3.0)
-    assert store.fs.retries == 1 and store.fs.max_concurrency == 1
-    assert store.fs.config_kwargs["retries"] == {"total_max_attempts": 1, "mode": "standard"}
-    assert store.fs.config_kwargs["connect_timeout"] == 1.0
+    assert store.open_backend().fs.retries == 1 and store.open_backend().fs.max_concurrency == 1
+    assert store.open_backend().fs.config_kwargs["retries"] == {
+        "total_max_attempts": 1,
+        "mode": "standard",
+    }
+    assert store.open_backend().fs.config_kwargs["connect_timeout"] == 1.0
     # explicit options win key by key; fsspec's own configuration (FSSPEC_S3_*) sits in between
     monkeypatch.setitem(conf, "s3", {"config_kwargs": {"read_timeout": 9}, "max_concurrency": 4})
     store = open_store(
@@ -299,15 +302,18 @@ def test_plancache_defaults_and_their_overrides(monkeypatch: pytest.MonkeyPatch)
         },
         3.0,
     )
-    assert store.fs.retries == 3 and store.fs.max_concurrency == 4
+    assert store.open_backend().fs.retries == 3 and store.open_backend().fs.max_concurrency == 4
     assert (
-        store.fs.config_kwargs["connect_timeout"] == 7
-        and store.fs.config_kwargs["read_timeout"] == 9
+        store.open_backend().fs.config_kwargs["connect_timeout"] == 7
+        and store.open_backend().fs.config_kwargs["read_timeout"] == 9
     )
-    assert store.fs.config_kwargs["retries"]["total_max_attempts"] == 1
+    assert store.open_backend().fs.config_kwargs["retries"]["total_max_attempts"] == 1
     gcs = open_store("gs://bucket/p", {"token": "anon"}, 3.0)
-    assert type(gcs.fs).__name__ == "GCSFileSystem" and type(gcs.fs).__module__ == "gcsfs.core"
-    assert gcs.fs.requests_timeout.sock_connect == 1.0
+    assert (
+        type(gcs.open_backend().fs).__name__ == "GCSFileSystem"
+        and type(gcs.open_backend().fs).__module__ == "gcsfs.core"
+    )
+    assert gcs.open_backend().fs.requests_timeout.sock_connect == 1.0
 
 
 def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -369,7 +375,7 @@ def store_on(path: str, endpoint: str, timeout: float) -> Store:
     s3fs (built: a CLI pull after a listing, a build node after its push)."""
     store = s3_store(endpoint, timeout)
     if path == "s3fs":
-        _ = store.fs
+        store.open_backend()
     return store
 
 
@@ -388,7 +394,7 @@ def test_a_compile_cache_archive_that_ignores_range_is_not_downloaded(
     with pytest.raises(PlanCacheError) as err:
         archives.get_object(store, archives.archive_name(subject), cap=4096)
     assert err.value.reason is Reason.TOO_LARGE
-    assert (store._fs is None) == (s3_read_path == "direct")
+    assert (not store._backend.opened) == (s3_read_path == "direct")
     _not_downloaded(fault_server)
 
 
@@ -413,7 +419,7 @@ def _a_boot_read(
         assert err.value.reason is reason, err.value
         assert "\n" not in err.value.detail and name in err.value.detail
     assert time.monotonic() - started < 2.0 + SLACK_S
-    assert (store._fs is None) == (path == "direct")  # a boot's reads never build s3fs
+    assert (not store._backend.opened) == (path == "direct")  # a boot's reads never build s3fs
 
 
 @pytest.mark.parametrize(

@@ -113,7 +113,7 @@ def test_a_store_let_go_closes_its_session_on_its_own_loop(registry: DockerRegis
     its connections), with no 'Unclosed' warning."""
     store = open_store(registry.url(registry.new_repository()), timeout=30)
     store.put_many({plan_name(FP): b"plan-bytes"})
-    session = store.fs.origin._session
+    session = store.backend.origin._session
     assert session is not None and not session.closed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

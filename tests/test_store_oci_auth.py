@@ -110,10 +110,12 @@ def test_wrong_or_missing_credentials_are_one_line_without_the_secret(
 
 
 def test_plain_http_only_for_loopback_or_when_asked() -> None:
-    fs = open_store("oci://registry.example/team/plans", {"mirror": "http://mirror.example"}).fs
+    fs = open_store(
+        "oci://registry.example/team/plans", {"mirror": "http://mirror.example"}
+    ).backend
     assert fs.origin.base == "https://registry.example"  # the mirror's scheme is its own
     assert fs.reader.base == "http://mirror.example"
-    fs = open_store("oci://registry.example/team/plans", {"plain_http": True}).fs  # asked for
+    fs = open_store("oci://registry.example/team/plans", {"plain_http": True}).backend  # asked for
     assert fs.origin.base == "http://registry.example"
     with pytest.raises(ConfigError):
         open_store("oci://127.0.0.1:5000/a", {"colour": "blue"})

@@ -123,7 +123,7 @@ def test_three_journeys(
 
     # someone rewrites a plan in the bucket: the audit fails, a spot boot keeps going without it
     store = open_store(url, options, 30)
-    store.fs.pipe_file(
+    store.open_backend().fs.pipe_file(
         store.path(plan_name(FP2)), plan_bytes(fp=FP2, kv=2 * GIB - 1, baseline=2 * GIB)
     )
     audit = script(

@@ -259,7 +259,7 @@ def audit_location(
         return source, audit_plans(
             source, list_plans(source), policy, now, jobs=jobs, progress=progress
         )
-    deadline = source._deadline(None)  # the opening's own: one budget for the whole audit
+    deadline = source.deadline(None)  # the opening's own: one budget for the whole audit
     reports = audit_store(
         source, None, policy, now, jobs=jobs, progress=progress, deadline=deadline
     )
@@ -326,7 +326,7 @@ def audit_store(
     memory does not grow with the store's size. The listing and every fetch share one
     ``deadline`` (the caller's, else one taken now): no part starts a fresh budget.
     ``digests`` collects each fetched plan's sha256, for comparing plan sets with the plans."""
-    deadline = store._deadline(deadline)
+    deadline = store.deadline(deadline)
     names = store.iter_fingerprints(deadline) if fingerprints is None else fingerprints
     stream = store.fetch_stream(names, deadline, on_done=progress.advance if progress else None)
     reports: list[PlanReport] = []

@@ -32,7 +32,7 @@ def note_candidates(
 ) -> None:
     """For each of ``reports`` (plans that failed verification: not a store error, not missing)
     in a store with a subject, judge the other candidates with ``judge`` and name them there."""
-    if store.kind != "oci" or getattr(store.fs, "subject_text", None) is None:
+    if store.subject is None:
         return
     from ..storage.oci.candidate_reads import other_plans
 

@@ -211,7 +211,7 @@ def require_push_target(store: Store) -> None:
             (``config-error``).
         StoreError: the ``--subject`` image is not in the registry store's repository.
     """
-    if store.kind == "oci":
+    if store.subject is not None:
         from ..storage.checks import require_subject
 
         require_subject(store)  # the image attached to exists, before anything is signed
@@ -255,10 +255,7 @@ def no_plans_message(source: Location) -> str:
 
 def attached_to(source: Location) -> str | None:
     """The image a registry store lists the referrers of (``--subject``), else None."""
-    if isinstance(source, LocalPlanDir) or getattr(source, "kind", None) != "oci":
-        return None
-    subject = getattr(getattr(source, "_fs", None), "subject_text", None)
-    return subject if isinstance(subject, str) else None
+    return None if isinstance(source, LocalPlanDir) else source.subject
 
 
 def near_miss(source: Location) -> str | None:
@@ -274,14 +271,13 @@ def near_miss(source: Location) -> str | None:
     else:
         from ..clock import Deadline
         from ..storage.checks import deeper_prefixes
-        from ..storage.store import Store
 
         parent_url, _, leaf = source.url.rstrip("/").rpartition("/")
         parent_root = source.root.rstrip("/").rpartition("/")[0]
         if not parent_root or "://" not in parent_url or parent_url.endswith("://"):
             return None
         try:
-            parent = Store(source.fs, parent_url, parent_root, source.timeout)
+            parent = source.beside(parent_url, parent_root)
         except Exception:  # best effort: the filesystem could not be made in time
             return None
         holding = deeper_prefixes(

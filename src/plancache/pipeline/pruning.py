@@ -283,4 +283,4 @@ def _delete_rounds(
 def _many_candidates(store: Store) -> bool:
     """Whether a name in ``store`` can stand for more than one object: a registry's with a
     ``subject`` (the image's referrers)."""
-    return store.kind == "oci" and getattr(store.fs, "subject_text", None) is not None
+    return store.subject is not None

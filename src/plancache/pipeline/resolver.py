@@ -170,7 +170,7 @@ class Resolver:
         verifying: as it was."""
         if not isinstance(result.error, Rejected) or result.plan_bytes is None:
             return result
-        if self.store.kind != "oci":  # the registry's modules need the [oci] extra
+        if self.store.subject is None:  # only a registry's image has other candidates
             return result
         from ..storage.oci.candidate_reads import other_plans
 

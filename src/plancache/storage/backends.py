@@ -1,4 +1,5 @@
-"""Opening fsspec filesystems with plancache's defaults for each SDK, and each one's listing path.
+"""Opening fsspec filesystems with plancache's defaults for each SDK (which backend class holds
+one: :func:`.store.open_backend`).
 
 The SDKs' defaults would make a booting worker wait for minutes: s3fs retries at two layers
 of its own on top of botocore's retries (a black-holed endpoint took 423 s), gcsfs sets no
@@ -28,18 +29,12 @@ import os
 import types
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..clock import REAL_CLOCK, Clock
 from ..trust.errors import ConfigError, PlanCacheError
 from .deadline import one_line
-from .listing import MAX_NAMES, Page, fsspec_entries, local_entries
-
-if TYPE_CHECKING:
-    from .store_calls import StoreCalls
-
-CONCURRENCY = 64
-"""Requests in flight per operation; also the connection pool size plancache asks for."""
+from .fsspec_backends import CONCURRENCY
 
 GCS_HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 
@@ -48,7 +43,7 @@ AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 
 class FilesystemClass(Protocol):
     """An fsspec filesystem class, as plancache reads it before making the filesystem (fsspec
-    ships no types; an instance is ``Any``, see :mod:`.store_calls`)."""
+    ships no types; an instance is ``Any``, see :mod:`.fsspec_backends`)."""
 
     protocol: str | tuple[str, ...]
 
@@ -233,59 +228,6 @@ def _aiohttp_timeout(value: Any) -> Any:
     if isinstance(value, Mapping):
         return aiohttp.ClientTimeout(**value)
     return value
-
-
-def kind_of(cls: type | FilesystemClass) -> str:
-    """Which read and listing path a filesystem class gets (see :class:`.store.Store`)."""
-    module = cls.__module__
-    for prefix, kind in (
-        ("s3fs", "s3"),
-        ("gcsfs", "gcs"),
-        ("adlfs", "azure"),
-        ("plancache.storage.azure", "azure"),
-        ("fsspec.implementations.local", "local"),
-        ("plancache.storage.oci", "oci"),
-    ):
-        if module.startswith(prefix):
-            return kind
-    return "async" if getattr(cls, "async_impl", False) else "sync"
-
-
-PAGED = ("s3", "gcs", "azure")
-"""Store kinds whose listings come one page per request, sub-prefixes named
-(:class:`.listing.Page`)."""
-
-
-async def list_page(store: StoreCalls, token: str | None, root: str | None = None) -> Page:
-    """One listing page under ``store``'s prefix (or, on the :data:`PAGED` kinds, under ``root``,
-    a path of the same filesystem), by the store's kind; an absent prefix lists nothing."""
-    from .threads import in_thread
-
-    fs = store._fs
-    under = store.root if root is None else root
-    try:
-        if store.kind == "s3":
-            from .s3.reads import s3_page
-
-            return await s3_page(fs, under, token)
-        if store.kind == "gcs":
-            from .gcs.pages import gcs_page
-
-            return await gcs_page(fs, under, token)
-        if store.kind == "azure":
-            from .azure.blob import azure_page
-
-            return await azure_page(fs, under, token)
-        if store.kind == "local":
-            return Page(await in_thread(local_entries, store.root, MAX_NAMES + 1), None)
-        if store.kind == "oci":
-            from .oci.oci_versions import oci_page
-
-            return await oci_page(fs, token)
-        listed = await store._call("ls", store.root, detail=True)
-        return Page(fsspec_entries(fs, store.path(""), listed, MAX_NAMES + 1), None)
-    except FileNotFoundError:
-        return Page([], None)
 
 
 def filesystem_opener(

@@ -19,7 +19,6 @@ judged is :mod:`.conditional_deletes`.)
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,7 +39,7 @@ BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 """Protocols whose first path component is a bucket (an Azure container) that must exist on its
 own."""
 
-_CHECKED = {
+_CHECKED = {  # protocol -> the SDK whose constructor takes its options
     "s3": "s3",
     "s3a": "s3",
     "gs": "gcs",
@@ -87,9 +86,9 @@ def _named_parameters(cls: type) -> set[str]:
     return names
 
 
-def _accepted(kind: str, cls: type) -> set[str]:
-    names = _named_parameters(cls) | _FSSPEC_COMMON | _PLANCACHE_OWN.get(kind, set())
-    if kind == "s3":  # s3fs passes its remaining keyword arguments to aiobotocore's AioSession
+def _accepted(sdk: str, cls: type) -> set[str]:
+    names = _named_parameters(cls) | _FSSPEC_COMMON | _PLANCACHE_OWN.get(sdk, set())
+    if sdk == "s3":  # s3fs passes its remaining keyword arguments to aiobotocore's AioSession
         try:
             from aiobotocore.session import AioSession
 
@@ -116,10 +115,10 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 
             _refuse_unknown(protocol, REGISTRY_BACKEND, REGISTRY, options)
             return
-    kind = _CHECKED.get(protocol)
-    if kind is None or not options:
+    sdk = _CHECKED.get(protocol)
+    if sdk is None or not options:
         return
-    if kind == "s3":
+    if sdk == "s3":
         from .s3.direct import OPTIONS
 
         if set(options) <= OPTIONS:
@@ -127,13 +126,13 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
     import fsspec
 
     try:
-        if kind == "gcs":
+        if sdk == "gcs":
             from gcsfs.core import GCSFileSystem as cls
         else:
             cls = fsspec.get_filesystem_class(protocol)
     except ImportError:
         return  # the open itself explains the missing extra
-    _refuse_unknown(protocol, f"{cls.__module__}.{cls.__name__}", _accepted(kind, cls), options)
+    _refuse_unknown(protocol, f"{cls.__module__}.{cls.__name__}", _accepted(sdk, cls), options)
 
 
 def _refuse_unknown(
@@ -149,22 +148,11 @@ def _refuse_unknown(
 # -- existence and deeper prefixes ------------------------------------------------------------
 
 
-def _loop(store: Store) -> asyncio.AbstractEventLoop:
-    if getattr(store.fs, "async_impl", False):
-        return store.fs.loop
-    from fsspec.asyn import get_loop
-
-    return get_loop()
-
-
-async def _call(store: Store, name: str, *args: Any, **kwargs: Any) -> Any:
-    if getattr(store.fs, "async_impl", False):
-        return await getattr(store.fs, f"_{name}")(*args, **kwargs)
-    return await asyncio.to_thread(getattr(store.fs, name), *args, **kwargs)
-
-
 def _run(store: Store, make: Callable[[], Awaitable[T]], deadline: Deadline, what: str) -> T:
-    return run_by(_loop(store), make, deadline, f"{what} {store.url}", store.timeout)
+    """``make()`` on the store's loop by ``deadline``; typed by :func:`.deadline.run_by`
+    (no retries: these questions are best effort or asked once)."""
+    backend = store.open_backend()
+    return run_by(backend.loop, make, deadline, f"{what} {store.url}", store.timeout)
 
 
 def protocol_of(store: Store) -> str:
@@ -185,10 +173,11 @@ def location_exists(store: Store, deadline: Deadline | None = None) -> bool | No
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     protocol = protocol_of(store)
     target = store.root.split("/", 1)[0] if protocol in BUCKETED else store.root
+    backend = store.backend
 
     async def info() -> Any:
         try:
-            return await _call(store, "info", target)
+            return await backend.info(target)
         except FileNotFoundError:
             return None
         except PermissionError:
@@ -220,13 +209,20 @@ def require_subject(store: Store, deadline: Deadline | None = None) -> None:
         StoreError: the image is not in the repository, or the registry could not be asked
             (``StoreTimeout`` at the deadline).
     """
-    fs = store.fs
-    if getattr(fs, "subject_text", None) is None:
+    if store.subject is None:
         return
     from .oci.referrers import subject_descriptor
+    from .oci.registry import RegistryBackend
 
+    registry = store.backend
+    assert isinstance(registry, RegistryBackend)  # the only backend with a subject
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
-    _run(store, lambda: subject_descriptor(fs), deadline, "cannot look up the --subject image in")
+    _run(
+        store,
+        lambda: subject_descriptor(registry),
+        deadline,
+        "cannot look up the --subject image in",
+    )
 
 
 def deeper_prefixes(
@@ -236,7 +232,8 @@ def deeper_prefixes(
 
     Breadth first, at most ``max_depth`` levels and MAX_LISTINGS listing requests, inside the
     deadline; any failure ends the walk with what was found so far. On S3, GCS and Azure each
-    request is one page (:func:`.backends.list_page`), read and dropped: what is kept is at most
+    request is one page (:meth:`.backend.Backend.list_page`), read and dropped: what is kept is
+    at most
     MAX_QUEUED prefixes and whether a plan was seen, so a hostile listing (4 MiB pages that say
     "truncated" forever) costs a page of memory, not the listing's size. The URLs are the
     store's text, returned as they are: whoever shows them escapes them
@@ -253,8 +250,6 @@ def deeper_prefixes(
         return base + path[len(store.root.rstrip("/")) :]
 
     async def paged() -> None:
-        from .backends import list_page
-
         queue: deque[tuple[str, int]] = deque([(store.root, 0)])
         queued = requests = 0
         while queue and len(found) < limit and requests < MAX_LISTINGS:
@@ -264,7 +259,7 @@ def deeper_prefixes(
             while requests < MAX_LISTINGS:
                 requests += 1
                 try:
-                    page = await list_page(store, token, path)
+                    page = await backend.list_page(path, token)
                 except (OSError, ValueError, PlanCacheError):
                     break
                 holds_plans = holds_plans or any(
@@ -289,29 +284,21 @@ def deeper_prefixes(
             path, depth = queue.pop(0)
             listings += 1
             try:
-                entries = await _call(store, "ls", path, detail=True)
+                entries = await backend.list_dir(path)
             except (OSError, ValueError):
                 continue
             names = []
-            for entry in entries if isinstance(entries, list) else []:
-                if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-                    continue
-                full = store.fs._strip_protocol(entry["name"]).rstrip("/")
+            for full, is_directory in entries:
                 leaf = full.rsplit("/", 1)[-1]
-                if (
-                    entry.get("type") == "directory"
-                    and depth < max_depth
-                    and full != path.rstrip("/")
-                ):
+                if is_directory and depth < max_depth and full != path.rstrip("/"):
                     queue.append((full, depth + 1))
                 names.append(leaf)
             if depth > 0 and any(fingerprint_of_plan_name(n) for n in names):
                 found.append(shown(path))
 
-    from .backends import PAGED
-
     try:
-        _run(store, paged if store.kind in PAGED else walk, deadline, "cannot walk")
+        backend = store.backend
+        _run(store, paged if backend.paged else walk, deadline, "cannot walk")
     except PlanCacheError:
         pass
     return found[:limit]

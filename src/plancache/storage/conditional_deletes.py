@@ -20,7 +20,8 @@ and nothing is deleted. ``unconditional=True`` (``prune --unconditional``) skips
 deletes after the re-read, as on the backends below.
 
 Other backends (``file://``, ``memory://``, other fsspec filesystems) offer no precondition
-through fsspec: they are re-read and compared, and the window left is the time between that
+through fsspec (:attr:`.backend.Backend.preconditions` says which do; the registry does, on its
+manifest digests): they are re-read and compared, and the window left is the time between that
 re-read and the delete.
 
 Every call runs under the caller's deadline on the store's event loop, retried inside it with
@@ -34,36 +35,18 @@ import hashlib
 import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..clock import Deadline
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.plan import plan_name, sig_name
-from .azure import azure_versions
 from .deadline import http_status, store_error, with_retries
-from .gcs import gcs_versions
 from .listing import cap_for
-from .oci import oci_versions
-from .s3 import s3_versions
 from .versioned import ABSENT, Versioned, precondition_failed
 
 if TYPE_CHECKING:
+    from .backend import Backend
     from .store import Store
-
-READS: dict[str, Callable[[Any, str, int], Awaitable[Versioned]]] = {
-    "s3": s3_versions.read,
-    "gcs": gcs_versions.read,
-    "azure": azure_versions.read,
-    "oci": oci_versions.read,
-}
-DELETES: dict[str, Callable[[Any, str, str], Awaitable[None]]] = {
-    "s3": s3_versions.delete,
-    "gcs": gcs_versions.delete,
-    "azure": azure_versions.delete,
-    "oci": oci_versions.delete,
-}
-"""Backends with a precondition on deletes, by :attr:`.store.Store.kind`: each one's read with
-its version and its conditional delete are in its own room."""
 
 T = TypeVar("T")
 
@@ -115,16 +98,16 @@ def delete_if_unchanged(
     :func:`require_honoured_preconditions`' ConfigError.
     """
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
-    if store.kind not in READS or unconditional:
+    if not store.backend.preconditions or unconditional:
         return _reread_then_delete(store, judged, deadline, before_delete)
     if not checked:
         require_honoured_preconditions(store, deadline)
-    fs = store.fs
+    backend = store.backend
     deleted: list[str] = []
     changed: list[str] = []
     source = iter(judged)
     while batch := list(itertools.islice(source, BATCH)):
-        done, kept = _delete_batch(store, fs, batch, judged, deadline, before_delete, versions)
+        done, kept = _delete_batch(store, backend, batch, judged, deadline, before_delete, versions)
         deleted += done
         changed += kept
     return deleted, changed
@@ -132,7 +115,7 @@ def delete_if_unchanged(
 
 def _delete_batch(
     store: Store,
-    fs: Any,
+    backend: Backend,
     batch: list[str],
     judged: Mapping[str, str],
     deadline: Deadline,
@@ -141,7 +124,9 @@ def _delete_batch(
 ) -> tuple[list[str], list[str]]:
     """One batch of :func:`delete_if_unchanged` on a store with preconditions: re-read, compare,
     delete conditionally; (deleted, changed)."""
-    seen = _each(store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline)
+    seen = _each(
+        store, batch, lambda fp: _read_pair(store, backend, fp, deadline), "re-read", deadline
+    )
     same = [fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]]
     changed = [fp for fp in batch if fp not in same]
     if same and before_delete is not None:
@@ -149,7 +134,7 @@ def _delete_batch(
     gone = _each(
         store,
         same,
-        lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline),
+        lambda fp: _delete_pair(store, backend, fp, seen[fp], deadline),
         "delete",
         deadline,
     )
@@ -168,22 +153,20 @@ def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
             naming :data:`UNCONDITIONAL_FLAG` (reason ``config-error``).
         StoreError: the store failed the check itself (``StoreTimeout`` at the deadline).
     """
-    fs = store.fs
+    backend = store.backend
     path = store.path(f"{CANARY_PREFIX}{uuid.uuid4().hex}")
 
     async def check() -> str | None:
-        await with_retries(
-            lambda: store._call("pipe_file", path, b"plancache precondition check\n"), deadline
-        )
+        await with_retries(lambda: backend.write(path, b"plancache precondition check\n"), deadline)
         try:
             token = (
-                await with_retries(lambda: READS[store.kind](fs, path, 64), deadline)
+                await with_retries(lambda: backend.read_versioned(path, 64), deadline)
             ).token or ""
             wrong = (
                 str(int(token) + 1) if token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'
             )  # never the canary's
             try:
-                await DELETES[store.kind](fs, path, wrong)
+                await backend.delete_if_unchanged(path, wrong)
             except Exception as exc:
                 if precondition_failed(exc):
                     return None
@@ -193,12 +176,9 @@ def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
                 return f"answers {status} to a delete with a precondition"
             return "deleted an object whose precondition did not hold"
         finally:
-            try:
-                await with_retries(lambda: store._call("rm_file", path), deadline)
-            except FileNotFoundError:
-                pass
+            await with_retries(lambda: backend.delete(path), deadline)
 
-    failed = store._run(check, deadline, "cannot check conditional deletes on")  # typed there
+    failed = store.run(check, deadline, "cannot check conditional deletes on")  # typed there
     if failed is not None:
         raise ConfigError(
             f"{store.url} does not honour conditional deletes (it {failed}), so a plan replaced "
@@ -241,7 +221,7 @@ def _each(
 ) -> dict[str, T]:
     """``action`` on every key through the store's own bounded batch runner; raises the first
     failure."""
-    results = store._each_by(keys, action, f"{what} plans in", deadline)
+    results = store.each(keys, action, f"{what} plans in", deadline)
     done: dict[str, T] = {}
     for key, outcome in results.items():
         if isinstance(outcome, PlanCacheError):
@@ -251,11 +231,11 @@ def _each(
 
 
 async def _read_pair(
-    store: Store, fs: Any, fp: str, deadline: Deadline
+    store: Store, backend: Backend, fp: str, deadline: Deadline
 ) -> tuple[Versioned, Versioned]:
     plan, sig = await asyncio.gather(
-        _read_one(store, fs, plan_name(fp), deadline),
-        _read_one(store, fs, sig_name(fp), deadline),
+        _read_one(store, backend, plan_name(fp), deadline),
+        _read_one(store, backend, sig_name(fp), deadline),
         return_exceptions=True,  # both collected: neither exception is left unretrieved
     )
     if isinstance(plan, BaseException):
@@ -265,11 +245,10 @@ async def _read_pair(
     return plan, sig
 
 
-async def _read_one(store: Store, fs: Any, name: str, deadline: Deadline) -> Versioned:
+async def _read_one(store: Store, backend: Backend, name: str, deadline: Deadline) -> Versioned:
     cap = cap_for(name)
-    read = READS[store.kind]
     try:
-        got = await with_retries(lambda: read(fs, store.path(name), cap), deadline)
+        got = await with_retries(lambda: backend.read_versioned(store.path(name), cap), deadline)
     except FileNotFoundError:
         return ABSENT
     except Exception as exc:
@@ -280,26 +259,25 @@ async def _read_one(store: Store, fs: Any, name: str, deadline: Deadline) -> Ver
 
 
 async def _delete_pair(
-    store: Store, fs: Any, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
+    store: Store, backend: Backend, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
 ) -> bool:
     """False if the plan is no longer the version re-read (then its sidecar stays too)."""
     plan, sig = seen
-    if not await _delete_one(store, fs, plan_name(fp), plan.token, deadline):
+    if not await _delete_one(store, backend, plan_name(fp), plan.token, deadline):
         return False
-    await _delete_one(store, fs, sig_name(fp), sig.token, deadline)
+    await _delete_one(store, backend, sig_name(fp), sig.token, deadline)
     return True
 
 
 async def _delete_one(
-    store: Store, fs: Any, name: str, token: str | None, deadline: Deadline
+    store: Store, backend: Backend, name: str, token: str | None, deadline: Deadline
 ) -> bool:
     """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if
     changed."""
     if token is None:
         return True  # absent at the re-read: nothing judged to delete
-    delete = DELETES[store.kind]
     try:
-        await with_retries(lambda: delete(fs, store.path(name), token), deadline)
+        await with_retries(lambda: backend.delete_if_unchanged(store.path(name), token), deadline)
     except FileNotFoundError:
         return True
     except Exception as exc:

@@ -9,8 +9,9 @@ and its size is the store's choice. So a listing
 * ends with ``TOO_LARGE`` beyond :data:`MAX_NAMES` such names or :data:`MAX_PAGES` pages
   (a server that says "truncated" forever), and at the operation's deadline in any case.
 
-The request for one page is each backend's (:mod:`.s3.reads`, :mod:`.gcs.pages`,
-:mod:`.azure.blob`), chosen by :func:`.backends.list_page`; this module holds what they share.
+The request for one page is each backend's (:mod:`.s3.reads`, :mod:`.gcs.gcs_backend`,
+:mod:`.azure.blob`), called by each scheme's backend (:mod:`.backend`); this module holds what they
+share.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A set (``startup_planset_<id>.set``, see :mod:`plancache.trust.plans.plan_set`) is one more object
 under the same prefix as the plans; this module moves its bytes and decides nothing. The
 boot's read goes through the same paths as a plan's: on ``s3://`` before s3fs exists, plain
-botocore (:mod:`.s3.direct`); otherwise the store's capped read (:mod:`.capped_reads`), each
+botocore (:mod:`.s3.direct`); otherwise the store's capped read (:meth:`.store.Store.read`), each
 inside the caller's deadline and with the shared retries (:mod:`.deadline`).
 """
 
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from ..clock import Deadline
 from ..trust.plans.plan_set_names import set_object_id
-from .capped_reads import read_now
 from .deadline import THROTTLED, http_status
 
 if TYPE_CHECKING:
@@ -24,13 +23,13 @@ if TYPE_CHECKING:
 
 def read_set(store: Store, name: str, deadline: Deadline | None = None) -> bytes | None:
     """A set (or replica) object's bytes, capped (None if absent); raw and unverified; the
-    read's errors are :func:`.capped_reads.read_now`'s.
+    read's errors are :meth:`.store.Store.read`'s.
 
     Raises:
         Rejected: ``name`` is not a plan set's (reason ``malformed``).
     """
     set_object_id(name) or _not_a_set(name)
-    return read_now(store, name, store._deadline(deadline))
+    return store.read(name, store.deadline(deadline))
 
 
 def throttled(exc: BaseException) -> bool:
@@ -61,7 +60,7 @@ def delete_sets(
     from ..trust.errors import PlanCacheError
 
     wanted = [n for n in names if set_object_id(n) or _not_a_set(n)]
-    deadline = store._deadline(deadline)
+    deadline = store.deadline(deadline)
     try:
         store.delete_objects(wanted, deadline)
         return {}

@@ -18,7 +18,7 @@ also hand back the answer's ETag; gcsfs's whole-body reads are capped by
 :func:`.caps.http.body_cap`. A store that states no usable version is a StoreError: nothing is
 deleted unconditionally on these backends. :mod:`.conditional_deletes` uses these to delete only
 what ``prune`` judged. Each backend's read and delete is in its own room
-(:mod:`.s3.s3_versions`, :mod:`.gcs.gcs_versions`, :mod:`.azure.azure_versions`); here are only
+(:mod:`.s3.s3_backend`, :mod:`.gcs.gcs_backend`, :mod:`.azure.azure_backend`); here are only
 what they share: the versioned bytes, the token check and the ranged read.
 """
 

@@ -272,7 +272,7 @@ def _other_candidates(
     """(signature, archive reader) of each other signed cache attached to the store's image
     (``--subject``: :func:`...storage.oci.candidate_reads.other_candidates`, the plan readers'
     own step), newest first; none for any other store or when the registry cannot say."""
-    if store.kind != "oci":  # the registry's modules need the [oci] extra
+    if store.subject is None:  # only a registry's image has other candidates
         return []
     from ...storage.oci.candidate_reads import Candidate, candidate_content, other_candidates
 

@@ -118,7 +118,7 @@ def audit_sets(
 ) -> list[SetReport]:
     """A report per set or replica object the store lists (one listing, one read each, all
     inside one deadline), copies of one set compared with each other and with ``plans``."""
-    deadline = store._deadline(deadline)
+    deadline = store.deadline(deadline)
     reports: list[SetReport] = []
     names = set_names(store, deadline)  # sorted: the copies of one set are adjacent
     for _, group in itertools.groupby(names, key=lambda n: _listed_id(n)[0]):
@@ -264,7 +264,7 @@ def prune_sets(
     dates as written). Without this, a set would serve a pruned plan: its members verify alone."""
     gone, listed = set(deleted), set(present)
     outcome, doomed = SetPrune(), []
-    deadline = store._deadline(deadline)  # one budget for the listing, the reads and the deletes
+    deadline = store.deadline(deadline)  # one budget for the listing, the reads and the deletes
     for report in audit_sets(store, None, utcnow(), deadline=deadline):
         if report.status == STORE_ERROR:
             outcome.errors.append(report)

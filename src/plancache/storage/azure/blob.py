@@ -178,7 +178,7 @@ async def azure_get(
 
 async def azure_read(fs: BoundedAzureBlobFileSystem, path: str, cap: int) -> bytes:
     """One blob's bytes, from a download of ``bytes=0-cap`` (a 416 over an empty blob: see
-    :func:`..capped_reads.read_object`)."""
+    :meth:`..store.Store.read_capped`)."""
     return (await azure_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 

@@ -13,13 +13,9 @@ bounded retries, and listings yield subjects, never paths.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...clock import Deadline
 from ...trust.compile_cache.manifest import is_subject
 from ...trust.errors import Reason, Rejected
-from ..capped_reads import read_now
-from ..deadline import with_retries
 from ..store import Store
 
 ARCHIVE_SUFFIX = ".tar"
@@ -61,10 +57,9 @@ def get_object(
     """The object's bytes (None if absent), at most ``cap``: the store's own capped read (a
     ranged GET whose body is cut at ``cap + 1`` even when the server ignores the range, a
     non-blocking open on local stores), retried and bounded like a plan's, with its errors
-    (:func:`..capped_reads.read_now`). On ``s3://`` before s3fs is made (a boot's pull), through
+    (:meth:`..store.Store.read`). On ``s3://`` before s3fs is made (a boot's pull), through
     plain botocore (:mod:`..s3.direct`), capped the same."""
-    return read_now(
-        store,
+    return store.read(
         name,
         Deadline.after(store.timeout, store.clock) if deadline is None else deadline,
         cap=cap,
@@ -75,15 +70,7 @@ def put_object(store: Store, name: str, data: bytes, *, deadline: Deadline | Non
     """Upload one object within the deadline (retrying transient failures); a failure is a
     ``StoreError`` (``StoreTimeout`` at the deadline)."""
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
-    path = store.path(name)
-
-    async def write() -> None:
-        parent = path.rpartition("/")[0]
-        if parent and not store._async:
-            await store._call("makedirs", parent, exist_ok=True)  # local stores need the directory
-        await with_retries(lambda: store._call("pipe_file", path, data), deadline)
-
-    store._run(write, deadline, f"cannot upload {name} to")
+    store.write_object(name, data, deadline)
 
 
 def list_subjects(store: Store, deadline: Deadline | None = None) -> list[str]:
@@ -91,18 +78,7 @@ def list_subjects(store: Store, deadline: Deadline | None = None) -> list[str]:
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     found: set[str] = set()
     for folder, nested in ((PREFIX, ""), (f"{PREFIX}/torch_aot_compile", "torch_aot_compile/")):
-        base = store.path(folder)
-
-        async def listing(base: str = base) -> list[Any]:
-            try:
-                return list(
-                    await with_retries(lambda: store._call("ls", base, detail=False), deadline)
-                )
-            except FileNotFoundError:
-                return []
-
-        for entry in store._run(listing, deadline, "cannot list"):
-            name = str(entry).rstrip("/").rpartition("/")[2]
+        for name in store.folder_names(folder, deadline):
             subject = nested + name[: -len(SIG_SUFFIX)] if name.endswith(SIG_SUFFIX) else ""
             if is_subject(subject):
                 found.add(subject)

@@ -30,7 +30,7 @@ from .referrers import candidate_manifests
 
 if TYPE_CHECKING:
     from ..store import Store
-    from .registry_fs import RegistryFileSystem
+    from .registry import RegistryBackend
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,17 @@ class Candidate:
     content: Descriptor
 
 
-def _registry(store: Store) -> RegistryFileSystem | None:
-    fs = store.fs if store.kind == "oci" else None
-    return fs if fs is not None and getattr(fs, "subject_text", None) is not None else None
+def _registry(store: Store) -> RegistryBackend | None:
+    """The store's registry backend when its objects are attached to an image, else None."""
+    if store.subject is None:
+        return None
+    from .registry import RegistryBackend
+
+    backend = store.backend
+    return backend if isinstance(backend, RegistryBackend) else None
 
 
-async def _others(fs: RegistryFileSystem, name: str, sig_cap: int) -> list[Candidate]:
+async def _others(fs: RegistryBackend, name: str, sig_cap: int) -> list[Candidate]:
     slot = slot_of(name)
     found = []
     for manifest in (await candidate_manifests(fs, slot))[1:]:

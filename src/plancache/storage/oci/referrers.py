@@ -34,7 +34,7 @@ from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, 
 from .registry_urls import parse_image_reference
 
 if TYPE_CHECKING:
-    from .registry_fs import RegistryFileSystem
+    from .registry import RegistryBackend
     from .registry_http import RegistryClient
 
 IMAGE_TYPES = (
@@ -64,18 +64,18 @@ def _lock(state: SubjectState, attr: str) -> asyncio.Lock:
     return lock
 
 
-async def subject_descriptor(fs: RegistryFileSystem) -> Descriptor | None:
+async def subject_descriptor(fs: RegistryBackend) -> Descriptor | None:
     """The subject image's descriptor, its tag resolved to a digest once (None without one).
 
     Raises:
         StoreError: the image is not in the repository.
     """
-    if fs.subject_text is None:
+    if fs.subject is None:
         return None
     state = fs.subject_state
     async with _lock(state, "lock"):
         if state.descriptor is None:
-            ref = parse_image_reference(fs.subject_text, fs.origin.registry, fs.repository)
+            ref = parse_image_reference(fs.subject, fs.origin.registry, fs.repository)
             got = await _image_manifest(fs, ref.digest or ref.tag or "")
             if got is None:
                 raise StoreError(f"--subject {ref}: no such image in {fs.repository}")
@@ -83,7 +83,7 @@ async def subject_descriptor(fs: RegistryFileSystem) -> Descriptor | None:
         return state.descriptor
 
 
-async def _image_manifest(fs: RegistryFileSystem, reference: str) -> Descriptor | None:
+async def _image_manifest(fs: RegistryBackend, reference: str) -> Descriptor | None:
     client = fs.reader if reference.startswith("sha256:") else fs.tag_reader
     response = await client.send(
         "GET",
@@ -108,9 +108,7 @@ def fallback_tag(digest: str) -> str:
     return "sha256-" + digest.split(":", 1)[1]
 
 
-async def _index(
-    fs: RegistryFileSystem, subject_digest: str, origin: bool
-) -> list[Descriptor] | None:
+async def _index(fs: RegistryBackend, subject_digest: str, origin: bool) -> list[Descriptor] | None:
     tag = fallback_tag(subject_digest)
     if origin:
         got = await fs.origin.manifest(tag, (INDEX_TYPE,))
@@ -120,7 +118,7 @@ async def _index(
 
 
 async def _rewrite(
-    fs: RegistryFileSystem, subject_digest: str, drop: set[str], add: Descriptor | None
+    fs: RegistryBackend, subject_digest: str, drop: set[str], add: Descriptor | None
 ) -> None:
     async with _lock(fs.subject_state, "index_lock"):
         entries = await _index(fs, subject_digest, origin=True)
@@ -139,7 +137,7 @@ async def _rewrite(
 
 
 async def after_put(
-    fs: RegistryFileSystem, subject: Descriptor | None, new: Descriptor, replaced: Manifest | None
+    fs: RegistryBackend, subject: Descriptor | None, new: Descriptor, replaced: Manifest | None
 ) -> None:
     """Index a manifest just put with ``subject`` in the tag schema, also where the registry's
     own referrers API took it (``OCI-Subject``: see the module docstring); the manifest it
@@ -160,14 +158,14 @@ def same_subject(manifest: Manifest | None, subject: Descriptor | None) -> bool:
     return mine == (subject.digest if subject is not None else None)
 
 
-async def forget(fs: RegistryFileSystem, manifest: Manifest) -> None:
+async def forget(fs: RegistryBackend, manifest: Manifest) -> None:
     """Drop ``manifest`` from its subject's tag-schema index, before it is deleted."""
     fs.subject_state.attached = None
     if manifest.subject is not None:
         await _rewrite(fs, manifest.subject.digest, {manifest.digest}, None)
 
 
-async def _api_index(fs: RegistryFileSystem, digest: str) -> bytes | None:
+async def _api_index(fs: RegistryBackend, digest: str) -> bytes | None:
     """The referrers API's index for ``digest`` (from the content reader: a digest's question);
     None where there is no such API (distribution 2.8, and its proxy: a 404)."""
     client = fs.reader
@@ -187,7 +185,7 @@ fails its checks (another kind, another title, no content, or, for a signed kind
 signature) does not hide the next; ``prune --subject`` deletes one that fails verification."""
 
 
-async def _attached(fs: RegistryFileSystem) -> dict[str, list[str]]:
+async def _attached(fs: RegistryBackend) -> dict[str, list[str]]:
     """Name -> digests of the plancache manifests attached to the subject with that title,
     newest first (the index's later entries: the tag schema appends), at most MAX_CANDIDATES
     each; a signature's name when an entry says signed."""
@@ -218,7 +216,7 @@ async def _attached(fs: RegistryFileSystem) -> dict[str, list[str]]:
 
 
 async def candidate_manifests(
-    fs: RegistryFileSystem,
+    fs: RegistryBackend,
     slot: Slot,
     *,
     client: RegistryClient | None = None,
@@ -257,7 +255,7 @@ async def candidate_manifests(
 
 
 async def candidate_manifest(
-    fs: RegistryFileSystem, slot: Slot, client: RegistryClient | None = None
+    fs: RegistryBackend, slot: Slot, client: RegistryClient | None = None
 ) -> Manifest | None:
     """The first of :func:`candidate_manifests` (None if none): what a read or a delete of the
     slot's object takes."""
@@ -265,6 +263,6 @@ async def candidate_manifest(
     return found[0] if found else None
 
 
-async def attached_names(fs: RegistryFileSystem) -> list[str]:
+async def attached_names(fs: RegistryBackend) -> list[str]:
     """The object names attached to the subject (a signature's when an entry says signed)."""
     return list(await _attached(fs))

@@ -64,7 +64,7 @@ OPTIONS = {
 """What a registry store takes (the last two: fsspec's own, which plancache's layers may add,
 meaningless here). :func:`..checks.check_options` names any other before the open, and the
 opener itself does, in the same words, for a caller that opens without that check."""
-BACKEND = "plancache.storage.oci.registry_fs.RegistryFileSystem"
+BACKEND = "plancache.storage.oci.registry.RegistryBackend"
 
 
 def _flag(options: Mapping[str, Any], key: str) -> bool | None:
@@ -157,7 +157,7 @@ def registry_opener(
     Raises:
         ConfigError: a bad URL, an unknown option or value, an unreadable CA bundle.
     """
-    from .registry_fs import RegistryFileSystem
+    from .registry import RegistryBackend
     from .registry_http import RegistryClient
 
     registry, repository = parse_store_url(url)
@@ -218,7 +218,7 @@ def registry_opener(
             clock=clock,
         )
         if host is None or mirror_at is None:
-            return RegistryFileSystem(origin, None, subject, skip_instance_cache=True)
+            return RegistryBackend(origin, None, subject)
         mirror = RegistryClient(
             mirror_at[0],
             host.repository,
@@ -233,13 +233,12 @@ def registry_opener(
             mirror_for=f"{registry.authority}/{repository}",
             clock=clock,
         )
-        return RegistryFileSystem(
+        return RegistryBackend(
             origin,
             mirror,
             subject,
             mirror_resolves=host.resolves,
             mirror_pulls=host.pulls,
-            skip_instance_cache=True,
         )
 
-    return RegistryFileSystem, make, repository
+    return RegistryBackend, make, repository

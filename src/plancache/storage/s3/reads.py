@@ -28,7 +28,8 @@ async def s3_get(
 ) -> tuple[bytes, Mapping[str, Any]]:
     """A GET (of ``byte_range``, or whole) whose declared length is checked before a byte of the
     body is read, and whose body is read at most to ``cap + 1`` even if the server ignores the
-    range; with the answer's other fields (its ETag: see :mod:`.s3_versions`)."""
+    range; with the answer's other fields (its ETag: see
+    :meth:`.s3_backend.S3Backend.read_versioned`)."""
     bucket, key, _ = fs.split_path(path)
     resp = await fs._call_s3(
         "get_object", Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {})
@@ -44,7 +45,7 @@ async def s3_get(
 
 async def s3_read(fs: S3Filesystem, path: str, cap: int) -> bytes:
     """One object's bytes, from a GET of ``bytes=0-cap`` (a 416 over an empty object: see
-    :func:`..capped_reads.read_object`)."""
+    :meth:`..store.Store.read_capped`)."""
     return (await s3_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 
