@@ -401,3 +401,26 @@ def test_a_compile_cache_folder_listing_that_never_ends_stops_at_its_cap(
     ]
     pages = MAX_FOLDER_ENTRIES // 3500 + 1  # the fault server's 3,500 keys a page
     assert 0 < len(hostile) <= pages, len(hostile)
+
+
+def test_an_http_store_reads_at_most_its_cap_and_never_inflates(fault_server: FaultServer) -> None:
+    """A store on a plain web server (``https://``: "any other fsspec protocol") is read through
+    fsspec's HTTPFileSystem, which reads a body whole whatever range it asked for, and lets
+    aiohttp inflate gzip. A plan answered with 1 GiB that ignores the Range header made one
+    fetch peak at 2.1 GiB before the cap refused it (main too); a small gzip body declared
+    ``Content-Encoding: gzip`` was inflated before any cap saw it. Its session is now capped
+    like gcsfs's (:mod:`plancache.storage.caps.http`): the read stops at the cap, the
+    connection is dropped, and a body is handed over as sent (the trust core rejects it)."""
+    import gzip
+
+    bomb = gzip.compress(b"\0" * (8 << 20))  # 8 KiB that inflate to 8 MiB
+    fault_server.state.objects[f"plans/{plan_name(FP)}"] = FaultObject(b"", "huge")
+    fault_server.state.objects[f"plans/{sig_name(FP)}"] = FaultObject(b"{}")
+    fault_server.state.objects[f"plans/{plan_name(FP2)}"] = FaultObject(bomb, "gzip")
+    fault_server.state.objects[f"plans/{sig_name(FP2)}"] = FaultObject(b"{}")
+    store = open_store(f"{fault_server.endpoint}/faulty/plans", None, 30.0)
+    huge, zipped = store.fetch_many([FP, FP2])
+    assert huge.error is not None and huge.error.reason is Reason.TOO_LARGE, huge
+    time.sleep(0.2)  # what the server could still write into the socket's buffers
+    assert fault_server.state.bytes_sent < 64 * MIB  # a socket buffer's worth, never the 1 GiB
+    assert zipped.error is None and zipped.plan_bytes == bomb and zipped.sig_bytes == b"{}"
