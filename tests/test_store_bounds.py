@@ -424,3 +424,23 @@ def test_an_http_store_reads_at_most_its_cap_and_never_inflates(fault_server: Fa
     time.sleep(0.2)  # what the server could still write into the socket's buffers
     assert fault_server.state.bytes_sent < 64 * MIB  # a socket buffer's worth, never the 1 GiB
     assert zipped.error is None and zipped.plan_bytes == bomb and zipped.sig_bytes == b"{}"
+
+
+def test_a_local_compile_cache_folder_is_listed_up_to_its_cap(tmp_path: Path) -> None:
+    """The same folder listing on ``file://``: fsspec's ``ls`` stat'ed every entry into one
+    list (300,000 names planted by whoever may write the store's directory: 320 MiB, main
+    too); the folder is now scanned an entry at a time and refused past MAX_FOLDER_ENTRIES."""
+    from plancache.storage.compile_cache import archives
+    from plancache.storage.listing import MAX_FOLDER_ENTRIES
+    from plancache.trust.errors import Rejected
+
+    folder = tmp_path / archives.PREFIX
+    folder.mkdir()
+    store = open_store(tmp_path.as_uri(), None, 30.0)
+    (folder / "torch_aot_compile").mkdir()
+    assert archives.list_subjects(store) == []  # a few entries: listed as before
+    for i in range(MAX_FOLDER_ENTRIES + 1):
+        (folder / f"planted-{i}").touch()
+    with pytest.raises(Rejected) as caught:
+        archives.list_subjects(store)
+    assert caught.value.reason is Reason.TOO_LARGE, caught.value
