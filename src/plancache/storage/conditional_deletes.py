@@ -20,7 +20,8 @@ and nothing is deleted. ``unconditional=True`` (``prune --unconditional``) skips
 deletes after the re-read, as on the backends below.
 
 Other backends (``file://``, ``memory://``, other fsspec filesystems) offer no precondition
-through fsspec: they are re-read and compared, and the window left is the time between that
+through fsspec (:attr:`.backend.Backend.preconditions` says which do; the registry does, on its
+manifest digests): they are re-read and compared, and the window left is the time between that
 re-read and the delete.
 
 Every call runs under the caller's deadline on the store's event loop, retried inside it with
@@ -101,12 +102,12 @@ def delete_if_unchanged(
         return _reread_then_delete(store, judged, deadline, before_delete)
     if not checked:
         require_honoured_preconditions(store, deadline)
-    fs = store.backend
+    backend = store.backend
     deleted: list[str] = []
     changed: list[str] = []
     source = iter(judged)
     while batch := list(itertools.islice(source, BATCH)):
-        done, kept = _delete_batch(store, fs, batch, judged, deadline, before_delete, versions)
+        done, kept = _delete_batch(store, backend, batch, judged, deadline, before_delete, versions)
         deleted += done
         changed += kept
     return deleted, changed
@@ -114,7 +115,7 @@ def delete_if_unchanged(
 
 def _delete_batch(
     store: Store,
-    fs: Backend,
+    backend: Backend,
     batch: list[str],
     judged: Mapping[str, str],
     deadline: Deadline,
@@ -123,7 +124,9 @@ def _delete_batch(
 ) -> tuple[list[str], list[str]]:
     """One batch of :func:`delete_if_unchanged` on a store with preconditions: re-read, compare,
     delete conditionally; (deleted, changed)."""
-    seen = _each(store, batch, lambda fp: _read_pair(store, fs, fp, deadline), "re-read", deadline)
+    seen = _each(
+        store, batch, lambda fp: _read_pair(store, backend, fp, deadline), "re-read", deadline
+    )
     same = [fp for fp in batch if content_digest(seen[fp][0].data, seen[fp][1].data) == judged[fp]]
     changed = [fp for fp in batch if fp not in same]
     if same and before_delete is not None:
@@ -131,7 +134,7 @@ def _delete_batch(
     gone = _each(
         store,
         same,
-        lambda fp: _delete_pair(store, fs, fp, seen[fp], deadline),
+        lambda fp: _delete_pair(store, backend, fp, seen[fp], deadline),
         "delete",
         deadline,
     )
@@ -150,18 +153,20 @@ def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
             naming :data:`UNCONDITIONAL_FLAG` (reason ``config-error``).
         StoreError: the store failed the check itself (``StoreTimeout`` at the deadline).
     """
-    fs = store.backend
+    backend = store.backend
     path = store.path(f"{CANARY_PREFIX}{uuid.uuid4().hex}")
 
     async def check() -> str | None:
-        await with_retries(lambda: fs.write(path, b"plancache precondition check\n"), deadline)
+        await with_retries(lambda: backend.write(path, b"plancache precondition check\n"), deadline)
         try:
-            token = (await with_retries(lambda: fs.read_versioned(path, 64), deadline)).token or ""
+            token = (
+                await with_retries(lambda: backend.read_versioned(path, 64), deadline)
+            ).token or ""
             wrong = (
                 str(int(token) + 1) if token.isdigit() else f'"plancache-{uuid.uuid4().hex}"'
             )  # never the canary's
             try:
-                await fs.delete_if_unchanged(path, wrong)
+                await backend.delete_if_unchanged(path, wrong)
             except Exception as exc:
                 if precondition_failed(exc):
                     return None
@@ -171,7 +176,7 @@ def require_honoured_preconditions(store: Store, deadline: Deadline) -> None:
                 return f"answers {status} to a delete with a precondition"
             return "deleted an object whose precondition did not hold"
         finally:
-            await with_retries(lambda: fs.delete(path), deadline)
+            await with_retries(lambda: backend.delete(path), deadline)
 
     failed = store.run(check, deadline, "cannot check conditional deletes on")  # typed there
     if failed is not None:
@@ -226,11 +231,11 @@ def _each(
 
 
 async def _read_pair(
-    store: Store, fs: Backend, fp: str, deadline: Deadline
+    store: Store, backend: Backend, fp: str, deadline: Deadline
 ) -> tuple[Versioned, Versioned]:
     plan, sig = await asyncio.gather(
-        _read_one(store, fs, plan_name(fp), deadline),
-        _read_one(store, fs, sig_name(fp), deadline),
+        _read_one(store, backend, plan_name(fp), deadline),
+        _read_one(store, backend, sig_name(fp), deadline),
         return_exceptions=True,  # both collected: neither exception is left unretrieved
     )
     if isinstance(plan, BaseException):
@@ -240,10 +245,10 @@ async def _read_pair(
     return plan, sig
 
 
-async def _read_one(store: Store, fs: Backend, name: str, deadline: Deadline) -> Versioned:
+async def _read_one(store: Store, backend: Backend, name: str, deadline: Deadline) -> Versioned:
     cap = cap_for(name)
     try:
-        got = await with_retries(lambda: fs.read_versioned(store.path(name), cap), deadline)
+        got = await with_retries(lambda: backend.read_versioned(store.path(name), cap), deadline)
     except FileNotFoundError:
         return ABSENT
     except Exception as exc:
@@ -254,25 +259,25 @@ async def _read_one(store: Store, fs: Backend, name: str, deadline: Deadline) ->
 
 
 async def _delete_pair(
-    store: Store, fs: Backend, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
+    store: Store, backend: Backend, fp: str, seen: tuple[Versioned, Versioned], deadline: Deadline
 ) -> bool:
     """False if the plan is no longer the version re-read (then its sidecar stays too)."""
     plan, sig = seen
-    if not await _delete_one(store, fs, plan_name(fp), plan.token, deadline):
+    if not await _delete_one(store, backend, plan_name(fp), plan.token, deadline):
         return False
-    await _delete_one(store, fs, sig_name(fp), sig.token, deadline)
+    await _delete_one(store, backend, sig_name(fp), sig.token, deadline)
     return True
 
 
 async def _delete_one(
-    store: Store, fs: Backend, name: str, token: str | None, deadline: Deadline
+    store: Store, backend: Backend, name: str, token: str | None, deadline: Deadline
 ) -> bool:
     """Delete ``name`` if it is still version ``token``: True if deleted or gone, False if
     changed."""
     if token is None:
         return True  # absent at the re-read: nothing judged to delete
     try:
-        await with_retries(lambda: fs.delete_if_unchanged(store.path(name), token), deadline)
+        await with_retries(lambda: backend.delete_if_unchanged(store.path(name), token), deadline)
     except FileNotFoundError:
         return True
     except Exception as exc:
