@@ -227,7 +227,8 @@ class FaultObject:
     """ok | error500 | error500-once | error500-huge (500 streaming ERROR_HUGE bytes) | redirect
     (307 to ``FaultState.redirect_to``) | truncate | trickle | huge | range416 (416 to any Range)
     | early-hints (a ``103 Early Hints``, then the real answer) | length=VALUE (the body served
-    with ``Content-Length: VALUE``, as given, then the connection closed)"""
+    with ``Content-Length: VALUE``, as given, then the connection closed) | gzip (the body, as
+    given, declared ``Content-Encoding: gzip``)"""
     served: int = 0
 
 
@@ -455,6 +456,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             return None
+        if obj.mode == "gzip":
+            headers["Content-Encoding"] = "gzip"
         return self._send(status, body, headers)
 
     def _list(self, query: dict[str, list[str]]) -> None:

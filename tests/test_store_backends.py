@@ -20,6 +20,7 @@ import pytest
 
 from conftest import FP, GIB, plan_bytes, raw
 from plancache.cli.main import main
+from plancache.clock import Deadline
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
@@ -318,3 +319,23 @@ def test_an_empty_prefix_names_the_deeper_prefixes_that_hold_plans(
     assert sorted(named) == sorted(
         f"{backend.url}/{b}" for b in ("llama/h100", "llama/a100", "mistral/l4/old")
     ), err
+
+
+def test_a_compile_cache_folder_lists_its_entries_and_its_subfolders(backend: Backend) -> None:
+    """The compile-cache folder's listing (``compile-cache pull``: which caches the store has)
+    names the files directly in it and the folders below it, on every backend: S3, GCS and Azure
+    list it page by page, capped (:func:`plancache.storage.listing.folder_listing`), the others
+    as a directory; an absent folder lists nothing."""
+    store = backend.store()
+    assert store.folder_names("torch_compile_cache", Deadline.after(30.0)) == []
+    store.write_object("torch_compile_cache/a.tar.sig", b"a", Deadline.after(30.0))
+    store.write_object(
+        "torch_compile_cache/torch_aot_compile/b.tar.sig", b"b", Deadline.after(30.0)
+    )
+    assert sorted(store.folder_names("torch_compile_cache", Deadline.after(30.0))) == [
+        "a.tar.sig",
+        "torch_aot_compile",
+    ]
+    assert store.folder_names("torch_compile_cache/torch_aot_compile", Deadline.after(30.0)) == [
+        "b.tar.sig"
+    ]

@@ -363,3 +363,84 @@ def test_the_deeper_prefix_walk_of_a_hostile_listing_holds_a_page_not_the_listin
     ]
     assert 0 < len(hostile) <= MAX_LISTINGS, len(hostile)
     assert int(peak_file.read_text()) < 160 * MIB, int(peak_file.read_text()) >> 20
+
+
+@pytest.mark.parametrize("url", ["s3://faulty/plans", "gs://faulty/plans", "az://faulty/plans"])
+def test_a_compile_cache_folder_listing_that_never_ends_stops_at_its_cap(
+    url: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile-cache pull`` lists the store's compile-cache folder to find its caches. The
+    folder's listing went through the SDK's ``ls``, which gathers every page into one list before
+    returning: under a listing that never ends (3.5 MiB pages, each saying there is another) it
+    grew by every page the server sent until the deadline (+321 MiB in 8 s through s3fs, 67
+    pages; main too). It now keeps the entries page by page and stops past
+    MAX_FOLDER_ENTRIES, a few pages in, with ``too-large``: not at the deadline."""
+    from plancache.storage.compile_cache import archives
+    from plancache.storage.listing import MAX_FOLDER_ENTRIES
+    from plancache.trust.errors import Rejected
+
+    fault_server.state.hostile_prefix = f"plans/{archives.PREFIX}/"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fault_server.endpoint)
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+        f"BlobEndpoint={fault_server.endpoint}/devstoreaccount1;",
+    )
+    options = {"endpoint_url": fault_server.endpoint} if url.startswith("s3") else {}
+    if url.startswith("gs"):
+        options = {"token": "anon"}
+    store = open_store(url, options, 60.0)
+    with pytest.raises(Rejected) as caught:
+        archives.list_subjects(store)
+    assert caught.value.reason is Reason.TOO_LARGE, caught.value
+    hostile = [
+        p
+        for m, p, _ in fault_server.state.requests
+        if m == "GET" and f"{archives.PREFIX}/" in unquote(p)
+    ]
+    pages = MAX_FOLDER_ENTRIES // 3500 + 1  # the fault server's 3,500 keys a page
+    assert 0 < len(hostile) <= pages, len(hostile)
+
+
+def test_an_http_store_reads_at_most_its_cap_and_never_inflates(fault_server: FaultServer) -> None:
+    """A store on a plain web server (``https://``: "any other fsspec protocol") is read through
+    fsspec's HTTPFileSystem, which reads a body whole whatever range it asked for, and lets
+    aiohttp inflate gzip. A plan answered with 1 GiB that ignores the Range header made one
+    fetch peak at 2.1 GiB before the cap refused it (main too); a small gzip body declared
+    ``Content-Encoding: gzip`` was inflated before any cap saw it. Its session is now capped
+    like gcsfs's (:mod:`plancache.storage.caps.http`): the read stops at the cap, the
+    connection is dropped, and a body is handed over as sent (the trust core rejects it)."""
+    import gzip
+
+    bomb = gzip.compress(b"\0" * (8 << 20))  # 8 KiB that inflate to 8 MiB
+    fault_server.state.objects[f"plans/{plan_name(FP)}"] = FaultObject(b"", "huge")
+    fault_server.state.objects[f"plans/{sig_name(FP)}"] = FaultObject(b"{}")
+    fault_server.state.objects[f"plans/{plan_name(FP2)}"] = FaultObject(bomb, "gzip")
+    fault_server.state.objects[f"plans/{sig_name(FP2)}"] = FaultObject(b"{}")
+    store = open_store(f"{fault_server.endpoint}/faulty/plans", None, 30.0)
+    huge, zipped = store.fetch_many([FP, FP2])
+    assert huge.error is not None and huge.error.reason is Reason.TOO_LARGE, huge
+    time.sleep(0.2)  # what the server could still write into the socket's buffers
+    assert fault_server.state.bytes_sent < 64 * MIB  # a socket buffer's worth, never the 1 GiB
+    assert zipped.error is None and zipped.plan_bytes == bomb and zipped.sig_bytes == b"{}"
+
+
+def test_a_local_compile_cache_folder_is_listed_up_to_its_cap(tmp_path: Path) -> None:
+    """The same folder listing on ``file://``: fsspec's ``ls`` stat'ed every entry into one
+    list (300,000 names planted by whoever may write the store's directory: 320 MiB, main
+    too); the folder is now scanned an entry at a time and refused past MAX_FOLDER_ENTRIES."""
+    from plancache.storage.compile_cache import archives
+    from plancache.storage.listing import MAX_FOLDER_ENTRIES
+    from plancache.trust.errors import Rejected
+
+    folder = tmp_path / archives.PREFIX
+    folder.mkdir()
+    store = open_store(tmp_path.as_uri(), None, 30.0)
+    (folder / "torch_aot_compile").mkdir()
+    assert archives.list_subjects(store) == []  # a few entries: listed as before
+    for i in range(MAX_FOLDER_ENTRIES + 1):
+        (folder / f"planted-{i}").touch()
+    with pytest.raises(Rejected) as caught:
+        archives.list_subjects(store)
+    assert caught.value.reason is Reason.TOO_LARGE, caught.value

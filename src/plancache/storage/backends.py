@@ -40,6 +40,9 @@ GCS_HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 
+HTTP_PROTOCOLS = ("http", "https")
+"""fsspec's HTTPFileSystem: a store on a plain web server (``any other fsspec protocol``)."""
+
 
 class FilesystemClass(Protocol):
     """An fsspec filesystem class, as plancache reads it before making the filesystem (fsspec
@@ -214,6 +217,20 @@ def _hardening(protocol: str) -> dict[str, Any]:
         from .caps.http import session_kwargs
 
         return {**own, "session_kwargs": session_kwargs()}
+    if protocol in HTTP_PROTOCOLS:
+        # fsspec's HTTPFileSystem reads a body whole (``await r.read()``), the range it asked
+        # for or not, and inflates gzip: capped and never inflated like gcsfs's session (its
+        # redirects are left to it: a plain web server may send a store elsewhere)
+        from .caps.http import CappedResponse
+
+        return {
+            **own,
+            "client_kwargs": {
+                "response_class": CappedResponse,
+                "auto_decompress": False,
+                "headers": {"Accept-Encoding": "identity"},
+            },
+        }
     return own
 
 

@@ -21,7 +21,7 @@ import binascii
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,47 @@ class ObjectInfo:
     md5: str | None
     """Hex MD5 of the content when the listing states it for free (S3 single-part ETag,
     GCS ``md5Hash``); push uses it to skip identical objects without downloading them."""
+
+
+MAX_FOLDER_ENTRIES = 10_000
+"""Entries one folder listing may hold (:meth:`.backend.Backend.list_dir`: a compile-cache
+folder holds a few): past it the listing stops, whatever the store says follows."""
+
+FolderPage = tuple[list[Any], list[Any], str | None]
+"""One raw page of a folder listing as the server sent it: (object names, sub-prefix names,
+where the next page starts or None)."""
+
+
+async def folder_listing(
+    page: Callable[[str | None], Awaitable[FolderPage]], bucket: str, prefix: str, path: str
+) -> list[tuple[str, bool]]:
+    """(``bucket/name``, is a directory) of each entry directly under ``prefix``, page by page
+    (``page(token)``), kept as they come: at most :data:`MAX_FOLDER_ENTRIES` entries and
+    :data:`MAX_PAGES` pages. The SDKs' own ``ls`` gathers every page of a listing into one list
+    before returning, so a store whose listing never ends grew memory until the deadline.
+
+    Raises:
+        Rejected: past MAX_FOLDER_ENTRIES entries or MAX_PAGES pages (reason ``too-large``).
+        FileNotFoundError: nothing is under ``prefix``.
+    """
+    entries: list[tuple[str, bool]] = []
+    token: str | None = None
+    for _ in range(MAX_PAGES):
+        files, folders, following = await page(token)
+        for names, is_dir in ((files, False), (folders, True)):
+            for name in names:
+                if isinstance(name, str) and name.startswith(prefix) and len(name) > len(prefix):
+                    entries.append((f"{bucket}/{name.rstrip('/')}", is_dir))
+        if len(entries) > MAX_FOLDER_ENTRIES:
+            raise Rejected(Reason.TOO_LARGE, f"{path} lists more than {MAX_FOLDER_ENTRIES} entries")
+        if following is None or following == token:
+            break
+        token = following
+    else:
+        raise Rejected(Reason.TOO_LARGE, f"the listing of {path} runs past {MAX_PAGES} pages")
+    if not entries:
+        raise FileNotFoundError(path)
+    return entries
 
 
 MAX_PAGE_PREFIXES = 100

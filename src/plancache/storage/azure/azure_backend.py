@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..fsspec_backends import FsspecBackend
-from ..listing import Page
+from ..listing import PAGE_SIZE, FolderPage, Page, folder_listing
 from ..versioned import Versioned, ranged_or_whole, version_token
 from .blob import BoundedAzureBlobFileSystem, azure_get, azure_page, azure_read
 
@@ -34,6 +34,37 @@ class AzureBackend(FsspecBackend):
 
     async def list_page(self, under: str, token: str | None) -> Page:
         return await azure_page(self.fs, under, token)
+
+    async def list_dir(self, path: str) -> list[tuple[str, bool]]:
+        """List Blobs pages under ``path``, capped (:func:`..listing.folder_listing`), never
+        adlfs's ``ls``, which gathers every page before returning."""
+        from azure.core.exceptions import ResourceNotFoundError
+        from azure.storage.blob.aio import BlobPrefix
+
+        fs: BoundedAzureBlobFileSystem = self.fs
+        container, key, _ = fs.split_path(path)
+        prefix = f"{key.rstrip('/')}/" if key else ""
+
+        async with fs.service_client.get_container_client(container) as client:
+
+            async def page(token: str | None) -> FolderPage:
+                pages = client.walk_blobs(
+                    name_starts_with=prefix or None, delimiter="/", results_per_page=PAGE_SIZE
+                )
+                pager = pages.by_page(continuation_token=token)
+                files: list[Any] = []
+                dirs: list[Any] = []
+                try:
+                    async for one in pager:
+                        async for item in one:
+                            (dirs if isinstance(item, BlobPrefix) else files).append(item.name)
+                        break  # one page per call
+                except ResourceNotFoundError:
+                    raise FileNotFoundError(path) from None
+                following = pager.continuation_token  # type: ignore[attr-defined]  # azure-core's AsyncPageIterator holds it
+                return files, dirs, following if isinstance(following, str) and following else None
+
+            return await folder_listing(page, container, prefix, path)
 
     async def read_versioned(self, path: str, cap: int) -> Versioned:
         """:func:`.blob.azure_get`, and the answer's ETag."""

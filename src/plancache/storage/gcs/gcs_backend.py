@@ -22,7 +22,14 @@ from ...trust.errors import StoreError
 from ..caps.http import body_cap
 from ..deadline import store_error
 from ..fsspec_backends import FsspecBackend
-from ..listing import PAGE_SIZE, Page, entries_under, prefixes_under
+from ..listing import (
+    PAGE_SIZE,
+    FolderPage,
+    Page,
+    entries_under,
+    folder_listing,
+    prefixes_under,
+)
 from ..versioned import Versioned, ranged_or_whole, version_token
 
 
@@ -92,6 +99,41 @@ class GCSBackend(FsspecBackend):
             following if isinstance(following, str) and following != token else None,
             prefixes_under(answer.get("prefixes"), bucket, prefix),
         )
+
+    async def list_dir(self, path: str) -> list[tuple[str, bool]]:
+        """JSON API listing pages under ``path``, capped (:func:`..listing.folder_listing`),
+        never gcsfs's ``ls``, which gathers every page before returning."""
+        fs: GCSFilesystem = self.fs
+        bucket, key, _ = fs.split_path(path)
+        prefix = f"{key.rstrip('/')}/" if key else ""
+
+        async def page(token: str | None) -> FolderPage:
+            resp = await fs._call(
+                "GET",
+                "b/{}/o",
+                bucket,
+                json_out=True,
+                prefix=prefix or None,
+                delimiter="/",
+                maxResults=PAGE_SIZE,
+                pageToken=token,
+            )
+            answer = resp if isinstance(resp, dict) else {}
+            items = answer.get("items")
+            files = (
+                [i.get("name") for i in items if isinstance(i, dict)]
+                if isinstance(items, list)
+                else []
+            )
+            dirs = answer.get("prefixes")
+            following = answer.get("nextPageToken")
+            return (
+                files,
+                dirs if isinstance(dirs, list) else [],
+                following if isinstance(following, str) else None,
+            )
+
+        return await folder_listing(page, bucket, prefix, path)
 
     async def read_versioned(self, path: str, cap: int) -> Versioned:
         """The generation from the object's metadata, then the bytes of that generation: one

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..fsspec_backends import FsspecBackend
-from ..listing import Page
+from ..listing import PAGE_SIZE, FolderPage, Page, folder_listing
 from ..versioned import Versioned, ranged_or_whole, version_token
 from .direct import S3Direct
 
@@ -48,6 +48,33 @@ class S3Backend(FsspecBackend):
         from .reads import s3_page
 
         return await s3_page(self.fs, under, token)
+
+    async def list_dir(self, path: str) -> list[tuple[str, bool]]:
+        """``ListObjectsV2`` pages under ``path``, capped (:func:`..listing.folder_listing`),
+        never s3fs's ``ls``, which gathers every page before returning."""
+        fs = self.fs
+        bucket, key, _ = fs.split_path(path)
+        prefix = f"{key.rstrip('/')}/" if key else ""
+
+        async def page(token: str | None) -> FolderPage:
+            kwargs: dict[str, Any] = {
+                "Bucket": bucket,
+                "Prefix": prefix,
+                "Delimiter": "/",
+                "MaxKeys": PAGE_SIZE,
+            }
+            if token:
+                kwargs["ContinuationToken"] = token
+            resp = await fs._call_s3("list_objects_v2", **kwargs)
+            files = [c.get("Key") for c in resp.get("Contents") or [] if isinstance(c, dict)]
+            dirs = [
+                p.get("Prefix") for p in resp.get("CommonPrefixes") or [] if isinstance(p, dict)
+            ]
+            following = resp.get("NextContinuationToken")
+            more = resp.get("IsTruncated") is True and isinstance(following, str)
+            return files, dirs, following if more else None
+
+        return await folder_listing(page, bucket, prefix, path)
 
     async def read_versioned(self, path: str, cap: int) -> Versioned:
         """:func:`.reads.s3_get`, and the answer's ETag."""
