@@ -137,6 +137,13 @@ class Place:
     redirects: dict[str, Path] = field(default_factory=dict)
     """Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
 
+    def temp_owner(self) -> str:
+        """This boot's private directory's name (``boot-<16 hex>``), "" before it has one: what
+        its temporaries are named by (:func:`plancache.storage.local.dirfds.temp_name`), so a
+        sweep removes them only once this boot is dead. Asked of the boot's own state, never of
+        a module global: a forked worker, whose state is renewed, names its own."""
+        return self.boot.path.name if self.boot is not None else ""
+
 
 @dataclass
 class Guard:

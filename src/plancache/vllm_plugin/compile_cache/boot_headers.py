@@ -196,6 +196,7 @@ def start_fetch(
                 cache_archive_sha256=archive_sha256,
                 deadline=deadline,
                 cancel=cancel,
+                owner=state.place.temp_owner,
             )
         except Exception as exc:
             outcome = HeadersOutcome(
