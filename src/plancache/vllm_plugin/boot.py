@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import REAL_CLOCK, Deadline
+from ..clock import Deadline, Stopwatch
 from ..pipeline.keyless_report import signers_of
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..storage.deadline import DEFAULT_TIMEOUT
@@ -138,7 +137,7 @@ def _without_plans(worker: object) -> None:
         Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail),
         "none",
         None,
-        time.monotonic(),
+        Stopwatch.started(),
         worker=worker,
     )
 
@@ -150,17 +149,17 @@ def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = 
     if pending is None or pending.key != fp:
         due = Deadline.after(boot.config.timeout)
         result = _resolve(boot, fp, due, world=world)
-        how, took = "fetch", due.elapsed()
+        how, took_ms = "fetch", Stopwatch(due.start, due.clock).elapsed_ms()
     else:
         finished, got = pending.result()
-        took = (pending.finished or pending.deadline.clock.monotonic()) - pending.started
+        took_ms = pending.took_ms()
         if not finished or got is None:
             error = StoreTimeout(
                 f"store gave no answer within the {boot.config.timeout:g} s budget"
             )
-            return PlanResult(fp, "store", error=error, note=f"prefetch {took * 1000:.0f} ms")
+            return PlanResult(fp, "store", error=error, note=f"prefetch {took_ms:.0f} ms")
         result, how = got, "prefetch"
-    return result.with_note(f"{how} {took * 1000:.0f} ms") if result.source == "store" else result
+    return result.with_note(f"{how} {took_ms:.0f} ms") if result.source == "store" else result
 
 
 def decide_plan(
@@ -214,7 +213,7 @@ def log_decision(
     decision: Decision,
     source: str,
     fp: str | None,
-    started: float,
+    started: Stopwatch,
     *,
     worker: object = None,
     boot: Boot | None = None,
@@ -225,7 +224,7 @@ def log_decision(
     was read through."""
     from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
 
-    elapsed = (time.monotonic() - started) * 1000
+    elapsed = started.elapsed_ms()
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
     serving = store_key(boot.config.url) if boot is not None else None
@@ -303,7 +302,7 @@ def after_warm_up(worker: object) -> None:
 def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
     """Replaces vLLM's ``maybe_apply_startup_plan``: decide, maybe set the KV bytes, log one
     line."""
-    started = REAL_CLOCK.monotonic()  # the vote's budget is the rest of the boot's, from here
+    started = Stopwatch.started()  # the vote's budget is the rest of the boot's, from here
     if not enabled():
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
@@ -332,7 +331,7 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
     # Every rank votes once, whatever it decided (gloo pairs collectives by order, so a rank
     # that errored must vote too): a plan applies on all ranks or on none.
-    decision = vote.settle(decision, Deadline(started, budget + vote.MARGIN_S).remaining())
+    decision = vote.settle(decision, Deadline(started.start, budget + vote.MARGIN_S).remaining())
     if boot is not None:
         plan_guard.after_vote(boot, decision)
     if decision.applied and decision.kv_cache_memory_bytes is not None:

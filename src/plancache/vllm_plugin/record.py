@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..clock import REAL_CLOCK
 from ..storage.local import records
 from ..trust.display import safe_text
 from ..trust.inputs import differences
@@ -56,7 +57,9 @@ class BootRecord:
     rank: int
     worker_id: int | None
     name: str = ""
-    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    started: str = field(
+        default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(REAL_CLOCK.wall()))
+    )
     world_size: int | None = None
     plan: dict[str, Any] | None = None
     compile_cache: list[dict[str, Any]] = field(default_factory=list)
