@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..clock import Deadline, Stopwatch
@@ -217,8 +217,11 @@ def log_decision(
     *,
     worker: object = None,
     boot: Boot | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> None:
-    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`).
+    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`), with
+    ``facts`` (what the boot knows of its plan besides: :func:`.plan_health.node_memory.
+    decision_facts`) in the same write.
     A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md): the
     mirror of the plan's own store, not one another store of the process (a compile cache's)
     was read through."""
@@ -254,6 +257,7 @@ def log_decision(
                 if boot is not None and decision.applied
                 else None,
                 signed_by=boot.signed_by if boot is not None and decision.applied else None,
+                facts=facts,
             )
         except Exception:
             LOG.debug("plancache: boot record not updated", exc_info=True)
@@ -336,9 +340,9 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         plan_guard.after_vote(boot, decision)
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
-    log_decision(decision, source, fp, started, worker=worker, boot=boot)
-    if boot is not None:  # the applied plan's evidence, or the alert of a plan held back here
-        plan_guard.after_decision(worker, boot, decision)
+    # the applied plan's evidence, or the alert of a plan held back here: in the same record write
+    facts = plan_guard.decision_facts(boot, decision) if boot is not None else None
+    log_decision(decision, source, fp, started, worker=worker, boot=boot, facts=facts)
     if boot is not None and fp is not None and not decision.applied:
         # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
         # a boot that applies never pays for them. Read now, while the config is apply-time's.

@@ -175,8 +175,10 @@ def note_plan(
     *,
     signed_profile_ms: float | None = None,
     signed_by: list[dict[str, Any]] | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> None:
-    """The plan side's decision (the decision line's fields), written at once."""
+    """The plan side's decision (the decision line's fields) and ``facts`` the boot knows of its
+    plan by then (:func:`note_plan_facts`' kind), written at once: one write."""
     record = for_worker(worker)
     with plugin_state.current().records.lock:
         record.plan = {
@@ -187,6 +189,7 @@ def note_plan(
             "detail": safe_text(detail, 300),
             "signed_profile_ms": signed_profile_ms,
             "signed_by": signed_by,  # names and key ids; a keyless signer's identity and issuer
+            **(facts or {}),
         }
         record.plugin_ms += elapsed_ms
         _write(record)
