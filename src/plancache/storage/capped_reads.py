@@ -14,7 +14,6 @@ capped the same.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +58,8 @@ async def read_object(
 
         with body_cap(cap + 1):
             return bytes(await store._call("cat_file", path, start=0, end=cap + 1))
+
+    import asyncio  # here, not at import: a boot's blocking read never loads it
 
     try:
         data = await with_retries(attempt, deadline)

@@ -19,7 +19,6 @@ judged is :mod:`.conditional_deletes`.)
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,7 +30,9 @@ from ..trust.errors import ConfigError, PlanCacheError
 from ..trust.plans.plan import fingerprint_of_plan_name
 from .deadline import run_by
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio: imported where a coroutine runs, never by a boot's blocking read
+    import asyncio
+
     from .store import Store
 
 T = TypeVar("T")
@@ -160,6 +161,8 @@ def _loop(store: Store) -> asyncio.AbstractEventLoop:
 async def _call(store: Store, name: str, *args: Any, **kwargs: Any) -> Any:
     if getattr(store.fs, "async_impl", False):
         return await getattr(store.fs, f"_{name}")(*args, **kwargs)
+    import asyncio  # loaded already: this runs on its event loop
+
     return await asyncio.to_thread(getattr(store.fs, name), *args, **kwargs)
 
 

@@ -20,7 +20,6 @@ The calls every operation goes through (the filesystem, its loop, bounded batche
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -242,6 +241,8 @@ class Store(StoreCalls):
         deadline = self._deadline(deadline)
 
         async def pair(fp: str) -> FetchedPair:
+            import asyncio  # here, not at import: a boot's blocking read never loads it
+
             # both outcomes are collected: a failure of one read must not leave the other's
             # exception unretrieved (asyncio would print its traceback at exit)
             plan, sig = await asyncio.gather(

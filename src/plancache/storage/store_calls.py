@@ -20,7 +20,6 @@ what they call on theirs (:mod:`.s3.reads`, :mod:`.gcs.pages`, :mod:`.azure.blob
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -55,6 +54,8 @@ async def each(
     failure never stops the others. ``results`` fills in as keys finish, so a caller cancelled
     at its deadline still has the ones that did.
     """
+    import asyncio  # here, not at import: a boot's blocking read never loads it
+
     gate = asyncio.Semaphore(limit)
 
     async def one(key: str) -> None:
