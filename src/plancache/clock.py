@@ -111,15 +111,19 @@ class Deadline:
         return Deadline(self.start, self.budget + seconds, self.clock)
 
 
-@dataclass(frozen=True)
 class Stopwatch:
     """Time spent since ``start`` on ``clock``: the one way plancache measures what it reports
     (a decision line's or a boot record's ``elapsed_ms``, a fetch's "prefetch 12 ms"). It
     measures and never decides: a budget is a :class:`Deadline`. On the injectable clock like a
-    deadline, so a test on fake time reads the figures it made (ADR 0010)."""
+    deadline, so a test on fake time reads the figures it made (ADR 0010). A plain class, not a
+    dataclass: every process that imports the clock (a boot-time pull) would pay for making
+    one."""
 
-    start: float
-    clock: Clock = REAL_CLOCK
+    __slots__ = ("clock", "start")
+
+    def __init__(self, start: float, clock: Clock = REAL_CLOCK) -> None:
+        self.start = start
+        self.clock = clock
 
     @classmethod
     def started(cls, clock: Clock = REAL_CLOCK) -> Stopwatch:
