@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from fake_clock import FakeClock
-from plancache.clock import Deadline
+from plancache.clock import Deadline, Stopwatch
 from plancache.pipeline.plan_sets import node_plans, set_audit
 from plancache.storage.deadline import JOIN_GRACE
 from plancache.storage.local import directory_lock
@@ -114,6 +114,24 @@ def test_a_prefetch_is_waited_for_until_its_deadline_only(
     assert late.result() == (False, None) and late.started == due.start
     done = Prefetch("fp", Deadline.after(3.0, clock), lambda: "result").start()
     assert done.result() == (True, "result") and done.finished == clock.now
+
+
+def test_a_measurement_reads_the_clock_it_was_started_on(
+    clock: FakeClock, blocked: threading.Event
+) -> None:
+    """elapsed_ms in the decision line and the boot record, and a prefetch's "prefetch N ms",
+    are measured on the injectable clock (one helper, :class:`plancache.clock.Stopwatch`): so
+    the figures a test on fake time reads are exactly the time it made pass."""
+    watch = Stopwatch.started(clock)
+    clock.advance(0.25)
+    assert watch.elapsed_ms() == 250.0 and watch.ms_until(clock.now + 1.0) == 1250.0
+    running = Prefetch("fp", Deadline.after(30.0, clock), blocked.wait).start()
+    clock.advance(1.5)
+    assert running.took_ms() == 1500.0  # still running: so far
+    done = Prefetch("fp", Deadline.after(3.0, clock), lambda: "result").start()
+    assert done.result() == (True, "result")
+    clock.advance(2.0)
+    assert done.took_ms() == 0.0  # ended at once on the fake clock: to its end, not to now
 
 
 # -- locks: polled on the clock until the wait is over ------------------------------------------

@@ -298,3 +298,65 @@ def test_a_worker_multiprocessing_starts_removes_its_fresh_root_at_exit(
     worker.join(60)
     assert worker.exitcode == 0 and Path(root).parent == tmp
     assert not Path(root).exists(), os.listdir(tmp)
+
+
+def test_a_forked_worker_names_its_temporaries_by_its_own_boot_directory(tmp_path: Path) -> None:
+    """A header's temporary names the boot directory of the process writing it, so a sweep
+    removes only a dead boot's (:func:`plancache.storage.local.dirfds.temp_name`). The name comes
+    from the plugin's per-boot state, which a fork renews (``os.register_at_fork``): a worker
+    forked from a process that has a boot directory names none until it has its own, then its
+    own, never its parent's. With a module global set once in the parent (the first cut), the
+    child wrote the parent's name: a dead worker's leftovers looked alive while the parent ran."""
+    import gzip
+    import json
+
+    from plancache.storage.compile_cache import header_files
+    from plancache.storage.local import dirfds
+    from plancache.vllm_plugin import plugin_state
+
+    root = tmp_path / "root"
+    headers = tmp_path / "headers"
+    root.mkdir()
+    headers.mkdir()
+    stream = gzip.compress(b"h" * 64)
+
+    def temporary() -> str:
+        """A header written as the fetch writes it, named by this process's boot (asked of the
+        boot's state as boot_headers asks it)."""
+        fd = os.open(headers, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            owner = plugin_state.current().place.temp_owner()
+            tmp, _ = header_files.Inflater(stream).write_into(fd, "c1.h.gch", 64, owner=owner)
+        finally:
+            os.close(fd)
+        return dirfds.temp_owner(tmp)
+
+    state = plugin_state.start_boot()
+    try:
+        state.place.boot = boot_dirs.new_boot_dir(root)
+        parent = state.place.boot.path.name
+        assert temporary() == parent
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker: a real fork, its state renewed by the plugin's fork hook
+            try:
+                before = temporary()
+                place = plugin_state.current().place
+                place.boot = boot_dirs.new_boot_dir(root)
+                seen = [before, temporary(), place.boot.path.name]
+                os.write(write, json.dumps(seen).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            before, after, own = json.loads(pipe.read())
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert before == "" and after == own and own != parent and own.startswith("boot-")
+        assert temporary() == parent  # the parent's own boot is untouched by the child's
+        with pytest.raises(ValueError):
+            dirfds.temp_name("c1.h.gch", "../../etc")
+    finally:
+        if state.place.boot is not None:
+            state.place.boot.close()
+        plugin_state.start_boot()

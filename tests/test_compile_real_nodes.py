@@ -354,13 +354,8 @@ def test_a_header_temporary_of_a_dead_boot_is_swept_and_a_live_ones_kept(base: P
     dead_name = "boot-" + "0" * 16
     headers = private / HEADERS_SUBDIR
     headers.mkdir(mode=0o700)
-    dirfds.set_temp_owner(live.path.name)
-    try:
-        mine = headers / dirfds.temp_name("c1.h.gch")
-        dirfds.set_temp_owner(dead_name)
-        stale = headers / dirfds.temp_name("c1.h.gch")
-    finally:
-        dirfds.set_temp_owner("")
+    mine = headers / dirfds.temp_name("c1.h.gch", live.path.name)
+    stale = headers / dirfds.temp_name("c1.h.gch", dead_name)
     mine.write_bytes(b"live")
     stale.write_bytes(b"dead")
     (private / (dead_name + ".lock")).write_bytes(b"")

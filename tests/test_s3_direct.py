@@ -105,15 +105,16 @@ def test_which_options_take_the_direct_path(tmp_path: Path) -> None:
 def test_a_boot_pull_imports_no_s3fs_and_a_bulk_one_uses_it(
     fault_server: FaultServer, tmp_path: Path
 ) -> None:
-    """The point of the path: a boot-time pull does not pay for aiobotocore and aiohttp."""
+    """The point of the path: a boot-time pull does not pay for aiobotocore and aiohttp, nor
+    for asyncio (10-20 ms of a boot-time ``pull``: botocore runs no event loop)."""
     serve(fault_server, fps(MAX_FINGERPRINTS + 1))
     code = (
         "import sys; from plancache.storage.store import open_store; "
         "s = open_store('s3://faulty/plans', {'endpoint_url': sys.argv[1]}, 10.0); "
         "r = s.fetch_many(sys.argv[2:]); "
         "assert all(x.plan_bytes and x.error is None for x in r), r; "
-        "print(' '.join(sorted(m for m in ('s3fs', 'aiobotocore', 'aiohttp', 'fsspec') "
-        "if m in sys.modules)))"
+        "print(' '.join(sorted(m for m in ('s3fs', 'aiobotocore', 'aiohttp', 'fsspec', "
+        "'asyncio') if m in sys.modules)))"
     )
     env = {**os.environ, **AWS_ENV, "PYTHONPATH": SRC}
     few = subprocess.run(
@@ -134,6 +135,7 @@ def test_a_boot_pull_imports_no_s3fs_and_a_bulk_one_uses_it(
     assert many.returncode == 0 and many.stdout.split() == [
         "aiobotocore",
         "aiohttp",
+        "asyncio",
         "fsspec",
         "s3fs",
     ], many.stderr

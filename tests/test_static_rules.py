@@ -9,6 +9,11 @@
   which. The public API (``plancache.__all__``: its functions, and the methods of its classes)
   keeps its positions, since users' scripts call it that way.
 * A public function or method that raises says what, in a Google-style ``Raises:`` section.
+* Time is read through the injectable clock (``plancache.clock``: ``Clock``, ``Deadline``,
+  ``Stopwatch``; docs/adr/0010-deadlines-on-an-injectable-clock.md): no ``time.monotonic()``,
+  ``time.time()``, ``time.perf_counter()``, ``time.sleep()`` (nor their ``_ns`` twins, nor
+  ``time.gmtime()``/``time.localtime()`` of the current time) outside ``clock.py``, except the
+  reads listed in :data:`CLOCK_READS_ALLOWED`, each with its reason.
 
 Each rule is a function of one module's source, run over the live tree and over small planted
 modules (one offender, then the same code fixed), so a rule that stopped catching anything
@@ -357,3 +362,102 @@ class Store:
         raise KeyError(name)
 '''
     assert raises_undocumented(fixed, "m.py") == []
+
+
+# -- time read through the clock ------------------------------------------------------------------
+
+CLOCK_CALLS = frozenset(
+    {"monotonic", "monotonic_ns", "time", "time_ns", "perf_counter", "perf_counter_ns", "sleep"}
+)
+"""``time`` functions that read or wait on the machine's clock: only :mod:`plancache.clock` may."""
+CURRENT_TIME_CALLS = frozenset({"gmtime", "localtime", "ctime", "asctime", "strftime"})
+"""``time`` functions that read the current time when given no time (one argument for
+``strftime``): they must be handed ``REAL_CLOCK.wall()``."""
+
+CLOCK_READS_ALLOWED: dict[str, str] = {
+    "src/plancache/clock.py": "the clock itself: the one place that reads the machine's time",
+    "src/plancache/storage/compile_cache/cachedir.py": (
+        "a quarantine directory's name stamped for people (time.gmtime()): never read back, "
+        "never compared, no budget"
+    ),
+}
+"""Modules that may read the machine's clock directly, each with the reason it must."""
+
+
+def direct_clock_reads(source: str, path: str) -> list[str]:
+    """``path:line time.NAME`` for each call of the ``time`` module's clock in ``source``: through
+    ``import time`` (or an alias) or a name imported from it."""
+    tree = ast.parse(source)
+    modules = {"time"}
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name == "time"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "time" and not node.level:
+            names |= {a.asname or a.name: a.name for a in node.names}
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in modules
+        ):
+            name = func.attr
+        elif isinstance(func, ast.Name) and func.id in names:
+            name = names[func.id]
+        else:
+            continue
+        current = name in CURRENT_TIME_CALLS and len(node.args) < (2 if name == "strftime" else 1)
+        if name in CLOCK_CALLS or current:
+            found.append((node.lineno, f"{path}:{node.lineno} time.{name}"))
+    return [offence for _, offence in sorted(found)]
+
+
+def test_time_is_read_through_the_clock() -> None:
+    offenders = [
+        offence
+        for path, source in _sources()
+        if path not in CLOCK_READS_ALLOWED
+        for offence in direct_clock_reads(source, path)
+    ]
+    assert not offenders, (
+        f"{len(offenders)} direct reads of the machine's clock outside plancache.clock (a budget: "
+        "Deadline; a measurement: Stopwatch; a wall time: REAL_CLOCK.wall(); or a reason in "
+        "CLOCK_READS_ALLOWED):\n" + "\n".join(offenders)
+    )
+    for path in CLOCK_READS_ALLOWED:  # an allowance that no longer allows anything goes
+        assert direct_clock_reads((REPO / path).read_text(encoding="utf-8"), path), path
+
+
+def test_a_direct_clock_read_is_caught_and_one_through_the_clock_passes() -> None:
+    planted = (
+        "import time\n"
+        "import time as t\n"
+        "from time import monotonic, sleep as nap\n"
+        "a = time.monotonic()\n"
+        "b = (t.time() - a) * 1000\n"
+        "c = monotonic()\n"
+        "nap(1)\n"
+        "d = time.strftime('%Y', time.gmtime())\n"
+        "e = time.perf_counter_ns()\n"
+    )
+    assert direct_clock_reads(planted, "m.py") == [
+        "m.py:4 time.monotonic",
+        "m.py:5 time.time",
+        "m.py:6 time.monotonic",
+        "m.py:7 time.sleep",
+        "m.py:8 time.gmtime",
+        "m.py:9 time.perf_counter_ns",
+    ]
+    fixed = (
+        "import time\n"
+        "from plancache.clock import REAL_CLOCK, Stopwatch\n"
+        "watch = Stopwatch.started()\n"
+        "ms = watch.elapsed_ms()\n"
+        "stamp = time.strftime('%Y', time.gmtime(REAL_CLOCK.wall()))\n"
+        "REAL_CLOCK.sleep(0.1)\n"
+    )
+    assert direct_clock_reads(fixed, "m.py") == []

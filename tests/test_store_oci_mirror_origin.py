@@ -26,6 +26,7 @@ import pytest
 
 from conftest import FP, plan_bytes
 from plancache.cli.main import main
+from plancache.clock import Stopwatch
 from plancache.keys.keyfile import generate_keypair
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.resolver import utcnow
@@ -145,8 +146,8 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
     assert code == 0 and report["via_mirror"] == named and "read via mirror" in err
     # the plugin's boot line names it too (the plugin's process never forgets a mirror it read)
     with caplog.at_level(logging.INFO, logger="vllm.plancache"):
-        log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "store", FP, 0.0)
-        log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "local", FP, 0.0)
+        log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "store", FP, Stopwatch.started())
+        log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "local", FP, Stopwatch.started())
     store_line, local_line = (r.getMessage() for r in caplog.records[-2:])
     assert f"via_mirror={mirror.host}" in store_line and "via_mirror" not in local_line
     # ... but only for a plan of the store the mirror served: a worker whose plans come from
@@ -154,7 +155,13 @@ def test_reads_through_the_mirror_are_named_in_human_and_json_output(
     for store_url, named_here in ((url, True), (registry.url("elsewhere"), False)):
         boot = Boot(PluginConfig(url=store_url), TrustPolicy.unsigned_local())
         with caplog.at_level(logging.INFO, logger="vllm.plancache"):
-            log_decision(Decision(True, Verdict.APPLIED, "", 1, FP), "store", FP, 0.0, boot=boot)
+            log_decision(
+                Decision(True, Verdict.APPLIED, "", 1, FP),
+                "store",
+                FP,
+                Stopwatch.started(),
+                boot=boot,
+            )
         assert (f"via_mirror={mirror.host}" in caplog.records[-1].getMessage()) is named_here
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FP, make_signer, plan_bytes
 from plancache.cli.main import main
+from plancache.clock import Stopwatch
 from plancache.pipeline.resolver import utcnow
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust import envelope as dsse
@@ -78,7 +79,10 @@ def test_json_stays_valid_and_keeps_every_plan(
 def test_decision_line_cannot_be_forged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="vllm.plancache")
     log_decision(
-        Decision(False, Reason.UNTRUSTED_KEY, f"signed by {FORGED_LOG}", None, FP), "store", FP, 0.0
+        Decision(False, Reason.UNTRUSTED_KEY, f"signed by {FORGED_LOG}", None, FP),
+        "store",
+        FP,
+        Stopwatch.started(),
     )
     [record] = caplog.records
     line = record.getMessage()

@@ -109,3 +109,32 @@ class Deadline:
     def extended(self, seconds: float) -> Deadline:
         """The same budget ``seconds`` longer (a grace past it: a join, a lock's margin)."""
         return Deadline(self.start, self.budget + seconds, self.clock)
+
+
+class Stopwatch:
+    """Time spent since ``start`` on ``clock``: the one way plancache measures what it reports
+    (a decision line's or a boot record's ``elapsed_ms``, a fetch's "prefetch 12 ms"). It
+    measures and never decides: a budget is a :class:`Deadline`. On the injectable clock like a
+    deadline, so a test on fake time reads the figures it made (ADR 0010). A plain class, not a
+    dataclass: every process that imports the clock (a boot-time pull) would pay for making
+    one."""
+
+    __slots__ = ("clock", "start")
+
+    def __init__(self, start: float, clock: Clock = REAL_CLOCK) -> None:
+        self.start = start
+        self.clock = clock
+
+    @classmethod
+    def started(cls, clock: Clock = REAL_CLOCK) -> Stopwatch:
+        """A stopwatch running from now on ``clock``."""
+        return cls(clock.monotonic(), clock)
+
+    def elapsed_ms(self) -> float:
+        """Milliseconds since :attr:`start`."""
+        return self.ms_until(self.clock.monotonic())
+
+    def ms_until(self, reading: float) -> float:
+        """Milliseconds from :attr:`start` to ``reading``, a later reading of the same clock
+        (when a task ended)."""
+        return (reading - self.start) * 1000

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from ..clock import REAL_CLOCK
 from ..settings import BULK_TIMEOUT
 from ..storage.local.localdir import LocalPlanDir, default_plan_dir
 from ..trust.errors import ConfigError
@@ -117,7 +117,7 @@ def open_url(
         ConfigError: ``url`` is not a store URL, or its backend refuses a storage option
             (raised by :func:`require_url` and the store's checks; ``config-error``).
     """
-    started = time.monotonic()  # the real clock's, before importing the storage machinery
+    started = REAL_CLOCK.monotonic()  # read before importing the storage machinery: it counts
     from ..clock import Deadline
     from ..storage.checks import check_options
     from ..storage.deadline import checked_budget

@@ -32,14 +32,15 @@ store types them.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .listing import Page
 from .versioned import Versioned
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio: never imported by a boot's blocking read
+    import asyncio
+
     from .s3.direct import S3Direct
 
 

@@ -30,7 +30,6 @@ Every call runs under the caller's deadline on the store's event loop, retried i
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import uuid
@@ -233,6 +232,8 @@ def _each(
 async def _read_pair(
     store: Store, backend: Backend, fp: str, deadline: Deadline
 ) -> tuple[Versioned, Versioned]:
+    import asyncio  # here, not at import: a boot's blocking read never loads it
+
     plan, sig = await asyncio.gather(
         _read_one(store, backend, plan_name(fp), deadline),
         _read_one(store, backend, sig_name(fp), deadline),

@@ -17,17 +17,20 @@ a fake clock runs them at once (tests/test_deadlines.py). Failures are classifie
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import errno
 import random
 import re
+import sys
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..clock import Deadline
 from ..settings import DEFAULT_TIMEOUT
 from ..trust.errors import PlanCacheError, StoreError, StoreTimeout
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -39,8 +42,15 @@ MAX_ATTEMPTS = 3
 
 BACKOFF_BASE = 0.05
 
-_TIMEOUTS = (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
-"""Distinct classes on Python 3.10, one class from 3.11: catch all three."""
+
+def _timeouts() -> tuple[type[BaseException], ...]:
+    """The timeout classes: distinct on Python 3.10, one class from 3.11; all of them. asyncio's
+    only once asyncio is imported (nothing raises it before): importing it here cost a boot-time
+    ``pull`` on botocore, which never runs an event loop, 10-20 ms."""
+    loaded = sys.modules.get("asyncio")
+    return (TimeoutError, concurrent.futures.TimeoutError) + (
+        (loaded.TimeoutError,) if loaded is not None else ()
+    )
 
 
 def causes(exc: BaseException) -> Iterator[BaseException]:
@@ -91,7 +101,8 @@ def own_error(exc: BaseException) -> PlanCacheError | None:
 def is_timeout(exc: BaseException) -> bool:
     """A timeout anywhere in the chain, whatever its class on this Python (botocore's
     ``ReadTimeoutError`` and ``ConnectTimeoutError`` wrap aiohttp's asyncio timeouts)."""
-    return any(isinstance(current, _TIMEOUTS) for current in causes(exc))
+    timeouts = _timeouts()
+    return any(isinstance(current, timeouts) for current in causes(exc))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -190,6 +201,8 @@ def _give_up(number: int, exc: Exception, pause: float, deadline: Deadline) -> b
 async def with_retries(attempt: Callable[[], Awaitable[T]], deadline: Deadline) -> T:
     """Run ``attempt`` while transient failures leave time to retry (see :func:`_give_up`),
     pausing on the deadline's clock."""
+    import asyncio  # loaded already: this runs on its event loop
+
     number = 0
     while True:
         try:
@@ -258,6 +271,8 @@ def run_by(
         StoreTimeout: no time was left, or ``make()`` did not end in it (reason ``timeout``).
         PlanCacheError: ``make()`` failed (:func:`store_error`).
     """
+    import asyncio  # loaded already: ``loop`` is one of its loops
+
     remaining = deadline.remaining()
     if remaining <= 0:
         raise StoreTimeout(f"{what}: no time left in the budget")
@@ -268,7 +283,7 @@ def run_by(
     future = asyncio.run_coroutine_threadsafe(bounded(), loop)
     try:
         return future.result(remaining + JOIN_GRACE)
-    except _TIMEOUTS:
+    except _timeouts():
         future.cancel()
         raise StoreTimeout(f"{what}: no answer within the {budget:g} s budget") from None
     except Exception as exc:

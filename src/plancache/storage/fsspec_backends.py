@@ -14,7 +14,6 @@ filesystem is ``Any`` here.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,9 @@ from .listing import MAX_NAMES, Page, fsspec_entries
 from .threads import in_thread
 from .versioned import Versioned
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio: never imported by a boot's blocking read
+    import asyncio
+
     from .s3.direct import S3Direct
 
 CONCURRENCY = 64

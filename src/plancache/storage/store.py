@@ -26,7 +26,6 @@ errors, how many calls are in flight. The modules that move a store's other obje
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -181,6 +180,8 @@ async def each(
     failure never stops the others. ``results`` fills in as keys finish, so a caller cancelled
     at its deadline still has the ones that did.
     """
+    import asyncio  # here, not at import: a boot's blocking read never loads it
+
     gate = asyncio.Semaphore(limit)
 
     async def one(key: str) -> None:
@@ -344,6 +345,8 @@ class Store:
                 and a name that is not a plan's, sidecar's or plan set's (``malformed``).
             PlanCacheError: every other failure typed (:func:`.deadline.store_error`).
         """
+        import asyncio  # here, not at import: a boot's blocking read never loads it
+
         cap = cap_for(name) if cap is None else cap
         path = self.path(name)
         backend = self._backend
@@ -512,6 +515,8 @@ class Store:
         deadline = self.deadline(deadline)
 
         async def pair(fp: str) -> FetchedPair:
+            import asyncio  # here, not at import: a boot's blocking read never loads it
+
             # both outcomes are collected: a failure of one read must not leave the other's
             # exception unretrieved (asyncio would print its traceback at exit)
             plan, sig = await asyncio.gather(

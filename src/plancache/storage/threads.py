@@ -11,14 +11,16 @@ worker) from ever exiting. Every thread started here is a daemon thread, joined 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..clock import Deadline
 from ..trust.errors import StoreTimeout
+
+if TYPE_CHECKING:  # imported where a coroutine runs: a blocking boot read never loads it
+    import asyncio
 
 T = TypeVar("T")
 
@@ -29,6 +31,8 @@ def _spawn(target: Callable[[], None], name: str) -> None:
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``await fn(*args, **kwargs)`` run in a daemon thread; cancelling abandons the thread."""
+    import asyncio  # loaded already: this runs on its event loop
+
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 

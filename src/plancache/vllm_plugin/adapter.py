@@ -189,14 +189,23 @@ def fingerprint_of(worker: Worker, fingerprint: Fingerprint) -> str:
 def world_of(worker: Worker, fingerprint: Fingerprint, fp: str) -> list[str]:
     """Every rank's fingerprint in rank order (vLLM's key for each rank of this configuration),
     the name of the world's plan set; ``[fp]`` alone when the world is too large for one set
-    or vLLM's function cannot tell (then the set's name is this rank's own one-member set)."""
+    or vLLM's function cannot tell (then the set's name is this rank's own one-member set).
+
+    This worker's own rank's key is ``fp``, which the caller just computed with the same
+    function and arguments (:func:`fingerprint_of`): it is not computed again. vLLM's key hashes
+    the whole configuration (1-2 ms a call with vLLM 0.33), on the boot's critical path: for a
+    world of one, the second call was all a store hit with prefetch added over a local hit."""
     from ..trust.plans.plan_set_names import MAX_MEMBERS
 
     size = getattr(worker.parallel_config, "world_size", 1)
     if not isinstance(size, int) or not 1 <= size <= MAX_MEMBERS:
         return [fp]
+    own = getattr(worker, "rank", None)
     try:
-        world = [fingerprint(worker.vllm_config, rank, size) for rank in range(size)]
+        world = [
+            fp if rank == own else fingerprint(worker.vllm_config, rank, size)
+            for rank in range(size)
+        ]
     except Exception:
         return [fp]
     return world if fp in world else [fp]

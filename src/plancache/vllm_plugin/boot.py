@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..clock import REAL_CLOCK, Deadline
+from ..clock import Deadline, Stopwatch
 from ..pipeline.keyless_report import signers_of
 from ..pipeline.plan_sets.node_plans import replica_of, resolve_node
 from ..storage.deadline import DEFAULT_TIMEOUT
@@ -138,7 +137,7 @@ def _without_plans(worker: object) -> None:
         Decision(False, Verdict.WORKER_WITHOUT_PLANS, detail),
         "none",
         None,
-        time.monotonic(),
+        Stopwatch.started(),
         worker=worker,
     )
 
@@ -150,17 +149,17 @@ def _lookup(boot: Boot, fp: str, world: Callable[[], list[str] | None] | None = 
     if pending is None or pending.key != fp:
         due = Deadline.after(boot.config.timeout)
         result = _resolve(boot, fp, due, world=world)
-        how, took = "fetch", due.elapsed()
+        how, took_ms = "fetch", Stopwatch(due.start, due.clock).elapsed_ms()
     else:
         finished, got = pending.result()
-        took = (pending.finished or pending.deadline.clock.monotonic()) - pending.started
+        took_ms = pending.took_ms()
         if not finished or got is None:
             error = StoreTimeout(
                 f"store gave no answer within the {boot.config.timeout:g} s budget"
             )
-            return PlanResult(fp, "store", error=error, note=f"prefetch {took * 1000:.0f} ms")
+            return PlanResult(fp, "store", error=error, note=f"prefetch {took_ms:.0f} ms")
         result, how = got, "prefetch"
-    return result.with_note(f"{how} {took * 1000:.0f} ms") if result.source == "store" else result
+    return result.with_note(f"{how} {took_ms:.0f} ms") if result.source == "store" else result
 
 
 def decide_plan(
@@ -214,18 +213,21 @@ def log_decision(
     decision: Decision,
     source: str,
     fp: str | None,
-    started: float,
+    started: Stopwatch,
     *,
     worker: object = None,
     boot: Boot | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> None:
-    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`).
+    """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`), with
+    ``facts`` (what the boot knows of its plan besides: :func:`.plan_health.node_memory.
+    decision_facts`) in the same write.
     A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md): the
     mirror of the plan's own store, not one another store of the process (a compile cache's)
     was read through."""
     from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
 
-    elapsed = (time.monotonic() - started) * 1000
+    elapsed = started.elapsed_ms()
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
     serving = store_key(boot.config.url) if boot is not None else None
@@ -255,6 +257,7 @@ def log_decision(
                 if boot is not None and decision.applied
                 else None,
                 signed_by=boot.signed_by if boot is not None and decision.applied else None,
+                facts=facts,
             )
         except Exception:
             LOG.debug("plancache: boot record not updated", exc_info=True)
@@ -303,7 +306,7 @@ def after_warm_up(worker: object) -> None:
 def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
     """Replaces vLLM's ``maybe_apply_startup_plan``: decide, maybe set the KV bytes, log one
     line."""
-    started = REAL_CLOCK.monotonic()  # the vote's budget is the rest of the boot's, from here
+    started = Stopwatch.started()  # the vote's budget is the rest of the boot's, from here
     if not enabled():
         return None  # as vLLM: the switch is read at call time
     if worker.cache_config.kv_cache_memory_bytes is not None:
@@ -332,14 +335,14 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
     # Every rank votes once, whatever it decided (gloo pairs collectives by order, so a rank
     # that errored must vote too): a plan applies on all ranks or on none.
-    decision = vote.settle(decision, Deadline(started, budget + vote.MARGIN_S).remaining())
+    decision = vote.settle(decision, Deadline(started.start, budget + vote.MARGIN_S).remaining())
     if boot is not None:
         plan_guard.after_vote(boot, decision)
     if decision.applied and decision.kv_cache_memory_bytes is not None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
-    log_decision(decision, source, fp, started, worker=worker, boot=boot)
-    if boot is not None:  # the applied plan's evidence, or the alert of a plan held back here
-        plan_guard.after_decision(worker, boot, decision)
+    # the applied plan's evidence, or the alert of a plan held back here: in the same record write
+    facts = plan_guard.decision_facts(boot, decision) if boot is not None else None
+    log_decision(decision, source, fp, started, worker=worker, boot=boot, facts=facts)
     if boot is not None and fp is not None and not decision.applied:
         # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
         # a boot that applies never pays for them. Read now, while the config is apply-time's.

@@ -125,14 +125,14 @@ def _wrap_timed(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def determine_available_memory(self: Worker, *args: object, **kwargs: object) -> Any:
-        import time
+        from ..clock import Stopwatch
 
-        started = time.monotonic()
+        started = Stopwatch.started()
         result = original(self, *args, **kwargs)
         try:
             from . import boot
 
-            boot.after_profiling(self, (time.monotonic() - started) * 1000)
+            boot.after_profiling(self, started.elapsed_ms())
         except Exception:
             LOG.debug("plancache: profiling time not recorded", exc_info=True)
         return result

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import ModuleType
 
+    from ..clock import Stopwatch
     from ..pipeline.compile_cache.header_shipping import Cancel, HeadersOutcome
     from ..pipeline.compile_cache.local_caches import CacheOutcome
     from ..storage.compile_cache.boot_dirs import BootDir
@@ -137,6 +138,13 @@ class Place:
     redirects: dict[str, Path] = field(default_factory=dict)
     """Signed ``inductor_cache`` paths vLLM may name -> the private copies to use instead."""
 
+    def temp_owner(self) -> str:
+        """This boot's private directory's name (``boot-<16 hex>``), "" before it has one: what
+        its temporaries are named by (:func:`plancache.storage.local.dirfds.temp_name`), so a
+        sweep removes them only once this boot is dead. Asked of the boot's own state, never of
+        a module global: a forked worker, whose state is renewed, names its own."""
+        return self.boot.path.name if self.boot is not None else ""
+
 
 @dataclass
 class Guard:
@@ -145,7 +153,7 @@ class Guard:
     lock: threading.RLock = field(default_factory=threading.RLock)
     guarded: dict[str, tuple[Path | None, CacheOutcome | None]] = field(default_factory=dict)
     """Signed directory -> (the private directory vLLM uses instead, the guard's outcome)."""
-    decided_at: dict[str, float] = field(default_factory=dict)
+    decided_at: dict[str, Stopwatch] = field(default_factory=dict)
     """Signed directory -> when the guard decided (a compile's time runs from there)."""
     settings: tuple[Settings | None] | None = None
     """The environment as the guard reads it, once a boot: ``(settings,)`` once read."""

@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from ..clock import Stopwatch
+
 if TYPE_CHECKING:
     from ..clock import Deadline
 
@@ -124,7 +126,8 @@ class Prefetch(Generic[T]):
     def __init__(self, key: str, deadline: Deadline, task: Callable[[], T]) -> None:
         self.key = key
         self.deadline = deadline
-        self.started = deadline.clock.monotonic()
+        self._watch = Stopwatch.started(deadline.clock)
+        self.started = self._watch.start
         self.finished: float | None = None
         self._task = task
         self._done = threading.Event()
@@ -147,6 +150,12 @@ class Prefetch(Generic[T]):
         finally:
             self.finished = self.deadline.clock.monotonic()
             self._done.set()
+
+    def took_ms(self) -> float:
+        """Milliseconds the task ran: to its end, or so far while it still runs."""
+        if self.finished is None:
+            return self._watch.elapsed_ms()
+        return self._watch.ms_until(self.finished)
 
     def result(self) -> tuple[bool, T | None]:
         """(finished?, value), waiting at most until the task's deadline.

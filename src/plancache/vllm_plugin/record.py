@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..clock import REAL_CLOCK
 from ..storage.local import records
 from ..trust.display import safe_text
 from ..trust.inputs import differences
@@ -56,7 +57,9 @@ class BootRecord:
     rank: int
     worker_id: int | None
     name: str = ""
-    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    started: str = field(
+        default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(REAL_CLOCK.wall()))
+    )
     world_size: int | None = None
     plan: dict[str, Any] | None = None
     compile_cache: list[dict[str, Any]] = field(default_factory=list)
@@ -172,8 +175,10 @@ def note_plan(
     *,
     signed_profile_ms: float | None = None,
     signed_by: list[dict[str, Any]] | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> None:
-    """The plan side's decision (the decision line's fields), written at once."""
+    """The plan side's decision (the decision line's fields) and ``facts`` the boot knows of its
+    plan by then (:func:`note_plan_facts`' kind), written at once: one write."""
     record = for_worker(worker)
     with plugin_state.current().records.lock:
         record.plan = {
@@ -184,6 +189,7 @@ def note_plan(
             "detail": safe_text(detail, 300),
             "signed_profile_ms": signed_profile_ms,
             "signed_by": signed_by,  # names and key ids; a keyless signer's identity and issuer
+            **(facts or {}),
         }
         record.plugin_ms += elapsed_ms
         _write(record)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from ...clock import Stopwatch
 from ...pipeline.locations import open_url, require_existing
 from ...pipeline.resolver import Resolver
 from ...pipeline.trust_config import signer_for, worker_policy
@@ -309,7 +309,7 @@ def check_store(checks: Checks, config: PluginConfig, policy: TrustPolicy) -> bo
             "store", "warn", f"{config.url}: never read without usable PLANCACHE_TRUSTED_KEYS"
         )
         return False
-    started = time.monotonic()
+    started = Stopwatch.started()
     try:
         store = open_url(config.url, dict(config.storage_options), config.timeout)
         fps = store.fingerprints()
@@ -318,7 +318,7 @@ def check_store(checks: Checks, config: PluginConfig, policy: TrustPolicy) -> bo
     except PlanCacheError as exc:
         checks.add("store", "fail", f"{config.url}: {exc.detail}")
         return False
-    ms = (time.monotonic() - started) * 1000
+    ms = started.elapsed_ms()
     checks.add(
         "store",
         "ok" if fps else "warn",

@@ -15,11 +15,11 @@ import argparse
 import os
 import stat
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...clock import REAL_CLOCK
 from ...pipeline.audit import PlanReport, all_valid, audit_plans, list_plans
 from ...pipeline.locations import (
     BULK_TIMEOUT,
@@ -74,7 +74,7 @@ def _audit(args: argparse.Namespace, policy: Any) -> Audit:
     """The plans' reports. On a store, ``--timeout`` is one deadline for the whole command, taken
     here once (before the store is opened: that counts too) and handed down to the listing,
     every fetch and, after, the sets: a fresh budget per read let six slow sets take 30 s."""
-    started = time.monotonic()
+    started = REAL_CLOCK.monotonic()
     wanted = wanted_fingerprints(args) if getattr(args, "fingerprint", None) else []
     deadline = None
     if is_url(str(args.location) if args.location else None):

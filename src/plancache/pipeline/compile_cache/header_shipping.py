@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -231,16 +231,29 @@ def pull_headers(
     cache_archive_sha256: str | None,
     deadline: Deadline | None = None,
     cancel: Cancel | None = None,
+    owner: Callable[[], str] = lambda: "",
 ) -> HeadersOutcome:
     """Install the store's verified headers for ``subject`` into ``directory`` (see the module),
     only if they were made for the cache this node holds: ``cache_archive_sha256``, its verified
     manifest's (a pull that kept a newer local cache names that one, so the store's older header
     is refused), else (None) the one ``cancel`` is released with. Never raises for a hostile or
-    failing store: the outcome says what torch must build."""
+    failing store: the outcome says what torch must build. ``owner`` names, when the
+    temporaries are made, the boot directory of the process writing them ("" for none: the CLI),
+    asked then because a worker's may be made while the fetch runs
+    (:func:`..storage.local.dirfds.temp_name`)."""
     cancel = cancel or Cancel()
     try:
         return _pull(
-            store, subject, keyring, now, base, directory, deadline, cancel, cache_archive_sha256
+            store,
+            subject,
+            keyring,
+            now,
+            base,
+            directory,
+            deadline,
+            cancel,
+            cache_archive_sha256,
+            owner,
         )
     except Cancelled as exc:
         return exc.outcome
@@ -265,6 +278,7 @@ def _pull(
     deadline: Deadline | None,
     cancel: Cancel,
     bound: str | None,
+    owner: Callable[[], str],
 ) -> HeadersOutcome:
     sig = archives.get_object(
         store, archives.headers_sig_name(subject), MAX_SIG_OBJECT_BYTES, deadline=deadline
@@ -297,7 +311,7 @@ def _pull(
                 Reason.DIGEST_MISMATCH,
                 "the headers' object does not match its signed sha256 (altered?)",
             )
-        return _inflate(fd, files.Inflater(data), hset, there, cancel, deadline, bound)
+        return _inflate(fd, files.Inflater(data), hset, there, cancel, deadline, bound, owner())
     finally:
         os.close(fd)
 
@@ -310,6 +324,7 @@ def _inflate(
     cancel: Cancel,
     deadline: Deadline | None,
     bound: str | None,
+    owner: str,
 ) -> HeadersOutcome:
     """Every header is inflated and checked (the stream is one), then, once the guard loaded the
     cache (``cancel`` released) and only if the statement binds the cache loaded, the free names
@@ -317,7 +332,9 @@ def _inflate(
     staged: list[tuple[str, str]] = []
     try:
         for entry in hset.headers:
-            tmp, digest = inflater.write_into(fd, entry.name, entry.size, check=cancel.check)
+            tmp, digest = inflater.write_into(
+                fd, entry.name, entry.size, check=cancel.check, owner=owner
+            )
             staged.append((tmp, entry.name))
             if digest != entry.sha256:
                 raise Rejected(

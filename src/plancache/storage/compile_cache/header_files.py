@@ -140,18 +140,26 @@ class Inflater:
         return b""
 
     def write_into(
-        self, dir_fd: int, name: str, size: int, *, check: Callable[[], None] | None = None
+        self,
+        dir_fd: int,
+        name: str,
+        size: int,
+        *,
+        check: Callable[[], None] | None = None,
+        owner: str = "",
     ) -> tuple[str, str]:
         """The next ``size`` inflated bytes, hashed as they are written into a new temporary in
         ``dir_fd``: (temporary name, sha256). The caller compares, then :func:`link` or
         :func:`discard`. ``check`` runs before each piece (the caller's way to stop: it raises).
+        ``owner``: the writing process's boot directory, named in the temporary's name so a
+        sweep removes it only once that boot is dead (:func:`..local.dirfds.temp_name`).
 
         Raises:
             Rejected: the stream is truncated (reason ``malformed``) or ends before ``size``
                 bytes (``digest-mismatch``); the temporary is removed.
             OSError: the temporary cannot be made, written or synced; ``check``'s error as it is.
         """
-        tmp = dirfds.temp_name(name)
+        tmp = dirfds.temp_name(name, owner)
         fd = os.open(tmp, dirfds.NEW_FILE, 0o600, dir_fd=dir_fd)
         digest, remaining = hashlib.sha256(), size
         try:

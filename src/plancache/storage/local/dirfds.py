@@ -128,21 +128,25 @@ def opened_dir(
         os.close(fd)
 
 
-_temp_owner = ""
-"""The boot directory of this process (``boot-<16 hex>``), once it has one: every temporary's
-name carries it, so a sweep can tell a dead process's leftovers from a live one's."""
+_OWNER = re.compile(r"boot-[0-9a-f]{16}")
+"""A boot directory's name (:func:`plancache.storage.compile_cache.boot_dirs.new_boot_dir`)."""
 
 
-def set_temp_owner(boot_name: str) -> None:
-    """Name this process's boot directory in every temporary made from now on."""
-    global _temp_owner  # noqa: PLW0603 - one boot directory per process, named in its temporaries
-    _temp_owner = boot_name
+def temp_name(name: str, owner: str = "") -> str:
+    """An unpredictable temporary name for ``name`` (``.<name>.[<owner>.]<16 hex>.tmp``).
 
+    ``owner`` is the boot directory (``boot-<16 hex>``) of the process that makes the temporary,
+    passed by the caller that knows it (the plugin's per-boot state: a forked worker has its
+    own), so a sweep can tell a dead process's leftovers from a live one's (:func:`temp_owner`).
+    No module state holds it: a fork would carry the parent's into the child.
 
-def temp_name(name: str) -> str:
-    """An unpredictable temporary name for ``name`` (``.<name>.[<boot>.]<16 hex>.tmp``)."""
-    owner = f"{_temp_owner}." if _temp_owner else ""
-    return f".{name}.{owner}{secrets.token_hex(8)}.tmp"
+    Raises:
+        ValueError: ``owner`` is neither empty nor a boot directory's name.
+    """
+    if owner and not _OWNER.fullmatch(owner):
+        raise ValueError(f"not a boot directory's name: {owner!r}")
+    tag = f"{owner}." if owner else ""
+    return f".{name}.{tag}{secrets.token_hex(8)}.tmp"
 
 
 def temp_owner(temporary: str) -> str:
@@ -156,9 +160,6 @@ def temp_owner(temporary: str) -> str:
     ):
         return parts[1]
     return ""
-
-
-_OWNER = re.compile(r"boot-[0-9a-f]{16}")
 
 
 @contextlib.contextmanager

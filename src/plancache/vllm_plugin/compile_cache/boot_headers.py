@@ -29,12 +29,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...clock import Stopwatch
 from ...settings import HEADERS_TIMEOUT
 from ...trust.display import safe_text
 from .. import plugin_state
@@ -69,9 +69,9 @@ def wrap(original: Callable[..., str]) -> Callable[..., str]:
 
     @functools.cache
     def precompile(header: str, hashable_cmd_line: str, **options: object) -> str:
-        started = time.monotonic()
+        started = Stopwatch.started()
         wait()
-        waited_ms = (time.monotonic() - started) * 1000
+        waited_ms = started.elapsed_ms()
         at = plugin_state.current().installed.headers_at
         folder = at[1] if at is not None else None
         if at is not None:
@@ -184,7 +184,7 @@ def start_fetch(
     cancel = Cancel(held=held)
 
     def task() -> HeadersOutcome:
-        started = time.monotonic()
+        started = Stopwatch.started()
         try:
             outcome = pull_headers(
                 store,
@@ -196,6 +196,7 @@ def start_fetch(
                 cache_archive_sha256=archive_sha256,
                 deadline=deadline,
                 cancel=cancel,
+                owner=state.place.temp_owner,
             )
         except Exception as exc:
             outcome = HeadersOutcome(
@@ -207,7 +208,7 @@ def start_fetch(
             'plancache: compile-cache %s cache=%s elapsed_ms=%.0f detail="%s"',
             outcome.line(),
             safe_text(subject, 200),
-            (time.monotonic() - started) * 1000,
+            started.elapsed_ms(),
             safe_text(outcome.detail, 300),
         )
         return outcome
@@ -276,7 +277,7 @@ def wait() -> None:
                 "plancache: compile-cache headers=failed reason=timeout cache=%s elapsed_ms=%.0f "
                 'detail="no header within the %.0f s budget: torch builds it"',
                 safe_text(fetch.key, 200),
-                (fetch.deadline.clock.monotonic() - fetch.started) * 1000,
+                fetch.took_ms(),
                 fetch.deadline.budget,
             )
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...clock import Stopwatch
 from ...trust.display import safe_text
 from .. import plugin_state
 
@@ -27,14 +27,14 @@ LOG = logging.getLogger("vllm.plancache")
 
 
 def log(
-    action: str, reason: str, cache: str, started: float, *, detail: str = "", extra: str = ""
+    action: str, reason: str, cache: str, started: Stopwatch, *, detail: str = "", extra: str = ""
 ) -> None:
     LOG.info(
         'plancache: compile-cache decision=%s reason=%s cache=%s elapsed_ms=%.0f%s detail="%s"',
         action,
         reason,
         safe_text(cache, 200),
-        (time.monotonic() - started) * 1000,
+        started.elapsed_ms(),
         extra,
         safe_text(detail, 300),
     )
@@ -55,7 +55,7 @@ def record(
     action: str,
     reason: str,
     cache: str,
-    started: float,
+    started: Stopwatch,
     detail: str,
     outcome: CacheOutcome | None,
 ) -> None:
@@ -75,7 +75,7 @@ def record(
                 # who signed the verified manifest (a keyless signer by identity and issuer)
                 "signed_by": list(getattr(outcome, "signed_by", ()) or ()),
             },
-            (time.monotonic() - started) * 1000,
+            started.elapsed_ms(),
             getattr(outcome, "key_factors", None),
             compile_ms=measured.get("compile_ms"),
         )

@@ -37,11 +37,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...clock import Stopwatch
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
 from .. import plugin_state
@@ -109,15 +109,13 @@ def _guarded_aot_load(original: Callable[..., Any]) -> Callable[..., Any]:
             return None
         torch_caches.redirect(directory / "inductor_cache", private / "inductor_cache")
         private_path = private / signed_rank.name / Path(aot_compilation_path).name
-        began = time.monotonic()
+        began = Stopwatch.started()
         loaded = original(model, str(private_path), *args, **kwargs)
         if outcome is not None and outcome.action == "load":
             try:
                 from .. import record
 
-                record.note_used(
-                    outcome.subject, loaded is not None, (time.monotonic() - began) * 1000
-                )
+                record.note_used(outcome.subject, loaded is not None, began.elapsed_ms())
             except Exception:
                 LOG.debug("plancache: boot record not updated", exc_info=True)
         if loaded is None:  # vLLM compiles next, then saves: into the private copy, then published

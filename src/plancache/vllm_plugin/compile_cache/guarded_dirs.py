@@ -12,12 +12,11 @@ arguments into a directory and back.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...clock import Deadline
+from ...clock import Deadline, Stopwatch
 from ...trust.display import safe_text
 from ...trust.errors import StoreError
 from .. import plugin_state
@@ -42,7 +41,7 @@ def private_for(directory: Path, *, disabled: bool = False) -> Guarded:
     guard = plugin_state.current().guard
     with guard.lock:
         if key not in guard.guarded:
-            guard.decided_at[key] = time.monotonic()
+            guard.decided_at[key] = Stopwatch.started()
             try:
                 guard.guarded[key] = _check(directory, disabled, len(guard.guarded))
             except Exception as exc:
@@ -51,7 +50,7 @@ def private_for(directory: Path, *, disabled: bool = False) -> Guarded:
                     "compile",
                     "internal-error",
                     str(directory),
-                    time.monotonic(),
+                    Stopwatch.started(),
                     detail="nothing loaded: "
                     + safe_text(
                         getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}", 200
@@ -70,7 +69,7 @@ def since(directory: Path) -> float | None:
     """Milliseconds since the guard decided on ``directory`` (a compile's time runs from there
     to its publish); None if it never did."""
     started = plugin_state.current().guard.decided_at.get(os.path.abspath(directory))
-    return None if started is None else (time.monotonic() - started) * 1000
+    return None if started is None else started.elapsed_ms()
 
 
 def _empty_private(name: str) -> Path | None:
@@ -93,7 +92,7 @@ def _check(directory: Path, disabled: bool, index: int) -> Guarded:
     from ...pipeline.compile_cache.load import guard
     from ...pipeline.resolver import utcnow
 
-    started = time.monotonic()
+    started = Stopwatch.started()
     name = f"c{index}"
     try:
         into = torch_caches.private_dir(name)

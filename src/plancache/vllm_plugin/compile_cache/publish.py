@@ -13,10 +13,10 @@ import atexit
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...clock import Stopwatch
 from ...trust.display import safe_text
 from ...trust.errors import Reason
 from .. import plugin_state
@@ -109,7 +109,7 @@ def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Si
         from ..prefetch import off_compute_cores
 
         off_compute_cores()
-        started = time.monotonic()
+        started = Stopwatch.started()
         try:  # an archive of tens to hundreds of MiB: the bulk deadline, not the boot's
             url = config.url or ""
             store = open_store(  # a push: nothing read through a registry's mirror
@@ -125,7 +125,7 @@ def _push_in_background(config: Settings, root: CacheRoot, subject: str, key: Si
                 subject,
                 safe_text(config.url, 200),
                 safe_text(outcome.detail, 200),
-                (time.monotonic() - started) * 1000,
+                started.elapsed_ms(),
             )
         except Exception as exc:
             if not _refused_private(exc, subject, "cache"):
@@ -158,7 +158,7 @@ def _push_headers(
     one only)."""
     from . import boot_headers
 
-    started = time.monotonic()
+    started = Stopwatch.started()
     try:
         outcome = boot_headers.push(store, subject, key, config.expires_in, archive_sha256)
     except Exception as exc:
@@ -174,7 +174,7 @@ def _push_headers(
         'plancache: compile-cache pushed %s cache=%s elapsed_ms=%.0f detail="%s"',
         outcome.line(),
         subject,
-        (time.monotonic() - started) * 1000,
+        started.elapsed_ms(),
         safe_text(outcome.detail, 200),
     )
 

@@ -72,7 +72,6 @@ def boot_dir() -> Path:
         from vllm import envs
 
         from ...storage.compile_cache.boot_dirs import new_boot_dir
-        from ...storage.local.dirfds import set_temp_owner
 
         try:
             place.boot = new_boot_dir(Path(envs.VLLM_CACHE_ROOT))
@@ -80,7 +79,6 @@ def boot_dir() -> Path:
             place.problem = exc
             _pin_nowhere()
             raise
-        set_temp_owner(place.boot.path.name)
         place.boot.close_at_exit()
         if place.boot.passed_over:  # an operator should know why the cache root's own was not used
             LOG.info(

@@ -84,13 +84,15 @@ def _alert(fp: str, digest: str, plan_kv: int, profiled_kv: int | None) -> dict[
     }
 
 
-def after_decision(worker: object, boot: Boot, decision: Decision) -> None:
-    """Into the boot record, after the decision: how an applied plan was measured (its signed
-    evidence, or "none"), or the alert of a plan this node holds back (both numbers)."""
+def decision_facts(boot: Boot, decision: Decision) -> dict[str, Any]:
+    """For the boot record, with the decision (one write on the boot's critical path, not two):
+    how an applied plan was measured (its signed evidence, or "none"), or the alert of a plan
+    this node holds back (both numbers); else nothing."""
     if decision.applied:
-        record.note_plan_facts(worker, {"evidence": boot.signed_evidence or "none"})
-    elif decision.reason is Verdict.PLAN_EXCEEDS_PROFILE and boot.held_alert is not None:
-        record.note_plan_facts(worker, {"held_back": boot.held_alert})
+        return {"evidence": boot.signed_evidence or "none"}
+    if decision.reason is Verdict.PLAN_EXCEEDS_PROFILE and boot.held_alert is not None:
+        return {"held_back": boot.held_alert}
+    return {}
 
 
 def after_vote(boot: Boot, decision: Decision) -> None:

@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...clock import REAL_CLOCK
 from ...storage.local.dirfds import NEW_FILE, read_only, temp_name
 from ...storage.local.state_dir import open_state_dir, state_dir_for
 from ...trust.errors import PlanCacheError, StoreError
@@ -205,7 +206,7 @@ def _write(
 
 
 def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(REAL_CLOCK.wall()))
 
 
 def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[Path, int | None]:
