@@ -376,10 +376,6 @@ CURRENT_TIME_CALLS = frozenset({"gmtime", "localtime", "ctime", "asctime", "strf
 
 CLOCK_READS_ALLOWED: dict[str, str] = {
     "src/plancache/clock.py": "the clock itself: the one place that reads the machine's time",
-    "src/plancache/storage/compile_cache/cachedir.py": (
-        "a quarantine directory's name stamped for people (time.gmtime()): never read back, "
-        "never compared, no budget"
-    ),
 }
 """Modules that may read the machine's clock directly, each with the reason it must."""
 

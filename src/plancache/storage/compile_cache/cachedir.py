@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ...clock import REAL_CLOCK
 from ...trust.compile_cache.closed_world import Listing
 from ...trust.compile_cache.manifest import (
     MAX_DEPTH,
@@ -264,7 +265,7 @@ def quarantine(base: Path, directory: Path, quarantine_root: Path, reason: str) 
         StoreError: no root takes it, each root named with why (reason ``local-error``: a
             local failure, no verdict on any store).
     """
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(REAL_CLOCK.wall()))  # a name for people
     name = f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}-{directory.name}-{reason}"
     problems = []
     for target_root in quarantine_roots(base, directory, quarantine_root):
