@@ -418,3 +418,407 @@ def test_a_listing_past_its_page_budget_is_too_large(
     with pytest.raises(Rejected) as err:
         store.fingerprints()
     assert err.value.reason is Reason.TOO_LARGE and "pages" in err.value.detail
+
+
+# -- the CLI's journey ----------------------------------------------------------------------------
+
+
+def test_cli_journey(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = backend.cli_options()
+    assert run(capsys, "keygen", str(tmp_path / "ci"))[0] == 0
+    ci = LocalPlanDir(tmp_path / "ci-plans")
+    ci.write(FP, plan_bytes(), None)
+    ci.write(FP2, plan_bytes(fp=FP2, kv=GIB, baseline=2 * GIB), None)
+    keys = str(tmp_path / "ci.pub")
+
+    code, out, err = run(capsys, "push", *opts, str(ci.path), backend.url)
+    assert code == 1 and "0 uploaded" in out and "unsigned" in err  # refused without a key
+
+    code, out, _ = run(
+        capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url
+    )
+    report = json.loads(out)
+    assert code == 0 and report["uploaded"] == 2 and report["objects_uploaded"] == 4
+    code, out, _ = run(
+        capsys, "push", "--key", str(tmp_path / "ci"), "--json", *opts, str(ci.path), backend.url
+    )
+    assert (
+        code == 0 and json.loads(out)["unchanged"] == 2 and json.loads(out)["objects_uploaded"] == 0
+    )
+
+    code, out, _ = run(capsys, "verify", "--trusted-keys", keys, *opts, backend.url)
+    assert code == 0 and out.count("valid") == 2
+    code, out, _ = run(capsys, "ls", "--json", *opts, backend.url)
+    assert code == 0 and {p["kv_cache_memory_bytes"] for p in json.loads(out)["plans"]} == {
+        20 * GIB,
+        GIB,
+    }
+
+    spot = tmp_path / "spot"
+    code, out, _ = run(
+        capsys, "pull", "--trusted-keys", keys, "--fingerprint", FP, *opts, backend.url, str(spot)
+    )
+    assert code == 0 and (spot / plan_name(FP)).read_bytes() == plan_bytes()
+    assert sorted(p.name for p in spot.iterdir()) == [plan_name(FP), sig_name(FP)]
+
+    # The bucket is writable by someone hostile: a bigger kv value for FP2, FP's sidecar swapped.
+    backend.put(plan_name(FP2), plan_bytes(fp=FP2, kv=2 * GIB - 1, baseline=2 * GIB))
+    backend.put(sig_name(FP), b"{}")
+    backend.put(plan_name(FP3), plan_bytes(fp=FP3))
+    fresh = tmp_path / "fresh"
+    code, out, _ = run(
+        capsys, "pull", "--json", "--trusted-keys", keys, *opts, backend.url, str(fresh)
+    )
+    plans = {p["fingerprint"]: p for p in json.loads(out)["plans"]}
+    assert code == 1
+    assert plans[FP]["reason"] == "malformed" and plans[FP2]["reason"] == "digest-mismatch"
+    assert plans[FP3]["reason"] == "unsigned"
+    assert not fresh.exists() or list(fresh.iterdir()) == []  # nothing unverified under any name
+    code, out, _ = run(capsys, "verify", "--trusted-keys", keys, *opts, backend.url)
+    assert code == 1
+
+
+def test_prune(backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = backend.cli_options()
+    for name in ("old", "new"):
+        run(capsys, "keygen", str(tmp_path / name))
+    ci = LocalPlanDir(tmp_path / "ci")
+    ci.write(FP, plan_bytes(), None)
+    run(capsys, "push", "--key", str(tmp_path / "old"), *opts, str(ci.path), backend.url)
+    ci2 = LocalPlanDir(tmp_path / "ci2")
+    ci2.write(FP2, plan_bytes(fp=FP2), None)
+    assert (
+        run(capsys, "push", "--key", str(tmp_path / "new"), *opts, str(ci2.path), backend.url)[0]
+        == 0
+    )
+
+    old_pub = (tmp_path / "old.pub").read_text()
+    trusted = tmp_path / "trusted"
+    trusted.write_text((tmp_path / "new.pub").read_text() + "@revoked " + old_pub)
+    code, out, _ = run(
+        capsys,
+        "prune",
+        "--revoked",
+        "--dry-run",
+        "--trusted-keys",
+        str(trusted),
+        *opts,
+        backend.url,
+    )
+    assert code == 0 and FP in out and FP2 not in out
+    assert backend.store().fingerprints() == [FP, FP2]
+    # gcp-storage-emulator ignores ifGenerationMatch: refused, then pruned on purpose
+    if backend.name == "gcs":
+        code, out, err = run(
+            capsys, "prune", "--revoked", "--trusted-keys", str(trusted), *opts, backend.url
+        )
+        assert (
+            code == 2 and "--unconditional" in err and backend.store().fingerprints() == [FP, FP2]
+        ), err
+        opts.append("--unconditional")
+    code, out, _ = run(
+        capsys, "prune", "--revoked", "--json", "--trusted-keys", str(trusted), *opts, backend.url
+    )
+    assert code == 0 and [d["fingerprint"] for d in json.loads(out)["deleted"]] == [FP]
+    assert backend.store().fingerprints() == [FP2]
+    assert sig_name(FP) not in backend.store().list_objects()
+
+    code, out, _ = run(capsys, "prune", "--older-than", "1d", *opts, backend.url)
+    assert code == 0 and backend.store().fingerprints() == [FP2]  # signed just now: kept
+    signer = load_signer(str(tmp_path / "new"))
+    old = plan_bytes(fp=FP3)
+    backend.store().put(
+        FP3, old, sign_plan(plan_name(FP3), old, signer, utcnow() - timedelta(days=45))
+    )
+    code, out, _ = run(capsys, "prune", "--older-than", "30d", *opts, backend.url)
+    assert code == 0 and FP3 in out and backend.store().fingerprints() == [FP2]
+    assert run(capsys, "prune", "--revoked", *opts, backend.url)[0] == 2  # needs trusted keys
+
+
+def test_missing_locations_fail_and_empty_ones_say_so(
+    backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in the bucket (or directory, or repository) is exit 2 on every backend; an empty
+    prefix fails verify."""
+    opts = backend.cli_options()
+    run(capsys, "keygen", str(tmp_path / "k"))
+    keys = ["--trusted-keys", str(tmp_path / "k.pub")]
+    scheme, rest = backend.url.split("://", 1)
+    if backend.registry is not None:  # a registry's repository: a name under the same host
+        missing = f"oci://{rest.split('/', 1)[0]}/no-such-{uuid.uuid4().hex[:8]}/plans"
+    else:
+        missing = f"{scheme}://{'/' if scheme == 'file' else ''}no-such-{uuid.uuid4().hex[:8]}/plans"
+    code, out, err = run(capsys, "verify", *keys, *opts, missing)
+    assert code == 2 and "does not exist" in err and out == ""
+    backend.put(plan_name(FP), plan_bytes())  # makes the bucket's prefix exist
+    empty = backend.url.rsplit("/", 1)[0] + "/empty"
+    if backend.name in ("file", "memory"):  # no buckets: the directory itself must exist
+        assert run(capsys, "verify", *keys, *opts, empty)[0] == 2
+        import fsspec
+
+        fs, root = fsspec.url_to_fs(empty, skip_instance_cache=True)
+        fs.makedirs(root, exist_ok=True)
+    if backend.registry is not None:  # a repository exists once something was pushed to it
+        assert run(capsys, "verify", *keys, *opts, empty)[0] == 2
+        return
+    code, _, err = run(capsys, "verify", *keys, *opts, empty)
+    assert code == 1 and f"no plans in {empty}" in err
+    assert run(capsys, "verify", "--allow-empty", *keys, *opts, empty)[0] == 0
+
+
+@only("file", "memory", "s3", "gcs", "azure")
+def test_an_empty_prefix_names_the_deeper_prefixes_that_hold_plans(
+    backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The walk below an empty prefix, page by page on S3, GCS and Azure (sub-prefixes from the
+    listing's CommonPrefixes / prefixes / blob prefixes), a directory walk elsewhere. Not on a
+    registry: a repository has no prefixes below it (another repository is another store)."""
+    run(capsys, "keygen", str(tmp_path / "k"))
+    for below in ("llama/h100", "llama/a100", "mistral/l4/old"):
+        backend.plant(f"{below}/{plan_name(FP)}", plan_bytes())
+    backend.plant("llama/notes.txt", b"not a plan")
+    code, _, err = run(
+        capsys,
+        "verify",
+        "--trusted-keys",
+        str(tmp_path / "k.pub"),
+        *backend.cli_options(),
+        backend.url,
+    )
+    assert code == 1 and f"no plans in {backend.url}" in err, err
+    named = err.split("plans found below it in: ", 1)[1].strip().split(", ")
+    assert sorted(named) == sorted(
+        f"{backend.url}/{b}" for b in ("llama/h100", "llama/a100", "mistral/l4/old")
+    ), err
+
+
+# -- deletes only of the version judged -----------------------------------------------------------
+
+SIG = b"sig-of-" + FP.encode()
+NEW_PLAN = plan_bytes(kv=3 * GIB)  # re-pushed meanwhile: other bytes
+NEW_SIG = b"re-signed"
+
+
+def seed(backend: Backend) -> dict[str, str]:
+    """FP signed, FP2 with an empty sidecar (a 416 to a ranged read), FP3 unsigned; their
+    digests, as prune judged them."""
+    plans = {
+        FP: (plan_bytes(), SIG),
+        FP2: (plan_bytes(fp=FP2), b""),
+        FP3: (plan_bytes(fp=FP3), None),
+    }
+    for fp, (plan, sig) in plans.items():
+        backend.store().put(fp, plan, sig)
+    return {fp: content_digest(plan, sig) for fp, (plan, sig) in plans.items()}
+
+
+def prune(backend: Backend, judged: dict[str, str], **kwargs: Any) -> tuple[list[str], list[str]]:
+    """:func:`delete_if_unchanged`; on gcp-storage-emulator, which ignores the precondition (so
+    the check refuses it: tests/test_prune_conditional.py), unconditionally, as
+    ``prune --unconditional`` would."""
+    store = backend.store()
+    return delete_if_unchanged(store, judged, unconditional=backend.name == "gcs", **kwargs)
+
+
+def replace_in_window(
+    backend: Backend, name: str, data: bytes
+) -> tuple[list[list[str]], Callable[[list[str]], None]]:
+    """A ``before_delete`` hook that rewrites ``name`` (another operator's push between the
+    re-read and the delete), and the list of the fingerprints it was called with."""
+    calls: list[list[str]] = []
+
+    def hook(fps: list[str]) -> None:
+        calls.append(list(fps))
+        backend.put(name, data)
+
+    return calls, hook
+
+
+def test_unchanged_objects_are_deleted(backend: Backend) -> None:
+    judged = seed(backend)
+    deleted, changed = prune(backend, judged)
+    assert deleted == [FP, FP2, FP3] and changed == []
+    assert all(backend.read(fp) == (None, None) for fp in judged)
+    assert backend.store().list_objects() == {}  # no sidecar, no canary left behind
+
+
+def test_changed_before_the_reread_is_kept(backend: Backend) -> None:
+    judged = seed(backend)
+    backend.put(plan_name(FP), NEW_PLAN)
+    deleted, changed = prune(backend, judged)
+    assert deleted == [FP2, FP3] and changed == [FP]
+    assert backend.read(FP) == (NEW_PLAN, SIG)
+
+
+@only(*CONDITIONAL)
+def test_plan_replaced_after_the_reread_is_kept_with_its_sidecar(backend: Backend) -> None:
+    judged = seed(backend)
+    calls, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
+    deleted, changed = delete_if_unchanged(backend.store(), judged, before_delete=hook)
+    assert calls == [[FP, FP2, FP3]]  # the hook ran after the re-read found all three unchanged
+    assert changed == [FP] and deleted == [FP2, FP3]  # reported as changed, not as an error
+    assert backend.read(FP) == (NEW_PLAN, SIG)
+    assert all(backend.read(fp) == (None, None) for fp in (FP2, FP3))
+
+
+@only(*CONDITIONAL)
+def test_sidecar_replaced_after_the_reread_is_kept(backend: Backend) -> None:
+    judged = seed(backend)
+    _, hook = replace_in_window(backend, sig_name(FP), NEW_SIG)
+    deleted, changed = delete_if_unchanged(backend.store(), judged, before_delete=hook)
+    if backend.registry is not None:
+        # a registry's signature is a layer of its plan's manifest: a new signature is a new
+        # manifest, so the plan is no longer the version judged, and both are kept
+        assert deleted == [FP2, FP3] and changed == [FP]
+        assert backend.read(FP) == (plan_bytes(), NEW_SIG)
+        return
+    assert deleted == [FP, FP2, FP3] and changed == []  # the plan was still the judged one: gone
+    assert backend.read(FP) == (None, None)
+    assert set(backend.store().list_objects()) == {sig_name(FP)}  # the new sidecar, alone
+
+
+@only("file", "memory")
+def test_without_a_precondition_the_window_remains(backend: Backend) -> None:
+    """Documented limit (conditional_deletes' docstring): fsspec offers no conditional delete
+    for these, so a plan replaced between the re-read and the delete is deleted (a change
+    before the re-read is kept: :func:`test_changed_before_the_reread_is_kept`)."""
+    judged = seed(backend)
+    _, hook = replace_in_window(backend, plan_name(FP), NEW_PLAN)
+    deleted, changed = delete_if_unchanged(backend.store(), judged, before_delete=hook)
+    assert deleted == [FP, FP2, FP3] and changed == [] and backend.read(FP)[0] is None
+
+
+def test_objects_gone_before_the_delete_are_fine(backend: Backend) -> None:
+    judged = seed(backend)
+
+    def hook(fps: list[str]) -> None:
+        backend.remove(plan_name(FP))  # someone else's prune got there first
+        backend.remove(sig_name(FP))
+        backend.remove(sig_name(FP2))
+
+    deleted, changed = prune(backend, judged, before_delete=hook)
+    if backend.registry is not None:
+        # FP2's signature is a layer of its manifest: removing it made a new manifest, which is
+        # not the version judged (kept, now unsigned); FP's manifest is gone: fine
+        assert deleted == [FP, FP3] and changed == [FP2]
+        assert backend.read(FP2) == (plan_bytes(fp=FP2), None)
+        return
+    assert deleted == [FP, FP2, FP3] and changed == []
+    assert all(backend.read(fp) == (None, None) for fp in judged)
+
+
+def test_gone_before_the_reread_is_changed_not_an_error(backend: Backend) -> None:
+    judged = seed(backend)
+    backend.remove(plan_name(FP))
+    deleted, changed = prune(backend, judged)
+    assert deleted == [FP2, FP3] and changed == [FP]
+
+
+# -- errors as their kinds ------------------------------------------------------------------------
+
+
+def unreachable(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
+    """The same store's URL and options with its endpoint on a closed loopback port."""
+    port = closed_port()
+    if backend.name == "s3":
+        return backend.url, {**backend.options, "endpoint_url": f"http://127.0.0.1:{port}"}
+    if backend.name == "gcs":
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+        return backend.url, backend.options
+    if backend.name == "azure":
+        text = str(backend.options["connection_string"])
+        return backend.url, {
+            "connection_string": ";".join(
+                f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"
+                if part.startswith("BlobEndpoint=")
+                else part
+                for part in text.split(";")
+            )
+        }
+    return f"oci://127.0.0.1:{port}/{backend.url.split('/', 3)[3]}", {}
+
+
+@only(*REMOTE)
+def test_an_unreachable_endpoint_is_a_store_error_within_the_deadline(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every operation's failure is typed, and its retries end by the deadline: on the
+    injectable clock, so the pauses taken are counted, not timed."""
+    url, options = unreachable(backend, monkeypatch)
+    store = open_store(url, options, 5.0)
+    for operation in (
+        lambda deadline: raw(store.fetch(FP, deadline)),
+        lambda deadline: store.list_objects(deadline),
+        lambda deadline: store.put(FP, b"plan", None, deadline),
+        lambda deadline: store.delete([FP], deadline),
+    ):
+        clock = FakeClock()
+        with pytest.raises(StoreError) as err:
+            operation(Deadline.after(5.0, clock))
+        assert err.value.reason in (Reason.STORE_ERROR, Reason.TIMEOUT), err.value
+        assert sum(clock.slept) <= 5.0  # every pause inside the budget
+
+
+@only("azure", "oci")
+def test_permission_denied_is_typed(
+    backend: Backend, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the server checks credentials here (Azurite's account key, docker-registry's
+    htpasswd; moto and the GCS emulator accept anyone): a refusal is a ``store-error``, never
+    ``internal-error``, and names no secret."""
+    if backend.name == "azure":
+        text = str(backend.options["connection_string"])
+        wrong = base64.b64encode(b"not-the-account-key" * 3).decode()
+        options = {
+            "connection_string": ";".join(
+                f"AccountKey={wrong}" if p.startswith("AccountKey=") else p for p in text.split(";")
+            )
+        }
+        store = open_store(backend.url, options, 10.0)
+    else:
+        monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))  # no ambient credentials
+        monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
+        tls: DockerRegistry = request.getfixturevalue("tls_registry")
+        store = open_store(tls.url(tls.new_repository()), {"ca_file": str(tls.ca)}, 10.0)
+    for operation in (
+        lambda: raw(store.fetch(FP)),
+        lambda: store.list_objects(),
+        lambda: store.put(FP, b"plan", None),
+    ):
+        with pytest.raises(PlanCacheError) as err:
+            operation()
+        assert err.value.reason is Reason.STORE_ERROR, err.value
+
+
+# -- where a read was served from -----------------------------------------------------------------
+
+
+def test_a_read_names_no_mirror_unless_one_served_it(backend: Backend) -> None:
+    """``via_mirror`` (the CLI's report, the plugin's log line) comes from the mirrors noted as
+    read for the store: none for a read from the store's own origin, on every backend."""
+    backend.store().put(FP, b"plan", b"sig")
+    forget()
+    assert raw(backend.store().fetch(FP)) == (b"plan", b"sig")
+    assert backend.store().fingerprints() == [FP]
+    assert mirrors_read(store_key(backend.url)) == [] and mirrors_read() == []
+
+
+@only("oci")
+def test_a_registry_read_through_its_mirror_names_the_mirror(backend: Backend) -> None:
+    """The one backend with mirrors: a read through a pull-through mirror (another
+    docker-registry in proxy mode) is noted for the store, with what configured it."""
+    assert backend.registry is not None
+    binary = registry_binary()
+    assert binary is not None
+    mirror = DockerRegistry(binary, remote=backend.registry.endpoint)
+    try:
+        backend.store().put(FP, b"plan", b"sig")
+        forget()
+        store = open_store(backend.url, {"mirror": f"http://{mirror.host}"}, 30.0)
+        assert raw(store.fetch(FP)) == (b"plan", b"sig")
+        noted = mirrors_read(store_key(backend.url))
+        assert [host for host, _ in noted] == [mirror.host] and all(where for _, where in noted)
+        assert mirror.settled_requests(r"^/v2/.+/manifests/")  # the mirror was asked
+    finally:
+        mirror.stop()
+        forget()
