@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,10 @@ from plancache.trust.plans.plan import MAX_PLAN_BYTES, plan_name, sig_name
 from plancache.trust.plans.plan_set_names import set_name
 from plancache.trust.signing import sign_plan
 from registry_server import DockerRegistry, registry_binary
+from registry_stub import RegistryStub
 from store_servers import (
     GcsEmulator,
+    LoopbackServer,
     MotoServer,
     azurite,  # noqa: F401 - a fixture, named as a parameter
     closed_port,
@@ -592,6 +595,25 @@ def test_an_empty_prefix_names_the_deeper_prefixes_that_hold_plans(
     ), err
 
 
+def test_a_registry_listing_naming_a_tag_twice_names_it_once() -> None:
+    """A listing is the store's say: one that names an object twice names it once, so it counts
+    once everywhere (verify, ls, pull, prune). No real server lists twice on demand; the
+    registry's is tests/registry_stub.py's tag list, S3's tests/test_prune_conditional.py's
+    fault server (``test_a_listing_that_names_each_object_three_times_counts_each_once``)."""
+    stub = RegistryStub()
+    try:
+        store = open_store(stub.url("plancache/twice"), timeout=30)
+        store.put(FP, b"plan", b"sig")
+        store.put(FP2, b"plan-2", None)
+        tags = [plan_name(FP), plan_name(FP2)] * 3
+        stub.state.tags_body = json.dumps({"tags": tags}).encode()
+        assert store.fingerprints() == [FP, FP2]
+        listed = [info.name for info in store.iter_objects()]
+        assert sorted(listed) == sorted(set(listed)) and plan_name(FP) in listed
+    finally:
+        stub.stop()
+
+
 # -- deletes only of the version judged -----------------------------------------------------------
 
 SIG = b"sig-of-" + FP.encode()
@@ -788,6 +810,75 @@ def test_permission_denied_is_typed(
         with pytest.raises(PlanCacheError) as err:
             operation()
         assert err.value.reason is Reason.STORE_ERROR, err.value
+
+
+# -- credentials --------------------------------------------------------------------------------
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Records every request whole (line, headers, body) and refuses it (403)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append(  # type: ignore[attr-defined]
+            f"{self.requestline}\n{self.headers}".encode("latin-1") + body
+        )
+        self.send_response(403)
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _answer
+
+
+@only("s3", "azure")
+def test_a_secret_key_crosses_no_wire(backend: Backend) -> None:
+    """S3 and Azure sign each request with the key (SigV4, Shared Key): whatever endpoint the
+    options name, plain HTTP or not, the key itself is never sent, only a signature; a refusal
+    (403) is a ``store-error``. A registry's credentials do travel (basic auth, a token
+    service): they go only over TLS or loopback, to the registry's own host or a listed realm
+    (tests/test_store_oci_realms.py, hostile stubs on other hosts in a network namespace). GCS's
+    bearer token goes to Google's HTTPS endpoint unless the operator names an emulator
+    (``STORAGE_EMULATOR_HOST``): the emulator here takes none (``token=anon``)."""
+    recorder = LoopbackServer(_Recorder, seen=[])
+    secret = f"not-a-real-secret-{uuid.uuid4().hex}"
+    key = base64.b64encode(secret.encode()).decode()
+    if backend.name == "s3":
+        options = {**backend.options, "endpoint_url": recorder.endpoint, "secret": secret}
+    else:
+        text = str(backend.options["connection_string"])
+        options = {
+            "connection_string": ";".join(
+                f"BlobEndpoint={recorder.endpoint}/devstoreaccount1"
+                if p.startswith("BlobEndpoint=")
+                else f"AccountKey={key}"
+                if p.startswith("AccountKey=")
+                else p
+                for p in text.split(";")
+            )
+        }
+    try:
+        store = open_store(backend.url, options, 10.0)
+        for operation in (
+            lambda: raw(store.fetch(FP)),
+            lambda: store.list_objects(),
+            lambda: store.put(FP, b"plan", b"sig"),
+        ):
+            with pytest.raises(PlanCacheError) as err:
+                operation()
+            assert err.value.reason is Reason.STORE_ERROR, err.value
+            assert secret not in str(err.value) and key not in str(err.value)
+        seen = recorder.httpd.seen
+        assert any(b"\nAuthorization: " in r for r in seen)  # signed: the key was used
+        assert not [r for r in seen if secret.encode() in r or key.encode() in r]
+    finally:
+        recorder.stop()
 
 
 # -- where a read was served from -----------------------------------------------------------------
