@@ -39,7 +39,9 @@ import base64
 import hashlib
 import importlib
 import json
+import os
 import sys
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -137,6 +139,19 @@ class Backend:
         past the store's API, because a store refuses to write what a hostile writer can."""
         if self.registry is not None:
             _registry_plant(self.registry, self.url, name, data)
+            return
+        if self.name == "gcs":  # the emulator's JSON API (gcsfs retries its 4xx for minutes)
+            bucket, prefix = self.url.removeprefix("gs://").split("/", 1)
+            query = urllib.parse.urlencode({"uploadType": "media", "name": f"{prefix}/{name}"})
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{os.environ['STORAGE_EMULATOR_HOST']}/upload/storage/v1/b/{bucket}/o?{query}",
+                    data=data,
+                    method="POST",
+                    headers={"Content-Type": "application/octet-stream"},
+                ),
+                timeout=30,
+            ).read()
             return
         import fsspec
 
