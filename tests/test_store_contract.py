@@ -567,7 +567,9 @@ def test_missing_locations_fail_and_empty_ones_say_so(
     if backend.registry is not None:  # a registry's repository: a name under the same host
         missing = f"oci://{rest.split('/', 1)[0]}/no-such-{uuid.uuid4().hex[:8]}/plans"
     else:
-        missing = f"{scheme}://{'/' if scheme == 'file' else ''}no-such-{uuid.uuid4().hex[:8]}/plans"
+        missing = (
+            f"{scheme}://{'/' if scheme == 'file' else ''}no-such-{uuid.uuid4().hex[:8]}/plans"
+        )
     code, out, err = run(capsys, "verify", *keys, *opts, missing)
     assert code == 2 and "does not exist" in err and out == ""
     backend.put(plan_name(FP), plan_bytes())  # makes the bucket's prefix exist
@@ -787,7 +789,7 @@ def test_an_unreachable_endpoint_is_a_store_error_within_the_deadline(
     store = open_store(url, options, 5.0)
     for operation in (
         lambda deadline: raw(store.fetch(FP, deadline)),
-        lambda deadline: store.list_objects(deadline),
+        store.list_objects,
         lambda deadline: store.put(FP, b"plan", None, deadline),
         lambda deadline: store.delete([FP], deadline),
     ):
@@ -800,7 +802,10 @@ def test_an_unreachable_endpoint_is_a_store_error_within_the_deadline(
 
 @only("azure", "oci")
 def test_permission_denied_is_typed(
-    backend: Backend, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Backend,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Where the server checks credentials here (Azurite's account key, docker-registry's
     htpasswd; moto and the GCS emulator accept anyone): a refusal is a ``store-error``, never
@@ -821,7 +826,7 @@ def test_permission_denied_is_typed(
         store = open_store(tls.url(tls.new_repository()), {"ca_file": str(tls.ca)}, 10.0)
     for operation in (
         lambda: raw(store.fetch(FP)),
-        lambda: store.list_objects(),
+        store.list_objects,
         lambda: store.put(FP, b"plan", None),
     ):
         with pytest.raises(PlanCacheError) as err:
@@ -843,7 +848,7 @@ class _Recorder(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        self.server.seen.append(  # type: ignore[attr-defined]
+        self.server.seen.append(  # type: ignore[attr-defined]  # set by LoopbackServer(seen=)
             f"{self.requestline}\n{self.headers}".encode("latin-1") + body
         )
         self.send_response(403)
@@ -884,7 +889,7 @@ def test_a_secret_key_crosses_no_wire(backend: Backend) -> None:
         store = open_store(backend.url, options, 10.0)
         for operation in (
             lambda: raw(store.fetch(FP)),
-            lambda: store.list_objects(),
+            store.list_objects,
             lambda: store.put(FP, b"plan", b"sig"),
         ):
             with pytest.raises(PlanCacheError) as err:
