@@ -935,3 +935,41 @@ def test_a_registry_read_through_its_mirror_names_the_mirror(backend: Backend) -
     finally:
         mirror.stop()
         forget()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        *BACKENDS[:-1],
+        pytest.param(
+            "oci",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a registry's folder listing names the archive of a cache of which only "
+                "the signature was written (its manifest holds the signature layer alone), "
+                "and a read of that name finds nothing: a listing names what is not there",
+            ),
+        ),
+    ],
+    indirect=True,
+)
+def test_a_compile_cache_folder_lists_its_entries_and_its_subfolders(backend: Backend) -> None:
+    """The compile-cache folder's listing (``compile-cache pull``: which caches the store has)
+    names the files directly in it and the folders below it, on every backend: S3, GCS and Azure
+    list it page by page, capped (:func:`plancache.storage.listing.folder_listing`), the others
+    as a directory; an absent folder lists nothing. Names a compile cache has (a registry holds
+    no other)."""
+    aot = "torch_aot_compile/" + "ab" * 32
+    store = backend.store()
+    assert store.folder_names("torch_compile_cache", Deadline.after(30.0)) == []
+    store.write_object(archives.sig_name(SUBJECT), b"a", Deadline.after(30.0))
+    store.write_object(archives.sig_name(aot), b"b", Deadline.after(30.0))
+    assert sorted(store.folder_names("torch_compile_cache", Deadline.after(30.0))) == [
+        f"{SUBJECT}.tar.sig",
+        "torch_aot_compile",
+    ]
+    assert store.folder_names("torch_compile_cache/torch_aot_compile", Deadline.after(30.0)) == [
+        aot.rpartition("/")[2] + ".tar.sig"
+    ]
+    assert archives.list_subjects(store) == sorted([SUBJECT, aot])
+    assert archives.get_object(store, archives.archive_name(SUBJECT), 1024) is None
