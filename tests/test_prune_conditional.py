@@ -1,4 +1,4 @@
-"""prune's conditional deletes where only a stand-in, a fault server or the code's own table can
+"""prune's conditional deletes where only a stand-in, a fault server or a swapped delete can
 show them; what every store must do is tests/test_store_contract.py's (unchanged objects
 deleted, changed ones kept and reported ``changed``, the window between re-read and delete
 closed by the precondition on S3, Azure and the registry, left on ``file://`` and ``memory://``).
@@ -7,8 +7,9 @@ Kept here, because each is one backend's or one server's: gcp-storage-emulator i
 ``ifGenerationMatch`` (and ``generation=`` on reads), so the GCS precondition is tested against
 :class:`GcsStandIn`, a stand-in written here for exactly the calls made, and the emulator itself
 is refused by the precondition check; :func:`test_without_the_precondition_the_window_is_real`
-swaps a backend's conditional delete for an unconditional one in the module's table to show the
-keeping is the precondition's doing; the fault server forges version tokens, ignores
+swaps a backend's conditional delete for an unconditional one (S3, Azure, the stand-in, the
+registry) to show that the keeping in the contract's window tests is the precondition's
+doing; the fault server forges version tokens, ignores
 ``If-Match`` and names objects three times in a listing, which no real server does on demand.
 """
 
@@ -30,7 +31,13 @@ from plancache.storage import conditional_deletes
 from plancache.storage.conditional_deletes import content_digest, delete_if_unchanged
 from plancache.storage.store import Store, open_store
 from plancache.trust.errors import PlanCacheError, Reason
-from plancache.trust.plans.plan import plan_name, sig_name
+from plancache.trust.plans.plan import (
+    fingerprint_of_plan_name,
+    fingerprint_of_sig_name,
+    plan_name,
+    sig_name,
+)
+from registry_server import DockerRegistry
 from store_servers import (
     AWS_ENV,
     FaultObject,
@@ -44,6 +51,7 @@ from store_servers import (
     fault_server_session,  # noqa: F401 - a fixture, named as a parameter
     gcs_emulator,  # noqa: F401 - a fixture, named as a parameter
     moto_server,  # noqa: F401 - a fixture, named as a parameter
+    registry,  # noqa: F401 - a fixture, named as a parameter
 )
 
 FP2 = "fedcba9876543210"
@@ -52,7 +60,7 @@ SIG = b"sig-of-" + FP.encode()
 NEW_PLAN = plan_bytes(kv=3 * 2**30)  # re-pushed meanwhile: other bytes
 NEW_SIG = b"re-signed"
 
-CONDITIONAL = ("s3", "azure", "gcs-standin")
+CONDITIONAL = ("s3", "azure", "gcs-standin", "oci")
 """Backends whose store holds the precondition here (the GCS emulator would ignore it)."""
 
 
@@ -221,6 +229,9 @@ class Backend:
 
     def write(self, name: str, data: bytes) -> None:
         """Write behind the prune's back (another operator's push)."""
+        if self.name == "oci":  # a registry is no filesystem: through another store
+            open_store(self.store.url, None, 30).put_many({name: data})
+            return None
         if self.standin is not None:
             return self.standin.state.write(self.store.path(name), data)
         self.store.open_backend().fs.pipe_file(self.store.path(name), data)
@@ -234,6 +245,11 @@ class Backend:
         self.store.open_backend().fs.rm_file(self.store.path(name))
 
     def read(self, name: str) -> bytes | None:
+        if self.name == "oci":
+            fp = fingerprint_of_plan_name(name) or fingerprint_of_sig_name(name)
+            assert fp is not None
+            got = open_store(self.store.url, None, 30).fetch(fp)
+            return got.sig_bytes if name.endswith(".sig") else got.plan_bytes
         if self.standin is not None:
             found = self.standin.state.objects.get(self.store.path(name))
             return None if found is None else found[0]
@@ -243,7 +259,7 @@ class Backend:
             return None
 
 
-@pytest.fixture(params=["s3", "azure", "gcs", "gcs-standin"])
+@pytest.fixture(params=["s3", "azure", "gcs", "gcs-standin", "oci"])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Backend]:
@@ -260,6 +276,9 @@ def backend(
         gcs: GcsEmulator = request.getfixturevalue("gcs_emulator")
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
         yield Backend(kind, open_store(f"gs://{gcs.new_bucket()}/plans", {"token": "anon"}, 30))
+    elif kind == "oci":
+        server: DockerRegistry = request.getfixturevalue("registry")
+        yield Backend(kind, open_store(server.url(server.new_repository()), None, 30))
     else:
         standin = GcsStandIn()
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", standin.endpoint)
