@@ -211,7 +211,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_static_rules.py": UNIT,
     "test_storage_local.py": UNIT,
     "test_store_azure.py": ("emulator", "realtime"),
-    "test_store_backends.py": ("emulator",),
+    "test_store_contract.py": ("emulator",),  # every backend, the registry included
     "test_store_bounds.py": ("emulator", "realtime"),
     "test_store_faults.py": ("emulator", "realtime"),
     "test_store_hostile.py": ("emulator", "realtime"),
