@@ -2,7 +2,7 @@
 
 Split from :mod:`.registry_http` (the requests) because every reader of an answer shares it:
 the client's reads, the token service's answer (:mod:`.access.registry_auth`), the subject's image
-manifest (:mod:`.referrers`).
+manifest (:meth:`.registry.RegistryBackend.subject_descriptor`).
 """
 
 from __future__ import annotations
