@@ -7,7 +7,7 @@
 * ``ca_file``: a PEM bundle of the CAs the registry's (and its token service's) certificate
   chains to (a regular file, read capped: a FIFO is refused, never waited on);
 * ``token_realms``: hosts (comma-separated) besides the registry's own whose token service
-  may be sent the registry's credentials (:mod:`.access.registry_auth` says why only these);
+  may be sent the registry's credentials (:mod:`.access.registry_session` says why only these);
 * ``auth_file``: a docker ``config.json`` or podman ``auth.json`` read before the usual
   places (:mod:`.access.credential_files`);
 * ``mirror``: ``HOST[:PORT]`` (or ``https://…``, ``http://…``) of a pull-through mirror every
