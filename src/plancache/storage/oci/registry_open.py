@@ -43,6 +43,7 @@ from ...settings import unknown_option
 from ...trust.errors import ConfigError, PlanCacheError
 from ..local.files import read_capped
 from .access.credential_files import Credentials, find_credentials
+from .access.registry_session import MirrorOf
 from .mirrors.mirror_choice import configured_mirror
 from .mirrors.mirror_hosts import MirrorHost
 from .registry_urls import Registry, check_authority, parse_store_url
@@ -229,8 +230,7 @@ def registry_opener(
             timeouts=timeouts,
             namespace=registry.authority,
             token_realms=token_realms,
-            mirror_of=host.source,
-            mirror_for=f"{registry.authority}/{repository}",
+            mirror_of=MirrorOf(host.source, f"{registry.authority}/{repository}"),
             clock=clock,
         )
         return RegistryBackend(

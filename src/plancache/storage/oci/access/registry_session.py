@@ -108,6 +108,17 @@ def scope_for(repository: str, write: bool, delete: bool) -> str:
     return f"repository:{repository}:{actions}"
 
 
+@dataclass(frozen=True)
+class MirrorOf:
+    """A session to a mirror: what configured it and which store it serves."""
+
+    configured_in: str
+    """The file (or storage option) that configured it, named when it fails."""
+    serving: str
+    """The store it serves (the registry's ``HOST/REPOSITORY``), noted with each read for the
+    output that names it (:func:`..mirrors.mirror_reads.note`)."""
+
+
 @dataclass
 class Token:
     value: str
@@ -146,8 +157,7 @@ class RegistrySession:
         timeouts: tuple[float, float],
         namespace: str | None = None,
         token_realms: frozenset[str] = frozenset(),
-        mirror_of: str | None = None,
-        mirror_for: str = "",
+        mirror_of: MirrorOf | None = None,
         clock: Clock = REAL_CLOCK,
     ) -> None:
         self.registry = registry
@@ -161,10 +171,7 @@ class RegistrySession:
         self.token_realms = token_realms
         """Hosts besides the registry's own whose token realm may be sent its credentials."""
         self.mirror_of = mirror_of
-        """For a mirror: the file (or storage option) that configured it, named when it fails."""
-        self.mirror_for = mirror_for
-        """For a mirror: the store it serves (the registry's ``HOST/REPOSITORY``), noted with
-        each read for the output that names it."""
+        """For a mirror: what configured it and the store it serves; None for the registry."""
         self.clock = clock
         """What a token's expiry is read on (the store's clock: a test's fake one)."""
         self._ssl = ssl_context
@@ -290,7 +297,7 @@ class RegistrySession:
                 raise
             mirror = (
                 f"the mirror {self.registry.authority} (configured in "
-                f"{safe_text(self.mirror_of, 160)})"
+                f"{safe_text(self.mirror_of.configured_in, 160)})"
             )
             try:
                 tls_mistake(self.registry.authority, exc)
@@ -308,7 +315,9 @@ class RegistrySession:
                 reason=Reason.TIMEOUT if is_timeout(exc) else Reason.STORE_ERROR,
             ) from exc
         if self.mirror_of is not None:
-            mirror_reads.note(self.registry.authority, self.mirror_of, self.mirror_for)
+            mirror_reads.note(
+                self.registry.authority, self.mirror_of.configured_in, self.mirror_of.serving
+            )
         return response
 
     async def _refuse_tls_spoken_to_in_http(
