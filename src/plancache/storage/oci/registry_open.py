@@ -35,13 +35,12 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ...clock import REAL_CLOCK, Clock
 from ...settings import unknown_option
-from ...trust.errors import ConfigError, PlanCacheError
-from ..local.files import read_capped
+from ...trust.errors import ConfigError
+from ..local.files import read_config_file
 from .access.credential_files import Credentials, find_credentials
 from .access.registry_session import MirrorOf
 from .mirrors.mirror_choice import configured_mirror
@@ -104,12 +103,8 @@ def _ssl(*ca_files: str) -> ssl.SSLContext | None:
     context = ssl.create_default_context()
     for ca_file in ca_files:
         path = os.path.expanduser(ca_file)
-        try:
-            pem = read_capped(Path(path), MAX_CA_FILE, follow_symlinks=True)
-        except PlanCacheError as exc:
-            raise ConfigError(f"ca_file: {exc.detail}") from None
-        if pem is None:
-            raise ConfigError(f"ca_file {path} does not exist")
+        pem = read_config_file(path, MAX_CA_FILE, "ca_file", explicit=True)
+        assert pem is not None  # explicit: absent is a ConfigError
         try:
             context.load_verify_locations(cadata=pem.decode("ascii"))
         except (UnicodeDecodeError, ValueError, ssl.SSLError) as exc:
