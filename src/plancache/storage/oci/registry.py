@@ -576,15 +576,10 @@ class RegistryBackend:
 
     async def _image_manifest(self, reference: str) -> Descriptor | None:
         client = self.reader if reference.startswith("sha256:") else self.tag_reader
-        response = await client.send(
-            "GET",
-            f"/v2/{self.repository}/manifests/{reference}",
-            headers={"Accept": ", ".join(IMAGE_TYPES)},
-        )
+        response = await client.manifest_answer("GET", reference, IMAGE_TYPES, f"image {reference}")
+        if response is None:
+            return None
         async with response:
-            if response.status == 404:
-                return None
-            await expect(response, (200,), f"image {reference}")
             media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
             body = await read_capped(response, MAX_MANIFEST, f"image {reference}")
         digest = sha256_digest(body)
