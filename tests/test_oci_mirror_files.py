@@ -8,12 +8,15 @@ the store's filesystem object (tests/test_store_oci_mirror.py reads through a re
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from plancache.storage.oci.access.credential_files import find_credentials
 from plancache.storage.oci.mirrors import mirror_choice, mirror_hosts
 from plancache.storage.oci.registry_urls import write_options
 from plancache.storage.store import open_store
@@ -108,6 +111,33 @@ def test_a_fifo_or_a_huge_file_is_refused_without_hanging(tmp_path: Path) -> Non
     huge = write(tmp_path / "hosts.toml", "# " + "x" * mirror_hosts.MAX_CONFIG + "\n")
     with pytest.raises(ConfigError, match="larger than"):
         readers({"mirror_config": str(huge)})
+
+
+def test_every_configuration_file_is_refused_in_the_same_words(tmp_path: Path) -> None:
+    """A registry store reads three of the node's files (the auth file, the mirror
+    configuration, a CA bundle) through one reader: each refuses a FIFO, and an absent file it
+    was told of, with its own name first and the same words after it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    absent = tmp_path / "absent"
+
+    def opened(option: str) -> Callable[[Path], object]:
+        return lambda path: open_store(URL, {option: str(path)}, timeout=5)
+
+    def auth_file(path: Path) -> object:  # read at the first 401, off the loop: asked here
+        return asyncio.run(find_credentials(REGISTRY, str(path)))
+
+    for read, what in (
+        (auth_file, "registry auth file"),
+        (opened("mirror_config"), "mirror configuration"),
+        (opened("ca_file"), "ca_file"),
+    ):
+        said = []
+        for path in (fifo, absent):
+            with pytest.raises(ConfigError) as err:
+                read(path)
+            said.append(err.value.detail)
+        assert said == [f"{what}: {fifo} is not a regular file", f"{what} {absent} does not exist"]
 
 
 def test_registries_conf_prefixes_drop_ins_and_pull_from_mirror(

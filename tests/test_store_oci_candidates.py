@@ -24,7 +24,7 @@ from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache.load import guard
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
 from plancache.storage.compile_cache import archives, cachedir
-from plancache.storage.oci.referrers import MAX_CANDIDATES
+from plancache.storage.oci.registry import MAX_CANDIDATES
 from plancache.storage.store import Store, open_store
 from plancache.trust.plans.plan import plan_name, sig_name
 from registry_server import DockerRegistry

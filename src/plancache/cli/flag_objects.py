@@ -226,7 +226,7 @@ def storage_options(
     subject = getattr(args, "subject", None)
     if subject is not None and not subject.strip():
         raise ConfigError("--subject is empty: name the image (TAG, @sha256:..., HOST/REPO:TAG)")
-    if subject:  # --subject IMAGE: a registry store's option (storage/oci/referrers.py)
+    if subject:  # --subject IMAGE: a registry store's option (storage/oci/registry.py)
         options["subject"] = subject
     return {**options, **_s3_shorthands(args, options), **origin_reads(args, options)}
 

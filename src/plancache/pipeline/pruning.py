@@ -5,7 +5,8 @@ verification under the trusted keys) is decided here from the trust core's answe
 command only renders the outcome. It can be a dry run that changes nothing.
 
 With a ``subject`` (a registry: ``prune --subject IMAGE``) one name can be claimed by several
-manifests attached to the image, and a read takes the newest (:mod:`..storage.oci.referrers`).
+manifests attached to the image, and a read takes the newest
+(:meth:`..storage.oci.registry.RegistryBackend.candidate_manifests`).
 A co-tenant who may push but holds no key can attach any number of them, each newer than the
 signed plan: past ``MAX_CANDIDATES`` of them no reader reaches the signed one. So after a
 round's deletes, the names it deleted are judged again, as a reader now takes them, and

@@ -211,7 +211,6 @@ def require_subject(store: Store, deadline: Deadline | None = None) -> None:
     """
     if store.subject is None:
         return
-    from .oci.referrers import subject_descriptor
     from .oci.registry import RegistryBackend
 
     registry = store.backend
@@ -219,7 +218,7 @@ def require_subject(store: Store, deadline: Deadline | None = None) -> None:
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     _run(
         store,
-        lambda: subject_descriptor(registry),
+        registry.subject_descriptor,
         deadline,
         "cannot look up the --subject image in",
     )

@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path
 
-from ...trust.errors import Reason, Rejected, StoreError
+from ...trust.errors import ConfigError, PlanCacheError, Reason, Rejected, StoreError
 from .dirfds import DIR_FLAGS, write_new
 
 
@@ -61,6 +61,26 @@ def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | 
     if len(data) > cap:
         raise Rejected(Reason.TOO_LARGE, f"{path} is larger than {cap} bytes")
     return data
+
+
+def read_config_file(path: Path | str, cap: int, what: str, *, explicit: bool) -> bytes | None:
+    """An operator's configuration file (registry credentials, a mirror configuration, a CA
+    bundle), read as :func:`read_capped` reads it with links followed (Kubernetes mounts such
+    files as symlinks): a regular file only, never blocking on a FIFO, capped; None if absent.
+    One reader for all of them, so each refuses the same files in the same words, ``what``
+    naming the kind (the path as given: never an excerpt, a file may hold secrets).
+
+    Raises:
+        ConfigError: unreadable, not a regular file or larger than ``cap`` (``"{what}: …"``),
+            or absent when ``explicit`` (``"{what} {path} does not exist"``).
+    """
+    try:
+        raw = read_capped(Path(path), cap, follow_symlinks=True)
+    except PlanCacheError as exc:
+        raise ConfigError(f"{what}: {exc.detail}") from None
+    if raw is None and explicit:
+        raise ConfigError(f"{what} {path} does not exist")
+    return raw
 
 
 def fsync_dir(directory: Path) -> None:

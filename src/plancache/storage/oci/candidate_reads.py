@@ -1,21 +1,25 @@
 """The other candidates of an object attached to an image, for a reader whose first one failed.
 
 With a ``subject`` an object's name can be claimed by several manifests attached to the image
-(:func:`.referrers.candidate_manifests`: newest first, at most ``MAX_CANDIDATES``). Whether a
-candidate's signature verifies shows only in the trust core, after the read: a co-tenant who
-may push but holds no key could attach a plan or a compile cache with a signature that does not
-verify (or a genuine signature beside other content) and hide the signed object from every
-reader (issue 47, item 3). So a reader whose object from such a store fails verification asks
-here for the others and verifies each itself; nothing here judges them. One way for every
-kind: a plan reader (:func:`other_plans`) and a compile-cache reader
-(``pipeline.compile_cache.flows``) both take :func:`other_candidates`, then read a candidate's
-content with :func:`candidate_content` (only once its signature verified, capped at the size it
-signs: a compile cache's archive is a blob read by digest).
+(:meth:`.registry.RegistryBackend.candidate_manifests`: newest first, at most
+``MAX_CANDIDATES``). Whether a candidate's signature verifies shows only in the trust core,
+after the read: a co-tenant who may push but holds no key could attach a plan or a compile
+cache with a signature that does not verify (or a genuine signature beside other content) and
+hide the signed object from every reader (issue 47, item 3). So a reader whose object from such
+a store fails verification asks here for the others and verifies each itself; nothing here
+judges them.
+
+A module of its own, beside the registry's :meth:`.registry.RegistryBackend.other_candidates`
+(the registry's call that reads them), because its interface is the reader's: it takes the
+:class:`~..store.Store` a reader holds and runs under that reader's deadline, as the pipeline's
+other store calls do. One way for every kind: a plan reader (:func:`other_plans`) and a
+compile-cache reader (``pipeline.compile_cache.flows``) both take :func:`other_candidates`, then
+read a candidate's content with :func:`candidate_content` (only once its signature verified,
+capped at the size it signs: a compile cache's archive is a blob read by digest).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...clock import Deadline
@@ -24,50 +28,18 @@ from ...trust.plans.plan import plan_name, sig_name
 from ...trust.result import PlanResult
 from ..deadline import run_by
 from ..listing import cap_for
-from .artifacts import DSSE_TYPE, slot_of
-from .oci_manifests import Descriptor
-from .referrers import candidate_manifests
+from .registry import Candidate, RegistryBackend
 
 if TYPE_CHECKING:
     from ..store import Store
-    from .registry import RegistryBackend
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One signed manifest attached with the object's title: its digest, its signature's bytes
-    (unverified) and its content layer (read by :func:`candidate_content`)."""
-
-    digest: str
-    signature: bytes
-    content: Descriptor
 
 
 def _registry(store: Store) -> RegistryBackend | None:
     """The store's registry backend when its objects are attached to an image, else None."""
     if store.subject is None:
         return None
-    from .registry import RegistryBackend
-
     backend = store.backend
     return backend if isinstance(backend, RegistryBackend) else None
-
-
-async def _others(fs: RegistryBackend, name: str, sig_cap: int) -> list[Candidate]:
-    slot = slot_of(name)
-    found = []
-    for manifest in (await candidate_manifests(fs, slot))[1:]:
-        content, signature = manifest.layer(slot.kind.content_type), manifest.layer(DSSE_TYPE)
-        if content is None or signature is None:
-            continue
-        try:
-            sig = signature.data
-            if sig is None:
-                sig = await fs.reader.blob(signature.digest, signature.size, sig_cap)
-        except (Rejected, FileNotFoundError):  # too large, altered, gone: not a candidate
-            continue
-        found.append(Candidate(manifest.digest, sig, content))
-    return found
 
 
 def other_candidates(
@@ -86,7 +58,7 @@ def other_candidates(
     deadline = Deadline.after(store.timeout, store.clock) if deadline is None else deadline
     return run_by(
         fs.loop,
-        lambda: _others(fs, name, sig_cap),
+        lambda: fs.other_candidates(name, sig_cap),
         deadline,
         f"cannot read the other candidates of {name} in {store.url}",
         store.timeout,

@@ -14,7 +14,7 @@ through the same bounded paths as any store (deadlines, retries, caps, reports):
   goes with it), a signature is dropped from its manifest;
 * a listing is the repository's tags (``tags/list``, page by page, capped: see below), each
   tag mapped back to the names it holds; with a ``subject``, the image's referrers instead
-  (:mod:`.referrers`);
+  (see "Attached to an image" below);
 * a version (``prune``'s, :mod:`..conditional_deletes`) is the manifest's digest: see below.
 
 A manifest is the object's only if titled with its name (:func:`.oci_manifests.own_manifest`):
@@ -39,7 +39,8 @@ co-tenant's alias) is read here as it is, so it never compares equal to what was
 judging read refused it: ``name-mismatch``), and its delete is refused the same way:
 distribution would drop every tag on that digest, the other object's own too. With a
 ``subject``, the re-read and the delete take the same attached candidate as the judging read
-(:func:`.referrers.candidate_manifest`), so ``prune --subject`` deletes the one that failed.
+(:meth:`RegistryBackend.candidate_manifest`), so ``prune --subject`` deletes the one that
+failed.
 
 The listing page is one ``tags/list`` page (the token is the last tag seen), mapped to the
 names plancache writes; a tag of anything else is skipped. A registry pages ``tags/list`` as it
@@ -47,26 +48,50 @@ likes (``Link: rel="next"``, forever if it is hostile; some ignore ``?n`` and se
 once, one capped answer), so at most :data:`..listing.MAX_NAMES` names are kept, the cap every
 store's listing has: the page that passes it is the last one read. Memory is then bounded by the
 cap and one page (:data:`.registry_answers.TAGS_CAP`), whatever the registry says follows; the
-deadline bounds the time. With a ``subject`` the names are the image's referrers
-(:mod:`.referrers`: one index, itself capped at :data:`.oci_manifests.MAX_REFERRERS` entries).
+deadline bounds the time. With a ``subject`` the names are the image's referrers (one index,
+itself capped at :data:`.oci_manifests.MAX_REFERRERS` entries).
+
+Attached to an image (OCI 1.1 ``subject``): pushed, listed, read and forgotten.
+
+``push --subject IMAGE`` (the storage option ``subject``) writes every manifest with the
+image's descriptor as its ``subject``. A registry with the referrers API indexes it itself
+and says so (``OCI-Subject`` in the PUT's answer); one without (distribution 2.8, Debian's
+``docker-registry``) gets the referrers tag schema: an image index at the tag
+``sha256-<hex of the image digest>`` that plancache keeps, adding the new manifest and
+dropping the one it replaced. A registry with the API gets that index too, though OCI 1.1's
+distribution-spec asks for it only where ``OCI-Subject`` is missing: a node reading through
+a pull-through mirror finds no referrers API there (distribution's proxy has no such route: a
+404) and, as the spec tells clients on a 404, falls back to the tag schema, which the mirror
+does serve; and tools that copy a repository's tags (``skopeo sync``) carry the index to
+registries without the API. Deleting a manifest drops it from that index first, so the
+index never points at what was deleted (wherever it exists, whatever the registry said).
+The index is updated read-modify-write: distribution 2.8 ignores ``If-Match`` on a manifest
+PUT, so two writers attaching to one image at the same instant can lose an entry (in one
+process a lock orders them).
+
+Reads and listings with a subject go through the image's referrers (the API, else the tag
+schema's index): only what is attached to that image is listed, and each object is read by
+the digest its referrer names, not by tag.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from ...trust.errors import Reason, Rejected
+from ...trust.errors import Reason, Rejected, StoreError
 from .. import listing
 from ..fsspec_backends import CONCURRENCY
 from ..listing import Page, entry_info
 from ..versioned import Versioned
-from . import referrers
 from .artifacts import (
+    ARTIFACT_TYPES,
     CANARY,
     DSSE_TYPE,
     EMPTY_CONFIG,
+    INDEX_TYPE,
     MANIFEST_TYPE,
     MAX_EMBEDDED,
     Slot,
@@ -77,14 +102,16 @@ from .mirrors import mirror_reads
 from .oci_manifests import (
     Descriptor,
     Manifest,
+    build_index,
     build_manifest,
     is_own,
     own_manifest,
+    parse_index,
     parse_manifest,
 )
-from .registry_answers import sha256_digest
+from .registry_answers import MAX_MANIFEST, expect, media_type_of, read_capped, sha256_digest
 from .registry_http import RegistryClient
-from .registry_urls import DIGEST, TAG
+from .registry_urls import DIGEST, TAG, parse_image_reference
 
 FOREIGN = "foreign"
 """The version of what a tag names when it is not a manifest of the object's kind."""
@@ -92,11 +119,34 @@ FOREIGN = "foreign"
 TAGS_PAGE = 1000
 MAX_TAG_PAGES = 1000
 
+IMAGE_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+"""What a ``subject`` may be: an image manifest or index, OCI's or docker's."""
+
+MAX_CANDIDATES = 8
+"""Manifests attached with one object's title that a reader tries, newest first: one that
+fails its checks (another kind, another title, no content, or, for a signed kind, no
+signature) does not hide the next; ``prune --subject`` deletes one that fails verification."""
+
 
 class Moved(Exception):
     """The tag no longer names the manifest judged: the conditional delete's 412."""
 
     status = 412
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One signed manifest attached with the object's title: its digest, its signature's bytes
+    (unverified) and its content layer (read by :func:`.candidate_reads.candidate_content`)."""
+
+    digest: str
+    signature: bytes
+    content: Descriptor
 
 
 class RegistryBackend:
@@ -134,7 +184,12 @@ class RegistryBackend:
         self._inflight: dict[str, asyncio.Future[Manifest | None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._config_uploaded = False
-        self.subject_state = referrers.SubjectState()
+        self._subject_lock = asyncio.Lock()
+        self._subject_image: Descriptor | None = None
+        """The subject's descriptor, its tag resolved once."""
+        self._index_lock = asyncio.Lock()
+        self._attached_names: dict[str, list[str]] | None = None
+        """What is attached to the subject, read once (forgotten at each write or delete)."""
 
     def open(self) -> None:
         """Nothing to make: the registry's sessions open at their first request."""
@@ -171,7 +226,7 @@ class RegistryBackend:
     async def fetch_manifest(self, slot: Slot) -> Manifest | None:
         """The slot's manifest for a read, checked (None if absent): at its tag, or, for reads
         with a subject, from the candidates the image's referrers name (only what is attached
-        is read: :func:`.referrers.candidate_manifest`).
+        is read: :meth:`candidate_manifest`).
 
         Raises:
             Rejected: a manifest of another kind (``malformed``), or titled as another object
@@ -179,7 +234,7 @@ class RegistryBackend:
                 :func:`.oci_manifests.own_manifest`).
         """
         if self.subject is not None:
-            return await referrers.candidate_manifest(self, slot)
+            return await self.candidate_manifest(slot)
         manifest = await self.tagged_manifest(slot)
         return own_manifest(manifest, slot) if manifest is not None else None
 
@@ -218,7 +273,7 @@ class RegistryBackend:
         the attached candidate with a subject, else the tag's manifest, its title not compared
         (the delete refuses another object's: :meth:`_remove`)."""
         if self.subject is not None and slot.kind is not CANARY:  # the canary: its tag
-            return await referrers.candidate_manifest(self, slot, self.origin)
+            return await self.candidate_manifest(slot, self.origin)
         return await self.tagged_manifest(slot, self.origin)
 
     async def shared_manifest(self, slot: Slot) -> Manifest | None:
@@ -331,7 +386,7 @@ class RegistryBackend:
         """PUT the slot's manifest with ``layers`` (content first), attached to the subject; the
         manifest it replaces is deleted when attached to the same image (or both to none)."""
         layers.sort(key=lambda d: d.media_type == DSSE_TYPE)
-        subject = await referrers.subject_descriptor(self)
+        subject = await self.subject_descriptor()
         body = build_manifest(
             slot.kind,
             slot.artifact,
@@ -352,9 +407,9 @@ class RegistryBackend:
             slot.artifact,
             signed,
         )
-        await referrers.after_put(self, subject, new, current)
+        await self._index_put(subject, new, current)
         replaced = current is not None and current.digest != new.digest
-        if replaced and referrers.same_subject(current, subject):
+        if replaced and same_subject(current, subject):
             assert current is not None
             await self.delete_manifest(current)
 
@@ -391,7 +446,7 @@ class RegistryBackend:
     async def delete_manifest(self, manifest: Manifest) -> None:
         """Delete one manifest by digest, and its entry in the subject's referrers index first
         (an index must never point at what is gone)."""
-        await referrers.forget(self, manifest)
+        await self._unindex(manifest)
         try:
             await self.origin.delete_manifest(manifest.digest)
         except FileNotFoundError:
@@ -487,7 +542,7 @@ class RegistryBackend:
                 MAX_TAG_PAGES pages (reason ``too-large``).
         """
         if self.subject is not None:
-            return await referrers.attached_names(self)
+            return list(await self._attached())
         names, more = await self.tag_names()
         if len(names) > listing.MAX_NAMES:
             raise Rejected(
@@ -500,6 +555,214 @@ class RegistryBackend:
                 f"the tag list of {self.repository} runs past {MAX_TAG_PAGES} pages",
             )
         return names
+
+    # -- attached to an image (the module docstring's last part) -----------------------------------
+    async def subject_descriptor(self) -> Descriptor | None:
+        """The subject image's descriptor, its tag resolved to a digest once (None without one).
+
+        Raises:
+            StoreError: the image is not in the repository.
+        """
+        if self.subject is None:
+            return None
+        async with self._subject_lock:
+            if self._subject_image is None:
+                ref = parse_image_reference(self.subject, self.origin.registry, self.repository)
+                got = await self._image_manifest(ref.digest or ref.tag or "")
+                if got is None:
+                    raise StoreError(f"--subject {ref}: no such image in {self.repository}")
+                self._subject_image = got
+            return self._subject_image
+
+    async def _image_manifest(self, reference: str) -> Descriptor | None:
+        client = self.reader if reference.startswith("sha256:") else self.tag_reader
+        response = await client.manifest_answer("GET", reference, IMAGE_TYPES, f"image {reference}")
+        if response is None:
+            return None
+        async with response:
+            media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+            body = await read_capped(response, MAX_MANIFEST, f"image {reference}")
+        digest = sha256_digest(body)
+        if media_type not in IMAGE_TYPES or (
+            reference.startswith("sha256:") and digest != reference
+        ):
+            raise StoreError(
+                f"--subject: {reference} is not an image manifest the registry vouches for"
+            )
+        return Descriptor(media_type, digest, len(body))
+
+    async def _tag_schema_index(self, subject_digest: str, origin: bool) -> list[Descriptor] | None:
+        tag = fallback_tag(subject_digest)
+        if origin:
+            got = await self.origin.manifest(tag, (INDEX_TYPE,))
+        else:
+            got = await self.read_manifest(tag, (INDEX_TYPE,))
+        return None if got is None else parse_index(got[0], "the referrers index")
+
+    async def _rewrite_index(
+        self, subject_digest: str, drop: set[str], add: Descriptor | None
+    ) -> None:
+        async with self._index_lock:
+            entries = await self._tag_schema_index(subject_digest, origin=True)
+            if entries is None and add is None:
+                return
+            kept = [
+                e
+                for e in entries or []
+                if e.digest not in drop and (add is None or e.digest != add.digest)
+            ]
+            if add is not None:
+                kept.append(add)
+            if entries is not None and [e.digest for e in kept] == [e.digest for e in entries]:
+                return
+            await self.origin.put_manifest(
+                fallback_tag(subject_digest), build_index(kept), INDEX_TYPE
+            )
+
+    async def _index_put(
+        self, subject: Descriptor | None, new: Descriptor, replaced: Manifest | None
+    ) -> None:
+        """Index a manifest just put with ``subject`` in the tag schema, also where the
+        registry's own referrers API took it (``OCI-Subject``: see the module docstring); the
+        manifest it replaced for the same image leaves the index (one attached to another image
+        stays attached to that one)."""
+        self._attached_names = None
+        if subject is None:
+            return
+        old = (
+            {replaced.digest} if same_subject(replaced, subject) and replaced is not None else set()
+        )
+        await self._rewrite_index(subject.digest, old, new)
+
+    async def _unindex(self, manifest: Manifest) -> None:
+        """Drop ``manifest`` from its subject's tag-schema index, before it is deleted."""
+        self._attached_names = None
+        if manifest.subject is not None:
+            await self._rewrite_index(manifest.subject.digest, {manifest.digest}, None)
+
+    async def _referrers_api_index(self, digest: str) -> bytes | None:
+        """The referrers API's index for ``digest`` (from the content reader: a digest's
+        question); None where there is no such API (distribution 2.8, and its proxy: a 404)."""
+        client = self.reader
+        response = await client.send(
+            "GET", f"/v2/{client.repository}/referrers/{digest}", headers={"Accept": INDEX_TYPE}
+        )
+        async with response:
+            if response.status in (404, 405, 400) or media_type_of(response.headers) != INDEX_TYPE:
+                return None
+            await expect(response, (200,), "the referrers of the image")
+            return await read_capped(response, MAX_MANIFEST, "the referrers index")
+
+    async def _attached(self) -> dict[str, list[str]]:
+        """Name -> digests of the plancache manifests attached to the subject with that title,
+        newest first (the index's later entries: the tag schema appends), at most
+        MAX_CANDIDATES each; a signature's name when an entry says signed."""
+        subject = await self.subject_descriptor()
+        assert subject is not None
+        async with self._index_lock:
+            if self._attached_names is None:
+                body = await self._referrers_api_index(subject.digest)
+                entries = (
+                    parse_index(body, "the referrers of the image")
+                    if body is not None
+                    else await self._tag_schema_index(subject.digest, origin=False) or []
+                )
+                attached: dict[str, list[str]] = {}
+                for entry in reversed(entries):
+                    title = entry.title or ""
+                    if entry.artifact_type not in ARTIFACT_TYPES or not names_of_tag(
+                        title.replace("/", "--")
+                    ):
+                        continue
+                    for name in (title, title + ".sig") if entry.signed else (title,):
+                        found = attached.setdefault(name, [])
+                        if len(found) < MAX_CANDIDATES and entry.digest not in found:
+                            found.append(entry.digest)
+                self._attached_names = attached
+            return self._attached_names
+
+    async def candidate_manifests(
+        self,
+        slot: Slot,
+        *,
+        client: RegistryClient | None = None,
+        first: bool = False,
+    ) -> list[Manifest]:
+        """The manifests attached to the subject that are the slot's object's own (its kind, its
+        title, attached to this image) and hold its content, newest first; for a kind that is
+        signed, those holding a signature too come first (a plan and its signature are read
+        from one manifest). At most MAX_CANDIDATES manifests are read; one that fails its checks
+        is skipped, so an unsigned or malformed referrer titled like a plan does not hide the
+        signed one. A manifest whose own ``subject`` is another image is skipped too: the
+        tag-schema index is a tag anyone who may push can rewrite, and a co-tenant who lists
+        image Y's plan there would have it read as X's, and ``prune --subject X`` delete it
+        from Y. ``client`` reads from there (the registry itself, for ``prune``'s re-read);
+        ``first``: stop at the first that holds all it should (one read in the ordinary
+        case)."""
+        subject = await self.subject_descriptor()
+        names = await self._attached()
+        signed: list[Manifest] = []
+        unsigned: list[Manifest] = []
+        for digest in names.get(slot.artifact, [])[:MAX_CANDIDATES]:
+            if signed and first:
+                break
+            try:
+                manifest = await self.tagged_manifest(slot, client, digest)
+            except Rejected:
+                continue
+            if (
+                manifest is None
+                or not is_own(manifest, slot)
+                or not same_subject(manifest, subject)
+            ):
+                continue
+            if manifest.layer(slot.kind.content_type) is None:
+                continue
+            if not slot.kind.signed or manifest.layer(DSSE_TYPE) is not None:
+                signed.append(manifest)
+            else:
+                unsigned.append(manifest)
+        return signed or unsigned
+
+    async def candidate_manifest(
+        self, slot: Slot, client: RegistryClient | None = None
+    ) -> Manifest | None:
+        """The first of :meth:`candidate_manifests` (None if none): what a read or a delete of
+        the slot's object takes."""
+        found = await self.candidate_manifests(slot, client=client, first=True)
+        return found[0] if found else None
+
+    async def other_candidates(self, name: str, sig_cap: int) -> list[Candidate]:
+        """Each signed candidate for object ``name`` after the one a read takes, newest first,
+        its signature read (at most ``sig_cap`` bytes, unverified: the reader verifies;
+        :mod:`.candidate_reads` says why)."""
+        slot = slot_of(name)
+        found = []
+        for manifest in (await self.candidate_manifests(slot))[1:]:
+            content, signature = manifest.layer(slot.kind.content_type), manifest.layer(DSSE_TYPE)
+            if content is None or signature is None:
+                continue
+            try:
+                sig = signature.data
+                if sig is None:
+                    sig = await self.reader.blob(signature.digest, signature.size, sig_cap)
+            except (Rejected, FileNotFoundError):  # too large, altered, gone: not a candidate
+                continue
+            found.append(Candidate(manifest.digest, sig, content))
+        return found
+
+
+def fallback_tag(digest: str) -> str:
+    """The referrers tag schema's tag for the image at ``digest``."""
+    return "sha256-" + digest.split(":", 1)[1]
+
+
+def same_subject(manifest: Manifest | None, subject: Descriptor | None) -> bool:
+    """Whether ``manifest`` is attached to ``subject`` (both to none counts)."""
+    if manifest is None:
+        return False
+    mine = manifest.subject.digest if manifest.subject is not None else None
+    return mine == (subject.digest if subject is not None else None)
 
 
 def tags_of(body: bytes) -> list[Any]:

@@ -1,8 +1,8 @@
 """What a registry answers, read safely: capped bodies, statuses as typed errors, digests.
 
 Split from :mod:`.registry_http` (the requests) because every reader of an answer shares it:
-the client's reads, the token service's answer (:mod:`.access.registry_auth`), the subject's image
-manifest (:mod:`.referrers`).
+the client's reads, the token service's answer (:mod:`.access.registry_session`), the subject's
+image manifest (:meth:`.registry.RegistryBackend.subject_descriptor`).
 """
 
 from __future__ import annotations

@@ -48,6 +48,33 @@ class RegistryClient(RegistrySession):
     mirror), each answer checked."""
 
     # -- reads ---------------------------------------------------------------------------------
+    async def manifest_answer(
+        self, method: str, reference: str, media_types: tuple[str, ...], what: str
+    ) -> aiohttp.ClientResponse | None:
+        """The answer to a ``GET`` or ``HEAD`` of the manifest at a tag or digest, accepting
+        ``media_types``: a 200, its body unread (the caller reads and releases it); None if
+        absent (a 404). Every manifest request starts here: the manifest's, a tag's
+        resolution, the subject image's lookup.
+
+        Raises:
+            StoreError: access denied (401, 403), ``what`` naming the request.
+            RegistryAnswer: another status than wanted.
+        """
+        response = await self.send(
+            method,
+            f"/v2/{self.repository}/manifests/{reference}",
+            headers={"Accept": ", ".join(media_types)},
+        )
+        if response.status == 404:
+            response.release()
+            return None
+        try:
+            await expect(response, (200,), what)
+        except BaseException:
+            response.release()
+            raise
+        return response
+
     async def manifest(
         self, reference: str, media_types: tuple[str, ...]
     ) -> tuple[bytes, str] | None:
@@ -59,12 +86,12 @@ class RegistryClient(RegistrySession):
             StoreError: access denied (401, 403).
             RegistryAnswer: another status than wanted (retried by the shared rules).
         """
-        path = f"/v2/{self.repository}/manifests/{reference}"
-        response = await self.send("GET", path, headers={"Accept": ", ".join(media_types)})
+        response = await self.manifest_answer(
+            "GET", reference, media_types, f"manifest {reference}"
+        )
+        if response is None:
+            return None
         async with response:
-            if response.status == 404:
-                return None
-            await expect(response, (200,), f"manifest {reference}")
             got_type = media_type_of(response.headers)
             if got_type not in media_types:
                 raise Rejected(
@@ -87,12 +114,10 @@ class RegistryClient(RegistrySession):
     async def resolve(self, tag: str, media_types: tuple[str, ...]) -> str | None:
         """The digest a tag names (a ``HEAD``: no body; the bytes are checked when read by it):
         None if absent, ``""`` if the registry does not say (the caller then reads the tag)."""
-        path = f"/v2/{self.repository}/manifests/{tag}"
-        response = await self.send("HEAD", path, headers={"Accept": ", ".join(media_types)})
+        response = await self.manifest_answer("HEAD", tag, media_types, f"manifest {tag}")
+        if response is None:
+            return None
         async with response:
-            if response.status == 404:
-                return None
-            await expect(response, (200,), f"manifest {tag}")
             stated = response.headers.get("Docker-Content-Digest", "")
         return stated if DIGEST.fullmatch(stated) else ""
 

@@ -7,7 +7,7 @@
 * ``ca_file``: a PEM bundle of the CAs the registry's (and its token service's) certificate
   chains to (a regular file, read capped: a FIFO is refused, never waited on);
 * ``token_realms``: hosts (comma-separated) besides the registry's own whose token service
-  may be sent the registry's credentials (:mod:`.access.registry_auth` says why only these);
+  may be sent the registry's credentials (:mod:`.access.registry_session` says why only these);
 * ``auth_file``: a docker ``config.json`` or podman ``auth.json`` read before the usual
   places (:mod:`.access.credential_files`);
 * ``mirror``: ``HOST[:PORT]`` (or ``https://…``, ``http://…``) of a pull-through mirror every
@@ -35,14 +35,14 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ...clock import REAL_CLOCK, Clock
 from ...settings import unknown_option
-from ...trust.errors import ConfigError, PlanCacheError
-from ..local.files import read_capped
+from ...trust.errors import ConfigError
+from ..local.files import read_config_file
 from .access.credential_files import Credentials, find_credentials
+from .access.registry_session import MirrorOf
 from .mirrors.mirror_choice import configured_mirror
 from .mirrors.mirror_hosts import MirrorHost
 from .registry_urls import Registry, check_authority, parse_store_url
@@ -103,12 +103,8 @@ def _ssl(*ca_files: str) -> ssl.SSLContext | None:
     context = ssl.create_default_context()
     for ca_file in ca_files:
         path = os.path.expanduser(ca_file)
-        try:
-            pem = read_capped(Path(path), MAX_CA_FILE, follow_symlinks=True)
-        except PlanCacheError as exc:
-            raise ConfigError(f"ca_file: {exc.detail}") from None
-        if pem is None:
-            raise ConfigError(f"ca_file {path} does not exist")
+        pem = read_config_file(path, MAX_CA_FILE, "ca_file", explicit=True)
+        assert pem is not None  # explicit: absent is a ConfigError
         try:
             context.load_verify_locations(cadata=pem.decode("ascii"))
         except (UnicodeDecodeError, ValueError, ssl.SSLError) as exc:
@@ -229,8 +225,7 @@ def registry_opener(
             timeouts=timeouts,
             namespace=registry.authority,
             token_realms=token_realms,
-            mirror_of=host.source,
-            mirror_for=f"{registry.authority}/{repository}",
+            mirror_of=MirrorOf(host.source, f"{registry.authority}/{repository}"),
             clock=clock,
         )
         return RegistryBackend(

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ....trust.errors import ConfigError, PlanCacheError, StoreError
-from ...local.files import read_capped
+from ....trust.errors import ConfigError, StoreError
+from ...local.files import read_config_file
 
 MAX_FILE = 1024 * 1024
 MAX_HELPER_OUTPUT = 64 * 1024
@@ -83,15 +83,10 @@ def candidate_files(auth_file: str | None) -> list[Path]:
 
 
 def _read_json(path: Path, explicit: bool) -> dict[str, Any] | None:
-    """The file's JSON object, read as :func:`..local.files.read_capped` reads: a regular file
-    only (never blocking on a FIFO), capped; None if absent (ConfigError if ``explicit``)."""
-    try:
-        raw = read_capped(path, MAX_FILE, follow_symlinks=True)
-    except PlanCacheError as exc:
-        raise ConfigError(f"registry auth file: {exc.detail}") from None
+    """The file's JSON object, read by :func:`...local.files.read_config_file` (a regular file
+    only, never blocking on a FIFO, capped); None if absent (ConfigError if ``explicit``)."""
+    raw = read_config_file(path, MAX_FILE, "registry auth file", explicit=explicit)
     if raw is None:
-        if explicit:
-            raise ConfigError(f"registry auth file {path} does not exist")
         return None
     try:
         data = json.loads(raw)

@@ -1,38 +1,144 @@
-"""How a request reaches a registry: one aiohttp session, its challenge answered, failures named.
+"""How a request reaches a registry: one aiohttp session, its ``401`` answered, failures named.
 
-Split from :mod:`.registry_http` (what the requests are: manifests, blobs, tags, uploads) by
+Split from :mod:`..registry_http` (what the requests are: manifests, blobs, tags, uploads) by
 interface: everything here is about *sending*, the same for every request.
 
 * credentials (:mod:`.credential_files`, looked up off the loop at the first ``401``) answer
-  the registry's challenge (:mod:`.registry_auth`) and are never sent over plain HTTP to a host
-  that is not loopback, nor used for a bearer token that would then go to such a host in clear
+  the registry's challenge (below) and are never sent over plain HTTP to a host that is not
+  loopback, nor used for a bearer token that would then go to such a host in clear
   (``plain_http=true`` off loopback, a plain-HTTP mirror): the token is the credentials'
   equal for its scope and life;
 * a registry that speaks TLS where plain HTTP was spoken (Go's ``400 Client sent an HTTP
   request to an HTTPS server``: the loopback default meeting a TLS registry) is said to;
 * a mirror's connection failure names the mirror and the file that configured it, and every
-  mirror that answered is noted (:mod:`.mirrors.mirror_reads`) for the output to name.
+  mirror that answered is noted (:mod:`..mirrors.mirror_reads`) for the output to name.
+
+The ``401``: the ``WWW-Authenticate`` challenge, basic or bearer token.
+
+A registry says what it wants on the first request it refuses (distribution's auth spec):
+
+* ``Basic realm="…"``: the username and password, base64, in every request (over TLS, or to
+  a loopback registry: never over plain HTTP to another host);
+* ``Bearer realm="https://auth…",service="…",scope="…"``: a token from the realm, asked for
+  with the credentials (basic), with an identity token (OAuth2 ``refresh_token`` grant), or
+  anonymously; the token then goes in ``Authorization: Bearer`` until it expires.
+
+What the registry sends here is hostile too: the challenge is parsed by a strict grammar,
+the realm must be ``https`` (or loopback, or plain HTTP allowed by the operator), and the
+token answer is read capped and taken only if it is a short printable token. Secrets never
+appear in an error: messages name the realm's host and the credentials' source, not values.
+
+Where a secret (basic credentials, an identity token) may go: to a realm over TLS or on
+loopback (a plain-HTTP realm elsewhere never gets one, whatever ``plain_http`` says), on the
+registry's own host or on a host the operator lists in ``token_realms``. Docker sends them to
+any ``https`` realm the registry names, so a hostile or compromised registry collects the
+node's credentials for *another* registry's token service (or any host); podman
+(containers/image) does the same, containerd only refuses a plain-HTTP realm. plancache takes
+the stricter rule because the credentials a node holds are usually its push credentials, the
+registries it serves plans from (ACR, GAR, Harbor, Quay, GHCR, ECR) keep the token service on
+their own host, and the others (GitLab's ``gitlab.com/jwt/auth``, Docker Hub's
+``auth.docker.io``) are one storage option away. A realm refused is a ``store-error`` naming
+the realm: the registry's answer is at fault, not the operator's configuration. Without
+credentials a token is asked for anonymously from any acceptable realm: nothing secret is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from urllib.parse import urlencode
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 
 from ....clock import REAL_CLOCK, Clock
 from ....trust.display import safe_text
-from ....trust.errors import Reason, StoreError
+from ....trust.errors import ConfigError, Reason, StoreError
 from ...deadline import is_timeout, is_transient, one_line
 from ..mirrors import mirror_reads
-from ..registry_answers import RegistryAnswer, close_on_loop, tls_mistake
-from ..registry_urls import Registry
+from ..registry_answers import (
+    MAX_TOKEN_ANSWER_CAP,
+    RegistryAnswer,
+    close_on_loop,
+    read_capped,
+    tls_mistake,
+)
+from ..registry_urls import Registry, check_authority
 from .credential_files import ANONYMOUS, Credentials
-from .registry_auth import Challenge, Token, fetch_token, parse_challenge, scope_for
+
+MAX_TOKEN = 16 * 1024
+DEFAULT_TOKEN_LIFE = 60.0
+_PARAM = re.compile(r'\s*([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))\s*,?')
+
+
+@dataclass(frozen=True)
+class Challenge:
+    scheme: str
+    """``basic`` or ``bearer`` (lowercase)."""
+    params: dict[str, str]
+
+
+def parse_challenge(header: str | None) -> Challenge | None:
+    """The first challenge of a ``WWW-Authenticate`` header, or None if it is not one."""
+    if not header or len(header) > 4096:
+        return None
+    scheme, _, rest = header.strip().partition(" ")
+    params: dict[str, str] = {}
+    pos = 0
+    while pos < len(rest):
+        match = _PARAM.match(rest, pos)
+        if match is None:
+            break
+        params[match.group(1).lower()] = (
+            match.group(2).replace('\\"', '"') if match.group(2) is not None else match.group(3)
+        )
+        pos = match.end()
+    if scheme.lower() not in ("basic", "bearer"):
+        return None
+    return Challenge(scheme.lower(), params)
+
+
+def scope_for(repository: str, write: bool, delete: bool) -> str:
+    actions = "pull" + (",push" if write else "") + (",delete" if delete else "")
+    return f"repository:{repository}:{actions}"
+
+
+@dataclass(frozen=True)
+class MirrorOf:
+    """A session to a mirror: what configured it and which store it serves."""
+
+    configured_in: str
+    """The file (or storage option) that configured it, named when it fails."""
+    serving: str
+    """The store it serves (the registry's ``HOST/REPOSITORY``), noted with each read for the
+    output that names it (:func:`..mirrors.mirror_reads.note`)."""
+
+
+@dataclass
+class Token:
+    value: str
+    expires: float
+
+
+def _token_from(answer: Any, realm_host: str, now: float) -> Token:
+    value = None
+    if isinstance(answer, dict):
+        value = answer.get("token") or answer.get("access_token")
+    if not (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_TOKEN
+        and value.isascii()
+        and value.isprintable()
+    ):
+        raise StoreError(f"the token service at {realm_host} answered no usable token")
+    life = answer.get("expires_in") if isinstance(answer, dict) else None
+    life = float(life) if isinstance(life, int) and 0 < life < 86400 else DEFAULT_TOKEN_LIFE
+    return Token(value, now + max(life - 5.0, 1.0))
 
 
 class RegistrySession:
@@ -51,8 +157,7 @@ class RegistrySession:
         timeouts: tuple[float, float],
         namespace: str | None = None,
         token_realms: frozenset[str] = frozenset(),
-        mirror_of: str | None = None,
-        mirror_for: str = "",
+        mirror_of: MirrorOf | None = None,
         clock: Clock = REAL_CLOCK,
     ) -> None:
         self.registry = registry
@@ -66,10 +171,7 @@ class RegistrySession:
         self.token_realms = token_realms
         """Hosts besides the registry's own whose token realm may be sent its credentials."""
         self.mirror_of = mirror_of
-        """For a mirror: the file (or storage option) that configured it, named when it fails."""
-        self.mirror_for = mirror_for
-        """For a mirror: the store it serves (the registry's ``HOST/REPOSITORY``), noted with
-        each read for the output that names it."""
+        """For a mirror: what configured it and the store it serves; None for the registry."""
         self.clock = clock
         """What a token's expiry is read on (the store's clock: a test's fake one)."""
         self._ssl = ssl_context
@@ -129,7 +231,7 @@ class RegistrySession:
             )
         token = self._tokens.get(scope)
         if token is None or token.expires <= self.clock.monotonic():
-            token = await fetch_token(self, challenge, scope, creds)
+            token = await self._fetch_token(challenge, scope, creds)
             self._tokens[scope] = token
         return f"Bearer {token.value}"
 
@@ -195,7 +297,7 @@ class RegistrySession:
                 raise
             mirror = (
                 f"the mirror {self.registry.authority} (configured in "
-                f"{safe_text(self.mirror_of, 160)})"
+                f"{safe_text(self.mirror_of.configured_in, 160)})"
             )
             try:
                 tls_mistake(self.registry.authority, exc)
@@ -213,7 +315,9 @@ class RegistrySession:
                 reason=Reason.TIMEOUT if is_timeout(exc) else Reason.STORE_ERROR,
             ) from exc
         if self.mirror_of is not None:
-            mirror_reads.note(self.registry.authority, self.mirror_of, self.mirror_for)
+            mirror_reads.note(
+                self.registry.authority, self.mirror_of.configured_in, self.mirror_of.serving
+            )
         return response
 
     async def _refuse_tls_spoken_to_in_http(
@@ -238,3 +342,95 @@ class RegistrySession:
             f"{self.registry.authority} speaks TLS, not plain HTTP: give its CA with "
             "--storage-option ca_file=PATH (or plain_http=false if a system CA signs it)"
         )
+
+    # -- the token service ----------------------------------------------------------------------
+    async def _fetch_token(
+        self, challenge: Challenge, scope: str, credentials: Credentials
+    ) -> Token:
+        """A bearer token from the challenge's realm for ``scope``.
+
+        Raises:
+            StoreError: the realm is not acceptable, refuses, or answers no token.
+        """
+        realm = challenge.params.get("realm", "")
+        parts = urlsplit(realm)
+        shown = safe_text(realm, 80)
+        if parts.scheme not in ("https", "http") or not parts.netloc or "@" in parts.netloc:
+            raise StoreError(f"the registry named an unusable token realm {shown!r}")
+        try:
+            realm_host = check_authority(parts.netloc, "token realm")
+        except ConfigError:  # the registry's answer, not the operator's configuration
+            raise StoreError(f"the registry named an unusable token realm {shown!r}") from None
+        plain = parts.scheme == "http"
+        if plain and not (realm_host.loopback or self.plain_http_allowed):
+            raise StoreError(
+                f"the token realm {realm_host.authority} is plain HTTP: not used "
+                "(storage option plain_http=true allows it)"
+            )
+        if credentials.identity_token or credentials.username:
+            self._check_secret_realm(realm_host, plain, credentials)
+        query = {"scope": challenge.params.get("scope") or scope}
+        if "service" in challenge.params:
+            query["service"] = challenge.params["service"]
+        headers: dict[str, str] = {}
+        if credentials.identity_token:
+            form = {
+                "grant_type": "refresh_token",
+                "refresh_token": credentials.identity_token,
+                "client_id": "plancache",
+                **query,
+            }
+            answer = await self._token_answer("POST", realm, headers, form, realm_host.authority)
+        else:
+            if credentials.username:
+                headers["Authorization"] = credentials.basic
+            url = realm + ("&" if parts.query else "?") + urlencode(query)
+            answer = await self._token_answer("GET", url, headers, None, realm_host.authority)
+        try:
+            parsed = json.loads(answer)
+        except ValueError:
+            parsed = None
+        return _token_from(parsed, realm_host.authority, self.clock.monotonic())
+
+    def _check_secret_realm(self, realm: Registry, plain: bool, credentials: Credentials) -> None:
+        """Refuse to send ``credentials`` to ``realm`` unless it may have them (module docstring).
+
+        Raises:
+            StoreError: a plain-HTTP realm off loopback, or a realm on another host than the
+                registry's and not in ``token_realms``, naming the realm and the credentials'
+                source, never them.
+        """
+        source = safe_text(credentials.source, 120)
+        if plain and not realm.loopback:
+            raise StoreError(
+                f"the token realm {realm.authority} is plain HTTP: the credentials from {source} "
+                "are not sent over it"
+            )
+        if realm.hostname != self.registry.hostname and realm.hostname not in self.token_realms:
+            raise StoreError(
+                f"{self.registry.authority} sends its logins to the token realm "
+                f"{realm.authority}, another host: the credentials from {source} are not sent "
+                f"there (if it is the registry's own token service: token_realms={realm.hostname})"
+            )
+
+    async def _token_answer(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        form: dict[str, str] | None,
+        host: str,
+    ) -> bytes:
+        """The token service's answer (capped) to one request, on this session; a status
+        but 200 is a RegistryAnswer (retried as the registry's own are)."""
+        response = await self.session().request(
+            method, url, headers=headers, data=form, allow_redirects=False
+        )
+        async with response:
+            if response.status != 200:
+                raise RegistryAnswer(
+                    response.status,
+                    response.headers,
+                    f"the token service at {host} answered {response.status}",
+                )
+            return await read_capped(response, MAX_TOKEN_ANSWER_CAP, f"the token from {host}")

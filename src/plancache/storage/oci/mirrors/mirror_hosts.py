@@ -1,6 +1,7 @@
 """The shape every mirror configuration is read into (:class:`MirrorHost`), and how their files
-are read: capped (:data:`MAX_CONFIG`), regular files only (never a FIFO), strict TOML, a
-malformed one a ConfigError naming the file, never an excerpt of it. Shared by
+are read: capped (:data:`MAX_CONFIG`), regular files only, never a FIFO (the reader every
+configuration file of the node's takes, :func:`...local.files.read_config_file`), strict TOML,
+a malformed one a ConfigError naming the file, never an excerpt of it. Shared by
 :mod:`.containerd_hosts` and :mod:`.registries_conf`; which of them applies is
 :mod:`.mirror_choice`.
 """
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ....trust.errors import ConfigError, PlanCacheError
-from ...local.files import read_capped
+from ....trust.errors import ConfigError
+from ...local.files import read_config_file
 
 try:  # Python 3.11+; on 3.10 only a file named by mirror_config is an error
     import tomllib
@@ -48,13 +49,8 @@ def read_toml(path: Path, explicit: bool) -> dict[str, Any] | None:
     Raises:
         ConfigError: unreadable, not a regular file, larger than MAX_CONFIG, not TOML.
     """
-    try:
-        raw = read_capped(path, MAX_CONFIG, follow_symlinks=True)
-    except PlanCacheError as exc:
-        raise ConfigError(f"mirror configuration: {exc.detail}") from None
+    raw = read_config_file(path, MAX_CONFIG, "mirror configuration", explicit=explicit)
     if raw is None:
-        if explicit:
-            raise ConfigError(f"mirror configuration {path} does not exist")
         return None
     if tomllib is None:
         if explicit:
