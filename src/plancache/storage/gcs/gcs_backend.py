@@ -81,17 +81,7 @@ class GCSBackend(FsspecBackend):
         fs: GCSFilesystem = self.fs
         bucket, key, _ = fs.split_path(under)
         prefix = f"{key.rstrip('/')}/" if key else ""
-        resp = await fs._call(
-            "GET",
-            "b/{}/o",
-            bucket,
-            json_out=True,
-            prefix=prefix or None,
-            delimiter="/",
-            maxResults=PAGE_SIZE,
-            pageToken=token,
-        )
-        answer = resp if isinstance(resp, dict) else {}
+        answer = await _listing(fs, bucket, prefix, token)
         entries = entries_under(answer.get("items"), prefix, "name", "size")
         following = answer.get("nextPageToken")
         return Page(
@@ -108,17 +98,7 @@ class GCSBackend(FsspecBackend):
         prefix = f"{key.rstrip('/')}/" if key else ""
 
         async def page(token: str | None) -> FolderPage:
-            resp = await fs._call(
-                "GET",
-                "b/{}/o",
-                bucket,
-                json_out=True,
-                prefix=prefix or None,
-                delimiter="/",
-                maxResults=PAGE_SIZE,
-                pageToken=token,
-            )
-            answer = resp if isinstance(resp, dict) else {}
+            answer = await _listing(fs, bucket, prefix, token)
             items = answer.get("items")
             files = (
                 [i.get("name") for i in items if isinstance(i, dict)]
@@ -168,3 +148,22 @@ class GCSBackend(FsspecBackend):
         fs: GCSFilesystem = self.fs
         bucket, key, _ = fs.split_path(path)
         await fs._call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=token)
+
+
+async def _listing(
+    fs: GCSFilesystem, bucket: str, prefix: str, token: str | None
+) -> dict[str, Any]:
+    """One JSON API listing answer directly under ``prefix`` (``delimiter='/'``), from
+    ``token`` ({} for an answer that is no object): the request the store's listing pages and a
+    folder's listing share."""
+    resp = await fs._call(
+        "GET",
+        "b/{}/o",
+        bucket,
+        json_out=True,
+        prefix=prefix or None,
+        delimiter="/",
+        maxResults=PAGE_SIZE,
+        pageToken=token,
+    )
+    return resp if isinstance(resp, dict) else {}

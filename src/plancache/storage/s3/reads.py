@@ -49,11 +49,11 @@ async def s3_read(fs: S3Filesystem, path: str, cap: int) -> bytes:
     return (await s3_get(fs, path, cap, f"bytes=0-{cap}"))[0]
 
 
-async def s3_page(fs: S3Filesystem, root: str, token: str | None) -> Page:
-    """One ``ListObjectsV2`` page of the objects directly under ``root`` (``Delimiter='/'``),
-    and of the sub-prefixes it names."""
-    bucket, key, _ = fs.split_path(root)
-    prefix = f"{key.rstrip('/')}/" if key else ""
+async def s3_listing(
+    fs: S3Filesystem, bucket: str, prefix: str, token: str | None
+) -> dict[str, Any]:
+    """One ``ListObjectsV2`` answer directly under ``prefix`` (``Delimiter='/'``), from
+    ``token``: the request the store's listing pages and a folder's listing share."""
     kwargs: dict[str, Any] = {
         "Bucket": bucket,
         "Prefix": prefix,
@@ -62,7 +62,15 @@ async def s3_page(fs: S3Filesystem, root: str, token: str | None) -> Page:
     }
     if token:
         kwargs["ContinuationToken"] = token
-    resp = await fs._call_s3("list_objects_v2", **kwargs)
+    return await fs._call_s3("list_objects_v2", **kwargs)
+
+
+async def s3_page(fs: S3Filesystem, root: str, token: str | None) -> Page:
+    """One ``ListObjectsV2`` page of the objects directly under ``root`` (``Delimiter='/'``),
+    and of the sub-prefixes it names."""
+    bucket, key, _ = fs.split_path(root)
+    prefix = f"{key.rstrip('/')}/" if key else ""
+    resp = await s3_listing(fs, bucket, prefix, token)
     entries = entries_under(resp.get("Contents"), prefix, "Key", "Size")
     common = [p.get("Prefix") for p in resp.get("CommonPrefixes") or [] if isinstance(p, dict)]
     following = resp.get("NextContinuationToken")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..fsspec_backends import FsspecBackend
-from ..listing import PAGE_SIZE, FolderPage, Page, folder_listing
+from ..listing import FolderPage, Page, folder_listing
 from ..versioned import Versioned, ranged_or_whole, version_token
 from .direct import S3Direct
 
@@ -56,16 +56,10 @@ class S3Backend(FsspecBackend):
         bucket, key, _ = fs.split_path(path)
         prefix = f"{key.rstrip('/')}/" if key else ""
 
+        from .reads import s3_listing
+
         async def page(token: str | None) -> FolderPage:
-            kwargs: dict[str, Any] = {
-                "Bucket": bucket,
-                "Prefix": prefix,
-                "Delimiter": "/",
-                "MaxKeys": PAGE_SIZE,
-            }
-            if token:
-                kwargs["ContinuationToken"] = token
-            resp = await fs._call_s3("list_objects_v2", **kwargs)
+            resp = await s3_listing(fs, bucket, prefix, token)
             files = [c.get("Key") for c in resp.get("Contents") or [] if isinstance(c, dict)]
             dirs = [
                 p.get("Prefix") for p in resp.get("CommonPrefixes") or [] if isinstance(p, dict)
