@@ -398,7 +398,8 @@ def test_a_failure_classified_while_another_thread_imports_asyncio_says_what_it_
     ``sys.modules`` before its ``__init__`` names ``TimeoutError``. A store failure classified
     in that window was an AttributeError (``partially initialized module 'asyncio'``), not
     ``store-error``. A real import, held at ``asyncio.base_events`` by a meta-path finder (the
-    window a real import leaves open for 10-20 ms), in a fresh interpreter (this one has asyncio)."""
+    window a real import leaves open for 10-20 ms), in a fresh interpreter (this one has
+    asyncio)."""
     import os
     import subprocess
     import sys

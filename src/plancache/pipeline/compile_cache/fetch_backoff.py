@@ -47,8 +47,9 @@ def note(
     root: CacheRoot, subject: str, failure: str, now: datetime, *, store_sig: str = ""
 ) -> None:
     """Record that ``subject`` just failed as ``failure`` while the store's signature for it
-    had the sha256 ``store_sig`` (or was ``absent``, or ``rejected:<reason>``; "" unknown) (best effort: without a record, the cache is only
-    fetched as before). Another signature in the store starts a new run."""
+    had the sha256 ``store_sig`` (or was ``absent``, or ``rejected:<reason>``; "" unknown)
+    (best effort: without a record, the cache is only fetched as before). Another signature in
+    the store starts a new run."""
     records = fetch_failures.read(root.root, _place(root, subject))
     last = records.get(subject)
     same = last is not None and last.failure == failure and last.store_sig == store_sig
