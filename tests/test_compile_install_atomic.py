@@ -558,3 +558,70 @@ def test_sizing_the_quarantine_walks_no_more_of_an_entry_than_a_cache_may_hold(
     cachedir.quarantine(root.root, directory, root.quarantine_root, "unsigned")
     assert not first.exists(), os.listdir(root.quarantine_root)
     assert len(os.listdir(root.quarantine_root)) == 1
+
+
+def test_the_backoff_never_hides_a_cache_signed_anew_after_a_signature_too_large_to_read(
+    tmp_path: Path,
+) -> None:
+    """Red team: a writer to the bucket with no signing key put a signature object over its
+    cap under the cache's name. Its read is refused (``too-large``), so the failure was recorded
+    with no digest of what the store offered (""), and a record without a digest held the
+    back-off without asking the store: the operator's cache signed anew was not fetched until the
+    delay ran out (10 minutes, doubling each time the writer's object was met again, up to a
+    day). The failure now records what was refused (``rejected:too-large``): a signature the
+    store offers after it, one that can be read, ends the back-off at once."""
+    from plancache.storage.compile_cache import archives
+    from plancache.trust.compile_cache.manifest_signature import MAX_SIG_OBJECT_BYTES
+
+    world = _world(tmp_path)
+    store, keyring = world["store"], world["keyring"]
+    sig = next(p for p in (tmp_path / "store").rglob("*") if p.name.endswith(".sig"))
+    assert sig.name == archives.sig_name(SUBJECT).rpartition("/")[2], sig
+    sig.write_bytes(b"{" + b" " * MAX_SIG_OBJECT_BYTES)  # one byte over its cap
+    node = CacheRoot(tmp_path / "node")
+
+    def boot(minutes: int) -> Any:
+        into = tmp_path / f"into-{minutes}"
+        now = NOW + timedelta(minutes=minutes)
+        fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
+        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+
+    first, second = boot(1), boot(2)
+    assert [first.reason, second.reason] == ["store-rejected"] * 2, (first, second)
+    assert "too-large" in second.detail, second
+    assert boot(3).reason == "backoff"  # the same object, still too large: not fetched
+    signer = file_signer(tmp_path / "keys" / "ci", {}, None)
+    build = CacheRoot(tmp_path / "build")
+    assert cc.sign_cache(build, SUBJECT, signer, NOW + timedelta(minutes=4)).action == "signed"
+    assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
+    loaded = boot(5)
+    assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded
+
+
+def test_the_backoff_after_quarantines_with_no_cache_in_the_store_ends_when_one_is_pushed(
+    tmp_path: Path,
+) -> None:
+    """The quarantine's side of the same rule: a co-tenant renaming junk over the local cache's
+    sidecar while the store held no cache for it recorded "" (unknown) for what the store
+    offered, and the back-off then held without asking: the cache the operator pushed next was
+    not fetched until the delay ran out. The store's having none is recorded as ``absent``."""
+    world = _world(tmp_path)
+    store, keyring = world["store"], world["keyring"]
+    empty = open_store(f"file://{tmp_path / 'empty'}")
+    node = CacheRoot(tmp_path / "node")
+
+    def boot(minutes: int, where: Any) -> Any:
+        into = tmp_path / f"into-{minutes}"
+        now = NOW + timedelta(minutes=minutes)
+        fetch = lambda: (where, None)  # noqa: E731 - the guard opens it once
+        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+
+    for minutes in (1, 3):
+        assert boot(minutes, store).action == "load"  # a good cache in place, then junk over
+        cachedir.sidecar_path(node.directory(SUBJECT)).write_bytes(b"junk")
+        junked = boot(minutes + 1, empty)
+        assert junked.quarantined_to and junked.action != "load", junked
+    assert boot(5, empty).reason == "backoff"  # the store still has none: not asked again
+    assert cc.push_cache(empty, CacheRoot(tmp_path / "build"), SUBJECT, keyring, NOW).ok
+    loaded = boot(6, empty)
+    assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded

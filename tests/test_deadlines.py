@@ -361,3 +361,57 @@ def test_a_node_fetch_outcome_is_dated_and_judged_on_the_deadlines_clock(
     assert node_plans._recorded(key, "set-a", clock.wall() + 1, clock.wall(), "f" * 64) is None
     clock.advance(-3600)  # the outcome is now far in this clock's future: no record
     assert node_plans._recorded(key, "set-a", asked - 7200, clock.wall(), "f" * 64) is None
+
+
+HALF_IMPORTED = """
+import sys, threading, importlib.abc
+from plancache.storage import deadline
+assert "asyncio" not in sys.modules
+started, release = threading.Event(), threading.Event()
+
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "asyncio.base_events":
+            started.set()
+            release.wait(60)
+        return None
+
+sys.meta_path.insert(0, Hold())
+importing = threading.Thread(target=lambda: __import__("asyncio"))
+importing.start()
+assert started.wait(60)
+assert "asyncio" in sys.modules and not hasattr(sys.modules["asyncio"], "TimeoutError")
+failure = ConnectionResetError("reset by peer")
+try:
+    print(deadline.is_timeout(failure), deadline.store_error("read x", failure).reason.value)
+finally:
+    release.set()
+    importing.join()
+import asyncio
+print(deadline.is_timeout(RuntimeError("x")) is False, deadline.is_timeout(asyncio.TimeoutError()))
+"""
+
+
+def test_a_failure_classified_while_another_thread_imports_asyncio_says_what_it_was() -> None:
+    """A boot-time pull imports no asyncio, so the timeout classes name asyncio's only once it
+    is loaded: while another thread imports it for the first time, the package is in
+    ``sys.modules`` before its ``__init__`` names ``TimeoutError``. A store failure classified
+    in that window was an AttributeError (``partially initialized module 'asyncio'``), not
+    ``store-error``. A real import, held at ``asyncio.base_events`` by a meta-path finder (the
+    window a real import leaves open for 10-20 ms), in a fresh interpreter (this one has
+    asyncio)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(deadline.__file__).resolve().parents[2])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", HALF_IMPORTED], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "store-error", "True", "True"]

@@ -46,11 +46,15 @@ BACKOFF_BASE = 0.05
 def _timeouts() -> tuple[type[BaseException], ...]:
     """The timeout classes: distinct on Python 3.10, one class from 3.11; all of them. asyncio's
     only once asyncio is imported (nothing raises it before): importing it here cost a boot-time
-    ``pull`` on botocore, which never runs an event loop, 10-20 ms."""
-    loaded = sys.modules.get("asyncio")
-    return (TimeoutError, concurrent.futures.TimeoutError) + (
-        (loaded.TimeoutError,) if loaded is not None else ()
-    )
+    ``pull`` on botocore, which never runs an event loop, 10-20 ms.
+
+    Asked of ``asyncio.exceptions``, where the class is made, and only if it is made yet: while
+    another thread imports asyncio for the first time, ``sys.modules`` holds the package before
+    its ``__init__`` has named ``TimeoutError`` (after ``base_events``), and a store failure
+    classified then raised AttributeError instead of saying what happened
+    (tests/test_deadlines.py)."""
+    made = getattr(sys.modules.get("asyncio.exceptions"), "TimeoutError", None)
+    return (TimeoutError, concurrent.futures.TimeoutError) + ((made,) if made is not None else ())
 
 
 def causes(exc: BaseException) -> Iterator[BaseException]:

@@ -47,8 +47,9 @@ def note(
     root: CacheRoot, subject: str, failure: str, now: datetime, *, store_sig: str = ""
 ) -> None:
     """Record that ``subject`` just failed as ``failure`` while the store's signature for it
-    had the sha256 ``store_sig`` ("" unknown) (best effort: without a record, the cache is only
-    fetched as before). Another signature in the store starts a new run."""
+    had the sha256 ``store_sig`` (or was ``absent``, or ``rejected:<reason>``; "" unknown)
+    (best effort: without a record, the cache is only fetched as before). Another signature in
+    the store starts a new run."""
     records = fetch_failures.read(root.root, _place(root, subject))
     last = records.get(subject)
     same = last is not None and last.failure == failure and last.store_sig == store_sig
@@ -63,7 +64,8 @@ def holding(
 ) -> str:
     """Why the store is not asked for ``subject``'s archive now ("" when it may be): inside the
     delay of its recorded run of same failures, and the store still offers the signature that
-    failed (``offered``: the sha256 of the store's signature now, "" when it cannot be read;
+    failed (``offered``: the sha256 of the store's signature now, ``absent`` or
+    ``rejected:<reason>`` when it has none or one refused unread, "" when it cannot be read;
     asked only inside the delay). A record stamped in the future (a clock set back, a record
     carried over) holds nothing."""
     last = fetch_failures.read(root.root, _place(root, subject)).get(subject)

@@ -239,12 +239,23 @@ class _StoreSignature:
         return got
 
     def digest(self) -> str:
-        """The sha256 of the signature ("" when there is none or it could not be read)."""
+        """What the store offers, as the back-off compares it: the signature's sha256;
+        ``absent`` when the store has none; ``rejected:<reason>`` for one it offers but that is
+        refused unread (over its cap); "" only when the store could not be read (no answer, a
+        store error).
+
+        A failure recorded with "" holds the back-off without asking the store again
+        (:func:`.fetch_backoff.holding`), so "" is kept for what cannot be known: a writer with
+        no signing key who put an oversized signature object (or, for a quarantined cache,
+        nothing) under the cache's name would otherwise hide the cache the operator signed
+        anew after it until the delay ran out (up to a day)."""
         try:
             sig = self.read()
+        except Rejected as exc:
+            return f"rejected:{exc.reason.value}"
         except Exception:
             return ""
-        return hashlib.sha256(sig).hexdigest() if sig is not None else ""
+        return hashlib.sha256(sig).hexdigest() if sig is not None else "absent"
 
 
 def _empty(into: Path, outcome: CacheOutcome) -> CacheOutcome:
