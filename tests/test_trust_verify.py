@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
+from plancache.trust import strictjson
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from plancache.trust.keyring.keys import Ed25519Signer, Keyring
 from plancache.trust.plans.plan import parse_plan, plan_name
@@ -449,3 +450,48 @@ def test_fuzz_statement_parser(payload: bytes) -> None:
     except Rejected as exc:
         rejected = exc
     assert rejected is None or rejected.reason in _STATEMENT_REASONS, rejected
+
+
+@given(
+    keyids=st.lists(st.text(max_size=12), min_size=1, max_size=3),
+    payload_type=st.text(max_size=12),
+    payload=st.binary(max_size=64),
+    with_ext=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_encode_is_the_sorted_compact_json_dump(
+    keyids: list[str], payload_type: str, payload: bytes, with_ext: bool
+) -> None:
+    """``encode`` spells the canonical form out: it must stay byte for byte the dump of the
+    envelope as a dict (sorted keys, no spaces, ASCII), whatever a key id or type holds."""
+    sigs = [dsse.Signature(k, k.encode("utf-8", "surrogatepass")[:8]) for k in keyids]
+    if with_ext:
+        sigs.append(dsse.Signature("", b"s", {"z": ["\u00e9", 1], "a": "\u2028"}))
+    env = dsse.Envelope(payload_type, payload, tuple(sigs))
+    entries: list[dict[str, Any]] = []
+    for s in sigs:
+        entry: dict[str, Any] = {"keyid": s.keyid, "sig": base64.b64encode(s.sig).decode()}
+        if s.ext is not None:
+            entry["extension"] = {"ext": s.ext, "kind": dsse.SIGSTORE_EXTENSION}
+        entries.append(entry)
+    dumped = json.dumps(
+        {
+            "payload": base64.b64encode(payload).decode(),
+            "payloadType": payload_type,
+            "signatures": entries,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+    assert dsse.encode(env) == (dumped + "\n").encode("ascii")
+
+
+@pytest.mark.parametrize(
+    "doc", [b'{"a":1,"a":1}', b'{"x":{"b":1,"c":0,"b":2}}', b'[{"c":1,"d":2,"c":1}]']
+)
+def test_strict_json_refuses_a_duplicate_key_at_any_depth(doc: bytes) -> None:
+    with pytest.raises(Rejected) as caught:
+        strictjson.loads(doc, "doc")
+    assert caught.value.reason is Reason.MALFORMED
+    assert "duplicate key" in caught.value.detail

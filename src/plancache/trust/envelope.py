@@ -92,14 +92,24 @@ def _entry(signature: Signature) -> dict[str, Any]:
     return entry
 
 
+def _entry_json(signature: Signature) -> str:
+    if signature.ext is not None:
+        return _json(_entry(signature))
+    # A key's entry, written as _json(_entry(...)) writes it (keys sorted, no spaces) without
+    # walking a dict: base64 needs no JSON escape, json.dumps escapes the key id.
+    return f'{{"keyid":{json.dumps(signature.keyid)},"sig":"{_b64(signature.sig)}"}}'
+
+
 def encode(envelope: Envelope) -> bytes:
-    """The one canonical serialisation of an envelope (compact JSON, sorted keys, newline)."""
-    obj = {
-        "payload": _b64(envelope.payload),
-        "payloadType": envelope.payload_type,
-        "signatures": [_entry(s) for s in envelope.signatures],
-    }
-    return (_json(obj) + "\n").encode("ascii")
+    """The one canonical serialisation of an envelope (compact JSON, sorted keys, ASCII,
+    newline): ``payload`` < ``payloadType`` < ``signatures``, each entry's keys sorted as
+    :func:`_json` sorts them. Spelled out rather than dumped from a dict: every sidecar read is
+    re-encoded to check its form (:func:`decode`), and a dict dump cost a third of decoding."""
+    entries = ",".join(_entry_json(s) for s in envelope.signatures)
+    payload = _b64(envelope.payload)
+    payload_type = json.dumps(envelope.payload_type)
+    text = f'{{"payload":"{payload}","payloadType":{payload_type},"signatures":[{entries}]}}\n'
+    return text.encode("ascii")
 
 
 def unb64(value: object, what: str) -> bytes:

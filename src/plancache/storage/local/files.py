@@ -20,7 +20,9 @@ from ...trust.errors import ConfigError, PlanCacheError, Reason, Rejected, Store
 from .dirfds import DIR_FLAGS, write_new
 
 
-def read_capped(path: Path, cap: int, follow_symlinks: bool = False) -> bytes | None:
+def read_capped(
+    path: str | os.PathLike[str], cap: int, follow_symlinks: bool = False
+) -> bytes | None:
     """The file's bytes, None if it does not exist; ``TOO_LARGE`` beyond ``cap`` bytes.
 
     ``follow_symlinks`` is for operator-supplied configuration such as key files, which

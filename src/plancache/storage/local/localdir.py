@@ -57,10 +57,13 @@ class LocalPlanDir:
 
     def read(self, fingerprint: str) -> tuple[bytes | None, bytes | None]:
         """(plan bytes, sidecar bytes), each None when absent; reads are capped, never trusted."""
-        plan = read_capped(self.path / plan_name(fingerprint), MAX_PLAN_BYTES)
+        # os.path.join, not Path's "/": two Path objects a plan cost ~10 us of a 10,000-plan verify
+        directory = os.fspath(self.path)
+        plan = read_capped(os.path.join(directory, plan_name(fingerprint)), MAX_PLAN_BYTES)
         if plan is None:
             return None, None
-        return plan, read_capped(self.path / sig_name(fingerprint), MAX_SIG_OBJECT_BYTES)
+        sig_path = os.path.join(directory, sig_name(fingerprint))
+        return plan, read_capped(sig_path, MAX_SIG_OBJECT_BYTES)
 
     def write(
         self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True
