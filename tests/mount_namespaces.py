@@ -5,10 +5,12 @@ The real-node tests mount fresh tmpfs (or ``noexec`` binds) over ``/tmp``, ``/va
 one of them (a CI clone in ``/tmp``) would vanish, or lose exec, inside it: torch's libraries then
 fail to load and the test measures nothing. :func:`keep_reachable` gives the shell to run before
 and after those mounts so that such paths are bound back as they were; elsewhere it is empty.
+The same tests run the interpreter as other uids: :func:`interpreter_reachable`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -40,3 +42,16 @@ def keep_reachable(parents: Iterable[str]) -> tuple[str, str]:
         before.append(f"mount --bind {path} {stash / str(i)}")
         after.append(f"mkdir -p {path} && mount --bind {stash / str(i)} {path}")
     return " && ".join(before) + " || exit 1; ", " && ".join(after) + " || exit 1; "
+
+
+def interpreter_reachable() -> None:
+    """Let other users run this interpreter: the venv's python links into root's pyenv, under a
+    ``/root`` of mode 0700 here; each directory on the way gets search (x) for others, no read."""
+    for path in {
+        Path(os.path.realpath(sys.executable)),
+        Path(os.path.realpath(sys.base_prefix)) / "lib",
+    }:
+        for parent in path.parents:
+            mode = parent.stat().st_mode
+            if not mode & 0o001:
+                parent.chmod(mode | 0o001)

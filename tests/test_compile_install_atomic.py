@@ -30,6 +30,7 @@ import pytest
 
 from conftest import NOW
 from install_steps import SUBJECT
+from mount_namespaces import interpreter_reachable
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import fetch_backoff
 from plancache.pipeline.compile_cache import flows as cc
@@ -40,7 +41,7 @@ from plancache.storage.local import directory_lock, dirfds
 from plancache.storage.store import open_store
 from plancache.trust.errors import Reason, StoreError
 from plancache.trust.keyring.keys import signer_keyring
-from test_compile_real_nodes import base, interpreter_reachable  # noqa: F401 - the fixture
+from test_compile_real_nodes import base  # noqa: F401 - the fixture
 
 TESTS = Path(__file__).resolve().parent
 CHILD = str(TESTS / "install_steps.py")
@@ -427,6 +428,23 @@ def test_entries_stamped_by_a_clock_that_was_ahead_never_outrank_the_quarantine_
     assert len(left & set(future)) == 7, left
 
 
+def _boot_at(tmp_path: Path, node: CacheRoot, store: Any, keyring: Any, minutes: int) -> Any:
+    """One boot's guard ``minutes`` after NOW on the injected clock, pulling from ``store``."""
+    into = tmp_path / f"into-{minutes}"
+    fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
+    return cl.guard(
+        node, SUBJECT, keyring, NOW + timedelta(minutes=minutes), into, fetch=fetch, wait=5
+    )
+
+
+def _push_signed_anew(tmp_path: Path, store: Any, keyring: Any, when: Any) -> None:
+    """The operator's fix: the cache built, signed at ``when``, pushed over the store's."""
+    signer = file_signer(tmp_path / "keys" / "ci", {}, None)
+    build = CacheRoot(tmp_path / "build")
+    assert cc.sign_cache(build, SUBJECT, signer, when).action == "signed"
+    assert cc.push_cache(store, build, SUBJECT, keyring, when).ok
+
+
 def test_the_backoff_never_hides_a_cache_signed_anew_in_the_store(tmp_path: Path) -> None:
     """Red team: a writer to the bucket with no signing key served junk under the signed
     archive's name twice; the operator then pushed a cache signed anew, and every node went on
@@ -441,17 +459,11 @@ def test_the_backoff_never_hides_a_cache_signed_anew_in_the_store(tmp_path: Path
     node = CacheRoot(tmp_path / "node")
 
     def boot(minutes: int) -> Any:
-        into = tmp_path / f"into-{minutes}"
-        now = NOW + timedelta(minutes=minutes)
-        fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
-        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+        return _boot_at(tmp_path, node, store, keyring, minutes)
 
     assert [boot(m).reason for m in (1, 2)] == ["store-rejected"] * 2
     assert boot(3).reason == "backoff"  # the same signature, the same junk: not fetched
-    signer = file_signer(tmp_path / "keys" / "ci", {}, None)
-    build = CacheRoot(tmp_path / "build")
-    assert cc.sign_cache(build, SUBJECT, signer, NOW + timedelta(minutes=4)).action == "signed"
-    assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
+    _push_signed_anew(tmp_path, store, keyring, NOW + timedelta(minutes=4))
     loaded = boot(5)
     assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded
 
@@ -581,19 +593,13 @@ def test_the_backoff_never_hides_a_cache_signed_anew_after_a_signature_too_large
     node = CacheRoot(tmp_path / "node")
 
     def boot(minutes: int) -> Any:
-        into = tmp_path / f"into-{minutes}"
-        now = NOW + timedelta(minutes=minutes)
-        fetch = lambda: (store, None)  # noqa: E731 - the guard opens it once
-        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+        return _boot_at(tmp_path, node, store, keyring, minutes)
 
     first, second = boot(1), boot(2)
     assert [first.reason, second.reason] == ["store-rejected"] * 2, (first, second)
     assert "too-large" in second.detail, second
     assert boot(3).reason == "backoff"  # the same object, still too large: not fetched
-    signer = file_signer(tmp_path / "keys" / "ci", {}, None)
-    build = CacheRoot(tmp_path / "build")
-    assert cc.sign_cache(build, SUBJECT, signer, NOW + timedelta(minutes=4)).action == "signed"
-    assert cc.push_cache(store, build, SUBJECT, keyring, NOW + timedelta(minutes=4)).ok
+    _push_signed_anew(tmp_path, store, keyring, NOW + timedelta(minutes=4))
     loaded = boot(5)
     assert (loaded.action, loaded.detail) == ("load", "store: pulled"), loaded
 
@@ -611,10 +617,7 @@ def test_the_backoff_after_quarantines_with_no_cache_in_the_store_ends_when_one_
     node = CacheRoot(tmp_path / "node")
 
     def boot(minutes: int, where: Any) -> Any:
-        into = tmp_path / f"into-{minutes}"
-        now = NOW + timedelta(minutes=minutes)
-        fetch = lambda: (where, None)  # noqa: E731 - the guard opens it once
-        return cl.guard(node, SUBJECT, keyring, now, into, fetch=fetch, wait=5)
+        return _boot_at(tmp_path, node, where, keyring, minutes)
 
     for minutes in (1, 3):
         assert boot(minutes, store).action == "load"  # a good cache in place, then junk over

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from conftest import NOW
-from mount_namespaces import keep_reachable
+from mount_namespaces import interpreter_reachable, keep_reachable
 from plancache.keys.keyfile import file_signer, generate_keypair
 from plancache.pipeline.compile_cache import flows as cc
 from plancache.pipeline.compile_cache.local_caches import CacheRoot, verify_cache
@@ -47,19 +47,6 @@ def _needs_root_and_mounts() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail("these tests need root, mounts and unshare (they run as root in CI)")
         pytest.skip("needs root, mounts and unshare")
-
-
-def interpreter_reachable() -> None:
-    """Let other users run this interpreter: the venv's python links into root's pyenv, under a
-    ``/root`` of mode 0700 here; each directory on the way gets search (x) for others, no read."""
-    for path in {
-        Path(os.path.realpath(sys.executable)),
-        Path(os.path.realpath(sys.base_prefix)) / "lib",
-    }:
-        for parent in path.parents:
-            mode = parent.stat().st_mode
-            if not mode & 0o001:
-                parent.chmod(mode | 0o001)
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ import pytest
 
 from compile_payloads import py_line
 from compile_tampers import SRC
-from mount_namespaces import keep_reachable
+from mount_namespaces import interpreter_reachable, keep_reachable
 from plancache.keys.keyfile import generate_keypair
 
 TESTS = Path(__file__).resolve().parent
@@ -60,18 +60,6 @@ def _needs_root_and_mounts() -> None:
             pytest.fail("these tests need root, mounts, unshare and nsenter (root in CI)")
         pytest.skip("needs root, mounts, unshare and nsenter")
     pytest.importorskip("vllm")
-
-
-def _interpreter_reachable() -> None:
-    """Other users run this interpreter: search (x) on each directory on the way."""
-    for path in {
-        Path(os.path.realpath(sys.executable)),
-        Path(os.path.realpath(sys.base_prefix)) / "lib",
-    }:
-        for parent in path.parents:
-            mode = parent.stat().st_mode
-            if not mode & 0o001:
-                parent.chmod(mode | 0o001)
 
 
 @dataclass
@@ -148,7 +136,7 @@ class Node:
 @pytest.fixture
 def node() -> Iterator[Node]:
     _needs_root_and_mounts()
-    _interpreter_reachable()
+    interpreter_reachable()
     top = Path(tempfile.mkdtemp(prefix="plancache-squat-", dir="/srv"))
     top.chmod(0o755)
     keep = keep_reachable(TEMP_PARENTS)  # a checkout under /tmp (a CI clone) stays reachable
