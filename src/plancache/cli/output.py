@@ -105,9 +105,9 @@ def print_table(
         return text
 
     cells = [list(headers)] + [[cell(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() + "\n")
+    widths = [max(map(len, column)) for column in zip(*cells)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)  # each cell left-justified, as str.ljust
+    out.write("".join(line.format(*row).rstrip() + "\n" for row in cells))
 
 
 def status_text(status: str, reason: str) -> str:
