@@ -183,8 +183,7 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
             Reason.TOO_LARGE,
             f"signature is {len(data)} bytes, the cap is {keyless_cap(cap, named)}",
         )
-    # duplicate keys are refused by the canonical comparison at the end (strictjson says why)
-    obj = strictjson.loads_compared(data, "signature envelope")
+    obj = strictjson.loads(data, "signature envelope")
     if not isinstance(obj, dict) or set(obj) != {"payload", "payloadType", "signatures"}:
         raise Rejected(
             Reason.MALFORMED,

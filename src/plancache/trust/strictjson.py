@@ -34,10 +34,6 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no
 """One decoder for every document: ``json.loads`` with hooks would build a new one per call."""
 
 
-_NO_CONSTANTS = json.JSONDecoder(parse_constant=_no_constants)
-""":data:`_DECODER` without the duplicate-key hook, for :func:`loads_compared` only."""
-
-
 def loads(data: bytes, what: str) -> Any:
     """Parse UTF-8 JSON strictly; ``what`` names the document in the error. The document is
     ``Any``, as :func:`json.loads`'s: its shape is the caller's to check, with ``isinstance``.
@@ -54,21 +50,3 @@ def loads(data: bytes, what: str) -> Any:
 
 def _short(exc: BaseException) -> str:
     return safe_text(str(exc) or type(exc).__name__, 120)
-
-
-def loads_compared(data: bytes, what: str) -> Any:
-    """:func:`loads` for a document its caller re-encodes in its one canonical form and
-    compares byte for byte with ``data`` (a DSSE envelope, :func:`plancache.trust.envelope.decode`),
-    refusing it if they differ. A duplicate key cannot pass that comparison (the encoder
-    writes each key once, so the input had one key fewer than it spelled), so the
-    per-object duplicate hook is skipped here; ``NaN`` and ``Infinity`` are still refused,
-    since ``json.dumps`` would write them back unchanged. Any other document: :func:`loads`.
-
-    Raises:
-        Rejected: not UTF-8, not JSON, ``NaN`` or ``Infinity``, or nested too deep to parse
-            (reason ``malformed``).
-    """
-    try:
-        return _NO_CONSTANTS.decode(data.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise Rejected(Reason.MALFORMED, f"{what} is not valid JSON ({_short(exc)})") from None
