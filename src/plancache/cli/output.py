@@ -105,7 +105,7 @@ def print_table(
         return text
 
     cells = [list(headers)] + [[cell(c) for c in row] for row in rows]
-    widths = [max(map(len, column)) for column in zip(*cells)]
+    widths = [max(map(len, column)) for column in zip(*cells, strict=False)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)  # each cell left-justified, as str.ljust
     out.write("".join(line.format(*row).rstrip() + "\n" for row in cells))
 
