@@ -243,6 +243,49 @@ def test_parallel_verify_matches_serial(
     assert [p["fingerprint"] for p in serial["plans"] if p["status"] != "valid"] == [fps[7]]
 
 
+def test_a_report_crosses_the_pool_whole() -> None:
+    """Workers send reports back pickled as their field values in order (``__reduce__``): every
+    field, set to something other than its default, must arrive in its own place."""
+    import pickle
+    from dataclasses import fields
+
+    from plancache.pipeline.audit import PlanReport
+
+    values = {f.name: f"{f.name}-value" for f in fields(PlanReport)}
+    values.update(signers=["a", "b"], signer_ids=["SHA256:x"], keyless=[{"identity": "i"}])
+    values.update(candidates=[{"digest": "d"}], kv_cache_memory_bytes=1, free_memory_baseline=2)
+    values.update(provenance={"p": 1}, inputs={"i": 2}, config_parts={"c": 3}, evidence="none")
+    report = PlanReport(**values)
+    back = pickle.loads(pickle.dumps([report, report]))
+    assert back == [report, report] and vars(back[0]) == values
+
+
+def test_table_cells_are_escaped_as_each_alone() -> None:
+    """``print_table`` escapes each distinct text once: the table must be what escaping every
+    cell on its own gives, for repeated, hostile and non-text cells (``True`` is not ``1``)."""
+    import io
+
+    from plancache.cli.output import CELL_LIMIT, print_table
+    from plancache.trust.display import safe_text
+
+    rows = [
+        ["ci", 1, "s3://user:secret@bucket/x", None],
+        ["ci", True, "s3://user:secret@bucket/x", "a\x1b[31mred"],
+        ["é\u202e", 1.0, "1", "x" * 400],
+        ["ci", False, "", 0],
+    ]
+    headers = ["A", "B", "C", "D"]
+    cells = [headers] + [["" if c is None else safe_text(c, CELL_LIMIT) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    expected = "".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in cells
+    )
+    out = io.StringIO()
+    print_table(rows, headers, out)
+    assert out.getvalue() == expected
+    assert "True" in expected and "secret" not in expected and "\x1b" not in expected
+
+
 def test_console_script_demo_and_help() -> None:
     exe = shutil.which("plancache", path=os.path.dirname(sys.executable)) or shutil.which(
         "plancache"

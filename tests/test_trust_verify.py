@@ -495,3 +495,42 @@ def test_strict_json_refuses_a_duplicate_key_at_any_depth(doc: bytes) -> None:
         strictjson.loads(doc, "doc")
     assert caught.value.reason is Reason.MALFORMED
     assert "duplicate key" in caught.value.detail
+
+
+def _duplicated(sig: bytes, at: bytes, extra: bytes) -> bytes:
+    """``sig`` with ``extra`` (a key and value, comma-terminated) spliced in right after the
+    first ``at``."""
+    assert at in sig
+    return sig.replace(at, at + extra, 1)
+
+
+def test_an_envelope_with_a_duplicate_key_is_refused_at_any_depth(
+    signer: Ed25519Signer, signed: tuple[str, bytes, bytes]
+) -> None:
+    """A repeated key anywhere in an envelope is refused, even one whose last value is the
+    genuine one (the value a plain ``json.loads`` keeps), and NaN in an ``ext`` as well: the
+    strict reader refuses both, and the canonical re-encode would refuse the repeats too."""
+    name, data, sig = signed
+    genuine = json.loads(sig)
+    other = base64.b64encode(b'{"forged": true}').decode()
+    variants = [
+        _duplicated(sig, b"{", f'"payload":"{other}",'.encode()),
+        _duplicated(sig, b"{", b'"payloadType":"text/plain",'),
+        _duplicated(sig, b'"signatures":[{', b'"keyid":"SHA256:forged",'),
+        _duplicated(sig, b'"signatures":[{', b'"sig":"AAAA",'),
+    ]
+    for variant in variants:
+        assert json.loads(variant) == genuine  # what a parser keeping the last value sees
+        rejected(Reason.MALFORMED, name, data, variant, keyring_of(signer), NOW)
+    keyless = dsse.encode(
+        dsse.Envelope(dsse.PAYLOAD_TYPE, b"{}", (dsse.Signature("", b"s", {"a": 1}),))
+    )
+    dsse.decode(keyless)  # well formed: refused below only for the repeated key
+    with pytest.raises(Rejected, match="duplicate key"):
+        dsse.decode(_duplicated(keyless, b'"ext":{', b'"a":2,'))
+    nan = dsse.encode(
+        dsse.Envelope(dsse.PAYLOAD_TYPE, b"{}", (dsse.Signature("", b"s", {"a": float("nan")}),))
+    )
+    assert b'"a":NaN' in nan  # json.dumps writes it back: a canonical comparison would pass it
+    with pytest.raises(Rejected, match="NaN is not JSON"):
+        dsse.decode(nan)

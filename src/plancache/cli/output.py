@@ -88,13 +88,26 @@ def report(
 def print_table(
     rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO | None = None
 ) -> None:
+    """Rows as aligned columns, every cell escaped (:func:`safe_text`). A cell's text is escaped
+    once per distinct string: a 10,000-plan ``verify`` repeats its signer, status and reason in
+    every row, and escaping 50,000 cells one by one was ~40 ms of its serial tail."""
     out = out or sys.stdout
-    cells = [list(headers)] + [
-        ["" if c is None else safe_text(c, CELL_LIMIT) for c in row] for row in rows
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() + "\n")
+    escaped: dict[str, str] = {}
+
+    def cell(value: object) -> str:
+        if value is None:
+            return ""
+        if type(value) is not str:  # only exact str: equal values of other types print apart
+            return safe_text(value, CELL_LIMIT)
+        text = escaped.get(value)
+        if text is None:
+            text = escaped[value] = safe_text(value, CELL_LIMIT)
+        return text
+
+    cells = [list(headers)] + [[cell(c) for c in row] for row in rows]
+    widths = [max(map(len, column)) for column in zip(*cells, strict=False)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)  # each cell left-justified, as str.ljust
+    out.write("".join(line.format(*row).rstrip() + "\n" for row in cells))
 
 
 def status_text(status: str, reason: str) -> str:
