@@ -242,3 +242,40 @@ def test_a_missing_optional_dependency_names_the_extra(
     assert f"plancache[{extra}]" in doc["error"]["detail"] and "internal" not in done.stderr, (
         done.stderr
     )
+
+
+def test_the_process_cli_leaves_its_heap_to_the_exit(
+    audit: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script ends with the collector's view frozen: CPython's full collections at
+    shutdown would walk the whole heap (~0.1 s once botocore is loaded: BENCHMARKS.md, issue 50
+    item 7 (c)) to free what the exit frees anyway. What the exit owes still happens: atexit
+    handlers run, the report is written whole, the exit code is the verdict. A caller's own
+    process (``main(argv)``) keeps its collector."""
+    _alter(audit)
+    report = tmp_path / "report.json"
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print(f'frozen={gc.get_freeze_count()}', file=sys.stderr))\n"
+        "from plancache.cli.main import main; sys.exit(main())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "verify", "--json", "--report", str(report)]
+        + ["--trusted-keys", audit["pub"], audit["dir"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=SRC),
+    )
+    assert done.returncode == 1, done.stderr
+    frozen = [line for line in done.stderr.splitlines() if line.startswith("frozen=")]
+    assert len(frozen) == 1 and int(frozen[0].removeprefix("frozen=")) > 1000, done.stderr
+    assert json.loads(done.stdout)["ok"] is False
+    assert json.loads(report.read_text())["ok"] is False
+
+    import gc
+
+    before = gc.get_freeze_count()
+    assert main(["verify", "--trusted-keys", audit["pub"], audit["dir"]]) == 1
+    capsys.readouterr()
+    assert gc.get_freeze_count() == before

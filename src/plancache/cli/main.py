@@ -70,6 +70,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if argv is not None:  # a caller's own streams back; the process's CLI keeps them to
                 sys.stdout, sys.stderr = stdout, stderr  # its end (asyncio reports late, at exit)
+            else:
+                _leave_the_heap_to_the_exit()
+
+
+def _leave_the_heap_to_the_exit() -> None:
+    """The process ends next: the cyclic collector's full passes over the whole heap at
+    interpreter shutdown (CPython runs them whether collection is enabled or not) would only
+    free what the exit frees anyway. Once botocore has loaded its service models they cost
+    ~0.1 s, more than a boot-time ``pull`` of one plan spends on its own work (BENCHMARKS.md,
+    issue 50 item 7 (c)). ``gc.freeze`` puts every object out of their reach; everything else
+    the exit does still happens: atexit handlers (thread pools joined, logging flushed,
+    temporary files removed), the streams' flush, objects freed as their last reference goes.
+    Only for the process's own CLI (``argv`` None): a caller's process keeps its collector."""
+    import gc
+
+    gc.freeze()
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
