@@ -259,9 +259,9 @@ def test_the_process_cli_leaves_its_heap_to_the_exit(
         "atexit.register(lambda: print(f'frozen={gc.get_freeze_count()}', file=sys.stderr))\n"
         "from plancache.cli.main import main; sys.exit(main())"
     )
+    argv = ["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"]]
     done = subprocess.run(
-        [sys.executable, "-c", code, "verify", "--json", "--report", str(report)]
-        + ["--trusted-keys", audit["pub"], audit["dir"]],
+        [sys.executable, "-c", code, *argv, audit["dir"]],
         capture_output=True,
         text=True,
         timeout=60,
