@@ -284,6 +284,9 @@ def test_progress_counts_plans_with_rate_and_eta() -> None:
 
 
 def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
+    """A boot-time pull with keys: no did-you-mean machinery (difflib) when the command parsed,
+    no keyless verifier when no identity is trusted, no SSH serialization (bcrypt, ciphers) for
+    ssh-ed25519 lines (issue 50 item 7 (c))."""
     signed = signed_dir(tmp_path / "ci-plans", keys, FP)
     url = (tmp_path / "bucket").as_uri()
     assert main(["push", str(signed.path), url]) == 0
@@ -294,7 +297,9 @@ def test_pull_imports_only_what_it_uses(tmp_path: Path, keys: Path) -> None:
         "print(rc, sorted(m for m in ('multiprocessing', 'plancache.cli.demo', "
         "'plancache.pipeline.bulk', 'plancache.cli.plans.offline', "
         "'plancache.pipeline.directory_signing', 'tqdm', 'jsonschema', "
-        "'concurrent.futures.process') if m in sys.modules))"
+        "'concurrent.futures.process', 'difflib', 'plancache.trust.keyless.sigstore_bundle', "
+        "'plancache.trust.keyless.dsse_extension', 'plancache.trust.keyless.trust_root', "
+        "'bcrypt', 'cryptography.hazmat.primitives.serialization') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(

@@ -8,6 +8,7 @@ whatever raised it, is one line on stderr (and one JSON document with ``--json``
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 
 from conftest import FP, plan_bytes
-from plancache.cli.main import main
+from plancache.cli.main import _parser_for, main
+from plancache.cli.parser import build_parser, command_named
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.plans.plan import plan_name
 
@@ -242,3 +244,88 @@ def test_a_missing_optional_dependency_names_the_extra(
     assert f"plancache[{extra}]" in doc["error"]["detail"] and "internal" not in done.stderr, (
         done.stderr
     )
+
+
+def test_the_process_cli_leaves_its_heap_to_the_exit(
+    audit: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script ends with the collector's view frozen: CPython's full collections at
+    shutdown would walk the whole heap (~0.1 s once botocore is loaded: BENCHMARKS.md, issue 50
+    item 7 (c)) to free what the exit frees anyway. What the exit owes still happens: atexit
+    handlers run, the report is written whole, the exit code is the verdict. A caller's own
+    process (``main(argv)``) keeps its collector."""
+    _alter(audit)
+    report = tmp_path / "report.json"
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print(f'frozen={gc.get_freeze_count()}', file=sys.stderr))\n"
+        "from plancache.cli.main import main; sys.exit(main())"
+    )
+    argv = ["verify", "--json", "--report", str(report), "--trusted-keys", audit["pub"]]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv, audit["dir"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=SRC),
+    )
+    assert done.returncode == 1, done.stderr
+    frozen = [line for line in done.stderr.splitlines() if line.startswith("frozen=")]
+    assert len(frozen) == 1 and int(frozen[0].removeprefix("frozen=")) > 1000, done.stderr
+    assert json.loads(done.stdout)["ok"] is False
+    assert json.loads(report.read_text())["ok"] is False
+
+    import gc
+
+    before = gc.get_freeze_count()
+    assert main(["verify", "--trusted-keys", audit["pub"], audit["dir"]]) == 1
+    capsys.readouterr()
+    assert gc.get_freeze_count() == before
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _declared(parser: argparse.ArgumentParser) -> list[object]:
+    """Everything a (sub)parser shows or parses by: its help, usage, defaults and each
+    argument's declaration (help and metavar are in the help text), its own subcommands'
+    likewise."""
+    return [
+        parser.prog,
+        parser.format_help(),
+        parser.format_usage(),
+        parser._defaults,
+        [
+            (a.option_strings, a.dest, a.nargs, a.const, a.default, a.type, a.choices, a.required)
+            for a in parser._actions
+            if not isinstance(a, argparse._SubParsersAction)
+        ],
+        {name: _declared(sub) for name, sub in _commands(parser).items()},
+    ]
+
+
+def test_a_parser_built_for_one_command_declares_it_as_the_whole_parser_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that names its command builds that command alone (a boot-time pull: issue 50
+    item 7 (c)); its subparser, and so every --help, error, default and parse of it, is the
+    whole parser's. Help, --version, a mistyped command and shell completion get the whole
+    parser."""
+    whole = _commands(build_parser())
+    assert len(whole) > 15
+    for name, sub in whole.items():
+        one = _commands(build_parser(name))
+        assert list(one) == [name]
+        assert _declared(one[name]) == _declared(sub), name
+    assert command_named(["--debug", "--debug", "pull", "--help"]) == "pull"
+    for argv in ([], ["--help"], ["-h"], ["--version"], ["--json", "pull"], ["--", "pull"]):
+        assert command_named(argv) is None, argv
+    assert list(_commands(_parser_for(["--debug", "pull", "s3://b/p"]))) == ["pull"]
+    assert len(_commands(_parser_for(["pul"]))) == len(whole)  # "did you mean 'pull'?"
+    assert len(_commands(_parser_for(["--help", "pull"]))) == len(whole)
+    monkeypatch.setenv("_ARGCOMPLETE", "1")
+    assert len(_commands(_parser_for(["pull"]))) == len(whole)

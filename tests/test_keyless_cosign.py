@@ -26,9 +26,9 @@ from plancache.trust import envelope as dsse
 from plancache.trust.compile_cache import header_statement as th
 from plancache.trust.compile_cache import manifest as mf
 from plancache.trust.compile_cache.manifest_signature import sign_manifest, verify_manifest
+from plancache.trust.envelope import is_bundle
 from plancache.trust.errors import ConfigError, Reason, Rejected
 from plancache.trust.keyless.dsse_extension import as_extension
-from plancache.trust.keyless.sigstore_bundle import is_bundle
 from plancache.trust.keyring.keys import Ed25519Signer, Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name

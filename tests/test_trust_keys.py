@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import stat
+import string
+import struct
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import make_signer
 from plancache.keys.keyfile import generate_keypair, load_keyring
 from plancache.keys.schemes import load_signer
 from plancache.pipeline.trust_config import keys_source, load_trusted_keys
+from plancache.trust.display import safe_text
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
-from plancache.trust.keyring.keyformat import canonical_keyid, key_id, openssh_line
+from plancache.trust.keyring import allowed_signers, trusted_keys_file
+from plancache.trust.keyring.keyformat import (
+    canonical_keyid,
+    key_id,
+    openssh_line,
+    parse_openssh_public,
+)
 from plancache.trust.keyring.keys import Keyring
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 
@@ -374,3 +391,205 @@ def test_keygen_takes_any_file_name_and_cleans_up_when_the_public_line_cannot_be
     (tmp_path / "blocked.pub").mkdir()  # the public line cannot be installed there
     assert main(["keygen", "--force", str(tmp_path / "blocked")]) == 2
     assert not (tmp_path / "blocked").exists()  # no private key left without its public line
+
+
+# -- ssh-ed25519 lines without cryptography's SSH module (issue 50 item 7 (c)) --------------------
+
+
+def _wire_blob(public: object) -> bytes:
+    """The SSH wire blob cryptography itself writes for a public key."""
+    line = public.public_bytes(  # type: ignore[attr-defined]
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return base64.b64decode(line.split()[1])
+
+
+def _as_before(kind: str, blob_b64: str) -> Ed25519PublicKey:
+    """``parse_openssh_public`` as it was, through cryptography's ``load_ssh_public_key``: the
+    verdict the small parser must reproduce on every input."""
+    if kind != "ssh-ed25519":
+        raise ConfigError(f"only ssh-ed25519 keys are supported, got '{safe_text(kind, 40)}'")
+    try:
+        blob = base64.b64decode(blob_b64, validate=True)
+        key = serialization.load_ssh_public_key(f"{kind} {blob_b64}".encode("ascii"))
+    except (binascii.Error, ValueError, UnsupportedAlgorithm):
+        raise ConfigError("not a valid ssh-ed25519 public key") from None
+    if not isinstance(key, Ed25519PublicKey) or _wire_blob(key) != blob:
+        raise ConfigError("not a valid ssh-ed25519 public key")
+    return key
+
+
+def _verdict(parse: object, kind: str, blob_b64: str) -> tuple[str, object]:
+    try:
+        key = parse(kind, blob_b64)  # type: ignore[operator]
+    except ConfigError as exc:
+        return "refused", exc.detail
+    return "key", key.public_bytes_raw()
+
+
+def _sshstr(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def _b64(blob: bytes) -> str:
+    return base64.b64encode(blob).decode("ascii")
+
+
+def _ssh_cases() -> list[tuple[str, str]]:
+    ed = [Ed25519PrivateKey.generate().public_key() for _ in range(3)]
+    valid = _wire_blob(ed[0])
+    rsa_blob = _wire_blob(rsa.generate_private_key(65537, 1024).public_key())
+    ec_blobs = [
+        _wire_blob(ec.generate_private_key(curve).public_key())
+        for curve in (ec.SECP256R1(), ec.SECP384R1())
+    ]
+    sk_blob = _sshstr(b"sk-ssh-ed25519@openssh.com") + valid[15:] + _sshstr(b"ssh:")
+    raw = valid[19:]
+    blobs = [
+        *(_wire_blob(k) for k in ed),
+        _sshstr(b"ssh-ed25519") + _sshstr(bytes(32)),
+        _sshstr(b"ssh-ed25519") + _sshstr(b"\xff" * 32),
+        rsa_blob,
+        *ec_blobs,
+        sk_blob,
+        *(valid[:n] for n in range(len(valid))),  # every truncation, the empty blob included
+        valid + b"\x00",
+        valid + b"\x00\x00\x00\x00",
+        valid + _sshstr(b"comment"),
+        _sshstr(b"ssh-ed25519") + _sshstr(raw[:31]),
+        _sshstr(b"ssh-ed25519") + _sshstr(raw + b"\x00"),
+        _sshstr(b"ssh-ed25519") + struct.pack(">I", 33) + raw,
+        _sshstr(b"ssh-ed25519") + struct.pack(">I", 31) + raw,
+        _sshstr(b"ssh-rsa") + _sshstr(raw),
+        _sshstr(b"ssh-ed25519\x00") + _sshstr(raw),
+        struct.pack(">I", 12) + b"ssh-ed25519" + _sshstr(raw),
+        _sshstr(b"ssh-ed25519-cert-v01@openssh.com") + _sshstr(raw),
+    ]
+    cases = [(kind, _b64(b)) for b in blobs for kind in ("ssh-ed25519",)]
+    cases += [("ssh-rsa", _b64(rsa_blob)), ("ecdsa-sha2-nistp256", _b64(ec_blobs[0]))]
+    cases += [("SSH-ED25519", _b64(valid)), ("", _b64(valid)), ("ssh-ed25519\x00", _b64(valid))]
+    text = _b64(valid)
+    cases += [
+        ("ssh-ed25519", text.rstrip("=")),  # padding missing
+        ("ssh-ed25519", text + "="),
+        ("ssh-ed25519", text + "=="),
+        ("ssh-ed25519", text[:20] + " " + text[20:]),
+        ("ssh-ed25519", text[:20] + "\n" + text[20:]),
+        ("ssh-ed25519", text.replace("+", "-").replace("/", "_") if "+" in text else text + "-"),
+        ("ssh-ed25519", text[:-2] + "é="),
+        ("ssh-ed25519", text[:-4] + "===="),
+        ("ssh-ed25519", ""),
+        ("ssh-ed25519", "AAAA"),
+        ("ssh-ed25519", "not-base64!"),
+        ("ssh-ed25519", text + "AAAA"),
+    ]
+    return cases
+
+
+def test_an_ssh_ed25519_key_is_judged_as_cryptographys_ssh_loader_judged_it() -> None:
+    """Every valid key, other key types, truncated, trailing and mislabelled blobs, bad base64:
+    the same key or the same refusal, word for word."""
+    cases = _ssh_cases()
+    outcomes = {_verdict(parse_openssh_public, *case)[0] for case in cases}
+    assert outcomes == {"key", "refused"}
+    for case in cases:
+        assert _verdict(parse_openssh_public, *case) == _verdict(_as_before, *case), case
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=80).map(_b64),
+        st.tuples(st.integers(0, 50), st.integers(0, 255)).map(
+            lambda edit: _b64(_VALID[: edit[0]] + bytes([edit[1]]) + _VALID[edit[0] + 1 :])
+        ),
+        st.tuples(st.integers(0, 51), st.binary(min_size=1, max_size=4)).map(
+            lambda edit: _b64(_VALID[: edit[0]] + edit[1] + _VALID[edit[0] :])
+        ),
+        st.text(alphabet=string.ascii_letters + string.digits + "+/=-_ \t", max_size=80),
+    )
+)
+def test_any_blob_is_judged_as_cryptographys_ssh_loader_judged_it(blob_b64: str) -> None:
+    assert _verdict(parse_openssh_public, "ssh-ed25519", blob_b64) == _verdict(
+        _as_before, "ssh-ed25519", blob_b64
+    )
+
+
+_VALID = _wire_blob(Ed25519PrivateKey.generate().public_key())
+
+
+def test_a_trusted_keys_file_reads_as_it_did_through_the_ssh_loader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whole files (comments, options, names, allowed_signers lines, revocations by line), and
+    each bad line: the same keyring or the same error, with the old parser put back."""
+    a, b, c, d, e = (make_signer() for _ in range(5))
+    good = "\n".join(
+        [
+            "# fleet signers",
+            "",
+            f"name=ci,valid-after=2026-01-01T00:00:00Z {openssh_line(a.public)}",
+            openssh_line(b.public, "laptop of bob"),
+            f'ci@acme.example namespaces="plancache" {openssh_line(c.public)} comment',
+            f"@revoked {openssh_line(d.public)}",
+            f"@revoked ci@acme.example {openssh_line(e.public)}",
+        ]
+    )
+    files = [good] + [
+        f"{openssh_line(a.public)}\n{line}\n"
+        for line in (
+            f"ssh-ed25519 {_b64(_wire_blob(a.public) + b'x')} trailing",
+            f"ssh-ed25519 {_b64(_wire_blob(a.public)[:-1])} truncated",
+            f"name=x ssh-ed25519 {_b64(_wire_blob(a.public)).rstrip('=')}",
+            f"bob@x ssh-ed25519 {_b64(_sshstr(b'ssh-rsa') + _sshstr(bytes(32)))}",
+            f"@revoked ssh-ed25519 {_b64(bytes(51))}",
+            "ssh-ed25519 AAAA",
+        )
+    ]
+
+    def keyrings() -> list[object]:
+        out: list[object] = []
+        for text in files:
+            try:
+                ring = parse_trusted_keys(text, "keys.txt")
+            except ConfigError as exc:
+                out.append(exc.detail)
+                continue
+            out.append(
+                (
+                    sorted(
+                        (k.keyid, k.name, k.public.public_bytes_raw(), k.valid_after)
+                        for k in ring.keys.values()
+                    ),
+                    sorted(ring.revoked),
+                )
+            )
+        return out
+
+    now = keyrings()
+    assert isinstance(now[0], tuple) and len(now[0][0]) == 3 and len(now[0][1]) == 2, now[0]
+    assert all(isinstance(x, str) for x in now[1:]), now
+    monkeypatch.setattr(trusted_keys_file, "parse_openssh_public", _as_before)
+    monkeypatch.setattr(allowed_signers, "parse_openssh_public", _as_before)
+    assert keyrings() == now
+
+
+def test_ssh_ed25519_lines_need_no_ssh_module() -> None:
+    """The reason for the small parser: a trusted-keys file of ssh-ed25519 lines, read at every
+    boot, imports neither cryptography's serialization package nor bcrypt."""
+    code = (
+        "import sys\n"
+        "from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys\n"
+        f"ring = parse_trusted_keys({openssh_line(_KEY.public, 'ci')!r}, 'keys')\n"
+        "assert list(ring.keys) == [" + repr(_KEY.keyid) + "]\n"
+        "print(sorted(m for m in ('bcrypt', 'cryptography.hazmat.primitives.serialization', "
+        "'cryptography.hazmat.primitives.serialization.ssh') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -21,7 +21,7 @@ from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from .completion import complete
 from .flag_objects import apply_keyless_flags
-from .parser import Parser, build_parser
+from .parser import Parser, build_parser, command_named
 from .streams import ClosedPipeSafe, RedactedLines, private_stdout
 
 EXIT_CONFIG = 2
@@ -70,6 +70,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if argv is not None:  # a caller's own streams back; the process's CLI keeps them to
                 sys.stdout, sys.stderr = stdout, stderr  # its end (asyncio reports late, at exit)
+            else:
+                _leave_the_heap_to_the_exit()
+
+
+def _leave_the_heap_to_the_exit() -> None:
+    """The process ends next: the cyclic collector's full passes over the whole heap at
+    interpreter shutdown (CPython runs them whether collection is enabled or not) would only
+    free what the exit frees anyway. Once botocore has loaded its service models they cost
+    ~0.1 s, more than a boot-time ``pull`` of one plan spends on its own work (BENCHMARKS.md,
+    issue 50 item 7 (c)). ``gc.freeze`` puts every object out of their reach; everything else
+    the exit does still happens: atexit handlers (thread pools joined, logging flushed,
+    temporary files removed), the streams' flush, objects freed as their last reference goes.
+    Only for the process's own CLI (``argv`` None): a caller's process keeps its collector."""
+    import gc
+
+    gc.freeze()
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -83,9 +99,27 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         parser.error(f"invalid argument ({type(exc).__name__}: {safe_text(exc, 120)})")
 
 
+def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for this run: for a command named up front, that command's alone (what it
+    parses, prints and exits with is the whole parser's: :func:`build_parser`); the whole one
+    for everything else, shell completion included."""
+    command = None if "_ARGCOMPLETE" in os.environ else command_named(argv)
+    if command is not None:
+        parser = build_parser(command)
+        if command in _commands_of(parser):
+            return parser
+    return build_parser()
+
+
+def _commands_of(parser: argparse.ArgumentParser) -> Sequence[str]:
+    return next(
+        list(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    )
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = _parser_for(argv)
     complete(
         parser
     )  # the shell asking for completions (plancache completion bash|zsh): answers and exits

@@ -10,7 +10,6 @@ invalid choice (a misspelled subcommand, ``--format``) gets the nearest choice.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 from collections.abc import Iterable, Sequence
 
@@ -18,7 +17,12 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 def closest(word: str, known: Iterable[str]) -> str | None:
-    """The known word nearest ``word``, if any is near enough to be the one meant."""
+    """The known word nearest ``word``, if any is near enough to be the one meant.
+
+    difflib is imported here, when a suggestion is wanted: a command that parses cleanly (a
+    boot-time ``pull``) never pays for it."""
+    import difflib
+
     matches = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return matches[0] if matches else None
 

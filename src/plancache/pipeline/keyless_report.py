@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..trust import envelope as dsse
-from ..trust.keyless.sigstore_bundle import is_bundle
+from ..trust.envelope import is_bundle
 from ..trust.keyring.identities import IdentitySigner
 from ..trust.keyring.identity_match import SOURCE_FIELDS
 from ..trust.sealing import claimed_payload

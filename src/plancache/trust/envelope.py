@@ -209,3 +209,12 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
     if encode(envelope) != data:
         raise Rejected(Reason.MALFORMED, "signature envelope is not in canonical form (altered?)")
     return envelope
+
+
+def is_bundle(sig_bytes: bytes) -> bool:
+    """Whether a signature object is a Sigstore bundle rather than a DSSE envelope: a canonical
+    envelope starts with its ``payload`` key, a bundle names its ``mediaType``. Cheap, parses
+    nothing: what it says is only which verifier runs. Here rather than beside the bundle's
+    verifier (:mod:`.keyless.sigstore_bundle`) so that a keyring of keys alone never imports
+    the keyless modules to ask."""
+    return not sig_bytes.startswith(b'{"payload":') and b'"mediaType"' in sig_bytes[:4096]

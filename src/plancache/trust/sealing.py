@@ -19,9 +19,8 @@ import binascii
 
 from . import envelope as dsse
 from . import strictjson
+from .envelope import is_bundle
 from .errors import ConfigError, Reason, Rejected
-from .keyless.dsse_extension import as_extension
-from .keyless.sigstore_bundle import is_bundle
 from .keyring.identities import BundleSigner
 from .keyring.keyformat import canonical_keyid
 from .keyring.keys import Signer
@@ -72,7 +71,11 @@ def as_envelope(sig_bytes: bytes) -> dsse.Envelope:
         Rejected: neither a canonical envelope nor a usable bundle (``malformed``,
             ``too-large``).
     """
-    return as_extension(sig_bytes) if is_bundle(sig_bytes) else dsse.decode(sig_bytes)
+    if not is_bundle(sig_bytes):
+        return dsse.decode(sig_bytes)
+    from .keyless.dsse_extension import as_extension  # keyless modules only for a bundle
+
+    return as_extension(sig_bytes)
 
 
 def signature_by(env: dsse.Envelope, signer: Signer) -> dsse.Signature:
@@ -87,6 +90,8 @@ def signature_by(env: dsse.Envelope, signer: Signer) -> dsse.Signature:
     if not isinstance(signer, BundleSigner):
         data = dsse.pae(env.payload_type, env.payload)
         return dsse.Signature(signer.keyid, signer.sign(data))
+    from .keyless.dsse_extension import as_extension  # keyless modules only for a bundle
+
     try:
         signed = as_extension(signer.sign_statement(env.payload))
     except Rejected as exc:

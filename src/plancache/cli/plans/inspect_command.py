@@ -20,8 +20,8 @@ from ...storage.local.localdir import LocalPlanDir
 from ...trust import envelope as dsse
 from ...trust import strictjson
 from ...trust.display import safe_text
+from ...trust.envelope import is_bundle
 from ...trust.errors import ConfigError, PlanCacheError
-from ...trust.keyless.sigstore_bundle import is_bundle
 from ...trust.plans.plan import fingerprint_of_plan_name, fingerprint_of_sig_name, plan_name
 from ...trust.result import PlanResult
 from ...trust.sealing import claimed_payload

@@ -61,13 +61,6 @@ BUNDLE_MEDIA_TYPES = (
 )
 
 
-def is_bundle(sig_bytes: bytes) -> bool:
-    """Whether a signature object is a Sigstore bundle rather than a DSSE envelope: a canonical
-    envelope starts with its ``payload`` key, a bundle names its ``mediaType``. Cheap, parses
-    nothing: what it says is only which verifier runs."""
-    return not sig_bytes.startswith(b'{"payload":') and b'"mediaType"' in sig_bytes[:4096]
-
-
 def open_bundle(
     sig_bytes: bytes, policy: IdentityPolicy | None, cap: int
 ) -> tuple[bytes, list[IdentitySigner]]:

@@ -8,6 +8,11 @@ KMS): it is computed from the public key alone.
 
 Pure: bytes in, keys or :class:`ConfigError` out. Reading files lives in
 :mod:`plancache.keys`.
+
+cryptography's ``serialization`` package (its SSH module brings bcrypt and every cipher) is
+imported only by what needs it (PEM, DER, private keys): a trusted-keys file of
+``ssh-ed25519`` lines, read at every boot, is parsed by :func:`parse_openssh_public` through
+``Ed25519PublicKey.from_public_bytes`` alone.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ import codecs
 import hashlib
 import struct
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.serialization import KeySerializationEncryption
 
 from ..display import safe_text
 from ..errors import ConfigError
@@ -52,10 +60,18 @@ Passphrase = Callable[[], "bytes | None"]
 set, and a terminal prompt appears only for a key that needs one."""
 
 
+ED25519_KEY_BYTES = 32
+_SSH_ED25519_HEAD = (
+    struct.pack(">I", len(SSH_KEY_TYPE))
+    + SSH_KEY_TYPE.encode()
+    + struct.pack(">I", ED25519_KEY_BYTES)
+)
+"""An ssh-ed25519 key's SSH wire blob (RFC 8709) up to its 32 key bytes: the key type as an
+SSH string, then the key's length."""
+
+
 def _ssh_blob(public: Ed25519PublicKey) -> bytes:
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    kind = SSH_KEY_TYPE.encode()
-    return struct.pack(">I", len(kind)) + kind + struct.pack(">I", len(raw)) + raw
+    return _SSH_ED25519_HEAD + public.public_bytes_raw()
 
 
 def key_id(public: Ed25519PublicKey) -> str:
@@ -95,6 +111,11 @@ def openssh_line(public: Ed25519PublicKey, comment: str = "") -> str:
 def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:
     """The key of an OpenSSH public key line's type and base64 fields.
 
+    The blob must be exactly an ssh-ed25519 wire blob: the key type, 32 key bytes, nothing
+    after them, in strict base64 (what cryptography's ``load_ssh_public_key`` accepts of this
+    type, compared byte for byte with its canonical encoding, as before: the tests hold the
+    two to the same verdict on every input they try).
+
     Raises:
         ConfigError: not ssh-ed25519, or not a valid key of that type (reason ``config-error``).
     """
@@ -102,10 +123,17 @@ def parse_openssh_public(kind: str, blob_b64: str) -> Ed25519PublicKey:
         raise ConfigError(f"only ssh-ed25519 keys are supported, got '{safe_text(kind, 40)}'")
     try:
         blob = base64.b64decode(blob_b64, validate=True)
-        key = serialization.load_ssh_public_key(f"{kind} {blob_b64}".encode("ascii"))
-    except (binascii.Error, ValueError, UnsupportedAlgorithm):
+    except (binascii.Error, ValueError):
         raise ConfigError("not a valid ssh-ed25519 public key") from None
-    if not isinstance(key, Ed25519PublicKey) or _ssh_blob(key) != blob:
+    if len(blob) != len(_SSH_ED25519_HEAD) + ED25519_KEY_BYTES or not blob.startswith(
+        _SSH_ED25519_HEAD
+    ):
+        raise ConfigError("not a valid ssh-ed25519 public key")
+    try:
+        key = Ed25519PublicKey.from_public_bytes(blob[len(_SSH_ED25519_HEAD) :])
+    except ValueError:
+        raise ConfigError("not a valid ssh-ed25519 public key") from None
+    if _ssh_blob(key) != blob:
         raise ConfigError("not a valid ssh-ed25519 public key")
     return key
 
@@ -116,6 +144,8 @@ def parse_pem_public(data: bytes) -> Ed25519PublicKey:
     Raises:
         ConfigError: not a PEM public key, or not Ed25519 (reason ``config-error``).
     """
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm):
@@ -131,6 +161,8 @@ def parse_der_public(data: bytes) -> Ed25519PublicKey:
     Raises:
         ConfigError: not a DER public key, or not Ed25519 (reason ``config-error``).
     """
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_der_public_key(data)
     except (ValueError, UnsupportedAlgorithm):
@@ -141,6 +173,8 @@ def parse_der_public(data: bytes) -> Ed25519PublicKey:
 
 
 def _load_private(data: bytes, password: bytes | None) -> object:
+    from cryptography.hazmat.primitives import serialization
+
     if OPENSSH_PRIVATE_BEGIN in data:
         return serialization.load_ssh_private_key(data, password)
     return serialization.load_pem_private_key(data, password)
@@ -179,7 +213,9 @@ def private_key_bytes(
     key: Ed25519PrivateKey, passphrase: bytes | None, openssh: bool = False
 ) -> bytes:
     """PEM PKCS#8 (the default), or OpenSSH's format, which ``ssh-keygen -y`` reads."""
-    encryption: serialization.KeySerializationEncryption = (
+    from cryptography.hazmat.primitives import serialization
+
+    encryption: KeySerializationEncryption = (
         serialization.BestAvailableEncryption(passphrase)
         if passphrase
         else serialization.NoEncryption()

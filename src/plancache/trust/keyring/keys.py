@@ -21,7 +21,6 @@ from datetime import datetime
 from typing import Protocol
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..display import safe_text
@@ -83,7 +82,7 @@ class TrustedKey:
     def __reduce__(self) -> tuple[object, ...]:
         # cryptography's key objects do not pickle; a process pool verifying in parallel needs
         # to ship the keyring to its workers, so travel as raw public bytes.
-        raw = self.public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        raw = self.public.public_bytes_raw()
         return (
             _trusted_key_from_raw,
             (self.keyid, self.name, raw, self.valid_after, self.valid_before),

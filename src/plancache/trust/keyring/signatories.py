@@ -19,8 +19,6 @@ from datetime import datetime, timedelta
 from .. import envelope as dsse
 from ..display import safe_text
 from ..errors import Reason, Rejected
-from ..keyless.dsse_extension import open_entry
-from ..keyless.sigstore_bundle import is_bundle, open_bundle
 from ..statement import format_time
 from .identities import IdentitySigner
 from .identity_match import normal_issuer, normal_url
@@ -78,6 +76,8 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
         if signature.ext is not None:
             if policy is None or not (policy.trusted or policy.revoked):
                 continue  # like an unknown key: nothing here could count or be revoked
+            from ..keyless.dsse_extension import open_entry
+
             try:
                 for who in open_entry(env, signature, policy):
                     kept = count.good.get(who.line.key)
@@ -121,7 +121,9 @@ def open_envelope(
             ``wrong-issuer``, ``unanchored-identity``, ``no-log-proof``, ``bad-log-proof``,
             ``certificate-outside-validity``, ``foreign-trust-root``, ``bad-bundle``, ...).
     """
-    if is_bundle(sig_bytes):
+    if dsse.is_bundle(sig_bytes):
+        from ..keyless.sigstore_bundle import open_bundle  # keyless modules only for a bundle
+
         allowance = dsse.keyless_cap(cap, 1)
         payload, identities = open_bundle(sig_bytes, keyring.identities, allowance)
         return payload, [*identities]
