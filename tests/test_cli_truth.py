@@ -8,7 +8,6 @@ whatever raised it, is one line on stderr (and one JSON document with ``--json``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
@@ -20,8 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import FP, plan_bytes
-from plancache.cli.main import _parser_for, main
-from plancache.cli.parser import build_parser, command_named
+from plancache.cli.main import main
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.plans.plan import plan_name
 
@@ -281,51 +279,3 @@ def test_the_process_cli_leaves_its_heap_to_the_exit(
     assert main(["verify", "--trusted-keys", audit["pub"], audit["dir"]]) == 1
     capsys.readouterr()
     assert gc.get_freeze_count() == before
-
-
-def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
-
-
-def _declared(parser: argparse.ArgumentParser) -> list[object]:
-    """Everything a (sub)parser shows or parses by: its help, usage, defaults and each
-    argument's declaration (help and metavar are in the help text), its own subcommands'
-    likewise."""
-    return [
-        parser.prog,
-        parser.format_help(),
-        parser.format_usage(),
-        parser._defaults,
-        [
-            (a.option_strings, a.dest, a.nargs, a.const, a.default, a.type, a.choices, a.required)
-            for a in parser._actions
-            if not isinstance(a, argparse._SubParsersAction)
-        ],
-        {name: _declared(sub) for name, sub in _commands(parser).items()},
-    ]
-
-
-def test_a_parser_built_for_one_command_declares_it_as_the_whole_parser_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A run that names its command builds that command alone (a boot-time pull: issue 50
-    item 7 (c)); its subparser, and so every --help, error, default and parse of it, is the
-    whole parser's. Help, --version, a mistyped command and shell completion get the whole
-    parser."""
-    whole = _commands(build_parser())
-    assert len(whole) > 15
-    for name, sub in whole.items():
-        one = _commands(build_parser(name))
-        assert list(one) == [name]
-        assert _declared(one[name]) == _declared(sub), name
-    assert command_named(["--debug", "--debug", "pull", "--help"]) == "pull"
-    for argv in ([], ["--help"], ["-h"], ["--version"], ["--json", "pull"], ["--", "pull"]):
-        assert command_named(argv) is None, argv
-    assert list(_commands(_parser_for(["--debug", "pull", "s3://b/p"]))) == ["pull"]
-    assert len(_commands(_parser_for(["pul"]))) == len(whole)  # "did you mean 'pull'?"
-    assert len(_commands(_parser_for(["--help", "pull"]))) == len(whole)
-    monkeypatch.setenv("_ARGCOMPLETE", "1")
-    assert len(_commands(_parser_for(["pull"]))) == len(whole)

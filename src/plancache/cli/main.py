@@ -21,7 +21,7 @@ from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
 from .completion import complete
 from .flag_objects import apply_keyless_flags
-from .parser import Parser, build_parser, command_named
+from .parser import Parser, build_parser
 from .streams import ClosedPipeSafe, RedactedLines, private_stdout
 
 EXIT_CONFIG = 2
@@ -99,27 +99,9 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         parser.error(f"invalid argument ({type(exc).__name__}: {safe_text(exc, 120)})")
 
 
-def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
-    """The parser for this run: for a command named up front, that command's alone (what it
-    parses, prints and exits with is the whole parser's: :func:`build_parser`); the whole one
-    for everything else, shell completion included."""
-    command = None if "_ARGCOMPLETE" in os.environ else command_named(argv)
-    if command is not None:
-        parser = build_parser(command)
-        if command in _commands_of(parser):
-            return parser
-    return build_parser()
-
-
-def _commands_of(parser: argparse.ArgumentParser) -> Sequence[str]:
-    return next(
-        list(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-    )
-
-
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser_for(argv)
+    parser = build_parser()
     complete(
         parser
     )  # the shell asking for completions (plancache completion bash|zsh): answers and exits

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
 from ..settings import (
@@ -81,14 +80,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``command``, the same parser with that command alone declared
-    (every other declaration is skipped: :class:`_OneCommand`), for a run whose argv names it
-    (:func:`command_named`). A boot-time ``pull`` then builds one command's flags, not twenty
-    commands' (~7 ms, issue 50 item 7 (c)); what it parses, prints and exits with is the
-    whole parser's, since a command's subparser is declared the same either way and nothing
-    but ``--debug`` comes before it. ``--help``, a mistyped command and shell completion get
-    the whole parser."""
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="plancache",
         description="Signed, shareable vLLM startup plans. Sign plans in CI, pull them verified "
@@ -101,42 +93,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
     debug(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_commands(sub if command is None else cast("Sub", _OneCommand(sub, command)))
+    add_commands(sub)
     return parser
-
-
-def command_named(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` runs when only ``--debug`` comes before it (all a run may give
-    before its command, but ``--help`` and ``--version``), else None: the whole parser is
-    built then, for help, ``--version`` and argparse's own errors (a mistyped command lists
-    every one). A first word that is no command is caught by :func:`build_parser` itself."""
-    for word in argv:
-        if word != "--debug":
-            return None if word.startswith("-") else word
-    return None
-
-
-class _OneCommand:
-    """The subcommands action of a parser built for one command: that command's parser is
-    added to the real action, every other command's declarations go to :class:`_Undeclared`."""
-
-    def __init__(self, sub: Sub, name: str) -> None:
-        self.sub = sub
-        self.name = name
-
-    def add_parser(self, name: str, **kwargs: Any) -> Parser | _Undeclared:
-        return self.sub.add_parser(name, **kwargs) if name == self.name else _Undeclared()
-
-
-class _Undeclared:
-    """A command this run does not name: every declaration made on it is dropped (its
-    arguments, groups, defaults, nested actions)."""
-
-    def __getattr__(self, name: str) -> Callable[..., _Undeclared]:
-        return self._drop
-
-    def _drop(self, *args: Any, **kwargs: Any) -> _Undeclared:
-        return self
 
 
 def add_commands(sub: Sub) -> None:
