@@ -44,7 +44,8 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
     fp, digest, kv = decision.fingerprint, boot.plan_sha256, decision.kv_cache_memory_bytes
     if not decision.applied or fp is None or digest is None or kv is None:
         return decision
-    kept = boot_notes.held(directory, fp, digest)
+    memory = boot_notes.recall(directory, fp, digest)
+    kept = memory.held
     if kept is not None:
         profiled = kept.get("profiled_kv_cache_memory_bytes")
         boot.held_alert = _alert(fp, digest, kv, profiled if isinstance(profiled, int) else None)
@@ -57,7 +58,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             None,
             fp,
         )
-    if boot_notes.unfinished(directory, fp, digest) is not None:
+    if memory.unfinished is not None:
         boot.unfinished = (fp, digest, kv)
         return Decision(
             False,

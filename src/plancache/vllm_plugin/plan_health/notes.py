@@ -47,7 +47,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...clock import REAL_CLOCK
 from ...storage.local.dirfds import NEW_FILE, read_only, temp_name
@@ -143,11 +143,23 @@ def _alive(fd: int) -> bool:
 
 
 def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
-    """``data`` under ``name`` in ``dir_fd``: an unpredictable ``O_EXCL | O_NOFOLLOW`` temporary,
-    locked (``hold``) before anything is in it, fsynced, renamed over ``name``, the directory
-    fsynced. With ``hold`` the open, locked note is returned (the caller keeps it for the boot)."""
-    tmp = temp_name(name)
-    fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+    """``data`` under ``name`` in ``dir_fd``, durably: the file fsynced, then the directory.
+    With ``hold`` the open note, locked before anything is in it, is returned (the caller keeps
+    it for the boot).
+
+    Where no note has the name (every boot but one after a crash), the note is made under it
+    directly (``O_EXCL | O_NOFOLLOW``): the directory's fsync then makes the name and its bytes
+    durable together, one journal commit fewer than a rename on a boot's critical path. A crash
+    before the fsyncs leaves at worst an empty or partial note, which counts as present (the
+    safe side: one more profile, then it is compared and cleared), and the plan was not yet
+    applied. A name already taken is replaced as before: an unpredictable temporary, fsynced,
+    renamed over it."""
+    try:
+        fd, tmp = os.open(name, NEW_FILE, 0o644, dir_fd=dir_fd), ""
+    except FileExistsError:
+        tmp = temp_name(name)
+        fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+    made = tmp or name
     try:
         if hold:
             with contextlib.suppress(OSError):  # no flock here: the note still says it all
@@ -156,21 +168,29 @@ def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        tmp = ""
+        if tmp:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        made = ""
         with contextlib.suppress(OSError):
             os.fsync(dir_fd)
     except BaseException:
+        if made:
+            _unlink_own(made, fd, dir_fd)
         os.close(fd)
         raise
-    finally:
-        if tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
     if hold:
         return fd
     os.close(fd)
     return None
+
+
+def _unlink_own(name: str | Path, fd: int, dir_fd: int | None = None) -> None:
+    """Remove ``name`` only while it is still the file open at ``fd`` (what this boot made):
+    another boot of the same fingerprint may have put its own note there since."""
+    with contextlib.suppress(OSError):
+        mine, there = os.fstat(fd), os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            os.unlink(name, dir_fd=dir_fd)
 
 
 def _write(
@@ -225,34 +245,40 @@ def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[
     return _write(directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True)
 
 
-def unfinished(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
-    """The note an earlier boot left for this very plan, or None. A note naming other bytes is a
-    note for a plan that was since replaced: not this plan's (removed)."""
-    name, found = APPLYING.format(fp=fp), None
-    for fd in _places(directory):
-        note = _read(fd, name)
-        if note is None:
-            continue
-        if note.get("plan_sha256") not in (None, plan_sha256):
-            _unlink(fd, name)
-        elif found is None:
-            found = note
-    return found
+class Recalled(NamedTuple):
+    """What this node remembers of one plan (:func:`recall`)."""
+
+    held: dict[str, Any] | None
+    """Its hold-back (``plan-exceeds-profile``), or None."""
+    unfinished: dict[str, Any] | None
+    """The note an earlier boot left while applying it (``unfinished-boot``), or None."""
 
 
-def held(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
-    """The hold-back of this very plan, or None; a hold-back of other bytes (a different signed
-    plan for the fingerprint arrived), or of no bytes it names, is removed."""
-    name, found = HELD.format(fp=fp), None
+def recall(directory: Path, fp: str, plan_sha256: str) -> Recalled:
+    """This node's memory of the plan ``plan_sha256`` for ``fp``, read in one pass over the
+    places notes may be in (a boot's critical path opens each place once).
+
+    A hold-back must name this very plan: one of other bytes (a different signed plan for the
+    fingerprint arrived), or of no bytes it names, is removed. An unfinished-boot note naming
+    other bytes is a note for a plan since replaced (removed); one naming none (unreadable,
+    partial) counts as this plan's: the safe side."""
+    held_name, applying_name = HELD.format(fp=fp), APPLYING.format(fp=fp)
+    held: dict[str, Any] | None = None
+    left: dict[str, Any] | None = None
     for fd in _places(directory):
-        note = _read(fd, name)
-        if note is None:
-            continue
-        if note.get("plan_sha256") != plan_sha256:
-            _unlink(fd, name)
-        elif found is None:
-            found = note
-    return found
+        note = _read(fd, held_name)
+        if note is not None:
+            if note.get("plan_sha256") != plan_sha256:
+                _unlink(fd, held_name)
+            elif held is None:
+                held = note
+        note = _read(fd, applying_name)
+        if note is not None:
+            if note.get("plan_sha256") not in (None, plan_sha256):
+                _unlink(fd, applying_name)
+            elif left is None:
+                left = note
+    return Recalled(held, left)
 
 
 def hold_back(directory: Path, fp: str, plan_sha256: str, plan_kv: int, profiled_kv: int) -> None:
@@ -282,11 +308,8 @@ def finish(path: Path, fd: int | None) -> None:
     try:
         if fd is None:
             clear(path)
-            return
-        with contextlib.suppress(OSError):
-            mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
-            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
-                os.unlink(path)
+        else:
+            _unlink_own(path, fd)
     finally:
         if fd is not None:
             os.close(fd)
