@@ -215,11 +215,14 @@ from pathlib import Path
 from plancache.vllm_plugin.plan_health import node_memory
 from plancache.trust.plans.gate import Decision, Verdict
 from plancache.vllm_plugin.worker_boot import Boot
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+# a write past the limit fails (EFBIG), as on a full disk
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 boot = Boot.__new__(Boot)
-boot.plan_sha256, boot.note_path, boot.unfinished, boot.held_alert, boot.note_fd = "a" * 64, None, None, None, None
-d = node_memory.before_vote(boot, Path(sys.argv[1]), Decision(True, Verdict.APPLIED, "", 1 << 30, "0123456789abcdef"))
+boot.plan_sha256, boot.note_path, boot.unfinished = "a" * 64, None, None
+boot.held_alert, boot.note_fd = None, None
+applied = Decision(True, Verdict.APPLIED, "", 1 << 30, "0123456789abcdef")
+d = node_memory.before_vote(boot, Path(sys.argv[1]), applied)
 print(d.reason.value)
 print(d.detail)
 """

@@ -30,6 +30,7 @@ from ..trust.result import PlanResult
 from .adapter import plan_dir
 from .compile_cache.counters import counters
 from .config import PluginConfig, parse_config
+from .deferred import DeferredWrites
 from .prefetch import Prefetch
 
 LOG = logging.getLogger("vllm.plancache")
@@ -78,6 +79,9 @@ class Boot:
     """vLLM's compilation counters when the boot began (:mod:`.compile_cache.counters`)."""
     evidence: dict[str, Any] = field(default_factory=dict)
     """How this boot measured its profile (:mod:`plancache.trust.evidence`), when it profiled."""
+    deferred: DeferredWrites | None = None
+    """The note's durability and the record's write, in flight after the decision
+    (:mod:`.deferred`): joined before ``determine_available_memory`` returns."""
     push_thread: threading.Thread | None = None
     push_result: str | None = None
     _signer: Signer | None = None

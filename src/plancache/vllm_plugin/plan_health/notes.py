@@ -142,10 +142,10 @@ def _alive(fd: int) -> bool:
     return False
 
 
-def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
-    """``data`` under ``name`` in ``dir_fd``, durably: the file fsynced, then the directory.
-    With ``hold`` the open note, locked before anything is in it, is returned (the caller keeps
-    it for the boot).
+def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool, sync: bool) -> int | None:
+    """``data`` under ``name`` in ``dir_fd``, durably (``sync``: the file fsynced, then the
+    directory; else the caller makes it durable later, :func:`make_durable`). With ``hold`` the
+    open note, locked before anything is in it, is returned (the caller keeps it for the boot).
 
     Where no note has the name (every boot but one after a crash), the note is made under it
     directly (``O_EXCL | O_NOFOLLOW``): the directory's fsync then makes the name and its bytes
@@ -167,12 +167,14 @@ def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
         if tmp:
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         made = ""
-        with contextlib.suppress(OSError):
-            os.fsync(dir_fd)
+        if sync:
+            with contextlib.suppress(OSError):  # a filesystem that cannot sync directories
+                os.fsync(dir_fd)
     except BaseException:
         if made:
             _unlink_own(made, fd, dir_fd)
@@ -194,7 +196,7 @@ def _unlink_own(name: str | Path, fd: int, dir_fd: int | None = None) -> None:
 
 
 def _write(
-    directory: Path, name: str, data: bytes, *, hold: bool = False
+    directory: Path, name: str, data: bytes, *, hold: bool = False, sync: bool = True
 ) -> tuple[Path, int | None]:
     """Write a note durably in the plan directory, else in its state directory; where it went
     (and, ``hold``, the note kept open and locked).
@@ -206,7 +208,7 @@ def _write(
         directory.mkdir(parents=True, exist_ok=True)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            return directory / name, _write_at(dir_fd, name, data, hold=hold)
+            return directory / name, _write_at(dir_fd, name, data, hold=hold, sync=sync)
         finally:
             os.close(dir_fd)
     except OSError as exc:
@@ -218,7 +220,7 @@ def _write(
         detail = exc.detail if isinstance(exc, PlanCacheError) else (exc.strerror or str(exc))
         raise StoreError(f"{first}; nor in {where}: {detail}") from None
     try:
-        return where / name, _write_at(dir_fd, name, data, hold=hold)
+        return where / name, _write_at(dir_fd, name, data, hold=hold, sync=sync)
     except OSError as exc:
         raise StoreError(f"{first}; nor in {where}: {exc.strerror or exc}") from None
     finally:
@@ -229,11 +231,14 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(REAL_CLOCK.wall()))
 
 
-def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[Path, int | None]:
-    """Write the note, durably, before the plan is applied (the plan directory, else its state
+def note_applying(
+    directory: Path, fp: str, plan_sha256: str, kv: int, *, sync: bool = True
+) -> tuple[Path, int | None]:
+    """Write the note before the plan is applied (the plan directory, else its state
     directory); where it went, and the note held open and locked until :func:`finish`. Raises
     what the write raises: a boot that cannot leave the note anywhere does not apply the plan
-    (it could loop)."""
+    (it could loop). Durable on return, unless ``sync`` is false: then the caller makes it so
+    (:func:`make_durable`) before the plan's KV cache is sized (:mod:`..deferred`)."""
     path = applying_path(directory, fp)
     body = {
         "fingerprint": fp,
@@ -242,7 +247,26 @@ def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[
         "pid": os.getpid(),
         "time": _stamp(),
     }
-    return _write(directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True)
+    return _write(
+        directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True, sync=sync
+    )
+
+
+def make_durable(path: Path, fd: int) -> None:
+    """The note open at ``fd`` fsynced, then its directory (``path``'s parent): the name and its
+    bytes survive a node reset.
+
+    Raises:
+        OSError: the note's fsync failed (the directory's, on a filesystem that cannot sync
+            one, is ignored, as at a synchronous write).
+    """
+    os.fsync(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with contextlib.suppress(OSError):  # a filesystem that cannot sync directories
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class Recalled(NamedTuple):
