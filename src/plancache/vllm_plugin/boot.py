@@ -278,7 +278,7 @@ def _inputs(worker: Worker, fp: str) -> dict[str, Any] | None:
     return inputs if fingerprint_of_inputs(inputs) == fp else None
 
 
-def _join(boot: Boot) -> None:
+def join_deferred(boot: Boot) -> None:
     """Wait for the boot's deferred writes (:mod:`.deferred`) and say what they could not do."""
     pending, boot.deferred = boot.deferred, None
     plan_guard.deferred_failed(boot, deferred.wait(pending))
@@ -290,7 +290,7 @@ def after_profiling(worker: object, elapsed_ms: float) -> None:
     try:
         boot = getattr(worker, STATE_ATTR, None)
         if isinstance(boot, Boot):  # the note durable before vLLM sizes the KV cache
-            _join(boot)
+            join_deferred(boot)
         if isinstance(boot, Boot) and enabled():
             profiled = record.note_profiling(worker, elapsed_ms)
             boot.profile_ms = round(profiled, 1) if profiled is not None else None
@@ -305,7 +305,7 @@ def after_warm_up(worker: object) -> None:
     try:
         boot = getattr(worker, STATE_ATTR, None)
         if isinstance(boot, Boot):  # the note goes; the free memory left after applying is told
-            _join(boot)
+            join_deferred(boot)
             plan_guard.finished(worker, boot, *measured.free_memory_now(worker))
     except Exception:
         LOG.debug("plancache: boot note not cleared", exc_info=True)
