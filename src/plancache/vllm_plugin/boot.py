@@ -50,7 +50,6 @@ from .adapter import (
     fingerprint_inputs,
     fingerprint_of,
     free_memory,
-    plan_dir,
     uses_startup_plans,
     vllm_release,
     worker_conditions,
@@ -107,7 +106,7 @@ def prefetch(worker: Worker, fingerprint: Fingerprint) -> None:
     if not boot.store_reads or boot.prefetch is not None:
         return
     fp = fingerprint_of(worker, fingerprint)
-    if os.path.lexists(plan_dir().path / plan_name(fp)):
+    if os.path.lexists(boot.plans.path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
     deadline = Deadline.after(boot.config.timeout)
     # on this thread: the configuration is vLLM's to change
@@ -343,7 +342,7 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         # this node's own memory of the plan (held back, unfinished), and the note, before the
         # vote: a rank that cannot note it says no, and every rank profiles together. Made
         # durable here, or on the deferred thread before the KV cache is sized (:mod:`.deferred`)
-        decision = plan_guard.before_vote(boot, plan_dir().path, decision, sync=not defer)
+        decision = plan_guard.before_vote(boot, boot.plans.path, decision, sync=not defer)
     except Exception as exc:
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
