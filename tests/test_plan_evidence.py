@@ -97,13 +97,13 @@ def test_a_note_that_names_other_bytes_is_not_this_plans() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         notes.hold_back(d, FP, "ab" * 32, 50 << 30, 40 << 30)
-        assert notes.held(d, FP, "ab" * 32) is not None
-        assert notes.held(d, FP, "cd" * 32) is None and notes.held_fingerprints(d) == []
+        assert notes.recall(d, FP, "ab" * 32).held is not None
+        assert notes.recall(d, FP, "cd" * 32).held is None and notes.held_fingerprints(d) == []
         _dead(notes.note_applying(d, FP, "ab" * 32, 1))
-        assert notes.unfinished(d, FP, "cd" * 32) is None
+        assert notes.recall(d, FP, "cd" * 32).unfinished is None
         _dead(notes.note_applying(d, FP, "ab" * 32, 1))
         notes.applying_path(d, FP).write_bytes(b"\x00garbage")  # unreadable: still a note
-        assert notes.unfinished(d, FP, "ab" * 32) == {}
+        assert notes.recall(d, FP, "ab" * 32).unfinished == {}
 
 
 @pytest.mark.parametrize("compile_state", ["cold", "warm"])

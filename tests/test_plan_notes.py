@@ -204,6 +204,47 @@ def test_a_boot_still_running_is_not_an_unfinished_one(node: Path) -> None:
     assert notes.held_fingerprints(node) == []
     node_memory.finished(None, a, None, None)  # A ends: the note under the name is B's now
     assert notes.applying_path(node, FP).exists()
-    assert notes.unfinished(node, FP, SHA) is None  # B still alive
+    assert notes.recall(node, FP, SHA).unfinished is None  # B still alive
     os.close(b.note_fd)  # B dies in its warm-up
     assert _apply(node).reason is Verdict.UNFINISHED_BOOT
+
+
+_FULL_DISK_BOOT = """
+import os, resource, signal, sys
+from pathlib import Path
+from plancache.vllm_plugin.plan_health import node_memory
+from plancache.trust.plans.gate import Decision, Verdict
+from plancache.vllm_plugin.worker_boot import Boot
+# a write past the limit fails (EFBIG), as on a full disk
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+boot = Boot.__new__(Boot)
+boot.plan_sha256, boot.note_path, boot.unfinished = "a" * 64, None, None
+boot.held_alert, boot.note_fd = None, None
+applied = Decision(True, Verdict.APPLIED, "", 1 << 30, "0123456789abcdef")
+d = node_memory.before_vote(boot, Path(sys.argv[1]), applied)
+print(d.reason.value)
+print(d.detail)
+"""
+
+
+def test_a_note_that_cannot_be_written_leaves_nothing_that_would_read_as_an_unfinished_boot(
+    node: Path,
+) -> None:
+    """The note is made under its own name when none is there (one journal commit fewer on the
+    boot's critical path). A write that fails after that (a full disk: here a zero file-size
+    limit, in both places the note may go) removes what it made: an empty note left behind
+    would read as an unfinished boot on every later boot of the node until compared."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_BOOT, str(node)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    reason, detail = done.stdout.splitlines()[:2]
+    assert reason == Reason.LOCAL_ERROR.value and "File too large" in detail
+    state = state_dir_for(node)
+    left = [p.name for p in (*node.iterdir(), *(state.iterdir() if state.is_dir() else ()))]
+    assert left == [], left

@@ -1700,6 +1700,65 @@ def _killed_boot(env: SimpleNamespace, keys: SimpleNamespace) -> None:
     assert f"kv {PLANNED_KV}" in done.stdout
 
 
+@pytest.mark.parametrize("fails", [False, True], ids=["durable", "fsync-fails"])
+def test_the_note_is_durable_before_the_kv_cache_is_sized_and_off_the_apply_path(
+    plugin: SimpleNamespace,
+    keys: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list,
+    fails: bool,
+) -> None:
+    """Issue 50 item 7 (b): the note's fsyncs (and the decision's record write) run on a thread
+    started at the decision, overlapping vLLM's profile run, and are joined before
+    ``determine_available_memory`` returns the number vLLM sizes the KV cache from. Here the
+    fsync waits until vLLM's profile run has begun, so it cannot have been on the apply path,
+    and must have ended before the method returns. A note that cannot be made durable (EIO): an
+    ERROR line naming it, and the boot goes on (a worker's death is still caught)."""
+    import errno
+    import threading
+
+    from plancache.vllm_plugin.plan_health import notes
+
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    _signed_local_plan(plugin, keys, fp)
+    events: list[str] = []
+    profiling = threading.Event()
+    make_durable = notes.make_durable
+
+    def durable_after_profiling_began(path: Path, fd: int) -> None:
+        assert profiling.wait(10), "the note's fsync blocked the apply path"
+        if fails:
+            raise OSError(errno.EIO, "Input/output error")
+        make_durable(path, fd)
+        events.append(f"durable {path.name}")
+
+    def profile_run(randomize_inputs: bool = False) -> None:
+        events.append("profile run")
+        profiling.set()
+
+    monkeypatch.setattr(notes, "make_durable", durable_after_profiling_began)
+    worker.model_runner.profile_run = profile_run
+    assert worker.determine_available_memory() == PLANNED_KV
+    events.append("returned")
+    note = notes.applying_path(plugin.plan_dir, fp)
+    errors = [r.getMessage() for r in lines if r.levelno >= logging.ERROR]
+    if fails:
+        assert events == ["profile run", "returned"]
+        assert errors == [
+            f"plancache: boot note {note} not made durable: Input/output error; a node reset "
+            "before this boot's start-up ends would not be caught"
+        ]
+    else:
+        assert events == ["profile run", f"durable {note.name}", "returned"] and errors == []
+    (record,) = _records(plugin)  # the decision's record, written on that thread, then again
+    assert record["plan"]["decision"] == "apply" and record["plan"]["determine_ms"] >= 0
+    assert note.exists()
+    _finish_boot(plugin, worker)
+    assert not note.exists()
+
+
 @pytest.mark.parametrize("profiled_kv", [40 * GIB, 49 * GIB], ids=["too-large", "fine"])
 def test_a_boot_killed_after_applying_is_not_a_crash_loop(
     plugin: SimpleNamespace,

@@ -41,7 +41,7 @@ from ..trust.inputs import fingerprint_of_inputs
 from ..trust.plans.gate import Decision, Verdict, decide
 from ..trust.plans.plan import plan_name
 from ..trust.result import PlanResult
-from . import record, vote
+from . import deferred, record, vote
 from .adapter import (
     Fingerprint,
     Worker,
@@ -50,7 +50,6 @@ from .adapter import (
     fingerprint_inputs,
     fingerprint_of,
     free_memory,
-    plan_dir,
     uses_startup_plans,
     vllm_release,
     worker_conditions,
@@ -107,7 +106,7 @@ def prefetch(worker: Worker, fingerprint: Fingerprint) -> None:
     if not boot.store_reads or boot.prefetch is not None:
         return
     fp = fingerprint_of(worker, fingerprint)
-    if os.path.lexists(plan_dir().path / plan_name(fp)):
+    if os.path.lexists(boot.plans.path / plan_name(fp)):
         return  # local first: the common warm case never touches the network
     deadline = Deadline.after(boot.config.timeout)
     # on this thread: the configuration is vLLM's to change
@@ -218,13 +217,14 @@ def log_decision(
     worker: object = None,
     boot: Boot | None = None,
     facts: Mapping[str, Any] | None = None,
-) -> None:
+    later: list[tuple[str, Callable[[], None]]] | None = None,
+) -> record.BootRecord | None:
     """The boot's one INFO line; the same fields go into the boot record (:mod:`.record`), with
     ``facts`` (what the boot knows of its plan besides: :func:`.plan_health.node_memory.
-    decision_facts`) in the same write.
+    decision_facts`) in the same write (``later``: on the boot's deferred thread).
     A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md): the
     mirror of the plan's own store, not one another store of the process (a compile cache's)
-    was read through."""
+    was read through. Returns the boot record written (None: none, or it failed)."""
     from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
 
     elapsed = started.elapsed_ms()
@@ -245,7 +245,7 @@ def log_decision(
     )
     if worker is not None:
         try:
-            record.note_plan(
+            return record.note_plan(
                 worker,
                 verdict,
                 decision.reason.value,
@@ -258,9 +258,11 @@ def log_decision(
                 else None,
                 signed_by=boot.signed_by if boot is not None and decision.applied else None,
                 facts=facts,
+                later=later,
             )
         except Exception:
             LOG.debug("plancache: boot record not updated", exc_info=True)
+    return None
 
 
 def _inputs(worker: Worker, fp: str) -> dict[str, Any] | None:
@@ -275,11 +277,19 @@ def _inputs(worker: Worker, fp: str) -> dict[str, Any] | None:
     return inputs if fingerprint_of_inputs(inputs) == fp else None
 
 
+def join_deferred(boot: Boot) -> None:
+    """Wait for the boot's deferred writes (:mod:`.deferred`) and say what they could not do."""
+    pending, boot.deferred = boot.deferred, None
+    plan_guard.deferred_failed(boot, deferred.wait(pending))
+
+
 def after_profiling(worker: object, elapsed_ms: float) -> None:
     """``determine_available_memory`` returned after ``elapsed_ms``: the time saved (applied) or
     the profiling time a saved plan signs (profiled). Never raises."""
     try:
         boot = getattr(worker, STATE_ATTR, None)
+        if isinstance(boot, Boot):  # the note durable before vLLM sizes the KV cache
+            join_deferred(boot)
         if isinstance(boot, Boot) and enabled():
             profiled = record.note_profiling(worker, elapsed_ms)
             boot.profile_ms = round(profiled, 1) if profiled is not None else None
@@ -294,6 +304,7 @@ def after_warm_up(worker: object) -> None:
     try:
         boot = getattr(worker, STATE_ATTR, None)
         if isinstance(boot, Boot):  # the note goes; the free memory left after applying is told
+            join_deferred(boot)
             plan_guard.finished(worker, boot, *measured.free_memory_now(worker))
     except Exception:
         LOG.debug("plancache: boot note not cleared", exc_info=True)
@@ -321,6 +332,7 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
     source = "none"
     budget = DEFAULT_TIMEOUT
     boot: Boot | None = None
+    defer = deferred.can_defer(worker)
     try:
         boot = boot_for(worker)
         budget = boot.config.timeout
@@ -328,8 +340,9 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         boot.apply_fingerprint = fp
         decision, source = decide_plan(worker, boot, fp, fingerprint=fingerprint)
         # this node's own memory of the plan (held back, unfinished), and the note, before the
-        # vote: a rank that cannot note it says no, and every rank profiles together
-        decision = plan_guard.before_vote(boot, plan_dir().path, decision)
+        # vote: a rank that cannot note it says no, and every rank profiles together. Made
+        # durable here, or on the deferred thread before the KV cache is sized (:mod:`.deferred`)
+        decision = plan_guard.before_vote(boot, boot.plans.path, decision, sync=not defer)
     except Exception as exc:
         LOG.debug("plancache: apply failed", exc_info=True)
         decision = Decision(False, Reason.INTERNAL, f"{type(exc).__name__}: {exc}", None, fp)
@@ -342,7 +355,14 @@ def apply(worker: Worker, fingerprint: Fingerprint) -> Decision | None:
         worker.cache_config.kv_cache_memory_bytes = decision.kv_cache_memory_bytes
     # the applied plan's evidence, or the alert of a plan held back here: in the same record write
     facts = plan_guard.decision_facts(boot, decision) if boot is not None else None
-    log_decision(decision, source, fp, started, worker=worker, boot=boot, facts=facts)
+    later = plan_guard.deferred_durability(boot) if boot is not None and defer else None
+    written = log_decision(
+        decision, source, fp, started, worker=worker, boot=boot, facts=facts, later=later
+    )
+    if boot is not None and later:
+        boot.deferred = deferred.DeferredWrites(later)
+        if written is not None:
+            written.pending = boot.deferred
     if boot is not None and fp is not None and not decision.applied:
         # Only a boot that profiles saves a plan: it signs these (~8 ms with vLLM 0.33 on CPU);
         # a boot that applies never pays for them. Read now, while the config is apply-time's.

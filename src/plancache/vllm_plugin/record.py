@@ -32,7 +32,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,10 @@ from ..clock import REAL_CLOCK
 from ..storage.local import records
 from ..trust.display import safe_text
 from ..trust.inputs import differences
-from . import plugin_state
+from . import deferred, plugin_state
 from .compile_cache.counters import counters as _counters
 from .compile_cache.counters import used_by_counters as _used_by_counters
+from .deferred import DeferredWrites
 
 LOG = logging.getLogger("vllm.plancache")
 SCHEMA = "plancache.boot/v1"
@@ -68,6 +69,10 @@ class BootRecord:
         default_factory=lambda: {"profiling": None, "compile": None}
     )
     final: bool = False
+    written: bool = False
+    """Whether the file exists yet: its first write prunes the directory, its rewrites do not."""
+    pending: DeferredWrites | None = None
+    """Its write still in flight on the boot's deferred thread (:mod:`.deferred`)."""
     signed_factors: dict[str, Any] = field(default_factory=dict)
     """Cache -> the verified manifest's key factors (compared at the end, never written whole)."""
 
@@ -153,11 +158,23 @@ def _process_record(rank: int) -> BootRecord:
         return state.current
 
 
-def _write(record: BootRecord) -> None:
+def _write(record: BootRecord, later: list[tuple[str, Callable[[], None]]] | None = None) -> None:
+    """Write the record as it is now, after any write of it still in flight (a newer document
+    never overwritten by an older one). ``later``: the write is appended there instead, the
+    document encoded now, for the boot's deferred thread (:mod:`.deferred`)."""
+    deferred.wait(record.pending)
+    record.pending = None
+    data = json.dumps(record.document(), sort_keys=True).encode()
+    prune, record.written = not record.written, True
+
+    def write() -> None:
+        records.write(record.root, record.name, data, prune=prune)
+
+    if later is not None:
+        later.append(("boot record", write))
+        return
     try:
-        records.write(
-            record.root, record.name, json.dumps(record.document(), sort_keys=True).encode()
-        )
+        write()
     except Exception as exc:
         LOG.debug(
             "plancache: boot record not written: %s", safe_text(getattr(exc, "detail", exc), 200)
@@ -176,9 +193,11 @@ def note_plan(
     signed_profile_ms: float | None = None,
     signed_by: list[dict[str, Any]] | None = None,
     facts: Mapping[str, Any] | None = None,
-) -> None:
+    later: list[tuple[str, Callable[[], None]]] | None = None,
+) -> BootRecord:
     """The plan side's decision (the decision line's fields) and ``facts`` the boot knows of its
-    plan by then (:func:`note_plan_facts`' kind), written at once: one write."""
+    plan by then (:func:`note_plan_facts`' kind), written at once: one write (appended to
+    ``later`` for the deferred thread, :func:`_write`). Returns the record."""
     record = for_worker(worker)
     with plugin_state.current().records.lock:
         record.plan = {
@@ -192,7 +211,8 @@ def note_plan(
             **(facts or {}),
         }
         record.plugin_ms += elapsed_ms
-        _write(record)
+        _write(record, later)
+    return record
 
 
 def plan_warnings(plan: Mapping[str, Any]) -> list[str]:

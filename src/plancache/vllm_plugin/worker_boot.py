@@ -21,6 +21,7 @@ from typing import Any
 from ..clock import Deadline
 from ..pipeline.resolver import Resolver
 from ..pipeline.trust_config import signer_for, worker_policy
+from ..storage.local.localdir import LocalPlanDir
 from ..storage.store import Store, open_store
 from ..trust.display import safe_text
 from ..trust.errors import PlanCacheError
@@ -30,6 +31,7 @@ from ..trust.result import PlanResult
 from .adapter import plan_dir
 from .compile_cache.counters import counters
 from .config import PluginConfig, parse_config
+from .deferred import DeferredWrites
 from .prefetch import Prefetch
 
 LOG = logging.getLogger("vllm.plancache")
@@ -78,10 +80,22 @@ class Boot:
     """vLLM's compilation counters when the boot began (:mod:`.compile_cache.counters`)."""
     evidence: dict[str, Any] = field(default_factory=dict)
     """How this boot measured its profile (:mod:`plancache.trust.evidence`), when it profiled."""
+    deferred: DeferredWrites | None = None
+    """The note's durability and the record's write, in flight after the decision
+    (:mod:`.deferred`): joined before ``determine_available_memory`` returns."""
     push_thread: threading.Thread | None = None
     push_result: str | None = None
     _signer: Signer | None = None
     _signer_loaded: bool = False
+    _plans: LocalPlanDir | None = None
+
+    @property
+    def plans(self) -> LocalPlanDir:
+        """vLLM's plan directory (:func:`.adapter.plan_dir`), asked once a boot: vLLM reads its
+        cache root from the environment, which does not change under a running worker."""
+        if self._plans is None:
+            self._plans = plan_dir()
+        return self._plans
 
     @property
     def signer(self) -> Signer | None:
@@ -129,7 +143,7 @@ class Boot:
         """The shared pipeline over vLLM's plan directory; the store is opened on a local miss,
         by ``deadline`` (the lookup's: the store's import is part of the budget, not before it)."""
         return Resolver(
-            plan_dir(),
+            self.plans,
             self.policy,
             (lambda: self.open_store(deadline)) if self.store_reads else None,
         )

@@ -37,8 +37,10 @@ def is_record_name(name: str) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
-def write(root: Path, name: str, data: bytes, *, keep: int = KEEP) -> Path:
-    """Replace record ``name`` atomically, then remove the oldest beyond ``keep``.
+def write(root: Path, name: str, data: bytes, *, keep: int = KEEP, prune: bool = True) -> Path:
+    """Replace record ``name`` atomically, then (``prune``) remove the oldest beyond ``keep``.
+    A record rewritten at each event of its boot adds a file only at its first write: its
+    rewrites skip the directory's listing (``prune=False``), on a boot's critical path.
 
     Raises:
         ValueError: ``name`` is not a boot record's (:func:`is_record_name`).
@@ -51,7 +53,7 @@ def write(root: Path, name: str, data: bytes, *, keep: int = KEEP) -> Path:
     with dirfds.opened_dir(root, directory(root), create=True, mode=0o755) as fd:
         # no fsync on a boot's path
         dirfds.write_new(fd, name, data, mode=0o644, sync_dir=False, sync_file=False)
-        names = sorted(n for n in os.listdir(fd) if is_record_name(n))
+        names = sorted(n for n in os.listdir(fd) if is_record_name(n)) if prune else []
         for old in names[: max(0, len(names) - keep)]:
             with contextlib.suppress(OSError):
                 os.unlink(old, dir_fd=fd)

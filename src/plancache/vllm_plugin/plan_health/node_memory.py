@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,16 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
+def before_vote(boot: Boot, directory: Path, decision: Decision, *, sync: bool = True) -> Decision:
     """This rank's decision once the node's notes have had their say: a plan this node holds
     back or left unfinished is profiled; else the note is written (in the plan directory, else
-    its state directory; a note that cannot be written anywhere: profiled, ``local-error``)."""
+    its state directory; a note that cannot be written anywhere: profiled, ``local-error``),
+    durably unless ``sync`` is false (then :func:`deferred_durability` makes it so)."""
     fp, digest, kv = decision.fingerprint, boot.plan_sha256, decision.kv_cache_memory_bytes
     if not decision.applied or fp is None or digest is None or kv is None:
         return decision
-    kept = boot_notes.held(directory, fp, digest)
+    memory = boot_notes.recall(directory, fp, digest)
+    kept = memory.held
     if kept is not None:
         profiled = kept.get("profiled_kv_cache_memory_bytes")
         boot.held_alert = _alert(fp, digest, kv, profiled if isinstance(profiled, int) else None)
@@ -57,7 +60,7 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             None,
             fp,
         )
-    if boot_notes.unfinished(directory, fp, digest) is not None:
+    if memory.unfinished is not None:
         boot.unfinished = (fp, digest, kv)
         return Decision(
             False,
@@ -68,7 +71,9 @@ def before_vote(boot: Boot, directory: Path, decision: Decision) -> Decision:
             fp,
         )
     try:
-        boot.note_path, boot.note_fd = boot_notes.note_applying(directory, fp, digest, kv)
+        boot.note_path, boot.note_fd = boot_notes.note_applying(
+            directory, fp, digest, kv, sync=sync
+        )
     except PlanCacheError as exc:
         return Decision(False, Reason.LOCAL_ERROR, f"boot note not written: {exc.detail}", None, fp)
     return decision
@@ -93,6 +98,34 @@ def decision_facts(boot: Boot, decision: Decision) -> dict[str, Any]:
     if decision.reason is Verdict.PLAN_EXCEEDS_PROFILE and boot.held_alert is not None:
         return {"held_back": boot.held_alert}
     return {}
+
+
+NOTE_DURABILITY = "boot note"
+
+
+def deferred_durability(boot: Boot) -> list[tuple[str, Callable[[], None]]]:
+    """The task that makes this boot's note durable off its critical path (:mod:`..deferred`),
+    or none when there is no note."""
+    path, fd = boot.note_path, boot.note_fd
+    if path is None or fd is None:
+        return []
+    return [(NOTE_DURABILITY, lambda: boot_notes.make_durable(path, fd))]
+
+
+def deferred_failed(boot: Boot, failures: list[tuple[str, BaseException]]) -> None:
+    """Say what the deferred writes could not do: a note not made durable is an ERROR (the boot
+    goes on: a worker's death is still caught, a node reset during its start-up would not be);
+    a record not written, a DEBUG line as at any other write."""
+    for what, exc in failures:
+        if what == NOTE_DURABILITY:
+            LOG.error(
+                "plancache: boot note %s not made durable: %s; a node reset before this boot's "
+                "start-up ends would not be caught",
+                safe_text(str(boot.note_path), 300),
+                safe_text(getattr(exc, "strerror", None) or exc, 200),
+            )
+        else:
+            LOG.debug("plancache: %s not written: %s", what, safe_text(exc, 200))
 
 
 def after_vote(boot: Boot, decision: Decision) -> None:

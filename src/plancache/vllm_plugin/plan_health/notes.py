@@ -47,7 +47,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...clock import REAL_CLOCK
 from ...storage.local.dirfds import NEW_FILE, read_only, temp_name
@@ -142,12 +142,24 @@ def _alive(fd: int) -> bool:
     return False
 
 
-def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
-    """``data`` under ``name`` in ``dir_fd``: an unpredictable ``O_EXCL | O_NOFOLLOW`` temporary,
-    locked (``hold``) before anything is in it, fsynced, renamed over ``name``, the directory
-    fsynced. With ``hold`` the open, locked note is returned (the caller keeps it for the boot)."""
-    tmp = temp_name(name)
-    fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool, sync: bool) -> int | None:
+    """``data`` under ``name`` in ``dir_fd``, durably (``sync``: the file fsynced, then the
+    directory; else the caller makes it durable later, :func:`make_durable`). With ``hold`` the
+    open note, locked before anything is in it, is returned (the caller keeps it for the boot).
+
+    Where no note has the name (every boot but one after a crash), the note is made under it
+    directly (``O_EXCL | O_NOFOLLOW``): the directory's fsync then makes the name and its bytes
+    durable together, one journal commit fewer than a rename on a boot's critical path. A crash
+    before the fsyncs leaves at worst an empty or partial note, which counts as present (the
+    safe side: one more profile, then it is compared and cleared), and the plan was not yet
+    applied. A name already taken is replaced as before: an unpredictable temporary, fsynced,
+    renamed over it."""
+    try:
+        fd, tmp = os.open(name, NEW_FILE, 0o644, dir_fd=dir_fd), ""
+    except FileExistsError:
+        tmp = temp_name(name)
+        fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+    made = tmp or name
     try:
         if hold:
             with contextlib.suppress(OSError):  # no flock here: the note still says it all
@@ -155,26 +167,36 @@ def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool) -> int | None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        tmp = ""
-        with contextlib.suppress(OSError):
-            os.fsync(dir_fd)
+        if sync:
+            os.fsync(fd)
+        if tmp:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        made = ""
+        if sync:
+            with contextlib.suppress(OSError):  # a filesystem that cannot sync directories
+                os.fsync(dir_fd)
     except BaseException:
+        if made:
+            _unlink_own(made, fd, dir_fd)
         os.close(fd)
         raise
-    finally:
-        if tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
     if hold:
         return fd
     os.close(fd)
     return None
 
 
+def _unlink_own(name: str | Path, fd: int, dir_fd: int | None = None) -> None:
+    """Remove ``name`` only while it is still the file open at ``fd`` (what this boot made):
+    another boot of the same fingerprint may have put its own note there since."""
+    with contextlib.suppress(OSError):
+        mine, there = os.fstat(fd), os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            os.unlink(name, dir_fd=dir_fd)
+
+
 def _write(
-    directory: Path, name: str, data: bytes, *, hold: bool = False
+    directory: Path, name: str, data: bytes, *, hold: bool = False, sync: bool = True
 ) -> tuple[Path, int | None]:
     """Write a note durably in the plan directory, else in its state directory; where it went
     (and, ``hold``, the note kept open and locked).
@@ -186,7 +208,7 @@ def _write(
         directory.mkdir(parents=True, exist_ok=True)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            return directory / name, _write_at(dir_fd, name, data, hold=hold)
+            return directory / name, _write_at(dir_fd, name, data, hold=hold, sync=sync)
         finally:
             os.close(dir_fd)
     except OSError as exc:
@@ -198,7 +220,7 @@ def _write(
         detail = exc.detail if isinstance(exc, PlanCacheError) else (exc.strerror or str(exc))
         raise StoreError(f"{first}; nor in {where}: {detail}") from None
     try:
-        return where / name, _write_at(dir_fd, name, data, hold=hold)
+        return where / name, _write_at(dir_fd, name, data, hold=hold, sync=sync)
     except OSError as exc:
         raise StoreError(f"{first}; nor in {where}: {exc.strerror or exc}") from None
     finally:
@@ -209,11 +231,14 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(REAL_CLOCK.wall()))
 
 
-def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[Path, int | None]:
-    """Write the note, durably, before the plan is applied (the plan directory, else its state
+def note_applying(
+    directory: Path, fp: str, plan_sha256: str, kv: int, *, sync: bool = True
+) -> tuple[Path, int | None]:
+    """Write the note before the plan is applied (the plan directory, else its state
     directory); where it went, and the note held open and locked until :func:`finish`. Raises
     what the write raises: a boot that cannot leave the note anywhere does not apply the plan
-    (it could loop)."""
+    (it could loop). Durable on return, unless ``sync`` is false: then the caller makes it so
+    (:func:`make_durable`) before the plan's KV cache is sized (:mod:`..deferred`)."""
     path = applying_path(directory, fp)
     body = {
         "fingerprint": fp,
@@ -222,37 +247,62 @@ def note_applying(directory: Path, fp: str, plan_sha256: str, kv: int) -> tuple[
         "pid": os.getpid(),
         "time": _stamp(),
     }
-    return _write(directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True)
+    return _write(
+        directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True, sync=sync
+    )
 
 
-def unfinished(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
-    """The note an earlier boot left for this very plan, or None. A note naming other bytes is a
-    note for a plan that was since replaced: not this plan's (removed)."""
-    name, found = APPLYING.format(fp=fp), None
+def make_durable(path: Path, fd: int) -> None:
+    """The note open at ``fd`` fsynced, then its directory (``path``'s parent): the name and its
+    bytes survive a node reset.
+
+    Raises:
+        OSError: the note's fsync failed (the directory's, on a filesystem that cannot sync
+            one, is ignored, as at a synchronous write).
+    """
+    os.fsync(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with contextlib.suppress(OSError):  # a filesystem that cannot sync directories
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class Recalled(NamedTuple):
+    """What this node remembers of one plan (:func:`recall`)."""
+
+    held: dict[str, Any] | None
+    """Its hold-back (``plan-exceeds-profile``), or None."""
+    unfinished: dict[str, Any] | None
+    """The note an earlier boot left while applying it (``unfinished-boot``), or None."""
+
+
+def recall(directory: Path, fp: str, plan_sha256: str) -> Recalled:
+    """This node's memory of the plan ``plan_sha256`` for ``fp``, read in one pass over the
+    places notes may be in (a boot's critical path opens each place once).
+
+    A hold-back must name this very plan: one of other bytes (a different signed plan for the
+    fingerprint arrived), or of no bytes it names, is removed. An unfinished-boot note naming
+    other bytes is a note for a plan since replaced (removed); one naming none (unreadable,
+    partial) counts as this plan's: the safe side."""
+    held_name, applying_name = HELD.format(fp=fp), APPLYING.format(fp=fp)
+    held: dict[str, Any] | None = None
+    left: dict[str, Any] | None = None
     for fd in _places(directory):
-        note = _read(fd, name)
-        if note is None:
-            continue
-        if note.get("plan_sha256") not in (None, plan_sha256):
-            _unlink(fd, name)
-        elif found is None:
-            found = note
-    return found
-
-
-def held(directory: Path, fp: str, plan_sha256: str) -> dict[str, Any] | None:
-    """The hold-back of this very plan, or None; a hold-back of other bytes (a different signed
-    plan for the fingerprint arrived), or of no bytes it names, is removed."""
-    name, found = HELD.format(fp=fp), None
-    for fd in _places(directory):
-        note = _read(fd, name)
-        if note is None:
-            continue
-        if note.get("plan_sha256") != plan_sha256:
-            _unlink(fd, name)
-        elif found is None:
-            found = note
-    return found
+        note = _read(fd, held_name)
+        if note is not None:
+            if note.get("plan_sha256") != plan_sha256:
+                _unlink(fd, held_name)
+            elif held is None:
+                held = note
+        note = _read(fd, applying_name)
+        if note is not None:
+            if note.get("plan_sha256") not in (None, plan_sha256):
+                _unlink(fd, applying_name)
+            elif left is None:
+                left = note
+    return Recalled(held, left)
 
 
 def hold_back(directory: Path, fp: str, plan_sha256: str, plan_kv: int, profiled_kv: int) -> None:
@@ -282,11 +332,8 @@ def finish(path: Path, fd: int | None) -> None:
     try:
         if fd is None:
             clear(path)
-            return
-        with contextlib.suppress(OSError):
-            mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
-            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
-                os.unlink(path)
+        else:
+            _unlink_own(path, fd)
     finally:
         if fd is not None:
             os.close(fd)
