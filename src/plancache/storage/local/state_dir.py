@@ -58,13 +58,13 @@ def open_state_dir(
         FileNotFoundError: the directory is absent and not ``create``.
     """
     base = state_base(env)
-    target = state_dir_for(plan_directory, env)
-    try:
-        top = open_dir(base, target.parent, create=create, mode=0o700)
+    try:  # absent on most nodes: found before the plan directory's real path is resolved
+        top = open_dir(base, base / STATE_SUBDIR, create=create, mode=0o700)
     except (FileNotFoundError, StoreError):
         raise
     except OSError as exc:
         raise StoreError(f"cannot open {base}: {exc.strerror or exc}") from None
+    target = state_dir_for(plan_directory, env)
     try:
         require_owned(top, target.parent)
         if create:

@@ -205,8 +205,11 @@ def _write(
         StoreError: neither place took it, naming both failures (``store-error``).
     """
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # vLLM makes it at its first save: none yet on a fresh node
+            directory.mkdir(parents=True, exist_ok=True)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             return directory / name, _write_at(dir_fd, name, data, hold=hold, sync=sync)
         finally:
