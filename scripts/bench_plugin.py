@@ -11,11 +11,19 @@ only, moto's S3 server and, for ``--rtt-ms`` > 0, the delaying TCP proxy of
 scripts/bench_store.py (real buckets are not on loopback). The store figures are printed
 through the proxy and bare.
 
-Targets (issue "vLLM worker plugin", Performance):
+Targets (issue "vLLM worker plugin", Performance; issue 50 item 7 (b) and (d)):
   1. local signed hit inside the plugin      <= 1.5 x (one Ed25519 verify
                                                 + vLLM's own unsigned load and gate)
-  2. store hit with prefetch, 2 s weights    adds <= 5 ms to the critical path
+  2. store hit with prefetch, 2 s weights    adds <= 1 ms to the critical path
+                                                (issue 50; the old bound was 5 ms)
   3. importing the plugin with the feature off  <= 5 ms
+
+1 times ``maybe_apply_startup_plan`` as vLLM calls it. The crash-loop note's fsyncs and the
+decision's boot record are written on a thread that vLLM's profile pass overlaps and that is
+joined before ``determine_available_memory`` returns (src/plancache/vllm_plugin/deferred.py), so
+1 also prints the hit with that thread joined at once: a boot whose profile pass overlaps none
+of it. Each timed boot is then ended, untimed (its note removed), as the node's previous boot
+was.
 """
 
 from __future__ import annotations
@@ -437,7 +445,7 @@ def main() -> int:
                     f"{r['store_apply_ms']:.2f} ms vs {r['local_apply_ms']:.2f} ms "
                     "for a local signed hit; whole boot "
                     f"{r['store_cp_ms']:.1f} vs {r['local_cp_ms']:.1f} ms, "
-                    f"{r['wall_added_ms']:+.1f} ms)   target <= 5 ms",
+                    f"{r['wall_added_ms']:+.1f} ms)   target <= 1 ms (issue 50 item 7 (d))",
                     flush=True,
                 )
                 print(
