@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mount_namespaces import interpreter_reachable
 
 from plancache.cli.main import main as cli
 from plancache.storage.local.state_dir import state_dir_for
@@ -319,3 +320,28 @@ def test_a_boot_that_ends_while_another_reads_its_note_is_not_an_unfinished_one(
     assert shim.ran
     assert decision.applied, decision
     node_memory.finished(None, b, None, None)
+
+
+_NO_THREAD = """
+import os, resource
+os.setgid(65534)
+os.setuid(65534)
+resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # no thread to be had: a pod's pids limit
+from plancache.vllm_plugin import deferred
+ran = []
+writes = deferred.DeferredWrites([("boot note", lambda: ran.append("note")), ("x", lambda: 1 / 0)])
+print(ran, [what for what, _ in deferred.wait(writes)])
+"""
+
+
+def test_the_deferred_writes_are_made_at_once_when_no_thread_can_be_started() -> None:
+    """A worker at its pids limit cannot start the thread the note's durability and the
+    decision's record go to. That was raised out of the plugin's apply after it had set the
+    plan's KV bytes: the hook said vLLM profiles while the plan applied, the note was never made
+    durable and nothing said so, the decision never reached the boot record (red team 7b)."""
+    interpreter_reachable()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREAD], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "['note'] ['x']", done.stdout + done.stderr
