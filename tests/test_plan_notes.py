@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_namespaces import interpreter_reachable
 
+from mount_namespaces import interpreter_reachable
 from plancache.cli.main import main as cli
 from plancache.storage.local.state_dir import state_dir_for
 from plancache.trust.errors import Reason
