@@ -10,14 +10,19 @@ real worker is tests/test_vllm_plugin.py's.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mount_namespaces import interpreter_reachable
 from plancache.cli.main import main as cli
 from plancache.storage.local.state_dir import state_dir_for
 from plancache.trust.errors import Reason
@@ -231,10 +236,9 @@ print(d.detail)
 def test_a_note_that_cannot_be_written_leaves_nothing_that_would_read_as_an_unfinished_boot(
     node: Path,
 ) -> None:
-    """The note is made under its own name when none is there (one journal commit fewer on the
-    boot's critical path). A write that fails after that (a full disk: here a zero file-size
-    limit, in both places the note may go) removes what it made: an empty note left behind
-    would read as an unfinished boot on every later boot of the node until compared."""
+    """A write of the note that fails (a full disk: here a zero file-size limit, in both places
+    the note may go) removes what it made: an empty note left behind would read as an
+    unfinished boot on every later boot of the node until compared."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
         [sys.executable, "-c", _FULL_DISK_BOOT, str(node)],
@@ -248,3 +252,96 @@ def test_a_note_that_cannot_be_written_leaves_nothing_that_would_read_as_an_unfi
     state = state_dir_for(node)
     left = [p.name for p in (*node.iterdir(), *(state.iterdir() if state.is_dir() else ()))]
     assert left == [], left
+
+
+class _Interleaved:
+    """``fcntl`` for the notes module, running ``step`` (another boot's move) at the first
+    ``flock`` of kind ``op``: the scheduling of two processes on one node, made certain; the
+    files and the locks are the real ones."""
+
+    def __init__(self, op: int, step: Callable[[], None]) -> None:
+        self._op, self._step = op, step
+        self.ran = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(fcntl, name)
+
+    def flock(self, fd: int, op: int) -> None:
+        if op & self._op and not self.ran:
+            self.ran = True
+            self._step()
+        fcntl.flock(fd, op)
+
+
+def test_a_note_is_never_seen_before_its_boot_holds_its_lock(
+    node: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B reads the node (and probes the note's lock, ``LOCK_SH``) at the instant A's note is
+    created, before A locks it. A note made under its own name was visible then, unlocked and
+    empty: B took it for an unfinished boot (it profiles beside A and may hold the good plan
+    back), and B's probe made A's ``LOCK_EX | LOCK_NB`` fail, so every boot during A's start-up
+    found A's note unlocked (red team 7b: thousands a second under a tight loop)."""
+    seen: list[object] = []
+    probes: list[int] = []
+
+    def b_reads() -> None:  # B's recall, holding its lock probe as A locks
+        seen.append(notes.recall(node, FP, SHA).unfinished)
+        with contextlib.suppress(FileNotFoundError):
+            probe = os.open(notes.applying_path(node, FP), os.O_RDONLY)
+            probes.append(probe)
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+
+    shim = _Interleaved(fcntl.LOCK_EX, b_reads)
+    monkeypatch.setattr(notes, "fcntl", shim)
+    a = _boot()
+    assert _apply(node, a, dies=False).applied
+    monkeypatch.undo()
+    for probe in probes:
+        os.close(probe)
+    assert shim.ran and seen == [None]
+    assert notes.recall(node, FP, SHA).unfinished is None  # A's note is locked: A is running
+    node_memory.finished(None, a, None, None)
+    assert not notes.applying_path(node, FP).exists()
+
+
+def test_a_boot_that_ends_while_another_reads_its_note_is_not_an_unfinished_one(
+    node: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B opens A's note; A's start-up ends (its note removed, its lock let go); B then finds
+    the note it holds unlocked. A note removed before its lock went is one whose boot ended,
+    not one that died (red team 7b: B profiled beside A; also on 89a099a)."""
+    a = _boot()
+    assert _apply(node, a, dies=False).applied
+    shim = _Interleaved(fcntl.LOCK_SH, lambda: node_memory.finished(None, a, None, None))
+    monkeypatch.setattr(notes, "fcntl", shim)
+    b = _boot()
+    decision = _apply(node, b, dies=False)
+    monkeypatch.undo()
+    assert shim.ran
+    assert decision.applied, decision
+    node_memory.finished(None, b, None, None)
+
+
+_NO_THREAD = """
+import os, resource
+os.setgid(65534)
+os.setuid(65534)
+resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # no thread to be had: a pod's pids limit
+from plancache.vllm_plugin import deferred
+ran = []
+writes = deferred.DeferredWrites([("boot note", lambda: ran.append("note")), ("x", lambda: 1 / 0)])
+print(ran, [what for what, _ in deferred.wait(writes)])
+"""
+
+
+def test_the_deferred_writes_are_made_at_once_when_no_thread_can_be_started() -> None:
+    """A worker at its pids limit cannot start the thread the note's durability and the
+    decision's record go to. That was raised out of the plugin's apply after it had set the
+    plan's KV bytes: the hook said vLLM profiles while the plan applied, the note was never made
+    durable and nothing said so, the decision never reached the boot record (red team 7b)."""
+    interpreter_reachable()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREAD], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "['note'] ['x']", done.stdout + done.stderr

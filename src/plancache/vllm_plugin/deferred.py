@@ -35,14 +35,18 @@ from . import plugin_state
 
 
 class DeferredWrites:
-    """``tasks`` run in order on one background thread, each failure kept, none raised."""
+    """``tasks`` run in order on one background thread (on this one, at once, when no thread can
+    be started), each failure kept, none raised."""
 
     def __init__(self, tasks: list[tuple[str, Callable[[], None]]]) -> None:
         self._tasks = tasks
         self._done = threading.Event()
         self._pid = os.getpid()
         self.failures: list[tuple[str, BaseException]] = []
-        _thread.start_new_thread(self._run, ())
+        try:
+            _thread.start_new_thread(self._run, ())
+        except RuntimeError:  # no thread to be had (a pod's pids limit): the writes are made now
+            self._run()  # (raised out of apply, after the plan was set: a boot said to profile)
 
     def _run(self) -> None:
         try:

@@ -4,8 +4,9 @@ Why: a node that applies a bad signed plan (too large for what its workload need
 dies in its warm-up, restarts, finds the same verified plan, applies it again, and dies again,
 for ever. So, beside the plan directory (one node's plans, one node's notes):
 
-- ``plancache-applying-<fp>.json`` is written (atomically, fsynced) *before* a worker applies the
-  plan for ``fp``, naming the plan's sha256; it is removed when the boot's start-up ends
+- ``plancache-applying-<fp>.json`` is written (atomically, locked before it is visible, durable
+  before vLLM sizes the KV cache: :mod:`..deferred`) *before* a worker applies the plan for
+  ``fp``, naming the plan's sha256; it is removed when the boot's start-up ends
   (``compile_or_warm_up_model`` returned). A boot that finds it, for the very plan it is about to
   apply, does not apply it (``unfinished-boot``): it profiles, and at its save compares what it
   profiled with the plan (:func:`plancache.trust.plans.gate.exceeds_profile`).
@@ -102,6 +103,8 @@ def _read(dir_fd: int, name: str) -> dict[str, Any] | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or _alive(fd):
             return None
+        if os.fstat(fd).st_nlink == 0:  # its boot removed it, then let go of its lock: it ended
+            return None
         data = b""
         while len(data) <= MAX_NOTE_BYTES:
             chunk = os.read(fd, MAX_NOTE_BYTES + 1 - len(data))
@@ -143,23 +146,21 @@ def _alive(fd: int) -> bool:
 
 
 def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool, sync: bool) -> int | None:
-    """``data`` under ``name`` in ``dir_fd``, durably (``sync``: the file fsynced, then the
-    directory; else the caller makes it durable later, :func:`make_durable`). With ``hold`` the
-    open note, locked before anything is in it, is returned (the caller keeps it for the boot).
+    """``data`` under ``name`` in ``dir_fd``: an unpredictable ``O_EXCL | O_NOFOLLOW`` temporary,
+    locked (``hold``) before anything is in it, written, renamed over ``name``; durably with
+    ``sync`` (the file fsynced before the rename, the directory after it), else the caller makes
+    it durable later (:func:`make_durable`). With ``hold`` the open, locked note is returned (the
+    caller keeps it for the boot).
 
-    Where no note has the name (every boot but one after a crash), the note is made under it
-    directly (``O_EXCL | O_NOFOLLOW``): the directory's fsync then makes the name and its bytes
-    durable together, one journal commit fewer than a rename on a boot's critical path. A crash
-    before the fsyncs leaves at worst an empty or partial note, which counts as present (the
-    safe side: one more profile, then it is compared and cleared), and the plan was not yet
-    applied. A name already taken is replaced as before: an unpredictable temporary, fsynced,
-    renamed over it."""
-    try:
-        fd, tmp = os.open(name, NEW_FILE, 0o644, dir_fd=dir_fd), ""
-    except FileExistsError:
-        tmp = temp_name(name)
-        fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
-    made = tmp or name
+    Never made under its own name, even when the name is free: a note is visible only locked
+    and whole. Another instance of the configuration reading the node meanwhile would otherwise
+    find it unlocked and empty, an unfinished boot (it profiles beside this one and may hold the
+    good plan back), and its lock probe (``LOCK_SH``) at that instant makes this boot's
+    ``LOCK_EX | LOCK_NB`` fail, leaving the note unlocked for the whole start-up (red team 7b).
+    Without ``sync``, a node reset before :func:`make_durable` may leave the name with no bytes:
+    that counts as present (the safe side), and the plan's memory was not in use yet."""
+    tmp = temp_name(name)
+    fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
     try:
         if hold:
             with contextlib.suppress(OSError):  # no flock here: the note still says it all
@@ -169,15 +170,14 @@ def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool, sync: bool) ->
             view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
-        if tmp:
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        made = ""
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = ""
         if sync:
             with contextlib.suppress(OSError):  # a filesystem that cannot sync directories
                 os.fsync(dir_fd)
     except BaseException:
-        if made:
-            _unlink_own(made, fd, dir_fd)
+        if tmp:
+            _unlink_own(tmp, fd, dir_fd)
         os.close(fd)
         raise
     if hold:
