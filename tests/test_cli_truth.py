@@ -109,6 +109,22 @@ def test_an_output_that_cannot_be_written_is_one_line_and_exit_2(
     assert _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"])[0] == 0
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_stderr_that_cannot_be_written_leaves_the_verdict_alone(audit: dict[str, str]) -> None:
+    """The summary on stderr lost to a full disk is only messages: the exit is still the
+    verdict (an uncaught OSError made an all-valid verify exit 1)."""
+    code = "import sys; from plancache.cli.main import main; sys.exit(main())"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-c", code, "verify", "--trusted-keys", audit["pub"], audit["dir"]],
+            stdout=subprocess.DEVNULL,
+            stderr=full,
+            env=dict(os.environ, PYTHONPATH=SRC),
+            timeout=120,
+        )
+    assert done.returncode == 0
+
+
 def _report(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
