@@ -173,6 +173,22 @@ def test_push_dry_run_and_fingerprints(
     assert code == 1 and json.loads(out)["plans"][0]["action"] == "refused"
 
 
+def test_push_reports_its_plans_in_fingerprint_order(
+    keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As verify and ls do: a push of a whole directory lists its plans sorted, not in the order
+    of a set of str (which changed with each run's hash seed)."""
+    local = LocalPlanDir(tmp_path / "plans")
+    fps = [f"{i * 7919:016x}" for i in range(20)]
+    for fp in fps:
+        local.write(fp, plan_bytes(fp=fp), None)
+    url = (tmp_path / "store").as_uri()
+    code, out, _ = run(
+        capsys, "push", "--json", "--dry-run", "--key", str(keys), str(local.path), url
+    )
+    assert code == 0 and [p["fingerprint"] for p in json.loads(out)["plans"]] == sorted(fps)
+
+
 def test_prune_unsigned_invalid_and_only_what_it_judged(
     s3: MotoServer, keys: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

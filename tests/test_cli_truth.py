@@ -80,6 +80,51 @@ def test_a_closed_pipe_never_turns_a_failed_audit_into_success(
     assert code == 0, err
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("process_cli", [False, True])
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_2(
+    audit: dict[str, str], json_flag: list[str], process_cli: bool
+) -> None:
+    """stdout on a full disk (``> report.json`` past a quota, /dev/full here): every plan is
+    valid, but the report is lost, so the exit is 2 with one line saying why, not exit 1 and a
+    traceback (which blamed the plans) nor 0 (which vouched for a report that is not there)."""
+    args = "" if process_cli else "sys.argv[1:]"
+    code = f"import sys; from plancache.cli.main import main; sys.exit(main({args}))"
+    argv = ["verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"]]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=SRC),
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "plancache: error: cannot write the output: No space left on device"
+    )
+    assert _cli("verify", *json_flag, "--trusted-keys", audit["pub"], audit["dir"])[0] == 0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_stderr_that_cannot_be_written_leaves_the_verdict_alone(audit: dict[str, str]) -> None:
+    """The summary on stderr lost to a full disk is only messages: the exit is still the
+    verdict (an uncaught OSError made an all-valid verify exit 1)."""
+    code = "import sys; from plancache.cli.main import main; sys.exit(main())"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-c", code, "verify", "--trusted-keys", audit["pub"], audit["dir"]],
+            stdout=subprocess.DEVNULL,
+            stderr=full,
+            env=dict(os.environ, PYTHONPATH=SRC),
+            timeout=120,
+        )
+    assert done.returncode == 0
+
+
 def _report(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 

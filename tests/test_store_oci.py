@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import gc
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from conftest import FP, plan_bytes
 from plancache.cli.main import main
 from plancache.keys.keyfile import generate_keypair
 from plancache.storage.local.localdir import LocalPlanDir
+from plancache.storage.oci.artifacts import EMPTY_DIGEST
 from plancache.storage.oci.registry_urls import is_registry_url, parse_store_url
 from plancache.storage.store import open_store
 from plancache.trust.errors import ConfigError
@@ -90,6 +92,25 @@ def test_cli_round_trip_and_layout(
     reads = registry.settled_requests()[before:]
     plan_reads = [r for r in reads if plan_name(FP) in r[1] or "/blobs/" in r[1]]
     assert [m for m, _ in plan_reads] == ["GET"], reads  # one manifest: the plan is in it
+
+
+def test_a_push_to_a_new_repository_uploads_each_blob_once(
+    registry: DockerRegistry, keys: Path, tmp_path: Path
+) -> None:
+    """Twenty plans pushed at once to new repositories: each manifest names the empty config,
+    and its uploads, racing each other, made the registry refuse a manifest PUT meanwhile (400
+    MANIFEST_BLOB_UNKNOWN) in about half the pushes of nine plans. One upload of it a push, and
+    every push succeeds."""
+    plans = LocalPlanDir(tmp_path / "ci-plans")
+    for i in range(20):
+        plans.write(f"{i:016x}", plan_bytes(f"{i:016x}"), None)
+    assert main(["sign", "--key", str(keys), str(plans.path)]) == 0
+    config = re.escape(f"digest={EMPTY_DIGEST}")
+    for _ in range(3):
+        url = registry.url(registry.new_repository("race"))
+        before = len(registry.settled_requests(config))
+        assert main(["push", str(plans.path), url]) == 0
+        assert len(registry.settled_requests(config)) - before == 1
 
 
 def test_store_objects_round_trip_and_delete_by_digest(registry: DockerRegistry) -> None:

@@ -2,8 +2,9 @@
 place failures become one line (or one JSON report).
 
 Exit codes: 0 success; 1 some plan is invalid, unsigned or was refused; 2 usage or
-configuration error (argparse uses 2 as well); 130 interrupted. With ``--json``, stdout
-carries exactly one report whatever happens, usage errors included.
+configuration error (argparse uses 2 as well), or an output that cannot be written; 130
+interrupted. With ``--json``, stdout carries exactly one report whatever happens, usage errors
+included, unless stdout itself cannot be written (then one line on stderr, exit 2).
 
 A command's module is imported only when it runs (its ``handler``, declared in
 :mod:`plancache.cli.parser`): a boot-time ``pull`` pays for what it uses and nothing else.
@@ -59,10 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = (
         private_stdout(stdout, stderr) if argv is None else stdout
     )  # the process's CLI: native writes to stderr
-    sys.stdout = ClosedPipeSafe(own)
+    out = sys.stdout = ClosedPipeSafe(own)
     sys.stderr = RedactedLines(stderr)
     try:
-        return _main(argv)
+        code = _main(argv)
+        out.flush()
+        return _output_written(out, code)
     finally:
         try:
             sys.stdout.flush()
@@ -72,6 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout, sys.stderr = stdout, stderr  # its end (asyncio reports late, at exit)
             else:
                 _leave_the_heap_to_the_exit()
+
+
+def _output_written(out: ClosedPipeSafe, code: int) -> int:
+    """``code``, unless stdout could not be written (a full disk or quota under ``>
+    report.json``, EIO): the report is missing or cut short, so one line says so and the exit
+    is 2. Exit 1 (what an uncaught error gave) would blame the plans for a local failure, and 0
+    would vouch for a report that is not there. A reader that went away is not a failure."""
+    if out.failure is None or code == 130:
+        return code
+    reason = out.failure.strerror or type(out.failure).__name__
+    print(f"plancache: error: cannot write the output: {safe_text(reason, 200)}", file=sys.stderr)
+    return EXIT_CONFIG
 
 
 def _leave_the_heap_to_the_exit() -> None:

@@ -3,7 +3,10 @@
 - :class:`ClosedPipeSafe` (stdout): the exit code is the verdict. A reader that goes away
   (``plancache verify | head``) used to end the command with ``BrokenPipeError`` and exit 0,
   turning a failed audit into a success. Now fd 1 becomes ``/dev/null`` at the first broken
-  write and the command runs to its own exit code; stderr still speaks.
+  write and the command runs to its own exit code; stderr still speaks. Any other failed write
+  (a full disk or quota under ``> report.json``, EIO) is kept in :attr:`ClosedPipeSafe.failure`
+  and silences the stream the same way: the output is lost, so the CLI ends with one line and
+  exit 2 instead of a traceback and exit 1, which would blame the plans.
 - :class:`RedactedLines` (stderr): no secret in any output. Lines reach stderr from argparse
   (which echoes argument values), from SDK messages inside error details and from summaries
   naming the store; each complete line goes through :func:`plancache.trust.display.redact`
@@ -43,10 +46,14 @@ def private_stdout(stdout: TextIO, stderr: TextIO) -> TextIO:
 
 
 class ClosedPipeSafe(io.TextIOBase):
-    """A text stream whose closed reader silences it instead of raising."""
+    """A text stream whose closed reader silences it instead of raising; so does any other
+    failed write, remembered in :attr:`failure` for the caller to report."""
 
     def __init__(self, inner: TextIO) -> None:
         self.inner = inner
+        self.failure: OSError | None = None
+        """The first write or flush that failed other than on a closed reader: what was written
+        is incomplete, and the command must not exit as if its output were there."""
 
     def _closed(self) -> None:
         try:
@@ -57,18 +64,36 @@ class ClosedPipeSafe(io.TextIOBase):
             # Not a real fd (a capture): drop what follows.
             self.inner = open(os.devnull, "w")  # noqa: SIM115 - kept open: every later write goes there
 
+    def _failed(self, exc: OSError) -> None:
+        if self.failure is None:
+            self.failure = exc
+        self._closed()
+
     def write(self, text: str) -> int:
         try:
             return self.inner.write(text)
         except BrokenPipeError:
             self._closed()
-            return len(text)
+        except OSError as exc:
+            self._failed(exc)
+        return len(text)
 
     def flush(self) -> None:
         try:
             self.inner.flush()
         except BrokenPipeError:
             self._closed()
+        except OSError as exc:
+            self._failed(exc)
+            self._flush_silenced()
+
+    def _flush_silenced(self) -> None:
+        """What the failed flush left in the buffer goes where the stream now writes (nowhere),
+        so that the exit's own flush does not meet the same error again."""
+        try:
+            self.inner.flush()
+        except OSError:
+            pass
 
     def isatty(self) -> bool:
         return self.inner.isatty()

@@ -125,8 +125,9 @@ def push_plans(
     names: dict[str, list[str]] = {}
     would_sign: set[str] = set()
     signed: set[str] = set()
-    present = set(directory.fingerprints())
-    for fp in present if fingerprints is None else list(dict.fromkeys(fingerprints)):
+    listed = directory.fingerprints()  # sorted: the report's order, as verify's and ls's
+    present = set(listed)
+    for fp in listed if fingerprints is None else list(dict.fromkeys(fingerprints)):
         entry = PushEntry(fp)
         entries.append(entry)
         if fp not in present:

@@ -184,6 +184,9 @@ class RegistryBackend:
         self._inflight: dict[str, asyncio.Future[Manifest | None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._config_uploaded = False
+        self._uploading: dict[str, asyncio.Future[str]] = {}
+        """Blob uploads under way, by digest: a write needing a blob already on its way awaits
+        that upload instead of starting its own (:meth:`_upload`)."""
         self._subject_lock = asyncio.Lock()
         self._subject_image: Descriptor | None = None
         """The subject's descriptor, its tag resolved once."""
@@ -351,9 +354,23 @@ class RegistryBackend:
         return Versioned(data, manifest.digest)
 
     # -- writes -----------------------------------------------------------------------------------
+    async def _upload(self, data: bytes) -> str:
+        """``data``'s blob in the repository (:meth:`RegistryClient.put_blob`), one upload of
+        a digest at a time however many writes need it at once: every manifest names the empty
+        config, and the copies of a plan set are the same bytes. Two uploads of one digest
+        racing each other made distribution 2.8 (docker-registry) refuse a third write's
+        manifest, PUT meanwhile, with 400 MANIFEST_BLOB_UNKNOWN: about half the pushes of nine
+        plans to a new repository failed. Once it ends, the next write asks the registry again."""
+        digest = sha256_digest(data)
+        upload = self._uploading.get(digest)
+        if upload is None:
+            upload = self._uploading[digest] = asyncio.ensure_future(self.origin.put_blob(data))
+            upload.add_done_callback(lambda _: self._uploading.pop(digest, None))
+        return await asyncio.shield(upload)
+
     async def _ensure_config(self) -> None:
         if not self._config_uploaded:
-            await self.origin.put_blob(EMPTY_CONFIG)
+            await self._upload(EMPTY_CONFIG)
             self._config_uploaded = True
 
     async def write(self, path: str, data: bytes) -> None:
@@ -368,7 +385,7 @@ class RegistryBackend:
                 current = None
             if current is not None and not is_own(current, slot):
                 current = None  # another object's manifest: neither kept from nor deleted
-            digest = await self.origin.put_blob(bytes(value))
+            digest = await self._upload(bytes(value))
             await self._ensure_config()
             layer = Descriptor(
                 slot.media_type,
