@@ -398,7 +398,7 @@ def test_keygen_takes_any_file_name_and_cleans_up_when_the_public_line_cannot_be
 
 def _wire_blob(public: object) -> bytes:
     """The SSH wire blob cryptography itself writes for a public key."""
-    line = public.public_bytes(  # type: ignore[attr-defined]
+    line = public.public_bytes(  # type: ignore[attr-defined]  # any key type's public half
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
     return base64.b64decode(line.split()[1])
@@ -421,7 +421,7 @@ def _as_before(kind: str, blob_b64: str) -> Ed25519PublicKey:
 
 def _verdict(parse: object, kind: str, blob_b64: str) -> tuple[str, object]:
     try:
-        key = parse(kind, blob_b64)  # type: ignore[operator]
+        key = parse(kind, blob_b64)  # type: ignore[operator]  # either parser, same call
     except ConfigError as exc:
         return "refused", exc.detail
     return "key", key.public_bytes_raw()
