@@ -1513,6 +1513,31 @@ def test_boot_records_are_bounded_and_never_written_through_a_link(
     assert list(shutil_target.iterdir()) == []
 
 
+def test_a_boot_record_whose_first_write_failed_still_prunes_at_its_next(
+    plugin: SimpleNamespace, lines: list
+) -> None:
+    """A record's rewrites skip the directory's prune listing, but only once a write of it
+    succeeded: a first write that failed (here the records' directory is a file; on a node, a
+    full disk) must not stop the next one from removing the oldest records (a crash-looping
+    worker fills the directory otherwise)."""
+    from plancache.storage.local import records
+
+    boot_dir = plugin.tmp / "cache" / "plancache" / "boot"
+    boot_dir.parent.mkdir(parents=True)
+    boot_dir.write_bytes(b"")  # the decision's write fails
+    worker = make_worker(plugin)
+    worker.determine_available_memory()  # the decision's record, then the profiling's: both fail
+    assert not any(r.levelno >= logging.WARNING for r in lines)
+    boot_dir.unlink()
+    boot_dir.mkdir()
+    for i in range(records.KEEP + 5):  # older boots' records, past the bound
+        (
+            boot_dir / f"2000{i // 28 + 1:02d}{i % 28 + 1:02d}T000000Z-1-r0-00000000.json"
+        ).write_bytes(b"{}")
+    _finish_boot(plugin, worker)  # this record's first write that succeeds
+    assert len(list(boot_dir.glob("*.json"))) == records.KEEP
+
+
 def test_doctor_shows_the_last_boot_records(
     plugin: SimpleNamespace,
     monkeypatch: pytest.MonkeyPatch,

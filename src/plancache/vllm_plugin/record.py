@@ -165,10 +165,10 @@ def _write(record: BootRecord, later: list[tuple[str, Callable[[], None]]] | Non
     deferred.wait(record.pending)
     record.pending = None
     data = json.dumps(record.document(), sort_keys=True).encode()
-    prune, record.written = not record.written, True
 
-    def write() -> None:
-        records.write(record.root, record.name, data, prune=prune)
+    def write() -> None:  # prunes until a write of the record succeeds (a full disk frees up)
+        records.write(record.root, record.name, data, prune=not record.written)
+        record.written = True
 
     if later is not None:
         later.append(("boot record", write))

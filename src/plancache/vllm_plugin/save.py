@@ -37,7 +37,6 @@ from .adapter import (
     enabled,
     fingerprint_of,
     free_memory,
-    plan_dir,
     provenance,
     worker_conditions,
 )
@@ -63,7 +62,7 @@ def save(
     boot = boot_for(worker)
     save_fp = fingerprint_of(worker, fingerprint)
     fp = boot.apply_fingerprint or save_fp
-    directory = plan_dir()
+    directory = boot.plans
     try:  # after an unfinished boot: this fresh profile against the plan (hold back, or not)
         plan_guard.compare_after_profile(worker, boot, directory.path, int(kv_cache_memory_bytes))
     except Exception:
