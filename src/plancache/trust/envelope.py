@@ -120,8 +120,8 @@ def unb64(value: object, what: str) -> bytes:
     """
     if not isinstance(value, str):
         raise Rejected(Reason.MALFORMED, f"{what} is not a string")
-    try:
-        return base64.b64decode(value, validate=True)
+    try:  # base64.b64decode(value, validate=True) is this call behind two wrappers
+        return binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError):
         raise Rejected(Reason.MALFORMED, f"{what} is not base64") from None
 
@@ -198,9 +198,9 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
         raise Rejected(
             Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures"
         )
-    signatures = tuple(_signature(raw) for raw in raw_sigs)
-    keyless = sum(s.ext is not None for s in signatures)
-    if len(data) > keyless_cap(cap, keyless):
+    signatures = tuple([_signature(raw) for raw in raw_sigs])
+    keyless = sum(s.ext is not None for s in signatures) if named else 0
+    if keyless < named and len(data) > keyless_cap(cap, keyless):  # fewer than the bytes named
         raise Rejected(
             Reason.TOO_LARGE,
             f"signature is {len(data)} bytes, the cap is {keyless_cap(cap, keyless)}",

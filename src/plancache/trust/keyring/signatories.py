@@ -86,7 +86,10 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
             except Rejected as exc:
                 count.failed(exc.reason, exc.detail)
             continue
-        kid = canonical_keyid(signature.keyid)
+        # a trusted key's id is in normal form already (Keyring): only another needs normalising
+        kid = signature.keyid
+        if kid not in keyring.keys:
+            kid = canonical_keyid(kid)
         if kid is None:
             continue
         if kid in keyring.revoked:

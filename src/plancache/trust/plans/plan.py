@@ -123,7 +123,7 @@ def parse_plan(data: bytes, name: str) -> Plan:
             Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {safe_text(schema, 40)}"
         )
     fingerprint = obj.get("fingerprint")
-    if not is_fingerprint(fingerprint):
+    if fingerprint != name_fp and not is_fingerprint(fingerprint):  # the name's fp is one
         raise Rejected(Reason.MALFORMED, "plan fingerprint is not 16 lowercase hex digits")
     if fingerprint != name_fp:
         raise Rejected(
