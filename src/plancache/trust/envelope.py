@@ -152,7 +152,14 @@ def _extension(value: object) -> Mapping[str, Any]:
 
 
 def _signature(raw: object) -> Signature:
-    if isinstance(raw, dict) and set(raw) == {"keyid", "sig"} and isinstance(raw["keyid"], str):
+    # exactly these keys, asked without building a set (a dict's keys are distinct)
+    if (
+        isinstance(raw, dict)
+        and len(raw) == 2
+        and "keyid" in raw
+        and "sig" in raw
+        and isinstance(raw["keyid"], str)
+    ):
         return Signature(raw["keyid"], unb64(raw["sig"], "signature envelope: sig"))
     if isinstance(raw, dict) and set(raw) == {"extension", "keyid", "sig"} and raw["keyid"] == "":
         ext = _extension(raw["extension"])
