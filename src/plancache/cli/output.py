@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from itertools import repeat
 from datetime import datetime, timezone
+from itertools import repeat
 from typing import Any, TextIO
 
 from ..trust.display import redact, safe_text
@@ -94,11 +94,10 @@ def print_table(
     status and reason in every row), and padding and joining run in C; cell by cell, the
     table was ~35 ms of that command's serial tail."""
     out = out or sys.stdout
-    columns = [[header, *_escaped(column)] for header, column in zip(headers, zip(*rows))]
-    if not columns:  # no rows: the headers alone
-        columns = [[header] for header in headers]
+    cells = zip(*rows, strict=True) if rows else ([] for _ in headers)  # no rows: headers alone
+    columns = [[header, *_escaped(column)] for header, column in zip(headers, cells, strict=True)]
     padded = [list(map(str.ljust, column, repeat(max(map(len, column))))) for column in columns]
-    out.write("".join(["  ".join(line).rstrip() + "\n" for line in zip(*padded)]))
+    out.write("".join(["  ".join(line).rstrip() + "\n" for line in zip(*padded, strict=True)]))
 
 
 def _escaped(column: Sequence[Any]) -> list[str]:

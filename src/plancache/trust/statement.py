@@ -87,7 +87,7 @@ def format_time(moment: datetime) -> str:
                 f"time {safe_text(moment, 40)} is outside the years 1 to 9999 in UTC"
             ) from None
     # %-formatting: half the cost of the same f-string's format specs (every report prints one)
-    return "%04d-%02d-%02dT%02d:%02d:%02dZ" % (
+    return "%04d-%02d-%02dT%02d:%02d:%02dZ" % (  # noqa: UP031 - the faster of the two, above
         utc.year,
         utc.month,
         utc.day,

@@ -87,7 +87,7 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
                 count.failed(exc.reason, exc.detail)
             continue
         # a trusted key's id is in normal form already (Keyring): only another needs normalising
-        kid = signature.keyid
+        kid: str | None = signature.keyid
         if kid not in keyring.keys:
             kid = canonical_keyid(kid)
         if kid is None:

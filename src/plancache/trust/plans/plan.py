@@ -143,7 +143,6 @@ def parse_plan(data: bytes, name: str) -> Plan:
     return Plan(fingerprint, kv, baseline, extra)
 
 
-
 def render_plan(plan: Plan) -> bytes:
     """Serialise a plan the way vLLM 0.33's ``maybe_save_startup_plan`` does."""
     obj: dict[str, Any] = {
