@@ -16,7 +16,6 @@ from ...trust.envelope import MAX_SIG_OBJECT_BYTES
 from ...trust.errors import PlanCacheError
 from ...trust.plans.plan import (
     MAX_PLAN_BYTES,
-    PLAN_SUFFIX,
     SIG_SUFFIX,
     fingerprint_of_plan_name,
     plan_name,
@@ -60,9 +59,7 @@ class LocalPlanDir:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return []
-        # a sidecar's name is never a plan's: skipped before the pattern (half a directory)
-        plans = [fingerprint_of_plan_name(n) for n in names if n.endswith(PLAN_SUFFIX)]
-        return sorted(fp for fp in plans if fp is not None)
+        return sorted(fp for fp in map(fingerprint_of_plan_name, names) if fp is not None)
 
     def read(self, fingerprint: str) -> tuple[bytes | None, bytes | None]:
         """(plan bytes, sidecar bytes), each None when absent; reads are capped, never trusted."""
@@ -71,7 +68,7 @@ class LocalPlanDir:
         plan = read_capped(plan_path, MAX_PLAN_BYTES)
         if plan is None:
             return None, None
-        return plan, read_capped(plan_path + SIG_SUFFIX, MAX_SIG_OBJECT_BYTES)  # sig_name's
+        return plan, read_capped(plan_path + SIG_SUFFIX, MAX_SIG_OBJECT_BYTES)  # its sig_name
 
     def write(
         self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True
