@@ -120,8 +120,8 @@ def unb64(value: object, what: str) -> bytes:
     """
     if not isinstance(value, str):
         raise Rejected(Reason.MALFORMED, f"{what} is not a string")
-    try:  # base64.b64decode(value, validate=True) is this call behind two wrappers
-        return binascii.a2b_base64(value, strict_mode=True)
+    try:  # not binascii's strict_mode directly: Python 3.10 (requires-python) has none
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise Rejected(Reason.MALFORMED, f"{what} is not base64") from None
 
