@@ -176,7 +176,7 @@ def _oldest_python() -> str | None:
     """An interpreter of the oldest Python that ``requires-python`` admits, if this machine has
     one that runs: beside the running one (pyenv keeps its versions side by side), or on the
     PATH (where a pyenv shim may name a version it will not run)."""
-    pyproject = (Path(plancache.__file__).parents[2] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     floor = re.search(r'requires-python = ">=([0-9]+[.][0-9]+)"', pyproject)
     assert floor is not None, "pyproject.toml names no requires-python floor"
     name = f"python{floor.group(1)}"
