@@ -284,6 +284,9 @@ def test_table_cells_are_escaped_as_each_alone() -> None:
     print_table(rows, headers, out)
     assert out.getvalue() == expected
     assert "True" in expected and "secret" not in expected and "\x1b" not in expected
+    empty = io.StringIO()
+    print_table([], headers, empty)
+    assert empty.getvalue() == "A  B  C  D\n"  # no rows: the headers alone
 
 
 def test_console_script_demo_and_help() -> None:

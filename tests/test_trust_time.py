@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import plancache
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
 from plancache.trust import envelope as dsse
 from plancache.trust.errors import ConfigError, PlanCacheError, Reason
@@ -22,7 +29,7 @@ from plancache.trust.keyring.keys import Ed25519Signer
 from plancache.trust.keyring.trusted_keys_file import parse_trusted_keys
 from plancache.trust.plans.plan import plan_name
 from plancache.trust.signing import sign_plan
-from plancache.trust.statement import Statement, format_time
+from plancache.trust.statement import Statement, format_time, parse_statement, parse_time
 from plancache.trust.verify import verify_plan
 
 NAME = plan_name(FP)
@@ -163,3 +170,70 @@ def test_fuzz_dates_never_escape_as_anything_but_a_reason(
         assert vp.statement is not None and vp.statement.signed_at == signed_at
         return
     assert reason in {Reason.EXPIRED, Reason.NOT_YET_VALID}
+
+
+def _oldest_python() -> str | None:
+    """An interpreter of the oldest Python that ``requires-python`` admits, if this machine has
+    one that runs: beside the running one (pyenv keeps its versions side by side), or on the
+    PATH (where a pyenv shim may name a version it will not run)."""
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    floor = re.search(r'requires-python = ">=([0-9]+[.][0-9]+)"', pyproject)
+    assert floor is not None, "pyproject.toml names no requires-python floor"
+    name = f"python{floor.group(1)}"
+    beside = sorted(Path(sys.base_prefix).parent.glob(f"{floor.group(1)}.*/bin/{name}"))
+    for python in [*map(str, beside), shutil.which(name)]:
+        if python and subprocess.run([python, "-c", ""], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+_READ_ON_ANOTHER_PYTHON = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from plancache.trust import envelope as dsse
+from plancache.trust.errors import Rejected
+from plancache.trust.statement import parse_statement, parse_time
+def outcome(f, *args):
+    try:
+        return repr(f(*args))
+    except Rejected as exc:
+        return f"{exc.reason.value}: {exc.detail}"
+sidecar = sys.stdin.buffer.read()
+st = parse_statement(dsse.decode(sidecar).payload)
+print(json.dumps([repr(st.signed_at), repr(st.expires_at), outcome(dsse.unb64, "QUJD\\n", "x"),
+    outcome(parse_time, "2026-02-30T00:00:00Z", "t"), outcome(parse_time, LAST, "t")]))
+"""
+
+
+def test_the_oldest_python_allowed_reads_sidecars_and_times_as_this_one() -> None:
+    """pyproject.toml admits Python 3.10, whose ``binascii.a2b_base64`` takes no
+    ``strict_mode`` and whose ``datetime.fromisoformat`` reads no ``Z``: a reader written for
+    3.11 raised TypeError on every sidecar there, and refused every statement's date (red team
+    7d). The same bytes, read by the oldest Python and by this one, give the same answers."""
+    python = _oldest_python()
+    if python is None:
+        pytest.skip("no interpreter of the oldest Python pyproject.toml admits")
+    sig = sidecar(make_signer(), "2026-01-31T12:00:00Z", LAST)
+    src = str(Path(plancache.__file__).parents[1])
+    script = _READ_ON_ANOTHER_PYTHON.replace("LAST", repr(LAST))
+    done = subprocess.run(
+        [python, "-I", "-B", "-c", script, src], input=sig, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    st = parse_statement(dsse.decode(sig).payload)
+
+    def here(f: Callable[..., object], *args: object) -> str:
+        try:
+            return repr(f(*args))
+        except PlanCacheError as exc:
+            return f"{exc.reason.value}: {exc.detail}"
+
+    expected = [
+        repr(st.signed_at),
+        repr(st.expires_at),
+        here(dsse.unb64, "QUJD\n", "x"),
+        here(parse_time, "2026-02-30T00:00:00Z", "t"),
+        here(parse_time, LAST, "t"),
+    ]
+    assert json.loads(done.stdout) == expected
+    assert expected[0] == repr(datetime(2026, 1, 31, 12, tzinfo=UTC))

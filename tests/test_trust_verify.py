@@ -534,3 +534,31 @@ def test_an_envelope_with_a_duplicate_key_is_refused_at_any_depth(
     assert b'"a":NaN' in nan  # json.dumps writes it back: a canonical comparison would pass it
     with pytest.raises(Rejected, match="NaN is not JSON"):
         dsse.decode(nan)
+
+
+def test_a_judged_result_keeps_every_field_but_the_verdict(
+    signed: tuple[str, bytes, bytes], signer: Ed25519Signer
+) -> None:
+    """``PlanResult.judged`` builds its result field by field, for speed: a field added to
+    ``PlanResult`` and not to it would be dropped by every verification. Each field is set to a
+    value of its own here, so one left out, or two swapped, compares unequal."""
+    from dataclasses import fields, replace
+
+    from plancache.trust.result import PlanResult
+
+    name, data, sig = signed
+    verified = verify_plan(name, data, sig, keyring_of(signer), NOW)
+    error = Rejected(Reason.MALFORMED, "x")
+    values: dict[str, Any] = {
+        "fingerprint": FP,
+        "source": "store",
+        "plan_bytes": data,
+        "sig_bytes": sig,
+        "written": True,
+        "write_error": Rejected(Reason.STORE_ERROR, "disk full"),
+        "note": "a note",
+    }
+    assert set(values) | {"verified", "error"} == {f.name for f in fields(PlanResult)}
+    raw = PlanResult(**values)
+    assert raw.judged(verified) == replace(raw, verified=verified)
+    assert raw.judged(error=error) == replace(raw, error=error)

@@ -54,8 +54,8 @@ def verify_result(result: PlanResult, policy: TrustPolicy, now: datetime) -> Pla
             plan_name(result.fingerprint), result.plan_bytes, result.sig_bytes, source, now
         )
     except PlanCacheError as exc:
-        return replace(result, error=exc)
-    return replace(result, verified=verified)
+        return result.judged(error=exc)
+    return result.judged(verified)
 
 
 @contextlib.contextmanager

@@ -120,7 +120,7 @@ def unb64(value: object, what: str) -> bytes:
     """
     if not isinstance(value, str):
         raise Rejected(Reason.MALFORMED, f"{what} is not a string")
-    try:
+    try:  # not binascii's strict_mode directly: Python 3.10 (requires-python) has none
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise Rejected(Reason.MALFORMED, f"{what} is not base64") from None
@@ -152,7 +152,14 @@ def _extension(value: object) -> Mapping[str, Any]:
 
 
 def _signature(raw: object) -> Signature:
-    if isinstance(raw, dict) and set(raw) == {"keyid", "sig"} and isinstance(raw["keyid"], str):
+    # exactly these keys, asked without building a set (a dict's keys are distinct)
+    if (
+        isinstance(raw, dict)
+        and len(raw) == 2
+        and "keyid" in raw
+        and "sig" in raw
+        and isinstance(raw["keyid"], str)
+    ):
         return Signature(raw["keyid"], unb64(raw["sig"], "signature envelope: sig"))
     if isinstance(raw, dict) and set(raw) == {"extension", "keyid", "sig"} and raw["keyid"] == "":
         ext = _extension(raw["extension"])
@@ -198,9 +205,9 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
         raise Rejected(
             Reason.MALFORMED, f"signature envelope must hold 1 to {MAX_SIGNATURES} signatures"
         )
-    signatures = tuple(_signature(raw) for raw in raw_sigs)
-    keyless = sum(s.ext is not None for s in signatures)
-    if len(data) > keyless_cap(cap, keyless):
+    signatures = tuple([_signature(raw) for raw in raw_sigs])
+    keyless = sum(s.ext is not None for s in signatures) if named else 0
+    if keyless < named and len(data) > keyless_cap(cap, keyless):  # fewer than the bytes named
         raise Rejected(
             Reason.TOO_LARGE,
             f"signature is {len(data)} bytes, the cap is {keyless_cap(cap, keyless)}",

@@ -32,7 +32,6 @@ import hmac
 import json
 import math
 import re
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -210,6 +209,8 @@ def without_secrets(factors: Mapping[str, Any]) -> dict[str, Any]:
 
 def new_salt() -> str:
     """A fresh salt for one manifest's keyed factors (128 random bits)."""
+    import secrets  # here: the trust core's every reader would import random's seeding for it
+
     return secrets.token_hex(16)
 
 

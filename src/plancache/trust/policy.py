@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigError
 from .keyring.keys import Keyring
-from .plans.plan_set import VerifiedSet, verify_set
 from .verify import VerifiedPlan, admit_unsigned, verify_plan
+
+if TYPE_CHECKING:
+    from .plans.plan_set import VerifiedSet
 
 Source = Literal["local", "store"]
 PolicyKind = Literal["signed", "unsigned-local", "unusable"]
@@ -80,6 +82,8 @@ class TrustPolicy:
                 reason.
         """
         if self.kind == "signed" and self.keyring is not None:
+            from .plans.plan_set import verify_set  # plan sets only: a directory's audit has none
+
             return verify_set(name, data, self.keyring, now)
         if self.kind == "unusable":
             raise ConfigError(f"trusted keys unusable ({self.problem})")

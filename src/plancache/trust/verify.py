@@ -171,18 +171,18 @@ class Opened(Generic[T]):
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(k.name for k in self.signers)
+        return tuple([k.name for k in self.signers])
 
     @property
     def key_ids(self) -> tuple[str, ...]:
         """The signers' key ids (``SHA256:…``, ``sigstore:…``), in the order of :attr:`names`."""
-        return tuple(k.keyid for k in self.signers)
+        return tuple([k.keyid for k in self.signers])
 
     @property
     def identities(self) -> tuple[IdentitySigner, ...]:
         """The keyless signers among them (identity, issuer, log index): what every verified
         kind carries beside the names, for the reports to say who signed."""
-        return tuple(k for k in self.signers if isinstance(k, IdentitySigner))
+        return tuple([k for k in self.signers if isinstance(k, IdentitySigner)])
 
 
 def open_signed(

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from ...trust.envelope import MAX_SIG_OBJECT_BYTES
 from ...trust.errors import PlanCacheError
-from ...trust.plans.plan import MAX_PLAN_BYTES, fingerprint_of_plan_name, plan_name, sig_name
+from ...trust.plans.plan import (
+    MAX_PLAN_BYTES,
+    SIG_SUFFIX,
+    fingerprint_of_plan_name,
+    plan_name,
+    sig_name,
+)
 from ...trust.result import PlanResult
 from .files import fsync_dir, read_capped, write_atomic
 
@@ -58,12 +64,11 @@ class LocalPlanDir:
     def read(self, fingerprint: str) -> tuple[bytes | None, bytes | None]:
         """(plan bytes, sidecar bytes), each None when absent; reads are capped, never trusted."""
         # os.path.join, not Path's "/": two Path objects a plan cost ~10 us of a 10,000-plan verify
-        directory = os.fspath(self.path)
-        plan = read_capped(os.path.join(directory, plan_name(fingerprint)), MAX_PLAN_BYTES)
+        plan_path = os.path.join(os.fspath(self.path), plan_name(fingerprint))
+        plan = read_capped(plan_path, MAX_PLAN_BYTES)
         if plan is None:
             return None, None
-        sig_path = os.path.join(directory, sig_name(fingerprint))
-        return plan, read_capped(sig_path, MAX_SIG_OBJECT_BYTES)
+        return plan, read_capped(plan_path + SIG_SUFFIX, MAX_SIG_OBJECT_BYTES)  # its sig_name
 
     def write(
         self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True

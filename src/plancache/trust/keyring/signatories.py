@@ -86,7 +86,10 @@ def _count(env: dsse.Envelope, keyring: Keyring) -> _Count:
             except Rejected as exc:
                 count.failed(exc.reason, exc.detail)
             continue
-        kid = canonical_keyid(signature.keyid)
+        # a trusted key's id is in normal form already (Keyring): only another needs normalising
+        kid: str | None = signature.keyid
+        if kid not in keyring.keys:
+            kid = canonical_keyid(kid)
         if kid is None:
             continue
         if kid in keyring.revoked:
@@ -220,6 +223,8 @@ def _check_signing_times(
         Rejected: ``signing-time-mismatch``.
     """
     keyless = [k for k in keys if isinstance(k, IdentitySigner) and k.log_time is not None]
+    if not keyless:
+        return  # no keyless signer with a verified time: nothing to compare
     for k in keyless:
         if k.log_time is not None and signed_at - k.log_time > clock_skew:
             raise _mismatch(k, signed_at, k.log_time, clock_skew)
@@ -227,7 +232,7 @@ def _check_signing_times(
         not isinstance(k, IdentitySigner) and k.window_covers(signed_at) and k.window_covers(now)
         for k in keys
     )
-    if keyless and not dated_by_key:
+    if not dated_by_key:
         first = min(keyless, key=lambda k: k.log_time or signed_at)
         if first.log_time is not None and first.log_time - signed_at > clock_skew:
             raise _mismatch(first, signed_at, first.log_time, clock_skew)

@@ -28,6 +28,8 @@ PLAN_SUFFIX = ".json"
 SIG_SUFFIX = ".sig"
 MAX_INT = 2**63 - 1
 """Byte counts end up in torch/C ints; anything larger is not a memory size."""
+_KNOWN = frozenset({"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"})
+"""The schema's fields: the rest of a plan is kept verbatim (:attr:`Plan.extra`)."""
 
 _FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 _PLAN_NAME = re.compile(r"startup_plan_([0-9a-f]{16})\.json")
@@ -123,7 +125,7 @@ def parse_plan(data: bytes, name: str) -> Plan:
             Reason.MALFORMED, f"plan schema must be {SCHEMA}, got {safe_text(schema, 40)}"
         )
     fingerprint = obj.get("fingerprint")
-    if not is_fingerprint(fingerprint):
+    if fingerprint != name_fp and not is_fingerprint(fingerprint):  # the name's fp is one
         raise Rejected(Reason.MALFORMED, "plan fingerprint is not 16 lowercase hex digits")
     if fingerprint != name_fp:
         raise Rejected(
@@ -136,8 +138,8 @@ def parse_plan(data: bytes, name: str) -> Plan:
         raise Rejected(
             Reason.MALFORMED, f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
         )
-    known = {"schema", "fingerprint", "kv_cache_memory_bytes", "free_memory_baseline"}
-    extra = {k: v for k, v in obj.items() if k not in known}
+    # the four fields are there (each read above): any other key is an extra
+    extra = {k: v for k, v in obj.items() if k not in _KNOWN} if len(obj) > len(_KNOWN) else {}
     return Plan(fingerprint, kv, baseline, extra)
 
 
