@@ -6,8 +6,9 @@
 # Defaults: two pytest-xdist workers (PLANCACHE_TEST_WORKERS=2), `--dist loadfile` (a file's tests
 # stay on one worker, so every module-scoped fixture, a vLLM boot among them, runs once), and
 # `--no-loadscope-reorder`, so that xdist hands files out in conftest's order: the three files that
-# boot vLLM for minutes first (tests/conftest.py, LONGEST). Two, on two cores: a third worker beside
-# the vLLM fixtures only slows them (the whole suite took 13 min on three, about 10 on two).
+# boot vLLM for minutes first (tests/conftest.py, LONGEST), then the slow ones (SLOW), the quick
+# ones last. Two, on two cores: a third worker beside the vLLM fixtures only slows them (the whole
+# suite took 13 min on three, about 10 on two).
 # Budgets, retries and backoff are tested on a fake clock and the realtime tier allows generous
 # slack, so nothing here schedules around a busy CPU (docs/test-suite.md).
 # PLANCACHE_TEST_WORKERS=0 runs one process.
