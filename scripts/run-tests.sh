@@ -6,11 +6,14 @@
 # Defaults: two pytest-xdist workers (PLANCACHE_TEST_WORKERS=2), `--dist loadfile` (a file's tests
 # stay on one worker, so every module-scoped fixture, a vLLM boot among them, runs once), and
 # `--no-loadscope-reorder`, so that xdist hands files out in conftest's order: the three files that
-# boot vLLM for minutes first (tests/conftest.py, LONGEST). Two, on two cores: a third worker beside
-# the vLLM fixtures only slows them (the whole suite took 13 min on three, about 10 on two).
+# boot vLLM for minutes first (tests/conftest.py, LONGEST), then the slow ones (SLOW), the quick
+# ones last. Two, on two cores: a third worker beside the vLLM fixtures only slows them (the whole
+# suite took 13 min on three, about 10 on two).
 # Budgets, retries and backoff are tested on a fake clock and the realtime tier allows generous
 # slack, so nothing here schedules around a busy CPU (docs/test-suite.md).
 # PLANCACHE_TEST_WORKERS=0 runs one process.
+# `--durations=25`: every run's log ends with its 25 slowest tests (setup, call and teardown each),
+# so a CI log shows where the suite's time went; an argument `--durations=N` after it wins.
 # CI runs the default: every tier.
 # Tiers: `-m unit` runs the quick tier alone (under a minute; PLANCACHE_NO_ENGINE=1 spares a fresh
 # checkout the engine venv it never uses); any `-m` that names tiers only leaves the files that
@@ -38,6 +41,7 @@ else
 fi
 WORKERS="${PLANCACHE_TEST_WORKERS:-2}"
 if [ "$WORKERS" = "0" ]; then
-    exec "$VENV/bin/python" -m pytest "$@"
+    exec "$VENV/bin/python" -m pytest --durations=25 "$@"
 fi
-exec "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
+exec "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile --no-loadscope-reorder \
+    --durations=25 "$@"

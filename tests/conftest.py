@@ -114,19 +114,48 @@ boots, the ranks' worlds): queued first, each on a worker of its own, so that th
 side from the start with the quick files beside them instead of making a tail of their own.
 Throughput only: no test's outcome depends on what runs beside it (docs/test-suite.md)."""
 
+SLOW = (
+    "test_compile_squatted_tmp.py",  # seven fresh compiles, as two users in a mount namespace
+    "test_vllm_plugin.py",  # vLLM in process, boots killed after applying, read-only mounts
+    "test_no_secret_shipped.py",  # four compile-cache boots
+    "test_store_contract.py",  # every backend
+    "test_compile_real_nodes.py",  # forked node workers, mounts
+    "test_compile_install_atomic.py",  # a real g++ killed at every step
+    "test_no_secret_printed.py",  # every command and journey against unreachable stores
+    "test_store_bounds.py",
+    "test_store_faults.py",
+    "test_compile_unfinished_header.py",  # two torch compiles, a precompiled header each
+    "test_boot_records.py",  # two compile-cache boots
+    "test_store_hostile.py",  # a subprocess per hostile answer
+    "test_boot_storm.py",
+    "test_cli_fingerprint.py",
+    "test_trust_verify.py",  # every single-byte change of a plan and of a sidecar
+    "test_explain.py",
+    "test_compile_cache_cli.py",
+    "test_sigstore_range.py",  # pip --target the oldest sigstore in range
+    "test_install_resolution.py",
+)
+"""The files that take from a quarter of a minute to a few (the ``--durations`` report that
+scripts/run-tests.sh asks for shows them), queued after :data:`LONGEST`, slowest first; the quick
+files follow as collected. So both workers end on quick files at about the same time, where one
+worker used to run the last slow file (test_vllm_plugin, last alphabetically) alone while the
+other sat idle. A file missing here only runs later; throughput, as above."""
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by ``-m``
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test marked with its file's tiers (:data:`FILE_TIERS`; a file with none gets no mark,
-    and tests/test_tiers.py fails); the :data:`LONGEST` files first, then the others as collected.
+    and tests/test_tiers.py fails); the :data:`LONGEST` files first, then the :data:`SLOW` ones,
+    then the others as collected.
     Under ``--dist loadfile --no-loadscope-reorder`` (scripts/run-tests.sh) pytest-xdist hands
     files to workers in this order. The sort is stable (a file's own order is kept) and
     deterministic, as xdist requires: every worker must collect the same order."""
     for item in items:
         for tier in FILE_TIERS.get(item.path.name, ()):
             item.add_marker(tier)
-    rank = {name: i for i, name in enumerate(LONGEST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
+    queued = (*LONGEST, *SLOW)
+    rank = {name: i for i, name in enumerate(queued)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(queued)))
 
 
 # -- tiers: what each test file needs (docs/test-suite.md#tiers) -----------------------------------

@@ -11,7 +11,7 @@ import pytest
 import tomllib
 
 import conftest
-from conftest import FILE_TIERS, LONGEST, TIERS
+from conftest import FILE_TIERS, LONGEST, SLOW, TIERS
 
 TESTS = Path(__file__).resolve().parent
 NOT_UNIT = re.compile(
@@ -46,6 +46,35 @@ def test_the_tiers_are_the_registered_markers() -> None:
 def test_the_longest_files_are_vllm_or_engine_files() -> None:
     for name in LONGEST:
         assert {"vllm", "engine"} & set(FILE_TIERS[name]), name
+
+
+def test_the_queued_files_exist_and_are_queued_once() -> None:
+    """A file renamed or gone from :data:`LONGEST` or :data:`SLOW` would quietly run last."""
+    queued = [*LONGEST, *SLOW]
+    assert sorted(set(queued) - FILE_TIERS.keys()) == []
+    assert len(set(queued)) == len(queued)
+
+
+class _Item:
+    """What the ordering hook reads of a collected test: its file and its name."""
+
+    def __init__(self, file: str, name: str) -> None:
+        self.path, self.name = Path(file), name
+
+    def add_marker(self, marker: str) -> None:
+        pass
+
+
+def test_the_queued_files_come_first_in_their_order() -> None:
+    """The :data:`LONGEST` files, then the :data:`SLOW` ones, each in its tuple's order, then the
+    others as collected; a file's own tests keep their order."""
+    collected = ["test_a.py", SLOW[1], "test_b.py", LONGEST[1], SLOW[0], LONGEST[0]]
+    items = [_Item(file, name) for file in collected for name in ("one", "two")]
+    conftest.pytest_collection_modifyitems(items)  # type: ignore[arg-type]  # duck-typed items
+    expected = [LONGEST[0], LONGEST[1], SLOW[0], SLOW[1], "test_a.py", "test_b.py"]
+    assert [(i.path.name, i.name) for i in items] == [
+        (file, name) for file in expected for name in ("one", "two")
+    ]
 
 
 def test_unit_files_import_no_vllm_server_or_clock() -> None:
