@@ -345,3 +345,58 @@ def test_the_deferred_writes_are_made_at_once_when_no_thread_can_be_started() ->
         [sys.executable, "-c", _NO_THREAD], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "['note'] ['x']", done.stdout + done.stderr
+
+
+_FORKED_JOIN = """
+import os, threading
+from plancache.vllm_plugin import deferred
+release = threading.Event()
+writes = deferred.DeferredWrites([("boot note", release.wait)])
+child = os.fork()
+if child == 0:  # the parent's thread does not exist here: its join must not wait for it
+    os._exit(0 if deferred.wait(writes) == [] else 1)
+_, status = os.waitpid(child, 0)
+release.set()
+print(os.waitstatus_to_exitcode(status), deferred.wait(writes), deferred.wait(writes))
+"""
+
+
+def test_a_forked_child_never_waits_for_its_parents_deferred_writes() -> None:
+    """The deferred writes are joined on a lock their thread holds until they ran: a child forked
+    meanwhile holds a copy of it, held for ever (the thread is the parent's); its join returns at
+    once. The parent joins as often as it asks (the hook around ``determine_available_memory``,
+    then the end of start-up)."""
+    interpreter_reachable()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_JOIN],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "0 [] []", done.stdout + done.stderr
+
+
+def test_a_deferred_record_write_holds_the_document_of_its_decision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision's record is encoded on the deferred thread, after apply returned: what vLLM
+    does meanwhile (a compile cache used, its saving set in place) belongs to a later write, not
+    to this one, whose bytes are the decision's wherever they are encoded."""
+    from plancache.vllm_plugin import record
+
+    monkeypatch.setattr(record, "_root", lambda: tmp_path)
+    worker = type("Worker", (), {"rank": 0})()
+    later: list[tuple[str, Callable[[], None]]] = []
+    written = record.note_plan(worker, "apply", "ok", "local", FP, "", 1.0, later=later)
+    written.saved_ms["compile"] = 12.5  # as note_used sets it, before its own write waits
+    written.plan = {**(written.plan or {}), "determine_ms": 3.0}
+    [(what, write)] = later
+    write()
+    [path] = (tmp_path / "plancache" / "boot").iterdir()
+    document = json.loads(path.read_bytes())
+    assert what == "boot record"
+    assert document["saved_ms"] == {"profiling": None, "compile": None}, document
+    assert "determine_ms" not in document["plan"] and document["plan"]["decision"] == "apply"

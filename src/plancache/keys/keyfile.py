@@ -78,14 +78,16 @@ def _public_text(data: bytes, path: Path) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _parsed(text: str, source: str) -> Keyring:
-    """:func:`~plancache.trust.keyring.trusted_keys_file.parse_trusted_keys`, remembered for
-    this exact text and name: a vLLM worker reads its trusted keys at every boot (the file is
-    read each time, so an edit counts at once), and parsing its keys again was ~0.3 ms of a
-    local hit's critical path. Only what the same bytes parse to is reused, never a verdict; a
-    text that does not parse raises every time (exceptions are not cached). The keyring is
-    frozen, its keys are public and immutable, and a forked worker's copy stays right."""
-    return parse_trusted_keys(text, source)
+def _parsed(data: bytes, path: Path) -> Keyring:
+    """A trusted-keys file's bytes checked (:func:`_public_text`) and parsed
+    (:func:`~plancache.trust.keyring.trusted_keys_file.parse_trusted_keys`), remembered for
+    these exact bytes and name: a vLLM worker reads its trusted keys at every boot (the file is
+    read each time, so an edit counts at once), and checking and parsing its keys again was
+    ~0.3 ms of a local hit's critical path. Only what the same bytes parse to is reused, never a
+    verdict; bytes that are refused or do not parse raise every time (exceptions are not
+    cached). The keyring is frozen, its keys are public and immutable, and a forked worker's
+    copy stays right."""
+    return parse_trusted_keys(_public_text(data, path), str(path))
 
 
 def load_keyring(
@@ -118,7 +120,7 @@ def load_keyring(
         keyring = Keyring()
         listed_in: dict[str, Path] = {}
         for file in files:
-            part = _parsed(_public_text(read_key_file(file, "trusted key"), file), str(file))
+            part = _parsed(read_key_file(file, "trusted key"), file)
             for kid in part.keys:
                 if kid in listed_in:
                     raise ConfigError(
@@ -134,7 +136,7 @@ def load_keyring(
             except ConfigError as exc:
                 raise ConfigError(f"{what}: {exc.detail}") from None
     else:
-        keyring = _parsed(_public_text(read_key_file(path, "trusted-keys file"), path), str(path))
+        keyring = _parsed(read_key_file(path, "trusted-keys file"), path)
         what = f"trusted-keys file {safe_text(path)}"
     ids = keyring.identities
     revoked_ids = ids is not None and bool(ids.revoked)

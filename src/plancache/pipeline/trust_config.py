@@ -36,7 +36,9 @@ def load_trusted_keys(
         raise ConfigError(
             f"the signature threshold must be a whole number of at least 1, got {threshold}"
         )
-    return load_keyring(Path(path).expanduser(), revocations_only).with_threshold(threshold)
+    keyring = load_keyring(Path(path).expanduser(), revocations_only)
+    # a keyring of this threshold already is that value (frozen): not made and checked again
+    return keyring if keyring.threshold == threshold else keyring.with_threshold(threshold)
 
 
 def trust_policy(

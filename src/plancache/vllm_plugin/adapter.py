@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import numbers
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -178,7 +179,7 @@ def enabled() -> bool:
 
 def plan_dir() -> LocalPlanDir:
     """vLLM's plan directory, asked from vLLM itself (so both always agree)."""
-    return LocalPlanDir(Path(startup_plan_module()._plan_path("0" * 16)).parent)
+    return LocalPlanDir(Path(os.path.dirname(startup_plan_module()._plan_path("0" * 16))))
 
 
 def fingerprint_of(worker: Worker, fingerprint: Fingerprint) -> str:

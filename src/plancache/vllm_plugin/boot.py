@@ -225,24 +225,27 @@ def log_decision(
     A plan read through a registry's mirror says so (``via_mirror=HOST``: docs/stores.md): the
     mirror of the plan's own store, not one another store of the process (a compile cache's)
     was read through. Returns the boot record written (None: none, or it failed)."""
-    from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
-
     elapsed = started.elapsed_ms()
     skipped = decision.reason in (Verdict.ALREADY_SET, Verdict.WORKER_WITHOUT_PLANS)
     verdict = "apply" if decision.applied else ("skip" if skipped else "profile")
-    serving = store_key(boot.config.url) if boot is not None else None
-    via = ",".join(h for h, _ in mirrors_read(serving)) if source == "store" else ""
-    LOG.info(
-        "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s%s",
-        verdict,
-        decision.reason.value,
-        source,
-        fp or "-",
-        elapsed,
-        f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
-        f" via_mirror={via}" if via else "",
-        f' detail="{_quoted(decision.detail)}"' if decision.detail else "",
-    )
+    via = ""
+    if source == "store":  # a local hit never asks (nor imports) the registry's notes
+        from ..storage.oci.mirrors.mirror_reads import mirrors_read, store_key
+
+        serving = store_key(boot.config.url) if boot is not None else None
+        via = ",".join(h for h, _ in mirrors_read(serving))
+    if LOG.isEnabledFor(logging.INFO):  # the detail quoted only for a line that is emitted
+        LOG.info(
+            "plancache: decision=%s reason=%s source=%s fingerprint=%s elapsed_ms=%.1f%s%s%s",
+            verdict,
+            decision.reason.value,
+            source,
+            fp or "-",
+            elapsed,
+            f" kv_cache_memory_bytes={decision.kv_cache_memory_bytes}" if decision.applied else "",
+            f" via_mirror={via}" if via else "",
+            f' detail="{_quoted(decision.detail)}"' if decision.detail else "",
+        )
     if worker is not None:
         try:
             return record.note_plan(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import _thread
 import os
-import threading
 from collections.abc import Callable
 
 from . import plugin_state
@@ -40,7 +39,10 @@ class DeferredWrites:
 
     def __init__(self, tasks: list[tuple[str, Callable[[], None]]]) -> None:
         self._tasks = tasks
-        self._done = threading.Event()
+        # held until every task ran: a bare lock, not a threading.Event (a Condition and a lock
+        # made on the critical path for one wait)
+        self._running = _thread.allocate_lock()
+        self._running.acquire()
         self._pid = os.getpid()
         self.failures: list[tuple[str, BaseException]] = []
         try:
@@ -56,13 +58,14 @@ class DeferredWrites:
                 except BaseException as exc:  # kept for the join, which says it once
                     self.failures.append((what, exc))
         finally:
-            self._done.set()
+            self._running.release()
 
     def wait(self) -> list[tuple[str, BaseException]]:
         """Block until every task ran; the failures (what, exception). In a forked child (the
         thread is the parent's, and does not exist there): nothing to wait for."""
         if os.getpid() == self._pid:
-            self._done.wait()
+            with self._running:  # released once the tasks ran; released again for the next wait
+                pass
         return self.failures
 
 

@@ -103,7 +103,7 @@ class BootRecord:
                 {k: v for k, v in c.items() if not k.startswith("_")} for c in self.compile_cache
             ],
             "plugin_ms": round(self.plugin_ms, 1),
-            "saved_ms": self.saved_ms,
+            "saved_ms": dict(self.saved_ms),  # a copy: later events set its values in place
             "warnings": warnings,
         }
 
@@ -160,13 +160,16 @@ def _process_record(rank: int) -> BootRecord:
 
 def _write(record: BootRecord, later: list[tuple[str, Callable[[], None]]] | None = None) -> None:
     """Write the record as it is now, after any write of it still in flight (a newer document
-    never overwritten by an older one). ``later``: the write is appended there instead, the
-    document encoded now, for the boot's deferred thread (:mod:`.deferred`)."""
+    never overwritten by an older one). ``later``: the write is appended there instead, for the
+    boot's deferred thread (:mod:`.deferred`), the document taken now and encoded there: it
+    holds only values no later event changes in place (:meth:`BootRecord.document`), so its
+    bytes are those of this moment wherever they are encoded."""
     deferred.wait(record.pending)
     record.pending = None
-    data = json.dumps(record.document(), sort_keys=True).encode()
+    document = record.document()
 
     def write() -> None:  # prunes until a write of the record succeeds (a full disk frees up)
+        data = json.dumps(document, sort_keys=True).encode()
         records.write(record.root, record.name, data, prune=not record.written)
         record.written = True
 
@@ -251,8 +254,8 @@ def note_profiling(worker: object, determine_ms: float) -> float | None:
             record.saved_ms["profiling"] = round(
                 max(0.0, plan["signed_profile_ms"] - determine_ms), 1
             )
-        if record.plan is not None:
-            record.plan["determine_ms"] = round(determine_ms, 1)
+        if record.plan is not None:  # a new entry: a document taken before holds the old one
+            record.plan = {**record.plan, "determine_ms": round(determine_ms, 1)}
         _write(record)
     return determine_ms if plan.get("decision") == "profile" else None
 

@@ -33,8 +33,18 @@ def relative_parts(base: Path, directory: Path) -> tuple[str, ...]:
     Raises:
         StoreError: ``directory`` is not under ``base`` (reason ``store-error``).
     """
+    inner, outer = os.path.abspath(directory), os.path.abspath(base)
+    if not inner.startswith("//") and not outer.startswith("//"):
+        # the common case as strings (both normalized: no ".", "..", "//" or trailing "/" left),
+        # without pathlib's parsing on a boot's critical path; "//" roots are pathlib's to judge
+        if inner == outer:
+            return ()
+        prefix = outer if outer == "/" else outer + "/"
+        if not inner.startswith(prefix):
+            raise StoreError(f"{directory} is not under {base}")
+        return tuple(inner[len(prefix) :].split("/"))
     try:
-        rel = PurePosixPath(os.path.abspath(directory)).relative_to(os.path.abspath(base))
+        rel = PurePosixPath(inner).relative_to(outer)
     except ValueError:
         raise StoreError(f"{directory} is not under {base}") from None
     if ".." in rel.parts:

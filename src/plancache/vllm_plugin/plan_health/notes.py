@@ -56,6 +56,9 @@ from ...storage.local.state_dir import open_state_dir, state_dir_for
 from ...trust.errors import PlanCacheError, StoreError
 from ...trust.plans.plan import is_fingerprint
 
+_ENCODE = json.JSONEncoder(sort_keys=True).encode
+"""``json.dumps(..., sort_keys=True)`` without a new encoder made at each call (a boot's
+critical path writes a note)."""
 APPLYING = "plancache-applying-{fp}.json"
 HELD = "plancache-held-{fp}.json"
 MAX_NOTE_BYTES = 4096
@@ -242,7 +245,6 @@ def note_applying(
     what the write raises: a boot that cannot leave the note anywhere does not apply the plan
     (it could loop). Durable on return, unless ``sync`` is false: then the caller makes it so
     (:func:`make_durable`) before the plan's KV cache is sized (:mod:`..deferred`)."""
-    path = applying_path(directory, fp)
     body = {
         "fingerprint": fp,
         "plan_sha256": plan_sha256,
@@ -250,9 +252,7 @@ def note_applying(
         "pid": os.getpid(),
         "time": _stamp(),
     }
-    return _write(
-        directory, path.name, json.dumps(body, sort_keys=True).encode(), hold=True, sync=sync
-    )
+    return _write(directory, APPLYING.format(fp=fp), _ENCODE(body).encode(), hold=True, sync=sync)
 
 
 def make_durable(path: Path, fd: int) -> None:
@@ -317,7 +317,7 @@ def hold_back(directory: Path, fp: str, plan_sha256: str, plan_kv: int, profiled
         "profiled_kv_cache_memory_bytes": profiled_kv,
         "time": _stamp(),
     }
-    _write(directory, HELD.format(fp=fp), json.dumps(body, sort_keys=True).encode())
+    _write(directory, HELD.format(fp=fp), _ENCODE(body).encode())
 
 
 def clear(path: Path) -> bool:
