@@ -11,7 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from store_servers import LOOPBACK, _stop, free_port, wait_for_port
+from late_ports import late_port
+from store_servers import LOOPBACK, _stop, wait_for_port
 
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (
@@ -42,7 +43,10 @@ class Azurite:
     """Azurite's blob service on a free loopback port, data in memory, telemetry off."""
 
     def __init__(self, binary: str) -> None:
-        self.port = free_port()
+        # below the ephemeral range (tests/late_ports.py): Node takes a second or more to bind,
+        # and a port from free_port() was once taken meanwhile by another worker's server, which
+        # answered Azurite's requests (create_container: "invalid status 'OK'")
+        self.port = late_port(LOOPBACK)
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
             [

@@ -3,13 +3,14 @@ first.
 
 Why: ``free_port()`` (bind to port 0, close) hands out a port from the ephemeral range, the same
 range from which every outgoing connection and every other ``bind(("", 0))`` on the machine gets
-its port. A listener that binds at once (moto, Azurite) is safe with it; one that binds minutes
-later is not: the ranks' gloo TCPStore binds after importing vLLM, ``vllm serve`` after loading
-the model, and meanwhile the suite's servers, clients and engines take ephemeral ports by the
-thousand. A slow run (the cores at about 70 % of their speed, 2026-12-04) lost that race: rank 0's
-TCPStore failed with EADDRINUSE and every test of tests/test_vllm_ranks.py errored. A port below
-``ip_local_port_range`` is never chosen by the kernel, so only another late listener could take
-it; picks are random over thousands of ports, checked free, and never repeated in a process.
+its port. A listener that binds at once is safe with it; one that binds later is not (Azurite,
+which Node starts in a second or more, lost that race once, 2026-12-06): the ranks' gloo TCPStore
+binds after importing vLLM, ``vllm serve`` after loading the model, and meanwhile the suite's
+servers, clients and engines take ephemeral ports by the thousand. A slow run (the cores at about
+70 % of their speed, 2026-12-04) lost that race: rank 0's TCPStore failed with EADDRINUSE and every
+test of tests/test_vllm_ranks.py errored. A port below ``ip_local_port_range`` is never chosen by
+the kernel, so only another late listener could take it; picks are random over thousands of ports,
+checked free, and never repeated in a process.
 The same holds for ``store_servers.closed_port()`` (a port that must stay refused for a test).
 This is about ports, not time: unlike the wall-clock aids the suite retired when budgets moved
 to a fake clock (docs/adr/0010), nothing else can keep another process off a port.
