@@ -8,6 +8,7 @@ reading is parallel too. Every plan goes through the same :func:`verify_result` 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import operator
@@ -26,7 +27,7 @@ from ..trust.result import PlanResult
 from ..trust.statement import format_time, parse_statement
 from .keyless_report import claimed, keyless_facts, signed_by
 from .locations import Location, open_location, require_existing
-from .resolver import verify_result
+from .resolver import collector_paused, verify_result
 
 if TYPE_CHECKING:
     from ..clock import Deadline
@@ -236,7 +237,9 @@ def check_many(
         if "fork" in multiprocessing.get_all_start_methods()
         else None
     )
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    # the parent only gathers acyclic reports meanwhile; a worker collects as usual
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=gc.enable)
+    with pool, collector_paused():
         for chunk_reports in pool.map(_check_chunk, [(c, directory, policy, now) for c in chunks]):
             reports.extend(chunk_reports)
             if progress:
