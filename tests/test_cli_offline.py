@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from conftest import FP, GIB, NOW, plan_bytes
 from plancache.cli.main import main
@@ -295,6 +297,35 @@ def test_a_report_crosses_the_pool_whole() -> None:
     report = PlanReport(**values)
     back = pickle.loads(pickle.dumps([report, report]))
     assert back == [report, report] and vars(back[0]) == values
+
+
+@given(
+    st.lists(
+        st.text(
+            alphabet=st.sampled_from(list("aZ09 -_/.:=@\\\x1b\u202e\u00e9eyJpinPIN")), max_size=12
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+@example(["0123456789abcdef", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"])
+@settings(max_examples=300, deadline=None)
+def test_a_plain_column_is_one_safe_text_cell_by_cell(texts: list[str]) -> None:
+    """``print_table`` passes a column whose texts joined are ``is_plain`` through unescaped: it
+    must be the column ``safe_text`` gives cell by cell, and ``is_plain`` of the joined texts
+    must never hold when one of them would be changed (an escape, a redaction)."""
+    import io
+
+    from plancache.cli.output import CELL_LIMIT, print_table
+    from plancache.trust.display import is_plain, safe_text
+
+    if is_plain(" ".join(texts)):
+        assert all(safe_text(t, CELL_LIMIT) == t for t in texts)
+    table = io.StringIO()
+    print_table([[t] for t in texts], ["H"], table)
+    cells = ["H", *(safe_text(t, CELL_LIMIT) for t in texts)]
+    width = max(map(len, cells))
+    assert table.getvalue() == "".join(c.ljust(width).rstrip() + "\n" for c in cells)
 
 
 def test_table_cells_are_escaped_as_each_alone() -> None:
