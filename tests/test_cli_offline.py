@@ -245,6 +245,22 @@ def test_parallel_verify_matches_serial(
     assert [p["fingerprint"] for p in serial["plans"] if p["status"] != "valid"] == [fps[7]]
 
 
+@pytest.mark.parametrize(
+    ("plans", "jobs"), [(200, 2), (1000, 2), (10_000, 2), (10_000, 8), (99_999, 3)]
+)
+def test_a_pool_gets_its_plans_in_order_in_chunks_that_shrink(plans: int, jobs: int) -> None:
+    """Every plan once, in input order (reports come back in it); chunks never growing, none
+    over 1000, and the last ones of at most 32 plans: the pool ends when its slowest worker
+    does, so what is left at the end must be short."""
+    from plancache.pipeline.audit import _guided_chunks
+
+    chunks = _guided_chunks(list(range(plans)), jobs)
+    sizes = [len(c) for c in chunks]
+    assert [p for c in chunks for p in c] == list(range(plans))
+    assert sizes == sorted(sizes, reverse=True) and max(sizes) <= 1000
+    assert sizes[-2] <= 32 and min(sizes[:-1]) >= 32  # no round trip for a handful
+
+
 def _collector_state(args: tuple[list[str], object, object, object]) -> list[object]:
     """A pool task reporting, for each plan, whether its worker's cyclic collector is on."""
     import gc

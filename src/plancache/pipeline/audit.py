@@ -203,6 +203,22 @@ def _check_chunk(
     return [check(result, policy, now) for result in results]
 
 
+def _guided_chunks(work: Sequence[Any], jobs: int) -> list[Sequence[Any]]:
+    """``work`` cut in input order into chunks that shrink as it runs out (guided scheduling):
+    each a quarter of a worker's share of what is left, 32 to 1000 plans. The pool ends when
+    its slowest worker does, so its last chunks must be short (a worker still on a 156-plan
+    chunk while the other idles costs up to ~25 ms of a 10,000-plan verify); its first ones
+    long, for fewer round trips through the parent, which shares the workers' cores (64 even
+    chunks for 10,000 plans before, 36 now, the last ones of 32)."""
+    chunks = []
+    start = 0
+    while start < len(work):
+        size = min(1000, max(32, (len(work) - start) // (jobs * 4)))
+        chunks.append(work[start : start + size])
+        start += size
+    return chunks
+
+
 def check_many(
     work: Sequence[PlanResult] | Sequence[str],
     policy: TrustPolicy | None,
@@ -226,11 +242,7 @@ def check_many(
     import multiprocessing  # only for many plans: a boot-time pull never pays for it
     from concurrent.futures import ProcessPoolExecutor
 
-    # ~32 chunks a worker: the pool ends when its slowest worker does, and a worker still on
-    # its last chunk while the others idle costs up to a chunk's time (8 a worker left ~50 ms
-    # of 10,000 plans to one core); a chunk's round trip costs ~0.1 ms
-    size = max(32, min(1000, len(work) // (jobs * 32) or 1))
-    chunks = [work[i : i + size] for i in range(0, len(work), size)]
+    chunks = _guided_chunks(work, jobs)
     reports = []
     context = (
         multiprocessing.get_context("fork")
