@@ -459,6 +459,32 @@ def test_ci_bake_spends_the_documented_budget_on_an_unanswering_store(
     assert "PLANCACHE_TIMEOUT" in help_text
 
 
+def test_offline_audit_spends_the_documented_budget_on_an_unanswering_store(
+    black_hole: BlackHole, tmp_path: Path
+) -> None:
+    """The same for the audit's ``verify`` (docs/stores.md: the journeys pass
+    ``PLANCACHE_TIMEOUT`` when it is set); its failure report says which budget ran out."""
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    report = tmp_path / "audit.json"
+    audit = script(
+        "offline-audit.sh",
+        {
+            **AWS_ENV,
+            "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={black_hole.endpoint}",
+            "PLANCACHE_TIMEOUT": "1.5",
+            "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"),
+            "AUDIT_JSON": str(report),
+        },
+        "s3://bucket/plans",
+        timeout=60,
+    )
+    assert audit.returncode == 2, audit.stderr
+    failed = json.loads(report.read_text())
+    assert failed["ok"] is False
+    assert "no answer within the 1.5 s budget" in failed["error"]["detail"], failed
+    assert "PLANCACHE_TIMEOUT" in script("offline-audit.sh", {}, "--help").stdout
+
+
 def test_push_to_a_file_location_whose_parent_is_missing_is_exit_2(tmp_path: Path) -> None:
     generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
     profiled = _profiled(tmp_path, FP)
