@@ -243,9 +243,10 @@ def s3_put(endpoint: str, path: str, body: bytes = b"") -> None:
 
 
 def start_proxy(upstream: int, rtt_ms: float) -> tuple[subprocess.Popen[bytes], int]:
-    from store_servers import free_port, wait_for_port
+    from late_ports import late_port
+    from store_servers import wait_for_port
 
-    port = free_port()
+    port = late_port()  # the proxy's own interpreter binds it (tests/late_ports.py)
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -109,10 +109,13 @@ async def _proxy(listen: int, upstream: int, rtt: float) -> None:
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def late_port() -> int:
+    """A port for a server started in another process, below the ephemeral range: that process
+    binds it later, and a port from binding 0 in this one could be taken meanwhile
+    (tests/late_ports.py)."""
+    from late_ports import late_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 def wait_port(port: int) -> None:
@@ -374,10 +377,10 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
     try:
-        server_port = free_port()
+        server_port = late_port()
         server, server_label = start_server(args.server, server_port, tmp / "s3rver-data")
         procs.append(server)
-        proxy_port = free_port()
+        proxy_port = late_port()
         procs.append(
             subprocess.Popen(
                 [
@@ -436,7 +439,7 @@ def main() -> int:
         )
         hole.close()
         refused = open_store(
-            "s3://bench/x", {"endpoint_url": f"http://127.0.0.1:{free_port()}"}, budget
+            "s3://bench/x", {"endpoint_url": f"http://127.0.0.1:{late_port()}"}, budget
         )
         for _ in range(2):
             refused.fetch(one)

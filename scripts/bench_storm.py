@@ -100,9 +100,10 @@ class Proxy:
     GIL)."""
 
     def __init__(self, kind: str, upstream_port: int, retry_after: int | None) -> None:
-        from store_servers import free_port, wait_for_port
+        from late_ports import late_port
+        from store_servers import wait_for_port
 
-        self.port = free_port()
+        self.port = late_port()  # the proxy's own interpreter binds it (tests/late_ports.py)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         argv = [
             sys.executable,

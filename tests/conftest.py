@@ -235,6 +235,7 @@ FILE_TIERS: dict[str, tuple[str, ...]] = {
     "test_python_api.py": ("emulator",),
     "test_recipes.py": ("emulator",),
     "test_s3_direct.py": ("emulator",),
+    "test_server_ports.py": ("emulator",),  # every server in a process of its own
     "test_sigstore_range.py": ("system", "emulator"),  # pip --target the oldest sigstore
     "test_small_robustness.py": UNIT,
     "test_static_rules.py": UNIT,

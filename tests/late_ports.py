@@ -1,10 +1,12 @@
 """A port for a listener that binds late: below the kernel's ephemeral range, so nothing takes it
 first.
 
-Why: ``free_port()`` (bind to port 0, close) hands out a port from the ephemeral range, the same
-range from which every outgoing connection and every other ``bind(("", 0))`` on the machine gets
-its port. A listener that binds at once is safe with it; one that binds later is not (Azurite,
-which Node starts in a second or more, lost that race once, 2026-12-06): the ranks' gloo TCPStore
+Why: a port picked by binding port 0 and closing (the suite's former ``free_port()``) comes from
+the ephemeral range, the same range from which every outgoing connection and every other
+``bind(("", 0))`` on the machine gets its port. A listener that binds port 0 itself and listens at
+once is safe; one that binds a picked port later is not (Azurite, which Node starts in a second or
+more, lost that race once, 2026-12-06), and every server of the suite in a process of its own
+binds later (moto's, the GCS emulator, docker-registry, Azurite): the ranks' gloo TCPStore
 binds after importing vLLM, ``vllm serve`` after loading the model, and meanwhile the suite's
 servers, clients and engines take ephemeral ports by the thousand. A slow run (the cores at about
 70 % of their speed, 2026-12-04) lost that race: rank 0's TCPStore failed with EADDRINUSE and every

@@ -26,7 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from store_servers import LOOPBACK, _stop, free_port, self_signed, wait_for_port
+from late_ports import late_port
+from store_servers import LOOPBACK, _stop, self_signed, wait_for_port
 
 BINARY = "docker-registry"
 OCI_TYPES = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"
@@ -48,7 +49,7 @@ class DockerRegistry:
         import bcrypt
 
         self.dir = Path(tempfile.mkdtemp(prefix="plancache-registry-"))
-        self.port = free_port()
+        self.port = late_port(LOOPBACK)  # bound once the Go binary read its config: see late_port
         self.host = f"{LOOPBACK}:{self.port}"
         self.log = self.dir / "registry.log"
         self.ca: Path | None = None

@@ -33,6 +33,8 @@ from xml.sax.saxutils import escape
 
 import pytest
 
+from late_ports import late_port
+
 if TYPE_CHECKING:
     from azurite_server import Azurite
     from registry_server import DockerRegistry
@@ -46,18 +48,10 @@ AWS_ENV = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
 def closed_port() -> int:
     """A port nobody listens on, so connecting to it is refused: one below the kernel's ephemeral
     range (tests/late_ports.py), where no server of the suite that binds port 0 can land
     meanwhile."""
-    from late_ports import late_port
-
     return late_port()
 
 
@@ -132,7 +126,7 @@ class MotoServer:
     """moto's S3 server (``python -m moto.server``) on a free loopback port."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.port = late_port(LOOPBACK)  # bound once its interpreter imported moto: see late_port
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
         env = {**os.environ, **AWS_ENV}
         self.proc = subprocess.Popen(
@@ -178,7 +172,7 @@ class GcsEmulator:
     """``gcp-storage-emulator`` (in memory) on a free loopback port."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.port = late_port(LOOPBACK)  # bound once its interpreter started: see late_port
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
             [
@@ -608,6 +602,7 @@ class LoopbackServer:
     server before it serves (handlers read them as ``self.server.<name>``)."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], **attrs: Any) -> None:
+        # port 0, bound and listening here at once: no late_port() needed (tests/late_ports.py)
         self.httpd = QuietHTTPServer((LOOPBACK, 0), handler)
         for name, value in attrs.items():
             setattr(self.httpd, name, value)
@@ -641,7 +636,7 @@ class BlackHole:
 
     def __init__(self) -> None:
         self.sock = socket.socket()
-        self.sock.bind((LOOPBACK, 0))
+        self.sock.bind((LOOPBACK, 0))  # and listens at once: no late_port() needed
         self.sock.listen(128)
         self.port = int(self.sock.getsockname()[1])
         self.endpoint = f"http://{LOOPBACK}:{self.port}"

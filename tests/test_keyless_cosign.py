@@ -7,7 +7,7 @@ under another payload or log entry fails. Every signed kind takes them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -203,6 +203,39 @@ def test_an_extension_moved_under_another_payload_or_log_entry_fails(
     keyring = trusting(signers, line(signers, OTHER), signers.key)
     assert verify_plan(NAME, plan_bytes(), dsse.encode(with_key), keyring, NOW).signers == ("key0",)
     refused(Reason.THRESHOLD, dsse.encode(with_key), keyring.with_threshold(2))
+
+
+def _junk_in_certificate(ext: dict[str, Any]) -> None:
+    raw = ext["certificate"]["rawBytes"]
+    ext["certificate"]["rawBytes"] = raw[:12] + "!" + raw[12:]  # sigstore-python drops the "!"
+
+
+def _zero_before_log_index(ext: dict[str, Any]) -> None:
+    entry = ext["tlogEntries"][0]
+    entry["logIndex"] = "0" + entry["logIndex"]  # int() reads "0139" as 139
+
+
+@pytest.mark.parametrize("respell", [_junk_in_certificate, _zero_before_log_index])
+def test_a_keyless_entry_spelt_another_way_is_malformed(
+    signers: Signers, sidecar: bytes, bundles: dict[str, bytes], respell: Callable[..., None]
+) -> None:
+    """The envelope is canonical, and so must a keyless entry's ``ext`` be: sigstore-python reads
+    its base64 and its integers leniently, so a respelt ``ext`` verified as the same signature
+    (one keyless signature, many envelopes that all verify: every byte of a counted signature
+    must matter, SECURITY.md)."""
+    keyring = trusting(signers, line(signers))
+    genuine = with_keyless(sidecar, bundles["bake"])
+    assert verify_plan(NAME, plan_bytes(), genuine, keyring, NOW).signers == (IDENTITY,)
+    env = dsse.decode(genuine)
+    key, keyless = env.signatures
+    assert keyless.ext is not None
+    ext = json.loads(json.dumps(keyless.ext))
+    respell(ext)
+    respelt = dsse.encode(
+        dsse.Envelope(env.payload_type, env.payload, (key, dsse.Signature("", keyless.sig, ext)))
+    )
+    assert respelt != genuine and dsse.decode(respelt).signatures[1].ext == ext  # canonical
+    refused(Reason.MALFORMED, respelt, keyring)
 
 
 def test_plan_sets_manifests_and_headers_take_extension_signatures(

@@ -273,6 +273,28 @@ def test_duplicate_keys_are_malformed(made: Made, key: str) -> None:
     assert _reason(_duplicate(made.sidecar.decode(), key), made.policy()) is Reason.MALFORMED
 
 
+@pytest.mark.parametrize("field", ["payload", "sig"])
+@pytest.mark.parametrize("respell", ["junk", "newline", "after-padding"])
+def test_a_payload_or_signature_in_lenient_base64_is_malformed(
+    made: Made, field: str, respell: str
+) -> None:
+    """sigstore-python decodes a bundle's DSSE payload and signature leniently, so these verified
+    as the genuine bytes, while plancache's own readers of what a bundle claims (``ls`` without
+    keys, ``prune``, ``inspect``, co-signing) refused them: the two must read the same bytes."""
+    assert open_bundle(made.sidecar, made.policy(), PLAN_CAP)[1]  # the genuine one verifies
+    bundle = _json(made.sidecar)
+    envelope = bundle["dsseEnvelope"]
+    holder = envelope if field == "payload" else envelope["signatures"][0]
+    value = holder[field]
+    holder[field] = {
+        "junk": value[:8] + "!" + value[8:],
+        "newline": value[:8] + "\n" + value[8:],
+        "after-padding": value + ("QUJD" if value.endswith("=") else "=="),  # both ignored
+    }[respell]
+    assert base64.b64decode(holder[field]) == base64.b64decode(value)  # the lenient reading
+    assert _reason(_bytes(bundle), made.policy()) is Reason.MALFORMED
+
+
 @pytest.mark.parametrize("depth", [1_000, 100_000])
 def test_deep_nesting_is_malformed(made: Made, depth: int) -> None:
     text = made.sidecar.decode().rstrip()

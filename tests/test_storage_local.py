@@ -11,6 +11,7 @@ from conftest import FP, plan_bytes
 from plancache.storage.local.files import read_capped, write_atomic
 from plancache.storage.local.localdir import LocalPlanDir, default_plan_dir
 from plancache.trust.errors import PlanCacheError, Reason
+from plancache.trust.plans import plan
 from plancache.trust.plans.plan import plan_name, sig_name
 
 
@@ -37,6 +38,19 @@ def test_write_then_read_and_listing_ignores_other_names(plan_dir: Path) -> None
     assert local.read(FP) == (plan_bytes(), b"sig\n")
     assert LocalPlanDir(plan_dir / "missing").fingerprints() == []
     assert LocalPlanDir(plan_dir).read("fedcba9876543210") == (None, None)
+
+
+def test_read_finds_the_sidecar_write_wrote_by_the_one_name_rule(
+    plan_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar's name has one rule (plan.sidecar_of, which sig_name applies): were it to
+    change, what ``write`` writes is still what ``read`` reads (``read`` spelt the rule again as
+    ``plan_path + SIG_SUFFIX``, a suffix imported by value)."""
+    monkeypatch.setattr(plan, "SIG_SUFFIX", ".sidecar")
+    local = LocalPlanDir(plan_dir)
+    local.write(FP, plan_bytes(), b"sig\n")
+    assert sorted(os.listdir(plan_dir)) == [plan_name(FP), plan_name(FP) + ".sidecar"]
+    assert local.read(FP) == (plan_bytes(), b"sig\n")
 
 
 def test_no_temp_files_are_left_behind(plan_dir: Path) -> None:

@@ -21,7 +21,9 @@ from plancache.storage.store import open_store
 from plancache.trust.plans.plan import plan_name, sig_name
 from store_servers import (
     AWS_ENV,
+    BlackHole,
     MotoServer,
+    black_hole,  # noqa: F401 - a fixture, named as a parameter
     moto_server,  # noqa: F401 - a fixture, named as a parameter
 )
 
@@ -29,11 +31,17 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 FP2 = "fedcba9876543210"
 
 
-def script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def script(
+    name: str, env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """scripts/NAME (a thin caller of the packaged journey), with this interpreter's plancache."""
     full = {**os.environ, "PLANCACHE": f"{sys.executable} -m plancache.cli.main", **env}
     return subprocess.run(
-        ["bash", str(SCRIPTS / name), *args], env=full, capture_output=True, text=True, timeout=120
+        ["bash", str(SCRIPTS / name), *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -417,6 +425,64 @@ def test_ci_bake_takes_any_key_reference(tmp_path: Path) -> None:
     bake = script("ci-bake.sh", env)
     assert bake.returncode == 0, bake.stderr
     assert sorted(p.name for p in image.iterdir()) == [plan_name(FP), sig_name(FP)]
+
+
+def test_ci_bake_spends_the_documented_budget_on_an_unanswering_store(
+    black_hole: BlackHole, tmp_path: Path
+) -> None:
+    """``PLANCACHE_TIMEOUT`` is the push's and the pull's budget (the CLI reads only
+    ``--timeout``): a bake against a store that never answers ends with the CLI's own word that
+    this budget ran out, not after the push's 120 s default. The budget is judged by what the CLI
+    says it spent (no wall-clock assertion); the subprocess's limit only stops a run that
+    ignores it."""
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    profiled = _profiled(tmp_path, FP)
+    image = tmp_path / "image"
+    bake = script(
+        "ci-bake.sh",
+        {
+            **AWS_ENV,
+            "PLANCACHE_URL": "s3://bucket/plans",
+            "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={black_hole.endpoint}",
+            "PLANCACHE_TIMEOUT": "1.5",
+            "PLANCACHE_SIGNING_KEY": str(tmp_path / "ci-key"),
+            "IMAGE_PLAN_DIR": str(image),
+            "PLAN_DIR": str(profiled.path),
+            "PLANCACHE_TRUSTED_KEYS": "",
+        },
+        timeout=60,
+    )
+    assert bake.returncode == 2, bake.stderr
+    assert "no answer within the 1.5 s budget" in bake.stderr.splitlines()[-1], bake.stderr
+    assert not image.exists()  # never reached the pull
+    help_text = script("ci-bake.sh", {}, "--help").stdout
+    assert "PLANCACHE_TIMEOUT" in help_text
+
+
+def test_offline_audit_spends_the_documented_budget_on_an_unanswering_store(
+    black_hole: BlackHole, tmp_path: Path
+) -> None:
+    """The same for the audit's ``verify`` (docs/stores.md: the journeys pass
+    ``PLANCACHE_TIMEOUT`` when it is set); its failure report says which budget ran out."""
+    generate_keypair(tmp_path / "ci-key", force=False, comment="ci")
+    report = tmp_path / "audit.json"
+    audit = script(
+        "offline-audit.sh",
+        {
+            **AWS_ENV,
+            "PLANCACHE_STORAGE_OPTIONS": f"endpoint_url={black_hole.endpoint}",
+            "PLANCACHE_TIMEOUT": "1.5",
+            "PLANCACHE_TRUSTED_KEYS": str(tmp_path / "ci-key.pub"),
+            "AUDIT_JSON": str(report),
+        },
+        "s3://bucket/plans",
+        timeout=60,
+    )
+    assert audit.returncode == 2, audit.stderr
+    failed = json.loads(report.read_text())
+    assert failed["ok"] is False
+    assert "no answer within the 1.5 s budget" in failed["error"]["detail"], failed
+    assert "PLANCACHE_TIMEOUT" in script("offline-audit.sh", {}, "--help").stdout
 
 
 def test_push_to_a_file_location_whose_parent_is_missing_is_exit_2(tmp_path: Path) -> None:

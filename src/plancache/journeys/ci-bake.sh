@@ -32,6 +32,8 @@
 #                              more (it profiles warm) and bake again. The evidence is signed with the plan
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
+#   PLANCACHE_TIMEOUT          budget in seconds of each store operation of the push and the pull (their
+#                              `--timeout`; default: theirs, 120 s) and of each HSM/KMS call (default 3 s)
 #   PLANCACHE                  the plancache command (default: this installation's)
 #   PLANCACHE_IMAGE            with an oci:// PLANCACHE_URL: the image the plans are baked for (TAG,
 #                              @sha256:…, or HOST/REPO:TAG in the store's repository); the push
@@ -75,6 +77,8 @@ export PLANCACHE_TRUSTED_KEYS
 
 dir=()
 [ -n "${PLAN_DIR:-}" ] && dir=("$PLAN_DIR")
+budget=()  # the CLI's --timeout, not read from the environment by plancache itself
+[ -n "${PLANCACHE_TIMEOUT:-}" ] && budget=(--timeout "$PLANCACHE_TIMEOUT")
 expires=()
 [ -n "${PLANCACHE_EXPIRES_IN:-}" ] && expires=(--expires-in "$PLANCACHE_EXPIRES_IN")
 [ "${PLANCACHE_SIGN_COLD:-}" = 1 ] && expires+=(--sign-cold)
@@ -86,7 +90,7 @@ echo "ci-bake: verifying the signed plans" >&2
 echo "ci-bake: pushing to the store (PLANCACHE_URL)" >&2
 subject=()
 [ -n "${PLANCACHE_IMAGE:-}" ] && subject=(--subject "$PLANCACHE_IMAGE")
-"${PLANCACHE_CMD[@]}" push "${subject[@]}" "${dir[@]}" "$PLANCACHE_URL"
+"${PLANCACHE_CMD[@]}" push "${budget[@]}" "${subject[@]}" "${dir[@]}" "$PLANCACHE_URL"
 echo "ci-bake: pulling verified plans into $IMAGE_PLAN_DIR" >&2
 mkdir -p "$IMAGE_PLAN_DIR"
-"${PLANCACHE_CMD[@]}" pull "$PLANCACHE_URL" "$IMAGE_PLAN_DIR"
+"${PLANCACHE_CMD[@]}" pull "${budget[@]}" "$PLANCACHE_URL" "$IMAGE_PLAN_DIR"

@@ -11,6 +11,8 @@
 #                              audit cannot run, so a stale success never survives
 #   PLANCACHE_STORAGE_OPTIONS  fsspec options, read by plancache itself: a JSON object or KEY=VALUE pairs,
 #                              e.g. "endpoint_url=http://minio:9000"
+#   PLANCACHE_TIMEOUT          budget in seconds of each store operation (verify's `--timeout`; default:
+#                              its own, 120 s)
 #   PLANCACHE_IMAGE            with an oci:// store: read only the plans attached to this image (TAG,
 #                              @sha256:…, or HOST/REPO:TAG in the store's repository: `--subject`)
 #   PLANCACHE                  the plancache command (default: this installation's)
@@ -38,7 +40,9 @@ fi
 if [ -n "$target" ]; then
     subject=()
     [ -n "${PLANCACHE_IMAGE:-}" ] && subject=(--subject "$PLANCACHE_IMAGE")
-    "${PLANCACHE_CMD[@]}" verify "${report[@]}" "${subject[@]}" "$target"
+    budget=()  # the CLI's --timeout, not read from the environment by plancache itself
+    [ -n "${PLANCACHE_TIMEOUT:-}" ] && budget=(--timeout "$PLANCACHE_TIMEOUT")
+    "${PLANCACHE_CMD[@]}" verify "${report[@]}" "${budget[@]}" "${subject[@]}" "$target"
     status=$?
     why="plancache exited $status before writing a report"
 else

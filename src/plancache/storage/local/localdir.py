@@ -16,9 +16,9 @@ from ...trust.envelope import MAX_SIG_OBJECT_BYTES
 from ...trust.errors import PlanCacheError
 from ...trust.plans.plan import (
     MAX_PLAN_BYTES,
-    SIG_SUFFIX,
     fingerprint_of_plan_name,
     plan_name,
+    sidecar_of,
     sig_name,
 )
 from ...trust.result import PlanResult
@@ -68,7 +68,7 @@ class LocalPlanDir:
         plan = read_capped(plan_path, MAX_PLAN_BYTES)
         if plan is None:
             return None, None
-        return plan, read_capped(plan_path + SIG_SUFFIX, MAX_SIG_OBJECT_BYTES)  # its sig_name
+        return plan, read_capped(sidecar_of(plan_path), MAX_SIG_OBJECT_BYTES)
 
     def write(
         self, fingerprint: str, plan_bytes: bytes, sig_bytes: bytes | None, sync: bool = True

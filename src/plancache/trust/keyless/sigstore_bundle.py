@@ -19,12 +19,18 @@ bytes that make sigstore-python raise anything else are ``bad-bundle``, never a 
 
 A bundle is not re-encoded and compared as an envelope is: it is another ecosystem's format
 (cosign and sigstore-python write it their own way), so the bytes are read as strict JSON (no
-duplicate key, :mod:`plancache.trust.strictjson`) and only what was verified is used.
+duplicate key, :mod:`plancache.trust.strictjson`) and only what was verified is used. Its DSSE
+payload and signature must be canonical base64 all the same: sigstore-python decodes them
+leniently (characters outside the alphabet dropped, anything after the padding ignored), and
+plancache's own readers of what a bundle claims (``ls`` without keys, ``prune``, ``inspect``, a
+co-signature moving it into an envelope) decode strictly; canonical, both read the same bytes,
+the ones verified.
 sigstore-python is imported on the first bundle, never for a keyring of keys alone.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 from typing import TYPE_CHECKING
 
@@ -155,6 +161,11 @@ def _check_shape(obj: object) -> None:
     signatures = envelope.get("signatures")
     if not isinstance(signatures, list) or len(signatures) != 1:
         raise Rejected(Reason.MALFORMED, "a bundle's DSSE envelope holds exactly one signature")
+    signature = signatures[0].get("sig") if isinstance(signatures[0], dict) else None
+    for what, value in (("DSSE payload", envelope.get("payload")), ("signature", signature)):
+        text = f"the Sigstore bundle's {what}"
+        if base64.b64encode(dsse.unb64(value, text)).decode("ascii") != value:
+            raise Rejected(Reason.MALFORMED, f"{text} is not canonical base64 (altered?)")
     entries = material.get("tlogEntries") if isinstance(material, dict) else None
     if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], dict):
         raise Rejected(Reason.NO_LOG_PROOF, "the bundle holds no transparency-log entry")
