@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import FP, NOW, keyring_of, make_signer, plan_bytes
@@ -557,6 +557,44 @@ def test_the_fast_path_refuses_what_the_canonical_form_refuses(
         fast, general = _read_both_ways(variant)
         assert fast == general
         assert isinstance(fast, tuple) and fast[0] is Reason.MALFORMED
+
+
+def _read_as_decode_reads(data: bytes) -> object:
+    """What ``strictjson.loads`` gave before its fast path: ``JSONDecoder.decode`` whole."""
+    try:
+        return strictjson._DECODER.decode(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        return Rejected(Reason.MALFORMED, f"doc is not valid JSON ({strictjson._short(exc)})")
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=24),
+        st.text(alphabet=st.sampled_from(list(' \t\n\r\x0b{}[]":,01aeNI-')), max_size=24).map(
+            str.encode
+        ),
+    )
+)
+@example(b" {}")
+@example(b"{} \n")
+@example(b"{}x")
+@example(b"{} x")
+@example(b"")
+@example(b"\n")
+@example(b'{"a":1,"a":2} ')
+@settings(max_examples=500, deadline=None)
+def test_strict_json_reads_every_text_as_the_whole_decoder_does(data: bytes) -> None:
+    """``loads`` skips ``decode``'s whitespace patterns when a text starts with a value: for any
+    text, the same document, or the same refusal in the same words."""
+    try:
+        got: object = strictjson.loads(data, "doc")
+    except Rejected as exc:
+        got = exc
+    want = _read_as_decode_reads(data)
+    if isinstance(want, Rejected):
+        assert isinstance(got, Rejected) and (got.reason, got.detail) == (want.reason, want.detail)
+    else:
+        assert got == want and not isinstance(got, Rejected)
 
 
 @pytest.mark.parametrize(
