@@ -24,7 +24,8 @@ payload and signature must be canonical base64 all the same: sigstore-python dec
 leniently (characters outside the alphabet dropped, anything after the padding ignored), and
 plancache's own readers of what a bundle claims (``ls`` without keys, ``prune``, ``inspect``, a
 co-signature moving it into an envelope) decode strictly; canonical, both read the same bytes,
-the ones verified.
+the ones verified. So must its verification material be what sigstore-python writes back for
+it (:func:`_check_material`): values, not layout.
 sigstore-python is imported on the first bundle, never for a keyring of keys alone.
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 from typing import TYPE_CHECKING
 
 from .. import envelope as dsse
@@ -107,7 +109,8 @@ def open_bundle(
     matcher = _IdentityMatch(policy)
     claims = LogClaims.of(obj["verificationMaterial"]["tlogEntries"][0])
     root = _root(policy.trusted_root)
-    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root)
+    material = obj["verificationMaterial"]
+    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root, material)
     logs = vouched_by_named_log(claims, root)
     if not logs:
         raise Rejected(
@@ -212,6 +215,35 @@ def _integrated_time(value: object) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
 
 
+def _check_material(bundle: Bundle, material: object) -> None:
+    """A bundle's verification material is exactly what sigstore-python writes back for what it
+    read of it: sigstore-python reads it leniently (base64 with characters outside the alphabet
+    dropped, integers such as ``logIndex`` through ``int()``, so ``"0139"`` is 139), and a
+    signature that verifies in many spellings would make a store's respelling invisible. One
+    rule for a bare bundle and for an envelope's keyless entry, which is verified as the bundle
+    it came from (:mod:`.dsse_extension`): a bundle and the entry co-signing makes of it verify
+    alike (red team 8b: a respelt bundle verified, its entry was ``malformed``). Real bundles'
+    material is in that form (sigstore-python's, sigstore-js's for GitHub's attestations, Rekor
+    v2's: tests/data/sigstore). Compared as text: ``1 == 1.0 == True`` as Python values.
+
+    Raises:
+        Rejected: ``malformed``, the material is not in that form.
+    """
+    try:
+        again = json.loads(bundle.to_json()).get("verificationMaterial")
+    except Exception:  # what sigstore-python read, it writes; never a traceback all the same
+        again = None
+    if again is None or _text(again) != _text(material):
+        raise Rejected(
+            Reason.MALFORMED,
+            "a keyless signature's verification material is not in canonical form (altered?)",
+        )
+
+
+def _text(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 @functools.lru_cache(maxsize=4)
 def _root(trusted_root: bytes) -> TrustRoot:
     """The pinned root's parts and windows (:mod:`.trust_root`), once per root."""
@@ -272,9 +304,12 @@ def _verify(
     matcher: _IdentityMatch,
     claims: LogClaims,
     root: TrustRoot,
+    material: object,
 ) -> tuple[bytes, Bundle]:
-    """sigstore-python's verification, its errors mapped to reasons; first, that each key the
-    bundle names is one of the root's (:func:`~.trust_root.unnamed_part`)."""
+    """sigstore-python's verification, its errors mapped to reasons; first, that the bundle's
+    ``material`` (its ``verificationMaterial``, as plancache read it) is what sigstore-python
+    writes back for it (:func:`_check_material`), and that each key the bundle names is one of
+    the root's (:func:`~.trust_root.unnamed_part`)."""
     from sigstore.models import Bundle
 
     try:
@@ -289,6 +324,7 @@ def _verify(
     except Exception as exc:  # pydantic's text spans lines: one line here
         detail = safe_text(" ".join(str(exc).split()), 160)
         raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {detail}") from None
+    _check_material(bundle, material)
     cert = bundle.signing_certificate
     unnamed = unnamed_part(root, sct_logs=sct_log_ids(cert), log_id=claims.log_id)
     if unnamed is None and not issuing_cas(root, cert):
