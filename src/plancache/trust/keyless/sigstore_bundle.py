@@ -306,10 +306,10 @@ def _verify(
     root: TrustRoot,
     material: object,
 ) -> tuple[bytes, Bundle]:
-    """sigstore-python's verification, its errors mapped to reasons; first, that the bundle's
-    ``material`` (its ``verificationMaterial``, as plancache read it) is what sigstore-python
-    writes back for it (:func:`_check_material`), and that each key the bundle names is one of
-    the root's (:func:`~.trust_root.unnamed_part`)."""
+    """sigstore-python's verification, its errors mapped to reasons: first, that each key the
+    bundle names is one of the root's (:func:`~.trust_root.unnamed_part`); last, that the
+    bundle's ``material`` (its ``verificationMaterial``, as plancache read it) is what
+    sigstore-python writes back for it (:func:`_check_material`)."""
     from sigstore.models import Bundle
 
     try:
@@ -324,7 +324,6 @@ def _verify(
     except Exception as exc:  # pydantic's text spans lines: one line here
         detail = safe_text(" ".join(str(exc).split()), 160)
         raise Rejected(Reason.MALFORMED, f"Sigstore bundle: {detail}") from None
-    _check_material(bundle, material)
     cert = bundle.signing_certificate
     unnamed = unnamed_part(root, sct_logs=sct_log_ids(cert), log_id=claims.log_id)
     if unnamed is None and not issuing_cas(root, cert):
@@ -339,4 +338,7 @@ def _verify(
         raise refusal(exc, bundle, claims, root) from None
     if payload_type != dsse.PAYLOAD_TYPE:  # checked before, by _check_shape: belt and braces
         raise Rejected(Reason.MALFORMED, "the bundle's payloadType is not in-toto")
+    # once it verified: a bundle that does is small (its proof, chain and stamps are checked), so
+    # writing it back costs little, where a 16 MiB one of junk hashes would cost it twice over
+    _check_material(bundle, material)
     return bytes(payload), bundle
