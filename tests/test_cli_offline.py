@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from conftest import FP, GIB, plan_bytes
+from conftest import FP, GIB, NOW, plan_bytes
 from plancache.cli.main import main
 from plancache.storage.local.localdir import LocalPlanDir
 from plancache.trust.plans.plan import plan_name, sig_name
@@ -243,6 +245,59 @@ def test_parallel_verify_matches_serial(
     assert [p["fingerprint"] for p in serial["plans"] if p["status"] != "valid"] == [fps[7]]
 
 
+@pytest.mark.parametrize(
+    ("plans", "jobs"), [(200, 2), (1000, 2), (10_000, 2), (10_000, 8), (99_999, 3)]
+)
+def test_a_pool_gets_its_plans_in_order_in_chunks_that_shrink(plans: int, jobs: int) -> None:
+    """Every plan once, in input order (reports come back in it); chunks never growing, none
+    over 1000, and the last ones of at most 32 plans: the pool ends when its slowest worker
+    does, so what is left at the end must be short."""
+    from plancache.pipeline.audit import _guided_chunks
+
+    chunks = _guided_chunks(list(range(plans)), jobs)
+    sizes = [len(c) for c in chunks]
+    assert [p for c in chunks for p in c] == list(range(plans))
+    assert sizes == sorted(sizes, reverse=True) and max(sizes) <= 1000
+    assert sizes[-2] <= 32 and min(sizes[:-1]) >= 32  # no round trip for a handful
+
+
+def _collector_state(args: tuple[list[str], object, object, object]) -> list[object]:
+    """A pool task reporting, for each plan, whether its worker's cyclic collector is on."""
+    import gc
+
+    from plancache.pipeline.audit import PlanReport
+
+    return [PlanReport(fp, "valid", "ok", str(gc.isenabled())) for fp in args[0]]
+
+
+def test_the_pool_parent_pauses_its_collector_and_each_worker_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a pool verifies, its parent only gathers reports (no cycles): its collector is off
+    then, and on again after (the full passes over a growing list cost the parent ~20 ms of CPU
+    on the workers' cores). A forked worker starts from the parent's state: it turns its own
+    collector back on, so a worker's cyclic garbage is still collected."""
+    import gc
+
+    from plancache.pipeline import audit
+
+    monkeypatch.setattr(audit, "_check_chunk", _collector_state)
+    seen: list[bool] = []
+
+    class Progress:
+        def start(self, total: int) -> None: ...
+
+        def advance(self, count: float = 1) -> None:
+            seen.append(gc.isenabled())
+
+    fps = [f"{i:016x}" for i in range(audit.POOL_MIN_PLANS)]
+    assert gc.isenabled()
+    reports = audit.check_many(fps, None, NOW, jobs=2, progress=Progress())
+    assert gc.isenabled()
+    assert seen and not any(seen)
+    assert [r.fingerprint for r in reports] == fps and {r.detail for r in reports} == {"True"}
+
+
 def test_a_report_crosses_the_pool_whole() -> None:
     """Workers send reports back pickled as their field values in order (``__reduce__``): every
     field, set to something other than its default, must arrive in its own place."""
@@ -258,6 +313,35 @@ def test_a_report_crosses_the_pool_whole() -> None:
     report = PlanReport(**values)
     back = pickle.loads(pickle.dumps([report, report]))
     assert back == [report, report] and vars(back[0]) == values
+
+
+@given(
+    st.lists(
+        st.text(
+            alphabet=st.sampled_from(list("aZ09 -_/.:=@\\\x1b\u202e\u00e9eyJpinPIN")), max_size=12
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+@example(["0123456789abcdef", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"])
+@settings(max_examples=300, deadline=None)
+def test_a_plain_column_is_one_safe_text_cell_by_cell(texts: list[str]) -> None:
+    """``print_table`` passes a column whose texts joined are ``is_plain`` through unescaped: it
+    must be the column ``safe_text`` gives cell by cell, and ``is_plain`` of the joined texts
+    must never hold when one of them would be changed (an escape, a redaction)."""
+    import io
+
+    from plancache.cli.output import CELL_LIMIT, print_table
+    from plancache.trust.display import is_plain, safe_text
+
+    if is_plain(" ".join(texts)):
+        assert all(safe_text(t, CELL_LIMIT) == t for t in texts)
+    table = io.StringIO()
+    print_table([[t] for t in texts], ["H"], table)
+    cells = ["H", *(safe_text(t, CELL_LIMIT) for t in texts)]
+    width = max(map(len, cells))
+    assert table.getvalue() == "".join(c.ljust(width).rstrip() + "\n" for c in cells)
 
 
 def test_table_cells_are_escaped_as_each_alone() -> None:

@@ -487,6 +487,78 @@ def test_encode_is_the_sorted_compact_json_dump(
     assert dsse.encode(env) == (dumped + "\n").encode("ascii")
 
 
+def _read_both_ways(data: bytes) -> tuple[object, object]:
+    """``decode``'s answer and the general JSON path's (``_decode_any``) for the same bytes: an
+    envelope, or the reason and detail of the refusal."""
+
+    def answer(read: Any) -> object:
+        try:
+            return read(data)
+        except Rejected as exc:
+            return exc.reason, exc.detail
+
+    named = min(data.count(b'"extension":'), dsse.MAX_SIGNATURES)
+    return answer(dsse.decode), answer(lambda d: dsse._decode_any(d, dsse.MAX_SIG_BYTES, named))
+
+
+@given(
+    keyid=st.text(max_size=24),
+    payload_type=st.text(max_size=32),
+    payload=st.binary(max_size=96),
+    sig=st.binary(max_size=72),
+    at=st.integers(0, 10**6),
+    byte=st.integers(-1, 255),
+)
+@settings(max_examples=400, deadline=None)
+def test_a_one_key_sidecar_reads_the_same_on_the_fast_path_as_by_json(
+    keyid: str, payload_type: str, payload: bytes, sig: bytes, at: int, byte: int
+) -> None:
+    """``decode`` reads one key's canonical sidecar by a pattern (``_one_key``), anything else by
+    JSON: for a sidecar of any key id, type, payload and signature, and the same with one byte
+    replaced or (-1) removed, both give the same envelope or the same refusal."""
+    data = dsse.encode(dsse.Envelope(payload_type, payload, (dsse.Signature(keyid, sig),)))
+    at %= len(data)
+    edited = data[:at] + (bytes([byte]) if byte >= 0 else b"") + data[at + 1 :]
+    for variant in (data, edited):
+        fast, general = _read_both_ways(variant)
+        assert fast == general
+
+
+def test_the_fast_path_refuses_what_the_canonical_form_refuses(
+    signed: tuple[str, bytes, bytes],
+) -> None:
+    """The sidecars a pattern could mistake for canonical: base64 with its unused bits set, with
+    padding inside, without padding, a string spelled with an escape, a space, no newline, two
+    newlines. Each is refused, for the reason and in the words the JSON path gives; and a real
+    sidecar takes the fast path (no JSON parse), so the comparison above is not vacuous."""
+    _, _, sig = signed
+    env = dsse.decode(sig)
+    assert dsse._one_key(sig) == env
+    payload_b64 = base64.b64encode(env.payload)
+    sig_b64 = base64.b64encode(env.signatures[0].sig)
+    assert sig_b64.endswith(b"==")  # a 64-byte Ed25519 signature: 4 unused bits before "=="
+    alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    unused_bit = sig_b64[:-3] + alphabet[alphabet.index(sig_b64[-3]) ^ 1 :][:1] + b"=="
+    assert base64.b64decode(unused_bit) == env.signatures[0].sig
+    variants = [
+        sig.replace(sig_b64, unused_bit),
+        sig.replace(sig_b64, sig_b64[:4] + b"=" + sig_b64[5:]),
+        sig.replace(sig_b64, sig_b64.rstrip(b"=")),
+        sig.replace(payload_b64[:8], payload_b64[:8] + b"\\u0041", 1),
+        sig.replace(b'"payloadType":"application', b'"payloadType":"\\u0061pplication'),
+        sig.replace(b'"keyid":"', b'"keyid":"\\u0053', 1),
+        sig.replace(b'"sig":', b'"sig": '),
+        sig[:-1],
+        sig + b"\n",
+    ]
+    for variant in variants:
+        assert variant != sig
+        assert dsse._one_key(variant) is None
+        fast, general = _read_both_ways(variant)
+        assert fast == general
+        assert isinstance(fast, tuple) and fast[0] is Reason.MALFORMED
+
+
 @pytest.mark.parametrize(
     "doc", [b'{"a":1,"a":1}', b'{"x":{"b":1,"c":0,"b":2}}', b'[{"c":1,"d":2,"c":1}]']
 )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -171,6 +172,39 @@ def _signature(raw: object) -> Signature:
     )
 
 
+_ONE_KEY_ENVELOPE = re.compile(
+    rb'\{"payload":"([A-Za-z0-9+/]*={0,2})","payloadType":"([ !#-\[\]-~]*)",'
+    rb'"signatures":\[\{"keyid":"([ !#-\[\]-~]*)","sig":"([A-Za-z0-9+/]*={0,2})"\}\]\}\n'
+)
+"""The canonical form of the common sidecar, one key's signature, with every string in it one
+that JSON writes as it is (printable ASCII but ``"`` and ``\\``): such bytes mean what they
+spell, so :func:`_one_key` reads them without a JSON parse."""
+
+
+def _one_key(data: bytes) -> Envelope | None:
+    """The envelope in ``data`` when ``data`` is :data:`_ONE_KEY_ENVELOPE` with canonical
+    base64; None for anything else, which :func:`decode` reads the general way (and refuses as
+    it always did). Why: every plan of a 10,000-plan verify has such a sidecar, and the pattern
+    and two base64 round trips cost half the JSON parse and re-encoding (~4 us a plan). Why it
+    is the same: the pattern fixes the keys, their order, the separators, the one signature and
+    the newline, and leaves no string an escape could spell; what is left of :func:`encode`'s
+    form is the base64, compared here as the re-encoding compares it."""
+    match = _ONE_KEY_ENVELOPE.fullmatch(data)
+    if match is None:
+        return None
+    payload_b64, payload_type, keyid, sig_b64 = match.groups()
+    try:
+        payload, sig = binascii.a2b_base64(payload_b64), binascii.a2b_base64(sig_b64)
+    except binascii.Error:  # padding in the wrong place: the general path says so
+        return None
+    if (
+        binascii.b2a_base64(payload, newline=False) != payload_b64
+        or binascii.b2a_base64(sig, newline=False) != sig_b64
+    ):
+        return None  # not canonical base64 (unused bits set): refused by the general path
+    return Envelope(payload_type.decode("ascii"), payload, (Signature(keyid.decode("ascii"), sig),))
+
+
 def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
     """Parse a sidecar: a DSSE envelope, exactly in the canonical form :func:`encode` writes.
 
@@ -190,6 +224,17 @@ def decode(data: bytes, cap: int = MAX_SIG_BYTES) -> Envelope:
             Reason.TOO_LARGE,
             f"signature is {len(data)} bytes, the cap is {keyless_cap(cap, named)}",
         )
+    envelope = None if named else _one_key(data)
+    return envelope if envelope is not None else _decode_any(data, cap, named)
+
+
+def _decode_any(data: bytes, cap: int, named: int) -> Envelope:
+    """:func:`decode` of any envelope within its cap, ``named`` keyless signatures counted: the
+    JSON parse, each field's checks, then the canonical re-encoding compared with ``data``.
+
+    Raises:
+        Rejected: :func:`decode`'s reasons.
+    """
     obj = strictjson.loads(data, "signature envelope")
     if not isinstance(obj, dict) or set(obj) != {"payload", "payloadType", "signatures"}:
         raise Rejected(
