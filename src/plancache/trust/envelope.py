@@ -173,12 +173,17 @@ def _signature(raw: object) -> Signature:
 
 
 _ONE_KEY_ENVELOPE = re.compile(
-    rb'\{"payload":"([A-Za-z0-9+/]*={0,2})","payloadType":"([ !#-\[\]-~]*)",'
-    rb'"signatures":\[\{"keyid":"([ !#-\[\]-~]*)","sig":"([A-Za-z0-9+/]*={0,2})"\}\]\}\n'
+    rb'\{"payload":"(?=([A-Za-z0-9+/]*={0,2}))\1","payloadType":"(?=([ !#-\[\]-~]*))\2",'
+    rb'"signatures":\[\{"keyid":"(?=([ !#-\[\]-~]*))\3","sig":"(?=([A-Za-z0-9+/]*={0,2}))\4"'
+    rb"\}\]\}\n"
 )
 """The canonical form of the common sidecar, one key's signature, with every string in it one
 that JSON writes as it is (printable ASCII but ``"`` and ``\\``): such bytes mean what they
-spell, so :func:`_one_key` reads them without a JSON parse."""
+spell, so :func:`_one_key` reads them without a JSON parse. Each string is taken whole (a
+lookahead's group, then a backreference to it: Python 3.10 has no possessive ``*+``), so a
+sidecar that is not the form fails in one pass: given characters back one by one, a 64 KiB
+hostile sidecar cost ~1 ms here (~0.1 ms by JSON), a 16 MiB manifest signature's ~330 ms (red
+team 8b). The same matches: each string ends at a ``"``, which its characters never are."""
 
 
 def _one_key(data: bytes) -> Envelope | None:
