@@ -364,6 +364,22 @@ def test_a_bare_bundle_verifies_in_one_spelling_of_its_material(
     assert info.value.reason is Reason.MALFORMED
 
 
+@pytest.mark.parametrize("field", ["payload", "sig"])
+def test_co_signing_refuses_the_base64_a_bundle_is_refused_for(made: Made, field: str) -> None:
+    """Python's "strict" base64 (``validate=True``) reads padding a value does not need on 3.10
+    and 3.11 (``AAAA=`` is three zero bytes): a bundle so spelt is ``malformed``, so the envelope
+    co-signing makes of it must not be one that verifies (as_extension re-encoded the bytes, so
+    the entry was canonical and verified where its bundle was refused)."""
+    bundle = _json(made.sidecar)
+    envelope = bundle["dsseEnvelope"]
+    holder = envelope if field == "payload" else envelope["signatures"][0]
+    holder[field] = base64.b64encode(bytes(72)).decode() + "="  # no padding needed: one more
+    assert _reason(_bytes(bundle), made.policy()) is Reason.MALFORMED
+    with pytest.raises(Rejected) as info:
+        as_extension(_bytes(bundle))
+    assert info.value.reason is Reason.MALFORMED and "canonical base64" in info.value.detail
+
+
 def test_the_genuine_bundle_is_its_own_canonical_material(made: Made) -> None:
     """What sigstore-python wrote is what it writes back: the check refuses no genuine bundle."""
     from sigstore.models import Bundle

@@ -127,6 +127,21 @@ def unb64(value: object, what: str) -> bytes:
         raise Rejected(Reason.MALFORMED, f"{what} is not base64") from None
 
 
+def canonical_unb64(value: object, what: str) -> bytes:
+    """:func:`unb64`, and ``value`` exactly the base64 of what it decodes to: Python's strict
+    mode still reads padding a value does not need (``AAAA=`` on 3.10 and 3.11, other lengths
+    on each), and a DSSE signature's or payload's base64 outside an envelope (a Sigstore
+    bundle's, which is not re-encoded and compared as a whole) must have one spelling.
+
+    Raises:
+        Rejected: ``malformed``, not a string, not base64, or not canonical.
+    """
+    data = unb64(value, what)
+    if base64.b64encode(data).decode("ascii") != value:
+        raise Rejected(Reason.MALFORMED, f"{what} is not canonical base64 (altered?)")
+    return data
+
+
 def _extension(value: object) -> Mapping[str, Any]:
     """A signature extension's ``ext``: Sigstore's kind only, a JSON object, within its cap."""
     if not isinstance(value, dict) or set(value) != {"ext", "kind"}:

@@ -98,9 +98,10 @@ def as_extension(bundle: bytes, cap: int = dsse.MAX_SIG_BYTES) -> dsse.Envelope:
     ):
         raise Rejected(Reason.MALFORMED, "a bundle's DSSE envelope holds exactly one signature")
     raw = signatures[0] if isinstance(signatures[0], dict) else {}
+    # canonical, as open_bundle holds them: the entry verifies exactly when the bundle does
     signature = dsse.Signature(
-        "", dsse.unb64(raw.get("sig"), "the Sigstore bundle's signature"), material
+        "", dsse.canonical_unb64(raw.get("sig"), "the Sigstore bundle's signature"), material
     )
-    payload = dsse.unb64(envelope.get("payload"), "the Sigstore bundle's DSSE payload")
+    payload = dsse.canonical_unb64(envelope.get("payload"), "the Sigstore bundle's DSSE payload")
     # through the envelope's own rules (the ext's cap, the signature count)
     return dsse.decode(dsse.encode(dsse.Envelope(payload_type, payload, (signature,))), cap)

@@ -31,7 +31,6 @@ sigstore-python is imported on the first bundle, never for a keyring of keys alo
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 from typing import TYPE_CHECKING
@@ -166,9 +165,7 @@ def _check_shape(obj: object) -> None:
         raise Rejected(Reason.MALFORMED, "a bundle's DSSE envelope holds exactly one signature")
     signature = signatures[0].get("sig") if isinstance(signatures[0], dict) else None
     for what, value in (("DSSE payload", envelope.get("payload")), ("signature", signature)):
-        text = f"the Sigstore bundle's {what}"
-        if base64.b64encode(dsse.unb64(value, text)).decode("ascii") != value:
-            raise Rejected(Reason.MALFORMED, f"{text} is not canonical base64 (altered?)")
+        dsse.canonical_unb64(value, f"the Sigstore bundle's {what}")
     entries = material.get("tlogEntries") if isinstance(material, dict) else None
     if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], dict):
         raise Rejected(Reason.NO_LOG_PROOF, "the bundle holds no transparency-log entry")
