@@ -31,7 +31,9 @@ from cryptography.x509.oid import NameOID
 
 from conftest import FP, NOW, make_signer, plan_bytes
 from plancache.keys.schemes import load_signer
+from plancache.trust import envelope as dsse
 from plancache.trust.errors import Reason, Rejected
+from plancache.trust.keyless.dsse_extension import as_extension
 from plancache.trust.keyless.sigstore_bundle import open_bundle
 from plancache.trust.keyring.identities import IdentityPolicy
 from plancache.trust.keyring.keys import Keyring, TrustedKey
@@ -293,6 +295,97 @@ def test_a_payload_or_signature_in_lenient_base64_is_malformed(
     }[respell]
     assert base64.b64decode(holder[field]) == base64.b64decode(value)  # the lenient reading
     assert _reason(_bytes(bundle), made.policy()) is Reason.MALFORMED
+
+
+# A bare bundle and the extension entry co-signing makes of it must agree (red team 8b, after
+# chores8): an entry's ext had to be what sigstore-python writes back for it, a bare bundle's
+# material did not, so a respelt bundle (logIndex "0139", a stray character in the certificate's
+# base64, which sigstore-python drops) verified, and the envelope co-signing made of it lost
+# that keyless signature as malformed; sealing.as_envelope promises they verify alike.
+
+
+def _zero_before_log_index(bundle: dict[str, Any]) -> None:
+    entry = bundle["verificationMaterial"]["tlogEntries"][0]
+    entry["logIndex"] = "0" + entry["logIndex"]
+
+
+def _junk_in_certificate(bundle: dict[str, Any]) -> None:
+    cert = bundle["verificationMaterial"]["certificate"]
+    cert["rawBytes"] = cert["rawBytes"][:12] + "!" + cert["rawBytes"][12:]
+
+
+def _junk_in_root_hash(bundle: dict[str, Any]) -> None:
+    proof = bundle["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]
+    proof["rootHash"] = proof["rootHash"][:4] + "\n" + proof["rootHash"][4:]
+
+
+RESPELLINGS = [_zero_before_log_index, _junk_in_certificate, _junk_in_root_hash]
+
+
+def _outcome_of(check: Callable[[], object]) -> str:
+    try:
+        check()
+    except Rejected as exc:
+        return exc.reason.value
+    return "ok"
+
+
+@pytest.mark.parametrize("respell", RESPELLINGS)
+def test_a_bundle_and_its_extension_entry_agree(
+    made: Made,
+    respell: Callable[[dict[str, Any]], None],
+) -> None:
+    """The same respelt material verifies both ways or neither: a bundle that verifies and whose
+    co-signed entry is ``malformed`` costs the plan its keyless signature after co-signing."""
+    policy = made.policy()
+    assert open_bundle(made.sidecar, policy, PLAN_CAP)[1]  # the genuine one verifies
+    bundle = _json(made.sidecar)
+    respell(bundle)
+    respelt = _bytes(bundle)
+    as_bundle = _outcome_of(lambda: open_bundle(respelt, policy, PLAN_CAP))
+    keyring = Keyring(identities=policy)
+    as_entry = _outcome_of(
+        lambda: verify_plan(NAME, plan_bytes(), dsse.encode(as_extension(respelt)), keyring, NOW)
+    )
+    assert as_bundle == as_entry
+
+
+@pytest.mark.parametrize("respell", RESPELLINGS)
+def test_a_bare_bundle_verifies_in_one_spelling_of_its_material(
+    made: Made,
+    respell: Callable[[dict[str, Any]], None],
+) -> None:
+    """A respelt bundle is refused as ``malformed``, as its extension entry is: one keyless
+    signature, one spelling that verifies."""
+    bundle = _json(made.sidecar)
+    respell(bundle)
+    with pytest.raises(Rejected) as info:
+        open_bundle(_bytes(bundle), made.policy(), PLAN_CAP)
+    assert info.value.reason is Reason.MALFORMED
+
+
+@pytest.mark.parametrize("field", ["payload", "sig"])
+def test_co_signing_refuses_the_base64_a_bundle_is_refused_for(made: Made, field: str) -> None:
+    """Python's "strict" base64 (``validate=True``) reads padding a value does not need on 3.10
+    and 3.11 (``AAAA=`` is three zero bytes): a bundle so spelt is ``malformed``, so the envelope
+    co-signing makes of it must not be one that verifies (as_extension re-encoded the bytes, so
+    the entry was canonical and verified where its bundle was refused)."""
+    bundle = _json(made.sidecar)
+    envelope = bundle["dsseEnvelope"]
+    holder = envelope if field == "payload" else envelope["signatures"][0]
+    holder[field] = base64.b64encode(bytes(72)).decode() + "="  # no padding needed: one more
+    assert _reason(_bytes(bundle), made.policy()) is Reason.MALFORMED
+    with pytest.raises(Rejected) as info:
+        as_extension(_bytes(bundle))
+    assert info.value.reason is Reason.MALFORMED and "canonical base64" in info.value.detail
+
+
+def test_the_genuine_bundle_is_its_own_canonical_material(made: Made) -> None:
+    """What sigstore-python wrote is what it writes back: the check refuses no genuine bundle."""
+    from sigstore.models import Bundle
+
+    again = json.loads(Bundle.from_json(made.sidecar).to_json())
+    assert again["verificationMaterial"] == _json(made.sidecar)["verificationMaterial"]
 
 
 @pytest.mark.parametrize("depth", [1_000, 100_000])

@@ -597,6 +597,32 @@ def test_strict_json_reads_every_text_as_the_whole_decoder_does(data: bytes) -> 
         assert got == want and not isinstance(got, Rejected)
 
 
+_RUN = b"A" * (dsse.MAX_SIG_BYTES - 200)
+_TAIL = b'","payloadType":"x","signatures":[{"keyid":"k","sig":"AAAA"}]}'
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"payload":"' + _RUN,
+        b'{"payload":"' + _RUN + b"!" + _TAIL + b"\n",
+        b'{"payload":"' + _RUN + _TAIL + b"\r\n",
+        b'{"payload":"","payloadType":"x","signatures":[{"keyid":"' + _RUN.lower(),
+        b'{"payload":"","payloadType":"x","signatures":[{"keyid":"k","sig":"' + _RUN + b'"}]}\r\n',
+        b'{"payload":"' + _RUN + _TAIL + b"\n",
+    ],
+    ids=["unclosed", "bad-character", "crlf", "keyid-unclosed", "sig-crlf", "canonical"],
+)
+def test_a_long_run_near_the_cap_reads_the_same_both_ways(data: bytes) -> None:
+    """The hostile shapes a pattern could spend its time on (a string of 64 KiB the pattern must
+    take whole before it fails: each string is taken once, not given back character by
+    character, red team 8b; the time is bench_core's to show, not a test's): the fast path and
+    JSON agree on them, and only the canonical one is an envelope."""
+    fast, general = _read_both_ways(data)
+    assert fast == general
+    assert isinstance(fast, dsse.Envelope) == (data.endswith(b"}]}\n") and b"!" not in data)
+
+
 @pytest.mark.parametrize(
     "doc", [b'{"a":1,"a":1}', b'{"x":{"b":1,"c":0,"b":2}}', b'[{"c":1,"d":2,"c":1}]']
 )

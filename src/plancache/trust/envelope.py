@@ -127,6 +127,21 @@ def unb64(value: object, what: str) -> bytes:
         raise Rejected(Reason.MALFORMED, f"{what} is not base64") from None
 
 
+def canonical_unb64(value: object, what: str) -> bytes:
+    """:func:`unb64`, and ``value`` exactly the base64 of what it decodes to: Python's strict
+    mode still reads padding a value does not need (``AAAA=`` on 3.10 and 3.11, other lengths
+    on each), and a DSSE signature's or payload's base64 outside an envelope (a Sigstore
+    bundle's, which is not re-encoded and compared as a whole) must have one spelling.
+
+    Raises:
+        Rejected: ``malformed``, not a string, not base64, or not canonical.
+    """
+    data = unb64(value, what)
+    if base64.b64encode(data).decode("ascii") != value:
+        raise Rejected(Reason.MALFORMED, f"{what} is not canonical base64 (altered?)")
+    return data
+
+
 def _extension(value: object) -> Mapping[str, Any]:
     """A signature extension's ``ext``: Sigstore's kind only, a JSON object, within its cap."""
     if not isinstance(value, dict) or set(value) != {"ext", "kind"}:
@@ -173,12 +188,17 @@ def _signature(raw: object) -> Signature:
 
 
 _ONE_KEY_ENVELOPE = re.compile(
-    rb'\{"payload":"([A-Za-z0-9+/]*={0,2})","payloadType":"([ !#-\[\]-~]*)",'
-    rb'"signatures":\[\{"keyid":"([ !#-\[\]-~]*)","sig":"([A-Za-z0-9+/]*={0,2})"\}\]\}\n'
+    rb'\{"payload":"(?=([A-Za-z0-9+/]*={0,2}))\1","payloadType":"(?=([ !#-\[\]-~]*))\2",'
+    rb'"signatures":\[\{"keyid":"(?=([ !#-\[\]-~]*))\3","sig":"(?=([A-Za-z0-9+/]*={0,2}))\4"'
+    rb"\}\]\}\n"
 )
 """The canonical form of the common sidecar, one key's signature, with every string in it one
 that JSON writes as it is (printable ASCII but ``"`` and ``\\``): such bytes mean what they
-spell, so :func:`_one_key` reads them without a JSON parse."""
+spell, so :func:`_one_key` reads them without a JSON parse. Each string is taken whole (a
+lookahead's group, then a backreference to it: Python 3.10 has no possessive ``*+``), so a
+sidecar that is not the form fails in one pass: given characters back one by one, a 64 KiB
+hostile sidecar cost ~1 ms here (~0.1 ms by JSON), a 16 MiB manifest signature's ~330 ms (red
+team 8b). The same matches: each string ends at a ``"``, which its characters never are."""
 
 
 def _one_key(data: bytes) -> Envelope | None:

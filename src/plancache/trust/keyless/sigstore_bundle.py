@@ -24,14 +24,15 @@ payload and signature must be canonical base64 all the same: sigstore-python dec
 leniently (characters outside the alphabet dropped, anything after the padding ignored), and
 plancache's own readers of what a bundle claims (``ls`` without keys, ``prune``, ``inspect``, a
 co-signature moving it into an envelope) decode strictly; canonical, both read the same bytes,
-the ones verified.
+the ones verified. So must its verification material be what sigstore-python writes back for
+it (:func:`_check_material`): values, not layout.
 sigstore-python is imported on the first bundle, never for a keyring of keys alone.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
+import json
 from typing import TYPE_CHECKING
 
 from .. import envelope as dsse
@@ -107,7 +108,8 @@ def open_bundle(
     matcher = _IdentityMatch(policy)
     claims = LogClaims.of(obj["verificationMaterial"]["tlogEntries"][0])
     root = _root(policy.trusted_root)
-    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root)
+    material = obj["verificationMaterial"]
+    payload, bundle = _verify(sig_bytes, policy.trusted_root, matcher, claims, root, material)
     logs = vouched_by_named_log(claims, root)
     if not logs:
         raise Rejected(
@@ -163,9 +165,7 @@ def _check_shape(obj: object) -> None:
         raise Rejected(Reason.MALFORMED, "a bundle's DSSE envelope holds exactly one signature")
     signature = signatures[0].get("sig") if isinstance(signatures[0], dict) else None
     for what, value in (("DSSE payload", envelope.get("payload")), ("signature", signature)):
-        text = f"the Sigstore bundle's {what}"
-        if base64.b64encode(dsse.unb64(value, text)).decode("ascii") != value:
-            raise Rejected(Reason.MALFORMED, f"{text} is not canonical base64 (altered?)")
+        dsse.canonical_unb64(value, f"the Sigstore bundle's {what}")
     entries = material.get("tlogEntries") if isinstance(material, dict) else None
     if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], dict):
         raise Rejected(Reason.NO_LOG_PROOF, "the bundle holds no transparency-log entry")
@@ -210,6 +210,35 @@ def _integrated_time(value: object) -> int | None:
     (sigstore-python's reader would take ``"١٢"`` for 12)."""
     text = str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+
+
+def _check_material(bundle: Bundle, material: object) -> None:
+    """A bundle's verification material is exactly what sigstore-python writes back for what it
+    read of it: sigstore-python reads it leniently (base64 with characters outside the alphabet
+    dropped, integers such as ``logIndex`` through ``int()``, so ``"0139"`` is 139), and a
+    signature that verifies in many spellings would make a store's respelling invisible. One
+    rule for a bare bundle and for an envelope's keyless entry, which is verified as the bundle
+    it came from (:mod:`.dsse_extension`): a bundle and the entry co-signing makes of it verify
+    alike (red team 8b: a respelt bundle verified, its entry was ``malformed``). Real bundles'
+    material is in that form (sigstore-python's, sigstore-js's for GitHub's attestations, Rekor
+    v2's: tests/data/sigstore). Compared as text: ``1 == 1.0 == True`` as Python values.
+
+    Raises:
+        Rejected: ``malformed``, the material is not in that form.
+    """
+    try:
+        again = json.loads(bundle.to_json()).get("verificationMaterial")
+    except Exception:  # what sigstore-python read, it writes; never a traceback all the same
+        again = None
+    if again is None or _text(again) != _text(material):
+        raise Rejected(
+            Reason.MALFORMED,
+            "a keyless signature's verification material is not in canonical form (altered?)",
+        )
+
+
+def _text(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=4)
@@ -272,9 +301,12 @@ def _verify(
     matcher: _IdentityMatch,
     claims: LogClaims,
     root: TrustRoot,
+    material: object,
 ) -> tuple[bytes, Bundle]:
-    """sigstore-python's verification, its errors mapped to reasons; first, that each key the
-    bundle names is one of the root's (:func:`~.trust_root.unnamed_part`)."""
+    """sigstore-python's verification, its errors mapped to reasons: first, that each key the
+    bundle names is one of the root's (:func:`~.trust_root.unnamed_part`); last, that the
+    bundle's ``material`` (its ``verificationMaterial``, as plancache read it) is what
+    sigstore-python writes back for it (:func:`_check_material`)."""
     from sigstore.models import Bundle
 
     try:
@@ -303,4 +335,7 @@ def _verify(
         raise refusal(exc, bundle, claims, root) from None
     if payload_type != dsse.PAYLOAD_TYPE:  # checked before, by _check_shape: belt and braces
         raise Rejected(Reason.MALFORMED, "the bundle's payloadType is not in-toto")
+    # once it verified: a bundle that does is small (its proof, chain and stamps are checked), so
+    # writing it back costs little, where a 16 MiB one of junk hashes would cost it twice over
+    _check_material(bundle, material)
     return bytes(payload), bundle
