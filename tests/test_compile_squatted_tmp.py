@@ -17,7 +17,8 @@ loaded, and inductor's, Triton's and the precompiled header's directories at tha
 a directory of the victim's, mode 0700, whose name did not exist before the boot and does not
 after it. The same with the guard unable to install (as on an unsupported vLLM).
 
-Heavy (two real compiles per case): run under ``flock /tmp/plancache-vllm.lock``.
+Heavy (two real compiles per case, the three squatted nodes two at a time, each in a namespace
+of its own): run under ``flock /tmp/plancache-vllm.lock``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +140,14 @@ class Node:
 def node() -> Iterator[Node]:
     _needs_root_and_mounts()
     interpreter_reachable()
+    with _new_node() as made:
+        yield made
+
+
+@contextmanager
+def _new_node() -> Iterator[Node]:
+    """A node of its own: a mount namespace with fresh temporary directories, the volume, the
+    users' homes and the key; gone on exit."""
     top = Path(tempfile.mkdtemp(prefix="plancache-squat-", dir="/srv"))
     top.chmod(0o755)
     keep = keep_reachable(TEMP_PARENTS)  # a checkout under /tmp (a CI clone) stays reachable
@@ -299,8 +310,9 @@ def _victim(node: Node, aot: bool, **extra: str) -> tuple[dict[str, Any], dict[s
     return _toy(node, VICTIM, env), before
 
 
-def _assert_private(report: dict[str, Any], before: dict[str, list[str]], node: Node) -> None:
-    assert not node.marker.exists(), node.marker.read_text()  # the old code: it ran, both layouts
+def _assert_private(run: Squatted) -> None:
+    report, before = run.report, run.before
+    assert run.marker is None, run.marker  # the old code: it ran, both layouts
     assert report["correct"] and report["error"] is None, report["stderr"][-3000:]
     assert report["kernels_loaded"], "torch loaded no kernel module: nothing was compiled"
     roots = set()
@@ -311,33 +323,72 @@ def _assert_private(report: dict[str, Any], before: dict[str, list[str]], node: 
     for chain in report["kernel_chains"]:
         roots.add(_private_ancestor(chain, before) or f"outside: {chain[0]}")
     assert len(roots) == 1 and None not in roots, roots  # one fresh root: this process's
-    after = node.listing()
     parent, name = os.path.split(roots.pop())
-    assert name not in after[parent]  # removed at exit: it lived for this boot alone
+    assert name not in run.after[parent]  # removed at exit: it lived for this boot alone
 
 
-@pytest.mark.parametrize("aot", [True, False], ids=["aot1", "aot0"])
+@dataclass
+class Squatted:
+    """What one squatted node showed: the modules the co-tenant planted, then the victim's boot
+    with the temporary directories' names before and after it and the marker's text (None: the
+    payload never ran), all read while the node still stood."""
+
+    planted: int
+    report: dict[str, Any]
+    before: dict[str, list[str]]
+    after: dict[str, list[str]]
+    marker: str | None
+
+
+def _squatted(aot: bool, **victim: str) -> Squatted:
+    """A node of its own: the co-tenant squats and plants, then the victim boots."""
+    with _new_node() as node:
+        _squat(node)
+        planted = _plant(node, aot)
+        report, before = _victim(node, aot, **victim)
+        marker = node.marker.read_text() if node.marker.exists() else None
+        return Squatted(planted, report, before, node.listing(), marker)
+
+
+SQUATTED = {
+    "aot1": lambda: _squatted(aot=True),
+    "aot0": lambda: _squatted(aot=False),
+    "unsupported": lambda: _squatted(aot=True, COMPILE_TOY_UNSUPPORTED="1"),
+}
+"""The squatted nodes, each a co-tenant's compile then the victim's (two real compiles)."""
+
+
+@pytest.fixture(scope="module")
+def squatted() -> Iterator[dict[str, Future[Squatted]]]:
+    """Every squatted node, started on the first test that needs one, two at a time: each is a
+    namespace, volume and homes of its own, and each node's two compiles stay in order, but one
+    node's pair needs nothing of another's (one after the other, one compile at a time, they
+    took two and a half minutes with a core idle). Each test takes its own node's result."""
+    _needs_root_and_mounts()
+    interpreter_reachable()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {name: pool.submit(run) for name, run in SQUATTED.items()}
+
+
+@pytest.mark.parametrize("aot", ["aot1", "aot0"])
 def test_a_squatted_tmp_and_a_group_writable_root_never_run_a_planted_kernel(
-    node: Node, aot: bool
+    squatted: dict[str, Future[Squatted]], aot: str
 ) -> None:
-    _squat(node)
-    planted = _plant(node, aot)
-    assert planted > 0
-    report, before = _victim(node, aot)
-    _assert_private(report, before, node)
-    said = report["stderr"]
+    run = squatted[aot].result()
+    assert run.planted > 0
+    _assert_private(run)
+    said = run.report["stderr"]
     # the cache root's own place was refused, and said why (its group-writable chain)
     assert "compile-cache private directory=" in said and "lets another user" in said, said[-3000:]
 
 
 def test_with_the_guard_not_installed_torch_still_compiles_only_into_a_fresh_private_root(
-    node: Node,
+    squatted: dict[str, Future[Squatted]],
 ) -> None:
-    _squat(node)
-    assert _plant(node, aot=True) > 0
-    report, before = _victim(node, aot=True, COMPILE_TOY_UNSUPPORTED="1")
-    assert "compile-cache guard not installed" in report["stderr"], report["stderr"][-3000:]
-    _assert_private(report, before, node)
+    run = squatted["unsupported"].result()
+    assert run.planted > 0
+    assert "compile-cache guard not installed" in run.report["stderr"], run.report["stderr"][-3000:]
+    _assert_private(run)
 
 
 def _remount(node: Node, options: str) -> None:

@@ -147,10 +147,15 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer
 ) -> Iterator[dict[str, Any]]:
     H.require_engine()
-    fleet = Fleet(tmp_path_factory.mktemp("engine"), moto_server)
+    # LLM()'s front process: a fork of the zygote, which imports vLLM while the model is built
+    # (two engine-venv interpreters that need nothing of each other)
+    with ThreadPoolExecutor(max_workers=1) as starting:
+        zygote_started = starting.submit(H.start_zygote, tmp_path_factory.mktemp("engine-zygote"))
+        try:
+            fleet = Fleet(tmp_path_factory.mktemp("engine"), moto_server)
+        finally:
+            zygote = zygote_started.result()
     hole = BlackHole()
-    # LLM()'s front process: a fork
-    zygote = H.start_zygote(tmp_path_factory.mktemp("engine-zygote"))
     runs: dict[str, Any] = {"fleet": fleet, "zygote": zygote}
 
     def build() -> H.Boot:
@@ -189,11 +194,9 @@ def fleet(
         fleet.proxies["serving"].reset()
         return boot
 
-    def serving() -> H.Boot:
-        return serving_node("serving", H.boot_llm)
-
-    def restart() -> H.Boot:
-        return serving_node("restart", H.boot_serve)
+    def serving_then_restart() -> tuple[H.Boot, H.Boot]:
+        """The same node twice, in order: the restart needs what the first boot pulled."""
+        return serving_node("serving", H.boot_llm), serving_node("restart", H.boot_serve)
 
     def tampered_store() -> H.Boot:
         node = fleet.node("tampered-store")
@@ -248,15 +251,17 @@ def fleet(
             runs["store"] = fleet.objects()
             assert runs["build"].returncode == 0 and runs["store"], runs["build"].tail()
             plant_tampered_archive()
+            # Longest first, so that neither thread is left with a long boot at the end while the
+            # other idles: the two compiling boots start beside the serving node's two warm ones,
+            # then the short warm boots fill in (the restart used to be queued last, alone).
             later = {
-                "serving": pool.submit(serving),
-                "disabled": pool.submit(disabled),
                 "tampered-store": pool.submit(tampered_store),
+                "serving+restart": pool.submit(serving_then_restart),
                 "tampered-local": pool.submit(tampered_local),
                 "repull": pool.submit(repull),
+                "disabled": pool.submit(disabled),
             }
-            runs["serving"] = later.pop("serving").result()
-            later["restart"] = pool.submit(restart)
+            runs["serving"], runs["restart"] = later.pop("serving+restart").result()
             runs.update({name: f.result() for name, f in later.items()})
         marker = fleet.top / "tampered-store" / "marker"
         runs["tampered-store"].marker = marker.read_text() if marker.exists() else None

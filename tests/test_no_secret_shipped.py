@@ -29,6 +29,7 @@ import re
 import sys
 import tarfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -295,10 +296,34 @@ def test_a_credential_name_without_a_separator_and_value_is_shown_as_it_is(
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any) -> dict[str, Any]:
+def cold_boots(
+    tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any
+) -> Iterator[dict[str, Future[dict[str, Any]]]]:
+    """The file's four cold boots (``<10 hex>`` with secrets planted, torch-named secrets in each
+    layout, a clean AOT build), started together on the first test that needs one, two at a time
+    (the machine has two cores): each needs nothing of the others (a directory, a key and a
+    ``file://`` store of its own), and one after the other they took a minute and more with a
+    core idle. Each test takes its own boot's result, as from a fixture of its own."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            "aot0-planted": pool.submit(_build_planted, tmp_path_factory),
+            **{
+                f"torch-{layout}": pool.submit(_build_torch_planted, tmp_path_factory, layout)
+                for layout in sorted(LAYOUTS)
+            },
+            "clean-aot": pool.submit(_build_clean_aot, tmp_path_factory),
+        }
+
+
+@pytest.fixture(scope="module")
+def built(cold_boots: dict[str, Future[dict[str, Any]]]) -> dict[str, Any]:
     """One cold boot that compiles, signs and pushes the ``<10 hex>`` layout with secrets
     planted."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    return cold_boots["aot0-planted"].result()
+
+
+def _build_planted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from compile_boots import AOT0, boot, cache_dir
     from compile_tampers import cli
 
@@ -366,16 +391,19 @@ def _grep_tree(directory: Path, values: list[str]) -> set[str]:
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
 def torch_planted(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any
+    request: pytest.FixtureRequest, cold_boots: dict[str, Future[dict[str, Any]]]
 ) -> dict[str, Any]:
     """One cold boot per layout that compiles and signs with torch-named secrets planted, and
     pushes (or refuses to)."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    return cold_boots[f"torch-{request.param}"].result()
+
+
+def _build_torch_planted(tmp_path_factory: pytest.TempPathFactory, layout: str) -> dict[str, Any]:
     from compile_boots import AOT0, boot, cache_dir
     from compile_tampers import cli
 
-    aot = LAYOUTS[request.param]
-    top = tmp_path_factory.mktemp(f"torch-planted-{request.param}")
+    aot = LAYOUTS[layout]
+    top = tmp_path_factory.mktemp(f"torch-planted-{layout}")
     (top / "keys").mkdir()
     key = str(top / "keys" / "key")
     assert cli("keygen", key).returncode == 0
@@ -419,12 +447,7 @@ def test_torchs_environment_snapshot_is_never_pushed(torch_planted: dict[str, An
     )
 
 
-def test_a_clean_aot_build_is_still_pushed(
-    tmp_path_factory: pytest.TempPathFactory, compile_zygote: Any
-) -> None:
-    """Every compiled file carries the cache root (the check lets it ship): a build node without
-    private variables pushes its AOT cache and headers, and neither holds its (distinctive) home."""
-    sys.path.insert(0, str(Path(__file__).parent))
+def _build_clean_aot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from compile_boots import boot
     from compile_tampers import cli
 
@@ -434,6 +457,14 @@ def test_a_clean_aot_build_is_still_pushed(
     assert cli("keygen", key).returncode == 0
     (top / "build").mkdir()
     report = boot(top / "build", PLANCACHE_SIGNING_KEY=key, PLANCACHE_URL=f"file://{top}/store")
+    return {"top": top, "report": report}
+
+
+def test_a_clean_aot_build_is_still_pushed(cold_boots: dict[str, Future[dict[str, Any]]]) -> None:
+    """Every compiled file carries the cache root (the check lets it ship): a build node without
+    private variables pushes its AOT cache and headers, and neither holds its (distinctive) home."""
+    clean = cold_boots["clean-aot"].result()
+    top, report = clean["top"], clean["report"]
     assert report["correct"], report["stderr"][-3000:]
     assert not NOT_PUSHED.findall(report["stderr"]), report["stderr"][-3000:]
     blobs = shipped(top / "store")
