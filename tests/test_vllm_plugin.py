@@ -1597,6 +1597,31 @@ def test_a_profiling_boot_never_overwrites_the_signed_plan(
     assert "decision=apply reason=applied source=local" in _decision(lines)
 
 
+def test_a_boot_that_could_not_verify_the_signed_plan_never_overwrites_it(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Red team 8a: the trusted-keys file was unusable for one boot (rewritten in place by its
+    owner, a revocation made and undone): that boot profiled, and vLLM's save wrote its unsigned
+    plan over the signed one, beside the old signature. Once the keys were right again, every
+    boot refused the node's plan as ``digest-mismatch`` ("altered plan?"), and with no store it
+    was lost for good. A boot that cannot sign keeps a signed plan it did not verify."""
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data, sig = _signed_local_plan(plugin, keys, fp)
+    trusted = keys.trusted.read_bytes()
+    keys.trusted.write_text("# being rewritten\n")
+    assert worker.determine_available_memory() == profiled_bytes()
+    assert "decision=profile reason=config-error" in _decision(lines)
+    _finish_boot(plugin, worker, profiled_bytes() - GIB)  # vLLM's save, from its warm-up
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
+    assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
+    keys.trusted.write_bytes(trusted)
+    nxt = make_worker(plugin)
+    assert nxt.determine_available_memory() == PLANNED_KV
+    assert "decision=apply reason=applied source=local" in _decision(lines)
+
+
 def _compiling_runner(worker: Any, counter: str) -> None:
     """The stand-in runner's profile run moves vLLM's own compilation counter as a real
     ``GPUModelRunner.profile_run`` does when it compiles (``num_inductor_compiles``) or loads
