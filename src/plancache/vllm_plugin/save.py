@@ -6,7 +6,9 @@ unfinished boot), vLLM's fresh, unsigned plan is *dropped* (vLLM's save is not c
 numbers stay in the boot record), so the next boot that passes the gate applies the signed one
 again, store or no store. So it is, too, when a boot that cannot sign finds a signed plan it did
 not verify (its trusted keys unusable for a moment, a key revoked and restored): vLLM's plan
-beside the old signature would be refused as altered by every later boot. A plan measured by a boot that compiled cold is not signed unless
+beside the old signature would be refused as altered by every later boot.
+
+A plan measured by a boot that compiled cold is not signed unless
 ``PLANCACHE_SIGN_COLD=1`` (one WARNING line says so), and vLLM's cold plan is removed, so that
 the next (warm) boot profiles and records it again; impossible numbers are refused with their
 own reasons (:func:`plancache.trust.evidence.refuse_impossible`).
