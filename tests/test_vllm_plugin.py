@@ -1622,6 +1622,21 @@ def test_a_boot_that_could_not_verify_the_signed_plan_never_overwrites_it(
     assert "decision=apply reason=applied source=local" in _decision(lines)
 
 
+def test_a_boot_without_trusted_keys_still_saves_over_a_signed_plan(
+    plugin: SimpleNamespace, keys: SimpleNamespace, lines: list
+) -> None:
+    """A bake's profiling boot runs without trusted keys and signs afterwards (``plancache sign
+    --replace``): vLLM's fresh plan replaces the old one there, as vLLM saves it, so the bake
+    signs what this boot measured (the rule above is for boots that ask for signed plans)."""
+    worker = make_worker(plugin, free=55 * GIB)  # below the old plan's baseline: it profiles
+    fp = fingerprint(plugin, worker)
+    data, _ = _signed_local_plan(plugin, keys, fp)
+    assert worker.determine_available_memory() == profiled_bytes()
+    assert "decision=profile reason=below-baseline" in _decision(lines)
+    _finish_boot(plugin, worker, profiled_bytes() - GIB)
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() != data
+
+
 def _compiling_runner(worker: Any, counter: str) -> None:
     """The stand-in runner's profile run moves vLLM's own compilation counter as a real
     ``GPUModelRunner.profile_run`` does when it compiles (``num_inductor_compiles``) or loads

@@ -4,9 +4,9 @@ A profiling boot never destroys a signed plan (issue 49): when this boot verifie
 for its fingerprint and profiled all the same (below the baseline once, a plan held back, an
 unfinished boot), vLLM's fresh, unsigned plan is *dropped* (vLLM's save is not called; its
 numbers stay in the boot record), so the next boot that passes the gate applies the signed one
-again, store or no store. So it is, too, when a boot that cannot sign finds a signed plan it did
-not verify (its trusted keys unusable for a moment, a key revoked and restored): vLLM's plan
-beside the old signature would be refused as altered by every later boot.
+again, store or no store. So it is, too, when a boot with trusted keys that cannot sign finds a
+signed plan it did not verify (its trusted keys unusable for a moment, a key revoked and
+restored): vLLM's plan beside the old signature would be refused as altered by every later boot.
 
 A plan measured by a boot that compiled cold is not signed unless
 ``PLANCACHE_SIGN_COLD=1`` (one WARNING line says so), and vLLM's cold plan is removed, so that
@@ -80,7 +80,8 @@ def save(
     except Exception:
         LOG.debug("plancache: plan not compared with this boot's profile", exc_info=True)
     verified = boot.signed_plan_found and fp == boot.apply_fingerprint
-    if verified or (boot.signer is None and _signed_here(directory, fp, save_fp)):
+    unverified = boot.config.trusted_keys is not None and boot.signer is None
+    if verified or (unverified and _signed_here(directory, fp, save_fp)):
         LOG.info(
             "plancache: signed plan %s kept%s; this boot's profile (kv_cache_memory_bytes=%d) "
             "is not saved over it",
@@ -129,11 +130,12 @@ def save(
 
 def _signed_here(directory: LocalPlanDir, *fps: str) -> bool:
     """Whether a signature lies beside the plan of any of ``fps``: a signed plan this boot did
-    not verify (its trusted keys unusable for a moment, its key revoked or outside its window,
-    or no keys asked for). A boot that cannot sign must not let vLLM save its unsigned plan
+    not verify (its trusted keys unusable for a moment, its key revoked or outside its window).
+    A boot that asks for signed plans and cannot sign must not let vLLM save its unsigned plan
     over it: the old signature would stay beside other bytes, every later boot would refuse the
     plan as altered (``digest-mismatch``), and a node without a store would lose it for good
-    (red team 8a)."""
+    (red team 8a). A boot with no trusted keys (a bake's profiling boot, whose plans
+    ``plancache sign --replace`` signs afterwards) still saves as vLLM does."""
     return any(os.path.lexists(directory.path / sig_name(fp)) for fp in fps)
 
 
