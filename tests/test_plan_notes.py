@@ -400,3 +400,52 @@ def test_a_deferred_record_write_holds_the_document_of_its_decision(
     assert what == "boot record"
     assert document["saved_ms"] == {"profiling": None, "compile": None}, document
     assert "determine_ms" not in document["plan"] and document["plan"]["decision"] == "apply"
+
+
+_ORPHANED_HELPER = """
+import concurrent.futures, multiprocessing, os, signal, sys
+from pathlib import Path
+from plancache.vllm_plugin.plan_health import notes
+plans, fp, sha, pids = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+# the worker: notes the plan it applies (held and locked for its start-up), then in its profile
+# pass forks a helper pool (inductor's compile pool with TORCHINDUCTOR_WORKER_START=fork), and
+# dies there (the OOM killer): the pool lives on, an orphan
+notes.note_applying(plans, fp, sha, 1, sync=False)
+pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
+list(pool.map(abs, [1, 2]))
+pids.write_text(" ".join(str(pid) for pid in pool._processes))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_helper_the_worker_forked_does_not_keep_a_dead_boots_note_alive(
+    node: Path, tmp_path: Path
+) -> None:
+    """The note's ``flock`` belongs to its open file, which a forked child shares: a pool the
+    worker forked held it after the worker was killed, so the next boot took the dead boot's
+    note for a live boot's and applied the plan that killed it, and every boot after it that
+    died the same way (forking its pool again) did the same: the crash loop the note is there
+    to stop (red team 8a, on the real vLLM worker). A forked child lets go of the lock at once."""
+    interpreter_reachable()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    pids, errors = tmp_path / "helpers", tmp_path / "stderr"
+    with errors.open("wb") as stderr:  # not a pipe: the orphans would hold it open
+        worker = subprocess.run(
+            [sys.executable, "-c", _ORPHANED_HELPER, str(node), FP, SHA, str(pids)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            timeout=120,
+        )
+    helpers = [int(pid) for pid in pids.read_text().split()] if pids.exists() else []
+    try:
+        assert worker.returncode == -9 and len(helpers) == 2, errors.read_text()
+        assert all(os.path.exists(f"/proc/{pid}") for pid in helpers)  # the orphans live on
+        recalled = notes.recall(node, FP, SHA)
+        assert recalled.unfinished is not None, "a dead boot's note taken for a live one's"
+        assert _apply(node).reason is Verdict.UNFINISHED_BOOT
+    finally:
+        for pid in helpers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,42 @@ def test_reads_are_capped_and_refuse_links_and_fifos(plan_dir: Path, tmp_path: P
 def test_write_atomic_sets_mode(tmp_path: Path) -> None:
     write_atomic(tmp_path / "secret", b"k", mode=0o600)
     assert os.stat(tmp_path / "secret").st_mode & 0o777 == 0o600
+
+
+_KILLED_RECORD_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from plancache.storage.local import records
+os.rename = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # killed before it
+records.write(Path(sys.argv[1]), sys.argv[2], b"{}")
+"""
+
+
+def test_what_killed_writers_leave_of_boot_records_goes_with_the_oldest_records(
+    tmp_path: Path,
+) -> None:
+    """Red team 8a: a worker killed between its record's temporary and the rename (the OOM
+    killer in a crash loop, the deferred write racing vLLM's profile pass) left the temporary
+    for ever: only record names were pruned, so a crash loop could fill the disk after all.
+    They count with their records against the bound."""
+    import signal
+
+    from plancache.storage.local import records
+
+    def name(minute: int) -> str:
+        return f"20261206T17{minute:02d}00Z-{100 + minute}-r0-0000000{minute % 10}.json"
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for minute in (1, 2, 3):
+        killed = subprocess.run(
+            [sys.executable, "-c", _KILLED_RECORD_WRITER, str(tmp_path), name(minute)],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+    directory = records.directory(tmp_path)
+    assert len([n for n in os.listdir(directory) if n.endswith(".tmp")]) == 3
+    records.write(tmp_path, name(4), b"{}", keep=2)
+    records.write(tmp_path, name(5), b"{}", keep=2)
+    assert sorted(os.listdir(directory)) == [name(4), name(5)]

@@ -1597,6 +1597,46 @@ def test_a_profiling_boot_never_overwrites_the_signed_plan(
     assert "decision=apply reason=applied source=local" in _decision(lines)
 
 
+def test_a_boot_that_could_not_verify_the_signed_plan_never_overwrites_it(
+    plugin: SimpleNamespace, keys: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, lines: list
+) -> None:
+    """Red team 8a: the trusted-keys file was unusable for one boot (rewritten in place by its
+    owner, a revocation made and undone): that boot profiled, and vLLM's save wrote its unsigned
+    plan over the signed one, beside the old signature. Once the keys were right again, every
+    boot refused the node's plan as ``digest-mismatch`` ("altered plan?"), and with no store it
+    was lost for good. A boot that cannot sign keeps a signed plan it did not verify."""
+    monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", str(keys.trusted))
+    worker = make_worker(plugin)
+    fp = fingerprint(plugin, worker)
+    data, sig = _signed_local_plan(plugin, keys, fp)
+    trusted = keys.trusted.read_bytes()
+    keys.trusted.write_text("# being rewritten\n")
+    assert worker.determine_available_memory() == profiled_bytes()
+    assert "decision=profile reason=config-error" in _decision(lines)
+    _finish_boot(plugin, worker, profiled_bytes() - GIB)  # vLLM's save, from its warm-up
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() == data
+    assert (plugin.plan_dir / sig_name(fp)).read_bytes() == sig
+    keys.trusted.write_bytes(trusted)
+    nxt = make_worker(plugin)
+    assert nxt.determine_available_memory() == PLANNED_KV
+    assert "decision=apply reason=applied source=local" in _decision(lines)
+
+
+def test_a_boot_without_trusted_keys_still_saves_over_a_signed_plan(
+    plugin: SimpleNamespace, keys: SimpleNamespace, lines: list
+) -> None:
+    """A bake's profiling boot runs without trusted keys and signs afterwards (``plancache sign
+    --replace``): vLLM's fresh plan replaces the old one there, as vLLM saves it, so the bake
+    signs what this boot measured (the rule above is for boots that ask for signed plans)."""
+    worker = make_worker(plugin, free=55 * GIB)  # below the old plan's baseline: it profiles
+    fp = fingerprint(plugin, worker)
+    data, _ = _signed_local_plan(plugin, keys, fp)
+    assert worker.determine_available_memory() == profiled_bytes()
+    assert "decision=profile reason=below-baseline" in _decision(lines)
+    _finish_boot(plugin, worker, profiled_bytes() - GIB)
+    assert (plugin.plan_dir / plan_name(fp)).read_bytes() != data
+
+
 def _compiling_runner(worker: Any, counter: str) -> None:
     """The stand-in runner's profile run moves vLLM's own compilation counter as a real
     ``GPUModelRunner.profile_run`` does when it compiles (``num_inductor_compiles``) or loads

@@ -15,9 +15,10 @@ It holds two kinds of things, and a fork treats them differently:
   belongs to the pid that made it, a decision to the boot that logged it, and a lock that a
   parent's thread held at the fork would never be released in the child.
 
-So the fork hook (:func:`start_boot`, registered with ``os.register_at_fork``) makes a new
-object holding the same :class:`Installed` and a fresh everything else, locks included; a test
-starts a boot the same way. The object is also renewed when the pid changed under it (a fork
+So the fork hook (:func:`_forked`, registered with ``os.register_at_fork``) lets go of the
+parent's held file locks (:attr:`PluginState.held`) and makes a new object (:func:`start_boot`)
+holding the same :class:`Installed` and a fresh everything else, locks included; a test starts
+a boot the same way. The object is also renewed when the pid changed under it (a fork
 that Python's hooks do not see), so no state ever crosses into another process.
 
 Why one object and not a few globals per module: one event renews all of it, and that is one
@@ -32,6 +33,7 @@ the standard library only (the types it names are imported for type checkers alo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -192,6 +194,13 @@ class PluginState:
     place: Place = field(default_factory=Place)
     guard: Guard = field(default_factory=Guard)
     records: Records = field(default_factory=Records)
+    held: set[int] = field(default_factory=set)
+    """Descriptors on which this process holds a lock for as long as its boot runs (the
+    crash-loop note's ``flock``, :mod:`.plan_health.notes`). A ``flock`` belongs to the open
+    file, which a forked child shares: a helper the worker forks (a compile pool started with
+    ``fork``) would keep the lock after the worker died, and the next boot would take a dead
+    boot's note for a live one's and apply the plan that killed it. So a forked child lets go
+    of them at once (:func:`_forked`)."""
 
 
 _state = PluginState(Installed())
@@ -212,4 +221,29 @@ def start_boot() -> PluginState:
     return _state
 
 
-os.register_at_fork(after_in_child=start_boot)
+def _let_go(fds: set[int]) -> None:
+    """This process's copies of ``fds`` pointed at ``/dev/null``: the open files they shared
+    with the parent (and their locks) are no longer held here, and their numbers stay taken, so
+    a later ``close`` of one by code that still holds the number closes nothing else. Never
+    ``LOCK_UN``: on a shared open file that would release the parent's lock too."""
+    if not fds:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+
+
+def _forked() -> None:
+    """In every forked child: the parent's held locks let go of, then a boot of its own."""
+    _let_go(_state.held)
+    start_boot()
+
+
+os.register_at_fork(after_in_child=_forked)

@@ -4,7 +4,11 @@ A profiling boot never destroys a signed plan (issue 49): when this boot verifie
 for its fingerprint and profiled all the same (below the baseline once, a plan held back, an
 unfinished boot), vLLM's fresh, unsigned plan is *dropped* (vLLM's save is not called; its
 numbers stay in the boot record), so the next boot that passes the gate applies the signed one
-again, store or no store. A plan measured by a boot that compiled cold is not signed unless
+again, store or no store. So it is, too, when a boot with trusted keys that cannot sign finds a
+signed plan it did not verify (its trusted keys unusable for a moment, a key revoked and
+restored): vLLM's plan beside the old signature would be refused as altered by every later boot.
+
+A plan measured by a boot that compiled cold is not signed unless
 ``PLANCACHE_SIGN_COLD=1`` (one WARNING line says so), and vLLM's cold plan is removed, so that
 the next (warm) boot profiles and records it again; impossible numbers are refused with their
 own reasons (:func:`plancache.trust.evidence.refuse_impossible`).
@@ -19,6 +23,7 @@ the store: a failed push costs the next machine a profiling run, nothing more.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -28,7 +33,14 @@ from ..storage.local.files import read_capped, write_atomic
 from ..storage.local.localdir import LocalPlanDir
 from ..trust.errors import ConfigError, PlanCacheError, Reason, Rejected
 from ..trust.plans.evidence import evidence_note, refuse_cold, refuse_impossible
-from ..trust.plans.plan import MAX_PLAN_BYTES, Plan, parse_plan, plan_name, render_plan
+from ..trust.plans.plan import (
+    MAX_PLAN_BYTES,
+    Plan,
+    parse_plan,
+    plan_name,
+    render_plan,
+    sig_name,
+)
 from ..trust.signing import sign_plan
 from . import record
 from .adapter import (
@@ -67,11 +79,14 @@ def save(
         plan_guard.compare_after_profile(worker, boot, directory.path, int(kv_cache_memory_bytes))
     except Exception:
         LOG.debug("plancache: plan not compared with this boot's profile", exc_info=True)
-    if boot.signed_plan_found and fp == boot.apply_fingerprint:
+    verified = boot.signed_plan_found and fp == boot.apply_fingerprint
+    unverified = boot.config.trusted_keys is not None and boot.signer is None
+    if verified or (unverified and _signed_here(directory, fp, save_fp)):
         LOG.info(
-            "plancache: signed plan %s kept; this boot's profile (kv_cache_memory_bytes=%d) "
+            "plancache: signed plan %s kept%s; this boot's profile (kv_cache_memory_bytes=%d) "
             "is not saved over it",
             fp,
+            "" if verified else " (not verified by this boot)",
             int(kv_cache_memory_bytes),
         )
         record.note_plan_facts(
@@ -111,6 +126,17 @@ def save(
             daemon=True,
         )
         boot.push_thread.start()
+
+
+def _signed_here(directory: LocalPlanDir, *fps: str) -> bool:
+    """Whether a signature lies beside the plan of any of ``fps``: a signed plan this boot did
+    not verify (its trusted keys unusable for a moment, its key revoked or outside its window).
+    A boot that asks for signed plans and cannot sign must not let vLLM save its unsigned plan
+    over it: the old signature would stay beside other bytes, every later boot would refuse the
+    plan as altered (``digest-mismatch``), and a node without a store would lose it for good
+    (red team 8a). A boot with no trusted keys (a bake's profiling boot, whose plans
+    ``plancache sign --replace`` signs afterwards) still saves as vLLM does."""
+    return any(os.path.lexists(directory.path / sig_name(fp)) for fp in fps)
 
 
 def _taken_up(

@@ -5,7 +5,8 @@ saved), for a node agent to collect and for ``plancache doctor`` to show. Moves 
 every write goes through descriptors (:mod:`.dirfds`: no component below the cache root is
 followed if it is a link; the file is an ``O_EXCL | O_NOFOLLOW`` temporary renamed into
 place), reads are capped and never follow a link, and the oldest records beyond
-:data:`KEEP` are removed so a crash-looping worker cannot fill the disk.
+:data:`KEEP` are removed, with what a killed writer left of them, so a crash-looping worker cannot
+fill the disk.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ KEEP = 64
 MAX_RECORD_BYTES = 64 * 1024
 _NAME = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9]+-r[0-9]+-[0-9a-f]{8}\.json")
 """``<UTC time>-<pid>-r<rank>-<random>.json``: sorting by name sorts by time."""
+_LEFTOVER = re.compile(r"\.(" + _NAME.pattern + r")\.[0-9a-f]{16}\.tmp")
+"""A record's temporary (:func:`.dirfds.temp_name`), left behind by a writer killed between its
+creation and its rename: counted with its record, so it goes when its record would."""
+
+
+def _record_of(name: str) -> str | None:
+    """The record ``name`` is, or is a leftover temporary of (None: neither)."""
+    if _NAME.fullmatch(name):
+        return name
+    leftover = _LEFTOVER.fullmatch(name)
+    return leftover.group(1) if leftover else None
 
 
 def directory(root: Path) -> Path:
@@ -53,11 +65,22 @@ def write(root: Path, name: str, data: bytes, *, keep: int = KEEP, prune: bool =
     with dirfds.opened_dir(root, directory(root), create=True, mode=0o755) as fd:
         # no fsync on a boot's path
         dirfds.write_new(fd, name, data, mode=0o644, sync_dir=False, sync_file=False)
-        names = sorted(n for n in os.listdir(fd) if is_record_name(n)) if prune else []
-        for old in names[: max(0, len(names) - keep)]:
-            with contextlib.suppress(OSError):
-                os.unlink(old, dir_fd=fd)
+        if prune:
+            _prune(fd, keep)
     return directory(root) / name
+
+
+def _prune(dir_fd: int, keep: int) -> None:
+    """Remove the records beyond the newest ``keep``, and the temporaries left of them: a worker
+    killed while its record was being written (the OOM killer in a crash loop) leaves one that
+    nothing else would ever remove, so they count against the same bound (red team 8a)."""
+    found = [(record, n) for n in os.listdir(dir_fd) if (record := _record_of(n)) is not None]
+    newest = sorted({record for record, _ in found})
+    kept = set(newest[max(0, len(newest) - keep) :])
+    for record, name in found:
+        if record not in kept:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
 
 
 READ_FILES = 4 * KEEP

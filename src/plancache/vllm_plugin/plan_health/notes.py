@@ -28,6 +28,9 @@ before the note is visible until its start-up ends; the kernel drops it when the
 (SIGKILL included, across PID namespaces). A note whose lock is held belongs to a boot still
 running: it is not an unfinished boot (the other boot applies the plan too, and never clears
 or compares against it), and a boot removes the note at its end only if it is still its own.
+A process the worker forks (a compile pool started with ``fork``) shares the locked note and
+would keep its lock past the worker's death: every forked child lets go of it at once
+(:attr:`plancache.vllm_plugin.plugin_state.PluginState.held`).
 
 The notes decide nothing about trust: they only ever turn an "apply" into a "profile". Every
 byte read back is hostile. A note counts only as a regular file of this process's user, read
@@ -55,6 +58,7 @@ from ...storage.local.dirfds import NEW_FILE, read_only, temp_name
 from ...storage.local.state_dir import open_state_dir, state_dir_for
 from ...trust.errors import PlanCacheError, StoreError
 from ...trust.plans.plan import is_fingerprint
+from .. import plugin_state
 
 _ENCODE = json.JSONEncoder(sort_keys=True).encode
 """``json.dumps(..., sort_keys=True)`` without a new encoder made at each call (a boot's
@@ -164,8 +168,10 @@ def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool, sync: bool) ->
     that counts as present (the safe side), and the plan's memory was not in use yet."""
     tmp = temp_name(name)
     fd = os.open(tmp, NEW_FILE, 0o644, dir_fd=dir_fd)
+    held = plugin_state.current().held
     try:
         if hold:
+            held.add(fd)  # a child forked from now on lets go of it (plugin_state._forked)
             with contextlib.suppress(OSError):  # no flock here: the note still says it all
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         view = memoryview(data)
@@ -181,6 +187,7 @@ def _write_at(dir_fd: int, name: str, data: bytes, *, hold: bool, sync: bool) ->
     except BaseException:
         if tmp:
             _unlink_own(tmp, fd, dir_fd)
+        held.discard(fd)
         os.close(fd)
         raise
     if hold:
@@ -339,6 +346,7 @@ def finish(path: Path, fd: int | None) -> None:
             _unlink_own(path, fd)
     finally:
         if fd is not None:
+            plugin_state.current().held.discard(fd)
             os.close(fd)
 
 
