@@ -118,21 +118,22 @@ def _masked_userinfo(match: re.Match[str]) -> str:
     return f"{scheme}{MASK}@"
 
 
+def _needs_no_escape(text: str) -> bool:
+    """:func:`safe_text`'s quick test, decided in C: printable ASCII and no backslash."""
+    return text.isascii() and text.isprintable() and "\\" not in text
+
+
+def _nothing_to_redact(text: str) -> bool:
+    """:func:`redact`'s quick exit (a JSON Web Token aside): none of the marks its patterns need."""
+    return "=" not in text and "@" not in text and ":" not in text and "pin-" not in text.lower()
+
+
 def is_plain(text: str) -> bool:
-    """True only when :func:`safe_text` leaves ``text`` (within its limit) as it is, decided in
-    C: printable ASCII, no backslash to escape, nothing :func:`redact` looks at (its quick
-    exit's tests). True for a text, it is true for every part of it, so one check of many texts
-    joined by a space answers for each of them (a 10,000-plan table's fingerprints)."""
-    return (
-        text.isascii()
-        and text.isprintable()
-        and "\\" not in text
-        and "=" not in text
-        and "@" not in text
-        and ":" not in text
-        and "eyJ" not in text
-        and "pin-" not in text.lower()
-    )
+    """True only when :func:`safe_text` leaves ``text`` (within its limit) as it is: nothing to
+    escape and nothing :func:`redact` looks at, by the same tests they make. True for a text, it
+    is true for every part of it, so one check of many texts joined by a space answers for each
+    of them (a 10,000-plan table's fingerprints)."""
+    return _needs_no_escape(text) and "eyJ" not in text and _nothing_to_redact(text)
 
 
 def redact(text: str) -> str:
@@ -147,7 +148,7 @@ def redact(text: str) -> str:
     if "eyJ" in text:
         text = _JWT.sub(MASK, text)
     quoted = ":" in text and ('"' in text or "'" in text)
-    if "=" not in text and "@" not in text and ":" not in text and "pin-" not in text.lower():
+    if _nothing_to_redact(text):
         return text
     if ":" in text or "=" in text:
         text = _HEADER.sub(_masked_header, text)
@@ -182,7 +183,7 @@ def safe_text(value: object, limit: int = 200) -> str:
             text = str(value)
         except Exception:  # a hostile __str__, or an int too long to print
             text = f"<unprintable {type(value).__name__}>"
-    if len(text) <= limit and text.isascii() and text.isprintable() and "\\" not in text:
+    if len(text) <= limit and _needs_no_escape(text):
         return redact(text)  # the common case, decided in C: nothing to escape, nothing to cut
     escaped = redact("".join(_escape(char) for char in text[: limit + _WINDOW]))
     if len(text) > limit + _WINDOW:  # cut before a userinfo's '@': what is shown may be a password

@@ -82,7 +82,10 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _json(obj: object) -> str:
+def canonical_json(obj: object) -> str:
+    """The one compact form of a JSON value: keys sorted, no spaces, ASCII (escapes for the
+    rest). What an envelope's entries are written in, and what two readings of one value are
+    compared in (:mod:`.keyless.sigstore_bundle`)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -95,17 +98,18 @@ def _entry(signature: Signature) -> dict[str, Any]:
 
 def _entry_json(signature: Signature) -> str:
     if signature.ext is not None:
-        return _json(_entry(signature))
-    # A key's entry, written as _json(_entry(...)) writes it (keys sorted, no spaces) without
-    # walking a dict: base64 needs no JSON escape, json.dumps escapes the key id.
+        return canonical_json(_entry(signature))
+    # A key's entry, written as canonical_json(_entry(...)) writes it (keys sorted, no spaces)
+    # without walking a dict: base64 needs no JSON escape, json.dumps escapes the key id.
     return f'{{"keyid":{json.dumps(signature.keyid)},"sig":"{_b64(signature.sig)}"}}'
 
 
 def encode(envelope: Envelope) -> bytes:
     """The one canonical serialisation of an envelope (compact JSON, sorted keys, ASCII,
     newline): ``payload`` < ``payloadType`` < ``signatures``, each entry's keys sorted as
-    :func:`_json` sorts them. Spelled out rather than dumped from a dict: every sidecar read is
-    re-encoded to check its form (:func:`decode`), and a dict dump cost a third of decoding."""
+    :func:`canonical_json` sorts them. Spelled out rather than dumped from a dict: every sidecar
+    read is re-encoded to check its form (:func:`decode`), and a dict dump cost a third of
+    decoding."""
     entries = ",".join(_entry_json(s) for s in envelope.signatures)
     payload = _b64(envelope.payload)
     payload_type = json.dumps(envelope.payload_type)
@@ -157,7 +161,7 @@ def _extension(value: object) -> Mapping[str, Any]:
     ext = value["ext"]
     if not isinstance(ext, dict):
         raise Rejected(Reason.MALFORMED, "signature envelope: an extension's ext is not an object")
-    size = len(_json(ext))
+    size = len(canonical_json(ext))
     if size > MAX_EXT_BYTES:
         raise Rejected(
             Reason.TOO_LARGE,

@@ -28,7 +28,6 @@ holds a bare bundle's material to that rule, and so the entry verified as its bu
 from __future__ import annotations
 
 import base64
-import json
 
 from .. import envelope as dsse
 from .. import strictjson
@@ -48,7 +47,7 @@ def rebuilt_bundle(payload_type: str, payload: bytes, signature: dsse.Signature)
         "mediaType": BUNDLE_MEDIA_TYPES[0],
         "verificationMaterial": signature.ext,
     }
-    return json.dumps(bundle, sort_keys=True, separators=(",", ":")).encode("ascii")
+    return dsse.canonical_json(bundle).encode("ascii")
 
 
 def open_entry(

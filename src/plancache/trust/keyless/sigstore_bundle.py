@@ -230,15 +230,11 @@ def _check_material(bundle: Bundle, material: object) -> None:
         again = json.loads(bundle.to_json()).get("verificationMaterial")
     except Exception:  # what sigstore-python read, it writes; never a traceback all the same
         again = None
-    if again is None or _text(again) != _text(material):
+    if again is None or dsse.canonical_json(again) != dsse.canonical_json(material):
         raise Rejected(
             Reason.MALFORMED,
             "a keyless signature's verification material is not in canonical form (altered?)",
         )
-
-
-def _text(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=4)
