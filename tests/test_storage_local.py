@@ -183,3 +183,25 @@ def test_what_killed_writers_leave_of_boot_records_goes_with_the_oldest_records(
     records.write(tmp_path, name(4), b"{}", keep=2)
     records.write(tmp_path, name(5), b"{}", keep=2)
     assert sorted(os.listdir(directory)) == [name(4), name(5)]
+
+
+@pytest.mark.parametrize("owner", ["", "boot-0123456789abcdef"])
+@pytest.mark.parametrize("name", ["20261206T120000Z-1-r0-0123abcd.json", "x.json.sig", "a.b.c"])
+def test_a_temporary_names_what_it_was_made_for(owner: str, name: str) -> None:
+    """``temp_target`` reads back the name ``temp_name`` made a temporary for, with or without
+    an owner, and nothing from names that are not such temporaries: the one reading of the
+    format, by which records prune what killed writers left."""
+    from plancache.storage.local.dirfds import temp_name, temp_target
+
+    temporary = temp_name(name, owner)
+    assert temp_target(temporary) == name
+    for other in (
+        name,
+        temporary[1:],
+        temporary[:-4],
+        temporary.replace(".tmp", ".tmq"),
+        f".{name}.0123.tmp",
+        f".{name}.{'g' * 16}.tmp",
+        f".{'0' * 16}.tmp",
+    ):
+        assert temp_target(other) is None, other

@@ -139,6 +139,8 @@ def opened_dir(
 
 
 _OWNER = re.compile(r"boot-[0-9a-f]{16}")
+_TOKEN = re.compile(r"[0-9a-f]{16}")
+"""A temporary's random part (:func:`temp_name`: ``secrets.token_hex(8)``)."""
 """A boot directory's name (:func:`plancache.storage.compile_cache.boot_dirs.new_boot_dir`)."""
 
 
@@ -157,6 +159,18 @@ def temp_name(name: str, owner: str = "") -> str:
         raise ValueError(f"not a boot directory's name: {owner!r}")
     tag = f"{owner}." if owner else ""
     return f".{name}.{tag}{secrets.token_hex(8)}.tmp"
+
+
+def temp_target(temporary: str) -> str | None:
+    """The name a temporary of :func:`temp_name` was made for (None: not such a temporary), so
+    that what a killed writer left can go with what it was writing (:mod:`.records`)."""
+    if not (temporary.startswith(".") and temporary.endswith(".tmp")):
+        return None
+    name, _, token = temporary[1:-4].rpartition(".")
+    if not name or not _TOKEN.fullmatch(token):
+        return None
+    head, _, owner = name.rpartition(".")
+    return head if head and _OWNER.fullmatch(owner) else name
 
 
 def temp_owner(temporary: str) -> str:

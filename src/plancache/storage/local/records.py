@@ -26,17 +26,15 @@ KEEP = 64
 MAX_RECORD_BYTES = 64 * 1024
 _NAME = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9]+-r[0-9]+-[0-9a-f]{8}\.json")
 """``<UTC time>-<pid>-r<rank>-<random>.json``: sorting by name sorts by time."""
-_LEFTOVER = re.compile(r"\.(" + _NAME.pattern + r")\.[0-9a-f]{16}\.tmp")
-"""A record's temporary (:func:`.dirfds.temp_name`), left behind by a writer killed between its
-creation and its rename: counted with its record, so it goes when its record would."""
 
 
 def _record_of(name: str) -> str | None:
-    """The record ``name`` is, or is a leftover temporary of (None: neither)."""
-    if _NAME.fullmatch(name):
-        return name
-    leftover = _LEFTOVER.fullmatch(name)
-    return leftover.group(1) if leftover else None
+    """The record ``name`` is, or is a temporary of (:func:`.dirfds.temp_target`), left behind
+    by a writer killed between its creation and its rename: counted with its record, so it goes
+    when its record would (None: neither)."""
+    target = dirfds.temp_target(name)
+    record = name if target is None else target
+    return record if _NAME.fullmatch(record) else None
 
 
 def directory(root: Path) -> Path:
